@@ -1,0 +1,49 @@
+# Modelport: `make run` starts the portal with embedded defaults, `make test` runs the whole suite.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+RUNTIME_ENV := var/runtime-env
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: run test test-fast lint typecheck venv runtime-env browser-deps bench samples clean
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -r requirements.txt
+	touch $@
+
+# The local Triton runtime's own environment (tritonserver from nvidia-pytriton, numpy<2, onnxruntime).
+runtime-env: $(RUNTIME_ENV)/.installed
+$(RUNTIME_ENV)/.installed: requirements-runtime.txt
+	$(PYTHON) -m venv $(RUNTIME_ENV)
+	$(RUNTIME_ENV)/bin/pip install --quiet --upgrade pip
+	$(RUNTIME_ENV)/bin/pip install --quiet -r requirements-runtime.txt
+	touch $@
+
+run: venv runtime-env
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py ensure_admin
+	HOST=$(HOST) PORT=$(PORT) bin/run-portal
+
+test: venv runtime-env browser-deps lint
+	$(PY) -m pytest
+
+test-fast: venv
+	$(PY) -m pytest -m "not triton and not worker and not browser and not s3"
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy .
+
+# Debian's Chromium and ChromeDriver for the browser tests (no browser download from elsewhere).
+browser-deps:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
+samples: venv
+	$(PY) manage.py make_sample_models var/samples
+
+clean:
+	rm -rf var/celery var/deployments

@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+
+from accounts.models import ApiToken, Membership, Team
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    list_display = ["name", "created_at"]
+    search_fields = ["name"]
+    inlines = [MembershipInline]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = ["prefix", "name", "user", "team", "created_at", "last_used_at", "expires_at", "revoked_at"]
+    list_filter = ["team", ("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["prefix", "name", "user__username", "team__name"]
+    list_select_related = ["user", "team"]
+    readonly_fields = ["prefix", "digest", "created_at", "last_used_at"]
+    actions = ["revoke_tokens"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # tokens are created by their users (shown once) or by create_api_token
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        self.message_user(request, f"Revoked {count} token(s).")

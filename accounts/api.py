@@ -1,0 +1,71 @@
+"""REST API for the acting user: who am I, and my API tokens."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.http import Http404
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.decorators import api_view
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from accounts.context import current_membership, current_team
+from accounts.models import ApiToken, Membership
+
+
+class TokenSerializer(serializers.ModelSerializer[ApiToken]):
+    team = serializers.CharField(source="team.name", read_only=True)
+
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "prefix", "team", "created_at", "expires_at", "last_used_at", "revoked_at"]
+        read_only_fields = fields
+
+
+class TokenCreateSerializer(serializers.Serializer[Any]):
+    name = serializers.CharField(max_length=100, allow_blank=True, required=False, default="")
+    expires_in_days = serializers.IntegerField(min_value=1, max_value=3650, required=False, allow_null=True)
+
+
+@extend_schema(responses=inline_serializer("Me", {
+    "username": serializers.CharField(), "team": serializers.CharField(), "role": serializers.CharField(),
+    "teams": serializers.ListField(child=serializers.DictField()),
+}))
+@api_view(["GET"])
+def me(request: Request) -> Response:
+    membership = current_membership(request)
+    teams = Membership.objects.filter(user=request.user).select_related("team").order_by("team__name")
+    return Response({
+        "username": request.user.get_username(),
+        "team": membership.team.name if membership else None,
+        "role": membership.role if membership else None,
+        "teams": [{"name": m.team.name, "role": m.role} for m in teams],
+    })
+
+
+@extend_schema(request=TokenCreateSerializer, responses=TokenSerializer(many=True))
+@api_view(["GET", "POST"])
+def tokens_list(request: Request) -> Response:
+    if request.method == "POST":
+        serializer = TokenCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        days = serializer.validated_data.get("expires_in_days")
+        token, raw = ApiToken.issue(request.user, current_team(request), name=serializer.validated_data["name"],  # type: ignore[arg-type]
+                                    expires_in=timedelta(days=days) if days else None)
+        # The raw token is in this response only: it is stored hashed.
+        return Response({**TokenSerializer(token).data, "token": raw}, status=status.HTTP_201_CREATED)
+    tokens = ApiToken.objects.filter(user=request.user).select_related("team")
+    return Response(TokenSerializer(tokens, many=True).data)
+
+
+@extend_schema(request=None, responses={204: None})
+@api_view(["DELETE"])
+def token_detail(request: Request, token_id: int) -> Response:
+    token = ApiToken.objects.filter(pk=token_id, user=request.user).first()
+    if token is None:
+        raise Http404
+    token.revoke()
+    return Response(status=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
+
+from accounts.models import ApiToken, Membership, Team
+from accounts.names import name_error
+
+
+class Command(BaseCommand):
+    help = "Print a new API token for USER acting in TEAM (use --create to create the user and team first)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--user", required=True)
+        parser.add_argument("--team", required=True)
+        parser.add_argument("--create", action="store_true", help="create the user, team and membership if missing")
+        parser.add_argument("--admin", action="store_true", help="with --create: make the user a team admin")
+        parser.add_argument("--name", default="", help="a label for the token, e.g. 'ci'")
+        parser.add_argument("--expires-days", type=int, default=None)
+
+    @transaction.atomic
+    def handle(self, *args: Any, **options: Any) -> None:
+        User = get_user_model()
+        username, team_name = options["user"], options["team"]
+        if options["create"]:
+            error = name_error(team_name)
+            if error:
+                raise CommandError(f"team: {error}")
+            user, _ = User.objects.get_or_create(username=username)
+            team, _ = Team.objects.get_or_create(name=team_name)
+            role = Membership.Role.ADMIN if options["admin"] else Membership.Role.MEMBER
+            Membership.objects.get_or_create(user=user, team=team, defaults={"role": role})
+        else:
+            user = User.objects.filter(username=username).first()
+            if user is None:
+                raise CommandError(f"No user {username!r} (add --create to create it).")
+            team = Team.objects.filter(name=team_name).first()
+            if team is None:
+                raise CommandError(f"No team {team_name!r} (add --create to create it).")
+            if not Membership.objects.filter(user=user, team=team).exists():
+                raise CommandError(f"{username!r} is not a member of {team_name!r} (add --create to add them).")
+        expires = options["expires_days"]
+        if expires is not None and expires <= 0:
+            raise CommandError("--expires-days must be a positive number of days")
+        _, raw = ApiToken.issue(user, team, name=options["name"], expires_in=timedelta(days=expires) if expires else None)
+        self.stdout.write(raw)

@@ -1,0 +1,26 @@
+"""The one naming rule for everything that becomes a Triton model name, a Kubernetes object name or an S3 key."""
+
+from __future__ import annotations
+
+import re
+
+from django.core.exceptions import ValidationError
+
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+NAME_RULE = (
+    "use 1 to 63 characters: lowercase letters a-z, digits and hyphens, "
+    "starting and ending with a letter or digit (like a DNS label)"
+)
+
+
+def name_error(name: object) -> str | None:
+    """Why `name` is not allowed, or None if it is."""
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        return f"{name!r} is not a valid name: {NAME_RULE}."
+    return None
+
+
+def validate_name(name: object) -> None:
+    error = name_error(name)
+    if error:
+        raise ValidationError(error, code="invalid_name")

@@ -1,0 +1,80 @@
+"""Shared fixtures: a tmp artifact store per test, fast password hashing, and the three users of every access test:
+alice (owner, team admin of "acme"), bob (member of "acme"), charlie (another team, "globex": must see nothing)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+
+@pytest.fixture(autouse=True)
+def _fast_and_isolated(settings: Any, tmp_path: Path) -> Iterator[None]:
+    from models_registry.storage import get_store
+
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    settings.ARTIFACT_ROOT = tmp_path / "artifacts"
+    settings.CELERY_TASK_ALWAYS_EAGER = False
+    get_store.cache_clear()
+    yield
+    get_store.cache_clear()
+
+
+@dataclass
+class Person:
+    user: Any
+    team: Any
+    token: str
+
+    def client(self) -> APIClient:
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {self.token}")
+        return client
+
+
+def make_person(username: str, team_name: str, role: str = "member") -> Person:
+    from django.contrib.auth import get_user_model
+
+    from accounts.models import ApiToken, Membership, Team
+
+    user = get_user_model().objects.create_user(username=username, password="password")
+    team, _ = Team.objects.get_or_create(name=team_name)
+    Membership.objects.create(user=user, team=team, role=role)
+    _, raw = ApiToken.issue(user, team, name="test")
+    return Person(user=user, team=team, token=raw)
+
+
+@pytest.fixture
+def alice(db: Any) -> Person:
+    return make_person("alice", "acme", role="admin")
+
+
+@pytest.fixture
+def bob(alice: Person) -> Person:
+    return make_person("bob", "acme")
+
+
+@pytest.fixture
+def charlie(db: Any) -> Person:
+    return make_person("charlie", "globex", role="admin")
+
+
+@pytest.fixture
+def eager_tasks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Run Celery tasks in-process right away (the test's transaction never commits, so on_commit callbacks run
+    at once). The real worker process is tested in tests/test_worker_e2e.py."""
+    from django.db import transaction
+
+    from portal.celery import app
+
+    monkeypatch.setattr(transaction, "on_commit", lambda func, using=None, robust=False: func())
+    app.conf.task_always_eager = True
+    app.conf.task_eager_propagates = True
+    try:
+        yield
+    finally:
+        app.conf.task_always_eager = False

@@ -1,0 +1,168 @@
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from accounts.models import Team
+from accounts.names import validate_name
+from models_registry.models import ModelVersion
+
+
+class Deployment(models.Model):
+    class Runtime(models.TextChoices):
+        LOCAL = "local", "Local Triton process"
+        KUBERNETES = "kubernetes", "Kubernetes cluster"
+
+    class Desired(models.TextChoices):
+        RUNNING = "running"
+        STOPPED = "stopped"
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RENDERING = "rendering"
+        STARTING = "starting"
+        READY = "ready"
+        FAILED = "failed"
+        STOPPING = "stopping"
+        STOPPED = "stopped"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="deployments")
+    name = models.CharField(max_length=63, validators=[validate_name])
+    runtime = models.CharField(max_length=16, choices=Runtime.choices, default=Runtime.LOCAL)
+    desired_state = models.CharField(max_length=16, choices=Desired.choices, default=Desired.RUNNING)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    status_message = models.TextField(blank=True)
+    # The revision the user asked for last; the reconciler rolls the servers toward it.
+    revision = models.ForeignKey("Revision", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # What the gateway routes to: switched in one UPDATE once a revision's server is ready (zero-downtime rollout).
+    serving_revision = models.ForeignKey("Revision", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    upstream_url = models.CharField(max_length=255, blank=True)
+    # A reconciler holds the deployment while it works on it (a conditional update), renewed while it waits.
+    lease_until = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+    status_changed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="deployment_name_unique_per_team")]
+
+    def __str__(self) -> str:
+        return f"{self.team}/{self.name}"
+
+    @property
+    def endpoint(self) -> str:
+        return f"/serve/{self.name}"
+
+    @property
+    def is_transitional(self) -> bool:
+        return self.status in (self.Status.PENDING, self.Status.RENDERING, self.Status.STARTING, self.Status.STOPPING)
+
+    def can_start(self) -> bool:
+        return self.desired_state == self.Desired.STOPPED
+
+    def can_stop(self) -> bool:
+        return self.desired_state == self.Desired.RUNNING
+
+    def claim(self, seconds: float) -> bool:
+        """Take the reconciler's lease; False when another worker holds it."""
+        now = timezone.now()
+        until = now + timedelta(seconds=seconds)
+        claimed = (
+            Deployment.objects.filter(pk=self.pk)
+            .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
+            .update(lease_until=until)
+        )
+        if claimed:
+            self.lease_until = until
+        return claimed == 1
+
+    def renew(self, seconds: float) -> None:
+        Deployment.objects.filter(pk=self.pk).update(lease_until=timezone.now() + timedelta(seconds=seconds))
+
+    def release(self) -> None:
+        Deployment.objects.filter(pk=self.pk).update(lease_until=None)
+
+    def set_status(self, status: str, message: str = "", **fields: Any) -> None:
+        self.status = status
+        self.status_message = message
+        self.status_changed_at = timezone.now()
+        for key, value in fields.items():
+            setattr(self, key, value)
+        Deployment.objects.filter(pk=self.pk).update(
+            status=status, status_message=message, status_changed_at=self.status_changed_at, **fields
+        )
+
+
+class Revision(models.Model):
+    """An immutable snapshot of a deployment's spec; every change of spec makes a new one."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="revisions")
+    number = models.PositiveIntegerField()
+    spec = models.JSONField()
+    versions = models.ManyToManyField(ModelVersion, related_name="revisions")
+    repository = models.CharField(max_length=500, blank=True)  # where it was rendered (a path or an s3:// URL)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["deployment", "-number"]
+        constraints = [models.UniqueConstraint(fields=["deployment", "number"], name="revision_number_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.deployment} r{self.number}"
+
+
+class Event(models.Model):
+    class Kind(models.TextChoices):
+        INFO = "info"
+        WARNING = "warning"
+        ERROR = "error"
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="events")
+    time = models.DateTimeField(default=timezone.now, db_index=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.INFO)
+    message = models.TextField()
+
+    class Meta:
+        ordering = ["-time", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.time:%H:%M:%S} {self.kind}: {self.message[:60]}"
+
+
+class TritonServer(models.Model):
+    """A local Triton process, tracked so that it survives (and is adopted after) a restart of the web server or
+    worker instead of being started twice."""
+
+    class State(models.TextChoices):
+        STARTING = "starting"
+        READY = "ready"
+        STOPPED = "stopped"
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="servers")
+    revision = models.ForeignKey(Revision, on_delete=models.CASCADE, related_name="servers")
+    pid = models.IntegerField()
+    http_port = models.IntegerField()
+    grpc_port = models.IntegerField()
+    metrics_port = models.IntegerField()
+    log_path = models.CharField(max_length=500)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.STARTING)
+    started_at = models.DateTimeField(default=timezone.now)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+
+    def __str__(self) -> str:
+        return f"pid {self.pid} ({self.deployment} r{self.revision.number})"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"

@@ -1,0 +1,135 @@
+"""State changes of the registry. Views validate; these run the change atomically and queue work after commit."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from typing import IO, Any
+
+from django.db import IntegrityError, transaction
+
+from accounts.models import Team
+from models_registry.models import Blob, Model, ModelVersion, Upload
+from models_registry.signature import Signature
+from models_registry.storage import get_store
+from models_registry.validation import ArtifactRejected, quick_check
+
+
+class Conflict(Exception):
+    """The request clashes with the current state (HTTP 409)."""
+
+
+def create_model(team: Team, user: Any, name: str, description: str = "") -> Model:
+    try:
+        with transaction.atomic():
+            return Model.objects.create(team=team, name=name, description=description, created_by=user)
+    except IntegrityError:
+        raise Conflict(f"A model named {name!r} exists already in team {team.name!r}.") from None
+
+
+def _queue_inspection(version: ModelVersion) -> None:
+    from models_registry import tasks
+
+    version_id = version.id
+    transaction.on_commit(lambda: tasks.inspect_version.delay(version_id))
+
+
+def _new_version(model: Model, user: Any, *, staged_key: str, filename: str, size: int, fmt: str,
+                 declared_format: str, signature: Signature | None, max_batch_size: int | None) -> ModelVersion:
+    version = ModelVersion.objects.create(
+        model=model,
+        number=model.next_version_number(),
+        format=fmt,
+        declared_format=declared_format,
+        staged_key=staged_key,
+        original_filename=filename[:255],
+        size=size,
+        declared_signature=signature.to_json() if signature else None,
+        declared_max_batch_size=max_batch_size,
+        status=ModelVersion.Status.VALIDATING,
+        created_by=user,
+    )
+    _queue_inspection(version)
+    return version
+
+
+def create_version_from_file(model: Model, user: Any, stream: IO[bytes], filename: str, *, declared_format: str = "",
+                             signature: Signature | None = None, max_batch_size: int | None = None) -> ModelVersion:
+    """A small artifact sent in the request body: checked locally first, stored only if it passes."""
+    with tempfile.TemporaryDirectory(prefix="modelport-upload-") as tmp:
+        path = Path(tmp) / "artifact"
+        with open(path, "wb") as out:
+            shutil.copyfileobj(stream, out, 1024 * 1024)
+        check = quick_check(path, filename, declared_format, signature)
+        staged_key = f"staging/{uuid.uuid4()}"
+        store = get_store()
+        with open(path, "rb") as source:
+            size = store.save(staged_key, source)
+    try:
+        with transaction.atomic():
+            return _new_version(model, user, staged_key=staged_key, filename=filename, size=size, fmt=check.format,
+                                declared_format=declared_format, signature=signature, max_batch_size=max_batch_size)
+    except BaseException:
+        store.delete(staged_key)
+        raise
+
+
+def create_version_from_upload(model: Model, user: Any, upload: Upload, *, declared_format: str = "",
+                               signature: Signature | None = None, max_batch_size: int | None = None) -> ModelVersion:
+    """A finished resumable upload becomes a version; the upload can be used once."""
+    if not upload.is_complete:
+        raise ArtifactRejected(f"The upload is not finished: {upload.offset} of {upload.length} bytes received.")
+    store = get_store()
+    filename = upload.metadata.get("filename", "")
+    fmt = ""
+    with store.local_copy(upload.key) as path:
+        fmt = quick_check(path, filename, declared_format, signature).format
+    with transaction.atomic():
+        claimed, _ = Upload.objects.filter(pk=upload.pk, completed_at__isnull=False).delete()
+        if claimed != 1:
+            raise Conflict("This upload was already used for a model version; upload the file again.")
+        return _new_version(model, user, staged_key=upload.key, filename=filename, size=upload.length, fmt=fmt,
+                            declared_format=declared_format, signature=signature, max_batch_size=max_batch_size)
+
+
+def version_in_use(version: ModelVersion) -> list[str]:
+    """Names of deployments that serve this version (they keep it from being deleted)."""
+    from deployments.usage import deployments_using_version
+
+    return deployments_using_version(version)
+
+
+def delete_version(version: ModelVersion) -> None:
+    users = version_in_use(version)
+    if users:
+        raise Conflict(f"Version {version.number} is used by deployment(s) {', '.join(users)}: delete or change them first.")
+    blob_sha = version.blob_id
+    staged = version.staged_key if not version.blob_id else ""
+    version.delete()
+    transaction.on_commit(lambda: _release_bytes(blob_sha, staged))
+
+
+def delete_model(model: Model) -> None:
+    for version in model.versions.all():
+        users = version_in_use(version)
+        if users:
+            raise Conflict(f"Version {version.number} is used by deployment(s) {', '.join(users)}: delete or change them first.")
+    leftovers = [(v.blob_id, v.staged_key if not v.blob_id else "") for v in model.versions.all()]
+    model.delete()
+    for blob_sha, staged in leftovers:
+        transaction.on_commit(lambda b=blob_sha, s=staged: _release_bytes(b, s))  # type: ignore[misc]
+
+
+def _release_bytes(blob_sha: str | None, staged_key: str) -> None:
+    store = get_store()
+    if staged_key:
+        store.delete(staged_key)
+    if blob_sha and not ModelVersion.objects.filter(blob_id=blob_sha).exists():
+        blob = Blob.objects.filter(pk=blob_sha).first()
+        if blob is not None:
+            with contextlib.suppress(Exception):
+                blob.delete()
+                store.delete(blob.key)

@@ -1,0 +1,149 @@
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import models, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from accounts.models import Team
+from accounts.names import validate_name
+from models_registry.signature import Signature, signature_from_json
+
+
+class Format(models.TextChoices):
+    ONNX = "onnx", "ONNX"
+    TORCHSCRIPT = "torchscript", "PyTorch TorchScript"
+    SAVEDMODEL = "tensorflow_savedmodel", "TensorFlow SavedModel"
+    TENSORRT = "tensorrt_plan", "TensorRT plan"
+    PYTHON = "python", "Python (Triton python backend)"
+    TNN = "tnn", "TNN (custom backend)"
+    ENSEMBLE = "ensemble", "Pipeline (Triton ensemble)"
+
+
+# Formats whose artifact carries no readable signature: the uploader declares it.
+FORMATS_NEEDING_SIGNATURE = {Format.TORCHSCRIPT, Format.TENSORRT, Format.PYTHON, Format.TNN}
+
+
+class Model(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="models")
+    name = models.CharField(max_length=63, validators=[validate_name])
+    description = models.TextField(blank=True)
+    # The last version number handed out; bumped with an UPDATE so concurrent uploads never share a number.
+    last_version = models.PositiveIntegerField(default=0)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="model_name_unique_per_team")]
+
+    def __str__(self) -> str:
+        return f"{self.team}/{self.name}"
+
+    def next_version_number(self) -> int:
+        """Reserve the next version number. Call inside a transaction: the UPDATE locks the row until commit."""
+        assert transaction.get_connection().in_atomic_block
+        Model.objects.filter(pk=self.pk).update(last_version=F("last_version") + 1)
+        self.refresh_from_db(fields=["last_version"])
+        return self.last_version
+
+
+class Blob(models.Model):
+    """Content-addressed artifact bytes: identical uploads are stored once."""
+
+    sha256 = models.CharField(max_length=64, primary_key=True)
+    size = models.BigIntegerField()
+    key = models.CharField(max_length=255, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.sha256[:12]} ({self.size} bytes)"
+
+    @staticmethod
+    def key_for(sha256: str) -> str:
+        return f"blobs/sha256/{sha256[:2]}/{sha256}"
+
+
+class ModelVersion(models.Model):
+    class Status(models.TextChoices):
+        UPLOADING = "uploading"
+        VALIDATING = "validating"
+        READY = "ready"
+        INVALID = "invalid"
+
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    format = models.CharField(max_length=32, choices=Format.choices, blank=True)
+    declared_format = models.CharField(max_length=32, choices=Format.choices, blank=True)
+    # Where the bytes are while validating (an upload or a staged file); replaced by `blob` once validated.
+    staged_key = models.CharField(max_length=255, blank=True)
+    blob = models.ForeignKey(Blob, null=True, blank=True, on_delete=models.PROTECT, related_name="versions")
+    original_filename = models.CharField(max_length=255, blank=True)
+    size = models.BigIntegerField(default=0)
+    sha256 = models.CharField(max_length=64, blank=True)
+    signature = models.JSONField(default=dict, blank=True)
+    declared_signature = models.JSONField(null=True, blank=True)
+    max_batch_size = models.PositiveIntegerField(default=0)
+    declared_max_batch_size = models.PositiveIntegerField(null=True, blank=True)
+    # Pipelines (format "ensemble"): the validated step definition.
+    definition = models.JSONField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.VALIDATING)
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    validated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["model", "-number"]
+        constraints = [models.UniqueConstraint(fields=["model", "number"], name="version_number_unique_per_model")]
+
+    def __str__(self) -> str:
+        return f"{self.model}:{self.number}"
+
+    @property
+    def parsed_signature(self) -> Signature:
+        return signature_from_json(self.signature)
+
+    @property
+    def artifact_key(self) -> str:
+        return self.blob.key if self.blob_id else self.staged_key  # type: ignore[union-attr]
+
+    def to_summary(self) -> dict[str, Any]:
+        return {"model": self.model.name, "version": self.number, "format": self.format, "status": self.status}
+
+
+class Upload(models.Model):
+    """A resumable (tus 1.0) upload in progress or finished, waiting to become a model version. The row is deleted
+    when a version takes over its bytes, so an upload is used at most once."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="uploads")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    length = models.BigIntegerField()
+    offset = models.BigIntegerField(default=0)
+    metadata = models.JSONField(default=dict, blank=True)
+    # Backend-specific state of the partial object (e.g. the S3 multipart upload id and its parts).
+    storage_state = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    completed_at = models.DateTimeField(null=True, blank=True)
+    # Claimed by the one PATCH request writing to it (a conditional update), so two requests never interleave bytes.
+    busy_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"upload {self.id} ({self.offset}/{self.length})"
+
+    @property
+    def key(self) -> str:
+        return f"uploads/{self.id}"
+
+    @property
+    def is_complete(self) -> bool:
+        return self.offset == self.length

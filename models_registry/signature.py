@@ -1,0 +1,149 @@
+"""Model signatures: input and output tensors with KServe v2 datatypes and full shapes.
+
+`dims` is the shape the model itself sees, batch dimension included (-1 for a dynamic dimension). A model is
+batchable when every input and output has a dynamic first dimension; Triton's config then omits that dimension and
+sets max_batch_size instead (the renderer does that).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+# KServe v2 datatype -> Triton config DataType name.
+KSERVE_TO_TRITON: dict[str, str] = {
+    "BOOL": "TYPE_BOOL",
+    "UINT8": "TYPE_UINT8",
+    "UINT16": "TYPE_UINT16",
+    "UINT32": "TYPE_UINT32",
+    "UINT64": "TYPE_UINT64",
+    "INT8": "TYPE_INT8",
+    "INT16": "TYPE_INT16",
+    "INT32": "TYPE_INT32",
+    "INT64": "TYPE_INT64",
+    "FP16": "TYPE_FP16",
+    "FP32": "TYPE_FP32",
+    "FP64": "TYPE_FP64",
+    "BF16": "TYPE_BF16",
+    "BYTES": "TYPE_STRING",
+}
+TRITON_TO_KSERVE: dict[str, str] = {triton: kserve for kserve, triton in KSERVE_TO_TRITON.items()}
+
+# numpy dtype names, for code that builds arrays from a signature.
+KSERVE_TO_NUMPY: dict[str, str] = {
+    "BOOL": "bool",
+    "UINT8": "uint8",
+    "UINT16": "uint16",
+    "UINT32": "uint32",
+    "UINT64": "uint64",
+    "INT8": "int8",
+    "INT16": "int16",
+    "INT32": "int32",
+    "INT64": "int64",
+    "FP16": "float16",
+    "FP32": "float32",
+    "FP64": "float64",
+    "BYTES": "object",
+}
+
+
+class SignatureError(ValueError):
+    """A signature that cannot be used; the message says what to fix."""
+
+
+def normalize_datatype(value: object) -> str:
+    """KServe name for a datatype given as KServe ('FP32') or Triton ('TYPE_FP32', 'TYPE_STRING') name."""
+    if not isinstance(value, str):
+        raise SignatureError(f"datatype must be a string such as 'FP32', got {value!r}")
+    upper = value.strip().upper()
+    if upper in KSERVE_TO_TRITON:
+        return upper
+    if upper in TRITON_TO_KSERVE:
+        return TRITON_TO_KSERVE[upper]
+    allowed = ", ".join(KSERVE_TO_TRITON)
+    raise SignatureError(f"unknown datatype {value!r}: use one of {allowed} (or Triton's TYPE_* names)")
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    datatype: str  # KServe v2 name
+    dims: tuple[int, ...]
+
+    @property
+    def triton_type(self) -> str:
+        return KSERVE_TO_TRITON[self.datatype]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "dims": list(self.dims)}
+
+
+@dataclass(frozen=True)
+class Signature:
+    inputs: tuple[Tensor, ...] = field(default_factory=tuple)
+    outputs: tuple[Tensor, ...] = field(default_factory=tuple)
+
+    @property
+    def has_batch_dim(self) -> bool:
+        tensors = self.inputs + self.outputs
+        return bool(tensors) and all(len(t.dims) >= 1 and t.dims[0] == -1 for t in tensors)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"inputs": [t.to_json() for t in self.inputs], "outputs": [t.to_json() for t in self.outputs]}
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.inputs and not self.outputs
+
+
+def _parse_tensor(raw: object, where: str) -> Tensor:
+    if not isinstance(raw, dict):
+        raise SignatureError(f"{where} must be an object with name, datatype and dims")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise SignatureError(f"{where}.name must be a non-empty string")
+    try:
+        datatype = normalize_datatype(raw.get("datatype", raw.get("data_type")))
+    except SignatureError as exc:
+        raise SignatureError(f"{where} ({name}): {exc}") from None
+    dims = raw.get("dims", raw.get("shape"))
+    if not isinstance(dims, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        raise SignatureError(f"{where} ({name}): dims must be a list of integers, -1 for a dynamic dimension")
+    if any(d == 0 or d < -1 for d in dims):
+        raise SignatureError(f"{where} ({name}): dims must be positive integers or -1, got {dims}")
+    return Tensor(name=name, datatype=datatype, dims=tuple(dims))
+
+
+def parse_signature(raw: object) -> Signature:
+    """Parse a signature given as JSON text or as a decoded object {"inputs": [...], "outputs": [...]}."""
+    if isinstance(raw, (str, bytes)):
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise SignatureError(f"signature is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise SignatureError('signature must be a JSON object: {"inputs": [...], "outputs": [...]}')
+    unknown = set(raw) - {"inputs", "outputs"}
+    if unknown:
+        raise SignatureError(f"signature has unknown keys {sorted(unknown)}: only 'inputs' and 'outputs' are allowed")
+    inputs = raw.get("inputs")
+    outputs = raw.get("outputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise SignatureError("signature.inputs must be a non-empty list")
+    if not isinstance(outputs, list) or not outputs:
+        raise SignatureError("signature.outputs must be a non-empty list")
+    parsed_in = tuple(_parse_tensor(t, f"signature.inputs[{i}]") for i, t in enumerate(inputs))
+    parsed_out = tuple(_parse_tensor(t, f"signature.outputs[{i}]") for i, t in enumerate(outputs))
+    names = [t.name for t in parsed_in + parsed_out]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise SignatureError(f"tensor names must be unique across inputs and outputs: {duplicates} repeated")
+    return Signature(inputs=parsed_in, outputs=parsed_out)
+
+
+def signature_from_json(data: dict[str, Any] | None) -> Signature:
+    """Rebuild a stored (already validated) signature."""
+    if not data:
+        return Signature()
+    return parse_signature(data)

@@ -1,0 +1,222 @@
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import threading
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import connection, transaction
+
+from conftest import Person
+from models_registry.models import Blob, Model, ModelVersion
+from tests.artifacts import PYTHON_SIGNATURE, python_model_zip, tiny_onnx
+
+
+@pytest.fixture
+def digits(alice: Person) -> Model:
+    return Model.objects.create(team=alice.team, name="digits", created_by=alice.user)
+
+
+def upload(person: Person, data: bytes, filename: str = "model.onnx", **fields: Any) -> Any:
+    payload = {"file": SimpleUploadedFile(filename, data), **fields}
+    return person.client().post("/api/v1/models/digits/versions/", payload, format="multipart")
+
+
+def stored_files() -> list[Path]:
+    root = Path(settings.ARTIFACT_ROOT)
+    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+
+
+def assert_nothing_stored() -> None:
+    assert not ModelVersion.objects.exists()
+    assert not Blob.objects.exists()
+    assert stored_files() == []
+
+
+def test_an_onnx_upload_becomes_a_ready_version_with_its_signature(alice: Person, digits: Model, eager_tasks: Any) -> None:
+    response = upload(alice, tiny_onnx())
+    assert response.status_code == 201
+    body = response.json()
+    assert body["number"] == 1
+    assert body["status"] == "validating"
+    version = ModelVersion.objects.get()
+    assert version.status == "ready", version.error
+    assert version.format == "onnx"
+    assert version.signature == {
+        "inputs": [{"name": "x", "datatype": "FP32", "dims": [-1, 4]}],
+        "outputs": [{"name": "y", "datatype": "FP32", "dims": [-1, 3]}],
+    }
+    assert version.max_batch_size > 0
+    assert len(version.sha256) == 64
+    detail = alice.client().get("/api/v1/models/digits/versions/1/").json()
+    assert detail["status"] == "ready"
+    assert detail["sha256"] == version.sha256
+    assert detail["size"] == len(tiny_onnx())
+
+
+def test_version_numbers_increase(alice: Person, digits: Model, eager_tasks: Any) -> None:
+    numbers = [upload(alice, tiny_onnx(out_features=n)).json()["number"] for n in (1, 2, 3)]
+    assert numbers == [1, 2, 3]
+    listed = alice.client().get("/api/v1/models/digits/versions/").json()
+    assert [v["number"] for v in listed] == [3, 2, 1]
+
+
+def test_identical_content_is_stored_once(alice: Person, digits: Model, eager_tasks: Any) -> None:
+    upload(alice, tiny_onnx())
+    upload(alice, tiny_onnx())
+    assert ModelVersion.objects.filter(status="ready").count() == 2
+    assert Blob.objects.count() == 1
+    assert len(stored_files()) == 1
+
+
+def test_the_format_is_detected_when_not_declared_and_checked_when_declared(alice: Person, digits: Model) -> None:
+    response = upload(alice, tiny_onnx(), format="torchscript")
+    assert response.status_code == 400
+    assert "declared format 'torchscript'" in response.json()["error"]["message"]
+    assert_nothing_stored()
+
+
+def test_it_rejects_a_corrupt_onnx_file(alice: Person, digits: Model) -> None:
+    response = upload(alice, b"\x08\x07garbage" * 100, format="onnx")
+    assert response.status_code == 400
+    assert "not a valid ONNX model" in response.json()["error"]["message"]
+    assert_nothing_stored()
+
+
+def test_it_rejects_a_file_of_unknown_format(alice: Person, digits: Model) -> None:
+    response = upload(alice, b"hello world", filename="notes.txt")
+    assert response.status_code == 400
+    assert "Could not detect the model format" in response.json()["error"]["message"]
+    assert_nothing_stored()
+
+
+def test_it_rejects_zip_slip(alice: Person, digits: Model) -> None:
+    data = python_model_zip({"../../evil.py": b"print('owned')"})
+    response = upload(alice, data, filename="model.zip", format="python", signature=json.dumps(PYTHON_SIGNATURE))
+    assert response.status_code == 400
+    assert "Unsafe archive" in response.json()["error"]["message"]
+    assert_nothing_stored()
+
+
+def test_it_rejects_symlinks_in_archives(alice: Person, digits: Model) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        info = tarfile.TarInfo("model.py")
+        body = b"class TritonPythonModel: pass\n"
+        info.size = len(body)
+        archive.addfile(info, io.BytesIO(body))
+        link = tarfile.TarInfo("secrets")
+        link.type = tarfile.SYMTYPE
+        link.linkname = "/etc/passwd"
+        archive.addfile(link)
+    response = upload(alice, buffer.getvalue(), filename="model.tar", signature=json.dumps(PYTHON_SIGNATURE))
+    assert response.status_code == 400
+    assert "link" in response.json()["error"]["message"].lower()
+    assert_nothing_stored()
+
+
+def test_it_rejects_zip_bombs(alice: Person, digits: Model, settings: Any) -> None:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("model.py", "class TritonPythonModel: pass\n")
+        archive.writestr("weights.bin", b"\0" * (20 * 1024 * 1024))
+    response = upload(alice, buffer.getvalue(), filename="model.zip", signature=json.dumps(PYTHON_SIGNATURE))
+    assert response.status_code == 400
+    assert "Unsafe archive" in response.json()["error"]["message"]
+    assert_nothing_stored()
+
+
+def test_a_python_model_needs_a_signature(alice: Person, digits: Model) -> None:
+    response = upload(alice, python_model_zip(), filename="model.zip")
+    assert response.status_code == 400
+    assert "carries no readable signature" in response.json()["error"]["message"]
+    assert_nothing_stored()
+
+
+def test_a_python_model_with_a_signature_is_accepted(alice: Person, digits: Model, eager_tasks: Any) -> None:
+    response = upload(alice, python_model_zip(), filename="model.zip", signature=json.dumps(PYTHON_SIGNATURE))
+    assert response.status_code == 201, response.json()
+    version = ModelVersion.objects.get()
+    assert version.status == "ready", version.error
+    assert version.format == "python"
+    assert version.signature["outputs"][0]["datatype"] == "FP32"  # TYPE_FP32 accepted, KServe name stored
+
+
+def test_it_rejects_a_bad_signature_with_a_field_message(alice: Person, digits: Model) -> None:
+    bad = {"inputs": [{"name": "x", "datatype": "FLOAT99", "dims": [-1, 4]}], "outputs": [{"name": "y", "datatype": "FP32", "dims": [4]}]}
+    response = upload(alice, python_model_zip(), filename="model.zip", signature=json.dumps(bad))
+    assert response.status_code == 400
+    assert "unknown datatype 'FLOAT99'" in response.json()["error"]["fields"]["signature"][0]
+    assert_nothing_stored()
+
+
+def test_a_max_batch_size_without_a_batch_dimension_makes_the_version_invalid(alice: Person, digits: Model, eager_tasks: Any) -> None:
+    response = upload(alice, tiny_onnx(batch=False), max_batch_size="8")
+    assert response.status_code == 201
+    version = ModelVersion.objects.get()
+    assert version.status == "invalid"
+    assert "needs a batch dimension" in version.error
+    assert stored_files() == []
+
+
+def test_it_answers_413_over_the_size_limit(alice: Person, digits: Model, settings: Any) -> None:
+    settings.MAX_MULTIPART_UPLOAD_SIZE = 100
+    response = upload(alice, tiny_onnx())
+    assert response.status_code == 413
+    assert "limited to 100 bytes" in response.json()["error"]["message"]
+    assert_nothing_stored()
+
+
+def test_it_needs_a_file_or_an_upload_id(alice: Person, digits: Model) -> None:
+    response = alice.client().post("/api/v1/models/digits/versions/", {}, format="multipart")
+    assert response.status_code == 400
+    assert "exactly one of 'file'" in response.json()["error"]["message"]
+
+
+def test_charlie_cannot_upload_to_or_read_another_teams_model(alice: Person, charlie: Person, digits: Model, eager_tasks: Any) -> None:
+    upload(alice, tiny_onnx())
+    assert upload(charlie, tiny_onnx()).status_code == 404
+    assert charlie.client().get("/api/v1/models/digits/versions/1/").status_code == 404
+    assert charlie.client().delete("/api/v1/models/digits/versions/1/").status_code == 404
+    assert ModelVersion.objects.count() == 1
+
+
+def test_deleting_a_version_removes_its_bytes_when_no_other_version_shares_them(alice: Person, digits: Model, eager_tasks: Any) -> None:
+    upload(alice, tiny_onnx())
+    upload(alice, tiny_onnx())
+    assert alice.client().delete("/api/v1/models/digits/versions/1/").status_code == 204
+    assert len(stored_files()) == 1
+    assert alice.client().delete("/api/v1/models/digits/versions/2/").status_code == 204
+    assert stored_files() == []
+    assert not Blob.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_uploads_never_get_the_same_number(alice: Person, digits: Model) -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("needs a database with row locks and real concurrency (CI runs this on PostgreSQL)")
+    numbers: list[int] = []
+    errors: list[BaseException] = []
+
+    def reserve() -> None:
+        try:
+            with transaction.atomic():
+                numbers.append(Model.objects.get(pk=digits.pk).next_version_number())
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=reserve) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert sorted(numbers) == list(range(1, 21))

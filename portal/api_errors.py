@@ -1,0 +1,62 @@
+"""One JSON shape for every API error: {"error": {"code", "message", "fields"}}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import Http404, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+
+def error_body(code: str, message: str, fields: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "fields": fields or {}}}
+
+
+def error_response(status_code: int, code: str, message: str, fields: dict[str, list[str]] | None = None,
+                   headers: dict[str, str] | None = None) -> JsonResponse:
+    response = JsonResponse(error_body(code, message, fields), status=status_code)
+    for key, value in (headers or {}).items():
+        response[key] = value
+    return response
+
+
+def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
+    """Turn DRF's nested error detail into {"models[0].max_batch_size": ["..."]}."""
+    out: dict[str, list[str]] = {}
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            out.update(_flatten(value, name))
+    elif isinstance(detail, list):
+        if all(not isinstance(item, (dict, list)) for item in detail):
+            out[prefix or "non_field_errors"] = [str(item) for item in detail]
+        else:
+            for index, item in enumerate(detail):
+                if item:
+                    out.update(_flatten(item, f"{prefix}[{index}]"))
+    else:
+        out[prefix or "non_field_errors"] = [str(detail)]
+    return out
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        fields = _flatten(exc.detail)
+        general = fields.pop("non_field_errors", [])
+        parts = general + [f"{name}: {' '.join(msgs)}" for name, msgs in fields.items()]
+        message = "; ".join(parts) or "Invalid input."
+        response.data = error_body("invalid", message, fields)
+    else:
+        detail = getattr(exc, "detail", str(exc))
+        code = getattr(detail, "code", None) or getattr(exc, "default_code", "error")
+        response.data = error_body(str(code), str(detail))
+    if response.status_code == status.HTTP_401_UNAUTHORIZED:
+        response["WWW-Authenticate"] = 'Bearer realm="modelport"'
+    return response

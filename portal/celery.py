@@ -1,0 +1,28 @@
+"""The Celery app. The broker is kombu's filesystem transport under var/ by default (no server needed) and Redis
+when CELERY_BROKER_URL says so; its settings are the CELERY_* names in portal/settings.py."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+from portal.schedule import beat_schedule
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+
+app = Celery("modelport")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.update(
+    broker_connection_retry_on_startup=True,
+    task_ignore_result=True,
+    # A task whose worker dies mid-way is delivered again; every task is idempotent.
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    task_serializer="json",
+    accept_content=["json"],
+    timezone="UTC",
+    beat_schedule=beat_schedule(),
+)
+app.autodiscover_tasks()

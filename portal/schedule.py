@@ -1,0 +1,18 @@
+"""The Celery beat schedule, in one place. Periodic tasks carry `expires` so that a backlog (beat running while
+no worker is) does not pile up duplicates."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+def beat_schedule() -> dict[str, dict[str, Any]]:
+    return {
+        "delete-expired-uploads": {
+            "task": "models_registry.tasks.delete_expired_uploads",
+            "schedule": 3600.0,
+            "options": {"expires": 600},
+        },
+    }
+

@@ -1,0 +1,222 @@
+"""Modelport settings.
+
+With no environment at all the portal runs on embedded defaults (SQLite, artifacts and the Celery broker on the
+filesystem under var/, DEBUG on). Production switches each piece by environment variables; see docs/configuration.md.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from portal.env import env_bool, env_float, env_int, env_list, env_secret, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("MODELPORT_VAR_DIR", str(BASE_DIR / "var"))).resolve()
+
+PRODUCTION = env_str("MODELPORT_ENV", "development") == "production"
+if env_str("MODELPORT_ENV", "development") not in ("development", "production"):
+    raise ImproperlyConfigured("MODELPORT_ENV must be 'development' or 'production'")
+DEBUG = env_bool("DEBUG", not PRODUCTION)
+
+
+def _secret_key() -> str:
+    key = env_secret("SECRET_KEY")
+    if key:
+        if PRODUCTION and (len(key) < 50 or len(set(key)) < 5 or key.startswith("django-insecure")):
+            raise ImproperlyConfigured("SECRET_KEY is too weak for production: use at least 50 random characters")
+        return key
+    if PRODUCTION:
+        raise ImproperlyConfigured("SECRET_KEY (or SECRET_KEY_FILE) must be set when MODELPORT_ENV=production")
+    # Development: a random key kept under var/ so that sessions survive a restart; never a fixed default.
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(64))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [] if PRODUCTION else ["127.0.0.1", "localhost", "[::1]", "testserver"])
+if PRODUCTION and not ALLOWED_HOSTS:
+    raise ImproperlyConfigured("ALLOWED_HOSTS must list the portal's host names in production")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000").rstrip("/")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_htmx",
+    "accounts",
+    "models_registry",
+    "deployments",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "portal.urls"
+WSGI_APPLICATION = "portal.wsgi.application"
+ASGI_APPLICATION = "portal.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+_database_url = env_secret("DATABASE_URL")
+if _database_url:
+    if not _database_url.startswith(("postgres://", "postgresql://", "sqlite://")):
+        raise ImproperlyConfigured("DATABASE_URL must be a postgres:// (or sqlite://) URL")
+    DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=env_int("DB_CONN_MAX_AGE", 60))}
+else:
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": VAR_DIR / "modelport.sqlite3",
+            # A web server, a worker and beat share this file: wait for locks instead of failing at once.
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "staticfiles"
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+# Serve static files straight from the apps and static/ (no collectstatic step needed to run).
+WHITENOISE_USE_FINDERS = True
+
+# --- Security (production) -------------------------------------------------------------------------------
+if PRODUCTION:
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    if env_bool("TRUST_X_FORWARDED_PROTO", True):
+        # Behind an ingress or load balancer that terminates TLS.
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    # The gateway and health endpoints are reached inside the cluster over plain HTTP.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^serve/"]
+
+# --- Artifact storage --------------------------------------------------------------------------------------
+S3_BUCKET = env_str("S3_BUCKET")
+S3_ENDPOINT_URL = env_str("S3_ENDPOINT_URL")  # empty: AWS itself
+S3_REGION = env_str("S3_REGION", "us-east-1")
+S3_ACCESS_KEY_ID = env_secret("S3_ACCESS_KEY_ID")
+S3_SECRET_ACCESS_KEY = env_secret("S3_SECRET_ACCESS_KEY")
+S3_PREFIX = env_str("S3_PREFIX", "modelport").strip("/")
+ARTIFACT_ROOT = Path(env_str("ARTIFACT_ROOT", str(VAR_DIR / "artifacts"))).resolve()
+if (S3_ACCESS_KEY_ID or S3_ENDPOINT_URL) and not S3_BUCKET:
+    raise ImproperlyConfigured("S3 credentials or S3_ENDPOINT_URL are set but S3_BUCKET is not")
+
+# --- Uploads ----------------------------------------------------------------------------------------------
+MAX_UPLOAD_SIZE = env_int("MAX_UPLOAD_SIZE", 20 * 1024**3, minimum=1)  # bytes, per artifact
+MAX_MULTIPART_UPLOAD_SIZE = env_int("MAX_MULTIPART_UPLOAD_SIZE", 100 * 1024**2, minimum=1)
+UPLOAD_EXPIRY_HOURS = env_int("UPLOAD_EXPIRY_HOURS", 24, minimum=1)
+# Untrusted archives (SavedModel, python models): limits against zip bombs.
+ARCHIVE_MAX_ENTRIES = env_int("ARCHIVE_MAX_ENTRIES", 10_000, minimum=1)
+ARCHIVE_MAX_TOTAL_SIZE = env_int("ARCHIVE_MAX_TOTAL_SIZE", 50 * 1024**3, minimum=1)
+ARCHIVE_MAX_RATIO = env_int("ARCHIVE_MAX_RATIO", 200, minimum=1)
+DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024**2
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024**2
+FILE_UPLOAD_TEMP_DIR = None
+
+# --- Celery -----------------------------------------------------------------------------------------------
+CELERY_BROKER_URL = env_secret("CELERY_BROKER_URL", "filesystem://")
+if not CELERY_BROKER_URL.startswith(("filesystem://", "redis://", "rediss://", "memory://")):
+    raise ImproperlyConfigured("CELERY_BROKER_URL must be filesystem://, redis:// or rediss://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    _queue_dir, _processed_dir = VAR_DIR / "celery" / "queue", VAR_DIR / "celery" / "processed"
+    _queue_dir.mkdir(parents=True, exist_ok=True)
+    _processed_dir.mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
+        "data_folder_in": str(_queue_dir),
+        "data_folder_out": str(_queue_dir),
+        "processed_folder": str(_processed_dir),
+        "store_processed": False,
+    }
+else:
+    # Redis: a task whose worker died unacknowledged is delivered again after this many seconds.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 60, minimum=5)}
+RECONCILE_INTERVAL_SECONDS = env_float("RECONCILE_INTERVAL_SECONDS", 5.0, minimum=0.5)
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+
+# --- REST API ---------------------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "accounts.authentication.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["accounts.permissions.IsTeamMember"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "portal.api_errors.exception_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Modelport API",
+    "DESCRIPTION": "Upload, version and deploy models on NVIDIA Triton Inference Server.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI from the installed sidecar package, never a CDN: the portal must work air-gapped.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

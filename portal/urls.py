@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from accounts import api as accounts_api
+from models_registry import api as registry_api
+from models_registry import tus
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    return JsonResponse({"status": "ok"})
+
+
+api_v1 = [
+    path("api/v1/me/", accounts_api.me),
+    path("api/v1/tokens/", accounts_api.tokens_list),
+    path("api/v1/tokens/<int:token_id>/", accounts_api.token_detail),
+    path("api/v1/models/", registry_api.models_list),
+    path("api/v1/models/<str:name>/", registry_api.model_detail),
+    path("api/v1/models/<str:name>/versions/", registry_api.versions_list),
+    path("api/v1/models/<str:name>/versions/<int:number>/", registry_api.version_detail),
+    path("api/v1/uploads/", tus.UploadCreateView.as_view()),
+    path("api/v1/uploads/<str:upload_id>", tus.UploadDetailView.as_view()),
+    path("api/v1/uploads/<str:upload_id>/", tus.UploadDetailView.as_view()),
+    path("api/v1/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/v1/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+]
+
+urlpatterns = [
+    path("healthz", healthz),
+    path("admin/", admin.site.urls),
+    *api_v1,
+]
