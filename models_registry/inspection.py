@@ -10,10 +10,16 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from models_registry.models import Blob, Format, ModelVersion
-from models_registry.onnx_inspect import InspectionError, inspect_onnx, inspect_python_archive, validate_declared_signature
+from models_registry.onnx_inspect import (
+    InspectionError,
+    inspect_onnx,
+    inspect_python_archive,
+    inspect_torchscript_archive,
+    validate_declared_signature,
+)
 from models_registry.signature import Signature, signature_from_json
 from models_registry.storage import get_store, sha256_of
-from models_registry.validation import ArtifactRejected, quick_check
+from models_registry.validation import ArtifactRejected, archive_limits, quick_check
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +50,13 @@ def _findings(version: ModelVersion, path_format: str, path: object) -> Findings
         batchable = result.has_batch_dim
         hint = result.max_batch_size_hint or DEFAULT_MAX_BATCH_SIZE
     else:
-        if path_format == Format.PYTHON:
-            try:
-                inspect_python_archive(path)  # type: ignore[arg-type]
-            except InspectionError as exc:
-                raise ArtifactRejected(str(exc)) from None
+        try:
+            if path_format == Format.PYTHON:
+                inspect_python_archive(path, archive_limits())  # type: ignore[arg-type]
+            elif path_format == Format.TORCHSCRIPT:
+                inspect_torchscript_archive(path, archive_limits())  # type: ignore[arg-type]
+        except InspectionError as exc:
+            raise ArtifactRejected(str(exc)) from None
         signature = declared or Signature()
         batchable = signature.has_batch_dim
         hint = DEFAULT_MAX_BATCH_SIZE

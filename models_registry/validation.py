@@ -43,7 +43,7 @@ def quick_check(path: Path, filename: str, declared_format: str, declared_signat
             check_archive(path, archive_limits())
         except ArchiveError as exc:
             raise ArtifactRejected(f"Unsafe archive: {exc}") from None
-    detected = detect_format(path, filename)
+    detected = detect_format(path, filename, limits=archive_limits())
     if detected is None:
         if declared_format == Format.ONNX:
             raise ArtifactRejected("The file is not a valid ONNX model (its content could not be read as ONNX).")

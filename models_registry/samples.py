@@ -1,0 +1,306 @@
+"""Real, small sample models for demos, tests and benchmarks (`python manage.py make_sample_models DIR`).
+
+- digits.onnx: a scikit-learn classifier of 8x8 handwritten digits (the `load_digits` dataset that ships inside
+  scikit-learn, so nothing is downloaded). StandardScaler + LogisticRegression, trained on 80% of the 1,797 images;
+  the other 20% (360 images) are held out for tests: `train_test_split(test_size=0.2, random_state=0,
+  stratify=y)`. Converted with skl2onnx without ZipMap, so both outputs are plain tensors Triton can serve.
+- resnet.onnx: a ResNet-style CNN (conv + batchnorm + relu, three residual blocks, global average pool, gemm)
+  built node by node with onnx.helper, with random weights from a fixed seed. About 25 MFLOPs per 64x64 image:
+  enough to load a CPU under a benchmark, a few milliseconds per image in onnxruntime. Its predictions mean
+  nothing; it exists to be served.
+
+Both have a dynamic batch dimension and use opset 17 / IR version 8, which onnxruntime has supported since 1.13,
+so older Triton images can serve them too. Both are byte-for-byte reproducible.
+scikit-learn and skl2onnx are imported inside functions: they take a second to import.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from models_registry.signature import Signature, Tensor
+
+if TYPE_CHECKING:
+    from sklearn.pipeline import Pipeline
+
+OPSET = 17
+ML_OPSET = 1  # ai.onnx.ml: LinearClassifier, Scaler, Normalizer
+IR_VERSION = 8
+HOLDOUT_FRACTION = 0.2
+SPLIT_RANDOM_STATE = 0
+RESNET_SEED = 20261129
+RESNET_IMAGE_SIZE = 64
+RESNET_CLASSES = 10
+
+DIGITS_SIGNATURE = Signature(
+    inputs=(Tensor("input", "FP32", (-1, 64)),),
+    outputs=(Tensor("label", "INT64", (-1,)), Tensor("probabilities", "FP32", (-1, 10))),
+)
+RESNET_SIGNATURE = Signature(
+    inputs=(Tensor("input", "FP32", (-1, 3, RESNET_IMAGE_SIZE, RESNET_IMAGE_SIZE)),),
+    outputs=(Tensor("logits", "FP32", (-1, RESNET_CLASSES)),),
+)
+
+
+@dataclass(frozen=True)
+class SampleModel:
+    name: str
+    filename: str
+    format: str
+    signature: Signature
+    description: str
+    sha256: str
+    size: int
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "filename": self.filename,
+            "format": self.format,
+            "signature": self.signature.to_json(),
+            "description": self.description,
+            "sha256": self.sha256,
+            "size": self.size,
+            "details": self.details,
+        }
+
+
+def _written(path: Path, name: str, signature: Signature, description: str, details: dict[str, Any]) -> SampleModel:
+    data = path.read_bytes()
+    return SampleModel(
+        name=name,
+        filename=path.name,
+        format="onnx",
+        signature=signature,
+        description=description,
+        sha256=hashlib.sha256(data).hexdigest(),
+        size=len(data),
+        details=details,
+    )
+
+
+def _name_batch_dim(model: onnx.ModelProto) -> None:
+    """Call the first dimension of every graph input and output "batch", so the dynamic batch reads as such."""
+    for value in list(model.graph.input) + list(model.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        if dims:
+            dims[0].Clear()
+            dims[0].dim_param = "batch"
+
+
+# --- digits ----------------------------------------------------------------------------------------------------
+
+
+def _digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    X, y = load_digits(return_X_y=True)
+    X_train, X_test, y_train, y_test = train_test_split(
+        X, y, test_size=HOLDOUT_FRACTION, random_state=SPLIT_RANDOM_STATE, stratify=y
+    )
+    return X_train, X_test, y_train, y_test
+
+
+def digits_holdout() -> tuple[np.ndarray, np.ndarray]:
+    """The 360 held-out images (float32, [N, 64], pixel values 0-16) and their labels (int64, [N])."""
+    _, X_test, _, y_test = _digits_split()
+    return X_test.astype(np.float32), y_test.astype(np.int64)
+
+
+@lru_cache(maxsize=1)
+def train_digits_classifier() -> Pipeline:
+    """The scikit-learn pipeline digits.onnx is converted from (lbfgs is deterministic: same data, same model)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    X_train, _, y_train, _ = _digits_split()
+    pipeline = Pipeline([("scale", StandardScaler()), ("classifier", LogisticRegression(max_iter=5000))])
+    pipeline.fit(X_train.astype(np.float32), y_train)
+    return pipeline
+
+
+def build_digits_onnx() -> onnx.ModelProto:
+    from skl2onnx import convert_sklearn
+    from skl2onnx.common.data_types import FloatTensorType
+
+    pipeline = train_digits_classifier()
+    classifier = pipeline.named_steps["classifier"]
+    model = convert_sklearn(
+        pipeline,
+        name="digits",
+        initial_types=[("input", FloatTensorType([None, 64]))],
+        # ZipMap would make the scores a sequence of maps, which Triton cannot serve.
+        options={id(classifier): {"zipmap": False}},
+        target_opset={"": OPSET, "ai.onnx.ml": ML_OPSET},
+    )
+    # skl2onnx names the graph with a random uuid and may list an opset twice: fix both so the bytes are
+    # reproducible and the opset list is clean.
+    model.graph.name = "digits"
+    opsets = {(o.domain, o.version) for o in model.opset_import}
+    del model.opset_import[:]
+    model.opset_import.extend(helper.make_opsetid(domain, version) for domain, version in sorted(opsets))
+    model.ir_version = IR_VERSION
+    model.doc_string = "8x8 digit classifier (scikit-learn digits), StandardScaler + LogisticRegression"
+    _name_batch_dim(model)
+    return model
+
+
+def make_digits_onnx(path: Path | str) -> SampleModel:
+    path = Path(path)
+    model = build_digits_onnx()
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    X_test, y_test = digits_holdout()
+    accuracy = float((train_digits_classifier().predict(X_test) == y_test).mean())
+    details = {
+        "dataset": "sklearn.datasets.load_digits (1,797 8x8 images, pixel values 0-16)",
+        "split": f"train_test_split(test_size={HOLDOUT_FRACTION}, random_state={SPLIT_RANDOM_STATE}, stratify=y)",
+        "holdout_size": len(y_test),
+        "holdout_accuracy": round(accuracy, 4),
+        "outputs": "label: predicted digit; probabilities: one score per digit 0-9",
+    }
+    return _written(path, "digits", DIGITS_SIGNATURE, "Handwritten digit classifier (scikit-learn)", details)
+
+
+# --- resnet ----------------------------------------------------------------------------------------------------
+
+
+class _GraphBuilder:
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[TensorProto] = []
+        self.flops = 0  # multiply-adds x 2, per image
+
+    def weight(self, name: str, array: np.ndarray) -> str:
+        self.initializers.append(numpy_helper.from_array(array.astype(np.float32), name))
+        return name
+
+    def conv_bn(self, x: str, name: str, cin: int, cout: int, kernel: int, stride: int, size: int, relu: bool) -> str:
+        """Conv (no bias) + BatchNormalization (+ Relu); `size` is the output's height and width."""
+        fan_in = cin * kernel * kernel
+        # He initialisation keeps the activations' scale steady through the relus, so the logits stay finite.
+        w = self.rng.normal(0.0, np.sqrt(2.0 / fan_in), (cout, cin, kernel, kernel))
+        self.nodes.append(
+            helper.make_node(
+                "Conv",
+                [x, self.weight(f"{name}.weight", w)],
+                [f"{name}.conv"],
+                name=f"{name}.conv",
+                kernel_shape=[kernel, kernel],
+                strides=[stride, stride],
+                pads=[kernel // 2] * 4,
+            )
+        )
+        bn = [
+            self.weight(f"{name}.bn.scale", 1.0 + 0.1 * self.rng.normal(size=cout)),
+            self.weight(f"{name}.bn.bias", 0.1 * self.rng.normal(size=cout)),
+            self.weight(f"{name}.bn.mean", 0.1 * self.rng.normal(size=cout)),
+            self.weight(f"{name}.bn.var", self.rng.uniform(0.5, 1.5, size=cout)),
+        ]
+        self.nodes.append(
+            helper.make_node("BatchNormalization", [f"{name}.conv", *bn], [f"{name}.bn"], name=f"{name}.bn")
+        )
+        self.flops += 2 * size * size * cout * fan_in
+        if not relu:
+            return f"{name}.bn"
+        self.nodes.append(helper.make_node("Relu", [f"{name}.bn"], [f"{name}.relu"], name=f"{name}.relu"))
+        return f"{name}.relu"
+
+    def residual_block(self, x: str, name: str, cin: int, cout: int, stride: int, size: int) -> str:
+        y = self.conv_bn(x, f"{name}.conv1", cin, cout, 3, stride, size, relu=True)
+        y = self.conv_bn(y, f"{name}.conv2", cout, cout, 3, 1, size, relu=False)
+        shortcut = x
+        if stride != 1 or cin != cout:
+            shortcut = self.conv_bn(x, f"{name}.project", cin, cout, 1, stride, size, relu=False)
+        self.nodes.append(helper.make_node("Add", [y, shortcut], [f"{name}.add"], name=f"{name}.add"))
+        self.nodes.append(helper.make_node("Relu", [f"{name}.add"], [f"{name}.out"], name=f"{name}.out"))
+        return f"{name}.out"
+
+
+def build_resnet_onnx(seed: int = RESNET_SEED) -> tuple[onnx.ModelProto, int]:
+    """The model and its FLOPs per image."""
+    g = _GraphBuilder(seed)
+    size = RESNET_IMAGE_SIZE // 2
+    x = g.conv_bn("input", "stem", 3, 16, 3, 2, size, relu=True)
+    x = g.residual_block(x, "block1", 16, 16, 1, size)
+    x = g.residual_block(x, "block2", 16, 32, 2, size // 2)
+    x = g.residual_block(x, "block3", 32, 64, 2, size // 4)
+    g.nodes.append(helper.make_node("GlobalAveragePool", [x], ["pool"], name="pool"))
+    g.nodes.append(helper.make_node("Flatten", ["pool"], ["features"], name="flatten", axis=1))
+    fc_w = g.rng.normal(0.0, np.sqrt(1.0 / 64), (RESNET_CLASSES, 64))
+    fc_b = np.zeros(RESNET_CLASSES)
+    g.nodes.append(
+        helper.make_node(
+            "Gemm",
+            ["features", g.weight("fc.weight", fc_w), g.weight("fc.bias", fc_b)],
+            ["logits"],
+            name="fc",
+            transB=1,
+        )
+    )
+    g.flops += 2 * 64 * RESNET_CLASSES
+    graph = helper.make_graph(
+        g.nodes,
+        "resnet",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, RESNET_IMAGE_SIZE, RESNET_IMAGE_SIZE])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", RESNET_CLASSES])],
+        g.initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="modelport")
+    model.ir_version = IR_VERSION
+    model.doc_string = "ResNet-style CNN with random weights (fixed seed), for serving and load tests"
+    return model, g.flops
+
+
+def make_resnet_onnx(path: Path | str) -> SampleModel:
+    path = Path(path)
+    model, flops = build_resnet_onnx()
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    details = {
+        "layers": "stem conv 3->16 stride 2, residual blocks 16@32x32, 32@16x16, 64@8x8, global average pool, gemm",
+        "weights": f"random normal (He), numpy default_rng({RESNET_SEED})",
+        "flops_per_image": flops,
+        "input": f"float32 images, NCHW, {RESNET_IMAGE_SIZE}x{RESNET_IMAGE_SIZE}, any values (e.g. 0-1)",
+    }
+    return _written(path, "resnet", RESNET_SIGNATURE, "ResNet-style CNN, random weights (load testing)", details)
+
+
+# --- a sample directory ----------------------------------------------------------------------------------------
+
+
+def _readme(samples: list[SampleModel]) -> str:
+    lines = ["# Modelport sample models", "", "Written by `python manage.py make_sample_models DIR`.", ""]
+    for sample in samples:
+        lines += [f"## {sample.filename} ({sample.format})", "", sample.description, ""]
+        for kind, tensors in (("input", sample.signature.inputs), ("output", sample.signature.outputs)):
+            for tensor in tensors:
+                lines.append(f"- {kind} `{tensor.name}`: {tensor.datatype} {list(tensor.dims)}")
+        lines.append("")
+        lines += [f"- {key}: {value}" for key, value in sample.details.items()]
+        lines += [f"- sha256: {sample.sha256}", ""]
+    lines += ["Dimensions of -1 are dynamic; the first one is the batch.", ""]
+    return "\n".join(lines)
+
+
+def write_samples(directory: Path | str) -> list[SampleModel]:
+    """Write digits.onnx, resnet.onnx, samples.json and README.md into `directory` (created if needed)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    samples = [make_digits_onnx(directory / "digits.onnx"), make_resnet_onnx(directory / "resnet.onnx")]
+    (directory / "samples.json").write_text(json.dumps([s.to_json() for s in samples], indent=2) + "\n")
+    (directory / "README.md").write_text(_readme(samples))
+    return samples
