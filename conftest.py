@@ -16,7 +16,6 @@ from rest_framework.test import APIClient
 def _fast_and_isolated(settings: Any, tmp_path: Path) -> Iterator[None]:
     from models_registry.storage import get_store
 
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.ARTIFACT_ROOT = tmp_path / "artifacts"
     settings.CELERY_TASK_ALWAYS_EAGER = False
     get_store.cache_clear()

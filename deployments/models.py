@@ -21,6 +21,7 @@ class Deployment(models.Model):
     class Desired(models.TextChoices):
         RUNNING = "running"
         STOPPED = "stopped"
+        DELETED = "deleted"  # being torn down; the reconciler removes the row when everything is gone
 
     class Status(models.TextChoices):
         PENDING = "pending"

@@ -27,7 +27,10 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     if isinstance(detail, dict):
         for key, value in detail.items():
-            name = f"{prefix}.{key}" if prefix else str(key)
+            if isinstance(key, int) or str(key).isdigit():  # a list's errors keyed by index
+                name = f"{prefix}[{key}]"
+            else:
+                name = f"{prefix}.{key}" if prefix else str(key)
             out.update(_flatten(value, name))
     elif isinstance(detail, list):
         if all(not isinstance(item, (dict, list)) for item in detail):

@@ -7,8 +7,6 @@ import os
 
 from celery import Celery
 
-from portal.schedule import beat_schedule
-
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
 app = Celery("modelport")
@@ -23,6 +21,5 @@ app.conf.update(
     task_serializer="json",
     accept_content=["json"],
     timezone="UTC",
-    beat_schedule=beat_schedule(),
 )
 app.autodiscover_tasks()

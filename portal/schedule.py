@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 
-def beat_schedule() -> dict[str, dict[str, Any]]:
+def beat_schedule(reconcile_interval: float) -> dict[str, dict[str, Any]]:
     return {
+        "reconcile-deployments": {
+            "task": "deployments.tasks.reconcile_all",
+            "schedule": reconcile_interval,
+            "options": {"expires": reconcile_interval},
+        },
         "delete-expired-uploads": {
             "task": "models_registry.tasks.delete_expired_uploads",
             "schedule": 3600.0,
             "options": {"expires": 600},
         },
     }
-

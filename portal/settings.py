@@ -13,6 +13,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from portal.env import env_bool, env_float, env_int, env_list, env_secret, env_str
+from portal.schedule import beat_schedule
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("MODELPORT_VAR_DIR", str(BASE_DIR / "var"))).resolve()
@@ -189,6 +190,17 @@ else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 60, minimum=5)}
 RECONCILE_INTERVAL_SECONDS = env_float("RECONCILE_INTERVAL_SECONDS", 5.0, minimum=0.5)
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_BEAT_SCHEDULE = beat_schedule(RECONCILE_INTERVAL_SECONDS)
+
+# --- Deployments and the local Triton runtime ------------------------------------------------------------
+MODELPORT_RUNTIME_ENV = Path(env_str("MODELPORT_RUNTIME_ENV", str(BASE_DIR / "var" / "runtime-env"))).resolve()
+DEPLOYMENTS_DIR = VAR_DIR / "deployments"
+TRITON_READY_TIMEOUT_SECONDS = env_float("TRITON_READY_TIMEOUT_SECONDS", 180.0, minimum=5)
+# After the gateway switched to a new revision, the old server keeps answering this long before it is stopped
+# (longer than the gateway's route cache), so that no request of a rollout fails.
+ROLLOUT_DRAIN_SECONDS = env_float("ROLLOUT_DRAIN_SECONDS", 2.0, minimum=0)
+TRITON_RESPONSE_CACHE_BYTES = env_int("TRITON_RESPONSE_CACHE_BYTES", 64 * 1024**2, minimum=1)
+TRITON_STOP_GRACE_SECONDS = env_float("TRITON_STOP_GRACE_SECONDS", 10.0, minimum=1)
 
 # --- REST API ---------------------------------------------------------------------------------------------
 REST_FRAMEWORK = {

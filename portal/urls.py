@@ -7,6 +7,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from accounts import api as accounts_api
+from deployments import api as deployments_api
 from models_registry import api as registry_api
 from models_registry import tus
 
@@ -28,6 +29,12 @@ api_v1 = [
     path("api/v1/uploads/", tus.UploadCreateView.as_view()),
     path("api/v1/uploads/<str:upload_id>", tus.UploadDetailView.as_view()),
     path("api/v1/uploads/<str:upload_id>/", tus.UploadDetailView.as_view()),
+    path("api/v1/deployments/", deployments_api.deployments_list),
+    path("api/v1/deployments/<str:name>/", deployments_api.deployment_detail),
+    path("api/v1/deployments/<str:name>/stop", deployments_api.deployment_stop),
+    path("api/v1/deployments/<str:name>/start", deployments_api.deployment_start),
+    path("api/v1/deployments/<str:name>/events/", deployments_api.deployment_events),
+    path("api/v1/deployments/<str:name>/logs/", deployments_api.deployment_logs),
     path("api/v1/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/v1/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]

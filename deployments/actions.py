@@ -1,0 +1,104 @@
+"""State changes of deployments: each runs atomically, writes its event, and queues the reconciler after commit."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Max
+
+from accounts.models import Team
+from deployments.events import record
+from deployments.models import Deployment, Event, Revision
+from models_registry.models import ModelVersion
+
+
+class Conflict(Exception):
+    pass
+
+
+def _queue_reconcile(deployment: Deployment) -> None:
+    from deployments import tasks
+
+    deployment_id = deployment.pk
+    transaction.on_commit(lambda: tasks.reconcile_deployment.delay(deployment_id))
+
+
+def _new_revision(deployment: Deployment, user: Any, spec: dict[str, Any], versions: list[ModelVersion]) -> Revision:
+    number = (deployment.revisions.aggregate(n=Max("number"))["n"] or 0) + 1
+    revision = Revision.objects.create(deployment=deployment, number=number, spec=spec, created_by=user)
+    revision.versions.set(versions)
+    return revision
+
+
+@transaction.atomic
+def create_deployment(team: Team, user: Any, name: str, runtime: str, spec: dict[str, Any],
+                      versions: list[ModelVersion]) -> Deployment:
+    if Deployment.objects.filter(team=team, name=name).exists():
+        raise Conflict(f"A deployment named {name!r} exists already in team {team.name!r}.")
+    deployment = Deployment.objects.create(team=team, name=name, runtime=runtime, created_by=user)
+    revision = _new_revision(deployment, user, spec, versions)
+    deployment.revision = revision
+    deployment.save(update_fields=["revision"])
+    record(deployment, Event.Kind.INFO, f"Created by {user.get_username()} with revision 1.")
+    _queue_reconcile(deployment)
+    return deployment
+
+
+@transaction.atomic
+def update_deployment(deployment: Deployment, user: Any, spec: dict[str, Any], versions: list[ModelVersion]) -> Revision:
+    """A new revision; a running deployment rolls to it while the current one keeps serving."""
+    Deployment.objects.select_for_update().filter(pk=deployment.pk).first()
+    revision = _new_revision(deployment, user, spec, versions)
+    fields: dict[str, Any] = {"revision": revision}
+    if deployment.desired_state == Deployment.Desired.RUNNING:
+        deployment.set_status(Deployment.Status.PENDING, f"Rolling out revision {revision.number}.", **fields)
+    else:
+        deployment.revision = revision
+        Deployment.objects.filter(pk=deployment.pk).update(**fields)
+    record(deployment, Event.Kind.INFO, f"Revision {revision.number} created by {user.get_username()}.")
+    _queue_reconcile(deployment)
+    return revision
+
+
+@transaction.atomic
+def stop_deployment(deployment: Deployment, user: Any) -> None:
+    if deployment.desired_state == Deployment.Desired.STOPPED:
+        raise Conflict("The deployment is stopped already.")
+    Deployment.objects.filter(pk=deployment.pk).update(desired_state=Deployment.Desired.STOPPED)
+    deployment.desired_state = Deployment.Desired.STOPPED
+    deployment.set_status(Deployment.Status.STOPPING, "Stopping Triton.")
+    record(deployment, Event.Kind.INFO, f"Stop requested by {user.get_username()}.")
+    _queue_reconcile(deployment)
+
+
+@transaction.atomic
+def start_deployment(deployment: Deployment, user: Any) -> None:
+    """Start a stopped deployment, or retry a failed one."""
+    if deployment.desired_state == Deployment.Desired.RUNNING and deployment.status != Deployment.Status.FAILED:
+        raise Conflict("The deployment is running already.")
+    Deployment.objects.filter(pk=deployment.pk).update(desired_state=Deployment.Desired.RUNNING)
+    deployment.desired_state = Deployment.Desired.RUNNING
+    deployment.set_status(Deployment.Status.PENDING, "Starting.")
+    record(deployment, Event.Kind.INFO, f"Start requested by {user.get_username()}.")
+    _queue_reconcile(deployment)
+
+
+def delete_deployment(deployment: Deployment, user: Any, wait_seconds: float = 20.0) -> bool:
+    """Tear everything down. True when it is gone already; False when the reconciler will finish it shortly."""
+    from deployments import reconcile
+
+    with transaction.atomic():
+        Deployment.objects.filter(pk=deployment.pk).update(desired_state=Deployment.Desired.DELETED)
+        deployment.set_status(Deployment.Status.STOPPING, f"Deleting (requested by {user.get_username()}).",
+                              upstream_url="", serving_revision=None)
+    # A reconciler busy with this deployment sees the new desired state within a second and lets go.
+    deadline = time.monotonic() + wait_seconds
+    while time.monotonic() < deadline:
+        reconcile.reconcile(deployment.pk)
+        if not Deployment.objects.filter(pk=deployment.pk).exists():
+            return True
+        time.sleep(0.2)
+    _queue_reconcile(deployment)
+    return False

@@ -1,0 +1,262 @@
+"""REST API for deployments: /api/v1/deployments/..."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from django.http import Http404
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.decorators import api_view
+from rest_framework.exceptions import APIException
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from accounts.context import current_team
+from accounts.models import Team
+from deployments import actions
+from deployments.models import Deployment, Event
+from deployments.runtimes import local as local_runtime
+from deployments.snapshot import served_model, served_model_json
+from deployments.spec import MAX_INSTANCE_COUNT, MAX_QUEUE_DELAY_MICROSECONDS, RepositorySpec, validate_repository
+from models_registry.api import validate_name_field
+from models_registry.models import ModelVersion
+
+MAX_REPLICAS = 100
+
+
+class ConflictError(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "conflict"
+
+
+class DynamicBatchingSerializer(serializers.Serializer[Any]):
+    max_queue_delay_microseconds = serializers.IntegerField(min_value=0, max_value=MAX_QUEUE_DELAY_MICROSECONDS, default=0)
+    preferred_batch_size = serializers.ListField(child=serializers.IntegerField(min_value=1), default=list, max_length=32)
+    preserve_ordering = serializers.BooleanField(default=False)
+
+
+class InstanceGroupSerializer(serializers.Serializer[Any]):
+    count = serializers.IntegerField(min_value=1, max_value=MAX_INSTANCE_COUNT, default=1)
+    kind = serializers.ChoiceField(choices=["cpu", "gpu"], default="cpu")
+    gpus = serializers.ListField(child=serializers.IntegerField(min_value=0), default=list, max_length=64)
+
+
+class ServedModelSerializer(serializers.Serializer[Any]):
+    model = serializers.CharField()
+    version = serializers.IntegerField(min_value=1, required=False, help_text="Default: the latest ready version.")
+    max_batch_size = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False)
+    dynamic_batching = DynamicBatchingSerializer(required=False, allow_null=True)
+    instance_group = InstanceGroupSerializer(required=False)
+    response_cache = serializers.BooleanField(required=False, default=False)
+    warmup = serializers.DictField(required=False, allow_null=True)
+
+
+class ResourcesSerializer(serializers.Serializer[Any]):
+    cpu = serializers.CharField(required=False, allow_blank=True, help_text='Kubernetes quantity, e.g. "2" or "500m".')
+    memory = serializers.CharField(required=False, allow_blank=True, help_text='Kubernetes quantity, e.g. "4Gi".')
+    gpu = serializers.IntegerField(min_value=0, max_value=16, required=False, default=0)
+    gpu_type = serializers.CharField(required=False, allow_blank=True)
+    mig_profile = serializers.RegexField(r"^\d+g\.\d+gb$", required=False, allow_blank=True,
+                                         help_text='A MIG profile such as "1g.10gb".')
+
+
+class DeploymentInputSerializer(serializers.Serializer[Any]):
+    name = serializers.CharField(allow_blank=True, trim_whitespace=False)
+    runtime = serializers.ChoiceField(choices=Deployment.Runtime.choices, default=Deployment.Runtime.LOCAL)
+    models = ServedModelSerializer(many=True, allow_empty=False)
+    replicas = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS, default=1)
+    resources = ResourcesSerializer(required=False, default=dict)
+
+    def validate_name(self, value: str) -> str:
+        return validate_name_field(value)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        team: Team = self.context["team"]
+        runtime = attrs.get("runtime", Deployment.Runtime.LOCAL)
+        errors: dict[str, list[str]] = {}
+        entries, versions, index_of = [], [], {}
+        for index, item in enumerate(attrs["models"]):
+            version = _resolve_version(team, item, errors, f"models[{index}]")
+            if version is None:
+                continue
+            versions.append(version)
+            entries.append(served_model_json(version, item))
+            index_of.setdefault(version.model.name, index)
+        if runtime == Deployment.Runtime.LOCAL:
+            if attrs.get("replicas", 1) != 1:
+                errors.setdefault("replicas", []).append(
+                    "the local runtime runs one Triton server per deployment: use replicas 1, or runtime 'kubernetes'")
+            if (attrs.get("resources") or {}).get("gpu"):
+                errors.setdefault("resources.gpu", []).append("the local runtime has no GPU: use gpu 0, or runtime 'kubernetes'")
+        if entries:
+            repository = RepositorySpec(models=tuple(served_model(e, Path("artifact")) for e in entries))
+            found = validate_repository(repository, runtime, local_has_torch=local_runtime.local_has_torch())
+            for key, messages in found.items():
+                model_name, _, field = key.partition(".")
+                prefix = f"models[{index_of[model_name]}]" if model_name in index_of else "models"
+                errors.setdefault(f"{prefix}.{field}" if field else prefix, []).extend(messages)
+        if errors:
+            raise serializers.ValidationError(errors)
+        attrs["spec"] = {"runtime": runtime, "replicas": attrs.get("replicas", 1),
+                         "resources": dict(attrs.get("resources") or {}), "models": entries}
+        attrs["versions"] = versions
+        return attrs
+
+
+def _resolve_version(team: Team, item: dict[str, Any], errors: dict[str, list[str]], where: str) -> ModelVersion | None:
+    versions = ModelVersion.objects.select_related("model").filter(model__team=team, model__name=item["model"])
+    if "version" in item:
+        version = versions.filter(number=item["version"]).first()
+        if version is None:
+            errors.setdefault(f"{where}.version", []).append(f"model {item['model']!r} has no version {item['version']}")
+            return None
+        if version.status != ModelVersion.Status.READY:
+            detail = f": {version.error}" if version.error else ""
+            errors.setdefault(f"{where}.version", []).append(
+                f"version {version.number} of {item['model']!r} is {version.status}, not ready{detail}")
+            return None
+        return version
+    version = versions.filter(status=ModelVersion.Status.READY).order_by("-number").first()
+    if version is None:
+        message = (f"model {item['model']!r} has no ready version yet" if versions.exists()
+                   else f"no model named {item['model']!r} in your team")
+        errors.setdefault(f"{where}.model", []).append(message)
+    return version
+
+
+class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
+    revision = serializers.IntegerField(source="revision.number", default=None)
+    serving_revision = serializers.IntegerField(source="serving_revision.number", default=None)
+    models = serializers.SerializerMethodField()
+    replicas = serializers.SerializerMethodField()
+    resources = serializers.SerializerMethodField()
+    created_by = serializers.CharField(source="created_by.username", default=None)
+
+    class Meta:
+        model = Deployment
+        fields = ["name", "runtime", "desired_state", "status", "status_message", "revision", "serving_revision",
+                  "endpoint", "models", "replicas", "resources", "created_by", "created_at", "updated_at"]
+        read_only_fields = fields
+
+    def _spec(self, obj: Deployment) -> dict[str, Any]:
+        return obj.revision.spec if obj.revision else {}
+
+    def get_models(self, obj: Deployment) -> list[dict[str, Any]]:
+        keys = ["model", "version", "format", "max_batch_size", "dynamic_batching", "instance_group", "response_cache", "warmup"]
+        return [{k: m.get(k) for k in keys} for m in self._spec(obj).get("models", [])]
+
+    def get_replicas(self, obj: Deployment) -> int:
+        return int(self._spec(obj).get("replicas", 1))
+
+    def get_resources(self, obj: Deployment) -> dict[str, Any]:
+        return dict(self._spec(obj).get("resources", {}))
+
+
+class EventSerializer(serializers.ModelSerializer[Event]):
+    class Meta:
+        model = Event
+        fields = ["time", "kind", "message"]
+
+
+def _get_deployment(request: Request, name: str) -> Deployment:
+    deployment = (Deployment.objects.select_related("revision", "serving_revision", "created_by")
+                  .filter(team=current_team(request), name=name)
+                  .exclude(desired_state=Deployment.Desired.DELETED).first())
+    if deployment is None:
+        raise Http404
+    return deployment
+
+
+@extend_schema(request=DeploymentInputSerializer, responses=DeploymentSerializer(many=True))
+@api_view(["GET", "POST"])
+def deployments_list(request: Request) -> Response:
+    team = current_team(request)
+    if request.method == "POST":
+        serializer = DeploymentInputSerializer(data=request.data, context={"team": team})
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        try:
+            deployment = actions.create_deployment(team, request.user, data["name"], data["runtime"], data["spec"],  # type: ignore[arg-type]
+                                                   data["versions"])
+        except actions.Conflict as exc:
+            raise ConflictError(str(exc)) from None
+        return Response(DeploymentSerializer(_get_deployment(request, deployment.name)).data, status=status.HTTP_201_CREATED)
+    deployments = (Deployment.objects.filter(team=team).exclude(desired_state=Deployment.Desired.DELETED)
+                   .select_related("revision", "serving_revision", "created_by"))
+    return Response(DeploymentSerializer(deployments, many=True).data)
+
+
+@extend_schema(request=DeploymentInputSerializer, responses=DeploymentSerializer)
+@api_view(["GET", "PATCH", "DELETE"])
+def deployment_detail(request: Request, name: str) -> Response:
+    deployment = _get_deployment(request, name)
+    if request.method == "PATCH":
+        current = deployment.revision.spec if deployment.revision else {}
+        merged = {
+            "name": deployment.name,
+            "runtime": deployment.runtime,
+            "replicas": request.data.get("replicas", current.get("replicas", 1)),
+            "resources": request.data.get("resources", current.get("resources", {})),
+            "models": request.data.get("models", [_settings_of(m) for m in current.get("models", [])]),
+        }
+        if "name" in request.data and request.data["name"] != deployment.name or (
+                "runtime" in request.data and request.data["runtime"] != deployment.runtime):
+            raise serializers.ValidationError("The name and runtime of a deployment cannot change: create a new deployment.")
+        serializer = DeploymentInputSerializer(data=merged, context={"team": deployment.team})
+        serializer.is_valid(raise_exception=True)
+        actions.update_deployment(deployment, request.user, serializer.validated_data["spec"],
+                                  serializer.validated_data["versions"])
+        return Response(DeploymentSerializer(_get_deployment(request, name)).data)
+    if request.method == "DELETE":
+        gone = actions.delete_deployment(deployment, request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT if gone else status.HTTP_202_ACCEPTED)
+    return Response(DeploymentSerializer(deployment).data)
+
+
+def _settings_of(entry: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot entry as API input (used when a PATCH leaves the models as they are)."""
+    keys = ["model", "version", "max_batch_size", "dynamic_batching", "instance_group", "response_cache", "warmup"]
+    return {k: entry[k] for k in keys if k in entry and entry[k] is not None or k == "dynamic_batching"}
+
+
+@extend_schema(request=None, responses=DeploymentSerializer)
+@api_view(["POST"])
+def deployment_stop(request: Request, name: str) -> Response:
+    deployment = _get_deployment(request, name)
+    try:
+        actions.stop_deployment(deployment, request.user)
+    except actions.Conflict as exc:
+        raise ConflictError(str(exc)) from None
+    return Response(DeploymentSerializer(_get_deployment(request, name)).data, status=status.HTTP_202_ACCEPTED)
+
+
+@extend_schema(request=None, responses=DeploymentSerializer)
+@api_view(["POST"])
+def deployment_start(request: Request, name: str) -> Response:
+    deployment = _get_deployment(request, name)
+    try:
+        actions.start_deployment(deployment, request.user)
+    except actions.Conflict as exc:
+        raise ConflictError(str(exc)) from None
+    return Response(DeploymentSerializer(_get_deployment(request, name)).data, status=status.HTTP_202_ACCEPTED)
+
+
+@extend_schema(responses=EventSerializer(many=True))
+@api_view(["GET"])
+def deployment_events(request: Request, name: str) -> Response:
+    deployment = _get_deployment(request, name)
+    return Response(EventSerializer(deployment.events.all()[:200], many=True).data)
+
+
+@extend_schema(responses={200: {"type": "object", "properties": {"log": {"type": "string"}}}})
+@api_view(["GET"])
+def deployment_logs(request: Request, name: str) -> Response:
+    deployment = _get_deployment(request, name)
+    try:
+        lines = max(1, min(int(request.query_params.get("lines", 200)), 5000))
+    except ValueError:
+        raise serializers.ValidationError({"lines": ["must be an integer"]}) from None
+    return Response({"log": local_runtime.logs(deployment, lines)})
+

@@ -1,0 +1,455 @@
+"""Supervise a local tritonserver, the binary shipped in the nvidia-pytriton wheel (see docs/local-runtime.md).
+
+Plain functions, no Django: callers pass paths and settings in. The server runs in its own session (process
+group) so it outlives the web or worker process that started it; what identifies it afterwards is its pid, which
+`is_alive()` checks against /proc so a recycled pid is never adopted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+BINARY_NAME = "tritonserver"
+_PYTRITON = Path("pytriton") / "tritonserver"
+# Python-backend files Triton expects in <backend-directory>/python/.
+_BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
+_STUB = "triton_python_backend_stub"
+
+# Triton log lines start "E1129 12:34:56.789012 4242 file.cc:123] message"; I/W/E give the severity.
+_LOG_PREFIX_RE = re.compile(r"^([IWE])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]]*\] ?")
+# The model status table Triton prints when models fail: "| name | 1 | UNAVAILABLE: Internal: ... |".
+_UNAVAILABLE_RE = re.compile(r"^\|\s*(\S+)\s*\|\s*(\d+)\s*\|\s*(UNAVAILABLE: .*?)\s*\|?\s*$")
+MAX_ERROR_LINES = 40
+# Error lines every start on a machine without a GPU prints; they say nothing about the models.
+_HARMLESS = (
+    "CudaDriverHelper has not been initialized",
+    "Failed to initialize NVML",
+    "DCGM unable to start",
+    "Unable to allocate pinned system memory",
+)
+
+
+class RuntimeEnvError(RuntimeError):
+    """The runtime env is missing or incomplete; the message says what to install."""
+
+
+@dataclass(frozen=True)
+class RuntimeEnv:
+    root: Path  # the virtualenv holding nvidia-pytriton, numpy<2, onnxruntime
+    python_version: str  # "3.11": the stub must match the Python that runs model.py files
+    site_packages: Path
+    tritonserver: Path
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.root / "bin"
+
+    @property
+    def pytriton_server_dir(self) -> Path:
+        return self.site_packages / _PYTRITON
+
+    def has_module(self, name: str) -> bool:
+        """Whether `name` (e.g. "torch") is installed in the runtime env, judged by its package directory."""
+        return (self.site_packages / name).is_dir()
+
+
+@dataclass(frozen=True)
+class ServerProcess:
+    pid: int
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    started_at: datetime
+    log_path: Path
+    host: str = "127.0.0.1"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+
+@dataclass(frozen=True)
+class ReadyResult:
+    ready: bool
+    message: str  # one line for a status page
+    errors: tuple[str, ...] = ()  # Triton's own error lines, for the user
+    exit_code: int | None = None  # set when the server exited before it was ready
+    waited_seconds: float = 0.0
+    models_not_ready: tuple[str, ...] = field(default_factory=tuple)
+
+
+def find_runtime_env(root: Path) -> RuntimeEnv:
+    """Locate the tritonserver binary and the python-backend files inside the runtime env at `root`."""
+    root = Path(root)
+    if not root.is_dir():
+        raise RuntimeEnvError(
+            f"no runtime env at {root}: create it with `python3 -m venv {root}` and "
+            f"`{root}/bin/pip install -r requirements-runtime.txt`"
+        )
+    candidates = sorted(root.glob("lib/python3.*/site-packages"))
+    for site_packages in candidates:
+        binary = site_packages / _PYTRITON / "bin" / BINARY_NAME
+        if binary.is_file():
+            version = site_packages.parent.name.removeprefix("python")
+            return RuntimeEnv(root=root, python_version=version, site_packages=site_packages, tritonserver=binary)
+    raise RuntimeEnvError(f"no {BINARY_NAME} in the runtime env at {root}: install nvidia-pytriton into it")
+
+
+def build_backend_dir(env: RuntimeEnv, var_dir: Path) -> Path:
+    """A --backend-directory holding python/ with the backend library, its utils and the matching stub.
+
+    Triton looks for the stub inside the python backend's directory, but the wheel keeps stubs per Python version
+    elsewhere, so the directory is assembled here. The entries are symlinks, not copies: the stub finds its
+    bundled libraries (libcudart, ...) through an RPATH relative to its real location, which a copy would lose.
+    """
+    source = env.pytriton_server_dir
+    stub = source / "python_backend_stubs" / env.python_version / _STUB
+    if not stub.is_file():
+        raise RuntimeEnvError(f"nvidia-pytriton has no python-backend stub for Python {env.python_version}")
+    backend_dir = Path(var_dir) / "triton-backends"
+    python_dir = backend_dir / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    for name, src in [(n, source / "backends" / "python" / n) for n in _BACKEND_FILES] + [(_STUB, stub)]:
+        dest = python_dir / name
+        if dest.is_symlink() and os.readlink(dest) == str(src):
+            continue
+        # Replaced atomically, so a server starting meanwhile never finds the entry missing.
+        tmp = dest.with_name(f".{name}.tmp-{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(src)
+        os.replace(tmp, dest)
+    return backend_dir
+
+
+def pick_free_ports(count: int = 3, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct ports free right now (another process may still take one before Triton binds it)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+# Popen objects of servers this process started, so it can reap them (no zombies) without a ResourceWarning.
+_children: dict[int, subprocess.Popen[bytes]] = {}
+_exit_codes: dict[int, int] = {}
+
+
+def start_server(
+    repo_dir: Path,
+    log_path: Path,
+    runtime_env: RuntimeEnv,
+    backend_dir: Path,
+    *,
+    host: str = "127.0.0.1",
+    ports: Sequence[int] | None = None,
+    response_cache_bytes: int = 0,
+    exit_timeout_seconds: int = 5,
+    extra_args: Sequence[str] = (),
+) -> ServerProcess:
+    """Spawn tritonserver for `repo_dir`; it logs to `log_path` (truncated) and loads every model at start.
+
+    `ports` is (http, grpc, metrics); free ones are picked when omitted. Binding to 127.0.0.1 by default keeps
+    the local runtime reachable only through the portal's gateway.
+    """
+    reap_children()
+    http_port, grpc_port, metrics_port = ports if ports is not None else pick_free_ports(3, host)
+    args = [
+        str(runtime_env.tritonserver),
+        f"--model-repository={Path(repo_dir).resolve()}",
+        f"--backend-directory={Path(backend_dir).resolve()}",
+        f"--http-address={host}",
+        f"--http-port={http_port}",
+        f"--grpc-address={host}",
+        f"--grpc-port={grpc_port}",
+        f"--metrics-address={host}",
+        f"--metrics-port={metrics_port}",
+        # The repository is rendered complete and served as is: load everything at start, never poll it.
+        "--model-control-mode=none",
+        # Ready only when every model is; a model that fails to load stops the server with its error logged.
+        "--strict-readiness=true",
+        "--exit-on-error=true",
+        # config.pbtxt is rendered in full; Triton must not guess missing fields.
+        "--disable-auto-complete-config",
+        "--allow-gpu-metrics=false",
+        # stop_server() waits longer than this before SIGKILL, so in-flight requests get to finish.
+        f"--exit-timeout-secs={exit_timeout_seconds}",
+    ]
+    if response_cache_bytes > 0:
+        args += [
+            f"--cache-directory={runtime_env.pytriton_server_dir / 'caches'}",
+            f"--cache-config=local,size={response_cache_bytes}",
+        ]
+    args += list(extra_args)
+
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=server_environment(runtime_env),
+            cwd=str(log_path.parent),
+            start_new_session=True,
+            close_fds=True,
+        )
+    _children[process.pid] = process
+    _exit_codes.pop(process.pid, None)  # an earlier server may have had this pid
+    return ServerProcess(
+        pid=process.pid,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        started_at=datetime.now(UTC),
+        log_path=log_path,
+        host=host,
+    )
+
+
+def server_environment(runtime_env: RuntimeEnv, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for tritonserver: the python-backend stub runs model.py with the first python3 on PATH."""
+    env = dict(os.environ if base is None else base)
+    # The portal's own interpreter settings would leak its numpy 2 and packages into the stub.
+    for name in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV"):
+        env.pop(name, None)
+    env["PATH"] = os.pathsep.join([str(runtime_env.bin_dir), env.get("PATH", "/usr/bin:/bin")])
+    env["VIRTUAL_ENV"] = str(runtime_env.root)
+    return env
+
+
+def is_alive(pid: int) -> bool:
+    """Whether `pid` is a running (not zombie) tritonserver."""
+    _reap(pid)
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    # "pid (comm) state ...": comm may itself contain spaces or ')', so split at the last ')'.
+    comm = stat[stat.find("(") + 1 : stat.rfind(")")]
+    state = stat[stat.rfind(")") + 1 :].split()[0]
+    if state in ("Z", "X") or comm != BINARY_NAME:
+        return False
+    # cmdline is briefly empty right after exec; comm (set by exec from the file name) has already answered.
+    argv0 = cmdline.split(b"\0", 1)[0].decode(errors="replace")
+    return not argv0 or os.path.basename(argv0) == BINARY_NAME
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group `pgid`: the server and the python-backend stubs it spawned."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        # After the command name: state, ppid, pgrp, ...
+        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return sorted(members)
+
+
+def stop_server(pid: int, grace_seconds: float = 10.0) -> bool:
+    """SIGTERM the server's process group, SIGKILL what is left after `grace_seconds`.
+
+    Returns False when `pid` was no running tritonserver (nothing was signalled). The group is only signalled
+    after `is_alive()` confirmed the pid, because a recycled pid's group belongs to someone else.
+    """
+    if not is_alive(pid):
+        _reap(pid)
+        return False
+    _signal_group(pid, signal.SIGTERM)
+    if not _wait_group_gone(pid, grace_seconds):
+        _signal_group(pid, signal.SIGKILL)
+        _wait_group_gone(pid, 5.0)
+    _reap(pid)
+    return True
+
+
+def wait_ready(
+    server: ServerProcess,
+    model_names: Iterable[str],
+    timeout: float,
+    *,
+    poll_interval: float = 0.2,
+) -> ReadyResult:
+    """Poll until the server and every model are ready, the server exits, or `timeout` seconds pass."""
+    names = list(model_names)
+    start = time.monotonic()
+    not_ready = names
+    while True:
+        waited = time.monotonic() - start
+        if not is_alive(server.pid):
+            code = _reap(server.pid)
+            errors = tuple(log_errors(server.log_path))
+            first = _first_line(summary_error(errors)) or f"see the log at {server.log_path}"
+            return ReadyResult(
+                ready=False,
+                message=f"tritonserver exited (code {code}) before it was ready: {first}",
+                errors=errors,
+                exit_code=code,
+                waited_seconds=waited,
+                models_not_ready=tuple(names),
+            )
+        if _http_ok(server, "/v2/health/ready"):
+            not_ready = [n for n in names if not _http_ok(server, f"/v2/models/{n}/ready")]
+            if not not_ready:
+                return ReadyResult(ready=True, message="ready", waited_seconds=waited)
+        if waited >= timeout:
+            errors = tuple(log_errors(server.log_path))
+            summary = _first_line(summary_error(errors))
+            return ReadyResult(
+                ready=False,
+                message=f"not ready after {timeout:g} s" + (f": {summary}" if summary else ""),
+                errors=errors,
+                waited_seconds=waited,
+                models_not_ready=tuple(not_ready),
+            )
+        time.sleep(poll_interval)
+
+
+def model_stats(server: ServerProcess, model: str) -> dict[str, object]:
+    """Triton's statistics for `model` (the first entry of /v2/models/<model>/stats)."""
+    with urllib.request.urlopen(f"{server.http_url}/v2/models/{model}/stats", timeout=5) as response:
+        data = json.load(response)
+    stats: dict[str, object] = data["model_stats"][0]
+    return stats
+
+
+def log_errors(log_path: Path, limit: int = MAX_ERROR_LINES) -> list[str]:
+    """Triton's error messages in the log, without the timestamp prefix; multi-line messages stay whole."""
+    errors: list[str] = []
+    current: list[str] | None = None
+    for raw in _read_lines(log_path):
+        line = raw.rstrip("\n")
+        prefix = _LOG_PREFIX_RE.match(line)
+        table_row = _UNAVAILABLE_RE.match(line)
+        if prefix:
+            _flush(errors, current)
+            current = [line[prefix.end() :]] if prefix.group(1) == "E" else None
+        elif table_row:
+            _flush(errors, current)
+            current = None
+            name, version, status = table_row.groups()
+            errors.append(f"model '{name}' version {version}: {status}")
+        elif line.startswith("error: "):
+            _flush(errors, current)
+            current = None
+            errors.append(line)
+        elif current is not None and line.strip() and not line.startswith(("+-", "|")):
+            current.append(line)  # continuation of a multi-line error (a Python traceback, say)
+    _flush(errors, current)
+    unique = list(dict.fromkeys(errors))
+    return unique[-limit:]
+
+
+def tail_log(path: Path, lines: int = 100) -> str:
+    """The last `lines` lines of the log ("" if it does not exist yet)."""
+    return "".join(deque(_read_lines(path), maxlen=lines))
+
+
+def _read_lines(path: Path) -> Iterable[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            yield from f
+    except FileNotFoundError:
+        return
+
+
+def _flush(errors: list[str], current: list[str] | None) -> None:
+    if not current:
+        return
+    message = "\n".join(current).strip()
+    # Triton 2.51 logs each message as a JSON string literal: decode it so newlines in tracebacks are real.
+    if len(message) >= 2 and message[0] == message[-1] == '"':
+        try:
+            message = str(json.loads(message))
+        except ValueError:
+            pass
+    if not any(noise in message for noise in _HARMLESS):
+        errors.append(message.strip())
+
+
+def summary_error(errors: Sequence[str]) -> str | None:
+    """The error most worth showing first: Triton's "failed to load" line when there is one."""
+    for error in errors:
+        if "failed to load" in error and not error.startswith("error: "):
+            return error
+    return errors[0] if errors else None
+
+
+def _first_line(text: str | None) -> str | None:
+    return text.strip().splitlines()[0] if text and text.strip() else None
+
+
+def _http_ok(server: ServerProcess, path: str) -> bool:
+    try:
+        with urllib.request.urlopen(server.http_url + path, timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_group_gone(pgid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while True:
+        _reap(pgid)
+        if not group_pids(pgid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
+def reap_children() -> None:
+    """Collect servers started by this process that have exited, so a long-lived worker keeps no zombies."""
+    for pid in list(_children):
+        _reap(pid)
+
+
+def _reap(pid: int) -> int | None:
+    """Collect the exit status of a server this process started (None if still running or not our child)."""
+    process = _children.get(pid)
+    if process is not None:
+        code = process.poll()
+        if code is not None:
+            _exit_codes[pid] = code
+            del _children[pid]
+        return code
+    if pid not in _exit_codes:
+        try:
+            waited, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if waited:
+            _exit_codes[pid] = os.waitstatus_to_exitcode(status)
+    return _exit_codes.get(pid)

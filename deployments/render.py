@@ -1,0 +1,275 @@
+"""Render a Triton model repository from a `RepositorySpec`.
+
+Each config.pbtxt is built as Triton's own protobuf message (`ModelConfig`) and printed with protobuf's text
+format, so a wrong field name or type fails here rather than when Triton loads the model. Rendering is
+deterministic: the same spec and artifacts give a byte-identical tree (tests compare `repository_digest`).
+
+Layout: `<model>/config.pbtxt` and `<model>/<version>/` holding `model.onnx`, `model.pt`, `model.savedmodel/`,
+`model.plan`, `model.py` (+ helper files), `model.tnnproto` + `model.tnnmodel`, or nothing (ensembles).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from deployments.spec import (
+    RepositorySpec,
+    ServedModel,
+    Target,
+    validate_repository,
+)
+from models_registry.archives import ArchiveLimits
+from models_registry.signature import Tensor
+
+BACKENDS_DIR = Path(__file__).resolve().parent / "backends"
+ONNX_WRAPPER = BACKENDS_DIR / "onnx_python_model.py"
+
+# Artifacts were checked against the configured limits at upload (models_registry.validation.archive_limits());
+# these are the settings' defaults, a backstop for callers that pass none.
+DEFAULT_ARCHIVE_LIMITS = ArchiveLimits(max_entries=10_000, max_total_size=50 * 1024**3, max_ratio=200)
+
+# Kubernetes runs the official Triton image, which has every backend: (platform, backend) per format.
+_NATIVE: dict[str, tuple[str, str]] = {
+    "onnx": ("", "onnxruntime"),
+    "torchscript": ("pytorch_libtorch", ""),
+    "tensorflow_savedmodel": ("tensorflow_savedmodel", ""),
+    "tensorrt_plan": ("tensorrt_plan", ""),
+    "python": ("", "python"),
+    "ensemble": ("ensemble", ""),
+}
+
+
+class RenderError(ValueError):
+    """The spec or an artifact cannot be rendered; `errors` maps fields to messages like the validators do."""
+
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(f"{key}: {' '.join(messages)}" for key, messages in sorted(errors.items())))
+
+
+def build_model_config(m: ServedModel, target: Target, *, tnn_backend_name: str = "tnn") -> mc.ModelConfig:
+    """Triton's ModelConfig message for `m` on `target` (assumes `m` passed validation)."""
+    config = mc.ModelConfig(name=m.name, max_batch_size=m.max_batch_size)
+    if m.format == "tnn":
+        config.backend = tnn_backend_name
+    elif target == "local" and m.format in ("onnx", "torchscript"):
+        # The local tritonserver has only the python backend: a generated python model runs the file.
+        config.backend = "python"
+    else:
+        platform, backend = _NATIVE[m.format]
+        if platform:
+            config.platform = platform
+        if backend:
+            config.backend = backend
+    # Serve exactly the version this spec names, even if another version directory is ever left behind.
+    config.version_policy.specific.versions.append(m.version)
+
+    batched = m.max_batch_size > 0
+    for tensor in m.signature.inputs:
+        entry = config.input.add(name=tensor.name, data_type=_data_type(tensor))
+        _set_dims(entry, tensor, batched)
+    for tensor in m.signature.outputs:
+        entry = config.output.add(name=tensor.name, data_type=_data_type(tensor))
+        _set_dims(entry, tensor, batched)
+
+    if m.format == "ensemble":
+        for step in m.ensemble_steps:
+            config.ensemble_scheduling.step.add(
+                model_name=step.model,
+                model_version=step.version,
+                input_map=dict(step.input_map),
+                output_map=dict(step.output_map),
+            )
+    else:
+        group = config.instance_group.add(
+            count=m.instance_group.count,
+            kind=mc.ModelInstanceGroup.KIND_GPU if m.instance_group.kind == "gpu" else mc.ModelInstanceGroup.KIND_CPU,
+        )
+        group.gpus.extend(m.instance_group.gpus)
+
+    if m.dynamic_batching is not None:
+        db = m.dynamic_batching
+        config.dynamic_batching.max_queue_delay_microseconds = db.max_queue_delay_microseconds
+        config.dynamic_batching.preferred_batch_size.extend(db.preferred_batch_size)
+        config.dynamic_batching.preserve_ordering = db.preserve_ordering
+
+    if m.response_cache:
+        config.response_cache.enable = True
+
+    if m.warmup is not None:
+        _add_warmup(config, m)
+    return config
+
+
+def render_config(m: ServedModel, target: Target, *, tnn_backend_name: str = "tnn") -> str:
+    """config.pbtxt text for `m`."""
+    return text_format.MessageToString(build_model_config(m, target, tnn_backend_name=tnn_backend_name))
+
+
+def render_repository(
+    spec: RepositorySpec,
+    target: Target,
+    out_dir: Path,
+    *,
+    tnn_backend_name: str = "tnn",
+    local_has_torch: bool = False,
+    archive_limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS,
+) -> None:
+    """Write the repository for `spec` to `out_dir`, replacing what was there.
+
+    The tree is built in a sibling directory and swapped in at the end, so a server pointed at `out_dir` never
+    sees half a repository. Raises RenderError for an invalid spec or an unusable artifact.
+    """
+    errors = validate_repository(spec, target, local_has_torch=local_has_torch)
+    if errors:
+        raise RenderError(errors)
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
+    try:
+        for m in sorted(spec.models, key=lambda model: model.name):
+            model_dir = staging / m.name
+            version_dir = model_dir / str(m.version)
+            version_dir.mkdir(parents=True)
+            (model_dir / "config.pbtxt").write_text(
+                render_config(m, target, tnn_backend_name=tnn_backend_name), encoding="utf-8"
+            )
+            _write_artifact(m, target, version_dir, scratch=staging / f".extract-{m.name}", limits=archive_limits)
+        _swap_in(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def repository_digest(root: Path) -> str:
+    """sha256 over every file's relative path and content, in sorted order (directories count by path)."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(root).rglob("*"), key=lambda p: p.relative_to(root).as_posix()):
+        relative = path.relative_to(root).as_posix()
+        if path.is_dir():
+            digest.update(b"D\0" + relative.encode() + b"\0")
+        else:
+            digest.update(b"F\0" + relative.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _data_type(tensor: Tensor) -> int:
+    return mc.DataType.Value(tensor.triton_type)
+
+
+def _set_dims(entry: mc.ModelInput | mc.ModelOutput, tensor: Tensor, batched: bool) -> None:
+    dims = list(tensor.dims[1:] if batched else tensor.dims)
+    if batched and not dims:
+        # A tensor shaped [batch] alone: Triton wants non-empty dims, so declare [1] and let reshape drop it.
+        entry.dims.append(1)
+        entry.reshape.SetInParent()
+    else:
+        entry.dims.extend(dims)
+
+
+def _add_warmup(config: mc.ModelConfig, m: ServedModel) -> None:
+    warmup = m.warmup or {}
+    kind = warmup.get("data", "zero")
+    sample = config.model_warmup.add(
+        name=f"{kind}_data", batch_size=int(warmup.get("batch_size", 1)), count=int(warmup.get("count", 1))
+    )
+    for entry in config.input:
+        # Warmup needs concrete shapes: a dynamic dimension gets size 1.
+        data = mc.ModelWarmup.Input(data_type=entry.data_type, dims=[d if d > 0 else 1 for d in entry.dims])
+        # Triton generates no random strings: BYTES inputs always get zero data.
+        if kind == "random" and entry.data_type != mc.TYPE_STRING:
+            data.random_data = True
+        else:
+            data.zero_data = True
+        sample.inputs[entry.name].CopyFrom(data)
+
+
+def _write_artifact(m: ServedModel, target: Target, version_dir: Path, *, scratch: Path, limits: ArchiveLimits) -> None:
+    if m.format == "ensemble":
+        return  # Triton needs the version directory, empty for an ensemble.
+    assert m.artifact_path is not None  # validated
+    artifact = Path(m.artifact_path)
+    if m.format == "onnx":
+        shutil.copyfile(artifact, version_dir / "model.onnx")
+        if target == "local":
+            shutil.copyfile(ONNX_WRAPPER, version_dir / "model.py")
+    elif m.format == "torchscript":
+        shutil.copyfile(artifact, version_dir / "model.pt")
+    elif m.format == "tensorrt_plan":
+        shutil.copyfile(artifact, version_dir / "model.plan")
+    elif m.format == "tensorflow_savedmodel":
+        _extract(m, artifact, scratch, limits)
+        roots = sorted({p.parent for p in scratch.rglob("saved_model.pb*") if p.name in _SAVED_MODEL_FILES})
+        if len(roots) != 1:
+            raise _artifact_error(
+                m, f"the archive must hold one SavedModel directory (saved_model.pb), found {len(roots)}"
+            )
+        roots[0].rename(version_dir / "model.savedmodel")
+    elif m.format == "python":
+        _extract(m, artifact, scratch, limits)
+        root = _single_root(scratch, "model.py")
+        if root is None:
+            raise _artifact_error(m, "the archive must hold model.py at its top level (or in its only directory)")
+        for child in sorted(root.iterdir()):
+            child.rename(version_dir / child.name)
+    elif m.format == "tnn":
+        _extract(m, artifact, scratch, limits)
+        protos = sorted(p for p in scratch.rglob("*.tnnproto") if p.is_file())
+        weights = sorted(p for p in scratch.rglob("*.tnnmodel") if p.is_file())
+        if len(protos) != 1 or len(weights) != 1:
+            raise _artifact_error(
+                m, f"the archive must hold one .tnnproto and one .tnnmodel, found {len(protos)} and {len(weights)}"
+            )
+        # Fixed names, so the TNN backend finds the pair without extra parameters.
+        protos[0].rename(version_dir / "model.tnnproto")
+        weights[0].rename(version_dir / "model.tnnmodel")
+    else:  # validate_served_model refuses unknown formats
+        raise _artifact_error(m, f"cannot render format {m.format!r}")
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+_SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
+
+
+def _extract(m: ServedModel, archive: Path, dest: Path, limits: ArchiveLimits) -> None:
+    # models_registry.archives is the one place that opens uploaded archives: it refuses links, traversal, bombs.
+    from models_registry.archives import safe_extract
+
+    try:
+        safe_extract(archive, dest, limits)
+    except ValueError as exc:
+        raise _artifact_error(m, f"the archive cannot be extracted: {exc}") from None
+
+
+def _single_root(extracted: Path, marker: str) -> Path | None:
+    """The directory holding `marker`: the archive's top level, or its only directory (zip of a folder)."""
+    if (extracted / marker).is_file():
+        return extracted
+    children = [c for c in extracted.iterdir() if c.name != "__MACOSX"]
+    if len(children) == 1 and children[0].is_dir() and (children[0] / marker).is_file():
+        return children[0]
+    return None
+
+
+def _artifact_error(m: ServedModel, message: str) -> RenderError:
+    return RenderError({f"{m.name}.artifact_path": [message]})
+
+
+def _swap_in(staging: Path, out_dir: Path) -> None:
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        out_dir.rename(old)
+        staging.rename(out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        staging.rename(out_dir)
+    # mkdtemp makes the directory 0700; a server running as another user must be able to read the repository.
+    out_dir.chmod(0o755)

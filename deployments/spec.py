@@ -1,0 +1,291 @@
+"""What a deployment serves, independent of Django: the input of the Triton repository renderer.
+
+A `RepositorySpec` holds one `ServedModel` per Triton model. `validate_served_model()` checks one model against a
+target runtime ("local": the tritonserver from nvidia-pytriton on this machine; "kubernetes": the official Triton
+image) and returns errors per field, so a form or serializer can show each message beside its field.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from models_registry.signature import Signature
+
+Target = Literal["local", "kubernetes"]
+InstanceKind = Literal["cpu", "gpu"]
+
+TARGETS: tuple[str, ...] = ("local", "kubernetes")
+FORMATS: tuple[str, ...] = (
+    "onnx",
+    "torchscript",
+    "tensorflow_savedmodel",
+    "tensorrt_plan",
+    "python",
+    "tnn",
+    "ensemble",
+)
+
+# Limits a user may choose. Triton itself accepts more; these keep one deployment from starving the host.
+MAX_QUEUE_DELAY_MICROSECONDS = 10_000_000
+MIN_INSTANCE_COUNT = 1
+MAX_INSTANCE_COUNT = 16
+# Used when inspection of the artifact found no limit of its own (a TensorRT plan's profile may give one);
+# the same default as models_registry.inspection.
+DEFAULT_MAX_BATCH_SIZE = 64
+
+# Triton uses the model name as a directory name and in URLs (/v2/models/<name>). No ".": validate_repository()
+# keys errors "<model name>.<field>", which callers split at the first ".".
+_MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+
+# Whether deployments/backends/ has a python-backend wrapper for TorchScript (it has one for ONNX only). Until it
+# does, the local runtime refuses TorchScript even with torch in the runtime env, so that validation and
+# rendering agree.
+LOCAL_TORCHSCRIPT_WRAPPER = False
+
+WARMUP_KEYS = frozenset({"batch_size", "count", "data"})
+WARMUP_DATA = ("zero", "random")
+
+_LOCAL_BACKENDS_NOTE = "the local Triton from nvidia-pytriton has only the python backend"
+_LOCAL_REFUSED: dict[str, str] = {
+    "tensorrt_plan": f"TensorRT plans cannot be served locally: {_LOCAL_BACKENDS_NOTE} and no GPU; "
+    "deploy to Kubernetes",
+    "tnn": f"TNN models cannot be served locally: {_LOCAL_BACKENDS_NOTE}, not the TNN backend; deploy to Kubernetes",
+    "tensorflow_savedmodel": f"TensorFlow SavedModels cannot be served locally: {_LOCAL_BACKENDS_NOTE} "
+    "and the runtime env has no TensorFlow; deploy to Kubernetes",
+}
+
+
+@dataclass(frozen=True)
+class DynamicBatching:
+    max_queue_delay_microseconds: int = 0
+    preferred_batch_size: tuple[int, ...] = ()
+    preserve_ordering: bool = False
+
+
+@dataclass(frozen=True)
+class InstanceGroup:
+    count: int = 1
+    kind: InstanceKind = "cpu"
+    gpus: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class EnsembleStep:
+    """One step of an ensemble: maps the step model's tensor names to the ensemble's tensor names."""
+
+    model: str
+    version: int  # -1: the latest version Triton has loaded
+    input_map: dict[str, str]  # step model input name -> ensemble tensor name
+    output_map: dict[str, str]  # step model output name -> ensemble tensor name
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str  # the Triton model name
+    version: int
+    format: str
+    signature: Signature
+    max_batch_size: int = 0
+    dynamic_batching: DynamicBatching | None = None
+    instance_group: InstanceGroup = field(default_factory=InstanceGroup)
+    response_cache: bool = False
+    # {"batch_size": int = 1, "count": int = 1, "data": "zero" | "random"}; None: no warmup.
+    warmup: dict[str, Any] | None = None
+    # The stored artifact as a local file; the renderer copies or extracts it. None only for ensembles.
+    artifact_path: Path | None = None
+    ensemble_steps: tuple[EnsembleStep, ...] = ()
+
+
+@dataclass(frozen=True)
+class RepositorySpec:
+    models: tuple[ServedModel, ...]
+
+
+@dataclass(frozen=True)
+class ServingDefaults:
+    max_batch_size: int
+    dynamic_batching: DynamicBatching | None
+    instance_group: InstanceGroup
+
+
+def defaults_for(signature: Signature, detected_max_batch_size: int | None) -> ServingDefaults:
+    """Starting values for the deploy form, from the signature and what inspection found in the artifact."""
+    if not signature.has_batch_dim:
+        # Without a dynamic first dimension on every tensor Triton cannot stack requests.
+        return ServingDefaults(max_batch_size=0, dynamic_batching=None, instance_group=InstanceGroup())
+    max_batch = detected_max_batch_size if detected_max_batch_size and detected_max_batch_size > 0 else None
+    # A queue delay of 0 adds no latency to a lone request; under load Triton still batches whatever queued
+    # while the instances were busy.
+    return ServingDefaults(
+        max_batch_size=max_batch or DEFAULT_MAX_BATCH_SIZE,
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0),
+        instance_group=InstanceGroup(),
+    )
+
+
+def local_format_error(fmt: str, *, local_has_torch: bool) -> str | None:
+    """Why the local runtime cannot serve `fmt`, or None when it can."""
+    if fmt in _LOCAL_REFUSED:
+        return _LOCAL_REFUSED[fmt]
+    if fmt == "torchscript" and not local_has_torch:
+        return (
+            f"TorchScript cannot be served locally: {_LOCAL_BACKENDS_NOTE}, so TorchScript runs through a "
+            "generated python-backend model, which needs torch installed in the runtime env; it is not"
+        )
+    if fmt == "torchscript" and not LOCAL_TORCHSCRIPT_WRAPPER:
+        return (
+            f"TorchScript cannot be served locally yet: {_LOCAL_BACKENDS_NOTE} and the python-backend wrapper "
+            "for TorchScript is not written yet; deploy to Kubernetes"
+        )
+    return None
+
+
+def validate_served_model(m: ServedModel, target: str, *, local_has_torch: bool = False) -> dict[str, list[str]]:
+    """Field-level errors (empty when `m` can be served on `target`)."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}: use one of {TARGETS}")
+    errors: dict[str, list[str]] = {}
+
+    def add(key: str, message: str) -> None:
+        errors.setdefault(key, []).append(message)
+
+    if not _MODEL_NAME_RE.match(m.name):
+        add(
+            "name",
+            "use 1-128 letters, digits, '_' or '-', starting with a letter or digit "
+            "(Triton uses the name as a directory and in URLs)",
+        )
+    if m.version < 1:
+        add("version", "the version must be 1 or more")
+
+    if m.format not in FORMATS:
+        add("format", f"unknown format {m.format!r}: use one of {', '.join(FORMATS)}")
+    elif target == "local":
+        reason = local_format_error(m.format, local_has_torch=local_has_torch)
+        if reason:
+            add("format", reason)
+
+    if m.format == "ensemble":
+        if not m.ensemble_steps:
+            add("ensemble_steps", "an ensemble needs at least one step")
+        for i, step in enumerate(m.ensemble_steps):
+            if step.model == m.name:
+                add(f"ensemble_steps[{i}].model", "an ensemble cannot call itself")
+            if step.version < 1 and step.version != -1:
+                add(f"ensemble_steps[{i}].version", "use a version of 1 or more, or -1 for the latest")
+            if not step.input_map or not step.output_map:
+                add(f"ensemble_steps[{i}]", "each step needs an input_map and an output_map")
+        if m.dynamic_batching is not None:
+            add("dynamic_batching", "an ensemble has no dynamic batching of its own: set it on its step models")
+    elif m.artifact_path is None:
+        add("artifact_path", "the model has no stored artifact")
+
+    if m.signature.is_empty:
+        add("signature", "the signature needs at least one input and one output")
+
+    _validate_batching(m, add)
+    _validate_instances(m, target, add)
+    if m.warmup is not None:
+        _validate_warmup(m, add)
+    return errors
+
+
+def _validate_batching(m: ServedModel, add: Any) -> None:
+    if m.max_batch_size < 0:
+        add("max_batch_size", "max_batch_size cannot be negative")
+    elif m.max_batch_size > 0 and not m.signature.has_batch_dim:
+        add(
+            "max_batch_size",
+            "max_batch_size must be 0: batching needs a dynamic first dimension (-1) on every input and output",
+        )
+    db = m.dynamic_batching
+    if db is None:
+        return
+    if m.max_batch_size <= 0 and m.format != "ensemble":
+        add("dynamic_batching", "dynamic batching needs max_batch_size greater than 0")
+    delay = db.max_queue_delay_microseconds
+    if not 0 <= delay <= MAX_QUEUE_DELAY_MICROSECONDS:
+        add(
+            "dynamic_batching.max_queue_delay_microseconds",
+            f"the queue delay must be between 0 and {MAX_QUEUE_DELAY_MICROSECONDS:,} µs (10 s), got {delay}",
+        )
+    for size in db.preferred_batch_size:
+        if size <= 0:
+            add("dynamic_batching.preferred_batch_size", f"preferred batch sizes must be greater than 0, got {size}")
+        elif size > m.max_batch_size:
+            add(
+                "dynamic_batching.preferred_batch_size",
+                f"preferred batch size {size} is larger than max_batch_size {m.max_batch_size}",
+            )
+    if len(set(db.preferred_batch_size)) != len(db.preferred_batch_size):
+        add("dynamic_batching.preferred_batch_size", "preferred batch sizes must not repeat")
+
+
+def _validate_instances(m: ServedModel, target: str, add: Any) -> None:
+    group = m.instance_group
+    if not MIN_INSTANCE_COUNT <= group.count <= MAX_INSTANCE_COUNT:
+        add(
+            "instance_group.count",
+            f"the instance count must be between {MIN_INSTANCE_COUNT} and {MAX_INSTANCE_COUNT}, got {group.count}",
+        )
+    if group.kind not in ("cpu", "gpu"):
+        add("instance_group.kind", f"unknown instance kind {group.kind!r}: use 'cpu' or 'gpu'")
+    elif group.kind == "gpu" and target == "local":
+        add("instance_group.kind", "the local runtime has no GPU: use kind 'cpu'")
+    if group.gpus:
+        if group.kind != "gpu":
+            add("instance_group.gpus", "GPU ids can only be given with kind 'gpu'")
+        if any(g < 0 for g in group.gpus):
+            add("instance_group.gpus", "GPU ids cannot be negative")
+        if len(set(group.gpus)) != len(group.gpus):
+            add("instance_group.gpus", "GPU ids must not repeat")
+
+
+def _validate_warmup(m: ServedModel, add: Any) -> None:
+    warmup = m.warmup or {}
+    unknown = set(warmup) - WARMUP_KEYS
+    if unknown:
+        add("warmup", f"unknown warmup keys {sorted(unknown)}: use {sorted(WARMUP_KEYS)}")
+    batch_size = warmup.get("batch_size", 1)
+    count = warmup.get("count", 1)
+    data = warmup.get("data", "zero")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        add("warmup.batch_size", "the warmup batch size must be an integer of 1 or more")
+    elif batch_size > max(1, m.max_batch_size):
+        add("warmup.batch_size", f"the warmup batch size must not exceed max_batch_size {max(1, m.max_batch_size)}")
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 100:
+        add("warmup.count", "the warmup count must be an integer between 1 and 100")
+    if data not in WARMUP_DATA:
+        add("warmup.data", f"warmup data must be one of {WARMUP_DATA}")
+
+
+def validate_repository(spec: RepositorySpec, target: str, *, local_has_torch: bool = False) -> dict[str, list[str]]:
+    """Errors of every model, keyed "<model name>.<field>", plus those across models under "models"."""
+    errors: dict[str, list[str]] = {}
+    names = [m.name for m in spec.models]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        errors.setdefault("models", []).append(f"model name {name!r} is used more than once")
+    by_name = {m.name: m for m in spec.models}
+    for m in spec.models:
+        for key, messages in validate_served_model(m, target, local_has_torch=local_has_torch).items():
+            errors.setdefault(f"{m.name}.{key}", []).extend(messages)
+        for i, step in enumerate(m.ensemble_steps):
+            step_model = by_name.get(step.model)
+            if step_model is None:
+                errors.setdefault(f"{m.name}.ensemble_steps[{i}].model", []).append(
+                    f"step model {step.model!r} is not part of this repository"
+                )
+            elif step.version != -1 and step.version != step_model.version:
+                errors.setdefault(f"{m.name}.ensemble_steps[{i}].version", []).append(
+                    f"the repository serves {step.model!r} version {step_model.version}, not {step.version}"
+                )
+            elif step_model.max_batch_size < m.max_batch_size:
+                # Triton refuses such an ensemble: it would hand the step batches larger than it accepts.
+                errors.setdefault(f"{m.name}.max_batch_size", []).append(
+                    f"an ensemble's max_batch_size ({m.max_batch_size}) cannot exceed that of its step model "
+                    f"{step.model!r} ({step_model.max_batch_size})"
+                )
+    return errors

@@ -1,0 +1,172 @@
+"""The deployments API: validation, defaults, revisions and access. The reconciler is not run here (its
+on_commit never fires inside a test transaction); tests/test_deploy_e2e.py runs it with a real Triton."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conftest import Person
+from deployments.models import Deployment, Event, Revision
+from models_registry.models import ModelVersion
+
+
+def create(person: Person, **body: Any) -> Any:
+    payload = {"name": "digits-prod", "models": [{"model": "digits"}], **body}
+    return person.client().post("/api/v1/deployments/", payload, format="json")
+
+
+def test_alice_deploys_with_defaults_fitted_to_the_model(alice: Person, digits_v1: ModelVersion) -> None:
+    response = create(alice)
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["status"] == "pending"
+    assert body["endpoint"] == "/serve/digits-prod"
+    assert body["revision"] == 1
+    [model] = body["models"]
+    assert model["version"] == 1
+    assert model["max_batch_size"] == digits_v1.max_batch_size
+    assert model["dynamic_batching"] == {"max_queue_delay_microseconds": 0, "preferred_batch_size": [], "preserve_ordering": False}
+    assert model["instance_group"] == {"count": 1, "kind": "cpu", "gpus": []}
+    deployment = Deployment.objects.get()
+    assert deployment.team == alice.team
+    assert list(deployment.revision.versions.all()) == [digits_v1]
+    assert Event.objects.filter(deployment=deployment, message__contains="Created by alice").exists()
+
+
+def test_the_serving_settings_are_kept_as_given(alice: Person, digits_v1: ModelVersion) -> None:
+    response = create(alice, models=[{"model": "digits", "version": 1, "max_batch_size": 16,
+                                      "dynamic_batching": {"max_queue_delay_microseconds": 2000, "preferred_batch_size": [4, 8]},
+                                      "instance_group": {"count": 2, "kind": "cpu"}}])
+    assert response.status_code == 201, response.json()
+    model = response.json()["models"][0]
+    assert model["max_batch_size"] == 16
+    assert model["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
+    assert model["dynamic_batching"]["preferred_batch_size"] == [4, 8]
+    assert model["instance_group"]["count"] == 2
+
+
+def test_batching_can_be_switched_off(alice: Person, digits_v1: ModelVersion) -> None:
+    response = create(alice, models=[{"model": "digits", "dynamic_batching": None}])
+    assert response.json()["models"][0]["dynamic_batching"] is None
+
+
+def test_it_rejects_preferred_sizes_over_the_max_batch_size(alice: Person, digits_v1: ModelVersion) -> None:
+    response = create(alice, models=[{"model": "digits", "max_batch_size": 8,
+                                      "dynamic_batching": {"preferred_batch_size": [4, 16]}}])
+    assert response.status_code == 400
+    fields = response.json()["error"]["fields"]
+    assert fields["models[0].dynamic_batching.preferred_batch_size"] == ["preferred batch size 16 is larger than max_batch_size 8"]
+    assert not Deployment.objects.exists()
+
+
+def test_it_rejects_out_of_bounds_queue_delays_and_instance_counts(alice: Person, digits_v1: ModelVersion) -> None:
+    response = create(alice, models=[{"model": "digits", "dynamic_batching": {"max_queue_delay_microseconds": 20_000_000},
+                                      "instance_group": {"count": 99}}])
+    assert response.status_code == 400
+    fields = response.json()["error"]["fields"]
+    assert "10000000" in fields["models[0].dynamic_batching.max_queue_delay_microseconds"][0]
+    assert "16" in fields["models[0].instance_group.count"][0]
+
+
+def test_it_refuses_gpus_on_the_local_runtime(alice: Person, digits_v1: ModelVersion) -> None:
+    response = create(alice, models=[{"model": "digits", "instance_group": {"kind": "gpu"}}], resources={"gpu": 1})
+    assert response.status_code == 400
+    fields = response.json()["error"]["fields"]
+    assert fields["models[0].instance_group.kind"] == ["the local runtime has no GPU: use kind 'cpu'"]
+    assert "no GPU" in fields["resources.gpu"][0]
+
+
+def test_it_refuses_replicas_on_the_local_runtime(alice: Person, digits_v1: ModelVersion) -> None:
+    response = create(alice, replicas=3)
+    assert response.status_code == 400
+    assert "one Triton server per deployment" in response.json()["error"]["fields"]["replicas"][0]
+
+
+def test_it_refuses_batching_for_a_model_without_a_batch_dimension(alice: Person) -> None:
+    from deployments.tests.conftest import make_ready_version
+    from tests.artifacts import tiny_onnx
+
+    make_ready_version(alice, "fixed", tiny_onnx(batch=False))
+    response = create(alice, models=[{"model": "fixed", "max_batch_size": 4}])
+    assert response.status_code == 400
+    assert "dynamic first dimension" in response.json()["error"]["fields"]["models[0].max_batch_size"][0]
+
+
+def test_it_names_a_missing_model_or_version(alice: Person, digits_v1: ModelVersion) -> None:
+    response = create(alice, models=[{"model": "nope"}, {"model": "digits", "version": 7}])
+    assert response.status_code == 400
+    fields = response.json()["error"]["fields"]
+    assert fields["models[0].model"] == ["no model named 'nope' in your team"]
+    assert fields["models[1].version"] == ["model 'digits' has no version 7"]
+
+
+def test_it_rejects_bad_deployment_names(alice: Person, digits_v1: ModelVersion) -> None:
+    response = create(alice, name="Digits_Prod")
+    assert response.status_code == 400
+    assert "lowercase letters" in response.json()["error"]["fields"]["name"][0]
+
+
+def test_a_duplicate_name_is_a_conflict(alice: Person, digits_v1: ModelVersion) -> None:
+    create(alice)
+    response = create(alice)
+    assert response.status_code == 409
+    assert Deployment.objects.count() == 1
+
+
+def test_patch_makes_a_new_revision_and_keeps_unchanged_settings(alice: Person, digits_v1: ModelVersion) -> None:
+    create(alice, models=[{"model": "digits", "instance_group": {"count": 2}}])
+    response = alice.client().patch("/api/v1/deployments/digits-prod/",
+                                    {"models": [{"model": "digits", "dynamic_batching": {"max_queue_delay_microseconds": 500}}]},
+                                    format="json")
+    assert response.status_code == 200, response.json()
+    assert response.json()["revision"] == 2
+    assert response.json()["status"] == "pending"
+    assert response.json()["models"][0]["dynamic_batching"]["max_queue_delay_microseconds"] == 500
+    response = alice.client().patch("/api/v1/deployments/digits-prod/", {"replicas": 1}, format="json")
+    assert response.json()["revision"] == 3
+    assert response.json()["models"][0]["dynamic_batching"]["max_queue_delay_microseconds"] == 500
+    first = Revision.objects.get(number=1)
+    assert first.spec["models"][0]["instance_group"]["count"] == 2  # revisions are immutable
+
+
+def test_stop_and_start_change_the_desired_state(alice: Person, digits_v1: ModelVersion) -> None:
+    create(alice)
+    response = alice.client().post("/api/v1/deployments/digits-prod/stop")
+    assert response.status_code == 202
+    assert Deployment.objects.get().desired_state == "stopped"
+    assert alice.client().post("/api/v1/deployments/digits-prod/stop").status_code == 409
+    assert alice.client().post("/api/v1/deployments/digits-prod/start").status_code == 202
+    assert Deployment.objects.get().desired_state == "running"
+
+
+def test_a_version_in_use_cannot_be_deleted(alice: Person, digits_v1: ModelVersion) -> None:
+    create(alice)
+    response = alice.client().delete("/api/v1/models/digits/versions/1/")
+    assert response.status_code == 409
+    assert "digits-prod" in response.json()["error"]["message"]
+    assert ModelVersion.objects.filter(pk=digits_v1.pk).exists()
+
+
+def test_charlie_cannot_see_or_touch_alices_deployment(alice: Person, charlie: Person, digits_v1: ModelVersion) -> None:
+    create(alice)
+    client = charlie.client()
+    assert client.get("/api/v1/deployments/").json() == []
+    for method, path in [("get", ""), ("patch", ""), ("delete", ""), ("post", "stop"), ("post", "start"),
+                         ("get", "events/"), ("get", "logs/")]:
+        response = getattr(client, method)(f"/api/v1/deployments/digits-prod/{path}", {}, format="json")
+        assert response.status_code == 404, (method, path)
+    assert Deployment.objects.get().desired_state == "running"
+
+
+def test_charlie_cannot_deploy_alices_model(alice: Person, charlie: Person, digits_v1: ModelVersion) -> None:
+    response = create(charlie)
+    assert response.status_code == 400
+    assert response.json()["error"]["fields"]["models[0].model"] == ["no model named 'digits' in your team"]
+
+
+def test_the_events_are_listed_newest_first(alice: Person, digits_v1: ModelVersion) -> None:
+    create(alice)
+    alice.client().post("/api/v1/deployments/digits-prod/stop")
+    events = alice.client().get("/api/v1/deployments/digits-prod/events/").json()
+    assert "Stop requested by alice" in events[0]["message"]
+    assert "Created by alice" in events[-1]["message"]

@@ -1,0 +1,217 @@
+"""validate_served_model(), validate_repository() and defaults_for(): plain dataclasses, no database."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from deployments.spec import (
+    DEFAULT_MAX_BATCH_SIZE,
+    MAX_INSTANCE_COUNT,
+    MAX_QUEUE_DELAY_MICROSECONDS,
+    DynamicBatching,
+    EnsembleStep,
+    InstanceGroup,
+    RepositorySpec,
+    ServedModel,
+    defaults_for,
+    validate_repository,
+    validate_served_model,
+)
+from models_registry.signature import Signature, Tensor
+
+BATCHED = Signature(inputs=(Tensor("x", "FP32", (-1, 4)),), outputs=(Tensor("y", "FP32", (-1, 3)),))
+FIXED = Signature(inputs=(Tensor("x", "FP32", (2, 4)),), outputs=(Tensor("y", "FP32", (2, 3)),))
+
+
+def model(**changes: object) -> ServedModel:
+    base = ServedModel(
+        name="classifier",
+        version=1,
+        format="onnx",
+        signature=BATCHED,
+        max_batch_size=8,
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=1000, preferred_batch_size=(4, 8)),
+        instance_group=InstanceGroup(count=2),
+        artifact_path=Path("/artifacts/model.onnx"),
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_a_sensible_onnx_model_is_valid_on_both_targets() -> None:
+    assert validate_served_model(model(), "local") == {}
+    assert validate_served_model(model(), "kubernetes") == {}
+
+
+def test_it_refuses_an_unknown_target() -> None:
+    with pytest.raises(ValueError, match="unknown target"):
+        validate_served_model(model(), "docker")
+
+
+def test_it_refuses_preferred_batch_sizes_above_max_batch_size() -> None:
+    errors = validate_served_model(model(dynamic_batching=DynamicBatching(preferred_batch_size=(4, 16))), "local")
+    assert errors == {
+        "dynamic_batching.preferred_batch_size": ["preferred batch size 16 is larger than max_batch_size 8"]
+    }
+
+
+def test_it_refuses_preferred_batch_sizes_of_zero_or_less() -> None:
+    errors = validate_served_model(model(dynamic_batching=DynamicBatching(preferred_batch_size=(0, -2))), "local")
+    assert len(errors["dynamic_batching.preferred_batch_size"]) == 2
+
+
+def test_it_refuses_max_batch_size_without_a_batch_dimension() -> None:
+    errors = validate_served_model(model(signature=FIXED, dynamic_batching=None), "local")
+    assert list(errors) == ["max_batch_size"]
+    assert "dynamic first dimension" in errors["max_batch_size"][0]
+
+
+def test_it_accepts_a_model_without_batch_dimension_at_max_batch_size_zero() -> None:
+    assert validate_served_model(model(signature=FIXED, max_batch_size=0, dynamic_batching=None), "local") == {}
+
+
+def test_it_refuses_dynamic_batching_at_max_batch_size_zero() -> None:
+    errors = validate_served_model(model(max_batch_size=0, dynamic_batching=DynamicBatching()), "local")
+    assert errors == {"dynamic_batching": ["dynamic batching needs max_batch_size greater than 0"]}
+
+
+@pytest.mark.parametrize("delay", [-1, MAX_QUEUE_DELAY_MICROSECONDS + 1])
+def test_it_refuses_a_queue_delay_out_of_bounds_and_says_the_bound(delay: int) -> None:
+    errors = validate_served_model(model(dynamic_batching=DynamicBatching(max_queue_delay_microseconds=delay)), "local")
+    (message,) = errors["dynamic_batching.max_queue_delay_microseconds"]
+    assert "between 0 and 10,000,000 µs" in message
+
+
+def test_it_accepts_the_largest_queue_delay() -> None:
+    db = DynamicBatching(max_queue_delay_microseconds=MAX_QUEUE_DELAY_MICROSECONDS)
+    assert validate_served_model(model(dynamic_batching=db), "local") == {}
+
+
+@pytest.mark.parametrize("count", [0, MAX_INSTANCE_COUNT + 1])
+def test_it_refuses_an_instance_count_out_of_bounds(count: int) -> None:
+    errors = validate_served_model(model(instance_group=InstanceGroup(count=count)), "kubernetes")
+    assert errors == {"instance_group.count": [f"the instance count must be between 1 and 16, got {count}"]}
+
+
+def test_it_refuses_gpu_instances_on_the_local_runtime() -> None:
+    errors = validate_served_model(model(instance_group=InstanceGroup(kind="gpu")), "local")
+    assert errors == {"instance_group.kind": ["the local runtime has no GPU: use kind 'cpu'"]}
+
+
+def test_it_accepts_gpu_instances_with_gpu_ids_on_kubernetes() -> None:
+    assert validate_served_model(model(instance_group=InstanceGroup(kind="gpu", gpus=(0, 1))), "kubernetes") == {}
+
+
+def test_it_refuses_gpu_ids_on_cpu_instances() -> None:
+    errors = validate_served_model(model(instance_group=InstanceGroup(kind="cpu", gpus=(0,))), "kubernetes")
+    assert errors == {"instance_group.gpus": ["GPU ids can only be given with kind 'gpu'"]}
+
+
+@pytest.mark.parametrize("fmt", ["tensorrt_plan", "tnn", "tensorflow_savedmodel"])
+def test_it_refuses_formats_the_local_runtime_cannot_serve_and_says_why(fmt: str) -> None:
+    errors = validate_served_model(model(format=fmt), "local")
+    (message,) = errors["format"]
+    assert "only the python backend" in message
+    assert "Kubernetes" in message
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript", "tensorflow_savedmodel", "tensorrt_plan", "python", "tnn"])
+def test_kubernetes_serves_every_format_natively(fmt: str) -> None:
+    assert validate_served_model(model(format=fmt), "kubernetes") == {}
+
+
+def test_it_refuses_torchscript_locally_when_the_runtime_env_has_no_torch() -> None:
+    errors = validate_served_model(model(format="torchscript"), "local", local_has_torch=False)
+    assert "needs torch installed in the runtime env" in errors["format"][0]
+
+
+def test_it_refuses_torchscript_locally_with_torch_until_the_wrapper_exists() -> None:
+    errors = validate_served_model(model(format="torchscript"), "local", local_has_torch=True)
+    assert "wrapper for TorchScript is not written yet" in errors["format"][0]
+
+
+def test_it_refuses_an_unknown_format() -> None:
+    assert "unknown format" in validate_served_model(model(format="pickle"), "kubernetes")["format"][0]
+
+
+def test_it_refuses_a_model_name_triton_cannot_use_as_a_directory() -> None:
+    assert "name" in validate_served_model(model(name="../etc"), "local")
+    assert "name" in validate_served_model(model(name=""), "local")
+    assert "name" in validate_served_model(model(name="a.b"), "local")  # "." separates name and field in keys
+
+
+def test_it_refuses_a_model_without_artifact_unless_it_is_an_ensemble() -> None:
+    assert validate_served_model(model(artifact_path=None), "local") == {
+        "artifact_path": ["the model has no stored artifact"]
+    }
+
+
+def test_it_checks_the_warmup_settings() -> None:
+    errors = validate_served_model(model(warmup={"batch_size": 9, "count": 0, "data": "noise", "x": 1}), "local")
+    assert set(errors) == {"warmup", "warmup.batch_size", "warmup.count", "warmup.data"}
+    assert validate_served_model(model(warmup={"batch_size": 8, "data": "random"}), "local") == {}
+
+
+def test_an_ensemble_needs_steps_and_has_no_dynamic_batching_of_its_own() -> None:
+    ensemble = model(format="ensemble", artifact_path=None, dynamic_batching=DynamicBatching(), ensemble_steps=())
+    errors = validate_served_model(ensemble, "local")
+    assert set(errors) == {"ensemble_steps", "dynamic_batching"}
+
+
+def test_repository_validation_finds_missing_step_models_and_repeated_names() -> None:
+    step = EnsembleStep(model="missing", version=1, input_map={"x": "x"}, output_map={"y": "y"})
+    ensemble = model(
+        name="pipeline", format="ensemble", artifact_path=None, dynamic_batching=None, ensemble_steps=(step,)
+    )
+    errors = validate_repository(RepositorySpec(models=(model(), model(), ensemble)), "local")
+    assert errors["models"] == ["model name 'classifier' is used more than once"]
+    assert errors["pipeline.ensemble_steps[0].model"] == ["step model 'missing' is not part of this repository"]
+
+
+def test_defaults_for_a_batchable_signature_use_the_detected_max_batch_size() -> None:
+    defaults = defaults_for(BATCHED, detected_max_batch_size=32)
+    assert defaults.max_batch_size == 32
+    assert defaults.dynamic_batching == DynamicBatching(max_queue_delay_microseconds=0)
+    assert defaults.instance_group == InstanceGroup(count=1, kind="cpu")
+
+
+def test_defaults_for_a_batchable_signature_fall_back_to_the_default_max_batch_size() -> None:
+    assert defaults_for(BATCHED, detected_max_batch_size=None).max_batch_size == DEFAULT_MAX_BATCH_SIZE
+
+
+def test_defaults_for_a_signature_without_batch_dimension_disable_batching() -> None:
+    defaults = defaults_for(FIXED, detected_max_batch_size=16)
+    assert defaults.max_batch_size == 0
+    assert defaults.dynamic_batching is None
+
+
+def test_defaults_pass_validation() -> None:
+    for signature in (BATCHED, FIXED):
+        d = defaults_for(signature, detected_max_batch_size=None)
+        m = model(
+            signature=signature,
+            max_batch_size=d.max_batch_size,
+            dynamic_batching=d.dynamic_batching,
+            instance_group=d.instance_group,
+        )
+        assert validate_served_model(m, "local") == {}
+
+
+def test_an_ensemble_cannot_batch_more_than_its_step_models() -> None:
+    step = EnsembleStep(model="classifier", version=1, input_map={"x": "x"}, output_map={"y": "y"})
+    ensemble = model(
+        name="pipeline",
+        format="ensemble",
+        artifact_path=None,
+        dynamic_batching=None,
+        max_batch_size=16,
+        ensemble_steps=(step,),
+    )
+    errors = validate_repository(RepositorySpec(models=(model(), ensemble)), "local")
+    assert errors == {
+        "pipeline.max_batch_size": [
+            "an ensemble's max_batch_size (16) cannot exceed that of its step model 'classifier' (8)"
+        ]
+    }

@@ -1,0 +1,29 @@
+"""Settings for the test suite: the production settings module with test-only speed-ups and a var/ of its own,
+so that tests never share a broker queue, artifacts or processes with a `make run` on the same machine."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("MODELPORT_VAR_DIR", str(Path(__file__).resolve().parent.parent / "var" / "test"))
+# Fast reconciling, so that fault tests (a killed Triton must be back within 15 s) run quickly.
+os.environ.setdefault("RECONCILE_INTERVAL_SECONDS", "1")
+os.environ.setdefault("ROLLOUT_DRAIN_SECONDS", "1.5")
+
+from portal.settings import *  # noqa: E402,F403
+from portal.settings import DATABASES, VAR_DIR  # noqa: E402
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # A file, not the in-memory default, so that a real Celery worker process can share the test database.
+    # The worker is started with MODELPORT_TEST_DB pointing at it.
+    _test_db = VAR_DIR / "test-db.sqlite3"
+    DATABASES["default"]["TEST"] = {"NAME": str(_test_db)}
+    if os.environ.get("MODELPORT_TEST_DB"):
+        DATABASES["default"]["NAME"] = os.environ["MODELPORT_TEST_DB"]
+    else:
+        # Django recreates the test database file but not SQLite's WAL side files; stale ones corrupt the new file.
+        for _suffix in ("", "-wal", "-shm"):
+            Path(f"{_test_db}{_suffix}").unlink(missing_ok=True)

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from tests import processes
+
+
+@pytest.fixture
+def celery_processes(transactional_db: Any, tmp_path: Path) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    """A real Celery worker and beat, on the test database and the configured broker (files under var/test, or
+    Redis in CI). Yields a dict so that a test can kill and replace the worker."""
+    processes.purge_broker()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    running = {
+        "worker": processes.start_worker(logs / "worker.log"),
+        "beat": processes.start_beat(logs / "beat.log", tmp_path / "beat-schedule"),
+    }
+    try:
+        yield running
+    finally:
+        for process in running.values():
+            processes.kill(process)
+        _stop_leftover_servers()
+        for name in ("worker.log", "beat.log"):
+            path = logs / name
+            if path.exists():
+                print(f"--- {name} (last lines) ---\n" + "\n".join(path.read_text(errors="replace").splitlines()[-40:]))
+
+
+@pytest.fixture
+def portal_url(celery_processes: Any, tmp_path: Path) -> Iterator[str]:
+    """The whole portal over real HTTP (uvicorn + Django + gateway), with the worker and beat of celery_processes."""
+    import urllib.request
+
+    port = processes.free_port()
+    web = processes.start_web(tmp_path / "logs" / "web.log", port)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=1) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    try:
+        processes.wait_for(up, 30, what="the web server")
+        yield url
+    finally:
+        processes.kill(web)
+        log = tmp_path / "logs" / "web.log"
+        if log.exists():
+            print("--- web.log (last lines) ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+
+
+def _stop_leftover_servers() -> None:
+    """A failed test must not leave Triton processes behind for the next one."""
+    from deployments.local_triton import stop_server
+    from deployments.models import TritonServer
+
+    for server in TritonServer.objects.exclude(state=TritonServer.State.STOPPED):
+        stop_server(server.pid, grace_seconds=2)
+    shutil.rmtree(Path(settings.DEPLOYMENTS_DIR), ignore_errors=True)

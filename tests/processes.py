@@ -1,0 +1,88 @@
+"""Real Celery worker and beat processes for end-to-end tests, sharing the test database, broker and var/."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def process_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["DJANGO_SETTINGS_MODULE"] = "portal.test_settings"
+    env["ARTIFACT_ROOT"] = str(settings.ARTIFACT_ROOT)
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        env["MODELPORT_TEST_DB"] = str(db["NAME"])
+    else:
+        env["DATABASE_URL"] = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    return env
+
+
+def start(kind: str, log_path: Path, *args: str) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "celery", "-A", "portal", kind, "--loglevel=INFO", *args]
+    log = open(log_path, "ab")  # noqa: SIM115 - kept open for the process' lifetime
+    return subprocess.Popen(command, cwd=ROOT, env=process_env(), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def start_worker(log_path: Path) -> subprocess.Popen[bytes]:
+    # Threads: several reconciles at once in one process, so kill -9 of this pid kills every task it runs.
+    return start("worker", log_path, "-P", "threads", "--concurrency=4", "--without-gossip", "--without-mingle")
+
+
+def start_beat(log_path: Path, schedule: Path) -> subprocess.Popen[bytes]:
+    return start("beat", log_path, "--schedule", str(schedule))
+
+
+def kill(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, sig)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+
+def purge_broker() -> None:
+    from portal.celery import app
+
+    app.control.purge()
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, interval: float = 0.2, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_web(log_path: Path, port: int) -> subprocess.Popen[bytes]:
+    """The portal as `make run` serves it: uvicorn running portal.asgi (Django plus the /serve/ gateway)."""
+    command = [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+               "--no-access-log"]
+    log = open(log_path, "ab")  # noqa: SIM115 - kept open for the process' lifetime
+    return subprocess.Popen(command, cwd=ROOT, env=process_env(), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)

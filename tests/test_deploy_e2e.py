@@ -1,0 +1,199 @@
+"""A registered model becomes a running Triton with the chosen serving settings, through the API, a real Celery
+worker and beat, and the real Triton from nvidia-pytriton; then the faults a user would hit."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.http as httpclient
+from django.conf import settings
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from conftest import Person, make_person
+from deployments.local_triton import is_alive
+from deployments.models import Deployment, Event, TritonServer
+from models_registry.models import Blob, ModelVersion
+from models_registry.samples import digits_holdout, make_digits_onnx, train_digits_classifier
+from tests.processes import start_worker, wait_for
+
+pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def alice_tx(transactional_db: Any) -> Person:
+    return make_person("alice", "acme", role="admin")
+
+
+@pytest.fixture(scope="module")
+def digits_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("samples") / "digits.onnx"
+    make_digits_onnx(path)
+    return path
+
+
+def push(person: Person, path: Path, name: str = "digits") -> ModelVersion:
+    client = person.client()
+    client.post("/api/v1/models/", {"name": name}, format="json")
+    response = client.post(f"/api/v1/models/{name}/versions/", {"file": SimpleUploadedFile(path.name, path.read_bytes())},
+                           format="multipart")
+    assert response.status_code == 201, response.json()
+    number = response.json()["number"]
+    wait_for(lambda: client.get(f"/api/v1/models/{name}/versions/{number}/").json()["status"] != "validating",
+             30, what="the worker to inspect the upload")
+    return ModelVersion.objects.get(model__name=name, number=number)
+
+
+def deploy(person: Person, name: str, models: list[dict[str, Any]]) -> None:
+    response = person.client().post("/api/v1/deployments/", {"name": name, "models": models}, format="json")
+    assert response.status_code == 201, response.json()
+
+
+def status_of(person: Person, name: str) -> dict[str, Any]:
+    return person.client().get(f"/api/v1/deployments/{name}/").json()
+
+
+def wait_status(person: Person, name: str, wanted: str, timeout: float = 90) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        body = status_of(person, name)
+        if body["status"] == "failed" and wanted != "failed":
+            raise AssertionError(f"deployment failed: {body['status_message']}")
+        return body if body["status"] == wanted else None
+
+    return wait_for(reached, timeout, what=f"{name} to be {wanted}")  # type: ignore[no-any-return]
+
+
+def serving(name: str) -> TritonServer:
+    deployment = Deployment.objects.get(name=name)
+    return TritonServer.objects.get(revision=deployment.serving_revision, state=TritonServer.State.READY)
+
+
+def test_digits_deploy_serves_exactly_what_onnxruntime_computes_with_real_batches(
+    alice_tx: Person, celery_processes: Any, digits_onnx: Path
+) -> None:
+    version = push(alice_tx, digits_onnx)
+    assert version.status == "ready", version.error
+    deploy(alice_tx, "digits-prod", [{"model": "digits", "max_batch_size": 64,
+                                      "dynamic_batching": {"max_queue_delay_microseconds": 2000},
+                                      "instance_group": {"count": 2, "kind": "cpu"}}])
+    body = wait_status(alice_tx, "digits-prod", "ready")
+    assert body["models"][0]["instance_group"]["count"] == 2
+    server = serving("digits-prod")
+    config = (Path(settings.DEPLOYMENTS_DIR) / str(server.deployment_id) / "r1" / "repository" / "digits" / "config.pbtxt").read_text()
+    assert "max_queue_delay_microseconds: 2000" in config
+    assert "count: 2" in config
+
+    X, y = digits_holdout()
+    X = X.astype(np.float32)
+    client = httpclient.InferenceServerClient(url=f"127.0.0.1:{server.http_port}")
+    labels, probabilities = [], []
+    for start in range(0, len(X), 64):  # max_batch_size rows per request
+        chunk = X[start : start + 64]
+        inputs = [httpclient.InferInput("input", list(chunk.shape), "FP32")]
+        inputs[0].set_data_from_numpy(chunk, binary_data=True)
+        result = client.infer("digits", inputs)
+        labels.append(result.as_numpy("label"))
+        probabilities.append(result.as_numpy("probabilities"))
+    session = ort.InferenceSession(str(digits_onnx), providers=["CPUExecutionProvider"])
+    expected_labels, expected_probabilities = session.run(["label", "probabilities"], {"input": X})
+    assert np.array_equal(np.concatenate(labels), expected_labels)
+    assert np.allclose(np.concatenate(probabilities), expected_probabilities, atol=1e-6)
+    assert np.array_equal(np.concatenate(labels), train_digits_classifier().predict(X))
+    assert (np.concatenate(labels) == y).mean() > 0.9
+
+    def one(row: int) -> int:
+        single = httpclient.InferInput("input", [1, 64], "FP32")
+        single.set_data_from_numpy(X[row : row + 1], binary_data=True)
+        local = httpclient.InferenceServerClient(url=f"127.0.0.1:{server.http_port}")
+        return int(local.infer("digits", [single]).as_numpy("label")[0])
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=32) as pool:
+        predicted = list(pool.map(one, range(len(X))))
+    assert predicted == list(expected_labels)
+    stats = client.get_inference_statistics("digits")["model_stats"][0]
+    assert max(int(b["batch_size"]) for b in stats["batch_stats"]) > 1
+
+
+def test_a_killed_triton_is_back_within_15_seconds_with_an_event(alice_tx: Person, celery_processes: Any, digits_onnx: Path) -> None:
+    push(alice_tx, digits_onnx)
+    deploy(alice_tx, "digits-prod", [{"model": "digits"}])
+    wait_status(alice_tx, "digits-prod", "ready")
+    old = serving("digits-prod")
+    os.kill(old.pid, signal.SIGKILL)
+
+    def restarted() -> TritonServer | None:
+        server = TritonServer.objects.filter(state=TritonServer.State.READY).exclude(pk=old.pk).first()
+        deployment = Deployment.objects.get(name="digits-prod")
+        return server if server and deployment.status == "ready" and deployment.upstream_url == server.url else None
+
+    new = wait_for(restarted, 15, what="Triton to be restarted")
+    assert new.pid != old.pid and is_alive(new.pid)
+    died = Event.objects.filter(kind="error", message__contains="died").first()
+    assert died is not None and "revision 1" in died.message
+
+
+def test_a_task_of_a_killed_worker_still_brings_the_deployment_up(alice_tx: Person, celery_processes: Any, digits_onnx: Path) -> None:
+    push(alice_tx, digits_onnx)
+    deploy(alice_tx, "digits-prod", [{"model": "digits"}])
+    wait_for(lambda: Deployment.objects.filter(status__in=["starting", "ready"]).exists(), 60, interval=0.05,
+             what="the deployment to start")
+    celery_processes["worker"].send_signal(signal.SIGKILL)
+    celery_processes["worker"].wait(timeout=10)
+    celery_processes["worker"] = start_worker(Path(settings.VAR_DIR) / "worker-restarted.log")
+    wait_status(alice_tx, "digits-prod", "ready", timeout=120)
+    assert TritonServer.objects.filter(state=TritonServer.State.READY).count() == 1
+    live = [s for s in TritonServer.objects.all() if is_alive(s.pid)]
+    assert len(live) == 1  # adopted, not started twice
+
+
+def test_a_corrupt_model_fails_with_tritons_message_and_disturbs_nothing_else(
+    alice_tx: Person, celery_processes: Any, digits_onnx: Path, tmp_path: Path
+) -> None:
+    push(alice_tx, digits_onnx)
+    deploy(alice_tx, "healthy", [{"model": "digits"}])
+    wait_status(alice_tx, "healthy", "ready")
+    healthy = serving("healthy")
+    from tests.artifacts import tiny_onnx
+
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(tiny_onnx())
+    version = push(alice_tx, broken, name="broken")
+    blob = Blob.objects.get(pk=version.sha256)
+    (Path(settings.ARTIFACT_ROOT) / blob.key).write_bytes(tiny_onnx()[:60])  # the stored bytes rot
+    deploy(alice_tx, "broken", [{"model": "broken"}])
+    body = wait_status(alice_tx, "broken", "failed")
+    assert "failed to start" in body["status_message"]
+    assert "broken" in body["status_message"]
+    assert Event.objects.filter(deployment__name="broken", kind="error").exists()
+    assert status_of(alice_tx, "healthy")["status"] == "ready"
+    assert is_alive(healthy.pid)
+
+
+def test_stop_start_and_delete_leave_no_process_or_file_behind(alice_tx: Person, celery_processes: Any, digits_onnx: Path) -> None:
+    push(alice_tx, digits_onnx)
+    deploy(alice_tx, "digits-prod", [{"model": "digits"}])
+    wait_status(alice_tx, "digits-prod", "ready")
+    first = serving("digits-prod")
+    client = alice_tx.client()
+    assert client.post("/api/v1/deployments/digits-prod/stop").status_code == 202
+    wait_status(alice_tx, "digits-prod", "stopped")
+    assert not is_alive(first.pid)
+    assert client.post("/api/v1/deployments/digits-prod/start").status_code == 202
+    wait_status(alice_tx, "digits-prod", "ready")
+    second = serving("digits-prod")
+    assert is_alive(second.pid)
+    logs = client.get("/api/v1/deployments/digits-prod/logs/").json()["log"]
+    assert "Started HTTPService" in logs or "HTTP" in logs
+    deployment_dir = Path(settings.DEPLOYMENTS_DIR) / str(second.deployment_id)
+    assert deployment_dir.exists()
+    assert client.delete("/api/v1/deployments/digits-prod/").status_code == 204
+    assert not Deployment.objects.exists()
+    assert not is_alive(second.pid)
+    assert not deployment_dir.exists()
+    assert client.get("/api/v1/deployments/digits-prod/").status_code == 404
