@@ -98,7 +98,8 @@ def test_digits_deploy_serves_exactly_what_onnxruntime_computes_with_real_batche
         inputs = [httpclient.InferInput("input", list(chunk.shape), "FP32")]
         inputs[0].set_data_from_numpy(chunk, binary_data=True)
         result = client.infer("digits", inputs)
-        labels.append(result.as_numpy("label"))
+        # Triton gives a batched vector output (ONNX shape [N]) as [N, 1]: config dims must not be empty.
+        labels.append(result.as_numpy("label").reshape(-1))
         probabilities.append(result.as_numpy("probabilities"))
     session = ort.InferenceSession(str(digits_onnx), providers=["CPUExecutionProvider"])
     expected_labels, expected_probabilities = session.run(["label", "probabilities"], {"input": X})
@@ -111,7 +112,7 @@ def test_digits_deploy_serves_exactly_what_onnxruntime_computes_with_real_batche
         single = httpclient.InferInput("input", [1, 64], "FP32")
         single.set_data_from_numpy(X[row : row + 1], binary_data=True)
         local = httpclient.InferenceServerClient(url=f"127.0.0.1:{server.http_port}")
-        return int(local.infer("digits", [single]).as_numpy("label")[0])
+        return int(local.infer("digits", [single]).as_numpy("label").reshape(-1)[0])
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=32) as pool:
         predicted = list(pool.map(one, range(len(X))))
