@@ -12,6 +12,17 @@ import pytest
 from rest_framework.test import APIClient
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _remove_the_runs_var_dir() -> Iterator[None]:
+    yield
+    import shutil
+
+    from django.conf import settings
+
+    if "/var/test/run-" in str(settings.VAR_DIR):
+        shutil.rmtree(settings.VAR_DIR, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def _fast_and_isolated(settings: Any, tmp_path: Path) -> Iterator[None]:
     from models_registry.storage import get_store

@@ -160,7 +160,7 @@ class EventSerializer(serializers.ModelSerializer[Event]):
         fields = ["time", "kind", "message"]
 
 
-def _get_deployment(request: Request, name: str) -> Deployment:
+def get_deployment_for_user(request: Request, name: str) -> Deployment:
     deployment = (Deployment.objects.select_related("revision", "serving_revision", "created_by")
                   .filter(team=current_team(request), name=name)
                   .exclude(desired_state=Deployment.Desired.DELETED).first())
@@ -182,7 +182,7 @@ def deployments_list(request: Request) -> Response:
                                                    data["versions"])
         except actions.Conflict as exc:
             raise ConflictError(str(exc)) from None
-        return Response(DeploymentSerializer(_get_deployment(request, deployment.name)).data, status=status.HTTP_201_CREATED)
+        return Response(DeploymentSerializer(get_deployment_for_user(request, deployment.name)).data, status=status.HTTP_201_CREATED)
     deployments = (Deployment.objects.filter(team=team).exclude(desired_state=Deployment.Desired.DELETED)
                    .select_related("revision", "serving_revision", "created_by"))
     return Response(DeploymentSerializer(deployments, many=True).data)
@@ -191,7 +191,7 @@ def deployments_list(request: Request) -> Response:
 @extend_schema(request=DeploymentInputSerializer, responses=DeploymentSerializer)
 @api_view(["GET", "PATCH", "DELETE"])
 def deployment_detail(request: Request, name: str) -> Response:
-    deployment = _get_deployment(request, name)
+    deployment = get_deployment_for_user(request, name)
     if request.method == "PATCH":
         current = deployment.revision.spec if deployment.revision else {}
         merged = {
@@ -208,7 +208,7 @@ def deployment_detail(request: Request, name: str) -> Response:
         serializer.is_valid(raise_exception=True)
         actions.update_deployment(deployment, request.user, serializer.validated_data["spec"],
                                   serializer.validated_data["versions"])
-        return Response(DeploymentSerializer(_get_deployment(request, name)).data)
+        return Response(DeploymentSerializer(get_deployment_for_user(request, name)).data)
     if request.method == "DELETE":
         gone = actions.delete_deployment(deployment, request.user)
         return Response(status=status.HTTP_204_NO_CONTENT if gone else status.HTTP_202_ACCEPTED)
@@ -224,36 +224,36 @@ def _settings_of(entry: dict[str, Any]) -> dict[str, Any]:
 @extend_schema(request=None, responses=DeploymentSerializer)
 @api_view(["POST"])
 def deployment_stop(request: Request, name: str) -> Response:
-    deployment = _get_deployment(request, name)
+    deployment = get_deployment_for_user(request, name)
     try:
         actions.stop_deployment(deployment, request.user)
     except actions.Conflict as exc:
         raise ConflictError(str(exc)) from None
-    return Response(DeploymentSerializer(_get_deployment(request, name)).data, status=status.HTTP_202_ACCEPTED)
+    return Response(DeploymentSerializer(get_deployment_for_user(request, name)).data, status=status.HTTP_202_ACCEPTED)
 
 
 @extend_schema(request=None, responses=DeploymentSerializer)
 @api_view(["POST"])
 def deployment_start(request: Request, name: str) -> Response:
-    deployment = _get_deployment(request, name)
+    deployment = get_deployment_for_user(request, name)
     try:
         actions.start_deployment(deployment, request.user)
     except actions.Conflict as exc:
         raise ConflictError(str(exc)) from None
-    return Response(DeploymentSerializer(_get_deployment(request, name)).data, status=status.HTTP_202_ACCEPTED)
+    return Response(DeploymentSerializer(get_deployment_for_user(request, name)).data, status=status.HTTP_202_ACCEPTED)
 
 
 @extend_schema(responses=EventSerializer(many=True))
 @api_view(["GET"])
 def deployment_events(request: Request, name: str) -> Response:
-    deployment = _get_deployment(request, name)
+    deployment = get_deployment_for_user(request, name)
     return Response(EventSerializer(deployment.events.all()[:200], many=True).data)
 
 
 @extend_schema(responses={200: {"type": "object", "properties": {"log": {"type": "string"}}}})
 @api_view(["GET"])
 def deployment_logs(request: Request, name: str) -> Response:
-    deployment = _get_deployment(request, name)
+    deployment = get_deployment_for_user(request, name)
     try:
         lines = max(1, min(int(request.query_params.get("lines", 200)), 5000))
     except ValueError:

@@ -5,4 +5,9 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-application = get_asgi_application()
+django_application = get_asgi_application()
+
+from gateway.app import Gateway  # noqa: E402 - needs Django set up first
+
+# /serve/... goes to the gateway's fast path; everything else to Django.
+application = Gateway(django_application)

@@ -62,6 +62,7 @@ INSTALLED_APPS = [
     "accounts",
     "models_registry",
     "deployments",
+    "gateway",
 ]
 
 MIDDLEWARE = [
@@ -201,6 +202,16 @@ TRITON_READY_TIMEOUT_SECONDS = env_float("TRITON_READY_TIMEOUT_SECONDS", 180.0, 
 ROLLOUT_DRAIN_SECONDS = env_float("ROLLOUT_DRAIN_SECONDS", 2.0, minimum=0)
 TRITON_RESPONSE_CACHE_BYTES = env_int("TRITON_RESPONSE_CACHE_BYTES", 64 * 1024**2, minimum=1)
 TRITON_STOP_GRACE_SECONDS = env_float("TRITON_STOP_GRACE_SECONDS", 10.0, minimum=1)
+
+# --- Inference gateway (/serve/) ------------------------------------------------------------------------
+GATEWAY_MAX_BODY_BYTES = env_int("GATEWAY_MAX_BODY_BYTES", 256 * 1024**2, minimum=1)
+GATEWAY_UPSTREAM_TIMEOUT_SECONDS = env_float("GATEWAY_UPSTREAM_TIMEOUT_SECONDS", 60.0, minimum=0.1)
+# Token, session and route answers are reused this long: revoking or stopping takes effect within it.
+GATEWAY_CACHE_TTL_SECONDS = env_float("GATEWAY_CACHE_TTL_SECONDS", 0.5, minimum=0)
+GATEWAY_RATE_LIMIT_PER_SECOND = env_float("GATEWAY_RATE_LIMIT_PER_SECOND", 5000.0, minimum=0)  # per token; 0: off
+GATEWAY_RATE_LIMIT_BURST = env_int("GATEWAY_RATE_LIMIT_BURST", 5000, minimum=1)
+GATEWAY_MAX_UPSTREAM_CONNECTIONS = env_int("GATEWAY_MAX_UPSTREAM_CONNECTIONS", 256, minimum=1)
+METRICS_TOKEN = env_secret("METRICS_TOKEN")  # empty: /metrics is open (keep it off the public ingress)
 
 # --- REST API ---------------------------------------------------------------------------------------------
 REST_FRAMEWORK = {

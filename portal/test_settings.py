@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-os.environ.setdefault("MODELPORT_VAR_DIR", str(Path(__file__).resolve().parent.parent / "var" / "test"))
+# One var/ per test run (worker and web processes started by the tests inherit it), so that two runs at the same
+# time never share a database file or a filesystem broker queue.
+os.environ.setdefault("MODELPORT_VAR_DIR", str(Path(__file__).resolve().parent.parent / "var" / "test" / f"run-{os.getpid()}"))
 # Fast reconciling, so that fault tests (a killed Triton must be back within 15 s) run quickly.
 os.environ.setdefault("RECONCILE_INTERVAL_SECONDS", "1")
 os.environ.setdefault("ROLLOUT_DRAIN_SECONDS", "1.5")

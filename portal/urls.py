@@ -8,6 +8,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from accounts import api as accounts_api
 from deployments import api as deployments_api
+from gateway import api as gateway_api
 from models_registry import api as registry_api
 from models_registry import tus
 
@@ -35,12 +36,14 @@ api_v1 = [
     path("api/v1/deployments/<str:name>/start", deployments_api.deployment_start),
     path("api/v1/deployments/<str:name>/events/", deployments_api.deployment_events),
     path("api/v1/deployments/<str:name>/logs/", deployments_api.deployment_logs),
+    path("api/v1/deployments/<str:name>/metrics/", gateway_api.deployment_metrics),
     path("api/v1/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/v1/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]
 
 urlpatterns = [
     path("healthz", healthz),
+    path("metrics", gateway_api.prometheus_metrics),
     path("admin/", admin.site.urls),
     *api_v1,
 ]

@@ -53,3 +53,30 @@ PYTHON_SIGNATURE = {
     "inputs": [{"name": "x", "datatype": "FP32", "dims": [-1, 4]}],
     "outputs": [{"name": "y", "datatype": "TYPE_FP32", "dims": [-1, 4]}],
 }
+
+
+SLEEPY_MODEL = '''
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Sleeps as many seconds as it is asked to: a stand-in for a slow model."""
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            seconds = pb_utils.get_input_tensor_by_name(request, "seconds").as_numpy()
+            time.sleep(float(seconds.max()))
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("slept", seconds.astype(np.float32))]))
+        return responses
+'''
+
+
+def sleepy_python_model_zip() -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("model.py", SLEEPY_MODEL)
+    return buffer.getvalue()

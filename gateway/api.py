@@ -1,0 +1,84 @@
+"""Gateway statistics: per-deployment request counts and latency percentiles for the UI, and /metrics for
+Prometheus."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.utils.crypto import constant_time_compare
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from rest_framework.decorators import api_view
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from accounts.tokens import parse_bearer
+from deployments.api import get_deployment_for_user
+from gateway.models import LATENCY_BUCKETS_MS, RequestStats
+from gateway.stats import BUCKET_SECONDS, percentile_ms
+
+
+def summarize(rows: list[RequestStats], window: timedelta) -> dict[str, Any]:
+    total = [0] * len(LATENCY_BUCKETS_MS)
+    requests = errors = 0
+    series = []
+    for row in rows:
+        histogram = row.latency_histogram or [0] * len(LATENCY_BUCKETS_MS)
+        total = [a + b for a, b in zip(total, histogram, strict=False)]
+        requests += row.requests
+        errors += row.errors
+        series.append({
+            "time": row.bucket_start.isoformat(),
+            "requests": row.requests,
+            "errors": row.errors,
+            "requests_per_second": round(row.requests / BUCKET_SECONDS, 3),
+            "p50_ms": _round(percentile_ms(histogram, 0.50)),
+            "p99_ms": _round(percentile_ms(histogram, 0.99)),
+        })
+    return {
+        "window_seconds": int(window.total_seconds()),
+        "requests": requests,
+        "errors": errors,
+        "requests_per_second": round(requests / window.total_seconds(), 3),
+        "p50_ms": _round(percentile_ms(total, 0.50)),
+        "p95_ms": _round(percentile_ms(total, 0.95)),
+        "p99_ms": _round(percentile_ms(total, 0.99)),
+        "bucket_seconds": BUCKET_SECONDS,
+        "series": series,
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+@extend_schema(parameters=[OpenApiParameter("minutes", int, description="The window, 1 to 1440 (default 15).")],
+               responses={200: {"type": "object"}})
+@api_view(["GET"])
+def deployment_metrics(request: Request, name: str) -> Response:
+    deployment = get_deployment_for_user(request, name)
+    try:
+        minutes = int(request.query_params.get("minutes", 15))
+    except ValueError:
+        raise ValidationError({"minutes": ["must be an integer"]}) from None
+    if not 1 <= minutes <= 1440:
+        raise ValidationError({"minutes": ["must be between 1 and 1440"]})
+    window = timedelta(minutes=minutes)
+    rows = list(RequestStats.objects.filter(deployment=deployment, bucket_start__gte=timezone.now() - window))
+    return Response(summarize(rows, window))
+
+
+def prometheus_metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus scrape endpoint; when METRICS_TOKEN is set, scrapers must send it as a bearer token."""
+    expected = settings.METRICS_TOKEN
+    if expected:
+        raw = parse_bearer(request.headers.get("Authorization"))
+        if raw is None or not constant_time_compare(raw, expected):
+            return HttpResponse("metrics need 'Authorization: Bearer <METRICS_TOKEN>'\n", status=401,
+                                content_type="text/plain")
+    return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)

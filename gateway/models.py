@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from django.db import models
+
+from deployments.models import Deployment
+
+# Upper bounds (milliseconds) of the latency histogram kept per time bucket; the last bucket is open-ended.
+LATENCY_BUCKETS_MS: tuple[float, ...] = (
+    0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 2000, 5000, 10000, float("inf"),
+)
+
+
+class RequestStats(models.Model):
+    """Requests the gateway proxied for one deployment in one time bucket (written by the gateway every few
+    seconds), for the dashboard's request rate and latency percentiles."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="request_stats")
+    bucket_start = models.DateTimeField(db_index=True)
+    requests = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(default=0)
+    latency_sum_ms = models.FloatField(default=0)
+    latency_histogram = models.JSONField(default=list)  # counts per LATENCY_BUCKETS_MS entry
+
+    class Meta:
+        ordering = ["deployment", "bucket_start"]
+        constraints = [models.UniqueConstraint(fields=["deployment", "bucket_start"], name="one_stats_row_per_bucket")]
+
+    def __str__(self) -> str:
+        return f"{self.deployment} {self.bucket_start:%H:%M:%S}: {self.requests} requests"

@@ -1,0 +1,103 @@
+"""Request counting: Prometheus metrics for scraping, and per-deployment time buckets written to the database
+every few seconds for the UI's request rate and latency percentiles."""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from gateway.models import LATENCY_BUCKETS_MS
+
+log = logging.getLogger(__name__)
+
+BUCKET_SECONDS = 10
+
+REQUESTS = Counter("modelport_gateway_requests_total", "Requests proxied by the gateway",
+                   ["deployment", "model", "code"])
+LATENCY = Histogram("modelport_gateway_request_duration_seconds", "Gateway request latency, upstream included",
+                    ["deployment", "model"],
+                    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30))
+IN_FLIGHT = Gauge("modelport_gateway_in_flight_requests", "Requests in flight through the gateway", ["deployment"])
+
+
+@dataclass
+class _Bucket:
+    requests: int = 0
+    errors: int = 0
+    latency_sum_ms: float = 0.0
+    histogram: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS_MS))
+
+
+class StatsCollector:
+    def __init__(self) -> None:
+        self.pending: dict[tuple[int, datetime], _Bucket] = defaultdict(_Bucket)
+
+    def observe(self, deployment_id: int, name: str, model: str, code: int, seconds: float) -> None:
+        REQUESTS.labels(name, model, str(code)).inc()
+        LATENCY.labels(name, model).observe(seconds)
+        now = datetime.now(UTC)
+        start = now.replace(second=now.second - now.second % BUCKET_SECONDS, microsecond=0)
+        bucket = self.pending[(deployment_id, start)]
+        bucket.requests += 1
+        if code >= 500 or code == 429:
+            bucket.errors += 1
+        ms = seconds * 1000.0
+        bucket.latency_sum_ms += ms
+        bucket.histogram[bisect.bisect_left(LATENCY_BUCKETS_MS, ms)] += 1
+
+    def take(self) -> dict[tuple[int, datetime], _Bucket]:
+        taken, self.pending = self.pending, defaultdict(_Bucket)
+        return taken
+
+
+def flush(buckets: dict[tuple[int, datetime], _Bucket]) -> None:
+    """Add the buckets to the database (runs in a thread; rows of deleted deployments are skipped)."""
+    from django.db import IntegrityError, transaction
+    from django.db.models import F
+
+    from deployments.models import Deployment
+    from gateway.models import RequestStats
+
+    alive = set(Deployment.objects.filter(pk__in={d for d, _ in buckets}).values_list("pk", flat=True))
+    for (deployment_id, start), bucket in buckets.items():
+        if deployment_id not in alive:
+            continue
+        for _attempt in range(2):
+            try:
+                with transaction.atomic():
+                    row = RequestStats.objects.select_for_update().filter(deployment_id=deployment_id, bucket_start=start).first()
+                    if row is None:
+                        RequestStats.objects.create(deployment_id=deployment_id, bucket_start=start, requests=bucket.requests,
+                                                    errors=bucket.errors, latency_sum_ms=bucket.latency_sum_ms,
+                                                    latency_histogram=bucket.histogram)
+                    else:
+                        merged = [a + b for a, b in zip(row.latency_histogram or [0] * len(bucket.histogram), bucket.histogram, strict=False)]
+                        RequestStats.objects.filter(pk=row.pk).update(
+                            requests=F("requests") + bucket.requests, errors=F("errors") + bucket.errors,
+                            latency_sum_ms=F("latency_sum_ms") + bucket.latency_sum_ms, latency_histogram=merged)
+                break
+            except IntegrityError:
+                continue  # another gateway process created the row meanwhile: merge into it
+
+
+def percentile_ms(histogram: list[int], q: float) -> float | None:
+    """The q-quantile (0..1) of a bucketed histogram, interpolated linearly inside its bucket."""
+    total = sum(histogram)
+    if total == 0:
+        return None
+    rank = q * total
+    seen = 0
+    for index, count in enumerate(histogram):
+        if count and seen + count >= rank:
+            lower = LATENCY_BUCKETS_MS[index - 1] if index else 0.0
+            upper = LATENCY_BUCKETS_MS[index]
+            if upper == float("inf"):
+                return lower
+            return lower + (upper - lower) * ((rank - seen) / count)
+        seen += count
+    return LATENCY_BUCKETS_MS[-2]

@@ -1,0 +1,212 @@
+"""The gateway over real HTTP: uvicorn serving portal.asgi, a real Celery worker and beat, a real Triton.
+The stock tritonclient is the client, as a user's program would be."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+import requests
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from accounts.models import ApiToken
+from conftest import Person, make_person
+from deployments.models import Deployment
+from tests.processes import wait_for
+from tests.test_deploy_e2e import deploy, push, serving, wait_status
+
+pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def people(transactional_db: Any) -> dict[str, Person]:
+    return {"alice": make_person("alice", "acme", role="admin"), "charlie": make_person("charlie", "globex")}
+
+
+@pytest.fixture
+def gateway_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_MAX_BODY_BYTES", str(2 * 1024 * 1024))
+    monkeypatch.setenv("GATEWAY_UPSTREAM_TIMEOUT_SECONDS", "3")
+    monkeypatch.setenv("GATEWAY_RATE_LIMIT_PER_SECOND", "30")
+    monkeypatch.setenv("GATEWAY_RATE_LIMIT_BURST", "30")
+
+
+@pytest.fixture(scope="module")
+def digits_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from models_registry.samples import make_digits_onnx
+
+    path = tmp_path_factory.mktemp("samples") / "digits.onnx"
+    make_digits_onnx(path)
+    return path
+
+
+def client_for(portal_url: str, name: str) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(url=f"{portal_url.removeprefix('http://')}/serve/{name}")
+
+
+def digits_inputs(rows: np.ndarray, binary: bool) -> list[httpclient.InferInput]:
+    tensor = httpclient.InferInput("input", list(rows.shape), "FP32")
+    tensor.set_data_from_numpy(rows.astype(np.float32), binary_data=binary)
+    return [tensor]
+
+
+def test_tritonclient_through_the_gateway_gets_exactly_what_triton_gives(
+    gateway_settings: None, people: dict[str, Person], portal_url: str, digits_onnx: Path
+) -> None:
+    from models_registry.samples import digits_holdout
+
+    alice = people["alice"]
+    push(alice, digits_onnx)
+    deploy(alice, "digits-prod", [{"model": "digits", "dynamic_batching": {"max_queue_delay_microseconds": 2000}}])
+    wait_status(alice, "digits-prod", "ready")
+    auth = {"Authorization": f"Bearer {alice.token}"}
+    gateway = client_for(portal_url, "digits-prod")
+    # tritonclient adds its own headers to the dict it is given: each call gets a copy.
+    direct = httpclient.InferenceServerClient(url=f"127.0.0.1:{serving('digits-prod').http_port}")
+    assert gateway.is_server_live(headers=dict(auth)) and gateway.is_server_ready(headers=dict(auth))
+    assert gateway.is_model_ready("digits", headers=dict(auth))
+    assert gateway.get_model_metadata("digits", headers=dict(auth)) == direct.get_model_metadata("digits")
+    assert gateway.get_model_config("digits", headers=dict(auth)) == direct.get_model_config("digits")
+    X, _ = digits_holdout()
+    for binary in (False, True):
+        via = gateway.infer("digits", digits_inputs(X[:16], binary), headers=dict(auth))
+        straight = direct.infer("digits", digits_inputs(X[:16], binary))
+        for output in ("label", "probabilities"):
+            assert np.array_equal(via.as_numpy(output), straight.as_numpy(output)), (binary, output)
+
+    # Triton's own errors pass through with their status and message.
+    wrong = httpclient.InferInput("nope", [1, 64], "FP32")
+    wrong.set_data_from_numpy(X[:1].astype(np.float32))
+    with pytest.raises(InferenceServerException) as raised:
+        gateway.infer("digits", [wrong], headers=dict(auth))
+    assert raised.value.status() == "400"
+    assert "nope" in raised.value.message()
+
+    # Another team's user, a missing or bad token: 404 / 401, never a hint.
+    url = f"{portal_url}/serve/digits-prod/v2/models/digits"
+    charlie = requests.get(url, headers={"Authorization": f"Bearer {people['charlie'].token}"}, timeout=5)
+    assert charlie.status_code == 404
+    assert requests.get(f"{portal_url}/serve/ghost/v2/models/digits", headers=auth, timeout=5).json() == {
+        "error": "No deployment named 'ghost'."}
+    assert charlie.json() == {"error": "No deployment named 'digits-prod'."}
+    assert requests.get(url, timeout=5).status_code == 401
+    assert requests.get(url, headers={"Authorization": "Bearer mp_x_y"}, timeout=5).status_code == 401
+
+    # Over the body limit: 413 before anything reaches Triton.
+    big = requests.post(f"{url}/infer", data=b"x" * (3 * 1024 * 1024), headers=auth, timeout=10)
+    assert big.status_code == 413
+    assert "limit" in big.json()["error"]
+
+    # Rate limit: 30 requests/s per token, 429 with Retry-After beyond it.
+    codes = [requests.get(f"{url}/ready", headers=auth, timeout=5) for _ in range(60)]
+    limited = [r for r in codes if r.status_code == 429]
+    assert limited and int(limited[0].headers["Retry-After"]) >= 1
+    time.sleep(1.5)
+
+    # Statistics: Prometheus metrics and the per-deployment API (flushed every few seconds).
+    metrics = requests.get(f"{portal_url}/metrics", timeout=5).text
+    assert 'modelport_gateway_requests_total{code="200",deployment="digits-prod",model="digits"}' in metrics
+    stats = wait_for(lambda: (s := alice.client().get("/api/v1/deployments/digits-prod/metrics/").json())["requests"] > 0 and s,
+                     15, what="gateway statistics")
+    assert stats["p50_ms"] is not None and stats["series"]
+
+    # Revoking a token takes effect within a second.
+    ApiToken.objects.get(user=alice.user).revoke()
+    time.sleep(1.0)
+    assert requests.get(f"{url}/ready", headers=auth, timeout=5).status_code == 401
+
+
+def test_a_stopped_or_unreachable_deployment_answers_503_or_502_and_a_slow_one_504(
+    gateway_settings: None, people: dict[str, Person], portal_url: str, digits_onnx: Path, tmp_path: Path
+) -> None:
+    from tests.artifacts import sleepy_python_model_zip
+
+    alice = people["alice"]
+    auth = {"Authorization": f"Bearer {alice.token}"}
+    archive = tmp_path / "sleepy.zip"
+    archive.write_bytes(sleepy_python_model_zip())
+    client = alice.client()
+    client.post("/api/v1/models/", {"name": "sleepy"}, format="json")
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    response = client.post("/api/v1/models/sleepy/versions/", {
+        "file": SimpleUploadedFile("sleepy.zip", archive.read_bytes()),
+        "signature": json.dumps({"inputs": [{"name": "seconds", "datatype": "FP32", "dims": [-1, 1]}],
+                                 "outputs": [{"name": "slept", "datatype": "FP32", "dims": [-1, 1]}]}),
+    }, format="multipart")
+    assert response.status_code == 201, response.json()
+    wait_for(lambda: client.get("/api/v1/models/sleepy/versions/1/").json()["status"] == "ready", 30, what="inspection")
+    deploy(alice, "sleepy", [{"model": "sleepy", "max_batch_size": 4}])
+    wait_status(alice, "sleepy", "ready")
+    infer = f"{portal_url}/serve/sleepy/v2/models/sleepy/infer"
+
+    def body(seconds: float) -> dict[str, Any]:
+        return {"inputs": [{"name": "seconds", "shape": [1, 1], "datatype": "FP32", "data": [seconds]}]}
+
+    assert requests.post(infer, json=body(0), headers=auth, timeout=10).status_code == 200
+    slow = requests.post(infer, json=body(6), headers=auth, timeout=20)
+    assert slow.status_code == 504
+    assert "did not answer within 3 s" in slow.json()["error"]
+
+    # Triton gone before the reconciler noticed: 502.
+    Deployment.objects.filter(name="sleepy").update(upstream_url="http://127.0.0.1:9")
+    time.sleep(1.0)
+    unreachable = requests.post(infer, json=body(0), headers=auth, timeout=10)
+    assert unreachable.status_code == 502
+    assert "unreachable" in unreachable.json()["error"]
+
+    assert client.post("/api/v1/deployments/sleepy/stop").status_code == 202
+    wait_status(alice, "sleepy", "stopped")
+    time.sleep(1.0)
+    stopped = requests.post(infer, json=body(0), headers=auth, timeout=10)
+    assert stopped.status_code == 503
+    assert stopped.headers["Retry-After"] == "2"
+    assert "not ready" in stopped.json()["error"]
+
+
+def test_a_client_hammering_during_a_rollout_sees_zero_failed_requests(
+    people: dict[str, Person], portal_url: str, digits_onnx: Path
+) -> None:
+    alice = people["alice"]
+    push(alice, digits_onnx)
+    deploy(alice, "digits-prod", [{"model": "digits", "dynamic_batching": {"max_queue_delay_microseconds": 100}}])
+    wait_status(alice, "digits-prod", "ready")
+    url = f"{portal_url}/serve/digits-prod/v2/models/digits/infer"
+    payload = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]}
+    outcomes: list[int] = []
+    done = asyncio.Event()
+
+    async def hammer(session: aiohttp.ClientSession) -> None:
+        while not done.is_set():
+            async with session.post(url, json=payload) as response:
+                await response.read()
+                outcomes.append(response.status)
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {alice.token}"}) as session:
+            workers = [asyncio.create_task(hammer(session)) for _ in range(8)]
+            await asyncio.sleep(1.0)
+            patched = await asyncio.to_thread(
+                alice.client().patch, "/api/v1/deployments/digits-prod/",
+                {"models": [{"model": "digits", "dynamic_batching": {"max_queue_delay_microseconds": 3000}}]}, format="json")
+            assert patched.status_code == 200
+
+            def switched() -> bool:
+                d = Deployment.objects.get(name="digits-prod")
+                return d.serving_revision is not None and d.serving_revision.number == 2 and d.status == "ready"
+
+            await asyncio.to_thread(wait_for, switched, 90, 0.2, "the rollout")
+            await asyncio.sleep(4.0)  # the old server drains and stops while traffic continues
+            done.set()
+            await asyncio.gather(*workers)
+
+    asyncio.run(scenario())
+    assert len(outcomes) > 100
+    assert set(outcomes) == {200}, {code: outcomes.count(code) for code in set(outcomes)}
