@@ -18,6 +18,7 @@ from accounts.models import Team
 from deployments import actions
 from deployments.models import Deployment, Event
 from deployments.runtimes import local as local_runtime
+from deployments.runtimes.base import runtime_for
 from deployments.snapshot import served_model, served_model_json
 from deployments.spec import MAX_INSTANCE_COUNT, MAX_QUEUE_DELAY_MICROSECONDS, RepositorySpec, validate_repository
 from models_registry.api import validate_name_field
@@ -258,5 +259,5 @@ def deployment_logs(request: Request, name: str) -> Response:
         lines = max(1, min(int(request.query_params.get("lines", 200)), 5000))
     except ValueError:
         raise serializers.ValidationError({"lines": ["must be an integer"]}) from None
-    return Response({"log": local_runtime.logs(deployment, lines)})
+    return Response({"log": runtime_for(deployment).logs(deployment, lines)})
 

@@ -1,6 +1,6 @@
-"""The reconciler: moves a deployment's servers toward what the user asked for (running the current revision,
-stopped, or deleted). Every step is idempotent, so running it twice, or again after a worker was killed half-way,
-is safe; a lease (a conditional update) keeps two workers from acting on one deployment at the same time."""
+"""The reconciler: moves a deployment toward what the user asked for (serving its current revision, stopped, or
+deleted) through its runtime. Every step is idempotent, so running it twice, or again after a worker was killed
+half-way, is safe; a lease (a conditional update) keeps two workers from acting on one deployment at once."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import time
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 
 from deployments.events import record
-from deployments.models import Deployment, Event, TritonServer
+from deployments.models import Deployment, Event
 from deployments.render import RenderError
-from deployments.runtimes import local as runtime
+from deployments.runtimes.base import Runtime, runtime_for
 
 log = logging.getLogger(__name__)
 
@@ -29,115 +30,92 @@ def reconcile(deployment_id: int) -> None:
     if not deployment.claim(LEASE_SECONDS):
         log.info("%s is being reconciled by another worker", deployment)
         return
+    runtime = runtime_for(deployment)
     try:
         if deployment.desired_state == Deployment.Desired.DELETED:
-            _delete(deployment)
+            runtime.teardown(deployment)
+            deployment.delete()
         elif deployment.desired_state == Deployment.Desired.STOPPED:
-            _stop(deployment)
+            _stop(deployment, runtime)
         else:
-            _run(deployment)
+            _run(deployment, runtime)
     finally:
         Deployment.objects.filter(pk=deployment_id).update(lease_until=None)
 
 
-def _run(deployment: Deployment) -> None:
+def _run(deployment: Deployment, runtime: Runtime) -> None:
     target = deployment.revision
-    if target is None:
-        return
-    if deployment.status == S.FAILED:
-        return  # waits for the user: a new revision (PATCH) or start makes it pending again
-    servers = runtime.running_servers(deployment)
+    if target is None or deployment.status == S.FAILED:
+        return  # a failed deployment waits for the user: a new revision (PATCH) or start makes it pending again
     if deployment.status == S.READY and deployment.serving_revision_id == target.pk:
-        current = [s for s in servers if s.revision_id == target.pk and s.state == TritonServer.State.READY]
-        if current and runtime.health(current[0]).ok:
-            _stop_others(deployment, keep=current[0])
+        health = runtime.check(deployment)
+        if health.ok:
             return
-        dead = current[0] if current else TritonServer.objects.filter(revision=target).order_by("-started_at").first()
-        report = runtime.death_report(dead) if dead else ""
-        if dead:
-            runtime.stop(dead)
-        record(deployment, Event.Kind.ERROR,
-               f"The Triton process of revision {target.number} died; restarting it."
-               + (f" Its last log lines:\n{report}" if report else ""))
-        deployment.set_status(S.STARTING, "Restarting Triton after it died.", upstream_url="")
-    _roll_out(deployment)
+        record(deployment, Event.Kind.ERROR, f"Revision {target.number} stopped serving: {health.message}; restarting it."
+               + (f" Last log lines:\n{health.detail}" if health.detail else ""))
+        deployment.set_status(S.STARTING, f"Restarting: {health.message}.", upstream_url="")
+    _roll_out(deployment, runtime)
 
 
-def _roll_out(deployment: Deployment) -> None:
+def _roll_out(deployment: Deployment, runtime: Runtime) -> None:
     target = deployment.revision
     assert target is not None
     if deployment.status in (S.PENDING, S.RENDERING):
         deployment.set_status(S.RENDERING, f"Rendering the model repository of revision {target.number}.")
         try:
-            runtime.render(target)
+            runtime.prepare(target)
         except RenderError as exc:
             _fail(deployment, f"Revision {target.number} cannot be rendered: {exc}")
             return
         record(deployment, Event.Kind.INFO, f"Rendered the model repository of revision {target.number}.")
     if deployment.status != S.STARTING:
         deployment.set_status(S.STARTING, f"Starting Triton for revision {target.number}.")
-    server = runtime.launch(target)
-    record(deployment, Event.Kind.INFO, f"Triton for revision {target.number} is starting (pid {server.pid}, port {server.http_port}).")
+    launch = runtime.launch(target)
+    record(deployment, Event.Kind.INFO, f"Triton for revision {target.number} is starting ({launch.description}).")
 
     def keep_waiting() -> bool:
         deployment.renew(LEASE_SECONDS)
-        current = Deployment.objects.filter(pk=deployment.pk).values("desired_state", "revision_id").first()
-        return bool(current) and current["desired_state"] == Deployment.Desired.RUNNING and current["revision_id"] == target.pk
+        now = Deployment.objects.filter(pk=deployment.pk).values("desired_state", "revision_id").first()
+        return bool(now) and now["desired_state"] == Deployment.Desired.RUNNING and now["revision_id"] == target.pk
 
-    result = runtime.wait_ready(server, keep_waiting)
-    if not result.ready:
-        runtime.stop(server)
-        if result.message == "cancelled":
-            return  # the user changed the deployment meanwhile; the next reconcile acts on that
-        detail = "\n".join(result.errors[-5:]) if result.errors else ""
-        _fail(deployment, f"Revision {target.number} failed to start: {result.message}", detail)
+    ready = runtime.wait_ready(launch, keep_waiting)
+    if not ready.ready:
+        runtime.abandon(launch)
+        if not ready.cancelled:  # else the user changed the deployment meanwhile; the next reconcile acts on that
+            _fail(deployment, f"Revision {target.number} failed to start: {ready.message}", ready.detail)
         return
-    TritonServer.objects.filter(pk=server.pk).update(state=TritonServer.State.READY)
     previous = deployment.serving_revision
     with transaction.atomic():
         # The switch the gateway sees: one UPDATE of the upstream and the serving revision.
-        deployment.set_status(S.READY, f"Serving revision {target.number}.", serving_revision=target, upstream_url=server.url)
-        record(deployment, Event.Kind.INFO, f"Revision {target.number} is ready and serving (Triton pid {server.pid}).")
+        deployment.set_status(S.READY, f"Serving revision {target.number}.", serving_revision=target, upstream_url=launch.url)
+        record(deployment, Event.Kind.INFO, f"Revision {target.number} is ready and serving ({launch.description}).")
     if previous is not None and previous.pk != target.pk:
-        time.sleep(settings.ROLLOUT_DRAIN_SECONDS)  # in-flight and cached routes to the old server finish first
-    _stop_others(deployment, keep=server)
-
-
-def _stop_others(deployment: Deployment, keep: TritonServer) -> None:
-    for server in runtime.running_servers(deployment):
-        if server.pk != keep.pk:
-            runtime.stop(server)
-            record(deployment, Event.Kind.INFO, f"Stopped the Triton of revision {server.revision.number} (pid {server.pid}).")
+        time.sleep(settings.ROLLOUT_DRAIN_SECONDS)  # in-flight requests and cached routes to the old server finish
+    for message in runtime.retire(deployment, keep=launch):
+        record(deployment, Event.Kind.INFO, message)
 
 
 def _fail(deployment: Deployment, message: str, detail: str = "") -> None:
     serving = deployment.serving_revision
     if serving is not None and deployment.upstream_url:
         message += f" Revision {serving.number} keeps serving."
-    deployment.set_status(S.FAILED, message + (f"\n{detail}" if detail else ""))
-    record(deployment, Event.Kind.ERROR, message + (f"\n{detail}" if detail else ""))
+    full = message + (f"\n{detail}" if detail else "")
+    deployment.set_status(S.FAILED, full)
+    record(deployment, Event.Kind.ERROR, full)
 
 
-def _stop(deployment: Deployment) -> None:
-    servers = runtime.running_servers(deployment)
-    if deployment.status == S.STOPPED and not servers:
+def _stop(deployment: Deployment, runtime: Runtime) -> None:
+    if deployment.status == S.STOPPED:
         return
     deployment.set_status(S.STOPPING, "Stopping Triton.", upstream_url="", serving_revision=None)
-    for server in servers:
-        runtime.stop(server)
+    runtime.stop(deployment)
     deployment.set_status(S.STOPPED, "Stopped.")
     record(deployment, Event.Kind.INFO, "Stopped.")
 
 
-def _delete(deployment: Deployment) -> None:
-    runtime.teardown(deployment)
-    deployment.delete()
-
-
 def needs_attention() -> list[int]:
     """Deployments a periodic reconcile should look at: anything not at rest where the user wants it."""
-    running = Deployment.objects.filter(desired_state=Deployment.Desired.RUNNING).exclude(status=S.FAILED)
-    stopping = Deployment.objects.filter(desired_state=Deployment.Desired.STOPPED).exclude(status=S.STOPPED)
-    deleting = Deployment.objects.filter(desired_state=Deployment.Desired.DELETED)
-    return sorted(set(running.values_list("pk", flat=True)) | set(stopping.values_list("pk", flat=True))
-                  | set(deleting.values_list("pk", flat=True)))
+    running = Q(desired_state=Deployment.Desired.RUNNING) & ~Q(status=S.FAILED)
+    stopping = Q(desired_state=Deployment.Desired.STOPPED) & ~Q(status=S.STOPPED)
+    deleting = Q(desired_state=Deployment.Desired.DELETED)
+    return list(Deployment.objects.filter(running | stopping | deleting).order_by("pk").values_list("pk", flat=True))

@@ -185,6 +185,7 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_out": str(_queue_dir),
         "processed_folder": str(_processed_dir),
         "store_processed": False,
+        "control_folder": str(VAR_DIR / "celery" / "control"),
     }
 else:
     # Redis: a task whose worker died unacknowledged is delivered again after this many seconds.

@@ -136,7 +136,7 @@ def test_a_killed_triton_is_back_within_15_seconds_with_an_event(alice_tx: Perso
     new = wait_for(restarted, 15, what="Triton to be restarted")
     assert new.pid != old.pid and is_alive(new.pid)
     died = Event.objects.filter(kind="error", message__contains="died").first()
-    assert died is not None and "revision 1" in died.message
+    assert died is not None and "Revision 1 stopped serving: the Triton process" in died.message
 
 
 def test_a_task_of_a_killed_worker_still_brings_the_deployment_up(alice_tx: Person, celery_processes: Any, digits_onnx: Path) -> None:

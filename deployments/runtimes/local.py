@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -17,17 +16,12 @@ from django.utils import timezone
 
 from deployments import local_triton
 from deployments.models import Deployment, Revision, TritonServer
+from deployments.runtimes.base import Health, Launch, Ready
 from deployments.render import render_repository
 from deployments.snapshot import repository_spec
 from models_registry.models import Blob
 from models_registry.storage import FilesystemStore, get_store
 from models_registry.validation import archive_limits
-
-
-@dataclass(frozen=True)
-class Health:
-    ok: bool
-    reason: str = ""
 
 
 @lru_cache(maxsize=1)
@@ -78,8 +72,7 @@ def render(revision: Revision) -> Path:
     return out
 
 
-def launch(revision: Revision) -> TritonServer:
-    """The server of this revision: a live tracked one is adopted, else a new process is started."""
+def _launch(revision: Revision) -> TritonServer:
     for server in TritonServer.objects.filter(revision=revision, state__in=[TritonServer.State.STARTING, TritonServer.State.READY]):
         if local_triton.is_alive(server.pid):
             return server
@@ -106,39 +99,21 @@ def _process(server: TritonServer) -> local_triton.ServerProcess:
     )
 
 
-def wait_ready(server: TritonServer, keep_waiting: Callable[[], bool]) -> local_triton.ReadyResult:
-    """Wait in short slices so that the caller can renew its lease and give up when the user changed their mind."""
-    models = [m["name"] for m in server.revision.spec["models"]]
-    deadline = timezone.now().timestamp() + settings.TRITON_READY_TIMEOUT_SECONDS
-    while True:
-        result = local_triton.wait_ready(_process(server), models, timeout=1.0)
-        if result.ready or result.exit_code is not None or not local_triton.is_alive(server.pid):
-            return result
-        if timezone.now().timestamp() >= deadline:
-            return local_triton.ReadyResult(
-                ready=False, message=f"not ready after {settings.TRITON_READY_TIMEOUT_SECONDS:g} s: {result.message}",
-                errors=result.errors,
-            )
-        if not keep_waiting():
-            return local_triton.ReadyResult(ready=False, message="cancelled")
+def _describe(server: TritonServer) -> Launch:
+    return Launch(revision_id=server.revision_id, url=server.url, ref=server.pk,
+                  description=f"pid {server.pid}, port {server.http_port}")
 
 
-def health(server: TritonServer) -> Health:
-    if not local_triton.is_alive(server.pid):
-        return Health(False, f"the Triton process (pid {server.pid}) is gone")
-    return Health(True)
+def _stop(server: TritonServer) -> None:
+    local_triton.stop_server(server.pid, grace_seconds=settings.TRITON_STOP_GRACE_SECONDS)
+    TritonServer.objects.filter(pk=server.pk).update(state=TritonServer.State.STOPPED, stopped_at=timezone.now())
 
 
-def death_report(server: TritonServer) -> str:
+def _death_report(server: TritonServer) -> str:
     """What a user needs to know about a server that died: Triton's errors, else its last log lines."""
     errors = local_triton.log_errors(Path(server.log_path))
     lines = errors or local_triton.tail_log(Path(server.log_path), 5).splitlines()
     return "\n".join(lines[-5:])
-
-
-def stop(server: TritonServer) -> None:
-    local_triton.stop_server(server.pid, grace_seconds=settings.TRITON_STOP_GRACE_SECONDS)
-    TritonServer.objects.filter(pk=server.pk).update(state=TritonServer.State.STOPPED, stopped_at=timezone.now())
 
 
 def running_servers(deployment: Deployment) -> list[TritonServer]:
@@ -148,20 +123,64 @@ def running_servers(deployment: Deployment) -> list[TritonServer]:
     )
 
 
-def logs(deployment: Deployment, lines: int = 200) -> str:
-    server = TritonServer.objects.filter(deployment=deployment).order_by("-started_at").first()
-    if server is None:
-        return ""
-    return local_triton.tail_log(Path(server.log_path), lines)
+class LocalRuntime:
+    """One tritonserver process per revision on this machine; a rollout starts the new one beside the old."""
 
+    def prepare(self, revision: Revision) -> None:
+        render(revision)
 
-def teardown(deployment: Deployment) -> None:
-    """Stop every process of the deployment and remove its files."""
-    for server in running_servers(deployment):
-        stop(server)
-    shutil.rmtree(deployment_dir(deployment), ignore_errors=True)
+    def launch(self, revision: Revision) -> Launch:
+        return _describe(_launch(revision))
 
+    def wait_ready(self, launch: Launch, keep_waiting: Callable[[], bool]) -> Ready:
+        server = TritonServer.objects.select_related("revision").get(pk=launch.ref)
+        models = [m["name"] for m in server.revision.spec["models"]]
+        deadline = timezone.now().timestamp() + settings.TRITON_READY_TIMEOUT_SECONDS
+        while True:
+            # Short slices, so that the caller renews its lease and notices when the user changed their mind.
+            result = local_triton.wait_ready(_process(server), models, timeout=1.0)
+            if result.ready:
+                TritonServer.objects.filter(pk=server.pk).update(state=TritonServer.State.READY)
+                return Ready(True, "ready")
+            if result.exit_code is not None or not local_triton.is_alive(server.pid):
+                return Ready(False, result.message, "\n".join(result.errors[-5:]))
+            if timezone.now().timestamp() >= deadline:
+                return Ready(False, f"not ready after {settings.TRITON_READY_TIMEOUT_SECONDS:g} s: {result.message}",
+                             "\n".join(result.errors[-5:]))
+            if not keep_waiting():
+                return Ready(False, "cancelled", cancelled=True)
 
-def remove_revision_files(revision: Revision) -> None:
-    shutil.rmtree(repository_dir(revision).parent, ignore_errors=True)
+    def abandon(self, launch: Launch) -> None:
+        server = TritonServer.objects.filter(pk=launch.ref).first()
+        if server is not None:
+            _stop(server)
 
+    def check(self, deployment: Deployment) -> Health:
+        server = TritonServer.objects.filter(revision_id=deployment.serving_revision_id, state=TritonServer.State.READY).first()
+        if server is not None and local_triton.is_alive(server.pid):
+            return Health(True)
+        if server is None:
+            return Health(False, "no Triton process is serving it")
+        report = _death_report(server)
+        _stop(server)
+        return Health(False, f"the Triton process (pid {server.pid}) died", report)
+
+    def retire(self, deployment: Deployment, keep: Launch) -> list[str]:
+        stopped = []
+        for server in running_servers(deployment):
+            if server.pk != keep.ref:
+                _stop(server)
+                stopped.append(f"Stopped the Triton of revision {server.revision.number} (pid {server.pid}).")
+        return stopped
+
+    def stop(self, deployment: Deployment) -> None:
+        for server in running_servers(deployment):
+            _stop(server)
+
+    def teardown(self, deployment: Deployment) -> None:
+        self.stop(deployment)
+        shutil.rmtree(deployment_dir(deployment), ignore_errors=True)
+
+    def logs(self, deployment: Deployment, lines: int) -> str:
+        server = TritonServer.objects.filter(deployment=deployment).order_by("-started_at").first()
+        return local_triton.tail_log(Path(server.log_path), lines) if server else ""
