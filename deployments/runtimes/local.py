@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from deployments import local_triton
 from deployments.models import Deployment, Revision, TritonServer
-from deployments.runtimes.base import Health, Launch, Ready
 from deployments.render import render_repository
+from deployments.runtimes.base import Health, Launch, Ready
 from deployments.snapshot import repository_spec
 from models_registry.models import Blob
 from models_registry.storage import FilesystemStore, get_store
