@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
 from accounts.models import ApiToken, Membership, Team
+from audit.log import record as audit
 
 
 class MembershipInline(admin.TabularInline):
@@ -35,5 +37,9 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke selected tokens")
     def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
-        count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
-        self.message_user(request, f"Revoked {count} token(s).")
+        with transaction.atomic():
+            tokens = list(queryset.filter(revoked_at__isnull=True).select_related("team"))
+            ApiToken.objects.filter(pk__in=[t.pk for t in tokens]).update(revoked_at=timezone.now())
+            for token in tokens:
+                audit(request.user, token.team, "token.revoke", token.prefix, name=token.name, via="admin")
+        self.message_user(request, f"Revoked {len(tokens)} token(s).")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from django.db import transaction
 from django.http import Http404
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
@@ -13,7 +14,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.context import current_membership, current_team
+from accounts.idempotency import idempotent
 from accounts.models import ApiToken, Membership
+from audit.log import record as audit
 
 
 class TokenSerializer(serializers.ModelSerializer[ApiToken]):
@@ -48,13 +51,16 @@ def me(request: Request) -> Response:
 
 @extend_schema(request=TokenCreateSerializer, responses=TokenSerializer(many=True))
 @api_view(["GET", "POST"])
+@idempotent
 def tokens_list(request: Request) -> Response:
     if request.method == "POST":
         serializer = TokenCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         days = serializer.validated_data.get("expires_in_days")
-        token, raw = ApiToken.issue(request.user, current_team(request), name=serializer.validated_data["name"],  # type: ignore[arg-type]
-                                    expires_in=timedelta(days=days) if days else None)
+        with transaction.atomic():
+            token, raw = ApiToken.issue(request.user, current_team(request), name=serializer.validated_data["name"],  # type: ignore[arg-type]
+                                        expires_in=timedelta(days=days) if days else None)
+            audit(request.user, token.team, "token.create", token.prefix, name=token.name)
         # The raw token is in this response only: it is stored hashed.
         return Response({**TokenSerializer(token).data, "token": raw}, status=status.HTTP_201_CREATED)
     tokens = ApiToken.objects.filter(user=request.user).select_related("team")
@@ -67,5 +73,7 @@ def token_detail(request: Request, token_id: int) -> Response:
     token = ApiToken.objects.filter(pk=token_id, user=request.user).first()
     if token is None:
         raise Http404
-    token.revoke()
+    with transaction.atomic():
+        token.revoke()
+        audit(request.user, token.team, "token.revoke", token.prefix, name=token.name)
     return Response(status=status.HTTP_204_NO_CONTENT)

@@ -93,3 +93,21 @@ class ApiToken(models.Model):
     def revoke(self) -> None:
         ApiToken.objects.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
         self.refresh_from_db(fields=["revoked_at"])
+
+
+class IdempotencyRecord(models.Model):
+    """The response to a create call sent with an Idempotency-Key, replayed when a client (a retried CI step)
+    sends the same request with the same key again."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    request_hash = models.CharField(max_length=64)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)  # None while the first request runs
+    response_body = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "key"], name="one_record_per_idempotency_key")]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.status_code})"

@@ -9,6 +9,7 @@ from django.db import transaction
 from django.db.models import Max
 
 from accounts.models import Team
+from audit.log import record as audit
 from deployments.events import record
 from deployments.models import Deployment, Event, Revision
 from models_registry.models import ModelVersion
@@ -42,6 +43,7 @@ def create_deployment(team: Team, user: Any, name: str, runtime: str, spec: dict
     deployment.revision = revision
     deployment.save(update_fields=["revision"])
     record(deployment, Event.Kind.INFO, f"Created by {user.get_username()} with revision 1.")
+    audit(user, team, "deployment.create", name, runtime=runtime, revision=1)
     _queue_reconcile(deployment)
     return deployment
 
@@ -58,6 +60,7 @@ def update_deployment(deployment: Deployment, user: Any, spec: dict[str, Any], v
         deployment.revision = revision
         Deployment.objects.filter(pk=deployment.pk).update(**fields)
     record(deployment, Event.Kind.INFO, f"Revision {revision.number} created by {user.get_username()}.")
+    audit(user, deployment.team, "deployment.update", deployment.name, revision=revision.number)
     _queue_reconcile(deployment)
     return revision
 
@@ -70,6 +73,7 @@ def stop_deployment(deployment: Deployment, user: Any) -> None:
     deployment.desired_state = Deployment.Desired.STOPPED
     deployment.set_status(Deployment.Status.STOPPING, "Stopping Triton.")
     record(deployment, Event.Kind.INFO, f"Stop requested by {user.get_username()}.")
+    audit(user, deployment.team, "deployment.stop", deployment.name)
     _queue_reconcile(deployment)
 
 
@@ -82,6 +86,7 @@ def start_deployment(deployment: Deployment, user: Any) -> None:
     deployment.desired_state = Deployment.Desired.RUNNING
     deployment.set_status(Deployment.Status.PENDING, "Starting.")
     record(deployment, Event.Kind.INFO, f"Start requested by {user.get_username()}.")
+    audit(user, deployment.team, "deployment.start", deployment.name)
     _queue_reconcile(deployment)
 
 
@@ -93,6 +98,7 @@ def delete_deployment(deployment: Deployment, user: Any, wait_seconds: float = 2
         Deployment.objects.filter(pk=deployment.pk).update(desired_state=Deployment.Desired.DELETED)
         deployment.set_status(Deployment.Status.STOPPING, f"Deleting (requested by {user.get_username()}).",
                               upstream_url="", serving_revision=None)
+        audit(user, deployment.team, "deployment.delete", deployment.name)
     # A reconciler busy with this deployment sees the new desired state within a second and lets go.
     deadline = time.monotonic() + wait_seconds
     while time.monotonic() < deadline:

@@ -14,6 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.context import current_team
+from accounts.idempotency import idempotent
 from accounts.models import Team
 from deployments import actions
 from deployments.models import Deployment, Event
@@ -172,6 +173,7 @@ def get_deployment_for_user(request: Request, name: str) -> Deployment:
 
 @extend_schema(request=DeploymentInputSerializer, responses=DeploymentSerializer(many=True))
 @api_view(["GET", "POST"])
+@idempotent
 def deployments_list(request: Request) -> Response:
     team = current_team(request)
     if request.method == "POST":

@@ -12,6 +12,7 @@ from typing import IO, Any
 from django.db import IntegrityError, transaction
 
 from accounts.models import Team
+from audit.log import record as audit
 from models_registry.models import Blob, Model, ModelVersion, Upload
 from models_registry.signature import Signature
 from models_registry.storage import get_store
@@ -25,7 +26,9 @@ class Conflict(Exception):
 def create_model(team: Team, user: Any, name: str, description: str = "") -> Model:
     try:
         with transaction.atomic():
-            return Model.objects.create(team=team, name=name, description=description, created_by=user)
+            model = Model.objects.create(team=team, name=name, description=description, created_by=user)
+            audit(user, team, "model.create", name)
+            return model
     except IntegrityError:
         raise Conflict(f"A model named {name!r} exists already in team {team.name!r}.") from None
 
@@ -53,6 +56,7 @@ def _new_version(model: Model, user: Any, *, staged_key: str, filename: str, siz
         created_by=user,
     )
     _queue_inspection(version)
+    audit(user, model.team, "model_version.create", f"{model.name}:{version.number}", format=fmt, size=size)
     return version
 
 
@@ -102,22 +106,24 @@ def version_in_use(version: ModelVersion) -> list[str]:
     return deployments_using_version(version)
 
 
-def delete_version(version: ModelVersion) -> None:
+def delete_version(version: ModelVersion, user: Any = None) -> None:
     users = version_in_use(version)
     if users:
         raise Conflict(f"Version {version.number} is used by deployment(s) {', '.join(users)}: delete or change them first.")
     blob_sha = version.blob_id
     staged = version.staged_key if not version.blob_id else ""
+    audit(user, version.model.team, "model_version.delete", f"{version.model.name}:{version.number}")
     version.delete()
     transaction.on_commit(lambda: _release_bytes(blob_sha, staged))
 
 
-def delete_model(model: Model) -> None:
+def delete_model(model: Model, user: Any = None) -> None:
     for version in model.versions.all():
         users = version_in_use(version)
         if users:
             raise Conflict(f"Version {version.number} is used by deployment(s) {', '.join(users)}: delete or change them first.")
     leftovers = [(v.blob_id, v.staged_key if not v.blob_id else "") for v in model.versions.all()]
+    audit(user, model.team, "model.delete", model.name)
     model.delete()
     for blob_sha, staged in leftovers:
         transaction.on_commit(lambda b=blob_sha, s=staged: _release_bytes(b, s))  # type: ignore[misc]

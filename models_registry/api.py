@@ -17,7 +17,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.context import current_team
+from accounts.idempotency import idempotent
 from accounts.names import NAME_RULE, name_error
+from audit.log import record as audit
 from models_registry import actions
 from models_registry.models import Format, Model, ModelVersion, Upload
 from models_registry.signature import SignatureError, parse_signature
@@ -125,6 +127,7 @@ def _get_version(request: Request, name: str, number: int) -> ModelVersion:
 
 @extend_schema(request=ModelSerializer, responses=ModelSerializer(many=True))
 @api_view(["GET", "POST"])
+@idempotent
 def models_list(request: Request) -> Response:
     team = current_team(request)
     if request.method == "POST":
@@ -148,12 +151,14 @@ def model_detail(request: Request, name: str) -> Response:
         serializer = ModelUpdateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         if "description" in serializer.validated_data:
-            model.description = serializer.validated_data["description"]
-            model.save(update_fields=["description", "updated_at"])
+            with transaction.atomic():
+                model.description = serializer.validated_data["description"]
+                model.save(update_fields=["description", "updated_at"])
+                audit(request.user, model.team, "model.update", model.name, fields=["description"])
     elif request.method == "DELETE":
         try:
             with transaction.atomic():
-                actions.delete_model(model)
+                actions.delete_model(model, request.user)
         except actions.Conflict as exc:
             raise ConflictError(str(exc)) from None
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -163,6 +168,7 @@ def model_detail(request: Request, name: str) -> Response:
 @extend_schema(request=VersionCreateSerializer, responses=VersionSerializer(many=True))
 @api_view(["GET", "POST"])
 @parser_classes([MultiPartParser, JSONParser])
+@idempotent
 def versions_list(request: Request, name: str) -> Response:
     model = _get_model(request, name)
     if request.method == "GET":
@@ -201,7 +207,7 @@ def version_detail(request: Request, name: str, number: int) -> Response:
     if request.method == "DELETE":
         try:
             with transaction.atomic():
-                actions.delete_version(version)
+                actions.delete_version(version, request.user)
         except actions.Conflict as exc:
             raise ConflictError(str(exc)) from None
         return Response(status=status.HTTP_204_NO_CONTENT)

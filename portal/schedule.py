@@ -13,6 +13,11 @@ def beat_schedule(reconcile_interval: float) -> dict[str, dict[str, Any]]:
             "schedule": reconcile_interval,
             "options": {"expires": reconcile_interval},
         },
+        "delete-expired-idempotency-records": {
+            "task": "accounts.tasks.delete_expired_idempotency_records",
+            "schedule": 3600.0,
+            "options": {"expires": 600},
+        },
         "delete-expired-uploads": {
             "task": "models_registry.tasks.delete_expired_uploads",
             "schedule": 3600.0,

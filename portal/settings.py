@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "models_registry",
     "deployments",
     "gateway",
+    "audit",
 ]
 
 MIDDLEWARE = [

@@ -7,6 +7,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from accounts import api as accounts_api
+from audit import api as audit_api
 from deployments import api as deployments_api
 from gateway import api as gateway_api
 from models_registry import api as registry_api
@@ -37,6 +38,7 @@ api_v1 = [
     path("api/v1/deployments/<str:name>/events/", deployments_api.deployment_events),
     path("api/v1/deployments/<str:name>/logs/", deployments_api.deployment_logs),
     path("api/v1/deployments/<str:name>/metrics/", gateway_api.deployment_metrics),
+    path("api/v1/audit/", audit_api.audit_log),
     path("api/v1/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/v1/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]

@@ -1,0 +1,80 @@
+"""Idempotency-Key on create calls: a retried request gets the first one's response instead of a second object."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from accounts.models import IdempotencyRecord
+from portal.api_errors import error_body
+
+KEEP_FOR = timedelta(hours=24)
+MAX_KEY_LENGTH = 255
+
+
+def _request_hash(request: Request) -> str:
+    digest = hashlib.sha256(f"{request.method} {request.path}\n".encode())
+    content_type = request.content_type or ""
+    if content_type.startswith("application/json"):
+        digest.update(json.dumps(request.data, sort_keys=True, default=str).encode())
+    else:
+        # Multipart: the form fields and the uploaded files' names and sizes.
+        for key in sorted(request.data.keys()):
+            value = request.data.get(key)
+            digest.update(f"{key}={getattr(value, 'name', value)}:{getattr(value, 'size', '')}\n".encode())
+    return digest.hexdigest()
+
+
+def idempotent(view: Callable[..., Response]) -> Callable[..., Response]:
+    """For DRF function views: POSTs with an Idempotency-Key header are done once per user and key (24 hours)."""
+
+    @functools.wraps(view)
+    def wrapper(request: Request, *args: Any, **kwargs: Any) -> Response:
+        key = request.headers.get("Idempotency-Key")
+        if request.method != "POST" or not key:
+            return view(request, *args, **kwargs)
+        if len(key) > MAX_KEY_LENGTH:
+            return Response(error_body("invalid", f"Idempotency-Key must be at most {MAX_KEY_LENGTH} characters."), status=400)
+        fingerprint = _request_hash(request)
+        IdempotencyRecord.objects.filter(user=request.user, key=key, created_at__lt=timezone.now() - KEEP_FOR).delete()
+        try:
+            with transaction.atomic():
+                record = IdempotencyRecord.objects.create(user=request.user, key=key, request_hash=fingerprint)
+        except IntegrityError:
+            existing = IdempotencyRecord.objects.get(user=request.user, key=key)
+            if existing.request_hash != fingerprint:
+                return Response(error_body("idempotency_key_reused",
+                                           "This Idempotency-Key was used for a different request; use a new key."), status=422)
+            if existing.status_code is None:
+                return Response(error_body("conflict", "A request with this Idempotency-Key is still running; retry shortly."),
+                                status=409, headers={"Retry-After": "1"})
+            response = Response(existing.response_body, status=existing.status_code)
+            response["Idempotent-Replayed"] = "true"
+            return response
+        try:
+            response = view(request, *args, **kwargs)
+        except BaseException:
+            record.delete()  # nothing happened: the client may try again with the same key
+            raise
+        if response.status_code >= 500:
+            record.delete()
+        else:
+            IdempotencyRecord.objects.filter(pk=record.pk).update(status_code=response.status_code,
+                                                                 response_body=response.data)
+        return response
+
+    return wrapper
+
+
+def delete_expired_records() -> int:
+    deleted, _ = IdempotencyRecord.objects.filter(created_at__lt=timezone.now() - KEEP_FOR).delete()
+    return deleted
