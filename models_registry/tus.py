@@ -15,7 +15,15 @@ from rest_framework.views import APIView
 
 from accounts.context import current_team
 from models_registry.models import Upload
-from models_registry.uploads import UploadProblem, append_chunk, create_upload, encode_metadata, parse_checksum, parse_metadata, terminate
+from models_registry.uploads import (
+    UploadProblem,
+    append_chunk,
+    create_upload,
+    encode_metadata,
+    parse_checksum,
+    parse_metadata,
+    terminate,
+)
 from portal.api_errors import error_response
 
 TUS_VERSION = "1.0.0"
