@@ -13,18 +13,18 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from http.cookies import SimpleCookie
 from typing import Any
 
-import aiohttp
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from accounts.tokens import parse_bearer
-from gateway import stats
+from gateway import stats, upstream
 from gateway.access import Access, Caller
 from gateway.ratelimit import RateLimiter, retry_after_header
+from gateway.upstream import UpstreamError
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,6 @@ PREFIX = "/serve/"
 # Request headers passed to Triton; everything else (cookies, the bearer token) stays here.
 FORWARD_REQUEST_HEADERS = {b"content-type", b"inference-header-content-length", b"content-encoding", b"accept",
                            b"accept-encoding", b"triton-request-id"}
-DROP_RESPONSE_HEADERS = {"connection", "keep-alive", "transfer-encoding", "server", "date", "content-length"}
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 STREAM_THRESHOLD = 1024 * 1024  # bodies larger than this are streamed instead of read whole
 FLUSH_SECONDS = 5.0
@@ -57,7 +56,7 @@ class Gateway:
         self.access = Access(ttl=settings.GATEWAY_CACHE_TTL_SECONDS)
         self.limiter = RateLimiter(settings.GATEWAY_RATE_LIMIT_PER_SECOND, settings.GATEWAY_RATE_LIMIT_BURST)
         self.collector = stats.StatsCollector()
-        self.session: aiohttp.ClientSession | None = None
+        self.pool = upstream.Pool(max_idle_per_host=settings.GATEWAY_MAX_UPSTREAM_CONNECTIONS)
         self.flusher: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -78,22 +77,11 @@ class Gateway:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    def _session(self) -> aiohttp.ClientSession:
-        if self.session is None or self.session.closed:
-            connector = aiohttp.TCPConnector(limit=settings.GATEWAY_MAX_UPSTREAM_CONNECTIONS, keepalive_timeout=30,
-                                             ttl_dns_cache=60)
-            timeout = aiohttp.ClientTimeout(total=None, connect=5, sock_read=settings.GATEWAY_UPSTREAM_TIMEOUT_SECONDS)
-            self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
-                                                 skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"))
-            self.flusher = asyncio.get_running_loop().create_task(self._flush_forever())
-        return self.session
-
     async def close(self) -> None:
         if self.flusher is not None:
             self.flusher.cancel()
         await self._flush()
-        if self.session is not None:
-            await self.session.close()
+        self.pool.close()
 
     async def _flush_forever(self) -> None:
         while True:
@@ -110,6 +98,8 @@ class Gateway:
 
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
+        if self.flusher is None:
+            self.flusher = asyncio.get_running_loop().create_task(self._flush_forever())
         name, _, rest = scope["path"][len(PREFIX):].partition("/")
         model = _model_of(rest)
         deployment_id, code = 0, 500
@@ -174,41 +164,37 @@ class Gateway:
         length = int(declared) if declared and declared.isdigit() else None
         if length is not None and length > limit:
             raise GatewayError(413, f"The request body is {length} bytes; the limit is {limit} bytes.")
-        forward = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers.items() if k in FORWARD_REQUEST_HEADERS}
-        body: Any
+        forward = [(k, v) for k, v in headers.items() if k in FORWARD_REQUEST_HEADERS]
+        body: bytes | AsyncIterator[bytes] | None
         if length is not None and length <= STREAM_THRESHOLD:
             body = await _read_body(receive, limit)
-        elif scope["method"] in SAFE_METHODS and length is None:
+        elif length is None and scope["method"] in SAFE_METHODS:
             body = None
         else:
             body = _stream_body(receive, limit)
-            if length is not None:
-                forward["Content-Length"] = str(length)
-        url = f"{upstream}/{rest}"
-        if scope.get("query_string"):
-            url += "?" + scope["query_string"].decode("latin-1")
+        target = f"/{rest}" + (f"?{scope['query_string'].decode('latin-1')}" if scope.get("query_string") else "")
+        timeout = settings.GATEWAY_UPSTREAM_TIMEOUT_SECONDS
         try:
-            async with self._session().request(scope["method"], url, data=body, headers=forward,
-                                               allow_redirects=False) as response:
-                out_headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()
-                               if k.lower() not in DROP_RESPONSE_HEADERS]
+            async with asyncio.timeout(timeout):
+                response = await self.pool.request(scope["method"], upstream, target, forward, body, length)
                 if response.content_length is not None:
                     # Small responses (the common case) go out in one message.
                     payload = await response.read()
-                    out_headers.append((b"content-length", str(len(payload)).encode()))
-                    await send({"type": "http.response.start", "status": response.status, "headers": out_headers})
+                    await send({"type": "http.response.start", "status": response.status,
+                                "headers": [*response.headers, (b"content-length", str(len(payload)).encode())]})
                     await send({"type": "http.response.body", "body": payload})
-                else:
-                    await send({"type": "http.response.start", "status": response.status, "headers": out_headers})
-                    async for chunk in response.content.iter_chunked(64 * 1024):
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    await send({"type": "http.response.body", "body": b""})
-                return response.status
+                    return response.status
+            # A streamed response: the deadline covers its first byte only, then chunks flow as they come.
+            await send({"type": "http.response.start", "status": response.status, "headers": response.headers})
+            async for chunk in response.iter_body():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            return response.status
         except _BodyTooLarge:
             raise GatewayError(413, f"The request body is over the limit of {limit} bytes.") from None
-        except (TimeoutError, aiohttp.ServerTimeoutError):
-            raise GatewayError(504, f"Triton did not answer within {settings.GATEWAY_UPSTREAM_TIMEOUT_SECONDS:g} s.") from None
-        except aiohttp.ClientConnectionError:
+        except TimeoutError:
+            raise GatewayError(504, f"Triton did not answer within {timeout:g} s.") from None
+        except UpstreamError:
             raise GatewayError(502, "Triton is unreachable; the deployment may be restarting. Retry shortly.",
                                {"Retry-After": "2"}) from None
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import bisect
 import logging
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -36,12 +38,21 @@ class _Bucket:
 class StatsCollector:
     def __init__(self) -> None:
         self.pending: dict[tuple[int, datetime], _Bucket] = defaultdict(_Bucket)
+        # Prometheus' labels() takes a lock and builds a key each time: keep the children per label set.
+        self.counters: dict[tuple[str, str, int], Any] = {}
+        self.histograms: dict[tuple[str, str], Any] = {}
 
     def observe(self, deployment_id: int, name: str, model: str, code: int, seconds: float) -> None:
-        REQUESTS.labels(name, model, str(code)).inc()
-        LATENCY.labels(name, model).observe(seconds)
-        now = datetime.now(UTC)
-        start = now.replace(second=now.second - now.second % BUCKET_SECONDS, microsecond=0)
+        counter = self.counters.get((name, model, code))
+        if counter is None:
+            counter = self.counters[(name, model, code)] = REQUESTS.labels(name, model, str(code))
+        histogram = self.histograms.get((name, model))
+        if histogram is None:
+            histogram = self.histograms[(name, model)] = LATENCY.labels(name, model)
+        counter.inc()
+        histogram.observe(seconds)
+        now = time.time()
+        start = datetime.fromtimestamp(now - now % BUCKET_SECONDS, UTC)
         bucket = self.pending[(deployment_id, start)]
         bucket.requests += 1
         if code >= 500 or code == 429:
