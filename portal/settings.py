@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "deployments",
     "gateway",
     "audit",
+    "web",
 ]
 
 MIDDLEWARE = [
@@ -204,6 +205,65 @@ TRITON_READY_TIMEOUT_SECONDS = env_float("TRITON_READY_TIMEOUT_SECONDS", 180.0, 
 ROLLOUT_DRAIN_SECONDS = env_float("ROLLOUT_DRAIN_SECONDS", 2.0, minimum=0)
 TRITON_RESPONSE_CACHE_BYTES = env_int("TRITON_RESPONSE_CACHE_BYTES", 64 * 1024**2, minimum=1)
 TRITON_STOP_GRACE_SECONDS = env_float("TRITON_STOP_GRACE_SECONDS", 10.0, minimum=1)
+
+# --- Kubernetes runtime ----------------------------------------------------------------------------------
+# Deployments with runtime "kubernetes": Triton pods in a namespace per team, loading the model repository from
+# S3. See docs/kubernetes.md; deployments.k8s.config reads these into one frozen dataclass.
+
+
+def _env_pairs(name: str, default: str = "") -> dict[str, str]:
+    """"a=b,c=d" as {"a": "b", "c": "d"}."""
+    pairs: dict[str, str] = {}
+    for item in env_list(name, [default] if default else []):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ImproperlyConfigured(f"{name} must be a comma-separated list of key=value pairs, got {item!r}")
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
+# Where the cluster is: a kubeconfig file (the standard KUBECONFIG variable), or the pod's service account.
+KUBERNETES_KUBECONFIG = env_str("KUBECONFIG")
+KUBERNETES_CONTEXT = env_str("KUBERNETES_CONTEXT")  # empty: the kubeconfig's current context
+KUBERNETES_IN_CLUSTER = env_bool("KUBERNETES_IN_CLUSTER", False)
+# team -> namespace; teams not listed get KUBERNETES_NAMESPACE_PREFIX + team name.
+KUBERNETES_NAMESPACES = _env_pairs("KUBERNETES_NAMESPACES")
+KUBERNETES_NAMESPACE_PREFIX = env_str("KUBERNETES_NAMESPACE_PREFIX", "modelport-")
+KUBERNETES_CREATE_NAMESPACES = env_bool("KUBERNETES_CREATE_NAMESPACES", True)
+KUBERNETES_TRITON_IMAGE = env_str("KUBERNETES_TRITON_IMAGE", "nvcr.io/nvidia/tritonserver:24.10-py3")
+# An image with custom backends (TNN) built FROM the Triton image; used when a revision serves a TNN model.
+KUBERNETES_TRITON_CUSTOM_IMAGE = env_str("KUBERNETES_TRITON_CUSTOM_IMAGE")
+KUBERNETES_TNN_BACKEND_NAME = env_str("KUBERNETES_TNN_BACKEND_NAME", "tnn")
+KUBERNETES_IMAGE_PULL_SECRETS = env_list("KUBERNETES_IMAGE_PULL_SECRETS")
+# The S3 bucket Triton loads model repositories from; defaults to the artifact store's.
+KUBERNETES_S3_ENDPOINT_URL = env_str("KUBERNETES_S3_ENDPOINT_URL", S3_ENDPOINT_URL)
+KUBERNETES_S3_BUCKET = env_str("KUBERNETES_S3_BUCKET", S3_BUCKET)
+KUBERNETES_S3_PREFIX = env_str("KUBERNETES_S3_PREFIX", f"{S3_PREFIX}/repositories").strip("/")
+KUBERNETES_S3_REGION = env_str("KUBERNETES_S3_REGION", S3_REGION)
+KUBERNETES_S3_ACCESS_KEY_ID = env_secret("KUBERNETES_S3_ACCESS_KEY_ID", S3_ACCESS_KEY_ID)
+KUBERNETES_S3_SECRET_ACCESS_KEY = env_secret("KUBERNETES_S3_SECRET_ACCESS_KEY", S3_SECRET_ACCESS_KEY)
+# The Secret (in each team namespace) Triton reads its S3 credentials from; the worker writes it when the keys
+# above are set. Empty: no credentials from a Secret (pod identity, e.g. IRSA).
+KUBERNETES_S3_SECRET = env_str("KUBERNETES_S3_SECRET", "modelport-s3")
+KUBERNETES_DEFAULT_CPU = env_str("KUBERNETES_DEFAULT_CPU", "1")
+KUBERNETES_DEFAULT_MEMORY = env_str("KUBERNETES_DEFAULT_MEMORY", "4Gi")
+KUBERNETES_SHM_SIZE = env_str("KUBERNETES_SHM_SIZE", "1Gi")
+# A revision's resources.gpu_type selects nodes by this label; KUBERNETES_GPU_TYPES maps short names to label
+# values ("a100=NVIDIA-A100-SXM4-80GB"); a type not listed is used as the label value itself.
+KUBERNETES_GPU_NODE_LABEL = env_str("KUBERNETES_GPU_NODE_LABEL", "nvidia.com/gpu.product")
+KUBERNETES_GPU_TYPES = _env_pairs("KUBERNETES_GPU_TYPES")
+KUBERNETES_GPU_TOLERATIONS = env_list("KUBERNETES_GPU_TOLERATIONS", ["nvidia.com/gpu"])  # taint keys
+# Only the gateway (these pods in this namespace) may reach Triton; Prometheus may scrape port 8002 if set.
+KUBERNETES_GATEWAY_NAMESPACE = env_str("KUBERNETES_GATEWAY_NAMESPACE", "modelport")
+KUBERNETES_GATEWAY_POD_LABELS = _env_pairs(
+    "KUBERNETES_GATEWAY_POD_LABELS", "app.kubernetes.io/name=modelport,app.kubernetes.io/component=web"
+)
+KUBERNETES_METRICS_NAMESPACE = env_str("KUBERNETES_METRICS_NAMESPACE")
+KUBERNETES_QUEUE_TIME_METRIC = env_str("KUBERNETES_QUEUE_TIME_METRIC", "triton_queue_time_us")
+KUBERNETES_CLUSTER_DOMAIN = env_str("KUBERNETES_CLUSTER_DOMAIN", "cluster.local")
+# How long a rollout may take (big models download and load slowly), and how long a pod may wait for a node.
+KUBERNETES_READY_TIMEOUT_SECONDS = env_int("KUBERNETES_READY_TIMEOUT_SECONDS", 1800, minimum=10)
+KUBERNETES_UNSCHEDULABLE_GRACE_SECONDS = env_int("KUBERNETES_UNSCHEDULABLE_GRACE_SECONDS", 120, minimum=0)
 
 # --- Inference gateway (/serve/) ------------------------------------------------------------------------
 GATEWAY_MAX_BODY_BYTES = env_int("GATEWAY_MAX_BODY_BYTES", 256 * 1024**2, minimum=1)

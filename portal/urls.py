@@ -3,12 +3,13 @@ from __future__ import annotations
 from django.contrib import admin
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
-from django.urls import path
+from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from accounts import api as accounts_api
 from audit import api as audit_api
 from deployments import api as deployments_api
+from deployments import manifests_api
 from gateway import api as gateway_api
 from models_registry import api as registry_api
 from models_registry import tus
@@ -37,6 +38,7 @@ api_v1 = [
     path("api/v1/deployments/<str:name>/start", deployments_api.deployment_start),
     path("api/v1/deployments/<str:name>/events/", deployments_api.deployment_events),
     path("api/v1/deployments/<str:name>/logs/", deployments_api.deployment_logs),
+    path("api/v1/deployments/<str:name>/manifests", manifests_api.deployment_manifests),
     path("api/v1/deployments/<str:name>/metrics/", gateway_api.deployment_metrics),
     path("api/v1/audit/", audit_api.audit_log),
     path("api/v1/schema/", SpectacularAPIView.as_view(), name="schema"),
@@ -48,4 +50,5 @@ urlpatterns = [
     path("metrics", gateway_api.prometheus_metrics),
     path("admin/", admin.site.urls),
     *api_v1,
+    path("", include("web.urls")),
 ]

@@ -1,0 +1,337 @@
+/* Modelport's small page behaviours: copy buttons, the deploy form's switches and slider, the "Try it" panel, the
+   traffic charts (inline SVG, no chart library) and the log tail. Every page works without it; it only adds. */
+(function () {
+  "use strict";
+
+  const $ = (id) => document.getElementById(id);
+
+  function csrfToken() {
+    // The gateway accepts the session only with X-CSRFToken equal to the csrftoken cookie.
+    const match = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
+    if (match) return decodeURIComponent(match[1]);
+    const field = document.querySelector("[name=csrfmiddlewaretoken]");
+    return field ? field.value : "";
+  }
+
+  // --- Copy buttons: <button data-copy="id-of-element"> ----------------------------------------------------------
+
+  function initCopyButtons() {
+    document.querySelectorAll("button[data-copy]").forEach((button) => {
+      button.addEventListener("click", async () => {
+        const target = $(button.dataset.copy);
+        if (!target) return;
+        const text = target.textContent;
+        try {
+          await navigator.clipboard.writeText(text);
+        } catch (e) {
+          // No clipboard API (plain http): select the text so that Ctrl+C copies it.
+          const range = document.createRange();
+          range.selectNodeContents(target);
+          const selection = window.getSelection();
+          selection.removeAllRanges();
+          selection.addRange(range);
+        }
+        const label = button.textContent;
+        button.textContent = "Copied";
+        setTimeout(() => { button.textContent = label; }, 1500);
+      });
+    });
+  }
+
+  // --- Deploy form ---------------------------------------------------------------------------------------------------
+
+  function initDeployForm() {
+    // GPU fields: only for the Kubernetes runtime.
+    document.querySelectorAll("[data-runtime-select]").forEach((box) => {
+      const select = $(box.dataset.runtimeSelect);
+      if (!select) return;
+      const update = () => { box.hidden = select.value !== "kubernetes"; };
+      select.addEventListener("change", update);
+      update();
+    });
+    // Batching settings: only while dynamic batching is on.
+    document.querySelectorAll("[data-batching-switch]").forEach((box) => {
+      const toggle = $(box.dataset.batchingSwitch);
+      if (!toggle) return;
+      const update = () => { box.hidden = !toggle.checked; };
+      toggle.addEventListener("change", update);
+      update();
+    });
+    // The queue delay slider (0-100,000 µs) and its number box (any value up to the API's limit) move together.
+    document.querySelectorAll("input[type=range][data-slider-for]").forEach((slider) => {
+      const number = $(slider.dataset.sliderFor);
+      if (!number) return;
+      slider.addEventListener("input", () => { number.value = slider.value; });
+      number.addEventListener("input", () => {
+        const value = parseInt(number.value, 10);
+        if (!isNaN(value)) slider.value = String(Math.min(Math.max(value, 0), Number(slider.max)));
+      });
+    });
+  }
+
+  // --- Try it --------------------------------------------------------------------------------------------------------
+
+  function concatBytes(parts) {
+    const total = parts.reduce((n, p) => n + p.byteLength, 0);
+    const out = new Uint8Array(total);
+    let offset = 0;
+    parts.forEach((p) => { out.set(new Uint8Array(p), offset); offset += p.byteLength; });
+    return out;
+  }
+
+  // A request whose BYTES inputs carry files: Triton's binary tensor extension. The JSON header names each such
+  // input with parameters.binary_data_size; its bytes follow the header in input order, each BYTES element as a
+  // 4-byte little-endian length and the raw bytes.
+  async function binaryBody(request, files) {
+    const encoder = new TextEncoder();
+    const chunks = [];
+    for (const input of request.inputs || []) {
+      const file = files[input.name];
+      if (!file) continue;
+      const data = await file.arrayBuffer();
+      const length = new ArrayBuffer(4);
+      new DataView(length).setUint32(0, data.byteLength, true);
+      delete input.data;
+      input.datatype = "BYTES";
+      input.shape = (input.shape && input.shape.length ? input.shape : [1]).map(() => 1);
+      input.parameters = Object.assign({}, input.parameters, { binary_data_size: data.byteLength + 4 });
+      chunks.push(length, data);
+    }
+    const header = encoder.encode(JSON.stringify(request));
+    return { body: concatBytes([header.buffer].concat(chunks)), headerLength: header.byteLength };
+  }
+
+  // Indented JSON with arrays of plain values on one line: outputs stay readable.
+  function compactJson(value) {
+    return JSON.stringify(value, null, 2).replace(/\[\s+([^[\]{}]*?)\s+\]/g,
+      (match, inner) => "[" + inner.split(/,\n\s*/).join(", ") + "]"); // literal newlines only separate items
+  }
+
+  async function readInferResponse(response) {
+    const headerLength = parseInt(response.headers.get("Inference-Header-Content-Length"), 10);
+    const buffer = await response.arrayBuffer();
+    const bytes = new Uint8Array(buffer);
+    const jsonPart = isNaN(headerLength) ? bytes : bytes.subarray(0, headerLength);
+    const text = new TextDecoder().decode(jsonPart);
+    let pretty = text;
+    try { pretty = compactJson(JSON.parse(text)); } catch (e) { /* not JSON: show as it came */ }
+    if (!isNaN(headerLength) && bytes.byteLength > headerLength) {
+      pretty += "\n\n(+ " + (bytes.byteLength - headerLength) + " bytes of binary output data)";
+    }
+    return pretty;
+  }
+
+  function initTryIt() {
+    const send = $("try-it-send");
+    if (!send) return;
+    const examplesNode = $("try-it-examples");
+    const examples = examplesNode ? JSON.parse(examplesNode.textContent) : {};
+    const modelSelect = $("try-it-model");
+    const input = $("try-it-input");
+    const output = $("try-it-output");
+    const latency = $("try-it-latency");
+
+    function showModel() {
+      const example = examples[modelSelect.value];
+      if (example) {
+        input.value = example.request;
+        input.dataset.inferPath = example.path;
+      }
+      document.querySelectorAll(".try-it-file").forEach((box) => { box.hidden = box.dataset.model !== modelSelect.value; });
+    }
+    modelSelect.addEventListener("change", showModel);
+    document.querySelectorAll(".try-it-file").forEach((box) => { box.hidden = box.dataset.model !== modelSelect.value; });
+
+    send.addEventListener("click", async () => {
+      output.classList.remove("error");
+      let request;
+      try {
+        request = JSON.parse(input.value);
+      } catch (e) {
+        output.classList.add("error");
+        output.textContent = "The request is not valid JSON: " + e.message;
+        latency.textContent = "";
+        return;
+      }
+      const files = {};
+      document.querySelectorAll(".try-it-file:not([hidden]) input[type=file]").forEach((fileInput) => {
+        if (fileInput.files[0]) files[fileInput.dataset.input] = fileInput.files[0];
+      });
+      const headers = { "X-CSRFToken": csrfToken(), "Accept": "application/json" };
+      let body;
+      if (Object.keys(files).length) {
+        const binary = await binaryBody(request, files);
+        body = binary.body;
+        headers["Content-Type"] = "application/octet-stream";
+        headers["Inference-Header-Content-Length"] = String(binary.headerLength);
+      } else {
+        body = JSON.stringify(request);
+        headers["Content-Type"] = "application/json";
+      }
+      send.disabled = true;
+      latency.textContent = "Sending…";
+      const started = performance.now();
+      try {
+        const response = await fetch(input.dataset.inferPath, { method: "POST", credentials: "same-origin", headers: headers, body: body });
+        const text = await readInferResponse(response);
+        const ms = performance.now() - started;
+        latency.textContent = "HTTP " + response.status + " in " + ms.toFixed(1) + " ms";
+        output.textContent = text;
+        if (!response.ok) output.classList.add("error");
+      } catch (e) {
+        latency.textContent = "";
+        output.classList.add("error");
+        output.textContent = "The request failed: " + e.message;
+      } finally {
+        send.disabled = false;
+      }
+    });
+  }
+
+  // --- Traffic charts ------------------------------------------------------------------------------------------------
+
+  const SVG = "http://www.w3.org/2000/svg";
+  const CHART_W = 600;
+  const CHART_H = 170;
+  const PAD = { left: 44, right: 10, top: 10, bottom: 22 };
+
+  function el(name, attrs, text) {
+    const node = document.createElementNS(SVG, name);
+    Object.keys(attrs || {}).forEach((k) => node.setAttribute(k, attrs[k]));
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  function formatNumber(v) {
+    if (v >= 100) return Math.round(v).toLocaleString();
+    if (v >= 10) return v.toFixed(1);
+    if (v >= 1 || v === 0) return v.toFixed(v === 0 ? 0 : 2);
+    return String(Number(v.toPrecision(2))); // 0.013, not 0.01
+  }
+
+  function clock(t) {
+    const d = new Date(t);
+    return String(d.getHours()).padStart(2, "0") + ":" + String(d.getMinutes()).padStart(2, "0");
+  }
+
+  // series: [{name, cls, points: [{t (ms), v}]}] drawn over the time range [t0, t1]
+  function drawChart(container, series, label, t0, t1) {
+    const all = series.flatMap((s) => s.points);
+    const body = container.querySelector(".chart-body");
+    if (!all.length) { body.replaceChildren(); return; }
+    const vmax = Math.max(...all.map((p) => p.v), 0) || 1;
+    const x = (t) => PAD.left + (t1 > t0 ? ((t - t0) / (t1 - t0)) : 0.5) * (CHART_W - PAD.left - PAD.right);
+    const y = (v) => CHART_H - PAD.bottom - (v / vmax) * (CHART_H - PAD.top - PAD.bottom);
+    const svg = el("svg", { viewBox: "0 0 " + CHART_W + " " + CHART_H, role: "img", "aria-label": label });
+    svg.appendChild(el("line", { class: "axis", x1: PAD.left, y1: y(0), x2: CHART_W - PAD.right, y2: y(0) }));
+    svg.appendChild(el("line", { class: "axis", x1: PAD.left, y1: PAD.top, x2: PAD.left, y2: y(0) }));
+    svg.appendChild(el("text", { class: "label", x: PAD.left - 4, y: PAD.top + 8, "text-anchor": "end" }, formatNumber(vmax)));
+    svg.appendChild(el("text", { class: "label", x: PAD.left - 4, y: y(0), "text-anchor": "end" }, "0"));
+    svg.appendChild(el("text", { class: "label", x: PAD.left, y: CHART_H - 6 }, clock(t0)));
+    svg.appendChild(el("text", { class: "label", x: CHART_W - PAD.right, y: CHART_H - 6, "text-anchor": "end" }, clock(t1)));
+    series.forEach((s) => {
+      const points = s.points.filter((p) => p.v !== null && p.v !== undefined && !isNaN(p.v));
+      if (!points.length) return;
+      const path = points.map((p) => x(p.t).toFixed(1) + "," + y(p.v).toFixed(1)).join(" ");
+      const line = el("polyline", { class: "series-" + s.cls, points: path });
+      line.appendChild(el("title", {}, s.name));
+      svg.appendChild(line);
+      if (s.dots) {
+        // Sparse measurements: a dot for each, so that a lone one shows too.
+        points.forEach((p) => svg.appendChild(el("circle", { class: "dot-" + s.cls, cx: x(p.t).toFixed(1), cy: y(p.v).toFixed(1), r: 2.5 })));
+      }
+    });
+    body.replaceChildren(svg);
+  }
+
+  function summaryRate(data, series) {
+    if (typeof data.requests_per_second === "number") return data.requests_per_second;
+    if (Array.isArray(data.requests_per_second) && data.requests_per_second.length) {
+      const values = data.requests_per_second.map(Number).filter((v) => !isNaN(v));
+      return values.reduce((a, b) => a + b, 0) / (values.length || 1);
+    }
+    return series.length ? series.reduce((a, p) => a + p.rps, 0) / series.length : 0;
+  }
+
+  function initCharts() {
+    const box = $("traffic");
+    if (!box) return;
+    const summary = $("metrics-summary");
+    const url = box.dataset.metricsUrl;
+
+    function noTraffic() {
+      summary.textContent = "No traffic yet: send a request with Try it, or with one of the snippets above.";
+      summary.dataset.empty = "true";
+      box.querySelectorAll(".chart-body").forEach((b) => b.replaceChildren());
+      box.querySelector(".charts").hidden = true;
+    }
+
+    async function refresh() {
+      let data;
+      try {
+        const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+        if (!response.ok) { noTraffic(); return; } // 404: no metrics (yet) for this deployment
+        data = await response.json();
+      } catch (e) {
+        return; // offline for a moment: keep what is shown
+      }
+      const bucket = data.bucket_seconds || 10;
+      const series = (data.series || []).map((p) => ({
+        t: Date.parse(p.time),
+        rps: typeof p.requests_per_second === "number" ? p.requests_per_second : (p.requests || 0) / bucket,
+        p50: p.p50_ms, p99: p.p99_ms,
+      })).filter((p) => !isNaN(p.t)).sort((a, b) => a.t - b.t);
+      const total = series.reduce((n, p) => n + p.rps, 0);
+      if (!series.length || total === 0) { noTraffic(); return; }
+      delete summary.dataset.empty;
+      box.querySelector(".charts").hidden = false;
+      const rate = summaryRate(data, series);
+      const parts = [formatNumber(rate) + " requests/s"];
+      if (data.p50_ms !== null && data.p50_ms !== undefined) parts.push("p50 " + formatNumber(data.p50_ms) + " ms");
+      if (data.p99_ms !== null && data.p99_ms !== undefined) parts.push("p99 " + formatNumber(data.p99_ms) + " ms");
+      summary.textContent = parts.join(" · ") + (data.window_seconds ? " over the last " + Math.round(data.window_seconds / 60) + " min" : "");
+      // The whole window on the time axis; buckets without requests count as zero requests (and no latency).
+      const step = bucket * 1000;
+      const t1 = Math.max(Date.now(), series[series.length - 1].t);
+      const t0 = data.window_seconds ? t1 - data.window_seconds * 1000 : series[0].t;
+      const byBucket = new Map(series.map((p) => [Math.floor(p.t / step), p.rps]));
+      const rates = [];
+      for (let t = Math.floor(t0 / step) * step; t <= t1; t += step) rates.push({ t: t, v: byBucket.get(Math.floor(t / step)) || 0 });
+      drawChart($("chart-requests"), [{ name: "requests/s", cls: "requests", points: rates }],
+                "Requests per second; peak " + formatNumber(Math.max(...series.map((p) => p.rps))), t0, t1);
+      drawChart($("chart-latency"), [
+        { name: "p50 ms", cls: "p50", dots: true, points: series.map((p) => ({ t: p.t, v: p.p50 })) },
+        { name: "p99 ms", cls: "p99", dots: true, points: series.map((p) => ({ t: p.t, v: p.p99 })) },
+      ], "Latency in milliseconds, p50 and p99", t0, t1);
+    }
+
+    refresh();
+    setInterval(() => { if (!document.hidden) refresh(); }, 10000);
+  }
+
+  // --- The log tail: stay at the bottom unless the reader scrolled up ----------------------------------------------
+
+  function initLogTail() {
+    const container = $("log-container");
+    if (!container) return;
+    let stick = true;
+    container.addEventListener("scroll", (event) => {
+      const log = event.target;
+      if (log.id === "triton-log") stick = log.scrollTop + log.clientHeight >= log.scrollHeight - 8;
+    }, true);
+    document.body.addEventListener("htmx:afterSwap", (event) => {
+      if (event.detail.target !== container) return;
+      const log = $("triton-log");
+      if (log && stick) log.scrollTop = log.scrollHeight;
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    initCopyButtons();
+    initDeployForm();
+    initTryIt();
+    initCharts();
+    initLogTail();
+    document.body.dataset.js = "ready"; // for browser tests: the behaviours above are in place
+  });
+})();

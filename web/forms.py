@@ -1,0 +1,229 @@
+"""Forms of the web pages. Django forms parse what the browser sends (numbers, check boxes, lists typed as text);
+the rules themselves stay in one place, the API's serializers, whose field-keyed errors are put back beside the
+form field they concern."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django import forms
+
+from accounts.names import NAME_RULE, name_error
+from deployments.api import MAX_REPLICAS
+from deployments.models import Deployment
+from deployments.spec import MAX_INSTANCE_COUNT, MAX_QUEUE_DELAY_MICROSECONDS, defaults_for
+from models_registry.models import Format, ModelVersion
+from models_registry.signature import Signature, SignatureError, parse_signature
+from portal.api_errors import _flatten
+
+# The slider covers the useful range; the number box beside it takes anything up to the API's limit.
+QUEUE_DELAY_SLIDER_MAX = 100_000
+
+
+class UploadForm(forms.Form):
+    """The upload page without JavaScript (small files in one request); the page's script uses tus instead."""
+
+    name = forms.CharField(label="Model name", strip=False, help_text=f"A new name creates the model; {NAME_RULE}.",
+                           widget=forms.TextInput(attrs={"autocomplete": "off", "list": "model-names", "spellcheck": "false"}))
+    format = forms.ChoiceField(label="Format", required=False,
+                               choices=[("", "Detect from the file")] + [(f.value, f.label) for f in Format if f != Format.ENSEMBLE])
+    max_batch_size = forms.IntegerField(label="Max batch size", required=False, min_value=0, max_value=1_000_000,
+                                        help_text="Optional: what inspection finds is used when left empty.")
+    signature = forms.CharField(label="Signature (JSON)", required=False, widget=forms.Textarea(attrs={"rows": 4}),
+                                help_text='Needed for formats that carry none: {"inputs": [{"name", "datatype", "dims"}], "outputs": [...]}')
+    file = forms.FileField(label="Model file")
+
+    def clean_name(self) -> str:
+        name: str = self.cleaned_data["name"]
+        error = name_error(name)
+        if error:
+            raise forms.ValidationError(error)
+        return name
+
+    def clean_signature(self) -> Signature | None:
+        raw = self.cleaned_data["signature"].strip()
+        if not raw:
+            return None
+        try:
+            return parse_signature(raw)
+        except SignatureError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
+class TokenForm(forms.Form):
+    name = forms.CharField(label="Token name", max_length=100, required=False, help_text="What it is for, e.g. “CI deploy”.")
+    expires_in_days = forms.IntegerField(label="Expires after (days)", min_value=1, max_value=3650, required=False,
+                                         help_text="Empty: never.")
+
+
+class DeploymentForm(forms.Form):
+    name = forms.CharField(label="Deployment name", strip=False, help_text=f"Part of the endpoint URL; {NAME_RULE}.",
+                           widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}))
+    runtime = forms.ChoiceField(label="Runtime", choices=Deployment.Runtime.choices)
+    replicas = forms.IntegerField(label="Replicas", initial=1, widget=forms.NumberInput(attrs={"min": 1, "max": MAX_REPLICAS}),
+                                  help_text="Copies of the Triton server (Kubernetes; the local runtime runs one).")
+    gpu = forms.IntegerField(label="GPUs per replica", required=False, initial=0,
+                             widget=forms.NumberInput(attrs={"min": 0, "max": 16}))
+    gpu_type = forms.CharField(label="GPU type", required=False, help_text="A node's GPU product, e.g. NVIDIA-A100; empty: any.")
+
+    def __init__(self, *args: Any, editing: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if editing:
+            # The API refuses to change these: a deployment keeps its name (its URL) and runtime.
+            self.fields["name"].disabled = True
+            self.fields["runtime"].disabled = True
+            self.fields["name"].help_text = "The name cannot change (it is in the endpoint URL)."
+            self.fields["runtime"].help_text = "The runtime cannot change: create a new deployment instead."
+
+
+class ServedModelForm(forms.Form):
+    """The serving settings of one model of a deployment (prefix "m0", "m1", ...)."""
+
+    version = forms.TypedChoiceField(label="Version", coerce=int)
+    max_batch_size = forms.IntegerField(label="Max batch size", widget=forms.NumberInput(attrs={"min": 0}),
+                                        help_text="0: no batching (the model's inputs have no batch dimension).")
+    dynamic_batching = forms.BooleanField(label="Dynamic batching", required=False,
+                                          widget=forms.CheckboxInput(attrs={"role": "switch"}))
+    max_queue_delay_microseconds = forms.IntegerField(
+        label="Max queue delay (µs)", required=False, initial=0,
+        widget=forms.NumberInput(attrs={"min": 0, "max": MAX_QUEUE_DELAY_MICROSECONDS, "step": 1}),
+        help_text="A longer delay lets Triton gather more requests into one batch: more throughput, "
+                  "but a request may wait up to this long before it runs.")
+    preferred_batch_size = forms.CharField(label="Preferred batch sizes", required=False,
+                                           help_text="Comma-separated, e.g. 4, 8 (each at most the max batch size).",
+                                           widget=forms.TextInput(attrs={"inputmode": "numeric", "autocomplete": "off"}))
+    instance_count = forms.IntegerField(label="Instances", initial=1,
+                                        widget=forms.NumberInput(attrs={"min": 1, "max": MAX_INSTANCE_COUNT}),
+                                        help_text="Copies of the model inside each server, run in parallel.")
+    instance_kind = forms.ChoiceField(label="Instance kind", choices=[("cpu", "CPU"), ("gpu", "GPU")])
+
+    def __init__(self, *args: Any, model_name: str, versions: list[ModelVersion], kept: dict[str, Any] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.model_name = model_name
+        self.versions = {v.number: v for v in versions}
+        # Settings this form does not show, carried over from the current revision when editing.
+        self.kept = kept or {}
+        version_field = self.fields["version"]
+        assert isinstance(version_field, forms.TypedChoiceField)
+        version_field.choices = [(v.number, f"{v.number} ({v.get_format_display()})") for v in versions]
+
+    @property
+    def slider_max(self) -> int:
+        return QUEUE_DELAY_SLIDER_MAX
+
+    def clean_preferred_batch_size(self) -> list[int]:
+        raw = self.cleaned_data["preferred_batch_size"].strip()
+        if not raw:
+            return []
+        parts = [p for p in re.split(r"[\s,]+", raw) if p]
+        if not all(p.isdigit() for p in parts):
+            raise forms.ValidationError("Enter whole numbers separated by commas, e.g. 4, 8.")
+        return [int(p) for p in parts]
+
+    def entry(self) -> dict[str, Any]:
+        """This model's part of the API's input ("models": [...])."""
+        data = self.cleaned_data
+        batching = None
+        if data["dynamic_batching"]:
+            batching = {"max_queue_delay_microseconds": data["max_queue_delay_microseconds"] or 0,
+                        "preferred_batch_size": data["preferred_batch_size"],
+                        "preserve_ordering": bool(self.kept.get("preserve_ordering", False))}
+        gpus = self.kept.get("gpus", []) if data["instance_kind"] == "gpu" else []
+        entry: dict[str, Any] = {
+            "model": self.model_name,
+            "version": data["version"],
+            "max_batch_size": data["max_batch_size"],
+            "dynamic_batching": batching,
+            "instance_group": {"count": data["instance_count"], "kind": data["instance_kind"], "gpus": gpus},
+        }
+        for key in ("response_cache", "warmup"):
+            if self.kept.get(key) is not None:
+                entry[key] = self.kept[key]
+        version = self.versions.get(data["version"])
+        if version is not None and version.format == Format.ENSEMBLE and "max_batch_size" not in self.changed_data:
+            del entry["max_batch_size"]  # left to the API, which fits a pipeline's batches to its steps
+        return entry
+
+
+def initial_for_version(version: ModelVersion) -> dict[str, Any]:
+    """The deploy form's starting values for a model version: deployments.spec.defaults_for()."""
+    defaults = defaults_for(version.parsed_signature, version.max_batch_size)
+    # A pipeline batches through its steps; Triton gives an ensemble no dynamic batching of its own.
+    batching = defaults.dynamic_batching if version.format != Format.ENSEMBLE else None
+    return {
+        "version": version.number,
+        "max_batch_size": defaults.max_batch_size,
+        "dynamic_batching": batching is not None,
+        "max_queue_delay_microseconds": batching.max_queue_delay_microseconds if batching else 0,
+        "preferred_batch_size": ", ".join(str(s) for s in batching.preferred_batch_size) if batching else "",
+        "instance_count": defaults.instance_group.count,
+        "instance_kind": defaults.instance_group.kind,
+    }
+
+
+def initial_for_entry(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(form initial, settings kept unchanged) for a model entry of a revision's spec."""
+    batching = entry.get("dynamic_batching")
+    group = entry.get("instance_group") or {}
+    initial = {
+        "version": entry["version"],
+        "max_batch_size": entry.get("max_batch_size", 0),
+        "dynamic_batching": batching is not None,
+        "max_queue_delay_microseconds": (batching or {}).get("max_queue_delay_microseconds", 0),
+        "preferred_batch_size": ", ".join(str(s) for s in (batching or {}).get("preferred_batch_size", [])),
+        "instance_count": group.get("count", 1),
+        "instance_kind": group.get("kind", "cpu"),
+    }
+    kept = {"preserve_ordering": (batching or {}).get("preserve_ordering", False), "gpus": group.get("gpus", []),
+            "response_cache": entry.get("response_cache"), "warmup": entry.get("warmup")}
+    return initial, kept
+
+
+def deployment_input(form: DeploymentForm, model_forms: list[ServedModelForm],
+                     resources: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The DeploymentInputSerializer input for valid forms; `resources` are the current ones kept when editing."""
+    data = form.cleaned_data
+    resources = {k: v for k, v in (resources or {}).items() if k not in ("gpu", "gpu_type")}
+    if data["runtime"] == Deployment.Runtime.KUBERNETES:
+        # The GPU fields are hidden for the local runtime: whatever they hold then does not count.
+        resources["gpu"] = data.get("gpu") or 0
+        if data.get("gpu_type"):
+            resources["gpu_type"] = data["gpu_type"]
+    return {"name": data["name"], "runtime": data["runtime"], "replicas": data["replicas"], "resources": resources,
+            "models": [f.entry() for f in model_forms]}
+
+
+_MODEL_KEY = re.compile(r"^models\[(\d+)\]\.?(.*)$")
+_MODEL_FIELDS = {
+    "version": "version",
+    "max_batch_size": "max_batch_size",
+    "dynamic_batching": "dynamic_batching",
+    "dynamic_batching.max_queue_delay_microseconds": "max_queue_delay_microseconds",
+    "dynamic_batching.preferred_batch_size": "preferred_batch_size",
+    "instance_group.count": "instance_count",
+    "instance_group.kind": "instance_kind",
+    "instance_group.gpus": "instance_kind",
+}
+_DEPLOYMENT_FIELDS = {"name": "name", "runtime": "runtime", "replicas": "replicas", "resources.gpu": "gpu",
+                      "resources.gpu_type": "gpu_type"}
+
+
+def add_api_errors(errors: Any, form: DeploymentForm, model_forms: list[ServedModelForm]) -> None:
+    """Put the serializer's errors ("models[0].dynamic_batching.preferred_batch_size": [...]) beside their fields;
+    what has no field of its own goes to the top of its model's settings, or of the form."""
+    for key, messages in _flatten(errors).items():
+        key = re.sub(r"\[\d+\]$", "", key)  # a list item's error ("...preferred_batch_size[1]") goes to the list
+        match = _MODEL_KEY.match(key)
+        if match and int(match.group(1)) < len(model_forms):
+            model_form = model_forms[int(match.group(1))]
+            field = _MODEL_FIELDS.get(match.group(2))
+            for message in messages:
+                model_form.add_error(field, message)
+            continue
+        field = _DEPLOYMENT_FIELDS.get(key)
+        if field and form.fields[field].disabled:
+            field = None
+        for message in messages:
+            form.add_error(field, message if field or key == "non_field_errors" else f"{key}: {message}")

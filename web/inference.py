@@ -1,0 +1,90 @@
+"""What the deployment page offers for calling a model: an example KServe v2 request built from the signature, and
+copy-paste snippets (curl, tritonclient, the modelport CLI). Plain functions, no Django."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+from urllib.parse import urlsplit
+
+_FLOAT_TYPES = {"FP16", "FP32", "FP64", "BF16"}
+_NUMPY = {"BOOL": "bool_", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64", "INT8": "int8",
+          "INT16": "int16", "INT32": "int32", "INT64": "int64", "FP16": "float16", "FP32": "float32", "FP64": "float64",
+          "BF16": "float32", "BYTES": "object_"}
+
+
+def example_shape(dims: list[int]) -> list[int]:
+    """A concrete shape for a signature's dims: batch 1, and 1 for any other dynamic dimension."""
+    return [1 if d == -1 else d for d in dims]
+
+
+def _zero(datatype: str) -> Any:
+    if datatype == "BOOL":
+        return False
+    if datatype == "BYTES":
+        return ""
+    return 0.0 if datatype in _FLOAT_TYPES else 0
+
+
+def example_request(signature: dict[str, Any]) -> dict[str, Any]:
+    """A valid KServe v2 JSON request for the signature: zeros of the right datatype and shape, batch 1."""
+    inputs = []
+    for tensor in signature.get("inputs", []):
+        shape = example_shape(list(tensor.get("dims", [])))
+        datatype = tensor.get("datatype", "FP32")
+        inputs.append({"name": tensor["name"], "shape": shape, "datatype": datatype,
+                       "data": [_zero(datatype)] * math.prod(shape)})
+    return {"inputs": inputs}
+
+
+def example_request_json(signature: dict[str, Any]) -> str:
+    """The example as text to edit: one line per input, so that even an image's zeros stay out of the way."""
+    inputs = [json.dumps(tensor) for tensor in example_request(signature)["inputs"]]
+    return '{"inputs": [\n' + ",\n".join(f"  {line}" for line in inputs) + "\n]}"
+
+
+def infer_url(base_url: str, deployment: str, model: str) -> str:
+    return f"{base_url.rstrip('/')}/serve/{deployment}/v2/models/{model}/infer"
+
+
+def curl_snippet(base_url: str, deployment: str, model: str) -> str:
+    return (
+        f"curl -X POST {infer_url(base_url, deployment, model)} \\\n"
+        '  -H "Authorization: Bearer $MODELPORT_TOKEN" \\\n'
+        '  -H "Content-Type: application/json" \\\n'
+        "  -d @req.json"
+    )
+
+
+def python_snippet(base_url: str, deployment: str, model: str, signature: dict[str, Any]) -> str:
+    parts = urlsplit(base_url)
+    url = f"{parts.netloc}{parts.path.rstrip('/')}/serve/{deployment}"
+    ssl = ", ssl=True" if parts.scheme == "https" else ""
+    lines = [
+        "import os",
+        "",
+        "import numpy as np",
+        "import tritonclient.http as httpclient",
+        "",
+        f'client = httpclient.InferenceServerClient(url="{url}"{ssl})',
+        'headers = {"Authorization": "Bearer " + os.environ["MODELPORT_TOKEN"]}',
+        "inputs = []",
+    ]
+    for tensor in signature.get("inputs", []):
+        shape = example_shape(list(tensor.get("dims", [])))
+        datatype = tensor.get("datatype", "FP32")
+        lines.append(f'tensor = httpclient.InferInput("{tensor["name"]}", {shape}, "{datatype}")')
+        if datatype == "BYTES":
+            lines.append(f'tensor.set_data_from_numpy(np.array([b""] * {math.prod(shape)}, dtype=np.object_).reshape({shape}))')
+        else:
+            lines.append(f"tensor.set_data_from_numpy(np.zeros({shape}, dtype=np.{_NUMPY.get(datatype, 'float32')}))")
+        lines.append("inputs.append(tensor)")
+    lines.append(f'result = client.infer("{model}", inputs, headers=headers)')
+    for tensor in signature.get("outputs", []):
+        lines.append(f'print(result.as_numpy("{tensor["name"]}"))')
+    return "\n".join(lines)
+
+
+def cli_snippet(deployment: str, model: str) -> str:
+    return f"modelport infer {deployment} {model} --input req.json"

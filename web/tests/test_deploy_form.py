@@ -1,0 +1,289 @@
+"""The deploy and settings forms: defaults fitted to the model, the API's rules with each message beside its field,
+and the chosen settings kept in the revision's spec."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from conftest import Person
+from deployments.models import Deployment
+from deployments.tests.conftest import make_ready_version
+from models_registry.models import Model, ModelVersion
+from tests.artifacts import tiny_onnx
+from web.tests.conftest import signed_in
+
+NEW = "/deployments/new/?model=digits&version=1"
+
+
+def form_data(**changes: Any) -> dict[str, Any]:
+    data = {
+        "name": "digits-prod",
+        "runtime": "local",
+        "replicas": "1",
+        "gpu": "0",
+        "gpu_type": "",
+        "m0-version": "1",
+        "m0-max_batch_size": "16",
+        "m0-dynamic_batching": "on",
+        "m0-max_queue_delay_microseconds": "2000",
+        "m0-preferred_batch_size": "4, 8",
+        "m0-instance_count": "2",
+        "m0-instance_kind": "cpu",
+    }
+    data.update(changes)
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def test_the_form_starts_from_the_models_defaults(alice: Person, digits: ModelVersion) -> None:
+    response = signed_in(alice).get(NEW)
+    [model_form] = response.context["model_forms"]
+    assert model_form.initial["max_batch_size"] == digits.max_batch_size > 0
+    assert model_form.initial["dynamic_batching"] is True
+    assert model_form.initial["max_queue_delay_microseconds"] == 0
+    assert response.context["form"].initial["name"] == "digits"
+    content = response.content.decode()
+    for element_id in ['id="deploy-submit"', 'id="m0-queue-delay-slider"', 'max="100000"', 'id="kubernetes-fields"',
+                       'id="id_m0-max_queue_delay_microseconds"', 'role="switch"']:
+        assert element_id in content
+    assert "more throughput" in content  # the sentence on the latency/throughput trade-off
+
+
+def test_a_model_without_a_batch_dimension_starts_unbatched(alice: Person) -> None:
+    make_ready_version(alice, "fixed", tiny_onnx(batch=False))
+    [model_form] = signed_in(alice).get("/deployments/new/?model=fixed").context["model_forms"]
+    assert model_form.initial["max_batch_size"] == 0
+    assert model_form.initial["dynamic_batching"] is False
+
+
+def test_deploying_creates_a_deployment_with_the_chosen_settings(alice: Person, digits: ModelVersion) -> None:
+    response = signed_in(alice).post(NEW, form_data())
+    assert response.status_code == 302
+    assert response["Location"] == "/deployments/digits-prod/"
+    deployment = Deployment.objects.get(team=alice.team, name="digits-prod")
+    assert deployment.runtime == "local"
+    assert deployment.created_by == alice.user
+    spec = deployment.revision.spec
+    assert spec["replicas"] == 1
+    [model] = spec["models"]
+    assert model["model"] == "digits" and model["version"] == 1
+    assert model["max_batch_size"] == 16
+    assert model["dynamic_batching"] == {"max_queue_delay_microseconds": 2000, "preferred_batch_size": [4, 8],
+                                         "preserve_ordering": False}
+    assert model["instance_group"] == {"count": 2, "kind": "cpu", "gpus": []}
+    assert list(deployment.revision.versions.all()) == [digits]
+
+
+def test_dynamic_batching_can_be_switched_off(alice: Person, digits: ModelVersion) -> None:
+    response = signed_in(alice).post(NEW, form_data(**{"m0-dynamic_batching": None}))
+    assert response.status_code == 302
+    assert Deployment.objects.get().revision.spec["models"][0]["dynamic_batching"] is None
+
+
+def test_a_queue_delay_beyond_the_slider_can_be_typed(alice: Person, digits: ModelVersion) -> None:
+    response = signed_in(alice).post(NEW, form_data(**{"m0-max_queue_delay_microseconds": "2500000"}))
+    assert response.status_code == 302
+    assert Deployment.objects.get().revision.spec["models"][0]["dynamic_batching"]["max_queue_delay_microseconds"] == 2_500_000
+
+
+def _errors(response: Any) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    assert response.status_code == 200
+    assert not Deployment.objects.exists()
+    return response.context["form"].errors, response.context["model_forms"][0].errors
+
+
+def test_a_bad_name_is_shown_beside_the_name_field(alice: Person, digits: ModelVersion) -> None:
+    response = signed_in(alice).post(NEW, form_data(name="Digits_Prod"))
+    form_errors, _ = _errors(response)
+    assert "lowercase letters" in form_errors["name"][0]
+    assert 'id="id_name_error"' in response.content.decode()
+    assert 'aria-invalid="true"' in response.content.decode()
+
+
+def test_a_preferred_batch_size_over_the_max_is_shown_beside_its_field(alice: Person, digits: ModelVersion) -> None:
+    response = signed_in(alice).post(NEW, form_data(**{"m0-max_batch_size": "8", "m0-preferred_batch_size": "4, 16"}))
+    _, errors = _errors(response)
+    assert errors["preferred_batch_size"] == ["preferred batch size 16 is larger than max_batch_size 8"]
+    assert 'id="id_m0-preferred_batch_size_error"' in response.content.decode()
+
+
+def test_a_queue_delay_over_the_api_limit_is_refused(alice: Person, digits: ModelVersion) -> None:
+    _, errors = _errors(signed_in(alice).post(NEW, form_data(**{"m0-max_queue_delay_microseconds": "20000000"})))
+    assert "10000000" in errors["max_queue_delay_microseconds"][0]
+
+
+def test_too_many_instances_are_refused(alice: Person, digits: ModelVersion) -> None:
+    _, errors = _errors(signed_in(alice).post(NEW, form_data(**{"m0-instance_count": "99"})))
+    assert "16" in errors["instance_count"][0]
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("m0-max_batch_size", "lots", "Enter a whole number."),
+    ("m0-preferred_batch_size", "4, eight", "Enter whole numbers separated by commas"),
+    ("replicas", "", "This field is required."),
+    ("m0-version", "7", "Select a valid choice."),
+])
+def test_unreadable_input_is_shown_beside_its_field(alice: Person, digits: ModelVersion, field: str, value: str,
+                                                    message: str) -> None:
+    response = signed_in(alice).post(NEW, form_data(**{field: value}))
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert not Deployment.objects.exists()
+
+
+def test_replicas_on_the_local_runtime_are_refused_beside_the_field(alice: Person, digits: ModelVersion) -> None:
+    form_errors, _ = _errors(signed_in(alice).post(NEW, form_data(replicas="3")))
+    assert "one Triton server per deployment" in form_errors["replicas"][0]
+
+
+def test_batching_on_a_model_without_a_batch_dimension_is_refused(alice: Person) -> None:
+    make_ready_version(alice, "fixed", tiny_onnx(batch=False))
+    response = signed_in(alice).post("/deployments/new/?model=fixed", form_data(name="fixed"))
+    _, errors = _errors(response)
+    assert "dynamic first dimension" in errors["max_batch_size"][0]
+
+
+def test_gpu_fields_count_only_on_kubernetes(alice: Person, digits: ModelVersion) -> None:
+    client = signed_in(alice)
+    response = client.post(NEW, form_data(gpu="2", gpu_type="NVIDIA-A100"))
+    assert response.status_code == 302
+    assert not Deployment.objects.get().revision.spec["resources"].get("gpu")
+    response = client.post(NEW, form_data(name="digits-gpu", runtime="kubernetes", replicas="3", gpu="2",
+                                          gpu_type="NVIDIA-A100", **{"m0-instance_kind": "gpu"}))
+    assert response.status_code == 302, response.context["form"].errors or response.context["model_forms"][0].errors
+    spec = Deployment.objects.get(name="digits-gpu").revision.spec
+    assert spec["runtime"] == "kubernetes" and spec["replicas"] == 3
+    assert spec["resources"]["gpu"] == 2 and spec["resources"]["gpu_type"] == "NVIDIA-A100"
+    assert spec["models"][0]["instance_group"]["kind"] == "gpu"
+
+
+def test_a_taken_name_is_shown_beside_the_name_field(alice: Person, digits: ModelVersion) -> None:
+    client = signed_in(alice)
+    client.post(NEW, form_data())
+    response = client.post(NEW, form_data())
+    assert response.status_code == 200
+    assert "exists already" in response.context["form"].errors["name"][0]
+    assert Deployment.objects.count() == 1
+
+
+def test_a_version_that_is_not_ready_is_not_offered(alice: Person, digits: ModelVersion) -> None:
+    ModelVersion.objects.create(model=digits.model, number=2, status=ModelVersion.Status.INVALID)
+    response = signed_in(alice).get("/deployments/new/?model=digits&version=2")
+    assert response.status_code == 200
+    assert response.context["model_forms"][0].initial["version"] == 1
+    assert "Version 2 is not ready to deploy" in response.content.decode()
+
+
+def test_a_model_without_a_ready_version_has_nothing_to_deploy(alice: Person) -> None:
+    Model.objects.create(team=alice.team, name="empty")
+    response = signed_in(alice).get("/deployments/new/?model=empty")
+    assert response.status_code == 200
+    assert b"No ready version yet" in response.content
+    assert b'id="deploy-submit"' not in response.content
+
+
+def test_without_a_model_the_form_offers_the_ready_ones(alice: Person, digits: ModelVersion) -> None:
+    Model.objects.create(team=alice.team, name="empty")
+    content = signed_in(alice).get("/deployments/new/").content.decode()
+    assert 'id="deploy-model-digits"' in content
+    assert 'id="deploy-model-empty"' not in content
+
+
+# --- Editing ------------------------------------------------------------------------------------------------------
+
+
+EDIT = "/deployments/digits-prod/edit/"
+
+
+def test_the_settings_form_starts_from_the_current_revision(alice: Person, digits: ModelVersion) -> None:
+    client = signed_in(alice)
+    client.post(NEW, form_data())
+    response = client.get(EDIT)
+    [model_form] = response.context["model_forms"]
+    assert model_form.initial["max_batch_size"] == 16
+    assert model_form.initial["preferred_batch_size"] == "4, 8"
+    assert model_form.initial["instance_count"] == 2
+    assert response.context["form"].fields["name"].disabled
+    assert response.context["form"].fields["runtime"].disabled
+
+
+def test_saving_settings_makes_a_new_revision(alice: Person, digits: ModelVersion) -> None:
+    client = signed_in(alice)
+    client.post(NEW, form_data())
+    # The name and runtime cannot change: what the browser sends for them is ignored.
+    response = client.post(EDIT, form_data(name="renamed", runtime="kubernetes",
+                                           **{"m0-max_queue_delay_microseconds": "500", "m0-preferred_batch_size": ""}))
+    assert response.status_code == 302
+    assert response["Location"] == "/deployments/digits-prod/"
+    deployment = Deployment.objects.get()
+    assert deployment.name == "digits-prod" and deployment.runtime == "local"
+    assert deployment.revision.number == 2
+    batching = deployment.revision.spec["models"][0]["dynamic_batching"]
+    assert batching == {"max_queue_delay_microseconds": 500, "preferred_batch_size": [], "preserve_ordering": False}
+    assert deployment.status == Deployment.Status.PENDING
+
+
+def test_settings_errors_are_shown_and_make_no_revision(alice: Person, digits: ModelVersion) -> None:
+    client = signed_in(alice)
+    client.post(NEW, form_data())
+    response = client.post(EDIT, form_data(**{"m0-max_batch_size": "2"}))
+    assert response.status_code == 200
+    assert "larger than max_batch_size 2" in response.context["model_forms"][0].errors["preferred_batch_size"][0]
+    assert Deployment.objects.get().revision.number == 1
+
+
+def test_editing_keeps_settings_the_form_does_not_show(alice: Person, digits: ModelVersion) -> None:
+    from deployments import actions
+    from deployments.api import DeploymentInputSerializer
+
+    serializer = DeploymentInputSerializer(data={"name": "digits-prod", "models": [
+        {"model": "digits", "response_cache": True, "warmup": {"batch_size": 1, "count": 2}}]}, context={"team": alice.team})
+    serializer.is_valid(raise_exception=True)
+    data = serializer.validated_data
+    actions.create_deployment(alice.team, alice.user, "digits-prod", "local", data["spec"], data["versions"])
+    response = signed_in(alice).post(EDIT, form_data())
+    assert response.status_code == 302
+    model = Deployment.objects.get().revision.spec["models"][0]
+    assert model["response_cache"] is True
+    assert model["warmup"] == {"batch_size": 1, "count": 2}
+
+
+def test_a_pipeline_deploys_with_its_steps_from_the_form(alice: Person) -> None:
+    from models_registry.samples import digits_pipeline_definition
+    from models_registry.tests.test_pipelines import create_pipeline, digits_steps
+
+    digits_steps(alice)
+    assert create_pipeline(alice, digits_pipeline_definition()).status_code == 201
+    url = "/deployments/new/?model=digits-pipeline"
+    client = signed_in(alice)
+    page = client.get(url)
+    assert b'id="pipeline-note"' in page.content
+    initial = page.context["model_forms"][0].initial
+    assert initial["dynamic_batching"] is False
+    data = form_data(name="digits-pipeline", **{"m0-max_batch_size": str(initial["max_batch_size"]),
+                                                "m0-dynamic_batching": None, "m0-preferred_batch_size": ""})
+    response = client.post(url, data)
+    assert response.status_code == 302, (response.context["form"].errors, response.context["model_forms"][0].errors)
+    spec = Deployment.objects.get().revision.spec
+    assert sorted(m["name"] for m in spec["models"]) == ["digits", "digits-pipeline", "postprocess", "preprocess"]
+    edit = client.get("/deployments/digits-pipeline/edit/")
+    assert len(edit.context["model_forms"]) == 4
+    resubmit = _as_post(edit.context["form"], edit.context["model_forms"])
+    response = client.post("/deployments/digits-pipeline/edit/", resubmit)
+    assert response.status_code == 302, [f.errors for f in response.context["model_forms"]]
+    deployment = Deployment.objects.get()
+    assert deployment.revision.number == 2
+    assert deployment.revision.spec["models"] == spec["models"]
+
+
+def _as_post(form: Any, model_forms: list[Any]) -> dict[str, Any]:
+    """What a browser sends for the forms as they were rendered."""
+    data: dict[str, Any] = {}
+    for f in [form, *model_forms]:
+        for bound in f:
+            value = bound.value()
+            if bound.field.disabled or value is None or value is False:
+                continue
+            data[bound.html_name] = "on" if value is True else value
+    return data

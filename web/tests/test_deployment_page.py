@@ -1,0 +1,153 @@
+"""The deployment page: live status and events, the endpoint with its snippets, a valid example request for Try it,
+and the Stop / Start / Delete buttons changing the deployment's state."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import Person
+from deployments.models import Deployment, Event
+from web import inference
+from web.tests.conftest import signed_in
+
+PAGE = "/deployments/digits-prod/"
+
+
+def test_the_page_shows_status_events_and_the_endpoint_with_snippets(alice: Person, deployment: Deployment) -> None:
+    content = signed_in(alice).get(PAGE).content.decode()
+    assert '<span class="badge status-pending" id="status-badge">pending</span>' in content
+    assert "Created by alice with revision 1." in content
+    assert "http://testserver/serve/digits-prod/v2/models/digits/infer" in content
+    assert "modelport infer digits-prod digits --input req.json" in content
+    assert 'InferenceServerClient(url=&quot;testserver/serve/digits-prod&quot;)' in content
+    assert "np.zeros([1, 4], dtype=np.float32)" in content
+    for element_id in ["try-it-send", "try-it-input", "try-it-output", "try-it-latency", "deployment-stop",
+                       "deployment-edit", "deployment-delete", "chart-requests", "chart-latency", "metrics-summary",
+                       "triton-log", "event-timeline"]:
+        assert f'id="{element_id}"' in content, element_id
+    assert 'data-metrics-url="/api/v1/deployments/digits-prod/metrics/"' in content
+
+
+def test_try_it_is_prefilled_with_a_valid_request_for_the_signature(alice: Person, deployment: Deployment) -> None:
+    response = signed_in(alice).get(PAGE)
+    [served] = response.context["served"]
+    assert json.loads(served["example"]) == {
+        "inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0.0, 0.0, 0.0, 0.0]}]}
+    assert served["path"] == "/serve/digits-prod/v2/models/digits/infer"
+    assert 'data-infer-path="/serve/digits-prod/v2/models/digits/infer"' in response.content.decode()
+
+
+def test_the_status_and_events_refresh_themselves(alice: Person, deployment: Deployment) -> None:
+    client = signed_in(alice)
+    assert 'hx-trigger="every 2s"' in client.get(PAGE).content.decode()
+    deployment.set_status(Deployment.Status.FAILED, "Revision 1 failed to start: boom")
+    Event.objects.create(deployment=deployment, kind=Event.Kind.ERROR, message="Revision 1 failed to start: boom")
+    live = client.get(f"{PAGE}live/").content.decode()
+    assert 'id="status-badge">failed<' in live
+    assert "Revision 1 failed to start: boom" in live
+    assert "kind-error" in live
+
+
+def test_the_log_tail_says_when_there_is_no_log_yet(alice: Person, deployment: Deployment) -> None:
+    response = signed_in(alice).get(f"{PAGE}logs/")
+    assert response.status_code == 200
+    assert b"No log yet" in response.content
+
+
+def test_stop_and_start_change_the_deployments_state(alice: Person, deployment: Deployment) -> None:
+    client = signed_in(alice)
+    response = client.post(f"{PAGE}stop/")
+    assert response.status_code == 302 and response["Location"] == PAGE
+    deployment.refresh_from_db()
+    assert deployment.desired_state == Deployment.Desired.STOPPED
+    assert deployment.status == Deployment.Status.STOPPING
+    assert Event.objects.filter(deployment=deployment, message="Stop requested by alice.").exists()
+    page = client.get(PAGE).content.decode()
+    assert 'id="deployment-start"' in page and 'id="deployment-stop"' not in page
+
+    client.post(f"{PAGE}start/")
+    deployment.refresh_from_db()
+    assert deployment.desired_state == Deployment.Desired.RUNNING
+    assert deployment.status == Deployment.Status.PENDING
+
+
+def test_starting_a_running_deployment_says_so_instead_of_failing(alice: Person, deployment: Deployment) -> None:
+    response = signed_in(alice).post(f"{PAGE}start/", follow=True)
+    assert response.status_code == 200
+    assert b"The deployment is running already." in response.content
+
+
+def test_a_failed_deployment_can_be_retried(alice: Person, deployment: Deployment) -> None:
+    deployment.set_status(Deployment.Status.FAILED, "boom")
+    client = signed_in(alice)
+    assert b'id="deployment-start"' in client.get(PAGE).content
+    client.post(f"{PAGE}start/")
+    deployment.refresh_from_db()
+    assert deployment.status == Deployment.Status.PENDING
+
+
+def test_state_changes_take_only_posts(alice: Person, deployment: Deployment) -> None:
+    client = signed_in(alice)
+    for action in ["stop", "start"]:
+        assert client.get(f"{PAGE}{action}/").status_code == 405
+    deployment.refresh_from_db()
+    assert deployment.desired_state == Deployment.Desired.RUNNING
+
+
+def test_delete_asks_first_then_deletes(alice: Person, deployment: Deployment) -> None:
+    client = signed_in(alice)
+    confirm = client.get(f"{PAGE}delete/")
+    assert b'id="delete-confirm"' in confirm.content
+    assert Deployment.objects.filter(pk=deployment.pk).exists()
+    response = client.post(f"{PAGE}delete/")
+    assert response.status_code == 302 and response["Location"] == "/"
+    assert not Deployment.objects.filter(pk=deployment.pk).exists()
+    assert client.get(PAGE).status_code == 404
+
+
+# --- The example request and snippets (no database) ----------------------------------------------------------
+
+
+SIGNATURE = {
+    "inputs": [
+        {"name": "image", "datatype": "BYTES", "dims": [-1, 1]},
+        {"name": "mask", "datatype": "BOOL", "dims": [-1, 2]},
+        {"name": "ids", "datatype": "INT64", "dims": [-1, -1]},
+    ],
+    "outputs": [{"name": "label", "datatype": "FP32", "dims": [-1, 10]}],
+}
+
+
+def test_the_example_request_has_the_right_shapes_and_datatypes() -> None:
+    request = inference.example_request(SIGNATURE)
+    assert request == {"inputs": [
+        {"name": "image", "shape": [1, 1], "datatype": "BYTES", "data": [""]},
+        {"name": "mask", "shape": [1, 2], "datatype": "BOOL", "data": [False, False]},
+        {"name": "ids", "shape": [1, 1], "datatype": "INT64", "data": [0]},
+    ]}
+
+
+def test_the_example_request_is_written_one_line_per_input() -> None:
+    image = {"inputs": [{"name": "x", "datatype": "FP32", "dims": [-1, 3, 224, 224]},
+                        {"name": "scale", "datatype": "FP32", "dims": [-1, 1]}], "outputs": []}
+    text = inference.example_request_json(image)
+    assert text.count("\n") == 3
+    assert len(json.loads(text)["inputs"][0]["data"]) == 3 * 224 * 224
+
+
+def test_the_python_snippet_uses_tls_for_an_https_portal() -> None:
+    snippet = inference.python_snippet("https://models.example.com", "digits-prod", "digits", SIGNATURE)
+    assert 'InferenceServerClient(url="models.example.com/serve/digits-prod", ssl=True)' in snippet
+    assert 'httpclient.InferInput("image", [1, 1], "BYTES")' in snippet
+    assert "dtype=np.bool_" in snippet
+    assert 'print(result.as_numpy("label"))' in snippet
+    compile(snippet, "snippet", "exec")
+
+
+def test_the_live_status_sends_the_browser_away_once_the_deployment_is_gone(alice: Person, deployment: Deployment) -> None:
+    client = signed_in(alice)
+    deployment.delete()
+    response = client.get(f"{PAGE}live/", headers={"HX-Request": "true"})
+    assert response.status_code == 200
+    assert response["HX-Redirect"] == "/"
+    assert client.get(f"{PAGE}live/").status_code == 404

@@ -1,0 +1,87 @@
+"""The upload page. In a browser its script uploads through tus and the API (driven by the browser tests); these
+tests cover the page itself and its fallback without JavaScript: one multipart POST for small files."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from conftest import Person
+from models_registry.models import Model, ModelVersion
+from tests.artifacts import PYTHON_SIGNATURE, python_model_zip, tiny_onnx
+from web.tests.conftest import signed_in
+
+
+def post(person: Person, name: str = "digits", data: bytes | None = None, filename: str = "model.onnx", **fields: Any) -> Any:
+    file = SimpleUploadedFile(filename, tiny_onnx() if data is None else data)
+    return signed_in(person).post("/models/upload/", {"name": name, "file": file, **fields})
+
+
+def test_the_page_has_the_parts_the_script_drives(alice: Person) -> None:
+    Model.objects.create(team=alice.team, name="digits")
+    content = signed_in(alice).get("/models/upload/?model=digits").content.decode()
+    for element_id in ["upload-form", "id_name", "id_file", "drop-zone", "id_format", "id_max_batch_size",
+                       "signature-editor", "signature-add-input", "signature-add-output", "id_signature",
+                       "upload-submit", "upload-progress", "upload-progress-text", "upload-cancel", "upload-result",
+                       "upload-deploy"]:
+        assert f'id="{element_id}"' in content, element_id
+    assert 'value="digits"' in content  # the name prefilled from ?model=, and offered in the datalist
+    assert 'data-needs-signature="python,tensorrt_plan,tnn,torchscript"' in content
+    assert "js/upload.js" in content
+    assert "<option>BYTES</option>" in content
+
+
+def test_a_small_file_uploads_without_javascript(alice: Person) -> None:
+    response = post(alice)
+    assert response.status_code == 302
+    assert response["Location"] == "/models/digits/"
+    version = ModelVersion.objects.get(model__team=alice.team, model__name="digits")
+    assert version.number == 1
+    assert version.format == "onnx"
+    assert version.created_by == alice.user
+
+
+def test_a_bad_model_name_is_shown_beside_the_name_field(alice: Person) -> None:
+    response = post(alice, name="My Model")
+    assert response.status_code == 200
+    assert "lowercase letters" in response.context["form"].errors["name"][0]
+    assert 'id="id_name_error"' in response.content.decode()
+    assert not Model.objects.exists()
+
+
+def test_a_file_that_is_no_model_is_shown_beside_the_file_field(alice: Person) -> None:
+    response = post(alice, data=b"hello, not a model", filename="notes.txt")
+    assert response.status_code == 200
+    assert "detect the model format" in response.context["form"].errors["file"][0]
+    assert not Model.objects.exists()  # the model is created only with its first version
+
+
+def test_a_format_without_a_signature_asks_for_one_beside_the_signature_field(alice: Person) -> None:
+    response = post(alice, name="doubler", data=python_model_zip(), filename="model.zip")
+    assert response.status_code == 200
+    assert "signature" in response.context["form"].errors["signature"][0]
+    response = post(alice, name="doubler", data=python_model_zip(), filename="model.zip",
+                    signature=json.dumps(PYTHON_SIGNATURE))
+    assert response.status_code == 302
+    assert ModelVersion.objects.get(model__name="doubler").format == "python"
+
+
+def test_a_signature_that_is_not_json_is_shown_beside_its_field(alice: Person) -> None:
+    response = post(alice, signature="{inputs: nope")
+    assert response.status_code == 200
+    assert "not valid JSON" in response.context["form"].errors["signature"][0]
+
+
+def test_a_file_too_large_for_one_request_asks_for_javascript(alice: Person, settings: Any) -> None:
+    settings.MAX_MULTIPART_UPLOAD_SIZE = 10
+    response = post(alice)
+    assert response.status_code == 200
+    assert "turn JavaScript on" in response.context["form"].errors["file"][0]
+
+
+def test_a_missing_file_is_asked_for(alice: Person) -> None:
+    response = signed_in(alice).post("/models/upload/", {"name": "digits"})
+    assert response.status_code == 200
+    assert "This field is required." in response.context["form"].errors["file"][0]

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from web import views
+
+urlpatterns = [
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("team/", views.switch_team, name="switch-team"),
+    path("", views.dashboard, name="dashboard"),
+    path("dashboard/live/", views.dashboard_live, name="dashboard-live"),
+    path("models/", views.models_list, name="models"),
+    # Before <name>/: a model named "upload" is reached through the API (and the admin) only.
+    path("models/upload/", views.upload, name="upload"),
+    path("models/<str:name>/", views.model_detail, name="model-detail"),
+    path("models/<str:name>/versions/", views.model_versions, name="model-versions"),
+    path("deployments/new/", views.deployment_new, name="deployment-new"),
+    path("deployments/<str:name>/", views.deployment_detail, name="deployment-detail"),
+    path("deployments/<str:name>/edit/", views.deployment_edit, name="deployment-edit"),
+    path("deployments/<str:name>/live/", views.deployment_live, name="deployment-live"),
+    path("deployments/<str:name>/logs/", views.deployment_logs, name="deployment-logs"),
+    path("deployments/<str:name>/stop/", views.deployment_stop, name="deployment-stop"),
+    path("deployments/<str:name>/start/", views.deployment_start, name="deployment-start"),
+    path("deployments/<str:name>/delete/", views.deployment_delete, name="deployment-delete"),
+    path("tokens/", views.tokens, name="tokens"),
+    path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token-revoke"),
+]

@@ -1,0 +1,418 @@
+"""The portal's pages: short views that find what the user may see (404 for anything of another team), validate
+with a form and the API's serializer, run one action, and redirect or render."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db import transaction
+from django.db.models import Count, OuterRef, Subquery
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.http import HttpResponseClientRedirect
+
+from accounts.context import SESSION_TEAM_KEY, current_team
+from accounts.models import ApiToken, Membership, Team
+from audit.log import record as audit
+from deployments import actions as deployment_actions
+from deployments.api import DeploymentInputSerializer
+from deployments.models import Deployment, Event
+from deployments.runtimes.base import runtime_for
+from models_registry import actions as registry_actions
+from models_registry.models import FORMATS_NEEDING_SIGNATURE, Model, ModelVersion
+from models_registry.validation import ArtifactRejected
+from web import inference
+from web.forms import (
+    DeploymentForm,
+    ServedModelForm,
+    TokenForm,
+    UploadForm,
+    add_api_errors,
+    deployment_input,
+    initial_for_entry,
+    initial_for_version,
+)
+from web.traffic import traffic_by_deployment
+
+NEW_TOKEN_SESSION_KEY = "web_new_token"
+LOG_LINES = 200
+
+TeamView = Callable[..., HttpResponse]
+
+
+def team_required(view: TeamView) -> Callable[..., HttpResponse]:
+    """Signed in, and acting in one of the user's teams (passed to the view as `team`)."""
+
+    @login_required
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        team = current_team(request)
+        if team is None:
+            return render(request, "web/no_team.html", status=403)
+        return view(request, team, *args, **kwargs)
+
+    return wrapper
+
+
+def _get_model(team: Team, name: str) -> Model:
+    model = Model.objects.filter(team=team, name=name).first()
+    if model is None:
+        raise Http404("No such model in your team.")
+    return model
+
+
+def _get_deployment(team: Team, name: str) -> Deployment:
+    deployment = (Deployment.objects.select_related("revision", "serving_revision")
+                  .filter(team=team, name=name).exclude(desired_state=Deployment.Desired.DELETED).first())
+    if deployment is None:
+        raise Http404("No such deployment in your team.")
+    return deployment
+
+
+# --- Team ---------------------------------------------------------------------------------------------------
+
+
+@login_required
+@require_POST
+def switch_team(request: HttpRequest) -> HttpResponse:
+    assert request.user.is_authenticated
+    team_id = _int(request.POST.get("team"))
+    membership = (Membership.objects.select_related("team").filter(user=request.user, team_id=team_id).first()
+                  if team_id is not None else None)
+    if membership is None:
+        raise Http404("You are not a member of this team.")
+    request.session[SESSION_TEAM_KEY] = membership.team_id
+    messages.success(request, f"Now working in team {membership.team.name}.")
+    # Not back to the page we came from: it showed the other team's model or deployment, a 404 in this one.
+    return redirect("dashboard")
+
+
+def _int(value: object) -> int | None:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return None
+
+
+# --- Dashboard ----------------------------------------------------------------------------------------------
+
+
+def _dashboard_live(team: Team) -> dict[str, Any]:
+    deployments = list(Deployment.objects.filter(team=team).exclude(desired_state=Deployment.Desired.DELETED)
+                       .select_related("revision", "serving_revision"))
+    traffic = traffic_by_deployment([d.pk for d in deployments])
+    rows = [{"deployment": d, "models": _spec_models(d), "traffic": traffic.get(d.pk)} for d in deployments]
+    events = (Event.objects.filter(deployment__team=team).exclude(deployment__desired_state=Deployment.Desired.DELETED)
+              .select_related("deployment")[:10])
+    return {"rows": rows, "events": events}
+
+
+def _spec_models(deployment: Deployment) -> list[dict[str, Any]]:
+    return list(deployment.revision.spec.get("models", [])) if deployment.revision else []
+
+
+@require_GET
+@team_required
+def dashboard(request: HttpRequest, team: Team) -> HttpResponse:
+    context = _dashboard_live(team)
+    context["has_models"] = bool(context["rows"]) or Model.objects.filter(team=team).exists()
+    return render(request, "web/dashboard.html", context)
+
+
+@require_GET
+@team_required
+def dashboard_live(request: HttpRequest, team: Team) -> HttpResponse:
+    return render(request, "web/_dashboard_live.html", _dashboard_live(team))
+
+
+# --- Models -------------------------------------------------------------------------------------------------
+
+
+@require_GET
+@team_required
+def models_list(request: HttpRequest, team: Team) -> HttpResponse:
+    latest = ModelVersion.objects.filter(model=OuterRef("pk")).order_by("-number")
+    models = (Model.objects.filter(team=team).select_related("created_by")
+              .annotate(version_count=Count("versions"),
+                        latest_number=Subquery(latest.values("number")[:1]),
+                        latest_status=Subquery(latest.values("status")[:1]),
+                        latest_format=Subquery(latest.values("format")[:1])))
+    return render(request, "web/models_list.html", {"models": models})
+
+
+def _versions_context(model: Model) -> dict[str, Any]:
+    versions = list(model.versions.select_related("created_by").order_by("-number"))
+    return {"model": model, "versions": versions,
+            "validating": any(v.status == ModelVersion.Status.VALIDATING for v in versions)}
+
+
+@require_GET
+@team_required
+def model_detail(request: HttpRequest, team: Team, name: str) -> HttpResponse:
+    return render(request, "web/model_detail.html", _versions_context(_get_model(team, name)))
+
+
+@require_GET
+@team_required
+def model_versions(request: HttpRequest, team: Team, name: str) -> HttpResponse:
+    return render(request, "web/_versions.html", _versions_context(_get_model(team, name)))
+
+
+@require_http_methods(["GET", "POST"])
+@team_required
+def upload(request: HttpRequest, team: Team) -> HttpResponse:
+    """The page's script uploads through tus and the API; this POST is the fallback without JavaScript."""
+    form = UploadForm(request.POST or None, request.FILES or None, initial={"name": request.GET.get("model", "")})
+    if request.method == "POST" and form.is_valid():
+        version = _create_version(request, team, form)
+        if version is not None:
+            messages.success(request, f"Version {version.number} of {version.model.name} uploaded; inspecting it now.")
+            return redirect("model-detail", name=version.model.name)
+    return render(request, "web/upload.html", {
+        "form": form,
+        "model_names": Model.objects.filter(team=team).values_list("name", flat=True),
+        "formats_needing_signature": sorted(f.value for f in FORMATS_NEEDING_SIGNATURE),
+        "datatypes": ["FP32", "FP16", "FP64", "BF16", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16",
+                      "UINT32", "UINT64", "BOOL", "BYTES"],
+        "chunk_size": 5 * 1024 * 1024,
+    })
+
+
+def _create_version(request: HttpRequest, team: Team, form: UploadForm) -> ModelVersion | None:
+    data = form.cleaned_data
+    file = data["file"]
+    if file.size > settings.MAX_MULTIPART_UPLOAD_SIZE:
+        form.add_error("file", f"Without JavaScript files up to {settings.MAX_MULTIPART_UPLOAD_SIZE:,} bytes can be sent; "
+                               "turn JavaScript on for a resumable upload.")
+        return None
+    try:
+        with transaction.atomic():
+            model = (Model.objects.filter(team=team, name=data["name"]).first()
+                     or registry_actions.create_model(team, request.user, data["name"]))
+            return registry_actions.create_version_from_file(
+                model, request.user, file, file.name, declared_format=data["format"] or "",
+                signature=data["signature"], max_batch_size=data["max_batch_size"])
+    except ArtifactRejected as exc:
+        form.add_error("signature" if "signature" in str(exc) else "file", str(exc))
+    except registry_actions.Conflict as exc:
+        form.add_error(None, str(exc))
+    return None
+
+
+# --- Deploy form --------------------------------------------------------------------------------------------
+
+
+def _ready_versions(team: Team, model_names: list[str]) -> dict[str, list[ModelVersion]]:
+    found: dict[str, list[ModelVersion]] = {name: [] for name in model_names}
+    for version in (ModelVersion.objects.select_related("model")
+                    .filter(model__team=team, model__name__in=model_names, status=ModelVersion.Status.READY)
+                    .order_by("-number")):
+        found[version.model.name].append(version)
+    return found
+
+
+def _validate_and_run(team: Team, form: DeploymentForm, model_forms: list[ServedModelForm], resources: dict[str, Any],
+                      run: Callable[[dict[str, Any]], Deployment]) -> Deployment | None:
+    """The API's serializer validates the parsed forms; its errors go back beside the fields."""
+    if not (form.is_valid() and all(f.is_valid() for f in model_forms)):
+        return None
+    serializer = DeploymentInputSerializer(data=deployment_input(form, model_forms, resources), context={"team": team})
+    if not serializer.is_valid():
+        add_api_errors(serializer.errors, form, model_forms)
+        return None
+    try:
+        return run(serializer.validated_data)
+    except deployment_actions.Conflict as exc:
+        form.add_error("name" if not form.fields["name"].disabled else None, str(exc))
+        return None
+
+
+@require_http_methods(["GET", "POST"])
+@team_required
+def deployment_new(request: HttpRequest, team: Team) -> HttpResponse:
+    model_name = request.GET.get("model", "")
+    if not model_name:
+        ready = Model.objects.filter(team=team, versions__status=ModelVersion.Status.READY).distinct()
+        return render(request, "web/deploy_choose.html", {"models": ready})
+    model = _get_model(team, model_name)
+    versions = _ready_versions(team, [model.name])[model.name]
+    if not versions:
+        return render(request, "web/deploy_form.html", {"model": model, "no_ready_version": True})
+    requested = _int(request.GET.get("version"))
+    chosen = next((v for v in versions if v.number == requested), versions[0])
+    data = request.POST if request.method == "POST" else None
+    form = DeploymentForm(data, initial={"name": model.name, "runtime": Deployment.Runtime.LOCAL, "replicas": 1, "gpu": 0})
+    model_forms = [ServedModelForm(data, prefix="m0", model_name=model.name, versions=versions,
+                                   initial=initial_for_version(chosen))]
+    if request.method == "POST":
+        deployment = _validate_and_run(team, form, model_forms, {}, lambda v: deployment_actions.create_deployment(
+            team, request.user, v["name"], v["runtime"], v["spec"], v["versions"]))
+        if deployment is not None:
+            messages.success(request, f"Deployment {deployment.name} created: it starts in a moment.")
+            return redirect("deployment-detail", name=deployment.name)
+    return render(request, "web/deploy_form.html", {"form": form, "model_forms": model_forms, "model": model,
+                                                    "chosen": chosen,
+                                                    "unavailable_version": requested if requested not in (None, chosen.number) else None})
+
+
+@require_http_methods(["GET", "POST"])
+@team_required
+def deployment_edit(request: HttpRequest, team: Team, name: str) -> HttpResponse:
+    deployment = _get_deployment(team, name)
+    spec = deployment.revision.spec if deployment.revision else {"models": []}
+    entries = spec.get("models", [])
+    versions = _ready_versions(team, [e["model"] for e in entries])
+    resources = dict(spec.get("resources") or {})
+    data = request.POST if request.method == "POST" else None
+    form = DeploymentForm(data, editing=True, initial={
+        "name": deployment.name, "runtime": deployment.runtime, "replicas": spec.get("replicas", 1),
+        "gpu": resources.get("gpu", 0), "gpu_type": resources.get("gpu_type", "")})
+    model_forms = []
+    for index, entry in enumerate(entries):
+        initial, kept = initial_for_entry(entry)
+        model_forms.append(ServedModelForm(data, prefix=f"m{index}", model_name=entry["model"], kept=kept,
+                                           versions=versions.get(entry["model"], []), initial=initial))
+
+    def update(validated: dict[str, Any]) -> Deployment:
+        deployment_actions.update_deployment(deployment, request.user, validated["spec"], validated["versions"])
+        return deployment
+
+    if request.method == "POST" and _validate_and_run(team, form, model_forms, resources, update):
+        messages.success(request, f"Saved: {deployment.name} rolls out the new settings while the current ones keep serving.")
+        return redirect("deployment-detail", name=deployment.name)
+    return render(request, "web/deploy_form.html", {"form": form, "model_forms": model_forms, "deployment": deployment})
+
+
+# --- Deployment page ----------------------------------------------------------------------------------------
+
+
+@require_GET
+@team_required
+def deployment_detail(request: HttpRequest, team: Team, name: str) -> HttpResponse:
+    deployment = _get_deployment(team, name)
+    base_url = request.build_absolute_uri("/").rstrip("/")
+    served: list[dict[str, Any]] = []
+    for entry in _spec_models(deployment):
+        signature = entry.get("signature") or {}
+        served.append({
+            "entry": entry,
+            "signature": signature,
+            "url": inference.infer_url(base_url, deployment.name, entry["name"]),
+            "path": inference.infer_url("", deployment.name, entry["name"]),
+            "example": inference.example_request_json(signature),
+            "bytes_inputs": [t["name"] for t in signature.get("inputs", []) if t.get("datatype") == "BYTES"],
+            "snippets": [
+                ("curl", inference.curl_snippet(base_url, deployment.name, entry["name"]), "curl"),
+                ("Python (tritonclient)", inference.python_snippet(base_url, deployment.name, entry["name"], signature), "python"),
+                ("modelport CLI", inference.cli_snippet(deployment.name, entry["name"]), "cli"),
+            ],
+        })
+    return render(request, "web/deployment_detail.html", {
+        **_live_context(deployment), "served": served,
+        "examples": {s["entry"]["name"]: {"path": s["path"], "request": s["example"]} for s in served},
+        "has_bytes_inputs": any(s["bytes_inputs"] for s in served),
+        "metrics_url": f"/api/v1/deployments/{deployment.name}/metrics/",
+    })
+
+
+def _live_context(deployment: Deployment) -> dict[str, Any]:
+    return {"deployment": deployment, "events": deployment.events.all()[:30]}
+
+
+@require_GET
+@team_required
+def deployment_live(request: HttpRequest, team: Team, name: str) -> HttpResponse:
+    try:
+        deployment = _get_deployment(team, name)
+    except Http404:
+        if request.htmx:  # type: ignore[attr-defined]
+            return HttpResponseClientRedirect(reverse("dashboard"))  # deleted meanwhile (by someone else)
+        raise
+    return render(request, "web/_deployment_live.html", _live_context(deployment))
+
+
+@require_GET
+@team_required
+def deployment_logs(request: HttpRequest, team: Team, name: str) -> HttpResponse:
+    deployment = _get_deployment(team, name)
+    try:
+        log = runtime_for(deployment).logs(deployment, LOG_LINES)
+    except Exception as exc:  # a display aid: a runtime that cannot answer must not break the page
+        log = f"(the log cannot be read: {exc})"
+    return render(request, "web/_deployment_logs.html", {"deployment": deployment, "log": log})
+
+
+def _state_change(action: Callable[[Deployment, Any], None], done: str) -> Callable[..., HttpResponse]:
+    @require_POST
+    @team_required
+    def view(request: HttpRequest, team: Team, name: str) -> HttpResponse:
+        deployment = _get_deployment(team, name)
+        try:
+            action(deployment, request.user)
+        except deployment_actions.Conflict as exc:
+            messages.error(request, str(exc))
+        else:
+            messages.success(request, f"{deployment.name}: {done}")
+        return redirect("deployment-detail", name=deployment.name)
+
+    return view
+
+
+deployment_stop = _state_change(deployment_actions.stop_deployment, "stopping.")
+deployment_start = _state_change(deployment_actions.start_deployment, "starting.")
+
+
+@require_http_methods(["GET", "POST"])
+@team_required
+def deployment_delete(request: HttpRequest, team: Team, name: str) -> HttpResponse:
+    deployment = _get_deployment(team, name)
+    if request.method == "GET":
+        return render(request, "web/deployment_delete.html", {"deployment": deployment})
+    gone = deployment_actions.delete_deployment(deployment, request.user, wait_seconds=10.0)
+    messages.success(request, f"Deleted {name}." if gone else f"{name} is being deleted; it disappears in a moment.")
+    return redirect("dashboard")
+
+
+# --- API tokens ---------------------------------------------------------------------------------------------
+
+
+@require_http_methods(["GET", "POST"])
+@team_required
+def tokens(request: HttpRequest, team: Team) -> HttpResponse:
+    form = TokenForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        days = form.cleaned_data["expires_in_days"]
+        with transaction.atomic():
+            token, raw = ApiToken.issue(request.user, team, name=form.cleaned_data["name"],
+                                        expires_in=timedelta(days=days) if days else None)
+            audit(request.user, token.team, "token.create", token.prefix, name=token.name)
+        # Kept in the (server-side) session until the next page shows it once: a reload does not post again.
+        request.session[NEW_TOKEN_SESSION_KEY] = {"id": token.pk, "raw": raw}
+        return redirect("tokens")
+    new_token = request.session.pop(NEW_TOKEN_SESSION_KEY, None) if request.method == "GET" else None
+    assert request.user.is_authenticated
+    user_tokens = ApiToken.objects.filter(user=request.user).select_related("team")
+    return render(request, "web/tokens.html", {"form": form, "tokens": user_tokens, "new_token": new_token})
+
+
+@require_POST
+@login_required
+def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    assert request.user.is_authenticated
+    token = ApiToken.objects.filter(pk=token_id, user=request.user).first()
+    if token is None:
+        raise Http404("No such token.")
+    with transaction.atomic():
+        token.revoke()
+        audit(request.user, token.team, "token.revoke", token.prefix, name=token.name)
+    messages.success(request, f"Revoked token {token.prefix}… ({token.name or 'unnamed'}).")
+    return redirect(reverse("tokens"))
+
