@@ -13,10 +13,16 @@ NAME_RULE = (
 )
 
 
+# Words the portal's own pages use in their URLs (/models/upload/, /deployments/new/).
+RESERVED_NAMES = frozenset({"upload", "new"})
+
+
 def name_error(name: object) -> str | None:
     """Why `name` is not allowed, or None if it is."""
     if not isinstance(name, str) or not NAME_RE.match(name):
         return f"{name!r} is not a valid name: {NAME_RULE}."
+    if name in RESERVED_NAMES:
+        return f"{name!r} is reserved by the portal; choose another name."
     return None
 
 

@@ -77,3 +77,9 @@ def test_the_openapi_schema_and_docs_are_served(alice: Person) -> None:
     docs = client.get("/api/v1/docs/")
     assert docs.status_code == 200
     assert b"cdn" not in docs.content.lower()
+
+
+def test_it_refuses_names_the_portal_reserves(alice: Person) -> None:
+    response = alice.client().post("/api/v1/models/", {"name": "upload"}, format="json")
+    assert response.status_code == 400
+    assert "reserved" in response.json()["error"]["fields"]["name"][0]
