@@ -34,6 +34,12 @@ test: venv runtime-env browser-deps lint
 test-fast: venv
 	$(PY) -m pytest -m "not triton and not worker and not browser and not s3"
 
+# End to end on the cluster KUBECONFIG points at, through a Modelport installed there (docs/kubernetes.md):
+# MODELPORT_URL=https://... MODELPORT_TOKEN=mp_... make e2e-k8s. Not part of `make test`.
+.PHONY: e2e-k8s
+e2e-k8s: venv
+	$(PY) -m tests.e2e_k8s
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
@@ -41,6 +47,20 @@ lint: venv
 # Debian's Chromium and ChromeDriver for the browser tests (no browser download from elsewhere).
 browser-deps:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
+# The serving benchmark (docs/benchmarks.md, bench/serving/): its own env, var/bench-env (torch first: the CPU build
+# on this machine's disk), and `tokenizers` added to the runtime env for workload 3's tokenization step in Triton.
+# About 40 minutes; `make bench BENCH_ARGS=--quick` is a 5-minute smoke test.
+BENCH_ENV := var/bench-env
+bench: venv runtime-env $(BENCH_ENV)/.installed
+	$(RUNTIME_ENV)/bin/pip install --quiet $$(grep '^tokenizers==' bench/requirements-bench.txt)
+	$(PY) bench/serving/run.py $(BENCH_ARGS)
+$(BENCH_ENV)/.installed: bench/requirements-bench.txt
+	$(PYTHON) -m venv $(BENCH_ENV)
+	$(BENCH_ENV)/bin/pip install --quiet --upgrade pip
+	$(BENCH_ENV)/bin/pip install --quiet torch==2.13.0
+	$(BENCH_ENV)/bin/pip install --quiet -r bench/requirements-bench.txt
+	touch $@
 
 samples: venv
 	$(PY) manage.py make_sample_models var/samples

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -16,14 +17,15 @@ from rest_framework.response import Response
 from accounts.context import current_team
 from accounts.idempotency import idempotent
 from accounts.models import Team
-from deployments import actions
+from deployments import actions, python_requirements
 from deployments.models import Deployment, Event
 from deployments.runtimes import local as local_runtime
 from deployments.runtimes.base import runtime_for
 from deployments.snapshot import served_model, served_model_json
 from deployments.spec import MAX_INSTANCE_COUNT, MAX_QUEUE_DELAY_MICROSECONDS, RepositorySpec, validate_repository
 from models_registry.api import validate_name_field
-from models_registry.models import ModelVersion
+from models_registry.models import Format, ModelVersion
+from models_registry.pipelines import step_references
 
 MAX_REPLICAS = 100
 
@@ -64,12 +66,27 @@ class ResourcesSerializer(serializers.Serializer[Any]):
                                          help_text='A MIG profile such as "1g.10gb".')
 
 
+class AutoscalingSerializer(serializers.Serializer[Any]):
+    min_replicas = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS)
+    max_replicas = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS)
+    metric = serializers.ChoiceField(choices=["cpu", "queue_time"], default="cpu")
+    target = serializers.IntegerField(min_value=1, max_value=1_000_000_000, help_text=(
+        "cpu: average CPU utilization in percent of the request; queue_time: Triton's average queue time per "
+        "request in microseconds."))
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["max_replicas"] < attrs["min_replicas"]:
+            raise serializers.ValidationError({"max_replicas": ["max_replicas must be at least min_replicas"]})
+        return attrs
+
+
 class DeploymentInputSerializer(serializers.Serializer[Any]):
     name = serializers.CharField(allow_blank=True, trim_whitespace=False)
     runtime = serializers.ChoiceField(choices=Deployment.Runtime.choices, default=Deployment.Runtime.LOCAL)
     models = ServedModelSerializer(many=True, allow_empty=False)
     replicas = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS, default=1)
     resources = ResourcesSerializer(required=False, default=dict)
+    autoscaling = AutoscalingSerializer(required=False, allow_null=True, help_text="Kubernetes only: an HPA.")
 
     def validate_name(self, value: str) -> str:
         return validate_name_field(value)
@@ -79,19 +96,22 @@ class DeploymentInputSerializer(serializers.Serializer[Any]):
         runtime = attrs.get("runtime", Deployment.Runtime.LOCAL)
         errors: dict[str, list[str]] = {}
         entries, versions, index_of = [], [], {}
-        for index, item in enumerate(attrs["models"]):
-            version = _resolve_version(team, item, errors, f"models[{index}]")
-            if version is None:
-                continue
+        served = _models_to_serve(team, attrs["models"], errors)
+        for index, options, version in served:
             versions.append(version)
-            entries.append(served_model_json(version, item))
+            entries.append(served_model_json(version, options))
             index_of.setdefault(version.model.name, index)
+        _fit_pipeline_batches(entries, [options for _, options, _ in served])
         if runtime == Deployment.Runtime.LOCAL:
+            _check_requirements(served, errors)
             if attrs.get("replicas", 1) != 1:
                 errors.setdefault("replicas", []).append(
                     "the local runtime runs one Triton server per deployment: use replicas 1, or runtime 'kubernetes'")
             if (attrs.get("resources") or {}).get("gpu"):
                 errors.setdefault("resources.gpu", []).append("the local runtime has no GPU: use gpu 0, or runtime 'kubernetes'")
+            if attrs.get("autoscaling"):
+                errors.setdefault("autoscaling", []).append(
+                    "the local runtime runs one Triton server per deployment: autoscaling needs runtime 'kubernetes'")
         if entries:
             repository = RepositorySpec(models=tuple(served_model(e, Path("artifact")) for e in entries))
             found = validate_repository(repository, runtime, local_has_torch=local_runtime.local_has_torch())
@@ -103,6 +123,8 @@ class DeploymentInputSerializer(serializers.Serializer[Any]):
             raise serializers.ValidationError(errors)
         attrs["spec"] = {"runtime": runtime, "replicas": attrs.get("replicas", 1),
                          "resources": dict(attrs.get("resources") or {}), "models": entries}
+        if attrs.get("autoscaling"):
+            attrs["spec"]["autoscaling"] = dict(attrs["autoscaling"])
         attrs["versions"] = versions
         return attrs
 
@@ -128,18 +150,99 @@ def _resolve_version(team: Team, item: dict[str, Any], errors: dict[str, list[st
     return version
 
 
+def _models_to_serve(team: Team, items: list[dict[str, Any]],
+                     errors: dict[str, list[str]]) -> list[tuple[int, dict[str, Any], ModelVersion]]:
+    """(index of the listed item, serving options, version) of each model to serve: the listed ones, and the step
+    models of listed pipelines. A step model not listed is added with its defaults; a listed one keeps its own
+    options and serves the version the pipeline names. Python steps get no dynamic batching unless asked for."""
+    listed = []
+    for index, item in enumerate(items):
+        version = _resolve_version(team, item, errors, f"models[{index}]")
+        if version is not None:
+            listed.append((index, item, version))
+    needed: dict[str, tuple[int, str, int]] = {}  # step model -> (version, pipeline, the pipeline's index)
+    for index, _, version in listed:
+        if version.format != Format.ENSEMBLE:
+            continue
+        for model, number in step_references(version.definition):
+            first = needed.setdefault(model, (number, version.model.name, index))
+            if first[0] != number:
+                errors.setdefault(f"models[{index}]", []).append(
+                    f"pipeline {version.model.name!r} uses version {number} of {model!r} but pipeline {first[1]!r} "
+                    f"uses version {first[0]}: a deployment serves one version of each model")
+    served = []
+    for index, item, version in listed:
+        options = dict(item)
+        need = needed.get(version.model.name)
+        if need is not None:
+            number, pipeline, _ = need
+            if version.number != number:
+                if "version" in item:
+                    errors.setdefault(f"models[{index}].version", []).append(
+                        f"pipeline {pipeline!r} uses version {number} of {version.model.name!r}, not "
+                        f"{version.number}: list it without a version, or with version {number}")
+                    continue
+                version = _resolve_version(team, {"model": version.model.name, "version": number}, errors,
+                                           f"models[{index}]")
+                if version is None:
+                    continue
+            if version.format == Format.PYTHON and "dynamic_batching" not in item:
+                options["dynamic_batching"] = None
+        served.append((index, options, version))
+    listed_names = {version.model.name for _, _, version in listed}
+    for model, (number, _, index) in needed.items():
+        if model in listed_names:
+            continue
+        version = _resolve_version(team, {"model": model, "version": number}, errors, f"models[{index}]")
+        if version is not None:
+            options = {"model": model, "version": number}
+            if version.format == Format.PYTHON:
+                options["dynamic_batching"] = None
+            served.append((index, options, version))
+    return served
+
+
+def _fit_pipeline_batches(entries: list[dict[str, Any]], options: list[dict[str, Any]]) -> None:
+    """A pipeline not given a max_batch_size of its own batches no more than its steps are served with."""
+    by_name = {entry["name"]: entry for entry in entries}
+    for entry, given in zip(entries, options, strict=True):
+        if entry["format"] != Format.ENSEMBLE or "max_batch_size" in given:
+            continue
+        steps = [by_name[m]["max_batch_size"] for m, _ in step_references(entry["definition"]) if m in by_name]
+        if steps and all(size > 0 for size in steps):
+            entry["max_batch_size"] = min([entry["max_batch_size"], *steps])
+
+
+def _check_requirements(served: list[tuple[int, dict[str, Any], ModelVersion]], errors: dict[str, list[str]]) -> None:
+    """The local runtime installs nothing: a python model's requirements must be importable in its runtime env."""
+    for index, _, version in served:
+        try:
+            missing = local_runtime.missing_requirements(version.requirements)
+        except python_requirements.CheckFailed as exc:
+            errors.setdefault(f"models[{index}].requirements", []).append(
+                f"could not check the requirements of model {version.model.name!r}: {exc}")
+            continue
+        if missing:
+            modules = ", ".join(f"{r.module} (requirement {r.line!r})" for r in missing)
+            errors.setdefault(f"models[{index}].requirements", []).append(
+                f"model {version.model.name!r} version {version.number} needs Python module(s) that the local "
+                f"runtime env cannot import: {modules}. Install them into the runtime env "
+                f"({settings.MODELPORT_RUNTIME_ENV}), or deploy to Kubernetes with a Triton image that has them.")
+
+
 class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
     revision = serializers.IntegerField(source="revision.number", default=None)
     serving_revision = serializers.IntegerField(source="serving_revision.number", default=None)
     models = serializers.SerializerMethodField()
     replicas = serializers.SerializerMethodField()
     resources = serializers.SerializerMethodField()
+    autoscaling = serializers.SerializerMethodField()
     created_by = serializers.CharField(source="created_by.username", default=None)
 
     class Meta:
         model = Deployment
         fields = ["name", "runtime", "desired_state", "status", "status_message", "revision", "serving_revision",
-                  "endpoint", "models", "replicas", "resources", "created_by", "created_at", "updated_at"]
+                  "endpoint", "models", "replicas", "resources", "autoscaling", "created_by", "created_at", "updated_at"]
         read_only_fields = fields
 
     def _spec(self, obj: Deployment) -> dict[str, Any]:
@@ -154,6 +257,9 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
 
     def get_resources(self, obj: Deployment) -> dict[str, Any]:
         return dict(self._spec(obj).get("resources", {}))
+
+    def get_autoscaling(self, obj: Deployment) -> dict[str, Any] | None:
+        return self._spec(obj).get("autoscaling")
 
 
 class EventSerializer(serializers.ModelSerializer[Event]):
@@ -202,6 +308,7 @@ def deployment_detail(request: Request, name: str) -> Response:
             "runtime": deployment.runtime,
             "replicas": request.data.get("replicas", current.get("replicas", 1)),
             "resources": request.data.get("resources", current.get("resources", {})),
+            "autoscaling": request.data.get("autoscaling", current.get("autoscaling")),
             "models": request.data.get("models", [_settings_of(m) for m in current.get("models", [])]),
         }
         if "name" in request.data and request.data["name"] != deployment.name or (

@@ -154,7 +154,7 @@ _exit_codes: dict[int, int] = {}
 
 
 def start_server(
-    repo_dir: Path,
+    repo_dir: Path | str,
     log_path: Path,
     runtime_env: RuntimeEnv,
     backend_dir: Path,
@@ -174,7 +174,8 @@ def start_server(
     http_port, grpc_port, metrics_port = ports if ports is not None else pick_free_ports(3, host)
     args = [
         str(runtime_env.tritonserver),
-        f"--model-repository={Path(repo_dir).resolve()}",
+        # An s3:// URL (credentials from AWS_* in the environment) is passed as it is; Path() would mangle it.
+        f"--model-repository={repo_dir if str(repo_dir).startswith('s3://') else Path(repo_dir).resolve()}",
         f"--backend-directory={Path(backend_dir).resolve()}",
         f"--http-address={host}",
         f"--http-port={http_port}",

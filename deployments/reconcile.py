@@ -14,7 +14,7 @@ from django.db.models import Q
 from deployments.events import record
 from deployments.models import Deployment, Event
 from deployments.render import RenderError
-from deployments.runtimes.base import Runtime, runtime_for
+from deployments.runtimes.base import Runtime, RuntimeUnavailable, runtime_for
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,8 @@ def reconcile(deployment_id: int) -> None:
             _stop(deployment, runtime)
         else:
             _run(deployment, runtime)
+    except RuntimeUnavailable as exc:
+        _unavailable(deployment, str(exc))
     finally:
         Deployment.objects.filter(pk=deployment_id).update(lease_until=None)
 
@@ -102,6 +104,17 @@ def _fail(deployment: Deployment, message: str, detail: str = "") -> None:
     full = message + (f"\n{detail}" if detail else "")
     deployment.set_status(S.FAILED, full)
     record(deployment, Event.Kind.ERROR, full)
+
+
+def _unavailable(deployment: Deployment, message: str) -> None:
+    if deployment.desired_state == Deployment.Desired.RUNNING:
+        _fail(deployment, message)
+        return
+    # Stopping or deleting: the periodic reconcile tries again until the runtime answers.
+    waiting = f"Waiting for the runtime: {message}"
+    if deployment.status_message != waiting:
+        deployment.set_status(S.STOPPING, waiting)
+        record(deployment, Event.Kind.WARNING, waiting)
 
 
 def _stop(deployment: Deployment, runtime: Runtime) -> None:

@@ -31,6 +31,8 @@ def served_model_json(version: ModelVersion, settings: dict[str, Any]) -> dict[s
         max_batch_size = defaults.max_batch_size
     if "dynamic_batching" in settings:
         batching = settings["dynamic_batching"]
+    elif version.format == "ensemble":
+        batching = None  # Triton batches an ensemble's steps, each with its own settings, never the ensemble
     else:
         batching = _batching_json(defaults.dynamic_batching) if max_batch_size > 0 else None
     if batching is not None:

@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from accounts.models import Team
 from audit.log import record as audit
-from models_registry.models import Blob, Model, ModelVersion, Upload
+from models_registry.models import Blob, Format, Model, ModelVersion, Upload
+from models_registry.pipelines import Pipeline
 from models_registry.signature import Signature
 from models_registry.storage import get_store
 from models_registry.validation import ArtifactRejected, quick_check
@@ -99,6 +101,33 @@ def create_version_from_upload(model: Model, user: Any, upload: Upload, *, decla
                             declared_format=declared_format, signature=signature, max_batch_size=max_batch_size)
 
 
+def create_pipeline_version(model: Model, user: Any, pipeline: Pipeline) -> ModelVersion:
+    """A validated pipeline becomes a ready version at once: it has no artifact to inspect."""
+    step_ids = sorted({v.id for v in pipeline.step_versions if v.id is not None})
+    with transaction.atomic():
+        # Locked, so that no step version is deleted between the validation and this commit.
+        still_ready = ModelVersion.objects.select_for_update().filter(
+            pk__in=step_ids, status=ModelVersion.Status.READY, model__team=model.team)
+        if len(list(still_ready)) != len(step_ids):
+            raise Conflict("A step version of the pipeline was deleted meanwhile; send the request again.")
+        version = ModelVersion.objects.create(
+            model=model,
+            number=model.next_version_number(),
+            format=Format.ENSEMBLE,
+            declared_format=Format.ENSEMBLE,
+            signature=pipeline.signature.to_json(),
+            max_batch_size=pipeline.max_batch_size,
+            definition=pipeline.to_definition(),
+            status=ModelVersion.Status.READY,
+            created_by=user,
+            validated_at=timezone.now(),
+        )
+        version.step_versions.set(step_ids)
+        audit(user, model.team, "model_version.create", f"{model.name}:{version.number}", format=Format.ENSEMBLE,
+              steps=[f"{s.model}:{s.version}" for s in pipeline.steps])
+    return version
+
+
 def version_in_use(version: ModelVersion) -> list[str]:
     """Names of deployments that serve this version (they keep it from being deleted)."""
     from deployments.usage import deployments_using_version
@@ -106,10 +135,18 @@ def version_in_use(version: ModelVersion) -> list[str]:
     return deployments_using_version(version)
 
 
-def delete_version(version: ModelVersion, user: Any = None) -> None:
+def _refuse_if_used(version: ModelVersion, deleting: set[int] | frozenset[int] = frozenset()) -> None:
     users = version_in_use(version)
     if users:
         raise Conflict(f"Version {version.number} is used by deployment(s) {', '.join(users)}: delete or change them first.")
+    pipelines = sorted(f"{p.model.name}:{p.number}" for p in version.pipelines.select_related("model").exclude(pk__in=deleting))
+    if pipelines:
+        raise Conflict(f"Version {version.number} of {version.model.name!r} is a step of pipeline version(s) "
+                       f"{', '.join(pipelines)}: delete those first.")
+
+
+def delete_version(version: ModelVersion, user: Any = None) -> None:
+    _refuse_if_used(version)
     blob_sha = version.blob_id
     staged = version.staged_key if not version.blob_id else ""
     audit(user, version.model.team, "model_version.delete", f"{version.model.name}:{version.number}")
@@ -118,10 +155,9 @@ def delete_version(version: ModelVersion, user: Any = None) -> None:
 
 
 def delete_model(model: Model, user: Any = None) -> None:
+    own = {v.pk for v in model.versions.all()}
     for version in model.versions.all():
-        users = version_in_use(version)
-        if users:
-            raise Conflict(f"Version {version.number} is used by deployment(s) {', '.join(users)}: delete or change them first.")
+        _refuse_if_used(version, deleting=own)
     leftovers = [(v.blob_id, v.staged_key if not v.blob_id else "") for v in model.versions.all()]
     audit(user, model.team, "model.delete", model.name)
     model.delete()

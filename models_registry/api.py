@@ -20,7 +20,7 @@ from accounts.context import current_team
 from accounts.idempotency import idempotent
 from accounts.names import NAME_RULE, name_error
 from audit.log import record as audit
-from models_registry import actions
+from models_registry import actions, pipelines
 from models_registry.models import Format, Model, ModelVersion, Upload
 from models_registry.signature import SignatureError, parse_signature
 from models_registry.validation import ArtifactRejected
@@ -109,6 +109,59 @@ class VersionCreateSerializer(serializers.Serializer[Any]):
         return attrs
 
 
+class PipelineCreateSerializer(serializers.Serializer[Any]):
+    format = serializers.ChoiceField(choices=[Format.ENSEMBLE.value])
+    definition = serializers.JSONField(
+        help_text='{"inputs": [tensor], "outputs": [tensor], "steps": [{"model", "version", "input_map": '
+                  '{step_input: tensor}, "output_map": {step_output: tensor}}]}; tensors as in signatures.')
+    max_batch_size = serializers.IntegerField(required=False, min_value=0, max_value=1_000_000,
+                                              help_text="Default: the smallest of the steps'.")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        extra = set(self.initial_data) - {"format", "definition", "max_batch_size"}
+        if extra:
+            raise serializers.ValidationError(
+                f"A pipeline is defined by 'definition' alone (no artifact, no signature); unexpected {sorted(extra)}.")
+        return attrs
+
+
+def _step_lookup(team: Any) -> pipelines.Lookup:
+    """Find a step's version among the team's models (another team's models do not exist for it)."""
+
+    def lookup(name: str, number: int | None) -> pipelines.StepVersion | str:
+        versions = ModelVersion.objects.select_related("model").filter(model__team=team, model__name=name)
+        if number is not None:
+            version = versions.filter(number=number).first()
+            if version is None:
+                return (f"model {name!r} has no version {number}" if versions.exists()
+                        else f"no model named {name!r} in your team")
+        else:
+            version = versions.filter(status=ModelVersion.Status.READY).order_by("-number").first()
+            if version is None:
+                return (f"model {name!r} has no ready version yet" if versions.exists()
+                        else f"no model named {name!r} in your team")
+        return pipelines.StepVersion(model=name, version=version.number, format=version.format,
+                                     status=version.status, signature=version.parsed_signature,
+                                     max_batch_size=version.max_batch_size, error=version.error, id=version.id)
+
+    return lookup
+
+
+def _create_pipeline(request: Request, model: Model) -> Response:
+    serializer = PipelineCreateSerializer(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    data = serializer.validated_data
+    try:
+        pipeline = pipelines.validate_pipeline(data["definition"], _step_lookup(model.team), pipeline_model=model.name,
+                                               max_batch_size=data.get("max_batch_size"))
+        version = actions.create_pipeline_version(model, request.user, pipeline)
+    except pipelines.PipelineError as exc:
+        raise ValidationError(exc.errors) from None
+    except actions.Conflict as exc:
+        raise ConflictError(str(exc)) from None
+    return Response(VersionSerializer(version).data, status=status.HTTP_201_CREATED)
+
+
 def _get_model(request: Request, name: str) -> Model:
     """The model of the request's team, or 404 (another team's model does not exist for this user)."""
     model = Model.objects.filter(team=current_team(request), name=name).first()
@@ -174,6 +227,8 @@ def versions_list(request: Request, name: str) -> Response:
     if request.method == "GET":
         versions = model.versions.select_related("model", "created_by")
         return Response(VersionSerializer(versions, many=True).data)
+    if isinstance(request.data, dict) and request.data.get("format") == Format.ENSEMBLE:
+        return _create_pipeline(request, model)
     upload = request.data.get("file")
     if upload is not None and getattr(upload, "size", 0) > settings.MAX_MULTIPART_UPLOAD_SIZE:
         raise PayloadTooLarge(

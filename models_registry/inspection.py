@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -31,10 +32,13 @@ DEFAULT_MAX_BATCH_SIZE = 64
 class Findings:
     signature: Signature
     max_batch_size: int
+    # Stored as the version's `definition`: {"requirements": [...]} for python models (checked at deploy time).
+    definition: dict[str, Any] | None = None
 
 
 def _findings(version: ModelVersion, path_format: str, path: object) -> Findings:
     declared = signature_from_json(version.declared_signature) if version.declared_signature else None
+    definition: dict[str, Any] | None = None
     if path_format == Format.ONNX:
         try:
             result = inspect_onnx(path)  # type: ignore[arg-type]
@@ -52,7 +56,8 @@ def _findings(version: ModelVersion, path_format: str, path: object) -> Findings
     else:
         try:
             if path_format == Format.PYTHON:
-                inspect_python_archive(path, archive_limits())  # type: ignore[arg-type]
+                info = inspect_python_archive(path, archive_limits())  # type: ignore[arg-type]
+                definition = {"requirements": info.requirements}
             elif path_format == Format.TORCHSCRIPT:
                 inspect_torchscript_archive(path, archive_limits())  # type: ignore[arg-type]
         except InspectionError as exc:
@@ -67,7 +72,7 @@ def _findings(version: ModelVersion, path_format: str, path: object) -> Findings
             "must be dynamic (-1). Send max_batch_size=0 for a model without one."
         )
     max_batch_size = requested if requested is not None else (hint if batchable else 0)
-    return Findings(signature=signature, max_batch_size=max_batch_size)
+    return Findings(signature=signature, max_batch_size=max_batch_size, definition=definition)
 
 
 def inspect_version(version_id: int) -> None:
@@ -110,6 +115,7 @@ def inspect_version(version_id: int) -> None:
             format=fmt,
             signature=findings.signature.to_json(),
             max_batch_size=findings.max_batch_size,
+            definition=findings.definition,
             status=ModelVersion.Status.READY,
             error="",
             validated_at=timezone.now(),

@@ -89,8 +89,11 @@ class ModelVersion(models.Model):
     declared_signature = models.JSONField(null=True, blank=True)
     max_batch_size = models.PositiveIntegerField(default=0)
     declared_max_batch_size = models.PositiveIntegerField(null=True, blank=True)
-    # Pipelines (format "ensemble"): the validated step definition.
+    # Pipelines (format "ensemble"): the validated step definition (models_registry.pipelines). Python models:
+    # {"requirements": [...]} from their requirements.txt, checked against the runtime when deployed.
     definition = models.JSONField(null=True, blank=True)
+    # Pipelines: the versions their steps call, so that none of them is deleted while a pipeline uses it.
+    step_versions = models.ManyToManyField("self", symmetrical=False, related_name="pipelines", blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.VALIDATING)
     error = models.TextField(blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
@@ -107,6 +110,13 @@ class ModelVersion(models.Model):
     @property
     def parsed_signature(self) -> Signature:
         return signature_from_json(self.signature)
+
+    @property
+    def requirements(self) -> list[str]:
+        """A python model's requirements.txt lines (as parsed at inspection); [] for other formats."""
+        if self.format != Format.PYTHON or not isinstance(self.definition, dict):
+            return []
+        return [str(r) for r in self.definition.get("requirements", [])]
 
     @property
     def artifact_key(self) -> str:

@@ -11,13 +11,23 @@
 
 Both have a dynamic batch dimension and use opset 17 / IR version 8, which onnxruntime has supported since 1.13,
 so older Triton images can serve them too. Both are byte-for-byte reproducible.
+
+The reference pipeline `digits-pipeline` (docs/pipelines.md) chains three of them:
+- preprocess.zip: a python-backend model (model.py + helper module digit_image.py + requirements.txt; sources in
+  sample_models/) that decodes PNG/JPEG bytes with Pillow into the classifier's 64 features;
+- digits.onnx;
+- postprocess.zip: a python-backend model giving the top 3 labels (BYTES) and their probabilities.
+digits-pipeline.json is its definition, for POST /api/v1/models/digits-pipeline/versions/. `digits_png()` renders
+8x8 digits as the PNG images the pipeline takes (tests, the UI's Try it).
 scikit-learn and skl2onnx are imported inside functions: they take a second to import.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import zipfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -50,6 +60,23 @@ RESNET_SIGNATURE = Signature(
     outputs=(Tensor("logits", "FP32", (-1, RESNET_CLASSES)),),
 )
 
+# The pipeline's python steps. Images travel one per row as BYTES [batch, 1].
+TOP_K = 3
+PREPROCESS_SIGNATURE = Signature(
+    inputs=(Tensor("image", "BYTES", (-1, 1)),),
+    outputs=(Tensor("input", "FP32", (-1, 64)),),
+)
+POSTPROCESS_SIGNATURE = Signature(
+    inputs=(Tensor("probabilities", "FP32", (-1, 10)),),
+    outputs=(Tensor("labels", "BYTES", (-1, TOP_K)), Tensor("scores", "FP32", (-1, TOP_K))),
+)
+PIPELINE_SIGNATURE = Signature(inputs=PREPROCESS_SIGNATURE.inputs, outputs=POSTPROCESS_SIGNATURE.outputs)
+SAMPLE_CODE_DIR = Path(__file__).resolve().parent / "sample_models"
+# Digits are drawn this many pixels a side: each of the 8x8 cells becomes a 4x4 block, as in the dataset's bitmaps.
+DIGITS_PNG_SIDE = 32
+# A fixed timestamp in the zips, so that the same sources give the same bytes (content-addressed storage).
+_ZIP_DATE = (2026, 1, 1, 0, 0, 0)
+
 
 @dataclass(frozen=True)
 class SampleModel:
@@ -75,12 +102,13 @@ class SampleModel:
         }
 
 
-def _written(path: Path, name: str, signature: Signature, description: str, details: dict[str, Any]) -> SampleModel:
+def _written(path: Path, name: str, signature: Signature, description: str, details: dict[str, Any],
+             fmt: str = "onnx") -> SampleModel:
     data = path.read_bytes()
     return SampleModel(
         name=name,
         filename=path.name,
-        format="onnx",
+        format=fmt,
         signature=signature,
         description=description,
         sha256=hashlib.sha256(data).hexdigest(),
@@ -279,6 +307,111 @@ def make_resnet_onnx(path: Path | str) -> SampleModel:
     return _written(path, "resnet", RESNET_SIGNATURE, "ResNet-style CNN, random weights (load testing)", details)
 
 
+# --- the digits pipeline -------------------------------------------------------------------------------------
+
+
+def digits_png(images: np.ndarray) -> list[bytes]:
+    """PNG bytes of 8x8 digits (rows of 64 or [N, 8, 8], values 0-16 as in load_digits): dark ink on white,
+    32x32 grayscale, each cell drawn as a 4x4 block."""
+    from PIL import Image
+
+    cells = np.asarray(images, dtype=np.float64).reshape(-1, 8, 8)
+    encoded = []
+    for cell in cells:
+        paper = np.round(255.0 - np.clip(cell, 0, 16) * 255.0 / 16.0).astype(np.uint8)
+        image = Image.fromarray(paper).resize((DIGITS_PNG_SIDE, DIGITS_PNG_SIDE), Image.Resampling.NEAREST)
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        encoded.append(buffer.getvalue())
+    return encoded
+
+
+def _python_zip(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name, data in sorted(files.items()):
+            info = zipfile.ZipInfo(name, date_time=_ZIP_DATE)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, data)
+    return buffer.getvalue()
+
+
+def build_preprocess_zip() -> bytes:
+    """model.py, its helper module digit_image.py and requirements.txt (Pillow decodes the images)."""
+    return _python_zip({
+        "model.py": (SAMPLE_CODE_DIR / "preprocess_model.py").read_bytes(),
+        "digit_image.py": (SAMPLE_CODE_DIR / "digit_image.py").read_bytes(),
+        "requirements.txt": b"numpy\npillow\n",
+    })
+
+
+def build_postprocess_zip() -> bytes:
+    return _python_zip({
+        "model.py": (SAMPLE_CODE_DIR / "postprocess_model.py").read_bytes(),
+        "requirements.txt": b"numpy\n",
+    })
+
+
+def _signature_file(path: Path, signature: Signature) -> None:
+    path.write_text(json.dumps(signature.to_json(), indent=2) + "\n")
+
+
+def make_preprocess_zip(path: Path | str) -> SampleModel:
+    """preprocess.zip, and its signature (which a python model cannot carry) beside it: preprocess.signature.json."""
+    path = Path(path)
+    path.write_bytes(build_preprocess_zip())
+    _signature_file(path.with_name("preprocess.signature.json"), PREPROCESS_SIGNATURE)
+    details = {
+        "signature_file": "preprocess.signature.json",
+        "requirements": "numpy, pillow",
+        "input": "encoded images (PNG, JPEG, ...), one per row; dark ink on light paper or the reverse",
+        "output": "the 64 features digits.onnx takes: averaged to 8x8, ink scaled to 0-16 as in load_digits",
+    }
+    return _written(path, "preprocess", PREPROCESS_SIGNATURE, "Digit image decoder (python backend, Pillow)",
+                    details, fmt="python")
+
+
+def make_postprocess_zip(path: Path | str) -> SampleModel:
+    path = Path(path)
+    path.write_bytes(build_postprocess_zip())
+    _signature_file(path.with_name("postprocess.signature.json"), POSTPROCESS_SIGNATURE)
+    details = {
+        "signature_file": "postprocess.signature.json",
+        "requirements": "numpy",
+        "output": f"the top {TOP_K} labels (strings '0'-'9') and their probabilities, best first",
+    }
+    return _written(path, "postprocess", POSTPROCESS_SIGNATURE, f"Top-{TOP_K} labels (python backend)",
+                    details, fmt="python")
+
+
+def digits_pipeline_definition(digits: int = 1, preprocess: int = 1, postprocess: int = 1) -> dict[str, Any]:
+    """The definition of `digits-pipeline` (image bytes -> top 3 labels), given the step models' versions."""
+    return {
+        **PIPELINE_SIGNATURE.to_json(),
+        "steps": [
+            {"model": "preprocess", "version": preprocess, "input_map": {"image": "image"},
+             "output_map": {"input": "features"}},
+            {"model": "digits", "version": digits, "input_map": {"input": "features"},
+             "output_map": {"probabilities": "probabilities"}},
+            {"model": "postprocess", "version": postprocess, "input_map": {"probabilities": "probabilities"},
+             "output_map": {"labels": "labels", "scores": "scores"}},
+        ],
+    }
+
+
+def make_digits_pipeline_json(path: Path | str) -> SampleModel:
+    path = Path(path)
+    path.write_text(json.dumps(digits_pipeline_definition(), indent=2) + "\n")
+    details = {
+        "steps": "preprocess -> digits -> postprocess (version 1 of each; change them to the versions you have)",
+        "create": "POST /api/v1/models/digits-pipeline/versions/ "
+                  '{"format": "ensemble", "definition": <this file>}',
+    }
+    return _written(path, "digits-pipeline", PIPELINE_SIGNATURE, "Digit images to top-3 labels (pipeline)",
+                    details, fmt="ensemble")
+
+
 # --- a sample directory ----------------------------------------------------------------------------------------
 
 
@@ -297,10 +430,17 @@ def _readme(samples: list[SampleModel]) -> str:
 
 
 def write_samples(directory: Path | str) -> list[SampleModel]:
-    """Write digits.onnx, resnet.onnx, samples.json and README.md into `directory` (created if needed)."""
+    """Write digits.onnx, resnet.onnx, preprocess.zip and postprocess.zip (with their signature files),
+    digits-pipeline.json, samples.json and README.md into `directory` (created if needed)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    samples = [make_digits_onnx(directory / "digits.onnx"), make_resnet_onnx(directory / "resnet.onnx")]
+    samples = [
+        make_digits_onnx(directory / "digits.onnx"),
+        make_resnet_onnx(directory / "resnet.onnx"),
+        make_preprocess_zip(directory / "preprocess.zip"),
+        make_postprocess_zip(directory / "postprocess.zip"),
+        make_digits_pipeline_json(directory / "digits-pipeline.json"),
+    ]
     (directory / "samples.json").write_text(json.dumps([s.to_json() for s in samples], indent=2) + "\n")
     (directory / "README.md").write_text(_readme(samples))
     return samples

@@ -20,10 +20,6 @@ from models_registry.models import ModelVersion
 
 pytestmark = [pytest.mark.browser, pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
-# Playwright's sync API keeps an event loop running in this thread; the test's own database calls are still
-# synchronous and safe, so Django's async guard is told so (Django's documented escape hatch).
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -36,10 +32,17 @@ def browser() -> Iterator[Any]:
         pytest.fail("Chromium is missing: `make browser-deps` installs Debian's chromium package")
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as playwright:
-        instance = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield instance
-        instance.close()
+    # Playwright's sync API keeps an event loop running in this thread; the tests' own database calls are still
+    # synchronous and safe, so Django's async guard is told so (Django's documented escape hatch), for these
+    # tests only.
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            instance = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            yield instance
+            instance.close()
+    finally:
+        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
 
 
 @pytest.fixture

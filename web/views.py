@@ -28,6 +28,7 @@ from deployments.models import Deployment, Event
 from deployments.runtimes.base import runtime_for
 from models_registry import actions as registry_actions
 from models_registry.models import FORMATS_NEEDING_SIGNATURE, Model, ModelVersion
+from models_registry.pipelines import pipeline_graph
 from models_registry.validation import ArtifactRejected
 from web import inference
 from web.forms import (
@@ -157,7 +158,12 @@ def _versions_context(model: Model) -> dict[str, Any]:
 @require_GET
 @team_required
 def model_detail(request: HttpRequest, team: Team, name: str) -> HttpResponse:
-    return render(request, "web/model_detail.html", _versions_context(_get_model(team, name)))
+    context = _versions_context(_get_model(team, name))
+    # The newest pipeline version is drawn as a diagram of its steps and tensors.
+    pipeline = next((v for v in context["versions"] if v.format == "ensemble" and v.definition), None)
+    context["pipeline"] = pipeline
+    context["graph"] = pipeline_graph(pipeline.definition) if pipeline else None
+    return render(request, "web/model_detail.html", context)
 
 
 @require_GET

@@ -34,6 +34,11 @@ class Health:
     detail: str = ""
 
 
+class RuntimeUnavailable(Exception):
+    """The runtime cannot act at all: no cluster configured or reachable, S3 not configured, a request refused.
+    The message says what to set or fix; the reconciler shows it as the deployment's status."""
+
+
 class Runtime(Protocol):
     def prepare(self, revision: Revision) -> None:
         """Render (and publish) the revision's model repository; idempotent. Raises RenderError."""

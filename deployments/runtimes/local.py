@@ -14,7 +14,7 @@ from pathlib import Path
 from django.conf import settings
 from django.utils import timezone
 
-from deployments import local_triton
+from deployments import local_triton, python_requirements
 from deployments.models import Deployment, Revision, TritonServer
 from deployments.render import render_repository
 from deployments.runtimes.base import Health, Launch, Ready
@@ -34,6 +34,19 @@ def local_has_torch() -> bool:
         return runtime_env().has_module("torch")
     except local_triton.RuntimeEnvError:
         return False
+
+
+def missing_requirements(lines: list[str]) -> list[python_requirements.Requirement]:
+    """The requirements of a python model that the runtime env cannot import ([] without a runtime env: then
+    nothing can be served locally, and the deployment fails with the runtime env's own message)."""
+    if not lines:
+        return []
+    try:
+        env = runtime_env()
+    except local_triton.RuntimeEnvError:
+        return []
+    return python_requirements.missing_requirements(env.bin_dir / "python", env.site_packages, lines,
+                                                    env=local_triton.server_environment(env))
 
 
 def deployment_dir(deployment: Deployment) -> Path:

@@ -2,24 +2,39 @@
 
 from __future__ import annotations
 
+import importlib
+import io
 import json
+import sys
+import types
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 
-from models_registry.onnx_inspect import inspect_onnx
+from models_registry.onnx_inspect import inspect_onnx, inspect_python_archive
 from models_registry.samples import (
     DIGITS_SIGNATURE,
+    POSTPROCESS_SIGNATURE,
+    PREPROCESS_SIGNATURE,
     RESNET_SIGNATURE,
+    SAMPLE_CODE_DIR,
     build_digits_onnx,
+    build_preprocess_zip,
     build_resnet_onnx,
     digits_holdout,
+    digits_png,
     make_digits_onnx,
+    make_digits_pipeline_json,
+    make_postprocess_zip,
+    make_preprocess_zip,
     make_resnet_onnx,
     train_digits_classifier,
     write_samples,
 )
+from models_registry.signature import parse_signature
 
 
 def session(path: Path) -> ort.InferenceSession:
@@ -71,7 +86,8 @@ def test_the_samples_are_reproducible_byte_for_byte() -> None:
 def test_write_samples_lists_what_it_wrote_with_signatures(tmp_path: Path) -> None:
     samples = write_samples(tmp_path / "samples")
     listed = json.loads((tmp_path / "samples/samples.json").read_text())
-    assert [entry["filename"] for entry in listed] == ["digits.onnx", "resnet.onnx"]
+    assert [entry["filename"] for entry in listed] == [
+        "digits.onnx", "resnet.onnx", "preprocess.zip", "postprocess.zip", "digits-pipeline.json"]
     assert listed[0]["signature"] == DIGITS_SIGNATURE.to_json()
     assert listed[1]["signature"] == RESNET_SIGNATURE.to_json()
     readme = (tmp_path / "samples/README.md").read_text()
@@ -79,8 +95,84 @@ def test_write_samples_lists_what_it_wrote_with_signatures(tmp_path: Path) -> No
     for sample in samples:
         path = tmp_path / "samples" / sample.filename
         assert path.stat().st_size == sample.size
+        if sample.format != "onnx":
+            continue  # the pipeline's samples: tests below
         # What the portal reads from each file is what the sample says it is.
         inspection = inspect_onnx(path)
         assert inspection.signature == sample.signature
         assert inspection.has_batch_dim
         assert inspection.problems == []
+
+
+# --- the digits pipeline's samples -----------------------------------------------------------------------------
+
+
+def _sample_module(name: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A python-backend sample module imported in this process, with a stand-in for Triton's utils module."""
+    monkeypatch.syspath_prepend(str(SAMPLE_CODE_DIR))
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    return importlib.import_module(name)
+
+
+def test_png_digits_preprocessed_give_the_classifiers_predictions_on_the_raw_features(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    digit_image = _sample_module("digit_image", monkeypatch)
+    X, y = digits_holdout()
+    images = digits_png(X)
+    assert all(png.startswith(b"\x89PNG") for png in images)
+    features = np.stack([digit_image.digit_features(png) for png in images])
+    assert features.shape == (360, 64) and features.dtype == np.float32
+    assert np.abs(features - X).max() < 0.05  # 8-bit grey levels: within 16/255 of the dataset's counts
+    classifier = train_digits_classifier()
+    agreement = float((classifier.predict(features) == classifier.predict(X)).mean())
+    assert agreement >= 0.99
+    assert float((classifier.predict(features) == y).mean()) >= 0.9
+
+
+def test_preprocess_reads_light_ink_on_dark_jpegs_and_transparent_pngs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from PIL import Image
+
+    digit_image = _sample_module("digit_image", monkeypatch)
+    X, _ = digits_holdout()
+    ink = np.kron(X[0].reshape(8, 8) / 16.0, np.ones((8, 8)))  # 64x64
+    light_on_dark = Image.fromarray(np.round(ink * 255).astype(np.uint8)).convert("RGB")
+    jpeg = io.BytesIO()
+    light_on_dark.save(jpeg, format="JPEG", quality=95)
+    assert np.abs(digit_image.digit_features(jpeg.getvalue()) - X[0]).max() < 1.0
+    alpha = Image.new("LA", (64, 64))
+    alpha.putdata([(0, int(round(v * 255))) for v in ink.reshape(-1)])  # black ink, transparency as paper
+    png = io.BytesIO()
+    alpha.save(png, format="PNG")
+    assert np.abs(digit_image.digit_features(png.getvalue()) - X[0]).max() < 0.05
+    with pytest.raises(Exception):  # noqa: B017 - whatever Pillow raises for bytes that are no image
+        digit_image.digit_features(b"not an image")
+
+
+def test_postprocess_gives_the_top_3_labels_as_strings_with_their_probabilities(monkeypatch: pytest.MonkeyPatch) -> None:
+    postprocess = _sample_module("postprocess_model", monkeypatch)
+    probabilities = np.array([[0.05, 0.1, 0.6, 0.05, 0, 0, 0, 0, 0.2, 0]], dtype=np.float32)
+    labels, scores = postprocess.top_k(probabilities)
+    assert labels.tolist() == [[b"2", b"8", b"1"]] and labels.dtype == np.object_
+    np.testing.assert_allclose(scores, [[0.6, 0.2, 0.1]], atol=1e-6)
+    logits = np.log(probabilities.astype(np.float64) + 1e-9) + 3.0  # not probabilities: softmax first
+    labels, scores = postprocess.top_k(logits)
+    assert labels.tolist() == [[b"2", b"8", b"1"]]
+    np.testing.assert_allclose(scores, [[0.6, 0.2, 0.1]], atol=1e-4)
+
+
+def test_the_pipeline_samples_are_reproducible_and_inspect_as_python_models(tmp_path: Path) -> None:
+    assert build_preprocess_zip() == build_preprocess_zip()
+    sample = make_preprocess_zip(tmp_path / "preprocess.zip")
+    info = inspect_python_archive(tmp_path / "preprocess.zip")
+    assert info.files == ["digit_image.py", "model.py", "requirements.txt"]
+    assert info.requirements == ["numpy", "pillow"]
+    assert parse_signature((tmp_path / "preprocess.signature.json").read_text()) == PREPROCESS_SIGNATURE == sample.signature
+    make_postprocess_zip(tmp_path / "postprocess.zip")
+    assert inspect_python_archive(tmp_path / "postprocess.zip").requirements == ["numpy"]
+    assert parse_signature((tmp_path / "postprocess.signature.json").read_text()) == POSTPROCESS_SIGNATURE
+    make_digits_pipeline_json(tmp_path / "digits-pipeline.json")
+    definition = json.loads((tmp_path / "digits-pipeline.json").read_text())
+    assert [step["model"] for step in definition["steps"]] == ["preprocess", "digits", "postprocess"]
+    assert definition["inputs"] == [{"name": "image", "datatype": "BYTES", "dims": [-1, 1]}]

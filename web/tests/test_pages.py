@@ -276,3 +276,21 @@ def test_the_tokens_page_makes_the_same_queries_for_one_token_or_many(alice: Per
     assert _queries(client, "/tokens/") == few
     with django_assert_max_num_queries(6):
         client.get("/tokens/")
+
+
+def test_a_pipeline_model_page_draws_the_pipeline(alice: Any, client: Any) -> None:
+    from models_registry.models import Model, ModelVersion
+
+    model = Model.objects.create(team=alice.team, name="digits-pipeline")
+    ModelVersion.objects.create(model=model, number=1, format="ensemble", status="ready", definition={
+        "inputs": [{"name": "image", "datatype": "BYTES", "dims": [-1, 1]}],
+        "outputs": [{"name": "labels", "datatype": "BYTES", "dims": [-1, 3]}],
+        "steps": [{"model": "preprocess", "version": 1, "input_map": {"image": "image"}, "output_map": {"pixels": "pixels"}},
+                  {"model": "postprocess", "version": 1, "input_map": {"pixels": "pixels"}, "output_map": {"labels": "labels"}}],
+    })
+    client.force_login(alice.user)
+    response = client.get("/models/digits-pipeline/")
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert 'id="pipeline-title"' in body
+    assert "<svg" in body and "preprocess" in body and "postprocess" in body

@@ -7,7 +7,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 
 class Command(BaseCommand):
-    help = "Write the sample models (digits.onnx, resnet.onnx) with samples.json and README.md into DIR."
+    help = ("Write the sample models (digits.onnx, resnet.onnx, preprocess.zip, postprocess.zip) and the pipeline "
+            "digits-pipeline.json, with samples.json and README.md, into DIR.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("directory", metavar="DIR", type=Path)

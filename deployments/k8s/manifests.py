@@ -1,0 +1,426 @@
+"""The Kubernetes objects that serve one deployment revision: pure functions of the revision and the config.
+
+The same objects are applied by the worker (server-side apply) and exported for GitOps users
+(GET /api/v1/deployments/{name}/manifests), so they are deterministic: same revision and config, same YAML.
+Every object carries the labels that `managed_selector()` finds again, so that deletion removes all of them.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from deployments.k8s.config import TRITON_UID, KubernetesConfig
+
+HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+CONTAINER = "triton"
+APP_NAME = "triton"
+MANAGED_BY = "modelport"
+LABEL_TEAM = "modelport.io/team"
+LABEL_DEPLOYMENT = "modelport.io/deployment"
+LABEL_REVISION = "modelport.io/revision"
+ANNOTATION_REPOSITORY = "modelport.io/repository"
+S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+# Seconds Triton gets to finish in-flight requests after SIGTERM; the pod's grace period is longer.
+EXIT_TIMEOUT_SECONDS = 30
+PRESTOP_SLEEP_SECONDS = 5  # endpoints drop the pod before Triton stops accepting requests
+STARTUP_PERIOD_SECONDS = 10
+
+# A Kubernetes quantity ("500m", "4Gi", "1.5", "2e3") and a label value.
+_QUANTITY_RE = re.compile(r"^[+]?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?\d+)?$")
+_LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+class ManifestError(ValueError):
+    """The revision cannot be turned into manifests; `errors` maps spec fields to messages."""
+
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(f"{key}: {' '.join(messages)}" for key, messages in sorted(errors.items())))
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to render: one revision of one deployment."""
+
+    team: str
+    name: str
+    revision: int
+    spec: Mapping[str, Any]
+    repository_key: str  # the S3 key prefix of the revision's model repository
+
+    @property
+    def replicas(self) -> int:
+        return int(self.spec.get("replicas", 1))
+
+    @property
+    def autoscaling(self) -> Mapping[str, Any] | None:
+        return self.spec.get("autoscaling") or None
+
+
+# --- Names and labels ---------------------------------------------------------------------------------------
+
+
+def selector_labels(team: str, name: str) -> dict[str, str]:
+    """The pods of a deployment (every revision): the Deployment's selector and the Service's."""
+    return {"app.kubernetes.io/name": APP_NAME, "app.kubernetes.io/instance": name, LABEL_TEAM: team}
+
+
+def managed_labels(team: str, name: str) -> dict[str, str]:
+    return {**selector_labels(team, name), "app.kubernetes.io/managed-by": MANAGED_BY, LABEL_DEPLOYMENT: name}
+
+
+def managed_selector(team: str, name: str) -> str:
+    """A label selector for every object Modelport made for the deployment."""
+    return ",".join(f"{k}={v}" for k, v in managed_labels(team, name).items())
+
+
+def revision_selector(team: str, name: str, revision: int) -> str:
+    return ",".join(f"{k}={v}" for k, v in {**selector_labels(team, name), LABEL_REVISION: str(revision)}.items())
+
+
+def labels(target: Target) -> dict[str, str]:
+    return {
+        **managed_labels(target.team, target.name),
+        "app.kubernetes.io/version": f"r{target.revision}",
+        "app.kubernetes.io/part-of": "modelport",
+        LABEL_REVISION: str(target.revision),
+    }
+
+
+def service_url(target_name: str, namespace: str, config: KubernetesConfig) -> str:
+    """What the gateway proxies to: the Service's cluster DNS name."""
+    return f"http://{target_name}.{namespace}.svc.{config.cluster_domain}:{HTTP_PORT}"
+
+
+# --- Checks -------------------------------------------------------------------------------------------------
+
+
+def image_for(target: Target, config: KubernetesConfig) -> str:
+    if target.spec.get("image"):
+        return str(target.spec["image"])
+    if any(m.get("format") == "tnn" for m in target.spec.get("models", [])):
+        return config.custom_backend_image
+    return config.image
+
+
+def check(target: Target, config: KubernetesConfig) -> dict[str, list[str]]:
+    """Why the revision cannot run on the cluster as configured (empty when it can)."""
+    errors: dict[str, list[str]] = {}
+
+    def add(key: str, message: str) -> None:
+        errors.setdefault(key, []).append(message)
+
+    if not image_for(target, config):
+        add("image", "TNN models need a Triton image with the TNN backend: set KUBERNETES_TRITON_CUSTOM_IMAGE "
+                     "to such an image (built FROM the Triton image), or give the deployment an image")
+    resources = target.spec.get("resources") or {}
+    for key in ("cpu", "memory"):
+        value = resources.get(key)
+        if value and not _QUANTITY_RE.match(str(value)):
+            add(f"resources.{key}", f"{value!r} is not a Kubernetes quantity such as \"2\", \"500m\" or \"4Gi\"")
+    gpu_type = resources.get("gpu_type") or ""
+    if gpu_type:
+        value = config.gpu_label_value(gpu_type)
+        if len(value) > 63 or not _LABEL_VALUE_RE.match(value):
+            add("resources.gpu_type", f"{gpu_type!r} is not a node label value: use letters, digits, '-', '_' "
+                                      "or '.' (or map it in KUBERNETES_GPU_TYPES)")
+    if any((m.get("instance_group") or {}).get("kind") == "gpu" for m in target.spec.get("models", [])) \
+            and not _gpu_request(resources):
+        add("resources.gpu", "a model runs on GPU (instance_group kind 'gpu') but the deployment asks for no GPU: "
+                             "set resources.gpu (or mig_profile), or use kind 'cpu'")
+    autoscaling = target.autoscaling
+    if autoscaling and int(autoscaling["min_replicas"]) > int(autoscaling["max_replicas"]):
+        add("autoscaling.max_replicas", "max_replicas must be at least min_replicas")
+    return errors
+
+
+# --- The objects --------------------------------------------------------------------------------------------
+
+
+def build(target: Target, namespace: str, config: KubernetesConfig, *, owner_uid: str | None = None) -> list[dict[str, Any]]:
+    """The namespaced objects serving `target`: Deployment, Service, [PodDisruptionBudget], [HPA], NetworkPolicy.
+
+    `owner_uid` (the applied Deployment's uid) adds owner references to the others, so Kubernetes' garbage
+    collector removes them with the Deployment. Raises ManifestError.
+    """
+    errors = check(target, config)
+    if errors:
+        raise ManifestError(errors)
+    objects = [deployment(target, namespace, config), service(target, namespace)]
+    autoscaling = target.autoscaling
+    lowest = int(autoscaling["min_replicas"]) if autoscaling else target.replicas
+    if lowest > 1:
+        objects.append(pod_disruption_budget(target, namespace))
+    if autoscaling:
+        objects.append(horizontal_pod_autoscaler(target, namespace, config))
+    objects.append(network_policy(target, namespace, config))
+    if owner_uid:
+        reference = {"apiVersion": "apps/v1", "kind": "Deployment", "name": target.name, "uid": owner_uid,
+                     "blockOwnerDeletion": True}
+        for obj in objects[1:]:
+            obj["metadata"]["ownerReferences"] = [reference]
+    return objects
+
+
+def _metadata(target: Target, namespace: str, **extra: Any) -> dict[str, Any]:
+    return {"name": target.name, "namespace": namespace, "labels": labels(target), **extra}
+
+
+def _gpu_request(resources: Mapping[str, Any]) -> tuple[str, int] | None:
+    """(resource name, count): a MIG slice ("nvidia.com/mig-1g.10gb") or whole GPUs."""
+    gpu = int(resources.get("gpu") or 0)
+    mig = resources.get("mig_profile") or ""
+    if mig:
+        return f"nvidia.com/mig-{mig}", max(gpu, 1)
+    if gpu:
+        return "nvidia.com/gpu", gpu
+    return None
+
+
+def _resources(target: Target, config: KubernetesConfig) -> dict[str, Any]:
+    resources = target.spec.get("resources") or {}
+    cpu = str(resources.get("cpu") or config.default_cpu)
+    memory = str(resources.get("memory") or config.default_memory)
+    # No CPU limit (throttling adds latency spikes); a memory limit equal to the request, so that a model that
+    # needs more is OOMKilled with a clear message instead of starving its neighbours.
+    requests: dict[str, str] = {"cpu": cpu, "memory": memory}
+    limits: dict[str, str] = {"memory": memory}
+    gpu = _gpu_request(resources)
+    if gpu:
+        requests[gpu[0]] = limits[gpu[0]] = str(gpu[1])
+    return {"requests": requests, "limits": limits}
+
+
+def triton_args(target: Target, config: KubernetesConfig) -> list[str]:
+    args = [
+        f"--model-repository={config.repository_url(target.repository_key)}",
+        # The repository is complete when the pod starts and never changes: load everything, never poll.
+        "--model-control-mode=none",
+        "--strict-readiness=true",
+        "--exit-on-error=true",
+        "--disable-auto-complete-config",
+        f"--http-port={HTTP_PORT}",
+        f"--grpc-port={GRPC_PORT}",
+        f"--metrics-port={METRICS_PORT}",
+        f"--exit-timeout-secs={EXIT_TIMEOUT_SECONDS}",
+    ]
+    if any(m.get("response_cache") for m in target.spec.get("models", [])):
+        args.append(f"--cache-config=local,size={config.response_cache_bytes}")
+    return args
+
+
+def _env(config: KubernetesConfig) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": "AWS_DEFAULT_REGION", "value": config.s3_region}]
+    if config.s3_secret_name:
+        env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": config.s3_secret_name, "key": key}}}
+                for key in S3_KEYS]
+    return env
+
+
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "timeoutSeconds": 5,
+            "failureThreshold": failures}
+
+
+def deployment(target: Target, namespace: str, config: KubernetesConfig) -> dict[str, Any]:
+    repository = config.repository_url(target.repository_key)
+    resources = target.spec.get("resources") or {}
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": image_for(target, config),
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["tritonserver"],
+        "args": triton_args(target, config),
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
+        "env": _env(config),
+        "resources": _resources(target, config),
+        # Big models take minutes to download from S3 and load: the startup probe allows the whole ready
+        # timeout before liveness starts counting.
+        "startupProbe": _probe("/v2/health/ready", STARTUP_PERIOD_SECONDS,
+                               max(1, math.ceil(config.ready_timeout_seconds / STARTUP_PERIOD_SECONDS))),
+        "readinessProbe": _probe("/v2/health/ready", 5, 3),
+        "livenessProbe": _probe("/v2/health/live", 15, 4),
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+        },
+        # The python backend passes tensors through shared memory; the container default (64 MiB) is too small.
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,  # Triton never talks to the Kubernetes API
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": TRITON_UID,
+            "runAsGroup": TRITON_UID,
+            "fsGroup": TRITON_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "terminationGracePeriodSeconds": EXIT_TIMEOUT_SECONDS + PRESTOP_SLEEP_SECONDS + 10,
+        "containers": [container],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": config.shm_size}}],
+    }
+    if config.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in config.image_pull_secrets]
+    if resources.get("gpu_type"):
+        pod_spec["nodeSelector"] = {config.gpu_node_label: config.gpu_label_value(resources["gpu_type"])}
+    if _gpu_request(resources) and config.gpu_tolerations:
+        pod_spec["tolerations"] = [{"key": key, "operator": "Exists", "effect": "NoSchedule"}
+                                   for key in config.gpu_tolerations]
+
+    spec: dict[str, Any] = {}
+    if not target.autoscaling:  # with an HPA, the HPA owns the replica count
+        spec["replicas"] = target.replicas
+    spec.update({
+        "revisionHistoryLimit": 3,
+        "progressDeadlineSeconds": config.ready_timeout_seconds + 60,
+        "selector": {"matchLabels": selector_labels(target.team, target.name)},
+        # Zero downtime: a new pod must be ready before an old one goes.
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+        "template": {
+            "metadata": {
+                "labels": labels(target),
+                "annotations": {
+                    ANNOTATION_REPOSITORY: repository,
+                    "prometheus.io/scrape": "true",
+                    "prometheus.io/port": str(METRICS_PORT),
+                },
+            },
+            "spec": pod_spec,
+        },
+    })
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(target, namespace, annotations={ANNOTATION_REPOSITORY: repository}),
+        "spec": spec,
+    }
+
+
+def service(target: Target, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(target, namespace),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(target.team, target.name),
+            "ports": [
+                {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def pod_disruption_budget(target: Target, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(target, namespace),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(target.team, target.name)}},
+    }
+
+
+def horizontal_pod_autoscaler(target: Target, namespace: str, config: KubernetesConfig) -> dict[str, Any]:
+    autoscaling = target.autoscaling
+    assert autoscaling is not None
+    target_value = int(autoscaling["target"])
+    if autoscaling.get("metric", "cpu") == "queue_time":
+        # Triton's queue time per request, in microseconds, per pod: a Prometheus adapter rule exposes it as a
+        # custom metric (docs/kubernetes.md).
+        metric: dict[str, Any] = {"type": "Pods", "pods": {
+            "metric": {"name": config.queue_time_metric},
+            "target": {"type": "AverageValue", "averageValue": str(target_value)},
+        }}
+    else:
+        metric = {"type": "Resource", "resource": {
+            "name": "cpu", "target": {"type": "Utilization", "averageUtilization": target_value},
+        }}
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": _metadata(target, namespace),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": target.name},
+            "minReplicas": int(autoscaling["min_replicas"]),
+            "maxReplicas": int(autoscaling["max_replicas"]),
+            "metrics": [metric],
+        },
+    }
+
+
+def network_policy(target: Target, namespace: str, config: KubernetesConfig) -> dict[str, Any]:
+    ports = [{"protocol": "TCP", "port": port} for port in (HTTP_PORT, GRPC_PORT, METRICS_PORT)]
+    ingress: list[dict[str, Any]] = [{
+        "from": [{
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": config.gateway_namespace}},
+            "podSelector": {"matchLabels": dict(config.gateway_pod_labels)},
+        }],
+        "ports": ports,
+    }]
+    if config.metrics_namespace:
+        ingress.append({
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": config.metrics_namespace}}}],
+            "ports": [{"protocol": "TCP", "port": METRICS_PORT}],
+        })
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(target, namespace),
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(target.team, target.name)},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
+
+
+def namespace_object(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "app.kubernetes.io/managed-by": MANAGED_BY,
+                # Triton's pods meet the "restricted" Pod Security Standard; nothing less runs here.
+                "pod-security.kubernetes.io/enforce": "restricted",
+            },
+        },
+    }
+
+
+def s3_secret(namespace: str, config: KubernetesConfig) -> dict[str, Any]:
+    """The Secret Triton's pods read their S3 credentials from (never exported: it holds the keys)."""
+    values = dict(zip(S3_KEYS, (config.s3_access_key_id, config.s3_secret_access_key), strict=True))
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": config.s3_secret_name, "namespace": namespace,
+                     "labels": {"app.kubernetes.io/managed-by": MANAGED_BY, "app.kubernetes.io/part-of": "modelport"}},
+        "type": "Opaque",
+        "data": {key: base64.b64encode(value.encode()).decode() for key, value in values.items()},
+    }
+
+
+def to_yaml(objects: Iterable[Mapping[str, Any]], header: Iterable[str] = ()) -> str:
+    """A multi-document YAML stream, each document introduced by "---"; `header` lines become comments."""
+    lines = "".join(f"# {line}\n" if line else "#\n" for line in header)
+    return lines + "".join("---\n" + yaml.safe_dump(dict(obj), sort_keys=False, default_flow_style=False)
+                           for obj in objects)

@@ -1,0 +1,52 @@
+"""GET /api/v1/deployments/{name}/manifests: the Kubernetes manifests of a deployment's current revision, as
+multi-document YAML, for teams that apply them through GitOps instead of letting Modelport's worker do it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.decorators import api_view, renderer_classes
+from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.request import Request
+
+from deployments.api import ConflictError, get_deployment_for_user
+from deployments.k8s.manifests import ManifestError
+from deployments.models import Deployment
+from deployments.runtimes.kubernetes import export_manifests
+
+
+class YAMLRenderer(BaseRenderer):
+    """Lets clients ask for application/yaml (errors are then YAML too)."""
+
+    media_type = "application/yaml"
+    format = "yaml"
+    charset = "utf-8"
+
+    def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
+        text = data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False)
+        return text.encode("utf-8")
+
+
+@extend_schema(responses={(200, "application/yaml"): OpenApiResponse(OpenApiTypes.STR, description=(
+    "Multi-document YAML: Namespace (when Modelport may create namespaces), Deployment, Service, "
+    "PodDisruptionBudget, HorizontalPodAutoscaler and NetworkPolicy, as the worker applies them."))})
+@api_view(["GET"])
+@renderer_classes([JSONRenderer, YAMLRenderer])
+def deployment_manifests(request: Request, name: str) -> HttpResponse:
+    deployment = get_deployment_for_user(request, name)
+    if deployment.runtime != Deployment.Runtime.KUBERNETES:
+        raise ConflictError(f"{deployment.name} runs on the {deployment.runtime} runtime: only deployments with "
+                            "runtime 'kubernetes' have Kubernetes manifests.")
+    if deployment.revision is None:
+        raise ConflictError(f"{deployment.name} has no revision yet.")
+    try:
+        text = export_manifests(deployment)
+    except ManifestError as exc:
+        raise ConflictError(f"Revision {deployment.revision.number} cannot run on Kubernetes as configured: {exc}") from None
+    response = HttpResponse(text, content_type="application/yaml; charset=utf-8")
+    response["Content-Disposition"] = f'inline; filename="{deployment.name}-r{deployment.revision.number}.yaml"'
+    return response

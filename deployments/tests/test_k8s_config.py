@@ -1,0 +1,49 @@
+"""The Kubernetes runtime's settings: read from the environment with the typed helpers, into one frozen dataclass
+that says what is missing in words a person can act on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from deployments.k8s.config import KubernetesConfig
+from portal.settings import _env_pairs
+
+
+def test_key_value_lists_are_parsed_and_bad_items_fail_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBERNETES_NAMESPACES", "acme=ml-serving, globex = globex-prod")
+    assert _env_pairs("KUBERNETES_NAMESPACES") == {"acme": "ml-serving", "globex": "globex-prod"}
+    monkeypatch.setenv("KUBERNETES_NAMESPACES", "acme")
+    with pytest.raises(ImproperlyConfigured, match="KUBERNETES_NAMESPACES must be a comma-separated list of "
+                                                   "key=value pairs, got 'acme'"):
+        _env_pairs("KUBERNETES_NAMESPACES")
+    monkeypatch.delenv("KUBERNETES_NAMESPACES")
+    assert _env_pairs("KUBERNETES_NAMESPACES", "a=b") == {"a": "b"}
+
+
+def test_the_config_comes_from_the_settings(settings: Any) -> None:
+    settings.KUBERNETES_KUBECONFIG = "/etc/modelport/kubeconfig"
+    settings.KUBERNETES_NAMESPACES = {"acme": "ml-serving"}
+    settings.KUBERNETES_GPU_TYPES = {"a100": "NVIDIA-A100-SXM4-80GB"}
+    settings.KUBERNETES_S3_BUCKET = "models"
+    config = KubernetesConfig.from_settings(settings)
+    assert config.namespace_for("acme") == "ml-serving"
+    assert config.gpu_label_value("a100") == "NVIDIA-A100-SXM4-80GB"
+    assert config.problems() == []
+    assert hash(config)  # frozen and hashable: the API client is cached per config
+    assert "s3_secret_access_key" not in repr(config)
+
+
+def test_it_says_what_to_set_when_nothing_is_configured() -> None:
+    problems = KubernetesConfig().problems()
+    assert problems[0].startswith("No Kubernetes cluster is configured: set KUBECONFIG")
+    assert problems[1].startswith("S3 for model repositories is not configured")
+
+
+def test_in_cluster_outside_a_pod_is_a_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert "does not run in a Kubernetes pod" in (KubernetesConfig(in_cluster=True).cluster_problem() or "")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    assert KubernetesConfig(in_cluster=True).cluster_problem() is None

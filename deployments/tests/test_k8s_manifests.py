@@ -1,0 +1,235 @@
+"""The manifests of a Kubernetes deployment revision: pure functions of the revision and the config, checked
+field by field and validated offline against the OpenAPI schemas of two Kubernetes versions
+(kubernetes-validate's strict schemas, which also reject unknown fields)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from deployments.k8s import manifests
+from deployments.k8s.config import KubernetesConfig
+from deployments.k8s.manifests import ManifestError, Target
+
+# Two supported minor versions shipped by kubernetes-validate 1.37 (it ships 1.25 to 1.37).
+KUBERNETES_VERSIONS = ("1.31", "1.33")
+
+CONFIG = KubernetesConfig(
+    kubeconfig="/dev/null",
+    s3_endpoint_url="http://minio.storage.svc:9000",
+    s3_bucket="models",
+    s3_prefix="modelport/repositories",
+    s3_access_key_id="key",
+    s3_secret_access_key="secret",
+    gpu_types=(("a100", "NVIDIA-A100-SXM4-80GB"),),
+    image_pull_secrets=("ngc",),
+)
+
+
+def model(name: str = "digits", fmt: str = "onnx", **extra: Any) -> dict[str, Any]:
+    return {"name": name, "model": name, "version": 1, "format": fmt, "max_batch_size": 8,
+            "instance_group": {"count": 1, "kind": "cpu", "gpus": []}, "response_cache": False, **extra}
+
+
+def target(revision: int = 3, **spec: Any) -> Target:
+    full = {"runtime": "kubernetes", "replicas": 1, "resources": {}, "models": [model()], **spec}
+    return Target(team="acme", name="digits", revision=revision, spec=full,
+                  repository_key=f"modelport/repositories/acme/digits-7/r{revision}/")
+
+
+def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {obj["kind"]: obj for obj in objects}
+
+
+def validate_everywhere(obj: dict[str, Any]) -> None:
+    for version in KUBERNETES_VERSIONS:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            where = ".".join(str(p) for p in exc.path)
+            raise AssertionError(f"{obj['kind']} is invalid for Kubernetes {version} at {where}: {exc.message}") from None
+
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "cpu": {},
+    "gpus and replicas": {"replicas": 3, "resources": {"cpu": "4", "memory": "16Gi", "gpu": 2, "gpu_type": "a100"}},
+    "mig slice": {"resources": {"gpu": 1, "mig_profile": "1g.10gb"}},
+    "cpu autoscaling": {"autoscaling": {"min_replicas": 2, "max_replicas": 6, "metric": "cpu", "target": 70}},
+    "queue time autoscaling": {"autoscaling": {"min_replicas": 1, "max_replicas": 4, "metric": "queue_time",
+                                               "target": 5000}},
+    "custom image and cache": {"image": "registry.example.com/triton:custom",
+                               "models": [model(response_cache=True)]},
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_generated_manifest_validates_against_two_kubernetes_versions(variant: str) -> None:
+    objects = manifests.build(target(**VARIANTS[variant]), "modelport-acme", CONFIG, owner_uid="0b7a4f1e-1")
+    objects += [manifests.namespace_object("modelport-acme"), manifests.s3_secret("modelport-acme", CONFIG)]
+    for obj in objects:
+        validate_everywhere(obj)
+
+
+def test_the_deployment_runs_triton_from_the_revisions_s3_prefix() -> None:
+    deployment = manifests.build(target(), "modelport-acme", CONFIG)[0]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "nvcr.io/nvidia/tritonserver:24.10-py3"
+    assert container["command"] == ["tritonserver"]
+    assert container["args"][0] == (
+        "--model-repository=s3://http://minio.storage.svc:9000/models/modelport/repositories/acme/digits-7/r3")
+    assert "--model-control-mode=none" in container["args"] and "--strict-readiness=true" in container["args"]
+    assert [p["containerPort"] for p in container["ports"]] == [8000, 8001, 8002]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= CONFIG.ready_timeout_seconds
+    env = {e["name"]: e for e in container["env"]}
+    assert env["AWS_ACCESS_KEY_ID"]["valueFrom"] == {"secretKeyRef": {"name": "modelport-s3", "key": "AWS_ACCESS_KEY_ID"}}
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "AWS_SECRET_ACCESS_KEY"
+    assert env["AWS_DEFAULT_REGION"] == {"name": "AWS_DEFAULT_REGION", "value": "us-east-1"}
+    assert container["resources"] == {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 1000
+    assert pod["imagePullSecrets"] == [{"name": "ngc"}]
+    assert "nodeSelector" not in pod and "tolerations" not in pod
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
+                                              "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    assert deployment["spec"]["replicas"] == 1
+
+
+def test_objects_carry_the_recommended_labels_and_the_selector_spans_revisions() -> None:
+    objects = manifests.build(target(revision=3), "modelport-acme", CONFIG)
+    for obj in objects:
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "triton"
+        assert labels["app.kubernetes.io/instance"] == "digits"
+        assert labels["app.kubernetes.io/managed-by"] == "modelport"
+        assert labels["app.kubernetes.io/version"] == "r3"
+        assert obj["metadata"]["namespace"] == "modelport-acme"
+    deployment = objects[0]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert "modelport.io/revision" not in selector  # immutable: the same for every revision
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert by_kind(objects)["Service"]["spec"]["selector"] == selector
+    assert manifests.managed_selector("acme", "digits") == (
+        "app.kubernetes.io/name=triton,app.kubernetes.io/instance=digits,modelport.io/team=acme,"
+        "app.kubernetes.io/managed-by=modelport,modelport.io/deployment=digits")
+
+
+def test_gpus_get_the_device_resource_a_node_selector_and_tolerations() -> None:
+    deployment = manifests.build(target(resources={"gpu": 2, "gpu_type": "a100", "memory": "16Gi"}),
+                                 "ns", CONFIG)[0]
+    pod = deployment["spec"]["template"]["spec"]
+    resources = pod["containers"][0]["resources"]
+    assert resources["limits"] == {"memory": "16Gi", "nvidia.com/gpu": "2"}
+    assert resources["requests"]["nvidia.com/gpu"] == "2"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def test_a_mig_profile_asks_for_a_mig_slice_instead_of_a_whole_gpu() -> None:
+    deployment = manifests.build(target(resources={"mig_profile": "1g.10gb"}), "ns", CONFIG)[0]
+    limits = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"memory": "4Gi", "nvidia.com/mig-1g.10gb": "1"}
+
+
+def test_an_unmapped_gpu_type_is_used_as_the_label_value() -> None:
+    deployment = manifests.build(target(resources={"gpu": 1, "gpu_type": "NVIDIA-H100-80GB-HBM3"}), "ns", CONFIG)[0]
+    assert deployment["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+
+
+def test_a_pod_disruption_budget_only_with_more_than_one_replica() -> None:
+    assert "PodDisruptionBudget" not in by_kind(manifests.build(target(replicas=1), "ns", CONFIG))
+    pdb = by_kind(manifests.build(target(replicas=2), "ns", CONFIG))["PodDisruptionBudget"]
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == manifests.selector_labels("acme", "digits")
+
+
+def test_autoscaling_on_cpu_leaves_the_replica_count_to_the_hpa() -> None:
+    objects = by_kind(manifests.build(target(autoscaling={"min_replicas": 2, "max_replicas": 5, "metric": "cpu",
+                                                          "target": 70}), "ns", CONFIG))
+    assert "replicas" not in objects["Deployment"]["spec"]
+    hpa = objects["HorizontalPodAutoscaler"]["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "digits"}
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (2, 5)
+    assert hpa["metrics"] == [{"type": "Resource", "resource": {
+        "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}}]
+    assert "PodDisruptionBudget" in objects  # at least two pods at all times
+
+
+def test_autoscaling_on_tritons_queue_time_uses_a_custom_pod_metric() -> None:
+    hpa = by_kind(manifests.build(target(autoscaling={"min_replicas": 1, "max_replicas": 4, "metric": "queue_time",
+                                                      "target": 5000}), "ns", CONFIG))["HorizontalPodAutoscaler"]
+    assert hpa["spec"]["metrics"] == [{"type": "Pods", "pods": {
+        "metric": {"name": "triton_queue_time_us"}, "target": {"type": "AverageValue", "averageValue": "5000"}}}]
+
+
+def test_the_network_policy_lets_only_the_gateway_reach_triton() -> None:
+    policy = by_kind(manifests.build(target(), "modelport-acme", CONFIG))["NetworkPolicy"]["spec"]
+    assert policy["policyTypes"] == ["Ingress"]
+    [rule] = policy["ingress"]
+    assert rule["from"] == [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "modelport"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/component": "web", "app.kubernetes.io/name": "modelport"}},
+    }]
+    assert [p["port"] for p in rule["ports"]] == [8000, 8001, 8002]
+
+
+def test_owner_references_point_at_the_applied_deployment() -> None:
+    objects = manifests.build(target(replicas=2), "ns", CONFIG, owner_uid="uid-1")
+    assert "ownerReferences" not in objects[0]["metadata"]
+    for obj in objects[1:]:
+        assert obj["metadata"]["ownerReferences"] == [
+            {"apiVersion": "apps/v1", "kind": "Deployment", "name": "digits", "uid": "uid-1", "blockOwnerDeletion": True}]
+
+
+def test_tnn_models_run_on_the_custom_backend_image_and_need_one() -> None:
+    tnn = target(models=[model(fmt="tnn")])
+    with pytest.raises(ManifestError) as caught:
+        manifests.build(tnn, "ns", CONFIG)
+    assert "KUBERNETES_TRITON_CUSTOM_IMAGE" in caught.value.errors["image"][0]
+    config = KubernetesConfig(**{**CONFIG.__dict__, "custom_backend_image": "registry.example.com/triton-tnn:1"})
+    container = manifests.build(tnn, "ns", config)[0]["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "registry.example.com/triton-tnn:1"
+
+
+def test_it_refuses_gpu_instances_without_a_gpu_and_bad_quantities() -> None:
+    errors = manifests.check(target(models=[model(instance_group={"count": 1, "kind": "gpu", "gpus": []})],
+                                    resources={"memory": "lots"}), CONFIG)
+    assert "instance_group kind 'gpu'" in errors["resources.gpu"][0]
+    assert "not a Kubernetes quantity" in errors["resources.memory"][0]
+
+
+def test_the_repository_url_follows_tritons_s3_syntax() -> None:
+    assert CONFIG.repository_url("p/r1/") == "s3://http://minio.storage.svc:9000/models/p/r1"
+    https = KubernetesConfig(s3_bucket="b", s3_endpoint_url="https://s3.example.com")
+    assert https.repository_url("p/r1/") == "s3://https://s3.example.com:443/b/p/r1"
+    assert KubernetesConfig(s3_bucket="b").repository_url("p/r1/") == "s3://b/p/r1"  # AWS itself
+
+
+def test_namespaces_follow_the_mapping_then_the_prefix_and_stay_dns_labels() -> None:
+    config = KubernetesConfig(namespaces=(("acme", "ml-serving"),))
+    assert config.namespace_for("acme") == "ml-serving"
+    assert config.namespace_for("globex") == "modelport-globex"
+    long = config.namespace_for("t" * 63)
+    assert len(long) <= 63 and long.startswith("modelport-ttt")
+    assert long == config.namespace_for("t" * 63)
+
+
+def test_the_yaml_is_deterministic_multi_document_and_loads_back() -> None:
+    objects = manifests.build(target(replicas=2), "modelport-acme", CONFIG)
+    text = manifests.to_yaml(objects, ["a header"])
+    assert text == manifests.to_yaml(manifests.build(target(replicas=2), "modelport-acme", CONFIG), ["a header"])
+    assert text.startswith("# a header\n---\napiVersion: apps/v1\nkind: Deployment\n")
+    assert list(yaml.safe_load_all(text)) == objects
+
+
+def test_the_service_url_is_the_cluster_dns_name() -> None:
+    assert manifests.service_url("digits", "modelport-acme", CONFIG) == \
+        "http://digits.modelport-acme.svc.cluster.local:8000"
+    other = KubernetesConfig(cluster_domain="corp.internal")
+    assert manifests.service_url("digits", "ns", other) == "http://digits.ns.svc.corp.internal:8000"

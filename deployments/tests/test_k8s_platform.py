@@ -1,0 +1,162 @@
+"""platform/kubernetes: the manifests that run Modelport itself on Kubernetes.
+
+No kustomize binary is needed: `build()` below renders a kustomization the way `kustomize build` does for the
+features these files use (resources, namespace, images, strategic-merge patches), and every object it yields is
+validated offline against the OpenAPI schemas of two Kubernetes versions.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from deployments.k8s.config import KubernetesConfig
+from deployments.k8s.kube import KINDS
+
+PLATFORM = Path(__file__).resolve().parents[2] / "platform"
+KUSTOMIZE = PLATFORM / "kubernetes"
+KUBERNETES_VERSIONS = ("1.31", "1.33")
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+SUPPORTED = {"apiVersion", "kind", "namespace", "resources", "images", "patches"}
+
+
+def _merge(base: Any, patch: Any) -> Any:
+    """Strategic merge as kustomize applies it to these files: maps merge, lists of named items merge by name."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        merged = dict(base)
+        for key, value in patch.items():
+            merged[key] = _merge(base[key], value) if key in base else value
+        return merged
+    if isinstance(base, list) and isinstance(patch, list) and all(isinstance(i, dict) and "name" in i
+                                                                  for i in base + patch):
+        merged_list = list(base)
+        for item in patch:
+            index = next((i for i, old in enumerate(merged_list) if old["name"] == item["name"]), None)
+            if index is None:
+                merged_list.append(item)
+            else:
+                merged_list[index] = _merge(merged_list[index], item)
+        return merged_list
+    return patch
+
+
+def _load(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def build(directory: Path) -> list[dict[str, Any]]:
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    unknown = set(kustomization) - SUPPORTED
+    assert not unknown, f"{directory}: the test's renderer does not implement {sorted(unknown)}"
+    objects: list[dict[str, Any]] = []
+    for entry in kustomization.get("resources", []):
+        path = (directory / entry).resolve()
+        objects += build(path) if path.is_dir() else _load(path)
+    objects = copy.deepcopy(objects)
+    for patch_entry in kustomization.get("patches", []):
+        for patch in _load(directory / patch_entry["path"]):
+            targets = [o for o in objects if (o["kind"], o["metadata"]["name"]) ==
+                       (patch["kind"], patch["metadata"]["name"])]
+            assert len(targets) == 1, f"patch {patch_entry['path']} matches {len(targets)} objects"
+            targets[0].update(_merge(targets[0], patch))
+    namespace = kustomization.get("namespace")
+    for obj in objects:
+        if namespace and obj["kind"] not in CLUSTER_SCOPED:
+            obj["metadata"]["namespace"] = namespace
+        if namespace and obj["kind"] in ("RoleBinding", "ClusterRoleBinding"):
+            for subject in obj.get("subjects", []):
+                if subject["kind"] == "ServiceAccount":
+                    subject["namespace"] = namespace
+        for image in kustomization.get("images", []):
+            pod = obj.get("spec", {}).get("template", {}).get("spec", {})
+            for container in pod.get("containers", []) + pod.get("initContainers", []):
+                if container["image"] == image["name"]:
+                    container["image"] = f"{image.get('newName', image['name'])}:{image['newTag']}"
+    return objects
+
+
+def test_there_is_no_python_package_under_platform() -> None:
+    assert list(PLATFORM.rglob("__init__.py")) == []
+
+
+@pytest.mark.parametrize("directory", ["base", "overlays/example"])
+def test_every_object_validates_against_two_kubernetes_versions(directory: str) -> None:
+    objects = build(KUSTOMIZE / directory)
+    assert objects
+    for obj in objects:
+        for version in KUBERNETES_VERSIONS:
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                where = ".".join(str(p) for p in exc.path)
+                raise AssertionError(f"{directory}: {obj['kind']}/{obj['metadata']['name']} is invalid for "
+                                     f"Kubernetes {version} at {where}: {exc.message}") from None
+
+
+def test_every_yaml_file_is_used_by_a_kustomization() -> None:
+    used: set[Path] = set()
+    for kustomization in KUSTOMIZE.rglob("kustomization.yaml"):
+        spec = yaml.safe_load(kustomization.read_text())
+        used.add(kustomization)
+        used.update((kustomization.parent / entry).resolve() for entry in spec.get("resources", []))
+        used.update((kustomization.parent / p["path"]).resolve() for p in spec.get("patches", []))
+    assert sorted(p.resolve() for p in KUSTOMIZE.rglob("*.yaml")) == sorted(p for p in used if p.is_file())
+
+
+def test_the_example_overlay_runs_web_worker_and_beat_from_the_built_image() -> None:
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in build(KUSTOMIZE / "overlays/example")}
+    commands = {}
+    for name in ("modelport-web", "modelport-worker", "modelport-beat"):
+        deployment = objects[("Deployment", name)]
+        assert deployment["metadata"]["namespace"] == "modelport"
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        assert container["image"] == "registry.example.com/modelport:0.1.0"
+        assert {e["configMapRef"]["name"] for e in container["envFrom"] if "configMapRef" in e} == {"modelport-config"}
+        assert {e["secretRef"]["name"] for e in container["envFrom"] if "secretRef" in e} == {"modelport-secrets"}
+        commands[name] = container["command"]
+    assert commands["modelport-worker"][:4] == ["celery", "-A", "portal", "worker"]
+    assert commands["modelport-beat"][:4] == ["celery", "-A", "portal", "beat"]
+    assert objects[("Deployment", "modelport-worker")]["spec"]["replicas"] == 2  # the overlay's patch
+    assert objects[("Deployment", "modelport-beat")]["spec"]["strategy"] == {"type": "Recreate"}
+    config = objects[("ConfigMap", "modelport-config")]["data"]
+    assert config["KUBERNETES_IN_CLUSTER"] == "true" and config["S3_BUCKET"] == "modelport"
+    assert config["MODELPORT_ENV"] == "production"  # the base's value survives the merge
+
+
+def test_the_gateway_pods_are_the_ones_triton_lets_in() -> None:
+    """The NetworkPolicy of every Triton deployment admits pods with KUBERNETES_GATEWAY_POD_LABELS in
+    KUBERNETES_GATEWAY_NAMESPACE: the web pods must carry exactly those."""
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in build(KUSTOMIZE / "base")}
+    web = objects[("Deployment", "modelport-web")]
+    config = objects[("ConfigMap", "modelport-config")]["data"]
+    labels = dict(pair.split("=") for pair in config["KUBERNETES_GATEWAY_POD_LABELS"].split(","))
+    assert labels.items() <= web["spec"]["template"]["metadata"]["labels"].items()
+    assert config["KUBERNETES_GATEWAY_NAMESPACE"] == web["metadata"]["namespace"]
+    defaults = KubernetesConfig()
+    assert dict(defaults.gateway_pod_labels) == labels and defaults.gateway_namespace == "modelport"
+
+
+def test_the_service_account_may_do_everything_the_runtime_does() -> None:
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in build(KUSTOMIZE / "base")}
+    rules = objects[("ClusterRole", "modelport")]["rules"]
+    granted = {(group, resource, verb) for rule in rules for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    needed = {
+        ("v1", "Namespace"): {"get", "create", "patch"},
+        ("v1", "Secret"): {"get", "create", "patch"},
+        ("v1", "Pod"): {"get", "list", "watch"},
+    }
+    for (api_version, kind), (_, plural, _) in KINDS.items():
+        group = api_version.rpartition("/")[0]
+        for verb in needed.get((api_version, kind), {"get", "list", "create", "patch", "delete"}):
+            assert (group, plural, verb) in granted, f"{verb} {plural}.{group or 'core'}"
+    assert ("", "pods/log", "get") in granted and ("apps", "deployments/scale", "patch") in granted
+    binding = objects[("ClusterRoleBinding", "modelport")]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "modelport", "namespace": "modelport"}]
+    for name in ("modelport-web", "modelport-worker"):
+        assert objects[("Deployment", name)]["spec"]["template"]["spec"]["serviceAccountName"] == "modelport"

@@ -1,0 +1,425 @@
+"""The Kubernetes runtime against a fake API server (deployments/tests/fake_kube.py).
+
+These tests use a fake because no Kubernetes API server can run on this machine (no Docker, kind or k3s). The fake
+speaks the REST paths and verbs the official client sends and records them, so the tests assert the exact objects
+Modelport applies and the statuses it derives from simulated pods; the manifests themselves are validated against
+the real OpenAPI schemas in test_k8s_manifests.py, and `make e2e-k8s` runs the whole flow on a real cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import Person
+from deployments import reconcile
+from deployments.k8s import manifests
+from deployments.k8s.config import KubernetesConfig
+from deployments.models import Deployment, Event, Revision
+from deployments.runtimes.base import Launch, RuntimeUnavailable
+from deployments.runtimes.kubernetes import KubernetesRuntime, target_for
+from deployments.tests import fake_kube
+from deployments.tests.fake_kube import FakeKube
+from models_registry.models import ModelVersion
+
+NS = "modelport-acme"
+DEPLOYMENT_PATH = f"/apis/apps/v1/namespaces/{NS}/deployments/digits"
+TRITON_LOG = """I1129 16:24:19.371622 1 model_lifecycle.cc:472] "loading: digits:1"
+E1129 16:24:19.713920 1 model_lifecycle.cc:642] "failed to load 'digits' version 1: Internal: onnx runtime error 1: Load model from /tmp/folderXYZ/digits/1/model.onnx failed: Protobuf parsing failed."
+I1129 16:24:19.714325 1 server.cc:305] "Waiting for in-flight requests to complete."
+error: creating server: Internal - failed to load all models
+"""
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeKube]:
+    server = FakeKube().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def cfg(fake: FakeKube, tmp_path: Path) -> KubernetesConfig:
+    return KubernetesConfig(
+        kubeconfig=str(fake.write_kubeconfig(tmp_path / "kubeconfig")),
+        s3_endpoint_url="http://minio.storage.svc:9000", s3_bucket="", s3_access_key_id="AKIAFAKE",
+        s3_secret_access_key="fake-secret", ready_timeout_seconds=30, unschedulable_grace_seconds=60,
+    )
+
+
+def create(person: Person, name: str = "digits", **body: Any) -> Deployment:
+    payload = {"name": name, "runtime": "kubernetes", "models": [{"model": "digits"}], **body}
+    response = person.client().post("/api/v1/deployments/", payload, format="json")
+    assert response.status_code == 201, response.json()
+    return Deployment.objects.select_related("team", "revision").get(team=person.team, name=name)
+
+
+def launch_and_wait(runtime: KubernetesRuntime, revision: Revision) -> tuple[Launch, Any]:
+    launch = runtime.launch(revision)
+    return launch, runtime.wait_ready(launch, lambda: True)
+
+
+def test_launch_applies_every_object_with_server_side_apply(alice: Person, digits_v1: ModelVersion,
+                                                             fake: FakeKube, cfg: KubernetesConfig) -> None:
+    deployment = create(alice, replicas=2)
+    fake.on_apply = fake_kube.rollout_succeeds
+    launch = KubernetesRuntime(cfg).launch(deployment.revision)
+
+    assert launch.url == "http://digits.modelport-acme.svc.cluster.local:8000"
+    assert launch.ref == "modelport-acme/digits"
+    assert launch.description == "Deployment modelport-acme/digits, 2 replicas"
+    calls = [(r.verb, r.path) for r in fake.requests]
+    assert calls == [
+        ("get", f"/api/v1/namespaces/{NS}"),
+        ("apply", f"/api/v1/namespaces/{NS}"),
+        ("apply", f"/api/v1/namespaces/{NS}/secrets/modelport-s3"),
+        ("get", DEPLOYMENT_PATH),
+        ("apply", DEPLOYMENT_PATH),
+        ("apply", f"/api/v1/namespaces/{NS}/services/digits"),
+        ("apply", f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/digits"),
+        ("apply", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies/digits"),
+        ("get", f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers"),  # stale objects to prune
+    ]
+    for request in fake.sent("apply"):
+        assert request.query == {"fieldManager": "modelport", "force": "true"}
+        assert request.content_type == "application/apply-patch+yaml"
+
+    target = target_for(deployment.revision, cfg)
+    uid = fake.get(DEPLOYMENT_PATH)["metadata"]["uid"]  # type: ignore[index]
+    expected = manifests.build(target, NS, cfg, owner_uid=uid)
+    assert fake.applied("Deployment") == manifests.build(target, NS, cfg)[0]
+    assert [fake.applied(kind) for kind in ("Service", "PodDisruptionBudget", "NetworkPolicy")] == expected[1:]
+    assert fake.applied("Namespace") == manifests.namespace_object(NS)
+    secret = fake.applied("Secret")
+    assert secret["data"] == {"AWS_ACCESS_KEY_ID": "QUtJQUZBS0U=", "AWS_SECRET_ACCESS_KEY": "ZmFrZS1zZWNyZXQ="}
+    args = fake.applied("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == f"--model-repository=s3://http://minio.storage.svc:9000/s3-bucket-not-configured/" \
+                      f"modelport/repositories/acme/digits-{deployment.pk}/r1"
+
+
+def test_a_completed_rollout_is_ready(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+                                      cfg: KubernetesConfig) -> None:
+    deployment = create(alice)
+    fake.on_apply = fake_kube.rollout_succeeds
+    _, ready = launch_and_wait(KubernetesRuntime(cfg), deployment.revision)
+    assert ready.ready, ready
+    assert ready.message == "1 of 1 pods ready"
+    assert not fake.sent("watch")
+
+
+def test_it_watches_the_pods_until_triton_has_loaded_the_models(alice: Person, digits_v1: ModelVersion,
+                                                                fake: FakeKube, cfg: KubernetesConfig) -> None:
+    deployment = create(alice)
+    fake.on_apply = fake_kube.pod_stays(fake_kube.loading_status())
+
+    def models_loaded(server: FakeKube) -> None:
+        server.on_watch = None
+        fake_kube.rollout_succeeds(server, server.get(DEPLOYMENT_PATH))  # type: ignore[arg-type]
+
+    fake.on_watch = models_loaded
+    _, ready = launch_and_wait(KubernetesRuntime(cfg), deployment.revision)
+    assert ready.ready, ready
+    [watch] = fake.sent("watch")
+    assert watch.path == f"/api/v1/namespaces/{NS}/pods"
+    assert watch.query["labelSelector"] == manifests.revision_selector("acme", "digits", 1)
+    assert watch.query["timeoutSeconds"] == "5" and watch.query["resourceVersion"]
+
+
+def test_an_image_that_cannot_be_pulled_fails_with_what_to_fix(alice: Person, digits_v1: ModelVersion,
+                                                               fake: FakeKube, cfg: KubernetesConfig) -> None:
+    deployment = create(alice)
+    fake.on_apply = fake_kube.pod_stays(fake_kube.image_pull_status(cfg.image))
+    _, ready = launch_and_wait(KubernetesRuntime(cfg), deployment.revision)
+    assert not ready.ready
+    assert ready.message.startswith(
+        "Kubernetes cannot pull the Triton image 'nvcr.io/nvidia/tritonserver:24.10-py3' (ImagePullBackOff: "
+        "Back-off pulling image")
+    assert "KUBERNETES_IMAGE_PULL_SECRETS" in ready.message and "namespace modelport-acme" in ready.message
+
+
+def test_no_free_gpu_fails_with_the_schedulers_reason(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+                                                      cfg: KubernetesConfig) -> None:
+    deployment = create(alice, resources={"gpu": 1})
+    scheduler = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available: " \
+                "3 No preemption victims found for incoming pod."
+    fake.on_apply = fake_kube.pod_stays(fake_kube.unschedulable_status(scheduler, since_seconds=600))
+    _, ready = launch_and_wait(KubernetesRuntime(cfg), deployment.revision)
+    assert not ready.ready
+    assert ready.message == (
+        f"No node has 1 free GPU(s) for it (the scheduler: {scheduler}). Ask for fewer GPUs (resources.gpu) or "
+        "replicas, stop another deployment that holds GPUs, or add GPU nodes.")
+
+
+def test_a_pod_waiting_for_a_node_within_the_grace_period_is_still_starting(
+        alice: Person, digits_v1: ModelVersion, fake: FakeKube, cfg: KubernetesConfig) -> None:
+    deployment = create(alice, resources={"gpu": 1})
+    fake.on_apply = fake_kube.pod_stays(fake_kube.unschedulable_status("0/3 nodes are available: 3 Insufficient "
+                                                                       "nvidia.com/gpu.", since_seconds=1))
+    runtime = KubernetesRuntime(cfg)
+    launch = runtime.launch(deployment.revision)
+    ready = runtime.wait_ready(launch, lambda: False)  # the user changed the deployment meanwhile
+    assert ready.cancelled and not ready.ready
+
+
+def test_oomkilled_says_to_raise_the_memory(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+                                           cfg: KubernetesConfig) -> None:
+    deployment = create(alice, resources={"memory": "2Gi"})
+    fake.on_apply = fake_kube.pod_stays(fake_kube.oom_status())
+    _, ready = launch_and_wait(KubernetesRuntime(cfg), deployment.revision)
+    assert not ready.ready
+    assert ready.message == (
+        "Triton ran out of memory and was killed (OOMKilled) at its limit of 2Gi: the models need more memory than "
+        "that to load and serve. Raise resources.memory, or serve fewer or smaller models.")
+
+
+def test_a_crash_loop_comes_with_tritons_last_log_lines(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+                                                        cfg: KubernetesConfig) -> None:
+    deployment = create(alice)
+    fake.on_apply = fake_kube.pod_stays(fake_kube.crash_loop_status(restarts=3))
+    fake.logs[(NS, "digits-r1-0", True)] = "noise\n" * 30 + TRITON_LOG
+    _, ready = launch_and_wait(KubernetesRuntime(cfg), deployment.revision)
+    assert not ready.ready
+    assert ready.message == ("Triton exited with code 1 (pod digits-r1-0, 3 restarts, CrashLoopBackOff). "
+                             "Its last log lines say why:")
+    assert ready.detail.splitlines()[-4:] == TRITON_LOG.splitlines()
+    assert len(ready.detail.splitlines()) == 10
+    [log_request] = [r for r in fake.requests if r.path.endswith("/log")]
+    assert log_request.path == f"/api/v1/namespaces/{NS}/pods/digits-r1-0/log"
+    assert log_request.query == {"container": "triton", "tailLines": "10", "previous": "true"}
+
+
+def test_a_failed_first_revision_is_scaled_to_zero(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+                                                  cfg: KubernetesConfig) -> None:
+    deployment = create(alice)
+    fake.on_apply = fake_kube.pod_stays(fake_kube.oom_status())
+    runtime = KubernetesRuntime(cfg)
+    launch, _ = launch_and_wait(runtime, deployment.revision)
+    runtime.abandon(launch)
+    [scale] = fake.sent("patch")
+    assert (scale.path, scale.content_type, scale.body) == (
+        f"{DEPLOYMENT_PATH}/scale", "application/merge-patch+json", {"spec": {"replicas": 0}})
+    assert fake.get(DEPLOYMENT_PATH)["spec"]["replicas"] == 0  # type: ignore[index]
+
+
+def test_a_failed_new_revision_goes_back_to_the_serving_one(alice: Person, digits_v1: ModelVersion,
+                                                           fake: FakeKube, cfg: KubernetesConfig) -> None:
+    deployment = create(alice)
+    fake.on_apply = fake_kube.rollout_succeeds
+    runtime = KubernetesRuntime(cfg)
+    first, _ = launch_and_wait(runtime, deployment.revision)
+    deployment.set_status(Deployment.Status.READY, "Serving", serving_revision=deployment.revision, upstream_url=first.url)
+    response = alice.client().patch("/api/v1/deployments/digits/", {"resources": {"memory": "1Gi"}}, format="json")
+    assert response.status_code == 200, response.json()
+    second_revision = Revision.objects.get(deployment=deployment, number=2)
+    fake.on_apply = fake_kube.pod_stays(fake_kube.oom_status())
+    second, ready = launch_and_wait(runtime, second_revision)
+    assert not ready.ready and "OOMKilled" in ready.message
+    runtime.abandon(second)
+    reverted = fake.applied("Deployment")
+    assert reverted["metadata"]["labels"]["modelport.io/revision"] == "1"
+    assert reverted["spec"]["template"]["spec"]["containers"][0]["args"][0].endswith("/r1")
+
+
+def test_stop_scales_to_zero_and_start_scales_an_autoscaled_deployment_back(
+        alice: Person, digits_v1: ModelVersion, fake: FakeKube, cfg: KubernetesConfig) -> None:
+    deployment = create(alice, autoscaling={"min_replicas": 2, "max_replicas": 4, "metric": "cpu", "target": 60})
+    fake.on_apply = fake_kube.rollout_succeeds
+    runtime = KubernetesRuntime(cfg)
+    launch_and_wait(runtime, deployment.revision)
+    assert "replicas" not in fake.applied("Deployment")["spec"]
+    assert fake.applied("HorizontalPodAutoscaler")["spec"]["minReplicas"] == 2
+
+    runtime.stop(deployment)
+    assert fake.get(DEPLOYMENT_PATH)["spec"]["replicas"] == 0  # type: ignore[index]
+    assert fake.items(f"/api/v1/namespaces/{NS}/pods") == []
+
+    fake.requests.clear()
+    launch, ready = launch_and_wait(runtime, deployment.revision)
+    assert ready.ready, ready
+    assert [r.body for r in fake.sent("patch")] == [{"spec": {"replicas": 2}}]  # the HPA does not scale up from 0
+    assert launch.description == "Deployment modelport-acme/digits, 2 replicas"
+    assert len(fake.items(f"/api/v1/namespaces/{NS}/pods")) == 2
+
+
+def test_objects_a_new_revision_no_longer_has_are_removed(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+                                                          cfg: KubernetesConfig) -> None:
+    deployment = create(alice, replicas=3)
+    fake.on_apply = fake_kube.rollout_succeeds
+    runtime = KubernetesRuntime(cfg)
+    launch_and_wait(runtime, deployment.revision)
+    assert fake.get(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/digits")
+    alice.client().patch("/api/v1/deployments/digits/", {"replicas": 1}, format="json")
+    launch_and_wait(runtime, Revision.objects.get(deployment=deployment, number=2))
+    assert fake.get(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/digits") is None
+    [delete] = fake.sent("delete")
+    assert delete.path == f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/digits"
+
+
+def test_teardown_deletes_every_object_labelled_for_the_deployment_and_nothing_else(
+        alice: Person, digits_v1: ModelVersion, fake: FakeKube, cfg: KubernetesConfig) -> None:
+    fake.on_apply = fake_kube.rollout_succeeds
+    runtime = KubernetesRuntime(cfg)
+    deployment = create(alice, autoscaling={"min_replicas": 2, "max_replicas": 3, "metric": "cpu", "target": 60})
+    launch_and_wait(runtime, deployment.revision)
+    other = create(alice, name="other")
+    launch_and_wait(runtime, other.revision)
+    fake.requests.clear()
+
+    runtime.teardown(deployment)
+    deleted = sorted(r.path for r in fake.sent("delete"))
+    assert deleted == sorted([
+        DEPLOYMENT_PATH,
+        f"/api/v1/namespaces/{NS}/services/digits",
+        f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/digits",
+        f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers/digits",
+        f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies/digits",
+    ])
+    for request in fake.sent("delete"):
+        assert request.body == {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+    selector = manifests.managed_selector("acme", "digits")
+    assert {r.query.get("labelSelector") for r in fake.sent("get")} == {selector}
+    remaining = {p.rsplit("/", 1)[-1] for p in fake.objects if "/namespaces/modelport-acme/" in p
+                 and "/pods/" not in p and "/secrets/" not in p}
+    assert remaining == {"other"}
+
+
+def test_logs_come_from_the_pods(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+                                 cfg: KubernetesConfig) -> None:
+    deployment = create(alice, replicas=2)
+    fake.on_apply = fake_kube.rollout_succeeds
+    runtime = KubernetesRuntime(cfg)
+    launch_and_wait(runtime, deployment.revision)
+    fake.logs[(NS, "digits-r1-0", False)] = "a\nb\nc\n"
+    fake.logs[(NS, "digits-r1-1", False)] = "x\ny\n"
+    text = runtime.logs(deployment, 2)
+    assert "==> pod/digits-r1-0 <==\nb\nc\n" in text and "==> pod/digits-r1-1 <==\nx\ny\n" in text
+
+
+def test_check_reports_pods_that_stopped_serving(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+                                                 cfg: KubernetesConfig) -> None:
+    deployment = create(alice)
+    fake.on_apply = fake_kube.rollout_succeeds
+    runtime = KubernetesRuntime(cfg)
+    launch_and_wait(runtime, deployment.revision)
+    deployment.set_status(Deployment.Status.READY, "Serving", serving_revision=deployment.revision)
+    assert runtime.check(deployment).ok
+
+    fake_kube.pod_stays(fake_kube.crash_loop_status(restarts=5, exit_code=139))(fake, fake.get(DEPLOYMENT_PATH))  # type: ignore[arg-type]
+    fake.logs[(NS, "digits-r1-0", True)] = TRITON_LOG
+    health = runtime.check(deployment)
+    assert not health.ok
+    assert health.message == "none of its 1 Triton pod(s) is ready"
+    assert health.detail.startswith("Triton exited with code 139 (pod digits-r1-0, 5 restarts")
+    assert health.detail.endswith("error: creating server: Internal - failed to load all models")
+
+
+def test_it_refuses_to_take_over_another_teams_deployment(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+                                                          cfg: KubernetesConfig) -> None:
+    deployment = create(alice)
+    fake.put(DEPLOYMENT_PATH, {"apiVersion": "apps/v1", "kind": "Deployment",
+                               "metadata": {"name": "digits", "namespace": NS, "labels": {"app": "digits"}},
+                               "spec": {"replicas": 1}})
+    with pytest.raises(RuntimeUnavailable, match="A Deployment named digits exists in namespace modelport-acme and "
+                                                 "is not this deployment's"):
+        KubernetesRuntime(cfg).launch(deployment.revision)
+    assert not fake.sent("apply", "Deployment")
+
+
+def test_credentials_the_cluster_does_not_accept_are_named(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+                                                         cfg: KubernetesConfig) -> None:
+    deployment = create(alice)
+    fake.token = "another-token"  # Modelport's token is no longer valid
+    with pytest.raises(RuntimeUnavailable, match="did not accept Modelport's credentials"):
+        KubernetesRuntime(cfg).launch(deployment.revision)
+
+
+def test_a_forbidden_request_names_the_rbac_rules_to_grant(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+                                                           cfg: KubernetesConfig) -> None:
+    deployment = create(alice)
+    message = ('networkpolicies.networking.k8s.io "digits" is forbidden: User "system:serviceaccount:modelport:'
+               'modelport" cannot patch resource "networkpolicies" in API group "networking.k8s.io" in the '
+               'namespace "modelport-acme"')
+    fake.forbid = lambda request: message if "networkpolicies" in request.path else None
+    with pytest.raises(RuntimeUnavailable) as caught:
+        KubernetesRuntime(cfg).launch(deployment.revision)
+    assert str(caught.value) == (
+        f"Kubernetes refused to let Modelport apply NetworkPolicy modelport-acme/digits: {message}. Give the "
+        "worker's service account the permissions of platform/kubernetes/base/rbac.yaml.")
+
+
+def test_a_cluster_that_does_not_answer_says_so(alice: Person, digits_v1: ModelVersion, tmp_path: Path) -> None:
+    deployment = create(alice)
+    gone = FakeKube()
+    kubeconfig = gone.write_kubeconfig(tmp_path / "kubeconfig")
+    gone.server.server_close()  # the port is closed: connection refused
+    runtime = KubernetesRuntime(KubernetesConfig(kubeconfig=str(kubeconfig)))
+    with pytest.raises(RuntimeUnavailable, match=r"^The Kubernetes API server is not reachable \("):
+        runtime.launch(deployment.revision)
+    assert runtime.check(deployment).ok  # cannot tell: the pods most likely still serve
+
+
+def test_without_a_cluster_the_deployment_fails_saying_what_to_set(
+        alice: Person, digits_v1: ModelVersion, settings: Any) -> None:
+    settings.KUBERNETES_KUBECONFIG = ""
+    settings.KUBERNETES_IN_CLUSTER = False
+    settings.KUBERNETES_S3_BUCKET = ""
+    deployment = create(alice)
+    reconcile.reconcile(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.status == Deployment.Status.FAILED
+    assert deployment.status_message.startswith(
+        "No Kubernetes cluster is configured: set KUBECONFIG to a kubeconfig file, or run the worker in-cluster "
+        "with KUBERNETES_IN_CLUSTER=true")
+    assert "S3 for model repositories is not configured" in deployment.status_message
+    assert "KUBERNETES_S3_BUCKET (or S3_BUCKET)" in deployment.status_message
+    assert Event.objects.filter(deployment=deployment, kind=Event.Kind.ERROR,
+                                message__startswith="No Kubernetes cluster is configured").exists()
+    # Nothing was started, so stopping and deleting need no cluster.
+    response = alice.client().delete("/api/v1/deployments/digits/")
+    assert response.status_code == 204
+    assert not Deployment.objects.filter(pk=deployment.pk).exists()
+
+
+def test_stop_and_delete_go_through_the_reconciler(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+                                                   cfg: KubernetesConfig, settings: Any) -> None:
+    settings.KUBERNETES_KUBECONFIG = cfg.kubeconfig
+    settings.KUBERNETES_S3_BUCKET = ""
+    deployment = create(alice)
+    fake.on_apply = fake_kube.rollout_succeeds
+    KubernetesRuntime(cfg).launch(deployment.revision)
+    deployment.set_status(Deployment.Status.READY, "Serving", serving_revision=deployment.revision)
+
+    assert alice.client().post("/api/v1/deployments/digits/stop").status_code == 202
+    reconcile.reconcile(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.status == Deployment.Status.STOPPED
+    assert fake.get(DEPLOYMENT_PATH)["spec"]["replicas"] == 0  # type: ignore[index]
+
+    assert alice.client().delete("/api/v1/deployments/digits/").status_code == 204
+    assert fake.get(DEPLOYMENT_PATH) is None
+    assert fake.get(f"/api/v1/namespaces/{NS}/services/digits") is None
+
+
+def test_deleting_waits_while_the_cluster_does_not_answer(alice: Person, digits_v1: ModelVersion, tmp_path: Path,
+                                                          settings: Any) -> None:
+    gone = FakeKube()
+    settings.KUBERNETES_KUBECONFIG = str(gone.write_kubeconfig(tmp_path / "kubeconfig"))
+    gone.server.server_close()
+    settings.KUBERNETES_S3_BUCKET = ""
+    deployment = create(alice)
+    from deployments import actions
+
+    assert actions.delete_deployment(deployment, alice.user, wait_seconds=0.1) is False
+    deployment.refresh_from_db()
+    assert deployment.status == Deployment.Status.STOPPING
+    assert deployment.status_message.startswith("Waiting for the runtime: The Kubernetes API server is not reachable")
+
+
+def test_a_kubeconfig_that_cannot_be_loaded_says_so(alice: Person, digits_v1: ModelVersion, tmp_path: Path) -> None:
+    deployment = create(alice)
+    runtime = KubernetesRuntime(KubernetesConfig(kubeconfig=str(tmp_path / "missing")))
+    with pytest.raises(RuntimeUnavailable, match=f"from KUBECONFIG={tmp_path / 'missing'} cannot be loaded"):
+        runtime.launch(deployment.revision)

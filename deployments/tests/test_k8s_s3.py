@@ -1,0 +1,209 @@
+"""Model repositories in S3 for the Kubernetes runtime, against a real S3-compatible server (moto's server mode,
+started by the tests), and a real local Triton that loads a repository, ensemble included, straight from S3.
+
+The reconcile test also needs a Kubernetes API server, and uses the fake one (deployments/tests/fake_kube.py)
+because no API server can run on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from moto.server import ThreadedMotoServer
+
+from conftest import Person
+from deployments import local_triton as lt
+from deployments import reconcile
+from deployments.k8s import s3repo
+from deployments.k8s.config import KubernetesConfig
+from deployments.models import Deployment, Event, Revision
+from deployments.render import render_repository
+from deployments.spec import RepositorySpec
+from deployments.tests import fake_kube
+from deployments.tests.fake_kube import FakeKube
+from deployments.tests.test_local_triton import pipeline_spec, runtime_env
+from models_registry.models import ModelVersion
+
+pytestmark = pytest.mark.s3
+
+REGION = "us-east-1"
+
+
+@pytest.fixture(scope="module")
+def moto_url() -> Iterator[str]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_config(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> KubernetesConfig:
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": REGION}.items():
+        monkeypatch.setenv(name, value)
+    config = KubernetesConfig(s3_endpoint_url=moto_url, s3_bucket=f"repos-{uuid.uuid4().hex[:12]}",
+                              s3_prefix="modelport/repositories", s3_region=REGION,
+                              s3_access_key_id="testing", s3_secret_access_key="testing")
+    s3repo.client(config).create_bucket(Bucket=config.s3_bucket)
+    return config
+
+
+def keys(config: KubernetesConfig, prefix: str = "") -> list[str]:
+    return sorted(s3repo.list_keys(s3repo.client(config), config.s3_bucket, prefix))
+
+
+def test_upload_mirrors_the_tree_with_a_placeholder_in_empty_version_directories(
+        s3_config: KubernetesConfig, tmp_path: Path) -> None:
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir()
+    render_repository(RepositorySpec(models=pipeline_spec(artifacts)), "kubernetes", tmp_path / "repo")
+    s3 = s3repo.client(s3_config)
+    prefix = "modelport/repositories/acme/pipe-1/r1/"
+    assert not s3repo.is_uploaded(s3, s3_config.s3_bucket, prefix)
+
+    s3repo.upload_repository(s3, s3_config.s3_bucket, prefix, tmp_path / "repo")
+    assert keys(s3_config) == [
+        "modelport/repositories/acme/pipe-1/r1.uploaded",  # the marker, outside the tree Triton reads
+        f"{prefix}add_one/1/model.onnx", f"{prefix}add_one/config.pbtxt",
+        f"{prefix}double/1/model.py", f"{prefix}double/config.pbtxt",
+        f"{prefix}pipeline/1/.modelport-keep", f"{prefix}pipeline/config.pbtxt",
+    ]
+    assert s3repo.is_uploaded(s3, s3_config.s3_bucket, prefix)
+    body = s3.get_object(Bucket=s3_config.s3_bucket, Key=f"{prefix}add_one/1/model.onnx")["Body"].read()
+    assert body == (tmp_path / "repo" / "add_one" / "1" / "model.onnx").read_bytes()
+
+
+def test_a_second_upload_removes_what_the_tree_no_longer_has(s3_config: KubernetesConfig, tmp_path: Path) -> None:
+    s3 = s3repo.client(s3_config)
+    prefix = "p/r1/"
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "old.bin").write_bytes(b"old")
+    s3repo.upload_repository(s3, s3_config.s3_bucket, prefix, tmp_path)
+    (tmp_path / "m" / "1" / "old.bin").unlink()
+    (tmp_path / "m" / "config.pbtxt").write_text("name: 'm'")
+    s3repo.upload_repository(s3, s3_config.s3_bucket, prefix, tmp_path)
+    assert keys(s3_config) == ["p/r1.uploaded", "p/r1/m/1/.modelport-keep", "p/r1/m/config.pbtxt"]
+
+
+def test_deleting_a_revision_leaves_the_others(s3_config: KubernetesConfig, tmp_path: Path) -> None:
+    s3 = s3repo.client(s3_config)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.pbtxt").write_text("x")
+    for number in (1, 2, 10):
+        s3repo.upload_repository(s3, s3_config.s3_bucket, f"d-1/r{number}/", tmp_path)
+    assert s3repo.uploaded_revisions(s3, s3_config.s3_bucket, "d-1/") == [1, 2, 10]
+    assert s3repo.delete_repository(s3, s3_config.s3_bucket, "d-1/r1/") == 1
+    assert s3repo.uploaded_revisions(s3, s3_config.s3_bucket, "d-1/") == [2, 10]  # r10 is not r1's
+    assert s3repo.delete_prefix(s3, s3_config.s3_bucket, "d-1/") == 4
+    assert keys(s3_config) == []
+
+
+@pytest.mark.triton
+def test_a_real_triton_loads_an_ensemble_straight_from_s3(s3_config: KubernetesConfig, tmp_path: Path) -> None:
+    env = runtime_env()
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir()
+    # "local": the tritonserver here has only the python backend (see docs/local-runtime.md); the Kubernetes
+    # render differs only in the backends it names.
+    render_repository(RepositorySpec(models=pipeline_spec(artifacts)), "local", tmp_path / "repo")
+    prefix = "modelport/repositories/acme/pipe-1/r1/"
+    s3repo.upload_repository(s3repo.client(s3_config), s3_config.s3_bucket, prefix, tmp_path / "repo")
+    url = s3_config.repository_url(prefix)
+    assert url.startswith("s3://http://127.0.0.1:") and url.endswith(f"/{s3_config.s3_bucket}/{prefix.rstrip('/')}")
+
+    process = lt.start_server(url, tmp_path / "triton.log", env, lt.build_backend_dir(env, tmp_path / "var"))
+    try:
+        result = lt.wait_ready(process, ["add_one", "double", "pipeline"], timeout=120)
+        assert result.ready, f"{result.message}\n{lt.tail_log(process.log_path, 60)}"
+        assert f"--model-repository={url}".encode() in Path(f"/proc/{process.pid}/cmdline").read_bytes().split(b"\0")
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        request = json.dumps({"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32",
+                                          "data": x.ravel().tolist()}]}).encode()
+        with urllib.request.urlopen(urllib.request.Request(
+                f"{process.http_url}/v2/models/pipeline/infer", data=request,
+                headers={"Content-Type": "application/json"}), timeout=30) as response:
+            answer = json.load(response)
+        [output] = answer["outputs"]
+        assert np.allclose(np.array(output["data"]).reshape(output["shape"]), (x + 1) * 2)
+    finally:
+        lt.stop_server(process.pid, grace_seconds=10)
+
+
+# --- The reconciler: upload to S3, apply to the (fake) cluster, roll to a new revision, delete -------------------
+
+
+@pytest.fixture
+def cluster(s3_config: KubernetesConfig, tmp_path: Path, settings: Any) -> Iterator[FakeKube]:
+    fake = FakeKube().start()
+    fake.on_apply = fake_kube.rollout_succeeds
+    settings.KUBERNETES_KUBECONFIG = str(fake.write_kubeconfig(tmp_path / "kubeconfig"))
+    settings.KUBERNETES_S3_ENDPOINT_URL = s3_config.s3_endpoint_url
+    settings.KUBERNETES_S3_BUCKET = s3_config.s3_bucket
+    settings.KUBERNETES_S3_PREFIX = s3_config.s3_prefix
+    settings.KUBERNETES_S3_REGION = REGION
+    settings.KUBERNETES_S3_ACCESS_KEY_ID = settings.KUBERNETES_S3_SECRET_ACCESS_KEY = "testing"
+    settings.ROLLOUT_DRAIN_SECONDS = 0
+    yield fake
+    fake.stop()
+
+
+def test_the_reconciler_uploads_applies_rolls_out_and_cleans_up(
+        alice: Person, digits_v1: ModelVersion, cluster: FakeKube, s3_config: KubernetesConfig) -> None:
+    response = alice.client().post("/api/v1/deployments/", {"name": "digits", "runtime": "kubernetes",
+                                                            "models": [{"model": "digits"}]}, format="json")
+    assert response.status_code == 201, response.json()
+    deployment = Deployment.objects.get()
+    root = f"modelport/repositories/acme/digits-{deployment.pk}/"
+
+    reconcile.reconcile(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.status == Deployment.Status.READY, deployment.status_message
+    assert deployment.upstream_url == "http://digits.modelport-acme.svc.cluster.local:8000"
+    assert keys(s3_config, root) == [f"{root}r1.uploaded", f"{root}r1/digits/1/model.onnx",
+                                     f"{root}r1/digits/config.pbtxt"]
+    config_pbtxt = s3repo.client(s3_config).get_object(Bucket=s3_config.s3_bucket,
+                                                       Key=f"{root}r1/digits/config.pbtxt")["Body"].read().decode()
+    assert 'backend: "onnxruntime"' in config_pbtxt  # the official image's backend, not the local python wrapper
+    revision = Revision.objects.get(deployment=deployment, number=1)
+    assert revision.repository == s3_config.repository_url(f"{root}r1/")
+    args = cluster.applied("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == f"--model-repository={revision.repository}"
+
+    alice.client().patch("/api/v1/deployments/digits/", {"replicas": 2}, format="json")
+    reconcile.reconcile(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.status == Deployment.Status.READY and deployment.serving_revision.number == 2  # type: ignore[union-attr]
+    assert [k.removeprefix(root) for k in keys(s3_config, root)] == [
+        "r2.uploaded", "r2/digits/1/model.onnx", "r2/digits/config.pbtxt"]
+    assert Event.objects.filter(deployment=deployment,
+                                message="Removed the model repository of revision 1 from S3.").exists()
+    assert cluster.applied("PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+
+    assert alice.client().delete("/api/v1/deployments/digits/").status_code == 204
+    assert keys(s3_config, root) == []
+    # Pods go with the Deployment through Kubernetes' garbage collector, which the fake does not have.
+    left = [p for p in cluster.objects if "/namespaces/modelport-acme/" in p and "/pods/" not in p]
+    assert left == ["/api/v1/namespaces/modelport-acme/secrets/modelport-s3"]  # shared by the team's deployments
+
+
+def test_an_unreachable_s3_fails_the_deployment_saying_what_to_check(
+        alice: Person, digits_v1: ModelVersion, cluster: FakeKube, settings: Any) -> None:
+    settings.KUBERNETES_S3_BUCKET = "no-such-bucket"
+    alice.client().post("/api/v1/deployments/", {"name": "digits", "runtime": "kubernetes",
+                                                 "models": [{"model": "digits"}]}, format="json")
+    deployment = Deployment.objects.get()
+    reconcile.reconcile(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.status == Deployment.Status.FAILED
+    assert deployment.status_message.startswith("The model repository cannot be uploaded to S3 (bucket 'no-such-bucket'")
+    assert "NoSuchBucket" in deployment.status_message
+    assert not cluster.sent("apply")

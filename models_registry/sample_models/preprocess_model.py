@@ -1,0 +1,26 @@
+"""Triton python-backend model `preprocess` of the sample pipeline: encoded images (BYTES [-1, 1]) -> the
+classifier's input (FP32 [-1, 64]). Zipped as model.py with its helper module digit_image.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from digit_image import digit_features
+
+
+class TritonPythonModel:
+    def execute(self, requests: list[Any]) -> list[Any]:
+        responses = []
+        for request in requests:
+            images = pb_utils.get_input_tensor_by_name(request, "image").as_numpy()
+            try:
+                rows = [digit_features(bytes(item)) for item in images.reshape(-1)]
+            except Exception as exc:  # noqa: BLE001 - an unreadable image is this request's error, not the model's
+                error = pb_utils.TritonError(f"cannot read the image: {exc}")
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
+                continue
+            features = np.stack(rows).astype(np.float32) if rows else np.zeros((0, 64), np.float32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("input", features)]))
+        return responses
