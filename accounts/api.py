@@ -13,7 +13,7 @@ from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from accounts.context import current_membership, current_team
+from accounts.context import acting_user, current_membership, current_team
 from accounts.idempotency import idempotent
 from accounts.models import ApiToken, Membership
 from audit.log import record as audit
@@ -39,10 +39,11 @@ class TokenCreateSerializer(serializers.Serializer[Any]):
 }))
 @api_view(["GET"])
 def me(request: Request) -> Response:
+    user = acting_user(request)
     membership = current_membership(request)
-    teams = Membership.objects.filter(user=request.user).select_related("team").order_by("team__name")
+    teams = Membership.objects.filter(user=user).select_related("team").order_by("team__name")
     return Response({
-        "username": request.user.get_username(),
+        "username": user.get_username(),
         "team": membership.team.name if membership else None,
         "role": membership.role if membership else None,
         "teams": [{"name": m.team.name, "role": m.role} for m in teams],
@@ -53,27 +54,29 @@ def me(request: Request) -> Response:
 @api_view(["GET", "POST"])
 @idempotent
 def tokens_list(request: Request) -> Response:
+    user = acting_user(request)
     if request.method == "POST":
         serializer = TokenCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         days = serializer.validated_data.get("expires_in_days")
         with transaction.atomic():
-            token, raw = ApiToken.issue(request.user, current_team(request), name=serializer.validated_data["name"],  # type: ignore[arg-type]
+            token, raw = ApiToken.issue(user, current_team(request), name=serializer.validated_data["name"],  # type: ignore[arg-type]
                                         expires_in=timedelta(days=days) if days else None)
-            audit(request.user, token.team, "token.create", token.prefix, name=token.name)
+            audit(user, token.team, "token.create", token.prefix, name=token.name)
         # The raw token is in this response only: it is stored hashed.
         return Response({**TokenSerializer(token).data, "token": raw}, status=status.HTTP_201_CREATED)
-    tokens = ApiToken.objects.filter(user=request.user).select_related("team")
+    tokens = ApiToken.objects.filter(user=user).select_related("team")
     return Response(TokenSerializer(tokens, many=True).data)
 
 
 @extend_schema(request=None, responses={204: None})
 @api_view(["DELETE"])
 def token_detail(request: Request, token_id: int) -> Response:
-    token = ApiToken.objects.filter(pk=token_id, user=request.user).first()
+    user = acting_user(request)
+    token = ApiToken.objects.filter(pk=token_id, user=user).first()
     if token is None:
         raise Http404
     with transaction.atomic():
         token.revoke()
-        audit(request.user, token.team, "token.revoke", token.prefix, name=token.name)
+        audit(user, token.team, "token.revoke", token.prefix, name=token.name)
     return Response(status=status.HTTP_204_NO_CONTENT)

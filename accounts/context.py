@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from django.http import HttpRequest
+from rest_framework.exceptions import NotAuthenticated
 
 from accounts.models import ApiToken, Membership, Team
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 SESSION_TEAM_KEY = "team_id"
 
 
+def acting_user(request: HttpRequest) -> User:
+    """The authenticated user a request acts as. API views are behind IsTeamMember and web views behind
+    login_required/team_required, so this raises only for a view wired without them."""
+    user = request.user
+    if not user.is_authenticated:
+        raise NotAuthenticated("Authentication required: send 'Authorization: Bearer <token>'.")
+    return user
+
+
 def current_membership(request: Any) -> Membership | None:
-    cached = getattr(request, "_modelport_membership", False)
-    if cached is not False:
-        return cached  # type: ignore[no-any-return]
+    if hasattr(request, "_modelport_membership"):
+        cached: Membership | None = request._modelport_membership
+        return cached
     membership = _resolve(request)
     request._modelport_membership = membership
     return membership

@@ -14,6 +14,7 @@ from django.utils import timezone
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from accounts.context import acting_user
 from accounts.models import IdempotencyRecord
 from portal.api_errors import error_body
 
@@ -24,12 +25,13 @@ MAX_KEY_LENGTH = 255
 def _request_hash(request: Request) -> str:
     digest = hashlib.sha256(f"{request.method} {request.path}\n".encode())
     content_type = request.content_type or ""
-    if content_type.startswith("application/json"):
-        digest.update(json.dumps(request.data, sort_keys=True, default=str).encode())
+    data = request.data
+    if content_type.startswith("application/json") or not isinstance(data, dict):
+        digest.update(json.dumps(data, sort_keys=True, default=str).encode())
     else:
         # Multipart: the form fields and the uploaded files' names and sizes.
-        for key in sorted(request.data.keys()):
-            value = request.data.get(key)
+        for key in sorted(data.keys()):
+            value = data.get(key)
             digest.update(f"{key}={getattr(value, 'name', value)}:{getattr(value, 'size', '')}\n".encode())
     return digest.hexdigest()
 
@@ -44,13 +46,14 @@ def idempotent(view: Callable[..., Response]) -> Callable[..., Response]:
             return view(request, *args, **kwargs)
         if len(key) > MAX_KEY_LENGTH:
             return Response(error_body("invalid", f"Idempotency-Key must be at most {MAX_KEY_LENGTH} characters."), status=400)
+        user = acting_user(request)
         fingerprint = _request_hash(request)
-        IdempotencyRecord.objects.filter(user=request.user, key=key, created_at__lt=timezone.now() - KEEP_FOR).delete()
+        IdempotencyRecord.objects.filter(user=user, key=key, created_at__lt=timezone.now() - KEEP_FOR).delete()
         try:
             with transaction.atomic():
-                record = IdempotencyRecord.objects.create(user=request.user, key=key, request_hash=fingerprint)
+                record = IdempotencyRecord.objects.create(user=user, key=key, request_hash=fingerprint)
         except IntegrityError:
-            existing = IdempotencyRecord.objects.get(user=request.user, key=key)
+            existing = IdempotencyRecord.objects.get(user=user, key=key)
             if existing.request_hash != fingerprint:
                 return Response(error_body("idempotency_key_reused",
                                            "This Idempotency-Key was used for a different request; use a new key."), status=422)

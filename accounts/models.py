@@ -3,12 +3,16 @@ from __future__ import annotations
 import hashlib
 import secrets
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
 from accounts.names import validate_name
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 TOKEN_PREFIX = "mp_"
 
@@ -74,7 +78,7 @@ class ApiToken(models.Model):
         return f"{self.prefix}… ({self.user}, {self.team})"
 
     @classmethod
-    def issue(cls, user: object, team: Team, name: str = "", expires_in: timedelta | None = None) -> tuple[ApiToken, str]:
+    def issue(cls, user: User, team: Team, name: str = "", expires_in: timedelta | None = None) -> tuple[ApiToken, str]:
         """Create a token; the raw value is returned once and never stored."""
         prefix = secrets.token_hex(4)
         raw = f"{TOKEN_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"

@@ -26,6 +26,7 @@ from deployments.spec import MAX_INSTANCE_COUNT, MAX_QUEUE_DELAY_MICROSECONDS, R
 from models_registry.api import validate_name_field
 from models_registry.models import Format, ModelVersion
 from models_registry.pipelines import step_references
+from portal.api_errors import request_object
 
 MAX_REPLICAS = 100
 
@@ -95,7 +96,9 @@ class DeploymentInputSerializer(serializers.Serializer[Any]):
         team: Team = self.context["team"]
         runtime = attrs.get("runtime", Deployment.Runtime.LOCAL)
         errors: dict[str, list[str]] = {}
-        entries, versions, index_of = [], [], {}
+        entries: list[dict[str, Any]] = []
+        versions: list[ModelVersion] = []
+        index_of: dict[str, int] = {}
         served = _models_to_serve(team, attrs["models"], errors)
         for index, options, version in served:
             versions.append(version)
@@ -302,17 +305,18 @@ def deployments_list(request: Request) -> Response:
 def deployment_detail(request: Request, name: str) -> Response:
     deployment = get_deployment_for_user(request, name)
     if request.method == "PATCH":
+        body = request_object(request)
         current = deployment.revision.spec if deployment.revision else {}
         merged = {
             "name": deployment.name,
             "runtime": deployment.runtime,
-            "replicas": request.data.get("replicas", current.get("replicas", 1)),
-            "resources": request.data.get("resources", current.get("resources", {})),
-            "autoscaling": request.data.get("autoscaling", current.get("autoscaling")),
-            "models": request.data.get("models", [_settings_of(m) for m in current.get("models", [])]),
+            "replicas": body.get("replicas", current.get("replicas", 1)),
+            "resources": body.get("resources", current.get("resources", {})),
+            "autoscaling": body.get("autoscaling", current.get("autoscaling")),
+            "models": body.get("models", [_settings_of(m) for m in current.get("models", [])]),
         }
-        if "name" in request.data and request.data["name"] != deployment.name or (
-                "runtime" in request.data and request.data["runtime"] != deployment.runtime):
+        if "name" in body and body["name"] != deployment.name or (
+                "runtime" in body and body["runtime"] != deployment.runtime):
             raise serializers.ValidationError("The name and runtime of a deployment cannot change: create a new deployment.")
         serializer = DeploymentInputSerializer(data=merged, context={"team": deployment.team})
         serializer.is_valid(raise_exception=True)

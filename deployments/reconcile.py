@@ -78,7 +78,7 @@ def _roll_out(deployment: Deployment, runtime: Runtime) -> None:
     def keep_waiting() -> bool:
         deployment.renew(LEASE_SECONDS)
         now = Deployment.objects.filter(pk=deployment.pk).values("desired_state", "revision_id").first()
-        return bool(now) and now["desired_state"] == Deployment.Desired.RUNNING and now["revision_id"] == target.pk
+        return now is not None and now["desired_state"] == Deployment.Desired.RUNNING and now["revision_id"] == target.pk
 
     ready = runtime.wait_ready(launch, keep_waiting)
     if not ready.ready:

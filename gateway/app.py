@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+# Loose on purpose: Django's ASGIHandler types its scope as dict and its messages as Mapping, not as above.
+ASGIApp = Callable[..., Awaitable[None]]
 
 PREFIX = "/serve/"
 # Request headers passed to Triton; everything else (cookies, the bearer token) stays here.

@@ -24,6 +24,7 @@ from models_registry import actions, pipelines
 from models_registry.models import Format, Model, ModelVersion, Upload
 from models_registry.signature import SignatureError, parse_signature
 from models_registry.validation import ArtifactRejected
+from portal.api_errors import request_object
 
 
 class ConflictError(APIException):
@@ -227,9 +228,10 @@ def versions_list(request: Request, name: str) -> Response:
     if request.method == "GET":
         versions = model.versions.select_related("model", "created_by")
         return Response(VersionSerializer(versions, many=True).data)
-    if isinstance(request.data, dict) and request.data.get("format") == Format.ENSEMBLE:
+    body = request_object(request)
+    if body.get("format") == Format.ENSEMBLE:
         return _create_pipeline(request, model)
-    upload = request.data.get("file")
+    upload = body.get("file")
     if upload is not None and getattr(upload, "size", 0) > settings.MAX_MULTIPART_UPLOAD_SIZE:
         raise PayloadTooLarge(
             f"The file is {upload.size} bytes; files sent in the request body are limited to "

@@ -24,9 +24,15 @@ class StorageError(Exception):
     pass
 
 
+class Readable(Protocol):
+    """What an upload's bytes are read from: a file, a request body (HttpRequest.read), a wrapper that hashes."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
 class ArtifactStore(Protocol):
     def begin_upload(self, key: str) -> dict[str, Any]: ...
-    def append(self, key: str, state: dict[str, Any], offset: int, stream: IO[bytes], limit: int) -> tuple[int, dict[str, Any]]: ...
+    def append(self, key: str, state: dict[str, Any], offset: int, stream: Readable, limit: int) -> tuple[int, dict[str, Any]]: ...
     def commit(self, key: str, old: dict[str, Any], new: dict[str, Any]) -> None: ...
     def rollback(self, key: str, old: dict[str, Any], new: dict[str, Any]) -> None: ...
     def finish_upload(self, key: str, state: dict[str, Any]) -> None: ...
@@ -56,7 +62,7 @@ def sha256_of(stream: IO[bytes]) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def copy_limited(stream: IO[bytes], out: IO[bytes], limit: int) -> int:
+def copy_limited(stream: Readable, out: IO[bytes], limit: int) -> int:
     """Copy at most `limit` bytes, chunk by chunk (never the whole body in memory)."""
     written = 0
     while written < limit:
@@ -84,7 +90,7 @@ class FilesystemStore:
         path.touch()
         return {}
 
-    def append(self, key: str, state: dict[str, Any], offset: int, stream: IO[bytes], limit: int) -> tuple[int, dict[str, Any]]:
+    def append(self, key: str, state: dict[str, Any], offset: int, stream: Readable, limit: int) -> tuple[int, dict[str, Any]]:
         path = self.path(key)
         with open(path, "r+b") as out:
             # Whatever a broken earlier request wrote past the committed offset is overwritten.
@@ -162,7 +168,7 @@ class S3Store:
         # state's tail untouched and the upload can be rolled back to it.
         return f"{self.object_key(key)}.tail-{parts}-{tail}"
 
-    def append(self, key: str, state: dict[str, Any], offset: int, stream: IO[bytes], limit: int) -> tuple[int, dict[str, Any]]:
+    def append(self, key: str, state: dict[str, Any], offset: int, stream: Readable, limit: int) -> tuple[int, dict[str, Any]]:
         """Stream the body into 8 MiB parts. Bytes that do not fill a part are kept in a small `.tail` object so
         that the next request (or the end of the upload) can send them: S3 refuses parts under 5 MiB."""
         state = {**state, "parts": list(state["parts"])}

@@ -7,7 +7,7 @@ import binascii
 import contextlib
 import hashlib
 from datetime import timedelta
-from typing import IO, Any
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Q
@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from accounts.models import Team
 from models_registry.models import Upload
-from models_registry.storage import get_store
+from models_registry.storage import Readable, get_store
 
 # A PATCH holds its claim at most this long; a client that died mid-request frees the upload after it.
 CLAIM_DURATION = timedelta(hours=1)
@@ -90,7 +90,7 @@ def parse_checksum(header: str | None) -> bytes | None:
 
 
 class _HashingReader:
-    def __init__(self, stream: IO[bytes]) -> None:
+    def __init__(self, stream: Readable) -> None:
         self.stream = stream
         self.digest = hashlib.sha256()
 
@@ -100,7 +100,7 @@ class _HashingReader:
         return data
 
 
-def append_chunk(upload: Upload, offset: int, stream: IO[bytes], content_length: int | None,
+def append_chunk(upload: Upload, offset: int, stream: Readable, content_length: int | None,
                  checksum: bytes | None) -> Upload:
     """Write the body at `offset`. The offset is committed only for bytes that fully arrived (and match the
     checksum), so an interrupted request leaves a resumable upload, never a corrupt one."""
@@ -125,7 +125,7 @@ def append_chunk(upload: Upload, offset: int, stream: IO[bytes], content_length:
     hasher = _HashingReader(stream) if checksum is not None else None
     limit = remaining if content_length is None else content_length
     try:
-        written, new_state = store.append(upload.key, old_state, offset, hasher or stream, limit)  # type: ignore[arg-type]
+        written, new_state = store.append(upload.key, old_state, offset, hasher or stream, limit)
     except BaseException:
         Upload.objects.filter(pk=upload.pk).update(busy_until=None)
         raise

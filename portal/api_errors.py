@@ -6,6 +6,7 @@ from typing import Any
 
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -20,6 +21,14 @@ def error_response(status_code: int, code: str, message: str, fields: dict[str, 
     for key, value in (headers or {}).items():
         response[key] = value
     return response
+
+
+def request_object(request: Request) -> dict[str, Any]:
+    """The request body as a mapping (a JSON object, or multipart/form fields); a 400 for any other JSON value."""
+    data = request.data
+    if not isinstance(data, dict):
+        raise exceptions.ValidationError("The request body must be a JSON object.")
+    return data
 
 
 def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:

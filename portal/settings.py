@@ -108,7 +108,7 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": VAR_DIR / "modelport.sqlite3",
+            "NAME": str(VAR_DIR / "modelport.sqlite3"),
             # A web server, a worker and beat share this file: wait for locks instead of failing at once.
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},
         }

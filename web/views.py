@@ -393,6 +393,7 @@ def deployment_delete(request: HttpRequest, team: Team, name: str) -> HttpRespon
 @require_http_methods(["GET", "POST"])
 @team_required
 def tokens(request: HttpRequest, team: Team) -> HttpResponse:
+    assert request.user.is_authenticated
     form = TokenForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         days = form.cleaned_data["expires_in_days"]
@@ -404,7 +405,6 @@ def tokens(request: HttpRequest, team: Team) -> HttpResponse:
         request.session[NEW_TOKEN_SESSION_KEY] = {"id": token.pk, "raw": raw}
         return redirect("tokens")
     new_token = request.session.pop(NEW_TOKEN_SESSION_KEY, None) if request.method == "GET" else None
-    assert request.user.is_authenticated
     user_tokens = ApiToken.objects.filter(user=request.user).select_related("team")
     return render(request, "web/tokens.html", {"form": form, "tokens": user_tokens, "new_token": new_token})
 

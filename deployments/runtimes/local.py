@@ -169,7 +169,10 @@ class LocalRuntime:
             _stop(server)
 
     def check(self, deployment: Deployment) -> Health:
-        server = TritonServer.objects.filter(revision_id=deployment.serving_revision_id, state=TritonServer.State.READY).first()
+        server = None
+        if deployment.serving_revision_id is not None:  # (a server always has a revision)
+            server = TritonServer.objects.filter(revision_id=deployment.serving_revision_id,
+                                                 state=TritonServer.State.READY).first()
         if server is not None and local_triton.is_alive(server.pid):
             return Health(True)
         if server is None:

@@ -129,6 +129,14 @@ def test_patch_makes_a_new_revision_and_keeps_unchanged_settings(alice: Person, 
     assert first.spec["models"][0]["instance_group"]["count"] == 2  # revisions are immutable
 
 
+def test_patch_with_a_body_that_is_not_a_json_object_is_a_400(alice: Person, digits_v1: ModelVersion) -> None:
+    create(alice)
+    response = alice.client().patch("/api/v1/deployments/digits-prod/", [{"replicas": 1}], format="json")
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == "The request body must be a JSON object."
+    assert Revision.objects.count() == 1
+
+
 def test_stop_and_start_change_the_desired_state(alice: Person, digits_v1: ModelVersion) -> None:
     create(alice)
     response = alice.client().post("/api/v1/deployments/digits-prod/stop")

@@ -179,6 +179,12 @@ def test_it_needs_a_file_or_an_upload_id(alice: Person, digits: Model) -> None:
     assert "exactly one of 'file'" in response.json()["error"]["message"]
 
 
+def test_a_json_body_that_is_not_an_object_is_a_400(alice: Person, digits: Model) -> None:
+    response = alice.client().post("/api/v1/models/digits/versions/", [{"upload_id": "x"}], format="json")
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == "The request body must be a JSON object."
+
+
 def test_charlie_cannot_upload_to_or_read_another_teams_model(alice: Person, charlie: Person, digits: Model, eager_tasks: Any) -> None:
     upload(alice, tiny_onnx())
     assert upload(charlie, tiny_onnx()).status_code == 404

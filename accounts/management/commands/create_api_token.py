@@ -35,12 +35,13 @@ class Command(BaseCommand):
             role = Membership.Role.ADMIN if options["admin"] else Membership.Role.MEMBER
             Membership.objects.get_or_create(user=user, team=team, defaults={"role": role})
         else:
-            user = User.objects.filter(username=username).first()
-            if user is None:
+            existing_user = User.objects.filter(username=username).first()
+            if existing_user is None:
                 raise CommandError(f"No user {username!r} (add --create to create it).")
-            team = Team.objects.filter(name=team_name).first()
-            if team is None:
+            existing_team = Team.objects.filter(name=team_name).first()
+            if existing_team is None:
                 raise CommandError(f"No team {team_name!r} (add --create to create it).")
+            user, team = existing_user, existing_team
             if not Membership.objects.filter(user=user, team=team).exists():
                 raise CommandError(f"{username!r} is not a member of {team_name!r} (add --create to add them).")
         expires = options["expires_days"]
