@@ -13,10 +13,7 @@ from audit.log import record as audit
 from deployments.events import record
 from deployments.models import Deployment, Event, Revision
 from models_registry.models import ModelVersion
-
-
-class Conflict(Exception):
-    pass
+from portal.api_errors import Conflict
 
 
 def _queue_reconcile(deployment: Deployment) -> None:

@@ -10,7 +10,6 @@ from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.decorators import api_view
-from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -29,11 +28,6 @@ from models_registry.pipelines import step_references
 from portal.api_errors import request_object
 
 MAX_REPLICAS = 100
-
-
-class ConflictError(APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_code = "conflict"
 
 
 class DynamicBatchingSerializer(serializers.Serializer[Any]):
@@ -289,11 +283,8 @@ def deployments_list(request: Request) -> Response:
         serializer = DeploymentInputSerializer(data=request.data, context={"team": team})
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        try:
-            deployment = actions.create_deployment(team, request.user, data["name"], data["runtime"], data["spec"],  # type: ignore[arg-type]
-                                                   data["versions"])
-        except actions.Conflict as exc:
-            raise ConflictError(str(exc)) from None
+        deployment = actions.create_deployment(team, request.user, data["name"], data["runtime"], data["spec"],  # type: ignore[arg-type]
+                                               data["versions"])
         return Response(DeploymentSerializer(get_deployment_for_user(request, deployment.name)).data, status=status.HTTP_201_CREATED)
     deployments = (Deployment.objects.filter(team=team).exclude(desired_state=Deployment.Desired.DELETED)
                    .select_related("revision", "serving_revision", "created_by"))
@@ -339,10 +330,7 @@ def _settings_of(entry: dict[str, Any]) -> dict[str, Any]:
 @api_view(["POST"])
 def deployment_stop(request: Request, name: str) -> Response:
     deployment = get_deployment_for_user(request, name)
-    try:
-        actions.stop_deployment(deployment, request.user)
-    except actions.Conflict as exc:
-        raise ConflictError(str(exc)) from None
+    actions.stop_deployment(deployment, request.user)
     return Response(DeploymentSerializer(get_deployment_for_user(request, name)).data, status=status.HTTP_202_ACCEPTED)
 
 
@@ -350,10 +338,7 @@ def deployment_stop(request: Request, name: str) -> Response:
 @api_view(["POST"])
 def deployment_start(request: Request, name: str) -> Response:
     deployment = get_deployment_for_user(request, name)
-    try:
-        actions.start_deployment(deployment, request.user)
-    except actions.Conflict as exc:
-        raise ConflictError(str(exc)) from None
+    actions.start_deployment(deployment, request.user)
     return Response(DeploymentSerializer(get_deployment_for_user(request, name)).data, status=status.HTTP_202_ACCEPTED)
 
 

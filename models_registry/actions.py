@@ -19,10 +19,7 @@ from models_registry.pipelines import Pipeline
 from models_registry.signature import Signature
 from models_registry.storage import get_store
 from models_registry.validation import ArtifactRejected, quick_check
-
-
-class Conflict(Exception):
-    """The request clashes with the current state (HTTP 409)."""
+from portal.api_errors import Conflict
 
 
 def create_model(team: Team, user: Any, name: str, description: str = "") -> Model:

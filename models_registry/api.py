@@ -11,7 +11,7 @@ from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.decorators import api_view, parser_classes
-from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.exceptions import ValidationError
 from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -24,17 +24,7 @@ from models_registry import actions, pipelines
 from models_registry.models import Format, Model, ModelVersion, Upload
 from models_registry.signature import SignatureError, parse_signature
 from models_registry.validation import ArtifactRejected
-from portal.api_errors import request_object
-
-
-class ConflictError(APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_code = "conflict"
-
-
-class PayloadTooLarge(APIException):
-    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_code = "too_large"
+from portal.api_errors import PayloadTooLarge, request_object
 
 
 def validate_name_field(value: str) -> str:
@@ -158,8 +148,6 @@ def _create_pipeline(request: Request, model: Model) -> Response:
         version = actions.create_pipeline_version(model, request.user, pipeline)
     except pipelines.PipelineError as exc:
         raise ValidationError(exc.errors) from None
-    except actions.Conflict as exc:
-        raise ConflictError(str(exc)) from None
     return Response(VersionSerializer(version).data, status=status.HTTP_201_CREATED)
 
 
@@ -187,11 +175,8 @@ def models_list(request: Request) -> Response:
     if request.method == "POST":
         serializer = ModelSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        try:
-            model = actions.create_model(team, request.user, serializer.validated_data["name"],  # type: ignore[arg-type]
-                                         serializer.validated_data.get("description", ""))
-        except actions.Conflict as exc:
-            raise ConflictError(str(exc)) from None
+        model = actions.create_model(team, request.user, serializer.validated_data["name"],  # type: ignore[arg-type]
+                                     serializer.validated_data.get("description", ""))
         return Response(ModelSerializer(model).data, status=status.HTTP_201_CREATED)
     models = Model.objects.filter(team=team).select_related("created_by")
     return Response(ModelSerializer(models, many=True).data)
@@ -210,11 +195,8 @@ def model_detail(request: Request, name: str) -> Response:
                 model.save(update_fields=["description", "updated_at"])
                 audit(request.user, model.team, "model.update", model.name, fields=["description"])
     elif request.method == "DELETE":
-        try:
-            with transaction.atomic():
-                actions.delete_model(model, request.user)
-        except actions.Conflict as exc:
-            raise ConflictError(str(exc)) from None
+        with transaction.atomic():
+            actions.delete_model(model, request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
     return Response(ModelSerializer(model).data)
 
@@ -252,8 +234,6 @@ def versions_list(request: Request, name: str) -> Response:
             version = actions.create_version_from_upload(model, request.user, tus_upload, **options)
     except ArtifactRejected as exc:
         raise ValidationError({"file" if data.get("file") else "upload_id": [str(exc)]}) from None
-    except actions.Conflict as exc:
-        raise ConflictError(str(exc)) from None
     return Response(VersionSerializer(version).data, status=status.HTTP_201_CREATED)
 
 
@@ -262,10 +242,7 @@ def versions_list(request: Request, name: str) -> Response:
 def version_detail(request: Request, name: str, number: int) -> Response:
     version = _get_version(request, name, number)
     if request.method == "DELETE":
-        try:
-            with transaction.atomic():
-                actions.delete_version(version, request.user)
-        except actions.Conflict as exc:
-            raise ConflictError(str(exc)) from None
+        with transaction.atomic():
+            actions.delete_version(version, request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
     return Response(VersionSerializer(version).data)
