@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--method", default="POST")
     args = parser.parse_args(argv)
     headers = dict(h.split(": ", 1) for h in args.header)
     try:
@@ -96,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.install()
     except ImportError:
         pass
-    result = asyncio.run(run(args.url, args.body.read_bytes(), headers, args.concurrency, args.duration, args.warmup))
+    body = args.body.read_bytes() if args.method not in ("GET", "HEAD") else b""
+    result = asyncio.run(run(args.url, body, headers, args.concurrency, args.duration, args.warmup, args.method))
     json.dump(result, sys.stdout)
     return 0
 

@@ -1,8 +1,8 @@
 """The inference gateway: `/serve/{deployment}/v2/...` passes the KServe v2 / Triton HTTP protocol through to the
 deployment's current Triton, for API tokens and browser sessions of the deployment's team.
 
-It is a thin ASGI handler in front of Django (measured: Django's request path costs more per request than the
-whole proxy, see docs/benchmarks.md). It never decodes tensors: bodies are passed through as bytes, streamed when
+It is a thin ASGI handler in front of Django: measured on one machine, an authenticated DRF request through
+Django's ASGI path costs about 6 ms of CPU, a whole proxied request here 0.13 ms (docs/benchmarks.md). It never decodes tensors: bodies are passed through as bytes, streamed when
 large, over pooled keep-alive connections. Access decisions are cached for under a second.
 """
 
