@@ -50,7 +50,7 @@ browser-deps:
 
 # The serving benchmark (docs/benchmarks.md, bench/serving/): its own env, var/bench-env (torch first: the CPU build
 # on this machine's disk), and `tokenizers` added to the runtime env for workload 3's tokenization step in Triton.
-# About 40 minutes; `make bench BENCH_ARGS=--quick` is a 5-minute smoke test.
+# About 35 minutes; `make bench BENCH_ARGS=--quick` is a 6-minute smoke test.
 BENCH_ENV := var/bench-env
 bench: venv runtime-env $(BENCH_ENV)/.installed
 	$(RUNTIME_ENV)/bin/pip install --quiet $$(grep '^tokenizers==' bench/requirements-bench.txt)
