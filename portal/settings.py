@@ -179,6 +179,7 @@ CELERY_BROKER_URL = env_secret("CELERY_BROKER_URL", "filesystem://")
 if not CELERY_BROKER_URL.startswith(("filesystem://", "redis://", "rediss://", "memory://")):
     raise ImproperlyConfigured("CELERY_BROKER_URL must be filesystem://, redis:// or rediss://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
+    CELERY_BROKER_TRANSPORT = "portal.kombu_filesystem:Transport"  # writes messages atomically
     _queue_dir, _processed_dir = VAR_DIR / "celery" / "queue", VAR_DIR / "celery" / "processed"
     _queue_dir.mkdir(parents=True, exist_ok=True)
     _processed_dir.mkdir(parents=True, exist_ok=True)
