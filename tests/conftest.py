@@ -68,4 +68,14 @@ def _stop_leftover_servers() -> None:
 
     for server in TritonServer.objects.exclude(state=TritonServer.State.STOPPED):
         stop_server(server.pid, grace_seconds=2)
+    # A worker killed between spawning Triton and recording it leaves a process no row knows: find it by the
+    # repository path, which lies under this test run's own var/.
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"tritonserver" in cmdline and str(settings.DEPLOYMENTS_DIR).encode() in cmdline:
+                stop_server(int(proc.name), grace_seconds=2)
     shutil.rmtree(Path(settings.DEPLOYMENTS_DIR), ignore_errors=True)
