@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,9 +25,9 @@ PY = sys.executable
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    from deployments.local_triton import pick_free_ports
+
+    return pick_free_ports(1)[0]
 
 
 @dataclass

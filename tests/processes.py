@@ -72,11 +72,9 @@ def wait_for(condition: Callable[[], Any], timeout: float, interval: float = 0.2
 
 
 def free_port() -> int:
-    import socket
+    from deployments.local_triton import pick_free_ports
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return pick_free_ports(1)[0]
 
 
 def start_web(log_path: Path, port: int) -> subprocess.Popen[bytes]:
