@@ -306,3 +306,7 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# --- Accounts: API tokens, sign-in throttling, /metrics -------------------------------------------------------
+# The longest lifetime of a new API token, in days; a token created without an expiry gets this one. 0: no maximum.
+API_TOKEN_MAX_LIFETIME_DAYS = env_int("API_TOKEN_MAX_LIFETIME_DAYS", 365, minimum=0)
