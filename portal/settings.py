@@ -323,3 +323,4 @@ NUM_PROXIES = env_int("NUM_PROXIES", 0, minimum=0)
 REDIS_URL = env_secret("REDIS_URL", CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else "")
 if REDIS_URL and not REDIS_URL.startswith(("redis://", "rediss://")):
     raise ImproperlyConfigured("REDIS_URL must be a redis:// or rediss:// URL")
+# In production /metrics must have METRICS_TOKEN: the system check modelport.E001 stops `migrate` and `check`.
