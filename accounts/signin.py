@@ -217,7 +217,10 @@ def refusal_message(attempt: Attempt) -> str:
 
 
 def throttled(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
-    """Wrap a login view: its POSTs are counted, and refused with 429 and Retry-After past the limits."""
+    """Wrap a login view: its POSTs are counted, and refused with 429 and Retry-After past the limits.
+
+    CsrfViewMiddleware refuses a post without its CSRF token before any view runs, so a page on another site that
+    makes its visitors' browsers post sign-ins counts nothing against accounts or those visitors' addresses."""
 
     @functools.wraps(view)
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:

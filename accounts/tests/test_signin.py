@@ -100,6 +100,13 @@ def test_a_signed_in_user_posting_the_form_again_does_not_reset_anyones_count(al
     assert sign_in("alice", "wrong", address="203.0.113.41").status_code == 429
 
 
+def test_cross_site_posts_without_a_csrf_token_are_not_counted(alice: Person) -> None:
+    forged = Client(enforce_csrf_checks=True)
+    for _ in range(LIMIT_PER_ACCOUNT + LIMIT_PER_ADDRESS):
+        assert sign_in("alice", "wrong", client=forged).status_code == 403
+    assert sign_in("alice", "password").status_code == 302
+
+
 def test_the_admin_sign_in_is_throttled_too(alice: Person) -> None:
     alice.user.is_staff = True
     alice.user.save()
