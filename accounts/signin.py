@@ -74,12 +74,15 @@ class MemoryCounters:
                 self.entries[key] = (max(0, entry[0] - 1), entry[1])
 
     def _make_room(self, now: float) -> None:
-        # Usernames are attacker-chosen: bound the table. Expired windows go first, then the oldest entries.
+        # Usernames are attacker-chosen: bound the table. When it is full, expired windows go, then the oldest tenth,
+        # so that the scan happens once per max_keys/10 new keys rather than on every one.
         if len(self.entries) < self.max_keys:
             return
         self.entries = {k: v for k, v in self.entries.items() if v[1] > now}
-        while len(self.entries) >= self.max_keys:
-            del self.entries[next(iter(self.entries))]
+        if len(self.entries) >= self.max_keys:
+            oldest = list(self.entries)[: max(1, self.max_keys // 10)]
+            for key in oldest:
+                del self.entries[key]
 
 
 class RedisCounters:
@@ -184,12 +187,14 @@ def begin_attempt(username: str, address: str) -> Attempt:
     store = counters()
     account_key = _key("account", username.strip().casefold()[:MAX_USERNAME_LENGTH])
     address_key = _key("address", address)
-    account_count, account_ttl = store.hit(account_key, window)
+    # The address first: an address past its limit is refused without counting against the account it names, so
+    # that a blocked guesser cannot go on locking accounts (or filling the counters with made-up names).
     address_count, address_ttl = store.hit(address_key, window)
-    if account_count > settings.SIGN_IN_MAX_FAILURES_PER_ACCOUNT:
-        return Attempt(account_key, address_key, account_ttl, "account")
     if address_count > settings.SIGN_IN_MAX_FAILURES_PER_ADDRESS:
         return Attempt(account_key, address_key, address_ttl, "address")
+    account_count, account_ttl = store.hit(account_key, window)
+    if account_count > settings.SIGN_IN_MAX_FAILURES_PER_ACCOUNT:
+        return Attempt(account_key, address_key, account_ttl, "account")
     return Attempt(account_key, address_key, 0, "")
 
 

@@ -68,6 +68,14 @@ def test_an_address_is_refused_past_its_failures_across_accounts(alice: Person) 
     assert sign_in("alice", "password", address="198.51.100.8").status_code == 302  # other addresses are fine
 
 
+def test_a_blocked_address_stops_counting_against_the_accounts_it_tries(alice: Person) -> None:
+    for n in range(LIMIT_PER_ADDRESS):
+        sign_in(f"guess{n}", "wrong")
+    for _ in range(LIMIT_PER_ACCOUNT + 2):
+        assert sign_in("alice", "wrong").status_code == 429  # refused for the address, alice's count untouched
+    assert sign_in("alice", "password", address="198.51.100.9").status_code == 302
+
+
 def test_a_successful_sign_in_clears_the_accounts_failures(alice: Person) -> None:
     for _ in range(LIMIT_PER_ACCOUNT - 1):
         sign_in("alice", "wrong", address="192.0.2.10")
