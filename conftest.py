@@ -88,3 +88,15 @@ def eager_tasks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         yield
     finally:
         app.conf.task_always_eager = False
+
+
+@pytest.fixture(autouse=True)
+def _fresh_sign_in_counters(settings: Any) -> Iterator[None]:
+    """Each test starts with no failed sign-ins counted, in this process's memory rather than a Redis that CI's
+    broker URL would otherwise share between tests (accounts/tests/test_signin.py tests Redis explicitly)."""
+    from accounts import signin
+
+    settings.REDIS_URL = ""
+    signin.reset_counters()
+    yield
+    signin.reset_counters()

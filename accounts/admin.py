@@ -25,7 +25,7 @@ class TeamAdmin(admin.ModelAdmin):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ["prefix", "name", "user", "team", "created_at", "last_used_at", "expires_at", "revoked_at"]
+    list_display = ["prefix", "name", "user", "team", "scopes", "created_at", "last_used_at", "expires_at", "revoked_at"]
     list_filter = ["team", ("revoked_at", admin.EmptyFieldListFilter)]
     search_fields = ["prefix", "name", "user__username", "team__name"]
     list_select_related = ["user", "team"]

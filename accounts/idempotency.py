@@ -20,6 +20,9 @@ from portal.api_errors import error_body
 
 KEEP_FOR = timedelta(hours=24)
 MAX_KEY_LENGTH = 255
+# A view whose response holds a secret (a new API token) sets this attribute on the response to what a retry
+# gets instead, (status, body): the record then keeps that, never the secret.
+REPLAY_ATTRIBUTE = "idempotent_replay"
 
 
 def _request_hash(request: Request) -> str:
@@ -71,8 +74,8 @@ def idempotent(view: Callable[..., Response]) -> Callable[..., Response]:
         if response.status_code >= 500:
             record.delete()
         else:
-            IdempotencyRecord.objects.filter(pk=record.pk).update(status_code=response.status_code,
-                                                                 response_body=response.data)
+            status_code, body = getattr(response, REPLAY_ATTRIBUTE, None) or (response.status_code, response.data)
+            IdempotencyRecord.objects.filter(pk=record.pk).update(status_code=status_code, response_body=body)
         return response
 
     return wrapper

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from datetime import timedelta
+from collections.abc import Iterable
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from django.conf import settings
@@ -15,6 +16,24 @@ if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
 TOKEN_PREFIX = "mp_"
+
+# What a token may do beyond the normal API (models, deployments, inference). Token management is for people
+# signed in to the portal; a token needs the "tokens" scope to list, create or revoke tokens (of its own team).
+SCOPE_TOKENS = "tokens"
+TOKEN_SCOPES = {SCOPE_TOKENS: "list, create and revoke its user's API tokens in its own team"}
+
+# However long a token lives, its expiry date must stay a date: ten years is the bound when no maximum is set.
+ABSOLUTE_MAX_LIFETIME_DAYS = 3650
+
+
+class TokenLifetimeError(ValueError):
+    """A requested token lifetime longer than the configured maximum."""
+
+
+def max_token_lifetime_days() -> int:
+    """The longest lifetime a new token may have, in days (API_TOKEN_MAX_LIFETIME_DAYS; 0 there: ten years)."""
+    configured: int = settings.API_TOKEN_MAX_LIFETIME_DAYS
+    return min(configured, ABSOLUTE_MAX_LIFETIME_DAYS) if configured else ABSOLUTE_MAX_LIFETIME_DAYS
 
 
 class Team(models.Model):
@@ -68,6 +87,7 @@ class ApiToken(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    scopes = models.JSONField(default=list, blank=True, help_text=f"Beyond the normal API: {', '.join(TOKEN_SCOPES)}")
 
     objects = ApiTokenQuerySet.as_manager()
 
@@ -78,15 +98,28 @@ class ApiToken(models.Model):
         return f"{self.prefix}… ({self.user}, {self.team})"
 
     @classmethod
-    def issue(cls, user: User, team: Team, name: str = "", expires_in: timedelta | None = None) -> tuple[ApiToken, str]:
-        """Create a token; the raw value is returned once and never stored."""
+    def issue(cls, user: User, team: Team, name: str = "", expires_in: timedelta | None = None,
+              scopes: Iterable[str] = (), created_by: ApiToken | None = None) -> tuple[ApiToken, str]:
+        """Create a token; the raw value is returned once and never stored.
+
+        Without `expires_in` the token lives as long as API_TOKEN_MAX_LIFETIME_DAYS allows (forever when that is 0);
+        a longer `expires_in` raises TokenLifetimeError. A token created by another token (`created_by`) never
+        outlives it, so that a leaked token cannot keep itself alive by minting successors."""
+        unknown = set(scopes) - set(TOKEN_SCOPES)
+        if unknown:
+            raise ValueError(f"unknown token scopes {sorted(unknown)}: use {sorted(TOKEN_SCOPES)}")
+        now = timezone.now()
+        expires_at = _expiry(now, expires_in)
+        if created_by is not None and created_by.expires_at is not None:
+            expires_at = created_by.expires_at if expires_at is None else min(expires_at, created_by.expires_at)
         prefix = secrets.token_hex(4)
         raw = f"{TOKEN_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
-        expires_at = timezone.now() + expires_in if expires_in else None
-        token = cls.objects.create(
-            user=user, team=team, name=name, prefix=prefix, digest=hash_token(raw), expires_at=expires_at
-        )
+        token = cls.objects.create(user=user, team=team, name=name, prefix=prefix, digest=hash_token(raw),
+                                   created_at=now, expires_at=expires_at, scopes=sorted(set(scopes)))
         return token, raw
+
+    def has_scope(self, scope: str) -> bool:
+        return scope in (self.scopes or [])
 
     @property
     def is_usable(self) -> bool:
@@ -97,6 +130,15 @@ class ApiToken(models.Model):
     def revoke(self) -> None:
         ApiToken.objects.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
         self.refresh_from_db(fields=["revoked_at"])
+
+
+def _expiry(now: datetime, expires_in: timedelta | None) -> datetime | None:
+    limit_days = max_token_lifetime_days()
+    if expires_in is None:
+        return now + timedelta(days=limit_days) if settings.API_TOKEN_MAX_LIFETIME_DAYS else None
+    if expires_in > timedelta(days=limit_days):
+        raise TokenLifetimeError(f"a token may live at most {limit_days} days (API_TOKEN_MAX_LIFETIME_DAYS)")
+    return now + expires_in
 
 
 class IdempotencyRecord(models.Model):

@@ -5,6 +5,7 @@ from typing import Any
 from rest_framework import exceptions, permissions
 
 from accounts.context import current_membership, is_team_admin
+from accounts.models import SCOPE_TOKENS, ApiToken
 
 
 class IsTeamMember(permissions.BasePermission):
@@ -23,4 +24,18 @@ class IsTeamAdmin(IsTeamMember):
         super().has_permission(request, view)
         if not is_team_admin(request):
             raise exceptions.PermissionDenied("Only team admins can do this.")
+        return True
+
+
+class CanManageTokens(IsTeamMember):
+    """People (browser sessions) manage their tokens; a token only when it was created with the "tokens" scope."""
+
+    def has_permission(self, request: Any, view: Any) -> bool:
+        super().has_permission(request, view)
+        auth = getattr(request, "auth", None)
+        if isinstance(auth, ApiToken) and not auth.has_scope(SCOPE_TOKENS):
+            raise exceptions.PermissionDenied(
+                "This API token cannot manage tokens: sign in to the portal and use its Tokens page, or use a token "
+                f"created with the '{SCOPE_TOKENS}' scope."
+            )
         return True

@@ -38,7 +38,7 @@ DEFAULT_MAX_BATCH_SIZE = 64
 
 # Triton uses the model name as a directory name and in URLs (/v2/models/<name>). No ".": validate_repository()
 # keys errors "<model name>.<field>", which callers split at the first ".".
-_MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+_MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")  # fullmatch: "$" lets a trailing newline through
 
 # Whether deployments/backends/ has a python-backend wrapper for TorchScript (it has one for ONNX only). Until it
 # does, the local runtime refuses TorchScript even with torch in the runtime env, so that validation and
@@ -152,7 +152,7 @@ def validate_served_model(m: ServedModel, target: str, *, local_has_torch: bool 
     def add(key: str, message: str) -> None:
         errors.setdefault(key, []).append(message)
 
-    if not _MODEL_NAME_RE.match(m.name):
+    if not _MODEL_NAME_RE.fullmatch(m.name):
         add(
             "name",
             "use 1-128 letters, digits, '_' or '-', starting with a letter or digit "

@@ -306,3 +306,21 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# --- Accounts: API tokens, sign-in throttling, /metrics -------------------------------------------------------
+# The longest lifetime of a new API token, in days; a token created without an expiry gets this one. 0: no maximum.
+API_TOKEN_MAX_LIFETIME_DAYS = env_int("API_TOKEN_MAX_LIFETIME_DAYS", 365, minimum=0)
+# Sign-in (the portal's and the admin's) is refused with 429 for SIGN_IN_LOCKOUT_SECONDS once an account, or an
+# address, has had this many failed attempts within that time.
+SIGN_IN_MAX_FAILURES_PER_ACCOUNT = env_int("SIGN_IN_MAX_FAILURES_PER_ACCOUNT", 5, minimum=1)
+SIGN_IN_MAX_FAILURES_PER_ADDRESS = env_int("SIGN_IN_MAX_FAILURES_PER_ADDRESS", 30, minimum=1)
+SIGN_IN_LOCKOUT_SECONDS = env_int("SIGN_IN_LOCKOUT_SECONDS", 900, minimum=1)
+# Reverse proxies (ingress, load balancer) in front of the portal that append the client to X-Forwarded-For:
+# the client's address is the entry this far from the right. 0: the TCP peer's address (REMOTE_ADDR).
+NUM_PROXIES = env_int("NUM_PROXIES", 0, minimum=0)
+# Counters shared by every web process (sign-in throttling). Empty: the broker's Redis when it is one, else each
+# process counts on its own.
+REDIS_URL = env_secret("REDIS_URL", CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else "")
+if REDIS_URL and not REDIS_URL.startswith(("redis://", "rediss://")):
+    raise ImproperlyConfigured("REDIS_URL must be a redis:// or rediss:// URL")
+# In production /metrics must have METRICS_TOKEN: the system check modelport.E001 stops `migrate` and `check`.

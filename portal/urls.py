@@ -7,6 +7,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from accounts import api as accounts_api
+from accounts.signin import throttled
 from audit import api as audit_api
 from deployments import api as deployments_api
 from deployments import manifests_api
@@ -48,6 +49,8 @@ api_v1 = [
 urlpatterns = [
     path("healthz", healthz),
     path("metrics", gateway_api.prometheus_metrics),
+    # The admin's sign-in, throttled like the portal's (accounts/signin.py); before admin/ so that it wins.
+    path("admin/login/", throttled(admin.site.login)),
     path("admin/", admin.site.urls),
     *api_v1,
     path("", include("web.urls")),

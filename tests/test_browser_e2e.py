@@ -169,3 +169,41 @@ def test_another_teams_user_cannot_reach_the_deployment_page(browser: Any, alice
     assert page.query_selector("#status-badge") is None  # nothing of the deployment is shown
     page.goto(f"{portal_url}/tokens/")
     shot(page, "tokens")
+
+
+def test_a_new_token_is_shown_once_and_failed_sign_ins_are_throttled(browser: Any, alice_user: Person,
+                                                                     portal_url: str) -> None:
+    """In a real browser: the one-time display crosses the redirect through its cookie (path /tokens/, SameSite
+    Strict, HttpOnly), and the sign-in page answers 429 with the reason past the failures of an account."""
+    import uuid
+
+    from accounts.models import ApiToken, hash_token
+
+    page = sign_in(browser, portal_url, "alice")
+    page.goto(f"{portal_url}/tokens/")
+    assert "Tokens live at most 365 days" in page.inner_text("#token-lifetime")
+    page.fill("#id_name", "ci")
+    page.check("#id_manage_tokens")
+    page.click("#token-create")
+    raw = page.inner_text("#new-token-value")
+    token = ApiToken.objects.get(name="ci")
+    assert hash_token(raw) == token.digest
+    assert token.scopes == ["tokens"]
+    assert not [c for c in page.context.cookies() if c["name"] == "modelport_new_token"]  # the pad is gone
+    page.reload()
+    assert page.query_selector("#new-token") is None
+
+    # A made-up account (counters may be shared through Redis in CI: never lock out alice).
+    guessed = f"nobody-{uuid.uuid4().hex[:8]}"
+    guesser = browser.new_context().new_page()
+    statuses = []
+    for _ in range(6):
+        guesser.goto(f"{portal_url}/login/")
+        guesser.fill("#id_username", guessed)
+        guesser.fill("#id_password", "wrong")
+        with guesser.expect_navigation() as navigation:
+            guesser.click("#login-submit")
+        statuses.append(navigation.value.status)
+    assert statuses == [200] * 5 + [429]
+    assert "Too many failed sign-ins for this account" in guesser.inner_text("#login-throttled")
+    guesser.context.close()

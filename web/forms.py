@@ -8,7 +8,9 @@ import re
 from typing import Any
 
 from django import forms
+from django.conf import settings
 
+from accounts.models import SCOPE_TOKENS, max_token_lifetime_days
 from accounts.names import NAME_RULE, name_error
 from deployments.api import MAX_REPLICAS
 from deployments.models import Deployment
@@ -53,8 +55,25 @@ class UploadForm(forms.Form):
 
 class TokenForm(forms.Form):
     name = forms.CharField(label="Token name", max_length=100, required=False, help_text="What it is for, e.g. “CI deploy”.")
-    expires_in_days = forms.IntegerField(label="Expires after (days)", min_value=1, max_value=3650, required=False,
-                                         help_text="Empty: never.")
+    expires_in_days = forms.IntegerField(label="Expires after (days)", min_value=1, required=False)
+    manage_tokens = forms.BooleanField(
+        label="May manage tokens", required=False,
+        help_text=f"The “{SCOPE_TOKENS}” scope: the token may list, create and revoke your tokens in this team. "
+                  "Leave it off for jobs that only upload and deploy.",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The maximum is a setting (API_TOKEN_MAX_LIFETIME_DAYS): read when the form is made, not at import.
+        limit = max_token_lifetime_days()
+        default = f"{limit} days" if settings.API_TOKEN_MAX_LIFETIME_DAYS else "never"
+        self.fields["expires_in_days"] = forms.IntegerField(
+            label="Expires after (days)", min_value=1, max_value=limit, required=False,
+            help_text=f"At most {limit}. Empty: {default}.",
+        )
+
+    def scopes(self) -> list[str]:
+        return [SCOPE_TOKENS] if self.cleaned_data.get("manage_tokens") else []
 
 
 class DeploymentForm(forms.Form):

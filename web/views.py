@@ -16,11 +16,12 @@ from django.db.models import Count, OuterRef, Subquery
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from accounts.context import SESSION_TEAM_KEY, current_team
-from accounts.models import ApiToken, Membership, Team
+from accounts.models import ApiToken, Membership, Team, max_token_lifetime_days
 from audit.log import record as audit
 from deployments import actions as deployment_actions
 from deployments.api import DeploymentInputSerializer
@@ -30,7 +31,7 @@ from models_registry import actions as registry_actions
 from models_registry.models import FORMATS_NEEDING_SIGNATURE, Model, ModelVersion
 from models_registry.pipelines import pipeline_graph
 from models_registry.validation import ArtifactRejected
-from web import inference
+from web import inference, new_token
 from web.forms import (
     DeploymentForm,
     ServedModelForm,
@@ -43,7 +44,6 @@ from web.forms import (
 )
 from web.traffic import traffic_by_deployment
 
-NEW_TOKEN_SESSION_KEY = "web_new_token"
 LOG_LINES = 200
 
 TeamView = Callable[..., HttpResponse]
@@ -390,6 +390,7 @@ def deployment_delete(request: HttpRequest, team: Team, name: str) -> HttpRespon
 # --- API tokens ---------------------------------------------------------------------------------------------
 
 
+@never_cache
 @require_http_methods(["GET", "POST"])
 @team_required
 def tokens(request: HttpRequest, team: Team) -> HttpResponse:
@@ -399,14 +400,22 @@ def tokens(request: HttpRequest, team: Team) -> HttpResponse:
         days = form.cleaned_data["expires_in_days"]
         with transaction.atomic():
             token, raw = ApiToken.issue(request.user, team, name=form.cleaned_data["name"],
-                                        expires_in=timedelta(days=days) if days else None)
-            audit(request.user, token.team, "token.create", token.prefix, name=token.name)
-        # Kept in the (server-side) session until the next page shows it once: a reload does not post again.
-        request.session[NEW_TOKEN_SESSION_KEY] = {"id": token.pk, "raw": raw}
-        return redirect("tokens")
-    new_token = request.session.pop(NEW_TOKEN_SESSION_KEY, None) if request.method == "GET" else None
+                                        expires_in=timedelta(days=days) if days else None, scopes=form.scopes())
+            audit(request.user, token.team, "token.create", token.prefix, name=token.name, scopes=token.scopes,
+                  via="session")
+        # Shown by the page this redirects to (so that a reload does not post again), stored nowhere meanwhile.
+        created = redirect("tokens")
+        new_token.keep_for_display(request, created, token.pk, token.prefix, raw, path=reverse("tokens"))
+        return created
+    shown = new_token.take_for_display(request) if request.method == "GET" else None
     user_tokens = ApiToken.objects.filter(user=request.user).select_related("team")
-    return render(request, "web/tokens.html", {"form": form, "tokens": user_tokens, "new_token": new_token})
+    response = render(request, "web/tokens.html", {
+        "form": form, "tokens": user_tokens, "new_token": shown, "max_lifetime_days": max_token_lifetime_days(),
+        "lifetime_is_capped": bool(settings.API_TOKEN_MAX_LIFETIME_DAYS),
+    })
+    if request.method == "GET":
+        new_token.forget_pad(request, response, path=reverse("tokens"))
+    return response
 
 
 @require_POST

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rest_framework.test import APIClient
+
 from audit.models import AuditEntry
 from conftest import Person
 from models_registry.models import ModelVersion
@@ -39,8 +41,10 @@ def test_members_who_are_not_admins_cannot_read_the_log(bob: Person) -> None:
 
 
 def test_token_creation_and_revocation_are_audited(alice: Person) -> None:
-    created = alice.client().post("/api/v1/tokens/", {"name": "ci"}, format="json").json()
-    alice.client().delete(f"/api/v1/tokens/{created['id']}/")
+    client = APIClient()
+    client.force_login(alice.user)  # token management is for people (or tokens with the "tokens" scope)
+    created = client.post("/api/v1/tokens/", {"name": "ci"}, format="json").json()
+    client.delete(f"/api/v1/tokens/{created['id']}/")
     assert list(AuditEntry.objects.order_by("id").values_list("action", flat=True)) == ["token.create", "token.revoke"]
 
 

@@ -33,8 +33,9 @@ PRESTOP_SLEEP_SECONDS = 5  # endpoints drop the pod before Triton stops acceptin
 STARTUP_PERIOD_SECONDS = 10
 
 # A Kubernetes quantity ("500m", "4Gi", "1.5", "2e3") and a label value.
-_QUANTITY_RE = re.compile(r"^[+]?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?\d+)?$")
-_LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+# Both checked with fullmatch: with match(), "$" also matches before a trailing newline ("4Gi\n" would pass).
+_QUANTITY_RE = re.compile(r"[+]?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?\d+)?")
+_LABEL_VALUE_RE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 
 
 class ManifestError(ValueError):
@@ -123,12 +124,12 @@ def check(target: Target, config: KubernetesConfig) -> dict[str, list[str]]:
     resources = target.spec.get("resources") or {}
     for key in ("cpu", "memory"):
         value = resources.get(key)
-        if value and not _QUANTITY_RE.match(str(value)):
+        if value and not _QUANTITY_RE.fullmatch(str(value)):
             add(f"resources.{key}", f"{value!r} is not a Kubernetes quantity such as \"2\", \"500m\" or \"4Gi\"")
     gpu_type = resources.get("gpu_type") or ""
     if gpu_type:
         value = config.gpu_label_value(gpu_type)
-        if len(value) > 63 or not _LABEL_VALUE_RE.match(value):
+        if len(value) > 63 or not _LABEL_VALUE_RE.fullmatch(value):
             add("resources.gpu_type", f"{gpu_type!r} is not a node label value: use letters, digits, '-', '_' "
                                       "or '.' (or map it in KUBERNETES_GPU_TYPES)")
     if any((m.get("instance_group") or {}).get("kind") == "gpu" for m in target.spec.get("models", [])) \

@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from accounts.models import ApiToken, Membership, Team
+from accounts.models import TOKEN_SCOPES, ApiToken, Membership, Team, max_token_lifetime_days
 from accounts.names import name_error
 
 
@@ -20,7 +20,11 @@ class Command(BaseCommand):
         parser.add_argument("--create", action="store_true", help="create the user, team and membership if missing")
         parser.add_argument("--admin", action="store_true", help="with --create: make the user a team admin")
         parser.add_argument("--name", default="", help="a label for the token, e.g. 'ci'")
-        parser.add_argument("--expires-days", type=int, default=None)
+        parser.add_argument("--expires-days", type=int, default=None,
+                            help="days until it expires (default: API_TOKEN_MAX_LIFETIME_DAYS, or never when that is 0)")
+        parser.add_argument("--scope", action="append", default=[], choices=sorted(TOKEN_SCOPES), dest="scopes",
+                            help="what the token may do beyond the normal API (repeatable): "
+                                 + "; ".join(f"{name}: {meaning}" for name, meaning in TOKEN_SCOPES.items()))
 
     @transaction.atomic
     def handle(self, *args: Any, **options: Any) -> None:
@@ -44,8 +48,9 @@ class Command(BaseCommand):
             user, team = existing_user, existing_team
             if not Membership.objects.filter(user=user, team=team).exists():
                 raise CommandError(f"{username!r} is not a member of {team_name!r} (add --create to add them).")
-        expires = options["expires_days"]
-        if expires is not None and expires <= 0:
-            raise CommandError("--expires-days must be a positive number of days")
-        _, raw = ApiToken.issue(user, team, name=options["name"], expires_in=timedelta(days=expires) if expires else None)
+        expires, limit = options["expires_days"], max_token_lifetime_days()
+        if expires is not None and not 1 <= expires <= limit:
+            raise CommandError(f"--expires-days must be between 1 and {limit} days (API_TOKEN_MAX_LIFETIME_DAYS)")
+        _, raw = ApiToken.issue(user, team, name=options["name"], expires_in=timedelta(days=expires) if expires else None,
+                                scopes=options["scopes"])
         self.stdout.write(raw)
