@@ -6,13 +6,15 @@ a results document made up for the test (the benchmark itself runs the servers, 
 from __future__ import annotations
 
 import json
+import struct
 import sys
 from typing import Any
 
 import numpy as np
 import pytest
 
-from bench.serving import peers, run
+from bench.serving import batch_log, peers, run
+from bench.serving.batch_log import BatchLog
 from bench.serving.kserve import HEADER_LENGTH, decode_request, encode_response
 from bench.serving.workloads import MINILM_SENTENCE, WORKLOADS
 
@@ -93,6 +95,7 @@ def _row(server: str, concurrency: int, throughput: float, p99: float) -> dict[s
 def _document() -> dict[str, Any]:
     rows = [_row("mlserver", 32, 300, 120), _row("bentoml", 32, 400, 150), _row("litserve", 32, 200, 90),
             _row("e-gateway", 32, 1200, 40), _row("e-gateway-json", 32, 900, 60), _row("mlserver", 1, 80, 15)]
+    rows[0]["peer_mean_batch"] = 5.5
     summary = {"rows": rows, "bound": {"median": 16000, "min": 16000, "max": 16000},
                "model_bound": {"median": 16000, "min": 16000, "max": 16000}, "bound_batches": [(32, 16)]}
     return {"settings": {"peer_batch_window_ms": 2.0},
@@ -122,6 +125,7 @@ def test_the_tables_have_a_row_per_peer_and_the_comparison() -> None:
     assert "max_batch_time 2.0 ms" in table
     assert "| 2 resnet | bentoml | 400 | 150.0 | e-gateway | 1200 | 40.0 | 3.00x | 3.75x |" in table
     assert "litserve 0.21" in table
+    assert "| mlserver | 0.10 | 0.00 | 1.00 | 0.10 | 5.5, —, — |" in table  # its batches, from batch_log
     assert "| resnet | throughput of e-gateway-json / best peer (bentoml) at concurrency 32 >= 2.5 | 2.25 | no |" in table
 
 
@@ -138,3 +142,20 @@ def test_an_unknown_server_is_refused(monkeypatch: pytest.MonkeyPatch, capsys: p
     with pytest.raises(SystemExit):
         run.main()
     assert "unknown servers ['ray']" in capsys.readouterr().err
+
+
+def test_the_batch_log_counts_calls_and_items_per_process(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BENCH_BATCH_LOG", str(tmp_path / "batches"))
+    log = BatchLog()
+    for items in (1, 4, 7):
+        log.record(items)
+    assert batch_log.read(tmp_path / "batches") == (3, 12)
+    # A second inference process writes its own file; the reader sums them.
+    (tmp_path / "batches" / "1.bin").write_bytes(struct.pack("<QQ", 2, 64))
+    assert batch_log.read(tmp_path / "batches") == (5, 76)
+
+
+def test_the_batch_log_does_nothing_outside_the_benchmark(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BENCH_BATCH_LOG", raising=False)
+    BatchLog().record(3)
+    assert batch_log.read(tmp_path / "nothing") == (0, 0)

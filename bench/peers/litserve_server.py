@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "serving"))
 
+from batch_log import BatchLog  # noqa: E402
 from workloads import WORKLOADS, Pipeline  # noqa: E402
 
 
@@ -38,6 +39,7 @@ class OnnxAPI(ls.LitAPI):
 
     def setup(self, device: str) -> None:
         self.pipeline = Pipeline(self.workload, self.artifacts)
+        self.batches = BatchLog()  # the benchmark's own count of batch sizes, not part of a real server
 
     # No annotation on `request`: LitServe builds its endpoint from it, and a plain request is a parsed JSON body.
     def decode_request(self, request):  # type: ignore[no-untyped-def]
@@ -46,9 +48,10 @@ class OnnxAPI(ls.LitAPI):
         return np.asarray(request["input"], dtype=np.float32)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        if self.workload.key == "minilm":
-            return self.pipeline.infer({"text": x})["embedding"]
-        return self.pipeline.infer({"input": x})["logits"]
+        name = self.workload.outputs[0]
+        output: np.ndarray = self.pipeline.infer({"text" if self.workload.key == "minilm" else "input": x})[name]
+        self.batches.record(len(output))
+        return output
 
     def encode_response(self, output: np.ndarray) -> dict[str, Any]:
         return {self.workload.outputs[0]: output.tolist()}

@@ -25,6 +25,7 @@ from mlserver.types import InferenceRequest, InferenceResponse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "serving"))
 
+from batch_log import BatchLog  # noqa: E402
 from workloads import WORKLOADS, Pipeline  # noqa: E402
 
 
@@ -34,6 +35,7 @@ class OnnxPipeline(MLModel):
         assert parameters is not None and parameters.uri and parameters.extra  # written by the orchestrator
         workload = next(w for w in WORKLOADS.values() if w.key == parameters.extra["workload"])
         self.pipeline = Pipeline(workload, Path(parameters.uri))
+        self.batches = BatchLog()  # the benchmark's own count of batch sizes, not part of a real runtime
         return True
 
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
@@ -45,5 +47,6 @@ class OnnxPipeline(MLModel):
                 array = np.asarray(array, dtype=np.object_).reshape(request_input.shape)
             inputs[request_input.name] = array
         outputs = self.pipeline.infer(inputs)
+        self.batches.record(len(next(iter(outputs.values()))))
         return InferenceResponse(model_name=self.name, outputs=[NumpyCodec.encode_output(name, outputs[name])
                                                                 for name in self.pipeline.workload.outputs])

@@ -104,6 +104,7 @@ def _command(peer: str, workload: Workload, artifacts: Path, port: int, work: Pa
              window_s: float) -> tuple[list[str], dict[str, str], Path]:
     """(argv, environment, working directory) that start `peer`, writing its configuration files into `work`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "MODELPORT_", "CELERY_"))}
+    env["BENCH_BATCH_LOG"] = str(batch_log_dir(work, peer))  # bench/serving/batch_log.py
     bin_dir = python(peer).parent
     if peer == "mlserver":
         repository = work / "mlserver"
@@ -117,7 +118,7 @@ def _command(peer: str, workload: Workload, artifacts: Path, port: int, work: Pa
             "name": workload.model, "implementation": "mlserver_runtime.OnnxPipeline",
             "max_batch_size": MAX_BATCH_SIZE, "max_batch_time": window_s,
             "parameters": {"uri": str(artifacts), "extra": {"workload": workload.key}}}))
-        env["PYTHONPATH"] = str(PEER_CODE)
+        env["PYTHONPATH"] = str(PEER_CODE)  # where `mlserver start` finds the runtime that model-settings.json names
         return [str(bin_dir / "mlserver"), "start", str(repository)], env, repository
     if peer == "bentoml":
         home = work / "bentoml-home"
@@ -132,6 +133,11 @@ def _command(peer: str, workload: Workload, artifacts: Path, port: int, work: Pa
     return [str(python(peer)), str(PEER_CODE / "litserve_server.py"), "--workload", workload.key,
             "--artifacts", str(artifacts), "--port", str(port), "--max-batch-size", str(MAX_BATCH_SIZE),
             "--batch-timeout", str(window_s)], env, directory
+
+
+def batch_log_dir(work: Path, peer: str) -> Path:
+    """Where `peer`'s processes count their inference calls and items (batch_log.py)."""
+    return work / "batches" / peer
 
 
 def ready_url(peer: str, workload: Workload, port: int) -> str:

@@ -39,7 +39,7 @@ LABELS = {
 
 def throughput(document: dict[str, Any], path: Path) -> None:
     results = document["workloads"]
-    fig, axes = plt.subplots(1, len(results), figsize=(5.2 * len(results), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(results), figsize=(max(5.2 * len(results), 8.5), 4.4), squeeze=False)
     for ax, result in zip(axes[0], results, strict=True):
         rows = result["summary"]["rows"]
         for server, (color, line, marker) in STYLE.items():
@@ -73,16 +73,17 @@ def throughput(document: dict[str, Any], path: Path) -> None:
     for ax in axes[0]:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             legend.setdefault(label, handle)
-    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=5, fontsize=8, frameon=False)
+    columns = 5 if len(results) > 1 else 3
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=columns, fontsize=8, frameon=False)
     fig.suptitle("Throughput against concurrency (median of repeats, bars: min to max)")
-    fig.tight_layout(rect=(0, 0.04 + 0.035 * -(-len(legend) // 5), 1, 0.95))
+    fig.tight_layout(rect=(0, 0.04 + 0.035 * -(-len(legend) // columns), 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def latency(document: dict[str, Any], path: Path) -> None:
     results = document["workloads"]
-    fig, axes = plt.subplots(1, len(results), figsize=(5.2 * len(results), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(results), figsize=(max(5.2 * len(results), 8.5), 4.4), squeeze=False)
     for ax, result in zip(axes[0], results, strict=True):
         rows = result["summary"]["rows"]
         top = max(r["concurrency"] for r in rows)

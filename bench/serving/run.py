@@ -57,7 +57,7 @@ import requests
 SERVING_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(SERVING_DIR.parent.parent))
 
-from bench.serving import peers  # noqa: E402
+from bench.serving import batch_log, peers  # noqa: E402
 from bench.serving.kserve import decode_response, encode_request  # noqa: E402
 from bench.serving.workloads import WORKLOADS, Workload, request_inputs  # noqa: E402
 from bench.stack import ROOT, Stack, cpu_seconds, free_port, running_stack  # noqa: E402
@@ -276,13 +276,14 @@ def triton_pid(stack: Stack, deployment: str) -> int:
 
 
 def load(url: str, body: Path, headers: dict[str, str], concurrency: int, duration: float, warmup: float,
-         watched: dict[str, int], triton_port: int | None) -> dict[str, Any]:
+         watched: dict[str, int], triton_port: int | None, batch_dir: Path | None = None) -> dict[str, Any]:
     """One closed-loop run, and the CPU seconds each watched process tree (and the machine) spent meanwhile."""
     command = [sys.executable, str(ROOT / "bench" / "loadgen.py"), "--url", url, "--body", str(body),
                "--concurrency", str(concurrency), "--duration", str(duration), "--warmup", str(warmup)]
     for key, value in headers.items():
         command += ["--header", f"{key}: {value}"]
     stats_before = triton_stats(triton_port) if triton_port else {}
+    batches_before = batch_log.read(batch_dir) if batch_dir else (0, 0)
     # The Celery worker started the Triton servers, so they are its children: count the worker's own process only.
     cpu_before = {name: tree_cpu(pid, tree=name not in SINGLE) for name, pid in watched.items()}
     busy_before, all_before = machine_cpu()
@@ -306,6 +307,9 @@ def load(url: str, body: Path, headers: dict[str, str], concurrency: int, durati
     result["cpu_ms_per_request"] = {k: round(v * 1000 / total, 3) if total else None for k, v in cpu.items()}
     if triton_port:
         result["triton"] = stats_delta(stats_before, triton_stats(triton_port))
+    if batch_dir:
+        calls, items = (after - before for after, before in zip(batch_log.read(batch_dir), batches_before, strict=True))
+        result["peer_batches"] = {"calls": calls, "items": items, "mean_batch": round(items / calls, 2) if calls else 0.0}
     return result
 
 
@@ -420,6 +424,7 @@ def run_workload(stack: Stack, workload: Workload, args: argparse.Namespace, wor
             body, headers = peers.request(name, workload, inputs)
             endpoints[name] = {"url": f"http://127.0.0.1:{port}{peers.url_path(name, workload)}", "body": body,
                                "headers": headers, "watched": {"server": process.pid}, "triton_port": None,
+                               "batch_dir": peers.batch_log_dir(stack.var_dir / "peers", name),
                                "decode": lambda content, headers, peer=name: peers.answer(peer, workload, content,
                                                                                             headers)}
         for server in servers:
@@ -456,7 +461,8 @@ def run_workload(stack: Stack, workload: Workload, args: argparse.Namespace, wor
                     endpoint = endpoints[server]
                     watched = {**endpoint["watched"], **background}
                     result = load(endpoint["url"], endpoint["body_path"], endpoint["headers"], concurrency,
-                                  args.duration, args.warmup, watched, endpoint["triton_port"])
+                                  args.duration, args.warmup, watched, endpoint["triton_port"],
+                                  endpoint.get("batch_dir"))
                     result.update(workload=workload.key, server=server, repeat=repeat)
                     runs.append(result)
                     print(f"   {server:14} c={concurrency:<3} {result['throughput']:8.1f} req/s  p50 "
@@ -495,6 +501,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             row["cpu_ms_per_request"] = {k: statistics.median(r["cpu_ms_per_request"][k] for r in picked)
                                          for k in picked[0]["cpu_ms_per_request"]
                                          if all(r["cpu_ms_per_request"][k] is not None for r in picked)}
+            if "peer_batches" in picked[0]:
+                row["peer_mean_batch"] = statistics.median(r["peer_batches"]["mean_batch"] for r in picked)
             if "triton" in picked[0]:
                 models = set.intersection(*(set(r["triton"]) for r in picked))
                 row["triton"] = {m: {k: statistics.median(r["triton"][m][k] for r in picked)
@@ -596,7 +604,7 @@ def markdown(document: dict[str, Any]) -> str:
         steps = list(workload.steps)
         lines += ["", f"Where the time goes at {top} clients (medians): CPU milliseconds per request of each process "
                   "(warm-up included at the measured rate), and per Triton model the mean batch and the queue and "
-                  "compute time per request from Triton's statistics.", "",
+                  "compute time per request from Triton's statistics (for a peer, the mean batch of its inference calls).", "",
                   "| server | load generator | gateway | server (Triton: with its stubs) | rest of machine | "
                   + " | ".join(f"{s}: batch, queue ms, compute ms" for s in steps) + " |",
                   "|---|---|---|---|---|" + "---|" * len(steps)]
@@ -610,8 +618,13 @@ def markdown(document: dict[str, Any]) -> str:
             cells = []
             for step in steps:
                 stats = row.get("triton", {}).get(step)
-                cells.append(f"{stats['mean_batch']:.1f}, {stats['queue_ms']:.2f}, {stats['compute_infer_ms']:.2f}"
-                             if stats else "—")
+                if stats:
+                    cells.append(f"{stats['mean_batch']:.1f}, {stats['queue_ms']:.2f}, {stats['compute_infer_ms']:.2f}")
+                elif "peer_mean_batch" in row and step == workload.onnx_model:
+                    # A peer runs the whole pipeline per batch; it reports the batch size only (batch_log.py).
+                    cells.append(f"{row['peer_mean_batch']:.1f}, —, —")
+                else:
+                    cells.append("—")
             lines.append(f"| {server} | {cpu.get('loadgen', 0):.2f} | {cpu.get('gateway', 0):.2f} | "
                          f"{cpu.get('triton', cpu.get('server', 0)):.2f} | {rest:.2f} | " + " | ".join(cells) + " |")
         lines.append("")
