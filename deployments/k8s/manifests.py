@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from deployments.k8s import quantity
 from deployments.k8s.config import TRITON_UID, KubernetesConfig
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
@@ -32,8 +33,6 @@ EXIT_TIMEOUT_SECONDS = 30
 PRESTOP_SLEEP_SECONDS = 5  # endpoints drop the pod before Triton stops accepting requests
 STARTUP_PERIOD_SECONDS = 10
 
-# A Kubernetes quantity ("500m", "4Gi", "1.5", "2e3") and a label value.
-_QUANTITY_RE = re.compile(r"^[+]?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?\d+)?$")
 _LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
@@ -121,10 +120,13 @@ def check(target: Target, config: KubernetesConfig) -> dict[str, list[str]]:
         add("image", "TNN models need a Triton image with the TNN backend: set KUBERNETES_TRITON_CUSTOM_IMAGE "
                      "to such an image (built FROM the Triton image), or give the deployment an image")
     resources = target.spec.get("resources") or {}
-    for key in ("cpu", "memory"):
+    for key, bounds in (("cpu", quantity.CPU), ("memory", quantity.MEMORY)):
         value = resources.get(key)
-        if value and not _QUANTITY_RE.match(str(value)):
-            add(f"resources.{key}", f"{value!r} is not a Kubernetes quantity such as \"2\", \"500m\" or \"4Gi\"")
+        if value:
+            try:
+                quantity.check_quantity(str(value), bounds)
+            except quantity.QuantityError as exc:
+                add(f"resources.{key}", str(exc))
     gpu_type = resources.get("gpu_type") or ""
     if gpu_type:
         value = config.gpu_label_value(gpu_type)
