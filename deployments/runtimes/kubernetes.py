@@ -48,6 +48,8 @@ SECONDARY_KINDS = (
     ("autoscaling/v2", "HorizontalPodAutoscaler"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
 )
+# A Secret holds at most 1 MiB (base64 included); leave room for its metadata.
+MAX_SECRET_BYTES = 900 * 1024
 # Everything a deployment may own in its namespace (the access Secrets of its revisions included).
 MANAGED_KINDS = (("apps/v1", "Deployment"), ("v1", "Secret"), *SECONDARY_KINDS)
 
@@ -199,8 +201,15 @@ class KubernetesRuntime:
             raise RuntimeUnavailable(
                 f"The model repository of revision {revision.number} cannot be read from S3 (bucket {bucket!r}): "
                 f"{exc}. Check KUBERNETES_S3_BUCKET, S3_ENDPOINT_URL and the S3 credentials.") from None
-        return manifests.access_secret(target, namespace, files, repository.directories, expires_at,
-                                       owner_uid=owner_uid)
+        secret = manifests.access_secret(target, namespace, files, repository.directories, expires_at,
+                                         owner_uid=owner_uid)
+        size = sum(len(value) for value in secret["data"].values())
+        if size > MAX_SECRET_BYTES:
+            raise RuntimeUnavailable(
+                f"The model repository of revision {revision.number} has {len(files)} files: their download URLs "
+                f"({size // 1024} KiB) do not fit in one Kubernetes Secret (at most 1 MiB). Serve fewer or larger "
+                "files (an archive a python model unpacks, for instance).")
+        return secret
 
     def launch(self, revision: Revision) -> Launch:
         kube = self.kube()

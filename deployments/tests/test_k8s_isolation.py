@@ -245,6 +245,17 @@ def test_a_new_revision_retires_the_previous_revisions_access_secret(
     assert fake.get(secret_path(1)) is None and fake.get(secret_path(2)) is not None
 
 
+def test_a_repository_with_too_many_files_for_one_secret_is_refused_before_anything_is_applied(
+        alice: Person, digits_v1: ModelVersion, fake: FakeKube, cfg: KubernetesConfig,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    deployment = create(alice)
+    monkeypatch.setattr("deployments.runtimes.kubernetes.MAX_SECRET_BYTES", 1000)
+    with pytest.raises(RuntimeUnavailable, match=r"^The model repository of revision 1 has 2 files: their download "
+                                                 r"URLs \(\d+ KiB\) do not fit in one Kubernetes Secret"):
+        KubernetesRuntime(cfg).launch(deployment.revision)  # type: ignore[arg-type]
+    assert not fake.sent("apply", "Secret") and not fake.sent("apply", "Deployment")
+
+
 # --- Permissions ---------------------------------------------------------------------------------------------
 
 
