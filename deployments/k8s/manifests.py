@@ -194,11 +194,14 @@ def build(target: Target, namespace: str, config: KubernetesConfig, *, owner_uid
         objects.append(horizontal_pod_autoscaler(target, namespace, config))
     objects.append(network_policy(target, namespace, config))
     if owner_uid:
-        reference = {"apiVersion": "apps/v1", "kind": "Deployment", "name": target.name, "uid": owner_uid,
-                     "blockOwnerDeletion": True}
         for obj in objects[1:]:
-            obj["metadata"]["ownerReferences"] = [reference]
+            obj["metadata"]["ownerReferences"] = [owner_reference(target.name, owner_uid)]
     return objects
+
+
+def owner_reference(name: str, uid: str) -> dict[str, Any]:
+    """Makes an object go with the Deployment `name` (Kubernetes' garbage collector deletes it then)."""
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "name": name, "uid": uid, "blockOwnerDeletion": True}
 
 
 def _metadata(target: Target, namespace: str, **extra: Any) -> dict[str, Any]:
@@ -495,8 +498,7 @@ def access_secret(target: Target, namespace: str, files: list[dict[str, Any]], d
     metadata["name"] = access_secret_name(target.name, target.revision)
     metadata["labels"][LABEL_COMPONENT] = ACCESS_COMPONENT
     if owner_uid:
-        metadata["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "Deployment", "name": target.name,
-                                        "uid": owner_uid, "blockOwnerDeletion": True}]
+        metadata["ownerReferences"] = [owner_reference(target.name, owner_uid)]
     return {
         "apiVersion": "v1",
         "kind": "Secret",

@@ -116,6 +116,8 @@ def _init_problem(pod: Mapping[str, Any], status: Mapping[str, Any]) -> Verdict 
     if reason in CONFIG_REASONS:
         return Verdict("failed", f"Kubernetes cannot start the init container that fetches the model repository "
                                  f"({reason}: {waiting.get('message', '').strip()}).")
+    if terminated and not terminated.get("exitCode"):
+        return None  # done: the repository is in place
     exited = terminated if terminated.get("exitCode") else last
     code = exited.get("exitCode")
     if code and (terminated.get("exitCode") or reason == "CrashLoopBackOff" or restarts):

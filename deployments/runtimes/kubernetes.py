@@ -100,10 +100,6 @@ def _explain(exc: KubeError, what: str) -> str:
     return f"Kubernetes refused to {what} ({exc.status} {exc.reason}): {exc.message}"
 
 
-def _owner_reference(target: manifests.Target, uid: str) -> dict[str, Any]:
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "name": target.name, "uid": uid, "blockOwnerDeletion": True}
-
-
 def _iso(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -262,7 +258,7 @@ class KubernetesRuntime:
             uid = applied["metadata"]["uid"]
             if not access["metadata"].get("ownerReferences"):
                 what = f"apply Secret {namespace}/{access['metadata']['name']}"
-                access["metadata"]["ownerReferences"] = [_owner_reference(target, uid)]
+                access["metadata"]["ownerReferences"] = [manifests.owner_reference(target.name, uid)]
                 kube.apply(access)
             owned = manifests.build(target, namespace, self.cfg, owner_uid=uid)
             for obj in owned[1:]:

@@ -111,6 +111,13 @@ def test_expired_urls_and_unreachable_s3_say_what_to_check() -> None:
     assert "KUBERNETES_TRITON_EGRESS" in unreachable.message
 
 
+def test_a_fetch_that_succeeded_after_a_failed_try_is_no_problem() -> None:
+    done = fetching({"restartCount": 1, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+                     "lastState": {"terminated": {"exitCode": 1}}})
+    assert pod_problem(done, now=NOW, unschedulable_grace=120) == pod_problem(
+        pod({"state": {"waiting": {"reason": "PodInitializing"}}}, phase="Pending"), now=NOW, unschedulable_grace=120)
+
+
 def test_an_init_image_that_cannot_be_pulled_names_the_setting() -> None:
     verdict = verdict_of(fetching({"state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}}}))
     assert verdict.state == "failed" and "KUBERNETES_FETCH_IMAGE" in verdict.message
