@@ -190,8 +190,15 @@ class KubernetesConfig:
                     "S3_SECRET_ACCESS_KEY for an S3-compatible store such as MinIO (see docs/kubernetes.md).")
         return None
 
+    def egress_problem(self) -> str | None:
+        if not self.egress:
+            return ("KUBERNETES_TRITON_EGRESS is empty: Triton's pods may connect to nothing but DNS, so their init "
+                    "container cannot download the model repository from S3. List the S3 endpoint as the pods reach "
+                    "it, e.g. namespace=storage:9000 for an in-cluster MinIO or 10.0.5.0/24:443 (docs/kubernetes.md).")
+        return None
+
     def problems(self) -> list[str]:
-        return [p for p in (self.cluster_problem(), self.s3_problem()) if p]
+        return [p for p in (self.cluster_problem(), self.s3_problem(), self.egress_problem()) if p]
 
     # --- Where repositories live ---------------------------------------------------------------------------
 

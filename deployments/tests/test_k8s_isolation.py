@@ -344,6 +344,7 @@ def test_the_reconciler_fails_a_deployment_whose_object_is_taken_saying_which(
         alice: Person, digits_v1: ModelVersion, fake: FakeKube, cfg: KubernetesConfig, settings: Any) -> None:
     settings.KUBERNETES_KUBECONFIG = cfg.kubeconfig
     settings.KUBERNETES_S3_BUCKET, settings.KUBERNETES_S3_ENDPOINT_URL = cfg.s3_bucket, ""
+    settings.KUBERNETES_TRITON_EGRESS = ["52.216.0.0/15:443"]
     deployment = create(alice)
     fake.put(f"/api/v1/namespaces/{NS}/services/digits", {
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": "digits", "namespace": NS}, "spec": {}})

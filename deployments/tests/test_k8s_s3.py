@@ -274,6 +274,7 @@ def cluster(s3_config: KubernetesConfig, tmp_path: Path, settings: Any) -> Itera
     settings.KUBERNETES_S3_PREFIX = s3_config.s3_prefix
     settings.KUBERNETES_S3_REGION = REGION
     settings.KUBERNETES_S3_ACCESS_KEY_ID = settings.KUBERNETES_S3_SECRET_ACCESS_KEY = "testing"
+    settings.KUBERNETES_TRITON_EGRESS = ["127.0.0.1/32"]  # where moto listens
     settings.ROLLOUT_DRAIN_SECONDS = 0
     yield fake
     fake.stop()
@@ -301,6 +302,8 @@ def test_the_reconciler_uploads_applies_rolls_out_and_cleans_up(
     pod = cluster.applied("Deployment")["spec"]["template"]["spec"]
     assert pod["containers"][0]["args"][0] == "--model-repository=/models"
     assert "AWS_" not in json.dumps(pod) and "testing" not in json.dumps(pod)  # no S3 key anywhere in the pod
+    egress = cluster.applied("NetworkPolicy")["spec"]["egress"]
+    assert egress[1:] == [{"to": [{"ipBlock": {"cidr": "127.0.0.1/32"}}]}]  # DNS, then the S3 endpoint only
     # The access Secret's URLs download the repository from the real S3 server.
     access = cluster.get("/api/v1/namespaces/modelport-acme/secrets/digits-r1-repository")
     assert access is not None and "testing" not in json.dumps(access)
