@@ -47,7 +47,8 @@ EXIT_TIMEOUT_SECONDS = 30
 PRESTOP_SLEEP_SECONDS = 5  # endpoints drop the pod before Triton stops accepting requests
 STARTUP_PERIOD_SECONDS = 10
 
-_LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+# A label value, checked with fullmatch: with match(), "$" also matches before a trailing newline.
+_LABEL_VALUE_RE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 
 
 class ManifestError(ValueError):
@@ -160,7 +161,7 @@ def check(target: Target, config: KubernetesConfig) -> dict[str, list[str]]:
     gpu_type = resources.get("gpu_type") or ""
     if gpu_type:
         value = config.gpu_label_value(gpu_type)
-        if len(value) > 63 or not _LABEL_VALUE_RE.match(value):
+        if len(value) > 63 or not _LABEL_VALUE_RE.fullmatch(value):
             add("resources.gpu_type", f"{gpu_type!r} is not a node label value: use letters, digits, '-', '_' "
                                       "or '.' (or map it in KUBERNETES_GPU_TYPES)")
     if any((m.get("instance_group") or {}).get("kind") == "gpu" for m in target.spec.get("models", [])) \
