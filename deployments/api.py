@@ -17,6 +17,7 @@ from accounts.context import current_team
 from accounts.idempotency import idempotent
 from accounts.models import Team
 from deployments import actions, python_requirements
+from deployments.k8s import quantity
 from deployments.models import Deployment, Event
 from deployments.runtimes import local as local_runtime
 from deployments.runtimes.base import runtime_for
@@ -53,12 +54,36 @@ class ServedModelSerializer(serializers.Serializer[Any]):
 
 
 class ResourcesSerializer(serializers.Serializer[Any]):
-    cpu = serializers.CharField(required=False, allow_blank=True, help_text='Kubernetes quantity, e.g. "2" or "500m".')
-    memory = serializers.CharField(required=False, allow_blank=True, help_text='Kubernetes quantity, e.g. "4Gi".')
+    cpu = serializers.CharField(required=False, allow_blank=True, max_length=quantity.MAX_LENGTH, help_text=(
+        'Cores per replica, a Kubernetes quantity from "1m" to "1024", e.g. "2" or "500m". Empty: the default.'))
+    memory = serializers.CharField(required=False, allow_blank=True, max_length=quantity.MAX_LENGTH, help_text=(
+        'Memory per replica, a Kubernetes quantity from "1Mi" to "16Ti", e.g. "4Gi". Empty: the default.'))
     gpu = serializers.IntegerField(min_value=0, max_value=16, required=False, default=0)
     gpu_type = serializers.CharField(required=False, allow_blank=True)
     mig_profile = serializers.RegexField(r"^\d+g\.\d+gb$", required=False, allow_blank=True,
                                          help_text='A MIG profile such as "1g.10gb".')
+
+    def validate_cpu(self, value: str) -> str:
+        return _quantity(value, quantity.CPU)
+
+    def validate_memory(self, value: str) -> str:
+        return _quantity(value, quantity.MEMORY)
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        # An empty quantity means "the default": leave it out of the spec rather than storing "".
+        attrs = dict(super().to_internal_value(data))
+        return {key: value for key, value in attrs.items() if not (key in ("cpu", "memory") and value == "")}
+
+
+def _quantity(value: str, bounds: quantity.Bounds) -> str:
+    """A Kubernetes quantity within sane bounds; Kubernetes would accept 400 nines of cores, the cluster would not."""
+    if value == "":
+        return value
+    try:
+        quantity.check_quantity(value, bounds)
+    except quantity.QuantityError as exc:
+        raise serializers.ValidationError(str(exc)) from None
+    return value
 
 
 class AutoscalingSerializer(serializers.Serializer[Any]):

@@ -18,3 +18,11 @@ def reconcile_all() -> int:
     for deployment_id in ids:
         reconcile_deployment.apply_async((deployment_id,), expires=settings.RECONCILE_INTERVAL_SECONDS * 2)
     return len(ids)
+
+
+@shared_task
+def refresh_repository_access() -> int:
+    """Periodic: renew the presigned URLs that Triton's pods on Kubernetes fetch their repository with."""
+    from deployments.runtimes.kubernetes import refresh_repository_access as refresh
+
+    return refresh()

@@ -13,6 +13,13 @@ def beat_schedule(reconcile_interval: float) -> dict[str, dict[str, Any]]:
             "schedule": reconcile_interval,
             "options": {"expires": reconcile_interval},
         },
+        # Presigned repository URLs live at least an hour (KUBERNETES_REPOSITORY_URL_SECONDS) and are renewed at
+        # half-life: a pass every 5 minutes renews each well before it expires.
+        "refresh-repository-access": {
+            "task": "deployments.tasks.refresh_repository_access",
+            "schedule": 300.0,
+            "options": {"expires": 300},
+        },
         "delete-expired-idempotency-records": {
             "task": "accounts.tasks.delete_expired_idempotency_records",
             "schedule": 3600.0,

@@ -243,12 +243,22 @@ KUBERNETES_S3_PREFIX = env_str("KUBERNETES_S3_PREFIX", f"{S3_PREFIX}/repositorie
 KUBERNETES_S3_REGION = env_str("KUBERNETES_S3_REGION", S3_REGION)
 KUBERNETES_S3_ACCESS_KEY_ID = env_secret("KUBERNETES_S3_ACCESS_KEY_ID", S3_ACCESS_KEY_ID)
 KUBERNETES_S3_SECRET_ACCESS_KEY = env_secret("KUBERNETES_S3_SECRET_ACCESS_KEY", S3_SECRET_ACCESS_KEY)
-# The Secret (in each team namespace) Triton reads its S3 credentials from; the worker writes it when the keys
-# above are set. Empty: no credentials from a Secret (pod identity, e.g. IRSA).
-KUBERNETES_S3_SECRET = env_str("KUBERNETES_S3_SECRET", "modelport-s3")
+# Triton's pods hold no S3 credentials: an init container fetches the revision's files through presigned GET
+# URLs that live this long (the worker renews them at half-life; S3 allows at most 7 days). See docs/security.md.
+KUBERNETES_REPOSITORY_URL_SECONDS = env_int("KUBERNETES_REPOSITORY_URL_SECONDS", 24 * 3600, minimum=3600)
+if KUBERNETES_REPOSITORY_URL_SECONDS > 7 * 24 * 3600:
+    raise ImproperlyConfigured("KUBERNETES_REPOSITORY_URL_SECONDS must be at most 604800 (7 days, S3's limit for "
+                               f"presigned URLs), got {KUBERNETES_REPOSITORY_URL_SECONDS}")
+# The init container's image (it runs `python3`); empty: the Triton image, which has it.
+KUBERNETES_FETCH_IMAGE = env_str("KUBERNETES_FETCH_IMAGE")
+# Triton's pods may connect to DNS (in this namespace) and to these destinations only, e.g.
+# "10.0.5.0/24:9000,namespace=storage:9000": list the S3 endpoint, which the init container downloads from.
+KUBERNETES_TRITON_EGRESS = env_list("KUBERNETES_TRITON_EGRESS")
+KUBERNETES_DNS_NAMESPACE = env_str("KUBERNETES_DNS_NAMESPACE", "kube-system")
 KUBERNETES_DEFAULT_CPU = env_str("KUBERNETES_DEFAULT_CPU", "1")
 KUBERNETES_DEFAULT_MEMORY = env_str("KUBERNETES_DEFAULT_MEMORY", "4Gi")
 KUBERNETES_SHM_SIZE = env_str("KUBERNETES_SHM_SIZE", "1Gi")
+KUBERNETES_TMP_SIZE = env_str("KUBERNETES_TMP_SIZE", "1Gi")  # Triton's writable /tmp (its root filesystem is not)
 # A revision's resources.gpu_type selects nodes by this label; KUBERNETES_GPU_TYPES maps short names to label
 # values ("a100=NVIDIA-A100-SXM4-80GB"); a type not listed is used as the label value itself.
 KUBERNETES_GPU_NODE_LABEL = env_str("KUBERNETES_GPU_NODE_LABEL", "nvidia.com/gpu.product")
@@ -265,6 +275,27 @@ KUBERNETES_CLUSTER_DOMAIN = env_str("KUBERNETES_CLUSTER_DOMAIN", "cluster.local"
 # How long a rollout may take (big models download and load slowly), and how long a pod may wait for a node.
 KUBERNETES_READY_TIMEOUT_SECONDS = env_int("KUBERNETES_READY_TIMEOUT_SECONDS", 1800, minimum=10)
 KUBERNETES_UNSCHEDULABLE_GRACE_SECONDS = env_int("KUBERNETES_UNSCHEDULABLE_GRACE_SECONDS", 120, minimum=0)
+
+
+def _check_kubernetes_settings() -> None:
+    """Quantities and egress rules go into every Triton pod: a typo fails here, not in each rollout."""
+    from deployments.k8s.config import parse_egress  # plain modules: no Django, no app registry needed
+    from deployments.k8s.quantity import CPU, MEMORY, QuantityError, check_quantity
+
+    for name, bounds in (("KUBERNETES_DEFAULT_CPU", CPU), ("KUBERNETES_DEFAULT_MEMORY", MEMORY),
+                         ("KUBERNETES_SHM_SIZE", MEMORY), ("KUBERNETES_TMP_SIZE", MEMORY)):
+        try:
+            check_quantity(globals()[name], bounds)
+        except QuantityError as exc:
+            raise ImproperlyConfigured(f"{name}: {exc}") from None
+    for entry in KUBERNETES_TRITON_EGRESS:
+        try:
+            parse_egress(entry)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"KUBERNETES_TRITON_EGRESS: {exc}") from None
+
+
+_check_kubernetes_settings()
 
 # --- Inference gateway (/serve/) ------------------------------------------------------------------------
 GATEWAY_MAX_BODY_BYTES = env_int("GATEWAY_MAX_BODY_BYTES", 256 * 1024**2, minimum=1)

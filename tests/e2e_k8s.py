@@ -15,6 +15,7 @@ E2E_TIMEOUT (seconds, default 1200) bounds the wait for the pods (the Triton ima
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -118,7 +119,16 @@ def main() -> int:
                 f"{deployment.status.available_replicas} of {deployment.spec.replicas} available")
             assert deployment.status.available_replicas == 2
             assert core.list_namespaced_service(namespace, label_selector=selector).items
-            assert networking.list_namespaced_network_policy(namespace, label_selector=selector).items
+            [policy] = networking.list_namespaced_network_policy(namespace, label_selector=selector).items
+            assert policy.spec.policy_types == ["Ingress", "Egress"]
+            # Issue 11: the pods that run uploaded code hold no S3 key and no token, and fetched a verified copy.
+            for pod in core.list_namespaced_pod(namespace, label_selector=selector).items:
+                spec = json.dumps(k8s_client.ApiClient().sanitize_for_serialization(pod.spec))
+                assert "AWS_" not in spec and "secretKeyRef" not in spec, f"pod {pod.metadata.name} holds S3 keys"
+                assert pod.spec.automount_service_account_token is False
+                [fetched] = pod.status.init_container_statuses
+                assert fetched.state.terminated is not None and fetched.state.terminated.exit_code == 0
+            log("the pods hold no S3 credential; their init containers fetched and verified the repository")
 
             X, _ = digits_holdout()
             session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

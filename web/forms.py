@@ -85,6 +85,13 @@ class DeploymentForm(forms.Form):
     gpu = forms.IntegerField(label="GPUs per replica", required=False, initial=0,
                              widget=forms.NumberInput(attrs={"min": 0, "max": 16}))
     gpu_type = forms.CharField(label="GPU type", required=False, help_text="A node's GPU product, e.g. NVIDIA-A100; empty: any.")
+    # Checked by the API's serializer (deployments.k8s.quantity), whose messages land beside these fields.
+    cpu = forms.CharField(label="CPU per replica", required=False,
+                          widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}),
+                          help_text='Cores, e.g. "2" or "500m"; empty: the default.')
+    memory = forms.CharField(label="Memory per replica", required=False,
+                             widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}),
+                             help_text='e.g. "4Gi" or "512Mi"; empty: the default.')
 
     def __init__(self, *args: Any, editing: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -204,7 +211,10 @@ def deployment_input(form: DeploymentForm, model_forms: list[ServedModelForm],
                      resources: dict[str, Any] | None = None) -> dict[str, Any]:
     """The DeploymentInputSerializer input for valid forms; `resources` are the current ones kept when editing."""
     data = form.cleaned_data
-    resources = {k: v for k, v in (resources or {}).items() if k not in ("gpu", "gpu_type")}
+    resources = {k: v for k, v in (resources or {}).items() if k not in ("gpu", "gpu_type", "cpu", "memory")}
+    for key in ("cpu", "memory"):
+        if data.get(key):
+            resources[key] = data[key]
     if data["runtime"] == Deployment.Runtime.KUBERNETES:
         # The GPU fields are hidden for the local runtime: whatever they hold then does not count.
         resources["gpu"] = data.get("gpu") or 0
@@ -226,7 +236,7 @@ _MODEL_FIELDS = {
     "instance_group.gpus": "instance_kind",
 }
 _DEPLOYMENT_FIELDS = {"name": "name", "runtime": "runtime", "replicas": "replicas", "resources.gpu": "gpu",
-                      "resources.gpu_type": "gpu_type"}
+                      "resources.gpu_type": "gpu_type", "resources.cpu": "cpu", "resources.memory": "memory"}
 
 
 def add_api_errors(errors: Any, form: DeploymentForm, model_forms: list[ServedModelForm]) -> None:

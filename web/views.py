@@ -280,7 +280,8 @@ def deployment_edit(request: HttpRequest, team: Team, name: str) -> HttpResponse
     data = request.POST if request.method == "POST" else None
     form = DeploymentForm(data, editing=True, initial={
         "name": deployment.name, "runtime": deployment.runtime, "replicas": spec.get("replicas", 1),
-        "gpu": resources.get("gpu", 0), "gpu_type": resources.get("gpu_type", "")})
+        "gpu": resources.get("gpu", 0), "gpu_type": resources.get("gpu_type", ""),
+        "cpu": resources.get("cpu", ""), "memory": resources.get("memory", "")})
     model_forms = []
     for index, entry in enumerate(entries):
         initial, kept = initial_for_entry(entry)

@@ -4,7 +4,9 @@ plain values (and tests build a config without Django settings)."""
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -12,6 +14,58 @@ from urllib.parse import urlsplit
 FIELD_MANAGER = "modelport"
 # The Triton image runs as this user (triton-server in NVIDIA's images).
 TRITON_UID = 1000
+
+_DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_CIDR_RULE_RE = re.compile(r"(?P<cidr>[0-9A-Fa-f.:]+/[0-9]{1,3})(?::(?P<port>[0-9]{1,5})(?:/(?P<protocol>[A-Za-z]+))?)?")
+_NAMESPACE_RULE_RE = re.compile(r"namespace=(?P<namespace>[^:/]+)(?::(?P<port>[0-9]{1,5})(?:/(?P<protocol>[A-Za-z]+))?)?")
+
+
+@dataclass(frozen=True)
+class EgressRule:
+    """A destination Triton's pods may connect to besides DNS: an IP block or every pod of a namespace, on one
+    port (or all ports). Written in KUBERNETES_TRITON_EGRESS as "10.0.5.0/24:9000", "10.1.2.3/32:443/TCP",
+    "namespace=storage:9000" or "192.168.0.0/16"."""
+
+    cidr: str = ""
+    namespace: str = ""
+    port: int | None = None
+    protocol: str = "TCP"
+
+    def peer(self) -> dict[str, Any]:
+        if self.cidr:
+            return {"ipBlock": {"cidr": self.cidr}}
+        return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.namespace}}}
+
+    def to_policy(self) -> dict[str, Any]:
+        rule: dict[str, Any] = {"to": [self.peer()]}
+        if self.port is not None:
+            rule["ports"] = [{"protocol": self.protocol, "port": self.port}]
+        return rule
+
+
+def parse_egress(entry: str) -> EgressRule:
+    """One KUBERNETES_TRITON_EGRESS entry; ValueError saying what is wrong."""
+    match = _CIDR_RULE_RE.fullmatch(entry) or _NAMESPACE_RULE_RE.fullmatch(entry)
+    if match is None:
+        raise ValueError(f"{entry!r} is neither CIDR[:PORT[/PROTOCOL]] (e.g. 10.0.5.0/24:9000) nor "
+                         "namespace=NAME[:PORT[/PROTOCOL]] (e.g. namespace=storage:9000)")
+    groups = match.groupdict()
+    port = int(groups["port"]) if groups.get("port") else None
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"{entry!r}: the port must be between 1 and 65535")
+    protocol = (groups.get("protocol") or "TCP").upper()
+    if protocol not in ("TCP", "UDP", "SCTP"):
+        raise ValueError(f"{entry!r}: the protocol must be TCP, UDP or SCTP")
+    if groups.get("cidr"):
+        try:
+            network = ipaddress.ip_network(groups["cidr"], strict=False)
+        except ValueError:
+            raise ValueError(f"{entry!r}: {groups['cidr']!r} is not a CIDR block such as 10.0.5.0/24") from None
+        return EgressRule(cidr=str(network), port=port, protocol=protocol)
+    namespace = groups["namespace"]
+    if not _DNS_LABEL_RE.fullmatch(namespace):
+        raise ValueError(f"{entry!r}: {namespace!r} is not a namespace name")
+    return EgressRule(namespace=namespace, port=port, protocol=protocol)
 
 
 @dataclass(frozen=True)
@@ -32,10 +86,17 @@ class KubernetesConfig:
     s3_region: str = "us-east-1"
     s3_access_key_id: str = ""
     s3_secret_access_key: str = field(default="", repr=False)
-    s3_secret_name: str = "modelport-s3"
+    # How long the presigned GET URLs of a revision's repository live; the worker renews them at half-life.
+    repository_url_seconds: int = 24 * 3600
+    # The image of the init container that fetches the repository (needs python3); empty: the Triton image.
+    fetch_image: str = ""
+    # Where Triton's pods may connect (besides DNS): the S3 endpoint must be listed, for the init container.
+    egress: tuple[EgressRule, ...] = ()
+    dns_namespace: str = "kube-system"
     default_cpu: str = "1"
     default_memory: str = "4Gi"
     shm_size: str = "1Gi"
+    tmp_size: str = "1Gi"
     gpu_node_label: str = "nvidia.com/gpu.product"
     gpu_types: tuple[tuple[str, str], ...] = ()
     gpu_tolerations: tuple[str, ...] = ("nvidia.com/gpu",)
@@ -68,10 +129,14 @@ class KubernetesConfig:
             s3_region=settings.KUBERNETES_S3_REGION,
             s3_access_key_id=settings.KUBERNETES_S3_ACCESS_KEY_ID,
             s3_secret_access_key=settings.KUBERNETES_S3_SECRET_ACCESS_KEY,
-            s3_secret_name=settings.KUBERNETES_S3_SECRET,
+            repository_url_seconds=settings.KUBERNETES_REPOSITORY_URL_SECONDS,
+            fetch_image=settings.KUBERNETES_FETCH_IMAGE,
+            egress=tuple(parse_egress(entry) for entry in settings.KUBERNETES_TRITON_EGRESS),
+            dns_namespace=settings.KUBERNETES_DNS_NAMESPACE,
             default_cpu=settings.KUBERNETES_DEFAULT_CPU,
             default_memory=settings.KUBERNETES_DEFAULT_MEMORY,
             shm_size=settings.KUBERNETES_SHM_SIZE,
+            tmp_size=settings.KUBERNETES_TMP_SIZE,
             gpu_node_label=settings.KUBERNETES_GPU_NODE_LABEL,
             gpu_types=tuple(sorted(settings.KUBERNETES_GPU_TYPES.items())),
             gpu_tolerations=tuple(settings.KUBERNETES_GPU_TOLERATIONS),
@@ -107,11 +172,6 @@ class KubernetesConfig:
     def s3_configured(self) -> bool:
         return bool(self.s3_bucket)
 
-    @property
-    def s3_credentials(self) -> bool:
-        """Whether the worker has S3 keys to write into the namespace's Secret for Triton."""
-        return bool(self.s3_access_key_id and self.s3_secret_access_key)
-
     def cluster_problem(self) -> str | None:
         if self.in_cluster:
             if not os.environ.get("KUBERNETES_SERVICE_HOST"):
@@ -125,18 +185,30 @@ class KubernetesConfig:
 
     def s3_problem(self) -> str | None:
         if not self.s3_configured:
-            return ("S3 for model repositories is not configured: Triton in the cluster loads the model repository "
-                    "from S3, so set KUBERNETES_S3_BUCKET (or S3_BUCKET), and S3_ENDPOINT_URL, S3_ACCESS_KEY_ID and "
+            return ("S3 for model repositories is not configured: Triton's pods fetch the model repository from "
+                    "S3, so set KUBERNETES_S3_BUCKET (or S3_BUCKET), and S3_ENDPOINT_URL, S3_ACCESS_KEY_ID and "
                     "S3_SECRET_ACCESS_KEY for an S3-compatible store such as MinIO (see docs/kubernetes.md).")
         return None
 
+    def egress_problem(self) -> str | None:
+        if not self.egress:
+            return ("KUBERNETES_TRITON_EGRESS is empty: Triton's pods may connect to nothing but DNS, so their init "
+                    "container cannot download the model repository from S3. List the S3 endpoint as the pods reach "
+                    "it, e.g. namespace=storage:9000 for an in-cluster MinIO or 10.0.5.0/24:443 (docs/kubernetes.md).")
+        return None
+
     def problems(self) -> list[str]:
-        return [p for p in (self.cluster_problem(), self.s3_problem()) if p]
+        return [p for p in (self.cluster_problem(), self.s3_problem(), self.egress_problem()) if p]
 
     # --- Where repositories live ---------------------------------------------------------------------------
 
+    @property
+    def init_image(self) -> str:
+        return self.fetch_image or self.image
+
     def repository_url(self, key_prefix: str) -> str:
-        """The --model-repository URL Triton loads `key_prefix` of the bucket from.
+        """Where a revision's repository lives, in Triton's S3 syntax (recorded on the revision and in an
+        annotation; Triton itself loads the copy the init container fetched).
 
         Triton's S3 syntax names a non-AWS endpoint inside the URL, always with a port:
         s3://http://minio.example:9000/bucket/prefix; for AWS itself it is s3://bucket/prefix.

@@ -126,6 +126,14 @@ class Kube:
                                            query=[("fieldManager", FIELD_MANAGER), ("force", "true")])
         return result
 
+    def replace(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """PUT: update an existing object, failing with 409 when its metadata.resourceVersion is not the current
+        one and with 404 when it is gone (it never creates one)."""
+        meta = obj["metadata"]
+        path = path_for(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+        result: dict[str, Any] = self.json("PUT", path, body=dict(obj), query=[("fieldManager", FIELD_MANAGER)])
+        return result
+
     def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         try:
             result: dict[str, Any] = self.json("GET", path_for(api_version, kind, namespace, name))

@@ -3,19 +3,28 @@
 The same objects are applied by the worker (server-side apply) and exported for GitOps users
 (GET /api/v1/deployments/{name}/manifests), so they are deterministic: same revision and config, same YAML.
 Every object carries the labels that `managed_selector()` finds again, so that deletion removes all of them.
+
+Triton runs code that team members upload, so its pod holds nothing it does not need (docs/security.md): no S3
+key and no service account token; an init container fetches the revision's files through presigned GET URLs
+from the revision's access Secret into an emptyDir, verifying each sha256, and Triton reads that directory
+read-only; the pod runs as non-root with a read-only root filesystem, no capabilities and RuntimeDefault seccomp;
+its NetworkPolicy admits only the gateway and lets it reach DNS and the destinations the operator lists.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
 
+from deployments.k8s import quantity
 from deployments.k8s.config import TRITON_UID, KubernetesConfig
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
@@ -26,15 +35,19 @@ LABEL_TEAM = "modelport.io/team"
 LABEL_DEPLOYMENT = "modelport.io/deployment"
 LABEL_REVISION = "modelport.io/revision"
 ANNOTATION_REPOSITORY = "modelport.io/repository"
-S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+ANNOTATION_URLS_EXPIRE = "modelport.io/urls-expire-at"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+ACCESS_COMPONENT = "repository-access"
+INIT_CONTAINER = "fetch-repository"
+REPOSITORY_DIR = "/models"  # what Triton loads: the init container's verified copy, mounted read-only
+ACCESS_DIR = "/etc/modelport/repository"  # the access Secret: manifest.json and fetch.py
+FETCH_SCRIPT = Path(__file__).with_name("fetch_repository.py")
 # Seconds Triton gets to finish in-flight requests after SIGTERM; the pod's grace period is longer.
 EXIT_TIMEOUT_SECONDS = 30
 PRESTOP_SLEEP_SECONDS = 5  # endpoints drop the pod before Triton stops accepting requests
 STARTUP_PERIOD_SECONDS = 10
 
-# A Kubernetes quantity ("500m", "4Gi", "1.5", "2e3") and a label value.
-# Both checked with fullmatch: with match(), "$" also matches before a trailing newline ("4Gi\n" would pass).
-_QUANTITY_RE = re.compile(r"[+]?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?\d+)?")
+# A label value, checked with fullmatch: with match(), "$" also matches before a trailing newline.
 _LABEL_VALUE_RE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 
 
@@ -95,6 +108,22 @@ def labels(target: Target) -> dict[str, str]:
     }
 
 
+def access_secret_name(name: str, revision: int) -> str:
+    """The Secret holding a revision's presigned URLs (one per revision: a rollback or a restarting pod of the
+    previous revision still finds its own)."""
+    return f"{name}-r{revision}-repository"
+
+
+def access_selector(team: str, name: str) -> str:
+    return f"{managed_selector(team, name)},{LABEL_COMPONENT}={ACCESS_COMPONENT}"
+
+
+def is_managed(obj: Mapping[str, Any], team: str, name: str) -> bool:
+    """Whether `obj` is one Modelport made for deployment `name` of `team` (and so may be applied over)."""
+    theirs = (obj.get("metadata") or {}).get("labels") or {}
+    return all(theirs.get(key) == value for key, value in managed_labels(team, name).items())
+
+
 def service_url(target_name: str, namespace: str, config: KubernetesConfig) -> str:
     """What the gateway proxies to: the Service's cluster DNS name."""
     return f"http://{target_name}.{namespace}.svc.{config.cluster_domain}:{HTTP_PORT}"
@@ -122,10 +151,13 @@ def check(target: Target, config: KubernetesConfig) -> dict[str, list[str]]:
         add("image", "TNN models need a Triton image with the TNN backend: set KUBERNETES_TRITON_CUSTOM_IMAGE "
                      "to such an image (built FROM the Triton image), or give the deployment an image")
     resources = target.spec.get("resources") or {}
-    for key in ("cpu", "memory"):
+    for key, bounds in (("cpu", quantity.CPU), ("memory", quantity.MEMORY)):
         value = resources.get(key)
-        if value and not _QUANTITY_RE.fullmatch(str(value)):
-            add(f"resources.{key}", f"{value!r} is not a Kubernetes quantity such as \"2\", \"500m\" or \"4Gi\"")
+        if value:
+            try:
+                quantity.check_quantity(str(value), bounds)
+            except quantity.QuantityError as exc:
+                add(f"resources.{key}", str(exc))
     gpu_type = resources.get("gpu_type") or ""
     if gpu_type:
         value = config.gpu_label_value(gpu_type)
@@ -163,11 +195,14 @@ def build(target: Target, namespace: str, config: KubernetesConfig, *, owner_uid
         objects.append(horizontal_pod_autoscaler(target, namespace, config))
     objects.append(network_policy(target, namespace, config))
     if owner_uid:
-        reference = {"apiVersion": "apps/v1", "kind": "Deployment", "name": target.name, "uid": owner_uid,
-                     "blockOwnerDeletion": True}
         for obj in objects[1:]:
-            obj["metadata"]["ownerReferences"] = [reference]
+            obj["metadata"]["ownerReferences"] = [owner_reference(target.name, owner_uid)]
     return objects
+
+
+def owner_reference(name: str, uid: str) -> dict[str, Any]:
+    """Makes an object go with the Deployment `name` (Kubernetes' garbage collector deletes it then)."""
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "name": name, "uid": uid, "blockOwnerDeletion": True}
 
 
 def _metadata(target: Target, namespace: str, **extra: Any) -> dict[str, Any]:
@@ -201,7 +236,7 @@ def _resources(target: Target, config: KubernetesConfig) -> dict[str, Any]:
 
 def triton_args(target: Target, config: KubernetesConfig) -> list[str]:
     args = [
-        f"--model-repository={config.repository_url(target.repository_key)}",
+        f"--model-repository={REPOSITORY_DIR}",
         # The repository is complete when the pod starts and never changes: load everything, never poll.
         "--model-control-mode=none",
         "--strict-readiness=true",
@@ -217,12 +252,31 @@ def triton_args(target: Target, config: KubernetesConfig) -> list[str]:
     return args
 
 
-def _env(config: KubernetesConfig) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [{"name": "AWS_DEFAULT_REGION", "value": config.s3_region}]
-    if config.s3_secret_name:
-        env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": config.s3_secret_name, "key": key}}}
-                for key in S3_KEYS]
-    return env
+# What every container of a Triton pod runs with: the "restricted" Pod Security Standard, and a root filesystem
+# nothing can write to (what must be written goes to an emptyDir).
+CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+}
+
+
+def init_container(target: Target, config: KubernetesConfig) -> dict[str, Any]:
+    """Fetches the revision's repository through the presigned URLs of its access Secret, verifying each file."""
+    return {
+        "name": INIT_CONTAINER,
+        "image": config.init_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python3", f"{ACCESS_DIR}/fetch.py", f"{ACCESS_DIR}/manifest.json", REPOSITORY_DIR],
+        "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
+        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        "securityContext": dict(CONTAINER_SECURITY),
+        "volumeMounts": [
+            {"name": "repository", "mountPath": REPOSITORY_DIR},
+            {"name": "repository-access", "mountPath": ACCESS_DIR, "readOnly": True},
+        ],
+    }
 
 
 def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
@@ -244,7 +298,8 @@ def deployment(target: Target, namespace: str, config: KubernetesConfig) -> dict
             {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
-        "env": _env(config),
+        # The root filesystem is read-only: libraries that keep caches under $HOME write to the /tmp emptyDir.
+        "env": [{"name": "HOME", "value": "/tmp"}],
         "resources": _resources(target, config),
         # Big models take minutes to download from S3 and load: the startup probe allows the whole ready
         # timeout before liveness starts counting.
@@ -253,13 +308,14 @@ def deployment(target: Target, namespace: str, config: KubernetesConfig) -> dict
         "readinessProbe": _probe("/v2/health/ready", 5, 3),
         "livenessProbe": _probe("/v2/health/live", 15, 4),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "runAsNonRoot": True,
-        },
-        # The python backend passes tensors through shared memory; the container default (64 MiB) is too small.
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "securityContext": dict(CONTAINER_SECURITY),
+        "volumeMounts": [
+            # The python backend passes tensors through shared memory; the container default (64 MiB) is too small.
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "tmp", "mountPath": "/tmp"},
+            # Read-only: uploaded model code cannot change what it serves, nor what a restart loads.
+            {"name": "repository", "mountPath": REPOSITORY_DIR, "readOnly": True},
+        ],
     }
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,  # Triton never talks to the Kubernetes API
@@ -272,8 +328,16 @@ def deployment(target: Target, namespace: str, config: KubernetesConfig) -> dict
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "terminationGracePeriodSeconds": EXIT_TIMEOUT_SECONDS + PRESTOP_SLEEP_SECONDS + 10,
+        "initContainers": [init_container(target, config)],
         "containers": [container],
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": config.shm_size}}],
+        "volumes": [
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": config.shm_size}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": config.tmp_size}},
+            {"name": "repository", "emptyDir": {}},
+            # Only the init container mounts it; Triton's container never sees the URLs.
+            {"name": "repository-access", "secret": {"secretName": access_secret_name(target.name, target.revision),
+                                                     "defaultMode": 0o440}},
+        ],
     }
     if config.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": name} for name in config.image_pull_secrets]
@@ -380,14 +444,24 @@ def network_policy(target: Target, namespace: str, config: KubernetesConfig) -> 
             "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": config.metrics_namespace}}}],
             "ports": [{"protocol": "TCP", "port": METRICS_PORT}],
         })
+    # Egress: nothing but DNS and what the operator lists (the S3 endpoint, for the init container; a
+    # NetworkPolicy holds for every container of the pod). Uploaded code reaches no portal, database or other team.
+    egress: list[dict[str, Any]] = []
+    if config.dns_namespace:
+        egress.append({
+            "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": config.dns_namespace}}}],
+            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+        })
+    egress += [rule.to_policy() for rule in config.egress]
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": _metadata(target, namespace),
         "spec": {
             "podSelector": {"matchLabels": selector_labels(target.team, target.name)},
-            "policyTypes": ["Ingress"],
+            "policyTypes": ["Ingress", "Egress"],
             "ingress": ingress,
+            "egress": egress,
         },
     }
 
@@ -402,21 +476,36 @@ def namespace_object(name: str) -> dict[str, Any]:
                 "app.kubernetes.io/managed-by": MANAGED_BY,
                 # Triton's pods meet the "restricted" Pod Security Standard; nothing less runs here.
                 "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "latest",
+                "pod-security.kubernetes.io/audit": "restricted",
+                "pod-security.kubernetes.io/warn": "restricted",
             },
         },
     }
 
 
-def s3_secret(namespace: str, config: KubernetesConfig) -> dict[str, Any]:
-    """The Secret Triton's pods read their S3 credentials from (never exported: it holds the keys)."""
-    values = dict(zip(S3_KEYS, (config.s3_access_key_id, config.s3_secret_access_key), strict=True))
+def access_secret(target: Target, namespace: str, files: list[dict[str, Any]], directories: Iterable[str],
+                  expires_at: str, *, owner_uid: str | None = None) -> dict[str, Any]:
+    """The revision's access Secret: the fetch script and the manifest with a presigned GET URL per file.
+
+    A Secret rather than the init container's args or a ConfigMap: pod specs and ConfigMaps are readable by
+    anyone with the namespace's "view" role and end up in `kubectl describe` and audit logs, while the URLs are
+    read credentials; and a Secret's content can be renewed without changing the pod template (no rollout),
+    the kubelet mounting the current one into every new or retried init container. Never exported."""
+    manifest = {"format": 1, "revision": target.revision, "expires_at": expires_at, "files": files,
+                "directories": sorted(directories)}
+    data = {"manifest.json": json.dumps(manifest, sort_keys=True), "fetch.py": FETCH_SCRIPT.read_text()}
+    metadata = _metadata(target, namespace, annotations={ANNOTATION_URLS_EXPIRE: expires_at})
+    metadata["name"] = access_secret_name(target.name, target.revision)
+    metadata["labels"][LABEL_COMPONENT] = ACCESS_COMPONENT
+    if owner_uid:
+        metadata["ownerReferences"] = [owner_reference(target.name, owner_uid)]
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": config.s3_secret_name, "namespace": namespace,
-                     "labels": {"app.kubernetes.io/managed-by": MANAGED_BY, "app.kubernetes.io/part-of": "modelport"}},
+        "metadata": metadata,
         "type": "Opaque",
-        "data": {key: base64.b64encode(value.encode()).decode() for key, value in values.items()},
+        "data": {key: base64.b64encode(value.encode()).decode() for key, value in data.items()},
     }
 
 

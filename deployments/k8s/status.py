@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from deployments.k8s.manifests import CONTAINER
+from deployments.k8s.manifests import CONTAINER, INIT_CONTAINER
 
 State = Literal["ready", "waiting", "failed"]
 
@@ -25,9 +25,25 @@ CONFIG_REASONS = ("CreateContainerConfigError", "CreateContainerError", "RunCont
 class Verdict:
     state: State
     message: str
-    # A pod whose Triton log explains a failure; `previous`: the log of the container that exited before.
+    # A pod whose log explains a failure; `previous`: the log of the container that exited before.
     logs_pod: str | None = None
     previous: bool = False
+    logs_container: str = CONTAINER
+
+
+# What the init container's exit codes mean (deployments/k8s/fetch_repository.py), and what to do about it.
+FETCH_EXITS = {
+    2: ("a file of the model repository does not match what Modelport recorded when it uploaded it (size or "
+        "sha256), so the pod refused to serve it. Someone changed the repository in S3 after the upload: deploy "
+        "the revision again (change and save the deployment) so that Modelport uploads it anew, and find out who "
+        "can write to the bucket"),
+    3: ("S3 refused the presigned download URLs (expired, or signed with credentials S3 no longer accepts). "
+        "Modelport's worker renews them ahead of expiry: check that the Celery worker and beat run and that "
+        "their S3 credentials are valid"),
+}
+FETCH_FAILED = ("the model repository could not be downloaded from S3. Check that KUBERNETES_TRITON_EGRESS lets "
+                "Triton's pods reach the S3 endpoint (and KUBERNETES_DNS_NAMESPACE its DNS), and that the endpoint "
+                "is reachable from the cluster under the name in S3_ENDPOINT_URL")
 
 
 def _get(obj: Mapping[str, Any] | None, *path: str, default: Any = None) -> Any:
@@ -74,6 +90,51 @@ def _pod_name(pod: Mapping[str, Any]) -> str:
     return str(_get(pod, "metadata", "name", default="?"))
 
 
+def _init_status(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for status in _get(pod, "status", "initContainerStatuses", default=[]) or []:
+        if status.get("name") == INIT_CONTAINER:
+            return status  # type: ignore[no-any-return]
+    return None
+
+
+def _init_problem(pod: Mapping[str, Any], status: Mapping[str, Any]) -> Verdict | None:
+    """Why the init container that fetches the repository has not finished, if it is stuck."""
+    name = _pod_name(pod)
+    namespace = _get(pod, "metadata", "namespace", default="")
+    waiting = _get(status, "state", "waiting") or {}
+    terminated = _get(status, "state", "terminated") or {}
+    last = _get(status, "lastState", "terminated") or {}
+    reason = waiting.get("reason", "")
+    restarts = int(status.get("restartCount", 0))
+    if reason in IMAGE_PULL_REASONS:
+        image = status.get("image") or next((c.get("image", "") for c in _get(pod, "spec", "initContainers",
+                                                                                  default=[]) or []), "")
+        return Verdict("failed", (
+            f"Kubernetes cannot pull the image {image!r} of the init container that fetches the model repository "
+            f"({reason}: {waiting.get('message', '').strip() or 'no details'}). Check KUBERNETES_FETCH_IMAGE (empty: "
+            f"the Triton image) and, for a private registry, KUBERNETES_IMAGE_PULL_SECRETS in namespace {namespace}."))
+    if reason in CONFIG_REASONS:
+        return Verdict("failed", f"Kubernetes cannot start the init container that fetches the model repository "
+                                 f"({reason}: {waiting.get('message', '').strip()}).")
+    if terminated and not terminated.get("exitCode"):
+        return None  # done: the repository is in place
+    exited = terminated if terminated.get("exitCode") else last
+    code = exited.get("exitCode")
+    if code and (terminated.get("exitCode") or reason == "CrashLoopBackOff" or restarts):
+        what = FETCH_EXITS.get(int(code), FETCH_FAILED)
+        return Verdict("failed", (
+            f"The model repository could not be fetched into pod {name} (its init container {INIT_CONTAINER} exited "
+            f"with code {code}, {restarts} restart{'s' if restarts != 1 else ''}): {what}. Its last log lines say "
+            "why:"), logs_pod=name, previous=not terminated.get("exitCode"), logs_container=INIT_CONTAINER)
+    if _get(status, "state", "running") is not None:
+        return Verdict("waiting", "fetching the model repository from S3")
+    if reason == "PodInitializing" or not status:
+        return None
+    if reason:
+        return Verdict("waiting", f"starting the init container ({reason})")
+    return None
+
+
 # --- One pod ------------------------------------------------------------------------------------------------
 
 
@@ -88,6 +149,12 @@ def pod_problem(pod: Mapping[str, Any], *, now: datetime, unschedulable_grace: f
         reason = _get(pod, "status", "reason", default="Failed")
         message = _get(pod, "status", "message", default="")
         return Verdict("failed", f"Kubernetes stopped Triton's pod {name} ({reason}: {message}).".replace(": )", ")"))
+
+    init = _init_status(pod)
+    if init is not None and not init.get("ready"):
+        problem = _init_problem(pod, init)
+        if problem is not None:
+            return problem
 
     status = _container_status(pod)
     if status is not None:
@@ -104,12 +171,7 @@ def pod_problem(pod: Mapping[str, Any], *, now: datetime, unschedulable_grace: f
                 f"private registry, name a Secret of namespace {namespace} in KUBERNETES_IMAGE_PULL_SECRETS."))
         if reason in CONFIG_REASONS:
             message = waiting.get("message", "").strip()
-            advice = ""
-            if "secret" in message.lower():
-                advice = (" Triton reads its S3 credentials from that Secret: set S3_ACCESS_KEY_ID and "
-                          "S3_SECRET_ACCESS_KEY (or KUBERNETES_S3_*) so that Modelport writes it, or create it in "
-                          f"namespace {namespace} with the keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.")
-            return Verdict("failed", f"Kubernetes cannot start Triton's container ({reason}: {message}).{advice}")
+            return Verdict("failed", f"Kubernetes cannot start Triton's container ({reason}: {message}).")
         if "OOMKilled" in (terminated.get("reason"), last.get("reason")):
             limit = _get(spec, "resources", "limits", "memory", default="its memory limit")
             return Verdict("failed", (

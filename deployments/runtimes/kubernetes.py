@@ -1,9 +1,15 @@
 """The Kubernetes runtime: Triton pods on a cluster, one Kubernetes Deployment per Modelport deployment.
 
 A revision's model repository is rendered for the official Triton image and uploaded to S3 under a prefix of its
-own; its manifests (deployments.k8s.manifests) are applied with server-side apply in the team's namespace, and
-the Deployment's rolling update (maxUnavailable 0) replaces the previous revision's pods once the new ones are
-ready. The gateway routes to the Service's cluster DNS name, which stays the same across revisions.
+own, with a manifest of what was uploaded; its manifests (deployments.k8s.manifests) are applied with server-side
+apply in the team's namespace, and the Deployment's rolling update (maxUnavailable 0) replaces the previous
+revision's pods once the new ones are ready. The gateway routes to the Service's cluster DNS name, which stays
+the same across revisions.
+
+Triton's pods hold no S3 key: each revision gets an access Secret with presigned GET URLs for its own files,
+written at every launch and renewed at half-life by a periodic task (`refresh_repository_access`), so that a pod
+that starts, or restarts, at any time finds URLs that work. Modelport never applies over an object it did not
+create: every object is checked for its labels before anything is applied.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +48,10 @@ SECONDARY_KINDS = (
     ("autoscaling/v2", "HorizontalPodAutoscaler"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
 )
+# A Secret holds at most 1 MiB (base64 included); leave room for its metadata.
+MAX_SECRET_BYTES = 900 * 1024
+# Everything a deployment may own in its namespace (the access Secrets of its revisions included).
+MANAGED_KINDS = (("apps/v1", "Deployment"), ("v1", "Secret"), *SECONDARY_KINDS)
 
 
 def config() -> KubernetesConfig:
@@ -55,8 +66,8 @@ def target_for(revision: Revision, cfg: KubernetesConfig) -> manifests.Target:
 
 
 def export_manifests(deployment: Deployment) -> str:
-    """The YAML of the deployment's current revision, for GitOps (without the S3 credentials Secret).
-    Raises ManifestError."""
+    """The YAML of the deployment's current revision, for GitOps (without the access Secret, which holds
+    presigned URLs). Raises ManifestError."""
     cfg = config()
     revision = deployment.revision
     assert revision is not None
@@ -68,12 +79,12 @@ def export_manifests(deployment: Deployment) -> str:
     header = [
         f"Modelport deployment {deployment.team.name}/{deployment.name}, revision {revision.number}.",
         "Apply with: kubectl apply --server-side --field-manager=modelport -f -",
-        f"Triton loads the model repository from {cfg.repository_url(target.repository_key)};",
-        "Modelport's worker uploads it there when it rolls the revision out.",
+        f"The model repository lives at {cfg.repository_url(target.repository_key)};",
+        "Modelport's worker uploads it there when it rolls the revision out. The pods hold no S3 credentials: their",
+        f"init container fetches the files through presigned URLs from the Secret "
+        f"{manifests.access_secret_name(target.name, target.revision)},",
+        "which the worker writes and renews (not exported: the URLs grant read access to the repository).",
     ]
-    if cfg.s3_secret_name:
-        header.append(f"Triton reads its S3 credentials from the Secret {cfg.s3_secret_name} of namespace {namespace} "
-                      "(keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), which is not exported.")
     header += [f"Not configured here: {problem}" for problem in cfg.problems()]
     return manifests.to_yaml(objects, header)
 
@@ -84,13 +95,26 @@ def _explain(exc: KubeError, what: str) -> str:
                 f"({exc.message}): check the user of KUBECONFIG, or the service account token in-cluster.")
     if exc.status == 403:
         return (f"Kubernetes refused to let Modelport {what}: {exc.message}. Give the worker's service account the "
-                "permissions of platform/kubernetes/base/rbac.yaml.")
+                "Role of platform/kubernetes/team-namespace in that namespace (or, for cluster-wide management, "
+                "platform/kubernetes/cluster-wide).")
     return f"Kubernetes refused to {what} ({exc.status} {exc.reason}): {exc.message}"
 
 
+def _iso(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_iso(value: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
 class KubernetesRuntime:
-    def __init__(self, cfg: KubernetesConfig | None = None) -> None:
+    def __init__(self, cfg: KubernetesConfig | None = None, now: Callable[[], datetime] = timezone.now) -> None:
         self.cfg = cfg or config()
+        self.now = now  # the clock URL expiry is measured with (tests move it)
         self._kube: Kube | None = None
 
     # --- Connection -------------------------------------------------------------------------------------------
@@ -140,7 +164,7 @@ class KubernetesRuntime:
                 "Check KUBERNETES_S3_BUCKET, S3_ENDPOINT_URL and the S3 credentials.") from None
         Revision.objects.filter(pk=revision.pk).update(repository=self.cfg.repository_url(prefix))
 
-    def _render_and_upload(self, revision: Revision, s3: Any, bucket: str, prefix: str) -> None:
+    def _render_and_upload(self, revision: Revision, s3: Any, bucket: str, prefix: str) -> s3repo.RepositoryManifest:
         from deployments.runtimes.local import artifact_path
 
         spec = repository_spec(revision.spec,
@@ -151,7 +175,37 @@ class KubernetesRuntime:
             out = Path(tmp) / "repository"
             render_repository(spec, "kubernetes", out, tnn_backend_name=self.cfg.tnn_backend_name,
                               archive_limits=archive_limits())
-            s3repo.upload_repository(s3, bucket, prefix, out)
+            return s3repo.upload_repository(s3, bucket, prefix, out)
+
+    def access_secret(self, revision: Revision, namespace: str, owner_uid: str | None = None) -> dict[str, Any]:
+        """The revision's access Secret with URLs valid from now for KUBERNETES_REPOSITORY_URL_SECONDS. A
+        repository uploaded without a manifest (by an older Modelport, or interrupted) is uploaded again."""
+        problem = self.cfg.s3_problem()
+        if problem:
+            raise RuntimeUnavailable(problem)
+        from boto3.exceptions import Boto3Error
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        target = target_for(revision, self.cfg)
+        bucket, prefix, seconds = self.cfg.s3_bucket, target.repository_key, self.cfg.repository_url_seconds
+        try:
+            s3 = s3repo.client(self.cfg)
+            repository = s3repo.read_manifest(s3, bucket, prefix) or self._render_and_upload(revision, s3, bucket, prefix)
+            expires_at = _iso(self.now() + timedelta(seconds=seconds))
+            files = s3repo.presign(s3, bucket, prefix, repository, seconds)
+        except (Boto3Error, BotoCoreError, ClientError) as exc:
+            raise RuntimeUnavailable(
+                f"The model repository of revision {revision.number} cannot be read from S3 (bucket {bucket!r}): "
+                f"{exc}. Check KUBERNETES_S3_BUCKET, S3_ENDPOINT_URL and the S3 credentials.") from None
+        secret = manifests.access_secret(target, namespace, files, repository.directories, expires_at,
+                                         owner_uid=owner_uid)
+        size = sum(len(value) for value in secret["data"].values())
+        if size > MAX_SECRET_BYTES:
+            raise RuntimeUnavailable(
+                f"The model repository of revision {revision.number} has {len(files)} files: their download URLs "
+                f"({size // 1024} KiB) do not fit in one Kubernetes Secret (at most 1 MiB). Serve fewer or larger "
+                "files (an archive a python model unpacks, for instance).")
+        return secret
 
     def launch(self, revision: Revision) -> Launch:
         kube = self.kube()
@@ -159,7 +213,7 @@ class KubernetesRuntime:
         namespace = self._namespace(deployment)
         target = target_for(revision, self.cfg)
         try:
-            applied = self._apply(kube, target, namespace)
+            applied = self._apply(kube, revision, namespace)
         except Unreachable as exc:
             raise self._unreachable(exc) from None
         replicas = applied["spec"].get("replicas", target.replicas)
@@ -170,29 +224,29 @@ class KubernetesRuntime:
             ref=f"{namespace}/{target.name}",
         )
 
-    def _apply(self, kube: Kube, target: manifests.Target, namespace: str) -> dict[str, Any]:
-        """Apply every object of `target`; returns the applied Deployment."""
+    def _apply(self, kube: Kube, revision: Revision, namespace: str) -> dict[str, Any]:
+        """Apply every object of the revision; returns the applied Deployment. Nothing is applied when any object
+        of the same name exists that Modelport did not make for this deployment."""
+        target = target_for(revision, self.cfg)
         what = f"apply Deployment {namespace}/{target.name}"
         try:
             objects = manifests.build(target, namespace, self.cfg)
         except manifests.ManifestError as exc:
             raise RuntimeUnavailable(str(exc)) from None
+        access_name = manifests.access_secret_name(target.name, target.revision)
         try:
+            what = f"read the objects of {namespace}/{target.name}"
+            existing = self._check_ownership(
+                kube, [("apps/v1", "Deployment", target.name), ("v1", "Secret", access_name),
+                       *((obj["apiVersion"], obj["kind"], obj["metadata"]["name"]) for obj in objects[1:])],
+                target, namespace)
             what = f"read or create the namespace {namespace}"
             self._ensure_namespace(kube, namespace, target.team)
-            if self.cfg.s3_secret_name and self.cfg.s3_credentials:
-                what = f"write the Secret {namespace}/{self.cfg.s3_secret_name}"
-                kube.apply(manifests.s3_secret(namespace, self.cfg))
-            existing = kube.get("apps/v1", "Deployment", namespace, target.name)
-            if existing is not None:
-                theirs = existing["metadata"].get("labels") or {}
-                if theirs.get(manifests.LABEL_TEAM) != target.team or \
-                        theirs.get("app.kubernetes.io/managed-by") != manifests.MANAGED_BY:
-                    raise RuntimeUnavailable(
-                        f"A Deployment named {target.name} exists in namespace {namespace} and is not this "
-                        f"deployment's (team {theirs.get(manifests.LABEL_TEAM, 'none')}, managed by "
-                        f"{theirs.get('app.kubernetes.io/managed-by', 'someone else')}): choose another name or "
-                        "map the team to its own namespace (KUBERNETES_NAMESPACES).")
+            uid = existing.get("Deployment", {}).get("metadata", {}).get("uid")
+            # The access Secret goes with the Deployment (Kubernetes' garbage collector).
+            access = self.access_secret(revision, namespace, owner_uid=uid)
+            what = f"apply Secret {namespace}/{access['metadata']['name']}"
+            kube.apply(access)  # before the Deployment: its pods mount it
             what = f"apply Deployment {namespace}/{target.name}"
             applied = kube.apply(objects[0])
             autoscaling = target.autoscaling
@@ -201,7 +255,12 @@ class KubernetesRuntime:
                 # switched on and the replica count Modelport no longer applies fell back to its default.
                 kube.scale(namespace, target.name, int(autoscaling["min_replicas"]))
                 applied["spec"]["replicas"] = int(autoscaling["min_replicas"])
-            owned = manifests.build(target, namespace, self.cfg, owner_uid=applied["metadata"]["uid"])
+            uid = applied["metadata"]["uid"]
+            if not access["metadata"].get("ownerReferences"):
+                what = f"apply Secret {namespace}/{access['metadata']['name']}"
+                access["metadata"]["ownerReferences"] = [manifests.owner_reference(target.name, uid)]
+                kube.apply(access)
+            owned = manifests.build(target, namespace, self.cfg, owner_uid=uid)
             for obj in owned[1:]:
                 what = f"apply {obj['kind']} {namespace}/{target.name}"
                 kube.apply(obj)
@@ -216,6 +275,30 @@ class KubernetesRuntime:
         except KubeError as exc:
             raise RuntimeUnavailable(_explain(exc, what)) from None
         return applied
+
+    def _check_ownership(self, kube: Kube, objects: list[tuple[str, str, str]], target: manifests.Target,
+                         namespace: str) -> dict[str, dict[str, Any]]:
+        """The existing objects by kind; RuntimeUnavailable naming the first that is not this deployment's.
+
+        Server-side apply with force would take any object of the same name over, whoever made it: a Secret, a
+        Service or a NetworkPolicy of another application, or of another team sharing the namespace. Checked
+        before anything is applied (the namespace included), so a refusal leaves the cluster as it was."""
+        existing: dict[str, dict[str, Any]] = {}
+        for api_version, kind, name in objects:
+            found = kube.get(api_version, kind, namespace, name)
+            if found is None:
+                continue
+            if not manifests.is_managed(found, target.team, target.name):
+                theirs = found["metadata"].get("labels") or {}
+                raise RuntimeUnavailable(
+                    f"A {kind} named {name} exists in namespace {namespace} and is not this deployment's "
+                    f"(team {theirs.get(manifests.LABEL_TEAM, 'none')}, deployment "
+                    f"{theirs.get(manifests.LABEL_DEPLOYMENT, 'none')}, managed by "
+                    f"{theirs.get('app.kubernetes.io/managed-by', 'someone else')}): Modelport never takes over an "
+                    "object it did not create, so nothing was applied. Delete or rename that object, choose another "
+                    "deployment name, or map the team to a namespace of its own (KUBERNETES_NAMESPACES).")
+            existing[kind] = found
+        return existing
 
     def _ensure_namespace(self, kube: Kube, namespace: str, team: str) -> None:
         try:
@@ -255,7 +338,8 @@ class KubernetesRuntime:
                 if verdict.state == "ready":
                     return Ready(True, verdict.message)
                 if verdict.state == "failed":
-                    detail = self._log_tail(kube, namespace, verdict.logs_pod, verdict.previous)
+                    detail = self._log_tail(kube, namespace, verdict.logs_pod, verdict.previous,
+                                            container=verdict.logs_container)
                     return Ready(False, verdict.message, detail)
             except Unreachable as exc:
                 message = f"the Kubernetes API server is not reachable ({exc})"  # a blip: keep trying until the deadline
@@ -279,12 +363,13 @@ class KubernetesRuntime:
             log.info("watching pods of %s in %s: %s", selector, namespace, exc)
             time.sleep(1)
 
-    def _log_tail(self, kube: Kube, namespace: str, pod: str | None, previous: bool, lines: int = LOG_LINES) -> str:
+    def _log_tail(self, kube: Kube, namespace: str, pod: str | None, previous: bool, lines: int = LOG_LINES,
+                  container: str = manifests.CONTAINER) -> str:
         if not pod:
             return ""
         for use_previous in ([True, False] if previous else [False]):
             try:
-                text = kube.pod_log(namespace, pod, manifests.CONTAINER, tail_lines=lines, previous=use_previous)
+                text = kube.pod_log(namespace, pod, container, tail_lines=lines, previous=use_previous)
             except (KubeError, Unreachable):
                 continue
             if text.strip():
@@ -301,7 +386,7 @@ class KubernetesRuntime:
         try:
             kube = self.kube()
             if serving is not None and serving.pk != revision.pk and deployment.upstream_url:
-                self._apply(kube, target_for(serving, self.cfg), namespace)
+                self._apply(kube, serving, namespace)
             else:
                 kube.scale(namespace, name, 0)
         except (KubeError, Unreachable, RuntimeUnavailable) as exc:
@@ -328,7 +413,8 @@ class KubernetesRuntime:
                     problem_verdict = k8s_status.pod_problem(pod, now=now, unschedulable_grace=0)
                     if problem_verdict is not None:
                         detail = problem_verdict.message
-                        logs = self._log_tail(kube, namespace, problem_verdict.logs_pod, problem_verdict.previous)
+                        logs = self._log_tail(kube, namespace, problem_verdict.logs_pod, problem_verdict.previous,
+                                              container=problem_verdict.logs_container)
                         detail += f"\n{logs}" if logs else ""
                         break
             return Health(False, message, detail)
@@ -338,14 +424,25 @@ class KubernetesRuntime:
             return Health(True)
 
     def retire(self, deployment: Deployment, keep: Launch) -> list[str]:
-        """Kubernetes replaced the old pods itself; what is left is the old revisions' repositories in S3."""
+        """Kubernetes replaced the old pods itself; what is left is the old revisions' access Secrets and their
+        repositories in S3."""
+        keep_number = Revision.objects.filter(pk=keep.revision_id).values_list("number", flat=True).first()
+        messages: list[str] = []
+        team = deployment.team.name
+        if not self.cfg.cluster_problem():
+            namespace = self._namespace(deployment)
+            try:
+                kube = self.kube()
+                for item in kube.list("v1", "Secret", namespace,
+                                      manifests.access_selector(team, deployment.name)).get("items", []):
+                    if (item["metadata"].get("labels") or {}).get(manifests.LABEL_REVISION) != str(keep_number):
+                        kube.delete("v1", "Secret", namespace, item["metadata"]["name"])
+            except (KubeError, Unreachable, RuntimeUnavailable) as exc:
+                log.warning("could not remove old access Secrets of %s: %s", deployment, exc)
         if not self.cfg.s3_configured:
-            return []
+            return messages
         from botocore.exceptions import BotoCoreError, ClientError
 
-        keep_number = Revision.objects.filter(pk=keep.revision_id).values_list("number", flat=True).first()
-        messages = []
-        team = deployment.team.name
         try:
             s3 = s3repo.client(self.cfg)
             prefix = s3repo.deployment_prefix(self.cfg, team, deployment.name, deployment.pk)
@@ -376,7 +473,7 @@ class KubernetesRuntime:
             selector = manifests.managed_selector(team, deployment.name)
             try:
                 kube = self.kube()
-                for api_version, kind in [("apps/v1", "Deployment"), *SECONDARY_KINDS]:
+                for api_version, kind in MANAGED_KINDS:
                     for item in kube.list(api_version, kind, namespace, selector).get("items", []):
                         kube.delete(api_version, kind, namespace, item["metadata"]["name"])
             except KubeError as exc:
@@ -392,6 +489,48 @@ class KubernetesRuntime:
                                      s3repo.deployment_prefix(self.cfg, team, deployment.name, deployment.pk))
             except (BotoCoreError, ClientError) as exc:
                 raise RuntimeUnavailable(f"The model repositories cannot be deleted from S3: {exc}") from None
+
+    # --- Presigned URLs ---------------------------------------------------------------------------------------
+
+    def refresh_repository_access(self, deployment: Deployment) -> list[int]:
+        """Renew the access Secrets of the deployment's current and serving revisions once half their URLs' life
+        has passed; returns the revision numbers renewed.
+
+        An update (PUT with the resourceVersion just read), not an apply: it never re-creates a Secret that a
+        teardown deleted meanwhile, and loses to any concurrent change (the next pass tries again)."""
+        if self.cfg.cluster_problem() or self.cfg.s3_problem():
+            return []
+        wanted = {r.number: r for r in (deployment.revision, deployment.serving_revision) if r is not None}
+        namespace = self._namespace(deployment)
+        kube = self.kube()
+        renewed = []
+        margin = timedelta(seconds=self.cfg.repository_url_seconds / 2)
+        try:
+            secrets = kube.list("v1", "Secret", namespace,
+                                manifests.access_selector(deployment.team.name, deployment.name)).get("items", [])
+            for secret in secrets:
+                meta = secret["metadata"]
+                label = str((meta.get("labels") or {}).get(manifests.LABEL_REVISION, ""))
+                revision = wanted.get(int(label)) if label.isdecimal() and label.isascii() else None
+                expires_at = _parse_iso((meta.get("annotations") or {}).get(manifests.ANNOTATION_URLS_EXPIRE))
+                if revision is None or (expires_at is not None and expires_at - self.now() > margin):
+                    continue
+                owner = next((ref["uid"] for ref in meta.get("ownerReferences") or [] if ref.get("kind") == "Deployment"),
+                             None)
+                fresh = self.access_secret(revision, namespace, owner_uid=owner)
+                fresh["metadata"]["resourceVersion"] = meta["resourceVersion"]
+                try:
+                    kube.replace(fresh)
+                except KubeError as exc:
+                    if exc.status in (404, 409):  # deleted or changed since listed: nothing to renew, or next pass
+                        continue
+                    raise
+                renewed.append(revision.number)
+        except KubeError as exc:
+            raise RuntimeUnavailable(_explain(exc, f"renew the access Secrets of {namespace}/{deployment.name}")) from None
+        except Unreachable as exc:
+            raise self._unreachable(exc) from None
+        return renewed
 
     def logs(self, deployment: Deployment, lines: int) -> str:
         problem = self.cfg.cluster_problem()
@@ -419,3 +558,25 @@ class KubernetesRuntime:
             return f"No logs: {self._unreachable(exc)}\n"
         except (KubeError, RuntimeUnavailable) as exc:
             return f"No logs: {exc}\n"
+
+
+def refresh_repository_access() -> int:
+    """Periodic (Celery beat): renew the presigned URLs of every running Kubernetes deployment, failed ones
+    included (a failed rollout leaves the previous revision serving, and its pods may restart). Returns how many
+    access Secrets were renewed."""
+    runtime = KubernetesRuntime()
+    if runtime.cfg.cluster_problem() or runtime.cfg.s3_problem():
+        return 0
+    renewed = 0
+    deployments = Deployment.objects.select_related("team", "revision", "serving_revision").filter(
+        runtime=Deployment.Runtime.KUBERNETES, desired_state=Deployment.Desired.RUNNING)
+    for deployment in deployments:
+        try:
+            numbers = runtime.refresh_repository_access(deployment)
+        except RuntimeUnavailable as exc:
+            log.warning("cannot renew the repository URLs of %s: %s", deployment, exc)
+            continue
+        for number in numbers:
+            log.info("renewed the repository URLs of %s revision %s", deployment, number)
+        renewed += len(numbers)
+    return renewed

@@ -2,13 +2,15 @@
 
 It speaks the REST paths and verbs the official `kubernetes` client sends (server-side apply as PATCH with
 application/apply-patch+yaml and fieldManager, merge-patch of /scale, GET, LIST with labelSelector, LIST with
-?watch=true streaming one JSON event per line, DELETE, GET pods/{name}/log), keeps objects in memory, and records
-every request, so tests can assert exactly what Modelport sent. There are no controllers: a test hook
-(`on_apply`) plays the Deployment controller, scheduler and kubelet by writing the status and pods it wants.
+?watch=true streaming one JSON event per line, PUT with a resourceVersion precondition, DELETE, GET
+pods/{name}/log), keeps objects in memory, and records every request, so tests can assert exactly what Modelport
+sent. There are no controllers: a test hook (`on_apply`) plays the Deployment controller, scheduler and kubelet by
+writing the status and pods it wants. `rbac()` plays the authorizer for a set of RBAC rules.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import threading
@@ -40,8 +42,8 @@ class Request:
     def verb(self) -> str:
         if self.method == "GET" and self.query.get("watch") == "true":
             return "watch"
-        return {"PATCH": "apply" if self.content_type == "application/apply-patch+yaml" else "patch"}.get(
-            self.method, self.method.lower())
+        return {"PATCH": "apply" if self.content_type == "application/apply-patch+yaml" else "patch",
+                "PUT": "update"}.get(self.method, self.method.lower())
 
 
 @dataclass
@@ -91,6 +93,9 @@ class FakeKube:
     on_watch: Callable[[FakeKube], None] | None = None
     # RBAC: a request for which this returns a message is answered 403 Forbidden with it.
     forbid: Callable[[Request], str | None] | None = None
+    # (group, resource, verb) of every authorization `rbac()` made, and of those it refused.
+    checked: set[tuple[str, str, str]] = field(default_factory=set)
+    refused: set[tuple[str, str, str]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self._rv = 1
@@ -241,6 +246,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._apply(path, query, body or {})
         elif self.command == "PATCH" and sub == "scale":
             self._scale(path, body or {})
+        elif self.command == "PUT" and name is not None:
+            self._replace(path, body or {})
         elif self.command == "DELETE":
             obj = self.kube.remove(path)
             if obj is None:
@@ -272,6 +279,23 @@ class _Handler(BaseHTTPRequestHandler):
         self.kube.put(path, obj)
         if obj.get("kind") == "Deployment" and self.kube.on_apply:
             self.kube.on_apply(self.kube, obj)
+        self._send(200, self.kube.get(path))
+
+    def _replace(self, path: str, body: dict[str, Any]) -> None:
+        old = self.kube.get(path)
+        if old is None:
+            self._status(404, "NotFound", f'"{path.rsplit("/", 1)[-1]}" not found')
+            return
+        wanted = (body.get("metadata") or {}).get("resourceVersion")
+        if wanted and wanted != old["metadata"]["resourceVersion"]:
+            self._status(409, "Conflict", "the object has been modified; please apply your changes to the latest "
+                                          "version and try again")
+            return
+        obj = copy.deepcopy(body)
+        for key in ("uid", "creationTimestamp"):
+            obj["metadata"][key] = old["metadata"][key]
+        obj["metadata"].pop("resourceVersion", None)
+        self.kube.put(path, obj)
         self._send(200, self.kube.get(path))
 
     def _scale(self, path: str, body: dict[str, Any]) -> None:
@@ -337,6 +361,51 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass
         self.close_connection = True
+
+
+# --- Playing the authorizer --------------------------------------------------------------------------------------
+
+
+def permissions(fake: FakeKube, request: Request) -> set[tuple[str, str, str, str | None]]:
+    """What RBAC checks for `request`: (API group, resource[/subresource], verb, namespace or None).
+
+    Server-side apply is a "patch", and also a "create" when the object does not exist yet."""
+    parts = [p for p in request.path.split("/") if p]
+    group = "" if parts[0] == "api" else parts[1]
+    rest = parts[2:] if parts[0] == "api" else parts[3:]
+    namespace = None
+    if rest[0] == "namespaces" and len(rest) > 2:
+        namespace, rest = rest[1], rest[2:]
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+    named = len(rest) > 1
+    verb = {"GET": "get" if named else "list", "DELETE": "delete", "PUT": "update", "PATCH": "patch"}[request.method]
+    if request.verb == "watch":
+        verb = "watch"
+    checks = {(group, resource, verb, namespace)}
+    if request.verb == "apply" and fake.get(request.path) is None:
+        checks.add((group, resource, "create", namespace))
+    return checks
+
+
+def rbac(fake: FakeKube, rules: list[dict[str, Any]], namespaces: set[str] | None) -> Callable[[Request], str | None]:
+    """An authorizer granting `rules` in `namespaces` (a Role bound there), or everywhere when None (a
+    ClusterRole with a ClusterRoleBinding). Every check is recorded in `fake.checked`, refusals in `fake.refused`."""
+    granted = {(group, resource, verb) for rule in rules for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    fake.checked, fake.refused = set(), set()
+
+    def forbid(request: Request) -> str | None:
+        for group, resource, verb, namespace in sorted(permissions(fake, request), key=str):
+            fake.checked.add((group, resource, verb))
+            in_scope = namespaces is None or (namespace is not None and namespace in namespaces)
+            if not in_scope or (group, resource, verb) not in granted:
+                fake.refused.add((group, resource, verb))
+                where = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
+                return (f'User "system:serviceaccount:modelport:modelport" cannot {verb} resource '
+                        f'"{resource}" in API group "{group}"{where}')
+        return None
+
+    return forbid
 
 
 # --- Playing the controllers -------------------------------------------------------------------------------------
@@ -470,3 +539,28 @@ def pod_stays(status: dict[str, Any]) -> Callable[[FakeKube, dict[str, Any]], No
             {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"}])
 
     return controller
+
+
+def fetch_failed_status(exit_code: int, restarts: int = 2) -> dict[str, Any]:
+    """The init container that fetches the repository keeps exiting with `exit_code`; Triton never starts."""
+    return {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Initialized", "status": "False"}],
+        "initContainerStatuses": [{"name": "fetch-repository", "ready": False, "restartCount": restarts,
+                                   "state": {"waiting": {"reason": "CrashLoopBackOff",
+                                                         "message": "back-off 40s restarting failed container"}},
+                                   "lastState": {"terminated": {"reason": "Error", "exitCode": exit_code}}}],
+        "containerStatuses": [{"name": "triton", "ready": False, "restartCount": 0,
+                               "state": {"waiting": {"reason": "PodInitializing"}}}],
+    }
+
+
+def mounted_access(fake: FakeKube, pod: dict[str, Any]) -> dict[str, Any] | None:
+    """What the kubelet mounts into the pod's init container when it starts: the current content of the Secret
+    its repository-access volume names (decoded manifest.json), or None when that Secret does not exist."""
+    [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == "repository-access"]
+    namespace = pod["metadata"]["namespace"]
+    secret = fake.get(f"/api/v1/namespaces/{namespace}/secrets/{volume['secret']['secretName']}")
+    if secret is None:
+        return None
+    return json.loads(base64.b64decode(secret["data"]["manifest.json"]))  # type: ignore[no-any-return]

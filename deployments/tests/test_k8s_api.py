@@ -55,8 +55,14 @@ def test_the_manifests_of_the_current_revision_are_multi_document_yaml(alice: Pe
     assert deployment["metadata"]["namespace"] == "modelport-acme"
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     pk = Deployment.objects.get().pk
-    assert container["args"][0] == ("--model-repository=s3://http://minio.storage.svc:9000/models/"
-                                    f"modelport/repositories/acme/digits-prod-{pk}/r1")
+    assert container["args"][0] == "--model-repository=/models"
+    assert deployment["metadata"]["annotations"]["modelport.io/repository"] == (
+        f"s3://http://minio.storage.svc:9000/models/modelport/repositories/acme/digits-prod-{pk}/r1")
+    # The access Secret holds presigned URLs: named in the header and the pod, never exported.
+    assert "presigned URLs from the Secret digits-prod-r1-repository," in text
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "repository-access", "secret": {"secretName": "digits-prod-r1-repository",
+                                                    "defaultMode": 0o440}} in volumes
     assert container["resources"]["limits"] == {"memory": "8Gi", "nvidia.com/gpu": "1"}
     for document in documents:
         for version in KUBERNETES_VERSIONS:

@@ -3,6 +3,10 @@ that says what is missing in words a person can act on."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,7 +32,13 @@ def test_the_config_comes_from_the_settings(settings: Any) -> None:
     settings.KUBERNETES_NAMESPACES = {"acme": "ml-serving"}
     settings.KUBERNETES_GPU_TYPES = {"a100": "NVIDIA-A100-SXM4-80GB"}
     settings.KUBERNETES_S3_BUCKET = "models"
+    settings.KUBERNETES_TRITON_EGRESS = ["namespace=storage:9000", "10.0.5.0/24:443"]
+    settings.KUBERNETES_REPOSITORY_URL_SECONDS = 7200
     config = KubernetesConfig.from_settings(settings)
+    assert [rule.to_policy()["to"] for rule in config.egress] == [
+        [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "storage"}}}],
+        [{"ipBlock": {"cidr": "10.0.5.0/24"}}]]
+    assert config.repository_url_seconds == 7200 and config.init_image == config.image
     assert config.namespace_for("acme") == "ml-serving"
     assert config.gpu_label_value("a100") == "NVIDIA-A100-SXM4-80GB"
     assert config.problems() == []
@@ -40,6 +50,25 @@ def test_it_says_what_to_set_when_nothing_is_configured() -> None:
     problems = KubernetesConfig().problems()
     assert problems[0].startswith("No Kubernetes cluster is configured: set KUBECONFIG")
     assert problems[1].startswith("S3 for model repositories is not configured")
+    assert problems[2].startswith("KUBERNETES_TRITON_EGRESS is empty: Triton's pods may connect to nothing but DNS")
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("KUBERNETES_DEFAULT_MEMORY", "4GB", 'KUBERNETES_DEFAULT_MEMORY: \'4GB\' is not a Kubernetes quantity'),
+    ("KUBERNETES_DEFAULT_CPU", "9" * 400, "KUBERNETES_DEFAULT_CPU: a value of 400 characters"),
+    ("KUBERNETES_SHM_SIZE", "-1Gi", "KUBERNETES_SHM_SIZE: '-1Gi' is not a Kubernetes quantity"),
+    ("KUBERNETES_TMP_SIZE", "1e999", "KUBERNETES_TMP_SIZE: '1e999' is more than"),
+    ("KUBERNETES_TRITON_EGRESS", "minio:9000", "KUBERNETES_TRITON_EGRESS: 'minio:9000' is neither CIDR"),
+    ("KUBERNETES_REPOSITORY_URL_SECONDS", "604801", "KUBERNETES_REPOSITORY_URL_SECONDS must be at most 604800"),
+    ("KUBERNETES_REPOSITORY_URL_SECONDS", "60", "KUBERNETES_REPOSITORY_URL_SECONDS must be at least 3600"),
+])
+def test_bad_kubernetes_settings_stop_the_portal_at_start(name: str, value: str, message: str) -> None:
+    """A fresh interpreter imports the settings with one bad variable: start-up fails saying which and why."""
+    env = {**os.environ, name: value, "DJANGO_SETTINGS_MODULE": "portal.settings"}
+    result = subprocess.run([sys.executable, "-c", "import django; django.setup()"], capture_output=True, text=True,
+                            env=env, cwd=Path(__file__).resolve().parents[2], timeout=60, check=False)
+    assert result.returncode != 0
+    assert f"django.core.exceptions.ImproperlyConfigured: {message}" in result.stderr
 
 
 def test_in_cluster_outside_a_pod_is_a_problem(monkeypatch: pytest.MonkeyPatch) -> None:

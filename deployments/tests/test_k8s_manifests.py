@@ -1,9 +1,13 @@
 """The manifests of a Kubernetes deployment revision: pure functions of the revision and the config, checked
 field by field and validated offline against the OpenAPI schemas of two Kubernetes versions
-(kubernetes-validate's strict schemas, which also reject unknown fields)."""
+(kubernetes-validate's strict schemas, which also reject unknown fields). No cluster runs here: what a real API
+server and kubelet do with these objects is not proven by these tests (docs/kubernetes.md says what is)."""
 
 from __future__ import annotations
 
+import base64
+import json
+import re
 from typing import Any
 
 import kubernetes_validate
@@ -11,7 +15,7 @@ import pytest
 import yaml
 
 from deployments.k8s import manifests
-from deployments.k8s.config import KubernetesConfig
+from deployments.k8s.config import KubernetesConfig, parse_egress
 from deployments.k8s.manifests import ManifestError, Target
 
 # Two supported minor versions shipped by kubernetes-validate 1.37 (it ships 1.25 to 1.37).
@@ -26,7 +30,9 @@ CONFIG = KubernetesConfig(
     s3_secret_access_key="secret",
     gpu_types=(("a100", "NVIDIA-A100-SXM4-80GB"),),
     image_pull_secrets=("ngc",),
+    egress=(parse_egress("10.0.5.0/24:9000"), parse_egress("namespace=storage:9000")),
 )
+FILES = [{"path": "digits/1/model.onnx", "size": 3, "sha256": "a" * 64, "url": "http://minio/models/x?X-Amz-Signature=1"}]
 
 
 def model(name: str = "digits", fmt: str = "onnx", **extra: Any) -> dict[str, Any]:
@@ -68,9 +74,84 @@ VARIANTS: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_generated_manifest_validates_against_two_kubernetes_versions(variant: str) -> None:
     objects = manifests.build(target(**VARIANTS[variant]), "modelport-acme", CONFIG, owner_uid="0b7a4f1e-1")
-    objects += [manifests.namespace_object("modelport-acme"), manifests.s3_secret("modelport-acme", CONFIG)]
+    objects += [manifests.namespace_object("modelport-acme"),
+                manifests.access_secret(target(), "modelport-acme", FILES, ["pipeline/1"], "2026-12-01T10:00:00Z",
+                                        owner_uid="0b7a4f1e-1")]
     for obj in objects:
         validate_everywhere(obj)
+
+
+def triton_pod(**spec: Any) -> dict[str, Any]:
+    return manifests.build(target(**spec), "modelport-acme", CONFIG)[0]["spec"]["template"]["spec"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_no_triton_pod_holds_an_s3_credential_or_a_token(variant: str) -> None:
+    pod = triton_pod(**VARIANTS[variant])
+    text = json.dumps(pod)
+    for secret_word in ("AWS_", "S3_", "secretKeyRef", "secretRef", "modelport-s3", "envFrom"):
+        assert secret_word not in text, secret_word
+    assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
+    assert "serviceAccountName" not in pod
+    # The one Secret of the pod is the revision's access Secret, and only the init container mounts it.
+    secrets = [v for v in pod["volumes"] if "secret" in v]
+    assert secrets == [{"name": "repository-access", "secret": {"secretName": "digits-r3-repository",
+                                                                "defaultMode": 0o440}}]
+    [triton] = pod["containers"]
+    assert "repository-access" not in {m["name"] for m in triton["volumeMounts"]}
+    assert triton["env"] == [{"name": "HOME", "value": "/tmp"}]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_container_meets_the_restricted_pod_security_standard(variant: str) -> None:
+    pod = triton_pod(**VARIANTS[variant])
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+                                      "seccompProfile": {"type": "RuntimeDefault"}}
+    for container in pod["initContainers"] + pod["containers"]:
+        assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                                "readOnlyRootFilesystem": True, "runAsNonRoot": True}
+        assert "privileged" not in json.dumps(container) and "hostPath" not in json.dumps(pod)
+    allowed_volumes = {"emptyDir", "secret"}
+    assert all(set(v) - {"name"} <= allowed_volumes for v in pod["volumes"])
+
+
+def test_the_init_container_fetches_the_repository_that_triton_reads_read_only() -> None:
+    pod = triton_pod()
+    [init] = pod["initContainers"]
+    assert init["name"] == "fetch-repository"
+    assert init["image"] == CONFIG.image  # the operator's Triton image has python3; never the user's custom image
+    assert init["command"] == ["python3", "/etc/modelport/repository/fetch.py",
+                               "/etc/modelport/repository/manifest.json", "/models"]
+    assert {m["mountPath"]: m.get("readOnly", False) for m in init["volumeMounts"]} == {
+        "/models": False, "/etc/modelport/repository": True}
+    [triton] = pod["containers"]
+    assert {m["mountPath"]: m.get("readOnly", False) for m in triton["volumeMounts"]} == {
+        "/dev/shm": False, "/tmp": False, "/models": True}
+    assert "--model-repository=/models" in triton["args"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["tmp"] == {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}
+    assert volumes["repository"] == {"name": "repository", "emptyDir": {}}
+    custom = triton_pod(image="registry.example.com/triton:custom")
+    assert custom["initContainers"][0]["image"] == CONFIG.image
+    assert custom["containers"][0]["image"] == "registry.example.com/triton:custom"
+    small = KubernetesConfig(**{**CONFIG.__dict__, "fetch_image": "registry.example.com/python:3.12-slim"})
+    deployment = manifests.build(target(), "ns", small)[0]
+    assert deployment["spec"]["template"]["spec"]["initContainers"][0]["image"] == "registry.example.com/python:3.12-slim"
+
+
+def test_the_access_secret_holds_the_fetch_script_and_the_urls_and_goes_with_the_deployment() -> None:
+    secret = manifests.access_secret(target(), "modelport-acme", FILES, ["pipeline/1"], "2026-12-01T10:00:00Z",
+                                     owner_uid="uid-1")
+    assert secret["metadata"]["name"] == "digits-r3-repository"
+    assert secret["metadata"]["annotations"] == {"modelport.io/urls-expire-at": "2026-12-01T10:00:00Z"}
+    assert secret["metadata"]["labels"]["app.kubernetes.io/component"] == "repository-access"
+    assert secret["metadata"]["labels"]["modelport.io/revision"] == "3"
+    assert manifests.is_managed(secret, "acme", "digits") and not manifests.is_managed(secret, "globex", "digits")
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    data = {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
+    assert data["fetch.py"] == manifests.FETCH_SCRIPT.read_text()
+    assert json.loads(data["manifest.json"]) == {"format": 1, "revision": 3, "expires_at": "2026-12-01T10:00:00Z",
+                                                 "files": FILES, "directories": ["pipeline/1"]}
 
 
 def test_the_deployment_runs_triton_from_the_revisions_s3_prefix() -> None:
@@ -78,18 +159,15 @@ def test_the_deployment_runs_triton_from_the_revisions_s3_prefix() -> None:
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "nvcr.io/nvidia/tritonserver:24.10-py3"
     assert container["command"] == ["tritonserver"]
-    assert container["args"][0] == (
-        "--model-repository=s3://http://minio.storage.svc:9000/models/modelport/repositories/acme/digits-7/r3")
+    assert container["args"][0] == "--model-repository=/models"  # the init container's verified copy
+    assert deployment["metadata"]["annotations"]["modelport.io/repository"] == (
+        "s3://http://minio.storage.svc:9000/models/modelport/repositories/acme/digits-7/r3")
     assert "--model-control-mode=none" in container["args"] and "--strict-readiness=true" in container["args"]
     assert [p["containerPort"] for p in container["ports"]] == [8000, 8001, 8002]
     assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
     startup = container["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= CONFIG.ready_timeout_seconds
-    env = {e["name"]: e for e in container["env"]}
-    assert env["AWS_ACCESS_KEY_ID"]["valueFrom"] == {"secretKeyRef": {"name": "modelport-s3", "key": "AWS_ACCESS_KEY_ID"}}
-    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "AWS_SECRET_ACCESS_KEY"
-    assert env["AWS_DEFAULT_REGION"] == {"name": "AWS_DEFAULT_REGION", "value": "us-east-1"}
     assert container["resources"] == {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     pod = deployment["spec"]["template"]["spec"]
@@ -170,13 +248,61 @@ def test_autoscaling_on_tritons_queue_time_uses_a_custom_pod_metric() -> None:
 
 def test_the_network_policy_lets_only_the_gateway_reach_triton() -> None:
     policy = by_kind(manifests.build(target(), "modelport-acme", CONFIG))["NetworkPolicy"]["spec"]
-    assert policy["policyTypes"] == ["Ingress"]
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
     [rule] = policy["ingress"]
     assert rule["from"] == [{
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "modelport"}},
         "podSelector": {"matchLabels": {"app.kubernetes.io/component": "web", "app.kubernetes.io/name": "modelport"}},
     }]
     assert [p["port"] for p in rule["ports"]] == [8000, 8001, 8002]
+
+
+def test_the_network_policy_lets_triton_reach_dns_and_what_the_operator_lists_only() -> None:
+    policy = by_kind(manifests.build(target(), "modelport-acme", CONFIG))["NetworkPolicy"]["spec"]
+    assert policy["podSelector"] == {"matchLabels": manifests.selector_labels("acme", "digits")}
+    assert policy["egress"] == [
+        {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}],
+         "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+        {"to": [{"ipBlock": {"cidr": "10.0.5.0/24"}}], "ports": [{"protocol": "TCP", "port": 9000}]},
+        {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "storage"}}}],
+         "ports": [{"protocol": "TCP", "port": 9000}]},
+    ]
+    # Nothing listed, no DNS namespace: the pods reach nothing at all (deny all egress).
+    closed = KubernetesConfig(dns_namespace="", egress=())
+    assert by_kind(manifests.build(target(), "ns", closed))["NetworkPolicy"]["spec"]["egress"] == []
+
+
+@pytest.mark.parametrize(("entry", "rule"), [
+    ("10.0.5.0/24:9000", {"to": [{"ipBlock": {"cidr": "10.0.5.0/24"}}], "ports": [{"protocol": "TCP", "port": 9000}]}),
+    ("10.0.5.7/24", {"to": [{"ipBlock": {"cidr": "10.0.5.0/24"}}]}),  # all ports; host bits dropped
+    ("169.254.20.10/32:53/udp", {"to": [{"ipBlock": {"cidr": "169.254.20.10/32"}}],
+                                 "ports": [{"protocol": "UDP", "port": 53}]}),
+    ("fd00::/8:9000", {"to": [{"ipBlock": {"cidr": "fd00::/8"}}], "ports": [{"protocol": "TCP", "port": 9000}]}),
+    ("namespace=storage", {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "storage"}}}]}),
+])
+def test_egress_entries_become_network_policy_rules(entry: str, rule: dict[str, Any]) -> None:
+    assert parse_egress(entry).to_policy() == rule
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ("minio.storage.svc:9000", "is neither CIDR[:PORT[/PROTOCOL]]"),  # a NetworkPolicy cannot name hosts
+    ("10.0.0.1", "is neither CIDR"),
+    ("10.0.0.0/33:9000", "is not a CIDR block"),
+    ("10.0.0.0/8:70000", "the port must be between 1 and 65535"),
+    ("10.0.0.0/8:0", "the port must be between 1 and 65535"),
+    ("10.0.0.0/8:53/icmp", "the protocol must be TCP, UDP or SCTP"),
+    ("namespace=Storage_1", "is not a namespace name"),
+    ("namespace=", "is neither"),
+])
+def test_bad_egress_entries_are_refused_saying_why(entry: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_egress(entry)
+
+
+def test_namespaces_modelport_creates_enforce_the_restricted_standard() -> None:
+    labels = manifests.namespace_object("modelport-acme")["metadata"]["labels"]
+    for mode in ("enforce", "audit", "warn"):
+        assert labels[f"pod-security.kubernetes.io/{mode}"] == "restricted"
 
 
 def test_owner_references_point_at_the_applied_deployment() -> None:
@@ -201,7 +327,7 @@ def test_it_refuses_gpu_instances_without_a_gpu_and_bad_quantities() -> None:
     errors = manifests.check(target(models=[model(instance_group={"count": 1, "kind": "gpu", "gpus": []})],
                                     resources={"memory": "lots"}), CONFIG)
     assert "instance_group kind 'gpu'" in errors["resources.gpu"][0]
-    assert "not a Kubernetes quantity" in errors["resources.memory"][0]
+    assert "'lots' is not a Kubernetes quantity" in errors["resources.memory"][0]
 
 
 def test_the_repository_url_follows_tritons_s3_syntax() -> None:

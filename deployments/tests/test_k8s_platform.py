@@ -2,7 +2,8 @@
 
 No kustomize binary is needed: `build()` below renders a kustomization the way `kustomize build` does for the
 features these files use (resources, namespace, images, strategic-merge patches), and every object it yields is
-validated offline against the OpenAPI schemas of two Kubernetes versions.
+validated offline against the OpenAPI schemas of two Kubernetes versions. Whether the Role is enough (and no more
+than enough) for what the runtime does is tested in test_k8s_isolation.py, against the fake API server.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import pytest
 import yaml
 
 from deployments.k8s.config import KubernetesConfig
-from deployments.k8s.kube import KINDS
 
 PLATFORM = Path(__file__).resolve().parents[2] / "platform"
 KUSTOMIZE = PLATFORM / "kubernetes"
@@ -68,9 +68,11 @@ def build(directory: Path) -> list[dict[str, Any]]:
     for obj in objects:
         if namespace and obj["kind"] not in CLUSTER_SCOPED:
             obj["metadata"]["namespace"] = namespace
+        if namespace and obj["kind"] == "Namespace":  # kustomize renames Namespace objects too
+            obj["metadata"]["name"] = namespace
         if namespace and obj["kind"] in ("RoleBinding", "ClusterRoleBinding"):
             for subject in obj.get("subjects", []):
-                if subject["kind"] == "ServiceAccount":
+                if subject["name"] == "default":  # kustomize moves only subjects named "default"
                     subject["namespace"] = namespace
         for image in kustomization.get("images", []):
             pod = obj.get("spec", {}).get("template", {}).get("spec", {})
@@ -84,7 +86,7 @@ def test_there_is_no_python_package_under_platform() -> None:
     assert list(PLATFORM.rglob("__init__.py")) == []
 
 
-@pytest.mark.parametrize("directory", ["base", "overlays/example"])
+@pytest.mark.parametrize("directory", ["base", "overlays/example", "team-namespace", "cluster-wide"])
 def test_every_object_validates_against_two_kubernetes_versions(directory: str) -> None:
     objects = build(KUSTOMIZE / directory)
     assert objects
@@ -141,22 +143,72 @@ def test_the_gateway_pods_are_the_ones_triton_lets_in() -> None:
     assert dict(defaults.gateway_pod_labels) == labels and defaults.gateway_namespace == "modelport"
 
 
-def test_the_service_account_may_do_everything_the_runtime_does() -> None:
+def rules_of(directory: str, kind: str) -> set[tuple[str, str, str]]:
+    [role] = [o for o in build(KUSTOMIZE / directory) if o["kind"] == kind]
+    return {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def test_no_cluster_wide_permission_unless_the_operator_adds_it() -> None:
+    for directory in ("base", "overlays/example"):
+        kinds = {o["kind"] for o in build(KUSTOMIZE / directory)}
+        assert not kinds & {"ClusterRole", "ClusterRoleBinding"}, directory
+    # The opt-in grants the namespaced Role's rules everywhere, plus creating namespaces; nothing else.
+    cluster = rules_of("cluster-wide", "ClusterRole")
+    namespaced = rules_of("team-namespace", "Role")
+    assert cluster - namespaced == {("", "namespaces", "get"), ("", "namespaces", "create"), ("", "namespaces", "patch")}
+    assert namespaced <= cluster
+    assert base_config()["KUBERNETES_CREATE_NAMESPACES"] == "false"
+
+
+def base_config() -> dict[str, str]:
     objects = {(o["kind"], o["metadata"]["name"]): o for o in build(KUSTOMIZE / "base")}
-    rules = objects[("ClusterRole", "modelport")]["rules"]
-    granted = {(group, resource, verb) for rule in rules for group in rule["apiGroups"]
-               for resource in rule["resources"] for verb in rule["verbs"]}
-    needed = {
-        ("v1", "Namespace"): {"get", "create", "patch"},
-        ("v1", "Secret"): {"get", "create", "patch"},
-        ("v1", "Pod"): {"get", "list", "watch"},
-    }
-    for (api_version, kind), (_, plural, _) in KINDS.items():
-        group = api_version.rpartition("/")[0]
-        for verb in needed.get((api_version, kind), {"get", "list", "create", "patch", "delete"}):
-            assert (group, plural, verb) in granted, f"{verb} {plural}.{group or 'core'}"
-    assert ("", "pods/log", "get") in granted and ("apps", "deployments/scale", "patch") in granted
-    binding = objects[("ClusterRoleBinding", "modelport")]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "modelport", "namespace": "modelport"}]
+    return objects[("ConfigMap", "modelport-config")]["data"]  # type: ignore[no-any-return]
+
+
+def test_each_team_namespace_binds_the_role_to_modelports_account_there_only() -> None:
+    objects = build(KUSTOMIZE / "overlays/example")
+    for team in ("acme", "globex"):
+        namespace = f"modelport-{team}"
+        [ns] = [o for o in objects if o["kind"] == "Namespace" and o["metadata"]["name"] == namespace]
+        assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+        [binding] = [o for o in objects if o["kind"] == "RoleBinding" and o["metadata"]["namespace"] == namespace]
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "modelport"}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "modelport", "namespace": "modelport"}]
+        [role] = [o for o in objects if o["kind"] == "Role" and o["metadata"]["namespace"] == namespace]
+        assert role["metadata"]["name"] == "modelport"
+    assert {o["metadata"]["namespace"] for o in objects if o["kind"] == "Deployment"} == {"modelport"}
+    assert {o["metadata"]["namespace"] for o in objects if o["kind"] == "Ingress"} == {"modelport"}
+
+
+def test_only_the_pods_that_call_the_kubernetes_api_get_a_token() -> None:
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in build(KUSTOMIZE / "base")}
+    assert objects[("ServiceAccount", "modelport")]["automountServiceAccountToken"] is False
+    pods = {name: objects[("Deployment", name)]["spec"]["template"]["spec"]
+            for name in ("modelport-web", "modelport-worker", "modelport-beat")}
+    assert pods["modelport-web"]["automountServiceAccountToken"] is True  # DELETE and logs act at once
+    assert pods["modelport-worker"]["automountServiceAccountToken"] is True
+    assert pods["modelport-beat"]["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in pods["modelport-beat"]
     for name in ("modelport-web", "modelport-worker"):
-        assert objects[("Deployment", name)]["spec"]["template"]["spec"]["serviceAccountName"] == "modelport"
+        assert pods[name]["serviceAccountName"] == "modelport"
+
+
+def test_modelports_own_pods_run_restricted() -> None:
+    objects = build(KUSTOMIZE / "base")
+    [namespace] = [o for o in objects if o["kind"] == "Namespace"]
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    for deployment in (o for o in objects if o["kind"] == "Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                                    "capabilities": {"drop": ["ALL"]}}
+
+
+def test_the_example_lets_triton_reach_its_s3_endpoint() -> None:
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in build(KUSTOMIZE / "overlays/example")}
+    config = objects[("ConfigMap", "modelport-config")]["data"]
+    assert config["S3_ENDPOINT_URL"] == "http://minio.storage.svc.cluster.local:9000"
+    assert config["KUBERNETES_TRITON_EGRESS"] == "namespace=storage:9000"  # MinIO's namespace and port

@@ -4,13 +4,19 @@ These tests use a fake because no Kubernetes API server can run on this machine 
 speaks the REST paths and verbs the official client sends and records them, so the tests assert the exact objects
 Modelport applies and the statuses it derives from simulated pods; the manifests themselves are validated against
 the real OpenAPI schemas in test_k8s_manifests.py, and `make e2e-k8s` runs the whole flow on a real cluster.
+
+S3 is moto's in-process mock here (the runtime reads each revision's manifest from S3 and presigns URLs for its
+files); test_k8s_s3.py runs the same paths against moto's server, and downloads through the presigned URLs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import base64
+import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -34,20 +40,18 @@ error: creating server: Internal - failed to load all models
 """
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeKube]:
-    server = FakeKube().start()
-    yield server
-    server.stop()
+def access(fake: FakeKube, revision: int = 1, name: str = "digits") -> dict[str, Any]:
+    """The access Secret of a revision as stored, with its manifest decoded."""
+    secret = fake.get(f"/api/v1/namespaces/{NS}/secrets/{name}-r{revision}-repository")
+    assert secret is not None
+    return {**secret, "manifest": json.loads(base64.b64decode(secret["data"]["manifest.json"]))}
 
 
-@pytest.fixture
-def cfg(fake: FakeKube, tmp_path: Path) -> KubernetesConfig:
-    return KubernetesConfig(
-        kubeconfig=str(fake.write_kubeconfig(tmp_path / "kubeconfig")),
-        s3_endpoint_url="http://minio.storage.svc:9000", s3_bucket="", s3_access_key_id="AKIAFAKE",
-        s3_secret_access_key="fake-secret", ready_timeout_seconds=30, unschedulable_grace_seconds=60,
-    )
+def url_window(url: str) -> tuple[datetime, datetime]:
+    """When a presigned URL starts and stops being valid (what S3 checks)."""
+    query = parse_qs(urlsplit(url).query)
+    start = datetime.strptime(query["X-Amz-Date"][0], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+    return start, start + timedelta(seconds=int(query["X-Amz-Expires"][0]))
 
 
 def create(person: Person, name: str = "digits", **body: Any) -> Deployment:
@@ -72,12 +76,19 @@ def test_launch_applies_every_object_with_server_side_apply(alice: Person, digit
     assert launch.ref == "modelport-acme/digits"
     assert launch.description == "Deployment modelport-acme/digits, 2 replicas"
     calls = [(r.verb, r.path) for r in fake.requests]
+    secret_path = f"/api/v1/namespaces/{NS}/secrets/digits-r1-repository"
     assert calls == [
+        # Whose objects are these? Nothing is applied before every name is known to be free or this deployment's.
+        ("get", DEPLOYMENT_PATH),
+        ("get", secret_path),
+        ("get", f"/api/v1/namespaces/{NS}/services/digits"),
+        ("get", f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/digits"),
+        ("get", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies/digits"),
         ("get", f"/api/v1/namespaces/{NS}"),
         ("apply", f"/api/v1/namespaces/{NS}"),
-        ("apply", f"/api/v1/namespaces/{NS}/secrets/modelport-s3"),
-        ("get", DEPLOYMENT_PATH),
+        ("apply", secret_path),  # before the Deployment, whose pods mount it
         ("apply", DEPLOYMENT_PATH),
+        ("apply", secret_path),  # now with its owner reference to the Deployment
         ("apply", f"/api/v1/namespaces/{NS}/services/digits"),
         ("apply", f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/digits"),
         ("apply", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies/digits"),
@@ -93,11 +104,16 @@ def test_launch_applies_every_object_with_server_side_apply(alice: Person, digit
     assert fake.applied("Deployment") == manifests.build(target, NS, cfg)[0]
     assert [fake.applied(kind) for kind in ("Service", "PodDisruptionBudget", "NetworkPolicy")] == expected[1:]
     assert fake.applied("Namespace") == manifests.namespace_object(NS)
-    secret = fake.applied("Secret")
-    assert secret["data"] == {"AWS_ACCESS_KEY_ID": "QUtJQUZBS0U=", "AWS_SECRET_ACCESS_KEY": "ZmFrZS1zZWNyZXQ="}
-    args = fake.applied("Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[0] == f"--model-repository=s3://http://minio.storage.svc:9000/s3-bucket-not-configured/" \
-                      f"modelport/repositories/acme/digits-{deployment.pk}/r1"
+    assert fake.applied("Deployment")["metadata"]["annotations"]["modelport.io/repository"] == \
+        f"s3://models/modelport/repositories/acme/digits-{deployment.pk}/r1"
+    secret = access(fake)
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == uid
+    files = {f["path"]: f for f in secret["manifest"]["files"]}
+    assert sorted(files) == ["digits/1/model.onnx", "digits/config.pbtxt"]
+    model_file = files["digits/1/model.onnx"]
+    assert model_file["sha256"] == digits_v1.sha256 and model_file["size"] == digits_v1.size  # the registry's
+    assert model_file["url"].startswith(f"https://models.s3.amazonaws.com/modelport/repositories/acme/"
+                                        f"digits-{deployment.pk}/r1/digits/1/model.onnx?")
 
 
 def test_a_completed_rollout_is_ready(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
@@ -220,7 +236,10 @@ def test_a_failed_new_revision_goes_back_to_the_serving_one(alice: Person, digit
     runtime.abandon(second)
     reverted = fake.applied("Deployment")
     assert reverted["metadata"]["labels"]["modelport.io/revision"] == "1"
-    assert reverted["spec"]["template"]["spec"]["containers"][0]["args"][0].endswith("/r1")
+    assert reverted["metadata"]["annotations"]["modelport.io/repository"].endswith("/r1")
+    # The serving revision's pods mount its own access Secret, with URLs written afresh by the rollback.
+    assert fake.applied("Secret")["metadata"]["name"] == "digits-r1-repository"
+    assert reverted["spec"]["template"]["spec"]["volumes"][-1]["secret"]["secretName"] == "digits-r1-repository"
 
 
 def test_stop_scales_to_zero_and_start_scales_an_autoscaled_deployment_back(
@@ -272,6 +291,7 @@ def test_teardown_deletes_every_object_labelled_for_the_deployment_and_nothing_e
     deleted = sorted(r.path for r in fake.sent("delete"))
     assert deleted == sorted([
         DEPLOYMENT_PATH,
+        f"/api/v1/namespaces/{NS}/secrets/digits-r1-repository",
         f"/api/v1/namespaces/{NS}/services/digits",
         f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/digits",
         f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers/digits",
@@ -282,8 +302,8 @@ def test_teardown_deletes_every_object_labelled_for_the_deployment_and_nothing_e
     selector = manifests.managed_selector("acme", "digits")
     assert {r.query.get("labelSelector") for r in fake.sent("get")} == {selector}
     remaining = {p.rsplit("/", 1)[-1] for p in fake.objects if "/namespaces/modelport-acme/" in p
-                 and "/pods/" not in p and "/secrets/" not in p}
-    assert remaining == {"other"}
+                 and "/pods/" not in p}
+    assert remaining == {"other", "other-r1-repository"}
 
 
 def test_logs_come_from_the_pods(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
@@ -342,12 +362,13 @@ def test_a_forbidden_request_names_the_rbac_rules_to_grant(alice: Person, digits
     message = ('networkpolicies.networking.k8s.io "digits" is forbidden: User "system:serviceaccount:modelport:'
                'modelport" cannot patch resource "networkpolicies" in API group "networking.k8s.io" in the '
                'namespace "modelport-acme"')
-    fake.forbid = lambda request: message if "networkpolicies" in request.path else None
+    fake.forbid = lambda request: message if "networkpolicies" in request.path and request.verb == "apply" else None
     with pytest.raises(RuntimeUnavailable) as caught:
         KubernetesRuntime(cfg).launch(deployment.revision)
     assert str(caught.value) == (
         f"Kubernetes refused to let Modelport apply NetworkPolicy modelport-acme/digits: {message}. Give the "
-        "worker's service account the permissions of platform/kubernetes/base/rbac.yaml.")
+        "worker's service account the Role of platform/kubernetes/team-namespace in that namespace (or, for "
+        "cluster-wide management, platform/kubernetes/cluster-wide).")
 
 
 def test_a_cluster_that_does_not_answer_says_so(alice: Person, digits_v1: ModelVersion, tmp_path: Path) -> None:

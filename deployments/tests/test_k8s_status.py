@@ -69,14 +69,58 @@ def test_a_quota_that_refuses_the_pods_fails_at_once() -> None:
     assert "exceeded quota: gpus" in verdict.message and "ResourceQuota" in verdict.message
 
 
-def test_a_missing_credentials_secret_says_how_to_provide_it() -> None:
+def test_a_container_kubernetes_cannot_start_says_why() -> None:
     verdict = pod_problem(pod({"state": {"waiting": {"reason": "CreateContainerConfigError",
-                                                     "message": 'secret "modelport-s3" not found'}}}),
+                                                     "message": 'configmap "x" not found'}}}),
                           now=NOW, unschedulable_grace=120)
     assert verdict is not None and verdict.state == "failed"
-    assert verdict.message.startswith(
-        "Kubernetes cannot start Triton's container (CreateContainerConfigError: secret \"modelport-s3\" not found).")
-    assert "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in verdict.message
+    assert verdict.message == "Kubernetes cannot start Triton's container (CreateContainerConfigError: configmap " \
+                              "\"x\" not found)."
+
+
+def fetching(init_status: dict[str, Any]) -> dict[str, Any]:
+    """A pod whose init container (fetch-repository) is in `init_status`, Triton waiting for it."""
+    waiting = pod({"state": {"waiting": {"reason": "PodInitializing"}}}, phase="Pending")
+    waiting["spec"]["initContainers"] = [{"name": "fetch-repository", "image": "nvcr.io/nvidia/tritonserver:24.10-py3"}]
+    waiting["status"]["initContainerStatuses"] = [{"name": "fetch-repository", "ready": False, "restartCount": 0,
+                                                   **init_status}]
+    return waiting
+
+
+def test_a_pod_fetching_its_repository_is_waiting() -> None:
+    verdict = pod_problem(fetching({"state": {"running": {}}}), now=NOW, unschedulable_grace=120)
+    assert verdict is not None and (verdict.state, verdict.message) == ("waiting", "fetching the model repository from S3")
+
+
+def test_a_tampered_repository_fails_the_rollout_with_the_init_containers_log() -> None:
+    verdict = verdict_of(fetching({"restartCount": 1, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                                   "lastState": {"terminated": {"exitCode": 2}}}))
+    assert verdict.state == "failed"
+    assert verdict.message.startswith("The model repository could not be fetched into pod digits-r2-0 (its init "
+                                      "container fetch-repository exited with code 2, 1 restart): a file of the model "
+                                      "repository does not match what Modelport recorded")
+    assert (verdict.logs_pod, verdict.previous, verdict.logs_container) == ("digits-r2-0", True, "fetch-repository")
+
+
+def test_expired_urls_and_unreachable_s3_say_what_to_check() -> None:
+    expired = verdict_of(fetching({"state": {"terminated": {"exitCode": 3}}}))
+    assert "S3 refused the presigned download URLs" in expired.message and "beat" in expired.message
+    assert expired.previous is False  # the container that just exited is the current one
+    unreachable = verdict_of(fetching({"restartCount": 3, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                                       "lastState": {"terminated": {"exitCode": 1}}}))
+    assert "KUBERNETES_TRITON_EGRESS" in unreachable.message
+
+
+def test_a_fetch_that_succeeded_after_a_failed_try_is_no_problem() -> None:
+    done = fetching({"restartCount": 1, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+                     "lastState": {"terminated": {"exitCode": 1}}})
+    assert pod_problem(done, now=NOW, unschedulable_grace=120) == pod_problem(
+        pod({"state": {"waiting": {"reason": "PodInitializing"}}}, phase="Pending"), now=NOW, unschedulable_grace=120)
+
+
+def test_an_init_image_that_cannot_be_pulled_names_the_setting() -> None:
+    verdict = verdict_of(fetching({"state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}}}))
+    assert verdict.state == "failed" and "KUBERNETES_FETCH_IMAGE" in verdict.message
 
 
 def test_unschedulable_pods_fail_only_after_the_grace_period() -> None:
