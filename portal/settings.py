@@ -274,6 +274,19 @@ GATEWAY_CACHE_TTL_SECONDS = env_float("GATEWAY_CACHE_TTL_SECONDS", 0.5, minimum=
 GATEWAY_RATE_LIMIT_PER_SECOND = env_float("GATEWAY_RATE_LIMIT_PER_SECOND", 5000.0, minimum=0)  # per token; 0: off
 GATEWAY_RATE_LIMIT_BURST = env_int("GATEWAY_RATE_LIMIT_BURST", 5000, minimum=1)
 GATEWAY_MAX_UPSTREAM_CONNECTIONS = env_int("GATEWAY_MAX_UPSTREAM_CONNECTIONS", 256, minimum=1)
+# Triton's answer is streamed through; one over this many bytes is cut off with a 502 (memory stays bounded).
+GATEWAY_MAX_RESPONSE_BYTES = env_int("GATEWAY_MAX_RESPONSE_BYTES", 256 * 1024**2, minimum=1024)
+# An inference input's element count x datatype size may not exceed this (Triton allocates it before reading).
+GATEWAY_MAX_TENSOR_BYTES = env_int("GATEWAY_MAX_TENSOR_BYTES", 256 * 1024**2, minimum=1)
+# Deeper JSON is refused before it reaches Triton, whose parser overflows its stack on ~300,000 levels.
+GATEWAY_MAX_JSON_DEPTH = env_int("GATEWAY_MAX_JSON_DEPTH", 64, minimum=4)
+# Rate limits are shared by the web processes through this Redis (the broker's, if it is Redis); empty: per process.
+GATEWAY_RATE_LIMIT_REDIS_URL = env_secret(
+    "GATEWAY_RATE_LIMIT_REDIS_URL", CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else ""
+)
+# Request bodies on Django's paths are refused past this many bytes before Django reads (and spools) them; the
+# largest legitimate one is a multipart model upload. A tus PATCH may carry up to MAX_UPLOAD_SIZE.
+MAX_REQUEST_BODY_BYTES = env_int("MAX_REQUEST_BODY_BYTES", MAX_MULTIPART_UPLOAD_SIZE + 1024**2, minimum=1024)
 METRICS_TOKEN = env_secret("METRICS_TOKEN")  # empty: /metrics is open (keep it off the public ingress)
 
 # --- REST API ---------------------------------------------------------------------------------------------
