@@ -412,6 +412,8 @@ def _inflate(body: bytes, limit: int) -> bytes:
         raise GatewayError(400, f"The compressed request body is corrupt: {exc}.") from None
     if len(plain) > limit or inflater.unconsumed_tail:
         raise GatewayError(413, f"The request body inflates to over the limit of {limit} bytes.")
+    if not inflater.eof:
+        raise GatewayError(400, "The compressed request body is corrupt or cut short.")
     return plain
 
 

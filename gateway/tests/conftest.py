@@ -39,8 +39,9 @@ class Reply:
 
 async def call(app: Any, method: str, path: str, *, raw_path: bytes | None = None, query: bytes = b"",
                headers: dict[str, str] | None = None, body: bytes | list[bytes] = b"", token: str | None = None,
-               disconnect_after_start: bool = False) -> Reply:
-    """One request through an ASGI app, as uvicorn would present it: `path` decoded, `raw_path` as sent."""
+               disconnect: str = "never") -> Reply:
+    """One request through an ASGI app, as uvicorn would present it: `path` decoded, `raw_path` as sent.
+    `disconnect`: "never", "after_body" (once the chunks given are read) or "after_start" (of the response)."""
     raw = raw_path if raw_path is not None else path.encode()
     decoded = unquote(raw.decode("latin-1"), encoding="latin-1") if raw_path is not None else path
     header_list = [(k.lower().encode(), v.encode("latin-1")) for k, v in (headers or {}).items()]
@@ -59,7 +60,9 @@ async def call(app: Any, method: str, path: str, *, raw_path: bytes | None = Non
     async def receive() -> dict[str, Any]:
         if pending:
             return pending.pop(0)
-        if disconnect_after_start:
+        if disconnect == "after_body":
+            return {"type": "http.disconnect"}
+        if disconnect == "after_start":
             await started.wait()
             return {"type": "http.disconnect"}
         await asyncio.sleep(3600)  # the client stays connected
@@ -71,7 +74,7 @@ async def call(app: Any, method: str, path: str, *, raw_path: bytes | None = Non
             started.set()
 
     await app(scope, receive, send)
-    start = next(m for m in messages if m["type"] == "http.response.start")
+    start = next((m for m in messages if m["type"] == "http.response.start"), {"status": 0})  # 0: nothing sent
     payload = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
     return Reply(start["status"], {k: v for k, v in start.get("headers", [])}, payload, messages)
 
