@@ -47,6 +47,7 @@ class _Bucket:
     level: float
     updated: float
     unsynced: int = 0  # admitted since the last sync with Redis
+    fresh: bool = True  # not synced yet: the next sync fetches the shared level even if nothing was admitted
 
 
 class RateLimiter:
@@ -69,7 +70,7 @@ class RateLimiter:
         if bucket is None:
             if len(self.buckets) >= MAX_KEYS:
                 self._forget_idle(now)
-            bucket = self.buckets[key] = _Bucket(level=self.burst, updated=now)
+            bucket = self.buckets[key] = _Bucket(level=self.burst, updated=now, fresh=bool(self.redis_url))
             if self.redis_url and self.syncer is None:
                 self.syncer = asyncio.get_running_loop().create_task(self._sync_forever())
         bucket.level = min(self.burst, bucket.level + (now - bucket.updated) * self.rate)
@@ -83,7 +84,7 @@ class RateLimiter:
     def _forget_idle(self, now: float) -> None:
         # A bucket that has refilled completely holds nothing worth keeping.
         full = [key for key, b in self.buckets.items()
-                if not b.unsynced and b.level + (now - b.updated) * self.rate >= self.burst]
+                if not b.unsynced and not b.fresh and b.level + (now - b.updated) * self.rate >= self.burst]
         for key in full:
             del self.buckets[key]
         if len(self.buckets) >= MAX_KEYS:
@@ -97,7 +98,8 @@ class RateLimiter:
 
     async def sync(self) -> None:
         """Send what this process admitted since the last sync; take the shared levels as the local ones."""
-        dirty = [(key, bucket, bucket.unsynced) for key, bucket in self.buckets.items() if bucket.unsynced]
+        dirty = [(key, bucket, bucket.unsynced) for key, bucket in self.buckets.items()
+                 if bucket.unsynced or bucket.fresh]
         if not dirty:
             return
         try:
@@ -123,6 +125,7 @@ class RateLimiter:
         now = time.monotonic()
         for (_, bucket, used), level in zip(dirty, levels, strict=True):
             bucket.unsynced -= used
+            bucket.fresh = False
             # Admitted here since the script ran are not in the shared level yet.
             bucket.level = float(level) - bucket.unsynced
             bucket.updated = now

@@ -261,17 +261,17 @@ def test_a_response_over_the_limit_is_refused_and_its_connection_dropped() -> No
 def test_a_timed_out_read_closes_the_connection_instead_of_pooling_it() -> None:
     async def slow(request: Request) -> bytes:
         if request.target == b"/slow":
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.15)
         return echo(request)
 
     async def scenario() -> None:
         async with FakeUpstream(slow) as upstream:
             pool = Pool()
             with pytest.raises(TimeoutError):
-                async with asyncio.timeout(0.1):
+                async with asyncio.timeout(0.05):
                     await get(pool, upstream, b"/slow")
             assert pool.idle_count() == 0
-            await asyncio.sleep(0.4)  # the slow answer arrives on the closed connection, read by no one
+            await asyncio.sleep(0.2)  # the slow answer arrives on the closed connection, read by no one
             status, body = await get(pool, upstream, b"/next")
             assert b'"/next"' in body and upstream.connections == 2
 
