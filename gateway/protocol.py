@@ -46,17 +46,17 @@ class Refusal(Exception):
 # --- The request target ------------------------------------------------------------------------------------------
 
 
-def _has_unsafe_byte(data: bytes) -> bool:
-    # Spaces, control characters, DEL and non-ASCII bytes never belong in a request target: percent-encoded, they
-    # are passed on as they are, raw they could end the request line and start another one.
-    return any(b <= 0x20 or b >= 0x7F for b in data)
+# Spaces, control characters, DEL and non-ASCII bytes never belong in a request target: percent-encoded they are
+# passed on as they are, raw they could end the request line and start another one.
+UNSAFE_TARGET_BYTE = re.compile(rb"[\x00-\x20\x7f-\xff]")
+_UNSAFE_DECODED = re.compile(r"[\x00-\x20\x7f]")
 
 
 def check_target(raw_path: bytes, decoded_path: str, query_string: bytes) -> None:
     """400 unless the raw path and query are plain, and the decoded path holds no space or control character
     either (no deployment, model or version name does; `%0D%0A` in a path is an attack, not a name)."""
-    if _has_unsafe_byte(raw_path) or _has_unsafe_byte(query_string) or any(
-            c <= " " or c == "\x7f" for c in decoded_path):
+    if (UNSAFE_TARGET_BYTE.search(raw_path) or UNSAFE_TARGET_BYTE.search(query_string)
+            or _UNSAFE_DECODED.search(decoded_path)):
         raise Refusal(400, "The request path or query contains a space or a control character; "
                            "percent-encode it, or fix the model name.")
 
@@ -183,65 +183,80 @@ def check_infer_request(header: Any, binary_length: int | None, max_tensor_bytes
         for index, tensor in enumerate(outputs):
             if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
                 raise Refusal(400, f"outputs[{index}] must be an object with a string 'name'.")
-            label = f"output {tensor['name'][:100]!r}"
-            _check_parameters(tensor.get("parameters"), label)
-            _refuse_shared_memory(tensor.get("parameters"), label)
+            parameters = tensor.get("parameters")
+            if parameters is not None:
+                label = f"output {tensor['name'][:100]!r}"
+                _check_parameters(parameters, label)
+                _refuse_shared_memory(parameters, label)
 
 
 def _check_input(index: int, tensor: Any, binary: bool, max_tensor_bytes: int) -> int:
-    """The input's binary byte count (0 for JSON data), after checking it."""
+    """The input's binary byte count (0 for JSON data), after checking it. (Messages are built only on the way
+    out: this runs for every input of every request.)"""
     if not isinstance(tensor, dict):
         raise Refusal(400, f"inputs[{index}] must be an object with 'name', 'shape', 'datatype' and 'data'.")
     name = tensor.get("name")
     if not isinstance(name, str):
         raise Refusal(400, f"inputs[{index}] needs a string 'name'.")
-    label = f"input {name[:100]!r}"
     shape = tensor.get("shape")
-    if (not isinstance(shape, list) or len(shape) > MAX_SHAPE_RANK
-            or not all(type(d) is int and 0 <= d < 2**63 for d in shape)):
-        raise Refusal(400, f"The 'shape' of {label} must be a list of whole numbers >= 0 (at most "
-                           f"{MAX_SHAPE_RANK} of them), got {_excerpt(shape)}.")
+    if not isinstance(shape, list) or len(shape) > MAX_SHAPE_RANK:
+        raise _bad_shape(name, shape)
+    for dim in shape:
+        if type(dim) is not int or dim < 0 or dim >= 2**63:
+            raise _bad_shape(name, shape)
     datatype = tensor.get("datatype")
     if datatype not in DATATYPE_SIZES:
-        raise Refusal(400, f"The 'datatype' of {label} must be one of {', '.join(DATATYPE_SIZES)}, "
+        raise Refusal(400, f"The 'datatype' of {_input(name)} must be one of {', '.join(DATATYPE_SIZES)}, "
                            f"got {_excerpt(datatype)}.")
     parameters = tensor.get("parameters")
-    _check_parameters(parameters, label)
-    _refuse_shared_memory(parameters, label)
+    if parameters is not None:
+        _check_parameters(parameters, _input(name))
+        _refuse_shared_memory(parameters, _input(name))
     elements = math.prod(shape)
     need = elements * DATATYPE_SIZES[datatype]
-    size_text = f"shape {shape} of {datatype}"
     if need > max_tensor_bytes:
-        raise Refusal(413, f"The {size_text} of {label} is {need} bytes"
+        raise Refusal(413, f"The shape {shape} of {datatype} of {_input(name)} is {need} bytes"
                            f"{' at least' if datatype == 'BYTES' else ''}; the limit is {max_tensor_bytes} bytes.")
-    binary_size = parameters.get("binary_data_size") if isinstance(parameters, dict) else None
+    binary_size = parameters.get("binary_data_size") if parameters is not None else None
     has_data = "data" in tensor
-    if binary_size is not None and has_data:
-        raise Refusal(400, f"{label.capitalize()} has both 'data' and a binary_data_size parameter; send one.")
     if binary_size is not None:
+        if has_data:
+            raise Refusal(400, f"{_input(name).capitalize()} has both 'data' and a binary_data_size parameter; "
+                               "send one.")
         if type(binary_size) is not int or binary_size < 0:
-            raise Refusal(400, f"The binary_data_size of {label} must be a whole number of bytes >= 0, "
+            raise Refusal(400, f"The binary_data_size of {_input(name)} must be a whole number of bytes >= 0, "
                                f"got {_excerpt(binary_size)}.")
         if not binary:
-            raise Refusal(400, f"{label.capitalize()} has a binary_data_size, but the request has no "
+            raise Refusal(400, f"{_input(name).capitalize()} has a binary_data_size, but the request has no "
                                "Inference-Header-Content-Length header saying where its binary data starts.")
-        if datatype == "BYTES" and binary_size < need:
-            raise Refusal(400, f"The binary_data_size of {label} is {binary_size} bytes, too small for "
-                               f"{elements} BYTES elements (each takes 4 bytes of length and its bytes).")
-        if datatype != "BYTES" and binary_size != need:
-            raise Refusal(400, f"The binary_data_size of {label} is {binary_size} bytes, but its {size_text} "
-                               f"takes {need} bytes.")
+        if datatype == "BYTES":
+            if binary_size < need:
+                raise Refusal(400, f"The binary_data_size of {_input(name)} is {binary_size} bytes, too small for "
+                                   f"{elements} BYTES elements (each takes 4 bytes of length and its bytes).")
+        elif binary_size != need:
+            raise Refusal(400, f"The binary_data_size of {_input(name)} is {binary_size} bytes, but its shape "
+                               f"{shape} of {datatype} takes {need} bytes.")
         return binary_size
     if not has_data:
-        raise Refusal(400, f"{label.capitalize()} needs 'data' (or, with binary data, a binary_data_size "
+        raise Refusal(400, f"{_input(name).capitalize()} needs 'data' (or, with binary data, a binary_data_size "
                            "parameter).")
     count = _count_elements(tensor["data"])
     if count is None:
-        raise Refusal(400, f"The 'data' of {label} must be a list (flat, or nested evenly), got "
+        raise Refusal(400, f"The 'data' of {_input(name)} must be a list (flat, or nested evenly), got "
                            f"{_excerpt(tensor['data'])}.")
     if count != elements:
-        raise Refusal(400, f"The 'data' of {label} has {count} elements, but its shape {shape} needs {elements}.")
+        raise Refusal(400, f"The 'data' of {_input(name)} has {count} elements, but its shape {shape} needs "
+                           f"{elements}.")
     return 0
+
+
+def _input(name: str) -> str:
+    return f"input {name[:100]!r}"
+
+
+def _bad_shape(name: str, shape: Any) -> Refusal:
+    return Refusal(400, f"The 'shape' of {_input(name)} must be a list of whole numbers >= 0 (at most "
+                        f"{MAX_SHAPE_RANK} of them), got {_excerpt(shape)}.")
 
 
 def _count_elements(data: Any) -> int | None:
@@ -277,9 +292,11 @@ def _check_parameters(parameters: Any, label: str) -> None:
 
 
 def _refuse_shared_memory(parameters: Any, label: str) -> None:
-    if isinstance(parameters, dict) and any(key.startswith("shared_memory") for key in parameters):
-        raise Refusal(400, f"{label.capitalize()} uses shared memory, which the gateway does not offer: send the "
-                           "data in the request.")
+    if isinstance(parameters, dict):
+        for key in parameters:
+            if key.startswith("shared_memory"):
+                raise Refusal(400, f"{label.capitalize()} uses shared memory, which the gateway does not offer: "
+                                   "send the data in the request.")
 
 
 def _json_kind(value: Any) -> str:

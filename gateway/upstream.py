@@ -30,6 +30,9 @@ HOP_BY_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"content-leng
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: [^\r\n]*)?")
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:;[^\r\n]*)?\r\n")
+_UNSAFE_TARGET_BYTE = re.compile(rb"[\x00-\x20\x7f-\xff]")
+# Small bodies go out with the head in one write (one system call); larger ones are not copied for that.
+COALESCE_BYTES = 64 * 1024
 
 
 class UpstreamError(Exception):
@@ -190,6 +193,7 @@ class Pool:
         self.idle: dict[tuple[str, int], list[_Connection]] = {}
         self.max_idle = max_idle_per_host
         self.connect_timeout = connect_timeout
+        self._upstreams: dict[str, tuple[str, int, bytes]] = {}  # base URL -> host, port, Host header
 
     def release(self, conn: _Connection) -> None:
         if not conn.is_clean():
@@ -227,11 +231,15 @@ class Pool:
         """Send one request; `target` is the raw request target (path and query), already checked by the caller
         to hold no space or control character. A streamed `body` is sent with `content_length` (exactly that many
         bytes, else the connection is dropped) or chunked when it is None."""
-        if not target.startswith(b"/") or any(b <= 0x20 or b >= 0x7F for b in target):
+        if not target.startswith(b"/") or _UNSAFE_TARGET_BYTE.search(target):
             raise ValueError(f"unsafe request target {target[:100]!r}")  # the caller's bug, never sent
-        parts = urlsplit(base_url)
-        host, port = parts.hostname or "127.0.0.1", parts.port or 80
-        head = [method.encode("ascii") + b" " + target + b" HTTP/1.1\r\nhost: " + parts.netloc.encode("idna") + b"\r\n"]
+        upstream = self._upstreams.get(base_url)
+        if upstream is None:
+            parts = urlsplit(base_url)
+            upstream = self._upstreams[base_url] = (parts.hostname or "127.0.0.1", parts.port or 80,
+                                                    parts.netloc.encode("idna"))
+        host, port, netloc = upstream
+        head = [method.encode("ascii") + b" " + target + b" HTTP/1.1\r\nhost: " + netloc + b"\r\n"]
         head += [name + b": " + value + b"\r\n" for name, value in headers]
         if isinstance(body, bytes):
             head.append(b"content-length: %d\r\n" % len(body))
@@ -249,11 +257,16 @@ class Pool:
                 conn = await self._connect(host, port)
             try:
                 try:
-                    conn.writer.write(request_head)
                     if isinstance(body, bytes):
-                        conn.writer.write(body)
-                    elif body is not None:
-                        await _send_stream(conn, body, content_length)
+                        if len(body) <= COALESCE_BYTES:
+                            conn.writer.write(request_head + body)
+                        else:
+                            conn.writer.write(request_head)
+                            conn.writer.write(body)
+                    else:
+                        conn.writer.write(request_head)
+                        if body is not None:
+                            await _send_stream(conn, body, content_length)
                     await conn.writer.drain()
                 except ConnectionError as exc:
                     raise _NothingBack(f"writing failed: {exc!r}") from None
