@@ -26,6 +26,7 @@ from urllib.parse import quote, unquote
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import DatabaseError
 
 from accounts.tokens import parse_bearer
 from gateway import protocol, stats, upstream
@@ -162,6 +163,11 @@ class Gateway:
         except Refusal as exc:
             code = exc.status
             await _send_error(send, exc.status, exc.message, exc.headers)
+        except DatabaseError:
+            # Only when nothing is cached for this caller or route (cached answers stand in, gateway/access.py).
+            log.warning("gateway: the database is unreachable", exc_info=True)
+            code = 503
+            await _send_error(send, 503, "The portal's database is unreachable; retry shortly.", {"Retry-After": "5"})
         finally:
             if route is not None:
                 self.collector.observe(route.deployment_id, route.name, _model_label(route, endpoint), code,

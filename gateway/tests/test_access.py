@@ -189,3 +189,29 @@ def test_a_shared_lookup_that_fails_fails_for_every_waiter_and_is_not_cached() -
         assert await cache.get("k") == "ok"
 
     run(scenario)
+
+
+def test_with_the_database_down_cached_routes_keep_serving_and_the_rest_is_503(
+    people: dict[str, Person], gateway_app: Any, settings: Any
+) -> None:
+    settings.GATEWAY_CACHE_TTL_SECONDS = 0.05
+    alice = people["alice"]
+
+    async def scenario() -> None:
+        async with FakeUpstream() as upstream:
+            await asyncio.to_thread(make_deployment, alice, "digits-prod", upstream.url)
+            app = gateway_app()
+            assert (await call(app, "GET", "/serve/digits-prod/v2", token=alice.token)).status == 200
+
+            async def database_down(key: Any) -> Any:
+                raise OperationalError("could not connect to server")
+
+            app.access.routes.loader = database_down
+            app.access.tokens.loader = database_down
+            await asyncio.sleep(0.1)  # every cached answer has expired
+            assert (await call(app, "GET", "/serve/digits-prod/v2", token=alice.token)).status == 200
+            unknown = await call(app, "GET", "/serve/other/v2", token=alice.token)
+            assert unknown.status == 503 and "database is unreachable" in unknown.json()["error"]
+            assert unknown.headers[b"retry-after"] == b"5"
+
+    run(scenario)
