@@ -257,7 +257,7 @@ class Access:
         return await self.tokens.get(raw)
 
     async def session(self, session_key: str) -> Caller | None:
-        if len(session_key) > MAX_CREDENTIAL_LENGTH or not session_key.isalnum():
+        if len(session_key) > MAX_CREDENTIAL_LENGTH or not (session_key.isascii() and session_key.isalnum()):
             return None  # Django's session keys are letters and digits
         if not self.sessions.seen(session_key) and not self.new_keys.take():
             return None
