@@ -1,9 +1,17 @@
 """Who may call which deployment: the gateway's access decision, cached for at most a second so that revoking a
-token or stopping a deployment takes effect within that time without a database query per request."""
+token or stopping a deployment takes effect within that time without a database query per request.
+
+Made-up credentials must cost nothing: a token whose prefix no token has is refused from memory (the known
+prefixes are topped up by one shared query at most every KNOWN_PREFIX_INTERVAL seconds), and credentials never
+seen before get a bounded number of lookups per second, so a flood of them neither queries the database per
+request nor pushes the real callers out of the cache.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -11,14 +19,23 @@ from typing import Generic, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import DatabaseError
 from django.utils.crypto import constant_time_compare
 
-from accounts.models import Membership
+from accounts.models import TOKEN_PREFIX, ApiToken, Membership
 from accounts.tokens import authenticate_token
 from deployments.models import Deployment
 
+log = logging.getLogger(__name__)
+
 K = TypeVar("K")
 V = TypeVar("V")
+
+KNOWN_PREFIX_INTERVAL = 0.1  # seconds between two top-ups of the known token prefixes
+NEW_KEY_LOOKUPS_PER_SECOND = 50.0  # lookups of never-seen tokens or sessions, per gateway process
+NEW_KEY_LOOKUP_BURST = 200
+STALE_IF_ERROR_SECONDS = 3600.0  # how long a cached answer may stand in while the database is unreachable
+MAX_CREDENTIAL_LENGTH = 256
 
 
 @dataclass(frozen=True)
@@ -26,7 +43,6 @@ class Caller:
     user_id: int
     team_id: int
     token_id: int | None  # None: a browser session
-    csrf_checked: bool = False
 
 
 @dataclass(frozen=True)
@@ -35,10 +51,13 @@ class Route:
     name: str
     upstream_url: str  # empty while no revision is serving
     status: str
+    models: frozenset[str] = frozenset()  # the models the serving revision holds (the metrics label them)
 
 
 class TtlCache(Generic[K, V]):
-    """A small async cache: one lookup in flight per key, answers kept `ttl` seconds."""
+    """A small async cache: one lookup in flight per key, answers kept `ttl` seconds. When the loader fails (the
+    database is down), an expired answer stands in for up to STALE_IF_ERROR_SECONDS. When full, expired entries
+    go first, then the oldest: never the whole cache at once."""
 
     def __init__(self, ttl: float, loader: Callable[[K], Awaitable[V]], max_size: int = 10_000) -> None:
         self.ttl = ttl
@@ -47,6 +66,9 @@ class TtlCache(Generic[K, V]):
         self.entries: dict[K, tuple[float, V]] = {}
         self.pending: dict[K, asyncio.Future[V]] = {}
 
+    def seen(self, key: K) -> bool:
+        return key in self.entries
+
     async def get(self, key: K) -> V:
         now = time.monotonic()
         entry = self.entries.get(key)
@@ -54,22 +76,116 @@ class TtlCache(Generic[K, V]):
             return entry[1]
         future = self.pending.get(key)
         if future is not None:
-            return await future
+            return await asyncio.shield(future)
         future = asyncio.get_running_loop().create_future()
         self.pending[key] = future
         try:
             value = await self.loader(key)
-        except BaseException as exc:
+        except DatabaseError as exc:
+            if entry is not None and now - entry[0] < STALE_IF_ERROR_SECONDS:
+                log.warning("database unavailable, using a cached access answer: %s", exc)
+                future.set_result(entry[1])
+                return entry[1]
             future.set_exception(exc)
             future.exception()  # retrieved: no "never retrieved" warning when nobody else waited
             raise
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()
+            raise
         finally:
             self.pending.pop(key, None)
-        if len(self.entries) >= self.max_size:
-            self.entries.clear()
+        if entry is None and len(self.entries) >= self.max_size:
+            self._evict(time.monotonic())
+        # Re-inserted at the end, so that eviction (oldest first) reaches the keys in use last.
+        self.entries.pop(key, None)
         self.entries[key] = (time.monotonic() + self.ttl, value)
         future.set_result(value)
         return value
+
+    def _evict(self, now: float) -> None:
+        expired = [key for key, (expires, _) in self.entries.items() if expires <= now - STALE_IF_ERROR_SECONDS]
+        for key in expired:
+            del self.entries[key]
+        excess = len(self.entries) - self.max_size + max(1, self.max_size // 10)
+        if excess > 0:
+            for key in list(self.entries)[:excess]:  # insertion order: the oldest first
+                del self.entries[key]
+
+
+class Budget:
+    """A token bucket of `rate` per second up to `burst`; take() says whether one unit was left."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.level = burst
+        self.updated = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.level = min(self.burst, self.level + (now - self.updated) * self.rate)
+        self.updated = now
+        if self.level >= 1.0:
+            self.level -= 1.0
+            return True
+        return False
+
+
+class KnownPrefixes:
+    """The prefixes of all API tokens (mp_<prefix>_<secret>), loaded once and topped up with newer tokens. A
+    lookup that misses waits for a top-up that began after it arrived (so a token created a moment ago works at
+    once); top-ups are shared by every waiting request and start at most every `interval` seconds."""
+
+    def __init__(self, interval: float = KNOWN_PREFIX_INTERVAL) -> None:
+        self.interval = interval
+        self.prefixes: set[str] = set()
+        self.max_pk = 0
+        self.last_started = -math.inf  # when the last completed top-up began
+        self.running: asyncio.Future[None] | None = None
+        self.load = sync_to_async(_tokens_after, thread_sensitive=False)
+
+    async def contains(self, prefix: str) -> bool:
+        if prefix in self.prefixes:
+            return True
+        arrived = time.monotonic()
+        while self.last_started < arrived:
+            await self._top_up()
+        return prefix in self.prefixes
+
+    async def _top_up(self) -> None:
+        if self.running is not None:
+            await asyncio.shield(self.running)
+            return
+        self.running = asyncio.get_running_loop().create_future()
+        try:
+            wait = self.last_started + self.interval - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            started = time.monotonic()
+            rows = await self.load(self.max_pk)
+            for pk, prefix in rows:
+                self.prefixes.add(prefix)
+                self.max_pk = max(self.max_pk, pk)
+            self.last_started = started
+            self.running.set_result(None)
+        except asyncio.CancelledError:
+            self.running.cancel()
+            raise
+        except BaseException as exc:
+            self.running.set_exception(exc)
+            self.running.exception()
+            raise
+        finally:
+            self.running = None
+
+
+def _tokens_after(pk: int) -> list[tuple[int, str]]:
+    # Revoked and expired tokens stay in: this only tells made-up prefixes apart, the token lookup decides.
+    return list(ApiToken.objects.filter(pk__gt=pk).order_by().values_list("pk", "prefix"))
 
 
 def _load_token(raw: str) -> Caller | None:
@@ -104,11 +220,19 @@ def _load_session(session_key: str) -> Caller | None:
 def _load_route(key: tuple[int, str]) -> Route | None:
     team_id, name = key
     row = (Deployment.objects.filter(team_id=team_id, name=name).exclude(desired_state=Deployment.Desired.DELETED)
-           .values("pk", "upstream_url", "status", "desired_state").first())
+           .values("pk", "upstream_url", "status", "desired_state", "serving_revision__spec").first())
     if row is None:
         return None
     upstream = row["upstream_url"] if row["desired_state"] == Deployment.Desired.RUNNING else ""
-    return Route(deployment_id=row["pk"], name=name, upstream_url=upstream, status=row["status"])
+    return Route(deployment_id=row["pk"], name=name, upstream_url=upstream, status=row["status"],
+                 models=_model_names(row["serving_revision__spec"]))
+
+
+def _model_names(spec: object) -> frozenset[str]:
+    entries = spec.get("models") if isinstance(spec, dict) else None
+    if not isinstance(entries, list):
+        return frozenset()
+    return frozenset(e["name"] for e in entries if isinstance(e, dict) and isinstance(e.get("name"), str))
 
 
 def _threaded(func: Callable[[K], V]) -> Callable[[K], Awaitable[V]]:
@@ -120,3 +244,21 @@ class Access:
         self.tokens: TtlCache[str, Caller | None] = TtlCache(ttl, _threaded(_load_token))
         self.sessions: TtlCache[str, Caller | None] = TtlCache(ttl, _threaded(_load_session))
         self.routes: TtlCache[tuple[int, str], Route | None] = TtlCache(ttl, _threaded(_load_route))
+        self.prefixes = KnownPrefixes()
+        self.new_keys = Budget(NEW_KEY_LOOKUPS_PER_SECOND, NEW_KEY_LOOKUP_BURST)
+
+    async def token(self, raw: str) -> Caller | None:
+        if len(raw) > MAX_CREDENTIAL_LENGTH or not raw.startswith(TOKEN_PREFIX):
+            return None
+        if not self.tokens.seen(raw):
+            prefix = raw[len(TOKEN_PREFIX):].partition("_")[0]
+            if not await self.prefixes.contains(prefix) or not self.new_keys.take():
+                return None
+        return await self.tokens.get(raw)
+
+    async def session(self, session_key: str) -> Caller | None:
+        if len(session_key) > MAX_CREDENTIAL_LENGTH or not (session_key.isascii() and session_key.isalnum()):
+            return None  # Django's session keys are letters and digits
+        if not self.sessions.seen(session_key) and not self.new_keys.take():
+            return None
+        return await self.sessions.get(session_key)

@@ -1,9 +1,14 @@
-"""The inference gateway: `/serve/{deployment}/v2/...` passes the KServe v2 / Triton HTTP protocol through to the
+"""The inference gateway: `/serve/{deployment}/v2/...` passes the KServe v2 inference protocol through to the
 deployment's current Triton, for API tokens and browser sessions of the deployment's team.
 
 It is a thin ASGI handler in front of Django: measured on one machine, an authenticated DRF request through
-Django's ASGI path costs about 6 ms of CPU, a whole proxied request here 0.13 ms (docs/benchmarks.md). It never decodes tensors: bodies are passed through as bytes, streamed when
-large, over pooled keep-alive connections. Access decisions are cached for under a second.
+Django's ASGI path costs about 6 ms of CPU, a whole proxied request here 0.13 ms (docs/benchmarks.md). It never
+decodes tensors: bodies are passed through as bytes over pooled keep-alive connections, and only the JSON header
+of an inference request is parsed, to refuse what would crash Triton. Access decisions are cached for under a
+second.
+
+The order of checks is the order of cost: the declared body size and the request target (no lookup), the caller
+(cached), the deployment (cached), the endpoint (gateway/protocol.py), the rate limit, then the body.
 """
 
 from __future__ import annotations
@@ -13,18 +18,22 @@ import contextlib
 import json
 import logging
 import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from http.cookies import SimpleCookie
 from typing import Any
+from urllib.parse import quote, unquote
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import DatabaseError
 
 from accounts.tokens import parse_bearer
-from gateway import stats, upstream
-from gateway.access import Access, Caller
+from gateway import protocol, stats, upstream
+from gateway.access import Access, Caller, Route
+from gateway.protocol import Endpoint, Refusal
 from gateway.ratelimit import RateLimiter, retry_after_header
-from gateway.upstream import UpstreamError
+from gateway.upstream import ResponseTooLarge, UpstreamError
 
 log = logging.getLogger(__name__)
 
@@ -35,29 +44,35 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[..., Awaitable[None]]
 
 PREFIX = "/serve/"
+RAW_PREFIX = PREFIX.encode()
 # Request headers passed to Triton; everything else (cookies, the bearer token) stays here.
-FORWARD_REQUEST_HEADERS = {b"content-type", b"inference-header-content-length", b"content-encoding", b"accept",
-                           b"accept-encoding", b"triton-request-id"}
+FORWARD_REQUEST_HEADERS = {b"content-type", b"inference-header-content-length", b"accept", b"accept-encoding",
+                           b"triton-request-id"}
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 STREAM_THRESHOLD = 1024 * 1024  # bodies larger than this are streamed instead of read whole
+THREAD_PARSE_BYTES = 256 * 1024  # JSON headers larger than this are parsed off the event loop
 FLUSH_SECONDS = 5.0
+# Keeps the authentication answers from revealing anything to a caller who is not sending a token at all.
+UNAUTHORIZED = {"WWW-Authenticate": 'Bearer realm="modelport"'}
 
 
-class GatewayError(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers or {}
+class GatewayError(Refusal):
+    pass
 
 
 class Gateway:
     def __init__(self, django_app: ASGIApp) -> None:
         self.django_app = django_app
         self.access = Access(ttl=settings.GATEWAY_CACHE_TTL_SECONDS)
-        self.limiter = RateLimiter(settings.GATEWAY_RATE_LIMIT_PER_SECOND, settings.GATEWAY_RATE_LIMIT_BURST)
+        self.limiter = RateLimiter(settings.GATEWAY_RATE_LIMIT_PER_SECOND, settings.GATEWAY_RATE_LIMIT_BURST,
+                                   redis_url=settings.REDIS_URL)
         self.collector = stats.StatsCollector()
         self.pool = upstream.Pool(max_idle_per_host=settings.GATEWAY_MAX_UPSTREAM_CONNECTIONS)
+        self.max_body = settings.GATEWAY_MAX_BODY_BYTES
+        self.max_response = settings.GATEWAY_MAX_RESPONSE_BYTES
+        self.max_tensor = settings.GATEWAY_MAX_TENSOR_BYTES
+        self.max_depth = settings.GATEWAY_MAX_JSON_DEPTH
+        self.timeout = settings.GATEWAY_UPSTREAM_TIMEOUT_SECONDS
         self.flusher: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -82,6 +97,7 @@ class Gateway:
         if self.flusher is not None:
             self.flusher.cancel()
         await self._flush()
+        await self.limiter.close()
         self.pool.close()
 
     async def _flush_forever(self) -> None:
@@ -101,36 +117,61 @@ class Gateway:
         started = time.perf_counter()
         if self.flusher is None:
             self.flusher = asyncio.get_running_loop().create_task(self._flush_forever())
-        name, _, rest = scope["path"][len(PREFIX):].partition("/")
-        model = _model_of(rest)
-        deployment_id, code = 0, 500
+        route: Route | None = None
+        endpoint: Endpoint | None = None
+        code = 500
         try:
             headers = _headers(scope)
+            declared = _content_length(headers)
+            if declared is not None and declared > self.max_body:
+                raise GatewayError(413, f"The request body is {declared} bytes; the limit is {self.max_body} bytes.")
+            path: str = scope["path"]
+            # The upstream request target is built from the raw path, never from the decoded one: decoded,
+            # `%20HTTP/1.1%0D%0A...` would end the request line and smuggle a second request into a pooled
+            # connection (issue 12).
+            raw_path: bytes = scope.get("raw_path") or quote(path, safe="/:@!$&'()*+,;=~").encode()
+            query: bytes = scope.get("query_string") or b""
+            protocol.check_target(raw_path, path, query)
+            if not raw_path.startswith(RAW_PREFIX):
+                raise GatewayError(400, "Do not percent-encode the /serve/ prefix.")
+            raw_name, _, raw_rest = raw_path[len(RAW_PREFIX):].partition(b"/")
+            name = unquote(raw_name.decode("ascii"))
+            rest = "/" + raw_rest.decode("ascii")
             caller = await self._caller(scope, headers)
             route = await self.access.routes.get((caller.team_id, name)) if name else None
             if route is None:
                 raise GatewayError(404, f"No deployment named {name!r}.")
-            deployment_id = route.deployment_id
-            if not rest.startswith("v2"):
+            if not raw_rest.startswith(b"v2"):
                 raise GatewayError(404, f"Use /serve/{name}/v2/... (the KServe v2 protocol).")
-            if caller.token_id is not None:
-                wait = self.limiter.check(caller.token_id)
-                if wait:
-                    raise GatewayError(429, "Too many requests for this API token; slow down.",
-                                       {"Retry-After": retry_after_header(wait)})
+            endpoint = protocol.classify(scope["method"], rest)
+            # Per user and team, whichever token or session they come with: minting tokens does not multiply it.
+            wait = self.limiter.check((caller.user_id, caller.team_id))
+            if wait:
+                raise GatewayError(429, "Too many requests from you in this team; slow down.",
+                                   {"Retry-After": retry_after_header(wait)})
             if not route.upstream_url:
-                raise GatewayError(503, f"Deployment {name!r} is not ready (status: {route.status}).", {"Retry-After": "2"})
-            stats.IN_FLIGHT.labels(name).inc()
+                raise GatewayError(503, f"Deployment {name!r} is not ready (status: {route.status}).",
+                                   {"Retry-After": "2"})
+            target = raw_rest if not query else raw_rest + b"?" + query
+            in_flight = stats.IN_FLIGHT.labels(route.name)
+            in_flight.inc()
             try:
-                code = await self._proxy(scope, receive, send, headers, route.upstream_url, rest)
+                code = await self._proxy(scope, receive, send, headers, declared, route.upstream_url,
+                                         b"/" + target, endpoint)
             finally:
-                stats.IN_FLIGHT.labels(name).dec()
-        except GatewayError as exc:
+                in_flight.dec()
+        except Refusal as exc:
             code = exc.status
             await _send_error(send, exc.status, exc.message, exc.headers)
+        except DatabaseError:
+            # Only when nothing is cached for this caller or route (cached answers stand in, gateway/access.py).
+            log.warning("gateway: the database is unreachable", exc_info=True)
+            code = 503
+            await _send_error(send, 503, "The portal's database is unreachable; retry shortly.", {"Retry-After": "5"})
         finally:
-            if deployment_id:
-                self.collector.observe(deployment_id, name, model, code, time.perf_counter() - started)
+            if route is not None:
+                self.collector.observe(route.deployment_id, route.name, _model_label(route, endpoint), code,
+                                       time.perf_counter() - started)
 
     async def _caller(self, scope: Scope, headers: dict[bytes, bytes]) -> Caller:
         authorization = headers.get(b"authorization")
@@ -138,16 +179,15 @@ class Gateway:
             raw = parse_bearer(authorization.decode("latin-1"))
             if raw is None:
                 raise GatewayError(401, "Use 'Authorization: Bearer <token>' with a Modelport API token.",
-                                   {"WWW-Authenticate": 'Bearer realm="modelport"'})
-            caller = await self.access.tokens.get(raw)
+                                   UNAUTHORIZED)
+            caller = await self.access.token(raw)
             if caller is None:
-                raise GatewayError(401, "The API token is invalid, expired or revoked.",
-                                   {"WWW-Authenticate": 'Bearer realm="modelport"'})
+                raise GatewayError(401, "The API token is invalid, expired or revoked.", UNAUTHORIZED)
             return caller
         cookies = _cookies(headers)
         session_key = cookies.get(settings.SESSION_COOKIE_NAME)
         if session_key:
-            caller = await self.access.sessions.get(session_key)
+            caller = await self.access.session(session_key)
             if caller is not None:
                 if scope["method"] not in SAFE_METHODS:
                     # A cookie alone must not let another site make the browser run inference.
@@ -155,52 +195,155 @@ class Gateway:
                     if not csrf or csrf != cookies.get(settings.CSRF_COOKIE_NAME):
                         raise GatewayError(403, "Send the X-CSRFToken header with the csrftoken cookie's value.")
                 return caller
-        raise GatewayError(401, "Authentication required: send 'Authorization: Bearer <token>'.",
-                           {"WWW-Authenticate": 'Bearer realm="modelport"'})
+        raise GatewayError(401, "Authentication required: send 'Authorization: Bearer <token>'.", UNAUTHORIZED)
 
     async def _proxy(self, scope: Scope, receive: Receive, send: Send, headers: dict[bytes, bytes],
-                     upstream: str, rest: str) -> int:
-        limit = settings.GATEWAY_MAX_BODY_BYTES
-        declared = headers.get(b"content-length")
-        length = int(declared) if declared and declared.isdigit() else None
-        if length is not None and length > limit:
-            raise GatewayError(413, f"The request body is {length} bytes; the limit is {limit} bytes.")
+                     declared: int | None, upstream_url: str, target: bytes, endpoint: Endpoint) -> int:
+        method = scope["method"]
         forward = [(k, v) for k, v in headers.items() if k in FORWARD_REQUEST_HEADERS]
-        body: bytes | AsyncIterator[bytes] | None
-        if length is not None and length <= STREAM_THRESHOLD:
-            body = await _read_body(receive, limit)
-        elif length is None and scope["method"] in SAFE_METHODS:
-            body = None
-        else:
-            body = _stream_body(receive, limit)
-        target = f"/{rest}" + (f"?{scope['query_string'].decode('latin-1')}" if scope.get("query_string") else "")
-        timeout = settings.GATEWAY_UPSTREAM_TIMEOUT_SECONDS
+        body: bytes | AsyncIterator[bytes] | None = None
+        length: int | None = None
+        # A HEAD goes to Triton as a GET (Triton answers HEAD with a 405 and a body); the body is dropped here.
+        upstream_method = "GET" if method == "HEAD" else method
+        response: upstream.Response | None = None
         try:
-            async with asyncio.timeout(timeout):
-                response = await self.pool.request(scope["method"], upstream, target, forward, body, length)
-                if response.content_length is not None:
-                    # Small responses (the common case) go out in one message.
-                    payload = await response.read()
+            if endpoint.kind == "infer":
+                body, length = await self._infer_body(receive, headers, declared)
+            async with asyncio.timeout(self.timeout):
+                response = await self.pool.request(upstream_method, upstream_url, target, forward, body, length)
+                size = response.content_length
+                if method == "HEAD":
+                    payload = await response.read(self.max_response)
                     await send({"type": "http.response.start", "status": response.status,
-                                "headers": [*response.headers, (b"content-length", str(len(payload)).encode())]})
-                    await send({"type": "http.response.body", "body": payload})
+                                "headers": [*response.headers, (b"content-length", b"%d" % len(payload))]})
+                    await send({"type": "http.response.body", "body": b""})
                     return response.status
-            # A streamed response: the deadline covers its first byte only, then chunks flow as they come.
-            await send({"type": "http.response.start", "status": response.status, "headers": response.headers})
-            async for chunk in response.iter_body():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if size is not None and size <= STREAM_THRESHOLD:
+                    # Small responses (the common case) go out in one message.
+                    payload = await response.read(self.max_response)
+                    status = response.status
+                    response_headers = response.headers
+                    if status >= 400 and endpoint.kind == "infer" and not _has(response_headers, b"content-encoding"):
+                        better = protocol.client_error(status, payload)
+                        if better is not None:
+                            status, payload = better
+                            response_headers = [(k, v) for k, v in response_headers if k != b"content-type"]
+                            response_headers.append((b"content-type", b"application/json"))
+                    await send({"type": "http.response.start", "status": status,
+                                "headers": [*response_headers, (b"content-length", b"%d" % len(payload))]})
+                    await send({"type": "http.response.body", "body": payload})
+                    return status
+                if size is not None and size > self.max_response:
+                    raise ResponseTooLarge(f"{size} bytes")
+            # A large or streamed response: the deadline covered its head; now each read has its own.
+            return await self._stream_response(response, receive, send)
+        except ResponseTooLarge:
+            raise GatewayError(502, f"Triton's answer is over the gateway's limit of {self.max_response} bytes "
+                                    "(GATEWAY_MAX_RESPONSE_BYTES); ask for less per request.") from None
+        except _BodyTooLarge:
+            raise GatewayError(413, f"The request body is over the limit of {self.max_body} bytes.") from None
+        except _ClientGone:
+            return 499
+        except TimeoutError:
+            raise GatewayError(504, f"Triton did not answer within {self.timeout:g} s.") from None
+        except UpstreamError as exc:
+            log.info("upstream %s failed: %s", upstream_url, exc)
+            raise GatewayError(502, "Triton is unreachable or broke the connection; the deployment may be "
+                                    "restarting. Retry shortly.", {"Retry-After": "2"}) from None
+        finally:
+            if response is not None:
+                response.close()  # a no-op after a complete read; otherwise the connection is dropped, not pooled
+
+    async def _stream_response(self, response: upstream.Response, receive: Receive, send: Send) -> int:
+        """Relay a large or chunked response piece by piece, within GATEWAY_MAX_RESPONSE_BYTES. A chunked one
+        that ends within STREAM_THRESHOLD is sent whole, so that its size can still be refused with a 502."""
+        pieces = response.iter_body(self.max_response, idle_timeout=self.timeout)
+        buffered: list[bytes] = []
+        size = 0
+        if response.content_length is None:
+            async for piece in pieces:
+                buffered.append(piece)
+                size += len(piece)
+                if size > STREAM_THRESHOLD:
+                    break
+            else:
+                payload = b"".join(buffered)
+                await send({"type": "http.response.start", "status": response.status,
+                            "headers": [*response.headers, (b"content-length", b"%d" % len(payload))]})
+                await send({"type": "http.response.body", "body": payload})
+                return response.status
+        out = list(response.headers)
+        if response.content_length is not None:
+            out.append((b"content-length", b"%d" % response.content_length))
+        # ASGI servers drop what is sent after a disconnect without telling: watch for it, and stop reading
+        # Triton's answer (the connection is then closed, not pooled).
+        gone = asyncio.ensure_future(_wait_for_disconnect(receive))
+        try:
+            await send({"type": "http.response.start", "status": response.status, "headers": out})
+            for piece in buffered:
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            try:
+                async for piece in pieces:
+                    if gone.done():
+                        raise _ClientGone()
+                    await send({"type": "http.response.body", "body": piece, "more_body": True})
+            except (UpstreamError, TimeoutError) as exc:
+                # Too late for an error status: end the connection so that the client sees an incomplete answer.
+                log.warning("aborted a streamed response from upstream: %r", exc)
+                return 502
             await send({"type": "http.response.body", "body": b""})
             return response.status
-        except _BodyTooLarge:
-            raise GatewayError(413, f"The request body is over the limit of {limit} bytes.") from None
-        except TimeoutError:
-            raise GatewayError(504, f"Triton did not answer within {timeout:g} s.") from None
-        except UpstreamError:
-            raise GatewayError(502, "Triton is unreachable; the deployment may be restarting. Retry shortly.",
-                               {"Retry-After": "2"}) from None
+        except OSError:
+            raise _ClientGone() from None  # a server that does raise on sending to a closed connection
+        finally:
+            gone.cancel()
+            await pieces.aclose()
+
+    async def _infer_body(self, receive: Receive, headers: dict[bytes, bytes],
+                          declared: int | None) -> tuple[bytes | AsyncIterator[bytes], int | None]:
+        """The body of an inference request, checked (gateway/protocol.py) before anything reaches Triton:
+        bytes, or for a large binary request the JSON header read and checked and the rest streamed."""
+        header_length = _header_length(headers)
+        encoding = headers.get(b"content-encoding", b"identity").strip().lower()
+        if encoding not in (b"identity", b"gzip", b"deflate"):
+            raise GatewayError(415, "Content-Encoding must be gzip, deflate or none.")
+        if encoding == b"identity" and header_length and declared is not None and declared > STREAM_THRESHOLD:
+            # A large binary request: read only up to the end of its JSON header, stream the tensors after it.
+            prefix = await _read_prefix(receive, header_length, self.max_body)
+            await self._check(prefix[:header_length], header_length, declared)
+            return _prepend(prefix, _stream_body(receive, declared - len(prefix))), declared
+        body = await _read_body(receive, self.max_body)
+        if encoding != b"identity":
+            # Triton would inflate it without a limit; inflate it here within the body limit, and send it plain.
+            body = _inflate(body, self.max_body)
+        await self._check(body[:header_length] if header_length is not None else body, header_length, len(body))
+        return body, len(body)
+
+    async def _check(self, json_part: bytes, header_length: int | None, total: int) -> None:
+        if header_length is not None:
+            if header_length > total:
+                raise GatewayError(400, f"Inference-Header-Content-Length is {header_length}, more than the "
+                                        f"{total} bytes of the body.")
+            if header_length == 0:
+                if total == 0:
+                    raise GatewayError(400, "The request body is empty: send a KServe v2 inference request.")
+                return  # Triton's raw binary request: the whole body is the one input, sized by the model
+        elif total == 0:
+            raise GatewayError(400, "The request body is empty: send a KServe v2 inference request (JSON).")
+        if len(json_part) > THREAD_PARSE_BYTES:
+            # Large JSON tensors: parse off the event loop so that other requests keep flowing meanwhile.
+            request = await asyncio.to_thread(protocol.parse_json_header, json_part, self.max_depth)
+        else:
+            request = protocol.parse_json_header(json_part, self.max_depth)
+        binary = total - header_length if header_length is not None else None
+        protocol.check_infer_request(request, binary, self.max_tensor)
 
 
 class _BodyTooLarge(Exception):
+    pass
+
+
+class _ClientGone(Exception):
     pass
 
 
@@ -210,7 +353,7 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise GatewayError(499, "The client went away.")
+            raise _ClientGone()
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
@@ -220,24 +363,91 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
             return b"".join(parts)
 
 
-async def _stream_body(receive: Receive, limit: int) -> Any:
+async def _read_prefix(receive: Receive, at_least: int, limit: int) -> bytes:
+    """The body's first messages, until they hold `at_least` bytes (the client's Content-Length says more come)."""
+    parts = []
     size = 0
-    while True:
+    while size < at_least:
         message = await receive()
         if message["type"] == "http.disconnect":
-            return
+            raise _ClientGone()
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
+            raise GatewayError(413, f"The request body is over the limit of {limit} bytes.")
+        parts.append(chunk)
+        if not message.get("more_body"):
+            break
+    return b"".join(parts)
+
+
+async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if first:
+        yield first
+    async for chunk in rest:
+        yield chunk
+
+
+async def _stream_body(receive: Receive, remaining: int) -> AsyncIterator[bytes]:
+    """The rest of a body whose length is known; a client that goes away aborts the upstream request (the
+    upstream client drops a connection whose request was not written whole)."""
+    while remaining > 0:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone()
+        chunk = message.get("body", b"")
+        remaining -= len(chunk)
+        if remaining < 0:
             raise _BodyTooLarge()
         if chunk:
             yield chunk
-        if not message.get("more_body"):
-            return
+        if not message.get("more_body") and remaining:
+            raise _ClientGone()
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _inflate(body: bytes, limit: int) -> bytes:
+    inflater = zlib.decompressobj(wbits=47)  # gzip or zlib, told apart by their headers
+    try:
+        plain = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise GatewayError(400, f"The compressed request body is corrupt: {exc}.") from None
+    if len(plain) > limit or inflater.unconsumed_tail:
+        raise GatewayError(413, f"The request body inflates to over the limit of {limit} bytes.")
+    if not inflater.eof:
+        raise GatewayError(400, "The compressed request body is corrupt or cut short.")
+    return plain
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
     return {k.lower(): v for k, v in scope["headers"]}
+
+
+def _has(headers: list[tuple[bytes, bytes]], name: bytes) -> bool:
+    return any(k == name for k, _ in headers)
+
+
+def _content_length(headers: dict[bytes, bytes]) -> int | None:
+    value = headers.get(b"content-length")
+    if value is None:
+        return None
+    if not value.isdigit() or len(value) > 18:
+        raise GatewayError(400, "Content-Length must be a number of bytes.")
+    return int(value)
+
+
+def _header_length(headers: dict[bytes, bytes]) -> int | None:
+    value = headers.get(b"inference-header-content-length")
+    if value is None:
+        return None
+    value = value.strip()
+    if not value.isdigit() or len(value) > 18:
+        raise GatewayError(400, "Inference-Header-Content-Length must be the byte length of the JSON header.")
+    return int(value)
 
 
 def _cookies(headers: dict[bytes, bytes]) -> dict[str, str]:
@@ -250,9 +460,12 @@ def _cookies(headers: dict[bytes, bytes]) -> dict[str, str]:
     return {key: morsel.value for key, morsel in jar.items()}
 
 
-def _model_of(rest: str) -> str:
-    parts = rest.split("/")
-    return parts[2] if len(parts) > 2 and parts[1] == "models" else ""
+def _model_label(route: Route, endpoint: Endpoint | None) -> str:
+    # Prometheus keeps a time series per label value: only the deployment's own models get one of their own, so
+    # that requests for random names cannot grow the metrics without bound.
+    if endpoint is None or not endpoint.model:
+        return ""
+    return endpoint.model if endpoint.model in route.models else "(other)"
 
 
 async def _send_error(send: Send, status: int, message: str, headers: dict[str, str]) -> None:

@@ -298,6 +298,11 @@ def _check_kubernetes_settings() -> None:
 _check_kubernetes_settings()
 
 # --- Inference gateway (/serve/) ------------------------------------------------------------------------
+# Counters shared by every web process (gateway rate limits, sign-in throttling). Empty: the broker's Redis when it
+# is one, else each process counts on its own.
+REDIS_URL = env_secret("REDIS_URL", CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else "")
+if REDIS_URL and not REDIS_URL.startswith(("redis://", "rediss://")):
+    raise ImproperlyConfigured("REDIS_URL must be a redis:// or rediss:// URL")
 GATEWAY_MAX_BODY_BYTES = env_int("GATEWAY_MAX_BODY_BYTES", 256 * 1024**2, minimum=1)
 GATEWAY_UPSTREAM_TIMEOUT_SECONDS = env_float("GATEWAY_UPSTREAM_TIMEOUT_SECONDS", 60.0, minimum=0.1)
 # Token, session and route answers are reused this long: revoking or stopping takes effect within it.
@@ -305,6 +310,15 @@ GATEWAY_CACHE_TTL_SECONDS = env_float("GATEWAY_CACHE_TTL_SECONDS", 0.5, minimum=
 GATEWAY_RATE_LIMIT_PER_SECOND = env_float("GATEWAY_RATE_LIMIT_PER_SECOND", 5000.0, minimum=0)  # per token; 0: off
 GATEWAY_RATE_LIMIT_BURST = env_int("GATEWAY_RATE_LIMIT_BURST", 5000, minimum=1)
 GATEWAY_MAX_UPSTREAM_CONNECTIONS = env_int("GATEWAY_MAX_UPSTREAM_CONNECTIONS", 256, minimum=1)
+# Triton's answer is streamed through; one over this many bytes is cut off with a 502 (memory stays bounded).
+GATEWAY_MAX_RESPONSE_BYTES = env_int("GATEWAY_MAX_RESPONSE_BYTES", 256 * 1024**2, minimum=1024)
+# An inference input's element count x datatype size may not exceed this (Triton allocates it before reading).
+GATEWAY_MAX_TENSOR_BYTES = env_int("GATEWAY_MAX_TENSOR_BYTES", 256 * 1024**2, minimum=1)
+# Deeper JSON is refused before it reaches Triton, whose parser overflows its stack on ~300,000 levels.
+GATEWAY_MAX_JSON_DEPTH = env_int("GATEWAY_MAX_JSON_DEPTH", 64, minimum=4)
+# Request bodies on Django's paths are refused past this many bytes before Django reads (and spools) them; the
+# largest legitimate one is a multipart model upload. A tus PATCH may carry up to MAX_UPLOAD_SIZE.
+MAX_REQUEST_BODY_BYTES = env_int("MAX_REQUEST_BODY_BYTES", MAX_MULTIPART_UPLOAD_SIZE + 1024**2, minimum=1024)
 METRICS_TOKEN = env_secret("METRICS_TOKEN")  # empty: /metrics is open (keep it off the public ingress)
 
 # --- REST API ---------------------------------------------------------------------------------------------
@@ -349,9 +363,4 @@ SIGN_IN_LOCKOUT_SECONDS = env_int("SIGN_IN_LOCKOUT_SECONDS", 900, minimum=1)
 # Reverse proxies (ingress, load balancer) in front of the portal that append the client to X-Forwarded-For:
 # the client's address is the entry this far from the right. 0: the TCP peer's address (REMOTE_ADDR).
 NUM_PROXIES = env_int("NUM_PROXIES", 0, minimum=0)
-# Counters shared by every web process (sign-in throttling). Empty: the broker's Redis when it is one, else each
-# process counts on its own.
-REDIS_URL = env_secret("REDIS_URL", CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else "")
-if REDIS_URL and not REDIS_URL.startswith(("redis://", "rediss://")):
-    raise ImproperlyConfigured("REDIS_URL must be a redis:// or rediss:// URL")
 # In production /metrics must have METRICS_TOKEN: the system check modelport.E001 stops `migrate` and `check`.

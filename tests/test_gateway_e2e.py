@@ -210,3 +210,78 @@ def test_a_client_hammering_during_a_rollout_sees_zero_failed_requests(
     asyncio.run(scenario())
     assert len(outcomes) > 100
     assert set(outcomes) == {200}, {code: outcomes.count(code) for code in set(outcomes)}
+
+
+def raw_http(port: int, request: bytes) -> tuple[int, bytes]:
+    """One request written byte for byte (no client library normalizes the path), on its own connection."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), body
+
+
+def test_hostile_requests_neither_crash_triton_nor_mix_up_anyones_answers(
+    people: dict[str, Person], portal_url: str, digits_onnx: Path
+) -> None:
+    """Issue 12 against the real Triton: the smuggling exploit (which made 29 of 30 later answers someone else's),
+    the two requests that killed Triton (a declared shape of [2**40, 64], a million '['), Triton's 500s for client
+    mistakes and its admin APIs."""
+    from models_registry.samples import digits_holdout
+
+    alice = people["alice"]
+    push(alice, digits_onnx)
+    deploy(alice, "digits-prod", [{"model": "digits"}])
+    wait_status(alice, "digits-prod", "ready")
+    port = int(portal_url.rsplit(":", 1)[1])
+    auth = f"Authorization: Bearer {alice.token}\r\nHost: portal\r\nConnection: close\r\n"
+    triton = serving("digits-prod")
+    direct = httpclient.InferenceServerClient(url=f"127.0.0.1:{triton.http_port}")
+    gateway = client_for(portal_url, "digits-prod")
+    X, _ = digits_holdout()
+
+    smuggled = ("/serve/digits-prod/v2/models/digits%20HTTP/1.1%0D%0AHost:%20x%0D%0A%0D%0A"
+                "GET%20/v2/logging%20HTTP/1.1%0D%0AX-Pad:%20y")
+    status, body = raw_http(port, f"GET {smuggled} HTTP/1.1\r\n{auth}\r\n".encode())
+    assert status == 400, body
+    # HEAD made Triton send a body nobody read: the next answer on that connection would have been off by one.
+    status, body = raw_http(port, f"HEAD /serve/digits-prod/v2/health/ready HTTP/1.1\r\n{auth}\r\n".encode())
+    assert status == 200 and body == b""
+    for row in range(30):
+        via = gateway.infer("digits", digits_inputs(X[row:row + 1], binary=row % 2 == 0), headers={
+            "Authorization": f"Bearer {alice.token}"})
+        straight = direct.infer("digits", digits_inputs(X[row:row + 1], binary=False))
+        assert np.array_equal(via.as_numpy("probabilities"), straight.as_numpy("probabilities")), row
+
+    url = f"{portal_url}/serve/digits-prod/v2/models/digits/infer"
+    headers = {"Authorization": f"Bearer {alice.token}"}
+    huge = {"inputs": [{"name": "input", "shape": [2**40, 64], "datatype": "FP32", "data": [0.0] * 64}]}
+    assert requests.post(url, json=huge, headers=headers, timeout=10).status_code == 413
+    deep = requests.post(url, data=b"[" * 1_000_000, headers=headers, timeout=10)
+    assert deep.status_code == 400 and "nests deeper" in deep.json()["error"]
+    # What only Triton can tell (the element types) it answers with a 500: the client gets a 400 and its message.
+    strings = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": ["a"] * 64}]}
+    typed = requests.post(url, json=strings, headers=headers, timeout=10)
+    assert typed.status_code == 400 and "Unable to parse 'data'" in typed.json()["error"], typed.text
+    raw = requests.post(url, data=b"\0" * 10, headers={**headers, "Inference-Header-Content-Length": "0"}, timeout=10)
+    assert raw.status_code == 400 and "raw_input" not in raw.json()["error"], raw.text
+    assert "Expected 256, got 10" in raw.json()["error"]
+
+    for method, path in [("GET", "/v2/logging"), ("POST", "/v2/repository/index"),
+                         ("GET", "/v2/systemsharedmemory/status"), ("GET", "/v2/trace/setting")]:
+        refused = requests.request(method, f"{portal_url}/serve/digits-prod{path}", headers=headers, timeout=10)
+        assert refused.status_code == 403, (method, path)
+    with pytest.raises(InferenceServerException) as raised:
+        gateway.get_log_settings(headers=dict(headers))
+    assert raised.value.status() == "403"
+    stats = gateway.get_inference_statistics("digits", headers=dict(headers))
+    assert stats["model_stats"][0]["name"] == "digits"
+
+    # Triton is alive and answers as before.
+    assert direct.is_server_ready()
+    assert gateway.is_model_ready("digits", headers=dict(headers))
+    assert Deployment.objects.get(name="digits-prod").status == "ready"

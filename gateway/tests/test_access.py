@@ -1,0 +1,218 @@
+"""Who may call a deployment, decided from a cache: browser sessions need the CSRF header for anything but reads,
+made-up tokens cost no database query and cannot push real callers out of the cache, a new token works at once,
+a revoked one stops within the cache's lifetime, and the last answers stand in while the database is down."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from typing import Any
+
+import pytest
+from django.db import OperationalError
+
+from accounts.models import ApiToken
+from conftest import Person
+from gateway import access
+from gateway.access import Budget, TtlCache
+from gateway.tests.conftest import call, make_deployment, run
+from gateway.tests.fake_upstream import FakeUpstream
+
+INFER = b'{"inputs": [{"name": "input", "shape": [1], "datatype": "FP32", "data": [1]}]}'
+
+
+def browser_cookies(person: Person) -> str:
+    from django.conf import settings
+    from django.test import Client
+
+    client = Client()
+    client.force_login(person.user)
+    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}; csrftoken=abc123"
+
+
+def test_a_browser_session_reads_freely_but_must_send_the_csrf_header_to_infer(
+    people: dict[str, Person], gateway_app: Any
+) -> None:
+    alice = people["alice"]
+    cookies = browser_cookies(alice)
+
+    async def scenario() -> None:
+        async with FakeUpstream() as upstream:
+            await asyncio.to_thread(make_deployment, alice, "digits-prod", upstream.url)
+            app = gateway_app()
+            url = "/serve/digits-prod/v2/models/digits"
+            assert (await call(app, "GET", f"{url}/ready", headers={"Cookie": cookies})).status == 200
+            for csrf in ({}, {"X-CSRFToken": "wrong"}, {"X-CSRFToken": ""}):
+                refused = await call(app, "POST", f"{url}/infer", body=INFER, headers={"Cookie": cookies, **csrf})
+                assert refused.status == 403 and "X-CSRFToken" in refused.json()["error"]
+            # Another site cannot read the cookie, so it cannot send its value along: the header proves the page.
+            ok = await call(app, "POST", f"{url}/infer", body=INFER,
+                            headers={"Cookie": cookies, "X-CSRFToken": "abc123"})
+            assert ok.status == 200
+            assert [r.target for r in upstream.requests] == [b"/v2/models/digits/ready", b"/v2/models/digits/infer"]
+            for bogus_key in ("../../etc", "\u00b2\u00b3"):  # superscript digits pass str.isalnum()
+                bogus = await call(app, "GET", f"{url}/ready", headers={"Cookie": f"sessionid={bogus_key}"})
+                assert bogus.status == 401
+
+    run(scenario)
+
+
+def test_made_up_tokens_cost_no_query_and_do_not_flush_the_cache(
+    people: dict[str, Person], gateway_app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alice = people["alice"]
+    lookups: list[str] = []
+    top_ups: list[int] = []
+    real_authenticate, real_tokens_after = access.authenticate_token, access._tokens_after
+    monkeypatch.setattr(access, "authenticate_token", lambda raw: lookups.append(raw) or real_authenticate(raw))
+    monkeypatch.setattr(access, "_tokens_after", lambda pk: top_ups.append(pk) or real_tokens_after(pk))
+
+    async def scenario() -> None:
+        async with FakeUpstream() as upstream:
+            await asyncio.to_thread(make_deployment, alice, "digits-prod", upstream.url)
+            app = gateway_app()
+            app.access.tokens.max_size = 50
+            url = "/serve/digits-prod/v2/health/ready"
+            assert (await call(app, "GET", url, token=alice.token)).status == 200
+            assert len(lookups) == 1
+            made_up = [f"mp_{secrets.token_hex(4)}_{secrets.token_urlsafe(32)}" for _ in range(300)]
+            replies = await asyncio.gather(*(call(app, "GET", url, token=t) for t in made_up))
+            assert {r.status for r in replies} == {401}
+            assert len(lookups) == 1  # not one query per made-up token
+            assert len(top_ups) <= 5  # shared top-ups of the known prefixes, at most one per 0.1 s
+            assert alice.token in app.access.tokens.entries  # still cached: the flood flushed nothing
+            garbage = await call(app, "GET", url, token="not-even-a-token")
+            assert garbage.status == 401 and len(lookups) == 1
+
+    run(scenario)
+
+
+def test_a_token_minted_a_moment_ago_works_at_once_and_a_revoked_one_stops(
+    people: dict[str, Person], gateway_app: Any, settings: Any
+) -> None:
+    settings.GATEWAY_CACHE_TTL_SECONDS = 0.1
+    alice = people["alice"]
+
+    async def scenario() -> None:
+        async with FakeUpstream() as upstream:
+            await asyncio.to_thread(make_deployment, alice, "digits-prod", upstream.url)
+            app = gateway_app()
+            url = "/serve/digits-prod/v2/health/ready"
+            assert (await call(app, "GET", url, token=alice.token)).status == 200  # the known prefixes are loaded
+            token, raw = await asyncio.to_thread(ApiToken.issue, alice.user, alice.team, "new")
+            assert (await call(app, "GET", url, token=raw)).status == 200
+            await asyncio.to_thread(token.revoke)
+            await asyncio.sleep(0.15)
+            assert (await call(app, "GET", url, token=raw)).status == 401
+
+    run(scenario)
+
+
+def test_never_seen_credentials_get_a_bounded_number_of_lookups(
+    people: dict[str, Person], gateway_app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A teammate who knows a real prefix can make up secrets for it: those lookups are budgeted."""
+    alice = people["alice"]
+    lookups: list[str] = []
+    real_authenticate = access.authenticate_token
+    monkeypatch.setattr(access, "authenticate_token", lambda raw: lookups.append(raw) or real_authenticate(raw))
+
+    async def scenario() -> None:
+        async with FakeUpstream() as upstream:
+            await asyncio.to_thread(make_deployment, alice, "digits-prod", upstream.url)
+            app = gateway_app()
+            app.access.new_keys = Budget(rate=1.0, burst=10)
+            prefix = alice.token.split("_")[1]
+            guesses = [f"mp_{prefix}_{secrets.token_urlsafe(32)}" for _ in range(100)]
+            replies = await asyncio.gather(*(call(app, "GET", "/serve/digits-prod/v2", token=t) for t in guesses))
+            assert {r.status for r in replies} == {401}
+            assert len(lookups) <= 11
+
+    run(scenario)
+
+
+def test_the_cache_evicts_the_oldest_entries_not_everything() -> None:
+    async def scenario() -> None:
+        loads: list[int] = []
+
+        async def loader(key: int) -> str:
+            loads.append(key)
+            return f"v{key}"
+
+        cache: TtlCache[int, str] = TtlCache(0.2, loader, max_size=100)
+        for key in range(100):
+            await cache.get(key)
+        await asyncio.sleep(0.25)
+        await cache.get(0)  # in use: reloaded when it expires, and so the newest again
+        await cache.get(100)  # full: the oldest tenth goes, nothing else
+        assert len(cache.entries) == 91
+        assert 0 in cache.entries and 1 not in cache.entries and 10 not in cache.entries and 11 in cache.entries
+        assert await cache.get(100) == "v100" and loads.count(100) == 1
+
+    run(scenario)
+
+
+def test_a_cached_answer_stands_in_while_the_database_is_down() -> None:
+    async def scenario() -> None:
+        database_up = True
+
+        async def loader(key: str) -> str:
+            if not database_up:
+                raise OperationalError("connection refused")
+            return "route"
+
+        cache: TtlCache[str, str] = TtlCache(0.01, loader)
+        assert await cache.get("digits-prod") == "route"
+        database_up = False
+        await asyncio.sleep(0.02)
+        assert await cache.get("digits-prod") == "route"  # stale, but the deployment keeps serving
+        with pytest.raises(OperationalError):
+            await cache.get("never-seen")
+
+    run(scenario)
+
+
+def test_a_shared_lookup_that_fails_fails_for_every_waiter_and_is_not_cached() -> None:
+    async def scenario() -> None:
+        calls = 0
+
+        async def loader(key: str) -> str:
+            nonlocal calls
+            calls += 1
+            await asyncio.sleep(0.01)
+            if calls == 1:
+                raise ValueError("boom")
+            return "ok"
+
+        cache: TtlCache[str, str] = TtlCache(60, loader)
+        results = await asyncio.gather(cache.get("k"), cache.get("k"), return_exceptions=True)
+        assert [type(r) for r in results] == [ValueError, ValueError] and calls == 1
+        assert await cache.get("k") == "ok"
+
+    run(scenario)
+
+
+def test_with_the_database_down_cached_routes_keep_serving_and_the_rest_is_503(
+    people: dict[str, Person], gateway_app: Any, settings: Any
+) -> None:
+    settings.GATEWAY_CACHE_TTL_SECONDS = 0.05
+    alice = people["alice"]
+
+    async def scenario() -> None:
+        async with FakeUpstream() as upstream:
+            await asyncio.to_thread(make_deployment, alice, "digits-prod", upstream.url)
+            app = gateway_app()
+            assert (await call(app, "GET", "/serve/digits-prod/v2", token=alice.token)).status == 200
+
+            async def database_down(key: Any) -> Any:
+                raise OperationalError("could not connect to server")
+
+            app.access.routes.loader = database_down
+            app.access.tokens.loader = database_down
+            await asyncio.sleep(0.1)  # every cached answer has expired
+            assert (await call(app, "GET", "/serve/digits-prod/v2", token=alice.token)).status == 200
+            unknown = await call(app, "GET", "/serve/other/v2", token=alice.token)
+            assert unknown.status == 503 and "database is unreachable" in unknown.json()["error"]
+            assert unknown.headers[b"retry-after"] == b"5"
+
+    run(scenario)

@@ -1,0 +1,330 @@
+"""Inference requests are checked before they reach Triton: what would crash it (a declared shape of
+[2**40, 64], JSON nested 300,000 deep) and what it would answer with a 500 (issue 12's fuzzing: malformed JSON,
+null or array bodies, wrong types, shape/data mismatch, negative shapes, bad binary_data_size) get a 400 or 413
+with a message that says what to fix. Triton's own 500s for parse failures become 400s, and its internal
+`raw_input` name never reaches the user."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import struct
+import time
+import zlib
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import Person
+from gateway.protocol import Refusal, check_infer_request, client_error, json_too_deep, parse_json_header
+from gateway.tests.conftest import call, make_deployment, run
+from gateway.tests.fake_upstream import FakeUpstream, Request, echo, json_response
+
+OK = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]}
+
+
+def j(value: Any) -> bytes:
+    return json.dumps(value).encode()
+
+
+def with_input(**changes: Any) -> bytes:
+    tensor = {**OK["inputs"][0], **changes}
+    return j({"inputs": [{k: v for k, v in tensor.items() if v is not ...}]})
+
+
+# (name, body, status, a phrase of the message): what the fuzzing run and a careless client sent.
+HOSTILE: list[tuple[str, bytes, int, str]] = [
+    ("malformed JSON", b'{"inputs": [', 400, "not valid JSON"),
+    ("trailing garbage", j(OK) + b"xyz", 400, "not valid JSON"),
+    ("null body", b"null", 400, "not null"),
+    ("array body", b"[]", 400, "not an array"),
+    ("number body", b"3", 400, "not a number"),
+    ("string body", b'"x"', 400, "not a string"),
+    ("empty body", b"", 400, "empty"),
+    ("no inputs", b"{}", 400, "'inputs' must be a non-empty list"),
+    ("inputs null", j({"inputs": None}), 400, "'inputs' must be a non-empty list"),
+    ("inputs object", j({"inputs": {}}), 400, "'inputs' must be a non-empty list"),
+    ("input not an object", j({"inputs": [3]}), 400, "inputs[0] must be an object"),
+    ("no name", with_input(name=...), 400, "needs a string 'name'"),
+    ("no shape", with_input(shape=...), 400, "'shape' of input 'input'"),
+    ("shape a string", with_input(shape="1,64"), 400, "'shape' of input 'input'"),
+    ("shape of floats", with_input(shape=[1.5, 64]), 400, "whole numbers"),
+    ("negative shape", with_input(shape=[-1, 64]), 400, "whole numbers >= 0"),
+    ("shape of booleans", with_input(shape=[True, 64]), 400, "whole numbers"),
+    ("shape beyond int64", with_input(shape=[1, 2**64]), 400, "whole numbers"),
+    ("no datatype", with_input(datatype=...), 400, "'datatype' of input 'input' must be one of"),
+    ("unknown datatype", with_input(datatype="FLOAT"), 400, "must be one of BOOL"),
+    ("data missing", with_input(data=...), 400, "needs 'data'"),
+    ("data null", with_input(data=None), 400, "must be a list"),
+    ("data a string", with_input(data="0"), 400, "must be a list"),
+    ("fewer elements than the shape", with_input(data=[0.0] * 63), 400, "has 63 elements, but its shape [1, 64] needs 64"),
+    ("more elements than the shape", with_input(data=[0.0] * 65), 400, "has 65 elements"),
+    ("unevenly nested data", with_input(data=[[0.0] * 32, 5]), 400, "nested evenly"),
+    ("huge declared shape", with_input(shape=[2**40, 64]), 413, "the limit is"),
+    ("huge shape, tiny data", with_input(shape=[2**20, 2**20]), 413, "the limit is"),
+    ("binary size in a JSON request", with_input(data=..., parameters={"binary_data_size": 256}), 400,
+     "no Inference-Header-Content-Length"),
+    ("negative binary size", with_input(data=..., parameters={"binary_data_size": -1}), 400, "whole number of bytes"),
+    ("string binary size", with_input(data=..., parameters={"binary_data_size": "x"}), 400, "whole number of bytes"),
+    ("data and binary size", with_input(parameters={"binary_data_size": 256}), 400, "both 'data' and a binary"),
+    ("parameters not an object", with_input(parameters=3), 400, "'parameters' of input 'input' must be an object"),
+    ("a nested parameter", with_input(parameters={"x": {"y": 1}}), 400, "string, number or boolean"),
+    ("shared memory", with_input(data=..., parameters={"shared_memory_region": "r", "shared_memory_byte_size": 4}),
+     400, "shared memory"),
+    ("request parameters not an object", j({**OK, "parameters": 3}), 400, "'parameters' of the request"),
+    ("id not a string", j({**OK, "id": 3}), 400, "'id' must be a string"),
+    ("outputs not a list", j({**OK, "outputs": 3}), 400, "'outputs' must be a list"),
+    ("output without a name", j({**OK, "outputs": [{}]}), 400, "outputs[0] must be an object with a string 'name'"),
+    ("a million [", b"[" * 1_000_000, 400, "nests deeper than 64"),
+    ("deep but balanced", b"[" * 100 + b"]" * 100, 400, "nests deeper than 64"),
+    ("deep inside an input", with_input(data=[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[
+        0.0]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]), 400, "nests deeper"),
+]
+
+BINARY_HEADER = j({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32",
+                               "parameters": {"binary_data_size": 256}}]})
+BINARY_HOSTILE: list[tuple[str, bytes, dict[str, str], int, str]] = [
+    ("binary part too short", BINARY_HEADER + b"\0" * 200, {"Inference-Header-Content-Length": str(len(BINARY_HEADER))},
+     400, "add up to 256 bytes, but 200 bytes"),
+    ("binary part too long", BINARY_HEADER + b"\0" * 300, {"Inference-Header-Content-Length": str(len(BINARY_HEADER))},
+     400, "add up to 256 bytes, but 300 bytes"),
+    ("header length past the body", BINARY_HEADER + b"\0" * 256, {"Inference-Header-Content-Length": "5000"},
+     400, "more than the"),
+    ("header length cuts the JSON", BINARY_HEADER + b"\0" * 256, {"Inference-Header-Content-Length": "5"},
+     400, "not valid JSON"),
+    ("header length negative", BINARY_HEADER + b"\0" * 256, {"Inference-Header-Content-Length": "-5"},
+     400, "byte length of the JSON header"),
+    ("header length not a number", BINARY_HEADER + b"\0" * 256, {"Inference-Header-Content-Length": "x"},
+     400, "byte length of the JSON header"),
+    ("binary size not the shape's", j({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32",
+                                                   "parameters": {"binary_data_size": 8}}]}) + b"\0" * 8, {}, 400,
+     "takes 256 bytes"),
+    ("huge shape with a binary size", j({"inputs": [{"name": "input", "shape": [2**40, 64], "datatype": "FP32",
+                                                     "parameters": {"binary_data_size": 4}}]}) + b"\0" * 4, {}, 413,
+     "the limit is"),
+    ("BYTES too small for its count", j({"inputs": [{"name": "s", "shape": [100], "datatype": "BYTES",
+                                                     "parameters": {"binary_data_size": 8}}]}) + b"\0" * 8, {}, 400,
+     "too small for 100 BYTES elements"),
+    ("unsupported encoding", j(OK), {"Content-Encoding": "br"}, 415, "gzip, deflate or none"),
+    ("corrupt gzip", b"\x1f\x8b\x08\x00garbage", {"Content-Encoding": "gzip"}, 400, "corrupt"),
+    ("gzip bomb", gzip.compress(b"[" * 5_000_000), {"Content-Encoding": "gzip"}, 413, "inflates to over"),
+]
+
+
+def test_hostile_requests_are_refused_before_triton_sees_them(
+    people: dict[str, Person], gateway_app: Any, settings: Any
+) -> None:
+    settings.GATEWAY_MAX_BODY_BYTES = 2 * 1024 * 1024
+    cases = [(case, body, {}, status, phrase) for case, body, status, phrase in HOSTILE] + BINARY_HOSTILE
+
+    async def scenario() -> None:
+        async with FakeUpstream() as upstream:
+            await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url)
+            app = gateway_app()
+            wrong = []
+            for case, body, headers, status, phrase in cases:
+                if case in ("binary size not the shape's", "huge shape with a binary size", "BYTES too small for its count"):
+                    headers = {"Inference-Header-Content-Length": str(body.index(b"}]}") + 3), **headers}
+                reply = await call(app, "POST", "/serve/digits-prod/v2/models/digits/infer", body=body,
+                                   headers=headers, token=people["alice"].token)
+                if reply.status != status or phrase not in reply.json()["error"]:
+                    wrong.append((case, reply.status, reply.body[:200]))
+            assert wrong == []
+            assert upstream.requests == []
+
+    run(scenario)
+
+
+def binary_request(array: np.ndarray, extra_json: dict[str, Any] | None = None) -> tuple[bytes, dict[str, str]]:
+    header = j({"inputs": [{"name": "input", "shape": list(array.shape), "datatype": "FP32",
+                            "parameters": {"binary_data_size": array.nbytes}}], **(extra_json or {})})
+    return header + array.tobytes(), {"Inference-Header-Content-Length": str(len(header)),
+                                      "Content-Type": "application/octet-stream"}
+
+
+def test_good_requests_reach_triton_byte_for_byte(people: dict[str, Person], gateway_app: Any, settings: Any) -> None:
+    settings.GATEWAY_MAX_BODY_BYTES = 8 * 1024 * 1024
+    rows = np.random.default_rng(0).standard_normal((16_000, 64)).astype(np.float32)  # 4 MB: streamed
+    big, big_headers = binary_request(rows)
+    small, small_headers = binary_request(rows[:2])
+    nested = j({"inputs": [{"name": "input", "shape": [2, 64], "datatype": "FP32", "data": rows[:2].tolist()}],
+                "outputs": [{"name": "label", "parameters": {"binary_data": True}}], "id": "r1",
+                "parameters": {"binary_data_output": True}})
+    strings = j({"inputs": [{"name": "s", "shape": [2, 1], "datatype": "BYTES", "data": ["a", "b"]}]})
+    raw_binary = rows[:1].tobytes()
+
+    async def scenario() -> None:
+        async with FakeUpstream() as upstream:
+            await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url)
+            app = gateway_app()
+            url = "/serve/digits-prod/v2/models/digits/infer"
+            sent = [
+                (j(OK), {}), (nested, {}), (strings, {}), (small, small_headers), (big, big_headers),
+                (raw_binary, {"Inference-Header-Content-Length": "0"}),
+                (gzip.compress(j(OK)), {"Content-Encoding": "gzip"}),
+                (zlib.compress(small), {**small_headers, "Content-Encoding": "deflate"}),
+            ]
+            for body, headers in sent:
+                chunks = [body[i:i + 65536] for i in range(0, len(body), 65536)]
+                reply = await call(app, "POST", url, body=chunks, token=people["alice"].token,
+                                   headers={**headers, "Content-Length": str(len(body))})
+                assert reply.status == 200, reply.body[:300]
+            got = [r.body for r in upstream.requests]
+            assert got == [j(OK), nested, strings, small, big, raw_binary, j(OK), small]
+            assert upstream.requests[4].headers[b"content-length"] == str(len(big)).encode()
+            assert b"content-encoding" not in upstream.requests[6].headers  # sent plain, as checked
+
+    run(scenario)
+
+
+def test_a_chunked_request_body_is_read_checked_and_forwarded(people: dict[str, Person], gateway_app: Any) -> None:
+    async def scenario() -> None:
+        async with FakeUpstream() as upstream:
+            await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url)
+            body = j(OK)
+            reply = await call(gateway_app(), "POST", "/serve/digits-prod/v2/models/digits/infer",
+                               body=[body[:10], body[10:100], body[100:]], token=people["alice"].token)
+            assert reply.status == 200 and upstream.requests[0].body == body
+
+    run(scenario)
+
+
+def test_a_client_that_disconnects_while_sending_a_large_body_aborts_the_upstream_request(
+    people: dict[str, Person], gateway_app: Any, settings: Any
+) -> None:
+    settings.GATEWAY_MAX_BODY_BYTES = 8 * 1024 * 1024
+    rows = np.zeros((8000, 64), dtype=np.float32)
+    body, headers = binary_request(rows)
+
+    async def scenario() -> None:
+        async with FakeUpstream() as upstream:
+            await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url)
+            app = gateway_app()
+            # Two of the body's messages arrive, then the client is gone (call() answers http.disconnect).
+            reply = await call(
+                app, "POST", "/serve/digits-prod/v2/models/digits/infer", body=[body[:70000], body[70000:140000]],
+                token=people["alice"].token, headers={**headers, "Content-Length": str(len(body))},
+                disconnect="after_body")
+            assert reply.status == 0  # nobody to answer
+            await asyncio.sleep(0.05)
+            # The upstream saw half a request on a connection that was then closed: nothing came of it.
+            assert upstream.requests == [] and upstream.connections == 1 and upstream.open_connections == 0
+            assert app.pool.idle_count() == 0
+
+    run(scenario)
+
+
+def test_the_depth_check_is_cheap_on_a_million_brackets() -> None:
+    started = time.perf_counter()
+    assert json_too_deep(b"[" * 1_000_000, 64)
+    assert json_too_deep(b"[" * 500_000 + b"]" * 500_000, 64)
+    assert json_too_deep(b'"' + b'\\"' * 500_000 + b"[" * 100, 64) is False  # all inside one unterminated string
+    assert time.perf_counter() - started < 0.5
+    assert not json_too_deep(b'{"a": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["}', 64)
+    assert not json_too_deep(b"[" * 64 + b"]" * 64, 64)
+    with pytest.raises(Refusal, match="not valid JSON"):
+        parse_json_header(b'"' + b'\\"' * 500_000 + b"[" * 100, 64)
+
+
+def test_the_binary_sizes_must_add_up_and_match_each_shape() -> None:
+    two = {"inputs": [
+        {"name": "a", "shape": [2], "datatype": "INT64", "parameters": {"binary_data_size": 16}},
+        {"name": "b", "shape": [3], "datatype": "UINT8", "parameters": {"binary_data_size": 3}},
+        {"name": "c", "shape": [1], "datatype": "BOOL", "data": [True]},
+    ]}
+    check_infer_request(two, 19, 1024)
+    with pytest.raises(Refusal, match="add up to 19 bytes, but 20"):
+        check_infer_request(two, 20, 1024)
+    with pytest.raises(Refusal) as refused:
+        check_infer_request(two, 19, 15)
+    assert refused.value.status == 413 and "input 'a'" in refused.value.message
+    strings = {"inputs": [{"name": "s", "shape": [2], "datatype": "BYTES",
+                           "parameters": {"binary_data_size": 4 + 3 + 4 + 5}}]}
+    check_infer_request(strings, 16, 1024)
+    check_infer_request({"inputs": [{"name": "x", "shape": [0, 64], "datatype": "FP32", "data": []}]}, None, 10)
+
+
+# Triton 2.51's real answers (measured with the digits deployment; tests/test_gateway_e2e.py checks them live).
+TRITON_ANSWERS = [
+    (500, "failed to parse the request JSON buffer: Invalid value. at 12", 400),
+    (500, "Unable to parse 'inputs': attempt to access non-existing object member 'inputs'", 400),
+    (500, "Unable to parse 'data': Shape does not match true shape of 'data' field", 400),
+    (500, "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer", 400),
+    (500, "failed to get request params.: attempt to get members for non-object", 400),
+    (500, "Internal: the model crashed", 500),  # a real fault stays a 5xx
+    (400, "unexpected inference input 'nope' for model 'digits'", 400),
+]
+
+
+@pytest.mark.parametrize(("status", "message", "expected"), TRITON_ANSWERS)
+def test_tritons_parse_failures_become_400_with_its_message(status: int, message: str, expected: int) -> None:
+    better = client_error(status, j({"error": message}))
+    got_status, got_body = better if better is not None else (status, j({"error": message}))
+    assert got_status == expected and json.loads(got_body) == {"error": message}
+
+
+def test_the_internal_raw_input_name_is_reworded() -> None:
+    message = ("[request id: <id_unknown>] input byte size mismatch for input 'raw_input' for model 'digits'. "
+               "Expected 256, got 10")
+    better = client_error(400, j({"error": message}))
+    assert better is not None and better[0] == 400
+    text = json.loads(better[1])["error"]
+    assert "raw_input" not in text
+    assert "the raw binary request body (Inference-Header-Content-Length: 0)" in text and "Expected 256" in text
+
+
+def test_tritons_500_for_a_client_mistake_reaches_the_client_as_400(people: dict[str, Person], gateway_app: Any) -> None:
+    """Here the upstream answers as Triton did to requests the gateway's own checks let through."""
+    def answer(request: Request) -> bytes:
+        if b"parse" in request.body:
+            return json_response({"error": "Unable to parse 'data': attempt to access JSON non-number as double"}, 500)
+        if b"raw" in request.body:
+            return json_response({"error": "input byte size mismatch for input 'raw_input' for model 'digits'"}, 400)
+        if b"crash" in request.body:
+            return json_response({"error": "Internal: model crashed"}, 500)
+        return echo(request)
+
+    async def scenario() -> None:
+        async with FakeUpstream(answer) as upstream:
+            await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url)
+            app = gateway_app()
+            url = "/serve/digits-prod/v2/models/digits/infer"
+            parse = await call(app, "POST", url, body=with_input(data=["parse"] * 64), token=people["alice"].token)
+            assert parse.status == 400 and "Unable to parse 'data'" in parse.json()["error"]
+            raw = await call(app, "POST", url, body=b"raw bytes", token=people["alice"].token,
+                             headers={"Inference-Header-Content-Length": "0"})
+            assert raw.status == 400 and "raw_input" not in raw.json()["error"]
+            crash = await call(app, "POST", url, body=j({**OK, "id": "crash"}), token=people["alice"].token)
+            assert crash.status == 500 and crash.json() == {"error": "Internal: model crashed"}
+            assert len(upstream.requests) == 3
+
+    run(scenario)
+
+
+def test_a_big_json_request_is_parsed_off_the_event_loop_and_still_checked(
+    people: dict[str, Person], gateway_app: Any, settings: Any
+) -> None:
+    settings.GATEWAY_MAX_BODY_BYTES = 8 * 1024 * 1024
+    good = with_input(shape=[2_000, 64], data=[0.5] * (2_000 * 64))
+    bad = with_input(shape=[2_000, 64], data=[0.5] * (2_000 * 64 - 1))
+    assert len(good) > 256 * 1024
+
+    async def scenario() -> None:
+        async with FakeUpstream() as upstream:
+            await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url)
+            app = gateway_app()
+            url = "/serve/digits-prod/v2/models/digits/infer"
+            ok = await call(app, "POST", url, body=good, token=people["alice"].token)
+            refused = await call(app, "POST", url, body=bad, token=people["alice"].token)
+            assert (ok.status, refused.status) == (200, 400) and len(upstream.requests) == 1
+
+    run(scenario)
+
+
+def test_struct_is_what_tritonclient_sends_for_bytes() -> None:
+    # A BYTES element in binary form is a 4-byte little-endian length and its bytes: the minimum is 4 per element.
+    element = struct.pack("<I", 3) + b"abc"
+    check_infer_request({"inputs": [{"name": "s", "shape": [1], "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": len(element)}}]}, len(element), 1024)
