@@ -314,6 +314,7 @@ def deployment_detail(request: HttpRequest, team: Team, name: str) -> HttpRespon
             "url": inference.infer_url(base_url, deployment.name, entry["name"]),
             "path": inference.infer_url("", deployment.name, entry["name"]),
             "example": inference.example_request_json(signature),
+            "example_note": inference.example_note(signature),
             "bytes_inputs": [t["name"] for t in signature.get("inputs", []) if t.get("datatype") == "BYTES"],
             "snippets": [
                 ("curl", inference.curl_snippet(base_url, deployment.name, entry["name"]), "curl"),
