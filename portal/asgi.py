@@ -8,6 +8,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 django_application = get_asgi_application()
 
 from gateway.app import Gateway  # noqa: E402 - needs Django set up first
+from models_registry.tus_asgi import TusPatchRoute  # noqa: E402
 
-# /serve/... goes to the gateway's fast path; everything else to Django.
-application = Gateway(django_application)
+# /serve/... goes to the gateway's fast path; a tus PATCH streams into storage (TusPatchRoute); the rest to Django.
+application = Gateway(TusPatchRoute(django_application))
