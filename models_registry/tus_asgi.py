@@ -56,9 +56,14 @@ T = TypeVar("T")
 PATCH_PATH = re.compile(r"/api/v1/uploads/([^/]+)/?")
 BATCH_BYTES = 1024 * 1024
 # The claim on an upload is a lease renewed while bytes flow, so that a web process that dies mid-request frees
-# the upload for the client's retry within minutes, not after the hour the Django view's claim lasts.
-CLAIM_LEASE = timedelta(minutes=2)
+# the upload for the client's retry within minutes, not after the hour the Django view's claim lasts. It outlasts
+# the longest wait for a message (UPLOAD_IDLE_TIMEOUT_SECONDS) with room to spare.
+MIN_CLAIM_LEASE = timedelta(minutes=2)
 RENEW_EVERY_SECONDS = 30.0
+
+
+def claim_lease() -> timedelta:
+    return max(MIN_CLAIM_LEASE, timedelta(seconds=2 * settings.UPLOAD_IDLE_TIMEOUT_SECONDS + RENEW_EVERY_SECONDS))
 
 # Storage writes only: they never wait on the network, so a few threads serve many uploads. Apart from the
 # default executor, which the gateway's database lookups use.
@@ -156,7 +161,7 @@ def _prepare(scope: Scope, upload_id: str) -> _Patch | HttpResponseBase:
     try:
         view.initial(request, upload_id=upload_id)
         plan = tus.plan_patch(request, upload_id)
-        token = uploads.claim(plan.upload, plan.offset, CLAIM_LEASE)
+        token = uploads.claim(plan.upload, plan.offset, claim_lease())
     except Exception as exc:
         return _finalize(view, request, view.handle_exception(exc))  # re-raises what is not the client's fault
     return _Patch(view=view, request=request, plan=plan, token=token)
@@ -220,7 +225,7 @@ async def _stream(patch: _Patch, receive: Receive) -> tuple[HttpResponseBase | N
                 pending = _storage_threads.submit(_write, appender, hasher, batch)
                 batch = bytearray()
             if time.monotonic() >= renew_at:
-                renewed = await _in_thread(uploads.renew_claim, upload, patch.token, CLAIM_LEASE)
+                renewed = await _in_thread(uploads.renew_claim, upload, patch.token, claim_lease())
                 if renewed is None:
                     outcome = Outcome.CLAIM_LOST
                     break
@@ -253,6 +258,14 @@ def _abandon(patch: _Patch, appender: Appender, pending: Future[None] | None) ->
 
 
 def _finish(patch: _Patch, appender: Appender, outcome: Outcome, digest: bytes | None) -> tuple[HttpResponseBase | None, bool]:
+    try:
+        return _conclude(patch, appender, outcome, digest)
+    except BaseException:
+        uploads.release(patch.plan.upload, patch.token)  # a no-op when the claim was already given up
+        raise
+
+
+def _conclude(patch: _Patch, appender: Appender, outcome: Outcome, digest: bytes | None) -> tuple[HttpResponseBase | None, bool]:
     plan = patch.plan
     upload = plan.upload
     old_state = upload.storage_state

@@ -303,3 +303,55 @@ def test_a_short_request_does_not_wait_for_a_silent_client_forever(alice: Person
             pytest.fail("no answer within 5 s")
     assert answer.status == 408
     assert settled(upload).offset == 0
+
+
+def test_a_storage_failure_mid_body_is_a_503_that_keeps_the_upload_as_it_was(alice: Person, live: Live,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from models_registry import storage
+
+    data = bytes(3 * 1024 * 1024)
+    upload = create(alice, len(data))
+    original = storage._FileAppender.write
+
+    def disk_full_after_a_megabyte(self: Any, chunk: Any) -> None:
+        if self.written >= 1024 * 1024:
+            raise OSError(28, "No space left on device")
+        original(self, chunk)
+
+    monkeypatch.setattr(storage._FileAppender, "write", disk_full_after_a_megabyte)
+    answer = send_patch(live, upload, data, patch_headers(alice, 0))
+    assert answer.status == 503
+    assert answer.headers["retry-after"] == "5"
+    assert "could not be stored; nothing of it was kept" in answer.body.decode()
+    upload = settled(upload)
+    assert upload.offset == 0
+    monkeypatch.setattr(storage._FileAppender, "write", original)
+    assert send_patch(live, upload, data, patch_headers(alice, 0)).status == 204  # the retry works
+
+
+def test_the_claim_is_a_lease_renewed_while_bytes_flow_and_a_lost_one_keeps_nothing(
+        alice: Person, live: Live, monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from models_registry import tus_asgi
+
+    monkeypatch.setattr(tus_asgi, "RENEW_EVERY_SECONDS", 0.0)  # renew on every message
+    upload = create(alice, 2000)
+    with live.connect() as sock:
+        sock.sendall(request_head("PATCH", f"/api/v1/uploads/{upload.pk}",
+                                  {"Content-Length": "2000", **patch_headers(alice, 0)}) + b"a" * 1000)
+        deadline = time.monotonic() + 5
+        while Upload.objects.get(pk=upload.pk).busy_until is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        claimed = Upload.objects.get(pk=upload.pk).busy_until
+        assert claimed is not None and claimed > timezone.now() + timedelta(seconds=60)  # a lease, not an hour
+        # The lease expired while the process was stuck, say, and another request claimed the upload:
+        Upload.objects.filter(pk=upload.pk).update(busy_until=timezone.now() + timedelta(minutes=5))
+        sock.sendall(b"a" * 1000)
+        answer = read_answer(sock)
+    assert answer.status == 409
+    assert "Another request took over this upload" in answer.body.decode()
+    upload.refresh_from_db()
+    assert upload.offset == 0
