@@ -36,7 +36,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth.middleware import AuthenticationMiddleware
 from django.contrib.sessions.middleware import SessionMiddleware
-from django.core.exceptions import SuspiciousOperation
+from django.core.exceptions import DisallowedHost, SuspiciousOperation
 from django.core.handlers.asgi import ASGIRequest
 from django.db import DatabaseError, close_old_connections
 from django.http import HttpResponse, HttpResponseBase
@@ -114,8 +114,10 @@ async def handle_patch(scope: Scope, receive: Receive, send: Send, upload_id: st
         log.exception("tus PATCH: database error")
         response, close = tus.problem(503, "The database is unavailable; retry shortly (send HEAD first)."), True
         response["Retry-After"] = "5"
-    except SuspiciousOperation as exc:  # e.g. a Host header not in ALLOWED_HOSTS
-        response, close = tus.problem(400, str(exc)), True
+    except DisallowedHost:
+        response, close = tus.problem(400, "The Host header names no host this portal serves."), True
+    except SuspiciousOperation:
+        response, close = tus.problem(400, "The request is malformed."), True
     except Exception:
         # Storage failing (a full disk, S3 down): a server fault, and the client's retry is the remedy.
         log.exception("tus PATCH of %s failed", upload_id)

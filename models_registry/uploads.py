@@ -202,6 +202,11 @@ def append_chunk(upload: Upload, offset: int, stream: Readable, content_length: 
     except BaseException:
         release(upload)
         raise
+    if content_length is None and written == remaining and stream.read(1):
+        # A body of unknown length (chunked) that goes on past the upload's end: refused whole, never cut.
+        discard_chunk(upload, old_state, new_state)
+        raise UploadProblem(413, f"The body is longer than the {remaining} bytes that remain in this upload; nothing "
+                                 "of it was kept.")
     if hasher is not None and hasher.digest.digest() != checksum:
         discard_chunk(upload, old_state, new_state)
         raise UploadProblem(460, "Checksum mismatch: the chunk's sha256 differs from Upload-Checksum; it was discarded.")

@@ -218,3 +218,20 @@ def test_hostile_patch_headers_get_a_clear_400(alice: Person, headers: dict[str,
     assert response.status_code == 400
     assert message in response.json()["error"]["message"]
     assert Upload.objects.get().offset == 0
+
+
+def test_a_body_of_unknown_length_past_the_uploads_end_is_refused_whole(alice: Person) -> None:
+    """What a server without the thin path hands the view for a chunked PATCH: the view cut it at the upload's
+    length and kept the start. (Under `make run` the thin path handles PATCH: see test_tus_asgi.py.)"""
+    import io
+
+    from models_registry.uploads import UploadProblem, append_chunk
+
+    upload = Upload.objects.get(pk=path_of(create(alice, 100)["Location"]).rsplit("/", 1)[-1])
+    with pytest.raises(UploadProblem) as refused:
+        append_chunk(upload, 0, io.BytesIO(b"x" * 1000), None, None)
+    assert refused.value.status == 413
+    upload.refresh_from_db()
+    assert upload.offset == 0 and upload.busy_until is None
+    assert append_chunk(upload, 0, io.BytesIO(b"y" * 100), None, None).offset == 100
+    assert (Path(settings.ARTIFACT_ROOT) / upload.key).read_bytes() == b"y" * 100

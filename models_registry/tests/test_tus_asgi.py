@@ -355,3 +355,14 @@ def test_the_claim_is_a_lease_renewed_while_bytes_flow_and_a_lost_one_keeps_noth
     assert "Another request took over this upload" in answer.body.decode()
     upload.refresh_from_db()
     assert upload.offset == 0
+
+
+def test_a_host_the_portal_does_not_serve_is_refused_as_django_does(alice: Person, live: Live) -> None:
+    upload = create(alice, 10)
+    with live.connect() as sock:
+        head = request_head("PATCH", f"/api/v1/uploads/{upload.pk}", {"Content-Length": "1", **patch_headers(alice, 0)})
+        sock.sendall(head.replace(b"Host: 127.0.0.1", b"Host: evil.example") + b"x")
+        answer = read_answer(sock)
+    assert answer.status == 400
+    assert "no host this portal serves" in answer.body.decode()
+    assert settled(upload).offset == 0
