@@ -42,11 +42,17 @@ def parse_uint(name: str, raw: str | None) -> int | None:
     return int(raw)
 
 
+# Upload-Metadata is stored with the upload and sent back on every HEAD; clients send a file name and type.
+MAX_METADATA_CHARS = 16 * 1024
+
+
 def parse_metadata(header: str | None) -> dict[str, str]:
     """Upload-Metadata: comma-separated `key base64value` pairs (the value may be absent)."""
     result: dict[str, str] = {}
     if not header:
         return result
+    if len(header) > MAX_METADATA_CHARS:
+        raise UploadProblem(400, f"Upload-Metadata is {len(header)} characters; at most {MAX_METADATA_CHARS} are accepted.")
     for pair in header.split(","):
         pair = pair.strip()
         if not pair:

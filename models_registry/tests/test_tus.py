@@ -198,6 +198,7 @@ def test_the_stock_tuspy_client_uploads_and_resumes(alice: Person, live_server: 
     ("HTTP_UPLOAD_LENGTH", " 10", "Upload-Length must be a non-negative integer"),
     ("HTTP_UPLOAD_METADATA", "filename é", "not valid base64"),  # b64decode raises ValueError, not binascii.Error
     ("HTTP_UPLOAD_METADATA", "filename /w==", "not valid base64 of UTF-8"),
+    ("HTTP_UPLOAD_METADATA", "filename " + "QUFB" * 5000, "at most 16384 are accepted"),
 ])
 def test_hostile_creation_headers_get_a_clear_400(alice: Person, header: str, value: str, message: str) -> None:
     headers = {"HTTP_UPLOAD_LENGTH": "10", header: value}
