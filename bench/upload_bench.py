@@ -6,16 +6,27 @@ process's temp files and the generated source file, all removed at the end. The 
 portal.asgi with one worker, as `make run` starts it; a fresh one is started for every run, so that one run's memory
 does not hide in the next one's baseline.
 
+Paths (both by default, runs interleaved, so that one run compares them on the same machine state):
+  thin      portal.asgi:application, as `make run` serves it: PATCH bodies stream into storage (tus_asgi)
+  django    bench.upload_baseline:application: the same stack without the thin path, PATCH bodies spooled by
+            Django's ASGI handler before the view (what the portal did before)
+
 Modes:
   chunked   PATCH requests of --chunk-mb (default 256 MiB)
   single    the whole file in one streamed PATCH
   checksum  as chunked, each PATCH with an Upload-Checksum (sha256) header, so the server hashes what it receives
 
-    .venv/bin/python bench/upload_bench.py                  # 2 GiB, every mode, 3 runs each
+    .venv/bin/python bench/upload_bench.py                  # 2 GiB, every mode and path, 3 runs each
     .venv/bin/python bench/upload_bench.py --size-mb 256 --repeat 1    # a quick run
     .venv/bin/python bench/upload_bench.py --profile        # also sample the web process with py-spy
 
-Targets: a median >= 200 MiB/s and web-process peak RSS growth < 100 MiB. Results: bench/results/upload-<time>.json.
+While a file uploads, a probe sends a request answered by the gateway on the same event loop every 20 ms
+(`GET /serve/none/v2/health/ready`, a 401 that needs no database) and records its latency: what the upload costs
+everyone else served by that web process.
+
+Targets: a median >= 200 MiB/s and web-process peak RSS growth < 100 MiB per mode and path, and the thin path at
+least as fast as the django path (the ratio of medians >= 1) with no more RSS growth. Results:
+bench/results/upload-<time>.json.
 """
 
 from __future__ import annotations
@@ -49,13 +60,20 @@ MiB = 1024 * 1024
 PIECE = 64 * MiB  # random data is generated and hashed in pieces of this size
 SEND_BLOCK = 1 * MiB  # the client's socket writes
 MODES = ("chunked", "single", "checksum")
+PATHS = {"thin": "portal.asgi:application", "django": "bench.upload_baseline:application"}
 TARGET_MIB_S = 200.0
 TARGET_RSS_GROWTH_MIB = 100.0
+# RSS growth of a few MiB moves by a few MiB between runs (allocator arenas, page-cache accounting): the thin path
+# must not grow more than the django path by more than this.
+RSS_GROWTH_SLACK_MIB = 4.0
+PROBE_INTERVAL = 0.02
+PROBE_PATH = "/serve/none/v2/health/ready"
 
 
 @dataclass
 class Run:
     mode: str
+    path: str
     run: int
     chunk_mib: float
     size_mib: float
@@ -67,6 +85,10 @@ class Run:
     rss_growth_mib: float
     server_cpu_seconds: float
     sha256_ok: bool
+    probe_requests: int
+    probe_p50_ms: float
+    probe_p99_ms: float
+    probe_max_ms: float
 
 
 # --- the web process -------------------------------------------------------------------------------------------------
@@ -101,8 +123,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_web(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+def start_web(env: dict[str, str], port: int, log: Path, app: str) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
                "--no-access-log", "--workers", "1"]
     with open(log, "ab") as out:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -166,6 +188,38 @@ class RssSampler(threading.Thread):
         self._stop_event.set()
         self.join()
         self.peak = max(self.peak, rss_mib(self.pid))
+
+
+class LoopProbe(threading.Thread):
+    """A small request answered by the web process's event loop every PROBE_INTERVAL, on one keep-alive connection:
+    its latency during the upload shows how long the loop is kept from other requests."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        self.latencies: list[float] = []
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(PROBE_INTERVAL):
+            started = time.perf_counter()
+            try:
+                self.conn.request("GET", PROBE_PATH)
+                self.conn.getresponse().read()
+            except (OSError, http.client.HTTPException):
+                self.conn.close()
+                continue
+            self.latencies.append(time.perf_counter() - started)
+
+    def stop(self) -> dict[str, float]:
+        self._stop_event.set()
+        self.join()
+        self.conn.close()
+        found = sorted(self.latencies) or [0.0]
+        return {"probe_requests": len(self.latencies),
+                "probe_p50_ms": round(1000 * found[len(found) // 2], 2),
+                "probe_p99_ms": round(1000 * found[min(len(found) - 1, int(len(found) * 0.99))], 2),
+                "probe_max_ms": round(1000 * found[-1], 2)}
 
 
 class Profiler:
@@ -310,12 +364,13 @@ def chunk_checksums(path: Path, chunk: int) -> list[str]:
             found.append(base64.b64encode(digest.digest()).decode())
 
 
-def run_once(mode: str, number: int, chunk: int, env: dict[str, str], work: Path, token: str, source: Path,
-             size: int, expected_sha256: str, checksums: list[str] | None, py_spy: str | None) -> tuple[Run, Path | None]:
+def run_once(mode: str, path_name: str, number: int, chunk: int, env: dict[str, str], work: Path, token: str,
+             source: Path, size: int, expected_sha256: str, checksums: list[str] | None,
+             py_spy: str | None) -> tuple[Run, Path | None]:
     # Start from clean page cache writeback, so that one run's dirty pages do not slow the next one down.
     os.sync()
     port = free_port()
-    web = start_web(env, port, work / f"web-{mode}-{number}.log")
+    web = start_web(env, port, work / f"web-{mode}-{path_name}-{number}.log", PATHS[path_name])
     profiler = None
     try:
         client = TusClient(port, token)
@@ -327,14 +382,17 @@ def run_once(mode: str, number: int, chunk: int, env: dict[str, str], work: Path
         time.sleep(0.3)
 
         if py_spy:
-            profiler = Profiler(py_spy, web.pid, work / f"profile-{mode}.folded")
+            profiler = Profiler(py_spy, web.pid, work / f"profile-{mode}-{path_name}.folded")
         sampler = RssSampler(web.pid)
+        probe = LoopProbe(port)
         cpu_before = cpu_seconds(web.pid)
         sampler.start()
+        probe.start()
         started = time.perf_counter()
         path = client.create(size, "bench.bin")
         patches = client.upload(path, source, size, chunk, checksums)
         seconds = time.perf_counter() - started
+        probed = probe.stop()
         sampler.stop()
         cpu = cpu_seconds(web.pid) - cpu_before
         client.close()
@@ -347,43 +405,69 @@ def run_once(mode: str, number: int, chunk: int, env: dict[str, str], work: Path
     ok = stored.stat().st_size == size and file_sha256(stored) == expected_sha256
     stored.unlink()
     run = Run(
-        mode=mode, run=number, chunk_mib=round(chunk / MiB, 1), size_mib=round(size / MiB, 1), patches=patches,
-        seconds=round(seconds, 3), mib_per_s=round(size / MiB / seconds, 1),
+        mode=mode, path=path_name, run=number, chunk_mib=round(chunk / MiB, 1), size_mib=round(size / MiB, 1),
+        patches=patches, seconds=round(seconds, 3), mib_per_s=round(size / MiB / seconds, 1),
         rss_baseline_mib=round(sampler.baseline, 1), rss_peak_mib=round(sampler.peak, 1),
         rss_growth_mib=round(sampler.peak - sampler.baseline, 1), server_cpu_seconds=round(cpu, 2), sha256_ok=ok,
+        probe_requests=int(probed["probe_requests"]), probe_p50_ms=probed["probe_p50_ms"],
+        probe_p99_ms=probed["probe_p99_ms"], probe_max_ms=probed["probe_max_ms"],
     )
     return run, (profiler.out if profiler else None)
 
 
 def summarize(runs: list[Run]) -> dict[str, dict[str, Any]]:
-    """Per mode: the median throughput, the worst RSS growth, and whether both meet the targets."""
-    summary = {}
-    for mode in dict.fromkeys(r.mode for r in runs):
-        mine = [r for r in runs if r.mode == mode]
+    """Per mode and path ("chunked/thin"): the median throughput, the worst RSS growth and probe latency, and whether
+    the targets are met; per mode with both paths ("chunked"): the thin path's ratios to the django path."""
+    summary: dict[str, dict[str, Any]] = {}
+    for mode, path_name in dict.fromkeys((r.mode, r.path) for r in runs):
+        mine = [r for r in runs if r.mode == mode and r.path == path_name]
         median = round(statistics.median(r.mib_per_s for r in mine), 1)
         growth = max(r.rss_growth_mib for r in mine)
-        summary[mode] = {
+        summary[f"{mode}/{path_name}"] = {
             "chunk_mib": mine[0].chunk_mib, "runs": len(mine), "median_mib_per_s": median,
             "min_mib_per_s": min(r.mib_per_s for r in mine), "max_mib_per_s": max(r.mib_per_s for r in mine),
             "max_rss_growth_mib": growth, "sha256_ok": all(r.sha256_ok for r in mine),
+            "median_server_cpu_s": round(statistics.median(r.server_cpu_seconds for r in mine), 2),
+            "worst_probe_p99_ms": max(r.probe_p99_ms for r in mine),
+            "worst_probe_max_ms": max(r.probe_max_ms for r in mine),
             "meets_targets": all(r.sha256_ok for r in mine) and median >= TARGET_MIB_S and growth < TARGET_RSS_GROWTH_MIB,
+        }
+    for mode in dict.fromkeys(r.mode for r in runs):
+        thin, django = summary.get(f"{mode}/thin"), summary.get(f"{mode}/django")
+        if thin is None or django is None:
+            continue
+        speed = round(thin["median_mib_per_s"] / django["median_mib_per_s"], 2)
+        summary[mode] = {
+            "mib_per_s_ratio": speed,
+            "server_cpu_ratio": round(thin["median_server_cpu_s"] / max(django["median_server_cpu_s"], 0.01), 2),
+            "rss_growth_ratio": round(thin["max_rss_growth_mib"] / max(django["max_rss_growth_mib"], 0.1), 2),
+            "rss_growth_difference_mib": round(thin["max_rss_growth_mib"] - django["max_rss_growth_mib"], 1),
+            "meets_targets": speed >= 1.0 and (thin["max_rss_growth_mib"]
+                                               <= django["max_rss_growth_mib"] + RSS_GROWTH_SLACK_MIB),
         }
     return summary
 
 
 def table(runs: list[Run], summary: dict[str, dict[str, Any]]) -> str:
-    header = (f"{'mode':<9} {'run':>3} {'chunk MiB':>9} {'PATCHes':>7} {'seconds':>8} {'MiB/s':>7} "
-              f"{'RSS base':>8} {'RSS peak':>8} {'growth':>7} {'srv CPU s':>9} {'sha256':>6}")
+    header = (f"{'mode':<9} {'path':<6} {'run':>3} {'chunk MiB':>9} {'PATCHes':>7} {'seconds':>8} {'MiB/s':>7} "
+              f"{'RSS base':>8} {'RSS peak':>8} {'growth':>7} {'srv CPU s':>9} {'probes, p99/max ms':>18} {'sha256':>6}")
     lines = [header, "-" * len(header)]
     for r in runs:
-        lines.append(f"{r.mode:<9} {r.run:>3} {r.chunk_mib:>9.0f} {r.patches:>7} {r.seconds:>8.2f} {r.mib_per_s:>7.1f} "
-                     f"{r.rss_baseline_mib:>8.1f} {r.rss_peak_mib:>8.1f} {r.rss_growth_mib:>7.1f} "
-                     f"{r.server_cpu_seconds:>9.2f} {'ok' if r.sha256_ok else 'BAD':>6}")
+        probe = f"{r.probe_requests}, {r.probe_p99_ms:.1f}/{r.probe_max_ms:.1f}"
+        lines.append(f"{r.mode:<9} {r.path:<6} {r.run:>3} {r.chunk_mib:>9.0f} {r.patches:>7} {r.seconds:>8.2f} "
+                     f"{r.mib_per_s:>7.1f} {r.rss_baseline_mib:>8.1f} {r.rss_peak_mib:>8.1f} {r.rss_growth_mib:>7.1f} "
+                     f"{r.server_cpu_seconds:>9.2f} {probe:>18} {'ok' if r.sha256_ok else 'BAD':>6}")
     lines.append("")
-    for mode, s in summary.items():
-        lines.append(f"{mode:<9} median {s['median_mib_per_s']:.1f} MiB/s (min {s['min_mib_per_s']:.1f}, "
-                     f"max {s['max_mib_per_s']:.1f}), peak RSS growth {s['max_rss_growth_mib']:.1f} MiB: "
-                     f"{'targets met' if s['meets_targets'] else 'TARGETS MISSED'}")
+    for key, s in summary.items():
+        if "/" in key:
+            lines.append(f"{key:<16} median {s['median_mib_per_s']:.1f} MiB/s (min {s['min_mib_per_s']:.1f}, "
+                         f"max {s['max_mib_per_s']:.1f}), peak RSS growth {s['max_rss_growth_mib']:.1f} MiB, "
+                         f"probe p99 {s['worst_probe_p99_ms']:.1f} ms: "
+                         f"{'targets met' if s['meets_targets'] else 'TARGETS MISSED'}")
+        else:
+            lines.append(f"{key:<16} thin/django: {s['mib_per_s_ratio']:.2f}x MiB/s, {s['server_cpu_ratio']:.2f}x "
+                         f"server CPU, RSS growth {s['rss_growth_difference_mib']:+.1f} MiB: "
+                         f"{'targets met' if s['meets_targets'] else 'TARGETS MISSED'}")
     return "\n".join(lines)
 
 
@@ -427,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size-mb", type=int, default=2048, help="file size in MiB (default 2048)")
     parser.add_argument("--chunk-mb", type=int, default=256, help="PATCH size in MiB of chunked/checksum (default 256)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)} (default all)")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per mode (default 3; the median counts)")
+    parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {', '.join(PATHS)} (default both)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per mode and path (default 3; the median counts)")
     parser.add_argument("--work-dir", type=Path, default=None, help="where the temporary files go (default: system tmp)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (database, logs; not the data)")
     parser.add_argument("--no-save", action="store_true", help="do not write a results JSON file")
@@ -439,6 +524,9 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
         parser.error(f"--modes takes {', '.join(MODES)}")
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    if not paths or any(p not in PATHS for p in paths):
+        parser.error(f"--paths takes {', '.join(PATHS)}")
     if args.size_mb < 1 or args.chunk_mb < 1 or args.repeat < 1:
         parser.error("--size-mb, --chunk-mb and --repeat must be positive")
     py_spy = None
@@ -470,15 +558,17 @@ def main(argv: list[str] | None = None) -> int:
             chunk = size if mode == "single" else min(args.chunk_mb * MiB, size)
             checksums = chunk_checksums(source, chunk) if mode == "checksum" else None
             for number in range(1, args.repeat + 1):
-                print(f"uploading: {mode}, PATCH {chunk // MiB} MiB, run {number}/{args.repeat}", flush=True)
-                run, folded = run_once(mode, number, chunk, env, work, token, source, size, expected, checksums,
-                                       py_spy if number == 1 else None)
-                runs.append(run)
-                if folded is not None and folded.exists():
-                    profiles[mode] = profile_summary(folded)
-                    if not args.no_save:
-                        RESULTS.mkdir(parents=True, exist_ok=True)
-                        shutil.copy(folded, RESULTS / f"upload-profile-{mode}.folded")
+                for path_name in paths:  # interleaved: both paths see the same drift of the machine's load
+                    print(f"uploading: {mode}, {path_name} path, PATCH {chunk // MiB} MiB, run {number}/{args.repeat}",
+                          flush=True)
+                    run, folded = run_once(mode, path_name, number, chunk, env, work, token, source, size, expected,
+                                           checksums, py_spy if number == 1 else None)
+                    runs.append(run)
+                    if folded is not None and folded.exists():
+                        profiles[f"{mode}/{path_name}"] = profile_summary(folded)
+                        if not args.no_save:
+                            RESULTS.mkdir(parents=True, exist_ok=True)
+                            shutil.copy(folded, RESULTS / f"upload-profile-{mode}-{path_name}.folded")
         summary = summarize(runs)
         print()
         print(table(runs, summary))
@@ -491,7 +581,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {percent:5.1f}%  {frame}")
         print(f"\nload average (1 min): {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after "
               f"on {os.cpu_count()} CPUs")
-        print(f"targets: median >= {TARGET_MIB_S:.0f} MiB/s, web-process peak RSS growth < {TARGET_RSS_GROWTH_MIB:.0f} MiB")
+        print(f"targets: median >= {TARGET_MIB_S:.0f} MiB/s, web-process peak RSS growth < {TARGET_RSS_GROWTH_MIB:.0f} MiB; "
+              f"thin path: >= 1.0x the django path's MiB/s, RSS growth at most {RSS_GROWTH_SLACK_MIB:.0f} MiB more")
 
         if not args.no_save:
             report = {
@@ -503,7 +594,8 @@ def main(argv: list[str] | None = None) -> int:
                 # Other processes on the machine skew the figures: the 1-minute load before and after the runs.
                 "load_average_1m": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
                 "versions": versions(),
-                "targets": {"median_mib_per_s": TARGET_MIB_S, "rss_growth_mib": TARGET_RSS_GROWTH_MIB},
+                "targets": {"median_mib_per_s": TARGET_MIB_S, "rss_growth_mib": TARGET_RSS_GROWTH_MIB,
+                            "thin_to_django_mib_per_s_ratio": 1.0, "rss_growth_slack_mib": RSS_GROWTH_SLACK_MIB},
                 "summary": summary,
                 "runs": [asdict(r) for r in runs],
                 **({"profiles": profiles} if profiles else {}),

@@ -32,6 +32,20 @@ def create_model(team: Team, user: Any, name: str, description: str = "") -> Mod
         raise Conflict(f"A model named {name!r} exists already in team {team.name!r}.") from None
 
 
+def _save_new_model(model: Model, user: Any) -> Model:
+    """A model created with its first version (`create_model`): saved inside the version's transaction, so that a
+    refused first version leaves no empty model behind. Created meanwhile by someone else: that one is used."""
+    if model.pk is not None:
+        return model
+    try:
+        with transaction.atomic():
+            model.save()
+    except IntegrityError:
+        return Model.objects.get(team=model.team, name=model.name)
+    audit(user, model.team, "model.create", model.name)
+    return model
+
+
 def _queue_inspection(version: ModelVersion) -> None:
     from models_registry import tasks
 
@@ -73,8 +87,9 @@ def create_version_from_file(model: Model, user: Any, stream: IO[bytes], filenam
             size = store.save(staged_key, source)
     try:
         with transaction.atomic():
-            return _new_version(model, user, staged_key=staged_key, filename=filename, size=size, fmt=check.format,
-                                declared_format=declared_format, signature=signature, max_batch_size=max_batch_size)
+            return _new_version(_save_new_model(model, user), user, staged_key=staged_key, filename=filename, size=size,
+                                fmt=check.format, declared_format=declared_format, signature=signature,
+                                max_batch_size=max_batch_size)
     except BaseException:
         store.delete(staged_key)
         raise
@@ -94,7 +109,7 @@ def create_version_from_upload(model: Model, user: Any, upload: Upload, *, decla
         claimed, _ = Upload.objects.filter(pk=upload.pk, completed_at__isnull=False).delete()
         if claimed != 1:
             raise Conflict("This upload was already used for a model version; upload the file again.")
-        return _new_version(model, user, staged_key=upload.key, filename=filename, size=upload.length, fmt=fmt,
+        return _new_version(_save_new_model(model, user), user, staged_key=upload.key, filename=filename, size=upload.length, fmt=fmt,
                             declared_format=declared_format, signature=signature, max_batch_size=max_batch_size)
 
 
@@ -107,6 +122,7 @@ def create_pipeline_version(model: Model, user: Any, pipeline: Pipeline) -> Mode
             pk__in=step_ids, status=ModelVersion.Status.READY, model__team=model.team)
         if len(list(still_ready)) != len(step_ids):
             raise Conflict("A step version of the pipeline was deleted meanwhile; send the request again.")
+        model = _save_new_model(model, user)
         version = ModelVersion.objects.create(
             model=model,
             number=model.next_version_number(),
@@ -149,6 +165,11 @@ def delete_version(version: ModelVersion, user: Any = None) -> None:
     audit(user, version.model.team, "model_version.delete", f"{version.model.name}:{version.number}")
     version.delete()
     transaction.on_commit(lambda: _release_bytes(blob_sha, staged))
+
+
+def model_in_use(model: Model) -> list[str]:
+    """Names of deployments that serve any version of the model (they keep it from being deleted)."""
+    return sorted({name for version in model.versions.all() for name in version_in_use(version)})
 
 
 def delete_model(model: Model, user: Any = None) -> None:

@@ -11,12 +11,12 @@ from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.decorators import api_view, parser_classes
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from accounts.context import current_team
+from accounts.context import acting_user, current_team, is_team_admin
 from accounts.idempotency import idempotent
 from accounts.names import NAME_RULE, name_error
 from audit.log import record as audit
@@ -80,6 +80,9 @@ class VersionCreateSerializer(serializers.Serializer[Any]):
     format = serializers.ChoiceField(choices=[f.value for f in Format if f != Format.ENSEMBLE], required=False, allow_blank=True)
     signature = serializers.JSONField(required=False, help_text='{"inputs": [{"name", "datatype", "dims"}], "outputs": [...]}')
     max_batch_size = serializers.IntegerField(required=False, min_value=0, max_value=1_000_000)
+    create_model = serializers.BooleanField(
+        required=False, default=False,
+        help_text="Create the model if it does not exist, with this version: a refused first version leaves no model.")
 
     def validate_signature(self, value: Any) -> Any:
         if value in (None, "", {}):
@@ -107,9 +110,11 @@ class PipelineCreateSerializer(serializers.Serializer[Any]):
                   '{step_input: tensor}, "output_map": {step_output: tensor}}]}; tensors as in signatures.')
     max_batch_size = serializers.IntegerField(required=False, min_value=0, max_value=1_000_000,
                                               help_text="Default: the smallest of the steps'.")
+    create_model = serializers.BooleanField(required=False, default=False,
+                                            help_text="Create the model if it does not exist, with this version.")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        extra = set(self.initial_data) - {"format", "definition", "max_batch_size"}
+        extra = set(self.initial_data) - {"format", "definition", "max_batch_size", "create_model"}
         if extra:
             raise serializers.ValidationError(
                 f"A pipeline is defined by 'definition' alone (no artifact, no signature); unexpected {sorted(extra)}.")
@@ -159,6 +164,25 @@ def _get_model(request: Request, name: str) -> Model:
     return model
 
 
+def _get_or_new_model(request: Request, name: str, body: dict[str, Any]) -> Model:
+    """The model a new version goes to: the team's, or with `create_model` a new one, saved by the action in the
+    version's transaction (a refused first version leaves no empty model behind); 404 otherwise."""
+    team = current_team(request)
+    model = Model.objects.filter(team=team, name=name).first()
+    if model is not None:
+        return model
+    try:
+        create = serializers.BooleanField().to_internal_value(body.get("create_model", False))
+    except serializers.ValidationError as exc:
+        raise ValidationError({"create_model": exc.detail}) from None
+    if not create:
+        raise Http404
+    error = name_error(name)
+    if error:
+        raise ValidationError({"name": [error]})
+    return Model(team=team, name=name, created_by=acting_user(request))
+
+
 def _get_version(request: Request, name: str, number: int) -> ModelVersion:
     version = (ModelVersion.objects.select_related("model", "created_by")
                .filter(model__team=current_team(request), model__name=name, number=number).first())
@@ -195,6 +219,8 @@ def model_detail(request: Request, name: str) -> Response:
                 model.save(update_fields=["description", "updated_at"])
                 audit(request.user, model.team, "model.update", model.name, fields=["description"])
     elif request.method == "DELETE":
+        if not is_team_admin(request):
+            raise PermissionDenied("Only team admins can delete a model.")
         with transaction.atomic():
             actions.delete_model(model, request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -206,11 +232,11 @@ def model_detail(request: Request, name: str) -> Response:
 @parser_classes([MultiPartParser, JSONParser])
 @idempotent
 def versions_list(request: Request, name: str) -> Response:
-    model = _get_model(request, name)
     if request.method == "GET":
-        versions = model.versions.select_related("model", "created_by")
+        versions = _get_model(request, name).versions.select_related("model", "created_by")
         return Response(VersionSerializer(versions, many=True).data)
     body = request_object(request)
+    model = _get_or_new_model(request, name, body)
     if body.get("format") == Format.ENSEMBLE:
         return _create_pipeline(request, model)
     upload = body.get("file")

@@ -5,24 +5,31 @@ hostile until checked: entry names may climb out of the destination (`../`, abso
 backslashes), entries may be links or device files, and the declared sizes may be a zip bomb or simply lie.
 
 `check_archive` reads only the archive's directory (zip) or headers (tar) and rejects anything suspicious before a
-byte is written. `safe_extract` checks again and then writes each file itself, counting the bytes it actually
+byte is written. Tar headers are parsed here, not by the standard library's tarfile: tarfile reads the whole declared
+payload of a PAX or GNU long-name header into memory (a 16 KB .tar.gz reached 37 MiB inside tarfile.is_tarfile), and
+the PAX parser of Python 3.11.7 backtracks quadratically on crafted records (CVE-2024-6232). `_TarReader` reads one
+512-byte block at a time, bounds every extended header, parses PAX records in one linear pass and never holds more
+than one header's payload. `safe_extract` checks again and then writes each file itself, counting the bytes it actually
 writes, so an archive whose headers lie is stopped by the same limits. Nothing here follows a link or applies the
 archive's permission bits.
 """
 
 from __future__ import annotations
 
+import bz2
+import contextlib
+import gzip
+import lzma
 import os
 import re
 import stat
 import struct
-import tarfile
 import zipfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 # Small archives of text (a model.py, a config) can legitimately compress far better than max_ratio, and they
 # cannot hurt anyone: the ratio limit only applies once the archive expands past this many bytes.
@@ -32,6 +39,10 @@ _CHUNK = 1024 * 1024
 _DRIVE_LETTER = re.compile(r"^[A-Za-z]:")
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 _NAME_SHOWN_MAX = 120
+
+
+class _Readable(Protocol):
+    def read(self, size: int = -1, /) -> bytes: ...
 
 
 class ArchiveError(ValueError):
@@ -80,19 +91,295 @@ def normalize_entry_name(raw: str) -> str:
 
 
 def archive_kind(path: Path | str) -> str | None:
-    """The kind of archive: "zip", "tar" (plain or compressed) or None for any other file."""
+    """The kind of archive: "zip", "tar" (plain, gzip, bzip2 or xz) or None for any other file."""
     try:
         if zipfile.is_zipfile(path):
             return "zip"
-        if tarfile.is_tarfile(path):
+        with _tar_stream(Path(path)) as stream:
+            block = stream.read(_BLOCK)
+        if len(block) == _BLOCK and block != _ZERO_BLOCK:
+            _parse_header(block)
             return "tar"
-    except (OSError, EOFError, zlib.error, tarfile.TarError):
+    except (OSError, EOFError, zlib.error, lzma.LZMAError, ArchiveError):
         return None
     return None
 
 
 def is_archive(path: Path | str) -> bool:
     return archive_kind(path) is not None
+
+
+# --- Tar, read with bounded reads ------------------------------------------------------------------------------
+
+_BLOCK = 512
+_ZERO_BLOCK = bytes(_BLOCK)
+# GNU tar's own limit for a name is PATH_MAX (4096); these leave room and still cost nothing to hold.
+MAX_LONG_NAME_BYTES = 64 * 1024
+MAX_PAX_HEADER_BYTES = 1024 * 1024
+# Extended headers (PAX, GNU long name and link) before one member: real archives have one to three.
+MAX_EXTENDED_HEADERS = 16
+
+_FILE_TYPES = {b"0", b"\0", b"7"}  # regular, old-style regular, contiguous (a regular file for everyone but Masscomp)
+_DIR_TYPE = b"5"
+_LINK_TYPES = {b"1": "hard link", b"2": "symbolic link"}
+_DEVICE_TYPES = {b"3", b"4", b"6"}  # character device, block device, fifo
+_PAX_TYPES = {b"x", b"X", b"g"}  # per-file (POSIX, Solaris), global
+_GNU_LONG_TYPES = {b"L": "path", b"K": "linkpath"}
+_SPARSE_TYPE = b"S"
+_OCTAL_DIGITS = frozenset(b"01234567")
+_DECIMAL_DIGITS = frozenset(b"0123456789")
+
+
+@dataclass(frozen=True)
+class TarMember:
+    """One tar member as its headers describe it (extended headers applied); `name` is as stored, unchecked."""
+
+    name: str
+    type: bytes
+    size: int
+    linkname: str = ""
+
+    @property
+    def is_file(self) -> bool:
+        return self.type in _FILE_TYPES and not self.name.endswith("/")
+
+    @property
+    def is_dir(self) -> bool:
+        # Old (v7) tars mark a directory by a trailing slash on a regular entry.
+        return self.type == _DIR_TYPE or (self.type in _FILE_TYPES and self.name.endswith("/"))
+
+    @property
+    def data_size(self) -> int:
+        """Bytes of data after the header (directories, links and devices have none, whatever `size` says)."""
+        return self.size if self.type in _FILE_TYPES and not self.is_dir else 0
+
+
+def _header_number(field: bytes, what: str) -> int:
+    """A numeric header field: octal text (NUL- or space-terminated), or GNU's base-256 for large values."""
+    if field[:1] == b"\x80":
+        return int.from_bytes(field[1:], "big")
+    if field[:1] == b"\xff":
+        raise ArchiveError(f"a tar header has a negative {what}")
+    text = field.split(b"\0", 1)[0].strip(b" ")
+    if not text:
+        return 0
+    if not set(text) <= _OCTAL_DIGITS:
+        raise ArchiveError(f"a tar header has an invalid {what} field")
+    return int(text, 8)
+
+
+def _header_text(field: bytes, what: str = "entry name") -> str:
+    raw = field.split(b"\0", 1)[0]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ArchiveError(f"a tar {what} is not UTF-8: {_shown(raw.decode('utf-8', 'replace'))}") from None
+
+
+def _parse_header(block: bytes) -> TarMember:
+    """A 512-byte header block (checksum verified); ArchiveError when it is not one."""
+    checksum = _header_number(block[148:156], "checksum")
+    # The checksum field counts as spaces (8 × 32 = 256); some old tars summed signed bytes.
+    unsigned = 256 + sum(struct.unpack_from("148B8x356B", block))
+    signed = 256 + sum(struct.unpack_from("148b8x356b", block))
+    if checksum not in (unsigned, signed):
+        raise ArchiveError("the archive has a tar header with a bad checksum: it is corrupt or not a tar archive")
+    name = _header_text(block[0:100])
+    # The POSIX ustar prefix field; GNU tar's own format keeps times there instead.
+    if block[257:263] == b"ustar\0":
+        prefix = _header_text(block[345:500])
+        if prefix:
+            name = f"{prefix}/{name}"
+    return TarMember(name=name, type=block[156:157], size=_header_number(block[124:136], "size"),
+                     linkname=_header_text(block[157:257], "link target"))
+
+
+def _parse_pax_records(payload: bytes) -> dict[bytes, bytes]:
+    """`<length> <keyword>=<value>\n` records, parsed in one pass (no regular expression to backtrack)."""
+    records: dict[bytes, bytes] = {}
+    pos = 0
+    end = len(payload)
+    while pos < end:
+        if payload[pos] == 0:  # NUL padding after the last record
+            if payload.count(0, pos) != end - pos:
+                raise ArchiveError("a PAX header of the archive is malformed")
+            break
+        space = payload.find(b" ", pos, min(end, pos + 21))
+        digits = payload[pos:space] if space > pos else b""
+        if not digits or not set(digits) <= _DECIMAL_DIGITS:
+            raise ArchiveError("a PAX header of the archive is malformed (a record without its length)")
+        length = int(digits)
+        record_end = pos + length
+        if length <= len(digits) + 2 or record_end > end or payload[record_end - 1] != 0x0A:
+            raise ArchiveError("a PAX header of the archive is malformed (a record's length is wrong)")
+        keyword, equals, value = payload[space + 1 : record_end - 1].partition(b"=")
+        if not equals or not keyword:
+            raise ArchiveError("a PAX header of the archive is malformed (a record without a keyword)")
+        records[keyword] = value
+        pos = record_end
+    return records
+
+
+def _pax_text(records: dict[bytes, bytes], keyword: bytes) -> str | None:
+    value = records.get(keyword)
+    if value is None:
+        return None
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ArchiveError(f"a tar {keyword.decode()} is not UTF-8: {_shown(value.decode('utf-8', 'replace'))}") from None
+
+
+def _pax_size(records: dict[bytes, bytes]) -> int | None:
+    value = records.get(b"size")
+    if value is None:
+        return None
+    if not value or len(value) > 20 or not set(value) <= _DECIMAL_DIGITS:
+        raise ArchiveError("a PAX header of the archive has an invalid size")
+    return int(value)
+
+
+def _override(overrides: dict[str, str], keyword: str, value: str) -> None:
+    # Tar readers disagree on which of two extended headers wins (tarfile: the first; others: the last), so an
+    # entry named twice could be checked under one name and extracted under the other: refuse it.
+    if keyword in overrides:
+        raise ArchiveError(f"the archive gives one entry two {'names' if keyword == 'path' else 'link targets'}")
+    overrides[keyword] = value
+
+
+@contextlib.contextmanager
+def _tar_stream(path: Path) -> Iterator[_Readable]:
+    """The file's bytes, decompressed on the fly (gzip, bzip2, xz by their magic numbers), or as they are."""
+    with open(path, "rb") as raw:
+        magic = raw.read(6)
+        raw.seek(0)
+        stream: gzip.GzipFile | bz2.BZ2File | lzma.LZMAFile
+        if magic[:2] == b"\x1f\x8b":
+            stream = gzip.GzipFile(fileobj=raw, mode="rb")
+        elif magic[:3] == b"BZh":
+            stream = bz2.BZ2File(raw, "rb")
+        elif magic == b"\xfd7zXZ\x00":
+            stream = lzma.LZMAFile(raw, "rb")
+        else:
+            yield raw
+            return
+        with stream:
+            yield stream
+
+
+class _TarReader:
+    """Members of a tar stream, in order, holding at most one extended header's payload in memory.
+
+    `next()` returns the next member (skipping the rest of the previous one's data); `read()` reads the current
+    member's data.
+    """
+
+    def __init__(self, stream: _Readable) -> None:
+        self.stream = stream
+        self.left = 0  # data bytes of the current member not read yet
+        self.padding = 0  # zero bytes after them, up to the next block
+
+    def _read_exactly(self, count: int) -> bytes:
+        data = self.stream.read(count)
+        while len(data) < count:
+            more = self.stream.read(count - len(data))
+            if not more:
+                raise ArchiveError("the archive is truncated")
+            data += more
+        return data
+
+    def _skip(self, count: int) -> None:
+        while count:
+            chunk = self.stream.read(min(_CHUNK, count))
+            if not chunk:
+                raise ArchiveError("the archive is truncated")
+            count -= len(chunk)
+
+    def _payload(self, size: int, limit: int, what: str) -> bytes:
+        if size > limit:
+            raise ArchiveError(f"the archive has a {what} of {size} bytes; at most {limit} bytes are accepted")
+        data = self._read_exactly(size)
+        self._skip(-size % _BLOCK)
+        return data
+
+    def next(self) -> TarMember | None:
+        self._skip(self.left + self.padding)
+        self.left = self.padding = 0
+        overrides: dict[str, str] = {}
+        size_override: int | None = None
+        for _ in range(MAX_EXTENDED_HEADERS + 1):
+            block = self.stream.read(_BLOCK)
+            if len(block) < _BLOCK:
+                if block:
+                    block += self._read_exactly(_BLOCK - len(block))
+                elif overrides or size_override is not None:
+                    raise ArchiveError("the archive is truncated (it ends after an extended header)")
+                else:
+                    return None  # no end-of-archive blocks: tolerated, as by every tar
+            if block == _ZERO_BLOCK:
+                if overrides or size_override is not None:
+                    raise ArchiveError("the archive is truncated (it ends after an extended header)")
+                return None
+            header = _parse_header(block)
+            if header.type in _PAX_TYPES:
+                records = _parse_pax_records(self._payload(header.size, MAX_PAX_HEADER_BYTES, "PAX header"))
+                if any(key.startswith(b"GNU.sparse.") for key in records):
+                    raise ArchiveError("the archive has a sparse file: make it without --sparse")
+                if header.type == b"g":
+                    # Global headers (git archive writes one with the commit id) may not rename or resize members.
+                    if {b"path", b"linkpath", b"size"} & records.keys():
+                        raise ArchiveError("the archive has a global PAX header that sets a path or size: "
+                                           "make it with plain tar or zip")
+                    continue
+                for keyword in ("path", "linkpath"):
+                    text = _pax_text(records, keyword.encode())
+                    if text is not None:
+                        _override(overrides, keyword, text)
+                found = _pax_size(records)
+                if found is not None:
+                    if size_override is not None:
+                        raise ArchiveError("the archive gives one entry two sizes in its extended headers")
+                    size_override = found
+                continue
+            if header.type in _GNU_LONG_TYPES:
+                payload = self._payload(header.size, MAX_LONG_NAME_BYTES, "GNU long name")
+                _override(overrides, _GNU_LONG_TYPES[header.type], _header_text(payload))
+                continue
+            if header.type == _SPARSE_TYPE:
+                raise ArchiveError(f"archive entry {_shown(header.name)} is a sparse file: make the archive without --sparse")
+            member = TarMember(
+                name=overrides.get("path", header.name),
+                type=header.type,
+                size=size_override if size_override is not None else header.size,
+                linkname=overrides.get("linkpath", header.linkname),
+            )
+            self.left = member.data_size
+            self.padding = -self.left % _BLOCK
+            return member
+        raise ArchiveError(f"the archive has more than {MAX_EXTENDED_HEADERS} extended headers in a row")
+
+    def read(self, size: int = -1) -> bytes:
+        """The current member's data: at most `size` bytes, b"" at its end."""
+        if size < 0 or size > self.left:
+            size = self.left
+        if not size:
+            return b""
+        data = self.stream.read(size)
+        if not data:
+            raise ArchiveError("the archive is truncated")
+        self.left -= len(data)
+        return data
+
+
+@contextlib.contextmanager
+def _open_tar(path: Path) -> Iterator[_TarReader]:
+    with _tar_stream(path) as stream:
+        yield _TarReader(stream)
+
+
+def _tar_members(reader: _TarReader) -> Iterator[TarMember]:
+    while (member := reader.next()) is not None:
+        yield member
 
 
 # --- Listing ---------------------------------------------------------------------------------------------------
@@ -145,18 +432,20 @@ def _zip_entry(info: zipfile.ZipInfo) -> ArchiveEntry | None:
     return None if not name else ArchiveEntry(name=name, size=0 if is_dir else info.file_size, is_dir=is_dir)
 
 
-def _tar_entry(member: tarfile.TarInfo) -> ArchiveEntry | None:
+def _tar_entry(member: TarMember) -> ArchiveEntry | None:
     name = normalize_entry_name(member.name)
-    if member.issym() or member.islnk():
-        kind = "symbolic link" if member.issym() else "hard link"
-        raise ArchiveError(f"archive entry {_shown(member.name)} is a {kind}: links are not allowed")
-    if member.ischr() or member.isblk() or member.isfifo():
+    if member.type in _LINK_TYPES:
+        raise ArchiveError(f"archive entry {_shown(member.name)} is a {_LINK_TYPES[member.type]}: links are not allowed")
+    if member.type in _DEVICE_TYPES:
         raise ArchiveError(f"archive entry {_shown(member.name)} is a device or fifo: only files are allowed")
-    if not (member.isreg() or member.isdir()):
+    if not (member.is_file or member.is_dir):
         raise ArchiveError(f"archive entry {_shown(member.name)} is not a regular file or directory")
+    if member.type == _DIR_TYPE and member.size:
+        # Its "content" would be read as the next headers by some tar readers and skipped by others.
+        raise ArchiveError(f"archive entry {_shown(member.name)} is a directory with content")
     if not name:
         return None
-    return ArchiveEntry(name=name, size=member.size if member.isreg() else 0, is_dir=member.isdir())
+    return ArchiveEntry(name=name, size=member.data_size, is_dir=member.is_dir)
 
 
 class _Tally:
@@ -200,10 +489,6 @@ def _check_tree(entries: list[ArchiveEntry]) -> None:
             parent = parent.rpartition("/")[0]
 
 
-def _open_tar(path: Path) -> tarfile.TarFile:
-    return tarfile.open(path, "r:*")
-
-
 def _iter_checked(path: Path, limits: ArchiveLimits) -> Iterator[ArchiveEntry]:
     """Yield the entries in archive order, enforcing type, count and declared-size limits as it goes."""
     kind = archive_kind(path)
@@ -220,10 +505,9 @@ def _iter_checked(path: Path, limits: ArchiveLimits) -> Iterator[ArchiveEntry]:
                     tally.add_bytes(entry.size)
                     yield entry
     elif kind == "tar":
-        with _open_tar(path) as tf:
-            # tf.next() rather than getmembers(): stop at the first entry over a limit instead of decompressing
-            # a bomb to the end first.
-            while (member := tf.next()) is not None:
+        with _open_tar(path) as reader:
+            # One member at a time: stop at the first entry over a limit instead of decompressing a bomb first.
+            for member in _tar_members(reader):
                 tally.add_entry()
                 entry = _tar_entry(member)
                 if entry is not None:
@@ -240,7 +524,7 @@ def check_archive(path: Path | str, limits: ArchiveLimits) -> list[ArchiveEntry]
         entries = list(_iter_checked(path, limits))
     except ArchiveError:
         raise
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, zlib.error, lzma.LZMAError, OSError) as exc:
         raise ArchiveError(f"the archive is corrupt or truncated ({exc})") from None
     _check_tree(entries)
     return entries
@@ -251,10 +535,29 @@ def list_names(path: Path | str, limits: ArchiveLimits) -> list[str]:
     return [entry.name for entry in check_archive(path, limits) if not entry.is_dir]
 
 
+def read_entry(path: Path | str, name: str, limit: int) -> bytes:
+    """At most `limit` bytes of the file entry `name` (normalised, as check_archive lists it), decompressing no more
+    than that; KeyError when the archive has no such file. Call on a checked archive."""
+    path = Path(path)
+    if archive_kind(path) == "zip":
+        with zipfile.ZipFile(path) as zf:
+            stored = {normalize_entry_name(info.filename): info for info in zf.infolist() if not info.is_dir()}
+            with zf.open(stored[name]) as fh:
+                return fh.read(limit)
+    with _open_tar(path) as reader:
+        for member in _tar_members(reader):
+            if member.is_file and normalize_entry_name(member.name) == name:
+                data = b""
+                while len(data) < limit and (chunk := reader.read(min(_CHUNK, limit - len(data)))):
+                    data += chunk
+                return data
+    raise KeyError(name)
+
+
 # --- Extraction ------------------------------------------------------------------------------------------------
 
 
-def _copy_limited(src: IO[bytes], dst: IO[bytes], declared: int, name: str, tally: _Tally) -> int:
+def _copy_limited(src: _Readable, dst: IO[bytes], declared: int, name: str, tally: _Tally) -> int:
     """Copy at most `declared` bytes, counting them against the archive's limits as they are written.
 
     Reads one byte past the declared size so that an entry whose header understates its size is caught here,
@@ -290,7 +593,7 @@ def _make_dir(root: Path, name: str) -> Path:
     return target
 
 
-def _write_file(root: Path, entry: ArchiveEntry, src: IO[bytes], tally: _Tally) -> None:
+def _write_file(root: Path, entry: ArchiveEntry, src: _Readable, tally: _Tally) -> None:
     parent_name = entry.name.rpartition("/")[0]
     parent = _make_dir(root, parent_name) if parent_name else root
     target = parent / entry.name.rpartition("/")[2]
@@ -327,18 +630,14 @@ def safe_extract(path: Path | str, dest: Path | str, limits: ArchiveLimits) -> l
                         with zf.open(info) as src:
                             _write_file(root, entry, src, tally)
         else:
-            with _open_tar(path) as tf:
-                while (member := tf.next()) is not None:
+            with _open_tar(path) as reader:
+                for member in _tar_members(reader):
                     entry = _tar_entry(member)
                     if entry is not None and _start_entry(root, entry, tally):
-                        tar_src = tf.extractfile(member)
-                        if tar_src is None:
-                            raise ArchiveError(f"archive entry {_shown(entry.name)} cannot be read")
-                        with tar_src:
-                            _write_file(root, entry, tar_src, tally)
+                        _write_file(root, entry, reader, tally)
     except ArchiveError:
         raise
-    except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error) as exc:
+    except (zipfile.BadZipFile, EOFError, zlib.error, lzma.LZMAError) as exc:
         raise ArchiveError(f"the archive is corrupt or truncated ({exc})") from None
     except OSError as exc:
         raise ArchiveError(f"the archive could not be extracted ({exc.strerror or exc})") from None

@@ -22,9 +22,9 @@ What is looked at, per format:
 
 from __future__ import annotations
 
+import lzma
 import re
 import struct
-import tarfile
 import zipfile
 import zlib
 from pathlib import Path
@@ -206,26 +206,6 @@ def _at_top_or_one_folder(names: list[str], basename: str) -> str | None:
     return None
 
 
-def _read_member_head(path: Path, kind: str, name: str, limit: int) -> bytes:
-    """The first `limit` bytes of one entry, decompressing no more than that."""
-    if kind == "zip":
-        with zipfile.ZipFile(path) as zf:
-            with zf.open(name) as fh:
-                return fh.read(limit)
-    with tarfile.open(path, "r:*") as tf:
-        for member in tf:
-            if member.isreg() and archives.normalize_entry_name(member.name) == name:
-                extracted = tf.extractfile(member)
-                return extracted.read(limit) if extracted is not None else b""
-    return b""
-
-
-def _zip_raw_names(path: Path) -> dict[str, str]:
-    """Normalised name -> name as stored, for reading a zip entry by its stored name."""
-    with zipfile.ZipFile(path) as zf:
-        return {archives.normalize_entry_name(info.filename): info.filename for info in zf.infolist()}
-
-
 def _ignored(name: str) -> bool:
     # Finder adds these to every zip it makes; they are not part of the model.
     return name.startswith("__MACOSX/") or name.rsplit("/", 1)[-1] == ".DS_Store"
@@ -240,10 +220,9 @@ def _detect_archive_format(path: Path, kind: str, limits: archives.ArchiveLimits
         return TORCHSCRIPT
     model_py = _at_top_or_one_folder(names, "model.py")
     if model_py is not None:
-        stored = _zip_raw_names(path).get(model_py, model_py) if kind == "zip" else model_py
         try:
-            source = _read_member_head(path, kind, stored, _MODEL_PY_MAX_BYTES)
-        except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, OSError, KeyError):
+            source = archives.read_entry(path, model_py, _MODEL_PY_MAX_BYTES)
+        except (zipfile.BadZipFile, archives.ArchiveError, EOFError, zlib.error, lzma.LZMAError, OSError, KeyError):
             source = b""
         if _TRITON_PYTHON_CLASS.search(source):
             return PYTHON

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import re
-import tarfile
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -251,19 +250,10 @@ def validate_declared_signature(declared: Signature, artifact_signature: Signatu
 
 def _read_entry(path: Path, name: str, limit: int) -> bytes:
     """An archive entry's bytes, refusing (not truncating) one bigger than `limit`."""
-    data = b""
-    if archives.archive_kind(path) == "zip":
-        with zipfile.ZipFile(path) as zf:
-            stored = {archives.normalize_entry_name(i.filename): i for i in zf.infolist()}[name]
-            with zf.open(stored) as fh:
-                data = fh.read(limit + 1)
-    else:
-        with tarfile.open(path, "r:*") as tf:
-            for member in tf:
-                if member.isreg() and archives.normalize_entry_name(member.name) == name:
-                    extracted = tf.extractfile(member)
-                    data = extracted.read(limit + 1) if extracted is not None else b""
-                    break
+    try:
+        data = archives.read_entry(path, name, limit + 1)
+    except archives.ArchiveError as exc:
+        raise InspectionError(str(exc)) from None
     if len(data) > limit:
         raise InspectionError(f"{name} is larger than {limit} bytes")
     return data

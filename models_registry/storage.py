@@ -30,8 +30,19 @@ class Readable(Protocol):
     def read(self, size: int = -1, /) -> bytes: ...
 
 
+class Appender(Protocol):
+    """Bytes appended to a partial upload, pushed in pieces (the tus PATCH path receives them from the network).
+    Blocking: call from a worker thread. `close` returns the bytes written and the upload's new storage state;
+    `abort` drops the attempt (the upload stays at its old state)."""
+
+    def write(self, data: bytes | bytearray) -> None: ...
+    def close(self) -> tuple[int, dict[str, Any]]: ...
+    def abort(self) -> None: ...
+
+
 class ArtifactStore(Protocol):
     def begin_upload(self, key: str) -> dict[str, Any]: ...
+    def open_append(self, key: str, state: dict[str, Any], offset: int) -> Appender: ...
     def append(self, key: str, state: dict[str, Any], offset: int, stream: Readable, limit: int) -> tuple[int, dict[str, Any]]: ...
     def commit(self, key: str, old: dict[str, Any], new: dict[str, Any]) -> None: ...
     def rollback(self, key: str, old: dict[str, Any], new: dict[str, Any]) -> None: ...
@@ -74,6 +85,44 @@ def copy_limited(stream: Readable, out: IO[bytes], limit: int) -> int:
     return written
 
 
+def append_stream(appender: Appender, stream: Readable, limit: int) -> tuple[int, dict[str, Any]]:
+    """Pull at most `limit` bytes from `stream` into `appender`, chunk by chunk."""
+    try:
+        received = 0
+        while received < limit:
+            chunk = stream.read(min(CHUNK, limit - received))
+            if not chunk:
+                break
+            appender.write(chunk)
+            received += len(chunk)
+    except BaseException:
+        appender.abort()
+        raise
+    return appender.close()
+
+
+class _FileAppender:
+    def __init__(self, path: Path, state: dict[str, Any], offset: int) -> None:
+        self.state = state
+        self.offset = offset
+        self.written = 0
+        self.out = open(path, "r+b")  # noqa: SIM115 - closed by close() or abort()
+        # Whatever a broken earlier request wrote past the committed offset is overwritten.
+        self.out.seek(offset)
+
+    def write(self, data: bytes | bytearray) -> None:
+        self.out.write(data)
+        self.written += len(data)
+
+    def close(self) -> tuple[int, dict[str, Any]]:
+        with self.out:
+            self.out.truncate(self.offset + self.written)
+        return self.written, self.state
+
+    def abort(self) -> None:
+        self.out.close()
+
+
 class FilesystemStore:
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
@@ -90,14 +139,11 @@ class FilesystemStore:
         path.touch()
         return {}
 
+    def open_append(self, key: str, state: dict[str, Any], offset: int) -> Appender:
+        return _FileAppender(self.path(key), state, offset)
+
     def append(self, key: str, state: dict[str, Any], offset: int, stream: Readable, limit: int) -> tuple[int, dict[str, Any]]:
-        path = self.path(key)
-        with open(path, "r+b") as out:
-            # Whatever a broken earlier request wrote past the committed offset is overwritten.
-            out.seek(offset)
-            written = copy_limited(stream, out, limit)
-            out.truncate(offset + written)
-        return written, state
+        return append_stream(self.open_append(key, state, offset), stream, limit)
 
     def commit(self, key: str, old: dict[str, Any], new: dict[str, Any]) -> None:
         return None
@@ -168,26 +214,13 @@ class S3Store:
         # state's tail untouched and the upload can be rolled back to it.
         return f"{self.object_key(key)}.tail-{parts}-{tail}"
 
+    def open_append(self, key: str, state: dict[str, Any], offset: int) -> Appender:
+        """Bytes go out in 8 MiB parts. Bytes that do not fill a part are kept in a small `.tail` object so that the
+        next request (or the end of the upload) can send them: S3 refuses parts under 5 MiB."""
+        return _S3Appender(self, key, state)
+
     def append(self, key: str, state: dict[str, Any], offset: int, stream: Readable, limit: int) -> tuple[int, dict[str, Any]]:
-        """Stream the body into 8 MiB parts. Bytes that do not fill a part are kept in a small `.tail` object so
-        that the next request (or the end of the upload) can send them: S3 refuses parts under 5 MiB."""
-        state = {**state, "parts": list(state["parts"])}
-        buffer = bytearray()
-        if state["tail"]:
-            old_tail = self._tail_key(key, len(state["parts"]), state["tail"])
-            buffer += self.client.get_object(Bucket=self.bucket, Key=old_tail)["Body"].read()
-        received = 0
-        while received < limit:
-            chunk = stream.read(min(CHUNK, limit - received))
-            if not chunk:
-                break
-            buffer += chunk
-            received += len(chunk)
-            if len(buffer) >= S3_PART_SIZE:
-                self._upload_part(key, state, bytes(buffer[:S3_PART_SIZE]))
-                del buffer[:S3_PART_SIZE]
-        self._save_tail(key, state, bytes(buffer))
-        return received, state
+        return append_stream(self.open_append(key, state, offset), stream, limit)
 
     def _upload_part(self, key: str, state: dict[str, Any], data: bytes) -> None:
         number = len(state["parts"]) + 1
@@ -268,6 +301,34 @@ class S3Store:
             path = Path(tmp) / "artifact"
             self.client.download_file(self.bucket, self.object_key(key), str(path))
             yield path
+
+
+class _S3Appender:
+    def __init__(self, store: S3Store, key: str, state: dict[str, Any]) -> None:
+        self.store = store
+        self.key = key
+        self.state = {**state, "parts": list(state["parts"])}
+        self.buffer = bytearray()
+        if state["tail"]:
+            old_tail = store._tail_key(key, len(state["parts"]), state["tail"])
+            self.buffer += store.client.get_object(Bucket=store.bucket, Key=old_tail)["Body"].read()
+        self.received = 0
+
+    def write(self, data: bytes | bytearray) -> None:
+        self.buffer += data
+        self.received += len(data)
+        while len(self.buffer) >= S3_PART_SIZE:
+            self.store._upload_part(self.key, self.state, bytes(self.buffer[:S3_PART_SIZE]))
+            del self.buffer[:S3_PART_SIZE]
+
+    def close(self) -> tuple[int, dict[str, Any]]:
+        self.store._save_tail(self.key, self.state, bytes(self.buffer))
+        self.buffer = bytearray()
+        return self.received, self.state
+
+    def abort(self) -> None:
+        # Parts uploaded past the old state's count are overwritten by the next request's parts of the same numbers.
+        self.buffer = bytearray()
 
 
 class _CountingReader:

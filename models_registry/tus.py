@@ -4,6 +4,7 @@ so that stock clients (tus-js-client, tuspy) work. Finished uploads become model
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -18,10 +19,12 @@ from models_registry.models import Upload
 from models_registry.uploads import (
     UploadProblem,
     append_chunk,
+    check_chunk,
     create_upload,
     encode_metadata,
     parse_checksum,
     parse_metadata,
+    parse_uint,
     terminate,
 )
 from portal.api_errors import error_response
@@ -40,19 +43,14 @@ def _tus_headers(response: HttpResponse) -> HttpResponse:
     return response
 
 
-def _problem(status: int, message: str) -> HttpResponse:
-    code = {400: "invalid", 404: "not_found", 409: "conflict", 410: "gone", 412: "precondition_failed",
-            413: "too_large", 415: "unsupported_media_type", 460: "checksum_mismatch"}.get(status, "error")
+def problem(status: int, message: str) -> HttpResponse:
+    code = {400: "invalid", 404: "not_found", 408: "timeout", 409: "conflict", 410: "gone", 412: "precondition_failed",
+            413: "too_large", 415: "unsupported_media_type", 460: "checksum_mismatch", 503: "unavailable"}.get(status, "error")
     return _tus_headers(error_response(status, code, message))
 
 
 def _int_header(request: Request, name: str) -> int | None:
-    raw = request.headers.get(name)
-    if raw is None:
-        return None
-    if not raw.isdigit():
-        raise UploadProblem(400, f"{name} must be a non-negative integer, got {raw!r}")
-    return int(raw)
+    return parse_uint(name, request.headers.get(name))
 
 
 @extend_schema(exclude=True)  # a binary protocol of its own (tus 1.0), documented in docs/api.md
@@ -67,11 +65,11 @@ class TusView(APIView):
 
     def handle_exception(self, exc: Exception) -> Any:
         if isinstance(exc, _TusVersionMissing):
-            response = _problem(412, f"Send 'Tus-Resumable: {TUS_VERSION}': only tus {TUS_VERSION} is supported.")
+            response = problem(412, f"Send 'Tus-Resumable: {TUS_VERSION}': only tus {TUS_VERSION} is supported.")
             response["Tus-Version"] = TUS_VERSION
             return response
         if isinstance(exc, UploadProblem):
-            return _problem(exc.status, exc.message)
+            return problem(exc.status, exc.message)
         return super().handle_exception(exc)
 
     # The tus answer is a plain HttpResponse (no content negotiation), which DRF accepts from any handler; the
@@ -121,6 +119,38 @@ def _get_upload(request: Request, upload_id: str) -> Upload:
     return upload
 
 
+@dataclass(frozen=True)
+class PatchPlan:
+    """A PATCH request that passed every check that does not need its body."""
+
+    upload: Upload
+    offset: int
+    content_length: int | None
+    checksum: bytes | None
+    remaining: int  # the most bytes the body may have
+
+
+def plan_patch(request: Request, upload_id: str) -> PatchPlan:
+    if request.content_type != "application/offset+octet-stream":
+        raise UploadProblem(415, "PATCH requests must have Content-Type: application/offset+octet-stream")
+    upload = _get_upload(request, upload_id)
+    offset = _int_header(request, "Upload-Offset")
+    if offset is None:
+        raise UploadProblem(400, "Upload-Offset is required")
+    checksum = parse_checksum(request.headers.get("Upload-Checksum"))
+    content_length = _int_header(request, "Content-Length")
+    remaining = check_chunk(upload, offset, content_length)
+    return PatchPlan(upload=upload, offset=offset, content_length=content_length, checksum=checksum,
+                     remaining=remaining)
+
+
+def patched(upload: Upload) -> HttpResponse:
+    response = HttpResponse(status=204)
+    response["Upload-Offset"] = str(upload.offset)
+    response["Upload-Expires"] = http_date(upload.expires_at.timestamp())
+    return response
+
+
 class UploadDetailView(TusView):
     def head(self, request: Request, upload_id: str) -> HttpResponse:
         upload = _get_upload(request, upload_id)
@@ -134,19 +164,11 @@ class UploadDetailView(TusView):
         return response
 
     def patch(self, request: Request, upload_id: str) -> HttpResponse:
-        if request.content_type != "application/offset+octet-stream":
-            raise UploadProblem(415, "PATCH requests must have Content-Type: application/offset+octet-stream")
-        upload = _get_upload(request, upload_id)
-        offset = _int_header(request, "Upload-Offset")
-        if offset is None:
-            raise UploadProblem(400, "Upload-Offset is required")
-        checksum = parse_checksum(request.headers.get("Upload-Checksum"))
-        content_length = _int_header(request, "Content-Length")
-        upload = append_chunk(upload, offset, request._request, content_length, checksum)
-        response = HttpResponse(status=204)
-        response["Upload-Offset"] = str(upload.offset)
-        response["Upload-Expires"] = http_date(upload.expires_at.timestamp())
-        return response
+        """Under ASGI (`make run`) PATCH is served by models_registry.tus_asgi, which streams the body instead of
+        letting Django spool it first; this handler serves WSGI and the test client, with the same checks."""
+        plan = plan_patch(request, upload_id)
+        upload = append_chunk(plan.upload, plan.offset, request._request, plan.content_length, plan.checksum)
+        return patched(upload)
 
     def delete(self, request: Request, upload_id: str) -> HttpResponse:
         terminate(_get_upload(request, upload_id))

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import base64
-import binascii
 import contextlib
 import hashlib
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -19,6 +18,9 @@ from models_registry.storage import Readable, get_store
 
 # A PATCH holds its claim at most this long; a client that died mid-request frees the upload after it.
 CLAIM_DURATION = timedelta(hours=1)
+# Header values are ASCII digits only: str.isdigit() is also true for "²" and "٣", which int() then refuses or
+# reads, and int() of a 5,000-digit value raises. 19 digits hold any size a signed 64-bit column can.
+_MAX_DIGITS = 19
 
 
 class UploadProblem(Exception):
@@ -30,11 +32,27 @@ class UploadProblem(Exception):
         self.message = message
 
 
+def parse_uint(name: str, raw: str | None) -> int | None:
+    """A header holding a non-negative integer (Upload-Length, Upload-Offset, Content-Length), or None if absent."""
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > _MAX_DIGITS:
+        shown = raw if len(raw) <= 40 else raw[:40] + "…"
+        raise UploadProblem(400, f"{name} must be a non-negative integer of at most {_MAX_DIGITS} digits, got {shown!r}")
+    return int(raw)
+
+
+# Upload-Metadata is stored with the upload and sent back on every HEAD; clients send a file name and type.
+MAX_METADATA_CHARS = 16 * 1024
+
+
 def parse_metadata(header: str | None) -> dict[str, str]:
     """Upload-Metadata: comma-separated `key base64value` pairs (the value may be absent)."""
     result: dict[str, str] = {}
     if not header:
         return result
+    if len(header) > MAX_METADATA_CHARS:
+        raise UploadProblem(400, f"Upload-Metadata is {len(header)} characters; at most {MAX_METADATA_CHARS} are accepted.")
     for pair in header.split(","):
         pair = pair.strip()
         if not pair:
@@ -42,7 +60,7 @@ def parse_metadata(header: str | None) -> dict[str, str]:
         key, _, encoded = pair.partition(" ")
         try:
             value = base64.b64decode(encoded.strip(), validate=True).decode("utf-8") if encoded.strip() else ""
-        except (binascii.Error, UnicodeDecodeError):
+        except ValueError:  # binascii.Error, UnicodeDecodeError, and b64decode's "only ASCII characters"
             raise UploadProblem(400, f"Upload-Metadata value for {key!r} is not valid base64 of UTF-8 text") from None
         result[key] = value
     return result
@@ -82,7 +100,7 @@ def parse_checksum(header: str | None) -> bytes | None:
         raise UploadProblem(400, f"Upload-Checksum algorithm {algorithm!r} is not supported: use sha256")
     try:
         digest = base64.b64decode(encoded.strip(), validate=True)
-    except binascii.Error:
+    except ValueError:  # binascii.Error, and b64decode's "only ASCII characters" for "sha256 é"
         raise UploadProblem(400, "Upload-Checksum digest is not valid base64") from None
     if len(digest) != 32:
         raise UploadProblem(400, "Upload-Checksum digest must be a 32-byte sha256 digest")
@@ -100,10 +118,8 @@ class _HashingReader:
         return data
 
 
-def append_chunk(upload: Upload, offset: int, stream: Readable, content_length: int | None,
-                 checksum: bytes | None) -> Upload:
-    """Write the body at `offset`. The offset is committed only for bytes that fully arrived (and match the
-    checksum), so an interrupted request leaves a resumable upload, never a corrupt one."""
+def check_chunk(upload: Upload, offset: int, content_length: int | None) -> int:
+    """The most bytes this PATCH may bring (what remains of the upload), or UploadProblem."""
     if upload.completed_at is not None:
         raise UploadProblem(409, "This upload is already complete.")
     if offset != upload.offset:
@@ -111,28 +127,40 @@ def append_chunk(upload: Upload, offset: int, stream: Readable, content_length: 
     remaining = upload.length - upload.offset
     if content_length is not None and content_length > remaining:
         raise UploadProblem(413, f"The chunk is {content_length} bytes but only {remaining} bytes remain in this upload.")
+    return remaining
+
+
+def claim(upload: Upload, offset: int, duration: timedelta = CLAIM_DURATION) -> datetime:
+    """Claim the upload for one PATCH; the returned time is the claim's token (see renew_claim and commit_chunk)."""
     now = timezone.now()
+    until = now + duration
     claimed = (
         Upload.objects.filter(pk=upload.pk, offset=offset, completed_at__isnull=True)
         .filter(Q(busy_until__isnull=True) | Q(busy_until__lt=now))
-        .update(busy_until=now + CLAIM_DURATION)
+        .update(busy_until=until)
     )
     if claimed != 1:
         raise UploadProblem(409, "Another request is writing to this upload, or its offset changed: send HEAD and resume.")
+    return until
+
+
+def renew_claim(upload: Upload, token: datetime, duration: timedelta) -> datetime | None:
+    """Extend a claim that is still ours; None when it is not (it expired and another request took it)."""
+    until = timezone.now() + duration
+    renewed = Upload.objects.filter(pk=upload.pk, busy_until=token).update(busy_until=until)
+    return until if renewed == 1 else None
+
+
+def release(upload: Upload, token: datetime | None = None) -> None:
+    uploads = Upload.objects.filter(pk=upload.pk)
+    (uploads.filter(busy_until=token) if token is not None else uploads).update(busy_until=None)
+
+
+def commit_chunk(upload: Upload, offset: int, written: int, old_state: dict[str, Any], new_state: dict[str, Any],
+                 token: datetime | None = None) -> Upload:
+    """Record `written` more bytes at `offset` (finishing the stored object when the upload is complete) and release
+    the claim. A claim lost meanwhile (the request outlived it) discards the bytes: UploadProblem 409."""
     store = get_store()
-    old_state = upload.storage_state
-    # Hash only when the client sent a checksum: sha256 is a third of the server's CPU time on a large PATCH.
-    hasher = _HashingReader(stream) if checksum is not None else None
-    limit = remaining if content_length is None else content_length
-    try:
-        written, new_state = store.append(upload.key, old_state, offset, hasher or stream, limit)
-    except BaseException:
-        Upload.objects.filter(pk=upload.pk).update(busy_until=None)
-        raise
-    if hasher is not None and hasher.digest.digest() != checksum:
-        store.rollback(upload.key, old_state, new_state)
-        Upload.objects.filter(pk=upload.pk).update(busy_until=None)
-        raise UploadProblem(460, "Checksum mismatch: the chunk's sha256 differs from Upload-Checksum; it was discarded.")
     new_offset = offset + written
     completed = new_offset == upload.length
     if completed:
@@ -141,14 +169,54 @@ def append_chunk(upload: Upload, offset: int, stream: Readable, content_length: 
         except BaseException:
             # E.g. S3 failing CompleteMultipartUpload: the client sends the last chunk again, now, not after the claim.
             store.rollback(upload.key, old_state, new_state)
-            Upload.objects.filter(pk=upload.pk).update(busy_until=None)
+            release(upload, token)
             raise
-    Upload.objects.filter(pk=upload.pk).update(
-        offset=new_offset, storage_state=new_state, busy_until=None, completed_at=timezone.now() if completed else None
-    )
+    rows = Upload.objects.filter(pk=upload.pk, offset=offset)
+    if token is not None:
+        rows = rows.filter(busy_until=token)
+    updated = rows.update(offset=new_offset, storage_state=new_state, busy_until=None,
+                          completed_at=timezone.now() if completed else None)
+    if updated != 1:
+        store.rollback(upload.key, old_state, new_state)
+        raise UploadProblem(409, "This request took longer than its claim on the upload; send HEAD and resume.")
     store.commit(upload.key, old_state, new_state)
     upload.refresh_from_db()
     return upload
+
+
+def discard_chunk(upload: Upload, old_state: dict[str, Any], new_state: dict[str, Any] | None,
+                  token: datetime | None = None) -> None:
+    """Forget what a PATCH wrote (a checksum mismatch, a body too long): the upload stays where it was."""
+    if new_state is not None:
+        get_store().rollback(upload.key, old_state, new_state)
+    release(upload, token)
+
+
+def append_chunk(upload: Upload, offset: int, stream: Readable, content_length: int | None,
+                 checksum: bytes | None) -> Upload:
+    """Write the body at `offset`. The offset is committed only for bytes that fully arrived (and match the
+    checksum), so an interrupted request leaves a resumable upload, never a corrupt one."""
+    remaining = check_chunk(upload, offset, content_length)
+    claim(upload, offset)
+    store = get_store()
+    old_state = upload.storage_state
+    # Hash only when the client sent a checksum: sha256 is a third of the server's CPU time on a large PATCH.
+    hasher = _HashingReader(stream) if checksum is not None else None
+    limit = remaining if content_length is None else content_length
+    try:
+        written, new_state = store.append(upload.key, old_state, offset, hasher or stream, limit)
+    except BaseException:
+        release(upload)
+        raise
+    if content_length is None and written == remaining and stream.read(1):
+        # A body of unknown length (chunked) that goes on past the upload's end: refused whole, never cut.
+        discard_chunk(upload, old_state, new_state)
+        raise UploadProblem(413, f"The body is longer than the {remaining} bytes that remain in this upload; nothing "
+                                 "of it was kept.")
+    if hasher is not None and hasher.digest.digest() != checksum:
+        discard_chunk(upload, old_state, new_state)
+        raise UploadProblem(460, "Checksum mismatch: the chunk's sha256 differs from Upload-Checksum; it was discarded.")
+    return commit_chunk(upload, offset, written, old_state, new_state)
 
 
 def terminate(upload: Upload) -> None:

@@ -9,6 +9,8 @@ django_application = get_asgi_application()
 
 from gateway.app import Gateway  # noqa: E402 - needs Django set up first
 from gateway.bodylimit import BodyLimit  # noqa: E402
+from models_registry.tus_asgi import TusPatchRoute  # noqa: E402
 
-# /serve/... goes to the gateway's fast path; everything else to Django, its request bodies capped first.
-application = Gateway(BodyLimit(django_application))
+# /serve/... goes to the gateway's fast path; a tus PATCH streams into storage (TusPatchRoute, which bounds it by the
+# upload's remaining length); everything else to Django, its request bodies capped first (BodyLimit).
+application = Gateway(TusPatchRoute(BodyLimit(django_application)))

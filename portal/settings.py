@@ -166,6 +166,8 @@ if (S3_ACCESS_KEY_ID or S3_ENDPOINT_URL) and not S3_BUCKET:
 MAX_UPLOAD_SIZE = env_int("MAX_UPLOAD_SIZE", 20 * 1024**3, minimum=1)  # bytes, per artifact
 MAX_MULTIPART_UPLOAD_SIZE = env_int("MAX_MULTIPART_UPLOAD_SIZE", 100 * 1024**2, minimum=1)
 UPLOAD_EXPIRY_HOURS = env_int("UPLOAD_EXPIRY_HOURS", 24, minimum=1)
+# A tus PATCH whose body stops arriving for this long keeps what arrived and is answered 408 (models_registry/tus_asgi.py).
+UPLOAD_IDLE_TIMEOUT_SECONDS = env_int("UPLOAD_IDLE_TIMEOUT_SECONDS", 60, minimum=1)
 # Untrusted archives (SavedModel, python models): limits against zip bombs.
 ARCHIVE_MAX_ENTRIES = env_int("ARCHIVE_MAX_ENTRIES", 10_000, minimum=1)
 ARCHIVE_MAX_TOTAL_SIZE = env_int("ARCHIVE_MAX_TOTAL_SIZE", 50 * 1024**3, minimum=1)

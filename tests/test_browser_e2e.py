@@ -207,3 +207,22 @@ def test_a_new_token_is_shown_once_and_failed_sign_ins_are_throttled(browser: An
     assert statuses == [200] * 5 + [429]
     assert "Too many failed sign-ins for this account" in guesser.inner_text("#login-throttled")
     guesser.context.close()
+
+
+def test_a_refused_first_upload_leaves_no_model(browser: Any, alice_user: Person, portal_url: str, tmp_path: Path) -> None:
+    """The page created the model before uploading: a refused file left an empty model behind. Now the model comes
+    with its first version, and a bad name is caught before any byte is sent."""
+    from models_registry.models import Model, Upload
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello, not a model\n")
+    page = sign_in(browser, portal_url, "alice")
+    upload(page, portal_url, "Bad Name", notes)
+    page.wait_for_selector("#id_name_error")
+    assert "is not a valid name" in page.inner_text("#id_name_error")
+    assert not Upload.objects.exists()  # refused before the upload started
+    page.fill("#id_name", "notes")
+    page.click("#upload-submit")
+    page.wait_for_selector("#id_file_error", timeout=60_000)
+    assert "detect the model format" in page.inner_text("#id_file_error")
+    assert not Model.objects.filter(name="notes").exists()

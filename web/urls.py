@@ -17,6 +17,7 @@ urlpatterns = [
     path("models/upload/", views.upload, name="upload"),
     path("models/<str:name>/", views.model_detail, name="model-detail"),
     path("models/<str:name>/versions/", views.model_versions, name="model-versions"),
+    path("models/<str:name>/delete/", views.model_delete, name="model-delete"),
     path("deployments/new/", views.deployment_new, name="deployment-new"),
     path("deployments/<str:name>/", views.deployment_detail, name="deployment-detail"),
     path("deployments/<str:name>/edit/", views.deployment_edit, name="deployment-edit"),

@@ -20,8 +20,9 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from accounts.context import SESSION_TEAM_KEY, current_team
+from accounts.context import SESSION_TEAM_KEY, current_team, is_team_admin
 from accounts.models import ApiToken, Membership, Team, max_token_lifetime_days
+from accounts.names import NAME_RE, NAME_RULE
 from audit.log import record as audit
 from deployments import actions as deployment_actions
 from deployments.api import DeploymentInputSerializer
@@ -163,6 +164,7 @@ def model_detail(request: HttpRequest, team: Team, name: str) -> HttpResponse:
     pipeline = next((v for v in context["versions"] if v.format == "ensemble" and v.definition), None)
     context["pipeline"] = pipeline
     context["graph"] = pipeline_graph(pipeline.definition) if pipeline else None
+    context["can_delete"] = is_team_admin(request)
     return render(request, "web/model_detail.html", context)
 
 
@@ -170,6 +172,28 @@ def model_detail(request: HttpRequest, team: Team, name: str) -> HttpResponse:
 @team_required
 def model_versions(request: HttpRequest, team: Team, name: str) -> HttpResponse:
     return render(request, "web/_versions.html", _versions_context(_get_model(team, name)))
+
+
+@require_http_methods(["GET", "POST"])
+@team_required
+def model_delete(request: HttpRequest, team: Team, name: str) -> HttpResponse:
+    """Team admins delete a model that no deployment serves (with its versions and their files)."""
+    model = _get_model(team, name)
+    admin = is_team_admin(request)
+    in_use = registry_actions.model_in_use(model)
+    if request.method == "POST" and admin and not in_use:
+        try:
+            with transaction.atomic():
+                registry_actions.delete_model(model, request.user)
+        except registry_actions.Conflict as exc:  # a version is a step of a pipeline, or a deployment came meanwhile
+            messages.error(request, str(exc))
+            return redirect("model-detail", name=model.name)
+        messages.success(request, f"Deleted {name}.")
+        return redirect("models")
+    status = 403 if not admin else (409 if request.method == "POST" else 200)
+    return render(request, "web/model_delete.html", {
+        "model": model, "team": team, "is_admin": admin, "in_use": in_use, "version_count": model.versions.count(),
+    }, status=status)
 
 
 @require_http_methods(["GET", "POST"])
@@ -189,6 +213,9 @@ def upload(request: HttpRequest, team: Team) -> HttpResponse:
         "datatypes": ["FP32", "FP16", "FP64", "BF16", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16",
                       "UINT32", "UINT64", "BOOL", "BYTES"],
         "chunk_size": 5 * 1024 * 1024,
+        # The script checks the name before a long upload: the model is only created with its first version.
+        "name_pattern": NAME_RE.pattern.removeprefix("^").removesuffix("$").removesuffix(r"\Z"),
+        "name_rule": NAME_RULE,
     })
 
 
@@ -315,6 +342,7 @@ def deployment_detail(request: HttpRequest, team: Team, name: str) -> HttpRespon
             "url": inference.infer_url(base_url, deployment.name, entry["name"]),
             "path": inference.infer_url("", deployment.name, entry["name"]),
             "example": inference.example_request_json(signature),
+            "example_note": inference.example_note(signature),
             "bytes_inputs": [t["name"] for t in signature.get("inputs", []) if t.get("datatype") == "BYTES"],
             "snippets": [
                 ("curl", inference.curl_snippet(base_url, deployment.name, entry["name"]), "curl"),

@@ -226,3 +226,74 @@ def test_concurrent_uploads_never_get_the_same_number(alice: Person, digits: Mod
         thread.join()
     assert errors == []
     assert sorted(numbers) == list(range(1, 21))
+
+
+# --- create_model: a model is created with its first version, never without it -----------------------------------
+
+
+def test_create_model_makes_the_model_with_its_first_version(alice: Person) -> None:
+    payload = {"file": SimpleUploadedFile("model.onnx", tiny_onnx()), "create_model": "true"}
+    response = alice.client().post("/api/v1/models/notes/versions/", payload, format="multipart")
+    assert response.status_code == 201, response.json()
+    model = Model.objects.get(team=alice.team, name="notes")
+    assert model.created_by == alice.user
+    assert model.versions.get().number == 1
+    from audit.models import AuditEntry
+
+    assert AuditEntry.objects.filter(action="model.create", target="notes").exists()
+
+
+def test_a_refused_first_version_leaves_no_empty_model(alice: Person) -> None:
+    """The upload page created the model first: a refused file left "notes · 0 · no version" behind."""
+    payload = {"file": SimpleUploadedFile("notes.txt", b"hello, not a model"), "create_model": "true"}
+    response = alice.client().post("/api/v1/models/notes/versions/", payload, format="multipart")
+    assert response.status_code == 400
+    assert "detect the model format" in response.json()["error"]["message"]
+    assert not Model.objects.exists()
+    assert_nothing_stored()
+
+
+def test_a_refused_first_version_from_a_tus_upload_leaves_no_empty_model(alice: Person) -> None:
+    tus = {"HTTP_TUS_RESUMABLE": "1.0.0"}
+    created = alice.client().post("/api/v1/uploads/", HTTP_UPLOAD_LENGTH="5", **tus)
+    url = created["Location"].split("testserver", 1)[-1]
+    alice.client().generic("PATCH", url, b"hello", content_type="application/offset+octet-stream",
+                           HTTP_UPLOAD_OFFSET="0", **tus)
+    body = {"upload_id": url.rstrip("/").rsplit("/", 1)[-1], "create_model": True}
+    response = alice.client().post("/api/v1/models/notes/versions/", body, format="json")
+    assert response.status_code == 400
+    assert not Model.objects.exists()
+
+
+def test_without_create_model_an_unknown_model_is_404(alice: Person) -> None:
+    response = alice.client().post("/api/v1/models/notes/versions/", {"file": SimpleUploadedFile("m.onnx", tiny_onnx())},
+                                   format="multipart")
+    assert response.status_code == 404
+    assert not Model.objects.exists()
+
+
+@pytest.mark.parametrize(("name", "value", "field", "message"), [
+    ("Notes", True, "name", "is not a valid name"),
+    ("upload", True, "name", "reserved"),
+    ("notes", "perhaps", "create_model", "Must be a valid boolean"),
+])
+def test_create_model_checks_the_name_and_the_flag(alice: Person, name: str, value: Any, field: str,
+                                                   message: str) -> None:
+    response = alice.client().post(f"/api/v1/models/{name}/versions/", {"upload_id": "x", "create_model": value},
+                                   format="json")
+    assert response.status_code == 400
+    assert message in " ".join(response.json()["error"]["fields"][field])
+    assert not Model.objects.exists()
+
+
+def test_create_model_uses_a_model_that_exists_already(alice: Person, digits: Model) -> None:
+    payload = {"file": SimpleUploadedFile("model.onnx", tiny_onnx()), "create_model": "true"}
+    assert alice.client().post("/api/v1/models/digits/versions/", payload, format="multipart").status_code == 201
+    assert Model.objects.get().versions.count() == 1
+
+
+def test_create_model_makes_a_model_in_the_callers_team_only(alice: Person, charlie: Person, digits: Model) -> None:
+    payload = {"file": SimpleUploadedFile("model.onnx", tiny_onnx()), "create_model": "true"}
+    assert charlie.client().post("/api/v1/models/digits/versions/", payload, format="multipart").status_code == 201
+    assert Model.objects.get(team=charlie.team, name="digits").versions.count() == 1
+    assert digits.versions.count() == 0

@@ -20,8 +20,10 @@ from models_registry.archives import (
     ArchiveLimits,
     _copy_limited,
     _Tally,
+    archive_kind,
     check_archive,
     is_archive,
+    read_entry,
     safe_extract,
 )
 
@@ -288,3 +290,177 @@ def test_it_tells_archives_from_other_files(tmp_path: Path) -> None:
     plain = tmp_path / "model.onnx"
     plain.write_bytes(b"\x08\x08\x12\x07pytorch" + bytes(600))
     assert not is_archive(plain)
+
+
+# --- Tar headers are read with bounded reads (issue 12: tarfile read whole extended headers, CVE-2024-6232) -------
+
+
+def raw_header(name: str, kind: bytes, size: int, fmt: int = tarfile.USTAR_FORMAT) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.size = size
+    return info.tobuf(format=fmt)
+
+
+def extended(kind: bytes, payload: bytes) -> bytes:
+    """An extended header (PAX "x"/"g", GNU "L"/"K") with its payload, padded to whole blocks."""
+    name = "././@LongLink" if kind in (b"L", b"K") else "PaxHeader"
+    return raw_header(name, kind, len(payload)) + payload + bytes(-len(payload) % 512)
+
+
+def pax_record(keyword: str, value: str) -> bytes:
+    body = f" {keyword}={value}\n".encode()
+    length = len(body) + len(str(len(body)))
+    length = len(body) + len(str(length))
+    return str(length).encode() + body
+
+
+def member(name: str, data: bytes) -> bytes:
+    return raw_header(name, tarfile.REGTYPE, len(data)) + data + bytes(-len(data) % 512)
+
+
+def write_tar(path: Path, *parts: bytes, gz: bool = False) -> Path:
+    import gzip
+
+    data = b"".join(parts) + bytes(1024)
+    path.write_bytes(gzip.compress(data, 6) if gz else data)
+    return path
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+@pytest.mark.parametrize("mode", ["w", "w:gz", "w:bz2", "w:xz"])
+def test_it_lists_and_extracts_what_tarfile_writes_in_every_format(tmp_path: Path, fmt: int, mode: str) -> None:
+    long_names = fmt != tarfile.USTAR_FORMAT  # ustar holds 100 + 155 characters, ASCII only in practice
+    files = {"model.py": b"class TritonPythonModel: pass\n", "a" * 90 + "/" + "b" * 90 + ".bin": bytes(700)}
+    if long_names:
+        files["lib/" + "x" * 150 + ".py"] = b"X = 1\n"
+        files["données/modèle.py"] = "é".encode() * 300
+    archive = tmp_path / "m.tar"
+    with tarfile.open(archive, mode, format=fmt) as tf:  # type: ignore[call-overload]
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        folder = tarfile.TarInfo("empty")
+        folder.type = tarfile.DIRTYPE
+        tf.addfile(folder)
+    assert is_archive(archive)
+    entries = check_archive(archive, LIMITS)
+    with tarfile.open(archive) as tf:
+        assert [(e.name, e.size, e.is_dir) for e in entries] == [(m.name, m.size, m.isdir()) for m in tf]
+    safe_extract(archive, tmp_path / "out", LIMITS)
+    for name, data in files.items():
+        assert (tmp_path / "out" / name).read_bytes() == data
+        assert read_entry(archive, name, 10) == data[:10]
+    assert (tmp_path / "out/empty").is_dir()
+
+
+def test_a_gnu_long_name_bomb_is_refused_without_reading_it_into_memory(tmp_path: Path) -> None:
+    """A 32 KB .tar.gz whose long-name header declares 32 MiB: tarfile.is_tarfile held all of it (53 MiB peak)."""
+    import tracemalloc
+
+    name = b"a" * (32 * MiB)
+    archive = write_tar(tmp_path / "bomb.tar.gz", extended(b"L", name), member("model.py", b""), gz=True)
+    assert archive.stat().st_size < 64 * 1024
+    tracemalloc.start()
+    try:
+        assert archive_kind(archive) == "tar"
+        with pytest.raises(ArchiveError, match="GNU long name of 33554432 bytes; at most 65536"):
+            check_archive(archive, LIMITS)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * MiB
+
+
+def test_a_pax_header_too_large_to_hold_is_refused(tmp_path: Path) -> None:
+    archive = write_tar(tmp_path / "bomb.tar.gz", extended(b"x", b"9" * (2 * MiB)), member("model.py", b""), gz=True)
+    with pytest.raises(ArchiveError, match="PAX header of 2097152 bytes"):
+        check_archive(archive, LIMITS)
+
+
+def test_a_pax_header_made_to_backtrack_is_refused_at_once(tmp_path: Path) -> None:
+    """CVE-2024-6232: Python 3.11.7's tarfile takes quadratic time over a PAX header of digits (about 5 s for these
+    60,000; minutes for a megabyte of them)."""
+    import time
+
+    archive = write_tar(tmp_path / "redos.tar", extended(b"x", b"1" * 60_000), member("model.py", b""))
+    started = time.perf_counter()
+    with pytest.raises(ArchiveError, match="PAX header of the archive is malformed"):
+        check_archive(archive, LIMITS)
+    assert time.perf_counter() - started < 0.5
+
+
+def test_a_pax_path_is_checked_like_any_name(tmp_path: Path) -> None:
+    archive = write_tar(tmp_path / "m.tar", extended(b"x", pax_record("path", "../../evil.py")), member("model.py", b"owned"))
+    with pytest.raises(ArchiveError, match="outside the archive"):
+        check_archive(archive, LIMITS)
+    with pytest.raises(ArchiveError, match="outside the archive"):
+        safe_extract(archive, tmp_path / "out", LIMITS)
+    assert not (tmp_path / "evil.py").exists()
+
+
+def test_a_gnu_long_link_to_a_secret_is_still_a_link(tmp_path: Path) -> None:
+    link = raw_header("secrets", tarfile.SYMTYPE, 0)
+    archive = write_tar(tmp_path / "m.tar", extended(b"K", b"/etc/" + b"x" * 200), link)
+    with pytest.raises(ArchiveError, match="symbolic link"):
+        check_archive(archive, LIMITS)
+
+
+def test_an_entry_named_twice_by_its_extended_headers_is_refused(tmp_path: Path) -> None:
+    """tarfile keeps the first name, other readers the last: one name would be checked, the other extracted."""
+    archive = write_tar(tmp_path / "m.tar", extended(b"x", pax_record("path", "model.py")),
+                        extended(b"L", b"../evil.py"), member("x", b""))
+    with pytest.raises(ArchiveError, match="two names"):
+        check_archive(archive, LIMITS)
+
+
+def test_a_pax_size_is_what_counts_against_the_limits(tmp_path: Path) -> None:
+    archive = write_tar(tmp_path / "m.tar", extended(b"x", pax_record("size", str(9 * MiB))), member("big.bin", b""))
+    with pytest.raises(ArchiveError, match="expands to more than 8388608 bytes"):
+        check_archive(archive, LIMITS)
+    bad = write_tar(tmp_path / "bad.tar", extended(b"x", pax_record("size", "²")), member("big.bin", b""))
+    with pytest.raises(ArchiveError, match="invalid size"):
+        check_archive(bad, LIMITS)
+
+
+def test_a_global_header_with_a_comment_is_fine_but_one_that_renames_is_not(tmp_path: Path) -> None:
+    # What `git archive` writes first.
+    ok = write_tar(tmp_path / "ok.tar", extended(b"g", pax_record("comment", "0" * 40)), member("model.py", b"x"))
+    assert check_archive(ok, LIMITS) == [ArchiveEntry("model.py", 1)]
+    renames = write_tar(tmp_path / "g.tar", extended(b"g", pax_record("path", "../evil.py")), member("model.py", b"x"))
+    with pytest.raises(ArchiveError, match="global PAX header"):
+        check_archive(renames, LIMITS)
+
+
+def test_it_refuses_sparse_files_and_names_that_are_not_utf8(tmp_path: Path) -> None:
+    sparse = write_tar(tmp_path / "s.tar", extended(b"x", pax_record("GNU.sparse.map", "0,10")), member("w.bin", b""))
+    with pytest.raises(ArchiveError, match="sparse"):
+        check_archive(sparse, LIMITS)
+    old_sparse = write_tar(tmp_path / "s2.tar", raw_header("w.bin", tarfile.GNUTYPE_SPARSE, 0, tarfile.GNU_FORMAT))
+    with pytest.raises(ArchiveError, match="sparse"):
+        check_archive(old_sparse, LIMITS)
+    latin1 = write_tar(tmp_path / "l.tar", extended(b"L", "modèle.py".encode("latin-1")), member("x", b""))
+    with pytest.raises(ArchiveError, match="not UTF-8"):
+        check_archive(latin1, LIMITS)
+
+
+def test_a_truncated_tar_and_a_directory_with_content_are_refused(tmp_path: Path) -> None:
+    whole = member("weights.bin", bytes(5000))
+    truncated = tmp_path / "t.tar"
+    truncated.write_bytes(whole[:3000])
+    with pytest.raises(ArchiveError, match="truncated"):
+        check_archive(truncated, LIMITS)
+    after_header = write_tar(tmp_path / "t2.tar", extended(b"x", pax_record("path", "a.py")))
+    with pytest.raises(ArchiveError, match="truncated"):
+        check_archive(after_header, LIMITS)
+    folder = write_tar(tmp_path / "d.tar", raw_header("dir", tarfile.DIRTYPE, 512) + bytes(512))
+    with pytest.raises(ArchiveError, match="directory with content"):
+        check_archive(folder, LIMITS)
+
+
+def test_a_bad_checksum_is_not_a_tar(tmp_path: Path) -> None:
+    data = bytearray(write_tar(tmp_path / "m.tar", member("model.py", b"x")).read_bytes())
+    data[0] ^= 1
+    (tmp_path / "m.tar").write_bytes(bytes(data))
+    assert not is_archive(tmp_path / "m.tar")

@@ -328,3 +328,18 @@ def test_the_diagram_partial_draws_every_step_and_tensor_as_svg() -> None:
     for text in ("preprocess", "digits", "postprocess", "in: image", "out: labels", ">features<", ">probabilities<"):
         assert text in html, text
     assert json.dumps(digits_pipeline_definition())  # the definition itself stays JSON
+
+
+def test_a_pipeline_can_create_its_model_and_a_refused_one_leaves_none(
+    alice: Person, steps: dict[str, ModelVersion], definition: dict[str, Any]
+) -> None:
+    client = alice.client()
+    broken = {**definition, "outputs": [{"name": "nowhere", "datatype": "FP32", "dims": [-1, 1]}]}
+    response = client.post("/api/v1/models/digits-pipeline/versions/",
+                           {"format": "ensemble", "definition": broken, "create_model": True}, format="json")
+    assert response.status_code == 400
+    assert not Model.objects.filter(name="digits-pipeline").exists()
+    response = client.post("/api/v1/models/digits-pipeline/versions/",
+                           {"format": "ensemble", "definition": definition, "create_model": True}, format="json")
+    assert response.status_code == 201, response.json()
+    assert Model.objects.get(name="digits-pipeline").versions.get().format == "ensemble"

@@ -247,3 +247,43 @@ def test_a_failed_completion_leaves_the_last_chunk_to_be_sent_again(alice: Perso
     assert read(s3, f"{PREFIX}/{Upload.objects.get().key}") == data
     assert tails(s3) == []
     assert multipart_uploads(s3) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_streamed_patch_keeps_what_arrived_on_s3_and_refuses_a_body_too_long(alice: Person, s3: Bucket) -> None:
+    """The thin ASGI path (portal.asgi on uvicorn) into S3: a PATCH cut mid-part keeps its bytes (a part and a tail),
+    a chunked body longer than the rest leaves the state as it was, and the rest completes the object."""
+    from models_registry.tests.live_portal import chunked, live_portal, read_answer, request_head, settled
+
+    data = os.urandom(21 * MiB)
+    url = create(alice, len(data), filename="weights.bin")
+    headers = {"Authorization": f"Bearer {alice.token}", "Tus-Resumable": "1.0.0",
+               "Content-Type": "application/offset+octet-stream"}
+    cut = 13 * MiB + 5
+    with live_portal() as live:
+        with live.connect() as sock:
+            sock.sendall(request_head("PATCH", url, {**headers, "Upload-Offset": "0", "Content-Length": str(len(data))}))
+            sock.sendall(data[:cut])
+        upload = settled(Upload.objects.get())
+        assert upload.offset == cut
+        assert len(upload.storage_state["parts"]) == 1
+        assert tails(s3) == [f"{PREFIX}/uploads/{upload.id}.tail-1-{cut - S3_PART_SIZE}"]
+
+        rest = data[cut:]
+        with live.connect() as sock:
+            sock.sendall(request_head("PATCH", url, {**headers, "Upload-Offset": str(cut), "Transfer-Encoding": "chunked"}))
+            sock.sendall(chunked(rest, b"!"))
+            assert read_answer(sock).status == 413
+        upload = settled(upload)
+        assert upload.offset == cut and len(upload.storage_state["parts"]) == 1
+        assert tails(s3) == [f"{PREFIX}/uploads/{upload.id}.tail-1-{cut - S3_PART_SIZE}"]
+
+        with live.connect() as sock:
+            sock.sendall(request_head("PATCH", url, {**headers, "Upload-Offset": str(cut), "Content-Length": str(len(rest))}))
+            sock.sendall(rest)
+            answer = read_answer(sock)
+        assert answer.status == 204, answer.body
+    upload = settled(upload)
+    assert upload.completed_at is not None
+    assert read(s3, f"{PREFIX}/{upload.key}") == data
+    assert tails(s3) == [] and multipart_uploads(s3) == []

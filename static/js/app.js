@@ -137,7 +137,7 @@
         input.value = example.request;
         input.dataset.inferPath = example.path;
       }
-      document.querySelectorAll(".try-it-file").forEach((box) => { box.hidden = box.dataset.model !== modelSelect.value; });
+      document.querySelectorAll(".try-it-file, .try-it-note").forEach((box) => { box.hidden = box.dataset.model !== modelSelect.value; });
     }
     modelSelect.addEventListener("change", showModel);
     document.querySelectorAll(".try-it-file").forEach((box) => { box.hidden = box.dataset.model !== modelSelect.value; });

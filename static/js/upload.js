@@ -394,14 +394,6 @@
     return data;
   }
 
-  async function ensureModel(name) {
-    try {
-      await api("POST", "/api/v1/models/", { name: name });
-    } catch (error) {
-      if (error.status !== 409) throw error; // 409: it exists already, a new version of it
-    }
-  }
-
   function signatureTable(signature) {
     const table = document.createElement("table");
     table.className = "table compact signature";
@@ -463,6 +455,10 @@
     const file = chosenFile || fileInput.files[0];
     let invalid = false;
     if (!name) { fieldError("name", ["Enter the model's name."]); invalid = true; }
+    else if (form.dataset.namePattern && !new RegExp("^(?:" + form.dataset.namePattern + ")$").test(name)) {
+      // Checked here, before a long upload: the API creates the model only with its first version.
+      fieldError("name", ["“" + name + "” is not a valid name: " + form.dataset.nameRule + "."]); invalid = true;
+    }
     if (!file) { fieldError("file", ["Choose a model file."]); invalid = true; }
     const signatureProblem = editor.hidden ? null : syncSignature();
     if (signatureProblem) { fieldError("signature", [signatureProblem]); invalid = true; }
@@ -480,7 +476,6 @@
     $("upload-error").hidden = true;
     controller = new AbortController();
     try {
-      await ensureModel(name);
       const key = storageKey(file);
       let uploadUrl;
       if (finished && finished.key === key) {
@@ -498,7 +493,9 @@
         finished = { key: key, url: uploadUrl };
       }
       statusBox.hidden = true;
-      const body = { upload_id: uploadUrl.replace(/\/+$/, "").split("/").pop() };
+      // create_model: a new model is created together with its first version, so that a refused file leaves no
+      // empty model behind.
+      const body = { upload_id: uploadUrl.replace(/\/+$/, "").split("/").pop(), create_model: true };
       if (formatSelect.value) body.format = formatSelect.value;
       if (batchInput.value !== "") body.max_batch_size = Number(batchInput.value);
       if (signature) body.signature = signature;

@@ -151,3 +151,30 @@ def test_the_live_status_sends_the_browser_away_once_the_deployment_is_gone(alic
     assert response.status_code == 200
     assert response["HX-Redirect"] == "/"
     assert client.get(f"{PAGE}live/").status_code == 404
+
+
+def test_the_example_leaves_out_inputs_too_large_to_prefill() -> None:
+    """An uploader's dims of [-1, 100000, 100000] built a list of ten billion zeros in the web process."""
+    huge = {"inputs": [{"name": "volume", "datatype": "FP32", "dims": [-1, 100_000, 100_000]},
+                       {"name": "scale", "datatype": "FP32", "dims": [-1, 1]}], "outputs": []}
+    request = inference.example_request(huge)
+    assert request["inputs"][0] == {"name": "volume", "shape": [1, 100_000, 100_000], "datatype": "FP32", "data": []}
+    assert request["inputs"][1]["data"] == [0.0]
+    assert "volume (1 × 100000 × 100000 = 10,000,000,000 elements)" in inference.example_note(huge)
+    at_the_cap = {"inputs": [{"name": "x", "datatype": "INT8", "dims": [inference.EXAMPLE_MAX_ELEMENTS]}]}
+    assert len(inference.example_request(at_the_cap)["inputs"][0]["data"]) == inference.EXAMPLE_MAX_ELEMENTS
+    assert inference.example_note(at_the_cap) == ""
+
+
+def test_the_page_of_a_model_with_huge_inputs_stays_small(alice: Person, deployment: Deployment) -> None:
+    revision = deployment.revision
+    assert revision is not None
+    spec = revision.spec
+    spec["models"][0]["signature"]["inputs"][0]["dims"] = [-1, 2**40, 64]
+    type(revision).objects.filter(pk=revision.pk).update(spec=spec)
+    response = signed_in(alice).get(PAGE)
+    assert response.status_code == 200
+    assert len(response.content) < 100_000
+    content = response.content.decode()
+    assert 'class="try-it-note muted small" data-model="digits"' in content
+    assert "Too large to prefill here: x (1 × 1099511627776 × 64 = 70,368,744,177,664 elements)" in content
