@@ -15,12 +15,22 @@ $(VENV)/.installed: requirements.txt
 	$(VENV)/bin/pip install --quiet -r requirements.txt
 	touch $@
 
-# The local Triton runtime's own environment (tritonserver from nvidia-pytriton, numpy<2, onnxruntime).
-runtime-env: $(RUNTIME_ENV)/.installed
+# The local Triton runtime's own environment (tritonserver from nvidia-pytriton, numpy<2, onnxruntime), plus the
+# frameworks named in RUNTIME_EXTRAS (torch, tensorflow; comma-separated), each from requirements-runtime-<extra>.txt:
+# `make run RUNTIME_EXTRAS=torch,tensorflow`. The portal's MODELPORT_RUNTIME_EXTRAS setting gives the default.
+# Sizes and times in docs/local-runtime.md. An extra stays installed once added; the portal detects what is there.
+comma := ,
+RUNTIME_EXTRAS ?= $(MODELPORT_RUNTIME_EXTRAS)
+RUNTIME_EXTRA_MARKERS := $(foreach extra,$(subst $(comma), ,$(RUNTIME_EXTRAS)),$(RUNTIME_ENV)/.extra-$(extra))
+runtime-env: $(RUNTIME_ENV)/.installed $(RUNTIME_EXTRA_MARKERS)
 $(RUNTIME_ENV)/.installed: requirements-runtime.txt
 	$(PYTHON) -m venv $(RUNTIME_ENV)
 	$(RUNTIME_ENV)/bin/pip install --quiet --upgrade pip
 	$(RUNTIME_ENV)/bin/pip install --quiet -r requirements-runtime.txt
+	touch $@
+# The base requirements are constraints, so an extra never moves numpy (nvidia-pytriton needs <2) or onnxruntime.
+$(RUNTIME_ENV)/.extra-%: requirements-runtime-%.txt $(RUNTIME_ENV)/.installed
+	$(RUNTIME_ENV)/bin/pip install --quiet -r $< -c requirements-runtime.txt
 	touch $@
 
 run: venv runtime-env
