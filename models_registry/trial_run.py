@@ -113,7 +113,9 @@ def trial_run(
                                  timeout=timeout, memory_bytes=memory_bytes)
     if outcome.timed_out:
         return [f"the trial run on zeros did not finish within {timeout:g} s"]
-    if outcome.out_of_memory:
+    error = outcome.result.get("error") if isinstance(outcome.result, dict) else None
+    if outcome.out_of_memory or (isinstance(error, str) and "can't allocate memory" in error):
+        # torch reports a refused allocation as its own error, which the probe passes on.
         return [f"the trial run on zeros needed more than {memory_bytes // 2**20:,} MiB of memory"]
     if outcome.result is None:
         detail = _clip(outcome.stderr) or f"exit status {outcome.returncode}"
