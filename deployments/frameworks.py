@@ -36,6 +36,7 @@ class Framework:
     label: str
     distributions: tuple[str, ...]  # distribution names (normalised) that install the import package
     formats: tuple[str, ...]  # model formats it serves on the local runtime
+    serves: str  # those formats, for people
     download: str  # what adding it costs, for messages and docs
 
     @property
@@ -44,12 +45,13 @@ class Framework:
 
 
 FRAMEWORKS: tuple[Framework, ...] = (
-    Framework("torch", "PyTorch", ("torch",), ("torchscript",), "a 190 MB download, 0.9 GB installed"),
+    Framework("torch", "PyTorch", ("torch",), ("torchscript",), "TorchScript", "a 190 MB download, 0.9 GB installed"),
     Framework(
         "tensorflow",
         "TensorFlow",
         ("tensorflow_cpu", "tensorflow", "tensorflow_intel"),
         ("tensorflow_savedmodel",),
+        "TensorFlow SavedModels",
         "a 320 MB download, 1.4 GB installed",
     ),
 )

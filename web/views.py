@@ -25,6 +25,7 @@ from accounts.models import ApiToken, Membership, Team, max_token_lifetime_days
 from audit.log import record as audit
 from deployments import actions as deployment_actions
 from deployments.api import DeploymentInputSerializer
+from deployments.frameworks import local_framework_status
 from deployments.models import Deployment, Event
 from deployments.runtimes.base import runtime_for
 from models_registry import actions as registry_actions
@@ -189,6 +190,7 @@ def upload(request: HttpRequest, team: Team) -> HttpResponse:
         "datatypes": ["FP32", "FP16", "FP64", "BF16", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16",
                       "UINT32", "UINT64", "BOOL", "BYTES"],
         "chunk_size": 5 * 1024 * 1024,
+        "runtime_frameworks": local_framework_status(),
     })
 
 
@@ -265,7 +267,7 @@ def deployment_new(request: HttpRequest, team: Team) -> HttpResponse:
             messages.success(request, f"Deployment {deployment.name} created: it starts in a moment.")
             return redirect("deployment-detail", name=deployment.name)
     return render(request, "web/deploy_form.html", {"form": form, "model_forms": model_forms, "model": model,
-                                                    "chosen": chosen,
+                                                    "chosen": chosen, "runtime_frameworks": local_framework_status(),
                                                     "unavailable_version": requested if requested not in (None, chosen.number) else None})
 
 
@@ -294,7 +296,8 @@ def deployment_edit(request: HttpRequest, team: Team, name: str) -> HttpResponse
     if request.method == "POST" and _validate_and_run(team, form, model_forms, resources, update):
         messages.success(request, f"Saved: {deployment.name} rolls out the new settings while the current ones keep serving.")
         return redirect("deployment-detail", name=deployment.name)
-    return render(request, "web/deploy_form.html", {"form": form, "model_forms": model_forms, "deployment": deployment})
+    return render(request, "web/deploy_form.html", {"form": form, "model_forms": model_forms, "deployment": deployment,
+                                                    "runtime_frameworks": local_framework_status()})
 
 
 # --- Deployment page ----------------------------------------------------------------------------------------
