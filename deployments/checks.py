@@ -22,13 +22,13 @@ def runtime_extras(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
         messages.append(Error(
             f"MODELPORT_RUNTIME_EXTRAS names {', '.join(map(repr, unknown))}, which is no runtime extra",
             hint=f"Use a comma-separated list of {', '.join(frameworks.BY_NAME)}.",
-            id="deployments.E010",
+            id="modelport.E010",
         ))
     for framework in missing:
         messages.append(Warning(
             f"MODELPORT_RUNTIME_EXTRAS names {framework.name!r} but the runtime env ({settings.MODELPORT_RUNTIME_ENV}) "
             f"has no {framework.label}: the local runtime refuses {', '.join(framework.formats)} models",
             hint=f"Run `{framework.install_command}` ({framework.download}).",
-            id="deployments.W010",
+            id="modelport.W010",
         ))
     return messages

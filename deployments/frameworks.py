@@ -45,14 +45,14 @@ class Framework:
 
 
 FRAMEWORKS: tuple[Framework, ...] = (
-    Framework("torch", "PyTorch", ("torch",), ("torchscript",), "TorchScript", "a 190 MB download, 0.9 GB installed"),
+    Framework("torch", "PyTorch", ("torch",), ("torchscript",), "TorchScript", "a 200 MB download, 0.9 GB installed"),
     Framework(
         "tensorflow",
         "TensorFlow",
         ("tensorflow_cpu", "tensorflow", "tensorflow_intel"),
         ("tensorflow_savedmodel",),
         "TensorFlow SavedModels",
-        "a 320 MB download, 1.4 GB installed",
+        "a 310 MB download, 1.3 GB installed",
     ),
 )
 BY_NAME: dict[str, Framework] = {f.name: f for f in FRAMEWORKS}

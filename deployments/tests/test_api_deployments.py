@@ -203,7 +203,7 @@ def test_a_savedmodel_deploys_locally_only_when_the_runtime_env_has_tensorflow(
     assert refused.status_code == 400
     assert refused.json()["error"]["fields"]["models[0].format"] == [
         "TensorFlow SavedModels cannot be served locally: the local runtime env has no TensorFlow, which serves this "
-        "format: an operator adds it with `make runtime-env RUNTIME_EXTRAS=tensorflow` (a 320 MB download, 1.4 GB "
+        "format: an operator adds it with `make runtime-env RUNTIME_EXTRAS=tensorflow` (a 310 MB download, 1.3 GB "
         "installed); or deploy to Kubernetes"]
     assert not Deployment.objects.exists()
 

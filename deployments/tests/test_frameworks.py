@@ -64,7 +64,7 @@ def test_detection_is_cached_until_site_packages_changes(tmp_path: Path) -> None
 def test_the_missing_framework_message_names_the_command_that_adds_it() -> None:
     message = frameworks.missing_framework_message("tensorflow_savedmodel", {"torch": "2.13.0"})
     assert message == ("the local runtime env has no TensorFlow, which serves this format: an operator adds it with "
-                       "`make runtime-env RUNTIME_EXTRAS=tensorflow` (a 320 MB download, 1.4 GB installed); or deploy "
+                       "`make runtime-env RUNTIME_EXTRAS=tensorflow` (a 310 MB download, 1.3 GB installed); or deploy "
                        "to Kubernetes")
     assert frameworks.missing_framework_message("tensorflow_savedmodel", {"tensorflow": "2.21.0"}) is None
     assert frameworks.missing_framework_message("onnx", {}) is None
@@ -85,9 +85,9 @@ def test_the_system_check_warns_about_a_configured_extra_the_env_lacks(settings:
     settings.MODELPORT_RUNTIME_EXTRAS = ["torch", "pytorch"]  # type: ignore[attr-defined]
     messages = runtime_extras(None)
     assert [type(m) for m in messages] == [Error, Warning]
-    assert messages[0].id == "deployments.E010" and "'pytorch'" in messages[0].msg
-    assert messages[1].id == "deployments.W010"
-    assert messages[1].hint == "Run `make runtime-env RUNTIME_EXTRAS=torch` (a 190 MB download, 0.9 GB installed)."
+    assert messages[0].id == "modelport.E010" and "'pytorch'" in messages[0].msg
+    assert messages[1].id == "modelport.W010"
+    assert messages[1].hint == "Run `make runtime-env RUNTIME_EXTRAS=torch` (a 200 MB download, 0.9 GB installed)."
     settings.MODELPORT_RUNTIME_EXTRAS = []  # type: ignore[attr-defined]
     assert runtime_extras(None) == []
 
