@@ -211,8 +211,9 @@ TRITON_STOP_GRACE_SECONDS = env_float("TRITON_STOP_GRACE_SECONDS", 10.0, minimum
 # (deployments.frameworks), so a framework added by hand works too.
 MODELPORT_RUNTIME_EXTRAS = env_list("MODELPORT_RUNTIME_EXTRAS")
 # The TorchScript trial run at inspection (models_registry.trial_run): a subprocess in the runtime env, killed past
-# these limits (importing torch alone takes a few seconds and about 1 GiB of address space).
-TRIAL_RUN_TIMEOUT_SECONDS = env_float("TRIAL_RUN_TIMEOUT_SECONDS", 120.0, minimum=5)
+# these limits (importing torch alone takes a few seconds and about 1 GiB of address space). The time stays below
+# CELERY_VISIBILITY_TIMEOUT, so that Redis never hands a running inspection to a second worker.
+TRIAL_RUN_TIMEOUT_SECONDS = env_float("TRIAL_RUN_TIMEOUT_SECONDS", 50.0, minimum=5)
 TRIAL_RUN_MEMORY_MB = env_int("TRIAL_RUN_MEMORY_MB", 4096, minimum=1024)
 
 # --- Kubernetes runtime ----------------------------------------------------------------------------------
