@@ -15,12 +15,22 @@ $(VENV)/.installed: requirements.txt
 	$(VENV)/bin/pip install --quiet -r requirements.txt
 	touch $@
 
-# The local Triton runtime's own environment (tritonserver from nvidia-pytriton, numpy<2, onnxruntime).
-runtime-env: $(RUNTIME_ENV)/.installed
+# The local Triton runtime's own environment (tritonserver from nvidia-pytriton, numpy<2, onnxruntime), plus the
+# frameworks named in RUNTIME_EXTRAS (torch, tensorflow; comma-separated), each from requirements-runtime-<extra>.txt:
+# `make run RUNTIME_EXTRAS=torch,tensorflow`. The portal's MODELPORT_RUNTIME_EXTRAS setting gives the default.
+# Sizes and times in docs/local-runtime.md. An extra stays installed once added; the portal detects what is there.
+comma := ,
+RUNTIME_EXTRAS ?= $(MODELPORT_RUNTIME_EXTRAS)
+RUNTIME_EXTRA_MARKERS := $(foreach extra,$(subst $(comma), ,$(RUNTIME_EXTRAS)),$(RUNTIME_ENV)/.extra-$(extra))
+runtime-env: $(RUNTIME_ENV)/.installed $(RUNTIME_EXTRA_MARKERS)
 $(RUNTIME_ENV)/.installed: requirements-runtime.txt
 	$(PYTHON) -m venv $(RUNTIME_ENV)
 	$(RUNTIME_ENV)/bin/pip install --quiet --upgrade pip
 	$(RUNTIME_ENV)/bin/pip install --quiet -r requirements-runtime.txt
+	touch $@
+# The base requirements are constraints, so an extra never moves numpy (nvidia-pytriton needs <2) or onnxruntime.
+$(RUNTIME_ENV)/.extra-%: requirements-runtime-%.txt $(RUNTIME_ENV)/.installed
+	$(RUNTIME_ENV)/bin/pip install --quiet -r $< -c requirements-runtime.txt
 	touch $@
 
 run: venv runtime-env
@@ -28,11 +38,13 @@ run: venv runtime-env
 	$(PY) manage.py ensure_admin
 	HOST=$(HOST) PORT=$(PORT) bin/run-portal
 
-test: venv runtime-env browser-deps lint
+# The whole suite includes the tests marked `frameworks`, so the runtime env gets both extras (once: about 100 s
+# here, from this machine's disk and the package index; see docs/local-runtime.md).
+test: venv runtime-env $(RUNTIME_ENV)/.extra-torch $(RUNTIME_ENV)/.extra-tensorflow browser-deps lint
 	$(PY) -m pytest
 
 test-fast: venv
-	$(PY) -m pytest -m "not triton and not worker and not browser and not s3"
+	$(PY) -m pytest -m "not triton and not worker and not browser and not s3 and not frameworks"
 
 # End to end on the cluster KUBECONFIG points at, through a Modelport installed there (docs/kubernetes.md):
 # MODELPORT_URL=https://... MODELPORT_TOKEN=mp_... make e2e-k8s. Not part of `make test`.

@@ -100,3 +100,30 @@ def _fresh_sign_in_counters(settings: Any) -> Iterator[None]:
     signin.reset_counters()
     yield
     signin.reset_counters()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked `frameworks("torch", ...)` needs those frameworks in the runtime env (default: both). Without
+    them it is skipped with the command that adds them; in CI (`make test` installs them) it fails instead, so a
+    broken install cannot pass as a skip."""
+    marker = item.get_closest_marker("frameworks")
+    if marker is None:
+        return
+    import os
+
+    from django.conf import settings
+
+    from deployments import frameworks, local_triton
+
+    wanted = list(marker.args) or [f.name for f in frameworks.FRAMEWORKS]
+    try:
+        installed = frameworks.detect(local_triton.find_runtime_env(settings.MODELPORT_RUNTIME_ENV).site_packages)
+    except local_triton.RuntimeEnvError:
+        installed = {}
+    missing = [name for name in wanted if name not in installed]
+    if missing:
+        message = (f"the runtime env ({settings.MODELPORT_RUNTIME_ENV}) lacks {', '.join(missing)}: "
+                   f"`make runtime-env RUNTIME_EXTRAS={','.join(missing)}`")
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)

@@ -16,7 +16,7 @@ from rest_framework.response import Response
 from accounts.context import current_team
 from accounts.idempotency import idempotent
 from accounts.models import Team
-from deployments import actions, python_requirements
+from deployments import actions, frameworks, python_requirements
 from deployments.k8s import quantity
 from deployments.models import Deployment, Event
 from deployments.runtimes import local as local_runtime
@@ -136,7 +136,7 @@ class DeploymentInputSerializer(serializers.Serializer[Any]):
                     "the local runtime runs one Triton server per deployment: autoscaling needs runtime 'kubernetes'")
         if entries:
             repository = RepositorySpec(models=tuple(served_model(e, Path("artifact")) for e in entries))
-            found = validate_repository(repository, runtime, local_has_torch=local_runtime.local_has_torch())
+            found = validate_repository(repository, runtime, local_frameworks=frameworks.local_frameworks())
             for key, messages in found.items():
                 model_name, _, field = key.partition(".")
                 prefix = f"models[{index_of[model_name]}]" if model_name in index_of else "models"

@@ -6,6 +6,8 @@ deterministic: the same spec and artifacts give a byte-identical tree (tests com
 
 Layout: `<model>/config.pbtxt` and `<model>/<version>/` holding `model.onnx`, `model.pt`, `model.savedmodel/`,
 `model.plan`, `model.py` (+ helper files), `model.tnnproto` + `model.tnnmodel`, or nothing (ensembles).
+On the local target ONNX, TorchScript and SavedModels are served by generated python-backend models: the
+wrapper from deployments/backends/ as `model.py` beside the artifact, with the modules it imports.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 
 from google.protobuf import text_format
@@ -30,6 +33,18 @@ from models_registry.signature import Tensor
 
 BACKENDS_DIR = Path(__file__).resolve().parent / "backends"
 ONNX_WRAPPER = BACKENDS_DIR / "onnx_python_model.py"
+TORCHSCRIPT_WRAPPER = BACKENDS_DIR / "torchscript_python_model.py"
+SAVEDMODEL_WRAPPER = BACKENDS_DIR / "savedmodel_python_model.py"
+BATCHING_MODULE = BACKENDS_DIR / "triton_batching.py"
+TORCHSCRIPT_IO_MODULE = BACKENDS_DIR / "torchscript_io.py"
+# Local target: format -> (its model.py, the modules copied beside it under their own names).
+LOCAL_WRAPPERS: dict[str, tuple[Path, tuple[Path, ...]]] = {
+    "onnx": (ONNX_WRAPPER, (BATCHING_MODULE,)),
+    "torchscript": (TORCHSCRIPT_WRAPPER, (BATCHING_MODULE, TORCHSCRIPT_IO_MODULE)),
+    "tensorflow_savedmodel": (SAVEDMODEL_WRAPPER, (BATCHING_MODULE,)),
+}
+# The SignatureDef a SavedModel serves: read by Triton's TensorFlow backend and by the local wrapper alike.
+TF_SIGNATURE_DEF = "TF_SIGNATURE_DEF"
 
 # Artifacts were checked against the configured limits at upload (models_registry.validation.archive_limits());
 # these are the settings' defaults, a backstop for callers that pass none.
@@ -59,7 +74,7 @@ def build_model_config(m: ServedModel, target: Target, *, tnn_backend_name: str 
     config = mc.ModelConfig(name=m.name, max_batch_size=m.max_batch_size)
     if m.format == "tnn":
         config.backend = tnn_backend_name
-    elif target == "local" and m.format in ("onnx", "torchscript"):
+    elif target == "local" and m.format in LOCAL_WRAPPERS:
         # The local tritonserver has only the python backend: a generated python model runs the file.
         config.backend = "python"
     else:
@@ -105,6 +120,8 @@ def build_model_config(m: ServedModel, target: Target, *, tnn_backend_name: str 
 
     if m.warmup is not None:
         _add_warmup(config, m)
+    if m.format == "tensorflow_savedmodel" and m.signature_def:
+        config.parameters[TF_SIGNATURE_DEF].string_value = m.signature_def
     return config
 
 
@@ -119,7 +136,7 @@ def render_repository(
     out_dir: Path,
     *,
     tnn_backend_name: str = "tnn",
-    local_has_torch: bool = False,
+    local_frameworks: Collection[str] = frozenset(),
     archive_limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS,
 ) -> None:
     """Write the repository for `spec` to `out_dir`, replacing what was there.
@@ -127,7 +144,7 @@ def render_repository(
     The tree is built in a sibling directory and swapped in at the end, so a server pointed at `out_dir` never
     sees half a repository. Raises RenderError for an invalid spec or an unusable artifact.
     """
-    errors = validate_repository(spec, target, local_has_torch=local_has_torch)
+    errors = validate_repository(spec, target, local_frameworks=local_frameworks)
     if errors:
         raise RenderError(errors)
     out_dir = Path(out_dir)
@@ -196,10 +213,13 @@ def _write_artifact(m: ServedModel, target: Target, version_dir: Path, *, scratc
         return  # Triton needs the version directory, empty for an ensemble.
     assert m.artifact_path is not None  # validated
     artifact = Path(m.artifact_path)
+    if target == "local" and m.format in LOCAL_WRAPPERS:
+        wrapper, modules = LOCAL_WRAPPERS[m.format]
+        shutil.copyfile(wrapper, version_dir / "model.py")
+        for module in modules:
+            shutil.copyfile(module, version_dir / module.name)
     if m.format == "onnx":
         shutil.copyfile(artifact, version_dir / "model.onnx")
-        if target == "local":
-            shutil.copyfile(ONNX_WRAPPER, version_dir / "model.py")
     elif m.format == "torchscript":
         shutil.copyfile(artifact, version_dir / "model.pt")
     elif m.format == "tensorrt_plan":

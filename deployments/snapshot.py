@@ -98,6 +98,8 @@ def served_model(entry: dict[str, Any], artifact_path: Path | None) -> ServedMod
         warmup=entry.get("warmup"),
         artifact_path=artifact_path,
         ensemble_steps=steps,
+        signature_def=str((entry.get("definition") or {}).get("signature_def", ""))
+        if entry["format"] == "tensorflow_savedmodel" else "",
     )
 
 

@@ -8,10 +8,12 @@ image) and returns errors per field, so a form or serializer can show each messa
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from deployments.frameworks import missing_framework_message
 from models_registry.signature import Signature
 
 Target = Literal["local", "kubernetes"]
@@ -40,11 +42,6 @@ DEFAULT_MAX_BATCH_SIZE = 64
 # keys errors "<model name>.<field>", which callers split at the first ".".
 _MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")  # fullmatch: "$" lets a trailing newline through
 
-# Whether deployments/backends/ has a python-backend wrapper for TorchScript (it has one for ONNX only). Until it
-# does, the local runtime refuses TorchScript even with torch in the runtime env, so that validation and
-# rendering agree.
-LOCAL_TORCHSCRIPT_WRAPPER = False
-
 WARMUP_KEYS = frozenset({"batch_size", "count", "data"})
 WARMUP_DATA = ("zero", "random")
 
@@ -53,9 +50,10 @@ _LOCAL_REFUSED: dict[str, str] = {
     "tensorrt_plan": f"TensorRT plans cannot be served locally: {_LOCAL_BACKENDS_NOTE} and no GPU; "
     "deploy to Kubernetes",
     "tnn": f"TNN models cannot be served locally: {_LOCAL_BACKENDS_NOTE}, not the TNN backend; deploy to Kubernetes",
-    "tensorflow_savedmodel": f"TensorFlow SavedModels cannot be served locally: {_LOCAL_BACKENDS_NOTE} "
-    "and the runtime env has no TensorFlow; deploy to Kubernetes",
 }
+# TorchScript and SavedModels run locally through generated python-backend models (deployments/backends/), which
+# need the framework in the runtime env (deployments.frameworks).
+_LOCAL_FORMAT_NAMES = {"torchscript": "TorchScript models", "tensorflow_savedmodel": "TensorFlow SavedModels"}
 
 
 @dataclass(frozen=True)
@@ -97,6 +95,8 @@ class ServedModel:
     # The stored artifact as a local file; the renderer copies or extracts it. None only for ensembles.
     artifact_path: Path | None = None
     ensemble_steps: tuple[EnsembleStep, ...] = ()
+    # SavedModels: the SignatureDef to serve, as inspection chose it ("": Triton's default, "serving_default").
+    signature_def: str = ""
 
 
 @dataclass(frozen=True)
@@ -126,24 +126,19 @@ def defaults_for(signature: Signature, detected_max_batch_size: int | None) -> S
     )
 
 
-def local_format_error(fmt: str, *, local_has_torch: bool) -> str | None:
-    """Why the local runtime cannot serve `fmt`, or None when it can."""
+def local_format_error(fmt: str, *, local_frameworks: Collection[str] = frozenset()) -> str | None:
+    """Why the local runtime cannot serve `fmt` given the frameworks of its runtime env, or None when it can."""
     if fmt in _LOCAL_REFUSED:
         return _LOCAL_REFUSED[fmt]
-    if fmt == "torchscript" and not local_has_torch:
-        return (
-            f"TorchScript cannot be served locally: {_LOCAL_BACKENDS_NOTE}, so TorchScript runs through a "
-            "generated python-backend model, which needs torch installed in the runtime env; it is not"
-        )
-    if fmt == "torchscript" and not LOCAL_TORCHSCRIPT_WRAPPER:
-        return (
-            f"TorchScript cannot be served locally yet: {_LOCAL_BACKENDS_NOTE} and the python-backend wrapper "
-            "for TorchScript is not written yet; deploy to Kubernetes"
-        )
+    missing = missing_framework_message(fmt, frozenset(local_frameworks))
+    if missing is not None:
+        return f"{_LOCAL_FORMAT_NAMES.get(fmt, fmt)} cannot be served locally: {missing}"
     return None
 
 
-def validate_served_model(m: ServedModel, target: str, *, local_has_torch: bool = False) -> dict[str, list[str]]:
+def validate_served_model(
+    m: ServedModel, target: str, *, local_frameworks: Collection[str] = frozenset()
+) -> dict[str, list[str]]:
     """Field-level errors (empty when `m` can be served on `target`)."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}: use one of {TARGETS}")
@@ -164,9 +159,15 @@ def validate_served_model(m: ServedModel, target: str, *, local_has_torch: bool 
     if m.format not in FORMATS:
         add("format", f"unknown format {m.format!r}: use one of {', '.join(FORMATS)}")
     elif target == "local":
-        reason = local_format_error(m.format, local_has_torch=local_has_torch)
+        reason = local_format_error(m.format, local_frameworks=local_frameworks)
         if reason:
             add("format", reason)
+        elif m.format == "torchscript":
+            # numpy has no bfloat16 and torch no strings: the python backend cannot hand these to the module.
+            odd = [t.name for t in m.signature.inputs + m.signature.outputs if t.datatype in ("BYTES", "BF16")]
+            if odd:
+                add("signature", f"the local runtime serves TorchScript with numeric tensors only, and "
+                                 f"{', '.join(odd)} is BYTES or BF16; deploy to Kubernetes")
 
     if m.format == "ensemble":
         if not m.ensemble_steps:
@@ -262,7 +263,9 @@ def _validate_warmup(m: ServedModel, add: Any) -> None:
         add("warmup.data", f"warmup data must be one of {WARMUP_DATA}")
 
 
-def validate_repository(spec: RepositorySpec, target: str, *, local_has_torch: bool = False) -> dict[str, list[str]]:
+def validate_repository(
+    spec: RepositorySpec, target: str, *, local_frameworks: Collection[str] = frozenset()
+) -> dict[str, list[str]]:
     """Errors of every model, keyed "<model name>.<field>", plus those across models under "models"."""
     errors: dict[str, list[str]] = {}
     names = [m.name for m in spec.models]
@@ -270,7 +273,7 @@ def validate_repository(spec: RepositorySpec, target: str, *, local_has_torch: b
         errors.setdefault("models", []).append(f"model name {name!r} is used more than once")
     by_name = {m.name: m for m in spec.models}
     for m in spec.models:
-        for key, messages in validate_served_model(m, target, local_has_torch=local_has_torch).items():
+        for key, messages in validate_served_model(m, target, local_frameworks=local_frameworks).items():
             errors.setdefault(f"{m.name}.{key}", []).extend(messages)
         for i, step in enumerate(m.ensemble_steps):
             step_model = by_name.get(step.model)

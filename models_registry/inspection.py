@@ -18,8 +18,10 @@ from models_registry.onnx_inspect import (
     inspect_torchscript_archive,
     validate_declared_signature,
 )
+from models_registry.savedmodel_inspect import savedmodel_findings
 from models_registry.signature import Signature, signature_from_json
 from models_registry.storage import get_store, sha256_of
+from models_registry.trial_run import torchscript_findings
 from models_registry.validation import ArtifactRejected, archive_limits, quick_check
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,9 @@ def _findings(version: ModelVersion, path_format: str, path: object) -> Findings
                 raise ArtifactRejected("The declared signature does not match the model: " + "; ".join(mismatches))
         batchable = result.has_batch_dim
         hint = result.max_batch_size_hint or DEFAULT_MAX_BATCH_SIZE
+    elif path_format == Format.SAVEDMODEL:
+        signature, definition = savedmodel_findings(path, declared)  # type: ignore[arg-type]
+        batchable, hint = signature.has_batch_dim, DEFAULT_MAX_BATCH_SIZE
     else:
         try:
             if path_format == Format.PYTHON:
@@ -63,6 +68,8 @@ def _findings(version: ModelVersion, path_format: str, path: object) -> Findings
         except InspectionError as exc:
             raise ArtifactRejected(str(exc)) from None
         signature = declared or Signature()
+        if path_format == Format.TORCHSCRIPT:
+            definition = torchscript_findings(path, signature)  # type: ignore[arg-type]
         batchable = signature.has_batch_dim
         hint = DEFAULT_MAX_BATCH_SIZE
     requested = version.declared_max_batch_size

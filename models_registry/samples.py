@@ -12,6 +12,12 @@
 Both have a dynamic batch dimension and use opset 17 / IR version 8, which onnxruntime has supported since 1.13,
 so older Triton images can serve them too. Both are byte-for-byte reproducible.
 
+When the runtime env has the frameworks (`make runtime-env RUNTIME_EXTRAS=torch,tensorflow`), the same CNN with the
+same weights is also written as TorchScript (resnet.pt, with resnet.signature.json: TorchScript carries no
+signature) and as a TensorFlow SavedModel (resnet.savedmodel.zip), by sample_models/export_resnet.py run in the
+runtime env; their scores are checked against onnxruntime's before anything is written, so tests and benchmarks
+compare one network across three formats.
+
 The reference pipeline `digits-pipeline` (docs/pipelines.md) chains three of them:
 - preprocess.zip: a python-backend model (model.py + helper module digit_image.py + requirements.txt; sources in
   sample_models/) that decodes PNG/JPEG bytes with Pillow into the classifier's 64 features;
@@ -27,7 +33,12 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import shutil
+import subprocess
+import tempfile
 import zipfile
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -72,6 +83,11 @@ POSTPROCESS_SIGNATURE = Signature(
 )
 PIPELINE_SIGNATURE = Signature(inputs=PREPROCESS_SIGNATURE.inputs, outputs=POSTPROCESS_SIGNATURE.outputs)
 SAMPLE_CODE_DIR = Path(__file__).resolve().parent / "sample_models"
+EXPORT_RESNET_SCRIPT = SAMPLE_CODE_DIR / "export_resnet.py"
+# The three formats of the CNN agree to float32 round-off (different convolution kernels sum in different orders).
+RESNET_RTOL = 1e-4
+RESNET_ATOL = 1e-4
+RESNET_CHECK_SEED = 7
 # Digits are drawn this many pixels a side: each of the 8x8 cells becomes a 4x4 block, as in the dataset's bitmaps.
 DIGITS_PNG_SIDE = 32
 # A fixed timestamp in the zips, so that the same sources give the same bytes (content-addressed storage).
@@ -307,6 +323,84 @@ def make_resnet_onnx(path: Path | str) -> SampleModel:
     return _written(path, "resnet", RESNET_SIGNATURE, "ResNet-style CNN, random weights (load testing)", details)
 
 
+def resnet_inputs(batch: int, seed: int = RESNET_CHECK_SEED) -> np.ndarray:
+    """A batch of images for the CNN (float32, NCHW, values 0-1)."""
+    shape = (batch, 3, RESNET_IMAGE_SIZE, RESNET_IMAGE_SIZE)
+    return np.random.default_rng(seed).uniform(0.0, 1.0, shape).astype(np.float32)
+
+
+def resnet_onnx_scores(images: np.ndarray) -> np.ndarray:
+    """resnet.onnx's logits for `images`, computed with onnxruntime in this process."""
+    import onnxruntime as ort
+
+    model, _ = build_resnet_onnx()
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return np.asarray(session.run(["logits"], {"input": images})[0])
+
+
+class ExportFailed(RuntimeError):
+    """The runtime env could not write the CNN in another format, or its scores differ from resnet.onnx's."""
+
+
+def _zip_directory(source: Path, top: str) -> bytes:
+    files = {f"{top}/{p.relative_to(source).as_posix()}": p.read_bytes() for p in sorted(source.rglob("*")) if p.is_file()}
+    return _python_zip(files)
+
+
+def make_resnet_framework_models(directory: Path | str, runtime_python: Path, frameworks: Collection[str], *,
+                                 timeout: float = 900) -> list[SampleModel]:
+    """resnet.pt (with "torch") and resnet.savedmodel.zip (with "tensorflow"): the CNN of resnet.onnx, written by
+    export_resnet.py with `runtime_python` (the runtime env's). Raises ExportFailed unless each one's scores on a
+    check batch agree with onnxruntime's on resnet.onnx."""
+    directory = Path(directory)
+    wanted = [f for f in ("torch", "tensorflow") if f in frameworks]
+    if not wanted:
+        return []
+    model, flops = build_resnet_onnx()
+    check_input = resnet_inputs(4)
+    with tempfile.TemporaryDirectory(prefix="modelport-export-") as scratch:
+        work = Path(scratch)
+        arrays: dict[str, Any] = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+        np.savez(work / "weights.npz", __check_input__=check_input, **arrays)
+        command = [str(runtime_python), str(EXPORT_RESNET_SCRIPT), str(work / "weights.npz"), "--check",
+                   str(work / "check.npz")]
+        if "torch" in wanted:
+            command += ["--torchscript", str(work / "resnet.pt")]
+        if "tensorflow" in wanted:
+            command += ["--savedmodel", str(work / "resnet")]
+        # The runtime env's python with its own bin/ first, none of this process's Python settings.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON") and k != "VIRTUAL_ENV"}
+        env["PATH"] = os.pathsep.join([str(Path(runtime_python).parent), env.get("PATH", "/usr/bin:/bin")])
+        env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+        if done.returncode != 0:
+            raise ExportFailed(f"{EXPORT_RESNET_SCRIPT.name} failed ({done.returncode}): {done.stderr[-2000:]}")
+        expected = resnet_onnx_scores(check_input)
+        with np.load(work / "check.npz") as check:
+            for fmt in check.files:
+                if not np.allclose(check[fmt], expected, rtol=RESNET_RTOL, atol=RESNET_ATOL):
+                    worst = float(np.abs(check[fmt] - expected).max())
+                    raise ExportFailed(f"the {fmt} CNN's scores differ from resnet.onnx's by up to {worst:g}")
+        details = {
+            "weights": "those of resnet.onnx (the same network, exported by sample_models/export_resnet.py)",
+            "flops_per_image": flops,
+            "scores": f"agree with resnet.onnx's within rtol={RESNET_RTOL}, atol={RESNET_ATOL}",
+        }
+        written = []
+        if "torch" in wanted:
+            shutil.copyfile(work / "resnet.pt", directory / "resnet.pt")
+            _signature_file(directory / "resnet.signature.json", RESNET_SIGNATURE)
+            written.append(_written(directory / "resnet.pt", "resnet", RESNET_SIGNATURE,
+                                    "ResNet-style CNN as TorchScript (torch.jit.script)",
+                                    {**details, "signature_file": "resnet.signature.json"}, fmt="torchscript"))
+        if "tensorflow" in wanted:
+            (directory / "resnet.savedmodel.zip").write_bytes(_zip_directory(work / "resnet", "resnet"))
+            written.append(_written(directory / "resnet.savedmodel.zip", "resnet", RESNET_SIGNATURE,
+                                    "ResNet-style CNN as a TensorFlow SavedModel (signature serving_default)",
+                                    details, fmt="tensorflow_savedmodel"))
+        return written
+
+
 # --- the digits pipeline -------------------------------------------------------------------------------------
 
 
@@ -429,9 +523,12 @@ def _readme(samples: list[SampleModel]) -> str:
     return "\n".join(lines)
 
 
-def write_samples(directory: Path | str) -> list[SampleModel]:
+def write_samples(directory: Path | str, *, runtime_python: Path | None = None,
+                  frameworks: Collection[str] = ()) -> list[SampleModel]:
     """Write digits.onnx, resnet.onnx, preprocess.zip and postprocess.zip (with their signature files),
-    digits-pipeline.json, samples.json and README.md into `directory` (created if needed)."""
+    digits-pipeline.json, samples.json and README.md into `directory` (created if needed); and resnet.pt /
+    resnet.savedmodel.zip for the `frameworks` ("torch", "tensorflow") that the runtime env at `runtime_python`
+    has."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     samples = [
@@ -441,6 +538,8 @@ def write_samples(directory: Path | str) -> list[SampleModel]:
         make_postprocess_zip(directory / "postprocess.zip"),
         make_digits_pipeline_json(directory / "digits-pipeline.json"),
     ]
+    if runtime_python is not None:
+        samples += make_resnet_framework_models(directory, runtime_python, frameworks)
     (directory / "samples.json").write_text(json.dumps([s.to_json() for s in samples], indent=2) + "\n")
     (directory / "README.md").write_text(_readme(samples))
     return samples

@@ -208,6 +208,15 @@ TRITON_READY_TIMEOUT_SECONDS = env_float("TRITON_READY_TIMEOUT_SECONDS", 180.0, 
 ROLLOUT_DRAIN_SECONDS = env_float("ROLLOUT_DRAIN_SECONDS", 2.0, minimum=0)
 TRITON_RESPONSE_CACHE_BYTES = env_int("TRITON_RESPONSE_CACHE_BYTES", 64 * 1024**2, minimum=1)
 TRITON_STOP_GRACE_SECONDS = env_float("TRITON_STOP_GRACE_SECONDS", 10.0, minimum=1)
+# Frameworks the runtime env should carry beyond ONNX ("torch", "tensorflow"): `make run`/`make runtime-env` install
+# them, and the `runtime_extras` check warns when the env lacks one. What serves is detected from the env itself
+# (deployments.frameworks), so a framework added by hand works too.
+MODELPORT_RUNTIME_EXTRAS = env_list("MODELPORT_RUNTIME_EXTRAS")
+# The TorchScript trial run at inspection (models_registry.trial_run): a subprocess in the runtime env, killed past
+# these limits (importing torch alone takes a few seconds and about 1 GiB of address space). The time stays below
+# CELERY_VISIBILITY_TIMEOUT, so that Redis never hands a running inspection to a second worker.
+TRIAL_RUN_TIMEOUT_SECONDS = env_float("TRIAL_RUN_TIMEOUT_SECONDS", 50.0, minimum=5)
+TRIAL_RUN_MEMORY_MB = env_int("TRIAL_RUN_MEMORY_MB", 4096, minimum=1024)
 
 # --- Kubernetes runtime ----------------------------------------------------------------------------------
 # Deployments with runtime "kubernetes": Triton pods in a namespace per team, loading the model repository from

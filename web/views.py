@@ -26,6 +26,7 @@ from accounts.names import NAME_RE, NAME_RULE
 from audit.log import record as audit
 from deployments import actions as deployment_actions
 from deployments.api import DeploymentInputSerializer
+from deployments.frameworks import local_framework_status
 from deployments.models import Deployment, Event
 from deployments.runtimes.base import runtime_for
 from models_registry import actions as registry_actions
@@ -216,6 +217,7 @@ def upload(request: HttpRequest, team: Team) -> HttpResponse:
         # The script checks the name before a long upload: the model is only created with its first version.
         "name_pattern": NAME_RE.pattern.removeprefix("^").removesuffix("$").removesuffix(r"\Z"),
         "name_rule": NAME_RULE,
+        "runtime_frameworks": local_framework_status(),
     })
 
 
@@ -292,7 +294,7 @@ def deployment_new(request: HttpRequest, team: Team) -> HttpResponse:
             messages.success(request, f"Deployment {deployment.name} created: it starts in a moment.")
             return redirect("deployment-detail", name=deployment.name)
     return render(request, "web/deploy_form.html", {"form": form, "model_forms": model_forms, "model": model,
-                                                    "chosen": chosen,
+                                                    "chosen": chosen, "runtime_frameworks": local_framework_status(),
                                                     "unavailable_version": requested if requested not in (None, chosen.number) else None})
 
 
@@ -322,7 +324,8 @@ def deployment_edit(request: HttpRequest, team: Team, name: str) -> HttpResponse
     if request.method == "POST" and _validate_and_run(team, form, model_forms, resources, update):
         messages.success(request, f"Saved: {deployment.name} rolls out the new settings while the current ones keep serving.")
         return redirect("deployment-detail", name=deployment.name)
-    return render(request, "web/deploy_form.html", {"form": form, "model_forms": model_forms, "deployment": deployment})
+    return render(request, "web/deploy_form.html", {"form": form, "model_forms": model_forms, "deployment": deployment,
+                                                    "runtime_frameworks": local_framework_status()})
 
 
 # --- Deployment page ----------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 from django.conf import settings
 from django.utils import timezone
 
-from deployments import local_triton, python_requirements
+from deployments import frameworks, local_triton, python_requirements
 from deployments.models import Deployment, Revision, TritonServer
 from deployments.render import render_repository
 from deployments.runtimes.base import Health, Launch, Ready
@@ -27,13 +27,6 @@ from models_registry.validation import archive_limits
 @lru_cache(maxsize=1)
 def runtime_env() -> local_triton.RuntimeEnv:
     return local_triton.find_runtime_env(settings.MODELPORT_RUNTIME_ENV)
-
-
-def local_has_torch() -> bool:
-    try:
-        return runtime_env().has_module("torch")
-    except local_triton.RuntimeEnvError:
-        return False
 
 
 def missing_requirements(lines: list[str]) -> list[python_requirements.Requirement]:
@@ -79,7 +72,8 @@ def render(revision: Revision) -> Path:
     if (out.parent / "rendered").exists():
         return out
     spec = repository_spec(revision.spec, lambda entry: artifact_path(entry["sha256"]) if entry.get("sha256") else None)
-    render_repository(spec, "local", out, local_has_torch=local_has_torch(), archive_limits=archive_limits())
+    render_repository(spec, "local", out, local_frameworks=frameworks.local_frameworks(),
+                      archive_limits=archive_limits())
     (out.parent / "rendered").write_text(timezone.now().isoformat())
     Revision.objects.filter(pk=revision.pk).update(repository=str(out))
     return out

@@ -3,10 +3,12 @@ on_commit never fires inside a test transaction); tests/test_deploy_e2e.py runs 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from conftest import Person
 from deployments.models import Deployment, Event, Revision
+from deployments.tests.conftest import make_ready_version
 from models_registry.models import ModelVersion
 
 
@@ -178,3 +180,35 @@ def test_the_events_are_listed_newest_first(alice: Person, digits_v1: ModelVersi
     events = alice.client().get("/api/v1/deployments/digits-prod/events/").json()
     assert "Stop requested by alice" in events[0]["message"]
     assert "Created by alice" in events[-1]["message"]
+
+
+def test_a_savedmodel_deploys_locally_only_when_the_runtime_env_has_tensorflow(
+    alice: Person, settings: Any, tmp_path: Path
+) -> None:
+    import io
+    import zipfile
+
+    from models_registry.tests.test_savedmodel_inspect import saved_model
+    from web.tests.conftest import fake_runtime_env
+
+    pb = saved_model({"serving_default": {"inputs": {"x": {"dtype": 1, "dims": [-1, 4]}},
+                                          "outputs": {"y": {"dtype": 1, "dims": [-1, 3]}}}})
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        zf.writestr("export/saved_model.pb", pb)
+    make_ready_version(alice, "tiny-tf", buffer.getvalue())
+
+    settings.MODELPORT_RUNTIME_ENV = fake_runtime_env(tmp_path / "plain", "torch-2.13.0")
+    refused = create(alice, name="tiny-tf", models=[{"model": "tiny-tf"}])
+    assert refused.status_code == 400
+    assert refused.json()["error"]["fields"]["models[0].format"] == [
+        "TensorFlow SavedModels cannot be served locally: the local runtime env has no TensorFlow, which serves this "
+        "format: an operator adds it with `make runtime-env RUNTIME_EXTRAS=tensorflow` (a 310 MB download, 1.3 GB "
+        "installed); or deploy to Kubernetes"]
+    assert not Deployment.objects.exists()
+
+    settings.MODELPORT_RUNTIME_ENV = fake_runtime_env(tmp_path / "with-tf", "tensorflow-2.21.0")
+    accepted = create(alice, name="tiny-tf", models=[{"model": "tiny-tf"}])
+    assert accepted.status_code == 201, accepted.json()
+    (entry,) = Deployment.objects.get().revision.spec["models"]
+    assert entry["definition"] == {"signature_def": "serving_default", "signature_defs": ["serving_default"]}

@@ -18,7 +18,18 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from deployments.render import ONNX_WRAPPER, RenderError, render_config, render_repository, repository_digest
+from deployments.render import (
+    BACKENDS_DIR,
+    BATCHING_MODULE,
+    ONNX_WRAPPER,
+    SAVEDMODEL_WRAPPER,
+    TORCHSCRIPT_IO_MODULE,
+    TORCHSCRIPT_WRAPPER,
+    RenderError,
+    render_config,
+    render_repository,
+    repository_digest,
+)
 from deployments.spec import DynamicBatching, EnsembleStep, InstanceGroup, RepositorySpec, ServedModel
 from models_registry.signature import Signature, Tensor
 
@@ -70,7 +81,12 @@ def golden_models(artifacts: Path) -> dict[str, tuple[ServedModel, str]]:
             served("resnet_pt", "torchscript", onnx, instance_group=InstanceGroup(count=2, kind="gpu", gpus=(0, 1))),
             "kubernetes",
         ),
-        "savedmodel_kubernetes": (served("resnet_tf", "tensorflow_savedmodel", onnx), "kubernetes"),
+        "savedmodel_kubernetes": (
+            served("resnet_tf", "tensorflow_savedmodel", onnx, signature_def="serving_default"),
+            "kubernetes",
+        ),
+        "torchscript_local": (served("resnet_pt", "torchscript", onnx, instance_group=InstanceGroup(count=2)), "local"),
+        "savedmodel_local": (served("resnet_tf", "tensorflow_savedmodel", onnx, signature_def="predict"), "local"),
         "tensorrt_plan_kubernetes": (
             served("resnet_trt", "tensorrt_plan", onnx, instance_group=InstanceGroup(kind="gpu")),
             "kubernetes",
@@ -264,8 +280,9 @@ def test_the_local_repository_serves_onnx_with_the_generated_python_model(artifa
     render_repository(spec, "local", tmp_path / "local")
     render_repository(spec, "kubernetes", tmp_path / "k8s")
     assert (tmp_path / "local/resnet/3/model.py").read_bytes() == ONNX_WRAPPER.read_bytes()
+    assert (tmp_path / "local/resnet/3/triton_batching.py").read_bytes() == BATCHING_MODULE.read_bytes()
     assert (tmp_path / "local/resnet/3/model.onnx").read_bytes() == (artifacts / "model.onnx").read_bytes()
-    assert not (tmp_path / "k8s/resnet/3/model.py").exists()
+    assert sorted(p.name for p in (tmp_path / "k8s/resnet/3").iterdir()) == ["model.onnx"]
 
 
 def test_rendering_twice_gives_identical_trees(full_spec: RepositorySpec, tmp_path: Path) -> None:
@@ -297,10 +314,57 @@ def test_it_refuses_to_render_an_invalid_spec_with_field_errors(artifacts: Path,
     assert not (tmp_path / "repo").exists()
 
 
-def test_it_refuses_torchscript_locally_even_with_torch_until_a_wrapper_exists(artifacts: Path, tmp_path: Path) -> None:
-    spec = RepositorySpec(models=(served("resnet_pt", "torchscript", artifacts / "model.onnx"),))
-    with pytest.raises(RenderError, match="TorchScript cannot be served locally yet"):
-        render_repository(spec, "local", tmp_path / "repo", local_has_torch=True)
+def test_it_refuses_framework_formats_locally_without_the_framework(full_spec: RepositorySpec, tmp_path: Path) -> None:
+    with pytest.raises(RenderError) as excinfo:
+        render_repository(full_spec, "local", tmp_path / "repo", local_frameworks={"tensorflow"})
+    assert "resnet_pt.format" in excinfo.value.errors and "resnet_tf.format" not in excinfo.value.errors
+    assert "no PyTorch" in excinfo.value.errors["resnet_pt.format"][0]
+    assert not (tmp_path / "repo").exists()
+
+
+def test_the_local_repository_serves_each_framework_through_its_wrapper_and_the_shared_batching_module(
+    full_spec: RepositorySpec, tmp_path: Path
+) -> None:
+    local = [m for m in full_spec.models if m.format in ("onnx", "torchscript", "tensorflow_savedmodel")]
+    out = tmp_path / "repo"
+    render_repository(RepositorySpec(models=tuple(local)), "local", out, local_frameworks={"torch", "tensorflow"})
+    tree = _tree(out)
+    assert {path for path, content in tree.items() if content is not None} == {
+        "resnet/config.pbtxt",
+        "resnet/3/model.onnx",
+        "resnet/3/model.py",
+        "resnet/3/triton_batching.py",
+        "resnet_pt/config.pbtxt",
+        "resnet_pt/3/model.pt",
+        "resnet_pt/3/model.py",
+        "resnet_pt/3/triton_batching.py",
+        "resnet_pt/3/torchscript_io.py",
+        "resnet_tf/config.pbtxt",
+        "resnet_tf/3/model.savedmodel/saved_model.pb",
+        "resnet_tf/3/model.savedmodel/fingerprint.pb",
+        "resnet_tf/3/model.savedmodel/variables/variables.index",
+        "resnet_tf/3/model.py",
+        "resnet_tf/3/triton_batching.py",
+    }
+    wrappers = {"resnet": ONNX_WRAPPER, "resnet_pt": TORCHSCRIPT_WRAPPER, "resnet_tf": SAVEDMODEL_WRAPPER}
+    for name, wrapper in wrappers.items():
+        assert tree[f"{name}/3/model.py"] == wrapper.read_bytes()
+        assert tree[f"{name}/3/triton_batching.py"] == BATCHING_MODULE.read_bytes()
+        assert b'backend: "python"' in (tree[f"{name}/config.pbtxt"] or b"")
+    assert tree["resnet_pt/3/torchscript_io.py"] == TORCHSCRIPT_IO_MODULE.read_bytes()
+
+
+@pytest.mark.parametrize("wrapper", sorted(p.name for p in BACKENDS_DIR.glob("*.py")))
+def test_the_generated_models_import_nothing_from_the_portal(wrapper: str) -> None:
+    """They run in the runtime env (numpy<2, the frameworks), where the portal's packages are not installed."""
+    import ast
+
+    allowed = {"__future__", "argparse", "json", "os", "sys", "pathlib", "typing", "numpy", "onnxruntime", "torch",
+               "tensorflow", "triton_python_backend_utils", "triton_batching", "torchscript_io"}
+    tree = ast.parse((BACKENDS_DIR / wrapper).read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported <= allowed, imported - allowed
 
 
 def test_it_rejects_an_archive_that_climbs_out_of_its_directory(artifacts: Path, tmp_path: Path) -> None:

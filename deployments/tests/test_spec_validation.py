@@ -109,9 +109,9 @@ def test_it_refuses_gpu_ids_on_cpu_instances() -> None:
     assert errors == {"instance_group.gpus": ["GPU ids can only be given with kind 'gpu'"]}
 
 
-@pytest.mark.parametrize("fmt", ["tensorrt_plan", "tnn", "tensorflow_savedmodel"])
+@pytest.mark.parametrize("fmt", ["tensorrt_plan", "tnn"])
 def test_it_refuses_formats_the_local_runtime_cannot_serve_and_says_why(fmt: str) -> None:
-    errors = validate_served_model(model(format=fmt), "local")
+    errors = validate_served_model(model(format=fmt), "local", local_frameworks={"torch", "tensorflow"})
     (message,) = errors["format"]
     assert "only the python backend" in message
     assert "Kubernetes" in message
@@ -122,14 +122,31 @@ def test_kubernetes_serves_every_format_natively(fmt: str) -> None:
     assert validate_served_model(model(format=fmt), "kubernetes") == {}
 
 
-def test_it_refuses_torchscript_locally_when_the_runtime_env_has_no_torch() -> None:
-    errors = validate_served_model(model(format="torchscript"), "local", local_has_torch=False)
-    assert "needs torch installed in the runtime env" in errors["format"][0]
+@pytest.mark.parametrize(("fmt", "framework", "label"), [("torchscript", "torch", "PyTorch"),
+                                                           ("tensorflow_savedmodel", "tensorflow", "TensorFlow")])
+def test_it_refuses_a_framework_format_locally_without_the_framework_and_says_how_to_add_it(
+    fmt: str, framework: str, label: str
+) -> None:
+    other = {"torch", "tensorflow"} - {framework}
+    errors = validate_served_model(model(format=fmt), "local", local_frameworks=other)
+    (message,) = errors["format"]
+    assert f"the local runtime env has no {label}" in message
+    assert f"`make runtime-env RUNTIME_EXTRAS={framework}`" in message
+    assert "MB download" in message and "Kubernetes" in message
 
 
-def test_it_refuses_torchscript_locally_with_torch_until_the_wrapper_exists() -> None:
-    errors = validate_served_model(model(format="torchscript"), "local", local_has_torch=True)
-    assert "wrapper for TorchScript is not written yet" in errors["format"][0]
+@pytest.mark.parametrize(("fmt", "framework"), [("torchscript", "torch"), ("tensorflow_savedmodel", "tensorflow")])
+def test_it_serves_a_framework_format_locally_when_the_runtime_env_has_the_framework(fmt: str, framework: str) -> None:
+    assert validate_served_model(model(format=fmt), "local", local_frameworks={framework}) == {}
+
+
+def test_it_refuses_torchscript_with_string_or_bfloat16_tensors_locally_but_not_on_kubernetes() -> None:
+    text = Signature(inputs=(Tensor("ids", "BYTES", (-1, 1)),), outputs=(Tensor("emb", "BF16", (-1, 8)),))
+    m = model(format="torchscript", signature=text)
+    errors = validate_served_model(m, "local", local_frameworks={"torch"})
+    assert errors == {"signature": ["the local runtime serves TorchScript with numeric tensors only, and ids, emb is "
+                                    "BYTES or BF16; deploy to Kubernetes"]}
+    assert validate_served_model(m, "kubernetes") == {}
 
 
 def test_it_refuses_an_unknown_format() -> None:

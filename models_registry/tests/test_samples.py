@@ -176,3 +176,49 @@ def test_the_pipeline_samples_are_reproducible_and_inspect_as_python_models(tmp_
     definition = json.loads((tmp_path / "digits-pipeline.json").read_text())
     assert [step["model"] for step in definition["steps"]] == ["preprocess", "digits", "postprocess"]
     assert definition["inputs"] == [{"name": "image", "datatype": "BYTES", "dims": [-1, 1]}]
+
+
+# --- the CNN in the other formats (written by the runtime env's frameworks) ------------------------------------
+
+
+def _runtime_python() -> Path:
+    from django.conf import settings
+
+    return Path(settings.MODELPORT_RUNTIME_ENV) / "bin" / "python"
+
+
+@pytest.mark.frameworks
+def test_with_the_frameworks_the_cnn_is_also_written_as_torchscript_and_as_a_savedmodel(tmp_path: Path) -> None:
+    from models_registry.formats import detect_format
+    from models_registry.savedmodel_inspect import inspect_savedmodel_archive
+
+    samples = write_samples(tmp_path, runtime_python=_runtime_python(), frameworks={"torch": "x", "tensorflow": "y"})
+    listed = json.loads((tmp_path / "samples.json").read_text())
+    assert [(e["filename"], e["format"]) for e in listed][-2:] == [
+        ("resnet.pt", "torchscript"), ("resnet.savedmodel.zip", "tensorflow_savedmodel")]
+    assert all(s.signature == RESNET_SIGNATURE for s in samples if s.filename.startswith("resnet"))
+    # The portal recognises both, reads the SavedModel's signature, and has the TorchScript's to upload with it.
+    assert detect_format(tmp_path / "resnet.pt") == "torchscript"
+    assert detect_format(tmp_path / "resnet.savedmodel.zip") == "tensorflow_savedmodel"
+    assert inspect_savedmodel_archive(tmp_path / "resnet.savedmodel.zip").signature == RESNET_SIGNATURE
+    assert parse_signature((tmp_path / "resnet.signature.json").read_text()) == RESNET_SIGNATURE
+    assert "resnet.pt (torchscript)" in (tmp_path / "README.md").read_text()
+
+
+@pytest.mark.frameworks("torch")
+def test_an_export_whose_scores_differ_from_resnet_onnx_is_refused(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from models_registry import samples
+
+    real = samples.resnet_onnx_scores
+    monkeypatch.setattr(samples, "resnet_onnx_scores", lambda images: real(images) + 0.01)
+    with pytest.raises(samples.ExportFailed, match="the torchscript CNN's scores differ from resnet.onnx's by up to"):
+        samples.make_resnet_framework_models(tmp_path, _runtime_python(), {"torch"})
+    assert not (tmp_path / "resnet.pt").exists()
+
+
+def test_without_a_framework_no_other_format_is_written(tmp_path: Path) -> None:
+    from models_registry.samples import make_resnet_framework_models
+
+    assert make_resnet_framework_models(tmp_path, Path("/nonexistent/python"), {"jax"}) == []
+    assert list(tmp_path.iterdir()) == []

@@ -38,3 +38,16 @@ def deploy(person: Person, name: str = "digits-prod", model: str = "digits", **b
 @pytest.fixture
 def deployment(alice: Person, digits: ModelVersion) -> Deployment:
     return deploy(alice)
+
+
+def fake_runtime_env(root: Any, *packages: str) -> Any:
+    """A runtime env laid out as pip leaves it: the tritonserver binary, and `packages` ("torch-2.13.0")."""
+    site = root / "lib" / "python3.11" / "site-packages"
+    (site / "pytriton" / "tritonserver" / "bin").mkdir(parents=True)
+    (site / "pytriton" / "tritonserver" / "bin" / "tritonserver").write_text("")
+    for package in packages:
+        name, _, version = package.partition("-")
+        (site / name).mkdir()
+        (site / name / "__init__.py").write_text("")
+        (site / f"{name}-{version}.dist-info").mkdir()
+    return root

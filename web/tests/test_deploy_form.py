@@ -12,7 +12,7 @@ from deployments.models import Deployment
 from deployments.tests.conftest import make_ready_version
 from models_registry.models import Model, ModelVersion
 from tests.artifacts import tiny_onnx
-from web.tests.conftest import signed_in
+from web.tests.conftest import fake_runtime_env, signed_in
 
 NEW = "/deployments/new/?model=digits&version=1"
 
@@ -287,3 +287,13 @@ def _as_post(form: Any, model_forms: list[Any]) -> dict[str, Any]:
                 continue
             data[bound.html_name] = "on" if value is True else value
     return data
+
+
+def test_the_form_says_which_frameworks_the_local_runtime_has_and_how_to_add_the_others(
+    alice: Person, digits: ModelVersion, settings: Any, tmp_path: Any
+) -> None:
+    settings.MODELPORT_RUNTIME_ENV = fake_runtime_env(tmp_path, "torch-2.13.0+cpu")
+    content = signed_in(alice).get(NEW).content.decode()
+    assert ("The local runtime serves ONNX and Python models, and TorchScript with PyTorch 2.13.0+cpu. TensorFlow "
+            "SavedModels need TensorFlow, which an operator adds with <code>make runtime-env RUNTIME_EXTRAS=tensorflow"
+            "</code>. Kubernetes serves every format.") in content

@@ -11,7 +11,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from conftest import Person
 from models_registry.models import Model, ModelVersion
 from tests.artifacts import PYTHON_SIGNATURE, python_model_zip, tiny_onnx
-from web.tests.conftest import signed_in
+from web.tests.conftest import fake_runtime_env, signed_in
 
 
 def post(person: Person, name: str = "digits", data: bytes | None = None, filename: str = "model.onnx", **fields: Any) -> Any:
@@ -85,3 +85,12 @@ def test_a_missing_file_is_asked_for(alice: Person) -> None:
     response = signed_in(alice).post("/models/upload/", {"name": "digits"})
     assert response.status_code == 200
     assert "This field is required." in response.context["form"].errors["file"][0]
+
+
+def test_the_page_says_what_the_local_runtime_serves(alice: Person, settings: Any, tmp_path: Any) -> None:
+    settings.MODELPORT_RUNTIME_ENV = fake_runtime_env(tmp_path, "torch-2.13.0", "tensorflow_cpu-2.21.0")
+    (tmp_path / "lib/python3.11/site-packages/tensorflow").mkdir()
+    (tmp_path / "lib/python3.11/site-packages/tensorflow/__init__.py").write_text("")
+    content = signed_in(alice).get("/models/upload/").content.decode()
+    assert ("The local runtime serves ONNX and Python models, and TorchScript with PyTorch 2.13.0, and TensorFlow "
+            "SavedModels with TensorFlow 2.21.0. Kubernetes serves every format.") in content

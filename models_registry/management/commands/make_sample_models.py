@@ -8,19 +8,37 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 class Command(BaseCommand):
     help = ("Write the sample models (digits.onnx, resnet.onnx, preprocess.zip, postprocess.zip) and the pipeline "
-            "digits-pipeline.json, with samples.json and README.md, into DIR.")
+            "digits-pipeline.json, with samples.json and README.md, into DIR; and the CNN as resnet.pt and "
+            "resnet.savedmodel.zip when the runtime env has PyTorch / TensorFlow.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("directory", metavar="DIR", type=Path)
 
     def handle(self, *args: Any, **options: Any) -> None:
         # Imported here: scikit-learn takes a second to import, and other commands should not pay for it.
-        from models_registry.samples import write_samples
+        from django.conf import settings
+
+        from deployments import frameworks, local_triton
+        from models_registry.samples import ExportFailed, write_samples
 
         directory: Path = options["directory"]
         if directory.exists() and not directory.is_dir():
             raise CommandError(f"{directory} exists and is not a directory")
-        for sample in write_samples(directory):
+        # The TorchScript and SavedModel copies of the CNN are written by the runtime env's frameworks.
+        try:
+            env: local_triton.RuntimeEnv | None = local_triton.find_runtime_env(settings.MODELPORT_RUNTIME_ENV)
+        except local_triton.RuntimeEnvError:
+            env = None
+        found = frameworks.detect(env.site_packages) if env is not None else {}
+        try:
+            samples = write_samples(directory, runtime_python=env.bin_dir / "python" if env else None, frameworks=found)
+        except ExportFailed as exc:
+            raise CommandError(str(exc)) from None
+        for framework in frameworks.FRAMEWORKS:
+            if framework.name not in found:
+                self.stdout.write(f"Skipped the CNN for {framework.label}: the runtime env has none "
+                                  f"(`{framework.install_command}`).")
+        for sample in samples:
             tensors = ", ".join(
                 f"{t.name} {t.datatype}{list(t.dims)}" for t in sample.signature.inputs + sample.signature.outputs
             )
