@@ -25,6 +25,8 @@ urlpatterns = [
     path("deployments/<str:name>/stop/", views.deployment_stop, name="deployment-stop"),
     path("deployments/<str:name>/start/", views.deployment_start, name="deployment-start"),
     path("deployments/<str:name>/delete/", views.deployment_delete, name="deployment-delete"),
+    path("samples/deploy/", views.sample_deploy, name="sample-deploy"),
+    path("samples/digit.png", views.sample_digit, name="sample-digit"),
     path("tokens/", views.tokens, name="tokens"),
     path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token-revoke"),
 ]

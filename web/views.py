@@ -13,7 +13,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
 from django.db.models import Count, OuterRef, Subquery
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
@@ -30,8 +30,9 @@ from deployments.runtimes.base import runtime_for
 from models_registry import actions as registry_actions
 from models_registry.models import FORMATS_NEEDING_SIGNATURE, Model, ModelVersion
 from models_registry.pipelines import pipeline_graph
+from models_registry.samples import sample_inputs, takes_images
 from models_registry.validation import ArtifactRejected
-from web import inference, new_token
+from web import inference, new_token, revisions, samples
 from web.forms import (
     DeploymentForm,
     ServedModelForm,
@@ -42,6 +43,9 @@ from web.forms import (
     initial_for_entry,
     initial_for_version,
 )
+from web.logs import fold_gpu_noise
+from web.serving import serving
+from web.traffic import WINDOW_MINUTES as TRAFFIC_WINDOW_MINUTES
 from web.traffic import traffic_by_deployment
 
 LOG_LINES = 200
@@ -113,7 +117,7 @@ def _dashboard_live(team: Team) -> dict[str, Any]:
     rows = [{"deployment": d, "models": _spec_models(d), "traffic": traffic.get(d.pk)} for d in deployments]
     events = (Event.objects.filter(deployment__team=team).exclude(deployment__desired_state=Deployment.Desired.DELETED)
               .select_related("deployment")[:10])
-    return {"rows": rows, "events": events}
+    return {"rows": rows, "events": events, "traffic_minutes": TRAFFIC_WINDOW_MINUTES}
 
 
 def _spec_models(deployment: Deployment) -> list[dict[str, Any]]:
@@ -125,6 +129,8 @@ def _spec_models(deployment: Deployment) -> list[dict[str, Any]]:
 def dashboard(request: HttpRequest, team: Team) -> HttpResponse:
     context = _dashboard_live(team)
     context["has_models"] = bool(context["rows"]) or Model.objects.filter(team=team).exists()
+    if not context["has_models"]:
+        context["local_formats_note"] = serving().note()
     return render(request, "web/dashboard.html", context)
 
 
@@ -262,7 +268,7 @@ def deployment_new(request: HttpRequest, team: Team) -> HttpResponse:
         deployment = _validate_and_run(team, form, model_forms, {}, lambda v: deployment_actions.create_deployment(
             team, request.user, v["name"], v["runtime"], v["spec"], v["versions"]))
         if deployment is not None:
-            messages.success(request, f"Deployment {deployment.name} created: it starts in a moment.")
+            messages.success(request, f"Deployment {deployment.name} created. Its status below follows the start.")
             return redirect("deployment-detail", name=deployment.name)
     return render(request, "web/deploy_form.html", {"form": form, "model_forms": model_forms, "model": model,
                                                     "chosen": chosen,
@@ -307,26 +313,45 @@ def deployment_detail(request: HttpRequest, team: Team, name: str) -> HttpRespon
     base_url = request.build_absolute_uri("/").rstrip("/")
     served: list[dict[str, Any]] = []
     for entry in _spec_models(deployment):
-        signature = entry.get("signature") or {}
+        # What Triton serves and answers (a [batch] output comes back as [batch, 1]): the signature shown, and the
+        # shapes of the example and the snippets.
+        signature = inference.served_signature(entry)
+        example = inference.with_data(inference.example_request(signature), sample_inputs(entry.get("signature") or {}))
         served.append({
             "entry": entry,
             "signature": signature,
+            "reshaped": any("declared" in t for t in signature["inputs"] + signature["outputs"]),
             "url": inference.infer_url(base_url, deployment.name, entry["name"]),
             "path": inference.infer_url("", deployment.name, entry["name"]),
-            "example": inference.example_request_json(signature),
+            "example": inference.request_json(example),
             "bytes_inputs": [t["name"] for t in signature.get("inputs", []) if t.get("datatype") == "BYTES"],
+            "sample_image": takes_images(entry.get("signature") or {}),
             "snippets": [
-                ("curl", inference.curl_snippet(base_url, deployment.name, entry["name"]), "curl"),
+                ("curl", inference.curl_snippet(base_url, deployment.name, entry["name"], example), "curl"),
                 ("Python (tritonclient)", inference.python_snippet(base_url, deployment.name, entry["name"], signature), "python"),
-                ("modelport CLI", inference.cli_snippet(deployment.name, entry["name"]), "cli"),
+                ("modelport CLI", inference.cli_snippet(deployment.name, entry["name"], base_url), "cli"),
             ],
         })
     return render(request, "web/deployment_detail.html", {
         **_live_context(deployment), "served": served,
         "examples": {s["entry"]["name"]: {"path": s["path"], "request": s["example"]} for s in served},
         "has_bytes_inputs": any(s["bytes_inputs"] for s in served),
-        "metrics_url": f"/api/v1/deployments/{deployment.name}/metrics/",
+        "metrics_url": f"/api/v1/deployments/{deployment.name}/metrics/?minutes={TRAFFIC_WINDOW_MINUTES}",
+        "traffic_minutes": TRAFFIC_WINDOW_MINUTES,
+        **_settings_context(deployment),
     })
+
+
+def _settings_context(deployment: Deployment) -> dict[str, Any]:
+    """The settings in effect (the revision serving, else the one asked for) and the revision history."""
+    shown = deployment.serving_revision or deployment.revision
+    spec = shown.spec if shown else {}
+    return {
+        "settings_revision": shown,
+        "settings": revisions.settings_in_effect(spec),
+        "deployment_settings": revisions.deployment_words(spec, deployment.runtime),
+        "history": revisions.history(list(deployment.revisions.select_related("created_by"))[:50]),
+    }
 
 
 def _live_context(deployment: Deployment) -> dict[str, Any]:
@@ -342,7 +367,8 @@ def deployment_live(request: HttpRequest, team: Team, name: str) -> HttpResponse
         if request.htmx:  # type: ignore[attr-defined]
             return HttpResponseClientRedirect(reverse("dashboard"))  # deleted meanwhile (by someone else)
         raise
-    return render(request, "web/_deployment_live.html", _live_context(deployment))
+    # `refresh`: the buttons in the page's head follow the status too (an out-of-band swap of #deployment-actions).
+    return render(request, "web/_deployment_live.html", {**_live_context(deployment), "refresh": True})
 
 
 @require_GET
@@ -353,7 +379,9 @@ def deployment_logs(request: HttpRequest, team: Team, name: str) -> HttpResponse
         log = runtime_for(deployment).logs(deployment, LOG_LINES)
     except Exception as exc:  # a display aid: a runtime that cannot answer must not break the page
         log = f"(the log cannot be read: {exc})"
-    return render(request, "web/_deployment_logs.html", {"deployment": deployment, "log": log})
+    folded = fold_gpu_noise(log)
+    return render(request, "web/_deployment_logs.html", {"deployment": deployment, "log": folded.text,
+                                                         "gpu_noise": folded.gpu_noise})
 
 
 def _state_change(action: Callable[[Deployment, Any], None], done: str) -> Callable[..., HttpResponse]:
@@ -431,3 +459,45 @@ def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     messages.success(request, f"Revoked token {token.prefix}… ({token.name or 'unnamed'}).")
     return redirect(reverse("tokens"))
 
+
+
+# --- Samples ------------------------------------------------------------------------------------------------
+
+
+@require_POST
+@team_required
+def sample_deploy(request: HttpRequest, team: Team) -> HttpResponse:
+    """The empty dashboard's "Deploy the sample ..." buttons (web/samples.py); a second click lands on the same page."""
+    which = request.POST.get("sample", "")
+    if which not in samples.SAMPLES:
+        return HttpResponseBadRequest(f"Unknown sample {which[:40]!r}: choose one of {', '.join(samples.SAMPLES)}.",
+                                      content_type="text/plain")
+    try:
+        result = samples.deploy_sample(team, request.user, which)
+    except samples.SampleError as exc:
+        messages.error(request, str(exc))
+        return redirect("dashboard")
+    name = result.deployment.name
+    if result.created:
+        messages.success(request, f"The sample models are in your team's models, and {name} serves them. Try it "
+                                  "below once the status says ready.")
+    else:
+        messages.info(request, f"{name} was deployed already: here it is.")
+    return redirect("deployment-detail", name=name)
+
+
+@require_GET
+@login_required
+def sample_digit(request: HttpRequest) -> HttpResponse:
+    """A held-out handwritten 7 as a PNG, for trying models that take images (the sample pipeline)."""
+    response = HttpResponse(_sample_digit_png(), content_type="image/png")
+    response["Content-Disposition"] = 'inline; filename="digit-7.png"'
+    response["Cache-Control"] = "private, max-age=86400"
+    return response
+
+
+@functools.lru_cache(maxsize=1)
+def _sample_digit_png() -> bytes:
+    from models_registry.samples import sample_digit_png
+
+    return sample_digit_png()
