@@ -96,12 +96,33 @@
   // --- Deploy form ---------------------------------------------------------------------------------------------------
 
   function initDeployForm() {
-    // GPU fields: only for the Kubernetes runtime.
+    // Replicas and GPUs only for the Kubernetes runtime; for the local one, a note saying why they are gone.
     document.querySelectorAll("[data-runtime-select]").forEach((box) => {
       const select = $(box.dataset.runtimeSelect);
-      if (!select) return;
-      const update = () => { box.hidden = select.value !== "kubernetes"; };
+      if (!select || select.disabled) return;
+      const update = () => { box.hidden = select.value !== box.dataset.runtime; };
       select.addEventListener("change", update);
+      update();
+    });
+    // Extreme values: a warning beside the field while typing, before anything is deployed.
+    document.querySelectorAll("input[data-warn-above]").forEach((input) => {
+      const note = document.createElement("p");
+      note.className = "field-warning";
+      note.id = input.id + "_warning";
+      note.setAttribute("role", "status");
+      note.hidden = true;
+      input.closest(".field").appendChild(note);
+      const update = () => {
+        const value = Number(input.value);
+        const limit = Number(input.dataset.warnAbove);
+        const over = input.value !== "" && !isNaN(value) && value > limit;
+        note.hidden = !over;
+        note.textContent = over ? "Check this value: " + value.toLocaleString() + ". " + input.dataset.warning : "";
+        const described = (input.getAttribute("aria-describedby") || "").split(" ").filter((x) => x && x !== note.id);
+        if (over) described.push(note.id);
+        input.setAttribute("aria-describedby", described.join(" "));
+      };
+      input.addEventListener("input", update);
       update();
     });
     // Batching settings: only while dynamic batching is on.
@@ -116,7 +137,7 @@
     document.querySelectorAll("input[type=range][data-slider-for]").forEach((slider) => {
       const number = $(slider.dataset.sliderFor);
       if (!number) return;
-      slider.addEventListener("input", () => { number.value = slider.value; });
+      slider.addEventListener("input", () => { number.value = slider.value; number.dispatchEvent(new Event("input")); });
       number.addEventListener("input", () => {
         const value = parseInt(number.value, 10);
         if (!isNaN(value)) slider.value = String(Math.min(Math.max(value, 0), Number(slider.max)));
