@@ -15,6 +15,7 @@ urlpatterns = [
     path("models/", views.models_list, name="models"),
     # Before <name>/: a model named "upload" is reached through the API (and the admin) only.
     path("models/upload/", views.upload, name="upload"),
+    path("models/upload/pipeline/", views.pipeline_new, name="pipeline-new"),
     path("models/<str:name>/", views.model_detail, name="model-detail"),
     path("models/<str:name>/versions/", views.model_versions, name="model-versions"),
     path("deployments/new/", views.deployment_new, name="deployment-new"),

@@ -28,11 +28,11 @@ from deployments.api import DeploymentInputSerializer
 from deployments.models import Deployment, Event
 from deployments.runtimes.base import runtime_for
 from models_registry import actions as registry_actions
-from models_registry.models import FORMATS_NEEDING_SIGNATURE, Model, ModelVersion
+from models_registry.models import FORMATS_NEEDING_SIGNATURE, Format, Model, ModelVersion
 from models_registry.pipelines import pipeline_graph
 from models_registry.samples import sample_inputs, takes_images
 from models_registry.validation import ArtifactRejected
-from web import inference, new_token, revisions, samples
+from web import inference, new_token, pipeline_form, revisions, samples
 from web.forms import (
     DeploymentForm,
     ServedModelForm,
@@ -169,6 +169,7 @@ def model_detail(request: HttpRequest, team: Team, name: str) -> HttpResponse:
     pipeline = next((v for v in context["versions"] if v.format == "ensemble" and v.definition), None)
     context["pipeline"] = pipeline
     context["graph"] = pipeline_graph(pipeline.definition) if pipeline else None
+    context["graph_down"] = pipeline_graph(pipeline.definition, "down") if pipeline else None
     return render(request, "web/model_detail.html", context)
 
 
@@ -186,7 +187,9 @@ def upload(request: HttpRequest, team: Team) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         version = _create_version(request, team, form)
         if version is not None:
-            messages.success(request, f"Version {version.number} of {version.model.name} uploaded; inspecting it now.")
+            messages.success(request, f"Pipeline {version.model.name} version {version.number} created."
+                             if version.format == Format.ENSEMBLE
+                             else f"Version {version.number} of {version.model.name} uploaded; inspecting it now.")
             return redirect("model-detail", name=version.model.name)
     return render(request, "web/upload.html", {
         "form": form,
@@ -195,7 +198,16 @@ def upload(request: HttpRequest, team: Team) -> HttpResponse:
         "datatypes": ["FP32", "FP16", "FP64", "BF16", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16",
                       "UINT32", "UINT64", "BOOL", "BYTES"],
         "chunk_size": 5 * 1024 * 1024,
+        **_serving_context(),
     })
+
+
+def _serving_context() -> dict[str, Any]:
+    """What the upload page says before anything is sent: the formats this portal's local runtime serves."""
+    where = serving()
+    reason = ("it needs the Kubernetes runtime" if where.kubernetes_ready
+              else "it needs a Kubernetes cluster, which no operator has configured here")
+    return {"serving_note": where.note(), "not_local": where.not_local, "not_local_reason": reason}
 
 
 def _create_version(request: HttpRequest, team: Team, form: UploadForm) -> ModelVersion | None:
@@ -205,6 +217,11 @@ def _create_version(request: HttpRequest, team: Team, form: UploadForm) -> Model
         form.add_error("file", f"Without JavaScript files up to {settings.MAX_MULTIPART_UPLOAD_SIZE:,} bytes can be sent; "
                                "turn JavaScript on for a resumable upload.")
         return None
+    if file.size <= pipeline_form.MAX_DEFINITION_BYTES:
+        text = file.read().decode("utf-8", errors="replace")
+        file.seek(0)
+        if pipeline_form.looks_like_pipeline(text):
+            return _create_pipeline_version(request, team, form, text)
     try:
         with transaction.atomic():
             model = (Model.objects.filter(team=team, name=data["name"]).first()
@@ -216,6 +233,21 @@ def _create_version(request: HttpRequest, team: Team, form: UploadForm) -> Model
         form.add_error("signature" if "signature" in str(exc) else "file", str(exc))
     except registry_actions.Conflict as exc:
         form.add_error(None, str(exc))
+    return None
+
+
+def _create_pipeline_version(request: HttpRequest, team: Team, form: UploadForm, text: str) -> ModelVersion | None:
+    """A pipeline definition sent through the upload form (without JavaScript): created, or its problems listed."""
+    checked = pipeline_form.check(team, form.cleaned_data["name"], text, form.cleaned_data["max_batch_size"])
+    if checked.ok:
+        try:
+            return pipeline_form.create(team, request.user, checked)
+        except registry_actions.Conflict as exc:
+            form.add_error(None, str(exc))
+            return None
+    for problem in checked.problems:
+        for what, message in problem.items:
+            form.add_error("file", f"{problem.where}{' · ' + what if what else ''}: {message}")
     return None
 
 
@@ -501,3 +533,25 @@ def _sample_digit_png() -> bytes:
     from models_registry.samples import sample_digit_png
 
     return sample_digit_png()
+
+
+# --- Pipelines from the upload page -------------------------------------------------------------------------
+
+
+@require_POST
+@team_required
+def pipeline_new(request: HttpRequest, team: Team) -> HttpResponse:
+    """The upload page's pipeline mode (static/js/upload.js): `definition` (JSON text) checked against the team's
+    models and drawn; with `save`, created as the next version of `name`. Answers the preview fragment: 200 when
+    the definition is valid, 400 with each problem beside its step and tensor, 201 once created."""
+    max_batch_size = _int(request.POST.get("max_batch_size")) if request.POST.get("max_batch_size") else None
+    checked = pipeline_form.check(team, request.POST.get("name", ""), request.POST.get("definition", ""),
+                                  max_batch_size)
+    created = None
+    if checked.ok and request.POST.get("save"):
+        try:
+            created = pipeline_form.create(team, request.user, checked)
+        except registry_actions.Conflict as exc:
+            checked.problems.append(pipeline_form.Problem("The definition", [("", str(exc))]))
+    status = 201 if created else (200 if checked.ok else 400)
+    return render(request, "web/_pipeline_preview.html", {"checked": checked, "created": created}, status=status)
