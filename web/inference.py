@@ -93,6 +93,11 @@ def curl_snippet(base_url: str, deployment: str, model: str, body: dict[str, Any
         data, note = "-d '" + inline.replace("'", "'\\''") + "'", "the request body is inline"
     else:
         data, note = "-d @req.json", "req.json: the request body (Download req.json)"
+    binary = [t["name"] for t in (body or {}).get("inputs", []) if t.get("datatype") == "BYTES"]
+    if binary:
+        # A file's raw bytes cannot travel in JSON: Try it, or the Python snippet, sends them.
+        note += (f"; {', '.join(binary)} is BYTES: this JSON sends text, and a file (an image) goes with Try it "
+                 "or the Python snippet")
     return (
         f"# export MODELPORT_TOKEN=<an API token> first; {note}\n"
         f"curl -sS -X POST {infer_url(base_url, deployment, model)} \\\n"
