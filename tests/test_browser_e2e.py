@@ -297,6 +297,11 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, tm
     assert ran.returncode == 0, ran.stderr
     answer = json.loads(ran.stdout)
     assert next(o for o in answer["outputs"] if o["name"] == "label")["data"] == [SAMPLE_DIGIT_LABEL]
+    # Triton's own metadata agrees with the signature the page shows.
+    metadata = subprocess.run(["curl", "-sS", "-H", f"Authorization: Bearer {token}",
+                               f"{portal_url}/serve/digits/v2/models/digits"], capture_output=True, text=True, timeout=60)
+    served = {t["name"]: t["shape"] for t in json.loads(metadata.stdout)["outputs"]}
+    assert served == {"label": [-1, 1], "probabilities": [-1, 10]}
     # Without a clipboard (plain http on another host): the text is selected and the button says how to copy.
     plain = browser.new_context(viewport={"width": 1280, "height": 900})
     plain.add_init_script("Object.defineProperty(navigator, 'clipboard', {value: undefined})")
@@ -317,6 +322,15 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, tm
     download.value.save_as(str(request_file))
     assert json.loads(request_file.read_text()) == json.loads(other.input_value("#try-it-input"))
     plain.close()
+
+    # Before a TensorRT plan goes up for a laptop, the page says the local runtime cannot serve it.
+    (tmp_path / "engine.plan").write_bytes(b"\0" * 64)
+    page.goto(f"{portal_url}/models/upload/")
+    page.wait_for_selector("body[data-js=ready]", state="attached")
+    assert "local runtime serves ONNX, Python models and pipelines" in page.inner_text("#serving-note")
+    page.set_input_files("#id_file", str(tmp_path / "engine.plan"))
+    page.wait_for_selector("#format-warning:not([hidden])")
+    assert "A TensorRT plan cannot be served by this portal's local runtime" in page.inner_text("#format-warning")
 
     # 3. The pipeline's python steps through the upload page: the signature editor opens for a .zip, and the
     # .signature.json beside it is imported.

@@ -196,3 +196,9 @@ def test_the_history_lists_every_revision_of_this_deployment_only(alice: Person,
     assert second.revision is not None
     page = signed_in(alice).get(PAGE).content.decode()
     assert page.count('<li id="revision-') == 4
+
+
+def test_the_curl_snippet_of_an_image_model_says_where_the_file_goes() -> None:
+    body = {"inputs": [{"name": "image", "shape": [1, 1], "datatype": "BYTES", "data": [""]}]}
+    first_line = inference.curl_snippet("http://h", "d", "m", body).splitlines()[0]
+    assert "image is BYTES: this JSON sends text, and a file (an image) goes with Try it or the Python snippet" in first_line
