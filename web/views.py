@@ -511,8 +511,8 @@ def sample_deploy(request: HttpRequest, team: Team) -> HttpResponse:
         return redirect("dashboard")
     name = result.deployment.name
     if result.created:
-        messages.success(request, f"The sample models are in your team's models, and {name} serves them. Try it "
-                                  "below once the status says ready.")
+        messages.success(request, f"Created the sample models in your team and the deployment {name}. Its status "
+                                  "below follows the start; Try it opens when it serves.")
     else:
         messages.info(request, f"{name} was deployed already: here it is.")
     return redirect("deployment-detail", name=name)

@@ -243,9 +243,14 @@
       const serving = live.dataset.serving === "yes";
       section.hidden = !serving;
       waiting.hidden = serving;
-      if (!serving && live.dataset.status === "failed") {
-        waiting.textContent = "Try it works once the deployment serves: it failed to start (see the status above), " +
-                              "so Retry or Edit settings first.";
+      const reasons = {
+        failed: "it failed to start (see the status above), so Retry or Edit settings first.",
+        stopping: "it is stopped, so Start it first.",
+        stopped: "it is stopped, so Start it first.",
+      };
+      if (!serving) {
+        waiting.textContent = "Try it works once the deployment serves: " +
+          (reasons[live.dataset.status] || "this panel opens by itself when the status turns ready.");
       }
     });
     document.querySelectorAll(".try-it-file").forEach((box) => { box.hidden = box.dataset.model !== modelSelect.value; });

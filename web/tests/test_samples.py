@@ -46,7 +46,7 @@ def test_the_sample_classifier_is_created_in_alices_team_and_deployed(alice: Per
     assert not Model.objects.filter(team=charlie.team).exists()  # nothing lands in another team
 
     page = client.get("/deployments/digits/").content.decode()
-    assert "digits serves them" in page
+    assert "Created the sample models in your team and the deployment digits." in page
     # Try it holds a held-out 7, not zeros.
     assert ", ".join(f"{float(v)}" for v in SAMPLE_DIGIT_PIXELS[:8]) in page
 
