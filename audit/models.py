@@ -20,6 +20,7 @@ class AuditEntry(models.Model):
     detail = models.JSONField(default=dict, blank=True)
 
     class Meta:
+        verbose_name_plural = "audit entries"  # not Django's "audit entrys"
         ordering = ["-time", "-id"]
         indexes = [models.Index(fields=["team", "-time"])]
 

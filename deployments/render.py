@@ -181,6 +181,15 @@ def _data_type(tensor: Tensor) -> int:
     return mc.DataType.Value(tensor.triton_type)
 
 
+def served_dims(dims: tuple[int, ...] | list[int], batched: bool) -> list[int]:
+    """The shape clients see for a tensor of the signature, in Triton's metadata and in its answers: the batch
+    dimension first when the model batches, and a tensor shaped [batch] alone as [batch, 1] (_set_dims declares it
+    [1] with a reshape, and Triton shows and answers the declared dims). The deployment page shows this."""
+    if not batched:
+        return list(dims)
+    return [-1, *(list(dims[1:]) or [1])]
+
+
 def _set_dims(entry: mc.ModelInput | mc.ModelOutput, tensor: Tensor, batched: bool) -> None:
     dims = list(tensor.dims[1:] if batched else tensor.dims)
     if batched and not dims:

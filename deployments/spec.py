@@ -181,6 +181,14 @@ def validate_served_model(
                 add(f"ensemble_steps[{i}]", "each step needs an input_map and an output_map")
         if m.dynamic_batching is not None:
             add("dynamic_batching", "an ensemble has no dynamic batching of its own: set it on its step models")
+        # Triton runs an ensemble's steps in the steps' own instances; the renderer writes no instance group for
+        # the ensemble, so a count or kind given for it would be accepted and silently not applied.
+        if m.instance_group.count != 1:
+            add("instance_group.count", "an ensemble runs no instances of its own (Triton runs each step in the "
+                                        "step model's instances): leave it at 1 and set instances on its step models")
+        if m.instance_group.kind != "cpu" or m.instance_group.gpus:
+            add("instance_group.kind", "an ensemble runs no instances of its own: set the instance kind and GPUs "
+                                       "on its step models")
     elif m.artifact_path is None:
         add("artifact_path", "the model has no stored artifact")
 

@@ -20,14 +20,16 @@ from rest_framework.response import Response
 from accounts.tokens import parse_bearer
 from deployments.api import get_deployment_for_user
 from gateway.models import LATENCY_BUCKETS_MS, RequestStats
-from gateway.stats import BUCKET_SECONDS, percentile_ms
+from gateway.stats import BUCKET_SECONDS, merge_codes, percentile_ms
 
 
 def summarize(rows: list[RequestStats], window: timedelta) -> dict[str, Any]:
     total = [0] * len(LATENCY_BUCKETS_MS)
     requests = errors = 0
+    codes: dict[str, int] = {}
     series = []
     for row in rows:
+        codes = merge_codes(codes, row.codes)
         histogram = row.latency_histogram or [0] * len(LATENCY_BUCKETS_MS)
         total = [a + b for a, b in zip(total, histogram, strict=False)]
         requests += row.requests
@@ -44,6 +46,8 @@ def summarize(rows: list[RequestStats], window: timedelta) -> dict[str, Any]:
         "window_seconds": int(window.total_seconds()),
         "requests": requests,
         "errors": errors,
+        "error_rate": round(errors / requests, 4) if requests else None,
+        "codes": dict(sorted(codes.items())),
         "requests_per_second": round(requests / window.total_seconds(), 3),
         "p50_ms": _round(percentile_ms(total, 0.50)),
         "p95_ms": _round(percentile_ms(total, 0.95)),

@@ -20,6 +20,8 @@ class RequestStats(models.Model):
     errors = models.PositiveIntegerField(default=0)
     latency_sum_ms = models.FloatField(default=0)
     latency_histogram = models.JSONField(default=list)  # counts per LATENCY_BUCKETS_MS entry
+    # Responses per HTTP status code, {"200": 97, "400": 2, "502": 1}: what the errors were, for the traffic panel.
+    codes = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["deployment", "bucket_start"]

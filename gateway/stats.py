@@ -27,12 +27,26 @@ LATENCY = Histogram("modelport_gateway_request_duration_seconds", "Gateway reque
 IN_FLIGHT = Gauge("modelport_gateway_in_flight_requests", "Requests in flight through the gateway", ["deployment"])
 
 
+def is_error(code: int) -> bool:
+    """What the error rate counts: the server's failures and refusals for load (5xx, 429); a 4xx is the caller's
+    mistake and shows in the status codes."""
+    return code >= 500 or code == 429
+
+
+def merge_codes(a: dict[str, int] | None, b: dict[str, int] | None) -> dict[str, int]:
+    merged = dict(a or {})
+    for code, count in (b or {}).items():
+        merged[code] = merged.get(code, 0) + int(count)
+    return merged
+
+
 @dataclass
 class _Bucket:
     requests: int = 0
     errors: int = 0
     latency_sum_ms: float = 0.0
     histogram: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS_MS))
+    codes: dict[str, int] = field(default_factory=dict)
 
 
 class StatsCollector:
@@ -55,7 +69,8 @@ class StatsCollector:
         start = datetime.fromtimestamp(now - now % BUCKET_SECONDS, UTC)
         bucket = self.pending[(deployment_id, start)]
         bucket.requests += 1
-        if code >= 500 or code == 429:
+        bucket.codes[str(code)] = bucket.codes.get(str(code), 0) + 1
+        if is_error(code):
             bucket.errors += 1
         ms = seconds * 1000.0
         bucket.latency_sum_ms += ms
@@ -85,12 +100,13 @@ def flush(buckets: dict[tuple[int, datetime], _Bucket]) -> None:
                     if row is None:
                         RequestStats.objects.create(deployment_id=deployment_id, bucket_start=start, requests=bucket.requests,
                                                     errors=bucket.errors, latency_sum_ms=bucket.latency_sum_ms,
-                                                    latency_histogram=bucket.histogram)
+                                                    latency_histogram=bucket.histogram, codes=bucket.codes)
                     else:
                         merged = [a + b for a, b in zip(row.latency_histogram or [0] * len(bucket.histogram), bucket.histogram, strict=False)]
                         RequestStats.objects.filter(pk=row.pk).update(
                             requests=F("requests") + bucket.requests, errors=F("errors") + bucket.errors,
-                            latency_sum_ms=F("latency_sum_ms") + bucket.latency_sum_ms, latency_histogram=merged)
+                            latency_sum_ms=F("latency_sum_ms") + bucket.latency_sum_ms, latency_histogram=merged,
+                            codes=merge_codes(row.codes, bucket.codes))
                 break
             except IntegrityError:
                 continue  # another gateway process created the row meanwhile: merge into it

@@ -1,8 +1,10 @@
 """modelport: push models to a Modelport portal and deploy them on Triton, from a CI job.
 
-Configuration: MODELPORT_URL and MODELPORT_TOKEN, or --url and --token. Every command takes --json.
-On failure exactly one line `error: <reason>` goes to stderr, and the exit code says what failed:
-  1 the portal refused or could not be reached   2 wrong command line or input file
+Configuration: MODELPORT_URL and MODELPORT_TOKEN, or --url and --token. Every command takes --json and
+--verbose. Results go to stdout. On failure one line `error: <reason>` goes to stderr, and it is the only line
+there: progress and notes go to stderr only with --verbose, or when stderr is a terminal. The exit code says
+what failed:
+  1 the portal refused or could not be reached   2 wrong command line, name or input file
   3 the model is invalid                          4 the deployment failed
   5 timed out waiting
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -22,7 +25,7 @@ from urllib.parse import quote
 from modelport_cli import __version__, tus
 from modelport_cli.client import ApiError, Client
 from modelport_cli.errors import CliError, ExitCode, one_line
-from modelport_cli.output import Progress, human_size, info, print_json
+from modelport_cli.output import Progress, human_size, info, print_json, set_verbose
 
 DEFAULT_PUSH_TIMEOUT = 600.0
 DEFAULT_DEPLOY_TIMEOUT = 600.0
@@ -36,6 +39,19 @@ MAX_POLL_INTERVAL = 2.0
 
 def _segment(name: str) -> str:
     return quote(name, safe="")
+
+
+# The portal's naming rule (accounts/names.py; a test keeps the two equal): models and deployments become Triton,
+# Kubernetes and S3 names. Checked here so that a bad name is a usage error before anything is uploaded.
+NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+NAME_RULE = ("use 1 to 63 characters: lowercase letters a-z, digits and hyphens, starting and ending with a letter "
+             "or digit")
+
+
+def check_name(name: str, what: str) -> str:
+    if not NAME_RE.fullmatch(name):
+        raise CliError(f"{what} {name!r} is not a valid name: {NAME_RULE}", ExitCode.USAGE)
+    return name
 
 
 def make_client(args: argparse.Namespace) -> Client:
@@ -145,11 +161,12 @@ def cmd_push(args: argparse.Namespace) -> int:
         raise CliError(f"{path} is a directory: pack it as .zip or .tar.gz and push the archive", ExitCode.USAGE)
     if not path.is_file():
         raise CliError(f"{path}: no such file", ExitCode.USAGE)
+    check_name(args.model, "model")
     signature = read_json_file(args.signature, "--signature") if args.signature else None
     client = make_client(args)
     ensure_model(client, args.model)
 
-    progress = None if args.json else Progress(path.stat().st_size, f"uploading {path.name}")
+    progress = None if args.json or not args.verbose_stderr else Progress(path.stat().st_size, f"uploading {path.name}")
     state = tus.UploadState(tus.default_state_dir())
     result = tus.upload_file(client, path, state=state, progress=progress.update if progress else None,
                              notify=progress.note if progress else None)
@@ -169,6 +186,7 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 
 def cmd_pipeline_create(args: argparse.Namespace) -> int:
+    check_name(args.model, "model")
     definition = read_json_file(args.definition, "--definition")
     client = make_client(args)
     ensure_model(client, args.model)
@@ -180,6 +198,7 @@ def _served_model(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     model, _, version = spec.partition(":")
     if not model:
         raise CliError(f"--model {spec!r}: use MODEL:VERSION, or MODEL for its latest ready version", ExitCode.USAGE)
+    check_name(model, "--model")
     entry: dict[str, Any] = {"model": model}
     if version and version != "latest":
         if not version.isdigit() or int(version) < 1:
@@ -205,6 +224,7 @@ def _served_model(spec: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
+    check_name(args.name, "deployment")
     models = [_served_model(spec, args) for spec in args.model]
     client = make_client(args)
     body: dict[str, Any] = {"name": args.name, "models": models}
@@ -258,10 +278,15 @@ def _wait_until_serving(client: Client, args: argparse.Namespace, revision: int)
         if args.json:
             print_json(body)
         return CliError(f"timed out after {args.timeout:g} s waiting for {args.name} to serve revision {revision} "
-                        f"(status {body.get('status')}: {one_line(str(body.get('status_message') or ''))})",
-                        ExitCode.TIMEOUT)
+                        f"({_status_words(body)})", ExitCode.TIMEOUT)
 
     return poll(lambda: dict(client.get(path)), finished, args.timeout, on_timeout)
+
+
+def _status_words(body: dict[str, Any]) -> str:
+    """"status starting: Starting Triton for revision 2.", or "status pending" when the portal says no more."""
+    message = one_line(str(body.get("status_message") or ""))
+    return f"status {body.get('status') or 'unknown'}" + (f": {message}" if message else "")
 
 
 def _endpoint(client: Client, deployment: dict[str, Any]) -> str:
@@ -270,13 +295,15 @@ def _endpoint(client: Client, deployment: dict[str, Any]) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    check_name(args.name, "deployment")
     client = make_client(args)
     deployment = dict(client.get(f"/api/v1/deployments/{_segment(args.name)}/"))
     if args.json:
         print_json(deployment)
         return ExitCode.OK
     print(f"name:      {deployment.get('name')} ({deployment.get('runtime')})")
-    print(f"status:    {deployment.get('status')} - {one_line(str(deployment.get('status_message') or ''))}")
+    message = one_line(str(deployment.get("status_message") or ""))
+    print(f"status:    {deployment.get('status')}" + (f" - {message}" if message else ""))
     print(f"revision:  {deployment.get('revision')} (serving {deployment.get('serving_revision') or 'none'})")
     print(f"endpoint:  {_endpoint(client, deployment)}")
     print("models:")
@@ -303,6 +330,7 @@ def _describe_served_model(model: dict[str, Any]) -> str:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    check_name(args.name, "deployment")
     client = make_client(args)
     params = {"lines": args.lines} if args.lines is not None else None
     body = dict(client.get(f"/api/v1/deployments/{_segment(args.name)}/logs/", params=params))
@@ -315,11 +343,14 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def _lifecycle(args: argparse.Namespace, action: str) -> int:
+    check_name(args.name, "deployment")
     client = make_client(args)
     path = f"/api/v1/deployments/{_segment(args.name)}/"
     try:
         body = dict(client.call("POST", f"{path}{action}", idempotency_key=False).json())
-        message = f"{args.name}: {body.get('status')} ({one_line(str(body.get('status_message') or ''))})"
+        message = f"{args.name}: {body.get('status')}"
+        if one_line(str(body.get("status_message") or "")):
+            message += f" ({one_line(str(body['status_message']))})"
     except ApiError as exc:
         # 409 is the portal's "stopped already" / "running already": the state the caller asked for holds, and
         # a pipeline step that runs twice must not fail for it.
@@ -343,6 +374,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
+    check_name(args.name, "deployment")
     client = make_client(args)
     response = client.call("DELETE", f"/api/v1/deployments/{_segment(args.name)}/")
     gone = response.status_code == 204
@@ -354,6 +386,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
+    check_name(args.name, "deployment")
+    check_name(args.model, "model")
     request = read_json_file(args.input, "--input")
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
         raise CliError(f"--input {args.input}: expected KServe v2 JSON, "
@@ -412,13 +446,15 @@ def _common_options(parser: argparse.ArgumentParser, default: Any) -> None:
     parser.add_argument("--url", default=default, help="the portal, e.g. http://127.0.0.1:8000 (env MODELPORT_URL)")
     parser.add_argument("--token", default=default, help="an API token (env MODELPORT_TOKEN)")
     parser.add_argument("--json", action="store_true", default=default, help="machine-readable output on stdout")
+    parser.add_argument("-v", "--verbose", action="store_true", default=default,
+                        help="progress and notes on stderr even when it is not a terminal (a CI log)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="modelport", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"modelport {__version__}")
     _common_options(parser, None)
-    parser.set_defaults(json=False)
+    parser.set_defaults(json=False, verbose=False)
     # The same options after the command too (`modelport status x --json`); SUPPRESS keeps a value given before
     # the command from being overwritten by the subcommand's default.
     common = _Parser(add_help=False)
@@ -488,6 +524,9 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # usage errors (2), --help and --version (0)
         return int(exc.code or 0)
+    # Progress and notes: wanted on a terminal, or when asked for; a script reading stderr gets the error alone.
+    args.verbose_stderr = bool(args.verbose or sys.stderr.isatty())
+    set_verbose(args.verbose_stderr)
     try:
         return int(args.handler(args))
     except CliError as exc:

@@ -14,9 +14,20 @@ def print_json(value: Any, stream: TextIO | None = None) -> None:
     stream.flush()
 
 
+_verbose = False
+
+
+def set_verbose(on: bool) -> None:
+    """Whether info() writes: main() turns it on for --verbose or a terminal on stderr."""
+    global _verbose
+    _verbose = on
+
+
 def info(message: str) -> None:
-    """Human notes go to stderr, so that stdout stays what a script captures (a version number, JSON)."""
-    print(message, file=sys.stderr, flush=True)
+    """Human notes go to stderr, so that stdout stays what a script captures (a version number, JSON); and only
+    when wanted (set_verbose), so that on failure the error is the one line a script finds on stderr."""
+    if _verbose:
+        print(message, file=sys.stderr, flush=True)
 
 
 def human_size(size: float) -> str:

@@ -15,7 +15,7 @@ from django.utils import timezone
 from accounts.models import Team
 from audit.log import record as audit
 from models_registry.models import Blob, Format, Model, ModelVersion, Upload
-from models_registry.pipelines import Pipeline
+from models_registry.pipelines import Lookup, Pipeline, StepVersion
 from models_registry.signature import Signature
 from models_registry.storage import get_store
 from models_registry.validation import ArtifactRejected, quick_check
@@ -193,3 +193,25 @@ def _release_bytes(blob_sha: str | None, staged_key: str) -> None:
             with contextlib.suppress(Exception):
                 blob.delete()
                 store.delete(blob.key)
+
+
+def pipeline_step_lookup(team: Team) -> Lookup:
+    """A step's version among the team's models (another team's models do not exist for it)."""
+
+    def lookup(name: str, number: int | None) -> StepVersion | str:
+        versions = ModelVersion.objects.select_related("model").filter(model__team=team, model__name=name)
+        if number is not None:
+            version = versions.filter(number=number).first()
+            if version is None:
+                return (f"model {name!r} has no version {number}" if versions.exists()
+                        else f"no model named {name!r} in your team")
+        else:
+            version = versions.filter(status=ModelVersion.Status.READY).order_by("-number").first()
+            if version is None:
+                return (f"model {name!r} has no ready version yet" if versions.exists()
+                        else f"no model named {name!r} in your team")
+        return StepVersion(model=name, version=version.number, format=version.format, status=version.status,
+                           signature=version.parsed_signature, max_batch_size=version.max_batch_size,
+                           error=version.error, id=version.id)
+
+    return lookup

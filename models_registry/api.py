@@ -123,24 +123,7 @@ class PipelineCreateSerializer(serializers.Serializer[Any]):
 
 def _step_lookup(team: Any) -> pipelines.Lookup:
     """Find a step's version among the team's models (another team's models do not exist for it)."""
-
-    def lookup(name: str, number: int | None) -> pipelines.StepVersion | str:
-        versions = ModelVersion.objects.select_related("model").filter(model__team=team, model__name=name)
-        if number is not None:
-            version = versions.filter(number=number).first()
-            if version is None:
-                return (f"model {name!r} has no version {number}" if versions.exists()
-                        else f"no model named {name!r} in your team")
-        else:
-            version = versions.filter(status=ModelVersion.Status.READY).order_by("-number").first()
-            if version is None:
-                return (f"model {name!r} has no ready version yet" if versions.exists()
-                        else f"no model named {name!r} in your team")
-        return pipelines.StepVersion(model=name, version=version.number, format=version.format,
-                                     status=version.status, signature=version.parsed_signature,
-                                     max_batch_size=version.max_batch_size, error=version.error, id=version.id)
-
-    return lookup
+    return actions.pipeline_step_lookup(team)
 
 
 def _create_pipeline(request: Request, model: Model) -> Response:

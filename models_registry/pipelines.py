@@ -338,13 +338,17 @@ NODE_HEIGHT = 44
 COLUMN_GAP = 90
 ROW_GAP = 26
 MARGIN = 12
+# Top to bottom (phones): data-flow levels become rows, with room between them for the tensor names.
+LEVEL_GAP = 40
+SIDE_GAP = 16
 
 
-def pipeline_graph(definition: dict[str, Any]) -> dict[str, Any]:
+def pipeline_graph(definition: dict[str, Any], direction: str = "across") -> dict[str, Any]:
     """Nodes (pipeline inputs, steps, pipeline outputs) and edges (one per tensor hop) of a stored definition.
 
-    Each node carries a position (x, y, width, height) in columns by data-flow depth, each edge its end points, and
-    the graph its `width` and `height`, so a template can draw it as SVG without any layout code of its own.
+    Each node carries a position (x, y, width, height) by data-flow depth, left to right ("across") or top to
+    bottom ("down", narrow screens), each edge its end points, and the graph its `width` and `height`, so a
+    template can draw it as SVG without any layout code of its own.
     """
     inputs = list(definition.get("inputs", []))
     outputs = list(definition.get("outputs", []))
@@ -369,8 +373,9 @@ def pipeline_graph(definition: dict[str, Any]) -> dict[str, Any]:
                 sources.append(source)
                 edges.append({"source": source, "target": node_id, "tensor": tensor, "to": step_input})
         column[node_id] = 1 + max((column[s] for s in sources), default=0)
-        nodes.append({"id": node_id, "kind": "step", "label": step["model"], "detail": f"version {step['version']}",
-                      "model": step["model"], "version": step["version"]})
+        nodes.append({"id": node_id, "kind": "step", "label": step["model"],
+                      "detail": f"version {step['version']}" if step.get("version") is not None else "latest version",
+                      "model": step["model"], "version": step.get("version"), "index": index})
         for tensor in step.get("output_map", {}).values():
             produced_by[tensor] = node_id
     last = 1 + max((column[n["id"]] for n in nodes if n["kind"] == "step"), default=0)
@@ -391,18 +396,33 @@ def pipeline_graph(definition: dict[str, Any]) -> dict[str, Any]:
         else:
             edge["from"] = edge["tensor"]
 
+    down = direction == "down"
     rows: dict[int, int] = {}
     for node in nodes:
         col = column[node["id"]]
         row = rows.get(col, 0)
         rows[col] = row + 1
-        node.update(column=col, row=row, width=NODE_WIDTH, height=NODE_HEIGHT,
-                    x=MARGIN + col * (NODE_WIDTH + COLUMN_GAP), y=MARGIN + row * (NODE_HEIGHT + ROW_GAP))
+        if down:
+            x, y = MARGIN + row * (NODE_WIDTH + SIDE_GAP), MARGIN + col * (NODE_HEIGHT + LEVEL_GAP)
+        else:
+            x, y = MARGIN + col * (NODE_WIDTH + COLUMN_GAP), MARGIN + row * (NODE_HEIGHT + ROW_GAP)
+        node.update(column=col, row=row, width=NODE_WIDTH, height=NODE_HEIGHT, x=x, y=y)
     by_id = {n["id"]: n for n in nodes}
     for edge in edges:
         a, b = by_id[edge["source"]], by_id[edge["target"]]
-        edge.update(x1=a["x"] + a["width"], y1=a["y"] + a["height"] // 2, x2=b["x"], y2=b["y"] + b["height"] // 2)
-        edge.update(label_x=(edge["x1"] + edge["x2"]) // 2, label_y=(edge["y1"] + edge["y2"]) // 2 - 4)
-    width = MARGIN * 2 + (last + 1) * NODE_WIDTH + last * COLUMN_GAP
-    height = MARGIN * 2 + max(rows.values(), default=1) * (NODE_HEIGHT + ROW_GAP) - ROW_GAP
-    return {"nodes": nodes, "edges": edges, "width": width, "height": height}
+        if down:
+            edge.update(x1=a["x"] + a["width"] // 2, y1=a["y"] + a["height"], x2=b["x"] + b["width"] // 2, y2=b["y"])
+            edge.update(label_x=(edge["x1"] + edge["x2"]) // 2 + 6, label_y=(edge["y1"] + edge["y2"]) // 2 + 4,
+                        anchor="start")
+        else:
+            edge.update(x1=a["x"] + a["width"], y1=a["y"] + a["height"] // 2, x2=b["x"], y2=b["y"] + b["height"] // 2)
+            edge.update(label_x=(edge["x1"] + edge["x2"]) // 2, label_y=(edge["y1"] + edge["y2"]) // 2 - 4,
+                        anchor="middle")
+    widest = max(rows.values(), default=1)
+    if down:
+        width = MARGIN * 2 + widest * (NODE_WIDTH + SIDE_GAP) - SIDE_GAP
+        height = MARGIN * 2 + (last + 1) * NODE_HEIGHT + last * LEVEL_GAP
+    else:
+        width = MARGIN * 2 + (last + 1) * NODE_WIDTH + last * COLUMN_GAP
+        height = MARGIN * 2 + widest * (NODE_HEIGHT + ROW_GAP) - ROW_GAP
+    return {"nodes": nodes, "edges": edges, "width": width, "height": height, "direction": "down" if down else "across"}

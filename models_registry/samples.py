@@ -506,6 +506,75 @@ def make_digits_pipeline_json(path: Path | str) -> SampleModel:
                     details, fmt="ensemble")
 
 
+# --- the samples the portal deploys with one click (web/samples.py) -------------------------------------------
+
+# The first held-out image (digits_holdout()[0], a 7; a test keeps the two equal), so that Try it and the sample
+# PNG need no scikit-learn at page time.
+SAMPLE_DIGIT_LABEL = 7
+SAMPLE_DIGIT_PIXELS: tuple[int, ...] = (
+    0, 0, 2, 13, 16, 9, 0, 0, 0, 0, 12, 12, 7, 16, 3, 0, 0, 1, 14, 3, 0, 16, 4, 0, 0, 0, 0, 4, 10, 16, 6, 0,
+    0, 0, 0, 13, 16, 16, 9, 0, 0, 0, 0, 5, 13, 1, 0, 0, 0, 0, 0, 11, 9, 0, 0, 0, 0, 0, 1, 16, 4, 0, 0, 0,
+)
+
+
+@dataclass(frozen=True)
+class SampleArtifact:
+    """One sample model as an upload would send it: a file name, its bytes, and what the uploader declares."""
+
+    name: str
+    filename: str
+    data: bytes
+    format: str
+    description: str
+    signature: Signature | None = None  # declared (python models carry none); None: read from the file
+
+
+@lru_cache(maxsize=1)
+def _digits_onnx_bytes() -> bytes:
+    model = build_digits_onnx()
+    onnx.checker.check_model(model)
+    return bytes(model.SerializeToString())
+
+
+def sample_artifacts(which: str) -> list[SampleArtifact]:
+    """The models behind "Deploy the sample digits classifier" ("digits") and "... image pipeline" ("pipeline"),
+    in the order they must be created (a pipeline's steps first). Built in memory; the classifier is trained once
+    per process (about a second)."""
+    digits = SampleArtifact("digits", "digits.onnx", _digits_onnx_bytes(), "onnx",
+                            "Handwritten digit classifier (scikit-learn), a Modelport sample")
+    if which == "digits":
+        return [digits]
+    if which == "pipeline":
+        return [
+            SampleArtifact("preprocess", "preprocess.zip", build_preprocess_zip(), "python",
+                           "Digit image decoder (python backend, Pillow), a Modelport sample", PREPROCESS_SIGNATURE),
+            digits,
+            SampleArtifact("postprocess", "postprocess.zip", build_postprocess_zip(), "python",
+                           f"Top-{TOP_K} labels (python backend), a Modelport sample", POSTPROCESS_SIGNATURE),
+        ]
+    raise ValueError(f"unknown sample {which!r}: use 'digits' or 'pipeline'")
+
+
+def sample_digit_png() -> bytes:
+    """SAMPLE_DIGIT_PIXELS as the PNG the pipeline takes."""
+    return digits_png(np.asarray(SAMPLE_DIGIT_PIXELS, dtype=np.float32))[0]
+
+
+def sample_inputs(signature: dict[str, Any]) -> dict[str, list[float]]:
+    """Data for Try it when the inputs are those of the digits classifier: the held-out 7 instead of zeros."""
+    if [(t.get("name"), t.get("datatype"), list(t.get("dims", []))) for t in signature.get("inputs", [])] == [
+            ("input", "FP32", [-1, 64])]:
+        return {"input": [float(v) for v in SAMPLE_DIGIT_PIXELS]}
+    return {}
+
+
+def takes_images(signature: dict[str, Any]) -> bool:
+    """Whether the model takes encoded images, one per row (the pipeline, its preprocess step): a sample PNG of a
+    digit is offered for its Try it."""
+    return [(t.get("name"), t.get("datatype"), list(t.get("dims", []))) for t in signature.get("inputs", [])] == [
+        ("image", "BYTES", [-1, 1])]
+
+
 # --- a sample directory ----------------------------------------------------------------------------------------
 
 

@@ -20,6 +20,13 @@ from deployments.models import Deployment, Event, Revision, TritonServer
 from models_registry.models import Blob, Model, ModelVersion, Upload
 from web import overview
 
+# The console's name in its title bar and page titles (templates/admin/base_site.html draws the header itself);
+# "View site" goes to the portal's dashboard.
+admin.site.site_header = "Modelport admin"
+admin.site.site_title = "Modelport admin"
+admin.site.index_title = "Operators' console"
+admin.site.site_url = "/"
+
 # --- Registry ------------------------------------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from deployments.spec import MAX_INSTANCE_COUNT, MAX_QUEUE_DELAY_MICROSECONDS, d
 from models_registry.models import Format, ModelVersion
 from models_registry.signature import Signature, SignatureError, parse_signature
 from portal.api_errors import _flatten
+from web.serving import serving
 
 # The slider covers the useful range; the number box beside it takes anything up to the API's limit.
 QUEUE_DELAY_SLIDER_MAX = 100_000
@@ -31,7 +32,8 @@ class UploadForm(forms.Form):
     format = forms.ChoiceField(label="Format", required=False,
                                choices=[("", "Detect from the file")] + [(f.value, f.label) for f in Format if f != Format.ENSEMBLE])
     max_batch_size = forms.IntegerField(label="Max batch size", required=False, min_value=0, max_value=1_000_000,
-                                        help_text="Optional: what inspection finds is used when left empty.")
+                                        help_text="The largest batch Triton may hand the model at once; 0 turns "
+                                                  "batching off. Empty: fitted to what inspection finds in the file.")
     signature = forms.CharField(label="Signature (JSON)", required=False, widget=forms.Textarea(attrs={"rows": 4}),
                                 help_text='Needed for formats that carry none: {"inputs": [{"name", "datatype", "dims"}], "outputs": [...]}')
     file = forms.FileField(label="Model file")
@@ -76,12 +78,30 @@ class TokenForm(forms.Form):
         return [SCOPE_TOKENS] if self.cleaned_data.get("manage_tokens") else []
 
 
+class SelectWithReasons(forms.Select):
+    """A select whose unavailable options stay listed, disabled, with the reason in their label."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.unavailable: dict[str, str] = {}
+
+    def create_option(self, name: str, value: Any, label: Any, selected: Any, index: int,
+                      subindex: int | None = None, attrs: dict[str, Any] | None = None) -> dict[str, Any]:
+        option: dict[str, Any] = super().create_option(name, value, label, selected, index, subindex, attrs)
+        reason = self.unavailable.get(str(value))
+        if reason:
+            option["label"] = f"{label} ({reason})"
+            option["attrs"]["disabled"] = True
+        return option
+
+
 class DeploymentForm(forms.Form):
     name = forms.CharField(label="Deployment name", strip=False, help_text=f"Part of the endpoint URL; {NAME_RULE}.",
                            widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}))
-    runtime = forms.ChoiceField(label="Runtime", choices=Deployment.Runtime.choices)
+    runtime = forms.ChoiceField(label="Runtime", choices=Deployment.Runtime.choices, widget=SelectWithReasons)
+    # Shown for the Kubernetes runtime only (the local runtime runs one server; the page says so in its place).
     replicas = forms.IntegerField(label="Replicas", initial=1, widget=forms.NumberInput(attrs={"min": 1, "max": MAX_REPLICAS}),
-                                  help_text="Copies of the Triton server (Kubernetes; the local runtime runs one).")
+                                  help_text="Copies of the Triton server, each serving every model of the deployment.")
     gpu = forms.IntegerField(label="GPUs per replica", required=False, initial=0,
                              widget=forms.NumberInput(attrs={"min": 0, "max": 16}))
     gpu_type = forms.CharField(label="GPU type", required=False, help_text="A node's GPU product, e.g. NVIDIA-A100; empty: any.")
@@ -95,6 +115,14 @@ class DeploymentForm(forms.Form):
 
     def __init__(self, *args: Any, editing: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.serving = serving()
+        runtime = self.fields["runtime"]
+        runtime.help_text = self.serving.note()
+        if not self.serving.kubernetes_ready and not editing:
+            # Not offered where it cannot start: a deployment on it would only fail with this same reason.
+            assert isinstance(runtime.widget, SelectWithReasons)
+            runtime.widget.unavailable = {Deployment.Runtime.KUBERNETES: "not configured here"}
+            runtime.help_text += f" The Kubernetes runtime is not available: {self.serving.kubernetes_problem}"
         if editing:
             # The API refuses to change these: a deployment keeps its name (its URL) and runtime.
             self.fields["name"].disabled = True
@@ -103,17 +131,31 @@ class DeploymentForm(forms.Form):
             self.fields["runtime"].help_text = "The runtime cannot change: create a new deployment instead."
 
 
+# Values past which the deploy form warns beside the field (static/js/app.js), before anything is deployed.
+WARN_QUEUE_DELAY_MICROSECONDS = 100_000
+WARN_MAX_BATCH_SIZE = 1024
+
+
 class ServedModelForm(forms.Form):
     """The serving settings of one model of a deployment (prefix "m0", "m1", ...)."""
 
     version = forms.TypedChoiceField(label="Version", coerce=int)
-    max_batch_size = forms.IntegerField(label="Max batch size", widget=forms.NumberInput(attrs={"min": 0}),
-                                        help_text="0: no batching (the model's inputs have no batch dimension).")
+    max_batch_size = forms.IntegerField(
+        label="Max batch size",
+        widget=forms.NumberInput(attrs={
+            "min": 0, "data-warn-above": WARN_MAX_BATCH_SIZE,
+            "data-warning": "A batch this large must fit in memory at once, inputs and outputs; models are rarely "
+                            "served with batches past a few hundred."}),
+        help_text="The largest batch Triton may hand the model at once: requests are stacked along the first "
+                  "dimension up to this size. 0 turns batching off.")
     dynamic_batching = forms.BooleanField(label="Dynamic batching", required=False,
                                           widget=forms.CheckboxInput(attrs={"role": "switch"}))
     max_queue_delay_microseconds = forms.IntegerField(
         label="Max queue delay (µs)", required=False, initial=0,
-        widget=forms.NumberInput(attrs={"min": 0, "max": MAX_QUEUE_DELAY_MICROSECONDS, "step": 1}),
+        widget=forms.NumberInput(attrs={
+            "min": 0, "max": MAX_QUEUE_DELAY_MICROSECONDS, "step": 1, "data-warn-above": WARN_QUEUE_DELAY_MICROSECONDS,
+            "data-warning": "A request that arrives alone waits this long before it runs: every request of a quiet "
+                            "deployment does."}),
         help_text="A longer delay lets Triton gather more requests into one batch: more throughput, "
                   "but a request may wait up to this long before it runs.")
     preferred_batch_size = forms.CharField(label="Preferred batch sizes", required=False,
@@ -134,6 +176,13 @@ class ServedModelForm(forms.Form):
         version_field = self.fields["version"]
         assert isinstance(version_field, forms.TypedChoiceField)
         version_field.choices = [(v.number, f"{v.number} ({v.get_format_display()})") for v in versions]
+        initial_version = self.versions.get(_int_or_none(self.initial.get("version")) or -1)
+        self.is_pipeline = initial_version is not None and initial_version.format == Format.ENSEMBLE
+        if self.is_pipeline:
+            # Triton batches and runs a pipeline in its steps, each with its own settings: these would not apply.
+            for name in ("dynamic_batching", "max_queue_delay_microseconds", "preferred_batch_size", "instance_count",
+                         "instance_kind"):
+                self.fields[name].disabled = True
 
     @property
     def slider_max(self) -> int:
@@ -173,6 +222,13 @@ class ServedModelForm(forms.Form):
         return entry
 
 
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def initial_for_version(version: ModelVersion) -> dict[str, Any]:
     """The deploy form's starting values for a model version: deployments.spec.defaults_for()."""
     defaults = defaults_for(version.parsed_signature, version.max_batch_size)
@@ -193,6 +249,8 @@ def initial_for_entry(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
     """(form initial, settings kept unchanged) for a model entry of a revision's spec."""
     batching = entry.get("dynamic_batching")
     group = entry.get("instance_group") or {}
+    if entry.get("format") == Format.ENSEMBLE:
+        group = {}  # never applied to a pipeline, and refused now: saving again writes the defaults
     initial = {
         "version": entry["version"],
         "max_batch_size": entry.get("max_batch_size", 0),
@@ -248,6 +306,8 @@ def add_api_errors(errors: Any, form: DeploymentForm, model_forms: list[ServedMo
         if match and int(match.group(1)) < len(model_forms):
             model_form = model_forms[int(match.group(1))]
             field = _MODEL_FIELDS.get(match.group(2))
+            if field and model_form.fields[field].disabled:
+                field = None  # not shown (a pipeline's batching and instances): at the top of its settings
             for message in messages:
                 model_form.add_error(field, message)
             continue

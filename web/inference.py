@@ -1,5 +1,6 @@
 """What the deployment page offers for calling a model: an example KServe v2 request built from the signature, and
-copy-paste snippets (curl, tritonclient, the modelport CLI). Plain functions, no Django."""
+copy-paste snippets (curl, tritonclient, the modelport CLI), all with the shapes Triton serves. Plain functions,
+no Django."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import math
 from typing import Any
 from urllib.parse import urlsplit
+
+from deployments.render import served_dims
 
 _FLOAT_TYPES = {"FP16", "FP32", "FP64", "BF16"}
 _NUMPY = {"BOOL": "bool_", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64", "INT8": "int8",
@@ -68,20 +71,67 @@ def example_note(signature: dict[str, Any]) -> str:
 
 def example_request_json(signature: dict[str, Any]) -> str:
     """The example as text to edit: one line per input, so that even an image's zeros stay out of the way."""
-    inputs = [json.dumps(tensor) for tensor in example_request(signature)["inputs"]]
+    return request_json(example_request(signature))
+
+
+def request_json(request: dict[str, Any]) -> str:
+    inputs = [json.dumps(tensor) for tensor in request["inputs"]]
     return '{"inputs": [\n' + ",\n".join(f"  {line}" for line in inputs) + "\n]}"
+
+
+def with_data(request: dict[str, Any], data: dict[str, list[Any]]) -> dict[str, Any]:
+    """The request with the given inputs' data in place of the zeros (a sample image for the sample models)."""
+    inputs = []
+    for tensor in request["inputs"]:
+        values = data.get(tensor["name"])
+        inputs.append({**tensor, "data": list(values)} if values is not None and len(values) == math.prod(tensor["shape"])
+                      else tensor)
+    return {**request, "inputs": inputs}
+
+
+def served_signature(entry: dict[str, Any]) -> dict[str, Any]:
+    """The signature as Triton serves it (deployments.render.served_dims): what its metadata says and what it
+    answers. A tensor whose shape differs from the model's own declaration keeps that as `declared`."""
+    batched = int(entry.get("max_batch_size") or 0) > 0
+    signature = entry.get("signature") or {}
+    served: dict[str, Any] = {}
+    for kind in ("inputs", "outputs"):
+        tensors = []
+        for tensor in signature.get(kind, []):
+            dims = list(tensor.get("dims", []))
+            shown = served_dims(dims, batched)
+            tensors.append({**tensor, "dims": shown, **({"declared": dims} if shown != dims else {})})
+        served[kind] = tensors
+    return served
+
+
+# A request body this short goes inline into the curl snippet, so that it runs as copied; a longer one (an image's
+# zeros) would bury the command, and goes to req.json (the page's "Download req.json" button) instead.
+INLINE_BODY_LIMIT = 2048
 
 
 def infer_url(base_url: str, deployment: str, model: str) -> str:
     return f"{base_url.rstrip('/')}/serve/{deployment}/v2/models/{model}/infer"
 
 
-def curl_snippet(base_url: str, deployment: str, model: str) -> str:
+def curl_snippet(base_url: str, deployment: str, model: str, body: dict[str, Any] | None = None) -> str:
+    """Runs as copied after `export MODELPORT_TOKEN=...`: the example body inline when it is short, else req.json."""
+    inline = json.dumps(body, separators=(",", ":")) if body is not None else ""
+    if inline and len(inline) <= INLINE_BODY_LIMIT:
+        data, note = "-d '" + inline.replace("'", "'\\''") + "'", "the request body is inline"
+    else:
+        data, note = "-d @req.json", "req.json: the request body (Download req.json)"
+    binary = [t["name"] for t in (body or {}).get("inputs", []) if t.get("datatype") == "BYTES"]
+    if binary:
+        # A file's raw bytes cannot travel in JSON: Try it, or the Python snippet, sends them.
+        note += (f"; {', '.join(binary)} is BYTES: this JSON sends text, and a file (an image) goes with Try it "
+                 "or the Python snippet")
     return (
-        f"curl -X POST {infer_url(base_url, deployment, model)} \\\n"
+        f"# export MODELPORT_TOKEN=<an API token> first; {note}\n"
+        f"curl -sS -X POST {infer_url(base_url, deployment, model)} \\\n"
         '  -H "Authorization: Bearer $MODELPORT_TOKEN" \\\n'
         '  -H "Content-Type: application/json" \\\n'
-        "  -d @req.json"
+        f"  {data}"
     )
 
 
@@ -104,6 +154,7 @@ def python_snippet(base_url: str, deployment: str, model: str, signature: dict[s
         datatype = tensor.get("datatype", "FP32")
         lines.append(f'tensor = httpclient.InferInput("{tensor["name"]}", {shape}, "{datatype}")')
         if datatype == "BYTES":
+            lines.append(f'# {tensor["name"]}: bytes per element, e.g. a file\'s: open("digit.png", "rb").read()')
             lines.append(f'tensor.set_data_from_numpy(np.array([b""] * {math.prod(shape)}, dtype=np.object_).reshape({shape}))')
         else:
             lines.append(f"tensor.set_data_from_numpy(np.zeros({shape}, dtype=np.{_NUMPY.get(datatype, 'float32')}))")
@@ -114,5 +165,9 @@ def python_snippet(base_url: str, deployment: str, model: str, signature: dict[s
     return "\n".join(lines)
 
 
-def cli_snippet(deployment: str, model: str) -> str:
-    return f"modelport infer {deployment} {model} --input req.json"
+def cli_snippet(deployment: str, model: str, base_url: str = "") -> str:
+    lines = ["# modelport reads MODELPORT_URL and MODELPORT_TOKEN; req.json: the request body (Download req.json)"]
+    if base_url:
+        lines.append(f"export MODELPORT_URL={base_url}")
+    lines.append(f"modelport infer {deployment} {model} --input req.json")
+    return "\n".join(lines)

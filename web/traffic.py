@@ -1,4 +1,7 @@
-"""Request rate and latency per deployment for the dashboard, from the gateway's per-bucket stats rows.
+"""Requests, errors and latency per deployment for the dashboard, from the gateway's per-bucket stats rows.
+
+The dashboard and the deployment page's traffic panel look at the same window (WINDOW, "the last 5 minutes"), so
+that the two pages agree on the numbers they show for one deployment.
 
 The gateway app is optional here (it may be absent from INSTALLED_APPS, or its helpers may move): without it every
 deployment simply shows "no traffic yet"."""
@@ -12,12 +15,13 @@ from typing import Any
 from django.apps import apps
 from django.utils import timezone
 
-WINDOW = timedelta(minutes=1)
+WINDOW_MINUTES = 5
+WINDOW = timedelta(minutes=WINDOW_MINUTES)
 
 
 def traffic_by_deployment(deployment_ids: list[int], window: timedelta = WINDOW) -> dict[int, dict[str, Any]]:
-    """{deployment id: {"requests_per_second", "p50_ms", "p99_ms", ...}} for deployments with requests in the
-    window; one query for all of them."""
+    """{deployment id: {"requests", "requests_per_second", "errors", "error_rate", "codes", "p50_ms", "p99_ms",
+    ...}} for deployments with requests in the window; one query for all of them."""
     if not deployment_ids or not apps.is_installed("gateway"):
         return {}
     try:

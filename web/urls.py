@@ -15,6 +15,7 @@ urlpatterns = [
     path("models/", views.models_list, name="models"),
     # Before <name>/: a model named "upload" is reached through the API (and the admin) only.
     path("models/upload/", views.upload, name="upload"),
+    path("models/upload/pipeline/", views.pipeline_new, name="pipeline-new"),
     path("models/<str:name>/", views.model_detail, name="model-detail"),
     path("models/<str:name>/versions/", views.model_versions, name="model-versions"),
     path("models/<str:name>/delete/", views.model_delete, name="model-delete"),
@@ -26,6 +27,8 @@ urlpatterns = [
     path("deployments/<str:name>/stop/", views.deployment_stop, name="deployment-stop"),
     path("deployments/<str:name>/start/", views.deployment_start, name="deployment-start"),
     path("deployments/<str:name>/delete/", views.deployment_delete, name="deployment-delete"),
+    path("samples/deploy/", views.sample_deploy, name="sample-deploy"),
+    path("samples/digit.png", views.sample_digit, name="sample-digit"),
     path("tokens/", views.tokens, name="tokens"),
     path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token-revoke"),
 ]

@@ -13,7 +13,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
 from django.db.models import Count, OuterRef, Subquery
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
@@ -30,10 +30,11 @@ from deployments.frameworks import local_framework_status
 from deployments.models import Deployment, Event
 from deployments.runtimes.base import runtime_for
 from models_registry import actions as registry_actions
-from models_registry.models import FORMATS_NEEDING_SIGNATURE, Model, ModelVersion
+from models_registry.models import FORMATS_NEEDING_SIGNATURE, Format, Model, ModelVersion
 from models_registry.pipelines import pipeline_graph
+from models_registry.samples import sample_inputs, takes_images
 from models_registry.validation import ArtifactRejected
-from web import inference, new_token
+from web import inference, new_token, pipeline_form, revisions, samples
 from web.forms import (
     DeploymentForm,
     ServedModelForm,
@@ -44,6 +45,9 @@ from web.forms import (
     initial_for_entry,
     initial_for_version,
 )
+from web.logs import fold_gpu_noise
+from web.serving import serving
+from web.traffic import WINDOW_MINUTES as TRAFFIC_WINDOW_MINUTES
 from web.traffic import traffic_by_deployment
 
 LOG_LINES = 200
@@ -115,7 +119,7 @@ def _dashboard_live(team: Team) -> dict[str, Any]:
     rows = [{"deployment": d, "models": _spec_models(d), "traffic": traffic.get(d.pk)} for d in deployments]
     events = (Event.objects.filter(deployment__team=team).exclude(deployment__desired_state=Deployment.Desired.DELETED)
               .select_related("deployment")[:10])
-    return {"rows": rows, "events": events}
+    return {"rows": rows, "events": events, "traffic_minutes": TRAFFIC_WINDOW_MINUTES}
 
 
 def _spec_models(deployment: Deployment) -> list[dict[str, Any]]:
@@ -127,6 +131,8 @@ def _spec_models(deployment: Deployment) -> list[dict[str, Any]]:
 def dashboard(request: HttpRequest, team: Team) -> HttpResponse:
     context = _dashboard_live(team)
     context["has_models"] = bool(context["rows"]) or Model.objects.filter(team=team).exists()
+    if not context["has_models"]:
+        context["local_formats_note"] = serving().note()
     return render(request, "web/dashboard.html", context)
 
 
@@ -166,6 +172,7 @@ def model_detail(request: HttpRequest, team: Team, name: str) -> HttpResponse:
     context["pipeline"] = pipeline
     context["graph"] = pipeline_graph(pipeline.definition) if pipeline else None
     context["can_delete"] = is_team_admin(request)
+    context["graph_down"] = pipeline_graph(pipeline.definition, "down") if pipeline else None
     return render(request, "web/model_detail.html", context)
 
 
@@ -205,7 +212,9 @@ def upload(request: HttpRequest, team: Team) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         version = _create_version(request, team, form)
         if version is not None:
-            messages.success(request, f"Version {version.number} of {version.model.name} uploaded; inspecting it now.")
+            messages.success(request, f"Pipeline {version.model.name} version {version.number} created."
+                             if version.format == Format.ENSEMBLE
+                             else f"Version {version.number} of {version.model.name} uploaded; inspecting it now.")
             return redirect("model-detail", name=version.model.name)
     return render(request, "web/upload.html", {
         "form": form,
@@ -218,7 +227,16 @@ def upload(request: HttpRequest, team: Team) -> HttpResponse:
         "name_pattern": NAME_RE.pattern.removeprefix("^").removesuffix("$").removesuffix(r"\Z"),
         "name_rule": NAME_RULE,
         "runtime_frameworks": local_framework_status(),
+        **_serving_context(),
     })
+
+
+def _serving_context() -> dict[str, Any]:
+    """What the upload page says before anything is sent: the formats this portal's local runtime serves."""
+    where = serving()
+    reason = ("it needs the Kubernetes runtime" if where.kubernetes_ready
+              else "it needs a Kubernetes cluster, which no operator has configured here")
+    return {"serving_note": where.note(), "not_local": where.not_local, "not_local_reason": reason}
 
 
 def _create_version(request: HttpRequest, team: Team, form: UploadForm) -> ModelVersion | None:
@@ -228,6 +246,11 @@ def _create_version(request: HttpRequest, team: Team, form: UploadForm) -> Model
         form.add_error("file", f"Without JavaScript files up to {settings.MAX_MULTIPART_UPLOAD_SIZE:,} bytes can be sent; "
                                "turn JavaScript on for a resumable upload.")
         return None
+    if file.size <= pipeline_form.MAX_DEFINITION_BYTES:
+        text = file.read().decode("utf-8", errors="replace")
+        file.seek(0)
+        if pipeline_form.looks_like_pipeline(text):
+            return _create_pipeline_version(request, team, form, text)
     try:
         with transaction.atomic():
             model = (Model.objects.filter(team=team, name=data["name"]).first()
@@ -239,6 +262,21 @@ def _create_version(request: HttpRequest, team: Team, form: UploadForm) -> Model
         form.add_error("signature" if "signature" in str(exc) else "file", str(exc))
     except registry_actions.Conflict as exc:
         form.add_error(None, str(exc))
+    return None
+
+
+def _create_pipeline_version(request: HttpRequest, team: Team, form: UploadForm, text: str) -> ModelVersion | None:
+    """A pipeline definition sent through the upload form (without JavaScript): created, or its problems listed."""
+    checked = pipeline_form.check(team, form.cleaned_data["name"], text, form.cleaned_data["max_batch_size"])
+    if checked.ok:
+        try:
+            return pipeline_form.create(team, request.user, checked)
+        except registry_actions.Conflict as exc:
+            form.add_error(None, str(exc))
+            return None
+    for problem in checked.problems:
+        for what, message in problem.items:
+            form.add_error("file", f"{problem.where}{' · ' + what if what else ''}: {message}")
     return None
 
 
@@ -291,7 +329,7 @@ def deployment_new(request: HttpRequest, team: Team) -> HttpResponse:
         deployment = _validate_and_run(team, form, model_forms, {}, lambda v: deployment_actions.create_deployment(
             team, request.user, v["name"], v["runtime"], v["spec"], v["versions"]))
         if deployment is not None:
-            messages.success(request, f"Deployment {deployment.name} created: it starts in a moment.")
+            messages.success(request, f"Deployment {deployment.name} created. Its status below follows the start.")
             return redirect("deployment-detail", name=deployment.name)
     return render(request, "web/deploy_form.html", {"form": form, "model_forms": model_forms, "model": model,
                                                     "chosen": chosen, "runtime_frameworks": local_framework_status(),
@@ -338,27 +376,46 @@ def deployment_detail(request: HttpRequest, team: Team, name: str) -> HttpRespon
     base_url = request.build_absolute_uri("/").rstrip("/")
     served: list[dict[str, Any]] = []
     for entry in _spec_models(deployment):
-        signature = entry.get("signature") or {}
+        # What Triton serves and answers (a [batch] output comes back as [batch, 1]): the signature shown, and the
+        # shapes of the example and the snippets.
+        signature = inference.served_signature(entry)
+        example = inference.with_data(inference.example_request(signature), sample_inputs(entry.get("signature") or {}))
         served.append({
             "entry": entry,
             "signature": signature,
+            "reshaped": any("declared" in t for t in signature["inputs"] + signature["outputs"]),
             "url": inference.infer_url(base_url, deployment.name, entry["name"]),
             "path": inference.infer_url("", deployment.name, entry["name"]),
-            "example": inference.example_request_json(signature),
+            "example": inference.request_json(example),
             "example_note": inference.example_note(signature),
             "bytes_inputs": [t["name"] for t in signature.get("inputs", []) if t.get("datatype") == "BYTES"],
+            "sample_image": takes_images(entry.get("signature") or {}),
             "snippets": [
-                ("curl", inference.curl_snippet(base_url, deployment.name, entry["name"]), "curl"),
+                ("curl", inference.curl_snippet(base_url, deployment.name, entry["name"], example), "curl"),
                 ("Python (tritonclient)", inference.python_snippet(base_url, deployment.name, entry["name"], signature), "python"),
-                ("modelport CLI", inference.cli_snippet(deployment.name, entry["name"]), "cli"),
+                ("modelport CLI", inference.cli_snippet(deployment.name, entry["name"], base_url), "cli"),
             ],
         })
     return render(request, "web/deployment_detail.html", {
         **_live_context(deployment), "served": served,
         "examples": {s["entry"]["name"]: {"path": s["path"], "request": s["example"]} for s in served},
         "has_bytes_inputs": any(s["bytes_inputs"] for s in served),
-        "metrics_url": f"/api/v1/deployments/{deployment.name}/metrics/",
+        "metrics_url": f"/api/v1/deployments/{deployment.name}/metrics/?minutes={TRAFFIC_WINDOW_MINUTES}",
+        "traffic_minutes": TRAFFIC_WINDOW_MINUTES,
+        **_settings_context(deployment),
     })
+
+
+def _settings_context(deployment: Deployment) -> dict[str, Any]:
+    """The settings in effect (the revision serving, else the one asked for) and the revision history."""
+    shown = deployment.serving_revision or deployment.revision
+    spec = shown.spec if shown else {}
+    return {
+        "settings_revision": shown,
+        "settings": revisions.settings_in_effect(spec),
+        "deployment_settings": revisions.deployment_words(spec, deployment.runtime),
+        "history": revisions.history(list(deployment.revisions.select_related("created_by"))[:50]),
+    }
 
 
 def _live_context(deployment: Deployment) -> dict[str, Any]:
@@ -374,7 +431,8 @@ def deployment_live(request: HttpRequest, team: Team, name: str) -> HttpResponse
         if request.htmx:  # type: ignore[attr-defined]
             return HttpResponseClientRedirect(reverse("dashboard"))  # deleted meanwhile (by someone else)
         raise
-    return render(request, "web/_deployment_live.html", _live_context(deployment))
+    # `refresh`: the buttons in the page's head follow the status too (an out-of-band swap of #deployment-actions).
+    return render(request, "web/_deployment_live.html", {**_live_context(deployment), "refresh": True})
 
 
 @require_GET
@@ -385,7 +443,9 @@ def deployment_logs(request: HttpRequest, team: Team, name: str) -> HttpResponse
         log = runtime_for(deployment).logs(deployment, LOG_LINES)
     except Exception as exc:  # a display aid: a runtime that cannot answer must not break the page
         log = f"(the log cannot be read: {exc})"
-    return render(request, "web/_deployment_logs.html", {"deployment": deployment, "log": log})
+    folded = fold_gpu_noise(log)
+    return render(request, "web/_deployment_logs.html", {"deployment": deployment, "log": folded.text,
+                                                         "gpu_noise": folded.gpu_noise})
 
 
 def _state_change(action: Callable[[Deployment, Any], None], done: str) -> Callable[..., HttpResponse]:
@@ -463,3 +523,67 @@ def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     messages.success(request, f"Revoked token {token.prefix}… ({token.name or 'unnamed'}).")
     return redirect(reverse("tokens"))
 
+
+
+# --- Samples ------------------------------------------------------------------------------------------------
+
+
+@require_POST
+@team_required
+def sample_deploy(request: HttpRequest, team: Team) -> HttpResponse:
+    """The empty dashboard's "Deploy the sample ..." buttons (web/samples.py); a second click lands on the same page."""
+    which = request.POST.get("sample", "")
+    if which not in samples.SAMPLES:
+        return HttpResponseBadRequest(f"Unknown sample {which[:40]!r}: choose one of {', '.join(samples.SAMPLES)}.",
+                                      content_type="text/plain")
+    try:
+        result = samples.deploy_sample(team, request.user, which)
+    except samples.SampleError as exc:
+        messages.error(request, str(exc))
+        return redirect("dashboard")
+    name = result.deployment.name
+    if result.created:
+        messages.success(request, f"Created the sample models in your team and the deployment {name}. Its status "
+                                  "below follows the start; Try it opens when it serves.")
+    else:
+        messages.info(request, f"{name} was deployed already: here it is.")
+    return redirect("deployment-detail", name=name)
+
+
+@require_GET
+@login_required
+def sample_digit(request: HttpRequest) -> HttpResponse:
+    """A held-out handwritten 7 as a PNG, for trying models that take images (the sample pipeline)."""
+    response = HttpResponse(_sample_digit_png(), content_type="image/png")
+    response["Content-Disposition"] = 'inline; filename="digit-7.png"'
+    response["Cache-Control"] = "private, max-age=86400"
+    return response
+
+
+@functools.lru_cache(maxsize=1)
+def _sample_digit_png() -> bytes:
+    from models_registry.samples import sample_digit_png
+
+    return sample_digit_png()
+
+
+# --- Pipelines from the upload page -------------------------------------------------------------------------
+
+
+@require_POST
+@team_required
+def pipeline_new(request: HttpRequest, team: Team) -> HttpResponse:
+    """The upload page's pipeline mode (static/js/upload.js): `definition` (JSON text) checked against the team's
+    models and drawn; with `save`, created as the next version of `name`. Answers the preview fragment: 200 when
+    the definition is valid, 400 with each problem beside its step and tensor, 201 once created."""
+    max_batch_size = _int(request.POST.get("max_batch_size")) if request.POST.get("max_batch_size") else None
+    checked = pipeline_form.check(team, request.POST.get("name", ""), request.POST.get("definition", ""),
+                                  max_batch_size)
+    created = None
+    if checked.ok and request.POST.get("save"):
+        try:
+            created = pipeline_form.create(team, request.user, checked)
+        except registry_actions.Conflict as exc:
+            checked.problems.append(pipeline_form.Problem("The definition", [("", str(exc))]))
+    status = 201 if created else (200 if checked.ok else 400)
+    return render(request, "web/_pipeline_preview.html", {"checked": checked, "created": created}, status=status)

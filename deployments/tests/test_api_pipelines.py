@@ -60,6 +60,19 @@ def test_a_pipeline_brings_its_step_models_with_their_defaults(alice: Person, pi
         "acme/digits-pipeline:1", "acme/preprocess:1", "acme/digits:1", "acme/postprocess:1"}
 
 
+def test_instances_of_the_pipeline_itself_are_refused_not_dropped(alice: Person, pipeline: ModelVersion) -> None:
+    """Triton runs a pipeline in its steps' instances: "instances 3" on the pipeline was accepted, shown in the
+    settings, and not rendered. Now it is refused beside the field; on the step models it applies."""
+    response = deploy(alice, [{"model": "digits-pipeline", "instance_group": {"count": 3}}])
+    assert response.status_code == 400
+    fields = response.json()["error"]["fields"]
+    assert list(fields) == ["models[0].instance_group.count"]
+    assert "set instances on its step models" in fields["models[0].instance_group.count"][0]
+    assert not Deployment.objects.exists()
+    models = by_model(deploy(alice, [{"model": "digits-pipeline"}, {"model": "digits", "instance_group": {"count": 3}}]))
+    assert models["digits"]["instance_group"]["count"] == 3
+
+
 def test_listed_step_models_keep_their_own_settings(alice: Person, pipeline: ModelVersion) -> None:
     models = by_model(deploy(alice, [
         {"model": "digits-pipeline"},

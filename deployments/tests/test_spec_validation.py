@@ -172,9 +172,21 @@ def test_it_checks_the_warmup_settings() -> None:
 
 
 def test_an_ensemble_needs_steps_and_has_no_dynamic_batching_of_its_own() -> None:
-    ensemble = model(format="ensemble", artifact_path=None, dynamic_batching=DynamicBatching(), ensemble_steps=())
+    ensemble = model(format="ensemble", artifact_path=None, dynamic_batching=DynamicBatching(), ensemble_steps=(),
+                     instance_group=InstanceGroup())
     errors = validate_served_model(ensemble, "local")
     assert set(errors) == {"ensemble_steps", "dynamic_batching"}
+
+
+def test_an_ensemble_refuses_instances_it_would_not_apply() -> None:
+    """The renderer writes no instance group for an ensemble: "instances 3" was accepted and silently dropped."""
+    step = EnsembleStep(model="classifier", version=1, input_map={"x": "x"}, output_map={"y": "y"})
+    ensemble = model(name="pipeline", format="ensemble", artifact_path=None, dynamic_batching=None, ensemble_steps=(step,),
+                     instance_group=InstanceGroup(count=3, kind="gpu", gpus=(0,)))
+    errors = validate_served_model(ensemble, "kubernetes")
+    assert set(errors) == {"instance_group.count", "instance_group.kind"}
+    assert "set instances on its step models" in errors["instance_group.count"][0]
+    assert validate_served_model(dataclasses.replace(ensemble, instance_group=InstanceGroup()), "kubernetes") == {}
 
 
 def test_repository_validation_finds_missing_step_models_and_repeated_names() -> None:
@@ -225,6 +237,7 @@ def test_an_ensemble_cannot_batch_more_than_its_step_models() -> None:
         dynamic_batching=None,
         max_batch_size=16,
         ensemble_steps=(step,),
+        instance_group=InstanceGroup(),
     )
     errors = validate_repository(RepositorySpec(models=(model(), ensemble)), "local")
     assert errors == {

@@ -391,6 +391,65 @@ def test_a_deployment_that_does_not_get_ready_in_time_exits_5(portal: FakePortal
                                   "(status starting: Loading.)")
 
 
+def test_a_timeout_with_no_status_message_ends_with_the_status_alone(
+    portal: FakePortal, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It ended "(status pending: )" when the portal had no message to add."""
+    portal.on("POST", "/api/v1/deployments/", Reply(201, deployment()))
+    portal.on("GET", "/api/v1/deployments/digits-prod/", Reply(200, deployment(status="pending", status_message="")))
+
+    assert main(["deploy", "digits-prod", "--model", "digits:1", "--wait", "--timeout", "0.1"]) == 5
+    assert error_line(capsys).endswith("to serve revision 1 (status pending)")
+
+
+def test_on_failure_stderr_holds_only_the_error_line_unless_verbose(
+    portal: FakePortal, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The help promises one line on stderr: the upload's progress and the notes come only with --verbose (or on
+    a terminal, which a script capturing stderr is not)."""
+    FakeTus(portal)
+    versions_of(portal, "digits", [{"status": "invalid", "error": "bad graph"}])
+    path = artifact(tmp_path, 3000)
+
+    assert main(["push", "digits", str(path)]) == 3
+    assert capsys.readouterr().err == "error: digits version 4 is invalid: bad graph\n"
+
+    FakeTus(portal)
+    assert main(["push", "digits", str(path), "--verbose"]) == 3
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == "error: digits version 4 is invalid: bad graph"
+    assert any(line.startswith("uploading model.onnx: ") for line in err)
+    assert any("uploaded; waiting for the portal to validate it" in line for line in err)
+    assert "--verbose" in main_module.__doc__ and "only line" in main_module.__doc__
+
+
+@pytest.mark.parametrize("argv", [
+    ["push", "Digits", "model.onnx"],
+    ["push", "digits_v2", "model.onnx"],
+    ["pipeline", "create", "pipe_1", "--definition", "def.json"],
+    ["deploy", "prod!", "--model", "digits"],
+    ["deploy", "prod", "--model", "Digits:1"],
+    ["status", "a" * 64],
+    ["stop", "x--"],
+    ["infer", "prod", "my model", "--input", "req.json"],
+])
+def test_an_invalid_name_exits_2_before_anything_is_sent(
+    portal: FakePortal, tmp_path: Path, argv: list[str], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (tmp_path / "model.onnx").write_bytes(b"x")
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == ExitCode.USAGE == 2
+    assert "is not a valid name: use 1 to 63 characters" in error_line(capsys)
+    assert not portal.requests
+
+
+def test_the_clis_name_rule_is_the_portals() -> None:
+    from accounts.names import NAME_RE
+
+    assert main_module.NAME_RE.pattern == NAME_RE.pattern
+
+
 def test_a_validation_error_is_one_line_with_the_field_messages(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:
     portal.on("POST", "/api/v1/deployments/", api_error(
         400, "models[0].version: model 'digits' has no version 9", "invalid",

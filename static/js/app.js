@@ -15,38 +15,114 @@
 
   // --- Copy buttons: <button data-copy="id-of-element"> ----------------------------------------------------------
 
+  function selectText(target) {
+    const range = document.createRange();
+    range.selectNodeContents(target);
+    const selection = window.getSelection();
+    selection.removeAllRanges();
+    selection.addRange(range);
+  }
+
   function initCopyButtons() {
     document.querySelectorAll("button[data-copy]").forEach((button) => {
+      const label = button.textContent;
+      let timer = null;
+      const say = (text, ms) => {
+        button.textContent = text;
+        clearTimeout(timer);
+        timer = setTimeout(() => { button.textContent = label; }, ms);
+      };
       button.addEventListener("click", async () => {
         const target = $(button.dataset.copy);
         if (!target) return;
-        const text = target.textContent;
+        // "Copied" only when the clipboard took it: navigator.clipboard exists only on https and localhost pages,
+        // and may still refuse. Otherwise the text is selected for the user's own copy.
         try {
-          await navigator.clipboard.writeText(text);
+          if (!navigator.clipboard || !window.isSecureContext) throw new Error("no clipboard here");
+          await navigator.clipboard.writeText(target.textContent);
+          say("Copied", 1500);
         } catch (e) {
-          // No clipboard API (plain http): select the text so that Ctrl+C copies it.
-          const range = document.createRange();
-          range.selectNodeContents(target);
-          const selection = window.getSelection();
-          selection.removeAllRanges();
-          selection.addRange(range);
+          selectText(target);
+          say(/Mac|iPhone|iPad/.test(navigator.platform) ? "Press ⌘C" : "Press Ctrl+C", 4000);
         }
-        const label = button.textContent;
-        button.textContent = "Copied";
-        setTimeout(() => { button.textContent = label; }, 1500);
       });
+    });
+  }
+
+  // --- Download req.json: the request Try it holds for that model, or the model's example -----------------------
+
+  function initDownloads() {
+    const examplesNode = $("try-it-examples");
+    if (!examplesNode) return;
+    const examples = JSON.parse(examplesNode.textContent);
+    document.querySelectorAll("button.download-request").forEach((button) => {
+      button.addEventListener("click", () => {
+        const select = $("try-it-model");
+        const model = button.dataset.model || (select && select.value);
+        const input = $("try-it-input");
+        const text = (select && select.value === model && input) ? input.value
+                   : (examples[model] ? examples[model].request : input.value);
+        const link = document.createElement("a");
+        link.href = URL.createObjectURL(new Blob([text.trim() + "\n"], { type: "application/json" }));
+        link.download = "req.json";
+        document.body.appendChild(link);
+        link.click();
+        setTimeout(() => { URL.revokeObjectURL(link.href); link.remove(); }, 1000);
+      });
+    });
+  }
+
+  // --- Buttons that post once: a second click while the first one works would only wait again -----------------
+
+  function initBusyButtons() {
+    document.querySelectorAll("button[data-busy-label]").forEach((button) => {
+      const form = button.closest("form");
+      if (!form) return;
+      form.addEventListener("submit", () => {
+        setTimeout(() => { button.disabled = true; button.textContent = button.dataset.busyLabel; }, 0);
+      });
+    });
+  }
+
+  // --- Tables wider than the screen say that they scroll ---------------------------------------------------------
+
+  function markOverflowingTables() {
+    document.querySelectorAll(".table-wrap").forEach((wrap) => {
+      if (wrap.scrollWidth > wrap.clientWidth + 1) wrap.dataset.overflowing = "true";
+      else delete wrap.dataset.overflowing;
     });
   }
 
   // --- Deploy form ---------------------------------------------------------------------------------------------------
 
   function initDeployForm() {
-    // GPU fields: only for the Kubernetes runtime.
+    // Replicas and GPUs only for the Kubernetes runtime; for the local one, a note saying why they are gone.
     document.querySelectorAll("[data-runtime-select]").forEach((box) => {
       const select = $(box.dataset.runtimeSelect);
-      if (!select) return;
-      const update = () => { box.hidden = select.value !== "kubernetes"; };
+      if (!select || select.disabled) return;
+      const update = () => { box.hidden = select.value !== box.dataset.runtime; };
       select.addEventListener("change", update);
+      update();
+    });
+    // Extreme values: a warning beside the field while typing, before anything is deployed.
+    document.querySelectorAll("input[data-warn-above]").forEach((input) => {
+      const note = document.createElement("p");
+      note.className = "field-warning";
+      note.id = input.id + "_warning";
+      note.setAttribute("role", "status");
+      note.hidden = true;
+      input.closest(".field").appendChild(note);
+      const update = () => {
+        const value = Number(input.value);
+        const limit = Number(input.dataset.warnAbove);
+        const over = input.value !== "" && !isNaN(value) && value > limit;
+        note.hidden = !over;
+        note.textContent = over ? "Check this value: " + value.toLocaleString() + ". " + input.dataset.warning : "";
+        const described = (input.getAttribute("aria-describedby") || "").split(" ").filter((x) => x && x !== note.id);
+        if (over) described.push(note.id);
+        input.setAttribute("aria-describedby", described.join(" "));
+      };
+      input.addEventListener("input", update);
       update();
     });
     // Batching settings: only while dynamic batching is on.
@@ -61,7 +137,7 @@
     document.querySelectorAll("input[type=range][data-slider-for]").forEach((slider) => {
       const number = $(slider.dataset.sliderFor);
       if (!number) return;
-      slider.addEventListener("input", () => { number.value = slider.value; });
+      slider.addEventListener("input", () => { number.value = slider.value; number.dispatchEvent(new Event("input")); });
       number.addEventListener("input", () => {
         const value = parseInt(number.value, 10);
         if (!isNaN(value)) slider.value = String(Math.min(Math.max(value, 0), Number(slider.max)));
@@ -140,6 +216,43 @@
       document.querySelectorAll(".try-it-file, .try-it-note").forEach((box) => { box.hidden = box.dataset.model !== modelSelect.value; });
     }
     modelSelect.addEventListener("change", showModel);
+
+    // "Use a sample digit": the sample PNG goes into the file input, as if the user had chosen it.
+    document.querySelectorAll("button.sample-image").forEach((button) => {
+      button.addEventListener("click", async () => {
+        const fileInput = $(button.dataset.fileInput);
+        try {
+          const response = await fetch(button.dataset.url, { credentials: "same-origin" });
+          if (!response.ok) throw new Error("HTTP " + response.status);
+          const transfer = new DataTransfer();
+          transfer.items.add(new File([await response.blob()], "digit-7.png", { type: "image/png" }));
+          fileInput.files = transfer.files;
+          button.textContent = "Sample digit chosen";
+        } catch (e) {
+          button.textContent = "The sample could not be loaded: " + e.message;
+        }
+      });
+    });
+
+    // The panel opens once the deployment serves; the live status (refreshed every 2 s) says when.
+    const section = $("try-it");
+    const waiting = $("try-it-waiting");
+    document.body.addEventListener("htmx:afterSettle", () => {
+      const live = $("deployment-live");
+      if (!live || !section || !waiting) return;
+      const serving = live.dataset.serving === "yes";
+      section.hidden = !serving;
+      waiting.hidden = serving;
+      const reasons = {
+        failed: "it failed to start (see the status above), so Retry or Edit settings first.",
+        stopping: "it is stopped, so Start it first.",
+        stopped: "it is stopped, so Start it first.",
+      };
+      if (!serving) {
+        waiting.textContent = "Try it works once the deployment serves: " +
+          (reasons[live.dataset.status] || "this panel opens by itself when the status turns ready.");
+      }
+    });
     document.querySelectorAll(".try-it-file").forEach((box) => { box.hidden = box.dataset.model !== modelSelect.value; });
 
     send.addEventListener("click", async () => {
@@ -259,9 +372,14 @@
     const summary = $("metrics-summary");
     const url = box.dataset.metricsUrl;
 
+    const codesLine = $("metrics-codes");
+    const minutes = () => Math.round((Number(new URL(url, window.location.href).searchParams.get("minutes")) || 15));
+
     function noTraffic() {
-      summary.textContent = "No traffic yet: send a request with Try it, or with one of the snippets above.";
+      summary.textContent = "No requests in the last " + minutes() + " minutes: send one with Try it, or with one of " +
+                            "the snippets above.";
       summary.dataset.empty = "true";
+      if (codesLine) codesLine.hidden = true;
       box.querySelectorAll(".chart-body").forEach((b) => b.replaceChildren());
       box.querySelector(".charts").hidden = true;
     }
@@ -279,25 +397,48 @@
       const series = (data.series || []).map((p) => ({
         t: Date.parse(p.time),
         rps: typeof p.requests_per_second === "number" ? p.requests_per_second : (p.requests || 0) / bucket,
+        eps: (p.errors || 0) / bucket,
         p50: p.p50_ms, p99: p.p99_ms,
       })).filter((p) => !isNaN(p.t)).sort((a, b) => a.t - b.t);
       const total = series.reduce((n, p) => n + p.rps, 0);
       if (!series.length || total === 0) { noTraffic(); return; }
       delete summary.dataset.empty;
       box.querySelector(".charts").hidden = false;
-      const rate = summaryRate(data, series);
-      const parts = [formatNumber(rate) + " requests/s"];
+      const window_ = data.window_seconds ? Math.round(data.window_seconds / 60) : minutes();
+      const parts = [(data.requests || 0).toLocaleString() + " request" + (data.requests === 1 ? "" : "s") +
+                     " (" + formatNumber(summaryRate(data, series)) + "/s)"];
+      if (typeof data.error_rate === "number") {
+        parts.push((data.error_rate * 100).toFixed(data.error_rate && data.error_rate < 0.1 ? 1 : 0) + "% errors");
+      }
       if (data.p50_ms !== null && data.p50_ms !== undefined) parts.push("p50 " + formatNumber(data.p50_ms) + " ms");
       if (data.p99_ms !== null && data.p99_ms !== undefined) parts.push("p99 " + formatNumber(data.p99_ms) + " ms");
-      summary.textContent = parts.join(" · ") + (data.window_seconds ? " over the last " + Math.round(data.window_seconds / 60) + " min" : "");
+      summary.textContent = parts.join(" · ") + " in the last " + window_ + " minutes";
+      if (codesLine) {
+        const codes = Object.entries(data.codes || {});
+        codesLine.hidden = !codes.length;
+        codesLine.replaceChildren(document.createTextNode("Status codes: "));
+        codes.forEach(([code, n], i) => {
+          const item = document.createElement("span");
+          item.className = "code code-" + code[0] + "xx";
+          item.textContent = "HTTP " + code + " × " + n.toLocaleString();
+          codesLine.appendChild(item);
+          if (i < codes.length - 1) codesLine.appendChild(document.createTextNode(", "));
+        });
+      }
       // The whole window on the time axis; buckets without requests count as zero requests (and no latency).
       const step = bucket * 1000;
       const t1 = Math.max(Date.now(), series[series.length - 1].t);
       const t0 = data.window_seconds ? t1 - data.window_seconds * 1000 : series[0].t;
-      const byBucket = new Map(series.map((p) => [Math.floor(p.t / step), p.rps]));
+      const byBucket = new Map(series.map((p) => [Math.floor(p.t / step), p]));
       const rates = [];
-      for (let t = Math.floor(t0 / step) * step; t <= t1; t += step) rates.push({ t: t, v: byBucket.get(Math.floor(t / step)) || 0 });
-      drawChart($("chart-requests"), [{ name: "requests/s", cls: "requests", points: rates }],
+      const errors = [];
+      for (let t = Math.floor(t0 / step) * step; t <= t1; t += step) {
+        const point = byBucket.get(Math.floor(t / step));
+        rates.push({ t: t, v: point ? point.rps : 0 });
+        errors.push({ t: t, v: point ? point.eps : 0 });
+      }
+      drawChart($("chart-requests"), [{ name: "requests/s", cls: "requests", points: rates },
+                                      { name: "errors/s (5xx, 429)", cls: "errors", points: errors }],
                 "Requests per second; peak " + formatNumber(Math.max(...series.map((p) => p.rps))), t0, t1);
       drawChart($("chart-latency"), [
         { name: "p50 ms", cls: "p50", dots: true, points: series.map((p) => ({ t: p.t, v: p.p50 })) },
@@ -328,6 +469,11 @@
 
   document.addEventListener("DOMContentLoaded", () => {
     initCopyButtons();
+    initDownloads();
+    initBusyButtons();
+    markOverflowingTables();
+    window.addEventListener("resize", markOverflowingTables);
+    document.body.addEventListener("htmx:afterSettle", markOverflowingTables);
     initDeployForm();
     initTryIt();
     initCharts();

@@ -207,6 +207,8 @@
     if (!formatSelect.value && chosenFile) {
       const ext = chosenFile.name.split(".").pop().toLowerCase();
       if (NEEDS_SIGNATURE.includes(EXTENSION_FORMATS[ext])) return true;
+      // An archive may be a Python model (which needs a signature) or a SavedModel (which carries one): offer it.
+      if (/\.(zip|tar\.gz|tgz|tar)$/i.test(chosenFile.name)) return true;
     }
     return false;
   }
@@ -235,6 +237,7 @@
     finished = null;
     fileNameOut.textContent = file ? file.name + " (" + humanBytes(file.size) + ")" : "";
     showEditor(false);
+    afterChoosing(file);
     if (!file) return;
     const url = localStorage.getItem(storageKey(file));
     if (!url) return;
@@ -445,6 +448,250 @@
       error.hidden = false;
     }
   }
+
+  // --- What the local runtime serves: said when the chosen file is of a format it cannot run --------------------
+
+  const NOT_LOCAL = (form.dataset.notLocal || "").split(",").filter(Boolean);
+  const FORMAT_NAMES = { tensorrt_plan: "A TensorRT plan", torchscript: "A TorchScript model",
+                         tensorflow_savedmodel: "A TensorFlow SavedModel", tnn: "A TNN model" };
+
+  function warnFormat() {
+    const warning = $("format-warning");
+    let fmt = formatSelect.value;
+    if (!fmt && chosenFile) fmt = EXTENSION_FORMATS[chosenFile.name.split(".").pop().toLowerCase()] || "";
+    const refused = fmt && NOT_LOCAL.includes(fmt);
+    warning.hidden = !refused;
+    warning.textContent = refused ? (FORMAT_NAMES[fmt] || fmt) + " cannot be served by this portal's local runtime: " +
+                                    form.dataset.notLocalReason + ". It can still be uploaded." : "";
+  }
+  formatSelect.addEventListener("change", warnFormat);
+
+  // --- A pipeline definition instead of a model file ---------------------------------------------------------------
+
+  const pipelineBox = $("pipeline-mode");
+  const definitionText = $("pipeline-definition");
+  const preview = $("pipeline-preview");
+  const submitLabel = submitButton.textContent;
+  let pipelineMode = false;
+  let previewTimer = null;
+
+  function setPipelineMode(on) {
+    pipelineMode = on;
+    pipelineBox.hidden = !on;
+    ["field-format", "field-max_batch_size", "signature-editor", "same-bytes", "format-warning"].forEach((id) => {
+      const box = $(id);
+      if (box && on) box.hidden = true;
+    });
+    if (!on) { $("field-format").hidden = false; $("field-max_batch_size").hidden = false; showEditor(false); warnFormat(); }
+    submitButton.textContent = on ? "Create the pipeline" : submitLabel;
+    if (!on) preview.replaceChildren();
+  }
+
+  async function checkPipeline(save) {
+    clearErrors();
+    const body = new URLSearchParams({ name: nameInput.value, definition: definitionText.value });
+    if (save) body.set("save", "1");
+    submitButton.disabled = true;
+    try {
+      const response = await fetch(form.dataset.pipelineUrl, {
+        method: "POST", credentials: "same-origin", body: body,
+        headers: { "X-CSRFToken": csrfToken(), "Accept": "text/html" },
+      });
+      preview.innerHTML = await response.text(); // the portal's own escaped template (web/_pipeline_preview.html)
+      const answer = $("pipeline-preview-body");
+      if (response.status === 201 && answer) {
+        result.hidden = false;
+        $("upload-result-title").textContent = "Pipeline " + nameInput.value + " version " + answer.dataset.createdVersion + " is ready";
+        $("upload-result-status").textContent = "Its steps are deployed with it, each with its own serving settings.";
+        $("upload-view-model").href = answer.dataset.modelUrl;
+        const deploy = $("upload-deploy");
+        deploy.href = answer.dataset.deployUrl;
+        deploy.textContent = "Deploy this pipeline";
+        deploy.hidden = false;
+        deploy.focus();
+      }
+    } catch (e) {
+      formMessage("The definition could not be checked: " + e.message);
+    } finally {
+      submitButton.disabled = false;
+    }
+  }
+
+  function schedulePreview() {
+    clearTimeout(previewTimer);
+    previewTimer = setTimeout(() => { if (pipelineMode && definitionText.value.trim()) checkPipeline(false); }, 600);
+  }
+
+  definitionText.addEventListener("input", schedulePreview);
+  nameInput.addEventListener("input", () => { if (pipelineMode) schedulePreview(); });
+  $("pipeline-check").addEventListener("click", () => checkPipeline(false));
+  $("pipeline-leave").addEventListener("click", () => { setPipelineMode(false); fileInput.focus(); });
+  $("pipeline-paste").addEventListener("click", () => { setPipelineMode(true); definitionText.focus(); });
+
+  const MAX_DEFINITION = 256 * 1024;
+
+  // A chosen .json file: a pipeline definition switches the page to pipeline mode; a signature file is pointed to
+  // the signature editor; anything else goes up as a file like any other (and the portal says what it is).
+  async function readJsonChoice(file) {
+    if (!file || !/\.json$/i.test(file.name) || file.size > MAX_DEFINITION) return false;
+    let value;
+    const text = await file.text();
+    try { value = JSON.parse(text); } catch (e) { return false; }
+    if (value && typeof value === "object" && !Array.isArray(value) && "steps" in value) {
+      definitionText.value = text;
+      if (!nameInput.value) nameInput.value = file.name.replace(/\.json$/i, "").toLowerCase().replace(/[^a-z0-9-]+/g, "-").replace(/^-+|-+$/g, "");
+      setPipelineMode(true);
+      checkPipeline(false);
+      return true;
+    }
+    if (value && typeof value === "object" && ("inputs" in value || "outputs" in value)) {
+      fieldError("file", ["This is a signature, not a model: choose the model file, and import this one under Signature."]);
+      return true;
+    }
+    return false;
+  }
+
+  // --- The signature editor: importing a .signature.json ---------------------------------------------------------
+
+  function fillRows(signature) {
+    ["inputs", "outputs"].forEach((kind) => {
+      $("signature-" + kind).querySelector("tbody").replaceChildren();
+      const tensors = Array.isArray(signature[kind]) && signature[kind].length ? signature[kind] : [null];
+      tensors.forEach((t) => addRow(kind, t));
+    });
+    syncSignature();
+    showEditor(true);
+  }
+
+  $("signature-import").addEventListener("change", async (event) => {
+    const file = event.target.files[0];
+    if (!file) return;
+    clearErrors();
+    let value = null;
+    try { value = JSON.parse(await file.text()); } catch (e) { /* said below */ }
+    if (!value || typeof value !== "object" || (!Array.isArray(value.inputs) && !Array.isArray(value.outputs))) {
+      fieldError("signature", [file.name + " is not a signature file: it needs {\"inputs\": [...], \"outputs\": [...]}."]);
+      return;
+    }
+    fillRows(value);
+    compareWithPrevious();
+  });
+
+  // --- The model's earlier versions: a changed signature, or the same bytes again, is said before uploading ------
+
+  let earlier = null; // {name, versions: [...]} of the model named in the form, or null for a new model
+  let acknowledged = ""; // the notice the user has seen and chosen to upload past
+  let chosenSha = null;
+
+  async function loadEarlier() {
+    const name = nameInput.value;
+    if (!name) { earlier = null; return; }
+    if (earlier && earlier.name === name) return;
+    try {
+      const response = await fetch("/api/v1/models/" + encodeURIComponent(name) + "/versions/", {
+        credentials: "same-origin", headers: { Accept: "application/json" } });
+      earlier = { name: name, versions: response.ok ? await response.json() : [] };
+    } catch (e) {
+      earlier = null;
+    }
+  }
+
+  function describe(t) { return t.datatype + " " + (t.dims || []).join(" × "); }
+
+  function signatureChanges(before, after) {
+    const changes = [];
+    ["inputs", "outputs"].forEach((kind) => {
+      const word = kind === "inputs" ? "input" : "output";
+      const old = new Map((before[kind] || []).map((t) => [t.name, t]));
+      const now = new Map((after[kind] || []).map((t) => [t.name, t]));
+      now.forEach((t, name) => {
+        if (!old.has(name)) changes.push(word + " " + name + " added (" + describe(t) + ")");
+        else if (describe(old.get(name)) !== describe(t)) changes.push(word + " " + name + ": " + describe(old.get(name)) + " → " + describe(t));
+      });
+      old.forEach((t, name) => { if (!now.has(name)) changes.push(word + " " + name + " removed"); });
+    });
+    return changes;
+  }
+
+  async function sha256Hex(file) {
+    // SubtleCrypto exists on https and localhost pages only; elsewhere the check is skipped, not faked.
+    if (!file || !window.crypto || !crypto.subtle || file.size > 256 * 1024 * 1024) return null;
+    const digest = await crypto.subtle.digest("SHA-256", await file.arrayBuffer());
+    return Array.from(new Uint8Array(digest)).map((b) => b.toString(16).padStart(2, "0")).join("");
+  }
+
+  async function compareWithPrevious() {
+    await loadEarlier();
+    const diffBox = $("signature-diff");
+    const sameBox = $("same-bytes");
+    diffBox.hidden = true;
+    sameBox.hidden = true;
+    if (pipelineMode || !earlier || !earlier.versions.length) return;
+    const versions = earlier.versions.slice().sort((a, b) => b.number - a.number);
+    const latest = versions[0];
+    if (chosenFile && chosenSha) {
+      const same = versions.find((v) => v.sha256 === chosenSha);
+      if (same) {
+        sameBox.hidden = false;
+        sameBox.textContent = "Version " + same.number + " of " + earlier.name + " has exactly these bytes already (" +
+          same.status + "). Uploading them again makes version " + (latest.number + 1) + " with the same content; " +
+          "to serve them, deploy version " + same.number + ".";
+      }
+    }
+    const typed = signatureText.value.trim();
+    if (!editor.hidden && typed && latest.signature && ((latest.signature.inputs || []).length || (latest.signature.outputs || []).length)) {
+      let now = null;
+      try { now = JSON.parse(typed); } catch (e) { now = null; }
+      const changes = now ? signatureChanges(latest.signature, now) : [];
+      if (changes.length) {
+        diffBox.hidden = false;
+        diffBox.textContent = "This signature differs from version " + latest.number + "'s: " + changes.join("; ") +
+          ". The new version gets it; deployments and pipelines that name version " + latest.number + " keep theirs.";
+      }
+    }
+  }
+
+  async function afterChoosing(file) {
+    chosenSha = null;
+    acknowledged = "";
+    if (!pipelineMode) submitButton.textContent = submitLabel;
+    if (pipelineMode) setPipelineMode(false);
+    warnFormat();
+    if (await readJsonChoice(file)) return;
+    chosenSha = await sha256Hex(file).catch(() => null);
+    compareWithPrevious();
+  }
+
+  let compareTimer = null;
+  nameInput.addEventListener("input", () => {
+    acknowledged = "";
+    if (!pipelineMode) submitButton.textContent = submitLabel;
+    clearTimeout(compareTimer);
+    compareTimer = setTimeout(compareWithPrevious, 400);
+  });
+  editor.addEventListener("input", () => { acknowledged = ""; clearTimeout(compareTimer); compareTimer = setTimeout(compareWithPrevious, 400); });
+  editor.addEventListener("change", () => { clearTimeout(compareTimer); compareTimer = setTimeout(compareWithPrevious, 400); });
+
+  // Runs before the upload's own submit handler: pipeline mode takes the submit over, and a notice about the
+  // signature or the bytes must have been seen once before the upload goes ahead.
+  form.addEventListener("submit", async (event) => {
+    if (pipelineMode) {
+      event.preventDefault();
+      event.stopImmediatePropagation();
+      await checkPipeline(true);
+      return;
+    }
+    const notices = ["signature-diff", "same-bytes"].map((id) => $(id)).filter((box) => !box.hidden);
+    const seen = notices.map((box) => box.textContent).join("|");
+    if (notices.length && acknowledged !== seen) {
+      event.preventDefault();
+      event.stopImmediatePropagation();
+      acknowledged = seen;
+      submitButton.textContent = "Upload anyway";
+      notices[0].setAttribute("tabindex", "-1");
+      notices[0].focus();
+    }
+  });
 
   // --- Submit ------------------------------------------------------------------------------------------------------
 

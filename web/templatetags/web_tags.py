@@ -32,3 +32,39 @@ def ms(value: Any) -> str:
     if value is None:
         return "–"
     return f"{value:.1f} ms" if value < 100 else f"{value:,.0f} ms"
+
+
+@register.filter
+def status_words(deployment: Any) -> str:
+    """The status as a user should read it: "updating (serving r1)" while revision 2 rolls out and 1 serves, "failed
+    (serving r1)" when it did not make it, "deleting" rather than "stopping" on the way out."""
+    status = deployment.status
+    serving = deployment.serving_revision
+    rolling = (serving is not None and deployment.upstream_url and deployment.revision_id != deployment.serving_revision_id)
+    if rolling and status in ("pending", "rendering", "starting"):
+        return f"updating (serving r{serving.number})"
+    if rolling and status == "failed":
+        return f"failed (serving r{serving.number})"
+    if status == "stopping" and deployment.desired_state == "deleted":
+        return "deleting"
+    return str(status)
+
+
+@register.filter
+def percent(value: Any) -> str:
+    """0.0123 as "1.2%", None as "–"."""
+    if value is None:
+        return "–"
+    share = float(value) * 100
+    return f"{share:.0f}%" if share == 0 or share >= 10 else f"{share:.1f}%"
+
+
+@register.filter
+def served_as(value: Any, max_batch_size: Any) -> str:
+    """How Triton serves a tensor of a model's own signature when it differs ("-1 × 1" for a [batch] tensor of a
+    batching model), else ""."""
+    from deployments.render import served_dims
+
+    declared = list(value or [])
+    served = served_dims(declared, int(max_batch_size or 0) > 0)
+    return dims(served) if served != declared else ""

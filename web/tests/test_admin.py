@@ -162,3 +162,12 @@ def test_a_failing_worker_ping_reads_as_no_worker(monkeypatch: pytest.MonkeyPatc
     probe = overview.worker_ping()
     assert probe.value == []
     assert "no worker answered" in probe.note
+
+
+def test_the_admin_is_branded_modelport_and_links_back_to_the_portal(operator: Client) -> None:
+    content = operator.get("/admin/").content.decode()
+    assert "Modelport admin" in content and "Django administration" not in content
+    assert '<a href="/" id="admin-back-to-portal">Back to the portal</a>' in content
+    assert "img/favicon.svg" in content
+    assert "<title>Operators’ console | Modelport admin</title>" in content or "| Modelport admin</title>" in content
+    assert ">Audit entries<" in content and "entrys" not in content

@@ -297,3 +297,70 @@ def test_the_form_says_which_frameworks_the_local_runtime_has_and_how_to_add_the
     assert ("The local runtime serves ONNX and Python models, and TorchScript with PyTorch 2.13.0+cpu. TensorFlow "
             "SavedModels need TensorFlow, which an operator adds with <code>make runtime-env RUNTIME_EXTRAS=tensorflow"
             "</code>. Kubernetes serves every format.") in content
+
+
+# --- Fields that do not apply, and values worth a second look ---------------------------------------------------
+
+
+def test_replicas_show_for_kubernetes_only_and_the_local_runtime_says_why(alice: Person, digits: ModelVersion) -> None:
+    content = signed_in(alice).get(NEW).content.decode()
+    # Inside the Kubernetes box, with the GPU fields.
+    assert content.index('id="kubernetes-fields"') < content.index('id="field-replicas"') < content.index('id="field-gpu"')
+    assert 'data-runtime="kubernetes" hidden' in content  # hidden while the runtime is local
+    assert "The local runtime runs one Triton server per deployment" in content
+    # The posted value still counts: replicas 3 on the local runtime is refused beside the field (server side).
+    form_errors, _ = _errors(signed_in(alice).post(NEW, form_data(replicas="3")))
+    assert "one Triton server per deployment" in form_errors["replicas"][0]
+
+
+def test_the_kubernetes_runtime_is_disabled_with_the_reason_when_no_cluster_is_configured(
+        alice: Person, digits: ModelVersion, settings: Any) -> None:
+    settings.KUBERNETES_KUBECONFIG = ""
+    settings.KUBERNETES_IN_CLUSTER = False
+    content = signed_in(alice).get(NEW).content.decode()
+    assert '<option value="kubernetes" disabled>Kubernetes cluster (not configured here)</option>' in content
+    assert "The Kubernetes runtime is not available: No Kubernetes cluster is configured" in content
+    assert "local runtime serves ONNX, Python models and pipelines" in content
+
+    settings.KUBERNETES_KUBECONFIG = "/etc/kubeconfig"
+    settings.KUBERNETES_S3_BUCKET = "repositories"
+    settings.KUBERNETES_TRITON_EGRESS = ["10.0.0.0/8:9000"]
+    content = signed_in(alice).get(NEW).content.decode()
+    assert '<option value="kubernetes">Kubernetes cluster</option>' in content
+    assert "need the Kubernetes runtime" in content
+
+
+def test_extreme_values_carry_a_warning_for_the_page(alice: Person, digits: ModelVersion) -> None:
+    content = signed_in(alice).get(NEW).content.decode()
+    assert 'data-warn-above="100000"' in content and "A request that arrives alone waits this long" in content
+    assert 'data-warn-above="1024"' in content and "A batch this large must fit in memory" in content
+    # The help of "Max batch size" is about the field, not a statement about the model.
+    assert "The largest batch Triton may hand the model at once" in content
+    assert "the model&#x27;s inputs have no batch dimension" not in content
+
+
+def test_a_pipeline_shows_no_batching_or_instance_fields_and_ignores_posted_ones(alice: Person) -> None:
+    """The pipeline's own batching and instances are not applied by Triton: the form does not offer them, and a
+    hand-made POST of "instances 3" does not reach the spec."""
+    from models_registry.samples import digits_pipeline_definition
+    from models_registry.tests.test_pipelines import create_pipeline, digits_steps
+
+    digits_steps(alice)
+    assert create_pipeline(alice, digits_pipeline_definition()).status_code == 201
+    url = "/deployments/new/?model=digits-pipeline"
+    client = signed_in(alice)
+    content = client.get(url).content.decode()
+    assert 'id="m0-pipeline-settings"' in content
+    for absent in ['name="m0-instance_count"', 'name="m0-dynamic_batching"', 'name="m0-max_queue_delay_microseconds"']:
+        assert absent not in content
+    initial = client.get(url).context["model_forms"][0].initial
+    response = client.post(url, form_data(name="digits-pipeline", **{
+        "m0-max_batch_size": str(initial["max_batch_size"]), "m0-instance_count": "3", "m0-instance_kind": "gpu"}))
+    assert response.status_code == 302
+    pipeline = next(m for m in Deployment.objects.get().revision.spec["models"] if m["format"] == "ensemble")
+    assert pipeline["instance_group"] == {"count": 1, "kind": "cpu", "gpus": []}
+    assert pipeline["dynamic_batching"] is None
+    # Editing: the step models keep their own batching and instance fields.
+    edit = client.get("/deployments/digits-pipeline/edit/").content.decode()
+    assert 'id="m0-pipeline-settings"' in edit and "Set them on the step models below." in edit
+    assert 'name="m1-instance_count"' in edit

@@ -25,7 +25,7 @@ def test_the_page_shows_status_events_and_the_endpoint_with_snippets(alice: Pers
                        "deployment-edit", "deployment-delete", "chart-requests", "chart-latency", "metrics-summary",
                        "triton-log", "event-timeline"]:
         assert f'id="{element_id}"' in content, element_id
-    assert 'data-metrics-url="/api/v1/deployments/digits-prod/metrics/"' in content
+    assert 'data-metrics-url="/api/v1/deployments/digits-prod/metrics/?minutes=5"' in content
 
 
 def test_try_it_is_prefilled_with_a_valid_request_for_the_signature(alice: Person, deployment: Deployment) -> None:
@@ -77,10 +77,18 @@ def test_starting_a_running_deployment_says_so_instead_of_failing(alice: Person,
     assert b"The deployment is running already." in response.content
 
 
-def test_a_failed_deployment_can_be_retried(alice: Person, deployment: Deployment) -> None:
-    deployment.set_status(Deployment.Status.FAILED, "boom")
+def test_a_failed_deployment_offers_retry_and_edit_not_stop_or_try_it(alice: Person, deployment: Deployment) -> None:
+    deployment.set_status(Deployment.Status.FAILED, "Revision 1 failed to start: boom")
     client = signed_in(alice)
-    assert b'id="deployment-start"' in client.get(PAGE).content
+    page = client.get(PAGE).content.decode()
+    assert 'id="deployment-retry"' in page and 'id="deployment-edit"' in page
+    assert 'id="deployment-stop"' not in page
+    assert '<div id="try-it" hidden>' in page
+    assert "it failed to start (see the status above)" in page
+    # The buttons follow the status: the live refresh carries them out of band.
+    live = client.get(f"{PAGE}live/").content.decode()
+    assert 'id="deployment-actions" hx-swap-oob="true"' in live and 'id="deployment-retry"' in live
+    assert 'data-serving="no"' in live
     client.post(f"{PAGE}start/")
     deployment.refresh_from_db()
     assert deployment.status == Deployment.Status.PENDING

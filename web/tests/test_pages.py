@@ -3,6 +3,7 @@ of queries when their rows grow."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -80,7 +81,9 @@ def test_charlie_sees_none_of_alices_models_or_deployments_in_his_lists(alice: P
     for url in ["/", "/dashboard/live/", "/models/", "/deployments/new/"]:
         response = client.get(url)
         assert response.status_code == 200
-        assert b"digits" not in response.content, url
+        # Not "digits" alone: the empty dashboard offers the sample digits classifier.
+        for trace in [b"digits-prod", b"model-row-digits", b"deploy-model-digits", b"digits&nbsp;v1"]:
+            assert trace not in response.content, (url, trace)
 
 
 def test_bob_sees_the_models_and_deployments_of_his_team(bob: Person, deployment: Deployment) -> None:
@@ -142,7 +145,7 @@ def test_the_dashboard_lists_deployments_with_status_and_recent_events(alice: Pe
     assert 'id="deployment-row-digits-prod"' in content
     assert "status-pending" in content
     assert "digits&nbsp;v1" in content
-    assert "no traffic yet" in content
+    assert "no traffic in the last 5 min" in content
     assert "Created by alice with revision 1." in content
     assert 'hx-trigger="every 2s"' in content
 
@@ -158,11 +161,25 @@ def test_the_dashboard_shows_request_rate_and_latency_from_the_gateway(alice: Pe
     histogram = [0] * len(LATENCY_BUCKETS_MS)
     histogram[LATENCY_BUCKETS_MS.index(5)] = 60  # every request took 3-5 ms
     RequestStats.objects.create(deployment=deployment, bucket_start=timezone.now().replace(microsecond=0),
-                                requests=60, latency_sum_ms=240, latency_histogram=histogram)
+                                requests=60, errors=3, latency_sum_ms=240, latency_histogram=histogram,
+                                codes={"200": 55, "400": 2, "502": 3})
+    # Older than the window both pages show: not counted.
+    RequestStats.objects.create(deployment=deployment, bucket_start=timezone.now() - timedelta(minutes=6),
+                                requests=1000, latency_histogram=histogram, codes={"200": 1000})
     content = signed_in(alice).get("/dashboard/live/").content.decode()
-    assert "no traffic yet" not in content
-    assert "1.0" in content  # 60 requests in the last minute
-    assert " ms" in content
+    assert "no traffic" not in content
+    assert "(last 5 min)" in content
+    row = content[content.index('id="deployment-row-digits-prod"'):]
+    assert '<td class="num" title="0.20 requests/s">60</td>' in row  # 60 requests in the last 5 minutes
+    assert ">5.0%<" in row and "HTTP 200: 55, HTTP 400: 2, HTTP 502: 3" in row  # errors: the 502s
+    assert " ms" in row
+
+    metrics = alice.client().get("/api/v1/deployments/digits-prod/metrics/?minutes=5").json()
+    assert metrics["requests"] == 60 and metrics["error_rate"] == 0.05
+    assert metrics["codes"] == {"200": 55, "400": 2, "502": 3}
+    page = signed_in(alice).get("/deployments/digits-prod/").content.decode()
+    assert 'data-metrics-url="/api/v1/deployments/digits-prod/metrics/?minutes=5"' in page
+    assert "last 5 minutes, as on the dashboard" in page
 
 
 def test_the_model_page_shows_versions_sizes_statuses_signatures_and_deploy_buttons(alice: Person,
@@ -294,3 +311,16 @@ def test_a_pipeline_model_page_draws_the_pipeline(alice: Any, client: Any) -> No
     body = response.content.decode()
     assert 'id="pipeline-title"' in body
     assert "<svg" in body and "preprocess" in body and "postprocess" in body
+
+
+def test_every_page_has_a_favicon_and_a_link_to_the_api_docs(alice: Person) -> None:
+    content = signed_in(alice).get("/").content.decode()
+    assert '<link rel="icon" href="/static/img/favicon.svg" type="image/svg+xml">' in content
+    assert '<a href="/api/v1/docs/" id="nav-api-docs">API docs</a>' in content
+    assert Client().get("/static/img/favicon.svg").status_code == 200
+
+
+def test_wide_tables_carry_a_hint_that_they_scroll(alice: Person, deployment: Deployment) -> None:
+    content = signed_in(alice).get("/dashboard/live/").content.decode()
+    wrap = content.index('<div class="table-wrap">')
+    assert content.index('class="scroll-hint"') > wrap

@@ -1,0 +1,142 @@
+"""The dashboard's "Deploy the sample ..." buttons: the sample models of models_registry.samples (the ones
+`make_sample_models` writes) are created in the user's team through the paths an upload takes, and deployed through
+the path the deploy form takes. Clicking twice changes nothing: a sample version whose bytes (or, for the pipeline,
+whose definition) the team has already is reused, and an existing deployment of the sample's name is kept.
+
+This module joins the registry and the deployments, which is why it lives with the pages rather than in either app.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
+from accounts.models import Team
+from deployments import actions as deployment_actions
+from deployments.api import DeploymentInputSerializer
+from deployments.models import Deployment
+from models_registry import actions as registry_actions
+from models_registry import inspection, pipelines
+from models_registry.models import Format, Model, ModelVersion
+from models_registry.samples import SampleArtifact, digits_pipeline_definition, sample_artifacts
+from portal.api_errors import Conflict
+
+SAMPLES = ("digits", "pipeline")
+# The deployment each button makes, and the model it serves.
+DEPLOYMENT_NAMES = {"digits": "digits", "pipeline": "digits-pipeline"}
+PIPELINE_MODEL = "digits-pipeline"
+
+
+class SampleError(Exception):
+    """The sample cannot be deployed here; the message says why (e.g. what the local runtime lacks)."""
+
+
+@dataclass(frozen=True)
+class SampleDeployment:
+    deployment: Deployment
+    created: bool  # False: the deployment existed already (a second click)
+
+
+def deploy_sample(team: Team, user: Any, which: str) -> SampleDeployment:
+    """Create the sample's models (or reuse identical ones) and deploy them; idempotent."""
+    if which not in SAMPLES:
+        raise SampleError(f"Unknown sample {which!r}: choose one of {', '.join(SAMPLES)}.")
+    name = DEPLOYMENT_NAMES[which]
+    existing = _deployment(team, name)
+    if existing is not None:
+        return SampleDeployment(existing, created=False)
+    try:
+        return _deploy(team, user, which, name)
+    except Conflict:
+        # Another click of the same button won the race for a model or the deployment name: what it made is the
+        # sample, so this click ends where that one did.
+        existing = _deployment(team, name)
+        if existing is None:
+            raise
+        return SampleDeployment(existing, created=False)
+
+
+def _deployment(team: Team, name: str) -> Deployment | None:
+    return (Deployment.objects.filter(team=team, name=name).exclude(desired_state=Deployment.Desired.DELETED)
+            .first())
+
+
+@transaction.atomic
+def _deploy(team: Team, user: Any, which: str, name: str) -> SampleDeployment:
+    versions = {artifact.name: _sample_version(team, user, artifact) for artifact in sample_artifacts(which)}
+    served = "digits"
+    if which == "pipeline":
+        _pipeline_version(team, user, versions)
+        served = PIPELINE_MODEL
+    serializer = DeploymentInputSerializer(data={"name": name, "models": [{"model": served}]}, context={"team": team})
+    if not serializer.is_valid():
+        raise SampleError("The sample cannot be deployed here: " + _messages(serializer.errors))
+    data = serializer.validated_data
+    deployment = deployment_actions.create_deployment(team, user, name, data["runtime"], data["spec"],
+                                                      data["versions"])
+    return SampleDeployment(deployment, created=True)
+
+
+def _sample_version(team: Team, user: Any, artifact: SampleArtifact) -> ModelVersion:
+    """The team's ready version of the sample's bytes (and declared signature), or a new one made as an upload
+    makes it."""
+    sha256 = hashlib.sha256(artifact.data).hexdigest()
+    model = Model.objects.filter(team=team, name=artifact.name).first()
+    if model is not None:
+        declared = artifact.signature.to_json() if artifact.signature else None
+        same = next((v for v in model.versions.filter(sha256=sha256, status=ModelVersion.Status.READY)
+                     .order_by("-number") if declared is None or v.signature == declared), None)
+        if same is not None:
+            return same
+    else:
+        model = registry_actions.create_model(team, user, artifact.name, artifact.description)
+    version = registry_actions.create_version_from_file(
+        model, user, io.BytesIO(artifact.data), artifact.filename, declared_format=artifact.format,
+        signature=artifact.signature)
+    # Inspected here rather than by the worker, so that the deployment below can use it. The worker's task is
+    # queued for after the commit, when the version is ready already: it finds nothing left to do.
+    inspection.inspect_version(version.pk)
+    version.refresh_from_db()
+    if version.status != ModelVersion.Status.READY:
+        raise SampleError(f"The sample model {artifact.name} did not pass inspection: {version.error}")
+    return version
+
+
+def _pipeline_version(team: Team, user: Any, steps: dict[str, ModelVersion]) -> ModelVersion:
+    definition = digits_pipeline_definition(digits=steps["digits"].number, preprocess=steps["preprocess"].number,
+                                            postprocess=steps["postprocess"].number)
+    model = Model.objects.filter(team=team, name=PIPELINE_MODEL).first()
+    if model is not None:
+        same = next((v for v in model.versions.filter(format=Format.ENSEMBLE, status=ModelVersion.Status.READY)
+                     .order_by("-number") if v.definition == definition), None)
+        if same is not None:
+            return same
+    else:
+        model = registry_actions.create_model(team, user, PIPELINE_MODEL,
+                                              "Digit images to the top-3 labels (pipeline), a Modelport sample")
+    lookup = {name: version for name, version in steps.items()}
+
+    def find(name: str, number: int | None) -> pipelines.StepVersion | str:
+        version = lookup.get(name)
+        if version is None or (number is not None and number != version.number):
+            return f"no sample version {name}:{number}"
+        return pipelines.StepVersion(model=name, version=version.number, format=version.format,
+                                     status=version.status, signature=version.parsed_signature,
+                                     max_batch_size=version.max_batch_size, error=version.error, id=version.id)
+
+    try:
+        pipeline = pipelines.validate_pipeline(definition, find, pipeline_model=PIPELINE_MODEL)
+    except pipelines.PipelineError as exc:
+        raise SampleError(f"The sample pipeline does not fit its steps: {exc}") from None
+    return registry_actions.create_pipeline_version(model, user, pipeline)
+
+
+def _messages(errors: Any) -> str:
+    from portal.api_errors import _flatten
+
+    return "; ".join(f"{key}: {' '.join(messages)}" if key != "non_field_errors" else " ".join(messages)
+                     for key, messages in _flatten(errors).items())

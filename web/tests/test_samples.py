@@ -1,0 +1,115 @@
+"""The empty dashboard's sample buttons: one click creates the sample models in the user's team through the upload
+path and deploys them; a second click lands on the same deployment and creates nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from typing import Any
+
+from PIL import Image
+
+from conftest import Person
+from deployments.models import Deployment
+from models_registry.models import Model, ModelVersion
+from models_registry.samples import (
+    SAMPLE_DIGIT_LABEL,
+    SAMPLE_DIGIT_PIXELS,
+    digits_holdout,
+    digits_pipeline_definition,
+    sample_artifacts,
+)
+from web.tests.conftest import signed_in
+
+
+def test_the_empty_dashboard_offers_both_samples(alice: Person) -> None:
+    content = signed_in(alice).get("/").content.decode()
+    assert "Deploy the sample digits classifier" in content
+    assert "Deploy the sample image pipeline" in content
+    assert 'name="sample" value="digits"' in content and 'name="sample" value="pipeline"' in content
+    assert "local runtime serves ONNX, Python models and pipelines." in content
+
+
+def test_the_sample_classifier_is_created_in_alices_team_and_deployed(alice: Person, charlie: Person) -> None:
+    client = signed_in(alice)
+    response = client.post("/samples/deploy/", {"sample": "digits"})
+    assert response.status_code == 302 and response["Location"] == "/deployments/digits/"
+    version = ModelVersion.objects.get(model__team=alice.team, model__name="digits")
+    assert version.status == ModelVersion.Status.READY and version.format == "onnx"
+    assert version.sha256 == hashlib.sha256(sample_artifacts("digits")[0].data).hexdigest()
+    assert version.created_by == alice.user and version.original_filename == "digits.onnx"
+    deployment = Deployment.objects.get(team=alice.team, name="digits")
+    assert deployment.runtime == "local" and deployment.created_by == alice.user
+    assert deployment.revision is not None
+    [entry] = deployment.revision.spec["models"]
+    assert entry["model"] == "digits" and entry["dynamic_batching"] is not None
+    assert not Model.objects.filter(team=charlie.team).exists()  # nothing lands in another team
+
+    page = client.get("/deployments/digits/").content.decode()
+    assert "Created the sample models in your team and the deployment digits." in page
+    # Try it holds a held-out 7, not zeros.
+    assert ", ".join(f"{float(v)}" for v in SAMPLE_DIGIT_PIXELS[:8]) in page
+
+
+def test_a_second_click_lands_on_the_same_deployment_and_creates_nothing(alice: Person) -> None:
+    client = signed_in(alice)
+    client.post("/samples/deploy/", {"sample": "digits"})
+    counts = (Model.objects.count(), ModelVersion.objects.count(), Deployment.objects.count())
+    response = client.post("/samples/deploy/", {"sample": "digits"}, follow=True)
+    assert response.redirect_chain[-1][0] == "/deployments/digits/"
+    assert "digits was deployed already: here it is." in response.content.decode()
+    assert (Model.objects.count(), ModelVersion.objects.count(), Deployment.objects.count()) == counts
+
+
+def test_a_deleted_sample_deployment_is_deployed_again_from_the_same_versions(alice: Person) -> None:
+    client = signed_in(alice)
+    client.post("/samples/deploy/", {"sample": "digits"})
+    Deployment.objects.filter(name="digits").delete()
+    client.post("/samples/deploy/", {"sample": "digits"})
+    assert ModelVersion.objects.filter(model__name="digits").count() == 1  # the same bytes are not uploaded twice
+    assert Deployment.objects.filter(name="digits").count() == 1
+
+
+def test_the_sample_pipeline_brings_its_steps_and_offers_a_sample_digit(alice: Person) -> None:
+    client = signed_in(alice)
+    response = client.post("/samples/deploy/", {"sample": "pipeline"})
+    assert response.status_code == 302 and response["Location"] == "/deployments/digits-pipeline/"
+    versions = {v.model.name: v for v in ModelVersion.objects.select_related("model")}
+    assert set(versions) == {"preprocess", "digits", "postprocess", "digits-pipeline"}
+    assert all(v.status == ModelVersion.Status.READY for v in versions.values())
+    assert versions["preprocess"].format == "python" and versions["digits-pipeline"].format == "ensemble"
+    assert versions["digits-pipeline"].definition == digits_pipeline_definition()
+    deployment = Deployment.objects.get(name="digits-pipeline")
+    assert deployment.revision is not None
+    assert {m["model"] for m in deployment.revision.spec["models"]} == {
+        "digits-pipeline", "preprocess", "digits", "postprocess"}
+
+    page = client.get("/deployments/digits-pipeline/").content.decode()
+    assert 'id="try-it-use-sample-digits-pipeline"' in page
+    assert 'data-file-input="try-it-file-digits-pipeline-image"' in page
+    # Clicked again: the same pipeline version, no new step versions.
+    client.post("/samples/deploy/", {"sample": "pipeline"})
+    assert ModelVersion.objects.count() == 4
+
+
+def test_an_unknown_sample_is_a_400_that_names_the_choices(alice: Person) -> None:
+    response = signed_in(alice).post("/samples/deploy/", {"sample": "../../etc/passwd" * 10})
+    assert response.status_code == 400
+    assert "choose one of digits, pipeline" in response.content.decode()
+    assert not Model.objects.exists()
+
+
+def test_samples_need_a_signed_in_post(alice: Person, client: Any) -> None:
+    assert client.post("/samples/deploy/", {"sample": "digits"}).status_code == 302  # to the sign-in page
+    assert signed_in(alice).get("/samples/deploy/").status_code == 405
+    assert not Model.objects.exists()
+
+
+def test_the_sample_digit_is_a_png_of_the_held_out_seven(alice: Person) -> None:
+    response = signed_in(alice).get("/samples/digit.png")
+    assert response.status_code == 200 and response["Content-Type"] == "image/png"
+    image = Image.open(io.BytesIO(response.content))
+    assert image.size == (32, 32)
+    X, y = digits_holdout()
+    assert int(y[0]) == SAMPLE_DIGIT_LABEL
+    assert [int(v) for v in X[0]] == list(SAMPLE_DIGIT_PIXELS)
