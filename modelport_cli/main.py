@@ -94,14 +94,6 @@ def poll(fetch: Callable[[], dict[str, Any]], finished: Callable[[dict[str, Any]
         interval = min(interval * 1.5, MAX_POLL_INTERVAL)
 
 
-def ensure_model(client: Client, name: str) -> None:
-    try:
-        client.call("POST", "/api/v1/models/", json={"name": name})
-    except ApiError as exc:
-        if exc.status != 409:  # 409: the model exists, which is what we want
-            raise
-
-
 def create_version(client: Client, model: str, body: dict[str, Any]) -> dict[str, Any]:
     """POST a version. A 400 here means the portal rejected the model itself (not an ONNX file, a signature that
     does not parse, ...): that is exit code 3, the same as a version that ends up invalid after inspection."""
@@ -164,7 +156,6 @@ def cmd_push(args: argparse.Namespace) -> int:
     check_name(args.model, "model")
     signature = read_json_file(args.signature, "--signature") if args.signature else None
     client = make_client(args)
-    ensure_model(client, args.model)
 
     progress = None if args.json or not args.verbose_stderr else Progress(path.stat().st_size, f"uploading {path.name}")
     state = tus.UploadState(tus.default_state_dir())
@@ -173,7 +164,8 @@ def cmd_push(args: argparse.Namespace) -> int:
     if progress:
         progress.finish()
 
-    body: dict[str, Any] = {"upload_id": result.upload_id}
+    # The model is created with its first version (create_model), so a refused first version leaves no empty model.
+    body: dict[str, Any] = {"upload_id": result.upload_id, "create_model": True}
     if args.format:
         body["format"] = args.format
     if signature is not None:
@@ -189,8 +181,7 @@ def cmd_pipeline_create(args: argparse.Namespace) -> int:
     check_name(args.model, "model")
     definition = read_json_file(args.definition, "--definition")
     client = make_client(args)
-    ensure_model(client, args.model)
-    version = create_version(client, args.model, {"format": "ensemble", "definition": definition})
+    version = create_version(client, args.model, {"format": "ensemble", "definition": definition, "create_model": True})
     return wait_for_version(client, args.model, version, args)
 
 

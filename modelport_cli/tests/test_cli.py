@@ -184,7 +184,6 @@ def test_an_edited_file_is_a_new_upload_and_an_unknown_remembered_one_is_forgott
 
 
 def versions_of(portal: FakePortal, model: str, statuses: list[dict[str, Any]]) -> None:
-    portal.on("POST", "/api/v1/models/", api_error(409, "A model named 'digits' exists already.", "conflict"))
     portal.on("POST", f"/api/v1/models/{model}/versions/", Reply(201, {"number": 4, "status": "validating"}))
     portal.on("GET", f"/api/v1/models/{model}/versions/4/",
               [Reply(200, {"number": 4, "model": model, "size": 10, "format": "onnx", **s}) for s in statuses])
@@ -204,10 +203,10 @@ def test_push_uploads_creates_the_version_and_prints_its_number_once_ready(
     out, err = capsys.readouterr()
     assert code == 0, err
     assert out == "4\n"
-    assert portal.seen("POST", "/api/v1/models/")[0].json() == {"name": "digits"}
+    assert not portal.seen("POST", "/api/v1/models/"), "the model comes with its first version (create_model)"
     (upload_id,) = fake_tus.uploads
     assert portal.seen("POST", "/api/v1/models/digits/versions/")[0].json() == {
-        "upload_id": upload_id, "format": "onnx", "max_batch_size": 8,
+        "upload_id": upload_id, "create_model": True, "format": "onnx", "max_batch_size": 8,
         "signature": {"inputs": [{"name": "x", "datatype": "FP32", "dims": [-1, 4]}], "outputs": []},
     }
     assert len(portal.seen("GET", "/api/v1/models/digits/versions/4/")) == 2
@@ -265,18 +264,18 @@ def test_push_json_prints_the_version_as_json(portal: FakePortal, tmp_path: Path
     assert err == "", "no progress bar or notes in --json mode"
 
 
-def test_push_sends_an_idempotency_key_when_it_creates_the_model_and_the_version(
+def test_push_sends_an_idempotency_key_when_it_creates_the_model_with_its_version(
     portal: FakePortal, tmp_path: Path
 ) -> None:
     FakeTus(portal)
     versions_of(portal, "digits", [{"status": "ready", "error": ""}])
 
     assert main(["push", "digits", str(artifact(tmp_path, 100)), "--no-wait"]) == 0
+    assert main(["push", "digits", str(artifact(tmp_path, 100)), "--no-wait"]) == 0
 
-    keys = [portal.seen("POST", p)[0].headers["idempotency-key"]
-            for p in ("/api/v1/models/", "/api/v1/models/digits/versions/")]
+    keys = [request.headers["idempotency-key"] for request in portal.seen("POST", "/api/v1/models/digits/versions/")]
     assert all(uuid.UUID(key).version == 4 for key in keys)
-    assert len(set(keys)) == 2
+    assert len(set(keys)) == 2  # one per create call, so a retried step does not create twice and two pushes do
     assert not portal.seen("GET")  # --no-wait
 
 
@@ -562,12 +561,12 @@ def test_an_error_of_the_gateway_is_one_line_too(portal: FakePortal, tmp_path: P
 def test_pipeline_create_posts_an_ensemble_definition(portal: FakePortal, tmp_path: Path) -> None:
     definition = {"steps": [{"model": "tokenizer", "input_map": {"x": "text"}, "output_map": {"y": "ids"}}]}
     (tmp_path / "pipeline.json").write_text(json.dumps(definition))
-    portal.on("POST", "/api/v1/models/", Reply(201, {"name": "pipe"}))
     portal.on("POST", "/api/v1/models/pipe/versions/", Reply(201, {"number": 1, "status": "validating"}))
 
     assert main(["pipeline", "create", "pipe", "--definition", str(tmp_path / "pipeline.json"), "--no-wait"]) == 0
 
-    assert portal.seen("POST", "/api/v1/models/pipe/versions/")[0].json() == {"format": "ensemble", "definition": definition}
+    assert portal.seen("POST", "/api/v1/models/pipe/versions/")[0].json() == {
+        "format": "ensemble", "definition": definition, "create_model": True}
 
 
 # ------------------------------------------------------------------------------------------ errors and usage
