@@ -285,6 +285,9 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["accounts.permissions.IsTeamMember"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "portal.api_errors.exception_handler",
+    # DRF's own three, with JSON nesting bounded (portal/json_input.py).
+    "DEFAULT_PARSER_CLASSES": ["portal.api_json.BoundedJSONParser", "rest_framework.parsers.FormParser",
+                               "rest_framework.parsers.MultiPartParser"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {
