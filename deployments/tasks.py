@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from deployments import reconcile
 from deployments.models import Deployment
+from portal import worker_shutdown
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,11 @@ def queue_reconcile(deployment_id: int, **options: Any) -> bool:
 @shared_task(acks_late=True)
 def reconcile_deployment(deployment_id: int) -> None:
     Deployment.objects.filter(pk=deployment_id).update(reconcile_queued_at=None)
-    reconcile.reconcile(deployment_id)
+    try:
+        reconcile.reconcile(deployment_id)
+    except worker_shutdown.WorkerStopping:
+        # What was started (a Triton loading its models) keeps going; the next worker's reconcile adopts it.
+        log.info("worker stopping: left deployment %s to the next reconcile", deployment_id)
 
 
 @shared_task

@@ -202,6 +202,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
 else:
     # Redis: a task whose worker died unacknowledged is delivered again after this many seconds.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 60, minimum=5)}
+# The filesystem broker gets the threads pool: billiard's blocking prefork pool (what Celery uses with it) hangs at
+# exit when SIGTERM reached its children too (portal/worker_shutdown.py). `-P` still overrides it.
+CELERY_WORKER_POOL = env_str("CELERY_WORKER_POOL", "threads" if CELERY_BROKER_URL.startswith("filesystem://") else "prefork")
 RECONCILE_INTERVAL_SECONDS = env_float("RECONCILE_INTERVAL_SECONDS", 5.0, minimum=0.5)
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BEAT_SCHEDULE = beat_schedule(RECONCILE_INTERVAL_SECONDS)
