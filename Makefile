@@ -28,6 +28,14 @@ run: venv runtime-env
 	$(PY) manage.py ensure_admin
 	HOST=$(HOST) PORT=$(PORT) bin/run-portal
 
+# Stop a `make run` from another terminal (same MODELPORT_VAR_DIR); it says what keeps running (local Triton
+# servers, adopted at the next start) and how to stop that too: `make stop-triton`.
+.PHONY: stop stop-triton
+stop:
+	@bin/run-portal stop
+stop-triton:
+	@bin/run-portal stop-triton
+
 test: venv runtime-env browser-deps lint
 	$(PY) -m pytest
 
