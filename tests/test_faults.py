@@ -134,9 +134,14 @@ def starting_pid(events: list[str]) -> int | None:
 
 
 @pytest.mark.triton
-@pytest.mark.parametrize("broker", ["filesystem", "redis"])
+@pytest.mark.parametrize(("broker", "target"), [
+    ("filesystem", "group"),  # make run: the threads pool
+    ("redis", "group"),  # systemd, supervisord: the prefork pool's children get the signal too
+    ("redis", "main"),  # docker stop, Kubernetes: only the main process does
+])
 def test_a_worker_sigtermed_with_its_process_group_exits_within_seconds_and_the_deployment_still_starts(
-        tmp_path: Path, template: Template, database: str, broker: str, request: pytest.FixtureRequest) -> None:
+        tmp_path: Path, template: Template, database: str, broker: str, target: str,
+        request: pytest.FixtureRequest) -> None:
     broker_url = request.getfixturevalue("redis").url if broker == "redis" else "filesystem://"
     with portal_on(tmp_path, template, database, broker_url) as portal:
         portal.start_all()
@@ -146,7 +151,10 @@ def test_a_worker_sigtermed_with_its_process_group_exits_within_seconds_and_the_
         time.sleep(1)  # the reconciler is now waiting for the model to load (20 s)
 
         worker = portal.processes["worker"]
-        os.killpg(worker.pid, signal.SIGTERM)  # the worker and all its pool processes, as systemd does
+        if target == "group":
+            os.killpg(worker.pid, signal.SIGTERM)  # the worker and all its pool processes, as systemd does
+        else:
+            os.kill(worker.pid, signal.SIGTERM)
         seconds = wait_exit(worker, GRACE_SECONDS * 3)
         assert seconds is not None, f"the worker still runs {GRACE_SECONDS * 3} s after SIGTERM:\n{portal.tail('worker')}"
         print(f"the worker stopped {seconds:.1f} s after SIGTERM")
