@@ -232,11 +232,11 @@ def test_while_postgresql_is_down_the_portal_answers_503_and_recovers_by_itself(
 
 @pytest.mark.triton
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "needs a gateway change (gateway/ is another slice's): TtlCache must answer from a stale entry when its loader "
-    "raises OperationalError/InterfaceError, and the loader threads must call close_old_connections() first - "
-    "without it the gateway answers 500 during the outage and keeps answering 500 ('connection already closed') "
-    "after PostgreSQL is back, until the web process restarts. Verified with that change: this test passes; then "
-    "remove this mark."))
+    "needs a gateway change (gateway/ is another slice's): the access caches must answer from a stale entry on a "
+    "database error - InterfaceError ('connection already closed') included, which is not a DatabaseError - and "
+    "the lookup threads must call close_old_connections() first; without it the gateway answers 500 during the "
+    "outage and after PostgreSQL is back, until the web process restarts. With that change this test passes: "
+    "then remove this mark."))
 def test_the_gateway_keeps_serving_a_ready_deployment_while_postgresql_is_down(
         tmp_path: Path, template: Template, database: str) -> None:
     proxy = CuttableProxy(PG_HOST, PG_PORT)
