@@ -38,13 +38,21 @@ run: venv runtime-env
 	$(PY) manage.py ensure_admin
 	HOST=$(HOST) PORT=$(PORT) bin/run-portal
 
+# Stop a `make run` from another terminal (same MODELPORT_VAR_DIR); it says what keeps running (local Triton
+# servers, adopted at the next start) and how to stop that too: `make stop-triton`.
+.PHONY: stop stop-triton
+stop:
+	@bin/run-portal stop
+stop-triton:
+	@bin/run-portal stop-triton
+
 # The whole suite includes the tests marked `frameworks`, so the runtime env gets both extras (once: about 100 s
 # here, from this machine's disk and the package index; see docs/local-runtime.md).
 test: venv runtime-env $(RUNTIME_ENV)/.extra-torch $(RUNTIME_ENV)/.extra-tensorflow browser-deps lint
 	$(PY) -m pytest
 
 test-fast: venv
-	$(PY) -m pytest -m "not triton and not worker and not browser and not s3 and not frameworks"
+	$(PY) -m pytest -m "not triton and not worker and not browser and not s3 and not frameworks and not faults"
 
 # End to end on the cluster KUBECONFIG points at, through a Modelport installed there (docs/kubernetes.md):
 # MODELPORT_URL=https://... MODELPORT_TOKEN=mp_... make e2e-k8s. Not part of `make test`.

@@ -20,7 +20,7 @@ def _queue_reconcile(deployment: Deployment) -> None:
     from deployments import tasks
 
     deployment_id = deployment.pk
-    transaction.on_commit(lambda: tasks.reconcile_deployment.delay(deployment_id))
+    transaction.on_commit(lambda: tasks.queue_reconcile(deployment_id))  # coalesced: one waits per deployment
 
 
 def _new_revision(deployment: Deployment, user: Any, spec: dict[str, Any], versions: list[ModelVersion]) -> Revision:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -323,26 +324,48 @@ def deployment_detail(request: Request, name: str) -> Response:
     if request.method == "PATCH":
         body = request_object(request)
         current = deployment.revision.spec if deployment.revision else {}
-        merged = {
-            "name": deployment.name,
-            "runtime": deployment.runtime,
-            "replicas": body.get("replicas", current.get("replicas", 1)),
-            "resources": body.get("resources", current.get("resources", {})),
-            "autoscaling": body.get("autoscaling", current.get("autoscaling")),
-            "models": body.get("models", [_settings_of(m) for m in current.get("models", [])]),
-        }
         if "name" in body and body["name"] != deployment.name or (
                 "runtime" in body and body["runtime"] != deployment.runtime):
             raise serializers.ValidationError("The name and runtime of a deployment cannot change: create a new deployment.")
-        serializer = DeploymentInputSerializer(data=merged, context={"team": deployment.team})
+        serializer = DeploymentInputSerializer(data=_patched(deployment, current, body), context={"team": deployment.team})
         serializer.is_valid(raise_exception=True)
-        actions.update_deployment(deployment, request.user, serializer.validated_data["spec"],
-                                  serializer.validated_data["versions"])
+        spec = serializer.validated_data["spec"]
+        # A PATCH that changes nothing ({}, an empty body, the current values) makes no revision and rolls nothing.
+        if not _changes_nothing(deployment, current, spec):
+            actions.update_deployment(deployment, request.user, spec, serializer.validated_data["versions"])
         return Response(DeploymentSerializer(get_deployment_for_user(request, name)).data)
     if request.method == "DELETE":
         gone = actions.delete_deployment(deployment, request.user)
         return Response(status=status.HTTP_204_NO_CONTENT if gone else status.HTTP_202_ACCEPTED)
     return Response(DeploymentSerializer(deployment).data)
+
+
+def _patched(deployment: Deployment, current: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """The API input for the current revision's settings with what `body` changes."""
+    return {
+        "name": deployment.name,
+        "runtime": deployment.runtime,
+        "replicas": body.get("replicas", current.get("replicas", 1)),
+        "resources": body.get("resources", current.get("resources", {})),
+        "autoscaling": body.get("autoscaling", current.get("autoscaling")),
+        "models": body.get("models", [_settings_of(m) for m in current.get("models", [])]),
+    }
+
+
+def _as_stored(spec: dict[str, Any]) -> Any:
+    return json.loads(json.dumps(spec))  # as the JSONField gives it back (tuples are lists)
+
+
+def _changes_nothing(deployment: Deployment, current: dict[str, Any], spec: dict[str, Any]) -> bool:
+    """Is `spec` the current revision's? Compared with the stored spec, and with the current settings validated again
+    (a spec written with defaults left out, e.g. resources {} for {"gpu": 0}, is the same spec)."""
+    if deployment.revision is None:
+        return False
+    new = _as_stored(spec)
+    if new == current:
+        return True
+    again = DeploymentInputSerializer(data=_patched(deployment, current, {}), context={"team": deployment.team})
+    return again.is_valid() and _as_stored(again.validated_data["spec"]) == new
 
 
 def _settings_of(entry: dict[str, Any]) -> dict[str, Any]:

@@ -45,6 +45,9 @@ class Deployment(models.Model):
     upstream_url = models.CharField(max_length=255, blank=True)
     # A reconciler holds the deployment while it works on it (a conditional update), renewed while it waits.
     lease_until = models.DateTimeField(null=True, blank=True)
+    # When a reconcile task was queued and not started yet: at most one waits per deployment, so a burst of changes
+    # costs one rollout and the queue stays short (deployments/tasks.py).
+    reconcile_queued_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)

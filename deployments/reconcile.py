@@ -15,6 +15,7 @@ from deployments.events import record
 from deployments.models import Deployment, Event
 from deployments.render import RenderError
 from deployments.runtimes.base import Runtime, RuntimeUnavailable, runtime_for
+from portal import worker_shutdown
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,8 @@ def _roll_out(deployment: Deployment, runtime: Runtime) -> None:
     record(deployment, Event.Kind.INFO, f"Triton for revision {target.number} is starting ({launch.description}).")
 
     def keep_waiting() -> bool:
+        # A stopping worker gives up the wait (leaving Triton to start); the next reconcile adopts the server.
+        worker_shutdown.raise_if_stopping()
         deployment.renew(LEASE_SECONDS)
         now = Deployment.objects.filter(pk=deployment.pk).values("desired_state", "revision_id").first()
         return now is not None and now["desired_state"] == Deployment.Desired.RUNNING and now["revision_id"] == target.pk

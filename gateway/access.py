@@ -19,7 +19,7 @@ from typing import Generic, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import DatabaseError, InterfaceError, close_old_connections
 from django.utils.crypto import constant_time_compare
 
 from accounts.models import TOKEN_PREFIX, ApiToken, Membership
@@ -81,7 +81,7 @@ class TtlCache(Generic[K, V]):
         self.pending[key] = future
         try:
             value = await self.loader(key)
-        except DatabaseError as exc:
+        except (DatabaseError, InterfaceError) as exc:  # InterfaceError: a connection PostgreSQL dropped
             if entry is not None and now - entry[0] < STALE_IF_ERROR_SECONDS:
                 log.warning("database unavailable, using a cached access answer: %s", exc)
                 future.set_result(entry[1])
@@ -146,7 +146,7 @@ class KnownPrefixes:
         self.max_pk = 0
         self.last_started = -math.inf  # when the last completed top-up began
         self.running: asyncio.Future[None] | None = None
-        self.load = sync_to_async(_tokens_after, thread_sensitive=False)
+        self.load = _threaded(_tokens_after)
 
     async def contains(self, prefix: str) -> bool:
         if prefix in self.prefixes:
@@ -236,7 +236,13 @@ def _model_names(spec: object) -> frozenset[str]:
 
 
 def _threaded(func: Callable[[K], V]) -> Callable[[K], Awaitable[V]]:
-    return sync_to_async(func, thread_sensitive=False)  # type: ignore[return-value]
+    def load(key: K) -> V:
+        # These threads see no request signals: replace a connection PostgreSQL dropped (a restart) before using
+        # it, else every lookup fails with "connection already closed" until the process restarts.
+        close_old_connections()
+        return func(key)
+
+    return sync_to_async(load, thread_sensitive=False)  # type: ignore[return-value]
 
 
 class Access:

@@ -26,7 +26,7 @@ from urllib.parse import quote, unquote
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import DatabaseError, InterfaceError
 
 from accounts.tokens import parse_bearer
 from gateway import protocol, stats, upstream
@@ -163,7 +163,7 @@ class Gateway:
         except Refusal as exc:
             code = exc.status
             await _send_error(send, exc.status, exc.message, exc.headers)
-        except DatabaseError:
+        except (DatabaseError, InterfaceError):
             # Only when nothing is cached for this caller or route (cached answers stand in, gateway/access.py).
             log.warning("gateway: the database is unreachable", exc_info=True)
             code = 503

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.conf import settings
@@ -12,7 +11,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.decorators import api_view, parser_classes
 from rest_framework.exceptions import PermissionDenied, ValidationError
-from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -25,6 +24,7 @@ from models_registry.models import Format, Model, ModelVersion, Upload
 from models_registry.signature import SignatureError, parse_signature
 from models_registry.validation import ArtifactRejected
 from portal.api_errors import PayloadTooLarge, request_object
+from portal.api_json import BoundedJSONField, BoundedJSONParser
 
 
 def validate_name_field(value: str) -> str:
@@ -78,7 +78,7 @@ class VersionCreateSerializer(serializers.Serializer[Any]):
     file = serializers.FileField(required=False, help_text="The artifact, for small files (see MAX_MULTIPART_UPLOAD_SIZE).")
     upload_id = serializers.UUIDField(required=False, help_text="The id ending the URL of a finished tus upload.")
     format = serializers.ChoiceField(choices=[f.value for f in Format if f != Format.ENSEMBLE], required=False, allow_blank=True)
-    signature = serializers.JSONField(required=False, help_text='{"inputs": [{"name", "datatype", "dims"}], "outputs": [...]}')
+    signature = BoundedJSONField(required=False, help_text='{"inputs": [{"name", "datatype", "dims"}], "outputs": [...]}')
     max_batch_size = serializers.IntegerField(required=False, min_value=0, max_value=1_000_000)
     create_model = serializers.BooleanField(
         required=False, default=False,
@@ -87,11 +87,6 @@ class VersionCreateSerializer(serializers.Serializer[Any]):
     def validate_signature(self, value: Any) -> Any:
         if value in (None, "", {}):
             return None
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError as exc:
-                raise serializers.ValidationError(f"not valid JSON: {exc}") from None
         try:
             return parse_signature(value)
         except SignatureError as exc:
@@ -105,7 +100,7 @@ class VersionCreateSerializer(serializers.Serializer[Any]):
 
 class PipelineCreateSerializer(serializers.Serializer[Any]):
     format = serializers.ChoiceField(choices=[Format.ENSEMBLE.value])
-    definition = serializers.JSONField(
+    definition = BoundedJSONField(
         help_text='{"inputs": [tensor], "outputs": [tensor], "steps": [{"model", "version", "input_map": '
                   '{step_input: tensor}, "output_map": {step_output: tensor}}]}; tensors as in signatures.')
     max_batch_size = serializers.IntegerField(required=False, min_value=0, max_value=1_000_000,
@@ -212,7 +207,7 @@ def model_detail(request: Request, name: str) -> Response:
 
 @extend_schema(request=VersionCreateSerializer, responses=VersionSerializer(many=True))
 @api_view(["GET", "POST"])
-@parser_classes([MultiPartParser, JSONParser])
+@parser_classes([MultiPartParser, BoundedJSONParser])
 @idempotent
 def versions_list(request: Request, name: str) -> Response:
     if request.method == "GET":

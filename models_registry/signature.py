@@ -7,9 +7,10 @@ sets max_batch_size instead (the renderer does that).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from portal import json_input
 
 # KServe v2 datatype -> Triton config DataType name.
 KSERVE_TO_TRITON: dict[str, str] = {
@@ -119,7 +120,9 @@ def parse_signature(raw: object) -> Signature:
     """Parse a signature given as JSON text or as a decoded object {"inputs": [...], "outputs": [...]}."""
     if isinstance(raw, (str, bytes)):
         try:
-            raw = json.loads(raw)
+            raw = json_input.loads(raw)
+        except json_input.TooDeep as exc:
+            raise SignatureError(f"signature: {exc}") from None
         except ValueError as exc:
             raise SignatureError(f"signature is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):

@@ -23,3 +23,6 @@ app.conf.update(
     timezone="UTC",
 )
 app.autodiscover_tasks()
+
+# SIGTERM handling for the worker and its pool (why: portal/worker_shutdown.py).
+import portal.worker_shutdown  # noqa: E402,F401

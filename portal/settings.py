@@ -1,7 +1,8 @@
 """Modelport settings.
 
 With no environment at all the portal runs on embedded defaults (SQLite, artifacts and the Celery broker on the
-filesystem under var/, DEBUG on). Production switches each piece by environment variables; see docs/configuration.md.
+filesystem under var/). Production switches each piece by environment variables; see docs/configuration.md. DEBUG
+is off unless DEBUG=1 is set (for people developing Modelport): a traceback page must never reach a user.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ VAR_DIR = Path(env_str("MODELPORT_VAR_DIR", str(BASE_DIR / "var"))).resolve()
 PRODUCTION = env_str("MODELPORT_ENV", "development") == "production"
 if env_str("MODELPORT_ENV", "development") not in ("development", "production"):
     raise ImproperlyConfigured("MODELPORT_ENV must be 'development' or 'production'")
-DEBUG = env_bool("DEBUG", not PRODUCTION)
+# Opt-in even in development: `make run` is how people try Modelport, and Django's debug page shows tracebacks,
+# settings and the request to whoever triggers an error (a fuzzing run got 29 of them).
+DEBUG = env_bool("DEBUG", False)
 
 
 def _secret_key() -> str:
@@ -77,6 +80,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "portal.errors.DatabaseOutageMiddleware",  # last: it sees a view's exception first
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -102,7 +106,12 @@ _database_url = env_secret("DATABASE_URL")
 if _database_url:
     if not _database_url.startswith(("postgres://", "postgresql://", "sqlite://")):
         raise ImproperlyConfigured("DATABASE_URL must be a postgres:// (or sqlite://) URL")
-    DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=env_int("DB_CONN_MAX_AGE", 60))}
+    # Health checks: a connection that PostgreSQL dropped (a restart) is replaced on the next request instead of
+    # failing it. A connect timeout: an unreachable server answers 503 quickly (portal/errors.py), never a hang.
+    DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=env_int("DB_CONN_MAX_AGE", 60),
+                                                  conn_health_checks=True)}
+    if DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = env_int("DB_CONNECT_TIMEOUT", 5, minimum=1)
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
@@ -195,6 +204,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
 else:
     # Redis: a task whose worker died unacknowledged is delivered again after this many seconds.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 60, minimum=5)}
+# The filesystem broker gets the threads pool: billiard's blocking prefork pool (what Celery uses with it) hangs at
+# exit when SIGTERM reached its children too (portal/worker_shutdown.py). `-P` still overrides it.
+CELERY_WORKER_POOL = env_str("CELERY_WORKER_POOL", "threads" if CELERY_BROKER_URL.startswith("filesystem://") else "prefork")
 RECONCILE_INTERVAL_SECONDS = env_float("RECONCILE_INTERVAL_SECONDS", 5.0, minimum=0.5)
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BEAT_SCHEDULE = beat_schedule(RECONCILE_INTERVAL_SECONDS)
@@ -341,6 +353,9 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["accounts.permissions.IsTeamMember"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "portal.api_errors.exception_handler",
+    # DRF's own three, with JSON nesting bounded (portal/json_input.py).
+    "DEFAULT_PARSER_CLASSES": ["portal.api_json.BoundedJSONParser", "rest_framework.parsers.FormParser",
+                               "rest_framework.parsers.MultiPartParser"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {

@@ -14,12 +14,18 @@ from deployments import manifests_api
 from gateway import api as gateway_api
 from models_registry import api as registry_api
 from models_registry import tus
+from portal.errors import DATABASE_DOWN
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1")
-    return JsonResponse({"status": "ok"})
+    """Liveness and readiness: this process answers. A database outage is reported, not failed on: restarting or
+    unrouting the web processes would not bring the database back, and their gateway keeps serving from its cache."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except DATABASE_DOWN:
+        return JsonResponse({"status": "ok", "database": "unavailable"})
+    return JsonResponse({"status": "ok", "database": "ok"})
 
 
 api_v1 = [
@@ -55,3 +61,6 @@ urlpatterns = [
     *api_v1,
     path("", include("web.urls")),
 ]
+
+# A JSON error on the API, a plain page elsewhere, 503 while the database is unreachable; never a traceback.
+handler500 = "portal.errors.server_error"

@@ -12,7 +12,7 @@ from models_registry.models import ModelVersion
 def test_api_actions_are_written_to_the_audit_log(alice: Person, digits_v1: ModelVersion) -> None:
     client = alice.client()
     client.post("/api/v1/deployments/", {"name": "digits-prod", "models": [{"model": "digits"}]}, format="json")
-    client.patch("/api/v1/deployments/digits-prod/", {"replicas": 1}, format="json")
+    client.patch("/api/v1/deployments/digits-prod/", {"resources": {"cpu": "2"}}, format="json")  # a real change
     client.post("/api/v1/deployments/digits-prod/stop")
     client.post("/api/v1/deployments/digits-prod/start")
     actions = list(AuditEntry.objects.order_by("id").values_list("action", "target", "username"))

@@ -124,7 +124,7 @@ def test_patch_makes_a_new_revision_and_keeps_unchanged_settings(alice: Person, 
     assert response.json()["revision"] == 2
     assert response.json()["status"] == "pending"
     assert response.json()["models"][0]["dynamic_batching"]["max_queue_delay_microseconds"] == 500
-    response = alice.client().patch("/api/v1/deployments/digits-prod/", {"replicas": 1}, format="json")
+    response = alice.client().patch("/api/v1/deployments/digits-prod/", {"resources": {"cpu": "2"}}, format="json")
     assert response.json()["revision"] == 3
     assert response.json()["models"][0]["dynamic_batching"]["max_queue_delay_microseconds"] == 500
     first = Revision.objects.get(number=1)

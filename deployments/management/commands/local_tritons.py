@@ -1,0 +1,71 @@
+"""The local Triton servers that run from this MODELPORT_VAR_DIR: what keeps running when the portal stops.
+
+They run in sessions of their own, so stopping the portal (Ctrl-C, `make stop`) leaves them alone, and the next
+start adopts them. bin/run-portal lists them when it stops and `make stop-triton` stops them. They are found by
+their processes, not the database, so that this also works while the database is down; their deployments' names
+come from the database when it answers.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import DatabaseError
+
+from deployments import local_triton
+
+
+@dataclass(frozen=True)
+class LocalTriton:
+    pid: int
+    deployment_id: int
+    revision: int
+
+
+def running_tritons(deployments_dir: Path) -> list[LocalTriton]:
+    """tritonserver processes whose model repository lies under `deployments_dir` ({id}/r{number}/repository)."""
+    pattern = re.compile(rb"--model-repository=" + re.escape(str(deployments_dir).encode()) + rb"/(\d+)/r(\d+)/")
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        match = pattern.search(cmdline)
+        if match and local_triton.is_alive(int(proc.name)):
+            found.append(LocalTriton(pid=int(proc.name), deployment_id=int(match[1]), revision=int(match[2])))
+    return sorted(found, key=lambda t: (t.deployment_id, t.revision))
+
+
+def _names(ids: set[int]) -> dict[int, str]:
+    from deployments.models import Deployment
+
+    try:
+        return {d.pk: str(d) for d in Deployment.objects.filter(pk__in=ids).select_related("team")}
+    except DatabaseError:
+        return {}
+
+
+class Command(BaseCommand):
+    help = "List the local Triton servers of this MODELPORT_VAR_DIR that keep running without the portal (--stop: stop them)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--stop", action="store_true", help="stop them (SIGTERM, SIGKILL after the grace period)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        tritons = running_tritons(Path(settings.DEPLOYMENTS_DIR).resolve())
+        names = _names({t.deployment_id for t in tritons}) if tritons else {}
+        for triton in tritons:
+            name = names.get(triton.deployment_id, f"deployment #{triton.deployment_id}")
+            if options["stop"]:
+                local_triton.stop_server(triton.pid, grace_seconds=settings.TRITON_STOP_GRACE_SECONDS)
+                self.stdout.write(f"stopped Triton pid {triton.pid} ({name}, revision {triton.revision})")
+            else:
+                self.stdout.write(f"Triton pid {triton.pid} ({name}, revision {triton.revision})")

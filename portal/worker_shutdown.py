@@ -1,0 +1,53 @@
+"""A Celery worker stopped with SIGTERM exits within seconds, also when the signal reaches its whole process group.
+
+systemd (KillMode=control-group), supervisord (stopasgroup) and a terminal's Ctrl-C signal every process of the
+group. With the filesystem broker, Celery's prefork pool is billiard's blocking pool: the signal killed its
+children, the pool replaced them before the main process noticed the shutdown, and at exit the main process waited
+for the task-queue lock that an idle replacement held while it waited for work, for ever (seen for 30 minutes in
+"Warm shutdown"; the next `make run` then shared the broker with it). So:
+
+- with the filesystem broker the worker runs the threads pool (portal/settings.py, CELERY_WORKER_POOL): no child
+  processes to be signalled;
+- a stopping worker sets `stopping()`, and a task that waits (the reconciler waiting for Triton) calls
+  `raise_if_stopping()` and gives up at once instead of holding the shutdown for minutes. Tasks are idempotent and
+  level-triggered: the next worker carries on from what the database says, adopting what was started;
+- prefork children (the Redis broker's asynchronous pool copes with their death) are passed a SIGTERM sent to the
+  main process alone (docker stop, Kubernetes): they stop at once and their tasks are delivered again
+  (task_acks_late with task_reject_on_worker_lost), rather than outliving the grace period.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+import billiard.process
+from celery import signals
+
+_stopping = threading.Event()
+
+
+class WorkerStopping(Exception):
+    """Raised inside a waiting task when its worker is stopping."""
+
+
+def stopping() -> bool:
+    return _stopping.is_set()
+
+
+def raise_if_stopping() -> None:
+    if _stopping.is_set():
+        raise WorkerStopping("the Celery worker is stopping")
+
+
+@signals.worker_shutting_down.connect
+def _worker_stopping(**kwargs: Any) -> None:
+    """Runs in the main process' signal handler (SIGTERM, Ctrl-C)."""
+    _stopping.set()
+    for child in billiard.process.active_children():  # prefork pool children; none with the threads pool
+        try:
+            os.kill(child.pid, signal.SIGTERM)
+        except (ProcessLookupError, TypeError):  # gone already; pid None: not started
+            pass

@@ -1,0 +1,152 @@
+"""bin/run-portal (what `make run` starts) keeps every file under MODELPORT_VAR_DIR, refuses a second portal on
+the same one (it would share the task queue), stops with `make stop` from elsewhere or with Ctrl-C, and either way
+says what keeps running (the local Triton servers, which live in sessions of their own) and how to stop it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from deployments.local_triton import is_alive
+from tests.artifacts import tiny_onnx
+from tests.faults import wait_exit
+from tests.processes import ROOT, free_port, wait_for
+
+pytestmark = [pytest.mark.faults, pytest.mark.worker]
+
+
+def clean_env(var_dir: Path, port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DATABASE_URL", "CELERY_", "MODELPORT_", "ARTIFACT_ROOT", "DEBUG", "PYTEST",
+                                "DJANGO_SETTINGS_MODULE"))}
+    return {**env, "MODELPORT_VAR_DIR": str(var_dir), "PORT": str(port), "RECONCILE_INTERVAL_SECONDS": "1"}
+
+
+def run(env: dict[str, str], *command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(command), cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+class RunningPortal:
+    def __init__(self, var_dir: Path) -> None:
+        self.var_dir = var_dir
+        self.port = free_port()
+        self.env = clean_env(var_dir, self.port)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.output = var_dir.parent / "run-portal.out"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        migrate = run(self.env, sys.executable, "manage.py", "migrate", "--noinput")
+        assert migrate.returncode == 0, migrate.stderr
+        # A session of its own, as a terminal gives `make run`: Ctrl-C is SIGINT to that process group.
+        self.process = subprocess.Popen(["bin/run-portal"], cwd=ROOT, env=self.env, start_new_session=True,
+                                        stdout=open(self.output, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+        wait_for(self.answers, 60, what="bin/run-portal to serve")
+
+    def answers(self) -> bool:
+        try:
+            return requests.get(self.url + "/healthz", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def text(self) -> str:
+        return self.output.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """Whatever a failed test left: the portal's processes (each in its own group) and its Tritons."""
+        for pid_file in (self.var_dir / "run").glob("*.pid"):
+            try:
+                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+        run(self.env, sys.executable, "manage.py", "local_tritons", "--stop")
+
+
+@pytest.fixture
+def portal(tmp_path: Path) -> Iterator[RunningPortal]:
+    running = RunningPortal(tmp_path / "var")
+    try:
+        yield running
+    finally:
+        running.kill()
+        print(f"--- run-portal output ---\n{running.text() if running.output.exists() else ''}")
+
+
+def checkout_var_files() -> dict[str, float]:
+    var = ROOT / "var"
+    names = ["log/worker.log", "log/beat.log", "celerybeat-schedule", "celerybeat-schedule.db",
+             "celerybeat-schedule.dat", "run/web.pid"]
+    return {name: (var / name).stat().st_mtime for name in names if (var / name).exists()}
+
+
+def test_it_keeps_its_files_under_the_var_dir_refuses_a_second_portal_and_stops_with_make_stop(
+        portal: RunningPortal) -> None:
+    before = checkout_var_files()
+    portal.start()
+    wait_for(lambda: (portal.var_dir / "log" / "beat.log").exists() and list(portal.var_dir.glob("celerybeat-schedule*")),
+             30, what="beat to write its schedule")
+    wait_for(lambda: " ready." in (portal.var_dir / "log" / "worker.log").read_text(), 30, what="the worker's log")
+    assert sorted(p.name for p in (portal.var_dir / "run").glob("*.pid")) == ["beat.pid", "web.pid", "worker.pid"]
+    assert checkout_var_files() == before, "nothing written to the checkout's var/"
+
+    second = run({**portal.env, "PORT": str(free_port())}, "bin/run-portal")
+    assert second.returncode == 1
+    assert "Modelport is running already from" in second.stderr and "make stop" in second.stderr
+
+    stop = run(portal.env, "make", "--no-print-directory", "stop")
+    assert stop.returncode == 0, stop.stderr
+    assert "Modelport has stopped: web server, worker and beat." in stop.stdout
+    assert "Nothing of it keeps running." in stop.stdout
+    assert portal.process is not None and wait_exit(portal.process, 30) is not None
+    assert portal.process.returncode == 0
+    assert "Stopped from another terminal (make stop)." in portal.text()
+    assert not list((portal.var_dir / "run").glob("*.pid"))
+    again = run(portal.env, "make", "--no-print-directory", "stop")
+    assert f"Modelport is not running from {portal.var_dir}." in again.stdout
+
+
+@pytest.mark.triton
+def test_ctrl_c_stops_the_portal_and_says_which_tritons_keep_running_and_how_to_stop_them(portal: RunningPortal) -> None:
+    portal.start()
+    token = run(portal.env, sys.executable, "manage.py", "create_api_token", "--user", "alice", "--team", "acme",
+                "--create", "--admin").stdout.strip()
+    api = requests.Session()
+    api.headers["Authorization"] = f"Bearer {token}"
+    api.post(portal.url + "/api/v1/models/", json={"name": "tiny"}, timeout=30)
+    assert api.post(portal.url + "/api/v1/models/tiny/versions/", files={"file": ("model.onnx", tiny_onnx())},
+                    timeout=30).status_code == 201
+    wait_for(lambda: api.get(portal.url + "/api/v1/models/tiny/versions/1/", timeout=30).json()["status"] == "ready",
+             60, interval=0.5, what="the upload to be inspected")
+    assert api.post(portal.url + "/api/v1/deployments/", json={"name": "tiny", "models": [{"model": "tiny"}]},
+                    timeout=30).status_code == 201
+    wait_for(lambda: api.get(portal.url + "/api/v1/deployments/tiny/", timeout=30).json()["status"] == "ready",
+             120, interval=0.5, what="the deployment to be ready")
+    tritons = run(portal.env, sys.executable, "manage.py", "local_tritons").stdout
+    assert "(acme/tiny, revision 1)" in tritons
+    pid = int(tritons.split()[2])
+
+    assert portal.process is not None
+    os.killpg(portal.process.pid, signal.SIGINT)  # Ctrl-C in the terminal
+    assert wait_exit(portal.process, 60) is not None
+    out = portal.text()
+    assert "Modelport has stopped: web server, worker and beat." in out
+    assert f"Triton pid {pid} (acme/tiny, revision 1)" in out
+    assert "To stop them now: make stop-triton" in out
+    assert not portal.answers()
+    assert is_alive(pid)  # the Triton server runs on
+
+    stopped = run(portal.env, "make", "--no-print-directory", "stop-triton")
+    assert stopped.returncode == 0, stopped.stderr
+    assert f"stopped Triton pid {pid} (acme/tiny, revision 1)" in stopped.stdout
+    assert not is_alive(pid)
+    assert "No local Triton server is running" in run(portal.env, "make", "--no-print-directory", "stop-triton").stdout
