@@ -18,3 +18,11 @@ def reconcile_all() -> int:
     for deployment_id in ids:
         reconcile_deployment.apply_async((deployment_id,), expires=settings.RECONCILE_INTERVAL_SECONDS * 2)
     return len(ids)
+
+
+@shared_task
+def sweep_orphan_servers() -> int:
+    """Periodic: stop local Tritons of this var/ that the database does not know (see runtimes.local)."""
+    from deployments.runtimes.local import sweep_orphans
+
+    return len(sweep_orphans())

@@ -13,6 +13,11 @@ def beat_schedule(reconcile_interval: float) -> dict[str, dict[str, Any]]:
             "schedule": reconcile_interval,
             "options": {"expires": reconcile_interval},
         },
+        "sweep-orphan-tritons": {
+            "task": "deployments.tasks.sweep_orphan_servers",
+            "schedule": 30.0,
+            "options": {"expires": 30},
+        },
         "delete-expired-idempotency-records": {
             "task": "accounts.tasks.delete_expired_idempotency_records",
             "schedule": 3600.0,

@@ -330,7 +330,10 @@ def deployment_detail(request: HttpRequest, team: Team, name: str) -> HttpRespon
 
 
 def _live_context(deployment: Deployment) -> dict[str, Any]:
-    return {"deployment": deployment, "events": deployment.events.all()[:30]}
+    from deployments.runtimes import local
+
+    isolation = local.isolation(deployment) if deployment.runtime == Deployment.Runtime.LOCAL else None
+    return {"deployment": deployment, "events": deployment.events.all()[:30], "isolation": isolation}
 
 
 @require_GET

@@ -451,7 +451,7 @@ def test_the_backend_directory_links_the_stub_for_the_runtime_envs_python(tmp_pa
     env = runtime_env()
     backend_dir = lt.build_backend_dir(env, tmp_path)
     stub = backend_dir / "python" / "triton_python_backend_stub"
-    assert stub.resolve() == (env.pytriton_server_dir / "python_backend_stubs" / env.python_version / stub.name)
+    assert stub.resolve() == (env.pytriton_server_dir / "python_backend_stubs" / env.python_version / stub.name).resolve()
     assert lt.build_backend_dir(env, tmp_path) == backend_dir  # idempotent
     assert sorted(p.name for p in (backend_dir / "python").iterdir()) == [
         "libtriton_python.so",
