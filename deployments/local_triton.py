@@ -38,6 +38,9 @@ _LOG_PREFIX_RE = re.compile(r"^([IWE])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]]*\] ?"
 # The model status table Triton prints when models fail: "| name | 1 | UNAVAILABLE: Internal: ... |".
 _UNAVAILABLE_RE = re.compile(r"^\|\s*(\S+)\s*\|\s*(\d+)\s*\|\s*(UNAVAILABLE: .*?)\s*\|?\s*$")
 MAX_ERROR_LINES = 40
+# What the python-backend stub wrapper writes when it cannot confine a model (deployments/sandbox/stub.py); Triton
+# itself then waits for the stub until the ready timeout, so the runtime looks for this line.
+SANDBOX_ERROR_PREFIX = "modelport sandbox: "
 # Error lines every start on a machine without a GPU prints; they say nothing about the models.
 _HARMLESS = (
     "CudaDriverHelper has not been initialized",
@@ -504,7 +507,7 @@ def log_errors(log_path: Path, limit: int = MAX_ERROR_LINES) -> list[str]:
             current = None
             name, version, status = table_row.groups()
             errors.append(f"model '{name}' version {version}: {status}")
-        elif line.startswith("error: "):
+        elif line.startswith(("error: ", SANDBOX_ERROR_PREFIX)):
             _flush(errors, current)
             current = None
             errors.append(line)

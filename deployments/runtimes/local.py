@@ -317,6 +317,10 @@ class LocalRuntime:
             if result.ready:
                 TritonServer.objects.filter(pk=server.pk).update(state=TritonServer.State.READY)
                 return Ready(True, "ready")
+            confinement = next((e for e in result.errors if e.startswith(local_triton.SANDBOX_ERROR_PREFIX)), None)
+            if confinement:
+                reason = confinement.removeprefix(local_triton.SANDBOX_ERROR_PREFIX)
+                return Ready(False, f"The sandbox {reason}", "\n".join(result.errors[-5:]))
             memory = _memory_report(server)
             if memory and local_triton.is_alive(server.pid):
                 # A stub killed at the limit leaves Triton waiting for it: stop here with the reason.

@@ -70,6 +70,7 @@ AT_RECURSIVE = 0x8000
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
+PR_CAPBSET_READ = 23
 PR_CAPBSET_DROP = 24
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
@@ -188,6 +189,8 @@ def drop_all_capabilities() -> None:
     except (OSError, ValueError):
         last = 63
     for cap in range(last + 1):
+        if _libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) != 1:
+            continue  # not in the set (dropping it would need CAP_SETPCAP, which a confined process lacks)
         if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 and ctypes.get_errno() != errno.EINVAL:
             _check(-1, f"dropping capability {cap} from the bounding set")
     _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # EINVAL before Linux 4.3: nothing to clear

@@ -42,7 +42,7 @@ def main(real_stub: str) -> None:
         confine(net, egress_ports, writable)
     except OSError as exc:
         # Never run the model less confined than planned: fail the instance, with the reason in Triton's log.
-        sys.stderr.write(f"modelport sandbox: cannot confine the python model: {exc}\n")
+        sys.stderr.write(f"modelport sandbox: could not confine the python model: {exc}\n")
         sys.exit(2)
     os.execv(real_stub, [real_stub, *sys.argv[1:]])
 
