@@ -139,6 +139,18 @@ def admin_change(client: Any, deployment: Deployment, **changes: Any) -> Any:
     return client.post(f"/admin/deployments/deployment/{deployment.pk}/change/", data)
 
 
+def stop_everything() -> None:
+    """After a test: no Triton of this test run's var/ left, nor its sandboxes' cgroups."""
+    from django.test import override_settings
+
+    from deployments.runtimes import local
+    from tests.conftest import _stop_leftover_servers
+
+    _stop_leftover_servers()
+    with override_settings(TRITON_ORPHAN_GRACE_SECONDS=0):
+        local.sweep_orphans()
+
+
 def gone(server: TritonServer) -> bool:
     return not is_alive(server.pid) and server_pids(server.pid) == []
 

@@ -29,7 +29,6 @@ from conftest import Person
 from deployments.models import Deployment, TritonServer
 from deployments.runtimes import local
 from tests.artifacts import tiny_onnx
-from tests.conftest import _stop_leftover_servers
 from tests.sandbox_helpers import (
     VECTOR,
     Canaries,
@@ -46,6 +45,7 @@ from tests.sandbox_helpers import (
     python_version,
     ready,
     shm_regions,
+    stop_everything,
 )
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db]
@@ -67,7 +67,7 @@ WORK_UNSANDBOXED = {
 @pytest.fixture(autouse=True)
 def _no_triton_left() -> Iterator[None]:
     yield
-    _stop_leftover_servers()
+    stop_everything()
 
 
 @pytest.fixture
@@ -107,12 +107,18 @@ def victim(charlie: Person) -> TritonServer:
 
 def targets(token: str, other: TritonServer, canaries: Canaries, *, control: bool) -> dict[str, Any]:
     db = settings.DATABASES["default"]
+    database = Path(str(db["NAME"]))
+    if not str(db["ENGINE"]).endswith("sqlite3"):
+        # On PostgreSQL (CI) there is no database file: a stand-in in var/, where `make run` keeps SQLite's.
+        database = Path(settings.VAR_DIR) / "modelport.sqlite3"
+        if not database.exists():
+            database.write_bytes(b"SQLite format 3\0")
     return {
         "token": token,
         "control": control,
         "planted_name": PLANTED,
         "secret_key": str(Path(settings.VAR_DIR) / "secret_key"),
-        "sqlite": str(db["NAME"]) if str(db["ENGINE"]).endswith("sqlite3") else str(Path(settings.VAR_DIR) / "x"),
+        "sqlite": str(database),
         "artifacts": str(settings.ARTIFACT_ROOT),
         "deployments_dir": str(settings.DEPLOYMENTS_DIR),
         "var_dir": str(settings.VAR_DIR),

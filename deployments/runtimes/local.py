@@ -195,7 +195,7 @@ def _launch(revision: Revision) -> TritonServer:
                 return server
             continue  # started before an operator changed egress: a new server replaces it, retire() stops it
         TritonServer.objects.filter(pk=server.pk).update(state=TritonServer.State.STOPPED, stopped_at=timezone.now())
-        _clean_up(server)
+        clean_up(server)
     refusal = sandbox_refusal(revision.spec)
     if refusal:
         raise RuntimeUnavailable(refusal)
@@ -258,10 +258,10 @@ def _describe(server: TritonServer) -> Launch:
 def _stop(server: TritonServer) -> None:
     local_triton.stop_server(server.pid, grace_seconds=settings.TRITON_STOP_GRACE_SECONDS)
     TritonServer.objects.filter(pk=server.pk).update(state=TritonServer.State.STOPPED, stopped_at=timezone.now())
-    _clean_up(server)
+    clean_up(server)
 
 
-def _clean_up(server: TritonServer) -> None:
+def clean_up(server: TritonServer) -> None:
     """Remove what the stopped server's sandbox left: its cgroups and scratch directory."""
     if server.cgroups:
         cgroups.remove([Path(d) for d in server.cgroups], wait_seconds=2.0)
@@ -397,8 +397,9 @@ def sweep_orphans() -> list[str]:
     layout = sandbox_capabilities().cgroups
     for parent in layout.parents.values():
         for directory in parent.glob(f"mp-{_var_tag()}-*"):
-            if str(directory) not in known_cgroups and not cgroups.members([directory]) \
-                    and cgroups.remove([directory], wait_seconds=0):
+            # Old enough too: a launcher joins its cgroup a moment after it is made, before any row knows it.
+            if str(directory) not in known_cgroups and _mtime(directory) < cutoff \
+                    and not cgroups.members([directory]) and cgroups.remove([directory], wait_seconds=0):
                 done.append(f"removed the cgroup {directory}")
     return done
 

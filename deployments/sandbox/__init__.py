@@ -36,7 +36,7 @@ class SandboxError(RuntimeError):
 
 # --- Quantities (as the deployment spec stores them: Kubernetes quantities) ----------------------------------------
 
-_QUANTITY_RE = re.compile(r"^\+?(?P<number>\d+(\.\d*)?|\.\d+)(?P<suffix>[KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?$")
+_QUANTITY_RE = re.compile(r"^\+?(?P<number>\d+(\.\d*)?|\.\d+)(?P<suffix>[KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?$", re.ASCII)
 _SUFFIX = {
     "": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": Decimal(10**3),
     "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18),
@@ -324,10 +324,13 @@ def spawn(spec: Spec, caps: Capabilities, options: Options, *, argv: list[str], 
 
 
 def _start(plan: dict[str, Any], python: str, log: Any) -> tuple[subprocess.Popen[bytes], int]:
-    process = subprocess.Popen(
-        [python, "-I", "-S", str(LAUNCHER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-        start_new_session=True, close_fds=True, env={}, cwd="/",
-    )
+    try:
+        process = subprocess.Popen(
+            [python, "-I", "-S", str(LAUNCHER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+            start_new_session=True, close_fds=True, env={}, cwd="/",
+        )
+    except OSError as exc:
+        raise SandboxError(f"cannot run the sandbox launcher with {python}: {exc}") from None
     assert process.stdin is not None and process.stdout is not None
     try:
         process.stdin.write(json.dumps(plan).encode())

@@ -79,7 +79,7 @@ def _writable(layout: Layout) -> Layout:
     """Check that the parents can be created and hold controllers; a Layout with version 0 and a note if not."""
     try:
         for parent in layout.parents.values():
-            parent.mkdir(exist_ok=True)
+            parent.mkdir(parents=True, exist_ok=True)
             if layout.version == 2:
                 _enable_v2_controllers(parent)
             probe = parent / f".probe-{os.getpid()}"
@@ -99,7 +99,10 @@ def _enable_v2_controllers(parent: Path) -> None:
     while (chain[-1].parent / "cgroup.controllers").exists() and chain[-1].parent != chain[-1]:
         chain.append(chain[-1].parent)
     for directory in reversed(chain):
-        enabled = set((directory / "cgroup.subtree_control").read_text().split())
+        try:
+            enabled = set((directory / "cgroup.subtree_control").read_text().split())
+        except FileNotFoundError:
+            enabled = set()
         missing = wanted - enabled
         if missing:
             (directory / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in sorted(missing)))

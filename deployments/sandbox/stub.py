@@ -36,11 +36,11 @@ def main(real_stub: str) -> None:
         # chmod the file (which is read-only here).
         sys.exit(1)
     net = os.environ.get("MODELPORT_SANDBOX_NET", "none")
-    egress_ports = [int(p) for p in os.environ.get("MODELPORT_SANDBOX_EGRESS_PORTS", "").split(",") if p.strip()]
     writable = {os.environ.get("HOME", ""), os.environ.get("TMPDIR", ""), "/tmp", "/dev/shm"} - {""}
     try:
+        egress_ports = [int(p) for p in os.environ.get("MODELPORT_SANDBOX_EGRESS_PORTS", "").split(",") if p.strip()]
         confine(net, egress_ports, writable)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         # Never run the model less confined than planned: fail the instance, with the reason in Triton's log.
         sys.stderr.write(f"modelport sandbox: could not confine the python model: {exc}\n")
         sys.exit(2)
