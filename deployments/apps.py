@@ -4,3 +4,6 @@ from django.apps import AppConfig
 class DeploymentsConfig(AppConfig):
     name = "deployments"
     verbose_name = "Deployments"
+
+    def ready(self) -> None:
+        from deployments import checks  # noqa: F401 - registers the sandbox's start-up check

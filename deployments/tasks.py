@@ -1,9 +1,20 @@
 from __future__ import annotations
 
+from typing import Any
+
 from celery import shared_task
+from celery.signals import worker_ready
 from django.conf import settings
 
 from deployments import reconcile
+
+
+@worker_ready.connect
+def check_the_sandbox(**kwargs: Any) -> None:
+    """The worker starts the local Tritons: say at start-up whether it can sandbox them (and why not)."""
+    from deployments.runtimes.local import sandbox_capabilities
+
+    sandbox_capabilities()  # logs what it found, a warning when anything is missing
 
 
 @shared_task(acks_late=True)

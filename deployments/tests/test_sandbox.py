@@ -490,3 +490,21 @@ def test_a_bad_sandbox_setting_stops_the_portal_at_start(tmp_path: Path) -> None
         result = subprocess.run([sys.executable, "-c", "import django; django.setup()"], env=env, capture_output=True,
                                 text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
         assert result.returncode != 0 and message in result.stderr, result.stderr[-500:]
+
+
+def test_start_up_checks_warn_when_the_sandbox_is_off_missing_or_weaker(settings: Any,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from deployments.checks import sandbox_check
+
+    settings.SANDBOX_ENABLED = False
+    assert [m.id for m in sandbox_check()] == ["modelport.W001"]
+    settings.SANDBOX_ENABLED = True
+    settings.SANDBOX_REQUIRED = True
+    monkeypatch.setattr(local, "sandbox_capabilities", lambda: sandbox.Capabilities(False, "no user namespaces"))
+    (message,) = sandbox_check()
+    assert message.id == "modelport.W002"
+    assert message.msg == "This machine cannot sandbox the local Tritons: no user namespaces; python models are refused (SANDBOX_REQUIRED)."
+    monkeypatch.setattr(local, "sandbox_capabilities", lambda: sandbox.Capabilities(True, notes=("no Landlock",)))
+    assert [(m.id, m.msg) for m in sandbox_check()] == [("modelport.W003", "The sandbox is weaker here: no Landlock.")]
+    monkeypatch.setattr(local, "sandbox_capabilities", lambda: sandbox.Capabilities(True, landlock_abi=7))
+    assert sandbox_check() == []
