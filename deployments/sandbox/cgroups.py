@@ -1,5 +1,8 @@
 """Resource limits of a sandbox through cgroups: memory, CPU and number of processes; v1 and v2.
 
+On cgroup v1 a sandbox joins a CPU cgroup only when its revision sets resources.cpu (a CFS quota); on v2 the CPU
+controller comes with the one cgroup, so each sandbox is also scheduled as a group of its own there.
+
 A sandbox's cgroup is created below the cgroup of the process that starts it (a `modelport/` directory there), or
 below SANDBOX_CGROUP_PARENT when the operator names one: the limits nest inside whatever already confines the
 portal (a systemd unit, a container), and nothing is moved out of it. On cgroup v2 the parent must have the
@@ -112,6 +115,10 @@ def create(layout: Layout, name: str, limits: Limits) -> list[Path]:
     """The sandbox's cgroup directories with `limits` written; returns them (their cgroup.procs take the launcher)."""
     directories = []
     for controller, parent in layout.parents.items():
+        if controller == "cpu" and not limits.cpu_millicores:
+            # A CPU cgroup makes the kernel schedule all of Triton's threads as one entity against every other
+            # process: without a limit asked for, Triton is scheduled exactly as it would be unsandboxed.
+            continue
         directory = parent / name
         directory.mkdir(exist_ok=True)
         directories.append(directory)

@@ -225,6 +225,9 @@ def test_v1_cgroups_nest_below_our_own_and_carry_the_limits(tmp_path: Path) -> N
     assert cgroups.procs_files(directories) == [str(d / "cgroup.procs") for d in directories]
     (memory / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
     assert cgroups.oom_kills(directories) == 2
+    # Without a CPU limit no CPU cgroup: Triton's threads are scheduled as if it ran unsandboxed.
+    assert [d.parent.name for d in cgroups.create(layout, "mp-z", cgroups.Limits(2**30, None, 300))] == ["modelport"] * 2
+    assert not (layout.parents["cpu"] / "mp-z").exists()
 
 
 def test_v2_cgroups_go_beside_our_own_with_the_controllers_passed_down(tmp_path: Path) -> None:
