@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 
 from conftest import Person
 from deployments import local_triton, sandbox, tasks
@@ -181,3 +182,22 @@ def test_tritons_admin_apis_need_the_servers_own_key_and_statistics_stay_open(al
     assert call("/v2/models/digits/stats") == 200  # the gateway serves statistics
     assert call("/v2/health/ready") == 200
     assert call("/v2/models/digits/config") == 200
+
+
+def test_resources_become_the_sandboxs_cgroup_limits_and_every_process_is_in_them(alice: Person, eager_tasks: Any,
+                                                                                  token: str) -> None:
+    if local.sandbox_capabilities().cgroups.version != 1:
+        pytest.skip("this test reads cgroup v1 files (CI's machine); v2 is covered by the fast tests")
+    detaching(alice, token)
+    server = ready(deploy(alice, "detacher", [{"model": "detacher"}], resources={"memory": "768Mi", "cpu": "250m"}))
+    memory = next(Path(d) for d in server.cgroups if "/memory/" in d)
+    cpu = next(Path(d) for d in server.cgroups if "/cpu/" in d)
+    pids = next(Path(d) for d in server.cgroups if "/pids/" in d)
+    assert len(server.cgroups) == 3
+    assert int((memory / "memory.limit_in_bytes").read_text()) == 768 * 2**20
+    assert int((cpu / "cpu.cfs_quota_us").read_text()) == 25_000 and int((cpu / "cpu.cfs_period_us").read_text()) == 100_000
+    assert int((pids / "pids.max").read_text()) == settings.SANDBOX_PIDS_MAX
+    members = set(local_triton.server_pids(server.pid))
+    assert len(members) == 3  # Triton, the stub and the detached process
+    for directory in (memory, cpu, pids):
+        assert members <= {int(p) for p in (directory / "cgroup.procs").read_text().split()}, directory
