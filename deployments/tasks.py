@@ -6,7 +6,7 @@ from celery import shared_task
 from celery.signals import worker_ready
 from django.conf import settings
 
-from deployments import reconcile
+from deployments import local_triton, reconcile
 
 
 @worker_ready.connect
@@ -25,6 +25,9 @@ def reconcile_deployment(deployment_id: int) -> None:
 @shared_task
 def reconcile_all() -> int:
     """Periodic: restart dead servers, resume deployments stuck after a crash, finish stops and deletions."""
+    # A server this process started and another process stopped (a delete runs in the web process) leaves its
+    # launcher a zombie child here until collected.
+    local_triton.reap_children()
     ids = reconcile.needs_attention()
     for deployment_id in ids:
         reconcile_deployment.apply_async((deployment_id,), expires=settings.RECONCILE_INTERVAL_SECONDS * 2)
