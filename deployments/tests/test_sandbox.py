@@ -511,3 +511,16 @@ def test_start_up_checks_warn_when_the_sandbox_is_off_missing_or_weaker(settings
     assert [(m.id, m.msg) for m in sandbox_check()] == [("modelport.W003", "The sandbox is weaker here: no Landlock.")]
     monkeypatch.setattr(local, "sandbox_capabilities", lambda: sandbox.Capabilities(True, landlock_abi=7))
     assert sandbox_check() == []
+
+
+def test_the_deploy_form_shows_the_refusal_beside_the_runtime(alice: Person, python_model: None, no_sandbox: None,
+                                                             settings: Any) -> None:
+    from web.tests.conftest import signed_in
+    from web.tests.test_deploy_form import _errors, form_data
+
+    settings.SANDBOX_REQUIRED = True
+    response = signed_in(alice).post("/deployments/new/?model=doubler&version=1", form_data(
+        name="doubler", **{"m0-dynamic_batching": None, "m0-preferred_batch_size": "", "m0-instance_count": "1"}))
+    form_errors, _ = _errors(response)
+    assert form_errors["runtime"][0].startswith("This machine cannot sandbox uploaded code")
+    assert not Deployment.objects.exists()
