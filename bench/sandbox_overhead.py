@@ -5,8 +5,9 @@ machine disturbs both alike.
 
     .venv/bin/python bench/sandbox_overhead.py [--rounds 3] [--duration 8] [--concurrency 1 16]
 
-Prints one JSON line per run and a summary (median throughput and p50/p99 per setting). Needs the runtime env and
-a kernel that can build the sandbox (it says so otherwise).
+Prints one JSON line per run and a summary per setting: median throughput, p50/p99, and the CPU time the server's
+processes spent per request, which a busy machine disturbs far less than throughput. Needs the runtime env and a
+kernel that can build the sandbox (it says so otherwise).
 """
 
 from __future__ import annotations
@@ -79,19 +80,24 @@ def main() -> int:
         for concurrency in args.concurrency:
             for _ in range(args.rounds):
                 for name, server in servers.items():
+                    cpu_before = cpu_seconds(lt.server_pids(server.pid))
                     out = subprocess.run(
                         [sys.executable, str(ROOT / "bench" / "loadgen.py"), "--url",
                          f"{server.http_url}/v2/models/digits/infer", "--body", str(body), "--concurrency",
                          str(concurrency), "--duration", str(args.duration), "--warmup", "1"],
                         capture_output=True, text=True, check=True).stdout
                     run = json.loads(out)
+                    run["cpu_us_per_request"] = round(
+                        (cpu_seconds(lt.server_pids(server.pid)) - cpu_before) / max(1, run["requests"]) * 1e6, 1)
                     print(json.dumps({"server": name, "concurrency": concurrency, **run}))
                     results.setdefault((name, concurrency), []).append(run)
         print("\nmedian of", args.rounds, "runs of", args.duration, "s:")
         for (name, concurrency), runs in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
             print(f"  c={concurrency:<3} {name:<10} {statistics.median(r['throughput'] for r in runs):8.1f} req/s   "
                   f"p50 {statistics.median(r['p50_ms'] for r in runs):6.2f} ms   "
-                  f"p99 {statistics.median(r['p99_ms'] for r in runs):6.2f} ms   errors {sum(r['errors'] for r in runs)}")
+                  f"p99 {statistics.median(r['p99_ms'] for r in runs):6.2f} ms   "
+                  f"CPU {statistics.median(r['cpu_us_per_request'] for r in runs):6.1f} us/request   "
+                  f"errors {sum(r['errors'] for r in runs)}")
     finally:
         for server in servers.values():
             lt.stop_server(server.pid, grace_seconds=5)
@@ -100,6 +106,18 @@ def main() -> int:
                 sandbox.cgroups.remove([parent / "mp-bench"], wait_seconds=2)
         subprocess.run(["rm", "-rf", str(work)], check=False)
     return 0
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of `pids` (while they measure: warm-up requests count too, for both alike)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 if __name__ == "__main__":
