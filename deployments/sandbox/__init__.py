@@ -12,6 +12,7 @@ import json
 import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -174,6 +175,9 @@ class Spec:
     egress: bool  # an operator allowed outgoing connections (to options.egress_ports)
     name: str  # cgroup and host name
     limits: cgroups.Limits
+    # "host": the machine's network namespace (Triton must listen where the gateway reaches it); "none": an empty
+    # one, for programs that need no network at all (a one-shot run(), say).
+    network: str = "host"
 
 
 # System directories every program needs, read-only; the merged-/usr links are recreated as links.
@@ -250,6 +254,7 @@ def build_plan(spec: Spec, caps: Capabilities, options: Options, *, argv: list[s
         "udp": spec.egress,  # DNS; Landlock has no UDP rules, so without egress seccomp refuses UDP sockets
         "socket_families": [kernel.AF_UNIX, kernel.AF_INET, kernel.AF_INET6, kernel.AF_NETLINK],
         "cgroup_procs": cgroup_procs or [],
+        "network": spec.network,
     }
 
 
@@ -321,6 +326,32 @@ def spawn(spec: Spec, caps: Capabilities, options: Options, *, argv: list[str], 
         cgroups.remove(directories, wait_seconds=1)
         raise
     return Started(process, pid, tuple(str(d) for d in directories))
+
+
+@dataclass(frozen=True)
+class Finished:
+    returncode: int | None  # None: killed at the time limit
+    timed_out: bool
+
+
+def run(spec: Spec, caps: Capabilities, options: Options, *, argv: list[str], env: dict[str, str], cwd: str, log: Any,
+        timeout: float, python: str = sys.executable) -> Finished:
+    """Run `argv` to its end in a sandbox made to `spec` (give it network "none" unless it must listen), within
+    `timeout` seconds: at the limit its PID 1 is killed, and with it everything it started. For one-shot runs of
+    uploaded code, such as a trial run at inspection."""
+    started = spawn(spec, caps, options, argv=argv, env=env, cwd=cwd, log=log, python=python)
+    try:
+        try:
+            return Finished(started.process.wait(timeout), False)  # the launcher exits with the program's status
+        except subprocess.TimeoutExpired:
+            try:
+                os.kill(started.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            started.process.wait()
+            return Finished(None, True)
+    finally:
+        cgroups.remove([Path(d) for d in started.cgroups], wait_seconds=2)
 
 
 def _start(plan: dict[str, Any], python: str, log: Any) -> tuple[subprocess.Popen[bytes], int]:

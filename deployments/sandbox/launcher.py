@@ -156,7 +156,7 @@ def _setup(plan: dict[str, Any], from_launcher: Any, to_launcher: Any, errors_w:
         if from_launcher.read(1) != b"g":
             os._exit(1)
         kernel.unshare(kernel.CLONE_NEWNS | kernel.CLONE_NEWPID | kernel.CLONE_NEWIPC | kernel.CLONE_NEWUTS
-                       | kernel.CLONE_NEWCGROUP)
+                       | kernel.CLONE_NEWCGROUP | (kernel.CLONE_NEWNET if plan.get("network") == "none" else 0))
         # Nothing mounted from here on may reach back into the host's mount namespace.
         kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
         # Opened while this process is still its original uid (root can traverse /root, the sandbox uid cannot);

@@ -524,3 +524,77 @@ def test_the_deploy_form_shows_the_refusal_beside_the_runtime(alice: Person, pyt
     form_errors, _ = _errors(response)
     assert form_errors["runtime"][0].startswith("This machine cannot sandbox uploaded code")
     assert not Deployment.objects.exists()
+
+
+# --- One-shot runs -------------------------------------------------------------------------------------------------
+
+ONE_SHOT = """
+import json, os, socket, sys
+result = {"uid": os.getuid(), "secret": os.environ.get("SECRET_KEY"), "etc_shadow": os.path.exists("/etc/shadow")}
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=2)
+    result["tcp"] = "connected"
+except OSError as exc:
+    result["tcp"] = exc.strerror
+try:
+    result["interfaces"] = sorted(name for _, name in socket.if_nameindex())
+except OSError as exc:
+    result["interfaces"] = str(exc)
+with open(os.path.join(os.environ["HOME"], "result.json"), "w") as f:
+    json.dump(result, f)
+if sys.argv[2] == "linger":
+    if os.fork() == 0:
+        os.setsid()
+        os.execv("/bin/sleep", [sys.argv[3], "3600"])
+    import time
+    time.sleep(3600)
+"""
+
+
+def one_shot(tmp_path: Path, *args: str, timeout: float) -> tuple[sandbox.Finished, Path]:
+    from deployments.tests.test_local_triton import runtime_env
+
+    env = runtime_env()
+    script = tmp_path / "code" / "one_shot.py"
+    script.parent.mkdir()
+    script.write_text(ONE_SHOT)
+    os.chmod(script.parent, 0o755)
+    os.chmod(script, 0o644)
+    options = sandbox.Options()
+    caps = sandbox.check(options)
+    scratch = tmp_path / "scratch"
+    sandbox.prepare_scratch(scratch, options)
+    spec = sandbox.Spec(read_only=(script.parent, env.root, env.base_prefix), scratch=scratch, tcp_ports=(), egress=False,
+                        name=f"mp-test-{os.getpid()}", limits=cgroups.Limits(512 * 2**20, None, 64), network="none")
+    with open(tmp_path / "output.log", "wb") as log:
+        finished = sandbox.run(spec, caps, options, argv=[str(env.bin_dir / "python3"), "-I", str(script), *args],
+                               env=sandbox.environment([env.bin_dir], scratch, {}), cwd=str(scratch), log=log,
+                               timeout=timeout)
+    return finished, scratch / "home" / "result.json"
+
+
+def test_a_one_shot_run_has_no_network_at_all_and_its_result_in_the_scratch_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    monkeypatch.setenv("SECRET_KEY", "s3cr3t")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        finished, result = one_shot(tmp_path, str(listener.getsockname()[1]), "done", timeout=60)
+    assert finished == sandbox.Finished(0, False), (tmp_path / "output.log").read_text()
+    answer = json.loads(result.read_text())
+    # Landlock refuses the connection first; the namespace has nothing but a loopback that is down anyway.
+    assert answer == {"uid": 1000, "secret": None, "etc_shadow": False, "tcp": "Permission denied",
+                      "interfaces": ["lo"]}
+
+
+def test_a_one_shot_run_past_its_time_is_killed_with_everything_it_started(tmp_path: Path) -> None:
+    from tests.sandbox_helpers import processes_named
+
+    name = f"lingering-{os.getpid()}"
+    finished, result = one_shot(tmp_path, "1", "linger", name, timeout=3)
+    assert finished == sandbox.Finished(None, True)
+    assert result.exists()  # it ran, and its detached child with it
+    assert processes_named(name) == []
