@@ -6,4 +6,4 @@ class DeploymentsConfig(AppConfig):
     verbose_name = "Deployments"
 
     def ready(self) -> None:
-        from deployments import checks  # noqa: F401 - registers the sandbox's start-up check
+        from deployments import checks  # noqa: F401 - registers the system checks

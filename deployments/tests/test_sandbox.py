@@ -500,15 +500,15 @@ def test_start_up_checks_warn_when_the_sandbox_is_off_missing_or_weaker(settings
     from deployments.checks import sandbox_check
 
     settings.SANDBOX_ENABLED = False
-    assert [m.id for m in sandbox_check()] == ["modelport.W001"]
+    assert [m.id for m in sandbox_check()] == ["modelport.W020"]
     settings.SANDBOX_ENABLED = True
     settings.SANDBOX_REQUIRED = True
     monkeypatch.setattr(local, "sandbox_capabilities", lambda: sandbox.Capabilities(False, "no user namespaces"))
     (message,) = sandbox_check()
-    assert message.id == "modelport.W002"
+    assert message.id == "modelport.W021"
     assert message.msg == "This machine cannot sandbox the local Tritons: no user namespaces; python models are refused (SANDBOX_REQUIRED)."
     monkeypatch.setattr(local, "sandbox_capabilities", lambda: sandbox.Capabilities(True, notes=("no Landlock",)))
-    assert [(m.id, m.msg) for m in sandbox_check()] == [("modelport.W003", "The sandbox is weaker here: no Landlock.")]
+    assert [(m.id, m.msg) for m in sandbox_check()] == [("modelport.W022", "The sandbox is weaker here: no Landlock.")]
     monkeypatch.setattr(local, "sandbox_capabilities", lambda: sandbox.Capabilities(True, landlock_abi=7))
     assert sandbox_check() == []
 
