@@ -80,4 +80,11 @@ def _stop_leftover_servers() -> None:
                 continue
             if b"tritonserver" in cmdline and str(settings.DEPLOYMENTS_DIR).encode() in cmdline:
                 stop_server(int(proc.name), grace_seconds=2)
+    # The cgroups their sandboxes left (named after this run's var/, which goes away with the run).
+    from django.test import override_settings
+
+    from deployments.runtimes.local import sweep_orphans
+
+    with override_settings(TRITON_ORPHAN_GRACE_SECONDS=0):
+        sweep_orphans()
     shutil.rmtree(Path(settings.DEPLOYMENTS_DIR), ignore_errors=True)

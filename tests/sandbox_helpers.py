@@ -141,14 +141,9 @@ def admin_change(client: Any, deployment: Deployment, **changes: Any) -> Any:
 
 def stop_everything() -> None:
     """After a test: no Triton of this test run's var/ left, nor its sandboxes' cgroups."""
-    from django.test import override_settings
-
-    from deployments.runtimes import local
     from tests.conftest import _stop_leftover_servers
 
     _stop_leftover_servers()
-    with override_settings(TRITON_ORPHAN_GRACE_SECONDS=0):
-        local.sweep_orphans()
 
 
 def gone(server: TritonServer) -> bool:
