@@ -87,6 +87,24 @@ def start_deployment(deployment: Deployment, user: Any) -> None:
     _queue_reconcile(deployment)
 
 
+@transaction.atomic
+def set_egress(deployment: Deployment, user: Any, allowed: bool) -> None:
+    """An operator lets the deployment's models open outgoing connections, or stops them; a running local
+    deployment restarts its Triton with the new setting (the current one keeps serving until then)."""
+    Deployment.objects.filter(pk=deployment.pk).update(allow_egress=allowed)
+    deployment.allow_egress = allowed
+    if allowed:
+        record(deployment, Event.Kind.WARNING, f"Outgoing connections allowed by operator {user.get_username()}: "
+                                               "its models may now connect to other machines.")
+    else:
+        record(deployment, Event.Kind.INFO, f"Outgoing connections blocked again by operator {user.get_username()}.")
+    audit(user, deployment.team, "deployment.egress", deployment.name, allow_egress=allowed)
+    if (deployment.runtime == Deployment.Runtime.LOCAL and deployment.desired_state == Deployment.Desired.RUNNING
+            and deployment.status != Deployment.Status.FAILED):
+        deployment.set_status(Deployment.Status.PENDING, "Restarting Triton with the new egress setting.")
+        _queue_reconcile(deployment)
+
+
 def delete_deployment(deployment: Deployment, user: Any, wait_seconds: float = 20.0) -> bool:
     """Tear everything down. True when it is gone already; False when the reconciler will finish it shortly."""
     from deployments import reconcile

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Prefetch
 from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -17,9 +18,8 @@ from rest_framework.response import Response
 from accounts.context import current_team
 from accounts.idempotency import idempotent
 from accounts.models import Team
-from deployments import actions, frameworks, python_requirements
-from deployments.k8s import quantity
-from deployments.models import Deployment, Event
+from deployments import actions, frameworks, python_requirements, quantity
+from deployments.models import Deployment, Event, TritonServer
 from deployments.runtimes import local as local_runtime
 from deployments.runtimes.base import runtime_for
 from deployments.snapshot import served_model, served_model_json
@@ -116,6 +116,8 @@ class DeploymentInputSerializer(serializers.Serializer[Any]):
         team: Team = self.context["team"]
         runtime = attrs.get("runtime", Deployment.Runtime.LOCAL)
         errors: dict[str, list[str]] = {}
+        if isinstance(self.initial_data, dict) and "allow_egress" in self.initial_data:
+            errors["allow_egress"] = [OPERATOR_ONLY_EGRESS]
         entries: list[dict[str, Any]] = []
         versions: list[ModelVersion] = []
         index_of: dict[str, int] = {}
@@ -135,6 +137,11 @@ class DeploymentInputSerializer(serializers.Serializer[Any]):
             if attrs.get("autoscaling"):
                 errors.setdefault("autoscaling", []).append(
                     "the local runtime runs one Triton server per deployment: autoscaling needs runtime 'kubernetes'")
+            for key, messages in local_runtime.resource_errors(dict(attrs.get("resources") or {})).items():
+                errors.setdefault(key, []).extend(messages)
+            refusal = local_runtime.sandbox_refusal({"models": entries})
+            if refusal:
+                errors.setdefault("runtime", []).append(refusal)
         if entries:
             repository = RepositorySpec(models=tuple(served_model(e, Path("artifact")) for e in entries))
             found = validate_repository(repository, runtime, local_frameworks=frameworks.local_frameworks())
@@ -253,6 +260,10 @@ def _check_requirements(served: list[tuple[int, dict[str, Any], ModelVersion]], 
                 f"({settings.MODELPORT_RUNTIME_ENV}), or deploy to Kubernetes with a Triton image that has them.")
 
 
+OPERATOR_ONLY_EGRESS = ("only an operator can let a deployment open outgoing connections, in the admin console "
+                        "(Deployments > allow egress)")
+
+
 class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
     revision = serializers.IntegerField(source="revision.number", default=None)
     serving_revision = serializers.IntegerField(source="serving_revision.number", default=None)
@@ -260,12 +271,15 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
     replicas = serializers.SerializerMethodField()
     resources = serializers.SerializerMethodField()
     autoscaling = serializers.SerializerMethodField()
+    sandboxed = serializers.SerializerMethodField(help_text=(
+        "Local runtime: whether its running Triton is sandboxed (null when none runs, or on Kubernetes)."))
     created_by = serializers.CharField(source="created_by.username", default=None)
 
     class Meta:
         model = Deployment
         fields = ["name", "runtime", "desired_state", "status", "status_message", "revision", "serving_revision",
-                  "endpoint", "models", "replicas", "resources", "autoscaling", "created_by", "created_at", "updated_at"]
+                  "endpoint", "models", "replicas", "resources", "autoscaling", "allow_egress", "sandboxed",
+                  "created_by", "created_at", "updated_at"]
         read_only_fields = fields
 
     def _spec(self, obj: Deployment) -> dict[str, Any]:
@@ -284,6 +298,20 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
     def get_autoscaling(self, obj: Deployment) -> dict[str, Any] | None:
         return self._spec(obj).get("autoscaling")
 
+    def get_sandboxed(self, obj: Deployment) -> bool | None:
+        if obj.runtime != Deployment.Runtime.LOCAL:
+            return None
+        live = getattr(obj, "live_servers", None)  # prefetched by the views (LIVE_SERVERS)
+        if live is None:
+            sandboxed: bool | None = local_runtime.isolation(obj)["sandboxed"]
+            return sandboxed
+        return live[0].sandboxed if live else None
+
+
+# The running servers of each deployment, newest first, in one query for a whole list.
+LIVE_SERVERS = Prefetch("servers", to_attr="live_servers", queryset=TritonServer.objects.filter(
+    state__in=[TritonServer.State.STARTING, TritonServer.State.READY]).order_by("-started_at"))
+
 
 class EventSerializer(serializers.ModelSerializer[Event]):
     class Meta:
@@ -293,6 +321,7 @@ class EventSerializer(serializers.ModelSerializer[Event]):
 
 def get_deployment_for_user(request: Request, name: str) -> Deployment:
     deployment = (Deployment.objects.select_related("revision", "serving_revision", "created_by")
+                  .prefetch_related(LIVE_SERVERS)
                   .filter(team=current_team(request), name=name)
                   .exclude(desired_state=Deployment.Desired.DELETED).first())
     if deployment is None:
@@ -313,7 +342,7 @@ def deployments_list(request: Request) -> Response:
                                                data["versions"])
         return Response(DeploymentSerializer(get_deployment_for_user(request, deployment.name)).data, status=status.HTTP_201_CREATED)
     deployments = (Deployment.objects.filter(team=team).exclude(desired_state=Deployment.Desired.DELETED)
-                   .select_related("revision", "serving_revision", "created_by"))
+                   .select_related("revision", "serving_revision", "created_by").prefetch_related(LIVE_SERVERS))
     return Response(DeploymentSerializer(deployments, many=True).data)
 
 
@@ -324,6 +353,8 @@ def deployment_detail(request: Request, name: str) -> Response:
     if request.method == "PATCH":
         body = request_object(request)
         current = deployment.revision.spec if deployment.revision else {}
+        if "allow_egress" in body:
+            raise serializers.ValidationError({"allow_egress": [OPERATOR_ONLY_EGRESS]})
         if "name" in body and body["name"] != deployment.name or (
                 "runtime" in body and body["runtime"] != deployment.runtime):
             raise serializers.ValidationError("The name and runtime of a deployment cannot change: create a new deployment.")

@@ -1,4 +1,8 @@
-"""System checks of the deployments app (`manage.py check`, and every manage.py command's start)."""
+"""System checks of the deployments app (`manage.py check`, and every manage.py command's start).
+
+The sandbox's capability check at start-up (docs/security.md): `manage.py check`, `migrate` (what `make run` runs
+first) and `runserver` warn when this machine cannot sandbox the local Tritons; the Celery worker logs what it found
+when it starts (deployments.tasks)."""
 
 from __future__ import annotations
 
@@ -32,3 +36,21 @@ def runtime_extras(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
             id="modelport.W010",
         ))
     return messages
+
+
+
+@register()
+def sandbox_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    from deployments.runtimes.local import sandbox_capabilities
+
+    if not settings.SANDBOX_ENABLED:
+        return [Warning("SANDBOX_ENABLED is false: local Tritons run unconfined, with the portal's privileges.",
+                        hint="Unset SANDBOX_ENABLED unless you are debugging the sandbox itself.",
+                        id="modelport.W020")]
+    caps = sandbox_capabilities()
+    if not caps.available:
+        consequence = ("python models are refused (SANDBOX_REQUIRED)" if settings.SANDBOX_REQUIRED else
+                       "python models run unconfined (SANDBOX_REQUIRED is false)")
+        return [Warning(f"This machine cannot sandbox the local Tritons: {caps.reason}; {consequence}.",
+                        hint="docs/security.md says what the sandbox needs from the kernel.", id="modelport.W021")]
+    return [Warning(f"The sandbox is weaker here: {note}.", id="modelport.W022") for note in caps.notes]

@@ -2,14 +2,17 @@
 
 Plain functions, no Django: callers pass paths and settings in. The server runs in its own session (process
 group) so it outlives the web or worker process that started it; what identifies it afterwards is its pid, which
-`is_alive()` checks against /proc so a recycled pid is never adopted.
+`is_alive()` checks against /proc so a recycled pid is never adopted. Given a sandbox (deployments.sandbox), the
+server runs as PID 1 of its own PID namespace, so stopping it ends every process it or its models started.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -17,10 +20,12 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+
+from deployments import sandbox as sandboxing
 
 BINARY_NAME = "tritonserver"
 _PYTRITON = Path("pytriton") / "tritonserver"
@@ -33,6 +38,9 @@ _LOG_PREFIX_RE = re.compile(r"^([IWE])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]]*\] ?"
 # The model status table Triton prints when models fail: "| name | 1 | UNAVAILABLE: Internal: ... |".
 _UNAVAILABLE_RE = re.compile(r"^\|\s*(\S+)\s*\|\s*(\d+)\s*\|\s*(UNAVAILABLE: .*?)\s*\|?\s*$")
 MAX_ERROR_LINES = 40
+# What the python-backend stub wrapper writes when it cannot confine a model (deployments/sandbox/stub.py); Triton
+# itself then waits for the stub until the ready timeout, so the runtime looks for this line.
+SANDBOX_ERROR_PREFIX = "modelport sandbox: "
 # Error lines every start on a machine without a GPU prints; they say nothing about the models.
 _HARMLESS = (
     "CudaDriverHelper has not been initialized",
@@ -65,6 +73,18 @@ class RuntimeEnv:
         """Whether `name` (e.g. "torch") is installed in the runtime env, judged by its package directory."""
         return (self.site_packages / name).is_dir()
 
+    @property
+    def base_prefix(self) -> Path:
+        """The Python installation the runtime env was made from (its standard library; the stub needs it)."""
+        try:
+            for line in (self.root / "pyvenv.cfg").read_text().splitlines():
+                key, _, value = line.partition("=")
+                if key.strip() == "home" and value.strip():
+                    return Path(value.strip()).resolve().parent
+        except OSError:
+            pass
+        return (self.bin_dir / "python3").resolve().parents[1]
+
 
 @dataclass(frozen=True)
 class ServerProcess:
@@ -75,6 +95,9 @@ class ServerProcess:
     started_at: datetime
     log_path: Path
     host: str = "127.0.0.1"
+    sandboxed: bool = False
+    cgroups: tuple[str, ...] = ()  # the sandbox's cgroup directories (): no resource limits
+    admin_key: str = ""  # the header value Triton's admin APIs require ("": not restricted)
 
     @property
     def http_url(self) -> str:
@@ -108,21 +131,25 @@ def find_runtime_env(root: Path) -> RuntimeEnv:
     raise RuntimeEnvError(f"no {BINARY_NAME} in the runtime env at {root}: install nvidia-pytriton into it")
 
 
-def build_backend_dir(env: RuntimeEnv, var_dir: Path) -> Path:
+def build_backend_dir(env: RuntimeEnv, var_dir: Path, *, sandboxed: bool = False) -> Path:
     """A --backend-directory holding python/ with the backend library, its utils and the matching stub.
 
     Triton looks for the stub inside the python backend's directory, but the wheel keeps stubs per Python version
     elsewhere, so the directory is assembled here. The entries are symlinks, not copies: the stub finds its
     bundled libraries (libcudart, ...) through an RPATH relative to its real location, which a copy would lose.
+    For sandboxed servers the stub entry is a script that confines the model (deployments/sandbox/stub.py) and
+    then runs the real stub.
     """
     source = env.pytriton_server_dir
     stub = source / "python_backend_stubs" / env.python_version / _STUB
     if not stub.is_file():
         raise RuntimeEnvError(f"nvidia-pytriton has no python-backend stub for Python {env.python_version}")
-    backend_dir = Path(var_dir) / "triton-backends"
+    backend_dir = Path(var_dir) / ("triton-backends-sandboxed" if sandboxed else "triton-backends")
     python_dir = backend_dir / "python"
     python_dir.mkdir(parents=True, exist_ok=True)
     for name, src in [(n, source / "backends" / "python" / n) for n in _BACKEND_FILES] + [(_STUB, stub)]:
+        if sandboxed and name == _STUB:
+            continue
         dest = python_dir / name
         if dest.is_symlink() and os.readlink(dest) == str(src):
             continue
@@ -131,7 +158,28 @@ def build_backend_dir(env: RuntimeEnv, var_dir: Path) -> Path:
         tmp.unlink(missing_ok=True)
         tmp.symlink_to(src)
         os.replace(tmp, dest)
+    if sandboxed:
+        # The wrapper and the kernel bindings it uses, copied: the sandbox sees the backend directory, not the
+        # portal's source tree.
+        code_dir = backend_dir / "modelport"
+        code_dir.mkdir(exist_ok=True)
+        for name in ("kernel.py", "stub.py"):
+            _write_if_changed(code_dir / name, (sandboxing.HERE / name).read_text(), 0o644)
+        script = (f"#!{env.bin_dir / 'python3'} -IS\n"
+                  "# Generated by Modelport: confines the python model, then runs the real stub.\n"
+                  f"import sys\nsys.path.insert(0, {str(code_dir)!r})\nimport stub\nstub.main({str(stub)!r})\n")
+        _write_if_changed(python_dir / _STUB, script, 0o755)
     return backend_dir
+
+
+def _write_if_changed(path: Path, text: str, mode: int) -> None:
+    if path.is_file() and not path.is_symlink() and path.read_text() == text and (path.stat().st_mode & 0o777) == mode:
+        return
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    os.replace(tmp, path)
 
 
 def pick_free_ports(count: int = 3, host: str = "127.0.0.1") -> list[int]:
@@ -153,6 +201,13 @@ _children: dict[int, subprocess.Popen[bytes]] = {}
 _exit_codes: dict[int, int] = {}
 
 
+# The admin API groups (load/unload models, change logging and tracing, register shared memory): a request needs
+# ADMIN_HEADER with the server's own random key, which only the portal knows. Statistics stay open (the gateway
+# serves them); the gateway refuses the admin paths itself as well.
+RESTRICTED_APIS = ("model-repository", "logging", "trace", "shared-memory")
+ADMIN_HEADER = "modelport-admin-key"
+
+
 def start_server(
     repo_dir: Path | str,
     log_path: Path,
@@ -164,14 +219,20 @@ def start_server(
     response_cache_bytes: int = 0,
     exit_timeout_seconds: int = 5,
     extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    sandbox: sandboxing.Sandbox | None = None,
+    admin_key: str | None = None,
 ) -> ServerProcess:
     """Spawn tritonserver for `repo_dir`; it logs to `log_path` (truncated) and loads every model at start.
 
     `ports` is (http, grpc, metrics); free ones are picked when omitted. Binding to 127.0.0.1 by default keeps
-    the local runtime reachable only through the portal's gateway.
+    the local runtime reachable only through the portal's gateway. `env`: the server's whole environment (default:
+    this process's, cleaned by server_environment()). `sandbox`: run it confined (raises SandboxError if the
+    sandbox cannot be built). `admin_key`: the key of the admin APIs (default: a new random one).
     """
     reap_children()
     http_port, grpc_port, metrics_port = ports if ports is not None else pick_free_ports(3, host)
+    admin_key = admin_key or secrets.token_urlsafe(32)
     args = [
         str(runtime_env.tritonserver),
         # An s3:// URL (credentials from AWS_* in the environment) is passed as it is; Path() would mangle it.
@@ -193,6 +254,8 @@ def start_server(
         "--allow-gpu-metrics=false",
         # stop_server() waits longer than this before SIGKILL, so in-flight requests get to finish.
         f"--exit-timeout-secs={exit_timeout_seconds}",
+        f"--http-restricted-api={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={admin_key}",
+        f"--grpc-restricted-protocol={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={admin_key}",
     ]
     if response_cache_bytes > 0:
         args += [
@@ -203,27 +266,41 @@ def start_server(
 
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    environment = env if env is not None else server_environment(runtime_env)
+    cgroup_dirs: tuple[str, ...] = ()
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=server_environment(runtime_env),
-            cwd=str(log_path.parent),
-            start_new_session=True,
-            close_fds=True,
-        )
-    _children[process.pid] = process
-    _exit_codes.pop(process.pid, None)  # an earlier server may have had this pid
+        if sandbox is not None:
+            started = sandboxing.spawn(
+                dataclasses.replace(sandbox.spec, tcp_ports=(http_port, grpc_port, metrics_port)), sandbox.caps,
+                sandbox.options, argv=args, env=environment, cwd=str(sandbox.spec.scratch), log=log,
+            )
+            process, pid, cgroup_dirs = started.process, started.pid, started.cgroups
+        else:
+            process = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=environment,
+                cwd=str(log_path.parent),
+                start_new_session=True,
+                close_fds=True,
+            )
+            pid = process.pid
+    # Keyed by the server's pid: for a sandbox the Popen is the launcher, which exits with the server's status.
+    _children[pid] = process
+    _exit_codes.pop(pid, None)  # an earlier server may have had this pid
     return ServerProcess(
-        pid=process.pid,
+        pid=pid,
         http_port=http_port,
         grpc_port=grpc_port,
         metrics_port=metrics_port,
         started_at=datetime.now(UTC),
         log_path=log_path,
         host=host,
+        sandboxed=sandbox is not None,
+        cgroups=cgroup_dirs,
+        admin_key=admin_key,
     )
 
 
@@ -272,19 +349,94 @@ def group_pids(pgid: int) -> list[int]:
     return sorted(members)
 
 
-def stop_server(pid: int, grace_seconds: float = 10.0) -> bool:
-    """SIGTERM the server's process group, SIGKILL what is left after `grace_seconds`.
+def find_servers(repository_prefix: str) -> list[int]:
+    """Running tritonservers whose model repository lies under `repository_prefix` (a directory path ending in
+    "/"): those of one var/. Tests run several var/ directories at once; each only ever touches its own."""
+    wanted = f"--model-repository={repository_prefix}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(arg.startswith(wanted) for arg in args) and is_alive(int(entry.name)):
+            found.append(int(entry.name))
+    return sorted(found)
 
+
+def process_age(pid: int) -> float:
+    """Seconds since `pid` started (0.0 if it is gone)."""
+    try:
+        start_ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def is_sandbox_init(pid: int) -> bool:
+    """Whether `pid` is PID 1 of a PID namespace of its own: a server started in a sandbox."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                ids = line.split()[1:]
+                return len(ids) > 1 and ids[-1] == "1"
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return False
+
+
+def namespace_pids(namespace: str) -> list[int]:
+    """Live processes in the PID namespace `namespace` (as /proc/<pid>/ns/pid names it: "pid:[4026532...]")."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(entry / "ns" / "pid") != namespace:
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if state not in ("Z", "X"):
+            members.append(int(entry.name))
+    return sorted(members)
+
+
+def server_pids(pid: int) -> list[int]:
+    """Every live process of the server at `pid`: its PID namespace when sandboxed, else its process group."""
+    if is_sandbox_init(pid):
+        try:
+            return namespace_pids(os.readlink(f"/proc/{pid}/ns/pid"))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            return []
+    return group_pids(pid)
+
+
+def stop_server(pid: int, grace_seconds: float = 10.0) -> bool:
+    """SIGTERM the server, SIGKILL what is left after `grace_seconds`.
+
+    A sandboxed server is PID 1 of its namespace: once it is gone the kernel has killed every other process in it
+    (setsid and double-forked ones included). An unsandboxed one is signalled as a process group.
     Returns False when `pid` was no running tritonserver (nothing was signalled). The group is only signalled
     after `is_alive()` confirmed the pid, because a recycled pid's group belongs to someone else.
     """
     if not is_alive(pid):
         _reap(pid)
         return False
-    _signal_group(pid, signal.SIGTERM)
-    if not _wait_group_gone(pid, grace_seconds):
-        _signal_group(pid, signal.SIGKILL)
-        _wait_group_gone(pid, 5.0)
+    if is_sandbox_init(pid):
+        namespace = os.readlink(f"/proc/{pid}/ns/pid")
+        _signal(pid, signal.SIGTERM)
+        if not _wait_gone(lambda: namespace_pids(namespace), pid, grace_seconds):
+            _signal(pid, signal.SIGKILL)
+            _wait_gone(lambda: namespace_pids(namespace), pid, 5.0)
+    else:
+        _signal_group(pid, signal.SIGTERM)
+        if not _wait_gone(lambda: group_pids(pid), pid, grace_seconds):
+            _signal_group(pid, signal.SIGKILL)
+            _wait_gone(lambda: group_pids(pid), pid, 5.0)
     _reap(pid)
     return True
 
@@ -303,7 +455,7 @@ def wait_ready(
     while True:
         waited = time.monotonic() - start
         if not is_alive(server.pid):
-            code = _reap(server.pid)
+            code = _reap(server.pid, wait=2.0)
             errors = tuple(log_errors(server.log_path))
             first = _first_line(summary_error(errors)) or f"see the log at {server.log_path}"
             return ReadyResult(
@@ -355,7 +507,7 @@ def log_errors(log_path: Path, limit: int = MAX_ERROR_LINES) -> list[str]:
             current = None
             name, version, status = table_row.groups()
             errors.append(f"model '{name}' version {version}: {status}")
-        elif line.startswith("error: "):
+        elif line.startswith(("error: ", SANDBOX_ERROR_PREFIX)):
             _flush(errors, current)
             current = None
             errors.append(line)
@@ -420,11 +572,18 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         pass
 
 
-def _wait_group_gone(pgid: int, seconds: float) -> bool:
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_gone(members: Callable[[], list[int]], pid: int, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while True:
-        _reap(pgid)
-        if not group_pids(pgid):
+        _reap(pid)
+        if not members():
             return True
         if time.monotonic() >= deadline:
             return False
@@ -437,11 +596,15 @@ def reap_children() -> None:
         _reap(pid)
 
 
-def _reap(pid: int) -> int | None:
-    """Collect the exit status of a server this process started (None if still running or not our child)."""
+def _reap(pid: int, wait: float = 0.0) -> int | None:
+    """Collect the exit status of a server this process started (None if still running or not our child).
+    `wait`: for a server known to be gone, how long its sandbox launcher may take to pass its status on."""
     process = _children.get(pid)
     if process is not None:
-        code = process.poll()
+        try:
+            code = process.wait(wait) if wait else process.poll()
+        except subprocess.TimeoutExpired:
+            code = None
         if code is not None:
             _exit_codes[pid] = code
             del _children[pid]

@@ -48,6 +48,11 @@ class Deployment(models.Model):
     # When a reconcile task was queued and not started yet: at most one waits per deployment, so a burst of changes
     # costs one rollout and the queue stays short (deployments/tasks.py).
     reconcile_queued_at = models.DateTimeField(null=True, blank=True)
+    # Outgoing connections from its sandbox (local runtime; SANDBOX_EGRESS_PORTS). Only an operator sets it, in the
+    # admin console: a team's code could otherwise reach anything the portal's machine reaches.
+    allow_egress = models.BooleanField(
+        default=False, help_text="Let this deployment's models open outgoing connections (to the ports in "
+                                 "SANDBOX_EGRESS_PORTS). Takes effect by restarting its Triton.")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
@@ -160,6 +165,14 @@ class TritonServer(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.STARTING)
     started_at = models.DateTimeField(default=timezone.now)
     stopped_at = models.DateTimeField(null=True, blank=True)
+    # How it runs (deployments.sandbox): confined or not, and why not or what is weaker than designed.
+    sandboxed = models.BooleanField(default=False)
+    sandbox_note = models.TextField(blank=True)
+    sandbox_id = models.CharField(max_length=64, blank=True)  # names its scratch directory and cgroup
+    cgroups = models.JSONField(default=list, blank=True)  # its cgroup directories ([]: no resource limits)
+    allow_egress = models.BooleanField(default=False)  # what it was started with
+    # The key of Triton's admin APIs (model repository, logging, trace, shared memory) on this server.
+    admin_key = models.CharField(max_length=64, blank=True)
 
     class Meta:
         ordering = ["-started_at"]

@@ -89,13 +89,15 @@ def _roll_out(deployment: Deployment, runtime: Runtime) -> None:
         if not ready.cancelled:  # else the user changed the deployment meanwhile; the next reconcile acts on that
             _fail(deployment, f"Revision {target.number} failed to start: {ready.message}", ready.detail)
         return
-    previous = deployment.serving_revision
+    previous_url = deployment.upstream_url
     with transaction.atomic():
         # The switch the gateway sees: one UPDATE of the upstream and the serving revision.
         deployment.set_status(S.READY, f"Serving revision {target.number}.", serving_revision=target, upstream_url=launch.url)
         record(deployment, Event.Kind.INFO, f"Revision {target.number} is ready and serving ({launch.description}).")
-    if previous is not None and previous.pk != target.pk:
-        time.sleep(settings.ROLLOUT_DRAIN_SECONDS)  # in-flight requests and cached routes to the old server finish
+    if previous_url and previous_url != launch.url:
+        # A new server took over (a new revision, or the same one restarted with other sandbox settings): in-flight
+        # requests and cached routes to the old one finish before retire() stops it.
+        time.sleep(settings.ROLLOUT_DRAIN_SECONDS)
     for message in runtime.retire(deployment, keep=launch):
         record(deployment, Event.Kind.INFO, message)
 

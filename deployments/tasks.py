@@ -19,11 +19,12 @@ from typing import Any
 
 import kombu.exceptions
 from celery import shared_task
+from celery.signals import worker_ready
 from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from deployments import reconcile
+from deployments import local_triton, reconcile
 from deployments.models import Deployment
 from portal import worker_shutdown
 
@@ -52,6 +53,14 @@ def queue_reconcile(deployment_id: int, **options: Any) -> bool:
     return True
 
 
+@worker_ready.connect
+def check_the_sandbox(**kwargs: Any) -> None:
+    """The worker starts the local Tritons: say at start-up whether it can sandbox them (and why not)."""
+    from deployments.runtimes.local import sandbox_capabilities
+
+    sandbox_capabilities()  # logs what it found, a warning when anything is missing
+
+
 @shared_task(acks_late=True)
 def reconcile_deployment(deployment_id: int) -> None:
     Deployment.objects.filter(pk=deployment_id).update(reconcile_queued_at=None)
@@ -65,6 +74,9 @@ def reconcile_deployment(deployment_id: int) -> None:
 @shared_task
 def reconcile_all() -> int:
     """Periodic: restart dead servers, resume deployments stuck after a crash, finish stops and deletions."""
+    # A server this process started and another process stopped (a delete runs in the web process) leaves its
+    # launcher a zombie child here until collected.
+    local_triton.reap_children()
     return sum(queue_reconcile(deployment_id, expires=settings.RECONCILE_INTERVAL_SECONDS * 2)
                for deployment_id in reconcile.needs_attention())
 
@@ -75,3 +87,11 @@ def refresh_repository_access() -> int:
     from deployments.runtimes.kubernetes import refresh_repository_access as refresh
 
     return refresh()
+
+
+@shared_task
+def sweep_orphan_servers() -> int:
+    """Periodic: stop local Tritons of this var/ that the database does not know (see runtimes.local)."""
+    from deployments.runtimes.local import sweep_orphans
+
+    return len(sweep_orphans())

@@ -20,6 +20,11 @@ def beat_schedule(reconcile_interval: float) -> dict[str, dict[str, Any]]:
             "schedule": 300.0,
             "options": {"expires": 300},
         },
+        "sweep-orphan-tritons": {
+            "task": "deployments.tasks.sweep_orphan_servers",
+            "schedule": 30.0,
+            "options": {"expires": 30},
+        },
         "delete-expired-idempotency-records": {
             "task": "accounts.tasks.delete_expired_idempotency_records",
             "schedule": 3600.0,

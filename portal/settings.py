@@ -230,6 +230,48 @@ MODELPORT_RUNTIME_EXTRAS = env_list("MODELPORT_RUNTIME_EXTRAS")
 TRIAL_RUN_TIMEOUT_SECONDS = env_float("TRIAL_RUN_TIMEOUT_SECONDS", 50.0, minimum=5)
 TRIAL_RUN_MEMORY_MB = env_int("TRIAL_RUN_MEMORY_MB", 4096, minimum=1024)
 
+# --- Local runtime sandbox (docs/security.md, "Local runtime") ------------------------------------------------
+# Every local Triton runs confined: namespaces, a read-only view of what it needs, Landlock, seccomp and cgroup
+# limits. Where this machine's kernel cannot build the sandbox, SANDBOX_REQUIRED (on in production) refuses python
+# models, which run uploaded code; setting it to false is the operator's explicit opt-out. SANDBOX_ENABLED=false
+# starts every Triton unconfined (for debugging; SANDBOX_REQUIRED must then be false).
+SANDBOX_ENABLED = env_bool("SANDBOX_ENABLED", True)
+SANDBOX_REQUIRED = env_bool("SANDBOX_REQUIRED", PRODUCTION)
+if SANDBOX_REQUIRED and not SANDBOX_ENABLED:
+    raise ImproperlyConfigured("SANDBOX_ENABLED=false contradicts SANDBOX_REQUIRED=true (the default in production): "
+                               "set SANDBOX_REQUIRED=false to run python models unconfined")
+# The uid and gid a sandbox has outside when the portal runs as root (otherwise: the portal's own).
+SANDBOX_UID = env_int("SANDBOX_UID", 65534, minimum=1)
+SANDBOX_GID = env_int("SANDBOX_GID", 65534, minimum=1)
+# Each sandbox's private /dev/shm, where the python backend passes tensors (it counts toward the memory limit).
+SANDBOX_SHM_SIZE = env_str("SANDBOX_SHM_SIZE", "1Gi")
+SANDBOX_PIDS_MAX = env_int("SANDBOX_PIDS_MAX", 1024, minimum=64)  # processes and threads
+# The memory limit of a revision that sets no resources.memory ("" for none).
+SANDBOX_DEFAULT_MEMORY = env_str("SANDBOX_DEFAULT_MEMORY", "4Gi")
+# Where an operator allowed a deployment egress (in the admin console), the TCP ports it may connect to.
+SANDBOX_EGRESS_PORTS = env_list("SANDBOX_EGRESS_PORTS", ["53", "80", "443"])
+# A cgroup (absolute path in the hierarchy, "/modelport") for the sandboxes; "": below the worker's own.
+SANDBOX_CGROUP_PARENT = env_str("SANDBOX_CGROUP_PARENT")
+# The orphan sweep stops a Triton of this var/ that no database row knows once it is this old.
+TRITON_ORPHAN_GRACE_SECONDS = env_float("TRITON_ORPHAN_GRACE_SECONDS", 60.0, minimum=5)
+
+
+def _check_sandbox_settings() -> None:
+    from deployments.sandbox import memory_bytes
+
+    for name, value in (("SANDBOX_SHM_SIZE", SANDBOX_SHM_SIZE), ("SANDBOX_DEFAULT_MEMORY", SANDBOX_DEFAULT_MEMORY)):
+        if value:
+            try:
+                memory_bytes(value)
+            except ValueError as exc:
+                raise ImproperlyConfigured(f"{name}: {exc}") from None
+    for port in SANDBOX_EGRESS_PORTS:
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise ImproperlyConfigured(f"SANDBOX_EGRESS_PORTS must list TCP ports (1-65535), got {port!r}")
+
+
+_check_sandbox_settings()
+
 # --- Kubernetes runtime ----------------------------------------------------------------------------------
 # Deployments with runtime "kubernetes": Triton pods in a namespace per team, loading the model repository from
 # S3. See docs/kubernetes.md; deployments.k8s.config reads these into one frozen dataclass.
@@ -303,7 +345,7 @@ KUBERNETES_UNSCHEDULABLE_GRACE_SECONDS = env_int("KUBERNETES_UNSCHEDULABLE_GRACE
 def _check_kubernetes_settings() -> None:
     """Quantities and egress rules go into every Triton pod: a typo fails here, not in each rollout."""
     from deployments.k8s.config import parse_egress  # plain modules: no Django, no app registry needed
-    from deployments.k8s.quantity import CPU, MEMORY, QuantityError, check_quantity
+    from deployments.quantity import CPU, MEMORY, QuantityError, check_quantity
 
     for name, bounds in (("KUBERNETES_DEFAULT_CPU", CPU), ("KUBERNETES_DEFAULT_MEMORY", MEMORY),
                          ("KUBERNETES_SHM_SIZE", MEMORY), ("KUBERNETES_TMP_SIZE", MEMORY)):

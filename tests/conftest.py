@@ -65,9 +65,11 @@ def _stop_leftover_servers() -> None:
     """A failed test must not leave Triton processes behind for the next one."""
     from deployments.local_triton import stop_server
     from deployments.models import TritonServer
+    from deployments.runtimes.local import clean_up
 
     for server in TritonServer.objects.exclude(state=TritonServer.State.STOPPED):
         stop_server(server.pid, grace_seconds=2)
+        clean_up(server)  # its sandbox's cgroups (they outlive this run's var/ otherwise) and scratch directory
     # A worker killed between spawning Triton and recording it leaves a process no row knows: find it by the
     # repository path, which lies under this test run's own var/.
     for proc in Path("/proc").iterdir():
@@ -78,4 +80,11 @@ def _stop_leftover_servers() -> None:
                 continue
             if b"tritonserver" in cmdline and str(settings.DEPLOYMENTS_DIR).encode() in cmdline:
                 stop_server(int(proc.name), grace_seconds=2)
+    # The cgroups their sandboxes left (named after this run's var/, which goes away with the run).
+    from django.test import override_settings
+
+    from deployments.runtimes.local import sweep_orphans
+
+    with override_settings(TRITON_ORPHAN_GRACE_SECONDS=0):
+        sweep_orphans()
     shutil.rmtree(Path(settings.DEPLOYMENTS_DIR), ignore_errors=True)

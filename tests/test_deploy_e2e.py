@@ -85,6 +85,7 @@ def test_digits_deploy_serves_exactly_what_onnxruntime_computes_with_real_batche
     body = wait_status(alice_tx, "digits-prod", "ready")
     assert body["models"][0]["instance_group"]["count"] == 2
     server = serving("digits-prod")
+    assert server.sandboxed, server.sandbox_note  # the worker process built the sandbox (docs/security.md)
     config = (Path(settings.DEPLOYMENTS_DIR) / str(server.deployment_id) / "r1" / "repository" / "digits" / "config.pbtxt").read_text()
     assert "max_queue_delay_microseconds: 2000" in config
     assert "count: 2" in config

@@ -92,6 +92,7 @@ def test_png_digits_are_classified_through_the_pipeline_with_batches_on_the_clas
     body = wait_status(alice, "digits-pipeline", "ready", timeout=120)
     assert {m["model"] for m in body["models"]} == {"digits-pipeline", "preprocess", "digits", "postprocess"}
     server = serving("digits-pipeline")
+    assert server.sandboxed, server.sandbox_note  # Pillow and numpy steps run confined, with the same answers
     repository = Path(settings.DEPLOYMENTS_DIR) / str(server.deployment_id) / "r1" / "repository"
     assert "max_queue_delay_microseconds: 5000" in (repository / "digits" / "config.pbtxt").read_text()
     for step in ("preprocess", "postprocess", "digits-pipeline"):

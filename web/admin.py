@@ -81,8 +81,9 @@ class UploadAdmin(admin.ModelAdmin):
 
 @admin.register(Deployment)
 class DeploymentAdmin(admin.ModelAdmin):
-    list_display = ["name", "team", "runtime", "desired_state", "status", "revision_number", "serving_number", "updated_at"]
-    list_filter = ["status", "runtime", "desired_state", "team"]
+    list_display = ["name", "team", "runtime", "desired_state", "status", "revision_number", "serving_number",
+                    "allow_egress", "updated_at"]
+    list_filter = ["status", "runtime", "desired_state", "team", "allow_egress"]
     search_fields = ["name", "team__name", "status_message"]
     list_select_related = ["team", "revision", "serving_revision"]
     readonly_fields = ["revision", "serving_revision", "upstream_url", "lease_until", "created_by", "created_at",
@@ -91,6 +92,14 @@ class DeploymentAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # deployments are made through the deploy form or the API, which validate the spec
+
+    def save_model(self, request: HttpRequest, obj: Deployment, form: Any, change: bool) -> None:
+        egress_changed = change and "allow_egress" in form.changed_data
+        with transaction.atomic():
+            super().save_model(request, obj, form, change)
+            if egress_changed:
+                # The audit entry, the event and the restart that applies it (only staff reach this page).
+                actions.set_egress(obj, request.user, obj.allow_egress)
 
     @admin.display(description="revision")
     def revision_number(self, obj: Deployment) -> str:
@@ -163,13 +172,14 @@ class EventAdmin(admin.ModelAdmin):
 
 @admin.register(TritonServer)
 class TritonServerAdmin(admin.ModelAdmin):
-    list_display = ["pid", "deployment", "revision_number", "state", "alive", "http_port", "grpc_port", "metrics_port",
-                    "started_at", "stopped_at"]
-    list_filter = ["state", "deployment__team"]
+    list_display = ["pid", "deployment", "revision_number", "state", "alive", "sandboxed", "allow_egress", "http_port",
+                    "grpc_port", "metrics_port", "started_at", "stopped_at"]
+    list_filter = ["state", "sandboxed", "deployment__team"]
     search_fields = ["deployment__name", "pid"]
     list_select_related = ["deployment__team", "revision"]
     readonly_fields = ["deployment", "revision", "pid", "http_port", "grpc_port", "metrics_port", "log_path", "state",
-                       "started_at", "stopped_at"]
+                       "started_at", "stopped_at", "sandboxed", "sandbox_note", "sandbox_id", "cgroups", "allow_egress"]
+    exclude = ["admin_key"]  # a secret of the running server; nobody needs to read it here
 
     @admin.display(description="revision")
     def revision_number(self, obj: TritonServer) -> str:
@@ -214,6 +224,7 @@ def overview_view(request: HttpRequest) -> HttpResponse:
         **admin.site.each_context(request),
         "title": "Operator overview",
         "servers": overview.triton_servers(),
+        "sandbox": overview.sandbox(),
         "runtimes": overview.deployments_by_runtime(),
         "gpus": overview.gpus_per_team(),
         "queue": overview.queue_depth(),

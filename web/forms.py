@@ -105,7 +105,7 @@ class DeploymentForm(forms.Form):
     gpu = forms.IntegerField(label="GPUs per replica", required=False, initial=0,
                              widget=forms.NumberInput(attrs={"min": 0, "max": 16}))
     gpu_type = forms.CharField(label="GPU type", required=False, help_text="A node's GPU product, e.g. NVIDIA-A100; empty: any.")
-    # Checked by the API's serializer (deployments.k8s.quantity), whose messages land beside these fields.
+    # Checked by the API's serializer (deployments.quantity), whose messages land beside these fields.
     cpu = forms.CharField(label="CPU per replica", required=False,
                           widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}),
                           help_text='Cores, e.g. "2" or "500m"; empty: the default.')

@@ -38,6 +38,22 @@ def triton_servers() -> list[dict[str, Any]]:
     return [{"server": s, "alive": local_triton.is_alive(s.pid)} for s in servers]
 
 
+def sandbox() -> Probe:
+    """Whether this process can sandbox the local Tritons, and what is weaker than designed here."""
+    from deployments.runtimes.local import sandbox_capabilities
+
+    try:
+        caps = sandbox_capabilities()
+    except Exception as exc:  # the check itself failing is what the operator must see
+        log.warning("sandbox check: %s", exc)
+        return Probe(False, f"the check failed: {exc}")
+    if caps.available:
+        return Probe(True, caps.describe())
+    required = settings.SANDBOX_REQUIRED
+    return Probe(False, f"{caps.reason}. " + ("Python models are refused (SANDBOX_REQUIRED)." if required else
+                                              "Python models run unconfined (SANDBOX_REQUIRED is false)."))
+
+
 def deployments_by_runtime() -> list[dict[str, Any]]:
     """[{"runtime", "counts": {status: n}, "total"}] of the deployments not being deleted."""
     rows = (Deployment.objects.exclude(desired_state=Deployment.Desired.DELETED)

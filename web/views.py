@@ -419,7 +419,10 @@ def _settings_context(deployment: Deployment) -> dict[str, Any]:
 
 
 def _live_context(deployment: Deployment) -> dict[str, Any]:
-    return {"deployment": deployment, "events": deployment.events.all()[:30]}
+    from deployments.runtimes import local
+
+    isolation = local.isolation(deployment) if deployment.runtime == Deployment.Runtime.LOCAL else None
+    return {"deployment": deployment, "events": deployment.events.all()[:30], "isolation": isolation}
 
 
 @require_GET

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from deployments.k8s import quantity
+from deployments import quantity
 from deployments.k8s.config import TRITON_UID, KubernetesConfig
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002

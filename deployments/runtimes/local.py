@@ -1,32 +1,123 @@
 """The local runtime: one real Triton process per running deployment revision, on this machine.
 
 Processes are tracked in TritonServer rows (pid, ports, revision): a restarted web server or worker adopts a live
-process instead of starting a second one.
+process instead of starting a second one. Each runs in a sandbox (deployments.sandbox, docs/security.md) when this
+machine's kernel can build one; where it cannot, python models (uploaded code) are refused if SANDBOX_REQUIRED.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
+import secrets
 import shutil
+import time
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
 
-from deployments import frameworks, local_triton, python_requirements
+from deployments import frameworks, local_triton, python_requirements, sandbox
 from deployments.models import Deployment, Revision, TritonServer
-from deployments.render import render_repository
-from deployments.runtimes.base import Health, Launch, Ready
+from deployments.render import RenderError, render_repository
+from deployments.runtimes.base import Health, Launch, Ready, RuntimeUnavailable
+from deployments.sandbox import cgroups
 from deployments.snapshot import repository_spec
 from models_registry.models import Blob
 from models_registry.storage import FilesystemStore, get_store
 from models_registry.validation import archive_limits
 
+log = logging.getLogger(__name__)
+
 
 @lru_cache(maxsize=1)
 def runtime_env() -> local_triton.RuntimeEnv:
     return local_triton.find_runtime_env(settings.MODELPORT_RUNTIME_ENV)
+
+
+# --- The sandbox ---------------------------------------------------------------------------------------------------
+
+
+def sandbox_options() -> sandbox.Options:
+    return sandbox.Options(
+        uid=settings.SANDBOX_UID, gid=settings.SANDBOX_GID, shm_bytes=sandbox.memory_bytes(settings.SANDBOX_SHM_SIZE),
+        pids_max=settings.SANDBOX_PIDS_MAX, egress_ports=tuple(int(p) for p in settings.SANDBOX_EGRESS_PORTS),
+        cgroup_parent=settings.SANDBOX_CGROUP_PARENT,
+    )
+
+
+@lru_cache(maxsize=1)
+def sandbox_capabilities() -> sandbox.Capabilities:
+    """What this machine's kernel offers, checked once per process by building a throw-away sandbox."""
+    if not settings.SANDBOX_ENABLED:
+        return sandbox.Capabilities(False, "SANDBOX_ENABLED is false")
+    caps = sandbox.check(sandbox_options())
+    (log.info if caps.available and not caps.notes else log.warning)("Triton sandbox: %s", caps.describe())
+    return caps
+
+
+def runs_uploaded_code(spec: dict[str, Any]) -> bool:
+    """Whether the revision executes code a team uploaded: python models (pipeline steps included). ONNX files are
+    data, read by onnxruntime inside Modelport's own python model."""
+    return any(m.get("format") == "python" for m in spec.get("models", []))
+
+
+def sandbox_refusal(spec: dict[str, Any]) -> str | None:
+    """Why the local runtime refuses this revision on this machine (fail closed), or None."""
+    if not settings.SANDBOX_REQUIRED or not runs_uploaded_code(spec):
+        return None
+    caps = sandbox_capabilities()
+    if caps.available:
+        return None
+    return (f"This machine cannot sandbox uploaded code ({caps.reason}), and python models run uploaded code, so "
+            "the local runtime refuses them here. Deploy to Kubernetes, or ask an operator to make the sandbox work "
+            "(docs/security.md) or to opt out with SANDBOX_REQUIRED=false.")
+
+
+def limits_for(spec: dict[str, Any]) -> cgroups.Limits:
+    """The revision's resources.memory / resources.cpu as cgroup limits (ValueError: not a valid quantity)."""
+    resources = spec.get("resources") or {}
+    memory = resources.get("memory") or settings.SANDBOX_DEFAULT_MEMORY
+    cpu = resources.get("cpu")
+    return cgroups.Limits(sandbox.memory_bytes(str(memory)) if memory else None,
+                          sandbox.cpu_millicores(str(cpu)) if cpu else None, settings.SANDBOX_PIDS_MAX)
+
+
+def resource_errors(resources: dict[str, Any]) -> dict[str, list[str]]:
+    """resources.memory and resources.cpu the local runtime cannot enforce, per field."""
+    errors: dict[str, list[str]] = {}
+    for key, parse in (("memory", sandbox.memory_bytes), ("cpu", sandbox.cpu_millicores)):
+        value = resources.get(key)
+        if value in (None, ""):
+            continue
+        try:
+            parse(str(value))
+        except ValueError as exc:
+            errors[f"resources.{key}"] = [str(exc)]
+    return errors
+
+
+def _var_tag() -> str:
+    """Short and stable per VAR_DIR: names this var/'s cgroups, so that sweeping never touches another's."""
+    return hashlib.sha256(str(settings.VAR_DIR).encode()).hexdigest()[:8]
+
+
+def scratch_dir(server: TritonServer) -> Path:
+    return deployment_dir(server.deployment) / "scratch" / server.sandbox_id
+
+
+def isolation(deployment: Deployment) -> dict[str, Any]:
+    """What the deployment page shows: does its Triton run sandboxed ({"sandboxed": None} when none runs)."""
+    server = (TritonServer.objects.filter(deployment=deployment, state__in=[TritonServer.State.STARTING,
+                                                                              TritonServer.State.READY])
+              .order_by("-started_at").first())
+    if server is None:
+        return {"sandboxed": None, "note": "", "egress": deployment.allow_egress}
+    return {"sandboxed": server.sandboxed, "note": server.sandbox_note, "egress": server.allow_egress}
 
 
 def missing_requirements(lines: list[str]) -> list[python_requirements.Requirement]:
@@ -74,28 +165,73 @@ def render(revision: Revision) -> Path:
     spec = repository_spec(revision.spec, lambda entry: artifact_path(entry["sha256"]) if entry.get("sha256") else None)
     render_repository(spec, "local", out, local_frameworks=frameworks.local_frameworks(),
                       archive_limits=archive_limits())
+    _readable_by_all(out)
     (out.parent / "rendered").write_text(timezone.now().isoformat())
     Revision.objects.filter(pk=revision.pk).update(repository=str(out))
     return out
 
 
+def _readable_by_all(root: Path) -> None:
+    """The sandbox reads the repository as another uid; whatever the worker's umask was, it must be able to."""
+    for directory, _, files in os.walk(root):
+        os.chmod(directory, 0o755)
+        for name in files:
+            path = os.path.join(directory, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o755 if os.stat(path).st_mode & 0o111 else 0o644)
+
+
 def _launch(revision: Revision) -> TritonServer:
+    deployment = revision.deployment
     for server in TritonServer.objects.filter(revision=revision, state__in=[TritonServer.State.STARTING, TritonServer.State.READY]):
         if local_triton.is_alive(server.pid):
-            return server
+            if server.allow_egress == deployment.allow_egress:
+                return server
+            continue  # started before an operator changed egress: a new server replaces it, retire() stops it
         TritonServer.objects.filter(pk=server.pk).update(state=TritonServer.State.STOPPED, stopped_at=timezone.now())
+        clean_up(server)
+    refusal = sandbox_refusal(revision.spec)
+    if refusal:
+        raise RuntimeUnavailable(refusal)
     env = runtime_env()
-    backend_dir = local_triton.build_backend_dir(env, Path(settings.VAR_DIR))
+    caps = sandbox_capabilities()
+    options = sandbox_options()
+    backend_dir = local_triton.build_backend_dir(env, Path(settings.VAR_DIR), sandboxed=caps.available)
     wants_cache = any(m.get("response_cache") for m in revision.spec["models"])
     started = timezone.now()
     log_path = repository_dir(revision).parent / f"triton-{started:%Y%m%dT%H%M%S%f}.log"
-    process = local_triton.start_server(
-        repository_dir(revision), log_path, env, backend_dir,
-        response_cache_bytes=settings.TRITON_RESPONSE_CACHE_BYTES if wants_cache else 0,
-    )
+    sandbox_id = secrets.token_hex(8)
+    scratch = deployment_dir(deployment) / "scratch" / sandbox_id
+    sandbox.prepare_scratch(scratch, options)
+    egress = deployment.allow_egress
+    environment = sandbox.environment([env.bin_dir], scratch, {
+        "VIRTUAL_ENV": str(env.root),
+        # Read by the python-backend stub wrapper (deployments/sandbox/stub.py).
+        "MODELPORT_SANDBOX_NET": "egress" if egress else "none",
+        "MODELPORT_SANDBOX_EGRESS_PORTS": ",".join(str(p) for p in options.egress_ports) if egress else "",
+    })
+    confinement = None
+    if caps.available:
+        spec = sandbox.Spec(
+            read_only=(repository_dir(revision), backend_dir, env.root, env.base_prefix), scratch=scratch,
+            tcp_ports=(), egress=egress, name=f"mp-{_var_tag()}-{sandbox_id}", limits=limits_for(revision.spec),
+        )
+        confinement = sandbox.Sandbox(spec, caps, options)
+    try:
+        process = local_triton.start_server(
+            repository_dir(revision), log_path, env, backend_dir,
+            response_cache_bytes=settings.TRITON_RESPONSE_CACHE_BYTES if wants_cache else 0,
+            env=environment, sandbox=confinement,
+        )
+    except sandbox.SandboxError as exc:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise RuntimeUnavailable(f"The sandbox for Triton could not be built: {exc}") from None
+    note = "; ".join(caps.notes) if caps.available else caps.reason
     return TritonServer.objects.create(
-        deployment=revision.deployment, revision=revision, pid=process.pid, http_port=process.http_port,
+        deployment=deployment, revision=revision, pid=process.pid, http_port=process.http_port,
         grpc_port=process.grpc_port, metrics_port=process.metrics_port, log_path=str(process.log_path), started_at=started,
+        sandboxed=process.sandboxed, sandbox_note=note, sandbox_id=sandbox_id, cgroups=list(process.cgroups),
+        allow_egress=egress, admin_key=process.admin_key,
     )
 
 
@@ -107,20 +243,43 @@ def _process(server: TritonServer) -> local_triton.ServerProcess:
 
 
 def _describe(server: TritonServer) -> Launch:
+    confinement = "sandboxed" + (", egress allowed" if server.allow_egress else "") if server.sandboxed \
+        else "not sandboxed"
     return Launch(revision_id=server.revision_id, url=server.url, ref=server.pk,
-                  description=f"pid {server.pid}, port {server.http_port}")
+                  description=f"pid {server.pid}, port {server.http_port}, {confinement}")
 
 
 def _stop(server: TritonServer) -> None:
     local_triton.stop_server(server.pid, grace_seconds=settings.TRITON_STOP_GRACE_SECONDS)
     TritonServer.objects.filter(pk=server.pk).update(state=TritonServer.State.STOPPED, stopped_at=timezone.now())
+    clean_up(server)
+
+
+def clean_up(server: TritonServer) -> None:
+    """Remove what the stopped server's sandbox left: its cgroups and scratch directory."""
+    if server.cgroups:
+        cgroups.remove([Path(d) for d in server.cgroups], wait_seconds=2.0)
+    if server.sandbox_id:
+        shutil.rmtree(scratch_dir(server), ignore_errors=True)
+
+
+def _memory_report(server: TritonServer) -> str:
+    """A sentence when the kernel killed one of the server's processes at the sandbox's memory limit."""
+    if not server.cgroups or not cgroups.oom_kills([Path(d) for d in server.cgroups]):
+        return ""
+    limit = limits_for(server.revision.spec).memory_bytes
+    resources = server.revision.spec.get("resources") or {}
+    given = resources.get("memory") or settings.SANDBOX_DEFAULT_MEMORY
+    return (f"Out of memory: a process of this deployment needed more than its limit of {given} "
+            f"({(limit or 0) / 2**20:.0f} MiB) and the kernel killed it. Raise resources.memory, or load less.")
 
 
 def _death_report(server: TritonServer) -> str:
     """What a user needs to know about a server that died: Triton's errors, else its last log lines."""
     errors = local_triton.log_errors(Path(server.log_path))
     lines = errors or local_triton.tail_log(Path(server.log_path), 5).splitlines()
-    return "\n".join(lines[-5:])
+    memory = _memory_report(server)
+    return "\n".join(([memory] if memory else []) + lines[-5:])
 
 
 def running_servers(deployment: Deployment) -> list[TritonServer]:
@@ -134,6 +293,9 @@ class LocalRuntime:
     """One tritonserver process per revision on this machine; a rollout starts the new one beside the old."""
 
     def prepare(self, revision: Revision) -> None:
+        errors = resource_errors(revision.spec.get("resources") or {})
+        if errors:
+            raise RenderError(errors)
         render(revision)
 
     def launch(self, revision: Revision) -> Launch:
@@ -149,8 +311,17 @@ class LocalRuntime:
             if result.ready:
                 TritonServer.objects.filter(pk=server.pk).update(state=TritonServer.State.READY)
                 return Ready(True, "ready")
+            confinement = next((e for e in result.errors if e.startswith(local_triton.SANDBOX_ERROR_PREFIX)), None)
+            if confinement:
+                reason = confinement.removeprefix(local_triton.SANDBOX_ERROR_PREFIX)
+                return Ready(False, f"The sandbox {reason}", "\n".join(result.errors[-5:]))
+            memory = _memory_report(server)
+            if memory and local_triton.is_alive(server.pid):
+                # A stub killed at the limit leaves Triton waiting for it: stop here with the reason.
+                return Ready(False, memory, "\n".join(result.errors[-5:]))
             if result.exit_code is not None or not local_triton.is_alive(server.pid):
-                return Ready(False, result.message, "\n".join(result.errors[-5:]))
+                return Ready(False, f"{memory} {result.message}" if memory else result.message,
+                             "\n".join(result.errors[-5:]))
             if timezone.now().timestamp() >= deadline:
                 return Ready(False, f"not ready after {settings.TRITON_READY_TIMEOUT_SECONDS:g} s: {result.message}",
                              "\n".join(result.errors[-5:]))
@@ -194,3 +365,41 @@ class LocalRuntime:
     def logs(self, deployment: Deployment, lines: int) -> str:
         server = TritonServer.objects.filter(deployment=deployment).order_by("-started_at").first()
         return local_triton.tail_log(Path(server.log_path), lines) if server else ""
+
+
+def sweep_orphans() -> list[str]:
+    """Stop the Tritons of this var/ that no starting or ready TritonServer row knows (one a worker spawned just
+    before it died, say) once they are TRITON_ORPHAN_GRACE_SECONDS old, and remove cgroups and scratch directories
+    that no live server uses. Returns a line per thing removed."""
+    live = list(TritonServer.objects.filter(state__in=[TritonServer.State.STARTING, TritonServer.State.READY])
+                .values("pid", "sandbox_id", "cgroups"))
+    known_pids = {row["pid"] for row in live}
+    grace = settings.TRITON_ORPHAN_GRACE_SECONDS
+    done = []
+    for pid in local_triton.find_servers(f"{Path(settings.DEPLOYMENTS_DIR)}/"):
+        if pid not in known_pids and local_triton.process_age(pid) >= grace:
+            local_triton.stop_server(pid, grace_seconds=settings.TRITON_STOP_GRACE_SECONDS)
+            done.append(f"stopped an orphaned Triton (pid {pid})")
+            log.warning("Stopped an orphaned Triton (pid %s) that no database row knows.", pid)
+    known_ids = {row["sandbox_id"] for row in live}
+    cutoff = time.time() - grace
+    for scratch in Path(settings.DEPLOYMENTS_DIR).glob("*/scratch/*"):
+        if scratch.name not in known_ids and _mtime(scratch) < cutoff:
+            shutil.rmtree(scratch, ignore_errors=True)
+            done.append(f"removed the scratch directory {scratch}")
+    known_cgroups = {directory for row in live for directory in row["cgroups"]}
+    layout = sandbox_capabilities().cgroups
+    for parent in layout.parents.values():
+        for directory in parent.glob(f"mp-{_var_tag()}-*"):
+            # Old enough too: a launcher joins its cgroup a moment after it is made, before any row knows it.
+            if str(directory) not in known_cgroups and _mtime(directory) < cutoff \
+                    and not cgroups.members([directory]) and cgroups.remove([directory], wait_seconds=0):
+                done.append(f"removed the cgroup {directory}")
+    return done
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return time.time()

@@ -66,6 +66,25 @@ def test_log_errors_returns_tritons_error_messages_without_prefixes_or_cuda_nois
     assert lt.summary_error(errors) == errors[0]
 
 
+def test_log_errors_include_the_sandbox_wrappers_refusal_to_run_a_model_unconfined(tmp_path: Path) -> None:
+    log = tmp_path / "triton.log"
+    refusal = "modelport sandbox: could not confine the python model: [Errno 1] unshare: Operation not permitted"
+    log.write_text('I1129 16:24:19.371622 9010 model_lifecycle.cc:472] "loading: broken:1"\n' + refusal + "\n")
+    assert lt.log_errors(log) == [refusal]
+
+
+def test_a_process_group_that_is_no_sandbox_is_stopped_as_a_group_and_timed_from_its_start() -> None:
+    sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert lt.is_sandbox_init(sleeper.pid) is False and lt.is_sandbox_init(os.getpid()) is False
+        assert lt.server_pids(sleeper.pid) == [sleeper.pid]
+        assert 0 <= lt.process_age(sleeper.pid) < 30 and lt.process_age(2**22 + 1) == 0.0
+        assert lt.find_servers("/nonexistent/") == []
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_log_errors_of_a_missing_log_is_empty(tmp_path: Path) -> None:
     assert lt.log_errors(tmp_path / "nothing.log") == []
     assert lt.tail_log(tmp_path / "nothing.log") == ""
@@ -451,7 +470,7 @@ def test_the_backend_directory_links_the_stub_for_the_runtime_envs_python(tmp_pa
     env = runtime_env()
     backend_dir = lt.build_backend_dir(env, tmp_path)
     stub = backend_dir / "python" / "triton_python_backend_stub"
-    assert stub.resolve() == (env.pytriton_server_dir / "python_backend_stubs" / env.python_version / stub.name)
+    assert stub.resolve() == (env.pytriton_server_dir / "python_backend_stubs" / env.python_version / stub.name).resolve()
     assert lt.build_backend_dir(env, tmp_path) == backend_dir  # idempotent
     assert sorted(p.name for p in (backend_dir / "python").iterdir()) == [
         "libtriton_python.so",

@@ -11,8 +11,8 @@ import pytest
 from conftest import Person
 from deployments.k8s import manifests
 from deployments.k8s.config import KubernetesConfig
-from deployments.k8s.quantity import CPU, MEMORY, QuantityError, check_quantity, parse_quantity
 from deployments.models import Deployment
+from deployments.quantity import CPU, MEMORY, QuantityError, check_quantity, parse_quantity
 from models_registry.models import ModelVersion
 from web.tests.conftest import signed_in
 from web.tests.test_deploy_form import NEW, form_data
