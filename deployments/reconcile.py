@@ -55,7 +55,7 @@ def _run(deployment: Deployment, runtime: Runtime) -> None:
             return
         record(deployment, Event.Kind.ERROR, f"Revision {target.number} stopped serving: {health.message}; restarting it."
                + (f" Last log lines:\n{health.detail}" if health.detail else ""))
-        deployment.set_status(S.STARTING, f"Restarting: {health.message}.", upstream_url="")
+        deployment.set_status(S.STARTING, f"Restarting: {health.message}.", upstream_url="", grpc_upstream="")
     _roll_out(deployment, runtime)
 
 
@@ -89,7 +89,8 @@ def _roll_out(deployment: Deployment, runtime: Runtime) -> None:
     previous = deployment.serving_revision
     with transaction.atomic():
         # The switch the gateway sees: one UPDATE of the upstream and the serving revision.
-        deployment.set_status(S.READY, f"Serving revision {target.number}.", serving_revision=target, upstream_url=launch.url)
+        deployment.set_status(S.READY, f"Serving revision {target.number}.", serving_revision=target, upstream_url=launch.url,
+                              grpc_upstream=launch.grpc_target)
         record(deployment, Event.Kind.INFO, f"Revision {target.number} is ready and serving ({launch.description}).")
     if previous is not None and previous.pk != target.pk:
         time.sleep(settings.ROLLOUT_DRAIN_SECONDS)  # in-flight requests and cached routes to the old server finish
@@ -120,7 +121,7 @@ def _unavailable(deployment: Deployment, message: str) -> None:
 def _stop(deployment: Deployment, runtime: Runtime) -> None:
     if deployment.status == S.STOPPED:
         return
-    deployment.set_status(S.STOPPING, "Stopping Triton.", upstream_url="", serving_revision=None)
+    deployment.set_status(S.STOPPING, "Stopping Triton.", upstream_url="", grpc_upstream="", serving_revision=None)
     runtime.stop(deployment)
     deployment.set_status(S.STOPPED, "Stopped.")
     record(deployment, Event.Kind.INFO, "Stopped.")

@@ -113,7 +113,7 @@ def _process(server: TritonServer) -> local_triton.ServerProcess:
 
 
 def _describe(server: TritonServer) -> Launch:
-    return Launch(revision_id=server.revision_id, url=server.url, ref=server.pk,
+    return Launch(revision_id=server.revision_id, url=server.url, grpc_target=server.grpc_target, ref=server.pk,
                   description=f"pid {server.pid}, port {server.http_port}")
 
 
