@@ -61,6 +61,31 @@ def portal_url(celery_processes: Any, tmp_path: Path) -> Iterator[str]:
             print("--- web.log (last lines) ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
 
 
+@pytest.fixture
+def grpc_address(portal_url: str, tmp_path: Path) -> Iterator[str]:
+    """The gRPC gateway over a real socket (`manage.py grpc_gateway`), beside the portal of portal_url."""
+    import socket
+
+    port = processes.free_port()
+    gateway = processes.start_grpc_gateway(tmp_path / "logs" / "grpc.log", port)
+
+    def up() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    try:
+        processes.wait_for(up, 30, what="the gRPC gateway")
+        yield f"127.0.0.1:{port}"
+    finally:
+        processes.kill(gateway)
+        log = tmp_path / "logs" / "grpc.log"
+        if log.exists():
+            print("--- grpc.log (last lines) ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+
+
 def _stop_leftover_servers() -> None:
     """A failed test must not leave Triton processes behind for the next one."""
     from deployments.local_triton import stop_server
