@@ -376,3 +376,5 @@ if GATEWAY_GRPC_PORT > 65535:
 # The address programs connect to, for the deployment page's snippet ("grpc.modelport.example.com:443" behind an
 # ingress); empty: the page's own host name with GATEWAY_GRPC_PORT.
 GATEWAY_GRPC_PUBLIC_ADDRESS = env_str("GATEWAY_GRPC_PUBLIC_ADDRESS", "")
+# Its Prometheus counters are its own process's: GET /metrics on this port (behind METRICS_TOKEN); 0: not served.
+GATEWAY_GRPC_METRICS_PORT = env_int("GATEWAY_GRPC_METRICS_PORT", 0, minimum=0)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +62,19 @@ def portal_url(celery_processes: Any, tmp_path: Path) -> Iterator[str]:
             print("--- web.log (last lines) ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
 
 
+@dataclass(frozen=True)
+class GrpcGatewayProcess:
+    address: str  # host:port for tritonclient.grpc
+    metrics_url: str  # its own Prometheus /metrics
+
+
 @pytest.fixture
-def grpc_address(portal_url: str, tmp_path: Path) -> Iterator[str]:
+def grpc_gateway(portal_url: str, tmp_path: Path) -> Iterator[GrpcGatewayProcess]:
     """The gRPC gateway over a real socket (`manage.py grpc_gateway`), beside the portal of portal_url."""
     import socket
 
-    port = processes.free_port()
-    gateway = processes.start_grpc_gateway(tmp_path / "logs" / "grpc.log", port)
+    port, metrics_port = processes.free_port(), processes.free_port()
+    gateway = processes.start_grpc_gateway(tmp_path / "logs" / "grpc.log", port, metrics_port)
 
     def up() -> bool:
         try:
@@ -78,7 +85,7 @@ def grpc_address(portal_url: str, tmp_path: Path) -> Iterator[str]:
 
     try:
         processes.wait_for(up, 30, what="the gRPC gateway")
-        yield f"127.0.0.1:{port}"
+        yield GrpcGatewayProcess(f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics")
     finally:
         processes.kill(gateway)
         log = tmp_path / "logs" / "grpc.log"

@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
@@ -20,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 from accounts.models import ApiToken
 from conftest import Person, make_person
 from deployments.models import Deployment
+from tests.conftest import GrpcGatewayProcess
 from tests.processes import wait_for
 from tests.test_deploy_e2e import deploy, push, serving, wait_status
 
@@ -87,7 +89,7 @@ def stream_all(client: grpcclient.InferenceServerClient, batches: list[np.ndarra
 
 
 def test_tritonclient_grpc_through_the_gateway_gets_exactly_what_triton_gives(
-    gateway_settings: None, people: dict[str, Person], portal_url: str, grpc_address: str, digits_onnx: Path
+    gateway_settings: None, people: dict[str, Person], portal_url: str, grpc_gateway: GrpcGatewayProcess, digits_onnx: Path
 ) -> None:
     from models_registry.samples import digits_holdout
 
@@ -98,7 +100,7 @@ def test_tritonclient_grpc_through_the_gateway_gets_exactly_what_triton_gives(
     wait_status(alice, "digits-prod", "ready")
     triton = serving("digits-prod")
     assert Deployment.objects.get(name="digits-prod").grpc_upstream == f"127.0.0.1:{triton.grpc_port}"
-    gateway = grpcclient.InferenceServerClient(grpc_address)
+    gateway = grpcclient.InferenceServerClient(grpc_gateway.address)
     direct = grpcclient.InferenceServerClient(f"127.0.0.1:{triton.grpc_port}")
     auth = headers(alice)
 
@@ -137,7 +139,7 @@ def test_tritonclient_grpc_through_the_gateway_gets_exactly_what_triton_gives(
     hostile = pb.ModelInferRequest(model_name="digits")
     hostile.inputs.add(name="input", datatype="FP32", shape=[2**62, 64])
     hostile.raw_input_contents.append(b"")
-    with grpc.insecure_channel(grpc_address) as channel:
+    with grpc.insecure_channel(grpc_gateway.address) as channel:
         with pytest.raises(grpc.RpcError) as raised:
             channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(
                 hostile.SerializeToString(), metadata=tuple(auth.items()), timeout=10)
@@ -177,7 +179,11 @@ def test_tritonclient_grpc_through_the_gateway_gets_exactly_what_triton_gives(
     assert "StatusCode.RESOURCE_EXHAUSTED" in codes and codes[:50] == ["OK"] * 50
     assert gateway.is_server_ready(headers=auth)
 
-    # The same statistics as HTTP: the per-deployment API counts gRPC calls (flushed every few seconds).
+    # The same statistics as HTTP: Prometheus counters (the gRPC gateway's own /metrics, behind METRICS_TOKEN when
+    # set) and the per-deployment API, which counts gRPC calls (flushed every few seconds).
+    metrics = requests.get(grpc_gateway.metrics_url, timeout=5).text
+    assert 'modelport_gateway_requests_total{code="200",deployment="digits-prod",model="digits"}' in metrics
+    assert 'modelport_gateway_requests_total{code="400",deployment="digits-prod",model="digits"} 1.0' in metrics
     stats = wait_for(lambda: (s := alice.client().get("/api/v1/deployments/digits-prod/metrics/").json())
                      ["requests"] > 100 and s, 20, what="gateway statistics")
     assert stats["p50_ms"] is not None
@@ -185,7 +191,7 @@ def test_tritonclient_grpc_through_the_gateway_gets_exactly_what_triton_gives(
     # Revoking a token takes effect within the cache window, for calls and for an open stream.
     _, raw = ApiToken.issue(alice.user, alice.team, name="short-lived")
     answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
-    streaming = grpcclient.InferenceServerClient(grpc_address)
+    streaming = grpcclient.InferenceServerClient(grpc_gateway.address)
     streaming.start_stream(callback=lambda result, error: answers.put((result, error)), headers=headers(raw))
     streaming.async_stream_infer("digits", digits_input(X[:1]), request_id="before")
     assert answers.get(timeout=30)[1] is None
@@ -207,7 +213,7 @@ def test_tritonclient_grpc_through_the_gateway_gets_exactly_what_triton_gives(
 
 
 def test_grpc_callers_see_zero_failed_requests_during_a_rollout(
-    people: dict[str, Person], portal_url: str, grpc_address: str, digits_onnx: Path
+    people: dict[str, Person], portal_url: str, grpc_gateway: GrpcGatewayProcess, digits_onnx: Path
 ) -> None:
     """Unary calls and a stream keep going while a new revision takes over: requests sent after the switch go to
     the new Triton, the old one finishes what it has."""
@@ -225,7 +231,7 @@ def test_grpc_callers_see_zero_failed_requests_during_a_rollout(
     done = threading.Event()
 
     def hammer() -> None:
-        client = grpcclient.InferenceServerClient(grpc_address)
+        client = grpcclient.InferenceServerClient(grpc_gateway.address)
         while not done.is_set():
             try:
                 client.infer("digits", digits_input(X[:1]), headers=auth)
@@ -234,7 +240,7 @@ def test_grpc_callers_see_zero_failed_requests_during_a_rollout(
                 outcomes.append(f"{exc.status()}: {exc.message()}")
 
     streamed: list[Any] = []
-    streaming = grpcclient.InferenceServerClient(grpc_address)
+    streaming = grpcclient.InferenceServerClient(grpc_gateway.address)
 
     def on_answer(result: Any, error: Any) -> None:
         if error is not None:

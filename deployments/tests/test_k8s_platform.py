@@ -220,7 +220,8 @@ def test_the_grpc_gateway_runs_beside_the_web_server_in_the_pods_triton_lets_in(
     containers = {c["name"]: c for c in pod["containers"]}
     grpc = containers["grpc"]
     assert grpc["image"] == containers["web"]["image"] == "registry.example.com/modelport:0.1.0"
-    assert grpc["command"] == ["python", "manage.py", "grpc_gateway", "--host", "0.0.0.0", "--port", "8001"]
+    assert grpc["command"] == ["python", "manage.py", "grpc_gateway", "--host", "0.0.0.0", "--port", "8001",
+                               "--metrics-port", "8002"]
     assert grpc["envFrom"] == containers["web"]["envFrom"]
     assert grpc["readinessProbe"]["grpc"] == {"port": 8001}  # grpc.health.v1, which the gateway answers
     service = objects[("Service", "modelport-web")]
