@@ -4,7 +4,10 @@ straight at the deployment's Triton, and the answers compared."""
 
 from __future__ import annotations
 
+import os
 import queue
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -117,6 +120,17 @@ def test_tritonclient_grpc_through_the_gateway_gets_exactly_what_triton_gives(
         straight = direct.infer("digits", digits_input(rows))
         for output in ("label", "probabilities"):
             assert np.array_equal(via.as_numpy(output), straight.as_numpy(output)), (len(rows), output)
+
+    # The deployment page's gRPC snippet runs as it is, against the gateway.
+    from web import grpc_snippet, inference
+
+    [entry] = Deployment.objects.get(name="digits-prod").serving_revision.spec["models"]  # type: ignore[union-attr]
+    http = inference.python_snippet(portal_url, "digits-prod", "digits", entry["signature"])
+    code = grpc_snippet.python_grpc_snippet(http, grpc_gateway.address, False, "digits-prod")
+    ran = subprocess.run([sys.executable, "-c", code], env={**os.environ, "MODELPORT_TOKEN": alice.token},
+                         capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.count("[") >= 2  # the printed outputs
 
     # ModelStreamInfer: every answer arrives, equal to Triton's own.
     batches = [X[i:i + 1 + i % 5] for i in range(40)]
