@@ -95,6 +95,10 @@ class Channels:
             channel = self.channels[target] = grpc.aio.insecure_channel(target, options=self.options)
         return channel
 
+    def touch(self, target: str) -> None:
+        if target in self.channels:
+            self.used[target] = time.monotonic()
+
     def unary_call(self, target: str, path: str) -> grpc.aio.UnaryUnaryMultiCallable:
         call = self.unary.get((target, path))
         if call is None or target not in self.channels:
@@ -357,7 +361,8 @@ class _StreamRelay:
         self.context = context
         self.token = token
         self.name = name
-        self.upstreams: dict[str, _Upstream] = {}
+        self.upstreams: dict[str, _Upstream] = {}  # the one taking new requests, per target
+        self.opened: list[_Upstream] = []  # every upstream stream not finished yet, finishing ones included
         self.write_lock = asyncio.Lock()
 
     async def run(self) -> None:
@@ -374,16 +379,20 @@ class _StreamRelay:
                 except DatabaseError:
                     await _abort(self.context, _DATABASE_DOWN)
                     return
-            for upstream in list(self.upstreams.values()):
+            for upstream in list(self.opened):
                 await self._stop_writing(upstream)
-            pumps = [u.pump for u in self.upstreams.values() if u.pump is not None]
+            pumps = [u.pump for u in self.opened if u.pump is not None]
             if pumps:
                 await asyncio.gather(*pumps, return_exceptions=True)
         finally:
-            for upstream in list(self.upstreams.values()):
+            # The client is gone, or the stream was ended: nothing more is relayed.
+            for upstream in self.opened:
                 upstream.call.cancel()
                 if upstream.pump is not None:
                     upstream.pump.cancel()
+                for _ in upstream.pending:
+                    stats.IN_FLIGHT.labels(upstream.route.name).dec()
+                upstream.pending.clear()
 
     async def _handle(self, message: bytes) -> None:
         gateway = self.gateway
@@ -405,12 +414,15 @@ class _StreamRelay:
                                       exc.status, time.perf_counter() - started)
             await self._write(grpc_protocol.stream_error_response(exc.message, summary.model, summary.id))
             return
+        gateway.channels.touch(target)  # a long stream keeps its channel from being swept as idle
         upstream = self.upstreams.get(target)
         if upstream is None or not upstream.writing:
             upstream = self._open(target, route)
+        # A rollout moved the route: the old server's stream takes no more and just finishes. (A canary split
+        # would keep every stream of the route's current revisions open, and stop only the others.)
         for other in list(self.upstreams.values()):
             if other is not upstream and other.writing:
-                await self._stop_writing(other)  # a rollout moved the route: the old stream just finishes
+                await self._stop_writing(other)
         entry = _Pending(started, summary.model, summary.id)
         upstream.pending.append(entry)
         stats.IN_FLIGHT.labels(route.name).inc()
@@ -428,6 +440,8 @@ class _StreamRelay:
         remaining = self.context.time_remaining()
         call = self.gateway.channels.channel(target).stream_stream(grpc_protocol.STREAM_METHOD)(timeout=remaining)
         upstream = _Upstream(target=target, route=route, call=call)
+        self.opened = [u for u in self.opened if not (u.pump is not None and u.pump.done() and not u.pending)]
+        self.opened.append(upstream)
         self.upstreams[target] = upstream
         upstream.pump = asyncio.get_running_loop().create_task(self._pump(upstream))
         return upstream

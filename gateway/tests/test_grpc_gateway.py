@@ -516,3 +516,57 @@ def test_requests_a_broken_upstream_stream_never_answered_get_an_error_and_the_s
             assert await stream.code() == grpc.StatusCode.OK
 
     run(scenario)
+
+
+def test_a_client_that_leaves_mid_stream_leaves_nothing_in_flight(people: dict[str, Person]) -> None:
+    from gateway.stats import IN_FLIGHT
+
+    async def scenario() -> None:
+        async with stack() as (_, fake, channel):
+            await asyncio.to_thread(deploy, people["alice"], "digits-prod", fake.target)
+            never = asyncio.Event()
+
+            async def stall(request: bytes) -> bytes | None:
+                await never.wait()
+                return None
+
+            fake.stream_answer = stall
+            stream = await open_stream(channel, meta(people["alice"]))
+            for index in range(3):
+                await stream.write(infer_request([1], b"\0" * 4, request_id=str(index)))
+            await asyncio.sleep(0.3)
+            assert IN_FLIGHT.labels("digits-prod")._value.get() == 3
+            stream.cancel()
+            for _ in range(50):
+                if IN_FLIGHT.labels("digits-prod")._value.get() == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert IN_FLIGHT.labels("digits-prod")._value.get() == 0
+
+    run(scenario)
+
+
+def test_idle_upstream_channels_are_closed_but_not_one_a_stream_still_uses(people: dict[str, Person]) -> None:
+    async def scenario() -> None:
+        async with stack() as (gateway, fake, channel):
+            other = await FakeTriton().start()
+            try:
+                await asyncio.to_thread(deploy, people["alice"], "digits-prod", fake.target)
+                await asyncio.to_thread(deploy, people["bob"], "old-one", other.target)
+                await call(channel, "ModelReady", READY, meta(people["bob"], "old-one"))
+                stream = await open_stream(channel, meta(people["alice"]))
+                await stream.write(infer_request([1], b"\0" * 4, request_id="1"))
+                await next_answer(stream)
+                await asyncio.sleep(0.3)
+                await stream.write(infer_request([1], b"\0" * 4, request_id="2"))
+                await next_answer(stream)
+                await gateway.channels.sweep(idle_seconds=0.25)
+                assert set(gateway.channels.channels) == {fake.target}
+                await stream.write(infer_request([1], b"\0" * 4, request_id="3"))
+                assert (await next_answer(stream)).infer_response.id == "3"
+                await stream.done_writing()
+                assert await stream.code() == grpc.StatusCode.OK
+            finally:
+                await other.stop()
+
+    run(scenario)
