@@ -13,8 +13,9 @@ and the refusal of Triton's admin methods (gateway/grpc_protocol.py). Messages a
 handler with no (de)serializer receives and sends them as they came off the wire, and only the small fields of an
 inference request are read (never its tensors) to refuse what would crash Triton.
 
-It runs in a process of its own (`manage.py grpc_gateway`, started by bin/run-portal): measured, gRPC's threads
-inside the uvicorn process cost the HTTP gateway latency and the gRPC gateway throughput (docs/benchmarks.md).
+It runs in a process of its own (`manage.py grpc_gateway`, started by bin/run-portal): measured inside uvicorn's
+process instead, gRPC kept 38% of its throughput while HTTP traffic ran at the same time (bench/grpc_placement.py,
+docs/benchmarks.md).
 
 Statuses: the HTTP gateway's refusals map to the gRPC codes users expect (grpc_protocol.grpc_code: 401
 UNAUTHENTICATED, 404 NOT_FOUND, 403 PERMISSION_DENIED, 400 INVALID_ARGUMENT, 413/429 RESOURCE_EXHAUSTED, 502/503
