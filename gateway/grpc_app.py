@@ -39,7 +39,7 @@ from typing import Any, NoReturn
 import grpc
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import DatabaseError, InterfaceError
 
 from accounts.tokens import parse_bearer
 from gateway import grpc_protocol, stats
@@ -231,10 +231,13 @@ class GrpcGateway:
         except GrpcFailure as exc:
             status = exc.status
             await _abort(context, exc)
-        except DatabaseError:
+        except (DatabaseError, InterfaceError):  # InterfaceError: a connection PostgreSQL dropped
             log.warning("gRPC gateway: the database is unreachable", exc_info=True)
             status = 503
             await _abort(context, _DATABASE_DOWN)
+        except asyncio.CancelledError:
+            status = 499  # the client went away (or its deadline passed) before the answer
+            raise
         finally:
             if route is not None:
                 self.collector.observe(route.deployment_id, route.name, _model_label(route, model), status,
@@ -248,7 +251,7 @@ class GrpcGateway:
         except GrpcFailure as exc:
             await _abort(context, exc)
             return
-        except DatabaseError:
+        except (DatabaseError, InterfaceError):  # InterfaceError: a connection PostgreSQL dropped
             await _abort(context, _DATABASE_DOWN)
             return
         await _StreamRelay(self, context, token, route.name).run()
@@ -377,7 +380,7 @@ class _StreamRelay:
                 except GrpcFailure as exc:
                     await _abort(self.context, exc)
                     return
-                except DatabaseError:
+                except (DatabaseError, InterfaceError):  # InterfaceError: a connection PostgreSQL dropped
                     await _abort(self.context, _DATABASE_DOWN)
                     return
             for upstream in list(self.opened):

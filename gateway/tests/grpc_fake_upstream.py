@@ -10,7 +10,6 @@ with a ModelStreamInferResponse naming the request's model and id, unless `strea
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,11 +112,3 @@ class FakeTriton:
 
     async def stop(self) -> None:
         await self.server.stop(0)
-
-
-async def slow(seconds: float, answer: bytes) -> Callable[[bytes], Awaitable[bytes]]:
-    async def behaviour(request: bytes) -> bytes:
-        await asyncio.sleep(seconds)
-        return answer
-
-    return behaviour

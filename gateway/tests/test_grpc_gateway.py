@@ -570,3 +570,36 @@ def test_idle_upstream_channels_are_closed_but_not_one_a_stream_still_uses(peopl
                 await other.stop()
 
     run(scenario)
+
+
+def test_with_the_database_down_cached_routes_keep_serving_and_the_rest_is_unavailable(
+    people: dict[str, Person], settings: Any
+) -> None:
+    from django.db import InterfaceError, OperationalError
+
+    settings.GATEWAY_CACHE_TTL_SECONDS = 0.05
+
+    async def scenario() -> None:
+        async with stack() as (gateway, fake, channel):
+            await asyncio.to_thread(deploy, people["alice"], "digits-prod", fake.target)
+            await call(channel, "ModelReady", READY, meta(people["alice"]))
+
+            async def database_down(key: Any) -> Any:
+                raise OperationalError("could not connect to server")
+
+            async def connection_dropped(key: Any) -> Any:
+                raise InterfaceError("connection already closed")
+
+            gateway.access.routes.loader = database_down
+            gateway.access.tokens.loader = database_down
+            await asyncio.sleep(0.1)  # every cached answer has expired
+            await call(channel, "ModelReady", READY, meta(people["alice"]))
+            for loader in (database_down, connection_dropped):
+                gateway.access.routes.loader = loader
+                unknown = await failure(channel, "ModelReady", READY, meta(people["alice"], "other"))
+                assert unknown.code() == grpc.StatusCode.UNAVAILABLE
+                assert "database is unreachable" in (unknown.details() or "") and retry_after(unknown) == "5"
+            stream = await open_stream(channel, meta(people["alice"], "other"))
+            assert await stream.code() == grpc.StatusCode.UNAVAILABLE
+
+    run(scenario)
