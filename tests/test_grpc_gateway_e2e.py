@@ -138,7 +138,12 @@ def test_tritonclient_grpc_through_the_gateway_gets_exactly_what_triton_gives(
     straight_stream = stream_all(direct, batches, None)
     assert via_stream.keys() == straight_stream.keys() == {str(i) for i in range(40)}
     for key, result in via_stream.items():
-        assert np.array_equal(result.as_numpy("probabilities"), straight_stream[key].as_numpy("probabilities"))
+        # 40 pipelined requests are batched by Triton's dynamic batcher as they happen to arrive, differently in the
+        # two runs, and onnxruntime's float sums depend on the batch size in their last bits: labels are equal,
+        # probabilities equal to float32 precision. (One request at a time, above, is bit for bit.)
+        assert np.array_equal(result.as_numpy("label"), straight_stream[key].as_numpy("label"))
+        np.testing.assert_allclose(result.as_numpy("probabilities"), straight_stream[key].as_numpy("probabilities"),
+                                   rtol=1e-5, atol=1e-7)
 
     # Triton's own errors pass through with its code and message.
     wrong = grpcclient.InferInput("nope", [1, 64], "FP32")
