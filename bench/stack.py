@@ -87,6 +87,21 @@ class Stack:
             f"print(Deployment.objects.get(name={name!r}).upstream_url.rsplit(':', 1)[1])"))
         return int(output.strip().splitlines()[-1])
 
+    def triton_grpc_target(self, name: str) -> str:
+        """The deployment's Triton gRPC endpoint (host:port, for 'direct' gRPC measurements)."""
+        output = self.manage("shell", "-c", (
+            "from deployments.models import Deployment;"
+            f"print(Deployment.objects.get(name={name!r}).grpc_upstream)"))
+        return output.strip().splitlines()[-1]
+
+    def start_grpc_gateway(self, port: int) -> None:
+        """The gRPC gateway as bin/run-portal starts it (manage.py grpc_gateway), as process "grpc"."""
+        log = open(self.var_dir / "log" / "grpc.log", "ab")  # noqa: SIM115 - lives as long as the process
+        self.processes["grpc"] = subprocess.Popen([PY, "manage.py", "grpc_gateway", "--port", str(port)], cwd=ROOT,
+                                                  env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+                                                  start_new_session=True)
+        wait_for_port(port)
+
     def manage(self, *args: str) -> str:
         return subprocess.run([PY, "manage.py", *args], cwd=ROOT, env=self.env(), check=True, capture_output=True,
                               text=True).stdout
@@ -99,6 +114,30 @@ class Stack:
 
     def pid(self, name: str) -> int:
         return self.processes[name].pid
+
+
+def wait_for_port(port: int, timeout: float = 30.0) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on port {port} after {timeout:g} s")
+
+
+def kserve_grpc_request(model: str, name: str, array: Any, outputs: list[str]) -> bytes:
+    """A serialized ModelInferRequest with the tensor in raw_input_contents (what tritonclient.grpc sends)."""
+    from tritonclient.grpc import service_pb2
+
+    datatype = {"float32": "FP32", "int64": "INT64"}[str(array.dtype)]
+    message = service_pb2.ModelInferRequest(model_name=model)
+    message.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
+    message.raw_input_contents.append(array.tobytes())
+    for output in outputs:
+        message.outputs.add(name=output)
+    return message.SerializeToString()
 
 
 def cpu_seconds(pid: int) -> float:

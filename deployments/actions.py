@@ -112,7 +112,7 @@ def delete_deployment(deployment: Deployment, user: Any, wait_seconds: float = 2
     with transaction.atomic():
         Deployment.objects.filter(pk=deployment.pk).update(desired_state=Deployment.Desired.DELETED)
         deployment.set_status(Deployment.Status.STOPPING, f"Deleting (requested by {user.get_username()}).",
-                              upstream_url="", serving_revision=None)
+                              upstream_url="", grpc_upstream="", serving_revision=None)
         audit(user, deployment.team, "deployment.delete", deployment.name)
     # A reconciler busy with this deployment sees the new desired state within a second and lets go.
     deadline = time.monotonic() + wait_seconds

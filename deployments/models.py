@@ -43,6 +43,8 @@ class Deployment(models.Model):
     # What the gateway routes to: switched in one UPDATE once a revision's server is ready (zero-downtime rollout).
     serving_revision = models.ForeignKey("Revision", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     upstream_url = models.CharField(max_length=255, blank=True)
+    # The same server's gRPC endpoint (host:port) for the gRPC gateway, switched in the same UPDATE.
+    grpc_upstream = models.CharField(max_length=255, blank=True)
     # A reconciler holds the deployment while it works on it (a conditional update), renewed while it waits.
     lease_until = models.DateTimeField(null=True, blank=True)
     # When a reconcile task was queued and not started yet: at most one waits per deployment, so a burst of changes
@@ -183,3 +185,7 @@ class TritonServer(models.Model):
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"

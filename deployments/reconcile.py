@@ -56,7 +56,7 @@ def _run(deployment: Deployment, runtime: Runtime) -> None:
             return
         record(deployment, Event.Kind.ERROR, f"Revision {target.number} stopped serving: {health.message}; restarting it."
                + (f" Last log lines:\n{health.detail}" if health.detail else ""))
-        deployment.set_status(S.STARTING, f"Restarting: {health.message}.", upstream_url="")
+        deployment.set_status(S.STARTING, f"Restarting: {health.message}.", upstream_url="", grpc_upstream="")
     _roll_out(deployment, runtime)
 
 
@@ -92,7 +92,8 @@ def _roll_out(deployment: Deployment, runtime: Runtime) -> None:
     previous_url = deployment.upstream_url
     with transaction.atomic():
         # The switch the gateway sees: one UPDATE of the upstream and the serving revision.
-        deployment.set_status(S.READY, f"Serving revision {target.number}.", serving_revision=target, upstream_url=launch.url)
+        deployment.set_status(S.READY, f"Serving revision {target.number}.", serving_revision=target, upstream_url=launch.url,
+                              grpc_upstream=launch.grpc_target)
         record(deployment, Event.Kind.INFO, f"Revision {target.number} is ready and serving ({launch.description}).")
     if previous_url and previous_url != launch.url:
         # A new server took over (a new revision, or the same one restarted with other sandbox settings): in-flight
@@ -125,7 +126,7 @@ def _unavailable(deployment: Deployment, message: str) -> None:
 def _stop(deployment: Deployment, runtime: Runtime) -> None:
     if deployment.status == S.STOPPED:
         return
-    deployment.set_status(S.STOPPING, "Stopping Triton.", upstream_url="", serving_revision=None)
+    deployment.set_status(S.STOPPING, "Stopping Triton.", upstream_url="", grpc_upstream="", serving_revision=None)
     runtime.stop(deployment)
     deployment.set_status(S.STOPPED, "Stopped.")
     record(deployment, Event.Kind.INFO, "Stopped.")

@@ -52,6 +52,7 @@ class Route:
     upstream_url: str  # empty while no revision is serving
     status: str
     models: frozenset[str] = frozenset()  # the models the serving revision holds (the metrics label them)
+    grpc_target: str = ""  # host:port of the serving Triton's gRPC endpoint; empty while none serves
 
 
 class TtlCache(Generic[K, V]):
@@ -220,12 +221,13 @@ def _load_session(session_key: str) -> Caller | None:
 def _load_route(key: tuple[int, str]) -> Route | None:
     team_id, name = key
     row = (Deployment.objects.filter(team_id=team_id, name=name).exclude(desired_state=Deployment.Desired.DELETED)
-           .values("pk", "upstream_url", "status", "desired_state", "serving_revision__spec").first())
+           .values("pk", "upstream_url", "grpc_upstream", "status", "desired_state", "serving_revision__spec").first())
     if row is None:
         return None
-    upstream = row["upstream_url"] if row["desired_state"] == Deployment.Desired.RUNNING else ""
-    return Route(deployment_id=row["pk"], name=name, upstream_url=upstream, status=row["status"],
-                 models=_model_names(row["serving_revision__spec"]))
+    running = row["desired_state"] == Deployment.Desired.RUNNING
+    return Route(deployment_id=row["pk"], name=name, upstream_url=row["upstream_url"] if running else "",
+                 status=row["status"], models=_model_names(row["serving_revision__spec"]),
+                 grpc_target=row["grpc_upstream"] if running else "")
 
 
 def _model_names(spec: object) -> frozenset[str]:

@@ -432,3 +432,15 @@ SIGN_IN_LOCKOUT_SECONDS = env_int("SIGN_IN_LOCKOUT_SECONDS", 900, minimum=1)
 # the client's address is the entry this far from the right. 0: the TCP peer's address (REMOTE_ADDR).
 NUM_PROXIES = env_int("NUM_PROXIES", 0, minimum=0)
 # In production /metrics must have METRICS_TOKEN: the system check modelport.E001 stops `migrate` and `check`.
+
+# --- gRPC inference gateway (manage.py grpc_gateway, started by bin/run-portal) ----------------------------------
+# Triton's gRPC protocol for tritonclient.grpc, with the HTTP gateway's access rules, limits and statistics. The
+# port it listens on (8001, beside the portal's 8000, as Triton's own ports are); 0: bin/run-portal does not start it.
+GATEWAY_GRPC_PORT = env_int("GATEWAY_GRPC_PORT", 8001, minimum=0)
+if GATEWAY_GRPC_PORT > 65535:
+    raise ImproperlyConfigured("GATEWAY_GRPC_PORT must be a TCP port number (0 turns the gRPC gateway off)")
+# The address programs connect to, for the deployment page's snippet ("grpc.modelport.example.com:443" behind an
+# ingress); empty: the page's own host name with GATEWAY_GRPC_PORT.
+GATEWAY_GRPC_PUBLIC_ADDRESS = env_str("GATEWAY_GRPC_PUBLIC_ADDRESS", "")
+# Its Prometheus counters are its own process's: GET /metrics on this port (behind METRICS_TOKEN); 0: not served.
+GATEWAY_GRPC_METRICS_PORT = env_int("GATEWAY_GRPC_METRICS_PORT", 0, minimum=0)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,37 @@ def portal_url(celery_processes: Any, tmp_path: Path) -> Iterator[str]:
         log = tmp_path / "logs" / "web.log"
         if log.exists():
             print("--- web.log (last lines) ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+
+
+@dataclass(frozen=True)
+class GrpcGatewayProcess:
+    address: str  # host:port for tritonclient.grpc
+    metrics_url: str  # its own Prometheus /metrics
+
+
+@pytest.fixture
+def grpc_gateway(portal_url: str, tmp_path: Path) -> Iterator[GrpcGatewayProcess]:
+    """The gRPC gateway over a real socket (`manage.py grpc_gateway`), beside the portal of portal_url."""
+    import socket
+
+    port, metrics_port = processes.free_port(), processes.free_port()
+    gateway = processes.start_grpc_gateway(tmp_path / "logs" / "grpc.log", port, metrics_port)
+
+    def up() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    try:
+        processes.wait_for(up, 30, what="the gRPC gateway")
+        yield GrpcGatewayProcess(f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics")
+    finally:
+        processes.kill(gateway)
+        log = tmp_path / "logs" / "grpc.log"
+        if log.exists():
+            print("--- grpc.log (last lines) ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
 
 
 def _stop_leftover_servers() -> None:

@@ -84,3 +84,12 @@ def start_web(log_path: Path, port: int) -> subprocess.Popen[bytes]:
     log = open(log_path, "ab")  # noqa: SIM115 - kept open for the process' lifetime
     return subprocess.Popen(command, cwd=ROOT, env=process_env(), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
+
+
+def start_grpc_gateway(log_path: Path, port: int, metrics_port: int = 0) -> subprocess.Popen[bytes]:
+    """The gRPC gateway as bin/run-portal starts it: `manage.py grpc_gateway`, a process of its own."""
+    command = [sys.executable, "manage.py", "grpc_gateway", "--host", "127.0.0.1", "--port", str(port),
+               "--metrics-port", str(metrics_port)]
+    log = open(log_path, "ab")  # noqa: SIM115 - kept open for the process' lifetime
+    return subprocess.Popen(command, cwd=ROOT, env=process_env(), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)

@@ -26,7 +26,8 @@ def clean_env(var_dir: Path, port: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("DATABASE_URL", "CELERY_", "MODELPORT_", "ARTIFACT_ROOT", "DEBUG", "PYTEST",
                                 "DJANGO_SETTINGS_MODULE"))}
-    return {**env, "MODELPORT_VAR_DIR": str(var_dir), "PORT": str(port), "RECONCILE_INTERVAL_SECONDS": "1"}
+    return {**env, "MODELPORT_VAR_DIR": str(var_dir), "PORT": str(port), "RECONCILE_INTERVAL_SECONDS": "1",
+            "GATEWAY_GRPC_PORT": str(free_port())}
 
 
 def run(env: dict[str, str], *command: str) -> subprocess.CompletedProcess[str]:
@@ -82,6 +83,16 @@ def portal(tmp_path: Path) -> Iterator[RunningPortal]:
         print(f"--- run-portal output ---\n{running.text() if running.output.exists() else ''}")
 
 
+def listens(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
 def checkout_var_files() -> dict[str, float]:
     var = ROOT / "var"
     names = ["log/worker.log", "log/beat.log", "celerybeat-schedule", "celerybeat-schedule.db",
@@ -96,7 +107,11 @@ def test_it_keeps_its_files_under_the_var_dir_refuses_a_second_portal_and_stops_
     wait_for(lambda: (portal.var_dir / "log" / "beat.log").exists() and list(portal.var_dir.glob("celerybeat-schedule*")),
              30, what="beat to write its schedule")
     wait_for(lambda: " ready." in (portal.var_dir / "log" / "worker.log").read_text(), 30, what="the worker's log")
-    assert sorted(p.name for p in (portal.var_dir / "run").glob("*.pid")) == ["beat.pid", "web.pid", "worker.pid"]
+    assert sorted(p.name for p in (portal.var_dir / "run").glob("*.pid")) == ["beat.pid", "grpc.pid", "web.pid",
+                                                                                "worker.pid"]
+    grpc_port = int(portal.env["GATEWAY_GRPC_PORT"])
+    assert f"gRPC inference (tritonclient.grpc): 127.0.0.1:{grpc_port}" in portal.text()
+    wait_for(lambda: listens(grpc_port), 60, what="the gRPC gateway")
     assert checkout_var_files() == before, "nothing written to the checkout's var/"
 
     second = run({**portal.env, "PORT": str(free_port())}, "bin/run-portal")
@@ -111,6 +126,7 @@ def test_it_keeps_its_files_under_the_var_dir_refuses_a_second_portal_and_stops_
     assert portal.process.returncode == 0
     assert "Stopped from another terminal (make stop)." in portal.text()
     assert not list((portal.var_dir / "run").glob("*.pid"))
+    assert not listens(grpc_port)
     again = run(portal.env, "make", "--no-print-directory", "stop")
     assert f"Modelport is not running from {portal.var_dir}." in again.stdout
 

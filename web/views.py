@@ -34,7 +34,7 @@ from models_registry.models import FORMATS_NEEDING_SIGNATURE, Format, Model, Mod
 from models_registry.pipelines import pipeline_graph
 from models_registry.samples import sample_inputs, takes_images
 from models_registry.validation import ArtifactRejected
-from web import inference, new_token, pipeline_form, revisions, samples
+from web import grpc_snippet, inference, new_token, pipeline_form, revisions, samples
 from web.forms import (
     DeploymentForm,
     ServedModelForm,
@@ -396,6 +396,14 @@ def deployment_detail(request: HttpRequest, team: Team, name: str) -> HttpRespon
                 ("modelport CLI", inference.cli_snippet(deployment.name, entry["name"], base_url), "cli"),
             ],
         })
+        # gRPC (tritonclient.grpc): the Python snippet's twin, when the gRPC gateway runs.
+        grpc_address = grpc_snippet.public_address(base_url)
+        snippets = served[-1]["snippets"]
+        keys = [key for _, _, key in snippets]
+        if grpc_address is not None and "python" in keys:
+            python = snippets[keys.index("python")][1]
+            snippets.insert(keys.index("python") + 1, ("Python (tritonclient.grpc)", grpc_snippet.python_grpc_snippet(
+                python, *grpc_address, deployment.name), "grpc"))
     return render(request, "web/deployment_detail.html", {
         **_live_context(deployment), "served": served,
         "examples": {s["entry"]["name"]: {"path": s["path"], "request": s["example"]} for s in served},

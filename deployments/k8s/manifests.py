@@ -129,6 +129,11 @@ def service_url(target_name: str, namespace: str, config: KubernetesConfig) -> s
     return f"http://{target_name}.{namespace}.svc.{config.cluster_domain}:{HTTP_PORT}"
 
 
+def service_grpc_target(target_name: str, namespace: str, config: KubernetesConfig) -> str:
+    """What the gRPC gateway forwards to: the same Service's gRPC port (host:port, as grpc channels take it)."""
+    return f"{target_name}.{namespace}.svc.{config.cluster_domain}:{GRPC_PORT}"
+
+
 # --- Checks -------------------------------------------------------------------------------------------------
 
 

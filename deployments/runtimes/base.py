@@ -17,6 +17,7 @@ class Launch:
     url: str  # what the gateway proxies to
     description: str  # for events: "pid 123, port 8000" or "Deployment acme/digits, 2 replicas"
     ref: int | str  # runtime-specific handle (a TritonServer id, a Kubernetes object name)
+    grpc_target: str = ""  # host:port of the same server's gRPC endpoint, for the gRPC gateway
 
 
 @dataclass(frozen=True)

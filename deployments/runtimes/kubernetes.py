@@ -220,6 +220,7 @@ class KubernetesRuntime:
         return Launch(
             revision_id=revision.pk,
             url=manifests.service_url(target.name, namespace, self.cfg),
+            grpc_target=manifests.service_grpc_target(target.name, namespace, self.cfg),
             description=f"Deployment {namespace}/{target.name}, {replicas} replica{'s' if replicas != 1 else ''}",
             ref=f"{namespace}/{target.name}",
         )

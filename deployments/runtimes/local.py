@@ -245,7 +245,7 @@ def _process(server: TritonServer) -> local_triton.ServerProcess:
 def _describe(server: TritonServer) -> Launch:
     confinement = "sandboxed" + (", egress allowed" if server.allow_egress else "") if server.sandboxed \
         else "not sandboxed"
-    return Launch(revision_id=server.revision_id, url=server.url, ref=server.pk,
+    return Launch(revision_id=server.revision_id, url=server.url, grpc_target=server.grpc_target, ref=server.pk,
                   description=f"pid {server.pid}, port {server.http_port}, {confinement}")
 
 

@@ -116,7 +116,7 @@ def test_the_example_overlay_runs_web_worker_and_beat_from_the_built_image() -> 
     for name in ("modelport-web", "modelport-worker", "modelport-beat"):
         deployment = objects[("Deployment", name)]
         assert deployment["metadata"]["namespace"] == "modelport"
-        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
         assert container["image"] == "registry.example.com/modelport:0.1.0"
         assert {e["configMapRef"]["name"] for e in container["envFrom"] if "configMapRef" in e} == {"modelport-config"}
         assert {e["secretRef"]["name"] for e in container["envFrom"] if "secretRef" in e} == {"modelport-secrets"}
@@ -212,3 +212,46 @@ def test_the_example_lets_triton_reach_its_s3_endpoint() -> None:
     config = objects[("ConfigMap", "modelport-config")]["data"]
     assert config["S3_ENDPOINT_URL"] == "http://minio.storage.svc.cluster.local:9000"
     assert config["KUBERNETES_TRITON_EGRESS"] == "namespace=storage:9000"  # MinIO's namespace and port
+
+
+def test_the_grpc_gateway_runs_beside_the_web_server_in_the_pods_triton_lets_in() -> None:
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in build(KUSTOMIZE / "overlays/example")}
+    pod = objects[("Deployment", "modelport-web")]["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    grpc = containers["grpc"]
+    assert grpc["image"] == containers["web"]["image"] == "registry.example.com/modelport:0.1.0"
+    assert grpc["command"] == ["python", "manage.py", "grpc_gateway", "--host", "0.0.0.0", "--port", "8001",
+                               "--metrics-port", "8002"]
+    assert grpc["envFrom"] == containers["web"]["envFrom"]
+    assert grpc["readinessProbe"]["grpc"] == {"port": 8001}  # grpc.health.v1, which the gateway answers
+    service = objects[("Service", "modelport-web")]
+    assert {"name": "grpc", "port": 8001, "targetPort": "grpc", "protocol": "TCP",
+            "appProtocol": "kubernetes.io/h2c"} in service["spec"]["ports"]
+    ingress = objects[("Ingress", "modelport-grpc")]
+    assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/backend-protocol"] == "GRPC"
+    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert backend == {"name": "modelport-web", "port": {"name": "grpc"}}
+    config = objects[("ConfigMap", "modelport-config")]["data"]
+    assert config["GATEWAY_GRPC_PUBLIC_ADDRESS"] == "grpc.modelport.example.com:443"
+
+
+def test_triton_serves_grpc_to_the_pods_where_the_grpc_gateway_runs() -> None:
+    """What the gRPC gateway forwards to on Kubernetes (Deployment.grpc_upstream): the Triton Service's grpc port,
+    which the Triton NetworkPolicy opens to the web pods, where the gateway's container runs."""
+    from deployments.k8s import manifests
+
+    config = KubernetesConfig()
+    target = manifests.Target(team="acme", name="digits", revision=1, repository_key="p/r1/", spec={
+        "runtime": "kubernetes", "replicas": 1, "resources": {}, "models": [{
+            "name": "digits", "model": "digits", "version": 1, "format": "onnx", "max_batch_size": 8,
+            "instance_group": {"count": 1, "kind": "cpu", "gpus": []}, "response_cache": False}]})
+    triton = {o["kind"]: o for o in manifests.build(target, "modelport-acme", config)}
+    assert manifests.service_grpc_target("digits", "modelport-acme", config) == (
+        f"{triton['Service']['metadata']['name']}.modelport-acme.svc.cluster.local:8001")
+    assert {"name": "grpc", "port": 8001, "targetPort": "grpc", "protocol": "TCP"} in triton["Service"]["spec"]["ports"]
+    [rule] = triton["NetworkPolicy"]["spec"]["ingress"][:1]
+    assert {"protocol": "TCP", "port": 8001} in rule["ports"]
+    admitted = rule["from"][0]["podSelector"]["matchLabels"]
+    web = {(o["kind"], o["metadata"]["name"]): o for o in build(KUSTOMIZE / "base")}[("Deployment", "modelport-web")]
+    assert admitted.items() <= web["spec"]["template"]["metadata"]["labels"].items()
+    assert "grpc" in {c["name"] for c in web["spec"]["template"]["spec"]["containers"]}

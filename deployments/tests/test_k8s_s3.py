@@ -292,6 +292,7 @@ def test_the_reconciler_uploads_applies_rolls_out_and_cleans_up(
     deployment.refresh_from_db()
     assert deployment.status == Deployment.Status.READY, deployment.status_message
     assert deployment.upstream_url == "http://digits.modelport-acme.svc.cluster.local:8000"
+    assert deployment.grpc_upstream == "digits.modelport-acme.svc.cluster.local:8001"
     assert keys(s3_config, root) == [f"{root}r1.uploaded", f"{root}r1/digits/1/model.onnx",
                                      f"{root}r1/digits/config.pbtxt"]
     config_pbtxt = s3repo.client(s3_config).get_object(Bucket=s3_config.s3_bucket,

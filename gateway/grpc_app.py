@@ -1,0 +1,572 @@
+"""The gRPC inference gateway: Triton's GRPCInferenceService (the KServe v2 gRPC protocol) for API tokens of the
+deployment's team, forwarded to the deployment's current Triton.
+
+    client = tritonclient.grpc.InferenceServerClient("modelport.example.com:8001")
+    headers = {"authorization": "Bearer mp_...", "modelport-deployment": "digits-prod"}
+    client.infer("digits", inputs, headers=headers)
+
+The token goes in the `authorization` metadata, the deployment's name in `modelport-deployment` (gRPC metadata
+keys are lower case). It is the HTTP gateway (gateway/app.py) for gRPC, built from the same parts: the cached
+access decisions (gateway/access.py), the rate limit per user and team shared through Redis
+(gateway/ratelimit.py), the statistics per deployment and model (gateway/stats.py), the body and tensor limits,
+and the refusal of Triton's admin methods (gateway/grpc_protocol.py). Messages are forwarded as bytes: a generic
+handler with no (de)serializer receives and sends them as they came off the wire, and only the small fields of an
+inference request are read (never its tensors) to refuse what would crash Triton.
+
+It runs in a process of its own (`manage.py grpc_gateway`, started by bin/run-portal): measured inside uvicorn's
+process instead, gRPC kept 38% of its throughput while HTTP traffic ran at the same time (bench/grpc_placement.py,
+docs/benchmarks.md).
+
+Statuses: the HTTP gateway's refusals map to the gRPC codes users expect (grpc_protocol.grpc_code: 401
+UNAUTHENTICATED, 404 NOT_FOUND, 403 PERMISSION_DENIED, 400 INVALID_ARGUMENT, 413/429 RESOURCE_EXHAUSTED, 502/503
+UNAVAILABLE with a `retry-after` trailing metadata in seconds, 504 DEADLINE_EXCEEDED); Triton's own answers pass
+through with its code and message. In ModelStreamInfer a refused request is answered in the stream with an error
+message naming its model and id, as Triton answers its own per-request errors, and the stream goes on; a revoked
+token or a deleted deployment ends the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import grpc
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import DatabaseError, InterfaceError
+
+from accounts.tokens import parse_bearer
+from gateway import grpc_protocol, stats
+from gateway.access import Access, Caller, Route
+from gateway.grpc_protocol import Method
+from gateway.protocol import Refusal
+from gateway.ratelimit import RateLimiter, retry_after_header
+
+log = logging.getLogger(__name__)
+
+DEPLOYMENT_KEY = "modelport-deployment"
+MAX_DEPLOYMENT_NAME = 255
+FLUSH_SECONDS = 5.0
+CHANNEL_IDLE_SECONDS = 120.0  # upstream channels unused this long are closed (old revisions' servers)
+MAX_CONCURRENT_STREAMS = 1000  # HTTP/2 streams (calls in flight) per client connection
+# gRPC's own words when the channel to Triton failed (as opposed to Triton answering UNAVAILABLE itself): the
+# client then gets the HTTP gateway's message rather than internal addresses.
+_CONNECTION_FAILURES = ("failed to connect", "connection refused", "socket closed", "connection reset",
+                        "broken pipe", "dns resolution failed", "connection timed out", "goaway", "keepalive",
+                        "endpoint closing", "transport closed", "unavailable")
+
+
+class GrpcFailure(Exception):
+    """An answer the gateway gives itself: a gRPC code, a message that says what to do, and the HTTP status that
+    the statistics count it as."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, status: int, retry_after: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+        self.retry_after = retry_after
+
+    @classmethod
+    def from_refusal(cls, exc: Refusal) -> GrpcFailure:
+        return cls(grpc.StatusCode[grpc_protocol.grpc_code(exc.status)], exc.message, exc.status,
+                   exc.headers.get("Retry-After", ""))
+
+
+class Channels:
+    """One channel (one HTTP/2 connection, every call multiplexed on it) per upstream Triton, opened on first use
+    and closed once unused for CHANNEL_IDLE_SECONDS; and the callables per method, which cost a little to make."""
+
+    def __init__(self, options: list[tuple[str, Any]]) -> None:
+        self.options = options
+        self.channels: dict[str, grpc.aio.Channel] = {}
+        self.used: dict[str, float] = {}
+        self.unary: dict[tuple[str, str], grpc.aio.UnaryUnaryMultiCallable] = {}
+
+    def channel(self, target: str) -> grpc.aio.Channel:
+        self.used[target] = time.monotonic()
+        channel = self.channels.get(target)
+        if channel is None:
+            channel = self.channels[target] = grpc.aio.insecure_channel(target, options=self.options)
+        return channel
+
+    def touch(self, target: str) -> None:
+        if target in self.channels:
+            self.used[target] = time.monotonic()
+
+    def unary_call(self, target: str, path: str) -> grpc.aio.UnaryUnaryMultiCallable:
+        call = self.unary.get((target, path))
+        if call is None or target not in self.channels:
+            call = self.unary[(target, path)] = self.channel(target).unary_unary(path)
+        else:
+            self.used[target] = time.monotonic()
+        return call
+
+    async def sweep(self, idle_seconds: float = CHANNEL_IDLE_SECONDS) -> None:
+        cutoff = time.monotonic() - idle_seconds
+        for target in [t for t, used in self.used.items() if used < cutoff]:
+            await self._close(target)
+
+    async def close(self) -> None:
+        for target in list(self.channels):
+            await self._close(target)
+
+    async def _close(self, target: str) -> None:
+        self.used.pop(target, None)
+        channel = self.channels.pop(target, None)
+        for key in [k for k in self.unary if k[0] == target]:
+            del self.unary[key]
+        if channel is not None:
+            # Calls still running on it (a long stream) get the grace period, then are cancelled.
+            await channel.close(grace=5.0)
+
+
+class GrpcGateway:
+    def __init__(self) -> None:
+        self.access = Access(ttl=settings.GATEWAY_CACHE_TTL_SECONDS)
+        self.limiter = RateLimiter(settings.GATEWAY_RATE_LIMIT_PER_SECOND, settings.GATEWAY_RATE_LIMIT_BURST,
+                                   redis_url=settings.REDIS_URL)
+        self.collector = stats.StatsCollector()
+        self.max_body = settings.GATEWAY_MAX_BODY_BYTES
+        self.max_response = settings.GATEWAY_MAX_RESPONSE_BYTES
+        self.max_tensor = settings.GATEWAY_MAX_TENSOR_BYTES
+        self.timeout = settings.GATEWAY_UPSTREAM_TIMEOUT_SECONDS
+        self.channels = Channels([
+            ("grpc.max_receive_message_length", _int32(self.max_response)),
+            ("grpc.max_send_message_length", _int32(self.max_body)),
+        ])
+        self.server: grpc.aio.Server | None = None
+        self.port = 0
+        self.background: asyncio.Task[None] | None = None
+
+    # --- Process ---------------------------------------------------------------------------------------------
+
+    def build_server(self) -> grpc.aio.Server:
+        server = grpc.aio.server(options=[
+            # The HTTP gateway's body limit, checked by gRPC before the message is handed over (after inflating a
+            # compressed one); past it the client gets RESOURCE_EXHAUSTED.
+            ("grpc.max_receive_message_length", _int32(self.max_body)),
+            ("grpc.max_send_message_length", _int32(self.max_response)),
+            ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
+            # A second gateway on the same port must fail to start, not share the port unnoticed.
+            ("grpc.so_reuseport", 0),
+        ])
+        server.add_generic_rpc_handlers((_Handlers(self),))
+        return server
+
+    async def start(self, address: str) -> int:
+        """Listen on `address` ("host:port"; port 0 picks one) and return the port."""
+        self.server = self.build_server()
+        self.port = self.server.add_insecure_port(address)
+        await self.server.start()
+        self.background = asyncio.get_running_loop().create_task(self._housekeeping())
+        return self.port
+
+    async def stop(self, grace: float = 5.0) -> None:
+        if self.server is not None:
+            await self.server.stop(grace)
+        if self.background is not None:
+            self.background.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.background
+        await self._flush()
+        await self.limiter.close()
+        await self.channels.close()
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_SECONDS)
+            await self._flush()
+            await self.channels.sweep()
+
+    async def _flush(self) -> None:
+        buckets = self.collector.take()
+        if buckets:
+            try:
+                await sync_to_async(stats.flush, thread_sensitive=False)(buckets)
+            except Exception:
+                log.exception("could not write gateway statistics")
+
+    # --- Calls -----------------------------------------------------------------------------------------------
+
+    async def health(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """grpc.health.v1 for probes: the gateway itself is serving (no deployment, no credential)."""
+        return grpc_protocol.HEALTH_SERVING
+
+    async def unary(self, path: str, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        started = time.perf_counter()
+        route: Route | None = None
+        model = ""
+        status = 500
+        try:
+            metadata = _metadata(context)
+            caller, _ = await self._caller(metadata)
+            route = await self._route(caller, metadata)
+            try:
+                method = grpc_protocol.classify(path)
+                if method.kind == "infer":
+                    summary = grpc_protocol.read_infer_request(request)
+                    model = summary.model
+                    grpc_protocol.check_infer_request(summary, self.max_tensor)
+                else:
+                    model = self._model(method, request)
+                self._rate_limit(caller)
+                target = _target(route)
+            except Refusal as exc:
+                raise GrpcFailure.from_refusal(exc) from None
+            in_flight = stats.IN_FLIGHT.labels(route.name)
+            in_flight.inc()
+            try:
+                response = await self._forward(target, path, request, context)
+            finally:
+                in_flight.dec()
+            status = 200
+            return response
+        except GrpcFailure as exc:
+            status = exc.status
+            await _abort(context, exc)
+        except (DatabaseError, InterfaceError):  # InterfaceError: a connection PostgreSQL dropped
+            log.warning("gRPC gateway: the database is unreachable", exc_info=True)
+            status = 503
+            await _abort(context, _DATABASE_DOWN)
+        except asyncio.CancelledError:
+            status = 499  # the client went away (or its deadline passed) before the answer
+            raise
+        finally:
+            if route is not None:
+                self.collector.observe(route.deployment_id, route.name, _model_label(route, model), status,
+                                       time.perf_counter() - started)
+
+    async def stream(self, context: grpc.aio.ServicerContext) -> None:
+        try:
+            metadata = _metadata(context)
+            caller, token = await self._caller(metadata)
+            route = await self._route(caller, metadata)
+        except GrpcFailure as exc:
+            await _abort(context, exc)
+            return
+        except (DatabaseError, InterfaceError):  # InterfaceError: a connection PostgreSQL dropped
+            await _abort(context, _DATABASE_DOWN)
+            return
+        await _StreamRelay(self, context, token, route.name).run()
+
+    # --- Steps -------------------------------------------------------------------------------------------------
+
+    async def _caller(self, metadata: dict[str, str]) -> tuple[Caller, str]:
+        authorization = metadata.get("authorization")
+        if authorization is None:
+            raise GrpcFailure(grpc.StatusCode.UNAUTHENTICATED, "Authentication required: send the metadata "
+                              "'authorization: Bearer <token>' with a Modelport API token.", 401)
+        raw = parse_bearer(authorization)
+        if raw is None:
+            raise GrpcFailure(grpc.StatusCode.UNAUTHENTICATED, "Use the metadata 'authorization: Bearer <token>' "
+                              "with a Modelport API token.", 401)
+        caller = await self.access.token(raw)
+        if caller is None:
+            raise GrpcFailure(grpc.StatusCode.UNAUTHENTICATED, "The API token is invalid, expired or revoked.", 401)
+        return caller, raw
+
+    async def _route(self, caller: Caller, metadata: dict[str, str]) -> Route:
+        name = metadata.get(DEPLOYMENT_KEY, "")
+        if not name:
+            raise GrpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"Name the deployment in the '{DEPLOYMENT_KEY}' "
+                              "metadata (as in /serve/<deployment>/ over HTTP).", 400)
+        route = await self.access.routes.get((caller.team_id, name)) if len(name) <= MAX_DEPLOYMENT_NAME else None
+        if route is None:
+            raise GrpcFailure(grpc.StatusCode.NOT_FOUND, f"No deployment named {name[:100]!r}.", 404)
+        return route
+
+    def _model(self, method: Method, request: bytes) -> str:
+        """The model a request other than an inference names (for the statistics), after checking it."""
+        if method.kind in ("health", "server"):
+            return ""
+        name, _ = grpc_protocol.model_name(request)
+        if not name and method.kind != "stats":
+            raise Refusal(400, f"{method.name} needs the model's name.")
+        return name
+
+    def _rate_limit(self, caller: Caller) -> None:
+        # Per user and team, shared with the HTTP gateway: the same bucket whichever protocol a program speaks.
+        wait = self.limiter.check((caller.user_id, caller.team_id))
+        if wait:
+            raise Refusal(429, "Too many requests from you in this team; slow down.",
+                          {"Retry-After": retry_after_header(wait)})
+
+    async def _forward(self, target: str, path: str, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        timeout = self.timeout
+        remaining = context.time_remaining()
+        if remaining is not None:
+            timeout = min(timeout, max(remaining, 0.001))
+        try:
+            response: bytes = await self.channels.unary_call(target, path)(request, timeout=timeout)
+            return response
+        except grpc.aio.AioRpcError as exc:
+            raise self._upstream_failure(exc, target) from None
+
+    def _upstream_failure(self, exc: grpc.aio.AioRpcError, target: str) -> GrpcFailure:
+        code = exc.code()
+        details = exc.details() or ""
+        if code == grpc.StatusCode.UNAVAILABLE and details.lower().startswith(_CONNECTION_FAILURES):
+            log.info("gRPC upstream %s failed: %s", target, details)
+            return GrpcFailure(code, "Triton is unreachable or broke the connection; the deployment may be "
+                                     "restarting. Retry shortly.", 502, "2")
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return GrpcFailure(code, f"Triton did not answer within {self.timeout:g} s (or the call's deadline).",
+                               504)
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
+            return GrpcFailure(code, f"Triton's answer is over the gateway's limit of {self.max_response} bytes "
+                                     "(GATEWAY_MAX_RESPONSE_BYTES); ask for less per request.", 502)
+        if code == grpc.StatusCode.CANCELLED:
+            return GrpcFailure(code, "The call was cancelled.", 499)
+        # Triton's own answer (its message says what was wrong with the request): passed on as it is.
+        return GrpcFailure(code, details, grpc_protocol.http_status(code.name))
+
+
+_DATABASE_DOWN = GrpcFailure(grpc.StatusCode.UNAVAILABLE, "The portal's database is unreachable; retry shortly.",
+                             503, "5")
+
+
+@dataclass
+class _Pending:
+    started: float
+    model: str
+    request_id: str
+
+
+@dataclass
+class _Upstream:
+    """One ModelStreamInfer call to one Triton: the requests sent on it that await their answer, in order (Triton
+    answers a stream's requests in order for the non-decoupled models Modelport deploys)."""
+
+    target: str
+    route: Route
+    call: Any  # grpc.aio.StreamStreamCall
+    pending: collections.deque[_Pending] = field(default_factory=collections.deque)
+    pump: asyncio.Task[None] | None = None
+    writing: bool = True
+
+
+class _StreamRelay:
+    """One client stream. Each request is checked as a unary one would be (access re-checked from the cache, so a
+    revoked token ends the stream within the cache window) and sent on the stream to the route's current Triton.
+
+    Requests go to an upstream stream per target: when a rollout moves the deployment to a new server, new
+    requests go to the new one while the old stream finishes what it was sent (and a canary split can send each
+    request to either). Answers are relayed as they come, from every upstream stream."""
+
+    def __init__(self, gateway: GrpcGateway, context: grpc.aio.ServicerContext, token: str, name: str) -> None:
+        self.gateway = gateway
+        self.context = context
+        self.token = token
+        self.name = name
+        self.upstreams: dict[str, _Upstream] = {}  # the one taking new requests, per target
+        self.opened: list[_Upstream] = []  # every upstream stream not finished yet, finishing ones included
+        self.write_lock = asyncio.Lock()
+
+    async def run(self) -> None:
+        try:
+            while True:
+                message = await self.context.read()
+                if message is grpc.aio.EOF:
+                    break
+                try:
+                    await self._handle(message)
+                except GrpcFailure as exc:
+                    await _abort(self.context, exc)
+                    return
+                except (DatabaseError, InterfaceError):  # InterfaceError: a connection PostgreSQL dropped
+                    await _abort(self.context, _DATABASE_DOWN)
+                    return
+            for upstream in list(self.opened):
+                await self._stop_writing(upstream)
+            pumps = [u.pump for u in self.opened if u.pump is not None]
+            if pumps:
+                await asyncio.gather(*pumps, return_exceptions=True)
+        finally:
+            # The client is gone, or the stream was ended: nothing more is relayed.
+            for upstream in self.opened:
+                upstream.call.cancel()
+                if upstream.pump is not None:
+                    upstream.pump.cancel()
+                for _ in upstream.pending:
+                    stats.IN_FLIGHT.labels(upstream.route.name).dec()
+                upstream.pending.clear()
+
+    async def _handle(self, message: bytes) -> None:
+        gateway = self.gateway
+        started = time.perf_counter()
+        caller = await gateway.access.token(self.token)
+        if caller is None:
+            raise GrpcFailure(grpc.StatusCode.UNAUTHENTICATED, "The API token is invalid, expired or revoked.", 401)
+        route = await gateway.access.routes.get((caller.team_id, self.name))
+        if route is None:
+            raise GrpcFailure(grpc.StatusCode.NOT_FOUND, f"No deployment named {self.name[:100]!r}.", 404)
+        summary = grpc_protocol.InferSummary()
+        try:
+            summary = grpc_protocol.read_infer_request(message)
+            grpc_protocol.check_infer_request(summary, gateway.max_tensor)
+            gateway._rate_limit(caller)
+            target = _target(route)
+        except Refusal as exc:
+            gateway.collector.observe(route.deployment_id, route.name, _model_label(route, summary.model),
+                                      exc.status, time.perf_counter() - started)
+            await self._write(grpc_protocol.stream_error_response(exc.message, summary.model, summary.id))
+            return
+        gateway.channels.touch(target)  # a long stream keeps its channel from being swept as idle
+        upstream = self.upstreams.get(target)
+        if upstream is None or not upstream.writing:
+            upstream = self._open(target, route)
+        # A rollout moved the route: the old server's stream takes no more and just finishes. (A canary split
+        # would keep every stream of the route's current revisions open, and stop only the others.)
+        for other in list(self.upstreams.values()):
+            if other is not upstream and other.writing:
+                await self._stop_writing(other)
+        entry = _Pending(started, summary.model, summary.id)
+        upstream.pending.append(entry)
+        stats.IN_FLIGHT.labels(route.name).inc()
+        try:
+            await upstream.call.write(message)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            # The upstream stream has ended: its pump answers what it still owed; this request is answered here.
+            log.info("gRPC upstream stream to %s ended: %r", target, exc)
+            with contextlib.suppress(ValueError):
+                upstream.pending.remove(entry)
+                await self._fail(upstream, [entry])
+            upstream.writing = False
+
+    def _open(self, target: str, route: Route) -> _Upstream:
+        remaining = self.context.time_remaining()
+        call = self.gateway.channels.channel(target).stream_stream(grpc_protocol.STREAM_METHOD)(timeout=remaining)
+        upstream = _Upstream(target=target, route=route, call=call)
+        self.opened = [u for u in self.opened if not (u.pump is not None and u.pump.done() and not u.pending)]
+        self.opened.append(upstream)
+        self.upstreams[target] = upstream
+        upstream.pump = asyncio.get_running_loop().create_task(self._pump(upstream))
+        return upstream
+
+    async def _stop_writing(self, upstream: _Upstream) -> None:
+        if upstream.writing:
+            upstream.writing = False
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                await upstream.call.done_writing()
+
+    async def _pump(self, upstream: _Upstream) -> None:
+        route = upstream.route
+        try:
+            async for response in upstream.call:
+                entry = upstream.pending.popleft() if upstream.pending else None
+                error = grpc_protocol.stream_error(response)
+                status = grpc_protocol.stream_error_status(error) if error else 200
+                if entry is not None:
+                    stats.IN_FLIGHT.labels(route.name).dec()
+                    self.gateway.collector.observe(route.deployment_id, route.name, _model_label(route, entry.model),
+                                                   status, time.perf_counter() - entry.started)
+                await self._write(response)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                log.info("gRPC upstream stream to %s failed: %s %s", upstream.target, exc.code(), exc.details())
+        finally:
+            upstream.writing = False
+            if self.upstreams.get(upstream.target) is upstream:
+                del self.upstreams[upstream.target]
+        if upstream.pending:
+            # Requests Triton never answered (it stopped or broke the stream): each gets an error, none is lost
+            # silently; the next request opens a new stream.
+            owed = list(upstream.pending)
+            upstream.pending.clear()
+            await self._fail(upstream, owed)
+
+    async def _fail(self, upstream: _Upstream, entries: list[_Pending]) -> None:
+        route = upstream.route
+        for entry in entries:
+            stats.IN_FLIGHT.labels(route.name).dec()
+            self.gateway.collector.observe(route.deployment_id, route.name, _model_label(route, entry.model), 502,
+                                           time.perf_counter() - entry.started)
+            await self._write(grpc_protocol.stream_error_response(
+                "Triton is unreachable or broke the stream before answering; the deployment may be restarting. "
+                "Retry this request.", entry.model, entry.request_id))
+
+    async def _write(self, message: bytes) -> None:
+        async with self.write_lock:
+            await self.context.write(message)
+
+
+class _Handlers(grpc.GenericRpcHandler):
+    """Every method of Triton's service goes to the gateway's handlers as raw bytes (no deserializer, no
+    serializer); other services are not served (UNIMPLEMENTED), except the gateway's own health check."""
+
+    def __init__(self, gateway: GrpcGateway) -> None:
+        self.gateway = gateway
+        self.stream = grpc.stream_stream_rpc_method_handler(_stream_behaviour(gateway))
+        self.health = grpc.unary_unary_rpc_method_handler(gateway.health)
+        self.known: dict[str, grpc.RpcMethodHandler] = {}
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        path: str = handler_call_details.method  # type: ignore[attr-defined]
+        if path == grpc_protocol.STREAM_METHOD:
+            return self.stream
+        if path == grpc_protocol.HEALTH_CHECK:
+            return self.health
+        if not path.startswith(grpc_protocol.PREFIX):
+            return None
+        handler = self.known.get(path)
+        if handler is None:
+            handler = grpc.unary_unary_rpc_method_handler(_unary_behaviour(self.gateway, path))
+            if len(self.known) < 64:  # Triton's methods, not every name a client makes up
+                self.known[path] = handler
+        return handler
+
+
+def _unary_behaviour(gateway: GrpcGateway, path: str) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
+    async def behaviour(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return await gateway.unary(path, request, context)
+
+    return behaviour
+
+
+def _stream_behaviour(gateway: GrpcGateway) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[None]]:
+    async def behaviour(request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        await gateway.stream(context)  # reads with context.read()
+
+    return behaviour
+
+
+def _int32(value: int) -> int:
+    return min(value, 2**31 - 1)  # gRPC's message size options are C ints; over 2 GiB it cannot go anyway
+
+
+def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in context.invocation_metadata() or ():
+        if isinstance(value, str):
+            out[key] = value
+    return out
+
+
+def _target(route: Route) -> str:
+    """The upstream for this request: the serving revision's Triton. (The one place where a per-request choice
+    between two revisions, a canary's, would be made.)"""
+    if not route.grpc_target:
+        raise Refusal(503, f"Deployment {route.name!r} is not ready (status: {route.status}); retry in a few "
+                           "seconds.", {"Retry-After": "2"})
+    return route.grpc_target
+
+
+def _model_label(route: Route, model: str) -> str:
+    # As over HTTP: only the deployment's own models get a time series of their own.
+    if not model:
+        return ""
+    return model if model in route.models else "(other)"
+
+
+async def _abort(context: grpc.aio.ServicerContext, failure: GrpcFailure) -> NoReturn:
+    if failure.retry_after:
+        context.set_trailing_metadata((("retry-after", failure.retry_after),))
+    await context.abort(failure.code, failure.message)
+    raise AssertionError("context.abort() raises")

@@ -1,0 +1,63 @@
+"""The deployment page's gRPC snippet (web/grpc_snippet.py): the tritonclient.grpc twin of the Python snippet, with
+the gRPC gateway's address and metadata. tests/test_grpc_gateway_e2e.py runs one against the real gateway."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conftest import Person
+from deployments.models import Deployment
+from web import grpc_snippet, inference
+from web.tests.conftest import signed_in
+
+SIGNATURE = {
+    "inputs": [{"name": "image", "datatype": "BYTES", "dims": [-1, 1]},
+               {"name": "ids", "datatype": "INT64", "dims": [-1, 3]}],
+    "outputs": [{"name": "label", "datatype": "FP32", "dims": [-1, 10]}],
+}
+
+
+def test_the_grpc_snippet_builds_the_same_tensors_with_the_grpc_client_and_metadata() -> None:
+    http = inference.python_snippet("http://models.example.com", "digits-prod", "digits", SIGNATURE)
+    snippet = grpc_snippet.python_grpc_snippet(http, "models.example.com:8001", False, "digits-prod")
+    assert "import tritonclient.grpc as grpcclient" in snippet and "httpclient" not in snippet
+    assert 'client = grpcclient.InferenceServerClient(url="models.example.com:8001")' in snippet
+    assert '"authorization": "Bearer " + os.environ["MODELPORT_TOKEN"]' in snippet
+    assert '"modelport-deployment": "digits-prod"' in snippet
+    tensors = [line for line in http.splitlines() if "InferInput" in line or "set_data_from_numpy" in line]
+    assert len(tensors) == 4
+    for line in tensors:
+        assert line.replace("httpclient.", "grpcclient.") in snippet
+    assert 'result = client.infer("digits", inputs, headers=headers)' in snippet
+    compile(snippet, "snippet", "exec")
+    tls = grpc_snippet.python_grpc_snippet(http, "grpc.example.com:443", True, "digits-prod")
+    assert 'InferenceServerClient(url="grpc.example.com:443", ssl=True)' in tls
+
+
+def test_the_address_is_the_configured_one_or_the_pages_host_with_the_grpc_port(settings: Any) -> None:
+    settings.GATEWAY_GRPC_PUBLIC_ADDRESS = ""
+    settings.GATEWAY_GRPC_PORT = 8001
+    assert grpc_snippet.public_address("https://models.example.com:8443") == ("models.example.com:8001", False)
+    assert grpc_snippet.public_address("http://[::1]:8000") == ("[::1]:8001", False)
+    settings.GATEWAY_GRPC_PUBLIC_ADDRESS = "grpc.models.example.com:443"
+    assert grpc_snippet.public_address("https://models.example.com") == ("grpc.models.example.com:443", True)
+    settings.GATEWAY_GRPC_PUBLIC_ADDRESS = ""
+    settings.GATEWAY_GRPC_PORT = 0
+    assert grpc_snippet.public_address("https://models.example.com") is None
+
+
+def test_the_deployment_page_offers_the_grpc_snippet_after_the_python_one(
+    alice: Person, deployment: Deployment, settings: Any
+) -> None:
+    settings.GATEWAY_GRPC_PUBLIC_ADDRESS = ""
+    settings.GATEWAY_GRPC_PORT = 8001
+    response = signed_in(alice).get("/deployments/digits-prod/")
+    [served] = response.context["served"]
+    assert [key for _, _, key in served["snippets"]] == ["curl", "python", "grpc", "cli"]
+    content = response.content.decode()
+    assert "Python (tritonclient.grpc)" in content
+    assert 'InferenceServerClient(url=&quot;testserver:8001&quot;)' in content
+    assert "&quot;modelport-deployment&quot;: &quot;digits-prod&quot;" in content
+    settings.GATEWAY_GRPC_PORT = 0
+    [served] = signed_in(alice).get("/deployments/digits-prod/").context["served"]
+    assert "grpc" not in [key for _, _, key in served["snippets"]]
