@@ -51,3 +51,11 @@ def fake_runtime_env(root: Any, *packages: str) -> Any:
         (site / name / "__init__.py").write_text("")
         (site / f"{name}-{version}.dist-info").mkdir()
     return root
+
+
+@pytest.fixture
+def bare_runtime_env(settings: Any, tmp_path: Any) -> Any:
+    """A runtime env without the framework extras, so that what a page says does not depend on whether this
+    machine's var/runtime-env has torch or TensorFlow (`make test` installs both)."""
+    settings.MODELPORT_RUNTIME_ENV = fake_runtime_env(tmp_path / "runtime-env")
+    return settings.MODELPORT_RUNTIME_ENV

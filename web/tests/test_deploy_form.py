@@ -314,7 +314,7 @@ def test_replicas_show_for_kubernetes_only_and_the_local_runtime_says_why(alice:
 
 
 def test_the_kubernetes_runtime_is_disabled_with_the_reason_when_no_cluster_is_configured(
-        alice: Person, digits: ModelVersion, settings: Any) -> None:
+        alice: Person, digits: ModelVersion, settings: Any, bare_runtime_env: Any) -> None:
     settings.KUBERNETES_KUBECONFIG = ""
     settings.KUBERNETES_IN_CLUSTER = False
     content = signed_in(alice).get(NEW).content.decode()

@@ -31,7 +31,8 @@ def post(person: Person, definition: Any, name: str = "digits-pipeline", **extra
     return signed_in(person).post(URL, {"name": name, "definition": text, **extra})
 
 
-def test_the_upload_page_offers_pipelines_and_says_what_the_local_runtime_serves(alice: Person) -> None:
+def test_the_upload_page_offers_pipelines_and_says_what_the_local_runtime_serves(alice: Person,
+                                                                                bare_runtime_env: Any) -> None:
     content = signed_in(alice).get("/models/upload/").content.decode()
     assert 'id="pipeline-paste"' in content and 'id="pipeline-mode"' in content
     assert 'data-pipeline-url="/models/upload/pipeline/"' in content

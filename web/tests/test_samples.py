@@ -22,7 +22,7 @@ from models_registry.samples import (
 from web.tests.conftest import signed_in
 
 
-def test_the_empty_dashboard_offers_both_samples(alice: Person) -> None:
+def test_the_empty_dashboard_offers_both_samples(alice: Person, bare_runtime_env: Any) -> None:
     content = signed_in(alice).get("/").content.decode()
     assert "Deploy the sample digits classifier" in content
     assert "Deploy the sample image pipeline" in content
