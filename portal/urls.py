@@ -55,3 +55,6 @@ urlpatterns = [
     *api_v1,
     path("", include("web.urls")),
 ]
+
+# A JSON 404 for API paths that match no URL (portal/api_errors.py), the 404 page elsewhere.
+handler404 = "portal.api_errors.page_not_found"
