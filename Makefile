@@ -32,7 +32,7 @@ test: venv runtime-env browser-deps lint
 	$(PY) -m pytest
 
 test-fast: venv
-	$(PY) -m pytest -m "not triton and not worker and not browser and not s3"
+	$(PY) -m pytest -m "not triton and not worker and not browser and not s3 and not fuzz"
 
 # End to end on the cluster KUBECONFIG points at, through a Modelport installed there (docs/kubernetes.md):
 # MODELPORT_URL=https://... MODELPORT_TOKEN=mp_... make e2e-k8s. Not part of `make test`.
