@@ -15,7 +15,6 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.decorators import api_view, parser_classes, permission_classes
 from rest_framework.exceptions import ValidationError
-from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -25,7 +24,7 @@ from accounts.models import TOKEN_SCOPES, ApiToken, Membership, TokenLifetimeErr
 from accounts.permissions import CanManageTokens
 from audit.log import record as audit
 from portal.api_errors import error_body
-from portal.api_schema import IDEMPOTENCY_KEY, ExactJSONTypes, error
+from portal.api_schema import IDEMPOTENCY_KEY, JSON_PARSERS, ExactJSONTypes, error
 
 SCOPES_FIELD_HELP = "What the token may do beyond the normal API: " + "; ".join(
     f"'{name}': {meaning}" for name, meaning in TOKEN_SCOPES.items()
@@ -126,7 +125,7 @@ NOT_ALLOWED = error("A token without the 'tokens' scope, or a user in no team.")
     },
 )
 @api_view(["GET", "POST"])
-@parser_classes([JSONParser])
+@parser_classes(JSON_PARSERS)
 @permission_classes([CanManageTokens])
 @idempotent
 def tokens_list(request: Request) -> Response:

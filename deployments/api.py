@@ -17,7 +17,6 @@ from drf_spectacular.utils import (
 )
 from rest_framework import serializers, status
 from rest_framework.decorators import api_view, parser_classes
-from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -34,7 +33,7 @@ from deployments.spec import MAX_INSTANCE_COUNT, MAX_QUEUE_DELAY_MICROSECONDS, R
 from models_registry.models import Format, ModelVersion
 from models_registry.pipelines import step_references
 from portal.api_errors import request_object
-from portal.api_schema import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, ExactJSONTypes, NameField, error
+from portal.api_schema import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, JSON_PARSERS, ExactJSONTypes, NameField, error
 
 MAX_REPLICAS = 100
 
@@ -356,7 +355,7 @@ def get_deployment_for_user(request: Request, name: str) -> Deployment:
                               "Idempotency-Key is still running."),
                })
 @api_view(["GET", "POST"])
-@parser_classes([JSONParser])
+@parser_classes(JSON_PARSERS)
 @idempotent
 def deployments_list(request: Request) -> Response:
     team = current_team(request)
@@ -386,7 +385,7 @@ def deployments_list(request: Request) -> Response:
     204: OpenApiResponse(description="Deleted."),
 })
 @api_view(["GET", "PATCH", "DELETE"])
-@parser_classes([JSONParser])
+@parser_classes(JSON_PARSERS)
 def deployment_detail(request: Request, name: str) -> Response:
     deployment = get_deployment_for_user(request, name)
     if request.method == "PATCH":

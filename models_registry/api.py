@@ -31,7 +31,7 @@ from models_registry.models import Format, Model, ModelVersion, Upload
 from models_registry.signature import KSERVE_TO_TRITON, TRITON_TO_KSERVE, SignatureError, parse_signature
 from models_registry.validation import ArtifactRejected
 from portal.api_errors import PayloadTooLarge, request_object
-from portal.api_schema import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, ExactJSONTypes, NameField, error
+from portal.api_schema import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, JSON_PARSERS, ExactJSONTypes, NameField, error
 
 # The formats a version can be declared as: artifacts (any but a pipeline), pipelines. Named in the schema
 # (SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"]).
@@ -284,7 +284,7 @@ def _get_version(request: Request, name: str, number: int) -> ModelVersion:
                           409: error("A model of that name exists in your team, or a request with this "
                                      "Idempotency-Key is still running.")})
 @api_view(["GET", "POST"])
-@parser_classes([JSONParser])
+@parser_classes(JSON_PARSERS)
 @idempotent
 def models_list(request: Request) -> Response:
     team = current_team(request)
@@ -308,7 +308,7 @@ def models_list(request: Request) -> Response:
     409: error("A deployment uses one of its versions, or a pipeline of another model uses one as a step."),
 })
 @api_view(["GET", "PATCH", "DELETE"])
-@parser_classes([JSONParser])
+@parser_classes(JSON_PARSERS)
 def model_detail(request: Request, name: str) -> Response:
     model = _get_model(request, name)
     if request.method == "PATCH":

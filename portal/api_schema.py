@@ -20,8 +20,10 @@ from drf_spectacular.plumbing import force_instance
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema_field
 from rest_framework import serializers
 from rest_framework.fields import empty
+from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.settings import api_settings
 
-from accounts.idempotency import MAX_KEY_LENGTH
+from accounts.idempotency import KEY_PATTERN, MAX_KEY_LENGTH
 from accounts.names import NAME_RE, NAME_RULE, RESERVED_NAMES, name_error
 from portal.api_errors import ErrorSerializer
 
@@ -63,7 +65,8 @@ class NameField(serializers.CharField):
 
 
 IDEMPOTENCY_KEY = OpenApiParameter(
-    "Idempotency-Key", {"type": "string", "maxLength": MAX_KEY_LENGTH}, OpenApiParameter.HEADER, required=False,
+    "Idempotency-Key", {"type": "string", "maxLength": MAX_KEY_LENGTH, "pattern": KEY_PATTERN},
+    OpenApiParameter.HEADER, required=False,
     description="A retry with the same key and the same request within 24 hours gets the "
                 "first response again (with 'Idempotent-Replayed: true') instead of doing the work twice.",
 )
@@ -74,6 +77,11 @@ IDEMPOTENCY_ERRORS = {
 }
 
 _BODY_METHODS = ("POST", "PUT", "PATCH")
+
+# The JSON parsers of the settings (DEFAULT_PARSER_CLASSES), for views whose bodies are JSON only: the schema says
+# so, and a form-encoded body could not carry their nested fields anyway.
+_SETTINGS_PARSERS: list[type[BaseParser]] = list(api_settings.DEFAULT_PARSER_CLASSES)  # type: ignore[arg-type]
+JSON_PARSERS: list[type[BaseParser]] = [parser for parser in _SETTINGS_PARSERS if issubclass(parser, JSONParser)]
 
 
 class AutoSchema(openapi.AutoSchema):
@@ -124,6 +132,7 @@ class AutoSchema(openapi.AutoSchema):
         errors = {
             401: "No credentials, or an invalid, expired or revoked token.",
             403: "The user is in no team, or a browser session sent no CSRF token with a write.",
+            503: "The portal's database is unreachable: nothing was changed; retry after Retry-After seconds.",
         }
         if uritemplate.variables(self.path):
             errors[404] = "Nothing of that name in your team (another team's objects do not exist for you)."
@@ -179,9 +188,26 @@ class ExactJSONTypes:
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, Mapping) and not isinstance(data, QueryDict):
             errors = _type_errors(self.fields, data)  # type: ignore[attr-defined]
+            # PostgreSQL stores no NUL character, in text or in JSON: DRF's string fields refuse it, and so must
+            # the JSON values (a signature, a warmup) that no string field sees.
+            errors.update({name: [NUL_MESSAGE] for name, value in data.items()
+                           if name not in errors and _holds_nul(value)})
             if errors:
                 raise serializers.ValidationError(errors)
         return super().to_internal_value(data)  # type: ignore[misc]
+
+
+NUL_MESSAGE = "Null characters are not allowed."  # DRF's own words for a string field
+
+
+def _holds_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, Mapping):
+        return any(_holds_nul(key) or _holds_nul(item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(_holds_nul(item) for item in value)
+    return False
 
 
 def _type_errors(fields: Mapping[str, serializers.Field[Any, Any, Any, Any]], data: Mapping[str, Any]) -> dict[str, Any]:

@@ -174,3 +174,31 @@ def test_creations_link_to_what_uses_what_they_created(schema: dict[str, Any]) -
             for link in response.get("links", {}).values():
                 assert link["operationId"] in operation_ids
     assert json.dumps(schema)  # plain JSON: what /api/v1/schema/?format=json serves
+
+
+@pytest.mark.parametrize("path", ["/api/v1/models/a%00b/", "/api/v1/audit/?action=deployment%00.stop",
+                                  "/api/v1/deployments/x%00/events/"])
+def test_a_nul_in_the_path_or_query_is_a_400_not_a_database_error(alice: Person, path: str) -> None:
+    """Found by the fuzzing run on PostgreSQL, which cannot hold NUL: psycopg2 raised ValueError, answered 500."""
+    response = alice.client().get(path)
+    assert response.status_code == 400
+    assert "NUL" in response.json()["error"]["message"]
+    assert alice.client().get("/models/a%00b/").status_code == 400  # pages too
+
+
+@pytest.mark.parametrize("body", [
+    {"name": "digits", "upload_id": "00000000-0000-0000-0000-000000000000", "create_model": True,
+     "signature": {"inputs": [{"name": "in\u0000put", "datatype": "FP32", "dims": [-1]}], "outputs": []}},
+])
+def test_a_nul_inside_a_json_value_is_refused_before_postgresql_sees_it(alice: Person, body: dict[str, Any]) -> None:
+    response = alice.client().post("/api/v1/models/digits/versions/", body, format="json")
+    assert response.status_code == 400
+    assert response.json()["error"]["fields"]["signature"] == ["Null characters are not allowed."]
+
+
+@pytest.mark.parametrize("key", ["k\u0000ey", "clé", "a key", "x" * 256])
+def test_an_idempotency_key_is_visible_ascii(alice: Person, key: str) -> None:
+    response = alice.client().post("/api/v1/models/", {"name": "digits"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+    assert response.status_code == 400
+    assert "Idempotency-Key" in response.json()["error"]["message"]
+    assert not Model.objects.exists()
