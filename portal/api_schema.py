@@ -136,14 +136,17 @@ class AutoSchema(openapi.AutoSchema):
         }
         if uritemplate.variables(self.path):
             errors[404] = "Nothing of that name in your team (another team's objects do not exist for you)."
+        # A NUL in the path or query is refused before any view (portal/null_bytes.py).
+        invalid = ["a NUL character in the path or query"]
         reads_body = self.method in _BODY_METHODS and self._get_request_body() is not None
         if reads_body:
-            errors[400] = "The body is not valid: 'fields' says which field and why."
+            invalid.insert(0, "the body ('fields' says which field and why)")
             errors[413] = "The body is over MAX_REQUEST_BODY_BYTES."
             errors[415] = "The body is not JSON (Content-Type: application/json)."
         # ("format" picks a renderer: DRF answers an unknown one with 404.)
         if any(p.get("in") == "query" and p.get("name") != "format" for p in self._get_parameters()):
-            errors[400] = "A query parameter is not valid: 'fields' says which and why."
+            invalid.insert(0, "a query parameter ('fields' says which and why)")
+        errors[400] = "Not valid: " + "; or ".join(invalid) + "."
         return errors
 
 

@@ -219,10 +219,10 @@ def test_the_schema_documents_the_token_endpoints_answers() -> None:
 
     schema = SchemaGenerator().get_schema(request=None, public=True)
     tokens = schema["paths"]["/api/v1/tokens/"]
-    assert set(tokens["post"]["responses"]) == {"201", "400", "401", "403", "409", "413", "415", "422"}
-    assert set(tokens["get"]["responses"]) == {"200", "401", "403"}
+    assert set(tokens["post"]["responses"]) == {"201", "400", "401", "403", "409", "413", "415", "422", "503"}
+    assert set(tokens["get"]["responses"]) == {"200", "400", "401", "403", "503"}
     detail = schema["paths"]["/api/v1/tokens/{token_id}/"]["delete"]["responses"]
-    assert set(detail) == {"204", "401", "403", "404"}
+    assert set(detail) == {"204", "400", "401", "403", "404", "503"}
     created = schema["components"]["schemas"]["NewToken"]
     assert "token" in created["required"]
     request_body = schema["components"]["schemas"]["TokenCreateRequest"]["properties"]
