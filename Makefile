@@ -52,7 +52,12 @@ test: venv runtime-env $(RUNTIME_ENV)/.extra-torch $(RUNTIME_ENV)/.extra-tensorf
 	$(PY) -m pytest
 
 test-fast: venv
-	$(PY) -m pytest -m "not triton and not worker and not browser and not s3 and not frameworks and not faults"
+	$(PY) -m pytest -m "not triton and not worker and not browser and not s3 and not frameworks and not faults and not fuzz"
+
+# The API fuzzed against its OpenAPI schema alone, deeper than in `make test`: make fuzz FUZZ_EXAMPLES=500 FUZZ_SEED=$RANDOM
+.PHONY: fuzz
+fuzz: venv
+	$(PY) -m pytest -m fuzz tests/test_schema_fuzz.py
 
 # End to end on the cluster KUBECONFIG points at, through a Modelport installed there (docs/kubernetes.md):
 # MODELPORT_URL=https://... MODELPORT_TOKEN=mp_... make e2e-k8s. Not part of `make test`.

@@ -11,10 +11,9 @@ from typing import Any
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import Http404
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
-from rest_framework.decorators import api_view, permission_classes
+from rest_framework.decorators import api_view, parser_classes, permission_classes
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -25,24 +24,8 @@ from accounts.models import TOKEN_SCOPES, ApiToken, Membership, TokenLifetimeErr
 from accounts.permissions import CanManageTokens
 from audit.log import record as audit
 from portal.api_errors import error_body
+from portal.api_schema import IDEMPOTENCY_KEY, JSON_PARSERS, ExactJSONTypes, error
 
-
-class ErrorSerializer(serializers.Serializer[Any]):
-    """The body of every API error (portal/api_errors.py)."""
-
-    error = inline_serializer("ErrorDetail", {  # inline: "fields" is a name a Serializer class cannot declare
-        "code": serializers.CharField(help_text="A stable machine-readable code, e.g. 'invalid', 'not_found'."),
-        "message": serializers.CharField(help_text="What went wrong and what to do about it."),
-        "fields": serializers.DictField(child=serializers.ListField(child=serializers.CharField()),
-                                        help_text="Messages per request field (empty when no field is at fault)."),
-    })
-
-
-def _error(description: str) -> OpenApiResponse:
-    return OpenApiResponse(ErrorSerializer, description=description)
-
-
-UNAUTHENTICATED = _error("No credentials, or an invalid, expired or revoked token.")
 SCOPES_FIELD_HELP = "What the token may do beyond the normal API: " + "; ".join(
     f"'{name}': {meaning}" for name, meaning in TOKEN_SCOPES.items()
 )
@@ -77,7 +60,7 @@ def _expires_in_days_field() -> serializers.IntegerField:
     )
 
 
-class TokenCreateSerializer(serializers.Serializer[Any]):
+class TokenCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
     name = serializers.CharField(max_length=100, allow_blank=True, required=False, default="",
                                  help_text="A label, e.g. 'ci'.")
     expires_in_days = _expires_in_days_field()
@@ -90,10 +73,19 @@ class TokenCreateSerializer(serializers.Serializer[Any]):
         self.fields["expires_in_days"] = _expires_in_days_field()
 
 
-@extend_schema(responses=inline_serializer("Me", {
-    "username": serializers.CharField(), "team": serializers.CharField(), "role": serializers.CharField(),
-    "teams": serializers.ListField(child=serializers.DictField()),
-}))
+class TeamRoleSerializer(serializers.Serializer[Any]):
+    name = serializers.CharField()
+    role = serializers.ChoiceField(choices=Membership.Role.choices)
+
+
+class MeSerializer(serializers.Serializer[Any]):
+    username = serializers.CharField()
+    team = serializers.CharField(help_text="The team this request acts in (a token's team).")
+    role = serializers.ChoiceField(choices=Membership.Role.choices, help_text="Your role in that team.")
+    teams = TeamRoleSerializer(many=True, help_text="All your teams.")
+
+
+@extend_schema(summary="Who am I", responses={200: MeSerializer})
 @api_view(["GET"])
 def me(request: Request) -> Response:
     user = acting_user(request)
@@ -115,25 +107,25 @@ def _manageable_tokens(request: Request) -> QuerySet[ApiToken]:
     return tokens
 
 
-NOT_ALLOWED = _error("A token without the 'tokens' scope, or a user in no team.")
+NOT_ALLOWED = error("A token without the 'tokens' scope, or a user in no team.")
 
 
 @extend_schema(methods=["GET"], summary="List your API tokens",
-               responses={200: TokenSerializer(many=True), 401: UNAUTHENTICATED, 403: NOT_ALLOWED})
+               responses={200: TokenSerializer(many=True), 403: NOT_ALLOWED})
 @extend_schema(
     methods=["POST"], summary="Create an API token", request=TokenCreateSerializer,
-    parameters=[OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
-                                 description="At most 255 characters. A retry with the same key creates no second "
-                                             "token: it gets 409, naming the token the first request created.")],
+    parameters=[IDEMPOTENCY_KEY],
     responses={
-        201: NewTokenSerializer, 400: _error("Invalid input, e.g. a lifetime over the maximum."),
-        401: UNAUTHENTICATED, 403: NOT_ALLOWED,
-        409: _error("The Idempotency-Key already created a token (its value is not shown again), or its first "
-                    "request is still running."),
-        422: _error("The Idempotency-Key was used for a different request."),
+        201: NewTokenSerializer,
+        400: error("Invalid input, e.g. a lifetime over the maximum, or an Idempotency-Key over 255 characters."),
+        403: NOT_ALLOWED,
+        409: error("The Idempotency-Key already created a token (its value is not shown again: revoke it and "
+                   "create another), or its first request is still running."),
+        422: error("The Idempotency-Key was used for a different request."),
     },
 )
 @api_view(["GET", "POST"])
+@parser_classes(JSON_PARSERS)
 @permission_classes([CanManageTokens])
 @idempotent
 def tokens_list(request: Request) -> Response:
@@ -169,8 +161,8 @@ def tokens_list(request: Request) -> Response:
 
 
 @extend_schema(summary="Revoke an API token", request=None, responses={
-    204: OpenApiResponse(description="Revoked (or revoked already)."), 401: UNAUTHENTICATED, 403: NOT_ALLOWED,
-    404: _error("No such token among yours (with a token: among yours in its team)."),
+    204: OpenApiResponse(description="Revoked (or revoked already)."), 403: NOT_ALLOWED,
+    404: error("No such token among yours (with a token: among yours in its team)."),
 })
 @api_view(["DELETE"])
 @permission_classes([CanManageTokens])

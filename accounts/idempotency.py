@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -20,6 +21,8 @@ from portal.api_errors import error_body
 
 KEEP_FOR = timedelta(hours=24)
 MAX_KEY_LENGTH = 255
+# Visible ASCII, as HTTP header values are on the wire: anything else (a NUL, which PostgreSQL cannot store) is a 400.
+KEY_PATTERN = r"^[!-~]*$"
 # A view whose response holds a secret (a new API token) sets this attribute on the response to what a retry
 # gets instead, (status, body): the record then keeps that, never the secret.
 REPLAY_ATTRIBUTE = "idempotent_replay"
@@ -47,8 +50,9 @@ def idempotent(view: Callable[..., Response]) -> Callable[..., Response]:
         key = request.headers.get("Idempotency-Key")
         if request.method != "POST" or not key:
             return view(request, *args, **kwargs)
-        if len(key) > MAX_KEY_LENGTH:
-            return Response(error_body("invalid", f"Idempotency-Key must be at most {MAX_KEY_LENGTH} characters."), status=400)
+        if len(key) > MAX_KEY_LENGTH or not re.fullmatch(KEY_PATTERN, key):
+            return Response(error_body("invalid", f"Idempotency-Key must be at most {MAX_KEY_LENGTH} characters of "
+                                                  "visible ASCII (letters, digits, punctuation)."), status=400)
         user = acting_user(request)
         fingerprint = _request_hash(request)
         IdempotencyRecord.objects.filter(user=user, key=key, created_at__lt=timezone.now() - KEEP_FOR).delete()

@@ -9,9 +9,16 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Prefetch
 from django.http import Http404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+)
 from rest_framework import serializers, status
-from rest_framework.decorators import api_view
+from rest_framework.decorators import api_view, parser_classes
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -24,10 +31,10 @@ from deployments.runtimes import local as local_runtime
 from deployments.runtimes.base import runtime_for
 from deployments.snapshot import served_model, served_model_json
 from deployments.spec import MAX_INSTANCE_COUNT, MAX_QUEUE_DELAY_MICROSECONDS, RepositorySpec, validate_repository
-from models_registry.api import validate_name_field
 from models_registry.models import Format, ModelVersion
 from models_registry.pipelines import step_references
 from portal.api_errors import request_object
+from portal.api_schema import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, JSON_PARSERS, ExactJSONTypes, NameField, error
 
 MAX_REPLICAS = 100
 
@@ -101,16 +108,13 @@ class AutoscalingSerializer(serializers.Serializer[Any]):
         return attrs
 
 
-class DeploymentInputSerializer(serializers.Serializer[Any]):
-    name = serializers.CharField(allow_blank=True, trim_whitespace=False)
+class DeploymentInputSerializer(ExactJSONTypes, serializers.Serializer[Any]):
+    name = NameField(help_text="Becomes the endpoint /serve/{name} and Kubernetes object names.")
     runtime = serializers.ChoiceField(choices=Deployment.Runtime.choices, default=Deployment.Runtime.LOCAL)
     models = ServedModelSerializer(many=True, allow_empty=False)
     replicas = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS, default=1)
     resources = ResourcesSerializer(required=False, default=dict)
     autoscaling = AutoscalingSerializer(required=False, allow_null=True, help_text="Kubernetes only: an HPA.")
-
-    def validate_name(self, value: str) -> str:
-        return validate_name_field(value)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         team: Team = self.context["team"]
@@ -263,17 +267,51 @@ def _check_requirements(served: list[tuple[int, dict[str, Any], ModelVersion]], 
 OPERATOR_ONLY_EGRESS = ("only an operator can let a deployment open outgoing connections, in the admin console "
                         "(Deployments > allow egress)")
 
+class DeploymentUpdateSerializer(serializers.Serializer[Any]):
+    """A PATCH's body (for the schema): the fields given replace the current revision's; the name and the runtime
+    cannot change."""
+
+    models = ServedModelSerializer(many=True, allow_empty=False, required=False)
+    replicas = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS, required=False)
+    resources = ResourcesSerializer(required=False)
+    autoscaling = AutoscalingSerializer(required=False, allow_null=True, help_text="Kubernetes only: an HPA.")
+
+
+class ServedModelOutSerializer(serializers.Serializer[Any]):
+    """A served model with every setting in effect, defaults filled in (for the schema)."""
+
+    model = serializers.CharField()
+    version = serializers.IntegerField()
+    format = serializers.ChoiceField(choices=Format.choices)
+    max_batch_size = serializers.IntegerField()
+    dynamic_batching = DynamicBatchingSerializer(allow_null=True)
+    instance_group = InstanceGroupSerializer()
+    response_cache = serializers.BooleanField()
+    warmup = serializers.DictField(allow_null=True)
+
+
+class ResourcesOutSerializer(serializers.Serializer[Any]):
+    cpu = serializers.CharField(required=False, help_text="Absent: the default.")
+    memory = serializers.CharField(required=False, help_text="Absent: the default.")
+    gpu = serializers.IntegerField(required=False)
+    gpu_type = serializers.CharField(required=False)
+    mig_profile = serializers.CharField(required=False)
+
 
 class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
-    revision = serializers.IntegerField(source="revision.number", default=None)
-    serving_revision = serializers.IntegerField(source="serving_revision.number", default=None)
+    revision = serializers.IntegerField(source="revision.number", default=None, allow_null=True, read_only=True,
+                                        help_text="The revision asked for last.")
+    serving_revision = serializers.IntegerField(source="serving_revision.number", default=None, allow_null=True,
+                                                read_only=True,
+                                                help_text="The revision the gateway routes to (null until one is ready).")
     models = serializers.SerializerMethodField()
     replicas = serializers.SerializerMethodField()
     resources = serializers.SerializerMethodField()
     autoscaling = serializers.SerializerMethodField()
     sandboxed = serializers.SerializerMethodField(help_text=(
         "Local runtime: whether its running Triton is sandboxed (null when none runs, or on Kubernetes)."))
-    created_by = serializers.CharField(source="created_by.username", default=None)
+    created_by = serializers.CharField(source="created_by.username", default=None, allow_null=True, read_only=True)
+    endpoint = serializers.CharField(read_only=True, help_text="Where the gateway serves it: /serve/{name}.")
 
     class Meta:
         model = Deployment
@@ -285,6 +323,7 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
     def _spec(self, obj: Deployment) -> dict[str, Any]:
         return obj.revision.spec if obj.revision else {}
 
+    @extend_schema_field(ServedModelOutSerializer(many=True))
     def get_models(self, obj: Deployment) -> list[dict[str, Any]]:
         keys = ["model", "version", "format", "max_batch_size", "dynamic_batching", "instance_group", "response_cache", "warmup"]
         return [{k: m.get(k) for k in keys} for m in self._spec(obj).get("models", [])]
@@ -292,9 +331,11 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
     def get_replicas(self, obj: Deployment) -> int:
         return int(self._spec(obj).get("replicas", 1))
 
+    @extend_schema_field(ResourcesOutSerializer)
     def get_resources(self, obj: Deployment) -> dict[str, Any]:
         return dict(self._spec(obj).get("resources", {}))
 
+    @extend_schema_field(AutoscalingSerializer(allow_null=True))
     def get_autoscaling(self, obj: Deployment) -> dict[str, Any] | None:
         return self._spec(obj).get("autoscaling")
 
@@ -317,6 +358,7 @@ class EventSerializer(serializers.ModelSerializer[Event]):
     class Meta:
         model = Event
         fields = ["time", "kind", "message"]
+        read_only_fields = fields
 
 
 def get_deployment_for_user(request: Request, name: str) -> Deployment:
@@ -329,8 +371,20 @@ def get_deployment_for_user(request: Request, name: str) -> Deployment:
     return deployment
 
 
-@extend_schema(request=DeploymentInputSerializer, responses=DeploymentSerializer(many=True))
+@extend_schema(methods=["GET"], summary="List your team's deployments", responses={200: DeploymentSerializer(many=True)})
+@extend_schema(methods=["POST"], summary="Deploy models on Triton", request=DeploymentInputSerializer,
+               parameters=[IDEMPOTENCY_KEY], examples=[OpenApiExample("A model with batching", request_only=True, value={
+                   "name": "digits-prod", "models": [{"model": "digits",
+                                                      "dynamic_batching": {"max_queue_delay_microseconds": 2000}}]})],
+               responses={
+                   201: DeploymentSerializer, **IDEMPOTENCY_ERRORS,
+                   400: error("Not a valid deployment: 'fields' says which field and why (a model that does not "
+                              "exist or is not ready, settings the model or the runtime cannot take)."),
+                   409: error("A deployment of that name exists in your team, or a request with this "
+                              "Idempotency-Key is still running."),
+               })
 @api_view(["GET", "POST"])
+@parser_classes(JSON_PARSERS)
 @idempotent
 def deployments_list(request: Request) -> Response:
     team = current_team(request)
@@ -346,8 +400,21 @@ def deployments_list(request: Request) -> Response:
     return Response(DeploymentSerializer(deployments, many=True).data)
 
 
-@extend_schema(request=DeploymentInputSerializer, responses=DeploymentSerializer)
+@extend_schema(methods=["GET"], summary="A deployment", responses={200: DeploymentSerializer})
+@extend_schema(methods=["PATCH"], summary="Change a deployment: a new revision, rolled out",
+               request=DeploymentUpdateSerializer, examples=[OpenApiExample(
+                   "Bigger batches", request_only=True, value={"models": [{"model": "digits", "max_batch_size": 32}]})],
+               responses={
+                   200: DeploymentSerializer,
+                   400: error("Not a valid change: 'fields' says which field and why; the name and the runtime "
+                              "cannot change."),
+               })
+@extend_schema(methods=["DELETE"], summary="Delete a deployment", responses={
+    202: OpenApiResponse(description="Its servers are being removed; it is gone from the API already."),
+    204: OpenApiResponse(description="Deleted."),
+})
 @api_view(["GET", "PATCH", "DELETE"])
+@parser_classes(JSON_PARSERS)
 def deployment_detail(request: Request, name: str) -> Response:
     deployment = get_deployment_for_user(request, name)
     if request.method == "PATCH":
@@ -405,7 +472,8 @@ def _settings_of(entry: dict[str, Any]) -> dict[str, Any]:
     return {k: entry[k] for k in keys if k in entry and entry[k] is not None or k == "dynamic_batching"}
 
 
-@extend_schema(request=None, responses=DeploymentSerializer)
+@extend_schema(summary="Stop a deployment", request=None, responses={
+    202: DeploymentSerializer, 409: error("The deployment is stopped already.")})
 @api_view(["POST"])
 def deployment_stop(request: Request, name: str) -> Response:
     deployment = get_deployment_for_user(request, name)
@@ -413,7 +481,8 @@ def deployment_stop(request: Request, name: str) -> Response:
     return Response(DeploymentSerializer(get_deployment_for_user(request, name)).data, status=status.HTTP_202_ACCEPTED)
 
 
-@extend_schema(request=None, responses=DeploymentSerializer)
+@extend_schema(summary="Start a stopped deployment, or retry a failed one", request=None, responses={
+    202: DeploymentSerializer, 409: error("The deployment is running already.")})
 @api_view(["POST"])
 def deployment_start(request: Request, name: str) -> Response:
     deployment = get_deployment_for_user(request, name)
@@ -421,14 +490,22 @@ def deployment_start(request: Request, name: str) -> Response:
     return Response(DeploymentSerializer(get_deployment_for_user(request, name)).data, status=status.HTTP_202_ACCEPTED)
 
 
-@extend_schema(responses=EventSerializer(many=True))
+@extend_schema(summary="A deployment's events, newest first (the last 200)",
+               responses={200: EventSerializer(many=True)})
 @api_view(["GET"])
 def deployment_events(request: Request, name: str) -> Response:
     deployment = get_deployment_for_user(request, name)
     return Response(EventSerializer(deployment.events.all()[:200], many=True).data)
 
 
-@extend_schema(responses={200: {"type": "object", "properties": {"log": {"type": "string"}}}})
+class LogSerializer(serializers.Serializer[Any]):
+    log = serializers.CharField(help_text="The last lines of Triton's log.")
+
+
+@extend_schema(summary="The tail of a deployment's Triton log", parameters=[
+    OpenApiParameter("lines", OpenApiTypes.INT, description="How many lines (default 200); fewer than 1 is 1, more "
+                                                            "than 5000 is 5000."),
+], responses={200: LogSerializer})
 @api_view(["GET"])
 def deployment_logs(request: Request, name: str) -> Response:
     deployment = get_deployment_for_user(request, name)

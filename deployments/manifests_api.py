@@ -18,6 +18,7 @@ from deployments.k8s.manifests import ManifestError
 from deployments.models import Deployment
 from deployments.runtimes.kubernetes import export_manifests
 from portal.api_errors import ConflictError
+from portal.api_schema import error
 
 
 class YAMLRenderer(BaseRenderer):
@@ -32,9 +33,13 @@ class YAMLRenderer(BaseRenderer):
         return text.encode("utf-8")
 
 
-@extend_schema(responses={(200, "application/yaml"): OpenApiResponse(OpenApiTypes.STR, description=(
-    "Multi-document YAML: Namespace (when Modelport may create namespaces), Deployment, Service, "
-    "PodDisruptionBudget, HorizontalPodAutoscaler and NetworkPolicy, as the worker applies them."))})
+@extend_schema(summary="A Kubernetes deployment's manifests, for GitOps", responses={
+    (200, "application/yaml"): OpenApiResponse(OpenApiTypes.STR, description=(
+        "Multi-document YAML: Namespace (when Modelport may create namespaces), Deployment, Service, "
+        "PodDisruptionBudget, HorizontalPodAutoscaler and NetworkPolicy, as the worker applies them.")),
+    409: error("Not a Kubernetes deployment, no revision yet, or the revision cannot run on Kubernetes as "
+               "configured. (Errors are JSON, or YAML when only application/yaml is accepted.)"),
+})
 @api_view(["GET"])
 @renderer_classes([JSONRenderer, YAMLRenderer])
 def deployment_manifests(request: Request, name: str) -> HttpResponse:

@@ -10,8 +10,9 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from rest_framework import serializers
 from rest_framework.decorators import api_view
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
@@ -61,8 +62,37 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-@extend_schema(parameters=[OpenApiParameter("minutes", int, description="The window, 1 to 1440 (default 15).")],
-               responses={200: {"type": "object"}})
+# The answer's schema. Inline: a Serializer class cannot declare a field named "errors".
+_NULL_WITHOUT_REQUESTS = "Null without requests."
+BUCKET = inline_serializer("Bucket", {
+    "time": serializers.DateTimeField(help_text="The bucket's start."),
+    "requests": serializers.IntegerField(),
+    "errors": serializers.IntegerField(help_text="Answers with a status of 500 or more, or 429."),
+    "error_rate": serializers.FloatField(allow_null=True, help_text="errors / requests. " + _NULL_WITHOUT_REQUESTS),
+    "codes": serializers.DictField(child=serializers.IntegerField(), help_text="Requests per HTTP status code."),
+    "requests_per_second": serializers.FloatField(),
+    "p50_ms": serializers.FloatField(allow_null=True, help_text=_NULL_WITHOUT_REQUESTS),
+    "p99_ms": serializers.FloatField(allow_null=True, help_text=_NULL_WITHOUT_REQUESTS),
+})
+METRICS = inline_serializer("Metrics", {
+    "window_seconds": serializers.IntegerField(),
+    "requests": serializers.IntegerField(),
+    "errors": serializers.IntegerField(help_text="Answers with a status of 500 or more, or 429."),
+    "error_rate": serializers.FloatField(allow_null=True, help_text="errors / requests. " + _NULL_WITHOUT_REQUESTS),
+    "codes": serializers.DictField(child=serializers.IntegerField(), help_text="Requests per HTTP status code."),
+    "requests_per_second": serializers.FloatField(),
+    "p50_ms": serializers.FloatField(allow_null=True, help_text=_NULL_WITHOUT_REQUESTS),
+    "p95_ms": serializers.FloatField(allow_null=True, help_text=_NULL_WITHOUT_REQUESTS),
+    "p99_ms": serializers.FloatField(allow_null=True, help_text=_NULL_WITHOUT_REQUESTS),
+    "bucket_seconds": serializers.IntegerField(),
+    "series": serializers.ListField(child=BUCKET, help_text="The buckets with requests, oldest first."),
+})
+
+
+@extend_schema(summary="A deployment's gateway traffic: request counts, rate and latency",
+               parameters=[OpenApiParameter("minutes", {"type": "integer", "minimum": 1, "maximum": 1440},
+                                            description="The window in minutes (default 15).")],
+               responses={200: METRICS})
 @api_view(["GET"])
 def deployment_metrics(request: Request, name: str) -> Response:
     deployment = get_deployment_for_user(request, name)

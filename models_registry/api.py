@@ -7,7 +7,13 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.http import Http404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+    extend_schema_field,
+)
 from rest_framework import serializers, status
 from rest_framework.decorators import api_view, parser_classes
 from rest_framework.exceptions import PermissionDenied, ValidationError
@@ -17,26 +23,85 @@ from rest_framework.response import Response
 
 from accounts.context import acting_user, current_team, is_team_admin
 from accounts.idempotency import idempotent
-from accounts.names import NAME_RULE, name_error
+from accounts.names import name_error
 from audit.log import record as audit
 from models_registry import actions, pipelines
 from models_registry.models import Format, Model, ModelVersion, Upload
-from models_registry.signature import SignatureError, parse_signature
+from models_registry.signature import KSERVE_TO_TRITON, TRITON_TO_KSERVE, SignatureError, parse_signature
 from models_registry.validation import ArtifactRejected
 from portal.api_errors import PayloadTooLarge, request_object
 from portal.api_json import BoundedJSONField, BoundedJSONParser
+from portal.api_schema import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, JSON_PARSERS, ExactJSONTypes, NameField, error
+
+# The formats a version can be declared as: artifacts (any but a pipeline), pipelines. Named in the schema
+# (SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"]).
+ARTIFACT_FORMATS = [f.value for f in Format if f != Format.ENSEMBLE]
+PIPELINE_FORMATS = [Format.ENSEMBLE.value]
 
 
-def validate_name_field(value: str) -> str:
-    error = name_error(value)
-    if error:
-        raise serializers.ValidationError(error)
-    return value
+# The JSON a signature and a pipeline definition are, for the schema (models_registry/signature.py and pipelines.py
+# parse them). Spellings that are read but not documented (lowercase datatypes, "shape", "data_type") are left out.
+_DIMS = {"type": "array", "items": {"type": "integer", "minimum": -1, "not": {"enum": [0]}},
+         "description": "The full shape: positive sizes, -1 for a dynamic dimension."}
+_TENSOR = {
+    "type": "object", "required": ["name", "datatype", "dims"],
+    "properties": {
+        "name": {"type": "string", "pattern": r"\S"},
+        "datatype": {"type": "string", "enum": [*KSERVE_TO_TRITON, *TRITON_TO_KSERVE],
+                     "description": "A KServe v2 datatype, or Triton's name for it."},
+        "dims": _DIMS,
+    },
+}
+SIGNATURE_SCHEMA = {
+    "type": "object", "additionalProperties": False, "required": ["inputs", "outputs"],
+    "properties": {"inputs": {"type": "array", "minItems": 1, "items": _TENSOR},
+                   "outputs": {"type": "array", "minItems": 1, "items": _TENSOR}},
+    "description": "Tensor names are unique across inputs and outputs.",
+}
+_TENSOR_MAP = {"type": "object", "minProperties": 1, "additionalProperties": {"type": "string", "minLength": 1}}
+DEFINITION_SCHEMA = {
+    "type": "object", "additionalProperties": False, "required": ["inputs", "outputs", "steps"],
+    "properties": {
+        "inputs": {"type": "array", "minItems": 1, "items": _TENSOR},
+        "outputs": {"type": "array", "minItems": 1, "items": _TENSOR},
+        "steps": {"type": "array", "minItems": 1, "maxItems": pipelines.MAX_STEPS, "items": {
+            "type": "object", "additionalProperties": False, "required": ["model", "input_map", "output_map"],
+            "properties": {
+                "model": {"type": "string", "minLength": 1},
+                "version": {"type": "integer", "minimum": 1, "nullable": True,
+                            "description": "Default: the latest ready version."},
+                "input_map": {**_TENSOR_MAP, "description": "{step input: pipeline tensor}"},
+                "output_map": {**_TENSOR_MAP, "description": "{step output: pipeline tensor}"},
+            },
+        }},
+    },
+}
+
+
+@extend_schema_field({"nullable": True, "anyOf": [
+    SIGNATURE_SCHEMA,
+    {"type": "object", "maxProperties": 0, "description": "No signature: {}, like null."},
+    {"type": "string", "description": "The signature as JSON text; empty: none."},
+]})
+class SignatureField(BoundedJSONField):
+    pass
+
+
+@extend_schema_field(DEFINITION_SCHEMA)
+class DefinitionField(BoundedJSONField):
+    pass
 
 
 class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
     model = serializers.CharField(source="model.name", read_only=True)
-    created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
+    created_by = serializers.CharField(source="created_by.username", default=None, read_only=True, allow_null=True)
+    # The signature is {} until the version is inspected; a pipeline's definition is null for other versions.
+    format = serializers.ChoiceField(choices=Format.choices, allow_blank=True, read_only=True,
+                                     help_text="Empty until the version is inspected.")
+    signature = serializers.DictField(read_only=True, help_text='{"inputs": [tensor], "outputs": [tensor]}, '
+                                                                "{} until the version is inspected.")
+    definition = serializers.DictField(read_only=True, allow_null=True,
+                                       help_text="A pipeline's definition; null for other formats.")
 
     class Meta:
         model = ModelVersion
@@ -45,11 +110,10 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
         read_only_fields = fields
 
 
-class ModelSerializer(serializers.ModelSerializer[Model]):
+class ModelSerializer(ExactJSONTypes, serializers.ModelSerializer[Model]):
     # No max_length or blank check of DRF's own: the one naming rule gives the one message for every bad name.
-    name = serializers.CharField(allow_blank=True, trim_whitespace=False,
-                                 help_text=f"Becomes Triton, Kubernetes and S3 names: {NAME_RULE}.")
-    created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
+    name = NameField(help_text="Becomes Triton, Kubernetes and S3 names.")
+    created_by = serializers.CharField(source="created_by.username", default=None, read_only=True, allow_null=True)
     latest_version = serializers.SerializerMethodField()
 
     class Meta:
@@ -57,14 +121,12 @@ class ModelSerializer(serializers.ModelSerializer[Model]):
         fields = ["name", "description", "created_by", "created_at", "updated_at", "latest_version"]
         read_only_fields = ["created_by", "created_at", "updated_at", "latest_version"]
 
-    def validate_name(self, value: str) -> str:
-        return validate_name_field(value)
-
     def get_latest_version(self, obj: Model) -> int | None:
         return obj.last_version or None
 
 
-class ModelUpdateSerializer(serializers.Serializer[Any]):
+class ModelUpdateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
+    refuses_unknown_fields = True  # the schema says so (portal/api_schema.py)
     description = serializers.CharField(allow_blank=True, required=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -74,11 +136,12 @@ class ModelUpdateSerializer(serializers.Serializer[Any]):
         return attrs
 
 
-class VersionCreateSerializer(serializers.Serializer[Any]):
+class VersionCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
     file = serializers.FileField(required=False, help_text="The artifact, for small files (see MAX_MULTIPART_UPLOAD_SIZE).")
     upload_id = serializers.UUIDField(required=False, help_text="The id ending the URL of a finished tus upload.")
-    format = serializers.ChoiceField(choices=[f.value for f in Format if f != Format.ENSEMBLE], required=False, allow_blank=True)
-    signature = BoundedJSONField(required=False, help_text='{"inputs": [{"name", "datatype", "dims"}], "outputs": [...]}')
+    format = serializers.ChoiceField(choices=ARTIFACT_FORMATS, required=False, allow_blank=True)
+    signature = SignatureField(required=False, allow_null=True,
+                               help_text='{"inputs": [{"name", "datatype", "dims"}], "outputs": [...]}')
     max_batch_size = serializers.IntegerField(required=False, min_value=0, max_value=1_000_000)
     create_model = serializers.BooleanField(
         required=False, default=False,
@@ -98,9 +161,31 @@ class VersionCreateSerializer(serializers.Serializer[Any]):
         return attrs
 
 
-class PipelineCreateSerializer(serializers.Serializer[Any]):
-    format = serializers.ChoiceField(choices=[Format.ENSEMBLE.value])
-    definition = BoundedJSONField(
+class VersionFromFileSerializer(serializers.Serializer[Any]):
+    """A version from a file sent in the request (multipart/form-data); for the schema."""
+
+    file = serializers.FileField(help_text="The artifact, for small files (see MAX_MULTIPART_UPLOAD_SIZE).")
+    format = VersionCreateSerializer().fields["format"]
+    signature = serializers.CharField(required=False, allow_blank=True, help_text="The signature as JSON text, "
+                                                                 '{"inputs": [{"name", "datatype", "dims"}], "outputs": [...]}.')
+    max_batch_size = VersionCreateSerializer().fields["max_batch_size"]
+    create_model = VersionCreateSerializer().fields["create_model"]
+
+
+class VersionFromUploadSerializer(serializers.Serializer[Any]):
+    """A version from a finished tus upload (application/json); for the schema."""
+
+    upload_id = serializers.UUIDField(help_text="The id ending the URL of a finished tus upload (used once).")
+    format = VersionCreateSerializer().fields["format"]
+    signature = SignatureField(required=False, allow_null=True)
+    max_batch_size = VersionCreateSerializer().fields["max_batch_size"]
+    create_model = VersionCreateSerializer().fields["create_model"]
+
+
+class PipelineCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
+    refuses_unknown_fields = True  # the schema says so (portal/api_schema.py)
+    format = serializers.ChoiceField(choices=PIPELINE_FORMATS)
+    definition = DefinitionField(
         help_text='{"inputs": [tensor], "outputs": [tensor], "steps": [{"model", "version", "input_map": '
                   '{step_input: tensor}, "output_map": {step_output: tensor}}]}; tensors as in signatures.')
     max_batch_size = serializers.IntegerField(required=False, min_value=0, max_value=1_000_000,
@@ -169,8 +254,15 @@ def _get_version(request: Request, name: str, number: int) -> ModelVersion:
     return version
 
 
-@extend_schema(request=ModelSerializer, responses=ModelSerializer(many=True))
+@extend_schema(methods=["GET"], summary="List your team's models", responses={200: ModelSerializer(many=True)})
+@extend_schema(methods=["POST"], summary="Create a model", request=ModelSerializer, parameters=[IDEMPOTENCY_KEY],
+               examples=[OpenApiExample("A model", request_only=True,
+                                        value={"name": "digits", "description": "Handwritten digits, 8x8"})],
+               responses={201: ModelSerializer, **IDEMPOTENCY_ERRORS,
+                          409: error("A model of that name exists in your team, or a request with this "
+                                     "Idempotency-Key is still running.")})
 @api_view(["GET", "POST"])
+@parser_classes(JSON_PARSERS)
 @idempotent
 def models_list(request: Request) -> Response:
     team = current_team(request)
@@ -184,8 +276,17 @@ def models_list(request: Request) -> Response:
     return Response(ModelSerializer(models, many=True).data)
 
 
-@extend_schema(request=ModelUpdateSerializer, responses=ModelSerializer)
+@extend_schema(methods=["GET"], summary="A model", responses={200: ModelSerializer})
+@extend_schema(methods=["PATCH"], summary="Change a model's description", request=ModelUpdateSerializer,
+               responses={200: ModelSerializer, 400: error("Not a valid description, or a field other than "
+                                                           "'description'.")})
+@extend_schema(methods=["DELETE"], summary="Delete a model with its versions", responses={
+    204: OpenApiResponse(description="Deleted."),
+    403: error("Only team admins delete models (and: no team, no CSRF token)."),
+    409: error("A deployment uses one of its versions, or a pipeline of another model uses one as a step."),
+})
 @api_view(["GET", "PATCH", "DELETE"])
+@parser_classes(JSON_PARSERS)
 def model_detail(request: Request, name: str) -> Response:
     model = _get_model(request, name)
     if request.method == "PATCH":
@@ -205,7 +306,27 @@ def model_detail(request: Request, name: str) -> Response:
     return Response(ModelSerializer(model).data)
 
 
-@extend_schema(request=VersionCreateSerializer, responses=VersionSerializer(many=True))
+@extend_schema(methods=["GET"], summary="List a model's versions", responses={200: VersionSerializer(many=True)})
+@extend_schema(
+    methods=["POST"], summary="Add a version: a file, a finished tus upload or a pipeline",
+    request={
+        "multipart/form-data": VersionFromFileSerializer,
+        "application/json": PolymorphicProxySerializer(
+            component_name="VersionCreate", resource_type_field_name=None,
+            serializers=[VersionFromUploadSerializer, PipelineCreateSerializer]),
+    },
+    parameters=[IDEMPOTENCY_KEY],
+    responses={
+        201: VersionSerializer, **IDEMPOTENCY_ERRORS,
+        400: error("Not a valid version: the file, the upload, the format, the signature or the pipeline ('fields' "
+                   "says which and why)."),
+        404: error("No model of that name in your team (send create_model: true to create it with this version)."),
+        409: error("The upload was used already, a step version was deleted meanwhile, or a request with this "
+                   "Idempotency-Key is still running."),
+        413: error("The file or the body is too large: use a resumable upload (/api/v1/uploads/)."),
+        415: error("Neither JSON nor multipart/form-data."),
+    },
+)
 @api_view(["GET", "POST"])
 @parser_classes([MultiPartParser, BoundedJSONParser])
 @idempotent
@@ -241,7 +362,11 @@ def versions_list(request: Request, name: str) -> Response:
     return Response(VersionSerializer(version).data, status=status.HTTP_201_CREATED)
 
 
-@extend_schema(responses=VersionSerializer)
+@extend_schema(methods=["GET"], summary="A version", responses={200: VersionSerializer})
+@extend_schema(methods=["DELETE"], summary="Delete a version", responses={
+    204: OpenApiResponse(description="Deleted."),
+    409: error("A deployment uses the version, or a pipeline uses it as a step."),
+})
 @api_view(["GET", "DELETE"])
 def version_detail(request: Request, name: str, number: int) -> Response:
     version = _get_version(request, name, number)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.http import Http404, JsonResponse
-from rest_framework import exceptions, status
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
+from drf_spectacular.utils import inline_serializer
+from rest_framework import exceptions, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -23,6 +25,17 @@ class ConflictError(exceptions.APIException):
 class PayloadTooLarge(exceptions.APIException):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_code = "too_large"
+
+
+class ErrorSerializer(serializers.Serializer[Any]):
+    """The body of every API error: the one error component of the OpenAPI schema (portal/api_schema.py)."""
+
+    error = inline_serializer("ErrorDetail", {  # inline: "fields" is a name a Serializer class cannot declare
+        "code": serializers.CharField(help_text="A stable machine-readable code, e.g. 'invalid', 'not_found'."),
+        "message": serializers.CharField(help_text="What went wrong and what to do about it."),
+        "fields": serializers.DictField(child=serializers.ListField(child=serializers.CharField()),
+                                        help_text="Messages per request field (empty when no field is at fault)."),
+    })
 
 
 def error_body(code: str, message: str, fields: dict[str, list[str]] | None = None) -> dict[str, Any]:
@@ -88,3 +101,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if response.status_code == status.HTTP_401_UNAUTHORIZED:
         response["WWW-Authenticate"] = 'Bearer realm="modelport"'
     return response
+
+
+def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """handler404: a path under /api/ that no URL matches (a version number that is not a number, a name with a
+    slash) gets the API's JSON error, like every other API 404; pages get the page."""
+    if request.path.startswith("/api/"):
+        return error_response(status.HTTP_404_NOT_FOUND, "not_found",
+                              f"There is no API endpoint at {request.path}: see /api/v1/docs/.")
+    return defaults.page_not_found(request, exception)

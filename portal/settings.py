@@ -72,6 +72,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "portal.null_bytes.RefuseNulMiddleware",  # before anything queries the database with the path or query
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -393,7 +394,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["accounts.permissions.IsTeamMember"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "portal.api_schema.AutoSchema",
     "EXCEPTION_HANDLER": "portal.api_errors.exception_handler",
     # DRF's own three, with JSON nesting bounded (portal/json_input.py).
     "DEFAULT_PARSER_CLASSES": ["portal.api_json.BoundedJSONParser", "rest_framework.parsers.FormParser",
@@ -409,6 +410,13 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # The schema is exact (portal/api_schema.py, tests/test_schema_fuzz.py): separate request and response
+    # components, so that read-only fields are not in request bodies and generated clients type both right.
+    "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "portal.api_schema.add_links"],
+    "ENUM_NAME_OVERRIDES": {"FormatEnum": "models_registry.models.Format",
+                            "ArtifactFormatEnum": "models_registry.api.ARTIFACT_FORMATS",
+                            "PipelineFormatEnum": "models_registry.api.PIPELINE_FORMATS"},
 }
 
 LOGGING = {

@@ -219,13 +219,13 @@ def test_the_schema_documents_the_token_endpoints_answers() -> None:
 
     schema = SchemaGenerator().get_schema(request=None, public=True)
     tokens = schema["paths"]["/api/v1/tokens/"]
-    assert set(tokens["post"]["responses"]) == {"201", "400", "401", "403", "409", "422"}
-    assert set(tokens["get"]["responses"]) == {"200", "401", "403"}
+    assert set(tokens["post"]["responses"]) == {"201", "400", "401", "403", "409", "413", "415", "422", "503"}
+    assert set(tokens["get"]["responses"]) == {"200", "400", "401", "403", "503"}
     detail = schema["paths"]["/api/v1/tokens/{token_id}/"]["delete"]["responses"]
-    assert set(detail) == {"204", "401", "403", "404"}
+    assert set(detail) == {"204", "400", "401", "403", "404", "503"}
     created = schema["components"]["schemas"]["NewToken"]
     assert "token" in created["required"]
-    request_body = schema["components"]["schemas"]["TokenCreate"]["properties"]
+    request_body = schema["components"]["schemas"]["TokenCreateRequest"]["properties"]
     scopes_enum = request_body["scopes"]["items"]["$ref"].rsplit("/", 1)[1]
     assert schema["components"]["schemas"][scopes_enum]["enum"] == ["tokens"]
     assert request_body["expires_in_days"]["maximum"] == 365

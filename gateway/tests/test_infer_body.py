@@ -253,6 +253,8 @@ TRITON_ANSWERS = [
     (500, "Unable to parse 'data': Shape does not match true shape of 'data' field", 400),
     (500, "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer", 400),
     (500, "failed to get request params.: attempt to get members for non-object", 400),
+    # Found by tests/test_nasty_inputs.py: an output's "classification": -1.
+    (500, "Unable to set 'classification': attempt to access JSON non-unsigned-integer as unsigned-integer", 400),
     (500, "Internal: the model crashed", 500),  # a real fault stays a 5xx
     (400, "unexpected inference input 'nope' for model 'digits'", 400),
 ]

@@ -114,3 +114,26 @@ def test_the_upstream_target_is_the_raw_path_not_the_decoded_one(people: dict[st
             assert reply.json()["target"] == "/v2/models/dig%2Fits/config?x=%41"
 
     run(scenario)
+
+
+def test_a_target_longer_than_triton_takes_is_414_not_a_dropped_connection(
+    people: dict[str, Person], gateway_app: Any
+) -> None:
+    """Found by tests/test_nasty_inputs.py: Triton drops the connection on a request target of 8,190 bytes, which
+    the gateway answered 502 ("Triton is unreachable"). It is the client's request that is too long."""
+    async def scenario() -> None:
+        async with FakeUpstream() as upstream:
+            await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url)
+            app = gateway_app()
+            long_name = b"/serve/digits-prod/v2/models/" + b"m" * 10_000
+            reply = await call(app, "GET", "", raw_path=long_name, token=people["alice"].token)
+            assert reply.status == 414
+            assert "at most 8000" in reply.json()["error"]
+            reply = await call(app, "GET", "/serve/digits-prod/v2/models/digits", query=b"x=" + b"a" * 9000,
+                               token=people["alice"].token)
+            assert reply.status == 414
+            assert upstream.requests == []
+            fits = await call(app, "GET", "/serve/digits-prod/v2/models/" + "m" * 7000, token=people["alice"].token)
+            assert fits.status == 200 and len(upstream.requests) == 1
+
+    run(scenario)

@@ -1,0 +1,261 @@
+"""Property-based fuzzing of the REST API against its own OpenAPI schema (issue 12): schemathesis generates requests
+from /api/v1/schema/ (examples, the coverage phase's boundary and negative cases, random fuzzing, and stateful
+sequences that follow the schema's links) and holds every answer to all of its checks: no 5xx, every status and
+content type documented, every body valid against its schema, schema-invalid requests refused and schema-valid ones
+accepted, auth not ignored, deleted things gone. A check of our own adds: no answer to alice mentions anything of
+charlie's team.
+
+The app runs in-process through its WSGI entry point (portal.wsgi), so that it shares the test's database
+transaction: everything Django and DRF do is exercised, the ASGI layers in front of them (the gateway, the tus
+PATCH path, the body cap) are not, and have their own hostile-input tests (gateway/tests/, tests/test_nasty_inputs.py,
+models_registry/tests/test_tus*.py). The tus endpoints speak their own protocol and are not in the schema.
+Deployments are created but never started: the reconciler's on_commit never fires inside the test transaction.
+
+Bounded for CI (about a minute on two cores) and reproducible: FUZZ_EXAMPLES sets the random examples per
+operation (default 20) and the stateful phase's scenarios, FUZZ_SEED the seed (default 12); the coverage phase's
+cases do not depend on either. To go deeper: make fuzz FUZZ_EXAMPLES=500 FUZZ_SEED=$RANDOM
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import schemathesis
+import yaml
+from hypothesis import HealthCheck, Phase, seed, settings
+from schemathesis import Config
+
+from conftest import Person, make_person
+
+pytestmark = pytest.mark.django_db
+
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "20"))
+SEED = int(os.environ.get("FUZZ_SEED", "12"))
+
+# Requests that the schema cannot tell from valid ones: they name other objects (an upload, the models to deploy,
+# the steps of a pipeline) or carry an Idempotency-Key a previous example used for another body. A schema-valid
+# request there may be refused with 400 or 422; everything else must be accepted.
+STATEFUL_VALIDITY = [
+    ("POST", "/api/v1/models/{name}/versions/", ["400", "422"]),
+    ("POST", "/api/v1/deployments/", ["400", "422"]),
+    ("PATCH", "/api/v1/deployments/{name}/", ["400"]),
+    ("POST", "/api/v1/models/", ["422"]),
+    ("POST", "/api/v1/tokens/", ["422"]),
+]
+POSITIVE_STATUSES = ["2xx", "401", "403", "404", "409"]
+# alice's token for the run, made in World with this value. It may manage tokens, so that the token endpoints are
+# reached beyond their 403.
+FUZZ_TOKEN = "mp_f0220000_schemathesis-fuzzing-token-of-alice-in-acme"
+
+
+def _config() -> Config:
+    return Config.from_dict({
+        "seed": SEED,
+        # The credentials are the configured ones: generated session cookies would only be ignored beside them.
+        # The credentials are alice's token (AliceToken below); generated session cookies would only be ignored.
+        "generation": {"max-examples": EXAMPLES, "database": "none", "with-security-parameters": False},
+        "checks": {"positive_data_acceptance": {"expected-statuses": POSITIVE_STATUSES}},
+        "phases": {"examples": {"enabled": True}, "coverage": {"enabled": True}, "fuzzing": {"enabled": True},
+                   "stateful": {"enabled": True, "max-steps": 10}},
+        "operations": [
+            {"include-method": method, "include-path": path,
+             "checks": {"positive_data_acceptance": {"expected-statuses": [*POSITIVE_STATUSES, *extra]}}}
+            for method, path, extra in STATEFUL_VALIDITY
+        ],
+    })
+
+
+def _load() -> Any:
+    from django.conf import settings as django_settings
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    from portal.wsgi import application
+
+    # Hypothesis keeps caches on disk: in this test run's var/ (removed after the run), not in the checkout.
+    set_hypothesis_home_dir(django_settings.VAR_DIR / "hypothesis")
+
+    return schemathesis.openapi.from_wsgi("/api/v1/schema/", application, config=_config())
+
+
+schema = _load()
+
+
+@schemathesis.deserializer("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/vnd.yaml")
+def manifests_or_an_error(ctx: Any, response: Any) -> Any:
+    """The manifests are a multi-document YAML stream, a string in the schema; an error asked for as YAML is one
+    document, the error object."""
+    documents = list(yaml.safe_load_all(response.content))
+    return documents[0] if len(documents) == 1 else response.content.decode()
+
+
+@schema.auth()
+class AliceToken:
+    """alice's token on every request: schemathesis's auth checks know it as the run's credentials, take it away
+    and expect 401."""
+
+    def get(self, case: Any, context: Any) -> str:
+        return FUZZ_TOKEN
+
+    def set(self, case: Any, data: str, context: Any) -> None:
+        case.headers = {**(case.headers or {}), "Authorization": f"Bearer {data}"}
+
+
+# Charlie's team and what it holds: no answer to alice may contain any of it. Long, odd names, so that no name the
+# fuzzer makes up for alice can be one of them.
+CHARLIE_MODEL = "globex-hidden-model-q7x2"
+CHARLIE_DEPLOYMENT = "globex-hidden-deploy-q7x2"
+
+
+class World:
+    """alice (admin of acme) with a ready model, a deployment on each runtime and a token that may manage tokens;
+    charlie (admin of globex) with a model, a deployment and a token of his own."""
+
+    def __init__(self) -> None:
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        from accounts.models import ApiToken, hash_token
+        from deployments.tests.conftest import make_ready_version
+        from models_registry.models import Upload
+
+        self.alice = make_person("alice", "acme", role="admin")
+        self.charlie = make_person("charlie", "globex", role="admin")
+        # Its id is out of the fuzzer's usual range, so that a random DELETE /api/v1/tokens/{id}/ does not revoke it
+        # mid-run.
+        ApiToken.objects.create(id=987_654_321, user=self.alice.user, team=self.alice.team, name="fuzz",
+                                prefix=FUZZ_TOKEN.split("_")[1], digest=hash_token(FUZZ_TOKEN), scopes=["tokens"])
+        make_ready_version(self.alice)
+        for name, runtime in (("digits", "local"), ("digits-k8s", "kubernetes")):
+            self._deploy(self.alice, name, runtime, "digits")
+        make_ready_version(self.charlie, name=CHARLIE_MODEL)
+        self._deploy(self.charlie, CHARLIE_DEPLOYMENT, "local", CHARLIE_MODEL)
+        upload = Upload.objects.create(team=self.charlie.team, created_by=self.charlie.user, length=10,
+                                       expires_at=timezone.now() + timedelta(days=1))
+        # What would give charlie's objects away: their names, his team, his token's prefix, his upload.
+        self.secrets = [CHARLIE_MODEL, CHARLIE_DEPLOYMENT, "globex", "charlie",
+                        ApiToken.objects.get(user=self.charlie.user).prefix, str(upload.pk)]
+
+    @staticmethod
+    def _deploy(person: Person, name: str, runtime: str, model: str) -> None:
+        response = person.client().post("/api/v1/deployments/", {
+            "name": name, "runtime": runtime, "models": [{"model": model}]}, format="json")
+        assert response.status_code == 201, response.json()
+
+    def leaks(self, text: str) -> list[str]:
+        return [secret for secret in self.secrets if secret in text]
+
+
+@pytest.fixture
+def world(db: Any) -> World:
+    return World()
+
+
+@contextlib.contextmanager
+def one_connection() -> Iterator[None]:
+    """Django closes the database connection at the end of each request, which would end the test's transaction;
+    its test client keeps it open the same way."""
+    from django.core.signals import request_finished, request_started
+    from django.db import close_old_connections
+
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        yield
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
+
+
+def no_other_teams_objects(world: World) -> Any:
+    """A check for schemathesis: an answer to alice that mentions anything of charlie's fails the run."""
+
+    def no_other_teams_objects(ctx: Any, response: Any, case: Any) -> None:
+        leaked = world.leaks(response.text)
+        if leaked:
+            raise AssertionError(f"{case.method} {case.formatted_path} answered {response.status_code} with another "
+                                 f"team's {leaked}: {response.text[:500]}")
+
+    return no_other_teams_objects
+
+
+FUZZ_SETTINGS = settings(
+    # The world is built once per operation; the examples of one operation share it, as requests share a database.
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.filter_too_much],
+    deadline=None,
+)
+
+
+@pytest.mark.fuzz
+@schema.parametrize()
+@FUZZ_SETTINGS
+def test_every_operation_answers_as_its_schema_says(case: Any, world: World) -> None:
+    with one_connection():
+        case.call_and_validate(additional_checks=[no_other_teams_objects(world)])
+
+
+@pytest.mark.fuzz
+def test_sequences_that_follow_the_schemas_links_answer_as_it_says(world: World) -> None:
+    """The stateful phase: create something, then read, change, stop, delete it through the links the schema
+    declares (portal/api_schema.py LINKS) and the ones schemathesis infers; every answer checked as above."""
+    from django.db import transaction
+    from schemathesis.generation.stateful import run_state_machine_as_test
+
+    leak_check = no_other_teams_objects(world)
+
+    class Machine(schema.as_state_machine()):  # type: ignore[misc]
+        # Each scenario starts from the same world: a savepoint of the test's transaction, rolled back after it.
+        def setup(self) -> None:
+            self.savepoint = transaction.savepoint()
+
+        def teardown(self) -> None:
+            transaction.savepoint_rollback(self.savepoint)
+
+        def validate_response(self, response: Any, case: Any, additional_checks: Any = None, **kwargs: Any) -> None:
+            super().validate_response(response, case, additional_checks=[leak_check], **kwargs)
+
+    with one_connection():
+        run_state_machine_as_test(seed(SEED)(Machine), settings=settings(
+            # Generation only, as schemathesis runs its stateful phase: a scenario replayed to shrink it would meet
+            # ids and timestamps of its own first run.
+            max_examples=EXAMPLES, stateful_step_count=10, deadline=None, database=None, phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck)))
+
+
+def test_alice_reaching_for_charlies_objects_by_name_gets_404_and_changes_nothing(world: World) -> None:
+    """Every operation of the schema that names an object, called by alice with the names and ids of charlie's:
+    404, a message that gives nothing away, and charlie's objects as they were."""
+    from accounts.models import ApiToken
+    from deployments.models import Deployment
+    from models_registry.models import Model
+
+    charlie_token = ApiToken.objects.get(user=world.charlie.user)
+    values = {"number": 1, "token_id": charlie_token.pk}
+    bodies: dict[str, Any] = {"PATCH": {"description": "mine now"}, "POST": {}}
+    client = world.alice.client()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {FUZZ_TOKEN}")
+    calls = 0
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        if "{" not in operation.path:
+            continue
+        names = [CHARLIE_DEPLOYMENT] if "/deployments/" in operation.path else [CHARLIE_MODEL]
+        for name in names:
+            method, path = operation.method.upper(), operation.path.format(**values, name=name)
+            body = json.dumps(bodies[method]) if method in bodies else ""
+            response = client.generic(method, path, body, content_type="application/json")
+            calls += 1
+            assert response.status_code == 404, (method, path, response.content)
+            assert not world.leaks(response.content.decode()), (method, path, response.content)
+    assert calls >= 15
+    assert Model.objects.get(team=world.charlie.team, name=CHARLIE_MODEL).description == ""
+    assert Model.objects.get(name=CHARLIE_MODEL).versions.count() == 1
+    charlies = Deployment.objects.get(name=CHARLIE_DEPLOYMENT)
+    assert charlies.desired_state == Deployment.Desired.RUNNING and charlies.revision.number == 1
+    charlie_token.refresh_from_db()
+    assert charlie_token.revoked_at is None
