@@ -147,6 +147,18 @@ def run_hostile(alice: Person, charlie: Person, canaries: Canaries, *, control: 
     return report, server, token
 
 
+def harmless(name: str, detail: str, server: TritonServer, token: str) -> bool:
+    """What a model reports as done but reached nothing outside its sandbox. The sandbox shows its own repository at
+    its real path, so when var/ lies under /tmp (a checkout in /tmp, as CI may have), the path to var/ exists inside
+    the model's private /tmp: a listing there shows only the mount point of its own deployment, and a file written
+    there lands in its own scratch directory, never in the real var/ (which the test checks on the host)."""
+    if name == "list_deployments":
+        return detail == repr([str(server.deployment_id)])
+    if name == "write_var":
+        return not (Path(settings.VAR_DIR) / f"pwned-{token}").exists()
+    return False
+
+
 def test_a_hostile_python_model_is_denied_every_escape(
     alice: Person, charlie: Person, eager_tasks: Any, canaries: Canaries, planted: str, sandbox_required: None,
 ) -> None:
@@ -156,7 +168,8 @@ def test_a_hostile_python_model_is_denied_every_escape(
         for phase in ("initialize", "execute"):
             attempts = report[phase]
             assert set(WORK_UNSANDBOXED) <= set(attempts), f"{phase}: attempts missing"
-            escaped = {name: r["detail"] for name, r in attempts.items() if r["escaped"] and name != "detached_process"}
+            escaped = {name: r["detail"] for name, r in attempts.items()
+                       if r["escaped"] and name != "detached_process" and not harmless(name, r["detail"], server, token)}
             assert escaped == {}, f"{phase}: escaped {json.dumps(escaped, indent=1)}"
         assert len(report["initialize"]) >= 50
         assert canaries.hits == []  # nothing reached the stand-ins for the portal, UDP and abstract sockets included
