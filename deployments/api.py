@@ -20,8 +20,8 @@ from accounts.idempotency import idempotent
 from accounts.models import Team
 from deployments import actions, frameworks, python_requirements, quantity
 from deployments.models import Deployment, Event, TritonServer
-from deployments.runtimes import local as local_runtime
-from deployments.runtimes.base import runtime_for
+from deployments.runtimes.local import runtime as local_runtime
+from deployments.runtimes.registry import runtime_for
 from deployments.snapshot import served_model, served_model_json
 from deployments.spec import MAX_INSTANCE_COUNT, MAX_QUEUE_DELAY_MICROSECONDS, RepositorySpec, validate_repository
 from models_registry.api import validate_name_field

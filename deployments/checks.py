@@ -41,7 +41,7 @@ def runtime_extras(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
 
 @register()
 def sandbox_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    from deployments.runtimes.local import sandbox_capabilities
+    from deployments.runtimes.local.runtime import sandbox_capabilities
 
     if not settings.SANDBOX_ENABLED:
         return [Warning("SANDBOX_ENABLED is false: local Tritons run unconfined, with the portal's privileges.",

@@ -14,7 +14,8 @@ from django.db.models import Q
 from deployments.events import record
 from deployments.models import Deployment, Event
 from deployments.render import RenderError
-from deployments.runtimes.base import Runtime, RuntimeUnavailable, runtime_for
+from deployments.runtimes.base import Runtime, RuntimeUnavailable
+from deployments.runtimes.registry import runtime_for
 from portal import worker_shutdown
 
 log = logging.getLogger(__name__)

@@ -24,8 +24,9 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from deployments import local_triton, reconcile
+from deployments import reconcile
 from deployments.models import Deployment
+from deployments.runtimes.local import triton as local_triton
 from portal import worker_shutdown
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def queue_reconcile(deployment_id: int, **options: Any) -> bool:
 @worker_ready.connect
 def check_the_sandbox(**kwargs: Any) -> None:
     """The worker starts the local Tritons: say at start-up whether it can sandbox them (and why not)."""
-    from deployments.runtimes.local import sandbox_capabilities
+    from deployments.runtimes.local.runtime import sandbox_capabilities
 
     sandbox_capabilities()  # logs what it found, a warning when anything is missing
 
@@ -84,7 +85,7 @@ def reconcile_all() -> int:
 @shared_task
 def refresh_repository_access() -> int:
     """Periodic: renew the presigned URLs that Triton's pods on Kubernetes fetch their repository with."""
-    from deployments.runtimes.kubernetes import refresh_repository_access as refresh
+    from deployments.runtimes.kubernetes.runtime import refresh_repository_access as refresh
 
     return refresh()
 
@@ -92,6 +93,6 @@ def refresh_repository_access() -> int:
 @shared_task
 def sweep_orphan_servers() -> int:
     """Periodic: stop local Tritons of this var/ that the database does not know (see runtimes.local)."""
-    from deployments.runtimes.local import sweep_orphans
+    from deployments.runtimes.local.runtime import sweep_orphans
 
     return len(sweep_orphans())

@@ -274,7 +274,7 @@ _check_sandbox_settings()
 
 # --- Kubernetes runtime ----------------------------------------------------------------------------------
 # Deployments with runtime "kubernetes": Triton pods in a namespace per team, loading the model repository from
-# S3. See docs/kubernetes.md; deployments.k8s.config reads these into one frozen dataclass.
+# S3. See docs/kubernetes.md; deployments.runtimes.kubernetes.config reads these into one frozen dataclass.
 
 
 def _env_pairs(name: str, default: str = "") -> dict[str, str]:
@@ -344,8 +344,8 @@ KUBERNETES_UNSCHEDULABLE_GRACE_SECONDS = env_int("KUBERNETES_UNSCHEDULABLE_GRACE
 
 def _check_kubernetes_settings() -> None:
     """Quantities and egress rules go into every Triton pod: a typo fails here, not in each rollout."""
-    from deployments.k8s.config import parse_egress  # plain modules: no Django, no app registry needed
     from deployments.quantity import CPU, MEMORY, QuantityError, check_quantity
+    from deployments.runtimes.kubernetes.config import parse_egress  # plain modules: no Django, no app registry needed
 
     for name, bounds in (("KUBERNETES_DEFAULT_CPU", CPU), ("KUBERNETES_DEFAULT_MEMORY", MEMORY),
                          ("KUBERNETES_SHM_SIZE", MEMORY), ("KUBERNETES_TMP_SIZE", MEMORY)):

@@ -17,8 +17,8 @@ from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from conftest import Person, make_person
-from deployments.local_triton import is_alive
 from deployments.models import Deployment, Event, TritonServer
+from deployments.runtimes.local.triton import is_alive
 from models_registry.models import Blob, ModelVersion
 from models_registry.samples import digits_holdout, make_digits_onnx, train_digits_classifier
 from tests.processes import start_worker, wait_for

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from deployments.local_triton import is_alive
+from deployments.runtimes.local.triton import is_alive
 from tests.artifacts import PYTHON_SIGNATURE, tiny_onnx
 from tests.faults import (
     PG_HOST,

@@ -19,9 +19,10 @@ import pytest
 from django.conf import settings
 
 from conftest import Person
-from deployments import local_triton, sandbox, tasks
+from deployments import sandbox, tasks
 from deployments.models import Deployment, TritonServer
-from deployments.runtimes import local
+from deployments.runtimes.local import runtime as local
+from deployments.runtimes.local import triton as local_triton
 from deployments.tests.conftest import make_ready_version
 from tests.artifacts import tiny_onnx
 from tests.sandbox_helpers import (

@@ -15,8 +15,9 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, URLResolver, path
 
 from audit.log import record as audit
-from deployments import actions, local_triton
+from deployments import actions
 from deployments.models import Deployment, Event, Revision, TritonServer
+from deployments.runtimes.local import triton as local_triton
 from models_registry.models import Blob, Model, ModelVersion, Upload
 from web import overview
 

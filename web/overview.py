@@ -15,8 +15,8 @@ from django.conf import settings
 from django.db.models import Count
 from django.utils import timezone
 
-from deployments import local_triton
 from deployments.models import Deployment, Event, TritonServer
+from deployments.runtimes.local import triton as local_triton
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def triton_servers() -> list[dict[str, Any]]:
 
 def sandbox() -> Probe:
     """Whether this process can sandbox the local Tritons, and what is weaker than designed here."""
-    from deployments.runtimes.local import sandbox_capabilities
+    from deployments.runtimes.local.runtime import sandbox_capabilities
 
     try:
         caps = sandbox_capabilities()

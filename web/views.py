@@ -28,7 +28,7 @@ from deployments import actions as deployment_actions
 from deployments.api import DeploymentInputSerializer
 from deployments.frameworks import local_framework_status
 from deployments.models import Deployment, Event
-from deployments.runtimes.base import runtime_for
+from deployments.runtimes.registry import runtime_for
 from models_registry import actions as registry_actions
 from models_registry.models import FORMATS_NEEDING_SIGNATURE, Format, Model, ModelVersion
 from models_registry.pipelines import pipeline_graph
@@ -419,7 +419,7 @@ def _settings_context(deployment: Deployment) -> dict[str, Any]:
 
 
 def _live_context(deployment: Deployment) -> dict[str, Any]:
-    from deployments.runtimes import local
+    from deployments.runtimes.local import runtime as local
 
     isolation = local.isolation(deployment) if deployment.runtime == Deployment.Runtime.LOCAL else None
     return {"deployment": deployment, "events": deployment.events.all()[:30], "isolation": isolation}

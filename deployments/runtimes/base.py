@@ -67,12 +67,3 @@ class Runtime(Protocol):
     def logs(self, deployment: Deployment, lines: int) -> str:
         """The tail of Triton's log."""
 
-
-def runtime_for(deployment: Deployment) -> Runtime:
-    if deployment.runtime == Deployment.Runtime.KUBERNETES:
-        from deployments.runtimes.kubernetes import KubernetesRuntime
-
-        return KubernetesRuntime()
-    from deployments.runtimes.local import LocalRuntime
-
-    return LocalRuntime()

@@ -9,8 +9,8 @@ import pytest
 from moto import mock_aws
 
 from conftest import Person
-from deployments.k8s import s3repo
-from deployments.k8s.config import KubernetesConfig
+from deployments.runtimes.kubernetes import s3repo
+from deployments.runtimes.kubernetes.config import KubernetesConfig
 from deployments.tests.fake_kube import FakeKube
 from models_registry.models import Model, ModelVersion
 from tests.artifacts import tiny_onnx

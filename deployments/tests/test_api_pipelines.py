@@ -15,7 +15,7 @@ from conftest import Person
 from deployments import python_requirements
 from deployments.models import Deployment
 from deployments.render import render_repository
-from deployments.runtimes import local as local_runtime
+from deployments.runtimes.local import runtime as local_runtime
 from deployments.snapshot import repository_spec
 from models_registry.models import ModelVersion
 from models_registry.samples import digits_pipeline_definition

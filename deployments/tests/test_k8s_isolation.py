@@ -21,10 +21,10 @@ import yaml
 
 from conftest import Person
 from deployments import reconcile, tasks
-from deployments.k8s.config import KubernetesConfig
 from deployments.models import Deployment, Revision
 from deployments.runtimes.base import Launch, RuntimeUnavailable
-from deployments.runtimes.kubernetes import KubernetesRuntime
+from deployments.runtimes.kubernetes.config import KubernetesConfig
+from deployments.runtimes.kubernetes.runtime import KubernetesRuntime
 from deployments.tests import fake_kube
 from deployments.tests.conftest import Clock, make_ready_version
 from deployments.tests.fake_kube import FakeKube
@@ -249,7 +249,7 @@ def test_a_repository_with_too_many_files_for_one_secret_is_refused_before_anyth
         alice: Person, digits_v1: ModelVersion, fake: FakeKube, cfg: KubernetesConfig,
         monkeypatch: pytest.MonkeyPatch) -> None:
     deployment = create(alice)
-    monkeypatch.setattr("deployments.runtimes.kubernetes.MAX_SECRET_BYTES", 1000)
+    monkeypatch.setattr("deployments.runtimes.kubernetes.runtime.MAX_SECRET_BYTES", 1000)
     with pytest.raises(RuntimeUnavailable, match=r"^The model repository of revision 1 has 2 files: their download "
                                                  r"URLs \(\d+ KiB\) do not fit in one Kubernetes Secret"):
         KubernetesRuntime(cfg).launch(deployment.revision)  # type: ignore[arg-type]

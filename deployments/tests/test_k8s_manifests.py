@@ -14,9 +14,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from deployments.k8s import manifests
-from deployments.k8s.config import KubernetesConfig, parse_egress
-from deployments.k8s.manifests import ManifestError, Target
+from deployments.runtimes.kubernetes import manifests
+from deployments.runtimes.kubernetes.config import KubernetesConfig, parse_egress
+from deployments.runtimes.kubernetes.manifests import ManifestError, Target
 
 # Two supported minor versions shipped by kubernetes-validate 1.37 (it ships 1.25 to 1.37).
 KUBERNETES_VERSIONS = ("1.31", "1.33")

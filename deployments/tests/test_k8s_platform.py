@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from deployments.k8s.config import KubernetesConfig
+from deployments.runtimes.kubernetes.config import KubernetesConfig
 
 PLATFORM = Path(__file__).resolve().parents[2] / "platform"
 KUSTOMIZE = PLATFORM / "kubernetes"

@@ -22,11 +22,11 @@ import pytest
 
 from conftest import Person
 from deployments import reconcile
-from deployments.k8s import manifests
-from deployments.k8s.config import KubernetesConfig
 from deployments.models import Deployment, Event, Revision
 from deployments.runtimes.base import Launch, RuntimeUnavailable
-from deployments.runtimes.kubernetes import KubernetesRuntime, target_for
+from deployments.runtimes.kubernetes import manifests
+from deployments.runtimes.kubernetes.config import KubernetesConfig
+from deployments.runtimes.kubernetes.runtime import KubernetesRuntime, target_for
 from deployments.tests import fake_kube
 from deployments.tests.fake_kube import FakeKube
 from models_registry.models import ModelVersion

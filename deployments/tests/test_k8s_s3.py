@@ -29,12 +29,12 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from conftest import Person
-from deployments import local_triton as lt
 from deployments import reconcile
-from deployments.k8s import manifests, s3repo
-from deployments.k8s.config import KubernetesConfig
 from deployments.models import Deployment, Event, Revision
 from deployments.render import render_repository
+from deployments.runtimes.kubernetes import manifests, s3repo
+from deployments.runtimes.kubernetes.config import KubernetesConfig
+from deployments.runtimes.local import triton as lt
 from deployments.spec import RepositorySpec
 from deployments.tests import fake_kube
 from deployments.tests.fake_kube import FakeKube

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from conftest import Person
-from deployments.k8s import manifests
-from deployments.k8s.config import KubernetesConfig
 from deployments.models import Deployment
 from deployments.quantity import CPU, MEMORY, QuantityError, check_quantity, parse_quantity
+from deployments.runtimes.kubernetes import manifests
+from deployments.runtimes.kubernetes.config import KubernetesConfig
 from models_registry.models import ModelVersion
 from web.tests.conftest import signed_in
 from web.tests.test_deploy_form import NEW, form_data

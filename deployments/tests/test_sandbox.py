@@ -16,10 +16,11 @@ from django.test import Client
 
 from audit.models import AuditEntry
 from conftest import Person
-from deployments import local_triton, sandbox
+from deployments import sandbox
 from deployments.models import Deployment, Event, TritonServer
-from deployments.runtimes import local
 from deployments.runtimes.base import RuntimeUnavailable
+from deployments.runtimes.local import runtime as local
+from deployments.runtimes.local import triton as local_triton
 from deployments.sandbox import cgroups, kernel
 from tests.sandbox_helpers import admin_change
 

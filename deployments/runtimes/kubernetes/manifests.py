@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from deployments import quantity
-from deployments.k8s.config import TRITON_UID, KubernetesConfig
+from deployments.runtimes.kubernetes.config import TRITON_UID, KubernetesConfig
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 CONTAINER = "triton"

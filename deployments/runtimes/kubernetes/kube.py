@@ -16,7 +16,7 @@ from typing import Any
 
 import urllib3
 
-from deployments.k8s.config import FIELD_MANAGER, KubernetesConfig
+from deployments.runtimes.kubernetes.config import FIELD_MANAGER, KubernetesConfig
 
 # (connect, read) seconds for ordinary requests.
 REQUEST_TIMEOUT = (5.0, 30.0)

@@ -21,14 +21,14 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from deployments import frameworks, local_triton, python_requirements, sandbox
+from deployments import frameworks, python_requirements, sandbox
 from deployments.models import Deployment, Revision, TritonServer
 from deployments.render import RenderError, render_repository
+from deployments.runtimes.artifacts import artifact_path
 from deployments.runtimes.base import Health, Launch, Ready, RuntimeUnavailable
+from deployments.runtimes.local import triton as local_triton
 from deployments.sandbox import cgroups
 from deployments.snapshot import repository_spec
-from models_registry.models import Blob
-from models_registry.storage import FilesystemStore, get_store
 from models_registry.validation import archive_limits
 
 log = logging.getLogger(__name__)
@@ -139,22 +139,6 @@ def deployment_dir(deployment: Deployment) -> Path:
 
 def repository_dir(revision: Revision) -> Path:
     return deployment_dir(revision.deployment) / f"r{revision.number}" / "repository"
-
-
-def artifact_path(sha256: str) -> Path:
-    """A local file holding the blob: the store's own file, or a cached download from S3."""
-    store = get_store()
-    key = Blob.key_for(sha256)
-    if isinstance(store, FilesystemStore):
-        return store.path(key)
-    cached = Path(settings.VAR_DIR) / "cache" / "blobs" / sha256
-    if not cached.exists():
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(".part")
-        with store.open(key) as source, open(tmp, "wb") as out:
-            shutil.copyfileobj(source, out, 1024 * 1024)
-        tmp.replace(cached)
-    return cached
 
 
 def render(revision: Revision) -> Path:

@@ -1,7 +1,7 @@
 """The Kubernetes runtime: Triton pods on a cluster, one Kubernetes Deployment per Modelport deployment.
 
 A revision's model repository is rendered for the official Triton image and uploaded to S3 under a prefix of its
-own, with a manifest of what was uploaded; its manifests (deployments.k8s.manifests) are applied with server-side
+own, with a manifest of what was uploaded; its manifests (deployments.runtimes.kubernetes.manifests) are applied with server-side
 apply in the team's namespace, and the Deployment's rolling update (maxUnavailable 0) replaces the previous
 revision's pods once the new ones are ready. The gateway routes to the Service's cluster DNS name, which stays
 the same across revisions.
@@ -25,13 +25,14 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from deployments.k8s import manifests, s3repo
-from deployments.k8s import status as k8s_status
-from deployments.k8s.config import KubernetesConfig
-from deployments.k8s.kube import ConfigError, Kube, KubeError, Unreachable
 from deployments.models import Deployment, Revision
 from deployments.render import RenderError, render_repository
+from deployments.runtimes.artifacts import artifact_path
 from deployments.runtimes.base import Health, Launch, Ready, RuntimeUnavailable
+from deployments.runtimes.kubernetes import manifests, s3repo
+from deployments.runtimes.kubernetes import status as k8s_status
+from deployments.runtimes.kubernetes.config import KubernetesConfig
+from deployments.runtimes.kubernetes.kube import ConfigError, Kube, KubeError, Unreachable
 from deployments.snapshot import repository_spec
 from models_registry.validation import archive_limits
 
@@ -165,8 +166,6 @@ class KubernetesRuntime:
         Revision.objects.filter(pk=revision.pk).update(repository=self.cfg.repository_url(prefix))
 
     def _render_and_upload(self, revision: Revision, s3: Any, bucket: str, prefix: str) -> s3repo.RepositoryManifest:
-        from deployments.runtimes.local import artifact_path
-
         spec = repository_spec(revision.spec,
                                lambda entry: artifact_path(entry["sha256"]) if entry.get("sha256") else None)
         scratch = Path(settings.VAR_DIR) / "tmp"
