@@ -12,7 +12,7 @@ from accounts.models import Team
 from audit.log import record as audit
 from deployments.events import record
 from deployments.models import Deployment, Event, Revision
-from models_registry.models import ModelVersion
+from deployments.planning import Plan
 from portal.api_errors import Conflict
 
 
@@ -23,20 +23,21 @@ def _queue_reconcile(deployment: Deployment) -> None:
     transaction.on_commit(lambda: tasks.queue_reconcile(deployment_id))  # coalesced: one waits per deployment
 
 
-def _new_revision(deployment: Deployment, user: Any, spec: dict[str, Any], versions: list[ModelVersion]) -> Revision:
+def _new_revision(deployment: Deployment, user: Any, plan: Plan) -> Revision:
     number = (deployment.revisions.aggregate(n=Max("number"))["n"] or 0) + 1
-    revision = Revision.objects.create(deployment=deployment, number=number, spec=spec, created_by=user)
-    revision.versions.set(versions)
+    revision = Revision.objects.create(deployment=deployment, number=number, spec=plan.spec, created_by=user)
+    revision.versions.set(plan.versions)
     return revision
 
 
 @transaction.atomic
-def create_deployment(team: Team, user: Any, name: str, runtime: str, spec: dict[str, Any],
-                      versions: list[ModelVersion]) -> Deployment:
+def create_deployment(team: Team, user: Any, name: str, plan: Plan) -> Deployment:
+    """A deployment serving what `plan` (deployments.planning) says; its runtime is the plan's."""
     if Deployment.objects.filter(team=team, name=name).exists():
         raise Conflict(f"A deployment named {name!r} exists already in team {team.name!r}.")
+    runtime = plan.spec.runtime
     deployment = Deployment.objects.create(team=team, name=name, runtime=runtime, created_by=user)
-    revision = _new_revision(deployment, user, spec, versions)
+    revision = _new_revision(deployment, user, plan)
     deployment.revision = revision
     deployment.save(update_fields=["revision"])
     record(deployment, Event.Kind.INFO, f"Created by {user.get_username()} with revision 1.")
@@ -46,10 +47,12 @@ def create_deployment(team: Team, user: Any, name: str, runtime: str, spec: dict
 
 
 @transaction.atomic
-def update_deployment(deployment: Deployment, user: Any, spec: dict[str, Any], versions: list[ModelVersion]) -> Revision:
+def update_deployment(deployment: Deployment, user: Any, plan: Plan) -> Revision:
     """A new revision; a running deployment rolls to it while the current one keeps serving."""
+    if plan.spec.runtime != deployment.runtime:
+        raise Conflict("The runtime of a deployment cannot change: create a new deployment.")
     Deployment.objects.select_for_update().filter(pk=deployment.pk).first()
-    revision = _new_revision(deployment, user, spec, versions)
+    revision = _new_revision(deployment, user, plan)
     fields: dict[str, Any] = {"revision": revision}
     if deployment.desired_state == Deployment.Desired.RUNNING:
         deployment.set_status(Deployment.Status.PENDING, f"Rolling out revision {revision.number}.", **fields)

@@ -6,10 +6,13 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.fields.json import KeyTransform
+from django.db.models.query_utils import DeferredAttribute
 from django.utils import timezone
 
 from accounts.models import Team
 from accounts.names import validate_name
+from deployments.revision_spec import RevisionSpec, SpecEncoder
 from models_registry.models import ModelVersion
 
 
@@ -109,12 +112,39 @@ class Deployment(models.Model):
         )
 
 
+class _SpecAttribute(DeferredAttribute):
+    """`revision.spec` is a RevisionSpec whatever it was given (a RevisionSpec, or its JSON in tests and fixtures)."""
+
+    def __set__(self, instance: models.Model, value: Any) -> None:
+        instance.__dict__[self.field.attname] = RevisionSpec.coerce(value) if value is not None else None
+
+
+class RevisionSpecField(models.JSONField):
+    """A JSON column read and written as a RevisionSpec, through its from_json and to_json only."""
+
+    descriptor_class = _SpecAttribute
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("encoder", SpecEncoder)
+        super().__init__(*args, **kwargs)
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        data = super().from_db_value(value, expression, connection)
+        if data is None or isinstance(expression, KeyTransform):  # spec__models etc.: a part of it, as JSON
+            return data
+        return RevisionSpec.from_json(data)
+
+    def value_from_object(self, obj: models.Model) -> Any:
+        value = super().value_from_object(obj)
+        return value.to_json() if isinstance(value, RevisionSpec) else value
+
+
 class Revision(models.Model):
     """An immutable snapshot of a deployment's spec; every change of spec makes a new one."""
 
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="revisions")
     number = models.PositiveIntegerField()
-    spec = models.JSONField()
+    spec = RevisionSpecField()
     versions = models.ManyToManyField(ModelVersion, related_name="revisions")
     repository = models.CharField(max_length=500, blank=True)  # where it was rendered (a path or an s3:// URL)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")

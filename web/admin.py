@@ -17,6 +17,7 @@ from django.urls import URLPattern, URLResolver, path
 from audit.log import record as audit
 from deployments import actions
 from deployments.models import Deployment, Event, Revision, TritonServer
+from deployments.planning import Plan
 from deployments.runtimes.local import triton as local_triton
 from models_registry.models import Blob, Model, ModelVersion, Upload
 from web import overview
@@ -137,7 +138,8 @@ class DeploymentAdmin(admin.ModelAdmin):
         def rerender(deployment: Deployment, user: Any) -> None:
             if deployment.revision is None:
                 raise actions.Conflict("it has no revision")
-            actions.update_deployment(deployment, user, deployment.revision.spec, list(deployment.revision.versions.all()))
+            actions.update_deployment(deployment, user, Plan(spec=deployment.revision.spec,
+                                                             versions=tuple(deployment.revision.versions.all())))
 
         self._each(request, queryset.select_related("revision"), "Re-rendering", rerender)
 

@@ -73,19 +73,12 @@ def gpus_per_team() -> list[dict[str, Any]]:
     totals: Counter[str] = Counter()
     deployments: Counter[str] = Counter()
     for deployment in running:
-        spec = deployment.revision.spec if deployment.revision else {}
-        gpus = _int((spec.get("resources") or {}).get("gpu")) * max(1, _int(spec.get("replicas", 1)))
+        spec = deployment.revision.spec if deployment.revision else None
+        gpus = spec.resources.gpu * max(1, spec.replicas) if spec else 0
         if gpus:
             totals[deployment.team.name] += gpus
             deployments[deployment.team.name] += 1
     return [{"team": team, "gpus": gpus, "deployments": deployments[team]} for team, gpus in sorted(totals.items())]
-
-
-def _int(value: Any) -> int:
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
-        return 0
 
 
 def queue_depth() -> Probe:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from deployments.models import Deployment, Revision
+from deployments.revision_spec import RevisionSpec
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ class RuntimeUnavailable(Exception):
 
 
 class Runtime(Protocol):
+    def check_plan(self, spec: RevisionSpec) -> dict[str, list[str]]:
+        """Why this runtime cannot serve `spec` (its policy, and Triton's rules for its target), keyed by field:
+        "replicas", "resources.gpu", "runtime", ... or "<model name>.<field>" for one model. Empty when it can."""
+
     def prepare(self, revision: Revision) -> None:
         """Render (and publish) the revision's model repository; idempotent. Raises RenderError."""
 

@@ -14,6 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from deployments.revision_spec import RevisionSpec
 from deployments.runtimes.kubernetes import manifests
 from deployments.runtimes.kubernetes.config import KubernetesConfig, parse_egress
 from deployments.runtimes.kubernetes.manifests import ManifestError, Target
@@ -42,7 +43,7 @@ def model(name: str = "digits", fmt: str = "onnx", **extra: Any) -> dict[str, An
 
 def target(revision: int = 3, **spec: Any) -> Target:
     full = {"runtime": "kubernetes", "replicas": 1, "resources": {}, "models": [model()], **spec}
-    return Target(team="acme", name="digits", revision=revision, spec=full,
+    return Target(team="acme", name="digits", revision=revision, spec=RevisionSpec.from_json(full),
                   repository_key=f"modelport/repositories/acme/digits-7/r{revision}/")
 
 

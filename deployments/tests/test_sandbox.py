@@ -18,6 +18,7 @@ from audit.models import AuditEntry
 from conftest import Person
 from deployments import sandbox
 from deployments.models import Deployment, Event, TritonServer
+from deployments.revision_spec import RevisionSpec
 from deployments.runtimes.base import RuntimeUnavailable
 from deployments.runtimes.local import runtime as local
 from deployments.runtimes.local import triton as local_triton
@@ -391,9 +392,10 @@ def test_local_resources_are_checked_when_the_deployment_is_made(alice: Person, 
 
 def test_the_default_memory_limit_applies_when_a_revision_sets_none(settings: Any) -> None:
     settings.SANDBOX_DEFAULT_MEMORY = "3Gi"
-    assert local.limits_for({"resources": {}}).memory_bytes == 3 * 2**30
+    spec = RevisionSpec(runtime="local", models=())
+    assert local.limits_for(spec).memory_bytes == 3 * 2**30
     settings.SANDBOX_DEFAULT_MEMORY = ""
-    assert local.limits_for({}) == cgroups.Limits(None, None, 1024)
+    assert local.limits_for(spec) == cgroups.Limits(None, None, 1024)
 
 
 def test_team_members_cannot_allow_egress_through_the_api(alice: Person, digits_v1: Any) -> None:

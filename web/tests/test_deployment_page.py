@@ -177,7 +177,7 @@ def test_the_example_leaves_out_inputs_too_large_to_prefill() -> None:
 def test_the_page_of_a_model_with_huge_inputs_stays_small(alice: Person, deployment: Deployment) -> None:
     revision = deployment.revision
     assert revision is not None
-    spec = revision.spec
+    spec = revision.spec.to_json()
     spec["models"][0]["signature"]["inputs"][0]["dims"] = [-1, 2**40, 64]
     type(revision).objects.filter(pk=revision.pk).update(spec=spec)
     response = signed_in(alice).get(PAGE)

@@ -27,13 +27,14 @@ from django.utils import timezone
 
 from deployments.models import Deployment, Revision
 from deployments.render import RenderError, render_repository
+from deployments.revision_spec import RevisionSpec
 from deployments.runtimes.artifacts import artifact_path
 from deployments.runtimes.base import Health, Launch, Ready, RuntimeUnavailable
 from deployments.runtimes.kubernetes import manifests, s3repo
 from deployments.runtimes.kubernetes import status as k8s_status
 from deployments.runtimes.kubernetes.config import KubernetesConfig
 from deployments.runtimes.kubernetes.kube import ConfigError, Kube, KubeError, Unreachable
-from deployments.snapshot import repository_spec
+from deployments.spec import validate_repository
 from models_registry.validation import archive_limits
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,10 @@ class KubernetesRuntime:
 
     # --- Runtime protocol -------------------------------------------------------------------------------------
 
+    def check_plan(self, spec: RevisionSpec) -> dict[str, list[str]]:
+        """Triton's rules for the official image; what the cluster's configuration refuses is said at rollout."""
+        return validate_repository(spec.repository(lambda entry: Path("artifact")), "kubernetes")
+
     def prepare(self, revision: Revision) -> None:
         problems = self.cfg.problems()
         if problems:
@@ -166,8 +171,7 @@ class KubernetesRuntime:
         Revision.objects.filter(pk=revision.pk).update(repository=self.cfg.repository_url(prefix))
 
     def _render_and_upload(self, revision: Revision, s3: Any, bucket: str, prefix: str) -> s3repo.RepositoryManifest:
-        spec = repository_spec(revision.spec,
-                               lambda entry: artifact_path(entry["sha256"]) if entry.get("sha256") else None)
+        spec = revision.spec.repository(lambda entry: artifact_path(entry.sha256))
         scratch = Path(settings.VAR_DIR) / "tmp"
         scratch.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="k8s-repository-", dir=scratch) as tmp:
@@ -249,11 +253,11 @@ class KubernetesRuntime:
             what = f"apply Deployment {namespace}/{target.name}"
             applied = kube.apply(objects[0])
             autoscaling = target.autoscaling
-            if autoscaling and int(applied["spec"].get("replicas") or 0) < int(autoscaling["min_replicas"]):
+            if autoscaling and int(applied["spec"].get("replicas") or 0) < autoscaling.min_replicas:
                 # Stopped (scaled to zero: the HPA does not scale up from zero by itself), or autoscaling was just
                 # switched on and the replica count Modelport no longer applies fell back to its default.
-                kube.scale(namespace, target.name, int(autoscaling["min_replicas"]))
-                applied["spec"]["replicas"] = int(autoscaling["min_replicas"])
+                kube.scale(namespace, target.name, autoscaling.min_replicas)
+                applied["spec"]["replicas"] = autoscaling.min_replicas
             uid = applied["metadata"]["uid"]
             if not access["metadata"].get("ownerReferences"):
                 what = f"apply Secret {namespace}/{access['metadata']['name']}"
