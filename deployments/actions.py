@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from django.db import transaction
@@ -108,21 +107,13 @@ def set_egress(deployment: Deployment, user: Any, allowed: bool) -> None:
         _queue_reconcile(deployment)
 
 
-def delete_deployment(deployment: Deployment, user: Any, wait_seconds: float = 20.0) -> bool:
-    """Tear everything down. True when it is gone already; False when the reconciler will finish it shortly."""
-    from deployments import reconcile
-
-    with transaction.atomic():
-        Deployment.objects.filter(pk=deployment.pk).update(desired_state=Deployment.Desired.DELETED)
-        deployment.set_status(Deployment.Status.STOPPING, f"Deleting (requested by {user.get_username()}).",
-                              upstream_url="", serving_revision=None)
-        audit(user, deployment.team, "deployment.delete", deployment.name)
-    # A reconciler busy with this deployment sees the new desired state within a second and lets go.
-    deadline = time.monotonic() + wait_seconds
-    while time.monotonic() < deadline:
-        reconcile.reconcile(deployment.pk)
-        if not Deployment.objects.filter(pk=deployment.pk).exists():
-            return True
-        time.sleep(0.2)
+@transaction.atomic
+def delete_deployment(deployment: Deployment, user: Any) -> None:
+    """Tear everything down: the gateway stops routing at once, and the reconciler stops its servers and removes
+    its files (or cluster objects), then the row, in a worker (a stop can take seconds, a cluster longer)."""
+    Deployment.objects.filter(pk=deployment.pk).update(desired_state=Deployment.Desired.DELETED)
+    deployment.desired_state = Deployment.Desired.DELETED
+    deployment.set_status(Deployment.Status.STOPPING, f"Deleting (requested by {user.get_username()}).",
+                          upstream_url="", serving_revision=None)
+    audit(user, deployment.team, "deployment.delete", deployment.name)
     _queue_reconcile(deployment)
-    return False

@@ -231,8 +231,8 @@ def deployment_detail(request: Request, name: str) -> Response:
             actions.update_deployment(deployment, request.user, plan)
         return Response(DeploymentSerializer(get_deployment_for_user(request, name)).data)
     if request.method == "DELETE":
-        gone = actions.delete_deployment(deployment, request.user)
-        return Response(status=status.HTTP_204_NO_CONTENT if gone else status.HTTP_202_ACCEPTED)
+        actions.delete_deployment(deployment, request.user)
+        return Response(status=status.HTTP_202_ACCEPTED)  # the reconciler finishes it in a worker
     return Response(DeploymentSerializer(deployment).data)
 
 

@@ -46,11 +46,18 @@ class Deployment(models.Model):
     # What the gateway routes to: switched in one UPDATE once a revision's server is ready (zero-downtime rollout).
     serving_revision = models.ForeignKey("Revision", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     upstream_url = models.CharField(max_length=255, blank=True)
-    # A reconciler holds the deployment while it works on it (a conditional update), renewed while it waits.
+    # What the reconciler (deployments/reconcile.py) recorded between its ticks, as runtimes.base.Launch JSON: the
+    # launch that serves (at upstream_url), and the one starting for `revision` until `launch_deadline`.
+    serving_launch = models.JSONField(null=True, blank=True)
+    launch = models.JSONField(null=True, blank=True)
+    launch_deadline = models.DateTimeField(null=True, blank=True)
+    # After a switch, servers of other revisions keep answering the requests routed to them until then.
+    drain_until = models.DateTimeField(null=True, blank=True)
+    # A reconciler holds the deployment while it takes a step (a conditional update): seconds, not minutes.
     lease_until = models.DateTimeField(null=True, blank=True)
-    # When a reconcile task was queued and not started yet: at most one waits per deployment, so a burst of changes
-    # costs one rollout and the queue stays short (deployments/tasks.py).
-    reconcile_queued_at = models.DateTimeField(null=True, blank=True)
+    # When the reconcile task waiting for this deployment is due (None: none waits): at most one waits per
+    # deployment, so a burst of changes costs one rollout and the queue stays short (deployments/tasks.py).
+    reconcile_due_at = models.DateTimeField(null=True, blank=True)
     # Outgoing connections from its sandbox (local runtime; SANDBOX_EGRESS_PORTS). Only an operator sets it, in the
     # admin console: a team's code could otherwise reach anything the portal's machine reaches.
     allow_egress = models.BooleanField(
@@ -95,11 +102,22 @@ class Deployment(models.Model):
             self.lease_until = until
         return claimed == 1
 
-    def renew(self, seconds: float) -> None:
-        Deployment.objects.filter(pk=self.pk).update(lease_until=timezone.now() + timedelta(seconds=seconds))
-
     def release(self) -> None:
         Deployment.objects.filter(pk=self.pk).update(lease_until=None)
+
+    def advance(self, status: str, message: str, **fields: Any) -> bool:
+        """set_status() for the reconciler: only if nobody changed what it read (the desired state, the revision
+        asked for, the status). False when a user did meanwhile; the next tick acts on that instead."""
+        changed_at = timezone.now()
+        same_revision = Q(revision_id=self.revision_id) if self.revision_id is not None else Q(revision__isnull=True)
+        done = Deployment.objects.filter(
+            same_revision, pk=self.pk, status=self.status, desired_state=self.desired_state,
+        ).update(status=status, status_message=message, status_changed_at=changed_at, **fields)
+        if done:
+            self.status, self.status_message, self.status_changed_at = status, message, changed_at
+            for key, value in fields.items():
+                setattr(self, key, value)
+        return done == 1
 
     def set_status(self, status: str, message: str = "", **fields: Any) -> None:
         self.status = status

@@ -202,8 +202,10 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "control_folder": str(VAR_DIR / "celery" / "control"),
     }
 else:
-    # Redis: a task whose worker died unacknowledged is delivered again after this many seconds.
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 60, minimum=5)}
+    # Redis: a task whose worker died unacknowledged is delivered again after this many seconds, so it must exceed
+    # the longest task (an inspection with its trial run, the render of a large model), or Redis hands a running task
+    # to a second worker. Reconcile ticks need no redelivery: beat queues them again from the database.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 1800, minimum=5)}
 # The filesystem broker gets the threads pool: billiard's blocking prefork pool (what Celery uses with it) hangs at
 # exit when SIGTERM reached its children too (portal/worker_shutdown.py). `-P` still overrides it.
 CELERY_WORKER_POOL = env_str("CELERY_WORKER_POOL", "threads" if CELERY_BROKER_URL.startswith("filesystem://") else "prefork")

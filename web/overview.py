@@ -17,13 +17,13 @@ from django.utils import timezone
 
 from deployments.models import Deployment, Event, TritonServer
 from deployments.runtimes.local import triton as local_triton
+from portal.queues import Queue
 
 log = logging.getLogger(__name__)
 
-# kombu's Redis transport keeps one list per priority step: "celery", then "celery\x06\x163", ...
+# kombu's Redis transport keeps one list per queue and priority step: "reconcile", then "reconcile\x06\x163", ...
 _REDIS_PRIORITY_SEPARATOR = "\x06\x16"
 _REDIS_PRIORITY_STEPS = (3, 6, 9)
-CELERY_QUEUE = "celery"
 
 
 @dataclass(frozen=True)
@@ -82,14 +82,15 @@ def gpus_per_team() -> list[dict[str, Any]]:
 
 
 def queue_depth() -> Probe:
-    """Messages waiting in the Celery queue (Redis: its lists; the filesystem broker: its files)."""
+    """Messages waiting in the Celery queues (Redis: their lists; the filesystem broker: its files)."""
     url = settings.CELERY_BROKER_URL
     try:
         if url.startswith(("redis://", "rediss://")):
             import redis
 
             client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
-            keys = [CELERY_QUEUE] + [f"{CELERY_QUEUE}{_REDIS_PRIORITY_SEPARATOR}{step}" for step in _REDIS_PRIORITY_STEPS]
+            keys = [key for queue in Queue for key in
+                    (queue.value, *(f"{queue.value}{_REDIS_PRIORITY_SEPARATOR}{step}" for step in _REDIS_PRIORITY_STEPS))]
             return Probe(sum(int(client.llen(key)) for key in keys), "Redis")
         if url.startswith("filesystem://"):
             folder = Path(settings.VAR_DIR) / "celery" / "queue"

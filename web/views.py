@@ -478,8 +478,8 @@ def deployment_delete(request: HttpRequest, team: Team, name: str) -> HttpRespon
     deployment = _get_deployment(team, name)
     if request.method == "GET":
         return render(request, "web/deployment_delete.html", {"deployment": deployment})
-    gone = deployment_actions.delete_deployment(deployment, request.user, wait_seconds=10.0)
-    messages.success(request, f"Deleted {name}." if gone else f"{name} is being deleted; it disappears in a moment.")
+    deployment_actions.delete_deployment(deployment, request.user)
+    messages.success(request, f"{name} is being deleted: it no longer serves, and disappears in a moment.")
     return redirect("dashboard")
 
 

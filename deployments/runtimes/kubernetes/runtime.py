@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from deployments.models import Deployment, Revision
 from deployments.render import RenderError, render_repository
 from deployments.revision_spec import RevisionSpec
 from deployments.runtimes.artifacts import artifact_path
-from deployments.runtimes.base import Health, Launch, Ready, RuntimeUnavailable
+from deployments.runtimes.base import PREPARED, Health, Launch, Observation, Preparation, RuntimeUnavailable
 from deployments.runtimes.kubernetes import manifests, s3repo
 from deployments.runtimes.kubernetes import status as k8s_status
 from deployments.runtimes.kubernetes.config import KubernetesConfig
@@ -39,8 +38,8 @@ from models_registry.validation import archive_limits
 
 log = logging.getLogger(__name__)
 
-# A watch lasts at most this long, so that the reconciler renews its lease and notices cancellations.
-WATCH_SECONDS = 5
+# How often the reconciler looks at a rollout in progress (a list of its pods per look).
+POLL_SECONDS = 5.0
 LOG_LINES = 10  # Triton's last log lines in a failure's detail
 MAX_LOG_PODS = 5
 # Kinds besides the Deployment that a revision may or may not have; objects no longer wanted are removed.
@@ -114,10 +113,16 @@ def _parse_iso(value: Any) -> datetime | None:
 
 
 class KubernetesRuntime:
+    poll_seconds = POLL_SECONDS
+
     def __init__(self, cfg: KubernetesConfig | None = None, now: Callable[[], datetime] = timezone.now) -> None:
         self.cfg = cfg or config()
         self.now = now  # the clock URL expiry is measured with (tests move it)
         self._kube: Kube | None = None
+
+    @property
+    def ready_timeout_seconds(self) -> float:
+        return float(self.cfg.ready_timeout_seconds)
 
     # --- Connection -------------------------------------------------------------------------------------------
 
@@ -147,7 +152,7 @@ class KubernetesRuntime:
         """Triton's rules for the official image; what the cluster's configuration refuses is said at rollout."""
         return validate_repository(spec.repository(lambda entry: Path("artifact")), "kubernetes")
 
-    def prepare(self, revision: Revision) -> None:
+    def prepare(self, revision: Revision) -> Preparation:
         problems = self.cfg.problems()
         if problems:
             raise RuntimeUnavailable(" ".join(problems))
@@ -169,6 +174,7 @@ class KubernetesRuntime:
                 f"{', endpoint ' + self.cfg.s3_endpoint_url if self.cfg.s3_endpoint_url else ''}): {exc}. "
                 "Check KUBERNETES_S3_BUCKET, S3_ENDPOINT_URL and the S3 credentials.") from None
         Revision.objects.filter(pk=revision.pk).update(repository=self.cfg.repository_url(prefix))
+        return PREPARED
 
     def _render_and_upload(self, revision: Revision, s3: Any, bucket: str, prefix: str) -> s3repo.RepositoryManifest:
         spec = revision.spec.repository(lambda entry: artifact_path(entry.sha256))
@@ -319,52 +325,30 @@ class KubernetesRuntime:
                 "namespace in KUBERNETES_NAMESPACES.")
         kube.apply(manifests.namespace_object(namespace))
 
-    def wait_ready(self, launch: Launch, keep_waiting: Callable[[], bool]) -> Ready:
+    def observe(self, launch: Launch) -> Observation:
         revision = Revision.objects.select_related("deployment__team").get(pk=launch.revision_id)
         namespace, name = str(launch.ref).split("/", 1)
         selector = manifests.revision_selector(revision.deployment.team.name, name, revision.number)
-        deadline = time.monotonic() + self.cfg.ready_timeout_seconds
-        kube = self.kube()
-        message = "waiting for Kubernetes"
-        while True:
-            resource_version = ""
-            try:
-                deployment = kube.get("apps/v1", "Deployment", namespace, name)
-                if deployment is None:
-                    return Ready(False, f"its Kubernetes Deployment {namespace}/{name} was deleted")
-                pods = kube.list("v1", "Pod", namespace, selector)
-                resource_version = pods.get("metadata", {}).get("resourceVersion", "")
-                verdict = k8s_status.rollout(deployment, pods.get("items", []), revision=revision.number,
-                                             now=timezone.now(),
-                                             unschedulable_grace=self.cfg.unschedulable_grace_seconds)
-                message = verdict.message
-                if verdict.state == "ready":
-                    return Ready(True, verdict.message)
-                if verdict.state == "failed":
-                    detail = self._log_tail(kube, namespace, verdict.logs_pod, verdict.previous,
-                                            container=verdict.logs_container)
-                    return Ready(False, verdict.message, detail)
-            except Unreachable as exc:
-                message = f"the Kubernetes API server is not reachable ({exc})"  # a blip: keep trying until the deadline
-            except KubeError as exc:
-                message = _explain(exc, f"read Deployment {namespace}/{name}")
-            if time.monotonic() >= deadline:
-                return Ready(False, f"not ready after {self.cfg.ready_timeout_seconds} s: {message}")
-            if not keep_waiting():
-                return Ready(False, "cancelled", cancelled=True)
-            self._wait_for_change(kube, namespace, selector, resource_version)
-
-    def _wait_for_change(self, kube: Kube, namespace: str, selector: str, resource_version: str) -> None:
-        """Block until a pod of the revision changes, or WATCH_SECONDS pass."""
-        if not resource_version:
-            time.sleep(1)  # no list to watch from (the API server did not answer): retry shortly
-            return
         try:
-            for _event in kube.watch_pods(namespace, selector, resource_version, WATCH_SECONDS):
-                return
-        except (KubeError, Unreachable) as exc:
-            log.info("watching pods of %s in %s: %s", selector, namespace, exc)
-            time.sleep(1)
+            kube = self.kube()
+            deployment = kube.get("apps/v1", "Deployment", namespace, name)
+            if deployment is None:
+                return Observation("failed", f"its Kubernetes Deployment {namespace}/{name} was deleted")
+            pods = kube.list("v1", "Pod", namespace, selector)
+            verdict = k8s_status.rollout(deployment, pods.get("items", []), revision=revision.number,
+                                         now=timezone.now(), unschedulable_grace=self.cfg.unschedulable_grace_seconds)
+            if verdict.state == "ready":
+                return Observation("ready", verdict.message)
+            if verdict.state == "failed":
+                detail = self._log_tail(kube, namespace, verdict.logs_pod, verdict.previous,
+                                        container=verdict.logs_container)
+                return Observation("failed", verdict.message, detail)
+            return Observation("starting", verdict.message)
+        except Unreachable as exc:
+            # A blip: the reconciler looks again until the launch's deadline.
+            return Observation("starting", f"the Kubernetes API server is not reachable ({exc})")
+        except KubeError as exc:
+            return Observation("starting", _explain(exc, f"read Deployment {namespace}/{name}"))
 
     def _log_tail(self, kube: Kube, namespace: str, pod: str | None, previous: bool, lines: int = LOG_LINES,
                   container: str = manifests.CONTAINER) -> str:
@@ -395,7 +379,7 @@ class KubernetesRuntime:
         except (KubeError, Unreachable, RuntimeUnavailable) as exc:
             log.warning("could not abandon %s: %s", launch.description, exc)
 
-    def check(self, deployment: Deployment) -> Health:
+    def check(self, deployment: Deployment, launch: Launch) -> Health:
         problem = self.cfg.cluster_problem()
         if problem:
             return Health(False, problem)
@@ -426,10 +410,11 @@ class KubernetesRuntime:
             log.warning("cannot check %s on Kubernetes: %s", deployment, exc)
             return Health(True)
 
-    def retire(self, deployment: Deployment, keep: Launch) -> list[str]:
+    def retire(self, deployment: Deployment, keep: Sequence[Launch]) -> list[str]:
         """Kubernetes replaced the old pods itself; what is left is the old revisions' access Secrets and their
         repositories in S3."""
-        keep_number = Revision.objects.filter(pk=keep.revision_id).values_list("number", flat=True).first()
+        keep_numbers = set(Revision.objects.filter(pk__in=[launch.revision_id for launch in keep])
+                           .values_list("number", flat=True))
         messages: list[str] = []
         team = deployment.team.name
         if not self.cfg.cluster_problem():
@@ -438,7 +423,8 @@ class KubernetesRuntime:
                 kube = self.kube()
                 for item in kube.list("v1", "Secret", namespace,
                                       manifests.access_selector(team, deployment.name)).get("items", []):
-                    if (item["metadata"].get("labels") or {}).get(manifests.LABEL_REVISION) != str(keep_number):
+                    if (item["metadata"].get("labels") or {}).get(manifests.LABEL_REVISION) not in {
+                            str(number) for number in keep_numbers}:
                         kube.delete("v1", "Secret", namespace, item["metadata"]["name"])
             except (KubeError, Unreachable, RuntimeUnavailable) as exc:
                 log.warning("could not remove old access Secrets of %s: %s", deployment, exc)
@@ -450,7 +436,7 @@ class KubernetesRuntime:
             s3 = s3repo.client(self.cfg)
             prefix = s3repo.deployment_prefix(self.cfg, team, deployment.name, deployment.pk)
             for number in s3repo.uploaded_revisions(s3, self.cfg.s3_bucket, prefix):
-                if number != keep_number:
+                if number not in keep_numbers:
                     s3repo.delete_repository(s3, self.cfg.s3_bucket, s3repo.revision_prefix(
                         self.cfg, team, deployment.name, deployment.pk, number))
                     messages.append(f"Removed the model repository of revision {number} from S3.")

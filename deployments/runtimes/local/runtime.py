@@ -13,7 +13,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from deployments.models import Deployment, Revision, TritonServer
 from deployments.render import RenderError, render_repository
 from deployments.revision_spec import ModelEntry, Resources, RevisionSpec
 from deployments.runtimes.artifacts import artifact_path
-from deployments.runtimes.base import Health, Launch, Ready, RuntimeUnavailable
+from deployments.runtimes.base import PREPARED, Health, Launch, Observation, Preparation, RuntimeUnavailable
 from deployments.runtimes.local import triton as local_triton
 from deployments.sandbox import cgroups
 from deployments.spec import validate_repository
@@ -323,67 +323,70 @@ def _check_requirements(entry: ModelEntry, add: Callable[[str, str], None]) -> N
 class LocalRuntime:
     """One tritonserver process per revision on this machine; a rollout starts the new one beside the old."""
 
+    poll_seconds = 1.0
+
+    @property
+    def ready_timeout_seconds(self) -> float:
+        return float(settings.TRITON_READY_TIMEOUT_SECONDS)
+
     def check_plan(self, spec: RevisionSpec) -> dict[str, list[str]]:
         return plan_errors(spec)
 
-    def prepare(self, revision: Revision) -> None:
+    def prepare(self, revision: Revision) -> Preparation:
         errors = resource_errors(revision.spec.resources)
         if errors:
             raise RenderError(errors)
         render(revision)
+        return PREPARED
 
     def launch(self, revision: Revision) -> Launch:
-        return _describe(_launch(revision))
+        try:
+            return _describe(_launch(revision))
+        except local_triton.RuntimeEnvError as exc:
+            raise RuntimeUnavailable(f"The local runtime cannot start Triton: {exc}") from None
 
-    def wait_ready(self, launch: Launch, keep_waiting: Callable[[], bool]) -> Ready:
-        server = TritonServer.objects.select_related("revision").get(pk=launch.ref)
-        models = list(server.revision.spec.model_names)
-        deadline = timezone.now().timestamp() + settings.TRITON_READY_TIMEOUT_SECONDS
-        while True:
-            # Short slices, so that the caller renews its lease and notices when the user changed their mind.
-            result = local_triton.wait_ready(_process(server), models, timeout=1.0)
-            if result.ready:
-                TritonServer.objects.filter(pk=server.pk).update(state=TritonServer.State.READY)
-                return Ready(True, "ready")
-            confinement = next((e for e in result.errors if e.startswith(local_triton.SANDBOX_ERROR_PREFIX)), None)
-            if confinement:
-                reason = confinement.removeprefix(local_triton.SANDBOX_ERROR_PREFIX)
-                return Ready(False, f"The sandbox {reason}", "\n".join(result.errors[-5:]))
-            memory = _memory_report(server)
-            if memory and local_triton.is_alive(server.pid):
-                # A stub killed at the limit leaves Triton waiting for it: stop here with the reason.
-                return Ready(False, memory, "\n".join(result.errors[-5:]))
-            if result.exit_code is not None or not local_triton.is_alive(server.pid):
-                return Ready(False, f"{memory} {result.message}" if memory else result.message,
-                             "\n".join(result.errors[-5:]))
-            if timezone.now().timestamp() >= deadline:
-                return Ready(False, f"not ready after {settings.TRITON_READY_TIMEOUT_SECONDS:g} s: {result.message}",
-                             "\n".join(result.errors[-5:]))
-            if not keep_waiting():
-                return Ready(False, "cancelled", cancelled=True)
+    def observe(self, launch: Launch) -> Observation:
+        server = TritonServer.objects.select_related("revision").filter(pk=launch.ref).first()
+        if server is None or server.state == TritonServer.State.STOPPED:
+            return Observation("failed", "its Triton process was stopped")
+        result = local_triton.probe(_process(server), server.revision.spec.model_names)
+        detail = "\n".join(result.errors[-5:])
+        if result.ready:
+            TritonServer.objects.filter(pk=server.pk).update(state=TritonServer.State.READY)
+            return Observation("ready", "ready")
+        confinement = next((e for e in result.errors if e.startswith(local_triton.SANDBOX_ERROR_PREFIX)), None)
+        if confinement:
+            return Observation("failed", f"The sandbox {confinement.removeprefix(local_triton.SANDBOX_ERROR_PREFIX)}",
+                               detail)
+        memory = _memory_report(server)
+        alive = local_triton.is_alive(server.pid)
+        if memory and alive:
+            # A stub killed at the limit leaves Triton waiting for it: stop here with the reason.
+            return Observation("failed", memory, detail)
+        if result.exit_code is not None or not alive:
+            return Observation("failed", f"{memory} {result.message}" if memory else result.message, detail)
+        return Observation("starting", result.message, detail)
 
     def abandon(self, launch: Launch) -> None:
         server = TritonServer.objects.filter(pk=launch.ref).first()
-        if server is not None:
+        if server is not None and server.state != TritonServer.State.STOPPED:
             _stop(server)
 
-    def check(self, deployment: Deployment) -> Health:
-        server = None
-        if deployment.serving_revision_id is not None:  # (a server always has a revision)
-            server = TritonServer.objects.filter(revision_id=deployment.serving_revision_id,
-                                                 state=TritonServer.State.READY).first()
-        if server is not None and local_triton.is_alive(server.pid):
-            return Health(True)
-        if server is None:
+    def check(self, deployment: Deployment, launch: Launch) -> Health:
+        server = TritonServer.objects.select_related("revision").filter(pk=launch.ref).first()
+        if server is None or server.state != TritonServer.State.READY:
             return Health(False, "no Triton process is serving it")
+        if local_triton.is_alive(server.pid):
+            return Health(True)
         report = _death_report(server)
         _stop(server)
         return Health(False, f"the Triton process (pid {server.pid}) died", report)
 
-    def retire(self, deployment: Deployment, keep: Launch) -> list[str]:
+    def retire(self, deployment: Deployment, keep: Sequence[Launch]) -> list[str]:
+        kept = {launch.ref for launch in keep}
         stopped = []
         for server in running_servers(deployment):
-            if server.pk != keep.ref:
+            if server.pk not in kept:
                 _stop(server)
                 stopped.append(f"Stopped the Triton of revision {server.revision.number} (pid {server.pid}).")
         return stopped
