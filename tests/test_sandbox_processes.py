@@ -21,6 +21,7 @@ from django.conf import settings
 from conftest import Person
 from deployments import sandbox, tasks
 from deployments.models import Deployment, TritonServer
+from deployments.revision_spec import RevisionSpec
 from deployments.runtimes.local import runtime as local
 from deployments.runtimes.local import triton as local_triton
 from deployments.tests.conftest import make_ready_version
@@ -130,7 +131,7 @@ def test_the_orphan_sweep_stops_a_triton_no_row_knows_and_nothing_else(
     sandbox.prepare_scratch(scratch, options)
     backend = local_triton.build_backend_dir(env, Path(settings.VAR_DIR), sandboxed=True)
     spec = sandbox.Spec(read_only=(repository, backend, env.root, env.base_prefix), scratch=scratch, tcp_ports=(),
-                        egress=False, name=f"mp-{local._var_tag()}-orphan", limits=local.limits_for({}))
+                        egress=False, name=f"mp-{local._var_tag()}-orphan", limits=local.limits_for(RevisionSpec(runtime="local", models=())))
     orphan = local_triton.start_server(repository, repository.parent / "triton.log", env, backend,
                                        env=sandbox.environment([env.bin_dir], scratch, {}),
                                        sandbox=sandbox.Sandbox(spec, caps, options))

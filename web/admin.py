@@ -88,8 +88,10 @@ class DeploymentAdmin(admin.ModelAdmin):
     list_filter = ["status", "runtime", "desired_state", "team", "allow_egress"]
     search_fields = ["name", "team__name", "status_message"]
     list_select_related = ["team", "revision", "serving_revision"]
-    readonly_fields = ["revision", "serving_revision", "upstream_url", "lease_until", "created_by", "created_at",
-                       "updated_at", "status_changed_at"]
+    # What the reconciler records between its ticks is its own: shown, never edited by hand.
+    readonly_fields = ["revision", "serving_revision", "upstream_url", "serving_launch", "launch", "launch_deadline",
+                       "drain_until", "lease_until", "reconcile_due_at", "created_by", "created_at", "updated_at",
+                       "status_changed_at"]
     actions = ["stop_deployments", "start_deployments", "rerender_deployments"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:

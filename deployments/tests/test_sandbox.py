@@ -420,7 +420,8 @@ def test_an_operator_allows_egress_in_the_admin_with_an_audit_entry_and_a_restar
     assert alice.client().post("/api/v1/deployments/", {"name": "digits", "models": [{"model": "digits"}]},
                                format="json").status_code == 201
     deployment = Deployment.objects.get(name="digits")
-    Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.READY)
+    serving = {"revision_id": deployment.revision_id, "url": "http://127.0.0.1:9", "description": "pid 9", "ref": 9}
+    Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.READY, serving_launch=serving)
     operator = get_user_model().objects.create_superuser("olivia", "olivia@example.com", "password")
     client = Client()
     client.force_login(operator)
@@ -430,6 +431,7 @@ def test_an_operator_allows_egress_in_the_admin_with_an_audit_entry_and_a_restar
     deployment.refresh_from_db()
     assert deployment.allow_egress is True
     assert deployment.status == Deployment.Status.PENDING and "egress" in deployment.status_message
+    assert deployment.serving_launch == serving  # the reconciler's records are shown, not edited
     assert len(callbacks) == 1  # the reconcile that restarts Triton with the setting
     entry = AuditEntry.objects.get(action="deployment.egress")
     assert (entry.username, entry.target, entry.detail) == ("olivia", "digits", {"allow_egress": True})
