@@ -113,7 +113,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
     from django.conf import settings
 
-    from deployments import frameworks, local_triton
+    from deployments import frameworks
+    from deployments.runtimes.local import triton as local_triton
 
     wanted = list(marker.args) or [f.name for f in frameworks.FRAMEWORKS]
     try:

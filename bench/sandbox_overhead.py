@@ -36,9 +36,9 @@ def main() -> int:
 
     import numpy as np
 
-    from deployments import local_triton as lt
     from deployments import sandbox
     from deployments.render import render_repository
+    from deployments.runtimes.local import triton as lt
     from deployments.spec import DynamicBatching, InstanceGroup, RepositorySpec, ServedModel
     from models_registry.samples import DIGITS_SIGNATURE, make_digits_onnx
 

@@ -25,7 +25,7 @@ PY = sys.executable
 
 
 def free_port() -> int:
-    from deployments.local_triton import pick_free_ports
+    from deployments.runtimes.local.triton import pick_free_ports
 
     return pick_free_ports(1)[0]
 

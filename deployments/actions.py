@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from django.db import transaction
@@ -12,7 +11,7 @@ from accounts.models import Team
 from audit.log import record as audit
 from deployments.events import record
 from deployments.models import Deployment, Event, Revision
-from models_registry.models import ModelVersion
+from deployments.planning import Plan
 from portal.api_errors import Conflict
 
 
@@ -23,20 +22,21 @@ def _queue_reconcile(deployment: Deployment) -> None:
     transaction.on_commit(lambda: tasks.queue_reconcile(deployment_id))  # coalesced: one waits per deployment
 
 
-def _new_revision(deployment: Deployment, user: Any, spec: dict[str, Any], versions: list[ModelVersion]) -> Revision:
+def _new_revision(deployment: Deployment, user: Any, plan: Plan) -> Revision:
     number = (deployment.revisions.aggregate(n=Max("number"))["n"] or 0) + 1
-    revision = Revision.objects.create(deployment=deployment, number=number, spec=spec, created_by=user)
-    revision.versions.set(versions)
+    revision = Revision.objects.create(deployment=deployment, number=number, spec=plan.spec, created_by=user)
+    revision.versions.set(plan.versions)
     return revision
 
 
 @transaction.atomic
-def create_deployment(team: Team, user: Any, name: str, runtime: str, spec: dict[str, Any],
-                      versions: list[ModelVersion]) -> Deployment:
+def create_deployment(team: Team, user: Any, name: str, plan: Plan) -> Deployment:
+    """A deployment serving what `plan` (deployments.planning) says; its runtime is the plan's."""
     if Deployment.objects.filter(team=team, name=name).exists():
         raise Conflict(f"A deployment named {name!r} exists already in team {team.name!r}.")
+    runtime = plan.spec.runtime
     deployment = Deployment.objects.create(team=team, name=name, runtime=runtime, created_by=user)
-    revision = _new_revision(deployment, user, spec, versions)
+    revision = _new_revision(deployment, user, plan)
     deployment.revision = revision
     deployment.save(update_fields=["revision"])
     record(deployment, Event.Kind.INFO, f"Created by {user.get_username()} with revision 1.")
@@ -46,10 +46,12 @@ def create_deployment(team: Team, user: Any, name: str, runtime: str, spec: dict
 
 
 @transaction.atomic
-def update_deployment(deployment: Deployment, user: Any, spec: dict[str, Any], versions: list[ModelVersion]) -> Revision:
+def update_deployment(deployment: Deployment, user: Any, plan: Plan) -> Revision:
     """A new revision; a running deployment rolls to it while the current one keeps serving."""
+    if plan.spec.runtime != deployment.runtime:
+        raise Conflict("The runtime of a deployment cannot change: create a new deployment.")
     Deployment.objects.select_for_update().filter(pk=deployment.pk).first()
-    revision = _new_revision(deployment, user, spec, versions)
+    revision = _new_revision(deployment, user, plan)
     fields: dict[str, Any] = {"revision": revision}
     if deployment.desired_state == Deployment.Desired.RUNNING:
         deployment.set_status(Deployment.Status.PENDING, f"Rolling out revision {revision.number}.", **fields)
@@ -105,21 +107,13 @@ def set_egress(deployment: Deployment, user: Any, allowed: bool) -> None:
         _queue_reconcile(deployment)
 
 
-def delete_deployment(deployment: Deployment, user: Any, wait_seconds: float = 20.0) -> bool:
-    """Tear everything down. True when it is gone already; False when the reconciler will finish it shortly."""
-    from deployments import reconcile
-
-    with transaction.atomic():
-        Deployment.objects.filter(pk=deployment.pk).update(desired_state=Deployment.Desired.DELETED)
-        deployment.set_status(Deployment.Status.STOPPING, f"Deleting (requested by {user.get_username()}).",
-                              upstream_url="", grpc_upstream="", serving_revision=None)
-        audit(user, deployment.team, "deployment.delete", deployment.name)
-    # A reconciler busy with this deployment sees the new desired state within a second and lets go.
-    deadline = time.monotonic() + wait_seconds
-    while time.monotonic() < deadline:
-        reconcile.reconcile(deployment.pk)
-        if not Deployment.objects.filter(pk=deployment.pk).exists():
-            return True
-        time.sleep(0.2)
+@transaction.atomic
+def delete_deployment(deployment: Deployment, user: Any) -> None:
+    """Tear everything down: the gateway stops routing at once, and the reconciler stops its servers and removes
+    its files (or cluster objects), then the row, in a worker (a stop can take seconds, a cluster longer)."""
+    Deployment.objects.filter(pk=deployment.pk).update(desired_state=Deployment.Desired.DELETED)
+    deployment.desired_state = Deployment.Desired.DELETED
+    deployment.set_status(Deployment.Status.STOPPING, f"Deleting (requested by {user.get_username()}).",
+                          upstream_url="", grpc_upstream="", serving_revision=None)
+    audit(user, deployment.team, "deployment.delete", deployment.name)
     _queue_reconcile(deployment)
-    return False

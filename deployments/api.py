@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.db.models import Prefetch
 from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
@@ -25,18 +22,16 @@ from rest_framework.response import Response
 from accounts.context import current_team
 from accounts.idempotency import idempotent
 from accounts.models import Team
-from deployments import actions, frameworks, python_requirements, quantity
+from deployments import actions, planning, quantity
 from deployments.models import Deployment, Event, TritonServer
-from deployments.runtimes import local as local_runtime
-from deployments.runtimes.base import runtime_for
-from deployments.snapshot import served_model, served_model_json
-from deployments.spec import MAX_INSTANCE_COUNT, MAX_QUEUE_DELAY_MICROSECONDS, RepositorySpec, validate_repository
-from models_registry.models import Format, ModelVersion
-from models_registry.pipelines import step_references
+from deployments.planning import MAX_REPLICAS
+from deployments.revision_spec import Autoscaling, ModelEntry, Resources, RevisionSpec
+from deployments.runtimes.local import runtime as local_runtime
+from deployments.runtimes.registry import runtime_for
+from deployments.spec import MAX_INSTANCE_COUNT, MAX_QUEUE_DELAY_MICROSECONDS, DynamicBatching, InstanceGroup
+from models_registry.models import Format
 from portal.api_errors import request_object
 from portal.api_schema import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, JSON_PARSERS, ExactJSONTypes, NameField, error
-
-MAX_REPLICAS = 100
 
 
 class DynamicBatchingSerializer(serializers.Serializer[Any]):
@@ -66,32 +61,10 @@ class ResourcesSerializer(serializers.Serializer[Any]):
         'Cores per replica, a Kubernetes quantity from "1m" to "1024", e.g. "2" or "500m". Empty: the default.'))
     memory = serializers.CharField(required=False, allow_blank=True, max_length=quantity.MAX_LENGTH, help_text=(
         'Memory per replica, a Kubernetes quantity from "1Mi" to "16Ti", e.g. "4Gi". Empty: the default.'))
-    gpu = serializers.IntegerField(min_value=0, max_value=16, required=False, default=0)
+    gpu = serializers.IntegerField(min_value=0, max_value=planning.MAX_GPUS, required=False, default=0)
     gpu_type = serializers.CharField(required=False, allow_blank=True)
     mig_profile = serializers.RegexField(r"^\d+g\.\d+gb$", required=False, allow_blank=True,
                                          help_text='A MIG profile such as "1g.10gb".')
-
-    def validate_cpu(self, value: str) -> str:
-        return _quantity(value, quantity.CPU)
-
-    def validate_memory(self, value: str) -> str:
-        return _quantity(value, quantity.MEMORY)
-
-    def to_internal_value(self, data: Any) -> dict[str, Any]:
-        # An empty quantity means "the default": leave it out of the spec rather than storing "".
-        attrs = dict(super().to_internal_value(data))
-        return {key: value for key, value in attrs.items() if not (key in ("cpu", "memory") and value == "")}
-
-
-def _quantity(value: str, bounds: quantity.Bounds) -> str:
-    """A Kubernetes quantity within sane bounds; Kubernetes would accept 400 nines of cores, the cluster would not."""
-    if value == "":
-        return value
-    try:
-        quantity.check_quantity(value, bounds)
-    except quantity.QuantityError as exc:
-        raise serializers.ValidationError(str(exc)) from None
-    return value
 
 
 class AutoscalingSerializer(serializers.Serializer[Any]):
@@ -102,13 +75,10 @@ class AutoscalingSerializer(serializers.Serializer[Any]):
         "cpu: average CPU utilization in percent of the request; queue_time: Triton's average queue time per "
         "request in microseconds."))
 
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if attrs["max_replicas"] < attrs["min_replicas"]:
-            raise serializers.ValidationError({"max_replicas": ["max_replicas must be at least min_replicas"]})
-        return attrs
-
 
 class DeploymentInputSerializer(ExactJSONTypes, serializers.Serializer[Any]):
+    """The API's input, parsed and bounded; what it asks for is checked by deployments.planning."""
+
     name = NameField(help_text="Becomes the endpoint /serve/{name} and Kubernetes object names.")
     runtime = serializers.ChoiceField(choices=Deployment.Runtime.choices, default=Deployment.Runtime.LOCAL)
     models = ServedModelSerializer(many=True, allow_empty=False)
@@ -117,151 +87,44 @@ class DeploymentInputSerializer(ExactJSONTypes, serializers.Serializer[Any]):
     autoscaling = AutoscalingSerializer(required=False, allow_null=True, help_text="Kubernetes only: an HPA.")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        team: Team = self.context["team"]
-        runtime = attrs.get("runtime", Deployment.Runtime.LOCAL)
-        errors: dict[str, list[str]] = {}
         if isinstance(self.initial_data, dict) and "allow_egress" in self.initial_data:
-            errors["allow_egress"] = [OPERATOR_ONLY_EGRESS]
-        entries: list[dict[str, Any]] = []
-        versions: list[ModelVersion] = []
-        index_of: dict[str, int] = {}
-        served = _models_to_serve(team, attrs["models"], errors)
-        for index, options, version in served:
-            versions.append(version)
-            entries.append(served_model_json(version, options))
-            index_of.setdefault(version.model.name, index)
-        _fit_pipeline_batches(entries, [options for _, options, _ in served])
-        if runtime == Deployment.Runtime.LOCAL:
-            _check_requirements(served, errors)
-            if attrs.get("replicas", 1) != 1:
-                errors.setdefault("replicas", []).append(
-                    "the local runtime runs one Triton server per deployment: use replicas 1, or runtime 'kubernetes'")
-            if (attrs.get("resources") or {}).get("gpu"):
-                errors.setdefault("resources.gpu", []).append("the local runtime has no GPU: use gpu 0, or runtime 'kubernetes'")
-            if attrs.get("autoscaling"):
-                errors.setdefault("autoscaling", []).append(
-                    "the local runtime runs one Triton server per deployment: autoscaling needs runtime 'kubernetes'")
-            for key, messages in local_runtime.resource_errors(dict(attrs.get("resources") or {})).items():
-                errors.setdefault(key, []).extend(messages)
-            refusal = local_runtime.sandbox_refusal({"models": entries})
-            if refusal:
-                errors.setdefault("runtime", []).append(refusal)
-        if entries:
-            repository = RepositorySpec(models=tuple(served_model(e, Path("artifact")) for e in entries))
-            found = validate_repository(repository, runtime, local_frameworks=frameworks.local_frameworks())
-            for key, messages in found.items():
-                model_name, _, field = key.partition(".")
-                prefix = f"models[{index_of[model_name]}]" if model_name in index_of else "models"
-                errors.setdefault(f"{prefix}.{field}" if field else prefix, []).extend(messages)
-        if errors:
-            raise serializers.ValidationError(errors)
-        attrs["spec"] = {"runtime": runtime, "replicas": attrs.get("replicas", 1),
-                         "resources": dict(attrs.get("resources") or {}), "models": entries}
-        if attrs.get("autoscaling"):
-            attrs["spec"]["autoscaling"] = dict(attrs["autoscaling"])
-        attrs["versions"] = versions
+            raise serializers.ValidationError({"allow_egress": [OPERATOR_ONLY_EGRESS]})
         return attrs
 
-
-def _resolve_version(team: Team, item: dict[str, Any], errors: dict[str, list[str]], where: str) -> ModelVersion | None:
-    versions = ModelVersion.objects.select_related("model").filter(model__team=team, model__name=item["model"])
-    if "version" in item:
-        version = versions.filter(number=item["version"]).first()
-        if version is None:
-            errors.setdefault(f"{where}.version", []).append(f"model {item['model']!r} has no version {item['version']}")
-            return None
-        if version.status != ModelVersion.Status.READY:
-            detail = f": {version.error}" if version.error else ""
-            errors.setdefault(f"{where}.version", []).append(
-                f"version {version.number} of {item['model']!r} is {version.status}, not ready{detail}")
-            return None
-        return version
-    version = versions.filter(status=ModelVersion.Status.READY).order_by("-number").first()
-    if version is None:
-        message = (f"model {item['model']!r} has no ready version yet" if versions.exists()
-                   else f"no model named {item['model']!r} in your team")
-        errors.setdefault(f"{where}.model", []).append(message)
-    return version
+    def deploy_request(self) -> planning.DeployRequest:
+        data = self.validated_data
+        autoscaling = data.get("autoscaling")
+        return planning.DeployRequest(
+            runtime=data["runtime"], replicas=data["replicas"],
+            resources=Resources.from_json(data.get("resources") or {}),
+            autoscaling=Autoscaling.from_json(autoscaling) if autoscaling else None,
+            models=tuple(_model_request(item) for item in data["models"]),
+        )
 
 
-def _models_to_serve(team: Team, items: list[dict[str, Any]],
-                     errors: dict[str, list[str]]) -> list[tuple[int, dict[str, Any], ModelVersion]]:
-    """(index of the listed item, serving options, version) of each model to serve: the listed ones, and the step
-    models of listed pipelines. A step model not listed is added with its defaults; a listed one keeps its own
-    options and serves the version the pipeline names. Python steps get no dynamic batching unless asked for."""
-    listed = []
-    for index, item in enumerate(items):
-        version = _resolve_version(team, item, errors, f"models[{index}]")
-        if version is not None:
-            listed.append((index, item, version))
-    needed: dict[str, tuple[int, str, int]] = {}  # step model -> (version, pipeline, the pipeline's index)
-    for index, _, version in listed:
-        if version.format != Format.ENSEMBLE:
-            continue
-        for model, number in step_references(version.definition):
-            first = needed.setdefault(model, (number, version.model.name, index))
-            if first[0] != number:
-                errors.setdefault(f"models[{index}]", []).append(
-                    f"pipeline {version.model.name!r} uses version {number} of {model!r} but pipeline {first[1]!r} "
-                    f"uses version {first[0]}: a deployment serves one version of each model")
-    served = []
-    for index, item, version in listed:
-        options = dict(item)
-        need = needed.get(version.model.name)
-        if need is not None:
-            number, pipeline, _ = need
-            if version.number != number:
-                if "version" in item:
-                    errors.setdefault(f"models[{index}].version", []).append(
-                        f"pipeline {pipeline!r} uses version {number} of {version.model.name!r}, not "
-                        f"{version.number}: list it without a version, or with version {number}")
-                    continue
-                version = _resolve_version(team, {"model": version.model.name, "version": number}, errors,
-                                           f"models[{index}]")
-                if version is None:
-                    continue
-            if version.format == Format.PYTHON and "dynamic_batching" not in item:
-                options["dynamic_batching"] = None
-        served.append((index, options, version))
-    listed_names = {version.model.name for _, _, version in listed}
-    for model, (number, _, index) in needed.items():
-        if model in listed_names:
-            continue
-        version = _resolve_version(team, {"model": model, "version": number}, errors, f"models[{index}]")
-        if version is not None:
-            options = {"model": model, "version": number}
-            if version.format == Format.PYTHON:
-                options["dynamic_batching"] = None
-            served.append((index, options, version))
-    return served
+def _model_request(item: dict[str, Any]) -> planning.ModelRequest:
+    """A parsed item of "models": what is absent is left to the model's default (None batching means off)."""
+    batching = item.get("dynamic_batching", planning.DEFAULT)
+    group = item.get("instance_group")
+    return planning.ModelRequest(
+        model=item["model"], version=item.get("version"), max_batch_size=item.get("max_batch_size"),
+        dynamic_batching=DynamicBatching(
+            max_queue_delay_microseconds=batching["max_queue_delay_microseconds"],
+            preferred_batch_size=tuple(batching["preferred_batch_size"]),
+            preserve_ordering=batching["preserve_ordering"],
+        ) if isinstance(batching, dict) else batching,
+        instance_group=InstanceGroup(count=group["count"], kind=group["kind"], gpus=tuple(group["gpus"]))
+        if group is not None else None,
+        response_cache=item.get("response_cache", False), warmup=item.get("warmup"),
+    )
 
 
-def _fit_pipeline_batches(entries: list[dict[str, Any]], options: list[dict[str, Any]]) -> None:
-    """A pipeline not given a max_batch_size of its own batches no more than its steps are served with."""
-    by_name = {entry["name"]: entry for entry in entries}
-    for entry, given in zip(entries, options, strict=True):
-        if entry["format"] != Format.ENSEMBLE or "max_batch_size" in given:
-            continue
-        steps = [by_name[m]["max_batch_size"] for m, _ in step_references(entry["definition"]) if m in by_name]
-        if steps and all(size > 0 for size in steps):
-            entry["max_batch_size"] = min([entry["max_batch_size"], *steps])
-
-
-def _check_requirements(served: list[tuple[int, dict[str, Any], ModelVersion]], errors: dict[str, list[str]]) -> None:
-    """The local runtime installs nothing: a python model's requirements must be importable in its runtime env."""
-    for index, _, version in served:
-        try:
-            missing = local_runtime.missing_requirements(version.requirements)
-        except python_requirements.CheckFailed as exc:
-            errors.setdefault(f"models[{index}].requirements", []).append(
-                f"could not check the requirements of model {version.model.name!r}: {exc}")
-            continue
-        if missing:
-            modules = ", ".join(f"{r.module} (requirement {r.line!r})" for r in missing)
-            errors.setdefault(f"models[{index}].requirements", []).append(
-                f"model {version.model.name!r} version {version.number} needs Python module(s) that the local "
-                f"runtime env cannot import: {modules}. Install them into the runtime env "
-                f"({settings.MODELPORT_RUNTIME_ENV}), or deploy to Kubernetes with a Triton image that has them.")
+def plan_input(team: Team, serializer: DeploymentInputSerializer) -> planning.Plan:
+    """Plan a valid input; the planner's errors become a 400 keyed by the input's fields."""
+    try:
+        return planning.plan(team, serializer.deploy_request())
+    except planning.PlanError as exc:
+        raise serializers.ValidationError(exc.errors) from None
 
 
 OPERATOR_ONLY_EGRESS = ("only an operator can let a deployment open outgoing connections, in the admin console "
@@ -320,24 +183,28 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
                   "created_by", "created_at", "updated_at"]
         read_only_fields = fields
 
-    def _spec(self, obj: Deployment) -> dict[str, Any]:
-        return obj.revision.spec if obj.revision else {}
+    def _spec(self, obj: Deployment) -> RevisionSpec | None:
+        return obj.revision.spec if obj.revision else None
 
     @extend_schema_field(ServedModelOutSerializer(many=True))
     def get_models(self, obj: Deployment) -> list[dict[str, Any]]:
         keys = ["model", "version", "format", "max_batch_size", "dynamic_batching", "instance_group", "response_cache", "warmup"]
-        return [{k: m.get(k) for k in keys} for m in self._spec(obj).get("models", [])]
+        spec = self._spec(obj)
+        return [{k: entry[k] for k in keys} for entry in (m.to_json() for m in (spec.models if spec else ()))]
 
     def get_replicas(self, obj: Deployment) -> int:
-        return int(self._spec(obj).get("replicas", 1))
+        spec = self._spec(obj)
+        return spec.replicas if spec else 1
 
     @extend_schema_field(ResourcesOutSerializer)
     def get_resources(self, obj: Deployment) -> dict[str, Any]:
-        return dict(self._spec(obj).get("resources", {}))
+        spec = self._spec(obj)
+        return spec.resources.to_json() if spec else {}
 
     @extend_schema_field(AutoscalingSerializer(allow_null=True))
     def get_autoscaling(self, obj: Deployment) -> dict[str, Any] | None:
-        return self._spec(obj).get("autoscaling")
+        spec = self._spec(obj)
+        return spec.autoscaling.to_json() if spec and spec.autoscaling else None
 
     def get_sandboxed(self, obj: Deployment) -> bool | None:
         if obj.runtime != Deployment.Runtime.LOCAL:
@@ -389,11 +256,10 @@ def get_deployment_for_user(request: Request, name: str) -> Deployment:
 def deployments_list(request: Request) -> Response:
     team = current_team(request)
     if request.method == "POST":
-        serializer = DeploymentInputSerializer(data=request.data, context={"team": team})
+        serializer = DeploymentInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
-        deployment = actions.create_deployment(team, request.user, data["name"], data["runtime"], data["spec"],  # type: ignore[arg-type]
-                                               data["versions"])
+        plan = plan_input(team, serializer)  # type: ignore[arg-type]
+        deployment = actions.create_deployment(team, request.user, serializer.validated_data["name"], plan)  # type: ignore[arg-type]
         return Response(DeploymentSerializer(get_deployment_for_user(request, deployment.name)).data, status=status.HTTP_201_CREATED)
     deployments = (Deployment.objects.filter(team=team).exclude(desired_state=Deployment.Desired.DELETED)
                    .select_related("revision", "serving_revision", "created_by").prefetch_related(LIVE_SERVERS))
@@ -410,8 +276,8 @@ def deployments_list(request: Request) -> Response:
                               "cannot change."),
                })
 @extend_schema(methods=["DELETE"], summary="Delete a deployment", responses={
-    202: OpenApiResponse(description="Its servers are being removed; it is gone from the API already."),
-    204: OpenApiResponse(description="Deleted."),
+    202: OpenApiResponse(description="It no longer serves and is gone from the API already; a worker stops its "
+                                     "servers and removes what they left."),
 })
 @api_view(["GET", "PATCH", "DELETE"])
 @parser_classes(JSON_PARSERS)
@@ -419,57 +285,43 @@ def deployment_detail(request: Request, name: str) -> Response:
     deployment = get_deployment_for_user(request, name)
     if request.method == "PATCH":
         body = request_object(request)
-        current = deployment.revision.spec if deployment.revision else {}
+        current = deployment.revision.spec if deployment.revision else None
         if "allow_egress" in body:
             raise serializers.ValidationError({"allow_egress": [OPERATOR_ONLY_EGRESS]})
         if "name" in body and body["name"] != deployment.name or (
                 "runtime" in body and body["runtime"] != deployment.runtime):
             raise serializers.ValidationError("The name and runtime of a deployment cannot change: create a new deployment.")
-        serializer = DeploymentInputSerializer(data=_patched(deployment, current, body), context={"team": deployment.team})
+        serializer = DeploymentInputSerializer(data=_patched(deployment, current, body))
         serializer.is_valid(raise_exception=True)
-        spec = serializer.validated_data["spec"]
+        plan = plan_input(deployment.team, serializer)
         # A PATCH that changes nothing ({}, an empty body, the current values) makes no revision and rolls nothing.
-        if not _changes_nothing(deployment, current, spec):
-            actions.update_deployment(deployment, request.user, spec, serializer.validated_data["versions"])
+        if current is None or plan.spec.to_json() != current.to_json():
+            actions.update_deployment(deployment, request.user, plan)
         return Response(DeploymentSerializer(get_deployment_for_user(request, name)).data)
     if request.method == "DELETE":
-        gone = actions.delete_deployment(deployment, request.user)
-        return Response(status=status.HTTP_204_NO_CONTENT if gone else status.HTTP_202_ACCEPTED)
+        actions.delete_deployment(deployment, request.user)
+        return Response(status=status.HTTP_202_ACCEPTED)  # the reconciler finishes it in a worker
     return Response(DeploymentSerializer(deployment).data)
 
 
-def _patched(deployment: Deployment, current: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+def _patched(deployment: Deployment, current: RevisionSpec | None, body: dict[str, Any]) -> dict[str, Any]:
     """The API input for the current revision's settings with what `body` changes."""
     return {
         "name": deployment.name,
         "runtime": deployment.runtime,
-        "replicas": body.get("replicas", current.get("replicas", 1)),
-        "resources": body.get("resources", current.get("resources", {})),
-        "autoscaling": body.get("autoscaling", current.get("autoscaling")),
-        "models": body.get("models", [_settings_of(m) for m in current.get("models", [])]),
+        "replicas": body.get("replicas", current.replicas if current else 1),
+        "resources": body.get("resources", current.resources.to_json() if current else {}),
+        "autoscaling": body.get("autoscaling", current.autoscaling.to_json() if current and current.autoscaling
+                                else None),
+        "models": body.get("models", [_settings_of(m) for m in (current.models if current else ())]),
     }
 
 
-def _as_stored(spec: dict[str, Any]) -> Any:
-    return json.loads(json.dumps(spec))  # as the JSONField gives it back (tuples are lists)
-
-
-def _changes_nothing(deployment: Deployment, current: dict[str, Any], spec: dict[str, Any]) -> bool:
-    """Is `spec` the current revision's? Compared with the stored spec, and with the current settings validated again
-    (a spec written with defaults left out, e.g. resources {} for {"gpu": 0}, is the same spec)."""
-    if deployment.revision is None:
-        return False
-    new = _as_stored(spec)
-    if new == current:
-        return True
-    again = DeploymentInputSerializer(data=_patched(deployment, current, {}), context={"team": deployment.team})
-    return again.is_valid() and _as_stored(again.validated_data["spec"]) == new
-
-
-def _settings_of(entry: dict[str, Any]) -> dict[str, Any]:
-    """A snapshot entry as API input (used when a PATCH leaves the models as they are)."""
+def _settings_of(entry: ModelEntry) -> dict[str, Any]:
+    """A spec entry as API input (used when a PATCH leaves the models as they are)."""
+    data = entry.to_json()
     keys = ["model", "version", "max_batch_size", "dynamic_batching", "instance_group", "response_cache", "warmup"]
-    return {k: entry[k] for k in keys if k in entry and entry[k] is not None or k == "dynamic_batching"}
+    return {k: data[k] for k in keys if data.get(k) is not None or k == "dynamic_batching"}
 
 
 @extend_schema(summary="Stop a deployment", request=None, responses={

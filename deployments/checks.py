@@ -38,10 +38,9 @@ def runtime_extras(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
     return messages
 
 
-
 @register()
 def sandbox_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    from deployments.runtimes.local import sandbox_capabilities
+    from deployments.runtimes.local.runtime import sandbox_capabilities
 
     if not settings.SANDBOX_ENABLED:
         return [Warning("SANDBOX_ENABLED is false: local Tritons run unconfined, with the portal's privileges.",
@@ -54,3 +53,15 @@ def sandbox_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
         return [Warning(f"This machine cannot sandbox the local Tritons: {caps.reason}; {consequence}.",
                         hint="docs/security.md says what the sandbox needs from the kernel.", id="modelport.W021")]
     return [Warning(f"The sandbox is weaker here: {note}.", id="modelport.W022") for note in caps.notes]
+
+
+@register()
+def visibility_timeout_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Redis hands a task to a second worker once it has run longer than the visibility timeout: the timeout must
+    exceed the longest task, an inspection with its trial run."""
+    timeout = (getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}) or {}).get("visibility_timeout")
+    if timeout is None or timeout > settings.TRIAL_RUN_TIMEOUT_SECONDS * 2:
+        return []
+    return [Warning(f"CELERY_VISIBILITY_TIMEOUT ({timeout} s) is not well above TRIAL_RUN_TIMEOUT_SECONDS "
+                    f"({settings.TRIAL_RUN_TIMEOUT_SECONDS:g} s): Redis may deliver a running inspection to a second "
+                    "worker.", hint="Raise CELERY_VISIBILITY_TIMEOUT (default 1800).", id="modelport.W030")]

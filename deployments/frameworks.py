@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deployments import local_triton
+from deployments.runtimes.local import triton as local_triton
 
 
 @dataclass(frozen=True)

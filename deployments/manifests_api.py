@@ -14,9 +14,9 @@ from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 
 from deployments.api import get_deployment_for_user
-from deployments.k8s.manifests import ManifestError
 from deployments.models import Deployment
-from deployments.runtimes.kubernetes import export_manifests
+from deployments.runtimes.kubernetes.manifests import ManifestError
+from deployments.runtimes.kubernetes.runtime import export_manifests
 from portal.api_errors import ConflictError
 from portal.api_schema import error
 

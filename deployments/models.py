@@ -6,10 +6,13 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.fields.json import KeyTransform
+from django.db.models.query_utils import DeferredAttribute
 from django.utils import timezone
 
 from accounts.models import Team
 from accounts.names import validate_name
+from deployments.revision_spec import RevisionSpec, SpecEncoder
 from models_registry.models import ModelVersion
 
 
@@ -45,11 +48,18 @@ class Deployment(models.Model):
     upstream_url = models.CharField(max_length=255, blank=True)
     # The same server's gRPC endpoint (host:port) for the gRPC gateway, switched in the same UPDATE.
     grpc_upstream = models.CharField(max_length=255, blank=True)
-    # A reconciler holds the deployment while it works on it (a conditional update), renewed while it waits.
+    # What the reconciler (deployments/reconcile.py) recorded between its ticks, as runtimes.base.Launch JSON: the
+    # launch that serves (at upstream_url), and the one starting for `revision` until `launch_deadline`.
+    serving_launch = models.JSONField(null=True, blank=True)
+    launch = models.JSONField(null=True, blank=True)
+    launch_deadline = models.DateTimeField(null=True, blank=True)
+    # After a switch, servers of other revisions keep answering the requests routed to them until then.
+    drain_until = models.DateTimeField(null=True, blank=True)
+    # A reconciler holds the deployment while it takes a step (a conditional update): seconds, not minutes.
     lease_until = models.DateTimeField(null=True, blank=True)
-    # When a reconcile task was queued and not started yet: at most one waits per deployment, so a burst of changes
-    # costs one rollout and the queue stays short (deployments/tasks.py).
-    reconcile_queued_at = models.DateTimeField(null=True, blank=True)
+    # When the reconcile task waiting for this deployment is due (None: none waits): at most one waits per
+    # deployment, so a burst of changes costs one rollout and the queue stays short (deployments/tasks.py).
+    reconcile_due_at = models.DateTimeField(null=True, blank=True)
     # Outgoing connections from its sandbox (local runtime; SANDBOX_EGRESS_PORTS). Only an operator sets it, in the
     # admin console: a team's code could otherwise reach anything the portal's machine reaches.
     allow_egress = models.BooleanField(
@@ -94,11 +104,22 @@ class Deployment(models.Model):
             self.lease_until = until
         return claimed == 1
 
-    def renew(self, seconds: float) -> None:
-        Deployment.objects.filter(pk=self.pk).update(lease_until=timezone.now() + timedelta(seconds=seconds))
-
     def release(self) -> None:
         Deployment.objects.filter(pk=self.pk).update(lease_until=None)
+
+    def advance(self, status: str, message: str, **fields: Any) -> bool:
+        """set_status() for the reconciler: only if nobody changed what it read (the desired state, the revision
+        asked for, the status). False when a user did meanwhile; the next tick acts on that instead."""
+        changed_at = timezone.now()
+        same_revision = Q(revision_id=self.revision_id) if self.revision_id is not None else Q(revision__isnull=True)
+        done = Deployment.objects.filter(
+            same_revision, pk=self.pk, status=self.status, desired_state=self.desired_state,
+        ).update(status=status, status_message=message, status_changed_at=changed_at, **fields)
+        if done:
+            self.status, self.status_message, self.status_changed_at = status, message, changed_at
+            for key, value in fields.items():
+                setattr(self, key, value)
+        return done == 1
 
     def set_status(self, status: str, message: str = "", **fields: Any) -> None:
         self.status = status
@@ -111,12 +132,39 @@ class Deployment(models.Model):
         )
 
 
+class _SpecAttribute(DeferredAttribute):
+    """`revision.spec` is a RevisionSpec whatever it was given (a RevisionSpec, or its JSON in tests and fixtures)."""
+
+    def __set__(self, instance: models.Model, value: Any) -> None:
+        instance.__dict__[self.field.attname] = RevisionSpec.coerce(value) if value is not None else None
+
+
+class RevisionSpecField(models.JSONField):
+    """A JSON column read and written as a RevisionSpec, through its from_json and to_json only."""
+
+    descriptor_class = _SpecAttribute
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("encoder", SpecEncoder)
+        super().__init__(*args, **kwargs)
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        data = super().from_db_value(value, expression, connection)
+        if data is None or isinstance(expression, KeyTransform):  # spec__models etc.: a part of it, as JSON
+            return data
+        return RevisionSpec.from_json(data)
+
+    def value_from_object(self, obj: models.Model) -> Any:
+        value = super().value_from_object(obj)
+        return value.to_json() if isinstance(value, RevisionSpec) else value
+
+
 class Revision(models.Model):
     """An immutable snapshot of a deployment's spec; every change of spec makes a new one."""
 
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="revisions")
     number = models.PositiveIntegerField()
-    spec = models.JSONField()
+    spec = RevisionSpecField()
     versions = models.ManyToManyField(ModelVersion, related_name="revisions")
     repository = models.CharField(max_length=500, blank=True)  # where it was rendered (a path or an s3:// URL)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")

@@ -1,106 +1,206 @@
 """The reconciler: moves a deployment toward what the user asked for (serving its current revision, stopped, or
-deleted) through its runtime. Every step is idempotent, so running it twice, or again after a worker was killed
-half-way, is safe; a lease (a conditional update) keeps two workers from acting on one deployment at once."""
+deleted) through its runtime, one step per tick.
+
+A tick reads the desired state (the Deployment row) and what was recorded of the observed state (the launch serving,
+the launch starting and its deadline, a drain's end), asks the runtime one question or has it take one step
+(render, launch, look at a starting launch, switch the route, retire what drained, stop, delete), records the
+outcome and returns how soon it wants the next tick. Nothing waits inside a worker: a launch that takes minutes to
+load is looked at every `runtime.poll_seconds` by a new tick, a drain is a recorded deadline. The tasks
+(deployments/tasks.py) queue the next tick; beat ticks every deployment not at rest, which also health-checks the
+serving ones and picks up whatever a crashed tick left (a crashed tick is simply the next tick).
+
+Every step is idempotent and every write is conditional on what the tick read (Deployment.advance): a user who
+changes the deployment meanwhile wins, and the next tick acts on that. A lease (a conditional update) keeps two
+workers from ticking one deployment at once.
+"""
 
 from __future__ import annotations
 
 import logging
-import time
+from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
+from django.utils import timezone
 
 from deployments.events import record
-from deployments.models import Deployment, Event
+from deployments.models import Deployment, Event, Revision
 from deployments.render import RenderError
-from deployments.runtimes.base import Runtime, RuntimeUnavailable, runtime_for
-from portal import worker_shutdown
+from deployments.runtimes.base import Launch, Runtime, RuntimeUnavailable
+from deployments.runtimes.registry import runtime_for
 
 log = logging.getLogger(__name__)
 
+# A tick takes seconds; a worker killed mid-tick holds the deployment this long at most.
 LEASE_SECONDS = 30.0
+# Another worker ticks this deployment right now: look again this soon (it may have read the state before a change).
+BUSY_RETRY_SECONDS = 1.0
+NOW = 0.0  # the next step can be taken at once
 
 S = Deployment.Status
 
 
-def reconcile(deployment_id: int) -> None:
-    deployment = Deployment.objects.select_related("revision", "serving_revision").filter(pk=deployment_id).first()
+def reconcile(deployment_id: int) -> float | None:
+    """One tick. Returns in how many seconds the deployment wants the next one (None: only when something changes,
+    or at the next periodic tick)."""
+    deployment = (Deployment.objects.select_related("team", "revision", "serving_revision")
+                  .filter(pk=deployment_id).first())
     if deployment is None:
-        return
+        return None
     if not deployment.claim(LEASE_SECONDS):
         log.info("%s is being reconciled by another worker", deployment)
-        return
+        return BUSY_RETRY_SECONDS
     runtime = runtime_for(deployment)
     try:
         if deployment.desired_state == Deployment.Desired.DELETED:
-            runtime.teardown(deployment)
-            deployment.delete()
-        elif deployment.desired_state == Deployment.Desired.STOPPED:
-            _stop(deployment, runtime)
-        else:
-            _run(deployment, runtime)
+            return _delete(deployment, runtime)
+        if deployment.desired_state == Deployment.Desired.STOPPED:
+            return _stop(deployment, runtime)
+        return _run(deployment, runtime)
     except RuntimeUnavailable as exc:
         _unavailable(deployment, str(exc))
+        return None
     finally:
         Deployment.objects.filter(pk=deployment_id).update(lease_until=None)
 
 
-def _run(deployment: Deployment, runtime: Runtime) -> None:
-    target = deployment.revision
-    if target is None or deployment.status == S.FAILED:
-        return  # a failed deployment waits for the user: a new revision (PATCH) or start makes it pending again
-    if deployment.status == S.READY and deployment.serving_revision_id == target.pk:
-        health = runtime.check(deployment)
-        if health.ok:
-            return
-        record(deployment, Event.Kind.ERROR, f"Revision {target.number} stopped serving: {health.message}; restarting it."
-               + (f" Last log lines:\n{health.detail}" if health.detail else ""))
-        deployment.set_status(S.STARTING, f"Restarting: {health.message}.", upstream_url="", grpc_upstream="")
-    _roll_out(deployment, runtime)
+# --- Running ------------------------------------------------------------------------------------------------------
 
 
-def _roll_out(deployment: Deployment, runtime: Runtime) -> None:
+def _run(deployment: Deployment, runtime: Runtime) -> float | None:
     target = deployment.revision
-    assert target is not None
+    if target is None:
+        return None
+    if _drained(deployment):
+        _retire(deployment, runtime)
+        return NOW
+    if deployment.status == S.FAILED:
+        return _drain_left(deployment)  # a failed deployment waits for the user: a new revision, start or retry
     if deployment.status in (S.PENDING, S.RENDERING):
-        deployment.set_status(S.RENDERING, f"Rendering the model repository of revision {target.number}.")
-        try:
-            runtime.prepare(target)
-        except RenderError as exc:
-            _fail(deployment, f"Revision {target.number} cannot be rendered: {exc}")
-            return
+        return _prepare(deployment, runtime, target)
+    if deployment.status == S.STARTING:
+        return _start(deployment, runtime, target)
+    if deployment.status == S.READY and deployment.serving_revision_id == target.pk:
+        return _check(deployment, runtime, target)
+    # Ready, but on another revision than asked for (or stopping, from an interrupted stop): roll out again.
+    deployment.advance(S.PENDING, f"Rolling out revision {target.number}.")
+    return NOW
+
+
+def _prepare(deployment: Deployment, runtime: Runtime, target: Revision) -> float | None:
+    if deployment.status == S.PENDING:
+        # A new revision (or a start, or a retry): what was starting for another one will not serve.
+        stale = Launch.from_json(deployment.launch)
+        if stale is not None:
+            runtime.abandon(stale)
+        if not deployment.advance(S.RENDERING, f"Rendering the model repository of revision {target.number}.",
+                                  launch=None, launch_deadline=None):
+            return NOW
+    try:
+        preparation = runtime.prepare(target)
+    except RenderError as exc:
+        _fail(deployment, f"Revision {target.number} cannot be rendered: {exc}")
+        return _drain_left(deployment)
+    if not preparation.done:
+        if preparation.message and preparation.message != deployment.status_message:
+            deployment.advance(S.RENDERING, preparation.message)
+        return preparation.retry_seconds
+    if deployment.advance(S.STARTING, f"Starting Triton for revision {target.number}."):
         record(deployment, Event.Kind.INFO, f"Rendered the model repository of revision {target.number}.")
-    if deployment.status != S.STARTING:
-        deployment.set_status(S.STARTING, f"Starting Triton for revision {target.number}.")
-    launch = runtime.launch(target)
-    record(deployment, Event.Kind.INFO, f"Triton for revision {target.number} is starting ({launch.description}).")
+    return NOW
 
-    def keep_waiting() -> bool:
-        # A stopping worker gives up the wait (leaving Triton to start); the next reconcile adopts the server.
-        worker_shutdown.raise_if_stopping()
-        deployment.renew(LEASE_SECONDS)
-        now = Deployment.objects.filter(pk=deployment.pk).values("desired_state", "revision_id").first()
-        return now is not None and now["desired_state"] == Deployment.Desired.RUNNING and now["revision_id"] == target.pk
 
-    ready = runtime.wait_ready(launch, keep_waiting)
-    if not ready.ready:
+def _start(deployment: Deployment, runtime: Runtime, target: Revision) -> float | None:
+    launch = Launch.from_json(deployment.launch)
+    if launch is None or launch.revision_id != target.pk:
+        if launch is not None:
+            runtime.abandon(launch)
+        launch = runtime.launch(target)
+        deadline = timezone.now() + timedelta(seconds=runtime.ready_timeout_seconds)
+        if not deployment.advance(S.STARTING, deployment.status_message, launch=launch.to_json(),
+                                  launch_deadline=deadline):
+            runtime.abandon(launch)  # the user changed the deployment meanwhile: nobody would know of this server
+            return NOW
+        record(deployment, Event.Kind.INFO, f"Triton for revision {target.number} is starting ({launch.description}).")
+        return runtime.poll_seconds
+    seen = runtime.observe(launch)
+    if seen.state == "ready":
+        _switch(deployment, target, launch)
+        return _drain_left(deployment)
+    timed_out = deployment.launch_deadline is not None and timezone.now() >= deployment.launch_deadline
+    if seen.state == "failed" or timed_out:
         runtime.abandon(launch)
-        if not ready.cancelled:  # else the user changed the deployment meanwhile; the next reconcile acts on that
-            _fail(deployment, f"Revision {target.number} failed to start: {ready.message}", ready.detail)
-        return
+        message = seen.message if seen.state == "failed" else \
+            f"not ready after {runtime.ready_timeout_seconds:g} s: {seen.message}"
+        _fail(deployment, f"Revision {target.number} failed to start: {message}", seen.detail)
+        return _drain_left(deployment)
+    return runtime.poll_seconds
+
+
+def _switch(deployment: Deployment, target: Revision, launch: Launch) -> None:
+    """The switch the gateway sees: one UPDATE of the upstream and the serving revision. A new server that took over
+    (a new revision, or the same one restarted with other sandbox settings) leaves the old one answering what was
+    routed to it (in flight, or from a gateway's route cache) until the drain ends."""
     previous_url = deployment.upstream_url
-    with transaction.atomic():
-        # The switch the gateway sees: one UPDATE of the upstream and the serving revision.
-        deployment.set_status(S.READY, f"Serving revision {target.number}.", serving_revision=target, upstream_url=launch.url,
-                              grpc_upstream=launch.grpc_target)
-        record(deployment, Event.Kind.INFO, f"Revision {target.number} is ready and serving ({launch.description}).")
+    drain_until = deployment.drain_until
     if previous_url and previous_url != launch.url:
-        # A new server took over (a new revision, or the same one restarted with other sandbox settings): in-flight
-        # requests and cached routes to the old one finish before retire() stops it.
-        time.sleep(settings.ROLLOUT_DRAIN_SECONDS)
-    for message in runtime.retire(deployment, keep=launch):
-        record(deployment, Event.Kind.INFO, message)
+        ends = timezone.now() + timedelta(seconds=settings.ROLLOUT_DRAIN_SECONDS)
+        drain_until = max(drain_until, ends) if drain_until else ends
+    elif drain_until is None:
+        drain_until = timezone.now()  # nothing routed elsewhere: retire the rest at the next tick
+    with transaction.atomic():
+        if deployment.advance(S.READY, f"Serving revision {target.number}.", serving_revision=target,
+                              upstream_url=launch.url, grpc_upstream=launch.grpc_target,
+                              serving_launch=launch.to_json(), launch=None,
+                              launch_deadline=None, drain_until=drain_until):
+            record(deployment, Event.Kind.INFO, f"Revision {target.number} is ready and serving ({launch.description}).")
+
+
+def _check(deployment: Deployment, runtime: Runtime, target: Revision) -> float | None:
+    """A ready deployment: is what serves it still serving? If not, start it again (the gateway answers 503 until
+    then rather than sending requests to a dead server)."""
+    serving = Launch.from_json(deployment.serving_launch)
+    if serving is None:
+        # Made ready before launches were recorded: adopt what serves it (launch() adopts a live server).
+        serving = runtime.launch(target)
+        if serving.url == deployment.upstream_url:
+            deployment.advance(S.READY, deployment.status_message, serving_launch=serving.to_json(),
+                               grpc_upstream=serving.grpc_target)
+        else:  # not the server the gateway routes to, which is gone: this one takes over once ready
+            deployment.advance(S.STARTING, f"Restarting revision {target.number}.", launch=serving.to_json(),
+                               launch_deadline=timezone.now() + timedelta(seconds=runtime.ready_timeout_seconds))
+        return NOW
+    health = runtime.check(deployment, serving)
+    if health.ok:
+        return _drain_left(deployment)
+    if deployment.advance(S.STARTING, f"Restarting: {health.message}.", upstream_url="", grpc_upstream="",
+                          serving_launch=None):
+        record(deployment, Event.Kind.ERROR, f"Revision {target.number} stopped serving: {health.message}; "
+               "restarting it." + (f" Last log lines:\n{health.detail}" if health.detail else ""))
+    return NOW
+
+
+def _drained(deployment: Deployment) -> bool:
+    return deployment.drain_until is not None and deployment.drain_until <= timezone.now()
+
+
+def _drain_left(deployment: Deployment) -> float | None:
+    """Seconds until the drain ends (when the next tick retires what drained), None without a drain."""
+    if deployment.drain_until is None:
+        return None
+    return max(0.0, (deployment.drain_until - timezone.now()).total_seconds())
+
+
+def _retire(deployment: Deployment, runtime: Runtime) -> None:
+    """The drain is over: stop what serves neither the route nor the rollout."""
+    keep = [launch for launch in (Launch.from_json(deployment.serving_launch), Launch.from_json(deployment.launch))
+            if launch is not None]
+    messages = runtime.retire(deployment, keep)
+    if deployment.advance(deployment.status, deployment.status_message, drain_until=None):
+        for message in messages:
+            record(deployment, Event.Kind.INFO, message)
 
 
 def _fail(deployment: Deployment, message: str, detail: str = "") -> None:
@@ -108,33 +208,51 @@ def _fail(deployment: Deployment, message: str, detail: str = "") -> None:
     if serving is not None and deployment.upstream_url:
         message += f" Revision {serving.number} keeps serving."
     full = message + (f"\n{detail}" if detail else "")
-    deployment.set_status(S.FAILED, full)
-    record(deployment, Event.Kind.ERROR, full)
+    if deployment.advance(S.FAILED, full, launch=None, launch_deadline=None):
+        record(deployment, Event.Kind.ERROR, full)
 
 
 def _unavailable(deployment: Deployment, message: str) -> None:
     if deployment.desired_state == Deployment.Desired.RUNNING:
         _fail(deployment, message)
         return
-    # Stopping or deleting: the periodic reconcile tries again until the runtime answers.
+    # Stopping or deleting: the periodic tick tries again until the runtime answers.
     waiting = f"Waiting for the runtime: {message}"
-    if deployment.status_message != waiting:
-        deployment.set_status(S.STOPPING, waiting)
+    if deployment.status_message != waiting and deployment.advance(S.STOPPING, waiting):
         record(deployment, Event.Kind.WARNING, waiting)
 
 
-def _stop(deployment: Deployment, runtime: Runtime) -> None:
+# --- Stopping and deleting ----------------------------------------------------------------------------------------
+
+_NOTHING_RUNS: dict[str, Any] = {"upstream_url": "", "grpc_upstream": "", "serving_revision": None,
+                                 "serving_launch": None, "launch": None, "launch_deadline": None, "drain_until": None}
+
+
+def _stop(deployment: Deployment, runtime: Runtime) -> float | None:
     if deployment.status == S.STOPPED:
-        return
-    deployment.set_status(S.STOPPING, "Stopping Triton.", upstream_url="", grpc_upstream="", serving_revision=None)
+        return None
+    # (A message saying what the stop waits for stays, so that a retry every tick does not repeat its event.)
+    message = deployment.status_message if deployment.status == S.STOPPING else "Stopping Triton."
+    if not deployment.advance(S.STOPPING, message, **_NOTHING_RUNS):
+        return NOW
     runtime.stop(deployment)
-    deployment.set_status(S.STOPPED, "Stopped.")
-    record(deployment, Event.Kind.INFO, "Stopped.")
+    if deployment.advance(S.STOPPED, "Stopped."):
+        record(deployment, Event.Kind.INFO, "Stopped.")
+    return None
+
+
+def _delete(deployment: Deployment, runtime: Runtime) -> float | None:
+    runtime.teardown(deployment)
+    Deployment.objects.filter(pk=deployment.pk, desired_state=Deployment.Desired.DELETED).delete()
+    return None
 
 
 def needs_attention() -> list[int]:
-    """Deployments a periodic reconcile should look at: anything not at rest where the user wants it."""
+    """Deployments a periodic tick should look at: anything not at rest where the user wants it, and drains that
+    end (also of a failed rollout's leftovers)."""
     running = Q(desired_state=Deployment.Desired.RUNNING) & ~Q(status=S.FAILED)
     stopping = Q(desired_state=Deployment.Desired.STOPPED) & ~Q(status=S.STOPPED)
     deleting = Q(desired_state=Deployment.Desired.DELETED)
-    return list(Deployment.objects.filter(running | stopping | deleting).order_by("pk").values_list("pk", flat=True))
+    draining = Q(drain_until__isnull=False)
+    return list(Deployment.objects.filter(running | stopping | deleting | draining).order_by("pk")
+                .values_list("pk", flat=True))

@@ -1,54 +1,66 @@
 """The reconciler's Celery tasks, and the one way to queue them.
 
-Reconcile work is coalesced per deployment: `queue_reconcile` sends a task only when none is waiting for that
-deployment (a conditional update of `reconcile_queued_at`), and the task clears the mark before it reads the
-deployment, so a change committed while it waits is seen by it and a change committed after the mark is cleared
-queues the next run. A burst of 700 PATCHes therefore costs one queued task and one rollout of the last revision,
-instead of 700 tasks that delay every other deployment.
+Each task is one tick of deployments/reconcile.py: it returns in seconds, and queues the next tick itself when the
+deployment wants one (a launch to look at again, a drain that ends) with a countdown. Beat runs `reconcile_all`
+every RECONCILE_INTERVAL_SECONDS for every deployment not at rest, which also health-checks the serving ones.
+
+Ticks are coalesced per deployment: `queue_reconcile` sends a task only when none is waiting that runs no later
+(`reconcile_due_at`, a conditional update), and the task clears its mark before it reads the deployment, so a
+change committed while it waits is seen by it and a change committed after the mark is cleared queues the next
+tick. A burst of 700 PATCHes therefore costs one queued task and one rollout of the last revision, instead of 700
+tasks that delay every other deployment; a follow-up due in a few seconds does not delay a user's change (that
+one is due now, so it is sent).
 
 The broker is not a database: a task lost with it (a Redis restart, a worker killed) or one that could not be sent
-(the broker down) is found again by `reconcile_all`, which beat runs every RECONCILE_INTERVAL_SECONDS, from what the
-database says. A mark older than QUEUED_FOR_AT_MOST no longer holds a new task back.
+(the broker down) is found again by `reconcile_all` from what the database says. A mark due more than
+QUEUED_FOR_AT_MOST ago no longer holds a new task back.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+import time
+from datetime import datetime, timedelta
 from typing import Any
 
 import kombu.exceptions
-from celery import shared_task
+from celery import Task, shared_task
 from celery.signals import worker_ready
 from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from deployments import local_triton, reconcile
+from deployments import reconcile
 from deployments.models import Deployment
-from portal import worker_shutdown
+from deployments.runtimes.local import triton as local_triton
 
 log = logging.getLogger(__name__)
 
-# A queued reconcile that has not started within this long is presumed lost (a broker restart, an expired message).
+# A queued tick that has not started this long after it was due is presumed lost (a broker restart, an expired
+# message).
 QUEUED_FOR_AT_MOST = timedelta(seconds=30)
 # What publishing raises when the broker cannot be reached (after kombu's own short retries).
 BROKER_DOWN = (kombu.exceptions.OperationalError, OSError)
 
 
-def queue_reconcile(deployment_id: int, **options: Any) -> bool:
-    """Queue a reconcile of the deployment unless one is waiting already; True when a task was sent."""
+def queue_reconcile(deployment_id: int, countdown: float = 0.0, **options: Any) -> bool:
+    """Queue a tick of the deployment in `countdown` seconds unless one is waiting that runs no later; True when a
+    task was sent."""
     now = timezone.now()
-    waiting = Q(reconcile_queued_at__isnull=False) & Q(reconcile_queued_at__gte=now - QUEUED_FOR_AT_MOST)
-    if not Deployment.objects.filter(pk=deployment_id).exclude(waiting).update(reconcile_queued_at=now):
+    due = now + timedelta(seconds=countdown)
+    waiting = (Q(reconcile_due_at__isnull=False) & Q(reconcile_due_at__lte=due)
+               & Q(reconcile_due_at__gte=now - QUEUED_FOR_AT_MOST))
+    if not Deployment.objects.filter(pk=deployment_id).exclude(waiting).update(reconcile_due_at=due):
         return False
+    if countdown > 0:
+        options["countdown"] = countdown
     try:
-        reconcile_deployment.apply_async((deployment_id,), **options)
+        reconcile_deployment.apply_async((deployment_id,), kwargs={"due": due.isoformat()}, **options)
     except BROKER_DOWN as exc:
         # The change is saved; the periodic reconcile acts on it once the broker is back.
         log.warning("could not queue a reconcile of deployment %s (broker unreachable: %s); the periodic "
                     "reconcile will pick it up", deployment_id, exc)
-        Deployment.objects.filter(pk=deployment_id, reconcile_queued_at=now).update(reconcile_queued_at=None)
+        Deployment.objects.filter(pk=deployment_id, reconcile_due_at=due).update(reconcile_due_at=None)
         return False
     return True
 
@@ -56,26 +68,33 @@ def queue_reconcile(deployment_id: int, **options: Any) -> bool:
 @worker_ready.connect
 def check_the_sandbox(**kwargs: Any) -> None:
     """The worker starts the local Tritons: say at start-up whether it can sandbox them (and why not)."""
-    from deployments.runtimes.local import sandbox_capabilities
+    from deployments.runtimes.local.runtime import sandbox_capabilities
 
     sandbox_capabilities()  # logs what it found, a warning when anything is missing
 
 
-@shared_task(acks_late=True)
-def reconcile_deployment(deployment_id: int) -> None:
-    Deployment.objects.filter(pk=deployment_id).update(reconcile_queued_at=None)
-    try:
-        reconcile.reconcile(deployment_id)
-    except worker_shutdown.WorkerStopping:
-        # What was started (a Triton loading its models) keeps going; the next worker's reconcile adopts it.
-        log.info("worker stopping: left deployment %s to the next reconcile", deployment_id)
+@shared_task(bind=True, acks_late=True)
+def reconcile_deployment(self: Task, deployment_id: int, due: str | None = None) -> None:
+    """One tick; `due`: when this task was due (its mark, cleared here unless a later tick replaced it)."""
+    mine = Q(reconcile_due_at=datetime.fromisoformat(due)) if due else Q()
+    Deployment.objects.filter(mine, pk=deployment_id).update(reconcile_due_at=None)
+    wait = reconcile.reconcile(deployment_id)
+    if self.request.is_eager:
+        # No worker at all (CELERY_TASK_ALWAYS_EAGER: some tests, a shell): the caller's thread takes the next
+        # ticks itself, in a loop rather than through ever deeper nested eager tasks.
+        while wait is not None:
+            time.sleep(wait)
+            wait = reconcile.reconcile(deployment_id)
+    elif wait is not None:
+        queue_reconcile(deployment_id, countdown=wait)
 
 
 @shared_task
 def reconcile_all() -> int:
-    """Periodic: restart dead servers, resume deployments stuck after a crash, finish stops and deletions."""
-    # A server this process started and another process stopped (a delete runs in the web process) leaves its
-    # launcher a zombie child here until collected.
+    """Periodic: health-check serving deployments, move every deployment not at rest (rollouts whose follow-up
+    tick was lost, stops and deletions waiting for their runtime), end drains."""
+    # A server this process started and another process stopped leaves its launcher a zombie child here until
+    # collected.
     local_triton.reap_children()
     return sum(queue_reconcile(deployment_id, expires=settings.RECONCILE_INTERVAL_SECONDS * 2)
                for deployment_id in reconcile.needs_attention())
@@ -84,14 +103,14 @@ def reconcile_all() -> int:
 @shared_task
 def refresh_repository_access() -> int:
     """Periodic: renew the presigned URLs that Triton's pods on Kubernetes fetch their repository with."""
-    from deployments.runtimes.kubernetes import refresh_repository_access as refresh
+    from deployments.runtimes.kubernetes.runtime import refresh_repository_access as refresh
 
     return refresh()
 
 
 @shared_task
 def sweep_orphan_servers() -> int:
-    """Periodic: stop local Tritons of this var/ that the database does not know (see runtimes.local)."""
-    from deployments.runtimes.local import sweep_orphans
+    """Periodic: stop local Tritons of this var/ that the database does not know (see runtimes.local.runtime)."""
+    from deployments.runtimes.local.runtime import sweep_orphans
 
     return len(sweep_orphans())

@@ -25,6 +25,7 @@ from django.utils.crypto import constant_time_compare
 from accounts.models import TOKEN_PREFIX, ApiToken, Membership
 from accounts.tokens import authenticate_token
 from deployments.models import Deployment
+from deployments.revision_spec import RevisionSpec
 
 log = logging.getLogger(__name__)
 
@@ -230,11 +231,8 @@ def _load_route(key: tuple[int, str]) -> Route | None:
                  grpc_target=row["grpc_upstream"] if running else "")
 
 
-def _model_names(spec: object) -> frozenset[str]:
-    entries = spec.get("models") if isinstance(spec, dict) else None
-    if not isinstance(entries, list):
-        return frozenset()
-    return frozenset(e["name"] for e in entries if isinstance(e, dict) and isinstance(e.get("name"), str))
+def _model_names(spec: RevisionSpec | None) -> frozenset[str]:
+    return frozenset(spec.model_names) if spec is not None else frozenset()
 
 
 def _threaded(func: Callable[[K], V]) -> Callable[[K], Awaitable[V]]:

@@ -134,7 +134,8 @@ def check_torchscript(path: Path, signature: Signature) -> TrialOutcome:
     """The trial run with the configured runtime env and limits."""
     from django.conf import settings
 
-    from deployments import frameworks, local_triton
+    from deployments import frameworks
+    from deployments.runtimes.local import triton as local_triton
 
     try:
         env = local_triton.find_runtime_env(settings.MODELPORT_RUNTIME_ENV)

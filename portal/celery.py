@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from kombu import Queue as KombuQueue
+
+from portal.queues import DEFAULT, ROUTES, Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
@@ -21,6 +24,10 @@ app.conf.update(
     task_serializer="json",
     accept_content=["json"],
     timezone="UTC",
+    # Two queues (portal/queues.py): a worker without -Q consumes both.
+    task_queues=[KombuQueue(name, routing_key=name) for name in Queue],
+    task_default_queue=DEFAULT,
+    task_routes=ROUTES,
 )
 app.autodiscover_tasks()
 

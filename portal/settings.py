@@ -203,8 +203,10 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "control_folder": str(VAR_DIR / "celery" / "control"),
     }
 else:
-    # Redis: a task whose worker died unacknowledged is delivered again after this many seconds.
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 60, minimum=5)}
+    # Redis: a task whose worker died unacknowledged is delivered again after this many seconds, so it must exceed
+    # the longest task (an inspection with its trial run, the render of a large model), or Redis hands a running task
+    # to a second worker. Reconcile ticks need no redelivery: beat queues them again from the database.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 1800, minimum=5)}
 # The filesystem broker gets the threads pool: billiard's blocking prefork pool (what Celery uses with it) hangs at
 # exit when SIGTERM reached its children too (portal/worker_shutdown.py). `-P` still overrides it.
 CELERY_WORKER_POOL = env_str("CELERY_WORKER_POOL", "threads" if CELERY_BROKER_URL.startswith("filesystem://") else "prefork")
@@ -275,7 +277,7 @@ _check_sandbox_settings()
 
 # --- Kubernetes runtime ----------------------------------------------------------------------------------
 # Deployments with runtime "kubernetes": Triton pods in a namespace per team, loading the model repository from
-# S3. See docs/kubernetes.md; deployments.k8s.config reads these into one frozen dataclass.
+# S3. See docs/kubernetes.md; deployments.runtimes.kubernetes.config reads these into one frozen dataclass.
 
 
 def _env_pairs(name: str, default: str = "") -> dict[str, str]:
@@ -345,8 +347,8 @@ KUBERNETES_UNSCHEDULABLE_GRACE_SECONDS = env_int("KUBERNETES_UNSCHEDULABLE_GRACE
 
 def _check_kubernetes_settings() -> None:
     """Quantities and egress rules go into every Triton pod: a typo fails here, not in each rollout."""
-    from deployments.k8s.config import parse_egress  # plain modules: no Django, no app registry needed
     from deployments.quantity import CPU, MEMORY, QuantityError, check_quantity
+    from deployments.runtimes.kubernetes.config import parse_egress  # plain modules: no Django, no app registry needed
 
     for name, bounds in (("KUBERNETES_DEFAULT_CPU", CPU), ("KUBERNETES_DEFAULT_MEMORY", MEMORY),
                          ("KUBERNETES_SHM_SIZE", MEMORY), ("KUBERNETES_TMP_SIZE", MEMORY)):

@@ -8,9 +8,10 @@ for the task-queue lock that an idle replacement held while it waited for work, 
 
 - with the filesystem broker the worker runs the threads pool (portal/settings.py, CELERY_WORKER_POOL): no child
   processes to be signalled;
-- a stopping worker sets `stopping()`, and a task that waits (the reconciler waiting for Triton) calls
-  `raise_if_stopping()` and gives up at once instead of holding the shutdown for minutes. Tasks are idempotent and
-  level-triggered: the next worker carries on from what the database says, adopting what was started;
+- the reconciler never waits inside a task (one step per task, deployments/reconcile.py), so a stopping worker
+  finishes its ticks within seconds (an inspection's trial run is bounded by TRIAL_RUN_TIMEOUT_SECONDS). Tasks are
+  idempotent and level-triggered: the next worker carries on from what the database says, adopting what was
+  started;
 - prefork children (the Redis broker's asynchronous pool copes with their death) are passed a SIGTERM sent to the
   main process alone (docker stop, Kubernetes): they stop at once and their tasks are delivered again
   (task_acks_late with task_reject_on_worker_lost), rather than outliving the grace period.
@@ -20,32 +21,15 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 from typing import Any
 
 import billiard.process
 from celery import signals
 
-_stopping = threading.Event()
-
-
-class WorkerStopping(Exception):
-    """Raised inside a waiting task when its worker is stopping."""
-
-
-def stopping() -> bool:
-    return _stopping.is_set()
-
-
-def raise_if_stopping() -> None:
-    if _stopping.is_set():
-        raise WorkerStopping("the Celery worker is stopping")
-
 
 @signals.worker_shutting_down.connect
 def _worker_stopping(**kwargs: Any) -> None:
     """Runs in the main process' signal handler (SIGTERM, Ctrl-C)."""
-    _stopping.set()
     for child in billiard.process.active_children():  # prefork pool children; none with the threads pool
         try:
             os.kill(child.pid, signal.SIGTERM)

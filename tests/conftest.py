@@ -95,9 +95,9 @@ def grpc_gateway(portal_url: str, tmp_path: Path) -> Iterator[GrpcGatewayProcess
 
 def _stop_leftover_servers() -> None:
     """A failed test must not leave Triton processes behind for the next one."""
-    from deployments.local_triton import stop_server
     from deployments.models import TritonServer
-    from deployments.runtimes.local import clean_up
+    from deployments.runtimes.local.runtime import clean_up
+    from deployments.runtimes.local.triton import stop_server
 
     for server in TritonServer.objects.exclude(state=TritonServer.State.STOPPED):
         stop_server(server.pid, grace_seconds=2)
@@ -115,7 +115,7 @@ def _stop_leftover_servers() -> None:
     # The cgroups their sandboxes left (named after this run's var/, which goes away with the run).
     from django.test import override_settings
 
-    from deployments.runtimes.local import sweep_orphans
+    from deployments.runtimes.local.runtime import sweep_orphans
 
     with override_settings(TRITON_ORPHAN_GRACE_SECONDS=0):
         sweep_orphans()

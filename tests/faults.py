@@ -269,7 +269,7 @@ class Portal:
 
 def stop_tritons_under(var_dir: Path) -> None:
     """Every tritonserver whose repository lies under `var_dir` (the test's own deployments)."""
-    from deployments.local_triton import stop_server
+    from deployments.runtimes.local.triton import stop_server
 
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():

@@ -72,7 +72,7 @@ def wait_for(condition: Callable[[], Any], timeout: float, interval: float = 0.2
 
 
 def free_port() -> int:
-    from deployments.local_triton import pick_free_ports
+    from deployments.runtimes.local.triton import pick_free_ports
 
     return pick_free_ports(1)[0]
 

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from conftest import Person
-from deployments.local_triton import is_alive, server_pids
 from deployments.models import Deployment, TritonServer
+from deployments.runtimes.local.triton import is_alive, server_pids
 from models_registry.models import Model, ModelVersion
 
 MODELS = Path(__file__).resolve().parent / "sandbox_models"

@@ -106,7 +106,7 @@ def test_sign_in_upload_deploy_try_it_and_stop(browser: Any, alice_user: Person,
     # No reload: the live status turns ready by itself.
     page.wait_for_function("document.getElementById('status-badge').textContent.trim().toLowerCase() === 'ready'",
                            timeout=120_000)
-    settings = Deployment.objects.get(name="digits-prod").revision.spec["models"][0]
+    settings = Deployment.objects.get(name="digits-prod").revision.spec.to_json()["models"][0]
     assert settings["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
 
     X, y = digits_holdout()

@@ -17,8 +17,8 @@ from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from conftest import Person, make_person
-from deployments.local_triton import is_alive
 from deployments.models import Deployment, Event, TritonServer
+from deployments.runtimes.local.triton import is_alive
 from models_registry.models import Blob, ModelVersion
 from models_registry.samples import digits_holdout, make_digits_onnx, train_digits_classifier
 from tests.processes import start_worker, wait_for
@@ -194,8 +194,9 @@ def test_stop_start_and_delete_leave_no_process_or_file_behind(alice_tx: Person,
     assert "Started HTTPService" in logs or "HTTP" in logs
     deployment_dir = Path(settings.DEPLOYMENTS_DIR) / str(second.deployment_id)
     assert deployment_dir.exists()
-    assert client.delete("/api/v1/deployments/digits-prod/").status_code == 204
-    assert not Deployment.objects.exists()
+    assert client.delete("/api/v1/deployments/digits-prod/").status_code == 202
+    assert client.get("/api/v1/deployments/digits-prod/").status_code == 404  # at once, for the user
+    wait_for(lambda: not Deployment.objects.exists(), 30, what="the worker to tear the deployment down")
     assert not is_alive(second.pid)
     assert not deployment_dir.exists()
     assert client.get("/api/v1/deployments/digits-prod/").status_code == 404

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from deployments.local_triton import is_alive
+from deployments.runtimes.local.triton import is_alive
 from tests.artifacts import PYTHON_SIGNATURE, tiny_onnx
 from tests.faults import (
     PG_HOST,
@@ -56,7 +56,7 @@ import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
-    """Takes 20 s to load (a big model would): the reconciler waits for it meanwhile."""
+    """Takes 20 s to load (a big model would): the reconciler looks at it every tick meanwhile."""
 
     def initialize(self, args):
         time.sleep(20)
@@ -149,7 +149,7 @@ def test_a_worker_sigtermed_with_its_process_group_exits_within_seconds_and_the_
         push(portal, "slow", "model.zip", slow_loading_model_zip(), PYTHON_SIGNATURE)
         deploy(portal, "slow", "slow")
         pid = wait_for(lambda: starting_pid(portal.events("slow")), 60, interval=0.5, what="Triton to be launched")
-        time.sleep(1)  # the reconciler is now waiting for the model to load (20 s)
+        time.sleep(1)  # the model is now loading (20 s), and the worker ticks the deployment every second
 
         worker = portal.processes["worker"]
         if target == "group":
@@ -179,7 +179,7 @@ def test_deployments_starting_while_redis_restarts_all_become_ready(
     with portal_on(tmp_path, template, database, redis.url) as portal:
         portal.start_all()
         push(portal, "tiny", "model.onnx", tiny_onnx())
-        # Two worker processes: two reconciles run, the third waits in Redis.
+        # Two worker processes: ticks of the three deployments queue in Redis between each other.
         for name in ("first", "second", "third"):
             deploy(portal, name, "tiny")
         redis.stop()  # no persistence: every queued and unacknowledged task is gone

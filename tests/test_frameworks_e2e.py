@@ -19,7 +19,7 @@ from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from conftest import Person, make_person
-from deployments import local_triton
+from deployments.runtimes.local import triton as local_triton
 from models_registry.models import ModelVersion
 from models_registry.samples import (
     RESNET_ATOL,

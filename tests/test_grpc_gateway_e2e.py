@@ -124,8 +124,8 @@ def test_tritonclient_grpc_through_the_gateway_gets_exactly_what_triton_gives(
     # The deployment page's gRPC snippet runs as it is, against the gateway.
     from web import grpc_snippet, inference
 
-    [entry] = Deployment.objects.get(name="digits-prod").serving_revision.spec["models"]  # type: ignore[union-attr]
-    http = inference.python_snippet(portal_url, "digits-prod", "digits", entry["signature"])
+    [entry] = Deployment.objects.get(name="digits-prod").serving_revision.spec.models  # type: ignore[union-attr]
+    http = inference.python_snippet(portal_url, "digits-prod", "digits", inference.served_signature(entry))
     code = grpc_snippet.python_grpc_snippet(http, grpc_gateway.address, False, "digits-prod")
     ran = subprocess.run([sys.executable, "-c", code], env={**os.environ, "MODELPORT_TOKEN": alice.token},
                          capture_output=True, text=True, timeout=60)

@@ -22,7 +22,7 @@ import requests
 import tritonclient.http as httpclient
 
 from conftest import Person, make_person
-from deployments.local_triton import is_alive
+from deployments.runtimes.local.triton import is_alive
 from gateway.tests.test_infer_body import BINARY_HOSTILE, HOSTILE, OK, with_input
 from models_registry.models import Upload
 from models_registry.tests.live_portal import Live, b64, live_portal, read_answer, settled

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from deployments.local_triton import is_alive
+from deployments.runtimes.local.triton import is_alive
 from tests.artifacts import tiny_onnx
 from tests.faults import wait_exit
 from tests.processes import ROOT, free_port, wait_for

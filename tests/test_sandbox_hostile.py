@@ -27,7 +27,7 @@ from django.test import Client
 from audit.models import AuditEntry
 from conftest import Person
 from deployments.models import Deployment, TritonServer
-from deployments.runtimes import local
+from deployments.runtimes.local import runtime as local
 from tests.artifacts import tiny_onnx
 from tests.sandbox_helpers import (
     VECTOR,

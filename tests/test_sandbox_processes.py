@@ -19,9 +19,11 @@ import pytest
 from django.conf import settings
 
 from conftest import Person
-from deployments import local_triton, sandbox, tasks
+from deployments import sandbox, tasks
 from deployments.models import Deployment, TritonServer
-from deployments.runtimes import local
+from deployments.revision_spec import RevisionSpec
+from deployments.runtimes.local import runtime as local
+from deployments.runtimes.local import triton as local_triton
 from deployments.tests.conftest import make_ready_version
 from tests.artifacts import tiny_onnx
 from tests.sandbox_helpers import (
@@ -85,7 +87,7 @@ def test_stop_and_delete_end_every_process_of_the_deployment_detached_ones_inclu
     second = ready(deployment)
     assert second.pk != first.pk and len(processes_named(f"detached-{token}")) == 1
 
-    assert alice.client().delete("/api/v1/deployments/detacher/").status_code == 204
+    assert alice.client().delete("/api/v1/deployments/detacher/").status_code == 202  # torn down eagerly
     assert not Deployment.objects.filter(pk=deployment.pk).exists()
     assert gone(second) and processes_named(f"detached-{token}") == []
     assert not local.deployment_dir(deployment).exists()
@@ -129,7 +131,7 @@ def test_the_orphan_sweep_stops_a_triton_no_row_knows_and_nothing_else(
     sandbox.prepare_scratch(scratch, options)
     backend = local_triton.build_backend_dir(env, Path(settings.VAR_DIR), sandboxed=True)
     spec = sandbox.Spec(read_only=(repository, backend, env.root, env.base_prefix), scratch=scratch, tcp_ports=(),
-                        egress=False, name=f"mp-{local._var_tag()}-orphan", limits=local.limits_for({}))
+                        egress=False, name=f"mp-{local._var_tag()}-orphan", limits=local.limits_for(RevisionSpec(runtime="local", models=())))
     orphan = local_triton.start_server(repository, repository.parent / "triton.log", env, backend,
                                        env=sandbox.environment([env.bin_dir], scratch, {}),
                                        sandbox=sandbox.Sandbox(spec, caps, options))

@@ -15,8 +15,10 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, URLResolver, path
 
 from audit.log import record as audit
-from deployments import actions, local_triton
+from deployments import actions
 from deployments.models import Deployment, Event, Revision, TritonServer
+from deployments.planning import Plan
+from deployments.runtimes.local import triton as local_triton
 from models_registry.models import Blob, Model, ModelVersion, Upload
 from web import overview
 
@@ -86,8 +88,10 @@ class DeploymentAdmin(admin.ModelAdmin):
     list_filter = ["status", "runtime", "desired_state", "team", "allow_egress"]
     search_fields = ["name", "team__name", "status_message"]
     list_select_related = ["team", "revision", "serving_revision"]
-    readonly_fields = ["revision", "serving_revision", "upstream_url", "lease_until", "created_by", "created_at",
-                       "updated_at", "status_changed_at"]
+    # What the reconciler records between its ticks is its own: shown, never edited by hand.
+    readonly_fields = ["revision", "serving_revision", "upstream_url", "serving_launch", "launch", "launch_deadline",
+                       "drain_until", "lease_until", "reconcile_due_at", "created_by", "created_at", "updated_at",
+                       "status_changed_at"]
     actions = ["stop_deployments", "start_deployments", "rerender_deployments"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -136,7 +140,8 @@ class DeploymentAdmin(admin.ModelAdmin):
         def rerender(deployment: Deployment, user: Any) -> None:
             if deployment.revision is None:
                 raise actions.Conflict("it has no revision")
-            actions.update_deployment(deployment, user, deployment.revision.spec, list(deployment.revision.versions.all()))
+            actions.update_deployment(deployment, user, Plan(spec=deployment.revision.spec,
+                                                             versions=tuple(deployment.revision.versions.all())))
 
         self._each(request, queryset.select_related("revision"), "Re-rendering", rerender)
 

@@ -1,6 +1,6 @@
-"""Forms of the web pages. Django forms parse what the browser sends (numbers, check boxes, lists typed as text);
-the rules themselves stay in one place, the API's serializers, whose field-keyed errors are put back beside the
-form field they concern."""
+"""Forms of the web pages. Django forms parse what the browser sends (numbers, check boxes, lists typed as text) and
+bound it as the API's serializers do; what a deployment may be stays in one place, deployments.planning, whose
+field-keyed errors are put back beside the form field they concern."""
 
 from __future__ import annotations
 
@@ -12,16 +12,24 @@ from django.conf import settings
 
 from accounts.models import SCOPE_TOKENS, max_token_lifetime_days
 from accounts.names import NAME_RULE, name_error
-from deployments.api import MAX_REPLICAS
+from deployments import planning, quantity
 from deployments.models import Deployment
-from deployments.spec import MAX_INSTANCE_COUNT, MAX_QUEUE_DELAY_MICROSECONDS, defaults_for
+from deployments.planning import MAX_GPUS, MAX_REPLICAS
+from deployments.revision_spec import ModelEntry, Resources, RevisionSpec
+from deployments.spec import (
+    MAX_INSTANCE_COUNT,
+    MAX_QUEUE_DELAY_MICROSECONDS,
+    DynamicBatching,
+    InstanceGroup,
+    defaults_for,
+)
 from models_registry.models import Format, ModelVersion
 from models_registry.signature import Signature, SignatureError, parse_signature
-from portal.api_errors import _flatten
 from web.serving import serving
 
 # The slider covers the useful range; the number box beside it takes anything up to the API's limit.
 QUEUE_DELAY_SLIDER_MAX = 100_000
+MAX_PREFERRED_BATCH_SIZES = 32  # as the API's serializer
 
 
 class UploadForm(forms.Form):
@@ -100,16 +108,15 @@ class DeploymentForm(forms.Form):
                            widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}))
     runtime = forms.ChoiceField(label="Runtime", choices=Deployment.Runtime.choices, widget=SelectWithReasons)
     # Shown for the Kubernetes runtime only (the local runtime runs one server; the page says so in its place).
-    replicas = forms.IntegerField(label="Replicas", initial=1, widget=forms.NumberInput(attrs={"min": 1, "max": MAX_REPLICAS}),
+    replicas = forms.IntegerField(label="Replicas", initial=1, min_value=1, max_value=MAX_REPLICAS,
                                   help_text="Copies of the Triton server, each serving every model of the deployment.")
-    gpu = forms.IntegerField(label="GPUs per replica", required=False, initial=0,
-                             widget=forms.NumberInput(attrs={"min": 0, "max": 16}))
+    gpu = forms.IntegerField(label="GPUs per replica", required=False, initial=0, min_value=0, max_value=MAX_GPUS)
     gpu_type = forms.CharField(label="GPU type", required=False, help_text="A node's GPU product, e.g. NVIDIA-A100; empty: any.")
-    # Checked by the API's serializer (deployments.quantity), whose messages land beside these fields.
-    cpu = forms.CharField(label="CPU per replica", required=False,
+    # Checked by deployments.planning (deployments.quantity), whose messages land beside these fields.
+    cpu = forms.CharField(label="CPU per replica", required=False, max_length=quantity.MAX_LENGTH,
                           widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}),
                           help_text='Cores, e.g. "2" or "500m"; empty: the default.')
-    memory = forms.CharField(label="Memory per replica", required=False,
+    memory = forms.CharField(label="Memory per replica", required=False, max_length=quantity.MAX_LENGTH,
                              widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}),
                              help_text='e.g. "4Gi" or "512Mi"; empty: the default.')
 
@@ -130,6 +137,13 @@ class DeploymentForm(forms.Form):
             self.fields["name"].help_text = "The name cannot change (it is in the endpoint URL)."
             self.fields["runtime"].help_text = "The runtime cannot change: create a new deployment instead."
 
+    def clean_name(self) -> str:
+        name: str = self.cleaned_data["name"]
+        error = name_error(name)
+        if error and not self.fields["name"].disabled:
+            raise forms.ValidationError(error)
+        return name
+
 
 # Values past which the deploy form warns beside the field (static/js/app.js), before anything is deployed.
 WARN_QUEUE_DELAY_MICROSECONDS = 100_000
@@ -141,7 +155,7 @@ class ServedModelForm(forms.Form):
 
     version = forms.TypedChoiceField(label="Version", coerce=int)
     max_batch_size = forms.IntegerField(
-        label="Max batch size",
+        label="Max batch size", min_value=0, max_value=1_000_000,
         widget=forms.NumberInput(attrs={
             "min": 0, "data-warn-above": WARN_MAX_BATCH_SIZE,
             "data-warning": "A batch this large must fit in memory at once, inputs and outputs; models are rarely "
@@ -151,7 +165,7 @@ class ServedModelForm(forms.Form):
     dynamic_batching = forms.BooleanField(label="Dynamic batching", required=False,
                                           widget=forms.CheckboxInput(attrs={"role": "switch"}))
     max_queue_delay_microseconds = forms.IntegerField(
-        label="Max queue delay (µs)", required=False, initial=0,
+        label="Max queue delay (µs)", required=False, initial=0, min_value=0, max_value=MAX_QUEUE_DELAY_MICROSECONDS,
         widget=forms.NumberInput(attrs={
             "min": 0, "max": MAX_QUEUE_DELAY_MICROSECONDS, "step": 1, "data-warn-above": WARN_QUEUE_DELAY_MICROSECONDS,
             "data-warning": "A request that arrives alone waits this long before it runs: every request of a quiet "
@@ -161,7 +175,7 @@ class ServedModelForm(forms.Form):
     preferred_batch_size = forms.CharField(label="Preferred batch sizes", required=False,
                                            help_text="Comma-separated, e.g. 4, 8 (each at most the max batch size).",
                                            widget=forms.TextInput(attrs={"inputmode": "numeric", "autocomplete": "off"}))
-    instance_count = forms.IntegerField(label="Instances", initial=1,
+    instance_count = forms.IntegerField(label="Instances", initial=1, min_value=1, max_value=MAX_INSTANCE_COUNT,
                                         widget=forms.NumberInput(attrs={"min": 1, "max": MAX_INSTANCE_COUNT}),
                                         help_text="Copies of the model inside each server, run in parallel.")
     instance_kind = forms.ChoiceField(label="Instance kind", choices=[("cpu", "CPU"), ("gpu", "GPU")])
@@ -195,31 +209,28 @@ class ServedModelForm(forms.Form):
         parts = [p for p in re.split(r"[\s,]+", raw) if p]
         if not all(p.isdigit() for p in parts):
             raise forms.ValidationError("Enter whole numbers separated by commas, e.g. 4, 8.")
+        if len(parts) > MAX_PREFERRED_BATCH_SIZES:
+            raise forms.ValidationError(f"Give at most {MAX_PREFERRED_BATCH_SIZES} sizes.")
         return [int(p) for p in parts]
 
-    def entry(self) -> dict[str, Any]:
-        """This model's part of the API's input ("models": [...])."""
+    def model_request(self) -> planning.ModelRequest:
+        """This model's part of the deploy request."""
         data = self.cleaned_data
         batching = None
         if data["dynamic_batching"]:
-            batching = {"max_queue_delay_microseconds": data["max_queue_delay_microseconds"] or 0,
-                        "preferred_batch_size": data["preferred_batch_size"],
-                        "preserve_ordering": bool(self.kept.get("preserve_ordering", False))}
-        gpus = self.kept.get("gpus", []) if data["instance_kind"] == "gpu" else []
-        entry: dict[str, Any] = {
-            "model": self.model_name,
-            "version": data["version"],
-            "max_batch_size": data["max_batch_size"],
-            "dynamic_batching": batching,
-            "instance_group": {"count": data["instance_count"], "kind": data["instance_kind"], "gpus": gpus},
-        }
-        for key in ("response_cache", "warmup"):
-            if self.kept.get(key) is not None:
-                entry[key] = self.kept[key]
+            batching = DynamicBatching(max_queue_delay_microseconds=data["max_queue_delay_microseconds"] or 0,
+                                       preferred_batch_size=tuple(data["preferred_batch_size"]),
+                                       preserve_ordering=bool(self.kept.get("preserve_ordering", False)))
+        gpus = tuple(self.kept.get("gpus", ())) if data["instance_kind"] == "gpu" else ()
+        max_batch_size = data["max_batch_size"]
         version = self.versions.get(data["version"])
         if version is not None and version.format == Format.ENSEMBLE and "max_batch_size" not in self.changed_data:
-            del entry["max_batch_size"]  # left to the API, which fits a pipeline's batches to its steps
-        return entry
+            max_batch_size = None  # left to the planner, which fits a pipeline's batches to its steps
+        return planning.ModelRequest(
+            model=self.model_name, version=data["version"], max_batch_size=max_batch_size, dynamic_batching=batching,
+            instance_group=InstanceGroup(count=data["instance_count"], kind=data["instance_kind"], gpus=gpus),
+            response_cache=bool(self.kept.get("response_cache")), warmup=self.kept.get("warmup"),
+        )
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -245,41 +256,42 @@ def initial_for_version(version: ModelVersion) -> dict[str, Any]:
     }
 
 
-def initial_for_entry(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def initial_for_entry(entry: ModelEntry) -> tuple[dict[str, Any], dict[str, Any]]:
     """(form initial, settings kept unchanged) for a model entry of a revision's spec."""
-    batching = entry.get("dynamic_batching")
-    group = entry.get("instance_group") or {}
-    if entry.get("format") == Format.ENSEMBLE:
-        group = {}  # never applied to a pipeline, and refused now: saving again writes the defaults
+    batching = entry.dynamic_batching
+    # A pipeline's instances were never applied, and are refused now: saving again writes the defaults.
+    group = entry.instance_group if not entry.is_pipeline else InstanceGroup()
     initial = {
-        "version": entry["version"],
-        "max_batch_size": entry.get("max_batch_size", 0),
+        "version": entry.version,
+        "max_batch_size": entry.max_batch_size,
         "dynamic_batching": batching is not None,
-        "max_queue_delay_microseconds": (batching or {}).get("max_queue_delay_microseconds", 0),
-        "preferred_batch_size": ", ".join(str(s) for s in (batching or {}).get("preferred_batch_size", [])),
-        "instance_count": group.get("count", 1),
-        "instance_kind": group.get("kind", "cpu"),
+        "max_queue_delay_microseconds": batching.max_queue_delay_microseconds if batching else 0,
+        "preferred_batch_size": ", ".join(str(s) for s in batching.preferred_batch_size) if batching else "",
+        "instance_count": group.count,
+        "instance_kind": group.kind,
     }
-    kept = {"preserve_ordering": (batching or {}).get("preserve_ordering", False), "gpus": group.get("gpus", []),
-            "response_cache": entry.get("response_cache"), "warmup": entry.get("warmup")}
+    kept = {"preserve_ordering": batching.preserve_ordering if batching else False, "gpus": group.gpus,
+            "response_cache": entry.response_cache, "warmup": entry.warmup}
     return initial, kept
 
 
-def deployment_input(form: DeploymentForm, model_forms: list[ServedModelForm],
-                     resources: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The DeploymentInputSerializer input for valid forms; `resources` are the current ones kept when editing."""
+def deploy_request(form: DeploymentForm, model_forms: list[ServedModelForm],
+                   current: RevisionSpec | None = None) -> planning.DeployRequest:
+    """The deploy request of valid forms; settings the form does not show (a MIG profile, autoscaling) are kept from
+    the `current` revision when editing."""
     data = form.cleaned_data
-    resources = {k: v for k, v in (resources or {}).items() if k not in ("gpu", "gpu_type", "cpu", "memory")}
-    for key in ("cpu", "memory"):
-        if data.get(key):
-            resources[key] = data[key]
-    if data["runtime"] == Deployment.Runtime.KUBERNETES:
+    kept = current.resources if current else Resources()
+    kubernetes = data["runtime"] == Deployment.Runtime.KUBERNETES
+    resources = Resources(
+        cpu=data.get("cpu") or "", memory=data.get("memory") or "", mig_profile=kept.mig_profile,
         # The GPU fields are hidden for the local runtime: whatever they hold then does not count.
-        resources["gpu"] = data.get("gpu") or 0
-        if data.get("gpu_type"):
-            resources["gpu_type"] = data["gpu_type"]
-    return {"name": data["name"], "runtime": data["runtime"], "replicas": data["replicas"], "resources": resources,
-            "models": [f.entry() for f in model_forms]}
+        gpu=(data.get("gpu") or 0) if kubernetes else 0, gpu_type=(data.get("gpu_type") or "") if kubernetes else "",
+    )
+    return planning.DeployRequest(
+        runtime=data["runtime"], replicas=data["replicas"], resources=resources,
+        autoscaling=current.autoscaling if current else None,
+        models=tuple(f.model_request() for f in model_forms),
+    )
 
 
 _MODEL_KEY = re.compile(r"^models\[(\d+)\]\.?(.*)$")
@@ -297,10 +309,10 @@ _DEPLOYMENT_FIELDS = {"name": "name", "runtime": "runtime", "replicas": "replica
                       "resources.gpu_type": "gpu_type", "resources.cpu": "cpu", "resources.memory": "memory"}
 
 
-def add_api_errors(errors: Any, form: DeploymentForm, model_forms: list[ServedModelForm]) -> None:
-    """Put the serializer's errors ("models[0].dynamic_batching.preferred_batch_size": [...]) beside their fields;
+def add_plan_errors(errors: dict[str, list[str]], form: DeploymentForm, model_forms: list[ServedModelForm]) -> None:
+    """Put the planner's errors ("models[0].dynamic_batching.preferred_batch_size": [...]) beside their fields;
     what has no field of its own goes to the top of its model's settings, or of the form."""
-    for key, messages in _flatten(errors).items():
+    for key, messages in errors.items():
         key = re.sub(r"\[\d+\]$", "", key)  # a list item's error ("...preferred_batch_size[1]") goes to the list
         match = _MODEL_KEY.match(key)
         if match and int(match.group(1)) < len(model_forms):

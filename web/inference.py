@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from deployments.render import served_dims
+from deployments.revision_spec import ModelEntry
 
 _FLOAT_TYPES = {"FP16", "FP32", "FP64", "BF16"}
 _NUMPY = {"BOOL": "bool_", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64", "INT8": "int8",
@@ -89,11 +90,11 @@ def with_data(request: dict[str, Any], data: dict[str, list[Any]]) -> dict[str, 
     return {**request, "inputs": inputs}
 
 
-def served_signature(entry: dict[str, Any]) -> dict[str, Any]:
+def served_signature(entry: ModelEntry) -> dict[str, Any]:
     """The signature as Triton serves it (deployments.render.served_dims): what its metadata says and what it
     answers. A tensor whose shape differs from the model's own declaration keeps that as `declared`."""
-    batched = int(entry.get("max_batch_size") or 0) > 0
-    signature = entry.get("signature") or {}
+    batched = entry.max_batch_size > 0
+    signature = entry.signature.to_json()
     served: dict[str, Any] = {}
     for kind in ("inputs", "outputs"):
         tensors = []

@@ -15,15 +15,15 @@ from django.conf import settings
 from django.db.models import Count
 from django.utils import timezone
 
-from deployments import local_triton
 from deployments.models import Deployment, Event, TritonServer
+from deployments.runtimes.local import triton as local_triton
+from portal.queues import Queue
 
 log = logging.getLogger(__name__)
 
-# kombu's Redis transport keeps one list per priority step: "celery", then "celery\x06\x163", ...
+# kombu's Redis transport keeps one list per queue and priority step: "reconcile", then "reconcile\x06\x163", ...
 _REDIS_PRIORITY_SEPARATOR = "\x06\x16"
 _REDIS_PRIORITY_STEPS = (3, 6, 9)
-CELERY_QUEUE = "celery"
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def triton_servers() -> list[dict[str, Any]]:
 
 def sandbox() -> Probe:
     """Whether this process can sandbox the local Tritons, and what is weaker than designed here."""
-    from deployments.runtimes.local import sandbox_capabilities
+    from deployments.runtimes.local.runtime import sandbox_capabilities
 
     try:
         caps = sandbox_capabilities()
@@ -73,30 +73,24 @@ def gpus_per_team() -> list[dict[str, Any]]:
     totals: Counter[str] = Counter()
     deployments: Counter[str] = Counter()
     for deployment in running:
-        spec = deployment.revision.spec if deployment.revision else {}
-        gpus = _int((spec.get("resources") or {}).get("gpu")) * max(1, _int(spec.get("replicas", 1)))
+        spec = deployment.revision.spec if deployment.revision else None
+        gpus = spec.resources.gpu * max(1, spec.replicas) if spec else 0
         if gpus:
             totals[deployment.team.name] += gpus
             deployments[deployment.team.name] += 1
     return [{"team": team, "gpus": gpus, "deployments": deployments[team]} for team, gpus in sorted(totals.items())]
 
 
-def _int(value: Any) -> int:
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
 def queue_depth() -> Probe:
-    """Messages waiting in the Celery queue (Redis: its lists; the filesystem broker: its files)."""
+    """Messages waiting in the Celery queues (Redis: their lists; the filesystem broker: its files)."""
     url = settings.CELERY_BROKER_URL
     try:
         if url.startswith(("redis://", "rediss://")):
             import redis
 
             client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
-            keys = [CELERY_QUEUE] + [f"{CELERY_QUEUE}{_REDIS_PRIORITY_SEPARATOR}{step}" for step in _REDIS_PRIORITY_STEPS]
+            keys = [key for queue in Queue for key in
+                    (queue.value, *(f"{queue.value}{_REDIS_PRIORITY_SEPARATOR}{step}" for step in _REDIS_PRIORITY_STEPS))]
             return Probe(sum(int(client.llen(key)) for key in keys), "Redis")
         if url.startswith("filesystem://"):
             folder = Path(settings.VAR_DIR) / "celery" / "queue"

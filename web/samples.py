@@ -17,7 +17,7 @@ from django.db import transaction
 
 from accounts.models import Team
 from deployments import actions as deployment_actions
-from deployments.api import DeploymentInputSerializer
+from deployments import planning
 from deployments.models import Deployment
 from models_registry import actions as registry_actions
 from models_registry import inspection, pipelines
@@ -72,12 +72,12 @@ def _deploy(team: Team, user: Any, which: str, name: str) -> SampleDeployment:
     if which == "pipeline":
         _pipeline_version(team, user, versions)
         served = PIPELINE_MODEL
-    serializer = DeploymentInputSerializer(data={"name": name, "models": [{"model": served}]}, context={"team": team})
-    if not serializer.is_valid():
-        raise SampleError("The sample cannot be deployed here: " + _messages(serializer.errors))
-    data = serializer.validated_data
-    deployment = deployment_actions.create_deployment(team, user, name, data["runtime"], data["spec"],
-                                                      data["versions"])
+    request = planning.DeployRequest(runtime=Deployment.Runtime.LOCAL, models=(planning.ModelRequest(model=served),))
+    try:
+        plan = planning.plan(team, request)
+    except planning.PlanError as exc:
+        raise SampleError("The sample cannot be deployed here: " + _messages(exc.errors)) from None
+    deployment = deployment_actions.create_deployment(team, user, name, plan)
     return SampleDeployment(deployment, created=True)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from deployments.frameworks import local_frameworks
-from deployments.k8s.config import KubernetesConfig
+from deployments.runtimes.kubernetes.config import KubernetesConfig
 from deployments.spec import local_format_error
 from models_registry.models import Format
 

@@ -25,10 +25,11 @@ from accounts.models import ApiToken, Membership, Team, max_token_lifetime_days
 from accounts.names import NAME_RE, NAME_RULE
 from audit.log import record as audit
 from deployments import actions as deployment_actions
-from deployments.api import DeploymentInputSerializer
+from deployments import planning
 from deployments.frameworks import local_framework_status
 from deployments.models import Deployment, Event
-from deployments.runtimes.base import runtime_for
+from deployments.revision_spec import ModelEntry, Resources, RevisionSpec
+from deployments.runtimes.registry import runtime_for
 from models_registry import actions as registry_actions
 from models_registry.models import FORMATS_NEEDING_SIGNATURE, Format, Model, ModelVersion
 from models_registry.pipelines import pipeline_graph
@@ -40,8 +41,8 @@ from web.forms import (
     ServedModelForm,
     TokenForm,
     UploadForm,
-    add_api_errors,
-    deployment_input,
+    add_plan_errors,
+    deploy_request,
     initial_for_entry,
     initial_for_version,
 )
@@ -122,8 +123,8 @@ def _dashboard_live(team: Team) -> dict[str, Any]:
     return {"rows": rows, "events": events, "traffic_minutes": TRAFFIC_WINDOW_MINUTES}
 
 
-def _spec_models(deployment: Deployment) -> list[dict[str, Any]]:
-    return list(deployment.revision.spec.get("models", [])) if deployment.revision else []
+def _spec_models(deployment: Deployment) -> list[ModelEntry]:
+    return list(deployment.revision.spec.models) if deployment.revision else []
 
 
 @require_GET
@@ -292,17 +293,18 @@ def _ready_versions(team: Team, model_names: list[str]) -> dict[str, list[ModelV
     return found
 
 
-def _validate_and_run(team: Team, form: DeploymentForm, model_forms: list[ServedModelForm], resources: dict[str, Any],
-                      run: Callable[[dict[str, Any]], Deployment]) -> Deployment | None:
-    """The API's serializer validates the parsed forms; its errors go back beside the fields."""
+def _plan_and_run(team: Team, form: DeploymentForm, model_forms: list[ServedModelForm], current: RevisionSpec | None,
+                  run: Callable[[planning.Plan], Deployment]) -> Deployment | None:
+    """Plan what the parsed forms ask for (deployments.planning); its errors go back beside the fields."""
     if not (form.is_valid() and all(f.is_valid() for f in model_forms)):
         return None
-    serializer = DeploymentInputSerializer(data=deployment_input(form, model_forms, resources), context={"team": team})
-    if not serializer.is_valid():
-        add_api_errors(serializer.errors, form, model_forms)
+    try:
+        plan = planning.plan(team, deploy_request(form, model_forms, current))
+    except planning.PlanError as exc:
+        add_plan_errors(exc.errors, form, model_forms)
         return None
     try:
-        return run(serializer.validated_data)
+        return run(plan)
     except deployment_actions.Conflict as exc:
         form.add_error("name" if not form.fields["name"].disabled else None, str(exc))
         return None
@@ -326,8 +328,8 @@ def deployment_new(request: HttpRequest, team: Team) -> HttpResponse:
     model_forms = [ServedModelForm(data, prefix="m0", model_name=model.name, versions=versions,
                                    initial=initial_for_version(chosen))]
     if request.method == "POST":
-        deployment = _validate_and_run(team, form, model_forms, {}, lambda v: deployment_actions.create_deployment(
-            team, request.user, v["name"], v["runtime"], v["spec"], v["versions"]))
+        deployment = _plan_and_run(team, form, model_forms, None, lambda plan: deployment_actions.create_deployment(
+            team, request.user, form.cleaned_data["name"], plan))
         if deployment is not None:
             messages.success(request, f"Deployment {deployment.name} created. Its status below follows the start.")
             return redirect("deployment-detail", name=deployment.name)
@@ -340,26 +342,25 @@ def deployment_new(request: HttpRequest, team: Team) -> HttpResponse:
 @team_required
 def deployment_edit(request: HttpRequest, team: Team, name: str) -> HttpResponse:
     deployment = _get_deployment(team, name)
-    spec = deployment.revision.spec if deployment.revision else {"models": []}
-    entries = spec.get("models", [])
-    versions = _ready_versions(team, [e["model"] for e in entries])
-    resources = dict(spec.get("resources") or {})
+    spec = deployment.revision.spec if deployment.revision else None
+    entries = spec.models if spec else ()
+    versions = _ready_versions(team, [e.name for e in entries])
+    resources = spec.resources if spec else Resources()
     data = request.POST if request.method == "POST" else None
     form = DeploymentForm(data, editing=True, initial={
-        "name": deployment.name, "runtime": deployment.runtime, "replicas": spec.get("replicas", 1),
-        "gpu": resources.get("gpu", 0), "gpu_type": resources.get("gpu_type", ""),
-        "cpu": resources.get("cpu", ""), "memory": resources.get("memory", "")})
+        "name": deployment.name, "runtime": deployment.runtime, "replicas": spec.replicas if spec else 1,
+        "gpu": resources.gpu, "gpu_type": resources.gpu_type, "cpu": resources.cpu, "memory": resources.memory})
     model_forms = []
     for index, entry in enumerate(entries):
         initial, kept = initial_for_entry(entry)
-        model_forms.append(ServedModelForm(data, prefix=f"m{index}", model_name=entry["model"], kept=kept,
-                                           versions=versions.get(entry["model"], []), initial=initial))
+        model_forms.append(ServedModelForm(data, prefix=f"m{index}", model_name=entry.name, kept=kept,
+                                           versions=versions.get(entry.name, []), initial=initial))
 
-    def update(validated: dict[str, Any]) -> Deployment:
-        deployment_actions.update_deployment(deployment, request.user, validated["spec"], validated["versions"])
+    def update(plan: planning.Plan) -> Deployment:
+        deployment_actions.update_deployment(deployment, request.user, plan)
         return deployment
 
-    if request.method == "POST" and _validate_and_run(team, form, model_forms, resources, update):
+    if request.method == "POST" and _plan_and_run(team, form, model_forms, spec, update):
         messages.success(request, f"Saved: {deployment.name} rolls out the new settings while the current ones keep serving.")
         return redirect("deployment-detail", name=deployment.name)
     return render(request, "web/deploy_form.html", {"form": form, "model_forms": model_forms, "deployment": deployment,
@@ -379,21 +380,21 @@ def deployment_detail(request: HttpRequest, team: Team, name: str) -> HttpRespon
         # What Triton serves and answers (a [batch] output comes back as [batch, 1]): the signature shown, and the
         # shapes of the example and the snippets.
         signature = inference.served_signature(entry)
-        example = inference.with_data(inference.example_request(signature), sample_inputs(entry.get("signature") or {}))
+        example = inference.with_data(inference.example_request(signature), sample_inputs(entry.signature.to_json()))
         served.append({
             "entry": entry,
             "signature": signature,
             "reshaped": any("declared" in t for t in signature["inputs"] + signature["outputs"]),
-            "url": inference.infer_url(base_url, deployment.name, entry["name"]),
-            "path": inference.infer_url("", deployment.name, entry["name"]),
+            "url": inference.infer_url(base_url, deployment.name, entry.name),
+            "path": inference.infer_url("", deployment.name, entry.name),
             "example": inference.request_json(example),
             "example_note": inference.example_note(signature),
             "bytes_inputs": [t["name"] for t in signature.get("inputs", []) if t.get("datatype") == "BYTES"],
-            "sample_image": takes_images(entry.get("signature") or {}),
+            "sample_image": takes_images(entry.signature.to_json()),
             "snippets": [
-                ("curl", inference.curl_snippet(base_url, deployment.name, entry["name"], example), "curl"),
-                ("Python (tritonclient)", inference.python_snippet(base_url, deployment.name, entry["name"], signature), "python"),
-                ("modelport CLI", inference.cli_snippet(deployment.name, entry["name"], base_url), "cli"),
+                ("curl", inference.curl_snippet(base_url, deployment.name, entry.name, example), "curl"),
+                ("Python (tritonclient)", inference.python_snippet(base_url, deployment.name, entry.name, signature), "python"),
+                ("modelport CLI", inference.cli_snippet(deployment.name, entry.name, base_url), "cli"),
             ],
         })
         # gRPC (tritonclient.grpc): the Python snippet's twin, when the gRPC gateway runs.
@@ -406,7 +407,7 @@ def deployment_detail(request: HttpRequest, team: Team, name: str) -> HttpRespon
                 python, *grpc_address, deployment.name), "grpc"))
     return render(request, "web/deployment_detail.html", {
         **_live_context(deployment), "served": served,
-        "examples": {s["entry"]["name"]: {"path": s["path"], "request": s["example"]} for s in served},
+        "examples": {s["entry"].name: {"path": s["path"], "request": s["example"]} for s in served},
         "has_bytes_inputs": any(s["bytes_inputs"] for s in served),
         "metrics_url": f"/api/v1/deployments/{deployment.name}/metrics/?minutes={TRAFFIC_WINDOW_MINUTES}",
         "traffic_minutes": TRAFFIC_WINDOW_MINUTES,
@@ -417,7 +418,7 @@ def deployment_detail(request: HttpRequest, team: Team, name: str) -> HttpRespon
 def _settings_context(deployment: Deployment) -> dict[str, Any]:
     """The settings in effect (the revision serving, else the one asked for) and the revision history."""
     shown = deployment.serving_revision or deployment.revision
-    spec = shown.spec if shown else {}
+    spec = shown.spec if shown else None
     return {
         "settings_revision": shown,
         "settings": revisions.settings_in_effect(spec),
@@ -427,7 +428,7 @@ def _settings_context(deployment: Deployment) -> dict[str, Any]:
 
 
 def _live_context(deployment: Deployment) -> dict[str, Any]:
-    from deployments.runtimes import local
+    from deployments.runtimes.local import runtime as local
 
     isolation = local.isolation(deployment) if deployment.runtime == Deployment.Runtime.LOCAL else None
     return {"deployment": deployment, "events": deployment.events.all()[:30], "isolation": isolation}
@@ -485,8 +486,8 @@ def deployment_delete(request: HttpRequest, team: Team, name: str) -> HttpRespon
     deployment = _get_deployment(team, name)
     if request.method == "GET":
         return render(request, "web/deployment_delete.html", {"deployment": deployment})
-    gone = deployment_actions.delete_deployment(deployment, request.user, wait_seconds=10.0)
-    messages.success(request, f"Deleted {name}." if gone else f"{name} is being deleted; it disappears in a moment.")
+    deployment_actions.delete_deployment(deployment, request.user)
+    messages.success(request, f"{name} is being deleted: it no longer serves, and disappears in a moment.")
     return redirect("dashboard")
 
 

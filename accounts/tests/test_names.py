@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 from accounts.models import Team
 from accounts.names import name_error
 from conftest import Person
-from deployments.k8s import manifests
+from deployments.runtimes.kubernetes import manifests
 from deployments.spec import validate_served_model
 from deployments.tests.test_k8s_manifests import CONFIG, model, target
 from deployments.tests.test_spec_validation import model as served_model

@@ -1,17 +1,26 @@
-"""What the reconciler needs from a runtime (the local Triton processes, or a Kubernetes cluster)."""
+"""What the reconciler needs from a runtime (the local Triton processes, or a Kubernetes cluster).
+
+Every method returns within seconds: the reconciler (deployments/reconcile.py) calls one or two of them per tick and
+decides from what they say, so nothing waits in a worker for a server to load. A runtime holds what serves each
+revision apart (a Launch per revision), so that two revisions can run side by side: the one serving and the one
+starting during a rollout, or (later) a stable and a canary revision.
+
+Implementations register by name in runtimes/registry.py; this module imports none of them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Literal, Protocol
 
 from deployments.models import Deployment, Revision
+from deployments.revision_spec import RevisionSpec
 
 
 @dataclass(frozen=True)
 class Launch:
-    """A server (or set of pods) serving one revision."""
+    """What serves one revision: a server (or a set of pods)."""
 
     revision_id: int
     url: str  # what the gateway proxies to
@@ -19,13 +28,43 @@ class Launch:
     ref: int | str  # runtime-specific handle (a TritonServer id, a Kubernetes object name)
     grpc_target: str = ""  # host:port of the same server's gRPC endpoint, for the gRPC gateway
 
+    def to_json(self) -> dict[str, Any]:
+        return {"revision_id": self.revision_id, "url": self.url, "grpc_target": self.grpc_target,
+                "description": self.description, "ref": self.ref}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Launch | None:
+        """None for anything but a stored Launch (a row written before launches were recorded)."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            return cls(revision_id=int(data["revision_id"]), url=str(data["url"]),
+                       grpc_target=str(data.get("grpc_target", "")),
+                       description=str(data.get("description", "")), ref=data["ref"])
+        except (KeyError, TypeError, ValueError):
+            return None
+
 
 @dataclass(frozen=True)
-class Ready:
-    ready: bool
-    message: str
+class Preparation:
+    """Where a revision's preparation stands (its repository rendered and published; later, its environments
+    built). Not done: the reconciler looks again after `retry_seconds`, showing `message` meanwhile."""
+
+    done: bool
+    message: str = ""
+    retry_seconds: float = 5.0
+
+
+PREPARED = Preparation(done=True)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a launch is doing right now."""
+
+    state: Literal["starting", "ready", "failed"]
+    message: str = ""  # one line: why it failed, or what it waits for
     detail: str = ""  # Triton's own error lines, a pod's last log lines
-    cancelled: bool = False
 
 
 @dataclass(frozen=True)
@@ -41,23 +80,36 @@ class RuntimeUnavailable(Exception):
 
 
 class Runtime(Protocol):
-    def prepare(self, revision: Revision) -> None:
-        """Render (and publish) the revision's model repository; idempotent. Raises RenderError."""
+    @property
+    def ready_timeout_seconds(self) -> float:
+        """How long a launch may take to become ready; the reconciler records the deadline and fails it past that."""
+
+    @property
+    def poll_seconds(self) -> float:
+        """How soon to look again at a launch that is starting."""
+
+    def check_plan(self, spec: RevisionSpec) -> dict[str, list[str]]:
+        """Why this runtime cannot serve `spec` (its policy, and Triton's rules for its target), keyed by field:
+        "replicas", "resources.gpu", "runtime", ... or "<model name>.<field>" for one model. Empty when it can."""
+
+    def prepare(self, revision: Revision) -> Preparation:
+        """Render (and publish) the revision's model repository; idempotent, also when two workers run it at once.
+        Raises RenderError for a revision that cannot be rendered."""
 
     def launch(self, revision: Revision) -> Launch:
-        """Start the revision's server, or adopt the one that is already there."""
+        """Start the revision's server, or adopt the one that is already there; returns once it is started."""
 
-    def wait_ready(self, launch: Launch, keep_waiting: Callable[[], bool]) -> Ready:
-        """Wait until it serves every model; `keep_waiting()` renews the caller's lease and says whether to go on."""
+    def observe(self, launch: Launch) -> Observation:
+        """Is the launch serving every model yet, still starting, or failed? Never waits for it."""
 
     def abandon(self, launch: Launch) -> None:
-        """A launch that did not become ready: stop it."""
+        """A launch that will not serve (it failed, timed out, or a newer revision replaces it): stop it."""
 
-    def check(self, deployment: Deployment) -> Health:
-        """Is the serving revision still serving?"""
+    def check(self, deployment: Deployment, launch: Launch) -> Health:
+        """Is the launch the deployment serves from still serving?"""
 
-    def retire(self, deployment: Deployment, keep: Launch) -> list[str]:
-        """Stop what serves other revisions; returns a message per stopped server."""
+    def retire(self, deployment: Deployment, keep: Sequence[Launch]) -> list[str]:
+        """Stop what serves other revisions than `keep`, and remove what they left; a message per thing removed."""
 
     def stop(self, deployment: Deployment) -> None:
         """Stop serving (keep what is needed to start again)."""
@@ -67,13 +119,3 @@ class Runtime(Protocol):
 
     def logs(self, deployment: Deployment, lines: int) -> str:
         """The tail of Triton's log."""
-
-
-def runtime_for(deployment: Deployment) -> Runtime:
-    if deployment.runtime == Deployment.Runtime.KUBERNETES:
-        from deployments.runtimes.kubernetes import KubernetesRuntime
-
-        return KubernetesRuntime()
-    from deployments.runtimes.local import LocalRuntime
-
-    return LocalRuntime()

@@ -9,8 +9,8 @@ import pytest
 from moto import mock_aws
 
 from conftest import Person
-from deployments.k8s import s3repo
-from deployments.k8s.config import KubernetesConfig
+from deployments.runtimes.kubernetes import s3repo
+from deployments.runtimes.kubernetes.config import KubernetesConfig
 from deployments.tests.fake_kube import FakeKube
 from models_registry.models import Model, ModelVersion
 from tests.artifacts import tiny_onnx
@@ -30,6 +30,17 @@ def make_ready_version(person: Person, name: str = "digits", data: bytes | None 
     version.refresh_from_db()
     assert version.status == "ready", version.error
     return version
+
+
+def settle(deployment_id: int, ticks: int = 10) -> None:
+    """Tick the reconciler as the worker would, one tick right after the other (the runtimes here answer at once,
+    so the waits between ticks are left out), until it wants no next one."""
+    from deployments import reconcile
+
+    for _ in range(ticks):
+        if reconcile.reconcile(deployment_id) is None:
+            return
+    raise AssertionError(f"deployment {deployment_id} is not at rest after {ticks} ticks")
 
 
 @pytest.fixture

@@ -128,7 +128,7 @@ def test_patch_makes_a_new_revision_and_keeps_unchanged_settings(alice: Person, 
     assert response.json()["revision"] == 3
     assert response.json()["models"][0]["dynamic_batching"]["max_queue_delay_microseconds"] == 500
     first = Revision.objects.get(number=1)
-    assert first.spec["models"][0]["instance_group"]["count"] == 2  # revisions are immutable
+    assert first.spec.to_json()["models"][0]["instance_group"]["count"] == 2  # revisions are immutable
 
 
 def test_patch_with_a_body_that_is_not_a_json_object_is_a_400(alice: Person, digits_v1: ModelVersion) -> None:
@@ -210,5 +210,5 @@ def test_a_savedmodel_deploys_locally_only_when_the_runtime_env_has_tensorflow(
     settings.MODELPORT_RUNTIME_ENV = fake_runtime_env(tmp_path / "with-tf", "tensorflow-2.21.0")
     accepted = create(alice, name="tiny-tf", models=[{"model": "tiny-tf"}])
     assert accepted.status_code == 201, accepted.json()
-    (entry,) = Deployment.objects.get().revision.spec["models"]
+    (entry,) = Deployment.objects.get().revision.spec.to_json()["models"]
     assert entry["definition"] == {"signature_def": "serving_default", "signature_defs": ["serving_default"]}

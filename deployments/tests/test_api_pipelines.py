@@ -15,8 +15,8 @@ from conftest import Person
 from deployments import python_requirements
 from deployments.models import Deployment
 from deployments.render import render_repository
-from deployments.runtimes import local as local_runtime
-from deployments.snapshot import repository_spec
+from deployments.runtimes.artifacts import artifact_path
+from deployments.runtimes.local import runtime as local_runtime
 from models_registry.models import ModelVersion
 from models_registry.samples import digits_pipeline_definition
 from models_registry.tests.test_pipelines import create_pipeline, digits_steps, ready_version
@@ -106,8 +106,7 @@ def test_the_snapshot_renders_the_ensemble_with_its_version_directory(
     deploy(alice, [{"model": "digits-pipeline"}, {"model": "digits", "dynamic_batching": {"max_queue_delay_microseconds": 500}}])
     revision = Deployment.objects.get().revision
     assert revision is not None
-    spec = repository_spec(revision.spec,
-                           lambda e: local_runtime.artifact_path(e["sha256"]) if e.get("sha256") else None)
+    spec = revision.spec.repository(lambda e: artifact_path(e.sha256))
     render_repository(spec, "local", tmp_path / "repo")
     config = text_format.Parse((tmp_path / "repo/digits-pipeline/config.pbtxt").read_text(), mc.ModelConfig())
     assert config.platform == "ensemble" and config.max_batch_size == 64

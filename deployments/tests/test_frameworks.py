@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from deployments import frameworks, local_triton
+from deployments import frameworks
+from deployments.runtimes.local import triton as local_triton
 
 
 def site_packages(tmp_path: Path, *entries: str) -> Path:

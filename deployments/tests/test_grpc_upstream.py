@@ -38,7 +38,7 @@ def test_the_migration_finds_the_grpc_port_of_the_server_already_serving(alice: 
 
 
 def test_the_local_runtime_launch_names_the_servers_grpc_endpoint(alice: Person) -> None:
-    from deployments.runtimes.local import _describe
+    from deployments.runtimes.local.runtime import _describe
 
     deployment = serving(alice, "digits", "local", "")
     assert deployment.serving_revision is not None

@@ -130,7 +130,7 @@ def test_autoscaling_is_kept_in_the_revision_and_exported_as_an_hpa(alice: Perso
     response = create(alice, autoscaling=AUTOSCALING)
     assert response.status_code == 201, response.json()
     assert response.json()["autoscaling"] == AUTOSCALING
-    assert Deployment.objects.get().revision.spec["autoscaling"] == AUTOSCALING  # type: ignore[union-attr]
+    assert Deployment.objects.get().revision.spec.to_json()["autoscaling"] == AUTOSCALING  # type: ignore[union-attr]
     documents = {d["kind"]: d for d in yaml.safe_load_all(manifests_of(alice).content)}
     assert documents["HorizontalPodAutoscaler"]["spec"]["maxReplicas"] == 5
     assert "replicas" not in documents["Deployment"]["spec"]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from deployments.k8s.config import KubernetesConfig
+from deployments.runtimes.kubernetes.config import KubernetesConfig
 from portal.settings import _env_pairs
 
 

@@ -1,4 +1,4 @@
-"""The init container's fetch-and-verify script (deployments/k8s/fetch_repository.py), run as the pod runs it
+"""The init container's fetch-and-verify script (deployments/runtimes/kubernetes/fetch_repository.py), run as the pod runs it
 (`python3 fetch.py manifest.json /models`) against a local HTTP server that plays S3's GET of presigned URLs,
 including its answers to expired URLs, which moto does not check. test_k8s_s3.py runs the script against moto's
 S3 server with URLs presigned by boto3."""
@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from deployments.k8s import fetch_repository
-from deployments.k8s.manifests import FETCH_SCRIPT
+from deployments.runtimes.kubernetes import fetch_repository
+from deployments.runtimes.kubernetes.manifests import FETCH_SCRIPT
 
 EXPIRED = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
            b"<Message>Request has expired</Message></Error>")

@@ -21,10 +21,10 @@ import yaml
 
 from conftest import Person
 from deployments import reconcile, tasks
-from deployments.k8s.config import KubernetesConfig
 from deployments.models import Deployment, Revision
 from deployments.runtimes.base import Launch, RuntimeUnavailable
-from deployments.runtimes.kubernetes import KubernetesRuntime
+from deployments.runtimes.kubernetes.config import KubernetesConfig
+from deployments.runtimes.kubernetes.runtime import KubernetesRuntime
 from deployments.tests import fake_kube
 from deployments.tests.conftest import Clock, make_ready_version
 from deployments.tests.fake_kube import FakeKube
@@ -53,7 +53,7 @@ def serve(runtime: KubernetesRuntime, deployment: Deployment, revision: Revision
     revision = revision or deployment.revision
     assert revision is not None
     launch = runtime.launch(revision)
-    assert runtime.wait_ready(launch, lambda: True).ready
+    assert runtime.observe(launch).state == "ready"
     deployment.set_status(Deployment.Status.READY, "Serving", serving_revision=revision, upstream_url=launch.url)
     return launch
 
@@ -241,7 +241,7 @@ def test_a_new_revision_retires_the_previous_revisions_access_secret(
     second = Revision.objects.get(deployment=deployment, number=2)
     launch = serve(runtime, deployment, second)
     assert fake.get(secret_path(1)) is not None  # the old pods may still restart during the rollout
-    runtime.retire(deployment, keep=launch)
+    runtime.retire(deployment, keep=[launch])
     assert fake.get(secret_path(1)) is None and fake.get(secret_path(2)) is not None
 
 
@@ -249,7 +249,7 @@ def test_a_repository_with_too_many_files_for_one_secret_is_refused_before_anyth
         alice: Person, digits_v1: ModelVersion, fake: FakeKube, cfg: KubernetesConfig,
         monkeypatch: pytest.MonkeyPatch) -> None:
     deployment = create(alice)
-    monkeypatch.setattr("deployments.runtimes.kubernetes.MAX_SECRET_BYTES", 1000)
+    monkeypatch.setattr("deployments.runtimes.kubernetes.runtime.MAX_SECRET_BYTES", 1000)
     with pytest.raises(RuntimeUnavailable, match=r"^The model repository of revision 1 has 2 files: their download "
                                                  r"URLs \(\d+ KiB\) do not fit in one Kubernetes Secret"):
         KubernetesRuntime(cfg).launch(deployment.revision)  # type: ignore[arg-type]
@@ -270,33 +270,30 @@ def granted(rule_list: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
 
 
 def whole_life(alice: Person, fake: FakeKube, runtime: KubernetesRuntime, clock: Clock) -> None:
-    """Everything the runtime does to a deployment: roll out (watching pods), check, logs, renew URLs, a new
+    """Everything the runtime does to a deployment: roll out (looking at its pods), check, logs, renew URLs, a new
     revision that drops objects, a failed one rolled back, stop, start, delete."""
     deployment = create(alice, autoscaling={"min_replicas": 2, "max_replicas": 4, "metric": "cpu", "target": 70})
     fake.on_apply = fake_kube.pod_stays(fake_kube.loading_status())
-
-    def models_loaded(server: FakeKube) -> None:
-        server.on_watch = None
-        fake_kube.rollout_succeeds(server, server.get(DEPLOYMENT_PATH))  # type: ignore[arg-type]
-
-    fake.on_watch = models_loaded
-    first = serve(runtime, deployment)
+    loading = runtime.launch(deployment.revision)  # type: ignore[arg-type]
+    assert runtime.observe(loading).state == "starting"
+    fake_kube.rollout_succeeds(fake, fake.get(DEPLOYMENT_PATH))  # type: ignore[arg-type]
     fake.on_apply = fake_kube.rollout_succeeds
-    assert runtime.check(deployment).ok
+    first = serve(runtime, deployment)
+    assert runtime.check(deployment, first).ok
     runtime.logs(deployment, 5)
     clock.time += timedelta(hours=13)
     assert runtime.refresh_repository_access(deployment) == [1]
     assert alice.client().patch("/api/v1/deployments/digits/", {"autoscaling": None, "replicas": 1},
                                 format="json").status_code == 200
     second = serve(runtime, deployment, Revision.objects.get(deployment=deployment, number=2))
-    runtime.retire(deployment, keep=second)
+    runtime.retire(deployment, keep=[second])
     assert alice.client().patch("/api/v1/deployments/digits/", {"replicas": 1, "resources": {"memory": "1Gi"}},
                                 format="json").status_code == 200
     fake.on_apply = fake_kube.pod_stays(fake_kube.fetch_failed_status(2))
     third = runtime.launch(Revision.objects.get(deployment=deployment, number=3))
     fake.logs[(NS, "digits-r3-0", True)] = "fetch-repository: error: digits/1/model.onnx does not match\n"
-    ready = runtime.wait_ready(third, lambda: True)
-    assert not ready.ready and "does not match" in ready.detail
+    seen = runtime.observe(third)
+    assert seen.state == "failed" and "does not match" in seen.detail
     fake.on_apply = fake_kube.rollout_succeeds
     runtime.abandon(third)
     runtime.stop(deployment)
@@ -348,7 +345,8 @@ def test_the_reconciler_fails_a_deployment_whose_object_is_taken_saying_which(
     deployment = create(alice)
     fake.put(f"/api/v1/namespaces/{NS}/services/digits", {
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": "digits", "namespace": NS}, "spec": {}})
-    reconcile.reconcile(deployment.pk)
+    reconcile.reconcile(deployment.pk)  # renders and uploads
+    reconcile.reconcile(deployment.pk)  # launches: refused before anything is applied
     deployment.refresh_from_db()
     assert deployment.status == Deployment.Status.FAILED
     assert deployment.status_message.startswith(f"A Service named digits exists in namespace {NS} and is not this "

@@ -14,9 +14,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from deployments.k8s import manifests
-from deployments.k8s.config import KubernetesConfig, parse_egress
-from deployments.k8s.manifests import ManifestError, Target
+from deployments.revision_spec import RevisionSpec
+from deployments.runtimes.kubernetes import manifests
+from deployments.runtimes.kubernetes.config import KubernetesConfig, parse_egress
+from deployments.runtimes.kubernetes.manifests import ManifestError, Target
 
 # Two supported minor versions shipped by kubernetes-validate 1.37 (it ships 1.25 to 1.37).
 KUBERNETES_VERSIONS = ("1.31", "1.33")
@@ -42,7 +43,7 @@ def model(name: str = "digits", fmt: str = "onnx", **extra: Any) -> dict[str, An
 
 def target(revision: int = 3, **spec: Any) -> Target:
     full = {"runtime": "kubernetes", "replicas": 1, "resources": {}, "models": [model()], **spec}
-    return Target(team="acme", name="digits", revision=revision, spec=full,
+    return Target(team="acme", name="digits", revision=revision, spec=RevisionSpec.from_json(full),
                   repository_key=f"modelport/repositories/acme/digits-7/r{revision}/")
 
 

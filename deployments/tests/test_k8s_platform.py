@@ -16,7 +16,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from deployments.k8s.config import KubernetesConfig
+from deployments.revision_spec import RevisionSpec
+from deployments.runtimes.kubernetes.config import KubernetesConfig
 
 PLATFORM = Path(__file__).resolve().parents[2] / "platform"
 KUSTOMIZE = PLATFORM / "kubernetes"
@@ -238,13 +239,13 @@ def test_the_grpc_gateway_runs_beside_the_web_server_in_the_pods_triton_lets_in(
 def test_triton_serves_grpc_to_the_pods_where_the_grpc_gateway_runs() -> None:
     """What the gRPC gateway forwards to on Kubernetes (Deployment.grpc_upstream): the Triton Service's grpc port,
     which the Triton NetworkPolicy opens to the web pods, where the gateway's container runs."""
-    from deployments.k8s import manifests
+    from deployments.runtimes.kubernetes import manifests
 
     config = KubernetesConfig()
-    target = manifests.Target(team="acme", name="digits", revision=1, repository_key="p/r1/", spec={
-        "runtime": "kubernetes", "replicas": 1, "resources": {}, "models": [{
-            "name": "digits", "model": "digits", "version": 1, "format": "onnx", "max_batch_size": 8,
-            "instance_group": {"count": 1, "kind": "cpu", "gpus": []}, "response_cache": False}]})
+    spec = RevisionSpec.from_json({"runtime": "kubernetes", "replicas": 1, "resources": {}, "models": [{
+        "name": "digits", "model": "digits", "version": 1, "format": "onnx", "max_batch_size": 8,
+        "instance_group": {"count": 1, "kind": "cpu", "gpus": []}, "response_cache": False}]})
+    target = manifests.Target(team="acme", name="digits", revision=1, repository_key="p/r1/", spec=spec)
     triton = {o["kind"]: o for o in manifests.build(target, "modelport-acme", config)}
     assert manifests.service_grpc_target("digits", "modelport-acme", config) == (
         f"{triton['Service']['metadata']['name']}.modelport-acme.svc.cluster.local:8001")

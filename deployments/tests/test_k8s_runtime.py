@@ -22,11 +22,11 @@ import pytest
 
 from conftest import Person
 from deployments import reconcile
-from deployments.k8s import manifests
-from deployments.k8s.config import KubernetesConfig
 from deployments.models import Deployment, Event, Revision
-from deployments.runtimes.base import Launch, RuntimeUnavailable
-from deployments.runtimes.kubernetes import KubernetesRuntime, target_for
+from deployments.runtimes.base import Launch, Observation, RuntimeUnavailable
+from deployments.runtimes.kubernetes import manifests
+from deployments.runtimes.kubernetes.config import KubernetesConfig
+from deployments.runtimes.kubernetes.runtime import KubernetesRuntime, target_for
 from deployments.tests import fake_kube
 from deployments.tests.fake_kube import FakeKube
 from models_registry.models import ModelVersion
@@ -61,9 +61,14 @@ def create(person: Person, name: str = "digits", **body: Any) -> Deployment:
     return Deployment.objects.select_related("team", "revision").get(team=person.team, name=name)
 
 
-def launch_and_wait(runtime: KubernetesRuntime, revision: Revision) -> tuple[Launch, Any]:
+def launch_and_wait(runtime: KubernetesRuntime, revision: Revision, looks: int = 3) -> tuple[Launch, Observation]:
+    """Launch, and look at the rollout as the reconciler's ticks would until it is ready or failed."""
     launch = runtime.launch(revision)
-    return launch, runtime.wait_ready(launch, lambda: True)
+    for _ in range(looks):
+        seen = runtime.observe(launch)
+        if seen.state != "starting":
+            break
+    return launch, seen
 
 
 def test_launch_applies_every_object_with_server_side_apply(alice: Person, digits_v1: ModelVersion,
@@ -121,27 +126,25 @@ def test_a_completed_rollout_is_ready(alice: Person, digits_v1: ModelVersion, fa
     deployment = create(alice)
     fake.on_apply = fake_kube.rollout_succeeds
     _, ready = launch_and_wait(KubernetesRuntime(cfg), deployment.revision)
-    assert ready.ready, ready
+    assert ready.state == "ready", ready
     assert ready.message == "1 of 1 pods ready"
     assert not fake.sent("watch")
 
 
-def test_it_watches_the_pods_until_triton_has_loaded_the_models(alice: Person, digits_v1: ModelVersion,
+def test_each_look_reads_the_pods_once_and_never_waits_for_them(alice: Person, digits_v1: ModelVersion,
                                                                 fake: FakeKube, cfg: KubernetesConfig) -> None:
     deployment = create(alice)
     fake.on_apply = fake_kube.pod_stays(fake_kube.loading_status())
-
-    def models_loaded(server: FakeKube) -> None:
-        server.on_watch = None
-        fake_kube.rollout_succeeds(server, server.get(DEPLOYMENT_PATH))  # type: ignore[arg-type]
-
-    fake.on_watch = models_loaded
-    _, ready = launch_and_wait(KubernetesRuntime(cfg), deployment.revision)
-    assert ready.ready, ready
-    [watch] = fake.sent("watch")
-    assert watch.path == f"/api/v1/namespaces/{NS}/pods"
-    assert watch.query["labelSelector"] == manifests.revision_selector("acme", "digits", 1)
-    assert watch.query["timeoutSeconds"] == "5" and watch.query["resourceVersion"]
+    runtime = KubernetesRuntime(cfg)
+    launch = runtime.launch(deployment.revision)
+    fake.requests.clear()
+    seen = runtime.observe(launch)
+    assert seen.state == "starting"
+    assert [(r.verb, r.path) for r in fake.requests] == [("get", DEPLOYMENT_PATH), ("get", f"/api/v1/namespaces/{NS}/pods")]
+    assert fake.requests[1].query["labelSelector"] == manifests.revision_selector("acme", "digits", 1)
+    fake_kube.rollout_succeeds(fake, fake.get(DEPLOYMENT_PATH))  # type: ignore[arg-type]
+    assert runtime.observe(launch).state == "ready"
+    assert not fake.sent("watch")  # a watch would hold the worker; the reconciler looks again at its next tick
 
 
 def test_an_image_that_cannot_be_pulled_fails_with_what_to_fix(alice: Person, digits_v1: ModelVersion,
@@ -149,7 +152,7 @@ def test_an_image_that_cannot_be_pulled_fails_with_what_to_fix(alice: Person, di
     deployment = create(alice)
     fake.on_apply = fake_kube.pod_stays(fake_kube.image_pull_status(cfg.image))
     _, ready = launch_and_wait(KubernetesRuntime(cfg), deployment.revision)
-    assert not ready.ready
+    assert ready.state == "failed"
     assert ready.message.startswith(
         "Kubernetes cannot pull the Triton image 'nvcr.io/nvidia/tritonserver:24.10-py3' (ImagePullBackOff: "
         "Back-off pulling image")
@@ -163,7 +166,7 @@ def test_no_free_gpu_fails_with_the_schedulers_reason(alice: Person, digits_v1: 
                 "3 No preemption victims found for incoming pod."
     fake.on_apply = fake_kube.pod_stays(fake_kube.unschedulable_status(scheduler, since_seconds=600))
     _, ready = launch_and_wait(KubernetesRuntime(cfg), deployment.revision)
-    assert not ready.ready
+    assert ready.state == "failed"
     assert ready.message == (
         f"No node has 1 free GPU(s) for it (the scheduler: {scheduler}). Ask for fewer GPUs (resources.gpu) or "
         "replicas, stop another deployment that holds GPUs, or add GPU nodes.")
@@ -176,8 +179,8 @@ def test_a_pod_waiting_for_a_node_within_the_grace_period_is_still_starting(
                                                                        "nvidia.com/gpu.", since_seconds=1))
     runtime = KubernetesRuntime(cfg)
     launch = runtime.launch(deployment.revision)
-    ready = runtime.wait_ready(launch, lambda: False)  # the user changed the deployment meanwhile
-    assert ready.cancelled and not ready.ready
+    seen = runtime.observe(launch)
+    assert seen.state == "starting" and "Insufficient nvidia.com/gpu" in seen.message
 
 
 def test_oomkilled_says_to_raise_the_memory(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
@@ -185,7 +188,7 @@ def test_oomkilled_says_to_raise_the_memory(alice: Person, digits_v1: ModelVersi
     deployment = create(alice, resources={"memory": "2Gi"})
     fake.on_apply = fake_kube.pod_stays(fake_kube.oom_status())
     _, ready = launch_and_wait(KubernetesRuntime(cfg), deployment.revision)
-    assert not ready.ready
+    assert ready.state == "failed"
     assert ready.message == (
         "Triton ran out of memory and was killed (OOMKilled) at its limit of 2Gi: the models need more memory than "
         "that to load and serve. Raise resources.memory, or serve fewer or smaller models.")
@@ -197,7 +200,7 @@ def test_a_crash_loop_comes_with_tritons_last_log_lines(alice: Person, digits_v1
     fake.on_apply = fake_kube.pod_stays(fake_kube.crash_loop_status(restarts=3))
     fake.logs[(NS, "digits-r1-0", True)] = "noise\n" * 30 + TRITON_LOG
     _, ready = launch_and_wait(KubernetesRuntime(cfg), deployment.revision)
-    assert not ready.ready
+    assert ready.state == "failed"
     assert ready.message == ("Triton exited with code 1 (pod digits-r1-0, 3 restarts, CrashLoopBackOff). "
                              "Its last log lines say why:")
     assert ready.detail.splitlines()[-4:] == TRITON_LOG.splitlines()
@@ -232,7 +235,7 @@ def test_a_failed_new_revision_goes_back_to_the_serving_one(alice: Person, digit
     second_revision = Revision.objects.get(deployment=deployment, number=2)
     fake.on_apply = fake_kube.pod_stays(fake_kube.oom_status())
     second, ready = launch_and_wait(runtime, second_revision)
-    assert not ready.ready and "OOMKilled" in ready.message
+    assert ready.state == "failed" and "OOMKilled" in ready.message
     runtime.abandon(second)
     reverted = fake.applied("Deployment")
     assert reverted["metadata"]["labels"]["modelport.io/revision"] == "1"
@@ -257,7 +260,7 @@ def test_stop_scales_to_zero_and_start_scales_an_autoscaled_deployment_back(
 
     fake.requests.clear()
     launch, ready = launch_and_wait(runtime, deployment.revision)
-    assert ready.ready, ready
+    assert ready.state == "ready", ready
     assert [r.body for r in fake.sent("patch")] == [{"spec": {"replicas": 2}}]  # the HPA does not scale up from 0
     assert launch.description == "Deployment modelport-acme/digits, 2 replicas"
     assert len(fake.items(f"/api/v1/namespaces/{NS}/pods")) == 2
@@ -323,13 +326,13 @@ def test_check_reports_pods_that_stopped_serving(alice: Person, digits_v1: Model
     deployment = create(alice)
     fake.on_apply = fake_kube.rollout_succeeds
     runtime = KubernetesRuntime(cfg)
-    launch_and_wait(runtime, deployment.revision)
+    launch, _ = launch_and_wait(runtime, deployment.revision)
     deployment.set_status(Deployment.Status.READY, "Serving", serving_revision=deployment.revision)
-    assert runtime.check(deployment).ok
+    assert runtime.check(deployment, launch).ok
 
     fake_kube.pod_stays(fake_kube.crash_loop_status(restarts=5, exit_code=139))(fake, fake.get(DEPLOYMENT_PATH))  # type: ignore[arg-type]
     fake.logs[(NS, "digits-r1-0", True)] = TRITON_LOG
-    health = runtime.check(deployment)
+    health = runtime.check(deployment, launch)
     assert not health.ok
     assert health.message == "none of its 1 Triton pod(s) is ready"
     assert health.detail.startswith("Triton exited with code 139 (pod digits-r1-0, 5 restarts")
@@ -379,7 +382,8 @@ def test_a_cluster_that_does_not_answer_says_so(alice: Person, digits_v1: ModelV
     runtime = KubernetesRuntime(KubernetesConfig(kubeconfig=str(kubeconfig)))
     with pytest.raises(RuntimeUnavailable, match=r"^The Kubernetes API server is not reachable \("):
         runtime.launch(deployment.revision)
-    assert runtime.check(deployment).ok  # cannot tell: the pods most likely still serve
+    launch = Launch(deployment.revision.pk, "http://digits.modelport-acme.svc.cluster.local:8000", "", f"{NS}/digits")
+    assert runtime.check(deployment, launch).ok  # cannot tell: the pods most likely still serve
 
 
 def test_without_a_cluster_the_deployment_fails_saying_what_to_set(
@@ -400,7 +404,8 @@ def test_without_a_cluster_the_deployment_fails_saying_what_to_set(
                                 message__startswith="No Kubernetes cluster is configured").exists()
     # Nothing was started, so stopping and deleting need no cluster.
     response = alice.client().delete("/api/v1/deployments/digits/")
-    assert response.status_code == 204
+    assert response.status_code == 202
+    reconcile.reconcile(deployment.pk)
     assert not Deployment.objects.filter(pk=deployment.pk).exists()
 
 
@@ -419,7 +424,9 @@ def test_stop_and_delete_go_through_the_reconciler(alice: Person, digits_v1: Mod
     assert deployment.status == Deployment.Status.STOPPED
     assert fake.get(DEPLOYMENT_PATH)["spec"]["replicas"] == 0  # type: ignore[index]
 
-    assert alice.client().delete("/api/v1/deployments/digits/").status_code == 204
+    assert alice.client().delete("/api/v1/deployments/digits/").status_code == 202
+    reconcile.reconcile(deployment.pk)
+    assert not Deployment.objects.filter(pk=deployment.pk).exists()
     assert fake.get(DEPLOYMENT_PATH) is None
     assert fake.get(f"/api/v1/namespaces/{NS}/services/digits") is None
 
@@ -433,7 +440,8 @@ def test_deleting_waits_while_the_cluster_does_not_answer(alice: Person, digits_
     deployment = create(alice)
     from deployments import actions
 
-    assert actions.delete_deployment(deployment, alice.user, wait_seconds=0.1) is False
+    actions.delete_deployment(deployment, alice.user)
+    reconcile.reconcile(deployment.pk)
     deployment.refresh_from_db()
     assert deployment.status == Deployment.Status.STOPPING
     assert deployment.status_message.startswith("Waiting for the runtime: The Kubernetes API server is not reachable")

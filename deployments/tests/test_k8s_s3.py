@@ -29,14 +29,14 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from conftest import Person
-from deployments import local_triton as lt
-from deployments import reconcile
-from deployments.k8s import manifests, s3repo
-from deployments.k8s.config import KubernetesConfig
 from deployments.models import Deployment, Event, Revision
 from deployments.render import render_repository
+from deployments.runtimes.kubernetes import manifests, s3repo
+from deployments.runtimes.kubernetes.config import KubernetesConfig
+from deployments.runtimes.local import triton as lt
 from deployments.spec import RepositorySpec
 from deployments.tests import fake_kube
+from deployments.tests.conftest import settle
 from deployments.tests.fake_kube import FakeKube
 from deployments.tests.test_local_triton import pipeline_spec, runtime_env
 from models_registry.models import ModelVersion
@@ -288,7 +288,7 @@ def test_the_reconciler_uploads_applies_rolls_out_and_cleans_up(
     deployment = Deployment.objects.get()
     root = f"modelport/repositories/acme/digits-{deployment.pk}/"
 
-    reconcile.reconcile(deployment.pk)
+    settle(deployment.pk)
     deployment.refresh_from_db()
     assert deployment.status == Deployment.Status.READY, deployment.status_message
     assert deployment.upstream_url == "http://digits.modelport-acme.svc.cluster.local:8000"
@@ -320,7 +320,7 @@ def test_the_reconciler_uploads_applies_rolls_out_and_cleans_up(
     assert hashlib.sha256(model).hexdigest() == digits_v1.sha256  # the registry's bytes, verified on the way
 
     alice.client().patch("/api/v1/deployments/digits/", {"replicas": 2}, format="json")
-    reconcile.reconcile(deployment.pk)
+    settle(deployment.pk)
     deployment.refresh_from_db()
     assert deployment.status == Deployment.Status.READY and deployment.serving_revision.number == 2  # type: ignore[union-attr]
     assert [k.removeprefix(root) for k in keys(s3_config, root)] == [
@@ -332,7 +332,9 @@ def test_the_reconciler_uploads_applies_rolls_out_and_cleans_up(
     assert cluster.get("/api/v1/namespaces/modelport-acme/secrets/digits-r1-repository") is None  # retired
     assert cluster.get("/api/v1/namespaces/modelport-acme/secrets/digits-r2-repository") is not None
 
-    assert alice.client().delete("/api/v1/deployments/digits/").status_code == 204
+    assert alice.client().delete("/api/v1/deployments/digits/").status_code == 202
+    settle(deployment.pk)
+    assert not Deployment.objects.filter(pk=deployment.pk).exists()
     assert keys(s3_config, root) == []
     # Pods go with the Deployment through Kubernetes' garbage collector, which the fake does not have.
     left = [p for p in cluster.objects if "/namespaces/modelport-acme/" in p and "/pods/" not in p]
@@ -345,7 +347,7 @@ def test_an_unreachable_s3_fails_the_deployment_saying_what_to_check(
     alice.client().post("/api/v1/deployments/", {"name": "digits", "runtime": "kubernetes",
                                                  "models": [{"model": "digits"}]}, format="json")
     deployment = Deployment.objects.get()
-    reconcile.reconcile(deployment.pk)
+    settle(deployment.pk)
     deployment.refresh_from_db()
     assert deployment.status == Deployment.Status.FAILED
     assert deployment.status_message.startswith("The model repository cannot be uploaded to S3 (bucket 'no-such-bucket'")

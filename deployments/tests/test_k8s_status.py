@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from deployments.k8s.status import health, pod_problem, rollout, unschedulable_message
+from deployments.runtimes.kubernetes.status import health, pod_problem, rollout, unschedulable_message
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

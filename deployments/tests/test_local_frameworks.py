@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deployments import local_triton as lt
 from deployments.render import render_repository
+from deployments.runtimes.local import triton as lt
 from deployments.spec import DynamicBatching, InstanceGroup, RepositorySpec, ServedModel
 from deployments.tests.test_local_triton import batch_counts, infer_payload, output_of, post_all, runtime_env
 from models_registry.samples import (

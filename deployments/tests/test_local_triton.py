@@ -24,8 +24,8 @@ import pytest
 import tritonclient.http as triton_http
 from onnx import TensorProto, helper, numpy_helper
 
-from deployments import local_triton as lt
 from deployments.render import render_repository
+from deployments.runtimes.local import triton as lt
 from deployments.spec import DynamicBatching, EnsembleStep, InstanceGroup, RepositorySpec, ServedModel
 from models_registry.signature import Signature, Tensor
 

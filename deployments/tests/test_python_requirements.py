@@ -63,7 +63,7 @@ def test_an_interpreter_that_cannot_run_is_reported(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not (Path(settings.MODELPORT_RUNTIME_ENV) / "bin" / "python").exists(), reason="no runtime env")
 def test_the_runtime_env_has_what_the_sample_pipeline_needs_and_not_opencv() -> None:
-    from deployments.runtimes.local import missing_requirements
+    from deployments.runtimes.local.runtime import missing_requirements
 
     pr.clear_cache()
     assert missing_requirements(["numpy", "pillow", "onnxruntime"]) == []

@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from conftest import Person
-from deployments.k8s import manifests
-from deployments.k8s.config import KubernetesConfig
 from deployments.models import Deployment
 from deployments.quantity import CPU, MEMORY, QuantityError, check_quantity, parse_quantity
+from deployments.revision_spec import RevisionSpec
+from deployments.runtimes.kubernetes import manifests
+from deployments.runtimes.kubernetes.config import KubernetesConfig
 from models_registry.models import ModelVersion
 from web.tests.conftest import signed_in
 from web.tests.test_deploy_form import NEW, form_data
@@ -151,7 +152,7 @@ def test_the_web_form_shows_the_message_beside_the_field(alice: Person, digits_v
 def test_the_web_form_stores_good_values(alice: Person, digits_v1: ModelVersion) -> None:
     response = signed_in(alice).post(NEW, form_data(runtime="kubernetes", cpu="2", memory="8Gi"))
     assert response.status_code == 302
-    resources = Deployment.objects.get().revision.spec["resources"]  # type: ignore[union-attr]
+    resources = Deployment.objects.get().revision.spec.to_json()["resources"]  # type: ignore[union-attr]
     assert resources["cpu"] == "2" and resources["memory"] == "8Gi"
     edit = signed_in(alice).get("/deployments/digits-prod/edit/")
     assert edit.context["form"].initial["memory"] == "8Gi"
@@ -160,7 +161,8 @@ def test_the_web_form_stores_good_values(alice: Person, digits_v1: ModelVersion)
 def test_the_manifests_refuse_a_stored_bad_quantity() -> None:
     """Revisions written before the API checked quantities are refused when rendered, not sent to the cluster."""
     target = manifests.Target(team="acme", name="digits", revision=1, repository_key="p/r1/",
-                              spec={"resources": {"cpu": "9" * 40, "memory": "1e999"}, "models": []})
+                              spec=RevisionSpec.from_json({"resources": {"cpu": "9" * 40, "memory": "1e999"},
+                                                           "models": []}))
     errors = manifests.check(target, KubernetesConfig())
     assert "not a Kubernetes quantity" in errors["resources.cpu"][0]
     assert "at most 16Ti" in errors["resources.memory"][0]

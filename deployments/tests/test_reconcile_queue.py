@@ -70,7 +70,7 @@ def test_a_patch_that_changes_nothing_makes_no_revision_and_queues_nothing(
     deployment = create(alice)
     assert len(sent) == 1
     sent.clear()
-    Deployment.objects.filter(pk=deployment.pk).update(reconcile_queued_at=None)  # the worker took the first task
+    Deployment.objects.filter(pk=deployment.pk).update(reconcile_due_at=None)  # the worker took the first task
     kwargs = {"format": "json"} if body is not None else {"content_type": "application/json"}
     body_after = patch(alice, body if body is not None else "", **kwargs)
     assert body_after["revision"] == 1 and body_after["status"] == "pending"
@@ -122,7 +122,7 @@ def test_the_periodic_reconcile_queues_again_what_the_broker_lost(
     tasks.reconcile_all()
     assert sent == []  # the first task still waits: nothing more to send
     Deployment.objects.filter(pk=deployment.pk).update(
-        reconcile_queued_at=timezone.now() - tasks.QUEUED_FOR_AT_MOST - timedelta(seconds=1))
+        reconcile_due_at=timezone.now() - tasks.QUEUED_FOR_AT_MOST - timedelta(seconds=1))
     assert tasks.reconcile_all() == 1  # lost with a Redis restart: queued again from the database
     assert sent == [(deployment.pk,)]
 
@@ -134,7 +134,7 @@ def test_a_change_made_while_the_broker_is_down_is_saved_and_picked_up_later(
 
     monkeypatch.setattr(tasks.reconcile_deployment, "apply_async", broker_down)
     deployment = create(alice)  # 201, not a 500 after the commit
-    assert deployment.revision is not None and deployment.reconcile_queued_at is None
+    assert deployment.revision is not None and deployment.reconcile_due_at is None
     sent: list[Any] = []
     monkeypatch.setattr(tasks.reconcile_deployment, "apply_async", lambda args, **options: sent.append(tuple(args)))
     assert tasks.reconcile_all() == 1

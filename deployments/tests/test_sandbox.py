@@ -16,10 +16,12 @@ from django.test import Client
 
 from audit.models import AuditEntry
 from conftest import Person
-from deployments import local_triton, sandbox
+from deployments import sandbox
 from deployments.models import Deployment, Event, TritonServer
-from deployments.runtimes import local
+from deployments.revision_spec import RevisionSpec
 from deployments.runtimes.base import RuntimeUnavailable
+from deployments.runtimes.local import runtime as local
+from deployments.runtimes.local import triton as local_triton
 from deployments.sandbox import cgroups, kernel
 from tests.sandbox_helpers import admin_change
 
@@ -390,9 +392,10 @@ def test_local_resources_are_checked_when_the_deployment_is_made(alice: Person, 
 
 def test_the_default_memory_limit_applies_when_a_revision_sets_none(settings: Any) -> None:
     settings.SANDBOX_DEFAULT_MEMORY = "3Gi"
-    assert local.limits_for({"resources": {}}).memory_bytes == 3 * 2**30
+    spec = RevisionSpec(runtime="local", models=())
+    assert local.limits_for(spec).memory_bytes == 3 * 2**30
     settings.SANDBOX_DEFAULT_MEMORY = ""
-    assert local.limits_for({}) == cgroups.Limits(None, None, 1024)
+    assert local.limits_for(spec) == cgroups.Limits(None, None, 1024)
 
 
 def test_team_members_cannot_allow_egress_through_the_api(alice: Person, digits_v1: Any) -> None:
@@ -417,7 +420,8 @@ def test_an_operator_allows_egress_in_the_admin_with_an_audit_entry_and_a_restar
     assert alice.client().post("/api/v1/deployments/", {"name": "digits", "models": [{"model": "digits"}]},
                                format="json").status_code == 201
     deployment = Deployment.objects.get(name="digits")
-    Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.READY)
+    serving = {"revision_id": deployment.revision_id, "url": "http://127.0.0.1:9", "description": "pid 9", "ref": 9}
+    Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.READY, serving_launch=serving)
     operator = get_user_model().objects.create_superuser("olivia", "olivia@example.com", "password")
     client = Client()
     client.force_login(operator)
@@ -427,6 +431,7 @@ def test_an_operator_allows_egress_in_the_admin_with_an_audit_entry_and_a_restar
     deployment.refresh_from_db()
     assert deployment.allow_egress is True
     assert deployment.status == Deployment.Status.PENDING and "egress" in deployment.status_message
+    assert deployment.serving_launch == serving  # the reconciler's records are shown, not edited
     assert len(callbacks) == 1  # the reconcile that restarts Triton with the setting
     entry = AuditEntry.objects.get(action="deployment.egress")
     assert (entry.username, entry.target, entry.detail) == ("olivia", "digits", {"allow_egress": True})

@@ -95,7 +95,7 @@ def make_deployment(person: Person, name: str, upstream_url: str, models: tuple[
     deployment = Deployment.objects.create(team=person.team, name=name, upstream_url=upstream_url,
                                            status=Deployment.Status.READY)
     revision = Revision.objects.create(deployment=deployment, number=1,
-                                       spec={"models": [{"name": m} for m in models]})
+                                       spec={"models": [{"name": m, "version": 1, "format": "onnx"} for m in models]})
     Deployment.objects.filter(pk=deployment.pk).update(serving_revision=revision, revision=revision)
     return deployment
 

@@ -96,7 +96,7 @@ def test_two_processes_share_one_limit_through_redis() -> None:
 
 
 def test_a_limiter_with_redis_down_keeps_limiting_in_its_process(caplog: pytest.LogCaptureFixture) -> None:
-    from deployments.local_triton import pick_free_ports
+    from deployments.runtimes.local.triton import pick_free_ports
 
     unreachable = f"redis://127.0.0.1:{pick_free_ports(1)[0]}/0"
 

@@ -15,7 +15,7 @@ from typing import Any
 import uvicorn
 
 from conftest import Person
-from deployments.local_triton import pick_free_ports
+from deployments.runtimes.local.triton import pick_free_ports
 from gateway.tests.conftest import call, make_deployment, run
 from gateway.tests.fake_upstream import FakeUpstream
 

@@ -10,7 +10,7 @@ from django.test import Client
 
 from conftest import Person
 from deployments import actions
-from deployments.api import DeploymentInputSerializer
+from deployments.api import DeploymentInputSerializer, plan_input
 from deployments.models import Deployment
 from deployments.tests.conftest import make_ready_version
 from models_registry.models import ModelVersion
@@ -28,11 +28,10 @@ def digits(alice: Person) -> ModelVersion:
 
 
 def deploy(person: Person, name: str = "digits-prod", model: str = "digits", **body: Any) -> Deployment:
-    serializer = DeploymentInputSerializer(data={"name": name, "models": [{"model": model}], **body},
-                                           context={"team": person.team})
+    """Created as the API creates it (its input parsed by the API's serializer, then planned)."""
+    serializer = DeploymentInputSerializer(data={"name": name, "models": [{"model": model}], **body})
     serializer.is_valid(raise_exception=True)
-    data = serializer.validated_data
-    return actions.create_deployment(person.team, person.user, name, data["runtime"], data["spec"], data["versions"])
+    return actions.create_deployment(person.team, person.user, name, plan_input(person.team, serializer))
 
 
 @pytest.fixture

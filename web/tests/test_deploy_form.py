@@ -64,7 +64,7 @@ def test_deploying_creates_a_deployment_with_the_chosen_settings(alice: Person, 
     deployment = Deployment.objects.get(team=alice.team, name="digits-prod")
     assert deployment.runtime == "local"
     assert deployment.created_by == alice.user
-    spec = deployment.revision.spec
+    spec = deployment.revision.spec.to_json()
     assert spec["replicas"] == 1
     [model] = spec["models"]
     assert model["model"] == "digits" and model["version"] == 1
@@ -78,13 +78,13 @@ def test_deploying_creates_a_deployment_with_the_chosen_settings(alice: Person, 
 def test_dynamic_batching_can_be_switched_off(alice: Person, digits: ModelVersion) -> None:
     response = signed_in(alice).post(NEW, form_data(**{"m0-dynamic_batching": None}))
     assert response.status_code == 302
-    assert Deployment.objects.get().revision.spec["models"][0]["dynamic_batching"] is None
+    assert Deployment.objects.get().revision.spec.to_json()["models"][0]["dynamic_batching"] is None
 
 
 def test_a_queue_delay_beyond_the_slider_can_be_typed(alice: Person, digits: ModelVersion) -> None:
     response = signed_in(alice).post(NEW, form_data(**{"m0-max_queue_delay_microseconds": "2500000"}))
     assert response.status_code == 302
-    assert Deployment.objects.get().revision.spec["models"][0]["dynamic_batching"]["max_queue_delay_microseconds"] == 2_500_000
+    assert Deployment.objects.get().revision.spec.to_json()["models"][0]["dynamic_batching"]["max_queue_delay_microseconds"] == 2_500_000
 
 
 def _errors(response: Any) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
@@ -148,11 +148,11 @@ def test_gpu_fields_count_only_on_kubernetes(alice: Person, digits: ModelVersion
     client = signed_in(alice)
     response = client.post(NEW, form_data(gpu="2", gpu_type="NVIDIA-A100"))
     assert response.status_code == 302
-    assert not Deployment.objects.get().revision.spec["resources"].get("gpu")
+    assert not Deployment.objects.get().revision.spec.to_json()["resources"].get("gpu")
     response = client.post(NEW, form_data(name="digits-gpu", runtime="kubernetes", replicas="3", gpu="2",
                                           gpu_type="NVIDIA-A100", **{"m0-instance_kind": "gpu"}))
     assert response.status_code == 302, response.context["form"].errors or response.context["model_forms"][0].errors
-    spec = Deployment.objects.get(name="digits-gpu").revision.spec
+    spec = Deployment.objects.get(name="digits-gpu").revision.spec.to_json()
     assert spec["runtime"] == "kubernetes" and spec["replicas"] == 3
     assert spec["resources"]["gpu"] == 2 and spec["resources"]["gpu_type"] == "NVIDIA-A100"
     assert spec["models"][0]["instance_group"]["kind"] == "gpu"
@@ -219,7 +219,7 @@ def test_saving_settings_makes_a_new_revision(alice: Person, digits: ModelVersio
     deployment = Deployment.objects.get()
     assert deployment.name == "digits-prod" and deployment.runtime == "local"
     assert deployment.revision.number == 2
-    batching = deployment.revision.spec["models"][0]["dynamic_batching"]
+    batching = deployment.revision.spec.to_json()["models"][0]["dynamic_batching"]
     assert batching == {"max_queue_delay_microseconds": 500, "preferred_batch_size": [], "preserve_ordering": False}
     assert deployment.status == Deployment.Status.PENDING
 
@@ -234,17 +234,14 @@ def test_settings_errors_are_shown_and_make_no_revision(alice: Person, digits: M
 
 
 def test_editing_keeps_settings_the_form_does_not_show(alice: Person, digits: ModelVersion) -> None:
-    from deployments import actions
-    from deployments.api import DeploymentInputSerializer
+    from deployments import actions, planning
 
-    serializer = DeploymentInputSerializer(data={"name": "digits-prod", "models": [
-        {"model": "digits", "response_cache": True, "warmup": {"batch_size": 1, "count": 2}}]}, context={"team": alice.team})
-    serializer.is_valid(raise_exception=True)
-    data = serializer.validated_data
-    actions.create_deployment(alice.team, alice.user, "digits-prod", "local", data["spec"], data["versions"])
+    request = planning.DeployRequest(runtime="local", models=(planning.ModelRequest(
+        model="digits", response_cache=True, warmup={"batch_size": 1, "count": 2}),))
+    actions.create_deployment(alice.team, alice.user, "digits-prod", planning.plan(alice.team, request))
     response = signed_in(alice).post(EDIT, form_data())
     assert response.status_code == 302
-    model = Deployment.objects.get().revision.spec["models"][0]
+    model = Deployment.objects.get().revision.spec.to_json()["models"][0]
     assert model["response_cache"] is True
     assert model["warmup"] == {"batch_size": 1, "count": 2}
 
@@ -265,7 +262,7 @@ def test_a_pipeline_deploys_with_its_steps_from_the_form(alice: Person) -> None:
                                                 "m0-dynamic_batching": None, "m0-preferred_batch_size": ""})
     response = client.post(url, data)
     assert response.status_code == 302, (response.context["form"].errors, response.context["model_forms"][0].errors)
-    spec = Deployment.objects.get().revision.spec
+    spec = Deployment.objects.get().revision.spec.to_json()
     assert sorted(m["name"] for m in spec["models"]) == ["digits", "digits-pipeline", "postprocess", "preprocess"]
     edit = client.get("/deployments/digits-pipeline/edit/")
     assert len(edit.context["model_forms"]) == 4
@@ -274,7 +271,7 @@ def test_a_pipeline_deploys_with_its_steps_from_the_form(alice: Person) -> None:
     assert response.status_code == 302, [f.errors for f in response.context["model_forms"]]
     deployment = Deployment.objects.get()
     assert deployment.revision.number == 2
-    assert deployment.revision.spec["models"] == spec["models"]
+    assert deployment.revision.spec.to_json()["models"] == spec["models"]
 
 
 def _as_post(form: Any, model_forms: list[Any]) -> dict[str, Any]:
@@ -357,7 +354,7 @@ def test_a_pipeline_shows_no_batching_or_instance_fields_and_ignores_posted_ones
     response = client.post(url, form_data(name="digits-pipeline", **{
         "m0-max_batch_size": str(initial["max_batch_size"]), "m0-instance_count": "3", "m0-instance_kind": "gpu"}))
     assert response.status_code == 302
-    pipeline = next(m for m in Deployment.objects.get().revision.spec["models"] if m["format"] == "ensemble")
+    pipeline = next(m for m in Deployment.objects.get().revision.spec.to_json()["models"] if m["format"] == "ensemble")
     assert pipeline["instance_group"] == {"count": 1, "kind": "cpu", "gpus": []}
     assert pipeline["dynamic_batching"] is None
     # Editing: the step models keep their own batching and instance fields.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from conftest import Person
+from deployments import reconcile
 from deployments.models import Deployment, Event
 from web import inference
 from web.tests.conftest import signed_in
@@ -107,10 +108,14 @@ def test_delete_asks_first_then_deletes(alice: Person, deployment: Deployment) -
     confirm = client.get(f"{PAGE}delete/")
     assert b'id="delete-confirm"' in confirm.content
     assert Deployment.objects.filter(pk=deployment.pk).exists()
-    response = client.post(f"{PAGE}delete/")
-    assert response.status_code == 302 and response["Location"] == "/"
-    assert not Deployment.objects.filter(pk=deployment.pk).exists()
+    response = client.post(f"{PAGE}delete/", follow=True)
+    assert response.redirect_chain == [("/", 302)]
+    assert "digits-prod is being deleted: it no longer serves" in response.content.decode()
+    # Gone for the user at once; the worker tears it down (the request runs no reconciler).
+    assert Deployment.objects.get(pk=deployment.pk).desired_state == Deployment.Desired.DELETED
     assert client.get(PAGE).status_code == 404
+    reconcile.reconcile(deployment.pk)
+    assert not Deployment.objects.filter(pk=deployment.pk).exists()
 
 
 # --- The example request and snippets (no database) ----------------------------------------------------------
@@ -177,7 +182,7 @@ def test_the_example_leaves_out_inputs_too_large_to_prefill() -> None:
 def test_the_page_of_a_model_with_huge_inputs_stays_small(alice: Person, deployment: Deployment) -> None:
     revision = deployment.revision
     assert revision is not None
-    spec = revision.spec
+    spec = revision.spec.to_json()
     spec["models"][0]["signature"]["inputs"][0]["dims"] = [-1, 2**40, 64]
     type(revision).objects.filter(pk=revision.pk).update(spec=spec)
     response = signed_in(alice).get(PAGE)

@@ -11,8 +11,9 @@ import subprocess
 from conftest import Person
 from deployments import actions
 from deployments.models import Deployment, TritonServer
+from deployments.planning import Plan
 from deployments.render import build_model_config, served_dims
-from deployments.snapshot import served_model
+from deployments.revision_spec import ModelEntry, RevisionSpec
 from web import inference, revisions
 from web.logs import fold_gpu_noise
 from web.tests.conftest import deploy, signed_in
@@ -26,9 +27,11 @@ def _serving_r1(deployment: Deployment) -> None:
 
 
 def _new_revision(person: Person, deployment: Deployment, **settings: object) -> None:
-    spec = json.loads(json.dumps(deployment.revision.spec))  # type: ignore[union-attr]
+    assert deployment.revision is not None
+    spec = deployment.revision.spec.to_json()
     spec["models"][0].update(settings)
-    actions.update_deployment(deployment, person.user, spec, list(deployment.revision.versions.all()))  # type: ignore[union-attr]
+    plan = Plan(RevisionSpec.from_json(spec), tuple(deployment.revision.versions.all()))
+    actions.update_deployment(deployment, person.user, plan)
 
 
 def test_a_rollout_reads_updating_while_the_old_revision_serves(alice: Person, deployment: Deployment) -> None:
@@ -76,18 +79,19 @@ def test_the_page_summarises_the_settings_in_effect_and_the_revision_history(ali
 
 
 def test_revision_changes_name_each_setting_that_changed() -> None:
-    old = {"replicas": 1, "models": [{"name": "a", "version": 1, "format": "onnx", "max_batch_size": 8,
-                                      "dynamic_batching": None, "instance_group": {"count": 1, "kind": "cpu"}}]}
-    new = {"replicas": 2, "models": [
+    old = RevisionSpec.from_json({"replicas": 1, "models": [
+        {"name": "a", "version": 1, "format": "onnx", "max_batch_size": 8, "dynamic_batching": None,
+         "instance_group": {"count": 1, "kind": "cpu"}}]})
+    new = RevisionSpec.from_json({"replicas": 2, "models": [
         {"name": "a", "version": 2, "format": "onnx", "max_batch_size": 16,
          "dynamic_batching": {"max_queue_delay_microseconds": 500}, "instance_group": {"count": 1, "kind": "cpu"}},
-        {"name": "b", "version": 3, "format": "python", "max_batch_size": 0}]}
+        {"name": "b", "version": 3, "format": "python", "max_batch_size": 0}]})
     assert revisions.changes_between(old, new) == [
         "b: added (version 3)", "a: version 1 → 2", "a: max batch size 8 → 16", "a: dynamic batching on",
         "replicas 1 → 2"]
     assert revisions.changes_between(new, old)[:2] == ["b: removed", "a: version 2 → 1"]
     assert revisions.changes_between(old, old) == ["no change of settings (the same spec rendered again)"]
-    pipeline = {"name": "p", "format": "ensemble", "max_batch_size": 8}
+    pipeline = ModelEntry.from_json({"name": "p", "version": 1, "format": "ensemble", "max_batch_size": 8})
     assert revisions.batching_words(pipeline) == "batches of up to 8, each step batching with its own settings"
     assert revisions.instances_words(pipeline) == "runs in its steps' instances"
 
@@ -136,15 +140,15 @@ def test_the_log_panel_shows_the_folded_lines_apart_and_never_says_not_started_o
 def test_the_signature_shown_is_what_triton_serves(alice: Person) -> None:
     """digits' `label` is declared [-1]; Triton declares it [1] with a reshape, so its metadata and its answers say
     [-1, 1] / [1, 1]. The page shows the served shape, and the example request uses served shapes too."""
-    entry = {"name": "digits", "max_batch_size": 64, "signature": {
+    data = {"name": "digits", "version": 1, "format": "onnx", "max_batch_size": 64, "signature": {
         "inputs": [{"name": "input", "datatype": "FP32", "dims": [-1, 64]}, {"name": "id", "datatype": "INT64", "dims": [-1]}],
         "outputs": [{"name": "label", "datatype": "INT64", "dims": [-1]}]}}
-    served = inference.served_signature(entry)
+    served = inference.served_signature(ModelEntry.from_json(data))
     assert served["outputs"] == [{"name": "label", "datatype": "INT64", "dims": [-1, 1], "declared": [-1]}]
-    assert served["inputs"][0] == entry["signature"]["inputs"][0]  # type: ignore[index]
+    assert served["inputs"][0] == data["signature"]["inputs"][0]  # type: ignore[index]
     request = inference.example_request(served)
     assert [t["shape"] for t in request["inputs"]] == [[1, 64], [1, 1]]
-    unbatched = inference.served_signature({**entry, "max_batch_size": 0})
+    unbatched = inference.served_signature(ModelEntry.from_json({**data, "max_batch_size": 0}))
     assert unbatched["outputs"][0]["dims"] == [-1] and "declared" not in unbatched["outputs"][0]
 
 
@@ -153,7 +157,7 @@ def test_served_dims_are_the_dims_the_rendered_config_declares() -> None:
     entry = {"name": "m", "version": 1, "format": "onnx", "max_batch_size": 8, "signature": {
         "inputs": [{"name": "x", "datatype": "FP32", "dims": [-1, 3]}],
         "outputs": [{"name": "label", "datatype": "INT64", "dims": [-1]}, {"name": "p", "datatype": "FP32", "dims": [-1, 10]}]}}
-    config = build_model_config(served_model(entry, None), "local")
+    config = build_model_config(ModelEntry.from_json(entry).served_model(None), "local")
     for tensor in list(config.input) + list(config.output):
         declared = next(t for t in entry["signature"]["inputs"] + entry["signature"]["outputs"]  # type: ignore[index,operator]
                         if t["name"] == tensor.name)

@@ -41,7 +41,7 @@ def test_the_sample_classifier_is_created_in_alices_team_and_deployed(alice: Per
     deployment = Deployment.objects.get(team=alice.team, name="digits")
     assert deployment.runtime == "local" and deployment.created_by == alice.user
     assert deployment.revision is not None
-    [entry] = deployment.revision.spec["models"]
+    [entry] = deployment.revision.spec.to_json()["models"]
     assert entry["model"] == "digits" and entry["dynamic_batching"] is not None
     assert not Model.objects.filter(team=charlie.team).exists()  # nothing lands in another team
 
@@ -81,7 +81,7 @@ def test_the_sample_pipeline_brings_its_steps_and_offers_a_sample_digit(alice: P
     assert versions["digits-pipeline"].definition == digits_pipeline_definition()
     deployment = Deployment.objects.get(name="digits-pipeline")
     assert deployment.revision is not None
-    assert {m["model"] for m in deployment.revision.spec["models"]} == {
+    assert {m["model"] for m in deployment.revision.spec.to_json()["models"]} == {
         "digits-pipeline", "preprocess", "digits", "postprocess"}
 
     page = client.get("/deployments/digits-pipeline/").content.decode()

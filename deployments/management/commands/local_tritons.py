@@ -17,7 +17,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError
 
-from deployments import local_triton
+from deployments.runtimes.local import triton as local_triton
 
 
 @dataclass(frozen=True)

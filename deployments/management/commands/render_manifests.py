@@ -6,9 +6,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from deployments.k8s.manifests import ManifestError
 from deployments.models import Deployment
-from deployments.runtimes.kubernetes import export_manifests
+from deployments.runtimes.kubernetes.manifests import ManifestError
+from deployments.runtimes.kubernetes.runtime import export_manifests
 
 
 class Command(BaseCommand):

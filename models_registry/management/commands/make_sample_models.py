@@ -18,7 +18,8 @@ class Command(BaseCommand):
         # Imported here: scikit-learn takes a second to import, and other commands should not pay for it.
         from django.conf import settings
 
-        from deployments import frameworks, local_triton
+        from deployments import frameworks
+        from deployments.runtimes.local import triton as local_triton
         from models_registry.samples import ExportFailed, write_samples
 
         directory: Path = options["directory"]

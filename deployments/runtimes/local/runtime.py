@@ -13,7 +13,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -21,14 +21,15 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from deployments import frameworks, local_triton, python_requirements, sandbox
+from deployments import frameworks, python_requirements, sandbox
 from deployments.models import Deployment, Revision, TritonServer
 from deployments.render import RenderError, render_repository
-from deployments.runtimes.base import Health, Launch, Ready, RuntimeUnavailable
+from deployments.revision_spec import ModelEntry, Resources, RevisionSpec
+from deployments.runtimes.artifacts import artifact_path
+from deployments.runtimes.base import PREPARED, Health, Launch, Observation, Preparation, RuntimeUnavailable
+from deployments.runtimes.local import triton as local_triton
 from deployments.sandbox import cgroups
-from deployments.snapshot import repository_spec
-from models_registry.models import Blob
-from models_registry.storage import FilesystemStore, get_store
+from deployments.spec import validate_repository
 from models_registry.validation import archive_limits
 
 log = logging.getLogger(__name__)
@@ -60,13 +61,13 @@ def sandbox_capabilities() -> sandbox.Capabilities:
     return caps
 
 
-def runs_uploaded_code(spec: dict[str, Any]) -> bool:
+def runs_uploaded_code(spec: RevisionSpec) -> bool:
     """Whether the revision executes code a team uploaded: python models (pipeline steps included). ONNX files are
     data, read by onnxruntime inside Modelport's own python model."""
-    return any(m.get("format") == "python" for m in spec.get("models", []))
+    return any(m.format == "python" for m in spec.models)
 
 
-def sandbox_refusal(spec: dict[str, Any]) -> str | None:
+def sandbox_refusal(spec: RevisionSpec) -> str | None:
     """Why the local runtime refuses this revision on this machine (fail closed), or None."""
     if not settings.SANDBOX_REQUIRED or not runs_uploaded_code(spec):
         return None
@@ -78,21 +79,20 @@ def sandbox_refusal(spec: dict[str, Any]) -> str | None:
             "(docs/security.md) or to opt out with SANDBOX_REQUIRED=false.")
 
 
-def limits_for(spec: dict[str, Any]) -> cgroups.Limits:
+def limits_for(spec: RevisionSpec) -> cgroups.Limits:
     """The revision's resources.memory / resources.cpu as cgroup limits (ValueError: not a valid quantity)."""
-    resources = spec.get("resources") or {}
-    memory = resources.get("memory") or settings.SANDBOX_DEFAULT_MEMORY
-    cpu = resources.get("cpu")
+    memory = spec.resources.memory or settings.SANDBOX_DEFAULT_MEMORY
+    cpu = spec.resources.cpu
     return cgroups.Limits(sandbox.memory_bytes(str(memory)) if memory else None,
                           sandbox.cpu_millicores(str(cpu)) if cpu else None, settings.SANDBOX_PIDS_MAX)
 
 
-def resource_errors(resources: dict[str, Any]) -> dict[str, list[str]]:
+def resource_errors(resources: Resources) -> dict[str, list[str]]:
     """resources.memory and resources.cpu the local runtime cannot enforce, per field."""
     errors: dict[str, list[str]] = {}
     for key, parse in (("memory", sandbox.memory_bytes), ("cpu", sandbox.cpu_millicores)):
-        value = resources.get(key)
-        if value in (None, ""):
+        value = getattr(resources, key)
+        if not value:
             continue
         try:
             parse(str(value))
@@ -141,28 +141,12 @@ def repository_dir(revision: Revision) -> Path:
     return deployment_dir(revision.deployment) / f"r{revision.number}" / "repository"
 
 
-def artifact_path(sha256: str) -> Path:
-    """A local file holding the blob: the store's own file, or a cached download from S3."""
-    store = get_store()
-    key = Blob.key_for(sha256)
-    if isinstance(store, FilesystemStore):
-        return store.path(key)
-    cached = Path(settings.VAR_DIR) / "cache" / "blobs" / sha256
-    if not cached.exists():
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(".part")
-        with store.open(key) as source, open(tmp, "wb") as out:
-            shutil.copyfileobj(source, out, 1024 * 1024)
-        tmp.replace(cached)
-    return cached
-
-
 def render(revision: Revision) -> Path:
     """Render the revision's repository (idempotent: an existing complete render is reused)."""
     out = repository_dir(revision)
     if (out.parent / "rendered").exists():
         return out
-    spec = repository_spec(revision.spec, lambda entry: artifact_path(entry["sha256"]) if entry.get("sha256") else None)
+    spec = revision.spec.repository(lambda entry: artifact_path(entry.sha256))
     render_repository(spec, "local", out, local_frameworks=frameworks.local_frameworks(),
                       archive_limits=archive_limits())
     _readable_by_all(out)
@@ -197,7 +181,7 @@ def _launch(revision: Revision) -> TritonServer:
     caps = sandbox_capabilities()
     options = sandbox_options()
     backend_dir = local_triton.build_backend_dir(env, Path(settings.VAR_DIR), sandboxed=caps.available)
-    wants_cache = any(m.get("response_cache") for m in revision.spec["models"])
+    wants_cache = any(m.response_cache for m in revision.spec.models)
     started = timezone.now()
     log_path = repository_dir(revision).parent / f"triton-{started:%Y%m%dT%H%M%S%f}.log"
     sandbox_id = secrets.token_hex(8)
@@ -268,8 +252,7 @@ def _memory_report(server: TritonServer) -> str:
     if not server.cgroups or not cgroups.oom_kills([Path(d) for d in server.cgroups]):
         return ""
     limit = limits_for(server.revision.spec).memory_bytes
-    resources = server.revision.spec.get("resources") or {}
-    given = resources.get("memory") or settings.SANDBOX_DEFAULT_MEMORY
+    given = server.revision.spec.resources.memory or settings.SANDBOX_DEFAULT_MEMORY
     return (f"Out of memory: a process of this deployment needed more than its limit of {given} "
             f"({(limit or 0) / 2**20:.0f} MiB) and the kernel killed it. Raise resources.memory, or load less.")
 
@@ -289,67 +272,121 @@ def running_servers(deployment: Deployment) -> list[TritonServer]:
     )
 
 
+# Where the renderer's checks run before anything is rendered: no file is read, so any path does.
+_NO_ARTIFACT_YET = Path("artifact")
+
+
+def plan_errors(spec: RevisionSpec) -> dict[str, list[str]]:
+    """The local runtime's policy for a planned revision (LocalRuntime.check_plan)."""
+    errors: dict[str, list[str]] = {}
+
+    def add(key: str, message: str) -> None:
+        errors.setdefault(key, []).append(message)
+
+    for entry in spec.models:
+        _check_requirements(entry, add)
+    if spec.replicas != 1:
+        add("replicas", "the local runtime runs one Triton server per deployment: use replicas 1, or runtime "
+                        "'kubernetes'")
+    if spec.resources.gpu:
+        add("resources.gpu", "the local runtime has no GPU: use gpu 0, or runtime 'kubernetes'")
+    if spec.autoscaling:
+        add("autoscaling", "the local runtime runs one Triton server per deployment: autoscaling needs runtime "
+                           "'kubernetes'")
+    for key, messages in resource_errors(spec.resources).items():
+        errors.setdefault(key, []).extend(messages)
+    refusal = sandbox_refusal(spec)
+    if refusal:
+        add("runtime", refusal)
+    found = validate_repository(spec.repository(lambda entry: _NO_ARTIFACT_YET), "local",
+                                local_frameworks=frameworks.local_frameworks())
+    for key, messages in found.items():
+        errors.setdefault(key, []).extend(messages)
+    return errors
+
+
+def _check_requirements(entry: ModelEntry, add: Callable[[str, str], None]) -> None:
+    """The local runtime installs nothing: a python model's requirements must be importable in its runtime env."""
+    try:
+        missing = missing_requirements(list(entry.requirements))
+    except python_requirements.CheckFailed as exc:
+        add(f"{entry.name}.requirements", f"could not check the requirements of model {entry.name!r}: {exc}")
+        return
+    if missing:
+        modules = ", ".join(f"{r.module} (requirement {r.line!r})" for r in missing)
+        add(f"{entry.name}.requirements",
+            f"model {entry.name!r} version {entry.version} needs Python module(s) that the local runtime env "
+            f"cannot import: {modules}. Install them into the runtime env ({settings.MODELPORT_RUNTIME_ENV}), or "
+            "deploy to Kubernetes with a Triton image that has them.")
+
+
 class LocalRuntime:
     """One tritonserver process per revision on this machine; a rollout starts the new one beside the old."""
 
-    def prepare(self, revision: Revision) -> None:
-        errors = resource_errors(revision.spec.get("resources") or {})
+    poll_seconds = 1.0
+
+    @property
+    def ready_timeout_seconds(self) -> float:
+        return float(settings.TRITON_READY_TIMEOUT_SECONDS)
+
+    def check_plan(self, spec: RevisionSpec) -> dict[str, list[str]]:
+        return plan_errors(spec)
+
+    def prepare(self, revision: Revision) -> Preparation:
+        errors = resource_errors(revision.spec.resources)
         if errors:
             raise RenderError(errors)
         render(revision)
+        return PREPARED
 
     def launch(self, revision: Revision) -> Launch:
-        return _describe(_launch(revision))
+        try:
+            return _describe(_launch(revision))
+        except local_triton.RuntimeEnvError as exc:
+            raise RuntimeUnavailable(f"The local runtime cannot start Triton: {exc}") from None
 
-    def wait_ready(self, launch: Launch, keep_waiting: Callable[[], bool]) -> Ready:
-        server = TritonServer.objects.select_related("revision").get(pk=launch.ref)
-        models = [m["name"] for m in server.revision.spec["models"]]
-        deadline = timezone.now().timestamp() + settings.TRITON_READY_TIMEOUT_SECONDS
-        while True:
-            # Short slices, so that the caller renews its lease and notices when the user changed their mind.
-            result = local_triton.wait_ready(_process(server), models, timeout=1.0)
-            if result.ready:
-                TritonServer.objects.filter(pk=server.pk).update(state=TritonServer.State.READY)
-                return Ready(True, "ready")
-            confinement = next((e for e in result.errors if e.startswith(local_triton.SANDBOX_ERROR_PREFIX)), None)
-            if confinement:
-                reason = confinement.removeprefix(local_triton.SANDBOX_ERROR_PREFIX)
-                return Ready(False, f"The sandbox {reason}", "\n".join(result.errors[-5:]))
-            memory = _memory_report(server)
-            if memory and local_triton.is_alive(server.pid):
-                # A stub killed at the limit leaves Triton waiting for it: stop here with the reason.
-                return Ready(False, memory, "\n".join(result.errors[-5:]))
-            if result.exit_code is not None or not local_triton.is_alive(server.pid):
-                return Ready(False, f"{memory} {result.message}" if memory else result.message,
-                             "\n".join(result.errors[-5:]))
-            if timezone.now().timestamp() >= deadline:
-                return Ready(False, f"not ready after {settings.TRITON_READY_TIMEOUT_SECONDS:g} s: {result.message}",
-                             "\n".join(result.errors[-5:]))
-            if not keep_waiting():
-                return Ready(False, "cancelled", cancelled=True)
+    def observe(self, launch: Launch) -> Observation:
+        server = TritonServer.objects.select_related("revision").filter(pk=launch.ref).first()
+        if server is None or server.state == TritonServer.State.STOPPED:
+            return Observation("failed", "its Triton process was stopped")
+        result = local_triton.probe(_process(server), server.revision.spec.model_names)
+        detail = "\n".join(result.errors[-5:])
+        if result.ready:
+            TritonServer.objects.filter(pk=server.pk).update(state=TritonServer.State.READY)
+            return Observation("ready", "ready")
+        confinement = next((e for e in result.errors if e.startswith(local_triton.SANDBOX_ERROR_PREFIX)), None)
+        if confinement:
+            return Observation("failed", f"The sandbox {confinement.removeprefix(local_triton.SANDBOX_ERROR_PREFIX)}",
+                               detail)
+        memory = _memory_report(server)
+        alive = local_triton.is_alive(server.pid)
+        if memory and alive:
+            # A stub killed at the limit leaves Triton waiting for it: stop here with the reason.
+            return Observation("failed", memory, detail)
+        if result.exit_code is not None or not alive:
+            return Observation("failed", f"{memory} {result.message}" if memory else result.message, detail)
+        return Observation("starting", result.message, detail)
 
     def abandon(self, launch: Launch) -> None:
         server = TritonServer.objects.filter(pk=launch.ref).first()
-        if server is not None:
+        if server is not None and server.state != TritonServer.State.STOPPED:
             _stop(server)
 
-    def check(self, deployment: Deployment) -> Health:
-        server = None
-        if deployment.serving_revision_id is not None:  # (a server always has a revision)
-            server = TritonServer.objects.filter(revision_id=deployment.serving_revision_id,
-                                                 state=TritonServer.State.READY).first()
-        if server is not None and local_triton.is_alive(server.pid):
-            return Health(True)
-        if server is None:
+    def check(self, deployment: Deployment, launch: Launch) -> Health:
+        server = TritonServer.objects.select_related("revision").filter(pk=launch.ref).first()
+        if server is None or server.state != TritonServer.State.READY:
             return Health(False, "no Triton process is serving it")
+        if local_triton.is_alive(server.pid):
+            return Health(True)
         report = _death_report(server)
         _stop(server)
         return Health(False, f"the Triton process (pid {server.pid}) died", report)
 
-    def retire(self, deployment: Deployment, keep: Launch) -> list[str]:
+    def retire(self, deployment: Deployment, keep: Sequence[Launch]) -> list[str]:
+        kept = {launch.ref for launch in keep}
         stopped = []
         for server in running_servers(deployment):
-            if server.pk != keep.ref:
+            if server.pk not in kept:
                 _stop(server)
                 stopped.append(f"Stopped the Triton of revision {server.revision.number} (pid {server.pid}).")
         return stopped

@@ -1,7 +1,7 @@
 """The Kubernetes runtime: Triton pods on a cluster, one Kubernetes Deployment per Modelport deployment.
 
 A revision's model repository is rendered for the official Triton image and uploaded to S3 under a prefix of its
-own, with a manifest of what was uploaded; its manifests (deployments.k8s.manifests) are applied with server-side
+own, with a manifest of what was uploaded; its manifests (deployments.runtimes.kubernetes.manifests) are applied with server-side
 apply in the team's namespace, and the Deployment's rolling update (maxUnavailable 0) replaces the previous
 revision's pods once the new ones are ready. The gateway routes to the Service's cluster DNS name, which stays
 the same across revisions.
@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,20 +24,22 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from deployments.k8s import manifests, s3repo
-from deployments.k8s import status as k8s_status
-from deployments.k8s.config import KubernetesConfig
-from deployments.k8s.kube import ConfigError, Kube, KubeError, Unreachable
 from deployments.models import Deployment, Revision
 from deployments.render import RenderError, render_repository
-from deployments.runtimes.base import Health, Launch, Ready, RuntimeUnavailable
-from deployments.snapshot import repository_spec
+from deployments.revision_spec import RevisionSpec
+from deployments.runtimes.artifacts import artifact_path
+from deployments.runtimes.base import PREPARED, Health, Launch, Observation, Preparation, RuntimeUnavailable
+from deployments.runtimes.kubernetes import manifests, s3repo
+from deployments.runtimes.kubernetes import status as k8s_status
+from deployments.runtimes.kubernetes.config import KubernetesConfig
+from deployments.runtimes.kubernetes.kube import ConfigError, Kube, KubeError, Unreachable
+from deployments.spec import validate_repository
 from models_registry.validation import archive_limits
 
 log = logging.getLogger(__name__)
 
-# A watch lasts at most this long, so that the reconciler renews its lease and notices cancellations.
-WATCH_SECONDS = 5
+# How often the reconciler looks at a rollout in progress (a list of its pods per look).
+POLL_SECONDS = 5.0
 LOG_LINES = 10  # Triton's last log lines in a failure's detail
 MAX_LOG_PODS = 5
 # Kinds besides the Deployment that a revision may or may not have; objects no longer wanted are removed.
@@ -112,10 +113,16 @@ def _parse_iso(value: Any) -> datetime | None:
 
 
 class KubernetesRuntime:
+    poll_seconds = POLL_SECONDS
+
     def __init__(self, cfg: KubernetesConfig | None = None, now: Callable[[], datetime] = timezone.now) -> None:
         self.cfg = cfg or config()
         self.now = now  # the clock URL expiry is measured with (tests move it)
         self._kube: Kube | None = None
+
+    @property
+    def ready_timeout_seconds(self) -> float:
+        return float(self.cfg.ready_timeout_seconds)
 
     # --- Connection -------------------------------------------------------------------------------------------
 
@@ -141,7 +148,11 @@ class KubernetesRuntime:
 
     # --- Runtime protocol -------------------------------------------------------------------------------------
 
-    def prepare(self, revision: Revision) -> None:
+    def check_plan(self, spec: RevisionSpec) -> dict[str, list[str]]:
+        """Triton's rules for the official image; what the cluster's configuration refuses is said at rollout."""
+        return validate_repository(spec.repository(lambda entry: Path("artifact")), "kubernetes")
+
+    def prepare(self, revision: Revision) -> Preparation:
         problems = self.cfg.problems()
         if problems:
             raise RuntimeUnavailable(" ".join(problems))
@@ -163,12 +174,10 @@ class KubernetesRuntime:
                 f"{', endpoint ' + self.cfg.s3_endpoint_url if self.cfg.s3_endpoint_url else ''}): {exc}. "
                 "Check KUBERNETES_S3_BUCKET, S3_ENDPOINT_URL and the S3 credentials.") from None
         Revision.objects.filter(pk=revision.pk).update(repository=self.cfg.repository_url(prefix))
+        return PREPARED
 
     def _render_and_upload(self, revision: Revision, s3: Any, bucket: str, prefix: str) -> s3repo.RepositoryManifest:
-        from deployments.runtimes.local import artifact_path
-
-        spec = repository_spec(revision.spec,
-                               lambda entry: artifact_path(entry["sha256"]) if entry.get("sha256") else None)
+        spec = revision.spec.repository(lambda entry: artifact_path(entry.sha256))
         scratch = Path(settings.VAR_DIR) / "tmp"
         scratch.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="k8s-repository-", dir=scratch) as tmp:
@@ -251,11 +260,11 @@ class KubernetesRuntime:
             what = f"apply Deployment {namespace}/{target.name}"
             applied = kube.apply(objects[0])
             autoscaling = target.autoscaling
-            if autoscaling and int(applied["spec"].get("replicas") or 0) < int(autoscaling["min_replicas"]):
+            if autoscaling and int(applied["spec"].get("replicas") or 0) < autoscaling.min_replicas:
                 # Stopped (scaled to zero: the HPA does not scale up from zero by itself), or autoscaling was just
                 # switched on and the replica count Modelport no longer applies fell back to its default.
-                kube.scale(namespace, target.name, int(autoscaling["min_replicas"]))
-                applied["spec"]["replicas"] = int(autoscaling["min_replicas"])
+                kube.scale(namespace, target.name, autoscaling.min_replicas)
+                applied["spec"]["replicas"] = autoscaling.min_replicas
             uid = applied["metadata"]["uid"]
             if not access["metadata"].get("ownerReferences"):
                 what = f"apply Secret {namespace}/{access['metadata']['name']}"
@@ -317,52 +326,30 @@ class KubernetesRuntime:
                 "namespace in KUBERNETES_NAMESPACES.")
         kube.apply(manifests.namespace_object(namespace))
 
-    def wait_ready(self, launch: Launch, keep_waiting: Callable[[], bool]) -> Ready:
+    def observe(self, launch: Launch) -> Observation:
         revision = Revision.objects.select_related("deployment__team").get(pk=launch.revision_id)
         namespace, name = str(launch.ref).split("/", 1)
         selector = manifests.revision_selector(revision.deployment.team.name, name, revision.number)
-        deadline = time.monotonic() + self.cfg.ready_timeout_seconds
-        kube = self.kube()
-        message = "waiting for Kubernetes"
-        while True:
-            resource_version = ""
-            try:
-                deployment = kube.get("apps/v1", "Deployment", namespace, name)
-                if deployment is None:
-                    return Ready(False, f"its Kubernetes Deployment {namespace}/{name} was deleted")
-                pods = kube.list("v1", "Pod", namespace, selector)
-                resource_version = pods.get("metadata", {}).get("resourceVersion", "")
-                verdict = k8s_status.rollout(deployment, pods.get("items", []), revision=revision.number,
-                                             now=timezone.now(),
-                                             unschedulable_grace=self.cfg.unschedulable_grace_seconds)
-                message = verdict.message
-                if verdict.state == "ready":
-                    return Ready(True, verdict.message)
-                if verdict.state == "failed":
-                    detail = self._log_tail(kube, namespace, verdict.logs_pod, verdict.previous,
-                                            container=verdict.logs_container)
-                    return Ready(False, verdict.message, detail)
-            except Unreachable as exc:
-                message = f"the Kubernetes API server is not reachable ({exc})"  # a blip: keep trying until the deadline
-            except KubeError as exc:
-                message = _explain(exc, f"read Deployment {namespace}/{name}")
-            if time.monotonic() >= deadline:
-                return Ready(False, f"not ready after {self.cfg.ready_timeout_seconds} s: {message}")
-            if not keep_waiting():
-                return Ready(False, "cancelled", cancelled=True)
-            self._wait_for_change(kube, namespace, selector, resource_version)
-
-    def _wait_for_change(self, kube: Kube, namespace: str, selector: str, resource_version: str) -> None:
-        """Block until a pod of the revision changes, or WATCH_SECONDS pass."""
-        if not resource_version:
-            time.sleep(1)  # no list to watch from (the API server did not answer): retry shortly
-            return
         try:
-            for _event in kube.watch_pods(namespace, selector, resource_version, WATCH_SECONDS):
-                return
-        except (KubeError, Unreachable) as exc:
-            log.info("watching pods of %s in %s: %s", selector, namespace, exc)
-            time.sleep(1)
+            kube = self.kube()
+            deployment = kube.get("apps/v1", "Deployment", namespace, name)
+            if deployment is None:
+                return Observation("failed", f"its Kubernetes Deployment {namespace}/{name} was deleted")
+            pods = kube.list("v1", "Pod", namespace, selector)
+            verdict = k8s_status.rollout(deployment, pods.get("items", []), revision=revision.number,
+                                         now=timezone.now(), unschedulable_grace=self.cfg.unschedulable_grace_seconds)
+            if verdict.state == "ready":
+                return Observation("ready", verdict.message)
+            if verdict.state == "failed":
+                detail = self._log_tail(kube, namespace, verdict.logs_pod, verdict.previous,
+                                        container=verdict.logs_container)
+                return Observation("failed", verdict.message, detail)
+            return Observation("starting", verdict.message)
+        except Unreachable as exc:
+            # A blip: the reconciler looks again until the launch's deadline.
+            return Observation("starting", f"the Kubernetes API server is not reachable ({exc})")
+        except KubeError as exc:
+            return Observation("starting", _explain(exc, f"read Deployment {namespace}/{name}"))
 
     def _log_tail(self, kube: Kube, namespace: str, pod: str | None, previous: bool, lines: int = LOG_LINES,
                   container: str = manifests.CONTAINER) -> str:
@@ -393,7 +380,7 @@ class KubernetesRuntime:
         except (KubeError, Unreachable, RuntimeUnavailable) as exc:
             log.warning("could not abandon %s: %s", launch.description, exc)
 
-    def check(self, deployment: Deployment) -> Health:
+    def check(self, deployment: Deployment, launch: Launch) -> Health:
         problem = self.cfg.cluster_problem()
         if problem:
             return Health(False, problem)
@@ -424,10 +411,11 @@ class KubernetesRuntime:
             log.warning("cannot check %s on Kubernetes: %s", deployment, exc)
             return Health(True)
 
-    def retire(self, deployment: Deployment, keep: Launch) -> list[str]:
+    def retire(self, deployment: Deployment, keep: Sequence[Launch]) -> list[str]:
         """Kubernetes replaced the old pods itself; what is left is the old revisions' access Secrets and their
         repositories in S3."""
-        keep_number = Revision.objects.filter(pk=keep.revision_id).values_list("number", flat=True).first()
+        keep_numbers = set(Revision.objects.filter(pk__in=[launch.revision_id for launch in keep])
+                           .values_list("number", flat=True))
         messages: list[str] = []
         team = deployment.team.name
         if not self.cfg.cluster_problem():
@@ -436,7 +424,8 @@ class KubernetesRuntime:
                 kube = self.kube()
                 for item in kube.list("v1", "Secret", namespace,
                                       manifests.access_selector(team, deployment.name)).get("items", []):
-                    if (item["metadata"].get("labels") or {}).get(manifests.LABEL_REVISION) != str(keep_number):
+                    if (item["metadata"].get("labels") or {}).get(manifests.LABEL_REVISION) not in {
+                            str(number) for number in keep_numbers}:
                         kube.delete("v1", "Secret", namespace, item["metadata"]["name"])
             except (KubeError, Unreachable, RuntimeUnavailable) as exc:
                 log.warning("could not remove old access Secrets of %s: %s", deployment, exc)
@@ -448,7 +437,7 @@ class KubernetesRuntime:
             s3 = s3repo.client(self.cfg)
             prefix = s3repo.deployment_prefix(self.cfg, team, deployment.name, deployment.pk)
             for number in s3repo.uploaded_revisions(s3, self.cfg.s3_bucket, prefix):
-                if number != keep_number:
+                if number not in keep_numbers:
                     s3repo.delete_repository(s3, self.cfg.s3_bucket, s3repo.revision_prefix(
                         self.cfg, team, deployment.name, deployment.pk, number))
                     messages.append(f"Removed the model repository of revision {number} from S3.")

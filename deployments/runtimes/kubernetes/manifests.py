@@ -25,7 +25,8 @@ from typing import Any
 import yaml
 
 from deployments import quantity
-from deployments.k8s.config import TRITON_UID, KubernetesConfig
+from deployments.revision_spec import Autoscaling, Resources, RevisionSpec
+from deployments.runtimes.kubernetes.config import TRITON_UID, KubernetesConfig
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 CONTAINER = "triton"
@@ -66,16 +67,16 @@ class Target:
     team: str
     name: str
     revision: int
-    spec: Mapping[str, Any]
+    spec: RevisionSpec
     repository_key: str  # the S3 key prefix of the revision's model repository
 
     @property
     def replicas(self) -> int:
-        return int(self.spec.get("replicas", 1))
+        return self.spec.replicas
 
     @property
-    def autoscaling(self) -> Mapping[str, Any] | None:
-        return self.spec.get("autoscaling") or None
+    def autoscaling(self) -> Autoscaling | None:
+        return self.spec.autoscaling
 
 
 # --- Names and labels ---------------------------------------------------------------------------------------
@@ -138,9 +139,9 @@ def service_grpc_target(target_name: str, namespace: str, config: KubernetesConf
 
 
 def image_for(target: Target, config: KubernetesConfig) -> str:
-    if target.spec.get("image"):
-        return str(target.spec["image"])
-    if any(m.get("format") == "tnn" for m in target.spec.get("models", [])):
+    if target.spec.image:
+        return target.spec.image
+    if any(m.format == "tnn" for m in target.spec.models):
         return config.custom_backend_image
     return config.image
 
@@ -155,26 +156,25 @@ def check(target: Target, config: KubernetesConfig) -> dict[str, list[str]]:
     if not image_for(target, config):
         add("image", "TNN models need a Triton image with the TNN backend: set KUBERNETES_TRITON_CUSTOM_IMAGE "
                      "to such an image (built FROM the Triton image), or give the deployment an image")
-    resources = target.spec.get("resources") or {}
+    resources = target.spec.resources
     for key, bounds in (("cpu", quantity.CPU), ("memory", quantity.MEMORY)):
-        value = resources.get(key)
+        value = getattr(resources, key)
         if value:
             try:
                 quantity.check_quantity(str(value), bounds)
             except quantity.QuantityError as exc:
                 add(f"resources.{key}", str(exc))
-    gpu_type = resources.get("gpu_type") or ""
+    gpu_type = resources.gpu_type
     if gpu_type:
         value = config.gpu_label_value(gpu_type)
         if len(value) > 63 or not _LABEL_VALUE_RE.fullmatch(value):
             add("resources.gpu_type", f"{gpu_type!r} is not a node label value: use letters, digits, '-', '_' "
                                       "or '.' (or map it in KUBERNETES_GPU_TYPES)")
-    if any((m.get("instance_group") or {}).get("kind") == "gpu" for m in target.spec.get("models", [])) \
-            and not _gpu_request(resources):
+    if any(m.instance_group.kind == "gpu" for m in target.spec.models) and not _gpu_request(resources):
         add("resources.gpu", "a model runs on GPU (instance_group kind 'gpu') but the deployment asks for no GPU: "
                              "set resources.gpu (or mig_profile), or use kind 'cpu'")
     autoscaling = target.autoscaling
-    if autoscaling and int(autoscaling["min_replicas"]) > int(autoscaling["max_replicas"]):
+    if autoscaling and autoscaling.min_replicas > autoscaling.max_replicas:
         add("autoscaling.max_replicas", "max_replicas must be at least min_replicas")
     return errors
 
@@ -193,7 +193,7 @@ def build(target: Target, namespace: str, config: KubernetesConfig, *, owner_uid
         raise ManifestError(errors)
     objects = [deployment(target, namespace, config), service(target, namespace)]
     autoscaling = target.autoscaling
-    lowest = int(autoscaling["min_replicas"]) if autoscaling else target.replicas
+    lowest = autoscaling.min_replicas if autoscaling else target.replicas
     if lowest > 1:
         objects.append(pod_disruption_budget(target, namespace))
     if autoscaling:
@@ -214,10 +214,10 @@ def _metadata(target: Target, namespace: str, **extra: Any) -> dict[str, Any]:
     return {"name": target.name, "namespace": namespace, "labels": labels(target), **extra}
 
 
-def _gpu_request(resources: Mapping[str, Any]) -> tuple[str, int] | None:
+def _gpu_request(resources: Resources) -> tuple[str, int] | None:
     """(resource name, count): a MIG slice ("nvidia.com/mig-1g.10gb") or whole GPUs."""
-    gpu = int(resources.get("gpu") or 0)
-    mig = resources.get("mig_profile") or ""
+    gpu = resources.gpu
+    mig = resources.mig_profile
     if mig:
         return f"nvidia.com/mig-{mig}", max(gpu, 1)
     if gpu:
@@ -226,9 +226,9 @@ def _gpu_request(resources: Mapping[str, Any]) -> tuple[str, int] | None:
 
 
 def _resources(target: Target, config: KubernetesConfig) -> dict[str, Any]:
-    resources = target.spec.get("resources") or {}
-    cpu = str(resources.get("cpu") or config.default_cpu)
-    memory = str(resources.get("memory") or config.default_memory)
+    resources = target.spec.resources
+    cpu = resources.cpu or config.default_cpu
+    memory = resources.memory or config.default_memory
     # No CPU limit (throttling adds latency spikes); a memory limit equal to the request, so that a model that
     # needs more is OOMKilled with a clear message instead of starving its neighbours.
     requests: dict[str, str] = {"cpu": cpu, "memory": memory}
@@ -252,7 +252,7 @@ def triton_args(target: Target, config: KubernetesConfig) -> list[str]:
         f"--metrics-port={METRICS_PORT}",
         f"--exit-timeout-secs={EXIT_TIMEOUT_SECONDS}",
     ]
-    if any(m.get("response_cache") for m in target.spec.get("models", [])):
+    if any(m.response_cache for m in target.spec.models):
         args.append(f"--cache-config=local,size={config.response_cache_bytes}")
     return args
 
@@ -291,7 +291,7 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
 
 def deployment(target: Target, namespace: str, config: KubernetesConfig) -> dict[str, Any]:
     repository = config.repository_url(target.repository_key)
-    resources = target.spec.get("resources") or {}
+    resources = target.spec.resources
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image_for(target, config),
@@ -346,8 +346,8 @@ def deployment(target: Target, namespace: str, config: KubernetesConfig) -> dict
     }
     if config.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": name} for name in config.image_pull_secrets]
-    if resources.get("gpu_type"):
-        pod_spec["nodeSelector"] = {config.gpu_node_label: config.gpu_label_value(resources["gpu_type"])}
+    if resources.gpu_type:
+        pod_spec["nodeSelector"] = {config.gpu_node_label: config.gpu_label_value(resources.gpu_type)}
     if _gpu_request(resources) and config.gpu_tolerations:
         pod_spec["tolerations"] = [{"key": key, "operator": "Exists", "effect": "NoSchedule"}
                                    for key in config.gpu_tolerations]
@@ -410,8 +410,8 @@ def pod_disruption_budget(target: Target, namespace: str) -> dict[str, Any]:
 def horizontal_pod_autoscaler(target: Target, namespace: str, config: KubernetesConfig) -> dict[str, Any]:
     autoscaling = target.autoscaling
     assert autoscaling is not None
-    target_value = int(autoscaling["target"])
-    if autoscaling.get("metric", "cpu") == "queue_time":
+    target_value = autoscaling.target
+    if autoscaling.metric == "queue_time":
         # Triton's queue time per request, in microseconds, per pod: a Prometheus adapter rule exposes it as a
         # custom metric (docs/kubernetes.md).
         metric: dict[str, Any] = {"type": "Pods", "pods": {
@@ -428,8 +428,8 @@ def horizontal_pod_autoscaler(target: Target, namespace: str, config: Kubernetes
         "metadata": _metadata(target, namespace),
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": target.name},
-            "minReplicas": int(autoscaling["min_replicas"]),
-            "maxReplicas": int(autoscaling["max_replicas"]),
+            "minReplicas": autoscaling.min_replicas,
+            "maxReplicas": autoscaling.max_replicas,
             "metrics": [metric],
         },
     }

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from deployments.k8s.config import KubernetesConfig
+from deployments.runtimes.kubernetes.config import KubernetesConfig
 
 PLACEHOLDER = ".modelport-keep"
 MARKER_SUFFIX = ".uploaded"

@@ -10,13 +10,13 @@ and the status functions work on exactly what `kubectl get -o json` shows.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any
 
 import urllib3
 
-from deployments.k8s.config import FIELD_MANAGER, KubernetesConfig
+from deployments.runtimes.kubernetes.config import FIELD_MANAGER, KubernetesConfig
 
 # (connect, read) seconds for ordinary requests.
 REQUEST_TIMEOUT = (5.0, 30.0)
@@ -170,29 +170,6 @@ class Kube:
             query.append(("previous", "true"))
         data = self.request("GET", path_for("v1", "Pod", namespace, pod) + "/log", query=query, accept="*/*")
         return data.decode("utf-8", errors="replace")
-
-    def watch_pods(self, namespace: str, selector: str, resource_version: str, seconds: int) -> Iterator[dict[str, Any]]:
-        """Pod events after `resource_version` (ADDED/MODIFIED/DELETED with the raw object), for at most `seconds`:
-        the official client's Watch over LIST ?watch=true, which streams one JSON event per line."""
-        from kubernetes import client as k8s_client
-        from kubernetes import watch as k8s_watch
-        from kubernetes.client.exceptions import ApiException
-
-        core = k8s_client.CoreV1Api(self.api)
-        watcher = k8s_watch.Watch()
-        try:
-            yield from watcher.stream(core.list_namespaced_pod, namespace, label_selector=selector,
-                                      resource_version=resource_version, timeout_seconds=seconds,
-                                      allow_watch_bookmarks=False, deserialize=False,
-                                      _request_timeout=(REQUEST_TIMEOUT[0], seconds + 5))
-        except ApiException as exc:
-            if exc.status == 0:
-                raise Unreachable(f"{self.host}: {exc.reason}") from None
-            raise KubeError(exc.status, exc.reason or "", str(exc.body or exc.reason)) from None
-        except urllib3.exceptions.HTTPError as exc:
-            raise Unreachable(f"{self.host}: {_reason(exc)}") from None
-        finally:
-            watcher.stop()
 
 
 def _reason(exc: Exception) -> str:

@@ -441,6 +441,37 @@ def stop_server(pid: int, grace_seconds: float = 10.0) -> bool:
     return True
 
 
+def probe(server: ServerProcess, model_names: Iterable[str], waited: float = 0.0) -> ReadyResult:
+    """One look, without waiting: is the server ready with every model, still loading, or gone?"""
+    names = list(model_names)
+    if not is_alive(server.pid):
+        code = _reap(server.pid, wait=2.0)
+        errors = tuple(log_errors(server.log_path))
+        first = _first_line(summary_error(errors)) or f"see the log at {server.log_path}"
+        return ReadyResult(
+            ready=False,
+            message=f"tritonserver exited (code {code}) before it was ready: {first}",
+            errors=errors,
+            exit_code=code,
+            waited_seconds=waited,
+            models_not_ready=tuple(names),
+        )
+    not_ready = names
+    if _http_ok(server, "/v2/health/ready"):
+        not_ready = [n for n in names if not _http_ok(server, f"/v2/models/{n}/ready")]
+        if not not_ready:
+            return ReadyResult(ready=True, message="ready", waited_seconds=waited)
+    errors = tuple(log_errors(server.log_path))
+    summary = _first_line(summary_error(errors))
+    return ReadyResult(
+        ready=False,
+        message=summary or f"loading {', '.join(not_ready) or 'its models'}",
+        errors=errors,
+        waited_seconds=waited,
+        models_not_ready=tuple(not_ready),
+    )
+
+
 def wait_ready(
     server: ServerProcess,
     model_names: Iterable[str],
@@ -448,38 +479,18 @@ def wait_ready(
     *,
     poll_interval: float = 0.2,
 ) -> ReadyResult:
-    """Poll until the server and every model are ready, the server exits, or `timeout` seconds pass."""
+    """Poll until the server and every model are ready, the server exits, or `timeout` seconds pass (for tools and
+    tests; the reconciler probes once per tick instead)."""
     names = list(model_names)
     start = time.monotonic()
-    not_ready = names
     while True:
         waited = time.monotonic() - start
-        if not is_alive(server.pid):
-            code = _reap(server.pid, wait=2.0)
-            errors = tuple(log_errors(server.log_path))
-            first = _first_line(summary_error(errors)) or f"see the log at {server.log_path}"
-            return ReadyResult(
-                ready=False,
-                message=f"tritonserver exited (code {code}) before it was ready: {first}",
-                errors=errors,
-                exit_code=code,
-                waited_seconds=waited,
-                models_not_ready=tuple(names),
-            )
-        if _http_ok(server, "/v2/health/ready"):
-            not_ready = [n for n in names if not _http_ok(server, f"/v2/models/{n}/ready")]
-            if not not_ready:
-                return ReadyResult(ready=True, message="ready", waited_seconds=waited)
+        result = probe(server, names, waited)
+        if result.ready or result.exit_code is not None or not is_alive(server.pid):
+            return result
         if waited >= timeout:
-            errors = tuple(log_errors(server.log_path))
-            summary = _first_line(summary_error(errors))
-            return ReadyResult(
-                ready=False,
-                message=f"not ready after {timeout:g} s" + (f": {summary}" if summary else ""),
-                errors=errors,
-                waited_seconds=waited,
-                models_not_ready=tuple(not_ready),
-            )
+            return dataclasses.replace(result, message=f"not ready after {timeout:g} s"
+                                       + (f": {result.message}" if result.errors else ""))
         time.sleep(poll_interval)
 
 

@@ -1,0 +1,249 @@
+"""Deploy planning: from what a user asks for (models by name, serving settings, a runtime) to the RevisionSpec a new
+revision stores, or the errors that say what to change.
+
+One plain function, `plan()`, that the API and the web pages both call: it resolves model versions (the latest ready
+one unless a version is given), brings in the step models of pipelines, fills in every default, fits a pipeline's
+batches to its steps, and asks the runtime whether it can serve the result (its policy: the local runtime's single
+server, sandbox and runtime env; every runtime's Triton rules through deployments.spec). The callers only translate
+HTTP or form input into a `DeployRequest` and the `PlanError`'s field-keyed errors back into their own shape.
+
+Errors are keyed as the API names its input: "models[0].version", "models[1].requirements", "replicas",
+"resources.cpu", "runtime", ... The messages are the ones users have seen since the first version; tests pin them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from accounts.models import Team
+from deployments import quantity
+from deployments.revision_spec import Autoscaling, ModelEntry, Resources, RevisionSpec
+from deployments.runtimes.registry import runtime_named
+from deployments.spec import DynamicBatching, InstanceGroup, defaults_for
+from models_registry.models import Format, ModelVersion
+from models_registry.pipelines import step_references
+
+MAX_REPLICAS = 100
+MAX_GPUS = 16
+
+
+class _Default(enum.Enum):
+    DEFAULT = "default"
+
+
+DEFAULT = _Default.DEFAULT  # a setting left to the model's default (as opposed to None: "off")
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """One model to serve, as a user asks for it; what is not given gets the model's default."""
+
+    model: str
+    version: int | None = None  # None: the latest ready version (or, for a pipeline's step, the one it names)
+    max_batch_size: int | None = None  # None: the model's default (a pipeline's: fitted to its steps)
+    dynamic_batching: DynamicBatching | None | Literal[_Default.DEFAULT] = DEFAULT  # None: off
+    instance_group: InstanceGroup | None = None
+    response_cache: bool = False
+    warmup: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class DeployRequest:
+    runtime: str
+    models: tuple[ModelRequest, ...]
+    replicas: int = 1
+    resources: Resources = field(default_factory=Resources)
+    autoscaling: Autoscaling | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: RevisionSpec
+    versions: tuple[ModelVersion, ...]  # the model versions it serves (Revision.versions)
+
+
+class PlanError(Exception):
+    """The request cannot be served as asked; `errors` maps input fields to messages."""
+
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(f"{key}: {' '.join(messages)}" for key, messages in sorted(errors.items())))
+
+
+class _Errors(dict[str, list[str]]):
+    def add(self, key: str, message: str) -> None:
+        self.setdefault(key, []).append(message)
+
+
+def plan(team: Team, request: DeployRequest) -> Plan:
+    """The revision spec serving `request` for `team`, or PlanError."""
+    errors = _Errors()
+    try:
+        runtime = runtime_named(request.runtime)
+    except ValueError as exc:
+        raise PlanError({"runtime": [str(exc)]}) from None
+    if not request.models:
+        errors.add("models", "list at least one model to serve")
+    _check_deployment_settings(request, errors)
+    settings_errors = set(errors)
+    served = _models_to_serve(team, request.models, errors)
+    entries = [_entry(version, options) for _, options, version in served]
+    entries = _fit_pipeline_batches(entries, [options for _, options, _ in served])
+    index_of: dict[str, int] = {}
+    for (index, _, version) in served:
+        index_of.setdefault(version.model.name, index)
+    spec = RevisionSpec(runtime=request.runtime, models=tuple(entries), replicas=request.replicas,
+                        resources=request.resources, autoscaling=request.autoscaling)
+    if entries:
+        # The runtime's policy, and Triton's own rules for its target: keyed "<model name>.<field>" per model.
+        for key, messages in runtime.check_plan(spec).items():
+            if key in settings_errors:
+                continue  # one rule per field at a time: the general one (a Kubernetes quantity) first
+            model_name, _, rest = key.partition(".")
+            if model_name in index_of:
+                key = f"models[{index_of[model_name]}]" + (f".{rest}" if rest else "")
+            for message in messages:
+                errors.add(key, message)
+    if errors:
+        raise PlanError(dict(errors))
+    return Plan(spec=spec, versions=tuple(version for _, _, version in served))
+
+
+def request_for(spec: RevisionSpec) -> DeployRequest:
+    """A revision's settings as a request: planned again, they give the same spec (unless a newer version of a model
+    that was not pinned became ready meanwhile: the versions are pinned here)."""
+    return DeployRequest(
+        runtime=spec.runtime, replicas=spec.replicas, resources=spec.resources, autoscaling=spec.autoscaling,
+        models=tuple(ModelRequest(model=m.name, version=m.version, max_batch_size=m.max_batch_size,
+                                  dynamic_batching=m.dynamic_batching, instance_group=m.instance_group,
+                                  response_cache=m.response_cache, warmup=m.warmup) for m in spec.models),
+    )
+
+
+def _check_deployment_settings(request: DeployRequest, errors: _Errors) -> None:
+    """Rules of the deployment's own settings that hold on every runtime (the forms and serializers have parsed the
+    values already; these bounds are what a caller that bypasses them would meet)."""
+    if not 1 <= request.replicas <= MAX_REPLICAS:
+        errors.add("replicas", f"use between 1 and {MAX_REPLICAS} replicas")
+    resources = request.resources
+    if not 0 <= resources.gpu <= MAX_GPUS:
+        errors.add("resources.gpu", f"use between 0 and {MAX_GPUS} GPUs per replica")
+    for key, bounds in (("cpu", quantity.CPU), ("memory", quantity.MEMORY)):
+        value = getattr(resources, key)
+        if value:
+            try:
+                # Kubernetes would accept 400 nines of cores; the cluster would not.
+                quantity.check_quantity(value, bounds)
+            except quantity.QuantityError as exc:
+                errors.add(f"resources.{key}", str(exc))
+    scaling = request.autoscaling
+    if scaling is not None and scaling.max_replicas < scaling.min_replicas:
+        errors.add("autoscaling.max_replicas", "max_replicas must be at least min_replicas")
+
+
+def _entry(version: ModelVersion, options: ModelRequest) -> ModelEntry:
+    """The spec entry for `version` with the user's `options`; anything not given gets the model's default."""
+    defaults = defaults_for(version.parsed_signature, version.max_batch_size)
+    max_batch_size = options.max_batch_size if options.max_batch_size is not None else defaults.max_batch_size
+    batching: DynamicBatching | None
+    if options.dynamic_batching is not DEFAULT:
+        batching = options.dynamic_batching
+    elif version.format == Format.ENSEMBLE:
+        batching = None  # Triton batches an ensemble's steps, each with its own settings, never the ensemble
+    else:
+        batching = defaults.dynamic_batching if max_batch_size > 0 else None
+    return ModelEntry(
+        name=version.model.name, version=version.number, version_id=version.id, format=version.format,
+        sha256=version.sha256, signature=version.parsed_signature, max_batch_size=max_batch_size,
+        dynamic_batching=batching, instance_group=options.instance_group or defaults.instance_group,
+        response_cache=options.response_cache, warmup=options.warmup,
+        definition=version.definition,
+    )
+
+
+def _resolve_version(team: Team, model: str, number: int | None, errors: _Errors, where: str) -> ModelVersion | None:
+    versions = ModelVersion.objects.select_related("model").filter(model__team=team, model__name=model)
+    if number is not None:
+        version = versions.filter(number=number).first()
+        if version is None:
+            errors.add(f"{where}.version", f"model {model!r} has no version {number}")
+            return None
+        if version.status != ModelVersion.Status.READY:
+            detail = f": {version.error}" if version.error else ""
+            errors.add(f"{where}.version", f"version {version.number} of {model!r} is {version.status}, not ready{detail}")
+            return None
+        return version
+    version = versions.filter(status=ModelVersion.Status.READY).order_by("-number").first()
+    if version is None:
+        errors.add(f"{where}.model", f"model {model!r} has no ready version yet" if versions.exists()
+                   else f"no model named {model!r} in your team")
+    return version
+
+
+def _models_to_serve(team: Team, items: Sequence[ModelRequest],
+                     errors: _Errors) -> list[tuple[int, ModelRequest, ModelVersion]]:
+    """(index of the listed item, serving options, version) of each model to serve: the listed ones, and the step
+    models of listed pipelines. A step model not listed is added with its defaults; a listed one keeps its own
+    options and serves the version the pipeline names. Python steps get no dynamic batching unless asked for."""
+    listed = []
+    for index, item in enumerate(items):
+        version = _resolve_version(team, item.model, item.version, errors, f"models[{index}]")
+        if version is not None:
+            listed.append((index, item, version))
+    needed: dict[str, tuple[int, str, int]] = {}  # step model -> (version, pipeline, the pipeline's index)
+    for index, _, version in listed:
+        if version.format != Format.ENSEMBLE:
+            continue
+        for model, number in step_references(version.definition):
+            first = needed.setdefault(model, (number, version.model.name, index))
+            if first[0] != number:
+                errors.add(f"models[{index}]",
+                           f"pipeline {version.model.name!r} uses version {number} of {model!r} but pipeline "
+                           f"{first[1]!r} uses version {first[0]}: a deployment serves one version of each model")
+    served = []
+    for index, item, version in listed:
+        options = item
+        need = needed.get(version.model.name)
+        if need is not None:
+            number, pipeline, _ = need
+            if version.number != number:
+                if item.version is not None:
+                    errors.add(f"models[{index}].version",
+                               f"pipeline {pipeline!r} uses version {number} of {version.model.name!r}, not "
+                               f"{version.number}: list it without a version, or with version {number}")
+                    continue
+                resolved = _resolve_version(team, version.model.name, number, errors, f"models[{index}]")
+                if resolved is None:
+                    continue
+                version = resolved
+            if version.format == Format.PYTHON and item.dynamic_batching is DEFAULT:
+                options = replace(item, dynamic_batching=None)
+        served.append((index, options, version))
+    listed_names = {version.model.name for _, _, version in listed}
+    for model, (number, _, index) in needed.items():
+        if model in listed_names:
+            continue
+        step = _resolve_version(team, model, number, errors, f"models[{index}]")
+        if step is not None:
+            options = ModelRequest(model=model, version=number)
+            if step.format == Format.PYTHON:
+                options = replace(options, dynamic_batching=None)
+            served.append((index, options, step))
+    return served
+
+
+def _fit_pipeline_batches(entries: list[ModelEntry], options: list[ModelRequest]) -> list[ModelEntry]:
+    """A pipeline not given a max_batch_size of its own batches no more than its steps are served with."""
+    by_name = {entry.name: entry for entry in entries}
+    fitted = []
+    for entry, given in zip(entries, options, strict=True):
+        if entry.is_pipeline and given.max_batch_size is None:
+            steps = [by_name[m].max_batch_size for m, _ in entry.step_references if m in by_name]
+            if steps and all(size > 0 for size in steps):
+                entry = replace(entry, max_batch_size=min([entry.max_batch_size, *steps]))
+        fitted.append(entry)
+    return fitted
+

@@ -1,0 +1,43 @@
+"""Which Runtime serves a deployment: a name (Deployment.runtime) to a factory.
+
+The factories import their implementation when first called, so that importing the registry (the reconciler, the
+API) loads neither the Kubernetes client nor the sandbox; base.py, the protocol, imports no implementation at all.
+Tests put a fake runtime in place with `monkeypatch.setitem(FACTORIES, "local", lambda: fake)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from deployments.models import Deployment
+from deployments.runtimes.base import Runtime
+
+
+def _local() -> Runtime:
+    from deployments.runtimes.local.runtime import LocalRuntime
+
+    return LocalRuntime()
+
+
+def _kubernetes() -> Runtime:
+    from deployments.runtimes.kubernetes.runtime import KubernetesRuntime
+
+    return KubernetesRuntime()
+
+
+FACTORIES: dict[str, Callable[[], Runtime]] = {
+    Deployment.Runtime.LOCAL: _local,
+    Deployment.Runtime.KUBERNETES: _kubernetes,
+}
+
+
+def runtime_named(name: str) -> Runtime:
+    try:
+        factory = FACTORIES[name]
+    except KeyError:
+        raise ValueError(f"unknown runtime {name!r}: use one of {', '.join(FACTORIES)}") from None
+    return factory()
+
+
+def runtime_for(deployment: Deployment) -> Runtime:
+    return runtime_named(deployment.runtime)

@@ -1,0 +1,143 @@
+"""An in-memory Runtime for the reconciler's fast tests: controllable servers that become ready after a number of
+looks, die, fail to load or hang, with no Triton and no cluster. The real runtimes have their own tests (a real
+Triton in tests/test_deploy_e2e.py and deployments/tests/test_local_triton.py, a fake Kubernetes API server in
+test_k8s_*.py); this one lets every path of the reconciler run in milliseconds."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from deployments.models import Deployment, Revision
+from deployments.render import RenderError
+from deployments.revision_spec import RevisionSpec
+from deployments.runtimes.base import PREPARED, Health, Launch, Observation, Preparation, RuntimeUnavailable
+
+State = Literal["starting", "ready", "dead", "stopped"]
+
+
+@dataclass
+class FakeServer:
+    ref: int
+    deployment_id: int
+    revision_id: int
+    revision_number: int
+    ready_after: int | None  # looks until ready; None: it hangs
+    fails_with: str  # "": loads fine
+    state: State = "starting"
+    looks: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://fake-triton-{self.ref}:8000"
+
+    @property
+    def running(self) -> bool:
+        return self.state in ("starting", "ready")
+
+
+@dataclass
+class FakeRuntime:
+    ready_timeout_seconds: float = 60.0
+    poll_seconds: float = 1.0
+    # What the next launches do: become ready after this many looks (None: never), or fail to load with a message.
+    ready_after: int | None = 2
+    fails_with: str = ""
+    # Looks before a revision's preparation is done (an environment being built, say).
+    preparing_for: int = 0
+    render_errors: dict[str, list[str]] = field(default_factory=dict)
+    unavailable: str = ""  # every call raises RuntimeUnavailable with this message
+    servers: list[FakeServer] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
+    torn_down: list[int] = field(default_factory=list)
+    _refs: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _preparing: dict[int, int] = field(default_factory=dict)
+
+    def _call(self, what: str) -> None:
+        self.calls.append(what)
+        if self.unavailable:
+            raise RuntimeUnavailable(self.unavailable)
+
+    def server(self, launch: Launch) -> FakeServer:
+        return next(s for s in self.servers if s.ref == launch.ref)
+
+    def running(self, deployment: Deployment) -> list[FakeServer]:
+        return [s for s in self.servers if s.deployment_id == deployment.pk and s.running]
+
+    def launched_revisions(self) -> list[int]:
+        return [s.revision_number for s in self.servers]
+
+    # --- The Runtime protocol ---------------------------------------------------------------------------------
+
+    def check_plan(self, spec: RevisionSpec) -> dict[str, list[str]]:
+        return {}
+
+    def prepare(self, revision: Revision) -> Preparation:
+        self._call(f"prepare r{revision.number}")
+        if self.render_errors:
+            raise RenderError(self.render_errors)
+        looks = self._preparing.get(revision.pk, 0) + 1
+        self._preparing[revision.pk] = looks
+        if looks <= self.preparing_for:
+            return Preparation(False, f"Building the environment of revision {revision.number}.", retry_seconds=3.0)
+        return PREPARED
+
+    def launch(self, revision: Revision) -> Launch:
+        self._call(f"launch r{revision.number}")
+        server = next((s for s in self.servers if s.revision_id == revision.pk and s.running), None)
+        if server is None:
+            server = FakeServer(ref=next(self._refs), deployment_id=revision.deployment_id, revision_id=revision.pk,
+                                revision_number=revision.number, ready_after=self.ready_after,
+                                fails_with=self.fails_with)
+            self.servers.append(server)
+        return Launch(revision_id=revision.pk, url=server.url, description=f"fake server {server.ref}", ref=server.ref)
+
+    def observe(self, launch: Launch) -> Observation:
+        self._call(f"observe {launch.ref}")
+        server = self.server(launch)
+        if server.state == "stopped":
+            return Observation("failed", "it was stopped")
+        server.looks += 1
+        if server.fails_with:
+            server.state = "dead"
+            return Observation("failed", server.fails_with, "E: the last lines of its log")
+        if server.state == "ready" or (server.ready_after is not None and server.looks >= server.ready_after):
+            server.state = "ready"
+            return Observation("ready", "ready")
+        return Observation("starting", f"loading its models (look {server.looks})")
+
+    def abandon(self, launch: Launch) -> None:
+        self._call(f"abandon {launch.ref}")
+        self.server(launch).state = "stopped"
+
+    def check(self, deployment: Deployment, launch: Launch) -> Health:
+        self._call(f"check {launch.ref}")
+        server = self.server(launch)
+        if server.state == "ready":
+            return Health(True)
+        return Health(False, f"fake server {server.ref} died", "E: killed")
+
+    def retire(self, deployment: Deployment, keep: Sequence[Launch]) -> list[str]:
+        self._call("retire")
+        kept = {launch.ref for launch in keep}
+        stopped = []
+        for server in self.running(deployment):
+            if server.ref not in kept:
+                server.state = "stopped"
+                stopped.append(f"Stopped fake server {server.ref} of revision {server.revision_number}.")
+        return stopped
+
+    def stop(self, deployment: Deployment) -> None:
+        self._call("stop")
+        for server in self.running(deployment):
+            server.state = "stopped"
+
+    def teardown(self, deployment: Deployment) -> None:
+        self._call("teardown")
+        self.stop(deployment)
+        self.torn_down.append(deployment.pk)
+
+    def logs(self, deployment: Deployment, lines: int) -> str:
+        return ""

@@ -1,0 +1,399 @@
+"""The reconciler's every path, tick by tick, through an in-memory runtime (fake_runtime.py): a rollout that keeps
+the old revision serving and drains it, a restart of a dead server, a launch stuck past its deadline, a model that
+fails to load, a change of spec mid-rollout, a burst of changes, stop, start, delete, an unavailable runtime and a
+user who changes the deployment while a tick runs. No tick waits: each returns in milliseconds with the seconds it
+wants until the next one, and time moves only when a test moves the clock."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from conftest import Person
+from deployments import actions, planning, reconcile, tasks
+from deployments.models import Deployment, Event
+from deployments.runtimes import registry
+from deployments.runtimes.base import Launch
+from deployments.spec import DynamicBatching
+from deployments.tests.conftest import make_ready_version
+from deployments.tests.fake_runtime import FakeRuntime
+from models_registry.models import ModelVersion
+
+S = Deployment.Status
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = timezone.now()
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(timezone, "now", clock)
+    return clock
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch, settings: Any, clock: Clock) -> FakeRuntime:
+    runtime = FakeRuntime()
+    monkeypatch.setitem(registry.FACTORIES, "local", lambda: runtime)
+    settings.ROLLOUT_DRAIN_SECONDS = 2.0
+    return runtime
+
+
+@pytest.fixture
+def digits(alice: Person) -> ModelVersion:
+    return make_ready_version(alice, "digits")
+
+
+def request(delay: int = 0) -> planning.DeployRequest:
+    batching = DynamicBatching(max_queue_delay_microseconds=delay)
+    return planning.DeployRequest(runtime="local", models=(planning.ModelRequest(model="digits",
+                                                                                 dynamic_batching=batching),))
+
+
+def create(person: Person) -> Deployment:
+    return actions.create_deployment(person.team, person.user, "digits-prod", planning.plan(person.team, request()))
+
+
+def change(person: Person, deployment: Deployment, delay: int) -> None:
+    actions.update_deployment(Deployment.objects.get(pk=deployment.pk), person.user,
+                              planning.plan(person.team, request(delay)))
+
+
+def tick(deployment: Deployment) -> float | None:
+    started = time.monotonic()
+    wait = reconcile.reconcile(deployment.pk)
+    assert time.monotonic() - started < 1.0  # a tick never waits
+    return wait
+
+
+def ticks_until(deployment: Deployment, done: Callable[[Deployment], bool], clock: Clock, limit: int = 30) -> list[Any]:
+    """Tick as the tasks would, moving the clock by each wait; the waits asked for, until `done`."""
+    waits = []
+    for _ in range(limit):
+        wait = tick(deployment)
+        waits.append(wait)
+        if done(Deployment.objects.get(pk=deployment.pk)):
+            return waits
+        clock.advance(wait if wait is not None else 5.0)
+    raise AssertionError(f"not done after {limit} ticks: {Deployment.objects.get(pk=deployment.pk).status_message}")
+
+
+def ready(deployment: Deployment) -> bool:
+    return deployment.status == S.READY
+
+
+def serving(alice: Person, fake: FakeRuntime, clock: Clock) -> Deployment:
+    """A deployment at rest: serving revision 1, nothing left to retire."""
+    deployment = create(alice)
+    ticks_until(deployment, lambda d: d.status == S.READY and d.drain_until is None, clock)
+    return Deployment.objects.get(pk=deployment.pk)
+
+
+def events(deployment: Deployment) -> list[str]:
+    return [e.message.splitlines()[0] for e in Event.objects.filter(deployment=deployment).order_by("time", "id")]
+
+
+def test_a_new_deployment_renders_launches_and_serves_one_step_per_tick(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
+    deployment = create(alice)
+    assert tick(deployment) == reconcile.NOW
+    assert Deployment.objects.get(pk=deployment.pk).status == S.STARTING
+    assert fake.calls == ["prepare r1"]
+    assert tick(deployment) == fake.poll_seconds  # launched: look again in a second
+    row = Deployment.objects.get(pk=deployment.pk)
+    assert row.status == S.STARTING and row.upstream_url == ""
+    assert row.launch_deadline == clock.now + timedelta(seconds=fake.ready_timeout_seconds)
+    assert tick(deployment) == fake.poll_seconds  # first look: still loading
+    tick(deployment)  # second look: ready, and switched
+    row = Deployment.objects.get(pk=deployment.pk)
+    [server] = fake.servers
+    assert row.status == S.READY and row.status_message == "Serving revision 1."
+    assert row.upstream_url == server.url and row.serving_revision_id == row.revision_id
+    assert Launch.from_json(row.serving_launch) == Launch(row.revision_id, server.url, "fake server 1", 1)
+    assert row.launch is None and row.launch_deadline is None
+    assert fake.calls == ["prepare r1", "launch r1", "observe 1", "observe 1"]
+    assert events(deployment)[1:] == ["Rendered the model repository of revision 1.",
+                                      "Triton for revision 1 is starting (fake server 1).",
+                                      "Revision 1 is ready and serving (fake server 1)."]
+    # Serving: the next ticks only check its health, and want none sooner than the periodic one.
+    tick(deployment)
+    assert tick(deployment) is None and fake.calls[-1] == "check 1"
+
+
+def test_a_rollout_keeps_the_old_revision_serving_until_the_new_one_is_ready_then_drains_it(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock, settings: Any) -> None:
+    settings.ROLLOUT_DRAIN_SECONDS = 30.0
+    deployment = serving(alice, fake, clock)
+    old = fake.servers[0]
+    change(alice, deployment, 500)
+    while True:
+        wait = tick(deployment)
+        row = Deployment.objects.get(pk=deployment.pk)
+        if row.status == S.READY:
+            break
+        assert row.upstream_url == old.url and row.serving_revision.number == 1  # type: ignore[union-attr]
+        clock.advance(wait or 0)
+    new = fake.servers[1]
+    assert row.upstream_url == new.url and row.serving_revision.number == 2  # type: ignore[union-attr]
+    # Requests routed to the old server before the switch still get their answer: it drains, it is not stopped.
+    assert old.running and row.drain_until == clock.now + timedelta(seconds=30)
+    assert wait == 30.0  # the next tick is due when the drain ends
+    clock.advance(10)
+    assert tick(deployment) == 20.0 and old.running
+    clock.advance(20)
+    tick(deployment)
+    assert old.state == "stopped" and new.running
+    assert Deployment.objects.get(pk=deployment.pk).drain_until is None
+    assert events(deployment)[-1] == "Stopped fake server 1 of revision 1."
+
+
+def test_a_dead_server_is_restarted_with_an_event_and_no_route_meanwhile(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
+    deployment = serving(alice, fake, clock)
+    fake.servers[0].state = "dead"  # kill -9
+    tick(deployment)
+    row = Deployment.objects.get(pk=deployment.pk)
+    assert row.status == S.STARTING and row.upstream_url == ""  # the gateway answers 503, not a dead server's 502
+    assert events(deployment)[-1] == "Revision 1 stopped serving: fake server 1 died; restarting it. Last log lines:"
+    ticks_until(deployment, ready, clock)
+    row = Deployment.objects.get(pk=deployment.pk)
+    assert row.upstream_url == fake.servers[1].url and fake.launched_revisions() == [1, 1]
+
+
+def test_a_launch_that_never_becomes_ready_fails_at_its_deadline_and_the_old_revision_keeps_serving(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
+    deployment = serving(alice, fake, clock)
+    fake.ready_after = None  # hangs
+    change(alice, deployment, 500)
+    waits = ticks_until(deployment, lambda d: d.status == S.FAILED, clock, limit=100)
+    assert max(w for w in waits if w is not None) <= fake.poll_seconds  # looked at every second, never waited
+    row = Deployment.objects.get(pk=deployment.pk)
+    assert row.status_message == ("Revision 2 failed to start: not ready after 60 s: loading its models (look 60) "
+                                  "Revision 1 keeps serving.")
+    assert row.upstream_url == fake.servers[0].url and fake.servers[0].running
+    assert fake.servers[1].state == "stopped"  # abandoned
+    assert tick(deployment) is None  # a failed deployment waits for the user
+
+
+def test_a_model_that_fails_to_load_fails_the_rollout_with_the_runtimes_words(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
+    fake.fails_with = "failed to load 'digits': Invalid argument: bad ONNX"
+    deployment = create(alice)
+    ticks_until(deployment, lambda d: d.status == S.FAILED, clock)
+    row = Deployment.objects.get(pk=deployment.pk)
+    assert row.status_message == ("Revision 1 failed to start: failed to load 'digits': Invalid argument: bad ONNX\n"
+                                  "E: the last lines of its log")
+    assert row.upstream_url == "" and Event.objects.filter(kind="error", deployment=deployment).count() == 1
+    # Retry: the user starts it again, and it comes up once the model loads.
+    fake.fails_with = ""
+    actions.start_deployment(row, alice.user)
+    ticks_until(deployment, ready, clock)
+
+
+def test_changing_the_spec_mid_rollout_abandons_the_launch_and_rolls_out_the_newest(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
+    deployment = serving(alice, fake, clock)
+    fake.ready_after = 5
+    change(alice, deployment, 500)
+    ticks_until(deployment, lambda d: d.launch is not None, clock)
+    starting = fake.servers[1]
+    change(alice, deployment, 900)  # the user changes their mind while revision 2 loads
+    ticks_until(deployment, lambda d: d.status == S.READY, clock)
+    row = Deployment.objects.get(pk=deployment.pk)
+    assert starting.state == "stopped" and f"abandon {starting.ref}" in fake.calls
+    assert row.serving_revision.number == 3 and fake.launched_revisions() == [1, 2, 3]  # type: ignore[union-attr]
+    assert row.upstream_url == fake.servers[2].url
+
+
+def test_a_burst_of_changes_costs_one_rollout_of_the_last_revision(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
+    deployment = serving(alice, fake, clock)
+    for delay in range(1, 21):
+        change(alice, deployment, delay)
+    ticks_until(deployment, ready, clock)
+    assert fake.launched_revisions() == [1, 21]
+    assert Deployment.objects.get(pk=deployment.pk).serving_revision.number == 21  # type: ignore[union-attr]
+
+
+def test_preparation_that_takes_several_ticks_says_what_it_waits_for(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
+    fake.preparing_for = 2
+    deployment = create(alice)
+    assert tick(deployment) == 3.0
+    row = Deployment.objects.get(pk=deployment.pk)
+    assert row.status == S.RENDERING and row.status_message == "Building the environment of revision 1."
+    assert fake.calls == ["prepare r1"]  # nothing is launched before the preparation is done
+    ticks_until(deployment, ready, clock)
+    assert fake.calls[:4] == ["prepare r1", "prepare r1", "prepare r1", "launch r1"]
+
+
+def test_a_revision_that_cannot_be_rendered_fails_with_the_errors(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
+    fake.render_errors = {"digits.format": ["TensorRT plans cannot be served locally"]}
+    deployment = create(alice)
+    tick(deployment)
+    row = Deployment.objects.get(pk=deployment.pk)
+    assert row.status == S.FAILED
+    assert row.status_message == ("Revision 1 cannot be rendered: digits.format: TensorRT plans cannot be served "
+                                  "locally")
+    assert fake.servers == []
+
+
+def test_stop_stops_everything_even_what_was_starting_and_start_brings_it_back(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
+    deployment = serving(alice, fake, clock)
+    fake.ready_after = 10
+    change(alice, deployment, 500)
+    ticks_until(deployment, lambda d: d.launch is not None, clock)
+    actions.stop_deployment(Deployment.objects.get(pk=deployment.pk), alice.user)
+    assert tick(deployment) is None
+    row = Deployment.objects.get(pk=deployment.pk)
+    assert row.status == S.STOPPED and row.upstream_url == "" and row.serving_revision is None
+    assert row.launch is None and row.serving_launch is None and row.drain_until is None
+    assert not fake.running(row)
+    assert tick(deployment) is None and fake.calls[-1] == "stop"  # at rest: nothing more is asked of the runtime
+    fake.ready_after = 1
+    actions.start_deployment(row, alice.user)
+    ticks_until(deployment, ready, clock)
+    assert [s.revision_number for s in fake.running(row)] == [2]
+
+
+def test_delete_answers_at_once_and_the_worker_tears_down(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
+    deployment = serving(alice, fake, clock)
+    response = alice.client().delete("/api/v1/deployments/digits-prod/")
+    assert response.status_code == 202
+    row = Deployment.objects.get(pk=deployment.pk)  # still there: the request ran no reconciler
+    assert row.desired_state == "deleted" and row.upstream_url == "" and "teardown" not in fake.calls
+    assert alice.client().get("/api/v1/deployments/digits-prod/").status_code == 404
+    assert tick(deployment) is None
+    assert not Deployment.objects.filter(pk=deployment.pk).exists()
+    assert fake.torn_down == [deployment.pk] and not fake.running(deployment)
+
+
+def test_an_unavailable_runtime_fails_a_start_and_a_stop_waits_for_it_without_repeating_itself(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
+    fake.unavailable = "The Kubernetes API server is not reachable"
+    deployment = create(alice)
+    tick(deployment)
+    row = Deployment.objects.get(pk=deployment.pk)
+    assert row.status == S.FAILED and row.status_message == "The Kubernetes API server is not reachable"
+    actions.stop_deployment(row, alice.user)
+    for _ in range(3):
+        assert tick(deployment) is None  # the periodic tick tries again
+    row = Deployment.objects.get(pk=deployment.pk)
+    assert row.status == S.STOPPING
+    assert row.status_message == "Waiting for the runtime: The Kubernetes API server is not reachable"
+    assert Event.objects.filter(deployment=deployment, kind="warning").count() == 1
+    assert deployment.pk in reconcile.needs_attention()
+    fake.unavailable = ""
+    tick(deployment)
+    assert Deployment.objects.get(pk=deployment.pk).status == S.STOPPED
+
+
+def test_a_change_made_while_a_tick_runs_wins_over_what_the_tick_writes(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    deployment = create(alice)
+    prepare = fake.prepare
+
+    def user_changes_it_meanwhile(revision: Any) -> Any:
+        change(alice, deployment, 700)  # committed while the tick renders revision 1
+        return prepare(revision)
+
+    monkeypatch.setattr(fake, "prepare", user_changes_it_meanwhile)
+    assert tick(deployment) == reconcile.NOW
+    row = Deployment.objects.get(pk=deployment.pk)
+    assert row.status == S.PENDING and row.revision.number == 2  # type: ignore[union-attr]
+    monkeypatch.setattr(fake, "prepare", prepare)
+    ticks_until(deployment, ready, clock)
+    assert fake.launched_revisions() == [2]  # revision 1 was rendered, never launched
+
+
+def test_a_second_worker_leaves_the_deployment_to_the_one_holding_it(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
+    deployment = create(alice)
+    assert deployment.claim(reconcile.LEASE_SECONDS)
+    assert tick(deployment) == reconcile.BUSY_RETRY_SECONDS  # and looks again shortly: the holder may have read
+    assert fake.calls == []                                  # the state before a change
+    Deployment.objects.filter(pk=deployment.pk).update(lease_until=None)
+    assert tick(deployment) == reconcile.NOW
+
+
+def test_a_deployment_made_ready_by_an_older_modelport_adopts_what_serves_it(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
+    deployment = serving(alice, fake, clock)
+    Deployment.objects.filter(pk=deployment.pk).update(serving_launch=None)  # as the migration leaves it
+    assert tick(deployment) == reconcile.NOW
+    row = Deployment.objects.get(pk=deployment.pk)
+    assert row.status == S.READY and Launch.from_json(row.serving_launch).ref == 1  # type: ignore[union-attr]
+    assert fake.launched_revisions() == [1]  # adopted, not started twice
+
+
+# --- The tasks: what queues the next tick --------------------------------------------------------------------
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, dict[str, Any]]]:
+    """What would go to the broker: (deployment id, options)."""
+    calls: list[tuple[int, dict[str, Any]]] = []
+    monkeypatch.setattr(tasks.reconcile_deployment, "apply_async",
+                        lambda args, **options: calls.append((args[0], options)))
+    return calls
+
+
+def test_each_tick_queues_the_next_one_with_the_wait_it_asked_for(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock,
+        sent: list[tuple[int, dict[str, Any]]]) -> None:
+    deployment = create(alice)
+    tasks.reconcile_deployment(deployment.pk)  # renders
+    tasks.reconcile_deployment(sent[-1][0], **sent[-1][1]["kwargs"])  # launches
+    assert [options.get("countdown") for _, options in sent] == [None, fake.poll_seconds]
+    assert Deployment.objects.get(pk=deployment.pk).reconcile_due_at == clock.now + timedelta(seconds=1)
+    # A follow-up due in a second does not hold back what a user asks for now; a second request now is coalesced.
+    assert tasks.queue_reconcile(deployment.pk) is True
+    assert tasks.queue_reconcile(deployment.pk) is False
+    assert len(sent) == 3
+
+
+def test_a_task_clears_only_its_own_mark(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock,
+        sent: list[tuple[int, dict[str, Any]]], monkeypatch: pytest.MonkeyPatch) -> None:
+    deployment = create(alice)
+    assert tasks.queue_reconcile(deployment.pk, countdown=10)
+    early = clock.now.isoformat()
+    monkeypatch.setattr(reconcile, "reconcile", lambda deployment_id: None)
+    tasks.reconcile_deployment(deployment.pk, due=early)  # an older task: the one due in 10 s still waits
+    assert Deployment.objects.get(pk=deployment.pk).reconcile_due_at == clock.now + timedelta(seconds=10)
+    tasks.reconcile_deployment(deployment.pk, **sent[-1][1]["kwargs"])
+    assert Deployment.objects.get(pk=deployment.pk).reconcile_due_at is None
+
+
+def test_a_failed_rollouts_leftovers_are_retired_when_the_drain_ends(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
+    deployment = serving(alice, fake, clock)
+    Deployment.objects.filter(pk=deployment.pk).update(status=S.FAILED, drain_until=clock.now)
+    assert deployment.pk in reconcile.needs_attention()
+    tick(deployment)
+    assert Deployment.objects.get(pk=deployment.pk).drain_until is None
+    assert deployment.pk not in reconcile.needs_attention()
+
+
+@pytest.fixture
+def committing(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(transaction, "on_commit", lambda func, using=None, robust=False: func())
+    yield

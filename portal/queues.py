@@ -1,0 +1,24 @@
+"""The Celery queues, in one place. Reconciliation and inspection run on queues of their own, so that uploads being
+inspected (up to TRIAL_RUN_TIMEOUT_SECONDS each) never hold back a rollout's ticks, and the other way round. A worker
+started without -Q consumes every queue declared here (portal/celery.py); an operator who wants dedicated workers
+starts them with `-Q reconcile` and `-Q inspection`."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Queue(StrEnum):
+    # The reconciler's ticks and the periodic work on deployments: short tasks, latency-sensitive.
+    RECONCILE = "reconcile"
+    # Inspection of uploaded versions, and housekeeping (expired uploads, idempotency records): may take a minute.
+    INSPECTION = "inspection"
+
+
+# Where each task goes; anything not named goes to INSPECTION (the default queue), never ahead of a rollout.
+ROUTES: dict[str, dict[str, str]] = {
+    "deployments.tasks.*": {"queue": Queue.RECONCILE},
+    "models_registry.tasks.*": {"queue": Queue.INSPECTION},
+    "accounts.tasks.*": {"queue": Queue.INSPECTION},
+}
+DEFAULT = Queue.INSPECTION
