@@ -34,6 +34,10 @@ class FakeServer:
         return f"http://fake-triton-{self.ref}:8000"
 
     @property
+    def grpc_target(self) -> str:
+        return f"fake-triton-{self.ref}:8001"
+
+    @property
     def running(self) -> bool:
         return self.state in ("starting", "ready")
 
@@ -92,7 +96,8 @@ class FakeRuntime:
                                 revision_number=revision.number, ready_after=self.ready_after,
                                 fails_with=self.fails_with)
             self.servers.append(server)
-        return Launch(revision_id=revision.pk, url=server.url, description=f"fake server {server.ref}", ref=server.ref)
+        return Launch(revision_id=revision.pk, url=server.url, grpc_target=server.grpc_target,
+                      description=f"fake server {server.ref}", ref=server.ref)
 
     def observe(self, launch: Launch) -> Observation:
         self._call(f"observe {launch.ref}")

@@ -116,7 +116,7 @@ def test_a_new_deployment_renders_launches_and_serves_one_step_per_tick(
     assert fake.calls == ["prepare r1"]
     assert tick(deployment) == fake.poll_seconds  # launched: look again in a second
     row = Deployment.objects.get(pk=deployment.pk)
-    assert row.status == S.STARTING and row.upstream_url == ""
+    assert row.status == S.STARTING and row.upstream_url == row.grpc_upstream == ""
     assert row.launch_deadline == clock.now + timedelta(seconds=fake.ready_timeout_seconds)
     assert tick(deployment) == fake.poll_seconds  # first look: still loading
     tick(deployment)  # second look: ready, and switched
@@ -124,7 +124,9 @@ def test_a_new_deployment_renders_launches_and_serves_one_step_per_tick(
     [server] = fake.servers
     assert row.status == S.READY and row.status_message == "Serving revision 1."
     assert row.upstream_url == server.url and row.serving_revision_id == row.revision_id
-    assert Launch.from_json(row.serving_launch) == Launch(row.revision_id, server.url, "fake server 1", 1)
+    assert row.grpc_upstream == server.grpc_target == "fake-triton-1:8001"  # both gateways' routes, one UPDATE
+    assert Launch.from_json(row.serving_launch) == Launch(row.revision_id, server.url, "fake server 1", 1,
+                                                          grpc_target=server.grpc_target)
     assert row.launch is None and row.launch_deadline is None
     assert fake.calls == ["prepare r1", "launch r1", "observe 1", "observe 1"]
     assert events(deployment)[1:] == ["Rendered the model repository of revision 1.",
@@ -147,9 +149,11 @@ def test_a_rollout_keeps_the_old_revision_serving_until_the_new_one_is_ready_the
         if row.status == S.READY:
             break
         assert row.upstream_url == old.url and row.serving_revision.number == 1  # type: ignore[union-attr]
+        assert row.grpc_upstream == old.grpc_target
         clock.advance(wait or 0)
     new = fake.servers[1]
     assert row.upstream_url == new.url and row.serving_revision.number == 2  # type: ignore[union-attr]
+    assert row.grpc_upstream == new.grpc_target
     # Requests routed to the old server before the switch still get their answer: it drains, it is not stopped.
     assert old.running and row.drain_until == clock.now + timedelta(seconds=30)
     assert wait == 30.0  # the next tick is due when the drain ends
@@ -169,10 +173,12 @@ def test_a_dead_server_is_restarted_with_an_event_and_no_route_meanwhile(
     tick(deployment)
     row = Deployment.objects.get(pk=deployment.pk)
     assert row.status == S.STARTING and row.upstream_url == ""  # the gateway answers 503, not a dead server's 502
+    assert row.grpc_upstream == ""  # and the gRPC gateway UNAVAILABLE
     assert events(deployment)[-1] == "Revision 1 stopped serving: fake server 1 died; restarting it. Last log lines:"
     ticks_until(deployment, ready, clock)
     row = Deployment.objects.get(pk=deployment.pk)
     assert row.upstream_url == fake.servers[1].url and fake.launched_revisions() == [1, 1]
+    assert row.grpc_upstream == fake.servers[1].grpc_target
 
 
 def test_a_launch_that_never_becomes_ready_fails_at_its_deadline_and_the_old_revision_keeps_serving(
@@ -263,7 +269,7 @@ def test_stop_stops_everything_even_what_was_starting_and_start_brings_it_back(
     actions.stop_deployment(Deployment.objects.get(pk=deployment.pk), alice.user)
     assert tick(deployment) is None
     row = Deployment.objects.get(pk=deployment.pk)
-    assert row.status == S.STOPPED and row.upstream_url == "" and row.serving_revision is None
+    assert row.status == S.STOPPED and row.upstream_url == row.grpc_upstream == "" and row.serving_revision is None
     assert row.launch is None and row.serving_launch is None and row.drain_until is None
     assert not fake.running(row)
     assert tick(deployment) is None and fake.calls[-1] == "stop"  # at rest: nothing more is asked of the runtime
@@ -279,7 +285,8 @@ def test_delete_answers_at_once_and_the_worker_tears_down(
     response = alice.client().delete("/api/v1/deployments/digits-prod/")
     assert response.status_code == 202
     row = Deployment.objects.get(pk=deployment.pk)  # still there: the request ran no reconciler
-    assert row.desired_state == "deleted" and row.upstream_url == "" and "teardown" not in fake.calls
+    assert row.desired_state == "deleted" and row.upstream_url == row.grpc_upstream == ""
+    assert "teardown" not in fake.calls
     assert alice.client().get("/api/v1/deployments/digits-prod/").status_code == 404
     assert tick(deployment) is None
     assert not Deployment.objects.filter(pk=deployment.pk).exists()
@@ -337,11 +344,20 @@ def test_a_second_worker_leaves_the_deployment_to_the_one_holding_it(
 def test_a_deployment_made_ready_by_an_older_modelport_adopts_what_serves_it(
         alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
     deployment = serving(alice, fake, clock)
-    Deployment.objects.filter(pk=deployment.pk).update(serving_launch=None)  # as the migration leaves it
+    # As the migration leaves it; and made ready before the gRPC gateway, with no server found for its gRPC route.
+    Deployment.objects.filter(pk=deployment.pk).update(serving_launch=None, grpc_upstream="")
     assert tick(deployment) == reconcile.NOW
     row = Deployment.objects.get(pk=deployment.pk)
     assert row.status == S.READY and Launch.from_json(row.serving_launch).ref == 1  # type: ignore[union-attr]
+    assert row.grpc_upstream == fake.servers[0].grpc_target
     assert fake.launched_revisions() == [1]  # adopted, not started twice
+
+
+def test_a_launch_recorded_before_it_had_a_grpc_target_still_loads() -> None:
+    stored = {"revision_id": 7, "url": "http://127.0.0.1:41000", "description": "pid 1", "ref": 3}
+    assert Launch.from_json(stored) == Launch(7, "http://127.0.0.1:41000", "pid 1", 3, grpc_target="")
+    launch = Launch(7, "http://127.0.0.1:41000", "pid 1", 3, grpc_target="127.0.0.1:41001")
+    assert Launch.from_json(launch.to_json()) == launch
 
 
 # --- The tasks: what queues the next tick --------------------------------------------------------------------
