@@ -146,7 +146,9 @@ def test_sign_in_upload_deploy_try_it_and_stop(browser: Any, alice_user: Person,
     shot(page, "models")
 
     page.goto(f"{portal_url}/deployments/digits-prod/")
-    page.click("#deployment-stop")
+    # A plain form POST: wait for the page it redirects to, else the status is looked for on a page half replaced.
+    with page.expect_navigation():
+        page.click("#deployment-stop")
     page.wait_for_function("document.getElementById('status-badge').textContent.trim().toLowerCase() === 'stopped'",
                            timeout=60_000)
     assert Deployment.objects.get(name="digits-prod").desired_state == "stopped"
