@@ -444,7 +444,8 @@ def deployment_live(request: HttpRequest, team: Team, name: str) -> HttpResponse
             return HttpResponseClientRedirect(reverse("dashboard"))  # deleted meanwhile (by someone else)
         raise
     # `refresh`: the buttons in the page's head follow the status too (an out-of-band swap of #deployment-actions).
-    return render(request, "web/_deployment_live.html", {**_live_context(deployment), "refresh": True})
+    return render(request, "web/_deployment_live.html", {**_live_context(deployment), **_settings_context(deployment),
+                                                         "refresh": True})
 
 
 @require_GET

@@ -206,3 +206,18 @@ def test_the_curl_snippet_of_an_image_model_says_where_the_file_goes() -> None:
     body = {"inputs": [{"name": "image", "shape": [1, 1], "datatype": "BYTES", "data": [""]}]}
     first_line = inference.curl_snippet("http://h", "d", "m", body).splitlines()[0]
     assert "image is BYTES: this JSON sends text, and a file (an image) goes with Try it or the Python snippet" in first_line
+
+
+def test_the_settings_in_effect_follow_the_rollout_without_a_reload(alice: Person, deployment: Deployment) -> None:
+    """The page once said "r1, not serving yet" beside a ready badge: the section was drawn at page load only. The
+    live refresh now re-sends it out of band, so it says what serves."""
+    client = signed_in(alice)
+    page = client.get(PAGE).content.decode()
+    assert "Revision r1, not serving yet." in page
+    live = client.get(f"{PAGE}live/").content.decode()
+    assert '<section aria-labelledby="settings-title" id="settings" hx-swap-oob="true">' in live
+    assert "Revision r1, not serving yet." in live
+    _serving_r1(deployment)
+    live = client.get(f"{PAGE}live/").content.decode()
+    assert "Revision r1, the one serving." in live and "not serving yet" not in live
+    assert '<span class="badge status-ready">serving</span>' in live
