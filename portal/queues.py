@@ -13,6 +13,8 @@ class Queue(StrEnum):
     RECONCILE = "reconcile"
     # Inspection of uploaded versions, and housekeeping (expired uploads, idempotency records): may take a minute.
     INSPECTION = "inspection"
+    # Tunes (tuning/tasks.py): each measures temporary Tritons for up to its budget, an hour at most.
+    TUNE = "tune"
 
 
 # Where each task goes; anything not named goes to INSPECTION (the default queue), never ahead of a rollout.
@@ -20,5 +22,6 @@ ROUTES: dict[str, dict[str, str]] = {
     "deployments.tasks.*": {"queue": Queue.RECONCILE},
     "models_registry.tasks.*": {"queue": Queue.INSPECTION},
     "accounts.tasks.*": {"queue": Queue.INSPECTION},
+    "tuning.tasks.*": {"queue": Queue.TUNE},
 }
 DEFAULT = Queue.INSPECTION

@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "deployments",
     "gateway",
     "audit",
+    "tuning",
     "web",
 ]
 
