@@ -58,4 +58,4 @@ def run_loadgen(url: str, body: bytes, concurrency: int, duration: float, warmup
     data: dict[str, Any] = json.loads(output)
     return Measurement(concurrency=concurrency, throughput=float(data["throughput"]), p50_ms=data["p50_ms"],
                        p99_ms=data["p99_ms"], errors=int(data["errors"]), seconds=round(seconds, 3),
-                       loadgen_cpu_s=round(usage.ru_utime + usage.ru_stime, 3))
+                       loadgen_cpu_s=round(usage.ru_utime + usage.ru_stime, 3), requests=int(data["requests"]))

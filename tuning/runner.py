@@ -10,6 +10,7 @@ operator stops it (the tune is marked failed once its heartbeat is STALE_SECONDS
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import platform
@@ -173,18 +174,10 @@ def run(tune_id: int, loadgen: Measurer = run_loadgen) -> str | None:
     return None
 
 
-def _search(tune: TuneRun, loadgen: Measurer) -> search.Outcome:
-    revision = tune.deployment.revision
-    if revision is None:
-        raise RuntimeUnavailable("the deployment has no revision")
-    spec = revision.spec
-    entry = entry_to_tune(spec, tune)
-    version = tune.model_version
-    model_max = defaults_for(version.parsed_signature, version.max_batch_size).max_batch_size \
-        if entry.max_batch_size > 0 else 0
-    body = local_triton_body(tune)
+def measurer(tune: TuneRun, servers: Servers, loadgen: Measurer) -> search.Measure:
+    """search's `measure`: the setting's temporary server (started on its first point), then one load test."""
+    body = json.dumps(tune.request_body).encode()
     duration, warmup = measurement_seconds(tune.budget_seconds)
-    servers = Servers(tune, spec, entry)
 
     def measure(config: search.Config, concurrency: int) -> search.Measurement:
         started = timezone.now()
@@ -195,6 +188,27 @@ def _search(tune: TuneRun, loadgen: Measurer) -> search.Outcome:
         point = loadgen(url, body, concurrency, duration, warmup)
         # The first point of a setting carries its server's start, so the budget's estimate includes it.
         return replace(point, seconds=round(max(point.seconds, (timezone.now() - started).total_seconds()), 3))
+
+    return measure
+
+
+def tune_target(tune: TuneRun) -> tuple[RevisionSpec, ModelEntry, int]:
+    """The deployment's current spec, the entry tuned, and the largest batch the model may take (0: none)."""
+    revision = tune.deployment.revision
+    if revision is None:
+        raise RuntimeUnavailable("the deployment has no revision")
+    spec = revision.spec
+    entry = entry_to_tune(spec, tune)
+    version = tune.model_version
+    model_max = defaults_for(version.parsed_signature, version.max_batch_size).max_batch_size \
+        if entry.max_batch_size > 0 else 0
+    return spec, entry, model_max
+
+
+def _search(tune: TuneRun, loadgen: Measurer) -> search.Outcome:
+    spec, entry, model_max = tune_target(tune)
+    servers = Servers(tune, spec, entry)
+    measure = measurer(tune, servers, loadgen)
 
     def progress(done: int, planned: int, eta: float) -> None:
         TuneRun.objects.filter(pk=tune.pk).update(configs_done=done, configs_planned=planned, eta_seconds=eta,
@@ -212,12 +226,6 @@ def _search(tune: TuneRun, loadgen: Measurer) -> search.Outcome:
                              cancelled=cancelled)
     finally:
         servers.close()
-
-
-def local_triton_body(tune: TuneRun) -> bytes:
-    import json
-
-    return json.dumps(tune.request_body).encode()
 
 
 def _record(tune: TuneRun, outcome: search.Outcome) -> None:

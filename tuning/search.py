@@ -60,7 +60,8 @@ class Measurement:
     p99_ms: float | None
     errors: int = 0
     seconds: float = 0.0  # wall time the measurement took (for the budget)
-    loadgen_cpu_s: float = 0.0
+    loadgen_cpu_s: float = 0.0  # the load generator's own CPU time (user + system), warm-up and start included
+    requests: int = 0  # answered in the measurement window
 
     def meets(self, p99_target_ms: float) -> bool:
         return self.errors == 0 and self.p99_ms is not None and self.p99_ms <= p99_target_ms and self.throughput > 0
