@@ -46,6 +46,11 @@ STATEFUL_VALIDITY = [
     ("PATCH", "/api/v1/deployments/{name}/", ["400"]),
     ("POST", "/api/v1/models/", ["422"]),
     ("POST", "/api/v1/tokens/", ["422"]),
+    # A tune needs a local deployment serving a model, and its fields agree with each other (the concurrency range,
+    # the sample and its request): the schema cannot say either.
+    ("POST", "/api/v1/deployments/{name}/tune", ["400"]),
+    # The recommended settings must still fit the deployment (planned again).
+    ("POST", "/api/v1/deployments/{name}/tunes/{tune_id}/apply", ["400"]),
 ]
 POSITIVE_STATUSES = ["2xx", "401", "403", "404", "409"]
 # alice's token for the run, made in World with this value. It may manage tokens, so that the token endpoints are

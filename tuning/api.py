@@ -25,6 +25,7 @@ from web.inference import example_request, served_signature
 MIN_BUDGET_SECONDS = 30
 MAX_BUDGET_SECONDS = 3600
 MAX_CONCURRENCY = 256
+MIN_P99_MS = 0.001  # above 0: a target of 0 ms cannot be met
 MAX_P99_MS = 60_000
 MAX_REQUEST_BYTES = 1024 * 1024
 RECORDED_NOT_SUPPORTED = ("recorded traffic is not supported yet (Modelport records no request bodies): use "
@@ -32,8 +33,8 @@ RECORDED_NOT_SUPPORTED = ("recorded traffic is not supported yet (Modelport reco
 
 
 class TuneInputSerializer(ExactJSONTypes, serializers.Serializer[Any]):
-    p99_ms = serializers.FloatField(min_value=0, max_value=MAX_P99_MS,
-                                    help_text="The latency target: p99 in milliseconds, above 0.")
+    p99_ms = serializers.FloatField(min_value=MIN_P99_MS, max_value=MAX_P99_MS,
+                                    help_text=f"The latency target: p99 in milliseconds, at least {MIN_P99_MS}.")
     budget_seconds = serializers.IntegerField(min_value=MIN_BUDGET_SECONDS, max_value=MAX_BUDGET_SECONDS, help_text=(
         f"How long the tune may measure, {MIN_BUDGET_SECONDS} s to {MAX_BUDGET_SECONDS} s; settings that would "
         "overrun are skipped and the result is marked partial."))
@@ -50,8 +51,6 @@ class TuneInputSerializer(ExactJSONTypes, serializers.Serializer[Any]):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         errors: dict[str, list[str]] = {}
-        if attrs["p99_ms"] <= 0:
-            errors["p99_ms"] = ["the p99 target must be above 0 ms"]
         if attrs["concurrency_min"] > attrs["concurrency_max"]:
             errors["concurrency_max"] = ["concurrency_max must be at least concurrency_min"]
         sample = attrs["sample"]

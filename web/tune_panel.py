@@ -8,7 +8,7 @@ from django import forms
 
 from deployments.models import Deployment
 from models_registry.models import ModelVersion
-from tuning.api import MAX_BUDGET_SECONDS, MAX_CONCURRENCY, MAX_P99_MS, MIN_BUDGET_SECONDS
+from tuning.api import MAX_BUDGET_SECONDS, MAX_CONCURRENCY, MAX_P99_MS, MIN_BUDGET_SECONDS, MIN_P99_MS
 from tuning.models import TuneRun
 from web.tune_chart import frontier_svg
 
@@ -16,7 +16,7 @@ BUDGETS = [(60, "1 minute"), (300, "5 minutes"), (600, "10 minutes"), (1800, "30
 
 
 class TuneForm(forms.Form):
-    p99_ms = forms.FloatField(label="p99 target (ms)", min_value=0.001, max_value=MAX_P99_MS, initial=50)
+    p99_ms = forms.FloatField(label="p99 target (ms)", min_value=MIN_P99_MS, max_value=MAX_P99_MS, initial=50)
     budget_seconds = forms.TypedChoiceField(label="Time budget", choices=BUDGETS, coerce=int, initial=300)
     concurrency_max = forms.IntegerField(label="Up to clients", min_value=1, max_value=MAX_CONCURRENCY, initial=16)
 

@@ -66,8 +66,8 @@ def test_a_user_supplied_request_is_kept(alice: Person, deployment: Deployment) 
 
 
 @pytest.mark.parametrize(("body", "field", "words"), [
-    ({"p99_ms": 0}, "p99_ms", "above 0"),
-    ({"p99_ms": -5}, "p99_ms", "greater than or equal to 0"),
+    ({"p99_ms": 0}, "p99_ms", "greater than or equal to 0.001"),
+    ({"p99_ms": -5}, "p99_ms", "greater than or equal to 0.001"),
     ({"p99_ms": "20"}, "p99_ms", ""),
     ({"budget_seconds": 10}, "budget_seconds", "30"),
     ({"budget_seconds": 7200}, "budget_seconds", "3600"),
@@ -180,3 +180,10 @@ def test_apply_without_a_recommendation_is_a_409(alice: Person, deployment: Depl
         assert response.status_code == 409
         assert "no recommendation" in response.json()["error"]["message"]
     assert Revision.objects.filter(deployment=deployment).count() == 1
+
+
+def test_a_tune_id_out_of_range_is_a_404(alice: Person, deployment: Deployment) -> None:
+    for path in ("", "apply", "cancel"):
+        url = f"/api/v1/deployments/digits-prod/tunes/{10 ** 30}/{path}"
+        response = alice.client().get(url) if not path else alice.client().post(url)
+        assert response.status_code == 404, (path, response.content[:200])
