@@ -6,9 +6,11 @@ Not a full grid. Dimensions are explored one after the other, each from the best
 stops as soon as a step improves throughput by no more than MIN_GAIN or breaks the latency target:
 
 1. instance count 1, 2, 4, ... up to the cores, batching off;
-2. dynamic batching on, max_batch_size 8, 16, 32, ... up to the model's limit, no queue delay;
-3. queue delay 500, 2000, 8000 µs with that batch size;
-4. the instance counts next to the best one again, with the best batching (batching moves the optimum).
+2. at that count, dynamic batching on, max_batch_size 8, 16, 32, ... up to the model's limit, no queue delay;
+3. queue delay 500, 2000, 8000 µs with the best batch size;
+4. the instance counts next to the best one (double, half), with the best batching (batching moves the optimum).
+
+The recommendation is the best setting measured, whichever stage found it.
 
 Each setting is measured at concurrency levels from the low end of the range upwards (doubling) while p99 meets the
 target and throughput still grows; its score is the best throughput that met the target. The time budget is honoured
@@ -189,33 +191,42 @@ def search(measure: Measure, *, p99_target_ms: float, budget_s: float, cores: in
             progress(done, max(planned, done), max(0.0, min(left(), rate * (max(planned, done) - done))))
         return result
 
-    def ladder(configs: Iterable[Config], best: ConfigResult | None) -> ConfigResult | None:
-        """Walk `configs` while each beats the best so far by more than MIN_GAIN; the best found."""
+    def score(result: ConfigResult | None) -> float:
+        return result.score(p99_target_ms) if result is not None else 0.0
+
+    def ladder(configs: Iterable[Config], previous: ConfigResult | None = None) -> ConfigResult | None:
+        """Walk one dimension while each step beats the step before by more than MIN_GAIN (a step that misses the
+        target, or cannot be measured, ends it too); the best of the steps taken (and `previous`)."""
+        best = previous
         for config in configs:
             result = run(config)
-            gained = best is None or result.score(p99_target_ms) > best.score(p99_target_ms) * (1 + MIN_GAIN)
-            if best is None or result.score(p99_target_ms) > best.score(p99_target_ms):
+            # Within MIN_GAIN counts as no better: the earlier step is the cheaper one (fewer instances, smaller
+            # batches, less delay), and the difference is within this machine's noise.
+            if best is None or score(result) > score(best) * (1 + MIN_GAIN):
                 best = result
-            if result.error or not gained:
+            if result.error or score(result) == 0 or (
+                    previous is not None and score(result) <= score(previous) * (1 + MIN_GAIN)):
                 break
+            previous = result
         return best
 
     partial = False
     try:
-        best = ladder((Config(instances=n) for n in instances), None)
-        n = best.config.instances if best else 1
+        unbatched = ladder(Config(instances=n) for n in instances)
+        n = unbatched.config.instances if unbatched else 1
         if batches:
-            batched = ladder((Config(instances=n, batching=True, max_batch_size=b) for b in batches), best)
-            if batched is not None and batched.config.batching:
+            # Batching is a dimension of its own: its steps are compared with each other, not with batching off
+            # (the first batch size may lose to it where a larger one wins).
+            batched = ladder(Config(instances=n, batching=True, max_batch_size=b) for b in batches)
+            if batched is not None and score(batched) > 0:
                 base = batched.config
                 batched = ladder((Config(base.instances, True, base.max_batch_size, d) for d in DELAY_LADDER_US),
                                  batched)
-                if batched is not None:
-                    c = batched.config
-                    neighbours = [m for m in instances if m != c.instances and
-                                  (m == c.instances * 2 or m * 2 == c.instances)]
-                    for m in neighbours:
-                        ladder([Config(m, True, c.max_batch_size, c.queue_delay_us)], batched)
+                c = batched.config if batched is not None else base
+                for m in instances:
+                    # Batching moves the best instance count: the neighbours of the one found, once each.
+                    if m != c.instances and (m == c.instances * 2 or m * 2 == c.instances):
+                        run(Config(m, True, c.max_batch_size, c.queue_delay_us))
     except BudgetSpent:
         partial = True
     scored = [r for r in results if r.best(p99_target_ms) is not None]

@@ -112,3 +112,25 @@ def test_the_frontier_holds_only_points_nothing_beats() -> None:
     assert front
     assert [p.p99_ms for p in front] == sorted(p.p99_ms for p in front)
     assert [p.throughput for p in front] == sorted(p.throughput for p in front)
+
+
+def test_the_batching_ladder_goes_on_where_its_first_step_loses_to_batching_off() -> None:
+    """Batch 8 loses to batching off, batch 16 and 32 win: the batch sizes are compared with each other."""
+    from tuning.search import Config, Measurement
+
+    table = {(1, False, 0): 500.0, (2, False, 0): 505.0, (1, True, 8): 400.0, (1, True, 16): 600.0,
+             (1, True, 32): 700.0, (1, True, 64): 710.0}
+    tried: list[Config] = []
+
+    def measure(config: Config, concurrency: int) -> Measurement:
+        tried.append(config)
+        key = (config.instances, config.batching, config.max_batch_size)
+        throughput = table.get(key, 100.0) * (1.2 if config.queue_delay_us == 500 else 1.0)
+        return Measurement(concurrency=concurrency, throughput=throughput, p50_ms=5.0, p99_ms=10.0)
+
+    outcome = search(measure, p99_target_ms=20.0, budget_s=600.0, cores=2, model_max_batch_size=64,
+                     concurrency=(8, 8))
+    assert outcome.recommendation == Config(1, True, 32, 500)
+    assert Config(1, True, 64) in tried and Config(1, True, 128) not in tried
+    assert Config(1, True, 32, 2000) in tried and Config(1, True, 32, 8000) not in tried
+    assert Config(2, True, 32, 500) in tried  # the neighbouring instance count, with the best batching
