@@ -61,11 +61,22 @@ def test_batching_helps_and_is_recommended() -> None:
     assert batched > 2 * unbatched
 
 
-def test_a_tight_target_stops_the_concurrency_ladder_and_may_recommend_nothing() -> None:
+def test_a_target_nothing_meets_ends_the_search_and_recommends_nothing() -> None:
     model = Synthetic(cores=2)
     outcome = run(model, p99_target_ms=1.0)  # nothing answers in 1 ms
     assert outcome.recommendation is None  # type: ignore[attr-defined]
-    assert all(len(r.points) == 1 for r in outcome.results)  # type: ignore[attr-defined]
+    # Every concurrency was tried, from the top down, for one setting unbatched and one batched; then it stopped.
+    assert [len(r.points) for r in outcome.results] == [6, 6]  # type: ignore[attr-defined]
+    assert [p.concurrency for p in outcome.results[0].points] == [32, 16, 8, 4, 2, 1]  # type: ignore[attr-defined]
+
+
+def test_each_setting_is_measured_from_the_most_clients_down_to_the_first_within_the_target() -> None:
+    model = Synthetic(cores=2)
+    outcome = run(model, p99_target_ms=20.0)
+    for result in outcome.results:  # type: ignore[attr-defined]
+        levels = [p.concurrency for p in result.points]
+        assert levels == sorted(levels, reverse=True) and levels[0] == 32
+        assert all(not p.meets(20.0) for p in result.points[:-1])
 
 
 def test_it_honours_the_budget_and_marks_the_outcome_partial() -> None:
