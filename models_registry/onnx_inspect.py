@@ -20,7 +20,8 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto
 
 from models_registry import archives
-from models_registry.signature import Signature, Tensor
+from models_registry.datatypes import ONNX_TO_KSERVE_NAMES
+from models_registry.signature import Signature, Tensor, dims_compatible
 
 # A model may state its own batch limit in its metadata (metadata_props, like other ONNX model metadata).
 MAX_BATCH_SIZE_METADATA_KEY = "max_batch_size"
@@ -31,22 +32,7 @@ _LISTING_LIMITS = archives.ArchiveLimits(max_entries=100_000, max_total_size=2**
 _SOURCE_MAX_BYTES = 4 * 1024 * 1024
 
 # ONNX element type -> KServe v2 datatype. Types missing here (complex, float8, int4...) Triton cannot serve.
-ONNX_TO_KSERVE: dict[int, str] = {
-    TensorProto.FLOAT: "FP32",
-    TensorProto.UINT8: "UINT8",
-    TensorProto.INT8: "INT8",
-    TensorProto.UINT16: "UINT16",
-    TensorProto.INT16: "INT16",
-    TensorProto.INT32: "INT32",
-    TensorProto.INT64: "INT64",
-    TensorProto.STRING: "BYTES",
-    TensorProto.BOOL: "BOOL",
-    TensorProto.FLOAT16: "FP16",
-    TensorProto.DOUBLE: "FP64",
-    TensorProto.UINT32: "UINT32",
-    TensorProto.UINT64: "UINT64",
-    TensorProto.BFLOAT16: "BF16",
-}
+ONNX_TO_KSERVE: dict[int, str] = {TensorProto.DataType.Value(name): kserve for name, kserve in ONNX_TO_KSERVE_NAMES.items()}
 
 # A requirement line naming a package: a PEP 508 name, optional extras and version specifiers, maybe a marker.
 _REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,\s-]*\])?\s*([<>=!~][^@]*)?(;.*)?$")
@@ -203,12 +189,6 @@ def _stated_max_batch_size(model: onnx.ModelProto) -> int:
     return 0
 
 
-def _dims_compatible(declared: tuple[int, ...], actual: tuple[int, ...]) -> bool:
-    return len(declared) == len(actual) and all(
-        d == a or a == -1 or d == -1 for d, a in zip(declared, actual, strict=True)
-    )
-
-
 def validate_declared_signature(declared: Signature, artifact_signature: Signature) -> list[str]:
     """Where a declared signature contradicts the one read from the artifact; [] when it fits.
 
@@ -233,7 +213,7 @@ def validate_declared_signature(declared: Signature, artifact_signature: Signatu
                 problems.append(
                     f"{kind} {tensor.name!r} is declared {tensor.datatype} but the model has {actual.datatype}"
                 )
-            if not _dims_compatible(tensor.dims, actual.dims):
+            if not dims_compatible(tensor.dims, actual.dims):
                 problems.append(
                     f"{kind} {tensor.name!r} is declared with dims {list(tensor.dims)} "
                     f"but the model has {list(actual.dims)}"

@@ -25,6 +25,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, te
 from google.protobuf.message import DecodeError, Message
 
 from models_registry import archives
+from models_registry.datatypes import TF_TO_KSERVE
 from models_registry.onnx_inspect import (
     InspectionError,
     _archive_names,
@@ -42,23 +43,8 @@ MAX_TENSORS = 1024
 MAX_RANK = 32
 MAX_KEY_CHARS = 256
 
-# tensorflow/core/framework/types.proto DataType -> KServe v2 datatype; the others Triton cannot serve.
-TF_TO_KSERVE: dict[str, str] = {
-    "DT_FLOAT": "FP32",
-    "DT_DOUBLE": "FP64",
-    "DT_INT32": "INT32",
-    "DT_UINT8": "UINT8",
-    "DT_INT16": "INT16",
-    "DT_INT8": "INT8",
-    "DT_STRING": "BYTES",
-    "DT_INT64": "INT64",
-    "DT_BOOL": "BOOL",
-    "DT_BFLOAT16": "BF16",
-    "DT_UINT16": "UINT16",
-    "DT_HALF": "FP16",
-    "DT_UINT32": "UINT32",
-    "DT_UINT64": "UINT64",
-}
+# tensorflow/core/framework/types.proto DataType -> KServe v2 datatype (TF_TO_KSERVE, from models_registry.datatypes);
+# the others Triton cannot serve.
 _TF_DATATYPES = [
     "DT_INVALID", "DT_FLOAT", "DT_DOUBLE", "DT_INT32", "DT_UINT8", "DT_INT16", "DT_INT8", "DT_STRING",
     "DT_COMPLEX64", "DT_INT64", "DT_BOOL", "DT_QINT8", "DT_QUINT8", "DT_QINT32", "DT_BFLOAT16", "DT_QINT16",

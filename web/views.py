@@ -31,6 +31,7 @@ from deployments.models import Deployment, Event
 from deployments.revision_spec import ModelEntry, Resources, RevisionSpec
 from deployments.runtimes.registry import runtime_for
 from models_registry import actions as registry_actions
+from models_registry import datatypes
 from models_registry.models import FORMATS_NEEDING_SIGNATURE, Format, Model, ModelVersion
 from models_registry.pipelines import pipeline_graph
 from models_registry.samples import sample_inputs, takes_images
@@ -221,8 +222,7 @@ def upload(request: HttpRequest, team: Team) -> HttpResponse:
         "form": form,
         "model_names": Model.objects.filter(team=team).values_list("name", flat=True),
         "formats_needing_signature": sorted(f.value for f in FORMATS_NEEDING_SIGNATURE),
-        "datatypes": ["FP32", "FP16", "FP64", "BF16", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16",
-                      "UINT32", "UINT64", "BOOL", "BYTES"],
+        "datatypes": datatypes.FORM_ORDER,
         "chunk_size": 5 * 1024 * 1024,
         # The script checks the name before a long upload: the model is only created with its first version.
         "name_pattern": NAME_RE.pattern.removeprefix("^").removesuffix("$").removesuffix(r"\Z"),
