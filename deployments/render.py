@@ -28,6 +28,7 @@ from deployments.spec import (
     Target,
     validate_repository,
 )
+from models_registry import archives
 from models_registry.archives import ArchiveLimits
 from models_registry.signature import Tensor
 
@@ -48,7 +49,7 @@ TF_SIGNATURE_DEF = "TF_SIGNATURE_DEF"
 
 # Artifacts were checked against the configured limits at upload (models_registry.validation.archive_limits());
 # these are the settings' defaults, a backstop for callers that pass none.
-DEFAULT_ARCHIVE_LIMITS = ArchiveLimits(max_entries=10_000, max_total_size=50 * 1024**3, max_ratio=200)
+DEFAULT_ARCHIVE_LIMITS = archives.DEFAULT_LIMITS
 
 # Kubernetes runs the official Triton image, which has every backend: (platform, backend) per format.
 _NATIVE: dict[str, tuple[str, str]] = {
@@ -243,7 +244,7 @@ def _write_artifact(m: ServedModel, target: Target, version_dir: Path, *, scratc
         roots[0].rename(version_dir / "model.savedmodel")
     elif m.format == "python":
         _extract(m, artifact, scratch, limits)
-        root = _single_root(scratch, "model.py")
+        root = archives.extracted_root(scratch, "model.py")
         if root is None:
             raise _artifact_error(m, "the archive must hold model.py at its top level (or in its only directory)")
         for child in sorted(root.iterdir()):
@@ -269,22 +270,10 @@ _SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 
 def _extract(m: ServedModel, archive: Path, dest: Path, limits: ArchiveLimits) -> None:
     # models_registry.archives is the one place that opens uploaded archives: it refuses links, traversal, bombs.
-    from models_registry.archives import safe_extract
-
     try:
-        safe_extract(archive, dest, limits)
+        archives.safe_extract(archive, dest, limits)
     except ValueError as exc:
         raise _artifact_error(m, f"the archive cannot be extracted: {exc}") from None
-
-
-def _single_root(extracted: Path, marker: str) -> Path | None:
-    """The directory holding `marker`: the archive's top level, or its only directory (zip of a folder)."""
-    if (extracted / marker).is_file():
-        return extracted
-    children = [c for c in extracted.iterdir() if c.name != "__MACOSX"]
-    if len(children) == 1 and children[0].is_dir() and (children[0] / marker).is_file():
-        return children[0]
-    return None
 
 
 def _artifact_error(m: ServedModel, message: str) -> RenderError:

@@ -56,9 +56,6 @@ DESCRIPTIONS: dict[str, str] = {
 # Formats whose artifact carries no signature the portal can read: the uploader declares it.
 FORMATS_NEEDING_SIGNATURE: frozenset[str] = frozenset({TORCHSCRIPT, TENSORRT, PYTHON, TNN})
 
-# Archives are only listed here, not extracted, so sizes do not matter yet; the entry bound keeps a hostile one
-# from costing much while it is being recognised.
-_DETECT_LIMITS = archives.ArchiveLimits(max_entries=100_000, max_total_size=2**62, max_ratio=2**62)
 _MODEL_PY_MAX_BYTES = 4 * 1024 * 1024
 _ONNX_MAX_TOP_LEVEL_FIELDS = 1_000_000
 _TRT_TAGS = (b"ptrt", b"ftrt")
@@ -94,7 +91,7 @@ def detect_format(path: Path, filename: str = "", *, limits: archives.ArchiveLim
         return None
     kind = archives.archive_kind(path)
     if kind is not None:
-        return _detect_archive_format(path, kind, limits or _DETECT_LIMITS)
+        return _detect_archive_format(path, kind, limits or archives.LISTING_LIMITS)
     if looks_like_tensorrt_plan(path):
         return TENSORRT
     if looks_like_onnx(path):
@@ -188,37 +185,14 @@ def looks_like_tensorrt_plan(path: Path) -> bool:
 # --- Archives --------------------------------------------------------------------------------------------------
 
 
-def _single_top_folder(names: list[str]) -> str | None:
-    """The one folder every name is inside; None when names sit at the top level or in several folders."""
-    tops = {name.split("/", 1)[0] for name in names}
-    if len(tops) == 1 and all("/" in name for name in names):
-        return tops.pop()
-    return None
-
-
-def _at_top_or_one_folder(names: list[str], basename: str) -> str | None:
-    """The path of `basename` when it is at the top level or inside the archive's single top folder."""
-    if basename in names:
-        return basename
-    top = _single_top_folder(names)
-    if top is not None and f"{top}/{basename}" in names:
-        return f"{top}/{basename}"
-    return None
-
-
-def _ignored(name: str) -> bool:
-    # Finder adds these to every zip it makes; they are not part of the model.
-    return name.startswith("__MACOSX/") or name.rsplit("/", 1)[-1] == ".DS_Store"
-
-
 def _detect_archive_format(path: Path, kind: str, limits: archives.ArchiveLimits) -> str | None:
     entries = archives.check_archive(path, limits)
-    names = [entry.name for entry in entries if not entry.is_dir and not _ignored(entry.name)]
-    all_names = [entry.name for entry in entries if not _ignored(entry.name)]
+    names = archives.model_names([entry.name for entry in entries if not entry.is_dir])
+    all_names = archives.model_names([entry.name for entry in entries])
 
     if kind == "zip" and _is_torchscript_layout(all_names):
         return TORCHSCRIPT
-    model_py = _at_top_or_one_folder(names, "model.py")
+    model_py = archives.marker_path(names, "model.py")
     if model_py is not None:
         try:
             source = archives.read_entry(path, model_py, _MODEL_PY_MAX_BYTES)
@@ -226,7 +200,7 @@ def _detect_archive_format(path: Path, kind: str, limits: archives.ArchiveLimits
             source = b""
         if _TRITON_PYTHON_CLASS.search(source):
             return PYTHON
-    if _at_top_or_one_folder(names, "saved_model.pb") or _at_top_or_one_folder(names, "saved_model.pbtxt"):
+    if archives.marker_path(names, "saved_model.pb") or archives.marker_path(names, "saved_model.pbtxt"):
         return SAVEDMODEL
     protos = [n for n in names if n.endswith(".tnnproto")]
     weights = [n for n in names if n.endswith(".tnnmodel")]
@@ -236,7 +210,7 @@ def _detect_archive_format(path: Path, kind: str, limits: archives.ArchiveLimits
 
 
 def _is_torchscript_layout(names: list[str]) -> bool:
-    top = _single_top_folder(names)
+    top = archives.single_top_folder(names)
     if top is None:
         return False
     has_code = any(n.startswith(f"{top}/code/") or n == f"{top}/code" for n in names)

@@ -26,9 +26,6 @@ from models_registry.signature import Signature, Tensor, dims_compatible
 # A model may state its own batch limit in its metadata (metadata_props, like other ONNX model metadata).
 MAX_BATCH_SIZE_METADATA_KEY = "max_batch_size"
 
-# Generous limits for listing an archive being inspected; the uploaded archive has already been through
-# archives.check_archive with the configured limits by the time anyone inspects it.
-_LISTING_LIMITS = archives.ArchiveLimits(max_entries=100_000, max_total_size=2**62, max_ratio=2**62)
 _SOURCE_MAX_BYTES = 4 * 1024 * 1024
 
 # ONNX element type -> KServe v2 datatype. Types missing here (complex, float8, int4...) Triton cannot serve.
@@ -231,32 +228,17 @@ def validate_declared_signature(declared: Signature, artifact_signature: Signatu
 def _read_entry(path: Path, name: str, limit: int) -> bytes:
     """An archive entry's bytes, refusing (not truncating) one bigger than `limit`."""
     try:
-        data = archives.read_entry(path, name, limit + 1)
+        return archives.read_small_entry(path, name, limit)
     except archives.ArchiveError as exc:
         raise InspectionError(str(exc)) from None
-    if len(data) > limit:
-        raise InspectionError(f"{name} is larger than {limit} bytes")
-    return data
 
 
 def _archive_names(path: Path, limits: archives.ArchiveLimits | None) -> list[str]:
     try:
-        names = archives.list_names(path, limits or _LISTING_LIMITS)
+        names = archives.list_names(path, limits or archives.LISTING_LIMITS)
     except archives.ArchiveError as exc:
         raise InspectionError(str(exc)) from None
-    # Finder adds these to every zip it makes; they are not part of the model.
-    return [n for n in names if not n.startswith("__MACOSX/") and n.rsplit("/", 1)[-1] != ".DS_Store"]
-
-
-def _model_root(names: list[str], marker: str) -> str | None:
-    if marker in names:
-        return ""
-    tops = {n.split("/", 1)[0] for n in names}
-    if len(tops) == 1 and all("/" in n for n in names):
-        top = tops.pop()
-        if f"{top}/{marker}" in names:
-            return top
-    return None
+    return archives.model_names(names)
 
 
 def _parse_requirements(text: str) -> list[str]:
@@ -299,7 +281,7 @@ def inspect_python_archive(path: Path | str, limits: archives.ArchiveLimits | No
     """Files and requirements of a python-backend model archive; InspectionError when model.py is unusable."""
     path = Path(path)
     names = _archive_names(path, limits)
-    root = _model_root(names, "model.py")
+    root = archives.model_root(names, "model.py")
     if root is None:
         raise InspectionError("the archive has no model.py at its top level or inside its single top folder")
     prefix = f"{root}/" if root else ""

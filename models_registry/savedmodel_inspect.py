@@ -29,7 +29,6 @@ from models_registry.datatypes import TF_TO_KSERVE
 from models_registry.onnx_inspect import (
     InspectionError,
     _archive_names,
-    _model_root,
     _read_entry,
     validate_declared_signature,
 )
@@ -212,8 +211,8 @@ def inspect_savedmodel_archive(path: Path | str, limits: archives.ArchiveLimits 
     """The served signature of the SavedModel in an uploaded archive (zip or tar of the SavedModel directory)."""
     path = Path(path)
     names = _archive_names(path, limits)
-    binary_root = _model_root(names, "saved_model.pb")
-    text_root = _model_root(names, "saved_model.pbtxt") if binary_root is None else None
+    binary_root = archives.model_root(names, "saved_model.pb")
+    text_root = archives.model_root(names, "saved_model.pbtxt") if binary_root is None else None
     if binary_root is None and text_root is None:
         raise InspectionError(
             "the archive has no saved_model.pb at its top level or inside its single top folder: zip the "
