@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from models_registry import formats
 from models_registry.signature import Signature, SignatureError, Tensor, dims_compatible, parse_signature
 
 STEP_KEYS = frozenset({"model", "version", "input_map", "output_map"})
@@ -162,7 +163,7 @@ def validate_pipeline(raw: object, lookup: Lookup, *, pipeline_model: str = "",
             add(f"{where}.version", f"{name}: version {found.version} of {found.model!r} is {found.status}, "
                                     f"not ready{detail}")
             continue
-        if found.format == "ensemble":
+        if found.format == formats.ENSEMBLE:
             add(f"{where}.model", f"{name}: version {found.version} of {found.model!r} is itself a pipeline; "
                                   "pipelines of pipelines are not supported, list its steps instead")
             continue

@@ -170,7 +170,7 @@ def _versions_context(model: Model) -> dict[str, Any]:
 def model_detail(request: HttpRequest, team: Team, name: str) -> HttpResponse:
     context = _versions_context(_get_model(team, name))
     # The newest pipeline version is drawn as a diagram of its steps and tensors.
-    pipeline = next((v for v in context["versions"] if v.format == "ensemble" and v.definition), None)
+    pipeline = next((v for v in context["versions"] if v.format == Format.ENSEMBLE and v.definition), None)
     context["pipeline"] = pipeline
     context["graph"] = pipeline_graph(pipeline.definition) if pipeline else None
     context["can_delete"] = is_team_admin(request)
