@@ -319,7 +319,6 @@ def _excerpt(value: Any) -> str:
 _PARSE_FAILURES = ("Unable to parse '", "Unable to set '", "failed to parse the request JSON buffer",
                    "failed to get request params")
 _RAW_INPUT = re.compile(r"input 'raw_input'")
-MAX_ERROR_BODY = 64 * 1024
 
 
 def client_error(status: int, body: bytes) -> tuple[int, bytes] | None:
