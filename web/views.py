@@ -31,7 +31,7 @@ from deployments.models import Deployment, Event
 from deployments.revision_spec import ModelEntry, Resources, RevisionSpec
 from deployments.runtimes.registry import runtime_for
 from models_registry import actions as registry_actions
-from models_registry import datatypes
+from models_registry import datatypes, formats
 from models_registry.models import FORMATS_NEEDING_SIGNATURE, Format, Model, ModelVersion
 from models_registry.pipelines import pipeline_graph
 from models_registry.samples import sample_inputs, takes_images
@@ -237,7 +237,18 @@ def _serving_context() -> dict[str, Any]:
     where = serving()
     reason = ("it needs the Kubernetes runtime" if where.kubernetes_ready
               else "it needs a Kubernetes cluster, which no operator has configured here")
-    return {"serving_note": where.note(), "not_local": where.not_local, "not_local_reason": reason}
+    return {"serving_note": where.note(), "not_local": where.not_local, "not_local_reason": reason,
+            "format_hints": _format_hints()}
+
+
+def _format_hints() -> dict[str, dict[str, str]]:
+    """For upload.js, from the format registry: the format a file name's extension suggests, and each format in
+    a sentence ("A TensorRT plan cannot be served ...")."""
+    registry = formats.REGISTRY.values()
+    return {
+        "extensions": {ext: fmt.name for fmt in registry for ext in fmt.extensions},
+        "names": {fmt.name: fmt.description[:1].upper() + fmt.description[1:] for fmt in registry},
+    }
 
 
 def _create_version(request: HttpRequest, team: Team, form: UploadForm) -> ModelVersion | None:

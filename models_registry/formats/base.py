@@ -87,6 +87,8 @@ class Format:
     needs_signature: bool
     native: NativeBackend
     local: LocalServing = field(default_factory=LocalServing)
+    # File name extensions the upload page takes as a hint (to ask for a signature early); never proof of anything.
+    extensions: tuple[str, ...] = ()
     # Recognition from content; lower `detect_order` runs first (the more specific test before the looser one).
     detect_order: int = 100
     detect_file: Callable[[Path], bool] | None = None

@@ -104,6 +104,7 @@ FORMAT = register(Format(
     needs_signature=False,
     native=NativeBackend(backend="onnxruntime"),
     local=LocalServing(wrapper=BACKENDS_DIR / "onnx_python_model.py", modules=(BATCHING_MODULE,)),
+    extensions=("onnx",),
     detect_order=20,  # after the TensorRT plan's tag check: a plan is never shaped like a ModelProto
     detect_file=looks_like_onnx,
     inspect=inspect,

@@ -47,6 +47,7 @@ FORMAT = register(Format(
     native=NativeBackend(platform="tensorrt_plan"),
     local=LocalServing(refused=f"TensorRT plans cannot be served locally: {_LOCAL_NOTE} and no GPU; "
                                "deploy to Kubernetes"),
+    extensions=("plan", "engine"),
     detect_order=10,
     detect_file=looks_like_tensorrt_plan,
     inspect=inspect_declared,

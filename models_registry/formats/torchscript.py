@@ -77,6 +77,7 @@ FORMAT = register(Format(
         noun="TorchScript models",
         signature_problem=local_signature_problem,
     ),
+    extensions=("pt", "pth", "torchscript"),
     detect_order=10,  # a TorchScript zip may hold anything under code/, even a model.py
     detect_archive=detect_archive,
     inspect=inspect,
