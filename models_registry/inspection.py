@@ -12,8 +12,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from models_registry import formats
+from models_registry.formats.base import InspectionError
 from models_registry.models import Blob, ModelVersion
-from models_registry.onnx_inspect import InspectionError
 from models_registry.signature import Signature, signature_from_json
 from models_registry.storage import get_store, sha256_of
 from models_registry.validation import ArtifactRejected, archive_limits, quick_check

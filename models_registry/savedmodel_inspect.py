@@ -26,12 +26,8 @@ from google.protobuf.message import DecodeError, Message
 
 from models_registry import archives
 from models_registry.datatypes import TF_TO_KSERVE
-from models_registry.onnx_inspect import (
-    InspectionError,
-    _archive_names,
-    _read_entry,
-    validate_declared_signature,
-)
+from models_registry.formats.base import InspectionError, archive_names, read_archive_entry
+from models_registry.onnx_inspect import validate_declared_signature
 from models_registry.signature import Signature, SignatureError, parse_signature
 
 SAVED_MODEL_PB_MAX_BYTES = 256 * 1024 * 1024
@@ -210,7 +206,7 @@ def read_signature(saved_model: Any) -> SavedModelInspection:
 def inspect_savedmodel_archive(path: Path | str, limits: archives.ArchiveLimits | None = None) -> SavedModelInspection:
     """The served signature of the SavedModel in an uploaded archive (zip or tar of the SavedModel directory)."""
     path = Path(path)
-    names = _archive_names(path, limits)
+    names = archive_names(path, limits)
     binary_root = archives.model_root(names, "saved_model.pb")
     text_root = archives.model_root(names, "saved_model.pbtxt") if binary_root is None else None
     if binary_root is None and text_root is None:
@@ -222,7 +218,7 @@ def inspect_savedmodel_archive(path: Path | str, limits: archives.ArchiveLimits 
     name = ("saved_model.pb" if binary_root is not None else "saved_model.pbtxt")
     member = f"{root}/{name}" if root else name
     try:
-        data = _read_entry(path, member, SAVED_MODEL_PB_MAX_BYTES)
+        data = read_archive_entry(path, member, SAVED_MODEL_PB_MAX_BYTES)
     except (zipfile.BadZipFile, EOFError, zlib.error, OSError, KeyError) as exc:
         raise InspectionError(f"the archive could not be read ({exc})") from None
     return read_signature(parse_saved_model(data, text=binary_root is None))

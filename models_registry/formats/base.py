@@ -26,6 +26,10 @@ BACKENDS_DIR = Path(__file__).resolve().parents[2] / "deployments" / "backends"
 BATCHING_MODULE = BACKENDS_DIR / "triton_batching.py"
 
 
+class InspectionError(ValueError):
+    """An artifact that is not what it claims to be; the message is shown to the uploader."""
+
+
 class LayoutError(ValueError):
     """An artifact whose content cannot be laid out for Triton; the message says what the archive must hold."""
 
@@ -123,3 +127,20 @@ def extract(archive: Path, dest: Path, limits: archives.ArchiveLimits) -> None:
         archives.safe_extract(archive, dest, limits)
     except ValueError as exc:
         raise LayoutError(f"the archive cannot be extracted: {exc}") from None
+
+
+def read_archive_entry(path: Path, name: str, limit: int) -> bytes:
+    """An archive entry's bytes, refusing (not truncating) one bigger than `limit`."""
+    try:
+        return archives.read_small_entry(path, name, limit)
+    except archives.ArchiveError as exc:
+        raise InspectionError(str(exc)) from None
+
+
+def archive_names(path: Path, limits: archives.ArchiveLimits | None) -> list[str]:
+    """The file entries of an archive being inspected, without Finder's clutter; InspectionError if refused."""
+    try:
+        names = archives.list_names(path, limits or archives.LISTING_LIMITS)
+    except archives.ArchiveError as exc:
+        raise InspectionError(str(exc)) from None
+    return archives.model_names(names)

@@ -9,6 +9,9 @@ the uploader and checked by a trial run in the runtime env (models_registry.tria
 from __future__ import annotations
 
 import shutil
+import zipfile
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from models_registry import archives
@@ -18,8 +21,11 @@ from models_registry.formats.base import (
     ArchiveListing,
     Format,
     Inspected,
+    InspectionError,
     LocalServing,
     NativeBackend,
+    archive_names,
+    read_archive_entry,
     register,
 )
 from models_registry.signature import Signature
@@ -39,9 +45,55 @@ def detect_archive(listing: ArchiveListing) -> bool:
     return listing.kind == "zip" and is_torchscript_layout(listing.entries)
 
 
+@dataclass(frozen=True)
+class TorchScriptInfo:
+    root: str  # the archive's single top folder (torch.jit.save names it after the file)
+    files: list[str]
+    version: int | None  # the serialization format version in `<root>/version`
+
+
+def inspect_torchscript_archive(path: Path | str, limits: archives.ArchiveLimits | None = None) -> TorchScriptInfo:
+    """A structural check of a torch.jit.save zip: its records, read without unpickling anything."""
+    path = Path(path)
+    if archives.archive_kind(path) != "zip":
+        raise InspectionError("a TorchScript model is a zip archive written by torch.jit.save; this file is not a zip")
+    names = archive_names(path, limits)
+    root = archives.single_top_folder(names)
+    if root is None:
+        raise InspectionError("a TorchScript archive keeps all its records in one top folder; this zip does not")
+    if f"{root}/data.pkl" not in names:
+        raise InspectionError(f"the archive has no {root}/data.pkl record: it was not written by torch.jit.save")
+    has_code = any(n.startswith(f"{root}/code/") for n in names)
+    if not has_code and f"{root}/constants.pkl" not in names:
+        raise InspectionError(
+            "the archive has data.pkl but no code/ or constants.pkl: it looks like a torch.save() checkpoint, "
+            "not TorchScript; export the model with torch.jit.script or torch.jit.trace and save that"
+        )
+    try:
+        head = _read_head(path, f"{root}/data.pkl")
+        version: int | None = None
+        for record in (f"{root}/version", f"{root}/.data/version"):
+            if record in names:
+                text = read_archive_entry(path, record, 64).decode("ascii", "replace").strip()
+                version = int(text) if text.isdigit() else None
+                break
+    except (zipfile.BadZipFile, EOFError, zlib.error, OSError, KeyError) as exc:
+        raise InspectionError(f"the archive could not be read ({exc})") from None
+    # Pickle protocol 2+ starts with the PROTO opcode; torch writes protocol 2.
+    if head[:1] != b"\x80":
+        raise InspectionError(f"{root}/data.pkl is not a pickle: the archive is damaged")
+    return TorchScriptInfo(root=root, files=sorted(n[len(root) + 1 :] for n in names), version=version)
+
+
+def _read_head(path: Path, name: str) -> bytes:
+    with zipfile.ZipFile(path) as zf:
+        stored = {archives.normalize_entry_name(i.filename): i for i in zf.infolist()}[name]
+        with zf.open(stored) as fh:
+            return fh.read(2)
+
+
 def inspect(path: Path, declared: Signature | None, limits: archives.ArchiveLimits) -> Inspected:
     """A structural check of the zip, then the trial run against the declared signature."""
-    from models_registry.onnx_inspect import inspect_torchscript_archive
     from models_registry.trial_run import torchscript_findings
 
     inspect_torchscript_archive(path, limits)
