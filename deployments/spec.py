@@ -28,9 +28,8 @@ FORMATS: tuple[str, ...] = tuple(formats.REGISTRY)
 MAX_QUEUE_DELAY_MICROSECONDS = 10_000_000
 MIN_INSTANCE_COUNT = 1
 MAX_INSTANCE_COUNT = 16
-# Used when inspection of the artifact found no limit of its own (a TensorRT plan's profile may give one);
-# the same default as models_registry.inspection.
-DEFAULT_MAX_BATCH_SIZE = 64
+# Used when inspection of the artifact found no limit of its own (a TensorRT plan's profile may give one).
+DEFAULT_MAX_BATCH_SIZE = formats.DEFAULT_MAX_BATCH_SIZE
 
 # Triton uses the model name as a directory name and in URLs (/v2/models/<name>). No ".": validate_repository()
 # keys errors "<model name>.<field>", which callers split at the first ".".

@@ -20,9 +20,6 @@ from models_registry.validation import ArtifactRejected, archive_limits, quick_c
 
 log = logging.getLogger(__name__)
 
-# A dynamic batch dimension has no upper bound in the model itself; this is the default Triton limit we offer.
-DEFAULT_MAX_BATCH_SIZE = 64
-
 
 @dataclass(frozen=True)
 class Findings:
@@ -42,7 +39,7 @@ def _findings(version: ModelVersion, path_format: str, path: Path) -> Findings:
         raise ArtifactRejected(str(exc)) from None
     signature, definition = inspected.signature, inspected.definition
     batchable = inspected.batchable
-    hint = inspected.max_batch_size_hint or DEFAULT_MAX_BATCH_SIZE
+    hint = inspected.max_batch_size_hint or formats.DEFAULT_MAX_BATCH_SIZE
     requested = version.declared_max_batch_size
     if requested is not None and requested > 0 and not batchable:
         raise ArtifactRejected(

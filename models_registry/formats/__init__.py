@@ -15,7 +15,7 @@ from models_registry import archives
 
 # Importing the format modules registers them (base.register).
 from models_registry.formats import ensemble, onnx, python, savedmodel, tensorrt, tnn, torchscript
-from models_registry.formats.base import REGISTERED, ArchiveListing, Format, LayoutError
+from models_registry.formats.base import DEFAULT_MAX_BATCH_SIZE, REGISTERED, ArchiveListing, Format, LayoutError
 
 # The order formats are listed in to people (forms, messages), as in models_registry.models.Format.
 REGISTRY: dict[str, Format] = {
@@ -45,7 +45,7 @@ looks_like_onnx = onnx.looks_like_onnx
 looks_like_tensorrt_plan = tensorrt.looks_like_tensorrt_plan
 
 __all__ = [
-    "DESCRIPTIONS", "ENSEMBLE", "FORMATS_NEEDING_SIGNATURE", "ONNX", "PYTHON", "REGISTRY", "SAVEDMODEL", "TENSORRT",
+    "DEFAULT_MAX_BATCH_SIZE", "DESCRIPTIONS", "ENSEMBLE", "FORMATS_NEEDING_SIGNATURE", "ONNX", "PYTHON", "REGISTRY", "SAVEDMODEL", "TENSORRT",
     "TNN", "TORCHSCRIPT", "Format", "FormatError", "LayoutError", "check_declared_format", "describe",
     "detect_format", "get", "looks_like_onnx", "looks_like_tensorrt_plan",
 ]

@@ -26,6 +26,11 @@ BACKENDS_DIR = Path(__file__).resolve().parents[2] / "deployments" / "backends"
 BATCHING_MODULE = BACKENDS_DIR / "triton_batching.py"
 
 
+# A dynamic batch dimension has no upper bound in the model itself: the Triton limit offered when the artifact
+# states none (inspection stores it; the deploy form starts from it).
+DEFAULT_MAX_BATCH_SIZE = 64
+
+
 class InspectionError(ValueError):
     """An artifact that is not what it claims to be; the message is shown to the uploader."""
 
