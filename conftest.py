@@ -11,6 +11,9 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+# tests/markers.py: a test that starts Triton, a worker or a browser without its marker fails, naming the marker.
+pytest_plugins = ["tests.markers", "pytester"]
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """The run's var/ (portal/test_settings.py) exists before pytest-django creates the test database in it: settings

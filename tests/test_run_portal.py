@@ -17,6 +17,7 @@ import requests
 from deployments.runtimes.local.triton import is_alive
 from tests.artifacts import tiny_onnx
 from tests.faults import wait_exit
+from tests.markers import require
 from tests.processes import ROOT, free_port, wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.worker]
@@ -44,6 +45,7 @@ class RunningPortal:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        require("worker", "starts bin/run-portal (a web server, a worker and beat)")
         migrate = run(self.env, sys.executable, "manage.py", "migrate", "--noinput")
         assert migrate.returncode == 0, migrate.stderr
         # A session of its own, as a terminal gives `make run`: Ctrl-C is SIGINT to that process group.
