@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +14,7 @@ from django.test import override_settings
 
 from accounts import checks
 from portal.env import env_bool, env_int, env_secret
+from tests.fresh_settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,33 +41,16 @@ def test_env_secret_reads_the_file_variant(monkeypatch: pytest.MonkeyPatch, tmp_
     assert env_secret("X_SECRET") == "s3cr3t"
 
 
-def _django_check(env: dict[str, str], *args: str, command: str = "check") -> subprocess.CompletedProcess[str]:
-    ours = ("DATABASE_URL", "SECRET_KEY", "MODELPORT_", "DEBUG", "METRICS_TOKEN", "REDIS_URL", "API_TOKEN_",
-            "DJANGO_SETTINGS_MODULE")  # the production settings, not the tests' (which set a SECRET_KEY)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(ours)}
-    return subprocess.run([sys.executable, "manage.py", command, *args], cwd=ROOT, env={**clean, **env},
-                          capture_output=True, text=True, timeout=120)
-
-
 STRONG_SECRET_KEY = "k" * 20 + "Zq9#mX2$vL8@pW4!nR6%tY1^bH3&jK5*cF7(" + "q" * 10
 
 
 def production_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **env: str) -> dict[str, Any]:
-    """portal/settings.py imported afresh with a production environment (importing it has no side effects), as the
-    settings that differ from the tests' own: what override_settings needs to run the checks against it in-process,
-    without a subprocess per case."""
+    """portal/settings.py imported afresh with a production environment, as the settings that differ from the
+    tests' own: what override_settings needs to run the checks against it in-process."""
     from django.conf import settings
 
-    for name in list(os.environ):
-        if name.startswith(("SECRET_KEY", "METRICS_TOKEN", "DEBUG", "ALLOWED_HOSTS", "SECURE_")):
-            monkeypatch.delenv(name)
-    for name, value in {"MODELPORT_ENV": "production", "ALLOWED_HOSTS": "modelport.example.com",
-                        "MODELPORT_VAR_DIR": str(tmp_path), **env}.items():
-        monkeypatch.setenv(name, value)
-    spec = importlib.util.spec_from_file_location("production_settings", ROOT / "portal" / "settings.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_settings(monkeypatch, {"MODELPORT_ENV": "production", "ALLOWED_HOSTS": "modelport.example.com",
+                                         "MODELPORT_VAR_DIR": str(tmp_path), **env})
     keep = {"DATABASES", "INSTALLED_APPS", "PASSWORD_HASHERS", "LOGGING"}  # the test database and app registry
     return {name: value for name, value in vars(module).items()
             if name.isupper() and name not in keep and getattr(settings, name, object()) != value}
@@ -133,13 +113,11 @@ def test_development_needs_no_metrics_token(settings: Any) -> None:
     assert checks.metrics_token() == []
 
 
-def test_redis_url_must_be_redis(tmp_path: Path) -> None:
-    result = _django_check({"MODELPORT_VAR_DIR": str(tmp_path), "REDIS_URL": "http://127.0.0.1:6379/0"})
-    assert result.returncode != 0
-    assert "REDIS_URL must be a redis:// or rediss:// URL" in result.stderr
+def test_redis_url_must_be_redis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ImproperlyConfigured, match=r"^REDIS_URL must be a redis:// or rediss:// URL$"):
+        load_settings(monkeypatch, {"MODELPORT_VAR_DIR": str(tmp_path), "REDIS_URL": "http://127.0.0.1:6379/0"})
 
 
-def test_the_maximum_token_lifetime_cannot_be_negative(tmp_path: Path) -> None:
-    result = _django_check({"MODELPORT_VAR_DIR": str(tmp_path), "API_TOKEN_MAX_LIFETIME_DAYS": "-1"})
-    assert result.returncode != 0
-    assert "API_TOKEN_MAX_LIFETIME_DAYS must be at least 0" in result.stderr
+def test_the_maximum_token_lifetime_cannot_be_negative(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ImproperlyConfigured, match=r"^API_TOKEN_MAX_LIFETIME_DAYS must be at least 0, got -1$"):
+        load_settings(monkeypatch, {"MODELPORT_VAR_DIR": str(tmp_path), "API_TOKEN_MAX_LIFETIME_DAYS": "-1"})
