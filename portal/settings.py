@@ -116,7 +116,7 @@ if _database_url:
 else:
     DATABASES = {
         "default": {
-            "ENGINE": "django.db.backends.sqlite3",
+            "ENGINE": "portal.sqlite3",  # Django's, creating var/ when it first connects
             "NAME": str(VAR_DIR / "modelport.sqlite3"),
             # A web server, a worker and beat share this file: wait for locks instead of failing at once.
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},

@@ -181,3 +181,4 @@ def test_the_checks_are_registered_with_django() -> None:
     registered = {check.__name__ for check in registry.get_checks()}
     assert {"secret_key", "allowed_hosts", "s3_storage", "sandbox_settings", "kubernetes_settings",
             "limits"} <= registered
+
