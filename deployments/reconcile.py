@@ -158,6 +158,9 @@ def _switch(deployment: Deployment, target: Revision, launch: Launch) -> None:
             record(deployment, Event.Kind.INFO, f"Revision {target.number} is ready and serving ({launch.description}).")
 
 
+CANNOT_TELL_PREFIX = "Serving; the runtime cannot tell whether it still serves revision"
+
+
 def _check(deployment: Deployment, runtime: Runtime, target: Revision) -> float | None:
     """A ready deployment: is what serves it still serving? If not, start it again (the gateway answers 503 until
     then rather than sending requests to a dead server)."""
@@ -173,7 +176,16 @@ def _check(deployment: Deployment, runtime: Runtime, target: Revision) -> float 
                                launch_deadline=timezone.now() + timedelta(seconds=runtime.ready_timeout_seconds))
         return NOW
     health = runtime.check(deployment, serving)
+    if health.unknown:
+        # Keep the route (what serves most likely still does) and say why nobody can tell, once.
+        message = f"{CANNOT_TELL_PREFIX} {target.number}: {health.message}"
+        if deployment.status_message != message and deployment.advance(S.READY, message):
+            record(deployment, Event.Kind.WARNING, f"Cannot tell whether revision {target.number} still serves: "
+                                                   f"{health.message}")
+        return _drain_left(deployment)
     if health.ok:
+        if deployment.status_message.startswith(CANNOT_TELL_PREFIX):
+            deployment.advance(S.READY, f"Serving revision {target.number}.")
         return _drain_left(deployment)
     if deployment.advance(S.STARTING, f"Restarting: {health.message}.", upstream_url="", grpc_upstream="",
                           serving_launch=None):

@@ -72,6 +72,13 @@ class Health:
     ok: bool
     message: str = ""
     detail: str = ""
+    # The runtime could not tell (an API server that refuses or does not answer): the deployment keeps its route,
+    # nothing is restarted, and `message` says why it could not tell, for the deployment's status.
+    unknown: bool = False
+
+    @classmethod
+    def cannot_tell(cls, reason: str) -> Health:
+        return cls(ok=True, message=reason, unknown=True)
 
 
 class RuntimeUnavailable(Exception):

@@ -53,6 +53,7 @@ class FakeRuntime:
     preparing_for: int = 0
     render_errors: dict[str, list[str]] = field(default_factory=dict)
     unavailable: str = ""  # every call raises RuntimeUnavailable with this message
+    cannot_tell: str = ""  # check() cannot tell whether a server serves, for this reason (an API server refusing)
     servers: list[FakeServer] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     torn_down: list[int] = field(default_factory=list)
@@ -119,6 +120,8 @@ class FakeRuntime:
 
     def check(self, deployment: Deployment, launch: Launch) -> Health:
         self._call(f"check {launch.ref}")
+        if self.cannot_tell:
+            return Health.cannot_tell(self.cannot_tell)
         server = self.server(launch)
         if server.state == "ready":
             return Health(True)

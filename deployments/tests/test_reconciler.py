@@ -181,6 +181,26 @@ def test_a_dead_server_is_restarted_with_an_event_and_no_route_meanwhile(
     assert row.grpc_upstream == fake.servers[1].grpc_target
 
 
+def test_a_health_check_that_cannot_tell_keeps_the_route_and_says_why_once(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
+    deployment = serving(alice, fake, clock)
+    route = Deployment.objects.get(pk=deployment.pk).upstream_url
+    fake.cannot_tell = "Kubernetes refused to let Modelport read Deployment ns/digits: forbidden"
+    tick(deployment)
+    tick(deployment)
+    row = Deployment.objects.get(pk=deployment.pk)
+    assert row.status == S.READY and row.upstream_url == route  # nothing restarted, the route stays
+    assert row.status_message == ("Serving; the runtime cannot tell whether it still serves revision 1: Kubernetes "
+                                  "refused to let Modelport read Deployment ns/digits: forbidden")
+    assert [e for e in events(deployment) if e.startswith("Cannot tell")] == [
+        "Cannot tell whether revision 1 still serves: Kubernetes refused to let Modelport read Deployment "
+        "ns/digits: forbidden"]  # once, not at every tick
+    assert fake.launched_revisions() == [1]
+    fake.cannot_tell = ""
+    tick(deployment)
+    assert Deployment.objects.get(pk=deployment.pk).status_message == "Serving revision 1."
+
+
 def test_a_launch_that_never_becomes_ready_fails_at_its_deadline_and_the_old_revision_keeps_serving(
         alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
     deployment = serving(alice, fake, clock)

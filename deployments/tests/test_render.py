@@ -140,11 +140,6 @@ def test_rendered_configs_match_the_golden_files_byte_for_byte(golden_name: str,
     assert rendered == golden.read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("golden_name", sorted(golden_models(Path("unused"))))
-def test_golden_files_parse_as_triton_model_configs(golden_name: str) -> None:
-    text_format.Parse((GOLDEN / f"{golden_name}.pbtxt").read_text(), mc.ModelConfig())
-
-
 def test_batched_configs_drop_the_batch_dimension() -> None:
     config = text_format.Parse((GOLDEN / "onnx_kubernetes.pbtxt").read_text(), mc.ModelConfig())
     assert config.max_batch_size == 16

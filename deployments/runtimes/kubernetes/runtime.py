@@ -406,10 +406,21 @@ class KubernetesRuntime:
                         detail += f"\n{logs}" if logs else ""
                         break
             return Health(False, message, detail)
-        except (Unreachable, KubeError, RuntimeUnavailable) as exc:
-            # Cannot tell from here; the pods most likely still serve. Try again at the next check.
-            log.warning("cannot check %s on Kubernetes: %s", deployment, exc)
-            return Health(True)
+        except Unreachable as exc:
+            # A blip most likely; the pods still serve. The next check looks again.
+            log.warning("cannot check deployment %s (%s/%s) on Kubernetes: %s", deployment.pk, namespace,
+                        deployment.name, exc)
+            return Health.cannot_tell(f"the Kubernetes API server is not reachable ({exc})")
+        except KubeError as exc:
+            # Refused (RBAC, credentials): not healthy as far as anyone can tell, and no restart would help. The
+            # deployment's status names the rules to grant; it keeps its route, since its pods most likely serve.
+            log.warning("cannot check deployment %s (%s/%s) on Kubernetes: %s %s: %s", deployment.pk, namespace,
+                        deployment.name, exc.status, exc.reason, exc.message)
+            return Health.cannot_tell(_explain(exc, f"read Deployment {namespace}/{deployment.name}"))
+        except RuntimeUnavailable as exc:
+            log.warning("cannot check deployment %s (%s/%s) on Kubernetes: %s", deployment.pk, namespace,
+                        deployment.name, exc)
+            return Health.cannot_tell(str(exc))
 
     def retire(self, deployment: Deployment, keep: Sequence[Launch]) -> list[str]:
         """Kubernetes replaced the old pods itself; what is left is the old revisions' access Secrets and their
