@@ -3,7 +3,8 @@
 A revision whose python models list requirements gets an environment layered on the runtime env: a virtualenv made
 by the runtime env's own python whose site-packages holds only what the runtime env lacks, and a .pth file that
 adds the runtime env's site-packages behind it (so numpy, onnxruntime, torch... are never installed twice). Triton
-runs that revision with the environment's site-packages on PYTHONPATH.
+runs that revision with the environment's bin/ first on PATH (the python-backend stub takes its Python prefix from
+the first python3 there; it ignores PYTHONPATH).
 
 One environment per distinct requirement set and runtime env: the key is the sha256 of the normalized, sorted
 requirements, the runtime env's Python version and every distribution it holds (name==version). Two deployments

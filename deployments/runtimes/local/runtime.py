@@ -295,14 +295,15 @@ def _launch(revision: Revision) -> TritonServer:
         penv = python_env_for(revision.spec)
     except (pyenvs.RequirementError, pyenvs.BuildError) as exc:
         raise RuntimeUnavailable(f"The python environment of revision {revision.number}: {exc}") from None
-    python_path: dict[str, str] = {}
+    bin_dirs, virtual_env = [env.bin_dir], env.root
     if penv is not None:
         if pyenvs.state_of(pyenv_layout(), penv.key, 0).state != "built":
             raise RuntimeUnavailable(f"The python environment of revision {revision.number} is gone (removed "
                                      "while it was starting): start the deployment again to rebuild it.")
         pyenvs.touch(pyenv_layout(), penv.key)
-        # Ahead of the runtime env's site-packages: what the requirements installed is what model.py imports.
-        python_path = {"PYTHONPATH": str(penv.site_packages)}
+        # The stub's embedded interpreter ignores PYTHONPATH but takes its prefix from the first python3 on PATH:
+        # the environment's, whose site-packages comes first and adds the runtime env's behind it (its .pth file).
+        bin_dirs, virtual_env = [penv.env_dir / "bin", env.bin_dir], penv.env_dir
     caps = sandbox_capabilities()
     options = sandbox_options()
     backend_dir = local_triton.build_backend_dir(env, Path(settings.VAR_DIR), sandboxed=caps.available)
@@ -313,12 +314,11 @@ def _launch(revision: Revision) -> TritonServer:
     scratch = deployment_dir(deployment) / "scratch" / sandbox_id
     sandbox.prepare_scratch(scratch, options)
     egress = deployment.allow_egress
-    environment = sandbox.environment([env.bin_dir], scratch, {
-        "VIRTUAL_ENV": str(env.root),
+    environment = sandbox.environment(bin_dirs, scratch, {
+        "VIRTUAL_ENV": str(virtual_env),
         # Read by the python-backend stub wrapper (deployments/sandbox/stub.py).
         "MODELPORT_SANDBOX_NET": "egress" if egress else "none",
         "MODELPORT_SANDBOX_EGRESS_PORTS": ",".join(str(p) for p in options.egress_ports) if egress else "",
-        **python_path,
     })
     confinement = None
     if caps.available:
