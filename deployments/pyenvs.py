@@ -189,6 +189,20 @@ def clear_cache() -> None:
         _identities.clear()
 
 
+def satisfied_by(requirement: Requirement, identity: RuntimeIdentity) -> bool:
+    """Whether the runtime env already has what `requirement` asks (the sample pipeline's "numpy", "pillow"): then
+    no environment is needed for it. Conservative: a requirement with extras or a marker is never taken as
+    satisfied (what they pull in, or whether they apply, is pip's to decide)."""
+    if requirement.extras or requirement.marker:
+        return False
+    wanted = canonicalize_name(requirement.name)
+    for line in identity.distributions:
+        name, _, version = line.partition("==")
+        if canonicalize_name(name) == wanted:
+            return requirement.specifier.contains(version, prereleases=True)
+    return False
+
+
 def env_key(requirements: Sequence[str], identity: RuntimeIdentity) -> str:
     """The environment's name: the same requirement set on the same runtime env, the same key."""
     text = json.dumps({"v": KEY_VERSION, "requirements": list(requirements), "python": identity.python_version,

@@ -62,6 +62,17 @@ def test_a_revision_without_requirements_needs_no_environment(alice: Person, que
     assert queued == []
 
 
+def test_requirements_the_runtime_env_satisfies_need_no_environment(alice: Person, queued: list[int]) -> None:
+    """The sample pipeline's preprocess step lists numpy and pillow, which the runtime env has."""
+    revision = revision_needing(alice, b"numpy>=1.20\nPyYAML\n")
+    assert local_runtime.python_env_for(revision.spec) is None
+    assert local_runtime.prepare_python_env(revision) == PREPARED
+    assert queued == []
+    for number, needs_one in enumerate((b"numpy<1\n", b"pyyaml[extra]\n", b'numpy; python_version >= "3"\n')):
+        other = revision_needing(alice, needs_one, name=f"other{number}")
+        assert local_runtime.python_env_for(other.spec) is not None, needs_one
+
+
 def test_the_build_is_queued_once_waited_for_and_then_the_revision_is_prepared(
         alice: Person, queued: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     revision = revision_needing(alice, b"Tabulate>=0.9\nnumpy\n")
@@ -118,7 +129,7 @@ def test_unused_environments_are_swept_but_a_running_deployments_is_kept(
         alice: Person, queued: list[int], monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
     use_pip(monkeypatch, FakePip())
     kept = revision_needing(alice, b"tabulate\n", name="kept")
-    gone = revision_needing(alice, b"six\n", name="gone")
+    gone = revision_needing(alice, b"tabulate<1\n", name="gone")
     for revision in (kept, gone):
         local_runtime.build_python_env(revision.pk)
     Deployment.objects.filter(pk=gone.deployment_id).update(desired_state=Deployment.Desired.STOPPED)

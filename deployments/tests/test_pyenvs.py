@@ -91,6 +91,14 @@ def test_keys_are_stable_and_change_with_the_requirements_or_the_runtime_env() -
     assert pyenvs.env_key(("six>=1", "tabulate"), pyenvs.RuntimeIdentity("3.11.8", IDENTITY.distributions)) != key
 
 
+@pytest.mark.parametrize(("line", "satisfied"), [
+    ("numpy", True), ("NumPy>=1.20,<2", True), ("numpy==1.26.*", True), ("numpy>=2", False), ("onnxruntime", True),
+    ("tabulate", False), ("numpy[extra]", False), ('numpy; python_version >= "3"', False),
+])
+def test_what_the_runtime_env_has_needs_no_environment(line: str, satisfied: bool) -> None:
+    assert pyenvs.satisfied_by(pyenvs.parse_line(line), IDENTITY) is satisfied
+
+
 def test_the_runtime_envs_identity_is_asked_once_until_its_site_packages_change(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pyenvs.clear_cache()

@@ -154,23 +154,21 @@ def pyenv_layout() -> pyenvs.Layout:
     return pyenvs.Layout(Path(settings.PYENVS_DIR))
 
 
-def revision_requirements(spec: RevisionSpec) -> tuple[str, ...]:
-    """The union of the requirements of the revision's python models (pipeline steps included), normalized:
-    one Triton runs them all, so one environment holds them all. RequirementError for a line that is refused."""
-    lines = [line for entry in spec.models for line in entry.requirements]
-    return pyenvs.normalized(pyenvs.parse_requirements(lines)) if lines else ()
-
-
 def python_env_for(spec: RevisionSpec) -> PythonEnv | None:
-    """The environment the revision needs (None: its models need nothing beyond the runtime env).
+    """The environment the revision needs: the union of its python models' requirements (pipeline steps
+    included; one Triton runs them all), normalized. None when they need nothing the runtime env lacks.
 
     Raises RequirementError, RuntimeEnvError (no runtime env) or pyenvs.BuildError (its python cannot run)."""
-    requirements = revision_requirements(spec)
-    if not requirements:
+    lines = [line for entry in spec.models for line in entry.requirements]
+    if not lines:
         return None
+    parsed = pyenvs.parse_requirements(lines)
     env = runtime_env()
     identity = pyenvs.runtime_identity(env.bin_dir / "python", env.site_packages,
                                        env=local_triton.server_environment(env))
+    if all(pyenvs.satisfied_by(r, identity) for r in parsed):
+        return None
+    requirements = pyenvs.normalized(parsed)
     return PythonEnv(pyenvs.env_key(requirements, identity), requirements, identity)
 
 
