@@ -34,7 +34,7 @@ DEFAULT_MAX_BATCH_SIZE = 64
 class Findings:
     signature: Signature
     max_batch_size: int
-    # Stored as the version's `definition`: {"requirements": [...]} for python models (checked at deploy time).
+    # Stored as the version's `definition`: {"requirements": [...]} for python models (installed at deploy time).
     definition: dict[str, Any] | None = None
 
 
