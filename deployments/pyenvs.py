@@ -331,9 +331,14 @@ def pip_command(runtime_python: Path, env_dir: Path, constraints: Path, requirem
     return [*command, *requirements]
 
 
+# What pip may see of the worker's environment: its own configuration, proxies and certificates, never the portal's
+# secrets (SECRET_KEY, DATABASE_URL, S3 keys) nor the portal's interpreter settings.
+_PIP_ENVIRONMENT = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY",
+                    "HTTPS_PROXY", "NO_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE")
+
+
 def _pip_environment(options: PipOptions) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")}
+    env = {k: v for k, v in os.environ.items() if k in _PIP_ENVIRONMENT or k.startswith(("PIP_", "XDG_"))}
     env.update(options.extra_env)
     return env
 

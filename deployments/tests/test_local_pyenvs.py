@@ -104,6 +104,22 @@ def test_a_failed_build_fails_the_revision_with_pips_lines_and_a_retry_builds_ag
     assert queued == [revision.pk, revision.pk]
 
 
+def test_an_unreachable_broker_is_waited_for_rather_than_failing_the_deployment(
+        alice: Person, queued: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    from deployments import tasks
+
+    def broker_down(revision_id: int) -> None:
+        raise OSError("Connection refused")
+
+    monkeypatch.setattr(tasks.build_python_env, "delay", broker_down)
+    revision = revision_needing(alice, b"tabulate\n")
+    waiting = local_runtime.prepare_python_env(revision)
+    assert not waiting.done and waiting.building and "the broker is unreachable" in waiting.message
+    monkeypatch.setattr(tasks.build_python_env, "delay", queued.append)
+    assert local_runtime.prepare_python_env(revision).message.startswith("Installing python packages")
+    assert queued == [revision.pk]  # asked again once the broker answers
+
+
 def test_a_worker_that_runs_tasks_eagerly_is_done_at_once(
         alice: Person, queued: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     from deployments import tasks

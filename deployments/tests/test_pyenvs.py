@@ -134,10 +134,13 @@ class FakePip:
     def __init__(self, fails_with: str = "") -> None:
         self.fails_with = fails_with
         self.commands: list[list[str]] = []
+        self.environments: list[dict[str, str]] = []
 
     def __call__(self, command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         self.commands.append(command)
-        assert kwargs["timeout"] > 0 and "PYTHONPATH" not in kwargs["env"]
+        self.environments.append(kwargs["env"])
+        assert kwargs["timeout"] > 0
+        assert "PATH" in kwargs["env"] and not {"PYTHONPATH", "SECRET_KEY", "DATABASE_URL"} & set(kwargs["env"])
         if command[1:4] == ["-m", "venv", "--without-pip"]:
             env_dir = Path(command[4])
             (env_dir / "bin").mkdir(parents=True)
@@ -157,7 +160,10 @@ def build(layout: pyenvs.Layout, pip: FakePip, requirements: tuple[str, ...] = (
                         IDENTITY, options or pyenvs.PipOptions(), run=pip)
 
 
-def test_a_build_installs_wheels_only_over_the_runtime_env_with_what_it_has_as_constraints(tmp_path: Path) -> None:
+def test_a_build_installs_wheels_only_over_the_runtime_env_with_what_it_has_as_constraints(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SECRET_KEY", "the portal's")  # pip never sees it (FakePip checks)
+    monkeypatch.setenv("PIP_INDEX_URL", "https://the-operators-pip-config.example/simple")
     layout = pyenvs.Layout(tmp_path / "pyenvs")
     pip = FakePip()
     options = pyenvs.PipOptions(index_url="https://mirror.internal/simple", find_links="/srv/wheelhouse")
@@ -167,6 +173,7 @@ def test_a_build_installs_wheels_only_over_the_runtime_env_with_what_it_has_as_c
     env_dir = layout.env_dir(key)
     assert result.env_dir == env_dir
     venv, install = pip.commands
+    assert pip.environments[1]["PIP_INDEX_URL"] == "https://the-operators-pip-config.example/simple"
     assert venv == ["/rt/bin/python", "-m", "venv", "--without-pip", str(env_dir)]
     assert install[:6] == ["/rt/bin/python", "-m", "pip", "--python", str(env_dir / "bin" / "python"), "install"]
     assert "--only-binary=:all:" in install and "--no-input" in install

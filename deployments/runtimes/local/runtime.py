@@ -198,7 +198,10 @@ def prepare_python_env(revision: Revision) -> Preparation:
     layout = pyenv_layout()
     found = pyenvs.state_of(layout, penv.key, _requested_for_at_most())
     if found.state == "missing":
-        _queue_build(revision, penv)
+        if not _queue_build(revision, penv):
+            return Preparation(False, f"Waiting for the task queue to build the python environment of revision "
+                                      f"{revision.number} (the broker is unreachable).", retry_seconds=5.0,
+                               building=True)
         found = pyenvs.state_of(layout, penv.key, _requested_for_at_most())  # built already when tasks run eagerly
     if found.state == "built":
         return PREPARED
@@ -210,16 +213,18 @@ def prepare_python_env(revision: Revision) -> Preparation:
                               f"{', '.join(penv.requirements)}.", retry_seconds=2.0, building=True)
 
 
-def _queue_build(revision: Revision, penv: PythonEnv) -> None:
+def _queue_build(revision: Revision, penv: PythonEnv) -> bool:
+    """Queue the build; False when the broker cannot be reached (a later tick asks again)."""
     from deployments.tasks import BROKER_DOWN, build_python_env
 
     pyenvs.mark_requested(pyenv_layout(), penv.key, penv.requirements)
     try:
         build_python_env.delay(revision.pk)
     except BROKER_DOWN as exc:
-        # Asked again by a later tick once the broker answers.
+        log.warning("could not queue the build of python environment %s: %s", penv.key, exc)
         pyenv_layout().requested_file(penv.key).unlink(missing_ok=True)
-        raise RuntimeUnavailable(f"could not queue the build of the python environment: {exc}") from None
+        return False
+    return True
 
 
 def build_python_env(revision_id: int) -> int | None:
