@@ -27,15 +27,27 @@ from tests.test_deploy_e2e import deploy, serving, status_of, wait_status
 
 pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
-# y = 3x, where the 3 comes out of tabulate: the model cannot load, let alone answer, without the package.
+# y = 3x, where the 3 comes out of tabulate: the model cannot load, let alone answer, without the package. It also
+# tries to plant code in the environment it shares with other deployments: the sandbox mounts it read-only.
 TABULATE_MODEL = b'''
+import os
+
 import numpy as np
+import tabulate as tabulate_package
 import triton_python_backend_utils as pb_utils
 from tabulate import tabulate
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        planted = os.path.join(os.path.dirname(tabulate_package.__file__), "planted.py")
+        try:
+            with open(planted, "w") as handle:
+                handle.write("raise SystemExit('planted')")
+        except OSError:
+            pass
+        else:
+            raise RuntimeError("the shared python environment is writable from the sandbox")
         self.factor = float(tabulate([[3]], tablefmt="plain"))
 
     def execute(self, requests):
@@ -106,6 +118,7 @@ def test_a_python_models_requirements_are_installed_shared_and_a_bad_one_fails_w
     assert built == [key.key]
     assert (key.site_packages / "tabulate").is_dir() or (key.site_packages / "tabulate.py").exists()
     assert not (key.site_packages / "numpy").exists()  # the runtime env's numpy is used, not installed again
+    assert not list(key.site_packages.rglob("planted.py"))
     for name in ("fmt-a", "fmt-b"):
         server = serving(name)
         assert server.sandboxed, server.sandbox_note  # the environment is readable inside the sandbox
