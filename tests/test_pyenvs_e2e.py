@@ -137,7 +137,8 @@ def test_a_python_models_requirements_are_installed_shared_and_a_bad_one_fails_w
     deploy(alice, "broken", [{"model": "broken"}])
     body = wait_status(alice, "broken", "failed", timeout=240)
     assert body["status_message"].startswith("Revision 1 cannot be prepared: pip could not install its python "
-                                             "packages (nonexistent-pkg-zzz==9.9)")
+                                             "packages (nonexistent-pkg-zzz==9.9): No matching distribution found "
+                                             "for nonexistent-pkg-zzz==9.9\n")
     assert "nonexistent-pkg-zzz==9.9" in body["status_message"].split("\n", 1)[1]  # pip's own lines follow
     assert "No matching distribution found" in body["status_message"]
     assert status_of(alice, "fmt-a")["status"] == "ready"  # nothing else disturbed

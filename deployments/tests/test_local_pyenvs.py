@@ -98,7 +98,8 @@ def test_a_failed_build_fails_the_revision_with_pips_lines_and_a_retry_builds_ag
     local_runtime.build_python_env(revision.pk)
     with pytest.raises(PreparationFailed) as failed:
         local_runtime.prepare_python_env(revision)
-    assert str(failed.value) == "pip could not install its python packages (nonexistent-pkg-zzz==9.9)"
+    assert str(failed.value) == ("pip could not install its python packages (nonexistent-pkg-zzz==9.9): No matching "
+                                 "distribution found for nonexistent-pkg-zzz==9.9")
     assert failed.value.detail.endswith("ERROR: No matching distribution found for nonexistent-pkg-zzz==9.9")
     assert not local_runtime.prepare_python_env(revision).done  # a retry: built again
     assert queued == [revision.pk, revision.pk]

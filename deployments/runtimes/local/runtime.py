@@ -207,8 +207,10 @@ def prepare_python_env(revision: Revision) -> Preparation:
         return PREPARED
     if found.state == "failed":
         detail = pyenvs.forget_failure(layout, penv.key) or found.message
-        raise PreparationFailed(f"pip could not install its python packages ({', '.join(penv.requirements)})",
-                                detail)
+        # pip's last "ERROR:" line says it in one line (the CLI and the badges show the first line of a status).
+        errors = [line.removeprefix("ERROR:").strip() for line in detail.splitlines() if line.startswith("ERROR:")]
+        raise PreparationFailed(f"pip could not install its python packages ({', '.join(penv.requirements)})"
+                                + (f": {errors[-1]}" if errors else ""), detail)
     return Preparation(False, f"Installing python packages for revision {revision.number}: "
                               f"{', '.join(penv.requirements)}.", retry_seconds=2.0, building=True)
 
