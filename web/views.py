@@ -31,6 +31,7 @@ from deployments.models import Deployment, Event
 from deployments.revision_spec import ModelEntry, Resources, RevisionSpec
 from deployments.runtimes.registry import runtime_for
 from models_registry import actions as registry_actions
+from models_registry import datatypes, formats
 from models_registry.models import FORMATS_NEEDING_SIGNATURE, Format, Model, ModelVersion
 from models_registry.pipelines import pipeline_graph
 from models_registry.samples import sample_inputs, takes_images
@@ -169,7 +170,7 @@ def _versions_context(model: Model) -> dict[str, Any]:
 def model_detail(request: HttpRequest, team: Team, name: str) -> HttpResponse:
     context = _versions_context(_get_model(team, name))
     # The newest pipeline version is drawn as a diagram of its steps and tensors.
-    pipeline = next((v for v in context["versions"] if v.format == "ensemble" and v.definition), None)
+    pipeline = next((v for v in context["versions"] if v.format == Format.ENSEMBLE and v.definition), None)
     context["pipeline"] = pipeline
     context["graph"] = pipeline_graph(pipeline.definition) if pipeline else None
     context["can_delete"] = is_team_admin(request)
@@ -221,8 +222,7 @@ def upload(request: HttpRequest, team: Team) -> HttpResponse:
         "form": form,
         "model_names": Model.objects.filter(team=team).values_list("name", flat=True),
         "formats_needing_signature": sorted(f.value for f in FORMATS_NEEDING_SIGNATURE),
-        "datatypes": ["FP32", "FP16", "FP64", "BF16", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16",
-                      "UINT32", "UINT64", "BOOL", "BYTES"],
+        "datatypes": datatypes.FORM_ORDER,
         "chunk_size": 5 * 1024 * 1024,
         # The script checks the name before a long upload: the model is only created with its first version.
         "name_pattern": NAME_RE.pattern.removeprefix("^").removesuffix("$").removesuffix(r"\Z"),
@@ -237,7 +237,18 @@ def _serving_context() -> dict[str, Any]:
     where = serving()
     reason = ("it needs the Kubernetes runtime" if where.kubernetes_ready
               else "it needs a Kubernetes cluster, which no operator has configured here")
-    return {"serving_note": where.note(), "not_local": where.not_local, "not_local_reason": reason}
+    return {"serving_note": where.note(), "not_local": where.not_local, "not_local_reason": reason,
+            "format_hints": _format_hints()}
+
+
+def _format_hints() -> dict[str, dict[str, str]]:
+    """For upload.js, from the format registry: the format a file name's extension suggests, and each format in
+    a sentence ("A TensorRT plan cannot be served ...")."""
+    registry = formats.REGISTRY.values()
+    return {
+        "extensions": {ext: fmt.name for fmt in registry for ext in fmt.extensions},
+        "names": {fmt.name: fmt.description[:1].upper() + fmt.description[1:] for fmt in registry},
+    }
 
 
 def _create_version(request: HttpRequest, team: Team, form: UploadForm) -> ModelVersion | None:

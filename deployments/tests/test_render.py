@@ -19,19 +19,20 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from deployments.render import (
-    BACKENDS_DIR,
-    BATCHING_MODULE,
-    ONNX_WRAPPER,
-    SAVEDMODEL_WRAPPER,
-    TORCHSCRIPT_IO_MODULE,
-    TORCHSCRIPT_WRAPPER,
     RenderError,
     render_config,
     render_repository,
     repository_digest,
 )
 from deployments.spec import DynamicBatching, EnsembleStep, InstanceGroup, RepositorySpec, ServedModel
+from models_registry.formats.base import BACKENDS_DIR, BATCHING_MODULE
 from models_registry.signature import Signature, Tensor
+
+# The files the local target must copy, named here rather than read from the format registry that renders them.
+ONNX_WRAPPER = BACKENDS_DIR / "onnx_python_model.py"
+TORCHSCRIPT_WRAPPER = BACKENDS_DIR / "torchscript_python_model.py"
+SAVEDMODEL_WRAPPER = BACKENDS_DIR / "savedmodel_python_model.py"
+TORCHSCRIPT_IO_MODULE = BACKENDS_DIR / "torchscript_io.py"
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE_GOLDEN = os.environ.get("MODELPORT_UPDATE_GOLDEN") == "1"

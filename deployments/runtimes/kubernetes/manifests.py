@@ -27,6 +27,7 @@ import yaml
 from deployments import quantity
 from deployments.revision_spec import Autoscaling, Resources, RevisionSpec
 from deployments.runtimes.kubernetes.config import TRITON_UID, KubernetesConfig
+from models_registry import formats
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 CONTAINER = "triton"
@@ -144,7 +145,7 @@ def service_grpc_target(target_name: str, namespace: str, config: KubernetesConf
 def image_for(target: Target, config: KubernetesConfig) -> str:
     if target.spec.image:
         return target.spec.image
-    if any(m.format == "tnn" for m in target.spec.models):
+    if any(formats.get(m.format).native.custom for m in target.spec.models):
         return config.custom_backend_image
     return config.image
 

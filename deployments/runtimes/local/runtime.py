@@ -39,6 +39,7 @@ from deployments.runtimes.base import (
 from deployments.runtimes.local import triton as local_triton
 from deployments.sandbox import cgroups
 from deployments.spec import validate_repository
+from models_registry import formats
 from models_registry.validation import archive_limits
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ def sandbox_capabilities() -> sandbox.Capabilities:
 def runs_uploaded_code(spec: RevisionSpec) -> bool:
     """Whether the revision executes code a team uploaded: python models (pipeline steps included). ONNX files are
     data, read by onnxruntime inside Modelport's own python model."""
-    return any(m.format == "python" for m in spec.models)
+    return any(m.format == formats.PYTHON for m in spec.models)
 
 
 def sandbox_refusal(spec: RevisionSpec) -> str | None:
