@@ -14,7 +14,7 @@ import pytest
 
 from conftest import Person
 from deployments import pyenvs
-from deployments.models import Deployment, Revision
+from deployments.models import Deployment, Revision, TritonServer
 from deployments.runtimes.base import PREPARED, PreparationFailed
 from deployments.runtimes.local import runtime as local_runtime
 from deployments.runtimes.local import triton as local_triton
@@ -156,3 +156,26 @@ def test_unused_environments_are_swept_but_a_running_deployments_is_kept(
     assert gone_env is not None and kept_env is not None
     assert removed == [f"removed the unused python environment {gone_env.env_dir}"]
     assert kept_env.env_dir.is_dir()
+
+
+def test_an_environment_a_running_triton_started_with_is_kept_after_the_runtime_env_changed(
+        alice: Person, queued: list[int], monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    """Installing an extra into the runtime env changes every key; a Triton started before keeps its environment."""
+    use_pip(monkeypatch, FakePip())
+    revision = revision_needing(alice, b"tabulate\n")
+    local_runtime.build_python_env(revision.pk)
+    started_with = local_runtime.python_env_for(revision.spec)
+    assert started_with is not None
+    (local_runtime.repository_dir(revision).parent).mkdir(parents=True)
+    (local_runtime.repository_dir(revision).parent / "pyenv").write_text(started_with.key)  # as _launch writes it
+    TritonServer.objects.create(deployment=revision.deployment, revision=revision, pid=1, http_port=1, grpc_port=2,
+                                metrics_port=3, log_path="/dev/null", state=TritonServer.State.READY)
+    pyenvs.clear_cache()
+    monkeypatch.setattr(pyenvs, "runtime_identity",
+                        lambda *args, **kwargs: pyenvs.RuntimeIdentity("3.11.7", ("torch==2.13.0",)))
+    assert local_runtime.python_env_for(revision.spec) != started_with
+    settings.PYENV_KEEP_UNUSED_SECONDS = 0
+    assert local_runtime.collect_python_envs() == []
+    assert started_with.env_dir.is_dir()
+    TritonServer.objects.update(state=TritonServer.State.STOPPED)
+    assert local_runtime.collect_python_envs() == [f"removed the unused python environment {started_with.env_dir}"]

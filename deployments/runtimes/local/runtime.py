@@ -307,6 +307,9 @@ def _launch(revision: Revision) -> TritonServer:
             raise RuntimeUnavailable(f"The python environment of revision {revision.number} is gone (removed "
                                      "while it was starting): start the deployment again to rebuild it.")
         pyenvs.touch(pyenv_layout(), penv.key)
+        # What this revision's servers run with, for the clean-up: the key a revision computes changes when the
+        # runtime env does, while its running Triton keeps using the environment it started with.
+        (repository_dir(revision).parent / "pyenv").write_text(penv.key)
         # The stub's embedded interpreter ignores PYTHONPATH but takes its prefix from the first python3 on PATH:
         # the environment's, whose site-packages comes first and adds the runtime env's behind it (its .pth file).
         bin_dirs, virtual_env = [penv.env_dir / "bin", env.bin_dir], penv.env_dir
@@ -574,6 +577,12 @@ def collect_python_envs() -> list[str]:
     running = Deployment.objects.filter(desired_state=Deployment.Desired.RUNNING).select_related(
         "revision", "serving_revision")
     revisions = [r for d in running for r in (d.revision, d.serving_revision) if r is not None]
+    for server in TritonServer.objects.filter(state__in=[TritonServer.State.STARTING, TritonServer.State.READY]) \
+            .select_related("revision", "deployment"):
+        try:
+            in_use.add((repository_dir(server.revision).parent / "pyenv").read_text().strip())
+        except OSError:
+            pass
     for revision in revisions:
         if not any(m.requirements for m in revision.spec.models):
             continue
