@@ -29,6 +29,8 @@ class Deployment(models.Model):
     class Status(models.TextChoices):
         PENDING = "pending"
         RENDERING = "rendering"
+        # Installing a python model's requirements (deployments/pyenvs.py) before Triton can start.
+        BUILDING = "building"
         STARTING = "starting"
         READY = "ready"
         FAILED = "failed"
@@ -83,7 +85,8 @@ class Deployment(models.Model):
 
     @property
     def is_transitional(self) -> bool:
-        return self.status in (self.Status.PENDING, self.Status.RENDERING, self.Status.STARTING, self.Status.STOPPING)
+        return self.status in (self.Status.PENDING, self.Status.RENDERING, self.Status.BUILDING, self.Status.STARTING,
+                               self.Status.STOPPING)
 
     def can_start(self) -> bool:
         return self.desired_state == self.Desired.STOPPED

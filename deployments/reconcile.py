@@ -28,7 +28,7 @@ from django.utils import timezone
 from deployments.events import record
 from deployments.models import Deployment, Event, Revision
 from deployments.render import RenderError
-from deployments.runtimes.base import Launch, Runtime, RuntimeUnavailable
+from deployments.runtimes.base import Launch, PreparationFailed, Runtime, RuntimeUnavailable
 from deployments.runtimes.registry import runtime_for
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def _run(deployment: Deployment, runtime: Runtime) -> float | None:
         return NOW
     if deployment.status == S.FAILED:
         return _drain_left(deployment)  # a failed deployment waits for the user: a new revision, start or retry
-    if deployment.status in (S.PENDING, S.RENDERING):
+    if deployment.status in (S.PENDING, S.RENDERING, S.BUILDING):
         return _prepare(deployment, runtime, target)
     if deployment.status == S.STARTING:
         return _start(deployment, runtime, target)
@@ -103,9 +103,15 @@ def _prepare(deployment: Deployment, runtime: Runtime, target: Revision) -> floa
     except RenderError as exc:
         _fail(deployment, f"Revision {target.number} cannot be rendered: {exc}")
         return _drain_left(deployment)
+    except PreparationFailed as exc:
+        _fail(deployment, f"Revision {target.number} cannot be prepared: {exc}", exc.detail)
+        return _drain_left(deployment)
     if not preparation.done:
-        if preparation.message and preparation.message != deployment.status_message:
-            deployment.advance(S.RENDERING, preparation.message)
+        status = S.BUILDING if preparation.building else S.RENDERING
+        if preparation.message and (preparation.message, status) != (deployment.status_message, deployment.status):
+            with transaction.atomic():
+                if deployment.advance(status, preparation.message) and status == S.BUILDING:
+                    record(deployment, Event.Kind.INFO, preparation.message)
         return preparation.retry_seconds
     if deployment.advance(S.STARTING, f"Starting Triton for revision {target.number}."):
         record(deployment, Event.Kind.INFO, f"Rendered the model repository of revision {target.number}.")

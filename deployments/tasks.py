@@ -89,6 +89,17 @@ def reconcile_deployment(self: Task, deployment_id: int, due: str | None = None)
         queue_reconcile(deployment_id, countdown=wait)
 
 
+@shared_task(bind=True)
+def build_python_env(self: Task, revision_id: int) -> None:
+    """Install a revision's python requirements (deployments/pyenvs.py): on the inspection queue, since pip may take
+    minutes, which no tick may. The deployment's next tick then starts Triton."""
+    from deployments.runtimes.local.runtime import build_python_env as build
+
+    deployment_id = build(revision_id)
+    if deployment_id is not None and not self.request.is_eager:  # eagerly, the waiting tick looks again itself
+        queue_reconcile(deployment_id)
+
+
 @shared_task
 def reconcile_all() -> int:
     """Periodic: health-check serving deployments, move every deployment not at rest (rollouts whose follow-up

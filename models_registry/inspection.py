@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 class Findings:
     signature: Signature
     max_batch_size: int
-    # Stored as the version's `definition`: {"requirements": [...]} for python models (checked at deploy time).
+    # Stored as the version's `definition`: {"requirements": [...]} for python models (installed at deploy time).
     definition: dict[str, Any] | None = None
 
 

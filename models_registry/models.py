@@ -97,7 +97,7 @@ class ModelVersion(models.Model):
     max_batch_size = models.PositiveIntegerField(default=0)
     declared_max_batch_size = models.PositiveIntegerField(null=True, blank=True)
     # Pipelines (format "ensemble"): the validated step definition (models_registry.pipelines). Python models:
-    # {"requirements": [...]} from their requirements.txt, checked against the runtime when deployed.
+    # {"requirements": [...]} from their requirements.txt, installed by the local runtime when deployed.
     definition = models.JSONField(null=True, blank=True)
     # Pipelines: the versions their steps call, so that none of them is deleted while a pipeline uses it.
     step_versions = models.ManyToManyField("self", symmetrical=False, related_name="pipelines", blank=True)

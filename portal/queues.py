@@ -11,12 +11,15 @@ from enum import StrEnum
 class Queue(StrEnum):
     # The reconciler's ticks and the periodic work on deployments: short tasks, latency-sensitive.
     RECONCILE = "reconcile"
-    # Inspection of uploaded versions, and housekeeping (expired uploads, idempotency records): may take a minute.
+    # Inspection of uploaded versions, building python models' environments (pip), and housekeeping (expired
+    # uploads, idempotency records): may take minutes.
     INSPECTION = "inspection"
 
 
 # Where each task goes; anything not named goes to INSPECTION (the default queue), never ahead of a rollout.
 ROUTES: dict[str, dict[str, str]] = {
+    # Exact names win over the patterns below: pip may run for minutes, never ahead of a tick.
+    "deployments.tasks.build_python_env": {"queue": Queue.INSPECTION},
     "deployments.tasks.*": {"queue": Queue.RECONCILE},
     "models_registry.tasks.*": {"queue": Queue.INSPECTION},
     "accounts.tasks.*": {"queue": Queue.INSPECTION},

@@ -227,6 +227,17 @@ MODELPORT_RUNTIME_EXTRAS = env_list("MODELPORT_RUNTIME_EXTRAS")
 # CELERY_VISIBILITY_TIMEOUT, so that Redis never hands a running inspection to a second worker.
 TRIAL_RUN_TIMEOUT_SECONDS = env_float("TRIAL_RUN_TIMEOUT_SECONDS", 50.0, minimum=5)
 TRIAL_RUN_MEMORY_MB = env_int("TRIAL_RUN_MEMORY_MB", 4096, minimum=1024)
+# Python models' requirements (deployments/pyenvs.py): one environment per requirement set under PYENVS_DIR, built
+# by a worker with pip, wheels only, from the operator's package source: MODELPORT_PIP_INDEX_URL (an index that
+# replaces PyPI, e.g. a mirror on an air-gapped network) and/or MODELPORT_PIP_FIND_LINKS (a wheelhouse directory or
+# page); unset, pip's own configuration applies (pip.conf, PIP_* variables; by default PyPI). A build taking longer
+# than MODELPORT_PIP_TIMEOUT_SECONDS fails (it stays below CELERY_VISIBILITY_TIMEOUT). An environment no revision
+# uses is removed once unused for PYENV_KEEP_UNUSED_SECONDS.
+PYENVS_DIR = Path(env_str("PYENVS_DIR", str(VAR_DIR / "pyenvs"))).resolve()
+MODELPORT_PIP_INDEX_URL = env_str("MODELPORT_PIP_INDEX_URL")
+MODELPORT_PIP_FIND_LINKS = env_str("MODELPORT_PIP_FIND_LINKS")
+MODELPORT_PIP_TIMEOUT_SECONDS = env_float("MODELPORT_PIP_TIMEOUT_SECONDS", 900.0, minimum=30)
+PYENV_KEEP_UNUSED_SECONDS = env_float("PYENV_KEEP_UNUSED_SECONDS", 7 * 86400.0, minimum=0)
 
 # --- Local runtime sandbox (docs/security.md, "Local runtime") ------------------------------------------------
 # Every local Triton runs confined: namespaces, a read-only view of what it needs, Landlock, seccomp and cgroup

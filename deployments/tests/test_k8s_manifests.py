@@ -180,6 +180,17 @@ def test_the_deployment_runs_triton_from_the_revisions_s3_prefix() -> None:
     assert deployment["spec"]["replicas"] == 1
 
 
+def test_the_packages_python_models_need_are_named_on_the_deployment_for_the_image_to_provide() -> None:
+    """The cluster installs nothing: the operator's image must have them (docs/kubernetes.md)."""
+    preprocess = model("preprocess", "python", definition={"requirements": ["pillow>=10", "numpy"]})
+    postprocess = model("postprocess", "python", definition={"requirements": ["numpy", "tabulate"]})
+    deployment = manifests.build(target(models=[model(), preprocess, postprocess]), "modelport-acme", CONFIG)[0]
+    assert deployment["metadata"]["annotations"]["modelport.io/python-requirements"] == "numpy\npillow>=10\ntabulate"
+    validate_everywhere(deployment)
+    plain = manifests.build(target(), "modelport-acme", CONFIG)[0]
+    assert "modelport.io/python-requirements" not in plain["metadata"]["annotations"]
+
+
 def test_objects_carry_the_recommended_labels_and_the_selector_spans_revisions() -> None:
     objects = manifests.build(target(revision=3), "modelport-acme", CONFIG)
     for obj in objects:

@@ -268,6 +268,40 @@ def test_preparation_that_takes_several_ticks_says_what_it_waits_for(
     assert fake.calls[:4] == ["prepare r1", "prepare r1", "prepare r1", "launch r1"]
 
 
+def test_a_revision_whose_environment_is_being_built_shows_building_and_says_so_once(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
+    fake.preparing_for, fake.building = 3, True
+    deployment = create(alice)
+    assert tick(deployment) == 3.0
+    row = Deployment.objects.get(pk=deployment.pk)
+    assert row.status == S.BUILDING and row.status_message == "Building the environment of revision 1."
+    assert row.is_transitional
+    tick(deployment)
+    tick(deployment)
+    building_events = Event.objects.filter(deployment=deployment, message="Building the environment of revision 1.")
+    assert building_events.count() == 1  # one event, not one per look
+    assert reconcile.needs_attention() == [deployment.pk]  # the periodic tick keeps looking while it builds
+    ticks_until(deployment, ready, clock)
+    assert "launch r1" in fake.calls
+
+
+def test_an_environment_that_cannot_be_built_fails_the_deployment_with_pips_message(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
+    fake.preparing_for, fake.building = 1, True
+    fake.build_fails_with = "ERROR: No matching distribution found for nonexistent-pkg-zzz==9.9"
+    deployment = create(alice)
+    tick(deployment)
+    tick(deployment)
+    row = Deployment.objects.get(pk=deployment.pk)
+    assert row.status == S.FAILED
+    assert row.status_message == (
+        "Revision 1 cannot be prepared: pip could not install its python packages (nonexistent-pkg-zzz==9.9)\n"
+        "ERROR: No matching distribution found for nonexistent-pkg-zzz==9.9")
+    assert Event.objects.filter(deployment=deployment, kind=Event.Kind.ERROR,
+                                message__contains="No matching distribution found").exists()
+    assert fake.servers == []
+
+
 def test_a_revision_that_cannot_be_rendered_fails_with_the_errors(
         alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
     fake.render_errors = {"digits.format": ["TensorRT plans cannot be served locally"]}

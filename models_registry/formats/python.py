@@ -12,6 +12,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from deployments import pyenvs
 from models_registry import archives
 from models_registry.formats.base import (
     ArchiveListing,
@@ -44,10 +45,6 @@ def detect_archive(listing: ArchiveListing) -> bool:
     return bool(_TRITON_PYTHON_CLASS.search(source))
 
 
-# A requirement line naming a package: a PEP 508 name, optional extras and version specifiers, maybe a marker.
-_REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,\s-]*\])?\s*([<>=!~][^@]*)?(;.*)?$")
-
-
 @dataclass(frozen=True)
 class PythonModelInfo:
     files: list[str]  # relative to `root`
@@ -57,20 +54,12 @@ class PythonModelInfo:
 
 
 def _parse_requirements(text: str) -> list[str]:
-    requirements = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.split(" #", 1)[0].strip()
-        if not line or line.startswith("#"):
-            continue
-        # Options (-r, --index-url, -e) and URLs would make the serving side fetch from wherever the uploader
-        # says; the serving network is air-gapped anyway, so only plain requirements are accepted.
-        if line.startswith("-") or "://" in line or " @ " in line or not _REQUIREMENT.match(line):
-            raise InspectionError(
-                f"requirements.txt line {number} ({line[:80]!r}) is not a plain package requirement: "
-                "list packages such as 'numpy>=1.26', no options or URLs"
-            )
-        requirements.append(line)
-    return requirements
+    # Options (-r, --index-url, -e) and URLs would let the uploader choose what pip fetches and from where, or read
+    # local files: only plain PEP 508 requirements are accepted (the same front door deploys go through).
+    try:
+        return pyenvs.parse_requirements_txt(text)
+    except pyenvs.RequirementError as exc:
+        raise InspectionError(str(exc)) from None
 
 
 def _check_model_py(source: bytes, shown_name: str) -> None:

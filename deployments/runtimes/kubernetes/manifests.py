@@ -37,6 +37,9 @@ LABEL_TEAM = "modelport.io/team"
 LABEL_DEPLOYMENT = "modelport.io/deployment"
 LABEL_REVISION = "modelport.io/revision"
 ANNOTATION_REPOSITORY = "modelport.io/repository"
+# The packages the revision's python models list in requirements.txt, one per line: what the Triton image must have
+# (docs/kubernetes.md, "Python models' requirements"); `kubectl describe` shows it beside a pod's ImportError.
+ANNOTATION_PYTHON_REQUIREMENTS = "modelport.io/python-requirements"
 ANNOTATION_URLS_EXPIRE = "modelport.io/urls-expire-at"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 ACCESS_COMPONENT = "repository-access"
@@ -374,10 +377,14 @@ def deployment(target: Target, namespace: str, config: KubernetesConfig) -> dict
             "spec": pod_spec,
         },
     })
+    annotations = {ANNOTATION_REPOSITORY: repository}
+    requirements = sorted({line for entry in target.spec.models for line in entry.requirements})
+    if requirements:
+        annotations[ANNOTATION_PYTHON_REQUIREMENTS] = "\n".join(requirements)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(target, namespace, annotations={ANNOTATION_REPOSITORY: repository}),
+        "metadata": _metadata(target, namespace, annotations=annotations),
         "spec": spec,
     }
 
