@@ -541,7 +541,7 @@ def run_workload(stack: Stack, workload: Workload, args: argparse.Namespace, wor
                                   endpoint.get("batch_dir"))
                     result.update(workload=workload.key, server=server, repeat=repeat)
                     runs.append(result)
-                    print(f"   {server:14} c={concurrency:<3} {result['throughput']:8.1f} req/s  p50 "
+                    print(f"   {server:21} c={concurrency:<3} {result['throughput']:8.1f} req/s  p50 "
                           f"{result['p50_ms'] or 0:7.2f}  p99 {result['p99_ms'] or 0:7.2f} ms  errors "
                           f"{result['errors']}  machine busy {result['machine_cores_busy']:.2f} cores", flush=True)
     for deployment in deployments.values():
