@@ -475,10 +475,10 @@ def run_workload(stack: Stack, workload: Workload, args: argparse.Namespace, wor
     deployments = {}
     for key, fmt in sorted({p for p in map(modelport_endpoint, servers) if p}, key=lambda p: p[0]):
         name = workload.deployment(key)
-        stack.deploy(name, workload.deploy_models(key[0], args.queue_delay_us, fmt))
+        detail = stack.deploy(name, workload.deploy_models(key[0], args.queue_delay_us, fmt))
         deployments[key] = {"name": name, "port": stack.triton_port(name), "pid": triton_pid(stack, name),
-                            "model": workload.request_model(fmt), "fmt": fmt}
-        print(f"   deployed {name}", flush=True)
+                            "model": workload.request_model(fmt), "fmt": fmt, "sandboxed": detail.get("sandboxed")}
+        print(f"   deployed {name} ({'sandboxed' if detail.get('sandboxed') else 'NOT sandboxed'})", flush=True)
     inputs = request_inputs(workload, artifacts)
     bodies = {"binary": encode_request(inputs, list(workload.outputs)),
               "json": encode_request(inputs, list(workload.outputs), binary=False)}
@@ -551,7 +551,9 @@ def run_workload(stack: Stack, workload: Workload, args: argparse.Namespace, wor
             "left_out": left_out,
             "request_bytes": {name: len(endpoint["body"]) for name, endpoint in endpoints.items()},
             "deployments": {key: workload.deploy_models(key[0], args.queue_delay_us, d["fmt"])
-                            for key, d in deployments.items()}}
+                            for key, d in deployments.items()},
+            # Whether each deployment's Triton ran in the sandbox (issue 11; SANDBOX_ENABLED=false turns it off).
+            "sandboxed": {key: d["sandboxed"] for key, d in deployments.items()}}
 
 
 # --- summarizing -----------------------------------------------------------------------------------------------
