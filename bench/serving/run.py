@@ -472,7 +472,7 @@ def run_workload(stack: Stack, workload: Workload, args: argparse.Namespace, wor
         print(f"   {note}", flush=True)
     formats = tuple(dict.fromkeys(p[1] for p in map(modelport_endpoint, servers) if p and p[1]))
     facts = prepare(workload, stack, artifacts, formats)
-    deployments = {}
+    deployments: dict[str, dict[str, Any]] = {}
     for key, fmt in sorted({p for p in map(modelport_endpoint, servers) if p}, key=lambda p: p[0]):
         name = workload.deployment(key)
         detail = stack.deploy(name, workload.deploy_models(key[0], args.queue_delay_us, fmt))
@@ -739,7 +739,7 @@ def format_lines(result: dict[str, Any], queue_delay_us: int | None = None) -> l
              + f" | p50 ms, {top} | p99 ms, {top} | Triton CPU ms/req | gateway CPU ms/req | all processes CPU ms/req "
              "| mean batch | answer max abs diff |",
              "|---|---|" + "---|" * (len(concurrencies) + 7)]
-    titles = {None: "ONNX", **{key: fmt.title for key, fmt in FORMATS.items()}}
+    titles: dict[str | None, str] = {None: "ONNX", **{key: fmt.title for key, fmt in FORMATS.items()}}
     for fmt in titles:
         for via in ("gateway", "direct"):
             server = f"e-{via}" if fmt is None else f"e-{fmt}-{via}"
@@ -760,11 +760,11 @@ def format_lines(result: dict[str, Any], queue_delay_us: int | None = None) -> l
                       f"{difference:.2g}" if difference is not None else "—"]
             lines.append(f"| {titles[fmt]} | {server} | " + " | ".join(cells) + " |")
     ratios = []
-    for key, fmt in FORMATS.items():
+    for key, model_format in FORMATS.items():
         for via in ("gateway", "direct"):
             own, onnx = rows.get((f"e-{key}-{via}", top)), rows.get((f"e-{via}", top))
             if own and onnx:
-                ratios.append(f"{fmt.title} {via} {own['throughput']['median'] / onnx['throughput']['median']:.2f}x")
+                ratios.append(f"{model_format.title} {via} {own['throughput']['median'] / onnx['throughput']['median']:.2f}x")
     if ratios:
         lines += ["", f"Throughput against ONNX's at {top} clients, same endpoint kind, same run: "
                   + ", ".join(ratios) + "."]
