@@ -116,3 +116,68 @@ def test_the_choice_without_a_gateway() -> None:
     assert choose(serving, "5", grpc=True).upstream == "b:1"
     assert choose(serving, " 4 ", grpc=True).upstream == "a:1"
     assert {choose(serving, None).upstream for _ in range(200)} == {"http://a", "http://b"}
+
+
+# --- gRPC ----------------------------------------------------------------------------------------------------------
+
+
+def test_grpc_calls_are_split_named_and_pinned_like_http(people: dict[str, Person], settings: Any) -> None:
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+
+    from gateway.tests.grpc_fake_upstream import FakeTriton
+    from gateway.tests.test_grpc_gateway import PREFIX, infer_request, meta, next_answer, open_stream, stack
+
+    settings.GATEWAY_CACHE_TTL_SECONDS = 0.5
+    settings.GATEWAY_RATE_LIMIT_PER_SECOND = settings.GATEWAY_RATE_LIMIT_BURST = 10_000
+
+    async def scenario() -> None:
+        async with stack() as (gateway, stable, channel):
+            canary = await FakeTriton().start()
+            try:
+                def setup() -> None:
+                    deployment = make_deployment(people["alice"], "digits-prod", "http://127.0.0.1:9")
+                    Deployment.objects.filter(pk=deployment.pk).update(grpc_upstream=stable.target)
+                    add_canary(deployment, "http://127.0.0.1:10", 30)
+                    Deployment.objects.filter(pk=deployment.pk).update(canary_grpc_upstream=canary.target)
+
+                await asyncio.to_thread(setup)
+                method = channel.unary_unary(PREFIX + "ModelReady")
+                ready = pb.ModelReadyRequest(name="digits").SerializeToString()
+                named = {"1": 0, "2": 0}
+                for _ in range(300):
+                    call = method(ready, metadata=meta(people["bob"]), timeout=10)
+                    await call
+                    named[dict(await call.initial_metadata())["modelport-revision"]] += 1
+                assert (named["1"], named["2"]) == (len(stable.calls), len(canary.calls))
+                assert abs(named["2"] - 90) < 5 * math.sqrt(300 * 0.3 * 0.7), named
+                # Pinned to the canary: every call goes there.
+                before = len(canary.calls)
+                for _ in range(10):
+                    await method(ready, metadata=meta(people["bob"], **{"modelport-revision": "2"}), timeout=10)
+                assert len(canary.calls) == before + 10
+                # A pin to another revision is NOT_FOUND, a made-up value INVALID_ARGUMENT; neither is forwarded.
+                for value, code in (("7", grpc.StatusCode.NOT_FOUND), ("x", grpc.StatusCode.INVALID_ARGUMENT)):
+                    try:
+                        await method(ready, metadata=meta(people["bob"], **{"modelport-revision": value}), timeout=10)
+                        raise AssertionError("refused pins must fail")
+                    except grpc.aio.AioRpcError as exc:
+                        assert exc.code() == code, exc
+                assert len(stable.calls) + len(canary.calls) == 310
+                # A stream is split per request too, and keeps both upstream streams open.
+                stream = await open_stream(channel, meta(people["alice"]))
+                for n in range(60):
+                    await stream.write(infer_request([1], b"\0" * 4, request_id=str(n)))
+                    assert (await next_answer(stream)).infer_response.id == str(n)
+                await stream.done_writing()
+                assert await stream.code() == grpc.StatusCode.OK
+                streamed = [c for c in canary.calls if c.method == "ModelStreamInfer"]
+                assert len(streamed) > 0 and len([c for c in stable.calls if c.method == "ModelStreamInfer"]) > 0
+                counted: dict[int, int] = {}
+                for (_, revision, _), bucket in gateway.collector.take().items():
+                    counted[revision] = counted.get(revision, 0) + bucket.requests
+                assert counted.get(1, 0) + counted.get(2, 0) == 370
+            finally:
+                await canary.stop()
+
+    run(scenario, timeout=60)
