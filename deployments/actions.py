@@ -89,9 +89,6 @@ def update_deployment(deployment: Deployment, user: Any, plan: Plan, canary: Rol
 
 
 def _start_canary(deployment: Deployment, user: Any, plan: Plan, canary: Rollout) -> Revision:
-    if deployment.runtime != Deployment.Runtime.LOCAL:
-        raise Conflict("Canary rollouts run on the local runtime for now; on Kubernetes a change rolls out "
-                       "atomically (leave out \"rollout\").")
     if (deployment.desired_state != Deployment.Desired.RUNNING or deployment.status != Deployment.Status.READY
             or deployment.serving_revision_id is None):
         raise Conflict("A canary needs a deployment that is running and ready (a stable revision serving it); "

@@ -223,12 +223,15 @@ def _canary(deployment: Deployment, runtime: Runtime) -> float | None:
     if launch is None:
         try:
             preparation = runtime.prepare(canary)
+            if not preparation.done:
+                return preparation.retry_seconds
+            launch = runtime.launch(canary)
         except RenderError as exc:
             _canary_ended(deployment, canary, f"cannot be rendered: {exc}")
             return None
-        if not preparation.done:
-            return preparation.retry_seconds
-        launch = runtime.launch(canary)
+        except RuntimeUnavailable as exc:  # the canary's trouble: the serving revision is left as it is
+            _canary_ended(deployment, canary, f"cannot be launched: {exc}")
+            return None
         deadline = timezone.now() + timedelta(seconds=runtime.ready_timeout_seconds)
         if not _canary_advance(deployment, canary_launch=launch.to_json(), canary_deadline=deadline):
             runtime.abandon(launch)  # rolled back or promoted meanwhile: nobody would know of this server
