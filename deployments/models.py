@@ -101,10 +101,6 @@ class Deployment(models.Model):
     def is_transitional(self) -> bool:
         return self.status in (self.Status.PENDING, self.Status.RENDERING, self.Status.STARTING, self.Status.STOPPING)
 
-    @property
-    def has_canary(self) -> bool:
-        return self.canary_revision_id is not None
-
     def can_start(self) -> bool:
         return self.desired_state == self.Desired.STOPPED
 

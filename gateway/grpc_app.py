@@ -13,6 +13,10 @@ and the refusal of Triton's admin methods (gateway/grpc_protocol.py). Messages a
 handler with no (de)serializer receives and sends them as they came off the wire, and only the small fields of an
 inference request are read (never its tensors) to refuse what would crash Triton.
 
+A canary rollout (deployments/canary.py) is split per call, and per message of a stream, as over HTTP
+(gateway/access.py, `choose`): a unary call's initial metadata `modelport-revision` names the revision that
+answered, and a client pins one by sending that metadata (a stream's pin holds for all its messages).
+
 It runs in a process of its own (`manage.py grpc_gateway`, started by bin/run-portal): measured inside uvicorn's
 process instead, gRPC kept 38% of its throughput while HTTP traffic ran at the same time (bench/grpc_placement.py,
 docs/benchmarks.md).
