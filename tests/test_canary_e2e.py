@@ -180,8 +180,9 @@ def test_a_canary_takes_its_share_is_promoted_and_rolled_back_without_losing_a_r
     finally:
         answers = load.finish(workers)
     took = time.monotonic() - serving_at
-    # The window (10 s) plus the gateway's flush of its statistics (5 s) and beat's check (1 s), with slack.
-    assert took < 25, took
+    print(f"the erroring canary was rolled back {took:.1f} s after it began to serve")
+    # Within its window (10 s): the gateway writes its statistics every 5 s and beat judges every second.
+    assert took < 10, took
     failed = Counter(status for _, status, _, header in answers if header == "4")
     assert failed and all(status >= 500 for status in failed), failed
     event = Event.objects.filter(message__startswith="Canary revision 4 rolled back automatically").get()
