@@ -5,6 +5,8 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+    """A canary revision beside the serving one: its route, its launch, and its guardrails (deployments/canary.py).
+    Numbered 0008 because 0007 was taken by another change of the same wave."""
 
     dependencies = [
         ('deployments', '0006_reconciler_ticks'),

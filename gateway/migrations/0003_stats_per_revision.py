@@ -4,9 +4,10 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+    """The gateway's statistics per revision that answered, so that a canary is compared with its stable revision
+    (deployments/canary.py); rows written before count as revision 0 (none named)."""
 
     dependencies = [
-        ('deployments', '0008_canary'),
         ('gateway', '0002_request_codes'),
     ]
 
