@@ -749,3 +749,11 @@ def test_promote_without_a_canary_is_an_error_with_the_portals_reason(
 
     assert main(["promote", "digits-prod"]) != 0
     assert "There is no canary to promote." in error_line(capsys)
+
+
+def test_status_shows_a_canary(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:
+    portal.on("GET", "/api/v1/deployments/digits-prod/",
+              Reply(200, deployment(status="ready", serving_revision=1, canary={**CANARY, "state": "serving"})))
+
+    assert main(["status", "digits-prod"]) == 0
+    assert "canary:    revision 2 for 10% (serving)\n" in capsys.readouterr().out
