@@ -70,7 +70,7 @@ def update_deployment(deployment: Deployment, user: Any, plan: Plan, canary: Rol
     it is promoted or rolled back."""
     if plan.spec.runtime != deployment.runtime:
         raise Conflict("The runtime of a deployment cannot change: create a new deployment.")
-    locked = Deployment.objects.select_for_update().select_related("canary_revision").get(pk=deployment.pk)
+    locked = Deployment.objects.select_for_update(of=("self",)).select_related("canary_revision").get(pk=deployment.pk)
     if locked.canary_revision_id is not None:
         raise Conflict(_canary_in_progress(locked))
     if canary is not None:
@@ -113,7 +113,7 @@ def _actor(user: Any, reason: str) -> str:
 def promote_canary(deployment: Deployment, user: Any, reason: str = "", expect_revision: int | None = None) -> int:
     """The canary becomes the serving revision: one UPDATE of the route; the old revision's server drains and is
     stopped. `user` None: its guardrails promote it (`reason` says why). Returns the promoted revision's number."""
-    locked = (Deployment.objects.select_for_update().select_related("canary_revision", "serving_revision", "team")
+    locked = (Deployment.objects.select_for_update(of=("self",)).select_related("canary_revision", "serving_revision", "team")
               .get(pk=deployment.pk))
     canary = locked.canary_revision
     if canary is None or (expect_revision is not None and canary.number != expect_revision):
@@ -142,7 +142,7 @@ def promote_canary(deployment: Deployment, user: Any, reason: str = "", expect_r
 def rollback_canary(deployment: Deployment, user: Any, reason: str = "", expect_revision: int | None = None) -> int:
     """End the canary: the route loses it at once (the stable revision takes every request) and its server stops
     after the drain. `user` None: its guardrails roll it back (`reason` quotes the figures)."""
-    locked = (Deployment.objects.select_for_update().select_related("canary_revision", "serving_revision", "team")
+    locked = (Deployment.objects.select_for_update(of=("self",)).select_related("canary_revision", "serving_revision", "team")
               .get(pk=deployment.pk))
     canary = locked.canary_revision
     if canary is None or (expect_revision is not None and canary.number != expect_revision):
