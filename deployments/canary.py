@@ -24,6 +24,9 @@ DEFAULT_WINDOW_SECONDS = 60
 DEFAULT_MIN_REQUESTS = 20  # fewer canary requests in the window: no verdict yet
 # A p99 ratio is only a regression past this many milliseconds too: 1 ms against 0.4 ms is noise, not a regression.
 P99_SLACK_MS = 5.0
+# A p99 of fewer requests is their slowest one (a cold first request, say), not a percentile: no latency verdict
+# on fewer, from either revision.
+MIN_REQUESTS_FOR_P99 = 100
 MIN_WINDOW_SECONDS = 10  # the statistics' bucket
 MAX_WINDOW_SECONDS = 86_400
 
@@ -88,8 +91,9 @@ def decide(deployment: Deployment, canary: Figures, stable: Figures, serving_for
                                        f"{_percent(deployment.canary_max_error_rate)} over {window} s, stable "
                                        f"{_percent(stable.error_rate)} ({canary.errors} of {canary.requests} "
                                        "requests)")
+        enough = max(deployment.canary_min_requests, MIN_REQUESTS_FOR_P99)
         if (canary.p99_ms is not None and stable.p99_ms is not None
-                and stable.requests >= deployment.canary_min_requests
+                and canary.requests >= enough and stable.requests >= enough
                 and canary.p99_ms > stable.p99_ms * deployment.canary_max_p99_ratio
                 and canary.p99_ms - stable.p99_ms > P99_SLACK_MS):
             return Verdict("rollback", f"canary p99 latency {canary.p99_ms:.1f} ms > "

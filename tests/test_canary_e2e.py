@@ -127,8 +127,10 @@ def test_a_canary_takes_its_share_is_promoted_and_rolled_back_without_losing_a_r
     wait_for(lambda: api(alice, "get", f"{NAME}/")["status"] == "ready", 120, what="revision 1 to serve")
 
     # 1. A 20% canary: 2,000 closed-loop requests, each answered by the revision its header names.
+    # (Guardrails out of the way of what this tests: a cold python model's first answers may be slower.)
+    lenient = {"max_p99_ratio": 1000.0}
     api(alice, "patch", f"{NAME}/", {"models": [{"model": "answer", "version": 2}],
-                                     "rollout": {"strategy": "canary", "percent": 20}})
+                                     "rollout": {"strategy": "canary", "percent": 20, **lenient}})
     wait_canary(alice, "serving")
     time.sleep(1)  # the gateway's route cache (GATEWAY_CACHE_TTL_SECONDS) has the canary's route
     answers = Load(portal_url, alice.token).run(2000)
@@ -154,7 +156,7 @@ def test_a_canary_takes_its_share_is_promoted_and_rolled_back_without_losing_a_r
 
     # 3. A canary of revision 3 (answers 3), rolled back under load: no request fails, then only 2s.
     api(alice, "patch", f"{NAME}/", {"models": [{"model": "answer", "version": 3}],
-                                     "rollout": {"strategy": "canary", "percent": 50}})
+                                     "rollout": {"strategy": "canary", "percent": 50, **lenient}})
     wait_canary(alice, "serving")
     load = Load(portal_url, alice.token)
     workers = load.start()
