@@ -25,6 +25,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from deployments.actions import NO_CANARY
 from deployments.events import record
 from deployments.models import Deployment, Event, Revision
 from deployments.render import RenderError
@@ -45,7 +46,7 @@ S = Deployment.Status
 def reconcile(deployment_id: int) -> float | None:
     """One tick. Returns in how many seconds the deployment wants the next one (None: only when something changes,
     or at the next periodic tick)."""
-    deployment = (Deployment.objects.select_related("team", "revision", "serving_revision")
+    deployment = (Deployment.objects.select_related("team", "revision", "serving_revision", "canary_revision")
                   .filter(pk=deployment_id).first())
     if deployment is None:
         return None
@@ -70,6 +71,14 @@ def reconcile(deployment_id: int) -> float | None:
 
 
 def _run(deployment: Deployment, runtime: Runtime) -> float | None:
+    wait = _run_stable(deployment, runtime)
+    if deployment.canary_revision is None or deployment.status == S.FAILED or wait == NOW:
+        return wait
+    canary_wait = _canary(deployment, runtime)
+    return canary_wait if wait is None else wait if canary_wait is None else min(wait, canary_wait)
+
+
+def _run_stable(deployment: Deployment, runtime: Runtime) -> float | None:
     target = deployment.revision
     if target is None:
         return None
@@ -200,6 +209,82 @@ def _check(deployment: Deployment, runtime: Runtime, target: Revision) -> float 
     return NOW
 
 
+# --- A canary beside the serving revision (deployments/canary.py) -------------------------------------------------
+
+
+def _canary_advance(deployment: Deployment, **fields: Any) -> bool:
+    """Record a step of the canary, only if it is still the canary the tick read (a promote or a rollback made
+    meanwhile wins)."""
+    done = Deployment.objects.filter(pk=deployment.pk, canary_revision_id=deployment.canary_revision_id,
+                                     desired_state=Deployment.Desired.RUNNING).update(**fields)
+    if done:
+        for key, value in fields.items():
+            setattr(deployment, key, value)
+    return done == 1
+
+
+def _canary_ended(deployment: Deployment, canary: Revision, message: str, detail: str = "") -> None:
+    stable = deployment.serving_revision
+    serving = f" Revision {stable.number} keeps serving all requests." if stable is not None else ""
+    if _canary_advance(deployment, **NO_CANARY):
+        record(deployment, Event.Kind.ERROR, f"Canary revision {canary.number} {message}.{serving}"
+               + (f"\n{detail}" if detail else ""))
+
+
+def _canary(deployment: Deployment, runtime: Runtime) -> float | None:
+    """One step of the canary: prepare and launch it, look at it until ready, then give it its route (the gateway
+    sends it `canary_percent` of the requests); health-check it while it serves. A canary that fails to start is
+    ended, the stable revision untouched."""
+    canary = deployment.canary_revision
+    assert canary is not None
+    launch = Launch.from_json(deployment.canary_launch)
+    if launch is None:
+        try:
+            preparation = runtime.prepare(canary)
+            if not preparation.done:
+                return preparation.retry_seconds
+            launch = runtime.launch(canary)
+        except RenderError as exc:
+            _canary_ended(deployment, canary, f"cannot be rendered: {exc}")
+            return None
+        except RuntimeUnavailable as exc:  # the canary's trouble: the serving revision is left as it is
+            _canary_ended(deployment, canary, f"cannot be launched: {exc}")
+            return None
+        deadline = timezone.now() + timedelta(seconds=runtime.ready_timeout_seconds)
+        if not _canary_advance(deployment, canary_launch=launch.to_json(), canary_deadline=deadline):
+            runtime.abandon(launch)  # rolled back or promoted meanwhile: nobody would know of this server
+            return NOW
+        record(deployment, Event.Kind.INFO, f"Triton for canary revision {canary.number} is starting "
+                                            f"({launch.description}).")
+        return runtime.poll_seconds
+    if not deployment.canary_upstream_url:
+        seen = runtime.observe(launch)
+        if seen.state == "ready":
+            if _canary_advance(deployment, canary_upstream_url=launch.url, canary_grpc_upstream=launch.grpc_target,
+                               canary_serving_since=timezone.now(), canary_deadline=None):
+                record(deployment, Event.Kind.INFO, f"Canary revision {canary.number} is ready and serving "
+                                                    f"{deployment.canary_percent}% of the requests "
+                                                    f"({launch.description}).")
+            return None
+        timed_out = deployment.canary_deadline is not None and timezone.now() >= deployment.canary_deadline
+        if seen.state == "failed" or timed_out:
+            runtime.abandon(launch)
+            message = seen.message if seen.state == "failed" else \
+                f"not ready after {runtime.ready_timeout_seconds:g} s: {seen.message}"
+            _canary_ended(deployment, canary, f"failed to start: {message}", seen.detail)
+            return None
+        return runtime.poll_seconds
+    health = runtime.check(deployment, launch)
+    if health.ok:
+        return None
+    # Its share goes back to the stable revision until it is launched again.
+    if _canary_advance(deployment, canary_upstream_url="", canary_grpc_upstream="", canary_launch=None,
+                       canary_deadline=None, canary_serving_since=None):
+        record(deployment, Event.Kind.ERROR, f"Canary revision {canary.number} stopped serving: {health.message}; "
+               "restarting it." + (f" Last log lines:\n{health.detail}" if health.detail else ""))
+    return NOW
+
+
 def _drained(deployment: Deployment) -> bool:
     return deployment.drain_until is not None and deployment.drain_until <= timezone.now()
 
@@ -213,7 +298,8 @@ def _drain_left(deployment: Deployment) -> float | None:
 
 def _retire(deployment: Deployment, runtime: Runtime) -> None:
     """The drain is over: stop what serves neither the route nor the rollout."""
-    keep = [launch for launch in (Launch.from_json(deployment.serving_launch), Launch.from_json(deployment.launch))
+    keep = [launch for launch in (Launch.from_json(deployment.serving_launch), Launch.from_json(deployment.launch),
+                                  Launch.from_json(deployment.canary_launch))
             if launch is not None]
     messages = runtime.retire(deployment, keep)
     if deployment.advance(deployment.status, deployment.status_message, drain_until=None):
@@ -243,7 +329,8 @@ def _unavailable(deployment: Deployment, message: str) -> None:
 # --- Stopping and deleting ----------------------------------------------------------------------------------------
 
 _NOTHING_RUNS: dict[str, Any] = {"upstream_url": "", "grpc_upstream": "", "serving_revision": None,
-                                 "serving_launch": None, "launch": None, "launch_deadline": None, "drain_until": None}
+                                 "serving_launch": None, "launch": None, "launch_deadline": None, "drain_until": None,
+                                 **NO_CANARY}
 
 
 def _stop(deployment: Deployment, runtime: Runtime) -> float | None:

@@ -112,6 +112,21 @@ def reconcile_all() -> int:
 
 
 @shared_task
+def check_canaries() -> int:
+    """Periodic: judge every serving canary by its guardrails over its window (deployments/canary.py): roll it back,
+    promote it, or let it run on. Returns how many were rolled back or promoted."""
+    from deployments import canary
+
+    acted = 0
+    for deployment_id in canary.serving_canaries():
+        try:
+            acted += canary.judge(deployment_id).action != "wait"
+        except Exception:  # one deployment's trouble (a promote that raced a rollback) must not stop the others
+            log.exception("could not judge the canary of deployment %s", deployment_id)
+    return acted
+
+
+@shared_task
 def refresh_repository_access() -> int:
     """Periodic: renew the presigned URLs that Triton's pods on Kubernetes fetch their repository with."""
     from deployments.runtimes.kubernetes.runtime import refresh_repository_access as refresh

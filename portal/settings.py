@@ -207,7 +207,9 @@ else:
 CELERY_WORKER_POOL = env_str("CELERY_WORKER_POOL", "threads" if CELERY_BROKER_URL.startswith("filesystem://") else "prefork")
 RECONCILE_INTERVAL_SECONDS = env_float("RECONCILE_INTERVAL_SECONDS", 5.0, minimum=0.5)
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
-CELERY_BEAT_SCHEDULE = beat_schedule(RECONCILE_INTERVAL_SECONDS)
+# How often a serving canary's guardrails are looked at (deployments/canary.py).
+CANARY_CHECK_SECONDS = env_float("CANARY_CHECK_SECONDS", 5.0, minimum=1.0)
+CELERY_BEAT_SCHEDULE = beat_schedule(RECONCILE_INTERVAL_SECONDS, CANARY_CHECK_SECONDS)
 
 # --- Deployments and the local Triton runtime ------------------------------------------------------------
 MODELPORT_RUNTIME_ENV = Path(env_str("MODELPORT_RUNTIME_ENV", str(BASE_DIR / "var" / "runtime-env"))).resolve()

@@ -16,6 +16,7 @@ from django.db.models import Count, OuterRef, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
@@ -25,7 +26,7 @@ from accounts.models import ApiToken, Membership, Team, max_token_lifetime_days
 from accounts.names import NAME_RE, NAME_RULE
 from audit.log import record as audit
 from deployments import actions as deployment_actions
-from deployments import planning
+from deployments import canary, planning
 from deployments.frameworks import local_framework_status
 from deployments.models import Deployment, Event
 from deployments.revision_spec import ModelEntry, Resources, RevisionSpec
@@ -79,7 +80,7 @@ def _get_model(team: Team, name: str) -> Model:
 
 
 def _get_deployment(team: Team, name: str) -> Deployment:
-    deployment = (Deployment.objects.select_related("revision", "serving_revision")
+    deployment = (Deployment.objects.select_related("revision", "serving_revision", "canary_revision")
                   .filter(team=team, name=name).exclude(desired_state=Deployment.Desired.DELETED).first())
     if deployment is None:
         raise Http404("No such deployment in your team.")
@@ -368,11 +369,20 @@ def deployment_edit(request: HttpRequest, team: Team, name: str) -> HttpResponse
                                            versions=versions.get(entry.name, []), initial=initial))
 
     def update(plan: planning.Plan) -> Deployment:
-        deployment_actions.update_deployment(deployment, request.user, plan)
+        percent = form.cleaned_data.get("canary_percent")
+        rollout = canary.Rollout(percent=percent) if percent else None
+        if rollout is not None and spec is not None and plan.spec.to_json() == spec.to_json():
+            raise deployment_actions.Conflict("A canary needs a change: these are the settings in effect already.")
+        deployment_actions.update_deployment(deployment, request.user, plan, canary=rollout)
         return deployment
 
     if request.method == "POST" and _plan_and_run(team, form, model_forms, spec, update):
-        messages.success(request, f"Saved: {deployment.name} rolls out the new settings while the current ones keep serving.")
+        if form.cleaned_data.get("canary_percent"):
+            messages.success(request, f"Saved: {deployment.name} starts the new settings as a canary for "
+                                      f"{form.cleaned_data['canary_percent']}% of the requests.")
+        else:
+            messages.success(request, f"Saved: {deployment.name} rolls out the new settings while the current "
+                                      "ones keep serving.")
         return redirect("deployment-detail", name=deployment.name)
     return render(request, "web/deploy_form.html", {"form": form, "model_forms": model_forms, "deployment": deployment,
                                                     "runtime_frameworks": local_framework_status()})
@@ -442,7 +452,30 @@ def _live_context(deployment: Deployment) -> dict[str, Any]:
     from deployments.runtimes.local import runtime as local
 
     isolation = local.isolation(deployment) if deployment.runtime == Deployment.Runtime.LOCAL else None
-    return {"deployment": deployment, "events": deployment.events.all()[:30], "isolation": isolation}
+    return {"deployment": deployment, "events": deployment.events.all()[:30], "isolation": isolation,
+            "canary": _canary_context(deployment)}
+
+
+def _canary_context(deployment: Deployment) -> dict[str, Any] | None:
+    """The canary beside the stable revision, with each one's traffic over the traffic panel's window."""
+    if deployment.canary_revision is None or deployment.serving_revision is None:
+        return None
+    window = timedelta(minutes=TRAFFIC_WINDOW_MINUTES)
+    try:  # the gateway app is optional here, as for the dashboard's traffic (web/traffic.py)
+        from gateway.api import by_revision
+        from gateway.models import RequestStats
+    except ImportError:
+        figures: dict[str, Any] = {}
+    else:
+        rows = list(RequestStats.objects.filter(deployment=deployment, bucket_start__gte=timezone.now() - window,
+                                                revision__in=[deployment.serving_revision.number,
+                                                              deployment.canary_revision.number]))
+        figures = by_revision(rows, window)
+    return {"stable": {"number": deployment.serving_revision.number, "percent": 100 - deployment.canary_percent,
+                       "traffic": figures.get(str(deployment.serving_revision.number))},
+            "canary": {"number": deployment.canary_revision.number, "percent": deployment.canary_percent,
+                       "traffic": figures.get(str(deployment.canary_revision.number)),
+                       "serving": bool(deployment.canary_upstream_url)}}
 
 
 @require_GET
@@ -472,7 +505,7 @@ def deployment_logs(request: HttpRequest, team: Team, name: str) -> HttpResponse
                                                          "gpu_noise": folded.gpu_noise})
 
 
-def _state_change(action: Callable[[Deployment, Any], None], done: str) -> Callable[..., HttpResponse]:
+def _state_change(action: Callable[[Deployment, Any], object], done: str) -> Callable[..., HttpResponse]:
     @require_POST
     @team_required
     def view(request: HttpRequest, team: Team, name: str) -> HttpResponse:
@@ -489,6 +522,9 @@ def _state_change(action: Callable[[Deployment, Any], None], done: str) -> Calla
 
 
 deployment_stop = _state_change(deployment_actions.stop_deployment, "stopping.")
+deployment_promote = _state_change(deployment_actions.promote_canary, "the canary is promoted: it serves every request.")
+deployment_rollback = _state_change(deployment_actions.rollback_canary,
+                                    "the canary is rolled back: the serving revision takes every request.")
 deployment_start = _state_change(deployment_actions.start_deployment, "starting.")
 
 
