@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
     Numbered 0008 because 0007 was taken by another change of the same wave."""
 
     dependencies = [
-        ('deployments', '0006_reconciler_ticks'),
+        ('deployments', '0007_deployment_status_building'),
     ]
 
     operations = [
