@@ -247,6 +247,9 @@ def _canary(deployment: Deployment, runtime: Runtime) -> float | None:
         except RenderError as exc:
             _canary_ended(deployment, canary, f"cannot be rendered: {exc}")
             return None
+        except PreparationFailed as exc:  # its python packages could not be installed: pip's lines beside it
+            _canary_ended(deployment, canary, f"cannot be prepared: {exc}", exc.detail)
+            return None
         except RuntimeUnavailable as exc:  # the canary's trouble: the serving revision is left as it is
             _canary_ended(deployment, canary, f"cannot be launched: {exc}")
             return None

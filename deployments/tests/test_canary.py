@@ -85,6 +85,20 @@ def test_a_canary_that_fails_to_load_ends_and_the_stable_revision_serves_on(
             "serving all requests.") in events(deployment)
 
 
+def test_a_canary_whose_packages_cannot_be_installed_ends_and_the_stable_revision_serves_on(
+        alice: Person, digits: Any, fake: FakeRuntime, clock: Clock) -> None:
+    deployment = serving(alice, fake, clock)
+    fake.preparing_for, fake.building = 1, True
+    fake.build_fails_with = "ERROR: No matching distribution found for nonexistent-pkg-zzz==9.9"
+    start_canary(alice, deployment)
+    ticks_until(deployment, lambda d: d.canary_revision_id is None, clock)
+    current = row(deployment)
+    assert current.status == S.READY and current.serving_revision.number == 1 and current.upstream_url
+    assert fake.launched_revisions() == [1]  # the canary never launched
+    message = next(e for e in events(deployment) if e.startswith("Canary revision 2 cannot be prepared"))
+    assert "nonexistent-pkg-zzz==9.9" in message and "Revision 1 keeps serving all requests." in message
+
+
 def test_a_canary_stuck_past_its_deadline_is_abandoned(
         alice: Person, digits: Any, fake: FakeRuntime, clock: Clock) -> None:
     deployment = serving(alice, fake, clock)
