@@ -9,10 +9,12 @@ PORT ?= 8000
 .PHONY: run test test-fast lint typecheck venv runtime-env browser-deps bench samples clean
 
 venv: $(VENV)/.installed
-$(VENV)/.installed: requirements.txt
+# The portal's requirements and what tests, linters and benchmarks add (requirements-dev.txt includes
+# requirements.txt); the image in platform/ installs requirements.txt alone.
+$(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -r requirements.txt
+	$(VENV)/bin/pip install --quiet -r requirements-dev.txt
 	touch $@
 
 # The local Triton runtime's own environment (tritonserver from nvidia-pytriton, numpy<2, onnxruntime), plus the
@@ -34,6 +36,7 @@ $(RUNTIME_ENV)/.extra-%: requirements-runtime-%.txt $(RUNTIME_ENV)/.installed
 	touch $@
 
 run: venv runtime-env
+	$(PY) manage.py ensure_dirs
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py ensure_admin
 	HOST=$(HOST) PORT=$(PORT) bin/run-portal

@@ -11,6 +11,17 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+# tests/markers.py: a test that starts Triton, a worker or a browser without its marker fails, naming the marker.
+pytest_plugins = ["tests.markers", "pytester"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's var/ (portal/test_settings.py) exists before pytest-django creates the test database in it: settings
+    create nothing at import (portal/var_dir.py)."""
+    from portal.var_dir import ensure_dirs
+
+    ensure_dirs()
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _remove_the_runs_var_dir() -> Iterator[None]:

@@ -103,8 +103,10 @@ class Stack:
         wait_for_port(port)
 
     def manage(self, *args: str) -> str:
-        return subprocess.run([PY, "manage.py", *args], cwd=ROOT, env=self.env(), check=True, capture_output=True,
-                              text=True).stdout
+        done = subprocess.run([PY, "manage.py", *args], cwd=ROOT, env=self.env(), capture_output=True, text=True)
+        if done.returncode != 0:  # the reason, not only the exit status (the stack's directory goes away after)
+            raise RuntimeError(f"manage.py {' '.join(args)[:200]} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        return done.stdout
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "S3_BUCKET")}
@@ -179,6 +181,8 @@ def running_stack(keep: bool = False) -> Iterator[Stack]:
         with contextlib.suppress(Exception):
             for detail in requests.get(f"{stack.url}/api/v1/deployments/", headers=stack.headers, timeout=10).json():
                 requests.delete(f"{stack.url}/api/v1/deployments/{detail['name']}/", headers=stack.headers, timeout=60)
+        with contextlib.suppress(Exception):
+            wait_deleted(stack)
         for process in stack.processes.values():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
@@ -189,6 +193,21 @@ def running_stack(keep: bool = False) -> Iterator[Stack]:
                 os.killpg(process.pid, signal.SIGKILL)
         if not keep:
             shutil.rmtree(var_dir, ignore_errors=True)
+
+
+def wait_deleted(stack: Stack, timeout: float = 120.0) -> None:
+    """Wait until the worker has stopped every deployment's Triton and removed its row. A DELETE only asks for that;
+    a worker stopped before it is done leaves those Tritons running after the bench, since they run detached (in
+    their sandboxes) so that a restarted worker adopts them, and nothing adopts them once this stack's database is
+    gone."""
+    deadline = time.monotonic() + timeout
+    script = "from deployments.models import Deployment; print(Deployment.objects.count())"
+    while time.monotonic() < deadline:
+        if int(stack.manage("shell", "-c", script).strip().splitlines()[-1]) == 0:
+            return
+        time.sleep(1)
+    print(f"bench: deployments still stopping after {timeout:.0f} s; their Tritons may outlive the bench",
+          file=sys.stderr)
 
 
 def kserve_binary_body(name: str, array: Any, outputs: list[str]) -> tuple[bytes, dict[str, str]]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
+from django.utils import timezone
 
 from accounts.models import Team
 from audit.log import record as audit
@@ -13,6 +16,14 @@ from deployments.events import record
 from deployments.models import Deployment, Event, Revision
 from deployments.planning import Plan
 from portal.api_errors import Conflict
+
+if TYPE_CHECKING:
+    from deployments.canary import Rollout
+
+# What ends a canary: its revision, route and launch (the guardrails stay as they were set, for the record).
+NO_CANARY: dict[str, Any] = {"canary_revision": None, "canary_percent": 0, "canary_upstream_url": "",
+                             "canary_grpc_upstream": "", "canary_launch": None, "canary_deadline": None,
+                             "canary_serving_since": None}
 
 
 def _queue_reconcile(deployment: Deployment) -> None:
@@ -45,12 +56,25 @@ def create_deployment(team: Team, user: Any, name: str, plan: Plan) -> Deploymen
     return deployment
 
 
+def _canary_in_progress(deployment: Deployment) -> str:
+    canary = deployment.canary_revision
+    number = canary.number if canary is not None else "?"
+    return (f"A canary of revision {number} is in progress: promote it (POST .../promote) or roll it back "
+            "(POST .../rollback) before changing the deployment again.")
+
+
 @transaction.atomic
-def update_deployment(deployment: Deployment, user: Any, plan: Plan) -> Revision:
-    """A new revision; a running deployment rolls to it while the current one keeps serving."""
+def update_deployment(deployment: Deployment, user: Any, plan: Plan, canary: Rollout | None = None) -> Revision:
+    """A new revision; a running deployment rolls to it while the current one keeps serving. With `canary`, the
+    new revision is launched beside the serving one and takes `canary.percent` of the requests once ready, until
+    it is promoted or rolled back."""
     if plan.spec.runtime != deployment.runtime:
         raise Conflict("The runtime of a deployment cannot change: create a new deployment.")
-    Deployment.objects.select_for_update().filter(pk=deployment.pk).first()
+    locked = Deployment.objects.select_for_update(of=("self",)).select_related("canary_revision").get(pk=deployment.pk)
+    if locked.canary_revision_id is not None:
+        raise Conflict(_canary_in_progress(locked))
+    if canary is not None:
+        return _start_canary(locked, user, plan, canary)
     revision = _new_revision(deployment, user, plan)
     fields: dict[str, Any] = {"revision": revision}
     if deployment.desired_state == Deployment.Desired.RUNNING:
@@ -64,13 +88,86 @@ def update_deployment(deployment: Deployment, user: Any, plan: Plan) -> Revision
     return revision
 
 
+def _start_canary(deployment: Deployment, user: Any, plan: Plan, canary: Rollout) -> Revision:
+    if (deployment.desired_state != Deployment.Desired.RUNNING or deployment.status != Deployment.Status.READY
+            or deployment.serving_revision_id is None):
+        raise Conflict("A canary needs a deployment that is running and ready (a stable revision serving it); "
+                       f"this one is {deployment.status}.")
+    revision = _new_revision(deployment, user, plan)
+    Deployment.objects.filter(pk=deployment.pk).update(**{**NO_CANARY, "canary_revision": revision,
+                                                          **canary.fields()})
+    record(deployment, Event.Kind.INFO, f"Revision {revision.number} created by {user.get_username()} as a canary "
+                                        f"for {canary.percent}% of the requests.")
+    audit(user, deployment.team, "deployment.canary", deployment.name, revision=revision.number,
+          percent=canary.percent, max_error_rate=canary.max_error_rate, max_p99_ratio=canary.max_p99_ratio,
+          window_seconds=canary.window_seconds, min_requests=canary.min_requests, auto_promote=canary.auto_promote)
+    _queue_reconcile(deployment)
+    return revision
+
+
+def _actor(user: Any, reason: str) -> str:
+    return f"by {user.get_username()}" if user is not None else f"automatically: {reason}"
+
+
+@transaction.atomic
+def promote_canary(deployment: Deployment, user: Any, reason: str = "", expect_revision: int | None = None) -> int:
+    """The canary becomes the serving revision: one UPDATE of the route; the old revision's server drains and is
+    stopped. `user` None: its guardrails promote it (`reason` says why). Returns the promoted revision's number."""
+    locked = (Deployment.objects.select_for_update(of=("self",)).select_related("canary_revision", "serving_revision", "team")
+              .get(pk=deployment.pk))
+    canary = locked.canary_revision
+    if canary is None or (expect_revision is not None and canary.number != expect_revision):
+        raise Conflict("There is no canary to promote: start one with a PATCH that has "
+                       "\"rollout\": {\"strategy\": \"canary\", \"percent\": N}.")
+    if not locked.canary_upstream_url:
+        raise Conflict(f"The canary of revision {canary.number} is not serving yet (it is starting): promote it "
+                       "once it serves, or roll it back.")
+    previous = locked.serving_revision
+    drain = timezone.now() + timedelta(seconds=settings.ROLLOUT_DRAIN_SECONDS)
+    drain_until = max(locked.drain_until, drain) if locked.drain_until else drain
+    locked.set_status(Deployment.Status.READY, f"Serving revision {canary.number} (promoted from canary).",
+                      revision=canary, serving_revision=canary, upstream_url=locked.canary_upstream_url,
+                      grpc_upstream=locked.canary_grpc_upstream, serving_launch=locked.canary_launch,
+                      launch=None, launch_deadline=None, drain_until=drain_until, **NO_CANARY)
+    was = f"; revision {previous.number} drains and stops" if previous is not None else ""
+    record(locked, Event.Kind.INFO, f"Canary revision {canary.number} promoted {_actor(user, reason)}: it serves "
+                                    f"all requests{was}.")
+    audit(user, locked.team, "deployment.promote", locked.name, revision=canary.number,
+          **({"reason": reason} if user is None else {}))
+    _queue_reconcile(locked)
+    return canary.number
+
+
+@transaction.atomic
+def rollback_canary(deployment: Deployment, user: Any, reason: str = "", expect_revision: int | None = None) -> int:
+    """End the canary: the route loses it at once (the stable revision takes every request) and its server stops
+    after the drain. `user` None: its guardrails roll it back (`reason` quotes the figures)."""
+    locked = (Deployment.objects.select_for_update(of=("self",)).select_related("canary_revision", "serving_revision", "team")
+              .get(pk=deployment.pk))
+    canary = locked.canary_revision
+    if canary is None or (expect_revision is not None and canary.number != expect_revision):
+        raise Conflict("There is no canary to roll back.")
+    now = timezone.now()
+    ends = now + timedelta(seconds=settings.ROLLOUT_DRAIN_SECONDS) if locked.canary_upstream_url else now
+    drain_until = max(locked.drain_until, ends) if locked.drain_until else ends
+    Deployment.objects.filter(pk=locked.pk).update(drain_until=drain_until, **NO_CANARY)
+    stable = locked.serving_revision
+    serving = f"; revision {stable.number} serves all requests" if stable is not None else ""
+    kind = Event.Kind.INFO if user is not None else Event.Kind.WARNING
+    record(locked, kind, f"Canary revision {canary.number} rolled back {_actor(user, reason)}{serving}.")
+    audit(user, locked.team, "deployment.rollback", locked.name, revision=canary.number,
+          **({"reason": reason} if user is None else {}))
+    _queue_reconcile(locked)
+    return canary.number
+
+
 @transaction.atomic
 def stop_deployment(deployment: Deployment, user: Any) -> None:
     if deployment.desired_state == Deployment.Desired.STOPPED:
         raise Conflict("The deployment is stopped already.")
     Deployment.objects.filter(pk=deployment.pk).update(desired_state=Deployment.Desired.STOPPED)
     deployment.desired_state = Deployment.Desired.STOPPED
-    deployment.set_status(Deployment.Status.STOPPING, "Stopping Triton.")
+    deployment.set_status(Deployment.Status.STOPPING, "Stopping Triton.", **NO_CANARY)
     record(deployment, Event.Kind.INFO, f"Stop requested by {user.get_username()}.")
     audit(user, deployment.team, "deployment.stop", deployment.name)
     _queue_reconcile(deployment)
@@ -114,6 +211,6 @@ def delete_deployment(deployment: Deployment, user: Any) -> None:
     Deployment.objects.filter(pk=deployment.pk).update(desired_state=Deployment.Desired.DELETED)
     deployment.desired_state = Deployment.Desired.DELETED
     deployment.set_status(Deployment.Status.STOPPING, f"Deleting (requested by {user.get_username()}).",
-                          upstream_url="", grpc_upstream="", serving_revision=None)
+                          upstream_url="", grpc_upstream="", serving_revision=None, **NO_CANARY)
     audit(user, deployment.team, "deployment.delete", deployment.name)
     _queue_reconcile(deployment)

@@ -22,7 +22,7 @@ from rest_framework.response import Response
 from accounts.context import current_team
 from accounts.idempotency import idempotent
 from accounts.models import Team
-from deployments import actions, planning, quantity
+from deployments import actions, canary, planning, quantity
 from deployments.models import Deployment, Event, TritonServer
 from deployments.planning import MAX_REPLICAS
 from deployments.revision_spec import Autoscaling, ModelEntry, Resources, RevisionSpec
@@ -130,6 +130,44 @@ def plan_input(team: Team, serializer: DeploymentInputSerializer) -> planning.Pl
 OPERATOR_ONLY_EGRESS = ("only an operator can let a deployment open outgoing connections, in the admin console "
                         "(Deployments > allow egress)")
 
+class RolloutSerializer(ExactJSONTypes, serializers.Serializer[Any]):
+    """How a PATCH's new revision rolls out: at once (the default), or as a canary beside the serving revision."""
+
+    strategy = serializers.ChoiceField(choices=["atomic", "canary"], help_text=(
+        "atomic: the new revision takes every request once ready (the default). canary: it takes `percent` of "
+        "them beside the serving revision until promoted or rolled back."))
+    percent = serializers.IntegerField(min_value=1, max_value=99, required=False,
+                                       help_text="canary: the share of requests it answers (required).")
+    max_error_rate = serializers.FloatField(min_value=0.0, max_value=1.0, default=canary.DEFAULT_MAX_ERROR_RATE,
+                                            help_text="canary: rolled back past this share of 5xx/429 answers "
+                                                      "over the window (0.05 = 5%).")
+    max_p99_ratio = serializers.FloatField(min_value=1.0, max_value=1000.0, default=canary.DEFAULT_MAX_P99_RATIO,
+                                           help_text="canary: rolled back when its p99 latency is over this "
+                                                     f"multiple of the stable revision's (and {canary.P99_SLACK_MS:g} "
+                                                     "ms more).")
+    window_seconds = serializers.IntegerField(min_value=canary.MIN_WINDOW_SECONDS, max_value=canary.MAX_WINDOW_SECONDS,
+                                              default=canary.DEFAULT_WINDOW_SECONDS,
+                                              help_text="canary: the window its guardrails look at.")
+    min_requests = serializers.IntegerField(min_value=1, max_value=1_000_000, default=canary.DEFAULT_MIN_REQUESTS,
+                                            help_text="canary: no verdict on fewer requests in the window.")
+    auto_promote = serializers.BooleanField(default=False, help_text=(
+        "canary: promote it after a clean window (enough requests, within its guardrails)."))
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["strategy"] == "canary" and "percent" not in attrs:
+            raise serializers.ValidationError({"percent": ["a canary needs the share of requests it takes, "
+                                                           "1 to 99"]})
+        return attrs
+
+    def rollout(self) -> canary.Rollout | None:
+        data = self.validated_data
+        if data["strategy"] != "canary":
+            return None
+        return canary.Rollout(percent=data["percent"], max_error_rate=data["max_error_rate"],
+                              max_p99_ratio=data["max_p99_ratio"], window_seconds=data["window_seconds"],
+                              min_requests=data["min_requests"], auto_promote=data["auto_promote"])
+
+
 class DeploymentUpdateSerializer(serializers.Serializer[Any]):
     """A PATCH's body (for the schema): the fields given replace the current revision's; the name and the runtime
     cannot change."""
@@ -138,6 +176,35 @@ class DeploymentUpdateSerializer(serializers.Serializer[Any]):
     replicas = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS, required=False)
     resources = ResourcesSerializer(required=False)
     autoscaling = AutoscalingSerializer(required=False, allow_null=True, help_text="Kubernetes only: an HPA.")
+    rollout = RolloutSerializer(required=False, help_text=(
+        'How the change rolls out; default {"strategy": "atomic"}. A canary needs a running, ready deployment '
+        "(local runtime) and no canary in progress."))
+
+
+class CanarySerializer(serializers.Serializer[Any]):
+    """A canary in progress (for the schema)."""
+
+    revision = serializers.IntegerField()
+    percent = serializers.IntegerField()
+    state = serializers.ChoiceField(choices=["starting", "serving"])
+    serving_since = serializers.DateTimeField(allow_null=True)
+    max_error_rate = serializers.FloatField()
+    max_p99_ratio = serializers.FloatField()
+    window_seconds = serializers.IntegerField()
+    min_requests = serializers.IntegerField()
+    auto_promote = serializers.BooleanField()
+
+
+def canary_of(deployment: Deployment) -> dict[str, Any] | None:
+    revision = deployment.canary_revision
+    if revision is None:
+        return None
+    return {"revision": revision.number, "percent": deployment.canary_percent,
+            "state": "serving" if deployment.canary_upstream_url else "starting",
+            "serving_since": deployment.canary_serving_since,
+            "max_error_rate": deployment.canary_max_error_rate, "max_p99_ratio": deployment.canary_max_p99_ratio,
+            "window_seconds": deployment.canary_window_seconds, "min_requests": deployment.canary_min_requests,
+            "auto_promote": deployment.canary_auto_promote}
 
 
 class ServedModelOutSerializer(serializers.Serializer[Any]):
@@ -171,6 +238,7 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
     replicas = serializers.SerializerMethodField()
     resources = serializers.SerializerMethodField()
     autoscaling = serializers.SerializerMethodField()
+    canary = serializers.SerializerMethodField(help_text="The canary in progress, if any (null: none).")
     sandboxed = serializers.SerializerMethodField(help_text=(
         "Local runtime: whether its running Triton is sandboxed (null when none runs, or on Kubernetes)."))
     created_by = serializers.CharField(source="created_by.username", default=None, allow_null=True, read_only=True)
@@ -179,7 +247,7 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
     class Meta:
         model = Deployment
         fields = ["name", "runtime", "desired_state", "status", "status_message", "revision", "serving_revision",
-                  "endpoint", "models", "replicas", "resources", "autoscaling", "allow_egress", "sandboxed",
+                  "endpoint", "models", "replicas", "resources", "autoscaling", "canary", "allow_egress", "sandboxed",
                   "created_by", "created_at", "updated_at"]
         read_only_fields = fields
 
@@ -206,6 +274,13 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
         spec = self._spec(obj)
         return spec.autoscaling.to_json() if spec and spec.autoscaling else None
 
+    @extend_schema_field(CanarySerializer(allow_null=True))
+    def get_canary(self, obj: Deployment) -> dict[str, Any] | None:
+        data = canary_of(obj)
+        if data is not None and data["serving_since"] is not None:
+            data["serving_since"] = serializers.DateTimeField().to_representation(data["serving_since"])
+        return data
+
     def get_sandboxed(self, obj: Deployment) -> bool | None:
         if obj.runtime != Deployment.Runtime.LOCAL:
             return None
@@ -229,7 +304,7 @@ class EventSerializer(serializers.ModelSerializer[Event]):
 
 
 def get_deployment_for_user(request: Request, name: str) -> Deployment:
-    deployment = (Deployment.objects.select_related("revision", "serving_revision", "created_by")
+    deployment = (Deployment.objects.select_related("revision", "serving_revision", "canary_revision", "created_by")
                   .prefetch_related(LIVE_SERVERS)
                   .filter(team=current_team(request), name=name)
                   .exclude(desired_state=Deployment.Desired.DELETED).first())
@@ -262,7 +337,8 @@ def deployments_list(request: Request) -> Response:
         deployment = actions.create_deployment(team, request.user, serializer.validated_data["name"], plan)  # type: ignore[arg-type]
         return Response(DeploymentSerializer(get_deployment_for_user(request, deployment.name)).data, status=status.HTTP_201_CREATED)
     deployments = (Deployment.objects.filter(team=team).exclude(desired_state=Deployment.Desired.DELETED)
-                   .select_related("revision", "serving_revision", "created_by").prefetch_related(LIVE_SERVERS))
+                   .select_related("revision", "serving_revision", "canary_revision", "created_by")
+                   .prefetch_related(LIVE_SERVERS))
     return Response(DeploymentSerializer(deployments, many=True).data)
 
 
@@ -273,7 +349,9 @@ def deployments_list(request: Request) -> Response:
                responses={
                    200: DeploymentSerializer,
                    400: error("Not a valid change: 'fields' says which field and why; the name and the runtime "
-                              "cannot change."),
+                              "cannot change; a canary needs a change."),
+                   409: error("A canary is in progress (promote it or roll it back first), or a canary was asked "
+                              "for a deployment that is not running and ready, or on Kubernetes."),
                })
 @extend_schema(methods=["DELETE"], summary="Delete a deployment", responses={
     202: OpenApiResponse(description="It no longer serves and is gone from the API already; a worker stops its "
@@ -291,12 +369,21 @@ def deployment_detail(request: Request, name: str) -> Response:
         if "name" in body and body["name"] != deployment.name or (
                 "runtime" in body and body["runtime"] != deployment.runtime):
             raise serializers.ValidationError("The name and runtime of a deployment cannot change: create a new deployment.")
+        rollout: canary.Rollout | None = None
+        if "rollout" in body:
+            rollout_input = RolloutSerializer(data=body["rollout"])
+            if not rollout_input.is_valid():
+                raise serializers.ValidationError({"rollout": rollout_input.errors})
+            rollout = rollout_input.rollout()
         serializer = DeploymentInputSerializer(data=_patched(deployment, current, body))
         serializer.is_valid(raise_exception=True)
         plan = plan_input(deployment.team, serializer)
         # A PATCH that changes nothing ({}, an empty body, the current values) makes no revision and rolls nothing.
         if current is None or plan.spec.to_json() != current.to_json():
-            actions.update_deployment(deployment, request.user, plan)
+            actions.update_deployment(deployment, request.user, plan, canary=rollout)
+        elif rollout is not None:
+            raise serializers.ValidationError({"rollout": [
+                "a canary needs a change: this PATCH asks for the settings in effect already"]})
         return Response(DeploymentSerializer(get_deployment_for_user(request, name)).data)
     if request.method == "DELETE":
         actions.delete_deployment(deployment, request.user)
@@ -340,6 +427,30 @@ def deployment_start(request: Request, name: str) -> Response:
     deployment = get_deployment_for_user(request, name)
     actions.start_deployment(deployment, request.user)
     return Response(DeploymentSerializer(get_deployment_for_user(request, name)).data, status=status.HTTP_202_ACCEPTED)
+
+
+@extend_schema(summary="Promote the canary: it serves every request, the old revision drains and stops",
+               request=None, responses={
+                   200: DeploymentSerializer,
+                   409: error("There is no canary, or it is still starting."),
+               })
+@api_view(["POST"])
+def deployment_promote(request: Request, name: str) -> Response:
+    deployment = get_deployment_for_user(request, name)
+    actions.promote_canary(deployment, request.user)
+    return Response(DeploymentSerializer(get_deployment_for_user(request, name)).data)
+
+
+@extend_schema(summary="Roll the canary back: the serving revision takes every request, the canary stops",
+               request=None, responses={
+                   200: DeploymentSerializer,
+                   409: error("There is no canary."),
+               })
+@api_view(["POST"])
+def deployment_rollback(request: Request, name: str) -> Response:
+    deployment = get_deployment_for_user(request, name)
+    actions.rollback_canary(deployment, request.user)
+    return Response(DeploymentSerializer(get_deployment_for_user(request, name)).data)
 
 
 @extend_schema(summary="A deployment's events, newest first (the last 200)",

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from deployments.runtimes.local import triton as local_triton
+from models_registry import formats
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,12 @@ class Framework:
 
 
 FRAMEWORKS: tuple[Framework, ...] = (
-    Framework("torch", "PyTorch", ("torch",), ("torchscript",), "TorchScript", "a 200 MB download, 0.9 GB installed"),
+    Framework("torch", "PyTorch", ("torch",), (formats.TORCHSCRIPT,), "TorchScript", "a 200 MB download, 0.9 GB installed"),
     Framework(
         "tensorflow",
         "TensorFlow",
         ("tensorflow_cpu", "tensorflow", "tensorflow_intel"),
-        ("tensorflow_savedmodel",),
+        (formats.SAVEDMODEL,),
         "TensorFlow SavedModels",
         "a 310 MB download, 1.3 GB installed",
     ),

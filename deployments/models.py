@@ -29,6 +29,8 @@ class Deployment(models.Model):
     class Status(models.TextChoices):
         PENDING = "pending"
         RENDERING = "rendering"
+        # Installing a python model's requirements (deployments/pyenvs.py) before Triton can start.
+        BUILDING = "building"
         STARTING = "starting"
         READY = "ready"
         FAILED = "failed"
@@ -65,6 +67,22 @@ class Deployment(models.Model):
     allow_egress = models.BooleanField(
         default=False, help_text="Let this deployment's models open outgoing connections (to the ports in "
                                  "SANDBOX_EGRESS_PORTS). Takes effect by restarting its Triton.")
+    # A canary rollout (deployments/canary.py): a revision served beside `serving_revision`, taking
+    # `canary_percent` of the requests once its launch is ready (its route: the canary upstreams), until it is
+    # promoted (it becomes the serving revision in one UPDATE) or rolled back (by a user or by its guardrails).
+    canary_revision = models.ForeignKey("Revision", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    canary_percent = models.PositiveSmallIntegerField(default=0)
+    canary_upstream_url = models.CharField(max_length=255, blank=True)
+    canary_grpc_upstream = models.CharField(max_length=255, blank=True)
+    canary_launch = models.JSONField(null=True, blank=True)
+    canary_deadline = models.DateTimeField(null=True, blank=True)
+    canary_serving_since = models.DateTimeField(null=True, blank=True)
+    # Its guardrails, compared with the stable revision over the window (defaults: docs/api.md, canary.py).
+    canary_max_error_rate = models.FloatField(default=0.05)
+    canary_max_p99_ratio = models.FloatField(default=2.0)
+    canary_window_seconds = models.PositiveIntegerField(default=60)
+    canary_min_requests = models.PositiveIntegerField(default=20)
+    canary_auto_promote = models.BooleanField(default=False)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
@@ -83,7 +101,8 @@ class Deployment(models.Model):
 
     @property
     def is_transitional(self) -> bool:
-        return self.status in (self.Status.PENDING, self.Status.RENDERING, self.Status.STARTING, self.Status.STOPPING)
+        return self.status in (self.Status.PENDING, self.Status.RENDERING, self.Status.BUILDING, self.Status.STARTING,
+                               self.Status.STOPPING)
 
     def can_start(self) -> bool:
         return self.desired_state == self.Desired.STOPPED

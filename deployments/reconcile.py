@@ -25,10 +25,11 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from deployments.actions import NO_CANARY
 from deployments.events import record
 from deployments.models import Deployment, Event, Revision
 from deployments.render import RenderError
-from deployments.runtimes.base import Launch, Runtime, RuntimeUnavailable
+from deployments.runtimes.base import Launch, PreparationFailed, Runtime, RuntimeUnavailable
 from deployments.runtimes.registry import runtime_for
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ S = Deployment.Status
 def reconcile(deployment_id: int) -> float | None:
     """One tick. Returns in how many seconds the deployment wants the next one (None: only when something changes,
     or at the next periodic tick)."""
-    deployment = (Deployment.objects.select_related("team", "revision", "serving_revision")
+    deployment = (Deployment.objects.select_related("team", "revision", "serving_revision", "canary_revision")
                   .filter(pk=deployment_id).first())
     if deployment is None:
         return None
@@ -70,6 +71,14 @@ def reconcile(deployment_id: int) -> float | None:
 
 
 def _run(deployment: Deployment, runtime: Runtime) -> float | None:
+    wait = _run_stable(deployment, runtime)
+    if deployment.canary_revision is None or deployment.status == S.FAILED or wait == NOW:
+        return wait
+    canary_wait = _canary(deployment, runtime)
+    return canary_wait if wait is None else wait if canary_wait is None else min(wait, canary_wait)
+
+
+def _run_stable(deployment: Deployment, runtime: Runtime) -> float | None:
     target = deployment.revision
     if target is None:
         return None
@@ -78,7 +87,7 @@ def _run(deployment: Deployment, runtime: Runtime) -> float | None:
         return NOW
     if deployment.status == S.FAILED:
         return _drain_left(deployment)  # a failed deployment waits for the user: a new revision, start or retry
-    if deployment.status in (S.PENDING, S.RENDERING):
+    if deployment.status in (S.PENDING, S.RENDERING, S.BUILDING):
         return _prepare(deployment, runtime, target)
     if deployment.status == S.STARTING:
         return _start(deployment, runtime, target)
@@ -103,9 +112,15 @@ def _prepare(deployment: Deployment, runtime: Runtime, target: Revision) -> floa
     except RenderError as exc:
         _fail(deployment, f"Revision {target.number} cannot be rendered: {exc}")
         return _drain_left(deployment)
+    except PreparationFailed as exc:
+        _fail(deployment, f"Revision {target.number} cannot be prepared: {exc}", exc.detail)
+        return _drain_left(deployment)
     if not preparation.done:
-        if preparation.message and preparation.message != deployment.status_message:
-            deployment.advance(S.RENDERING, preparation.message)
+        status = S.BUILDING if preparation.building else S.RENDERING
+        if preparation.message and (preparation.message, status) != (deployment.status_message, deployment.status):
+            with transaction.atomic():
+                if deployment.advance(status, preparation.message) and status == S.BUILDING:
+                    record(deployment, Event.Kind.INFO, preparation.message)
         return preparation.retry_seconds
     if deployment.advance(S.STARTING, f"Starting Triton for revision {target.number}."):
         record(deployment, Event.Kind.INFO, f"Rendered the model repository of revision {target.number}.")
@@ -158,6 +173,9 @@ def _switch(deployment: Deployment, target: Revision, launch: Launch) -> None:
             record(deployment, Event.Kind.INFO, f"Revision {target.number} is ready and serving ({launch.description}).")
 
 
+CANNOT_TELL_PREFIX = "Serving; the runtime cannot tell whether it still serves revision"
+
+
 def _check(deployment: Deployment, runtime: Runtime, target: Revision) -> float | None:
     """A ready deployment: is what serves it still serving? If not, start it again (the gateway answers 503 until
     then rather than sending requests to a dead server)."""
@@ -173,11 +191,99 @@ def _check(deployment: Deployment, runtime: Runtime, target: Revision) -> float 
                                launch_deadline=timezone.now() + timedelta(seconds=runtime.ready_timeout_seconds))
         return NOW
     health = runtime.check(deployment, serving)
+    if health.unknown:
+        # Keep the route (what serves most likely still does) and say why nobody can tell, once.
+        message = f"{CANNOT_TELL_PREFIX} {target.number}: {health.message}"
+        if deployment.status_message != message and deployment.advance(S.READY, message):
+            record(deployment, Event.Kind.WARNING, f"Cannot tell whether revision {target.number} still serves: "
+                                                   f"{health.message}")
+        return _drain_left(deployment)
     if health.ok:
+        if deployment.status_message.startswith(CANNOT_TELL_PREFIX):
+            deployment.advance(S.READY, f"Serving revision {target.number}.")
         return _drain_left(deployment)
     if deployment.advance(S.STARTING, f"Restarting: {health.message}.", upstream_url="", grpc_upstream="",
                           serving_launch=None):
         record(deployment, Event.Kind.ERROR, f"Revision {target.number} stopped serving: {health.message}; "
+               "restarting it." + (f" Last log lines:\n{health.detail}" if health.detail else ""))
+    return NOW
+
+
+# --- A canary beside the serving revision (deployments/canary.py) -------------------------------------------------
+
+
+def _canary_advance(deployment: Deployment, **fields: Any) -> bool:
+    """Record a step of the canary, only if it is still the canary the tick read (a promote or a rollback made
+    meanwhile wins)."""
+    done = Deployment.objects.filter(pk=deployment.pk, canary_revision_id=deployment.canary_revision_id,
+                                     desired_state=Deployment.Desired.RUNNING).update(**fields)
+    if done:
+        for key, value in fields.items():
+            setattr(deployment, key, value)
+    return done == 1
+
+
+def _canary_ended(deployment: Deployment, canary: Revision, message: str, detail: str = "") -> None:
+    stable = deployment.serving_revision
+    serving = f" Revision {stable.number} keeps serving all requests." if stable is not None else ""
+    if _canary_advance(deployment, **NO_CANARY):
+        record(deployment, Event.Kind.ERROR, f"Canary revision {canary.number} {message}.{serving}"
+               + (f"\n{detail}" if detail else ""))
+
+
+def _canary(deployment: Deployment, runtime: Runtime) -> float | None:
+    """One step of the canary: prepare and launch it, look at it until ready, then give it its route (the gateway
+    sends it `canary_percent` of the requests); health-check it while it serves. A canary that fails to start is
+    ended, the stable revision untouched."""
+    canary = deployment.canary_revision
+    assert canary is not None
+    launch = Launch.from_json(deployment.canary_launch)
+    if launch is None:
+        try:
+            preparation = runtime.prepare(canary)
+            if not preparation.done:
+                return preparation.retry_seconds
+            launch = runtime.launch(canary)
+        except RenderError as exc:
+            _canary_ended(deployment, canary, f"cannot be rendered: {exc}")
+            return None
+        except PreparationFailed as exc:  # its python packages could not be installed: pip's lines beside it
+            _canary_ended(deployment, canary, f"cannot be prepared: {exc}", exc.detail)
+            return None
+        except RuntimeUnavailable as exc:  # the canary's trouble: the serving revision is left as it is
+            _canary_ended(deployment, canary, f"cannot be launched: {exc}")
+            return None
+        deadline = timezone.now() + timedelta(seconds=runtime.ready_timeout_seconds)
+        if not _canary_advance(deployment, canary_launch=launch.to_json(), canary_deadline=deadline):
+            runtime.abandon(launch)  # rolled back or promoted meanwhile: nobody would know of this server
+            return NOW
+        record(deployment, Event.Kind.INFO, f"Triton for canary revision {canary.number} is starting "
+                                            f"({launch.description}).")
+        return runtime.poll_seconds
+    if not deployment.canary_upstream_url:
+        seen = runtime.observe(launch)
+        if seen.state == "ready":
+            if _canary_advance(deployment, canary_upstream_url=launch.url, canary_grpc_upstream=launch.grpc_target,
+                               canary_serving_since=timezone.now(), canary_deadline=None):
+                record(deployment, Event.Kind.INFO, f"Canary revision {canary.number} is ready and serving "
+                                                    f"{deployment.canary_percent}% of the requests "
+                                                    f"({launch.description}).")
+            return None
+        timed_out = deployment.canary_deadline is not None and timezone.now() >= deployment.canary_deadline
+        if seen.state == "failed" or timed_out:
+            runtime.abandon(launch)
+            message = seen.message if seen.state == "failed" else \
+                f"not ready after {runtime.ready_timeout_seconds:g} s: {seen.message}"
+            _canary_ended(deployment, canary, f"failed to start: {message}", seen.detail)
+            return None
+        return runtime.poll_seconds
+    health = runtime.check(deployment, launch)
+    if health.ok:
+        return None
+    # Its share goes back to the stable revision until it is launched again.
+    if _canary_advance(deployment, canary_upstream_url="", canary_grpc_upstream="", canary_launch=None,
+                       canary_deadline=None, canary_serving_since=None):
+        record(deployment, Event.Kind.ERROR, f"Canary revision {canary.number} stopped serving: {health.message}; "
                "restarting it." + (f" Last log lines:\n{health.detail}" if health.detail else ""))
     return NOW
 
@@ -195,7 +301,8 @@ def _drain_left(deployment: Deployment) -> float | None:
 
 def _retire(deployment: Deployment, runtime: Runtime) -> None:
     """The drain is over: stop what serves neither the route nor the rollout."""
-    keep = [launch for launch in (Launch.from_json(deployment.serving_launch), Launch.from_json(deployment.launch))
+    keep = [launch for launch in (Launch.from_json(deployment.serving_launch), Launch.from_json(deployment.launch),
+                                  Launch.from_json(deployment.canary_launch))
             if launch is not None]
     messages = runtime.retire(deployment, keep)
     if deployment.advance(deployment.status, deployment.status_message, drain_until=None):
@@ -225,7 +332,8 @@ def _unavailable(deployment: Deployment, message: str) -> None:
 # --- Stopping and deleting ----------------------------------------------------------------------------------------
 
 _NOTHING_RUNS: dict[str, Any] = {"upstream_url": "", "grpc_upstream": "", "serving_revision": None,
-                                 "serving_launch": None, "launch": None, "launch_deadline": None, "drain_until": None}
+                                 "serving_launch": None, "launch": None, "launch_deadline": None, "drain_until": None,
+                                 **NO_CANARY}
 
 
 def _stop(deployment: Deployment, runtime: Runtime) -> float | None:

@@ -7,7 +7,9 @@ deterministic: the same spec and artifacts give a byte-identical tree (tests com
 Layout: `<model>/config.pbtxt` and `<model>/<version>/` holding `model.onnx`, `model.pt`, `model.savedmodel/`,
 `model.plan`, `model.py` (+ helper files), `model.tnnproto` + `model.tnnmodel`, or nothing (ensembles).
 On the local target ONNX, TorchScript and SavedModels are served by generated python-backend models: the
-wrapper from deployments/backends/ as `model.py` beside the artifact, with the modules it imports.
+wrapper from deployments/backends/ as `model.py` beside the artifact, with the modules it imports. Which backend
+serves a format on each target, and how its artifact is laid out, is the format's own module's to say
+(models_registry/formats/); this module builds the config and the tree around it.
 """
 
 from __future__ import annotations
@@ -28,37 +30,16 @@ from deployments.spec import (
     Target,
     validate_repository,
 )
+from models_registry import archives, formats
 from models_registry.archives import ArchiveLimits
 from models_registry.signature import Tensor
 
-BACKENDS_DIR = Path(__file__).resolve().parent / "backends"
-ONNX_WRAPPER = BACKENDS_DIR / "onnx_python_model.py"
-TORCHSCRIPT_WRAPPER = BACKENDS_DIR / "torchscript_python_model.py"
-SAVEDMODEL_WRAPPER = BACKENDS_DIR / "savedmodel_python_model.py"
-BATCHING_MODULE = BACKENDS_DIR / "triton_batching.py"
-TORCHSCRIPT_IO_MODULE = BACKENDS_DIR / "torchscript_io.py"
-# Local target: format -> (its model.py, the modules copied beside it under their own names).
-LOCAL_WRAPPERS: dict[str, tuple[Path, tuple[Path, ...]]] = {
-    "onnx": (ONNX_WRAPPER, (BATCHING_MODULE,)),
-    "torchscript": (TORCHSCRIPT_WRAPPER, (BATCHING_MODULE, TORCHSCRIPT_IO_MODULE)),
-    "tensorflow_savedmodel": (SAVEDMODEL_WRAPPER, (BATCHING_MODULE,)),
-}
 # The SignatureDef a SavedModel serves: read by Triton's TensorFlow backend and by the local wrapper alike.
 TF_SIGNATURE_DEF = "TF_SIGNATURE_DEF"
 
 # Artifacts were checked against the configured limits at upload (models_registry.validation.archive_limits());
 # these are the settings' defaults, a backstop for callers that pass none.
-DEFAULT_ARCHIVE_LIMITS = ArchiveLimits(max_entries=10_000, max_total_size=50 * 1024**3, max_ratio=200)
-
-# Kubernetes runs the official Triton image, which has every backend: (platform, backend) per format.
-_NATIVE: dict[str, tuple[str, str]] = {
-    "onnx": ("", "onnxruntime"),
-    "torchscript": ("pytorch_libtorch", ""),
-    "tensorflow_savedmodel": ("tensorflow_savedmodel", ""),
-    "tensorrt_plan": ("tensorrt_plan", ""),
-    "python": ("", "python"),
-    "ensemble": ("ensemble", ""),
-}
+DEFAULT_ARCHIVE_LIMITS = archives.DEFAULT_LIMITS
 
 
 class RenderError(ValueError):
@@ -72,17 +53,17 @@ class RenderError(ValueError):
 def build_model_config(m: ServedModel, target: Target, *, tnn_backend_name: str = "tnn") -> mc.ModelConfig:
     """Triton's ModelConfig message for `m` on `target` (assumes `m` passed validation)."""
     config = mc.ModelConfig(name=m.name, max_batch_size=m.max_batch_size)
-    if m.format == "tnn":
+    fmt = formats.get(m.format)
+    if fmt.native.custom:
         config.backend = tnn_backend_name
-    elif target == "local" and m.format in LOCAL_WRAPPERS:
+    elif target == "local" and fmt.local.wrapper is not None:
         # The local tritonserver has only the python backend: a generated python model runs the file.
         config.backend = "python"
     else:
-        platform, backend = _NATIVE[m.format]
-        if platform:
-            config.platform = platform
-        if backend:
-            config.backend = backend
+        if fmt.native.platform:
+            config.platform = fmt.native.platform
+        if fmt.native.backend:
+            config.backend = fmt.native.backend
     # Serve exactly the version this spec names, even if another version directory is ever left behind.
     config.version_policy.specific.versions.append(m.version)
 
@@ -94,7 +75,7 @@ def build_model_config(m: ServedModel, target: Target, *, tnn_backend_name: str 
         entry = config.output.add(name=tensor.name, data_type=_data_type(tensor))
         _set_dims(entry, tensor, batched)
 
-    if m.format == "ensemble":
+    if m.format == formats.ENSEMBLE:
         for step in m.ensemble_steps:
             config.ensemble_scheduling.step.add(
                 model_name=step.model,
@@ -120,7 +101,7 @@ def build_model_config(m: ServedModel, target: Target, *, tnn_backend_name: str 
 
     if m.warmup is not None:
         _add_warmup(config, m)
-    if m.format == "tensorflow_savedmodel" and m.signature_def:
+    if m.format == formats.SAVEDMODEL and m.signature_def:
         config.parameters[TF_SIGNATURE_DEF].string_value = m.signature_def
     return config
 
@@ -218,73 +199,19 @@ def _add_warmup(config: mc.ModelConfig, m: ServedModel) -> None:
 
 
 def _write_artifact(m: ServedModel, target: Target, version_dir: Path, *, scratch: Path, limits: ArchiveLimits) -> None:
-    if m.format == "ensemble":
+    fmt = formats.get(m.format)  # validate_served_model refuses unknown formats
+    if fmt.write_artifact is None:
         return  # Triton needs the version directory, empty for an ensemble.
     assert m.artifact_path is not None  # validated
-    artifact = Path(m.artifact_path)
-    if target == "local" and m.format in LOCAL_WRAPPERS:
-        wrapper, modules = LOCAL_WRAPPERS[m.format]
-        shutil.copyfile(wrapper, version_dir / "model.py")
-        for module in modules:
+    if target == "local" and fmt.local.wrapper is not None:
+        shutil.copyfile(fmt.local.wrapper, version_dir / "model.py")
+        for module in fmt.local.modules:
             shutil.copyfile(module, version_dir / module.name)
-    if m.format == "onnx":
-        shutil.copyfile(artifact, version_dir / "model.onnx")
-    elif m.format == "torchscript":
-        shutil.copyfile(artifact, version_dir / "model.pt")
-    elif m.format == "tensorrt_plan":
-        shutil.copyfile(artifact, version_dir / "model.plan")
-    elif m.format == "tensorflow_savedmodel":
-        _extract(m, artifact, scratch, limits)
-        roots = sorted({p.parent for p in scratch.rglob("saved_model.pb*") if p.name in _SAVED_MODEL_FILES})
-        if len(roots) != 1:
-            raise _artifact_error(
-                m, f"the archive must hold one SavedModel directory (saved_model.pb), found {len(roots)}"
-            )
-        roots[0].rename(version_dir / "model.savedmodel")
-    elif m.format == "python":
-        _extract(m, artifact, scratch, limits)
-        root = _single_root(scratch, "model.py")
-        if root is None:
-            raise _artifact_error(m, "the archive must hold model.py at its top level (or in its only directory)")
-        for child in sorted(root.iterdir()):
-            child.rename(version_dir / child.name)
-    elif m.format == "tnn":
-        _extract(m, artifact, scratch, limits)
-        protos = sorted(p for p in scratch.rglob("*.tnnproto") if p.is_file())
-        weights = sorted(p for p in scratch.rglob("*.tnnmodel") if p.is_file())
-        if len(protos) != 1 or len(weights) != 1:
-            raise _artifact_error(
-                m, f"the archive must hold one .tnnproto and one .tnnmodel, found {len(protos)} and {len(weights)}"
-            )
-        # Fixed names, so the TNN backend finds the pair without extra parameters.
-        protos[0].rename(version_dir / "model.tnnproto")
-        weights[0].rename(version_dir / "model.tnnmodel")
-    else:  # validate_served_model refuses unknown formats
-        raise _artifact_error(m, f"cannot render format {m.format!r}")
-    shutil.rmtree(scratch, ignore_errors=True)
-
-
-_SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
-
-
-def _extract(m: ServedModel, archive: Path, dest: Path, limits: ArchiveLimits) -> None:
-    # models_registry.archives is the one place that opens uploaded archives: it refuses links, traversal, bombs.
-    from models_registry.archives import safe_extract
-
     try:
-        safe_extract(archive, dest, limits)
-    except ValueError as exc:
-        raise _artifact_error(m, f"the archive cannot be extracted: {exc}") from None
-
-
-def _single_root(extracted: Path, marker: str) -> Path | None:
-    """The directory holding `marker`: the archive's top level, or its only directory (zip of a folder)."""
-    if (extracted / marker).is_file():
-        return extracted
-    children = [c for c in extracted.iterdir() if c.name != "__MACOSX"]
-    if len(children) == 1 and children[0].is_dir() and (children[0] / marker).is_file():
-        return children[0]
-    return None
+        fmt.write_artifact(Path(m.artifact_path), version_dir, scratch, limits)
+    except formats.LayoutError as exc:
+        raise _artifact_error(m, str(exc)) from None
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _artifact_error(m: ServedModel, message: str) -> RenderError:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from deployments.spec import DynamicBatching, EnsembleStep, InstanceGroup, RepositorySpec, ServedModel
+from models_registry import formats
 from models_registry.signature import Signature, signature_from_json
 
 SPEC_VERSION = 2
@@ -109,7 +110,7 @@ class ModelEntry:
 
     @property
     def is_pipeline(self) -> bool:
-        return self.format == "ensemble"
+        return self.format == formats.ENSEMBLE
 
     @property
     def ensemble_steps(self) -> tuple[EnsembleStep, ...]:
@@ -127,13 +128,13 @@ class ModelEntry:
     @property
     def requirements(self) -> tuple[str, ...]:
         """A python model's requirements lines (models_registry.models.ModelVersion.requirements, as they were)."""
-        if self.format != "python" or not isinstance(self.definition, Mapping):
+        if self.format != formats.PYTHON or not isinstance(self.definition, Mapping):
             return ()
         return tuple(str(r) for r in self.definition.get("requirements", ()))
 
     @property
     def signature_def(self) -> str:
-        if self.format != "tensorflow_savedmodel":
+        if self.format != formats.SAVEDMODEL:
             return ""
         return str((self.definition or {}).get("signature_def", ""))
 

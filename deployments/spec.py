@@ -14,29 +14,22 @@ from pathlib import Path
 from typing import Any, Literal
 
 from deployments.frameworks import missing_framework_message
+from models_registry import formats
 from models_registry.signature import Signature
 
 Target = Literal["local", "kubernetes"]
 InstanceKind = Literal["cpu", "gpu"]
 
 TARGETS: tuple[str, ...] = ("local", "kubernetes")
-FORMATS: tuple[str, ...] = (
-    "onnx",
-    "torchscript",
-    "tensorflow_savedmodel",
-    "tensorrt_plan",
-    "python",
-    "tnn",
-    "ensemble",
-)
+# What each format is and how each target serves it: models_registry.formats.
+FORMATS: tuple[str, ...] = tuple(formats.REGISTRY)
 
 # Limits a user may choose. Triton itself accepts more; these keep one deployment from starving the host.
 MAX_QUEUE_DELAY_MICROSECONDS = 10_000_000
 MIN_INSTANCE_COUNT = 1
 MAX_INSTANCE_COUNT = 16
-# Used when inspection of the artifact found no limit of its own (a TensorRT plan's profile may give one);
-# the same default as models_registry.inspection.
-DEFAULT_MAX_BATCH_SIZE = 64
+# Used when inspection of the artifact found no limit of its own (a TensorRT plan's profile may give one).
+DEFAULT_MAX_BATCH_SIZE = formats.DEFAULT_MAX_BATCH_SIZE
 
 # Triton uses the model name as a directory name and in URLs (/v2/models/<name>). No ".": validate_repository()
 # keys errors "<model name>.<field>", which callers split at the first ".".
@@ -44,17 +37,6 @@ _MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")  # fullmatch: "$
 
 WARMUP_KEYS = frozenset({"batch_size", "count", "data"})
 WARMUP_DATA = ("zero", "random")
-
-_LOCAL_BACKENDS_NOTE = "the local Triton from nvidia-pytriton has only the python backend"
-_LOCAL_REFUSED: dict[str, str] = {
-    "tensorrt_plan": f"TensorRT plans cannot be served locally: {_LOCAL_BACKENDS_NOTE} and no GPU; "
-    "deploy to Kubernetes",
-    "tnn": f"TNN models cannot be served locally: {_LOCAL_BACKENDS_NOTE}, not the TNN backend; deploy to Kubernetes",
-}
-# TorchScript and SavedModels run locally through generated python-backend models (deployments/backends/), which
-# need the framework in the runtime env (deployments.frameworks).
-_LOCAL_FORMAT_NAMES = {"torchscript": "TorchScript models", "tensorflow_savedmodel": "TensorFlow SavedModels"}
-
 
 @dataclass(frozen=True)
 class DynamicBatching:
@@ -128,11 +110,14 @@ def defaults_for(signature: Signature, detected_max_batch_size: int | None) -> S
 
 def local_format_error(fmt: str, *, local_frameworks: Collection[str] = frozenset()) -> str | None:
     """Why the local runtime cannot serve `fmt` given the frameworks of its runtime env, or None when it can."""
-    if fmt in _LOCAL_REFUSED:
-        return _LOCAL_REFUSED[fmt]
+    local = formats.get(fmt).local if fmt in formats.REGISTRY else None
+    if local is not None and local.refused:
+        return local.refused
     missing = missing_framework_message(fmt, frozenset(local_frameworks))
     if missing is not None:
-        return f"{_LOCAL_FORMAT_NAMES.get(fmt, fmt)} cannot be served locally: {missing}"
+        # TorchScript and SavedModels run locally through generated python-backend models (deployments/backends/),
+        # which need the framework in the runtime env (deployments.frameworks).
+        return f"{local.noun if local is not None and local.noun else fmt} cannot be served locally: {missing}"
     return None
 
 
@@ -162,14 +147,10 @@ def validate_served_model(
         reason = local_format_error(m.format, local_frameworks=local_frameworks)
         if reason:
             add("format", reason)
-        elif m.format == "torchscript":
-            # numpy has no bfloat16 and torch no strings: the python backend cannot hand these to the module.
-            odd = [t.name for t in m.signature.inputs + m.signature.outputs if t.datatype in ("BYTES", "BF16")]
-            if odd:
-                add("signature", f"the local runtime serves TorchScript with numeric tensors only, and "
-                                 f"{', '.join(odd)} is BYTES or BF16; deploy to Kubernetes")
+        elif (check := formats.get(m.format).local.signature_problem) is not None and (problem := check(m.signature)):
+            add("signature", problem)
 
-    if m.format == "ensemble":
+    if m.format == formats.ENSEMBLE:
         if not m.ensemble_steps:
             add("ensemble_steps", "an ensemble needs at least one step")
         for i, step in enumerate(m.ensemble_steps):
@@ -213,7 +194,7 @@ def _validate_batching(m: ServedModel, add: Any) -> None:
     db = m.dynamic_batching
     if db is None:
         return
-    if m.max_batch_size <= 0 and m.format != "ensemble":
+    if m.max_batch_size <= 0 and m.format != formats.ENSEMBLE:
         add("dynamic_batching", "dynamic batching needs max_batch_size greater than 0")
     delay = db.max_queue_delay_microseconds
     if not 0 <= delay <= MAX_QUEUE_DELAY_MICROSECONDS:

@@ -89,6 +89,17 @@ def reconcile_deployment(self: Task, deployment_id: int, due: str | None = None)
         queue_reconcile(deployment_id, countdown=wait)
 
 
+@shared_task(bind=True)
+def build_python_env(self: Task, revision_id: int) -> None:
+    """Install a revision's python requirements (deployments/pyenvs.py): on the inspection queue, since pip may take
+    minutes, which no tick may. The deployment's next tick then starts Triton."""
+    from deployments.runtimes.local.runtime import build_python_env as build
+
+    deployment_id = build(revision_id)
+    if deployment_id is not None and not self.request.is_eager:  # eagerly, the waiting tick looks again itself
+        queue_reconcile(deployment_id)
+
+
 @shared_task
 def reconcile_all() -> int:
     """Periodic: health-check serving deployments, move every deployment not at rest (rollouts whose follow-up
@@ -98,6 +109,21 @@ def reconcile_all() -> int:
     local_triton.reap_children()
     return sum(queue_reconcile(deployment_id, expires=settings.RECONCILE_INTERVAL_SECONDS * 2)
                for deployment_id in reconcile.needs_attention())
+
+
+@shared_task
+def check_canaries() -> int:
+    """Periodic: judge every serving canary by its guardrails over its window (deployments/canary.py): roll it back,
+    promote it, or let it run on. Returns how many were rolled back or promoted."""
+    from deployments import canary
+
+    acted = 0
+    for deployment_id in canary.serving_canaries():
+        try:
+            acted += canary.judge(deployment_id).action != "wait"
+        except Exception:  # one deployment's trouble (a promote that raced a rollback) must not stop the others
+            log.exception("could not judge the canary of deployment %s", deployment_id)
+    return acted
 
 
 @shared_task

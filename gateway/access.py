@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from accounts.models import TOKEN_PREFIX, ApiToken, Membership
 from accounts.tokens import authenticate_token
 from deployments.models import Deployment
 from deployments.revision_spec import RevisionSpec
+from gateway.protocol import Refusal
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,13 @@ class Route:
     status: str
     models: frozenset[str] = frozenset()  # the models the serving revision holds (the metrics label them)
     grpc_target: str = ""  # host:port of the serving Triton's gRPC endpoint; empty while none serves
+    revision: int = 0  # the serving revision's number
+    # A canary beside it (deployments/canary.py): its revision's number (0: none), its upstreams once it serves
+    # (empty while it starts), and the share of requests it takes.
+    canary_revision: int = 0
+    canary_url: str = ""
+    canary_grpc_target: str = ""
+    canary_percent: int = 0
 
 
 class TtlCache(Generic[K, V]):
@@ -222,13 +231,62 @@ def _load_session(session_key: str) -> Caller | None:
 def _load_route(key: tuple[int, str]) -> Route | None:
     team_id, name = key
     row = (Deployment.objects.filter(team_id=team_id, name=name).exclude(desired_state=Deployment.Desired.DELETED)
-           .values("pk", "upstream_url", "grpc_upstream", "status", "desired_state", "serving_revision__spec").first())
+           .values("pk", "upstream_url", "grpc_upstream", "status", "desired_state", "serving_revision__spec",
+                   "serving_revision__number", "canary_revision__number", "canary_revision__spec",
+                   "canary_upstream_url", "canary_grpc_upstream", "canary_percent").first())
     if row is None:
         return None
     running = row["desired_state"] == Deployment.Desired.RUNNING
     return Route(deployment_id=row["pk"], name=name, upstream_url=row["upstream_url"] if running else "",
-                 status=row["status"], models=_model_names(row["serving_revision__spec"]),
-                 grpc_target=row["grpc_upstream"] if running else "")
+                 status=row["status"],
+                 models=_model_names(row["serving_revision__spec"]) | _model_names(row["canary_revision__spec"]),
+                 grpc_target=row["grpc_upstream"] if running else "",
+                 revision=row["serving_revision__number"] or 0,
+                 canary_revision=(row["canary_revision__number"] or 0) if running else 0,
+                 canary_url=row["canary_upstream_url"] if running else "",
+                 canary_grpc_target=row["canary_grpc_upstream"] if running else "",
+                 canary_percent=row["canary_percent"] if running else 0)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Where one request goes: the upstream (an HTTP base URL, or a gRPC host:port) and the revision it serves."""
+
+    upstream: str
+    revision: int
+
+
+MAX_PIN_LENGTH = 9
+
+
+def choose(route: Route, pinned: str | None, grpc: bool = False) -> Choice:
+    """The revision that answers this request: the one the client pins with `Modelport-Revision` (the serving or
+    the canary revision only), or else the canary for `canary_percent` of the requests, each drawn on its own
+    (no request is stuck to a revision unless pinned), and the serving revision for the rest."""
+    stable = route.grpc_target if grpc else route.upstream_url
+    canary = route.canary_grpc_target if grpc else route.canary_url
+    if pinned is not None:
+        text = pinned.strip()
+        if not text.isascii() or not text.isdigit() or len(text) > MAX_PIN_LENGTH:
+            raise Refusal(400, "Modelport-Revision must be a revision number of this deployment, e.g. 3.")
+        number = int(text)
+        if number and number == route.canary_revision:
+            if not canary:
+                raise Refusal(503, f"Canary revision {number} of {route.name!r} is starting; retry in a few seconds.",
+                              {"Retry-After": "2"})
+            return Choice(canary, number)
+        if not number or number != route.revision:
+            serving = [f"serving: {route.revision}"] if route.revision else []
+            serving += [f"canary: {route.canary_revision}"] if route.canary_revision else []
+            raise Refusal(404, f"Revision {number} does not serve {route.name!r}"
+                               + (f" ({', '.join(serving)})." if serving else "."))
+    elif canary and route.canary_percent and secrets.randbelow(10_000) < route.canary_percent * 100:
+        return Choice(canary, route.canary_revision)
+    if not stable:
+        retry = "; retry in a few seconds." if grpc else "."
+        raise Refusal(503, f"Deployment {route.name!r} is not ready (status: {route.status}){retry}",
+                      {"Retry-After": "2"})
+    return Choice(stable, route.revision)
 
 
 def _model_names(spec: RevisionSpec | None) -> frozenset[str]:

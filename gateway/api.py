@@ -25,24 +25,30 @@ from gateway.stats import BUCKET_SECONDS, merge_codes, percentile_ms
 
 
 def summarize(rows: list[RequestStats], window: timedelta) -> dict[str, Any]:
+    """Totals and a series over the rows (of every revision: rows of one bucket are added up)."""
     total = [0] * len(LATENCY_BUCKETS_MS)
     requests = errors = 0
     codes: dict[str, int] = {}
-    series = []
-    for row in rows:
+    by_bucket: dict[Any, tuple[int, int, list[int]]] = {}
+    for row in sorted(rows, key=lambda r: r.bucket_start):
         codes = merge_codes(codes, row.codes)
         histogram = row.latency_histogram or [0] * len(LATENCY_BUCKETS_MS)
         total = [a + b for a, b in zip(total, histogram, strict=False)]
         requests += row.requests
         errors += row.errors
-        series.append({
-            "time": row.bucket_start.isoformat(),
-            "requests": row.requests,
-            "errors": row.errors,
-            "requests_per_second": round(row.requests / BUCKET_SECONDS, 3),
-            "p50_ms": _round(percentile_ms(histogram, 0.50)),
-            "p99_ms": _round(percentile_ms(histogram, 0.99)),
-        })
+        seen = by_bucket.get(row.bucket_start)
+        if seen is not None:
+            histogram = [a + b for a, b in zip(seen[2], histogram, strict=False)]
+        by_bucket[row.bucket_start] = ((seen[0] if seen else 0) + row.requests, (seen[1] if seen else 0) + row.errors,
+                                       histogram)
+    series = [{
+        "time": start.isoformat(),
+        "requests": count,
+        "errors": failed,
+        "requests_per_second": round(count / BUCKET_SECONDS, 3),
+        "p50_ms": _round(percentile_ms(histogram, 0.50)),
+        "p99_ms": _round(percentile_ms(histogram, 0.99)),
+    } for start, (count, failed, histogram) in by_bucket.items()]
     return {
         "window_seconds": int(window.total_seconds()),
         "requests": requests,
@@ -56,6 +62,20 @@ def summarize(rows: list[RequestStats], window: timedelta) -> dict[str, Any]:
         "bucket_seconds": BUCKET_SECONDS,
         "series": series,
     }
+
+
+def by_revision(rows: list[RequestStats], window: timedelta) -> dict[str, dict[str, Any]]:
+    """{revision number: its requests, errors, error rate, rate and p50/p99} for the revisions that answered."""
+    grouped: dict[int, list[RequestStats]] = {}
+    for row in rows:
+        if row.revision:
+            grouped.setdefault(row.revision, []).append(row)
+    keys = ["requests", "errors", "error_rate", "requests_per_second", "p50_ms", "p99_ms"]
+    out = {}
+    for number, group in sorted(grouped.items()):
+        summary = summarize(group, window)
+        out[str(number)] = {key: summary[key] for key in keys}
+    return out
 
 
 def _round(value: float | None) -> float | None:
@@ -74,6 +94,14 @@ BUCKET = inline_serializer("Bucket", {
     "p50_ms": serializers.FloatField(allow_null=True, help_text=_NULL_WITHOUT_REQUESTS),
     "p99_ms": serializers.FloatField(allow_null=True, help_text=_NULL_WITHOUT_REQUESTS),
 })
+REVISION_METRICS = inline_serializer("RevisionMetrics", {
+    "requests": serializers.IntegerField(),
+    "errors": serializers.IntegerField(help_text="Answers with a status of 500 or more, or 429."),
+    "error_rate": serializers.FloatField(allow_null=True, help_text="errors / requests. " + _NULL_WITHOUT_REQUESTS),
+    "requests_per_second": serializers.FloatField(),
+    "p50_ms": serializers.FloatField(allow_null=True, help_text=_NULL_WITHOUT_REQUESTS),
+    "p99_ms": serializers.FloatField(allow_null=True, help_text=_NULL_WITHOUT_REQUESTS),
+})
 METRICS = inline_serializer("Metrics", {
     "window_seconds": serializers.IntegerField(),
     "requests": serializers.IntegerField(),
@@ -86,6 +114,9 @@ METRICS = inline_serializer("Metrics", {
     "p99_ms": serializers.FloatField(allow_null=True, help_text=_NULL_WITHOUT_REQUESTS),
     "bucket_seconds": serializers.IntegerField(),
     "series": serializers.ListField(child=BUCKET, help_text="The buckets with requests, oldest first."),
+    "revisions": serializers.DictField(child=REVISION_METRICS, help_text=(
+        "Per revision number that answered (the stable one and a canary apart)."
+    )),
 })
 
 
@@ -104,7 +135,7 @@ def deployment_metrics(request: Request, name: str) -> Response:
         raise ValidationError({"minutes": ["must be between 1 and 1440"]})
     window = timedelta(minutes=minutes)
     rows = list(RequestStats.objects.filter(deployment=deployment, bucket_start__gte=timezone.now() - window))
-    return Response(summarize(rows, window))
+    return Response({**summarize(rows, window), "revisions": by_revision(rows, window)})
 
 
 def prometheus_metrics(request: HttpRequest) -> HttpResponse:

@@ -30,7 +30,7 @@ from django.db import DatabaseError, InterfaceError
 
 from accounts.tokens import parse_bearer
 from gateway import protocol, stats, upstream
-from gateway.access import Access, Caller, Route
+from gateway.access import Access, Caller, Choice, Route, choose
 from gateway.protocol import Endpoint, Refusal
 from gateway.ratelimit import RateLimiter, retry_after_header
 from gateway.upstream import ResponseTooLarge, UpstreamError
@@ -119,7 +119,9 @@ class Gateway:
             self.flusher = asyncio.get_running_loop().create_task(self._flush_forever())
         route: Route | None = None
         endpoint: Endpoint | None = None
+        choice: Choice | None = None
         code = 500
+        out = send
         try:
             headers = _headers(scope)
             declared = _content_length(headers)
@@ -149,20 +151,20 @@ class Gateway:
             if wait:
                 raise GatewayError(429, "Too many requests from you in this team; slow down.",
                                    {"Retry-After": retry_after_header(wait)})
-            if not route.upstream_url:
-                raise GatewayError(503, f"Deployment {name!r} is not ready (status: {route.status}).",
-                                   {"Retry-After": "2"})
+            pinned = headers.get(b"modelport-revision")
+            choice = choose(route, pinned.decode("latin-1") if pinned is not None else None)
+            out = _with_revision(send, choice.revision)
             target = raw_rest if not query else raw_rest + b"?" + query
             in_flight = stats.IN_FLIGHT.labels(route.name)
             in_flight.inc()
             try:
-                code = await self._proxy(scope, receive, send, headers, declared, route.upstream_url,
+                code = await self._proxy(scope, receive, out, headers, declared, choice.upstream,
                                          b"/" + target, endpoint)
             finally:
                 in_flight.dec()
         except Refusal as exc:
             code = exc.status
-            await _send_error(send, exc.status, exc.message, exc.headers)
+            await _send_error(out, exc.status, exc.message, exc.headers)
         except (DatabaseError, InterfaceError):
             # Only when nothing is cached for this caller or route (cached answers stand in, gateway/access.py).
             log.warning("gateway: the database is unreachable", exc_info=True)
@@ -171,7 +173,7 @@ class Gateway:
         finally:
             if route is not None:
                 self.collector.observe(route.deployment_id, route.name, _model_label(route, endpoint), code,
-                                       time.perf_counter() - started)
+                                       time.perf_counter() - started, choice.revision if choice else 0)
 
     async def _caller(self, scope: Scope, headers: dict[bytes, bytes]) -> Caller:
         authorization = headers.get(b"authorization")
@@ -421,6 +423,18 @@ def _inflate(body: bytes, limit: int) -> bytes:
     if not inflater.eof:
         raise GatewayError(400, "The compressed request body is corrupt or cut short.")
     return plain
+
+
+def _with_revision(send: Send, revision: int) -> Send:
+    """`send`, adding the header that names the revision that answered (a canary's, or the stable one's)."""
+    header = (b"modelport-revision", b"%d" % revision)
+
+    async def sending(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), header]}
+        await send(message)
+
+    return sending
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:

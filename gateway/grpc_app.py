@@ -13,6 +13,10 @@ and the refusal of Triton's admin methods (gateway/grpc_protocol.py). Messages a
 handler with no (de)serializer receives and sends them as they came off the wire, and only the small fields of an
 inference request are read (never its tensors) to refuse what would crash Triton.
 
+A canary rollout (deployments/canary.py) is split per call, and per message of a stream, as over HTTP
+(gateway/access.py, `choose`): a unary call's initial metadata `modelport-revision` names the revision that
+answered, and a client pins one by sending that metadata (a stream's pin holds for all its messages).
+
 It runs in a process of its own (`manage.py grpc_gateway`, started by bin/run-portal): measured inside uvicorn's
 process instead, gRPC kept 38% of its throughput while HTTP traffic ran at the same time (bench/grpc_placement.py,
 docs/benchmarks.md).
@@ -43,7 +47,7 @@ from django.db import DatabaseError, InterfaceError
 
 from accounts.tokens import parse_bearer
 from gateway import grpc_protocol, stats
-from gateway.access import Access, Caller, Route
+from gateway.access import Access, Caller, Choice, Route, choose
 from gateway.grpc_protocol import Method
 from gateway.protocol import Refusal
 from gateway.ratelimit import RateLimiter, retry_after_header
@@ -51,6 +55,8 @@ from gateway.ratelimit import RateLimiter, retry_after_header
 log = logging.getLogger(__name__)
 
 DEPLOYMENT_KEY = "modelport-deployment"
+# Names the revision that answered (initial metadata of a unary call); sent by a client, pins one (as over HTTP).
+REVISION_KEY = "modelport-revision"
 MAX_DEPLOYMENT_NAME = 255
 FLUSH_SECONDS = 5.0
 CHANNEL_IDLE_SECONDS = 120.0  # upstream channels unused this long are closed (old revisions' servers)
@@ -202,6 +208,7 @@ class GrpcGateway:
     async def unary(self, path: str, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         started = time.perf_counter()
         route: Route | None = None
+        choice: Choice | None = None
         model = ""
         status = 500
         try:
@@ -217,13 +224,14 @@ class GrpcGateway:
                 else:
                     model = self._model(method, request)
                 self._rate_limit(caller)
-                target = _target(route)
+                choice = choose(route, metadata.get(REVISION_KEY), grpc=True)
             except Refusal as exc:
                 raise GrpcFailure.from_refusal(exc) from None
+            await context.send_initial_metadata(((REVISION_KEY, str(choice.revision)),))
             in_flight = stats.IN_FLIGHT.labels(route.name)
             in_flight.inc()
             try:
-                response = await self._forward(target, path, request, context)
+                response = await self._forward(choice.upstream, path, request, context)
             finally:
                 in_flight.dec()
             status = 200
@@ -241,7 +249,7 @@ class GrpcGateway:
         finally:
             if route is not None:
                 self.collector.observe(route.deployment_id, route.name, _model_label(route, model), status,
-                                       time.perf_counter() - started)
+                                       time.perf_counter() - started, choice.revision if choice else 0)
 
     async def stream(self, context: grpc.aio.ServicerContext) -> None:
         try:
@@ -254,7 +262,7 @@ class GrpcGateway:
         except (DatabaseError, InterfaceError):  # InterfaceError: a connection PostgreSQL dropped
             await _abort(context, _DATABASE_DOWN)
             return
-        await _StreamRelay(self, context, token, route.name).run()
+        await _StreamRelay(self, context, token, route.name, metadata.get(REVISION_KEY)).run()
 
     # --- Steps -------------------------------------------------------------------------------------------------
 
@@ -347,6 +355,7 @@ class _Upstream:
     target: str
     route: Route
     call: Any  # grpc.aio.StreamStreamCall
+    revision: int = 0
     pending: collections.deque[_Pending] = field(default_factory=collections.deque)
     pump: asyncio.Task[None] | None = None
     writing: bool = True
@@ -360,8 +369,10 @@ class _StreamRelay:
     requests go to the new one while the old stream finishes what it was sent (and a canary split can send each
     request to either). Answers are relayed as they come, from every upstream stream."""
 
-    def __init__(self, gateway: GrpcGateway, context: grpc.aio.ServicerContext, token: str, name: str) -> None:
+    def __init__(self, gateway: GrpcGateway, context: grpc.aio.ServicerContext, token: str, name: str,
+                 pinned: str | None = None) -> None:
         self.gateway = gateway
+        self.pinned = pinned
         self.context = context
         self.token = token
         self.name = name
@@ -412,7 +423,8 @@ class _StreamRelay:
             summary = grpc_protocol.read_infer_request(message)
             grpc_protocol.check_infer_request(summary, gateway.max_tensor)
             gateway._rate_limit(caller)
-            target = _target(route)
+            choice = choose(route, self.pinned, grpc=True)
+            target = choice.upstream
         except Refusal as exc:
             gateway.collector.observe(route.deployment_id, route.name, _model_label(route, summary.model),
                                       exc.status, time.perf_counter() - started)
@@ -421,11 +433,12 @@ class _StreamRelay:
         gateway.channels.touch(target)  # a long stream keeps its channel from being swept as idle
         upstream = self.upstreams.get(target)
         if upstream is None or not upstream.writing:
-            upstream = self._open(target, route)
-        # A rollout moved the route: the old server's stream takes no more and just finishes. (A canary split
-        # would keep every stream of the route's current revisions open, and stop only the others.)
+            upstream = self._open(target, route, choice.revision)
+        # A rollout moved the route: the old server's stream takes no more and just finishes; the streams to the
+        # route's current servers (the serving revision's, a canary's) stay open for the next requests.
+        current = {route.grpc_target, route.canary_grpc_target}
         for other in list(self.upstreams.values()):
-            if other is not upstream and other.writing:
+            if other is not upstream and other.writing and other.target not in current:
                 await self._stop_writing(other)
         entry = _Pending(started, summary.model, summary.id)
         upstream.pending.append(entry)
@@ -440,10 +453,10 @@ class _StreamRelay:
                 await self._fail(upstream, [entry])
             upstream.writing = False
 
-    def _open(self, target: str, route: Route) -> _Upstream:
+    def _open(self, target: str, route: Route, revision: int = 0) -> _Upstream:
         remaining = self.context.time_remaining()
         call = self.gateway.channels.channel(target).stream_stream(grpc_protocol.STREAM_METHOD)(timeout=remaining)
-        upstream = _Upstream(target=target, route=route, call=call)
+        upstream = _Upstream(target=target, route=route, call=call, revision=revision)
         self.opened = [u for u in self.opened if not (u.pump is not None and u.pump.done() and not u.pending)]
         self.opened.append(upstream)
         self.upstreams[target] = upstream
@@ -466,7 +479,7 @@ class _StreamRelay:
                 if entry is not None:
                     stats.IN_FLIGHT.labels(route.name).dec()
                     self.gateway.collector.observe(route.deployment_id, route.name, _model_label(route, entry.model),
-                                                   status, time.perf_counter() - entry.started)
+                                                   status, time.perf_counter() - entry.started, upstream.revision)
                 await self._write(response)
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED:
@@ -487,7 +500,7 @@ class _StreamRelay:
         for entry in entries:
             stats.IN_FLIGHT.labels(route.name).dec()
             self.gateway.collector.observe(route.deployment_id, route.name, _model_label(route, entry.model), 502,
-                                           time.perf_counter() - entry.started)
+                                           time.perf_counter() - entry.started, upstream.revision)
             await self._write(grpc_protocol.stream_error_response(
                 "Triton is unreachable or broke the stream before answering; the deployment may be restarting. "
                 "Retry this request.", entry.model, entry.request_id))
@@ -547,15 +560,6 @@ def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
         if isinstance(value, str):
             out[key] = value
     return out
-
-
-def _target(route: Route) -> str:
-    """The upstream for this request: the serving revision's Triton. (The one place where a per-request choice
-    between two revisions, a canary's, would be made.)"""
-    if not route.grpc_target:
-        raise Refusal(503, f"Deployment {route.name!r} is not ready (status: {route.status}); retry in a few "
-                           "seconds.", {"Retry-After": "2"})
-    return route.grpc_target
 
 
 def _model_label(route: Route, model: str) -> str:

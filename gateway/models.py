@@ -15,6 +15,9 @@ class RequestStats(models.Model):
     seconds), for the dashboard's request rate and latency percentiles."""
 
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="request_stats")
+    # The number of the revision that answered (a canary and its stable revision are counted apart); 0: none did
+    # (refused before a revision was chosen).
+    revision = models.PositiveIntegerField(default=0)
     bucket_start = models.DateTimeField(db_index=True)
     requests = models.PositiveIntegerField(default=0)
     errors = models.PositiveIntegerField(default=0)
@@ -25,7 +28,8 @@ class RequestStats(models.Model):
 
     class Meta:
         ordering = ["deployment", "bucket_start"]
-        constraints = [models.UniqueConstraint(fields=["deployment", "bucket_start"], name="one_stats_row_per_bucket")]
+        constraints = [models.UniqueConstraint(fields=["deployment", "revision", "bucket_start"],
+                                               name="one_stats_row_per_revision_and_bucket")]
 
     def __str__(self) -> str:
         return f"{self.deployment} {self.bucket_start:%H:%M:%S}: {self.requests} requests"

@@ -25,11 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from models_registry import datatypes
+
 # Bytes per element; BYTES elements are variable (each one a 4-byte length and its bytes in binary form).
-DATATYPE_SIZES: dict[str, int] = {
-    "BOOL": 1, "UINT8": 1, "UINT16": 2, "UINT32": 4, "UINT64": 8, "INT8": 1, "INT16": 2, "INT32": 4, "INT64": 8,
-    "FP16": 2, "FP32": 4, "FP64": 8, "BF16": 2, "BYTES": 4,
-}
+DATATYPE_SIZES: dict[str, int] = datatypes.SIZES
 ALLOWED_SURFACE = ("GET /v2, /v2/health/live, /v2/health/ready, /v2/models/stats and /v2/models/{model}"
                    "[/versions/{n}][/ready|/config|/stats]; POST /v2/models/{model}[/versions/{n}]/infer")
 MAX_SHAPE_RANK = 64
@@ -320,7 +319,6 @@ def _excerpt(value: Any) -> str:
 _PARSE_FAILURES = ("Unable to parse '", "Unable to set '", "failed to parse the request JSON buffer",
                    "failed to get request params")
 _RAW_INPUT = re.compile(r"input 'raw_input'")
-MAX_ERROR_BODY = 64 * 1024
 
 
 def client_error(status: int, body: bytes) -> tuple[int, bytes] | None:

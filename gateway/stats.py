@@ -1,5 +1,7 @@
-"""Request counting: Prometheus metrics for scraping, and per-deployment time buckets written to the database
-every few seconds for the UI's request rate and latency percentiles."""
+"""Request counting: Prometheus metrics for scraping, and per-deployment (and per-revision: a canary and its stable
+revision apart) time buckets written to the database every few seconds for the UI's request rate and latency
+percentiles, and for a canary's guardrails (deployments/canary.py), which read them from there, whichever gateway
+process counted them."""
 
 from __future__ import annotations
 
@@ -51,12 +53,15 @@ class _Bucket:
 
 class StatsCollector:
     def __init__(self) -> None:
-        self.pending: dict[tuple[int, datetime], _Bucket] = defaultdict(_Bucket)
+        # (deployment id, revision number, bucket start) -> counts
+        self.pending: dict[tuple[int, int, datetime], _Bucket] = defaultdict(_Bucket)
         # Prometheus' labels() takes a lock and builds a key each time: keep the children per label set.
         self.counters: dict[tuple[str, str, int], Any] = {}
         self.histograms: dict[tuple[str, str], Any] = {}
 
-    def observe(self, deployment_id: int, name: str, model: str, code: int, seconds: float) -> None:
+    def observe(self, deployment_id: int, name: str, model: str, code: int, seconds: float,
+                revision: int = 0) -> None:
+        """One answer; `revision`: the number of the revision that answered (0: none was chosen)."""
         counter = self.counters.get((name, model, code))
         if counter is None:
             counter = self.counters[(name, model, code)] = REQUESTS.labels(name, model, str(code))
@@ -67,7 +72,7 @@ class StatsCollector:
         histogram.observe(seconds)
         now = time.time()
         start = datetime.fromtimestamp(now - now % BUCKET_SECONDS, UTC)
-        bucket = self.pending[(deployment_id, start)]
+        bucket = self.pending[(deployment_id, revision, start)]
         bucket.requests += 1
         bucket.codes[str(code)] = bucket.codes.get(str(code), 0) + 1
         if is_error(code):
@@ -76,12 +81,12 @@ class StatsCollector:
         bucket.latency_sum_ms += ms
         bucket.histogram[bisect.bisect_left(LATENCY_BUCKETS_MS, ms)] += 1
 
-    def take(self) -> dict[tuple[int, datetime], _Bucket]:
+    def take(self) -> dict[tuple[int, int, datetime], _Bucket]:
         taken, self.pending = self.pending, defaultdict(_Bucket)
         return taken
 
 
-def flush(buckets: dict[tuple[int, datetime], _Bucket]) -> None:
+def flush(buckets: dict[tuple[int, int, datetime], _Bucket]) -> None:
     """Add the buckets to the database (runs in a thread; rows of deleted deployments are skipped)."""
     from django.db import IntegrityError, transaction
     from django.db.models import F
@@ -89,16 +94,18 @@ def flush(buckets: dict[tuple[int, datetime], _Bucket]) -> None:
     from deployments.models import Deployment
     from gateway.models import RequestStats
 
-    alive = set(Deployment.objects.filter(pk__in={d for d, _ in buckets}).values_list("pk", flat=True))
-    for (deployment_id, start), bucket in buckets.items():
+    alive = set(Deployment.objects.filter(pk__in={d for d, _, _ in buckets}).values_list("pk", flat=True))
+    for (deployment_id, revision, start), bucket in buckets.items():
         if deployment_id not in alive:
             continue
         for _attempt in range(2):
             try:
                 with transaction.atomic():
-                    row = RequestStats.objects.select_for_update().filter(deployment_id=deployment_id, bucket_start=start).first()
+                    row = RequestStats.objects.select_for_update().filter(
+                        deployment_id=deployment_id, revision=revision, bucket_start=start).first()
                     if row is None:
-                        RequestStats.objects.create(deployment_id=deployment_id, bucket_start=start, requests=bucket.requests,
+                        RequestStats.objects.create(deployment_id=deployment_id, revision=revision, bucket_start=start,
+                                                    requests=bucket.requests,
                                                     errors=bucket.errors, latency_sum_ms=bucket.latency_sum_ms,
                                                     latency_histogram=bucket.histogram, codes=bucket.codes)
                     else:

@@ -221,6 +221,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"name": args.name, "models": models}
     if args.runtime:
         body["runtime"] = args.runtime
+    if args.canary is not None:
+        return _deploy_canary(client, args, {key: value for key, value in body.items() if key != "name"})
     try:
         deployment = dict(client.call("POST", "/api/v1/deployments/", json=body).json())
         action = "created"
@@ -244,6 +246,54 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     else:
         print(f"{args.name}: revision {revision} {action} ({deployment.get('status')})")
     return ExitCode.OK
+
+
+def _deploy_canary(client: Client, args: argparse.Namespace, patch: dict[str, Any]) -> int:
+    """A new revision of an existing deployment, served beside the current one for --canary percent of the
+    requests until `modelport promote` or `modelport rollback` (or its guardrails) end it."""
+    patch["rollout"] = {"strategy": "canary", "percent": args.canary}
+    path = f"/api/v1/deployments/{_segment(args.name)}/"
+    try:
+        deployment = dict(client.call("PATCH", path, json=patch).json())
+    except ApiError as exc:
+        if exc.status == 404:
+            raise CliError(f"a canary needs a deployment that serves already: deploy {args.name} without --canary "
+                           "first") from None
+        raise
+    canary = deployment.get("canary") or {}
+    revision = int(canary.get("revision") or 0)
+    if not args.json:
+        info(f"{args.name}: revision {revision} created as a canary for {args.canary}% of the requests")
+    if args.wait:
+        deployment = _wait_for_canary(client, args, revision, path)
+    if args.json:
+        print_json(deployment)
+    elif args.wait:
+        print(f"{args.name}: canary revision {revision} serves {args.canary}% of the requests (revision "
+              f"{deployment.get('serving_revision')} the rest); 'modelport promote {args.name}' or "
+              f"'modelport rollback {args.name}' ends it")
+    else:
+        print(f"{args.name}: canary revision {revision} starting")
+    return ExitCode.OK
+
+
+def _wait_for_canary(client: Client, args: argparse.Namespace, revision: int, path: str) -> dict[str, Any]:
+    def finished(body: dict[str, Any]) -> bool:
+        canary = body.get("canary") or {}
+        if canary.get("revision") != revision:
+            if args.json:
+                print_json(body)
+            raise CliError(f"the canary of revision {revision} of {args.name} ended before it served (see "
+                           f"'modelport status {args.name}' and the deployment's events)", ExitCode.DEPLOYMENT_FAILED)
+        return bool(canary.get("state") == "serving")
+
+    def on_timeout(body: dict[str, Any]) -> CliError:
+        if args.json:
+            print_json(body)
+        return CliError(f"timed out after {args.timeout:g} s waiting for canary revision {revision} of {args.name} "
+                        "to serve", ExitCode.TIMEOUT)
+
+    return poll(lambda: dict(client.get(path)), finished, args.timeout, on_timeout)
 
 
 def _wait_until_serving(client: Client, args: argparse.Namespace, revision: int) -> dict[str, Any]:
@@ -297,6 +347,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"status:    {deployment.get('status')}" + (f" - {message}" if message else ""))
     print(f"revision:  {deployment.get('revision')} (serving {deployment.get('serving_revision') or 'none'})")
     print(f"endpoint:  {_endpoint(client, deployment)}")
+    canary = deployment.get("canary")
+    if canary:
+        print(f"canary:    revision {canary.get('revision')} for {canary.get('percent')}% ({canary.get('state')})")
     print("models:")
     for model in deployment.get("models") or []:
         print("  " + _describe_served_model(model))
@@ -354,6 +407,30 @@ def _lifecycle(args: argparse.Namespace, action: str) -> int:
     else:
         print(message)
     return ExitCode.OK
+
+
+def _canary_action(args: argparse.Namespace, action: str) -> int:
+    check_name(args.name, "deployment")
+    client = make_client(args)
+    canary = dict(client.get(f"/api/v1/deployments/{_segment(args.name)}/")).get("canary") or {}
+    body = dict(client.call("POST", f"/api/v1/deployments/{_segment(args.name)}/{action}",
+                            idempotency_key=False).json())
+    if args.json:
+        print_json(body)
+    elif action == "promote":
+        print(f"{args.name}: revision {body.get('serving_revision')} promoted; it serves every request")
+    else:
+        print(f"{args.name}: canary revision {canary.get('revision')} rolled back; revision "
+              f"{body.get('serving_revision')} serves every request")
+    return ExitCode.OK
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    return _canary_action(args, "promote")
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    return _canary_action(args, "rollback")
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -492,6 +569,13 @@ _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
 
 
+def _percent(text: str) -> int:
+    value = _positive_int(text)
+    if value > 99:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 99 or less (a canary takes part of the requests)")
+    return value
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -559,6 +643,9 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument("--instances", type=_positive_int, metavar="N", help="model instances per Triton server")
     deploy.add_argument("--kind", choices=["cpu", "gpu"])
     deploy.add_argument("--runtime", choices=["local", "kubernetes"])
+    deploy.add_argument("--canary", type=_percent, metavar="PERCENT", help=(
+        "roll the new revision out as a canary: it takes PERCENT (1-99) of the requests beside the serving one "
+        "until 'modelport promote' or 'modelport rollback'"))
     deploy.add_argument("--wait", action="store_true", help="wait until the new revision serves")
     deploy.add_argument("--timeout", type=_seconds, default=DEFAULT_DEPLOY_TIMEOUT, metavar="S",
                         help=f"how long --wait waits (default {DEFAULT_DEPLOY_TIMEOUT:g})")
@@ -570,6 +657,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("stop", cmd_stop, "stop a deployment").add_argument("name", metavar="NAME")
     add("start", cmd_start, "start a stopped (or retry a failed) deployment").add_argument("name", metavar="NAME")
     add("delete", cmd_delete, "delete a deployment").add_argument("name", metavar="NAME")
+    add("promote", cmd_promote, "promote a deployment's canary: it serves every request").add_argument(
+        "name", metavar="NAME")
+    add("rollback", cmd_rollback, "roll a deployment's canary back: the serving revision takes every request"
+        ).add_argument("name", metavar="NAME")
 
     tune = add("tune", cmd_tune, "find the batching and instance settings with the most throughput within a p99 "
                                  "target, measured on the portal's machine; print the table")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import tempfile
 import uuid
@@ -17,7 +16,7 @@ from audit.log import record as audit
 from models_registry.models import Blob, Format, Model, ModelVersion, Upload
 from models_registry.pipelines import Lookup, Pipeline, StepVersion
 from models_registry.signature import Signature
-from models_registry.storage import get_store
+from models_registry.storage import best_effort, get_store
 from models_registry.validation import ArtifactRejected, quick_check
 from portal.api_errors import Conflict
 
@@ -190,7 +189,7 @@ def _release_bytes(blob_sha: str | None, staged_key: str) -> None:
     if blob_sha and not ModelVersion.objects.filter(blob_id=blob_sha).exists():
         blob = Blob.objects.filter(pk=blob_sha).first()
         if blob is not None:
-            with contextlib.suppress(Exception):
+            with best_effort(f"delete blob {blob_sha} at", blob.key):
                 blob.delete()
                 store.delete(blob.key)
 

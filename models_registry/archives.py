@@ -651,3 +651,72 @@ def _start_entry(root: Path, entry: ArchiveEntry, tally: _Tally) -> bool:
         _make_dir(root, entry.name)
         return False
     return True
+
+
+# --- Where a model sits in an archive ----------------------------------------------------------------------------
+# Shared by format detection, inspection and rendering (models_registry.formats), so "the model is at the top level
+# or inside the archive's one folder" and "Finder's clutter is not part of the model" mean the same everywhere.
+
+# For listing an archive that is being recognised or inspected, not extracted: sizes do not matter yet (the upload
+# was checked against the configured limits, validation.archive_limits()); the entry bound keeps a hostile archive
+# from costing much.
+LISTING_LIMITS = ArchiveLimits(max_entries=100_000, max_total_size=2**62, max_ratio=2**62)
+# The settings' defaults (ARCHIVE_MAX_*), a backstop for extracting callers that pass no limits.
+DEFAULT_LIMITS = ArchiveLimits(max_entries=10_000, max_total_size=50 * 1024**3, max_ratio=200)
+
+MACOS_FOLDER = "__MACOSX"
+
+
+def is_os_clutter(name: str) -> bool:
+    """Whether an entry is what Finder adds to every zip it makes (`__MACOSX/`, `.DS_Store`): not the model's."""
+    return name.startswith(f"{MACOS_FOLDER}/") or name.rsplit("/", 1)[-1] == ".DS_Store"
+
+
+def model_names(names: list[str]) -> list[str]:
+    """`names` without the OS clutter."""
+    return [name for name in names if not is_os_clutter(name)]
+
+
+def single_top_folder(names: list[str]) -> str | None:
+    """The one folder every name is inside; None when names sit at the top level or in several folders."""
+    tops = {name.split("/", 1)[0] for name in names}
+    if len(tops) == 1 and all("/" in name for name in names):
+        return tops.pop()
+    return None
+
+
+def model_root(names: list[str], marker: str) -> str | None:
+    """Where the model whose `marker` file (model.py, saved_model.pb) is in `names` lives: "" for the top level,
+    the folder's name when it is inside the archive's single top folder, None when it is in neither."""
+    if marker in names:
+        return ""
+    top = single_top_folder(names)
+    if top is not None and f"{top}/{marker}" in names:
+        return top
+    return None
+
+
+def marker_path(names: list[str], marker: str) -> str | None:
+    """The entry name of `marker` at the top level or inside the archive's single top folder, or None."""
+    root = model_root(names, marker)
+    if root is None:
+        return None
+    return f"{root}/{marker}" if root else marker
+
+
+def extracted_root(extracted: Path, marker: str) -> Path | None:
+    """model_root for an extracted archive: the directory holding `marker`, at the top or in the only folder."""
+    if (extracted / marker).is_file():
+        return extracted
+    children = [c for c in extracted.iterdir() if c.name != MACOS_FOLDER]
+    if len(children) == 1 and children[0].is_dir() and (children[0] / marker).is_file():
+        return children[0]
+    return None
+
+
+def read_small_entry(path: Path | str, name: str, limit: int) -> bytes:
+    """The bytes of a small entry (a model.py, a version record), refusing (not truncating) one over `limit`."""
+    data = read_entry(path, name, limit + 1)
+    if len(data) > limit:
+        raise ArchiveError(f"{name} is larger than {limit} bytes")
+    return data

@@ -5,73 +5,41 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from models_registry.models import Blob, Format, ModelVersion
-from models_registry.onnx_inspect import (
-    InspectionError,
-    inspect_onnx,
-    inspect_python_archive,
-    inspect_torchscript_archive,
-    validate_declared_signature,
-)
-from models_registry.savedmodel_inspect import savedmodel_findings
+from models_registry import formats
+from models_registry.formats.base import InspectionError
+from models_registry.models import Blob, ModelVersion
 from models_registry.signature import Signature, signature_from_json
 from models_registry.storage import get_store, sha256_of
-from models_registry.trial_run import torchscript_findings
 from models_registry.validation import ArtifactRejected, archive_limits, quick_check
 
 log = logging.getLogger(__name__)
-
-# A dynamic batch dimension has no upper bound in the model itself; this is the default Triton limit we offer.
-DEFAULT_MAX_BATCH_SIZE = 64
 
 
 @dataclass(frozen=True)
 class Findings:
     signature: Signature
     max_batch_size: int
-    # Stored as the version's `definition`: {"requirements": [...]} for python models (checked at deploy time).
+    # Stored as the version's `definition`: {"requirements": [...]} for python models (installed at deploy time).
     definition: dict[str, Any] | None = None
 
 
-def _findings(version: ModelVersion, path_format: str, path: object) -> Findings:
+def _findings(version: ModelVersion, path_format: str, path: Path) -> Findings:
     declared = signature_from_json(version.declared_signature) if version.declared_signature else None
-    definition: dict[str, Any] | None = None
-    if path_format == Format.ONNX:
-        try:
-            result = inspect_onnx(path)  # type: ignore[arg-type]
-        except InspectionError as exc:
-            raise ArtifactRejected(str(exc)) from None
-        if result.problems:
-            raise ArtifactRejected("onnx.checker found problems: " + "; ".join(result.problems))
-        signature = result.signature
-        if declared is not None and not declared.is_empty:
-            mismatches = validate_declared_signature(declared, signature)
-            if mismatches:
-                raise ArtifactRejected("The declared signature does not match the model: " + "; ".join(mismatches))
-        batchable = result.has_batch_dim
-        hint = result.max_batch_size_hint or DEFAULT_MAX_BATCH_SIZE
-    elif path_format == Format.SAVEDMODEL:
-        signature, definition = savedmodel_findings(path, declared)  # type: ignore[arg-type]
-        batchable, hint = signature.has_batch_dim, DEFAULT_MAX_BATCH_SIZE
-    else:
-        try:
-            if path_format == Format.PYTHON:
-                info = inspect_python_archive(path, archive_limits())  # type: ignore[arg-type]
-                definition = {"requirements": info.requirements}
-            elif path_format == Format.TORCHSCRIPT:
-                inspect_torchscript_archive(path, archive_limits())  # type: ignore[arg-type]
-        except InspectionError as exc:
-            raise ArtifactRejected(str(exc)) from None
-        signature = declared or Signature()
-        if path_format == Format.TORCHSCRIPT:
-            definition = torchscript_findings(path, signature)  # type: ignore[arg-type]
-        batchable = signature.has_batch_dim
-        hint = DEFAULT_MAX_BATCH_SIZE
+    inspect = formats.get(path_format).inspect
+    assert inspect is not None  # quick_check detects uploadable formats only
+    try:
+        inspected = inspect(path, declared, archive_limits())
+    except InspectionError as exc:
+        raise ArtifactRejected(str(exc)) from None
+    signature, definition = inspected.signature, inspected.definition
+    batchable = inspected.batchable
+    hint = inspected.max_batch_size_hint or formats.DEFAULT_MAX_BATCH_SIZE
     requested = version.declared_max_batch_size
     if requested is not None and requested > 0 and not batchable:
         raise ArtifactRejected(

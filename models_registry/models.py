@@ -10,21 +10,28 @@ from django.utils import timezone
 
 from accounts.models import Team
 from accounts.names import validate_name
+from models_registry import formats
 from models_registry.signature import Signature, signature_from_json
 
 
+def _choice(name: str) -> tuple[str, str]:
+    return name, formats.REGISTRY[name].label
+
+
 class Format(models.TextChoices):
-    ONNX = "onnx", "ONNX"
-    TORCHSCRIPT = "torchscript", "PyTorch TorchScript"
-    SAVEDMODEL = "tensorflow_savedmodel", "TensorFlow SavedModel"
-    TENSORRT = "tensorrt_plan", "TensorRT plan"
-    PYTHON = "python", "Python (Triton python backend)"
-    TNN = "tnn", "TNN (custom backend)"
-    ENSEMBLE = "ensemble", "Pipeline (Triton ensemble)"
+    """The formats of models_registry.formats (its registry holds what each one is), as model field choices."""
+
+    ONNX = _choice(formats.ONNX)
+    TORCHSCRIPT = _choice(formats.TORCHSCRIPT)
+    SAVEDMODEL = _choice(formats.SAVEDMODEL)
+    TENSORRT = _choice(formats.TENSORRT)
+    PYTHON = _choice(formats.PYTHON)
+    TNN = _choice(formats.TNN)
+    ENSEMBLE = _choice(formats.ENSEMBLE)
 
 
 # Formats whose artifact carries no readable signature: the uploader declares it.
-FORMATS_NEEDING_SIGNATURE = {Format.TORCHSCRIPT, Format.TENSORRT, Format.PYTHON, Format.TNN}
+FORMATS_NEEDING_SIGNATURE = {Format(name) for name in formats.FORMATS_NEEDING_SIGNATURE}
 
 
 class Model(models.Model):
@@ -90,7 +97,7 @@ class ModelVersion(models.Model):
     max_batch_size = models.PositiveIntegerField(default=0)
     declared_max_batch_size = models.PositiveIntegerField(null=True, blank=True)
     # Pipelines (format "ensemble"): the validated step definition (models_registry.pipelines). Python models:
-    # {"requirements": [...]} from their requirements.txt, checked against the runtime when deployed.
+    # {"requirements": [...]} from their requirements.txt, installed by the local runtime when deployed.
     definition = models.JSONField(null=True, blank=True)
     # Pipelines: the versions their steps call, so that none of them is deleted while a pipeline uses it.
     step_versions = models.ManyToManyField("self", symmetrical=False, related_name="pipelines", blank=True)

@@ -1,17 +1,12 @@
-"""Read what can be read from an uploaded artifact without running it.
+"""Read an ONNX model's signature without running it, and check a declared signature against an artifact's.
 
 ONNX models carry their own signature; it is read from the graph with `onnx.load(load_external_data=False)`, so
-weights kept in external data files are never opened. Python models (zips for Triton's python backend) are
-parsed with `ast`, never imported: the code is untrusted. TorchScript archives get a structural check only; their
-signature has to be declared by the uploader.
+weights kept in external data files are never opened. (Python models and TorchScript archives are inspected by their
+format modules, models_registry/formats/python.py and torchscript.py.)
 """
 
 from __future__ import annotations
 
-import ast
-import re
-import zipfile
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -19,42 +14,17 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import TensorProto
 
-from models_registry import archives
-from models_registry.signature import Signature, Tensor
+from models_registry.datatypes import ONNX_TO_KSERVE_NAMES
+from models_registry.formats.base import InspectionError
+from models_registry.signature import Signature, Tensor, dims_compatible
+
+__all__ = ["ONNX_TO_KSERVE", "InspectionError", "OnnxInspection", "inspect_onnx", "validate_declared_signature"]
 
 # A model may state its own batch limit in its metadata (metadata_props, like other ONNX model metadata).
 MAX_BATCH_SIZE_METADATA_KEY = "max_batch_size"
 
-# Generous limits for listing an archive being inspected; the uploaded archive has already been through
-# archives.check_archive with the configured limits by the time anyone inspects it.
-_LISTING_LIMITS = archives.ArchiveLimits(max_entries=100_000, max_total_size=2**62, max_ratio=2**62)
-_SOURCE_MAX_BYTES = 4 * 1024 * 1024
-
 # ONNX element type -> KServe v2 datatype. Types missing here (complex, float8, int4...) Triton cannot serve.
-ONNX_TO_KSERVE: dict[int, str] = {
-    TensorProto.FLOAT: "FP32",
-    TensorProto.UINT8: "UINT8",
-    TensorProto.INT8: "INT8",
-    TensorProto.UINT16: "UINT16",
-    TensorProto.INT16: "INT16",
-    TensorProto.INT32: "INT32",
-    TensorProto.INT64: "INT64",
-    TensorProto.STRING: "BYTES",
-    TensorProto.BOOL: "BOOL",
-    TensorProto.FLOAT16: "FP16",
-    TensorProto.DOUBLE: "FP64",
-    TensorProto.UINT32: "UINT32",
-    TensorProto.UINT64: "UINT64",
-    TensorProto.BFLOAT16: "BF16",
-}
-
-# A requirement line naming a package: a PEP 508 name, optional extras and version specifiers, maybe a marker.
-_REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,\s-]*\])?\s*([<>=!~][^@]*)?(;.*)?$")
-
-
-class InspectionError(ValueError):
-    """An artifact that is not what it claims to be; the message is shown to the uploader."""
-
+ONNX_TO_KSERVE: dict[int, str] = {TensorProto.DataType.Value(name): kserve for name, kserve in ONNX_TO_KSERVE_NAMES.items()}
 
 @dataclass(frozen=True)
 class OnnxInspection:
@@ -65,21 +35,6 @@ class OnnxInspection:
     max_batch_size_hint: int
     # Reasons the model may not serve (checker errors, tensors Triton cannot describe, missing external data).
     problems: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class PythonModelInfo:
-    files: list[str]  # relative to `root`
-    has_requirements: bool
-    requirements: list[str]
-    root: str = ""  # the folder holding model.py inside the archive, "" for the top level
-
-
-@dataclass(frozen=True)
-class TorchScriptInfo:
-    root: str  # the archive's single top folder (torch.jit.save names it after the file)
-    files: list[str]
-    version: int | None  # the serialization format version in `<root>/version`
 
 
 # --- ONNX ------------------------------------------------------------------------------------------------------
@@ -203,12 +158,6 @@ def _stated_max_batch_size(model: onnx.ModelProto) -> int:
     return 0
 
 
-def _dims_compatible(declared: tuple[int, ...], actual: tuple[int, ...]) -> bool:
-    return len(declared) == len(actual) and all(
-        d == a or a == -1 or d == -1 for d, a in zip(declared, actual, strict=True)
-    )
-
-
 def validate_declared_signature(declared: Signature, artifact_signature: Signature) -> list[str]:
     """Where a declared signature contradicts the one read from the artifact; [] when it fits.
 
@@ -233,7 +182,7 @@ def validate_declared_signature(declared: Signature, artifact_signature: Signatu
                 problems.append(
                     f"{kind} {tensor.name!r} is declared {tensor.datatype} but the model has {actual.datatype}"
                 )
-            if not _dims_compatible(tensor.dims, actual.dims):
+            if not dims_compatible(tensor.dims, actual.dims):
                 problems.append(
                     f"{kind} {tensor.name!r} is declared with dims {list(tensor.dims)} "
                     f"but the model has {list(actual.dims)}"
@@ -243,144 +192,3 @@ def validate_declared_signature(declared: Signature, artifact_signature: Signatu
                 if name not in declared_names:
                     problems.append(f"model input {name!r} is missing from the declared signature")
     return problems
-
-
-# --- Python models ---------------------------------------------------------------------------------------------
-
-
-def _read_entry(path: Path, name: str, limit: int) -> bytes:
-    """An archive entry's bytes, refusing (not truncating) one bigger than `limit`."""
-    try:
-        data = archives.read_entry(path, name, limit + 1)
-    except archives.ArchiveError as exc:
-        raise InspectionError(str(exc)) from None
-    if len(data) > limit:
-        raise InspectionError(f"{name} is larger than {limit} bytes")
-    return data
-
-
-def _archive_names(path: Path, limits: archives.ArchiveLimits | None) -> list[str]:
-    try:
-        names = archives.list_names(path, limits or _LISTING_LIMITS)
-    except archives.ArchiveError as exc:
-        raise InspectionError(str(exc)) from None
-    # Finder adds these to every zip it makes; they are not part of the model.
-    return [n for n in names if not n.startswith("__MACOSX/") and n.rsplit("/", 1)[-1] != ".DS_Store"]
-
-
-def _model_root(names: list[str], marker: str) -> str | None:
-    if marker in names:
-        return ""
-    tops = {n.split("/", 1)[0] for n in names}
-    if len(tops) == 1 and all("/" in n for n in names):
-        top = tops.pop()
-        if f"{top}/{marker}" in names:
-            return top
-    return None
-
-
-def _parse_requirements(text: str) -> list[str]:
-    requirements = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.split(" #", 1)[0].strip()
-        if not line or line.startswith("#"):
-            continue
-        # Options (-r, --index-url, -e) and URLs would make the serving side fetch from wherever the uploader
-        # says; the serving network is air-gapped anyway, so only plain requirements are accepted.
-        if line.startswith("-") or "://" in line or " @ " in line or not _REQUIREMENT.match(line):
-            raise InspectionError(
-                f"requirements.txt line {number} ({line[:80]!r}) is not a plain package requirement: "
-                "list packages such as 'numpy>=1.26', no options or URLs"
-            )
-        requirements.append(line)
-    return requirements
-
-
-def _check_model_py(source: bytes, shown_name: str) -> None:
-    try:
-        tree = ast.parse(source, filename=shown_name)
-    except SyntaxError as exc:
-        raise InspectionError(f"{shown_name} has a syntax error at line {exc.lineno}: {exc.msg}") from None
-    except (ValueError, RecursionError, MemoryError) as exc:
-        raise InspectionError(f"{shown_name} cannot be parsed as Python ({type(exc).__name__})") from None
-    classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TritonPythonModel"]
-    if not classes:
-        raise InspectionError(
-            f"{shown_name} does not define class TritonPythonModel at module level, which Triton's python backend needs"
-        )
-    model_class = classes[-1]
-    methods = {n.name for n in model_class.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    # execute() may come from a base class defined elsewhere; only a class with no bases must define it itself.
-    if "execute" not in methods and not model_class.bases:
-        raise InspectionError(f"class TritonPythonModel in {shown_name} has no execute() method")
-
-
-def inspect_python_archive(path: Path | str, limits: archives.ArchiveLimits | None = None) -> PythonModelInfo:
-    """Files and requirements of a python-backend model archive; InspectionError when model.py is unusable."""
-    path = Path(path)
-    names = _archive_names(path, limits)
-    root = _model_root(names, "model.py")
-    if root is None:
-        raise InspectionError("the archive has no model.py at its top level or inside its single top folder")
-    prefix = f"{root}/" if root else ""
-    model_py = f"{prefix}model.py"
-    try:
-        source = _read_entry(path, model_py, _SOURCE_MAX_BYTES)
-        _check_model_py(source, model_py)
-        requirements: list[str] = []
-        has_requirements = f"{prefix}requirements.txt" in names
-        if has_requirements:
-            raw = _read_entry(path, f"{prefix}requirements.txt", _SOURCE_MAX_BYTES)
-            try:
-                text = raw.decode("utf-8-sig")
-            except UnicodeDecodeError:
-                raise InspectionError("requirements.txt is not UTF-8 text") from None
-            requirements = _parse_requirements(text)
-    except (zipfile.BadZipFile, EOFError, zlib.error, OSError, KeyError) as exc:
-        raise InspectionError(f"the archive could not be read ({exc})") from None
-    files = sorted(n[len(prefix) :] for n in names)
-    return PythonModelInfo(files=files, has_requirements=has_requirements, requirements=requirements, root=root)
-
-
-# --- TorchScript -----------------------------------------------------------------------------------------------
-
-
-def inspect_torchscript_archive(path: Path | str, limits: archives.ArchiveLimits | None = None) -> TorchScriptInfo:
-    """A structural check of a torch.jit.save zip: its records, read without unpickling anything."""
-    path = Path(path)
-    if archives.archive_kind(path) != "zip":
-        raise InspectionError("a TorchScript model is a zip archive written by torch.jit.save; this file is not a zip")
-    names = _archive_names(path, limits)
-    tops = {n.split("/", 1)[0] for n in names}
-    if len(tops) != 1 or not all("/" in n for n in names):
-        raise InspectionError("a TorchScript archive keeps all its records in one top folder; this zip does not")
-    root = tops.pop()
-    if f"{root}/data.pkl" not in names:
-        raise InspectionError(f"the archive has no {root}/data.pkl record: it was not written by torch.jit.save")
-    has_code = any(n.startswith(f"{root}/code/") for n in names)
-    if not has_code and f"{root}/constants.pkl" not in names:
-        raise InspectionError(
-            "the archive has data.pkl but no code/ or constants.pkl: it looks like a torch.save() checkpoint, "
-            "not TorchScript; export the model with torch.jit.script or torch.jit.trace and save that"
-        )
-    try:
-        head = _read_head(path, f"{root}/data.pkl")
-        version: int | None = None
-        for record in (f"{root}/version", f"{root}/.data/version"):
-            if record in names:
-                text = _read_entry(path, record, 64).decode("ascii", "replace").strip()
-                version = int(text) if text.isdigit() else None
-                break
-    except (zipfile.BadZipFile, EOFError, zlib.error, OSError, KeyError) as exc:
-        raise InspectionError(f"the archive could not be read ({exc})") from None
-    # Pickle protocol 2+ starts with the PROTO opcode; torch writes protocol 2.
-    if head[:1] != b"\x80":
-        raise InspectionError(f"{root}/data.pkl is not a pickle: the archive is damaged")
-    return TorchScriptInfo(root=root, files=sorted(n[len(root) + 1 :] for n in names), version=version)
-
-
-def _read_head(path: Path, name: str) -> bytes:
-    with zipfile.ZipFile(path) as zf:
-        stored = {archives.normalize_entry_name(i.filename): i for i in zf.infolist()}[name]
-        with zf.open(stored) as fh:
-            return fh.read(2)

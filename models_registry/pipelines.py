@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from models_registry.signature import Signature, SignatureError, Tensor, parse_signature
+from models_registry import formats
+from models_registry.signature import Signature, SignatureError, Tensor, dims_compatible, parse_signature
 
 STEP_KEYS = frozenset({"model", "version", "input_map", "output_map"})
 DEFINITION_KEYS = frozenset({"inputs", "outputs", "steps"})
@@ -76,10 +77,6 @@ class Pipeline:
 
 def _step_name(index: int, model: object) -> str:
     return f"step {index} ({model})" if isinstance(model, str) and model else f"step {index}"
-
-
-def _dims_compatible(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
-    return len(a) == len(b) and all(x == y or x == -1 or y == -1 for x, y in zip(a, b, strict=True))
 
 
 def _describe(tensor: Tensor) -> str:
@@ -166,7 +163,7 @@ def validate_pipeline(raw: object, lookup: Lookup, *, pipeline_model: str = "",
             add(f"{where}.version", f"{name}: version {found.version} of {found.model!r} is {found.status}, "
                                     f"not ready{detail}")
             continue
-        if found.format == "ensemble":
+        if found.format == formats.ENSEMBLE:
             add(f"{where}.model", f"{name}: version {found.version} of {found.model!r} is itself a pipeline; "
                                   "pipelines of pipelines are not supported, list its steps instead")
             continue
@@ -254,7 +251,7 @@ def validate_pipeline(raw: object, lookup: Lookup, *, pipeline_model: str = "",
                 continue
             if given.datatype != wanted.datatype:
                 add(key, f"{name}: input {step_input!r} is {wanted.datatype} but {source} is {given.datatype}")
-            elif not _dims_compatible(given.dims, wanted.dims):
+            elif not dims_compatible(given.dims, wanted.dims):
                 add(key, f"{name}: input {step_input!r} has shape {list(wanted.dims)} but {source} has shape "
                          f"{list(given.dims)}")
 
@@ -266,7 +263,7 @@ def validate_pipeline(raw: object, lookup: Lookup, *, pipeline_model: str = "",
             continue
         other, given = producer[output.name]
         source = f"output {output.name!r} of {_step_name(other, steps[other].model)} is {_describe(given)}"
-        if given.datatype != output.datatype or not _dims_compatible(given.dims, output.dims):
+        if given.datatype != output.datatype or not dims_compatible(given.dims, output.dims):
             add(key, f"pipeline output {output.name!r} is declared {_describe(output)} but {source}")
     if errors:
         raise PipelineError(errors)

@@ -25,13 +25,9 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, te
 from google.protobuf.message import DecodeError, Message
 
 from models_registry import archives
-from models_registry.onnx_inspect import (
-    InspectionError,
-    _archive_names,
-    _model_root,
-    _read_entry,
-    validate_declared_signature,
-)
+from models_registry.datatypes import TF_TO_KSERVE
+from models_registry.formats.base import InspectionError, archive_names, read_archive_entry
+from models_registry.onnx_inspect import validate_declared_signature
 from models_registry.signature import Signature, SignatureError, parse_signature
 
 SAVED_MODEL_PB_MAX_BYTES = 256 * 1024 * 1024
@@ -42,23 +38,8 @@ MAX_TENSORS = 1024
 MAX_RANK = 32
 MAX_KEY_CHARS = 256
 
-# tensorflow/core/framework/types.proto DataType -> KServe v2 datatype; the others Triton cannot serve.
-TF_TO_KSERVE: dict[str, str] = {
-    "DT_FLOAT": "FP32",
-    "DT_DOUBLE": "FP64",
-    "DT_INT32": "INT32",
-    "DT_UINT8": "UINT8",
-    "DT_INT16": "INT16",
-    "DT_INT8": "INT8",
-    "DT_STRING": "BYTES",
-    "DT_INT64": "INT64",
-    "DT_BOOL": "BOOL",
-    "DT_BFLOAT16": "BF16",
-    "DT_UINT16": "UINT16",
-    "DT_HALF": "FP16",
-    "DT_UINT32": "UINT32",
-    "DT_UINT64": "UINT64",
-}
+# tensorflow/core/framework/types.proto DataType -> KServe v2 datatype (TF_TO_KSERVE, from models_registry.datatypes);
+# the others Triton cannot serve.
 _TF_DATATYPES = [
     "DT_INVALID", "DT_FLOAT", "DT_DOUBLE", "DT_INT32", "DT_UINT8", "DT_INT16", "DT_INT8", "DT_STRING",
     "DT_COMPLEX64", "DT_INT64", "DT_BOOL", "DT_QINT8", "DT_QUINT8", "DT_QINT32", "DT_BFLOAT16", "DT_QINT16",
@@ -225,9 +206,9 @@ def read_signature(saved_model: Any) -> SavedModelInspection:
 def inspect_savedmodel_archive(path: Path | str, limits: archives.ArchiveLimits | None = None) -> SavedModelInspection:
     """The served signature of the SavedModel in an uploaded archive (zip or tar of the SavedModel directory)."""
     path = Path(path)
-    names = _archive_names(path, limits)
-    binary_root = _model_root(names, "saved_model.pb")
-    text_root = _model_root(names, "saved_model.pbtxt") if binary_root is None else None
+    names = archive_names(path, limits)
+    binary_root = archives.model_root(names, "saved_model.pb")
+    text_root = archives.model_root(names, "saved_model.pbtxt") if binary_root is None else None
     if binary_root is None and text_root is None:
         raise InspectionError(
             "the archive has no saved_model.pb at its top level or inside its single top folder: zip the "
@@ -237,7 +218,7 @@ def inspect_savedmodel_archive(path: Path | str, limits: archives.ArchiveLimits 
     name = ("saved_model.pb" if binary_root is not None else "saved_model.pbtxt")
     member = f"{root}/{name}" if root else name
     try:
-        data = _read_entry(path, member, SAVED_MODEL_PB_MAX_BYTES)
+        data = read_archive_entry(path, member, SAVED_MODEL_PB_MAX_BYTES)
     except (zipfile.BadZipFile, EOFError, zlib.error, OSError, KeyError) as exc:
         raise InspectionError(f"the archive could not be read ({exc})") from None
     return read_signature(parse_saved_model(data, text=binary_root is None))

@@ -10,45 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from models_registry.datatypes import KSERVE_TO_NUMPY, KSERVE_TO_TRITON, TRITON_TO_KSERVE
 from portal import json_input
 
-# KServe v2 datatype -> Triton config DataType name.
-KSERVE_TO_TRITON: dict[str, str] = {
-    "BOOL": "TYPE_BOOL",
-    "UINT8": "TYPE_UINT8",
-    "UINT16": "TYPE_UINT16",
-    "UINT32": "TYPE_UINT32",
-    "UINT64": "TYPE_UINT64",
-    "INT8": "TYPE_INT8",
-    "INT16": "TYPE_INT16",
-    "INT32": "TYPE_INT32",
-    "INT64": "TYPE_INT64",
-    "FP16": "TYPE_FP16",
-    "FP32": "TYPE_FP32",
-    "FP64": "TYPE_FP64",
-    "BF16": "TYPE_BF16",
-    "BYTES": "TYPE_STRING",
-}
-TRITON_TO_KSERVE: dict[str, str] = {triton: kserve for kserve, triton in KSERVE_TO_TRITON.items()}
+__all__ = ["KSERVE_TO_NUMPY", "KSERVE_TO_TRITON", "TRITON_TO_KSERVE"]
 
-# numpy dtype names, for code that builds arrays from a signature.
-KSERVE_TO_NUMPY: dict[str, str] = {
-    "BOOL": "bool",
-    "UINT8": "uint8",
-    "UINT16": "uint16",
-    "UINT32": "uint32",
-    "UINT64": "uint64",
-    "INT8": "int8",
-    "INT16": "int16",
-    "INT32": "int32",
-    "INT64": "int64",
-    "FP16": "float16",
-    "FP32": "float32",
-    "FP64": "float64",
-    "BYTES": "object",
-}
-
-
+# The datatype names, from the one table (models_registry.datatypes); re-exported for existing callers.
 class SignatureError(ValueError):
     """A signature that cannot be used; the message says what to fix."""
 
@@ -96,6 +63,12 @@ class Signature:
     @property
     def is_empty(self) -> bool:
         return not self.inputs and not self.outputs
+
+
+def dims_compatible(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Whether two shapes can describe the same tensor: the same rank, and each dimension equal or dynamic (-1) on
+    either side. Used where a declared signature meets the artifact's and where pipeline steps are chained."""
+    return len(a) == len(b) and all(x == y or x == -1 or y == -1 for x, y in zip(a, b, strict=True))
 
 
 def _parse_tensor(raw: object, where: str) -> Tensor:

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
+from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import IO, Any, Protocol
+
+log = logging.getLogger(__name__)
 
 CHUNK = 1024 * 1024
 # S3 parts must be at least 5 MiB except the last; we send 8 MiB parts.
@@ -22,6 +26,16 @@ S3_PART_SIZE = 8 * 1024 * 1024
 
 class StorageError(Exception):
     pass
+
+
+@contextlib.contextmanager
+def best_effort(action: str, key: str) -> Iterator[None]:
+    """Clean-up that must not fail what it follows (an upload's abort, a delete after a move), but that is logged
+    with what was left behind where: a swallowed error hid objects nobody would ever remove."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - any storage error: logged, the caller carries on
+        log.warning("storage: could not %s %s (%s: %s); it is left behind", action, key, type(exc).__name__, exc)
 
 
 class Readable(Protocol):
@@ -55,6 +69,7 @@ class ArtifactStore(Protocol):
     def move(self, src: str, dst: str) -> None: ...
     def delete(self, key: str) -> None: ...
     def local_copy(self, key: str) -> contextlib.AbstractContextManager[Path]: ...
+    def abort_stale_multipart_uploads(self, started_before: datetime, keep: Collection[str]) -> list[str]: ...
 
 
 def _check_key(key: str) -> str:
@@ -189,6 +204,9 @@ class FilesystemStore:
         with contextlib.suppress(FileNotFoundError):
             self.path(key).unlink()
 
+    def abort_stale_multipart_uploads(self, started_before: datetime, keep: Collection[str]) -> list[str]:
+        return []  # a partial upload is a file under its Upload's key, removed with the row
+
     @contextlib.contextmanager
     def local_copy(self, key: str) -> Iterator[Path]:
         # Already local: no copy needed.
@@ -237,14 +255,16 @@ class S3Store:
     def commit(self, key: str, old: dict[str, Any], new: dict[str, Any]) -> None:
         """The new state is recorded: drop the previous state's tail object."""
         if old.get("tail") and (len(old["parts"]), old["tail"]) != (len(new["parts"]), new["tail"]):
-            with contextlib.suppress(Exception):
-                self.client.delete_object(Bucket=self.bucket, Key=self._tail_key(key, len(old["parts"]), old["tail"]))
+            tail_key = self._tail_key(key, len(old["parts"]), old["tail"])
+            with best_effort("delete the previous tail object", f"s3://{self.bucket}/{tail_key}"):
+                self.client.delete_object(Bucket=self.bucket, Key=tail_key)
 
     def rollback(self, key: str, old: dict[str, Any], new: dict[str, Any]) -> None:
         """The new state is rejected: parts past the old count are overwritten by later uploads of the same numbers."""
         if new.get("tail") and (len(old["parts"]), old.get("tail")) != (len(new["parts"]), new["tail"]):
-            with contextlib.suppress(Exception):
-                self.client.delete_object(Bucket=self.bucket, Key=self._tail_key(key, len(new["parts"]), new["tail"]))
+            tail_key = self._tail_key(key, len(new["parts"]), new["tail"])
+            with best_effort("delete a rejected tail object", f"s3://{self.bucket}/{tail_key}"):
+                self.client.delete_object(Bucket=self.bucket, Key=tail_key)
 
     def finish_upload(self, key: str, state: dict[str, Any]) -> None:
         state = {**state, "parts": list(state["parts"])}
@@ -262,11 +282,14 @@ class S3Store:
         )
 
     def abort_upload(self, key: str, state: dict[str, Any]) -> None:
-        with contextlib.suppress(Exception):
-            self.client.abort_multipart_upload(Bucket=self.bucket, Key=self.object_key(key), UploadId=state["upload_id"])
+        object_key = self.object_key(key)
+        # Left behind, the upload is aborted later by the periodic clean-up (abort_stale_multipart_uploads).
+        with best_effort(f"abort multipart upload {state.get('upload_id')} of", f"s3://{self.bucket}/{object_key}"):
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=object_key, UploadId=state["upload_id"])
         if state.get("tail"):
-            with contextlib.suppress(Exception):
-                self.client.delete_object(Bucket=self.bucket, Key=self._tail_key(key, len(state["parts"]), state["tail"]))
+            tail_key = self._tail_key(key, len(state["parts"]), state["tail"])
+            with best_effort("delete the tail object", f"s3://{self.bucket}/{tail_key}"):
+                self.client.delete_object(Bucket=self.bucket, Key=tail_key)
         self.delete(key)
 
     def save(self, key: str, stream: IO[bytes]) -> int:
@@ -294,6 +317,29 @@ class S3Store:
 
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self.object_key(key))
+
+    def abort_stale_multipart_uploads(self, started_before: datetime, keep: Collection[str]) -> list[str]:
+        """Incomplete multipart uploads under this store's prefix begun before `started_before`, except the upload
+        ids in `keep` (those of live uploads): aborted, so that their parts stop costing storage. They are left
+        behind when an abort failed, or a process died during an upload (upload_fileobj of a large blob). The object
+        keys of those aborted."""
+        prefix = f"{self.prefix}/" if self.prefix else ""
+        aborted = []
+        for page in self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=prefix):
+            for upload in page.get("Uploads", []):
+                if upload["UploadId"] in keep or upload["Initiated"] >= started_before:
+                    continue
+                try:
+                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"],
+                                                       UploadId=upload["UploadId"])
+                except Exception as exc:  # noqa: BLE001 - the next run tries again
+                    log.warning("storage: could not abort stale multipart upload %s of s3://%s/%s (%s: %s)",
+                                upload["UploadId"], self.bucket, upload["Key"], type(exc).__name__, exc)
+                    continue
+                log.info("storage: aborted multipart upload %s of s3://%s/%s, begun %s", upload["UploadId"],
+                         self.bucket, upload["Key"], upload["Initiated"].isoformat())
+                aborted.append(upload["Key"])
+        return aborted
 
     @contextlib.contextmanager
     def local_copy(self, key: str) -> Iterator[Path]:

@@ -12,4 +12,7 @@ def inspect_version(version_id: int) -> None:
 
 @shared_task(expires=300)
 def delete_expired_uploads() -> int:
-    return uploads.delete_expired_uploads()
+    """Expired uploads, then the S3 multipart uploads left behind (an abort that failed, a process that died)."""
+    count = uploads.delete_expired_uploads()
+    uploads.abort_stale_multipart_uploads()
+    return count

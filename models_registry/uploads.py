@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 from datetime import datetime, timedelta
 from typing import Any
@@ -14,7 +13,7 @@ from django.utils import timezone
 
 from accounts.models import Team
 from models_registry.models import Upload
-from models_registry.storage import Readable, get_store
+from models_registry.storage import Readable, best_effort, get_store
 
 # A PATCH holds its claim at most this long; a client that died mid-request frees the upload after it.
 CLAIM_DURATION = timedelta(hours=1)
@@ -224,12 +223,22 @@ def terminate(upload: Upload) -> None:
     upload.delete()
 
 
+def abort_stale_multipart_uploads(now: datetime | None = None) -> int:
+    """S3 multipart uploads that no live upload holds and that began before any upload could still be running (its
+    expiry, and an hour's margin) are aborted; the count. Nothing to do on the filesystem."""
+    now = now or timezone.now()
+    started_before = now - timedelta(hours=settings.UPLOAD_EXPIRY_HOURS + 1)
+    keep = {str(state["upload_id"]) for state in Upload.objects.values_list("storage_state", flat=True)
+            if isinstance(state, dict) and state.get("upload_id")}
+    return len(get_store().abort_stale_multipart_uploads(started_before, keep))
+
+
 def delete_expired_uploads(now: Any = None) -> int:
     """Partial uploads past their expiry, and finished ones never turned into a version, are removed."""
     now = now or timezone.now()
     count = 0
     for upload in Upload.objects.filter(expires_at__lt=now):
-        with contextlib.suppress(Exception):
+        with best_effort(f"abort expired upload {upload.pk} at", upload.key):
             get_store().abort_upload(upload.key, upload.storage_state)
         upload.delete()
         count += 1

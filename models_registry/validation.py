@@ -13,8 +13,6 @@ from models_registry.formats import FormatError, check_declared_format, detect_f
 from models_registry.models import FORMATS_NEEDING_SIGNATURE, Format
 from models_registry.signature import Signature
 
-ARCHIVE_FORMATS = {Format.SAVEDMODEL, Format.PYTHON, Format.TNN, Format.TORCHSCRIPT}
-
 
 class ArtifactRejected(ValueError):
     """The artifact cannot become a model version; the message tells the user what to fix."""

@@ -4,7 +4,11 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from portal.var_dir import prepare_process
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+# var/ before whitenoise looks for STATIC_ROOT; no start without a secret key (portal/var_dir.py).
+prepare_process()
 django_application = get_asgi_application()
 
 from gateway.app import Gateway  # noqa: E402 - needs Django set up first

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from celery import Celery
+from celery import Celery, signals
 from kombu import Queue as KombuQueue
 
 from portal.queues import DEFAULT, ROUTES, Queue
@@ -30,6 +30,16 @@ app.conf.update(
     task_routes=ROUTES,
 )
 app.autodiscover_tasks()
+
+
+@signals.worker_init.connect
+@signals.beat_init.connect
+def _prepare_process(**kwargs: object) -> None:
+    """var/ and the secret key are checked when a worker or beat starts, not when the settings are imported."""
+    from portal.var_dir import prepare_process
+
+    prepare_process()
+
 
 # SIGTERM handling for the worker and its pool (why: portal/worker_shutdown.py).
 import portal.worker_shutdown  # noqa: E402,F401

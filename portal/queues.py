@@ -11,7 +11,8 @@ from enum import StrEnum
 class Queue(StrEnum):
     # The reconciler's ticks and the periodic work on deployments: short tasks, latency-sensitive.
     RECONCILE = "reconcile"
-    # Inspection of uploaded versions, and housekeeping (expired uploads, idempotency records): may take a minute.
+    # Inspection of uploaded versions, building python models' environments (pip), and housekeeping (expired
+    # uploads, idempotency records): may take minutes.
     INSPECTION = "inspection"
     # Tunes (tuning/tasks.py): each measures temporary Tritons for up to its budget, an hour at most.
     TUNE = "tune"
@@ -19,6 +20,8 @@ class Queue(StrEnum):
 
 # Where each task goes; anything not named goes to INSPECTION (the default queue), never ahead of a rollout.
 ROUTES: dict[str, dict[str, str]] = {
+    # Exact names win over the patterns below: pip may run for minutes, never ahead of a tick.
+    "deployments.tasks.build_python_env": {"queue": Queue.INSPECTION},
     "deployments.tasks.*": {"queue": Queue.RECONCILE},
     "models_registry.tasks.*": {"queue": Queue.INSPECTION},
     "accounts.tasks.*": {"queue": Queue.INSPECTION},

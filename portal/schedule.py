@@ -6,8 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 
-def beat_schedule(reconcile_interval: float) -> dict[str, dict[str, Any]]:
+def beat_schedule(reconcile_interval: float, canary_check_interval: float = 5.0) -> dict[str, dict[str, Any]]:
     return {
+        # A canary's guardrails (deployments/canary.py): a rollback within seconds of a window going bad.
+        "check-canaries": {
+            "task": "deployments.tasks.check_canaries",
+            "schedule": canary_check_interval,
+            "options": {"expires": canary_check_interval},
+        },
         "reconcile-deployments": {
             "task": "deployments.tasks.reconcile_all",
             "schedule": reconcile_interval,

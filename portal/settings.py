@@ -3,11 +3,16 @@
 With no environment at all the portal runs on embedded defaults (SQLite, artifacts and the Celery broker on the
 filesystem under var/). Production switches each piece by environment variables; see docs/configuration.md. DEBUG
 is off unless DEBUG=1 is set (for people developing Modelport): a traceback page must never reach a user.
+
+Importing this module has no side effects: it creates no directory and writes no file (mypy, `manage.py help` and
+every tool import it). `manage.py ensure_dirs` (run by `make run` and bin/run-portal) creates var/ and the development
+secret key; the web server, the Celery worker and storage create what they need when they start or first write. A
+value that cannot be parsed fails here (ImproperlyConfigured); settings that contradict each other are reported by
+the system checks in portal/checks.py (`manage.py check`, and `migrate` before every start), with an id and a hint.
 """
 
 from __future__ import annotations
 
-import secrets
 from pathlib import Path
 
 import dj_database_url
@@ -28,26 +33,20 @@ DEBUG = env_bool("DEBUG", False)
 
 
 def _secret_key() -> str:
+    """SECRET_KEY (or SECRET_KEY_FILE); in development, else the key `manage.py ensure_dirs` keeps under var/ (so
+    that sessions survive a restart; never a fixed default). Nothing is written here: settings are imported by mypy,
+    `manage.py help` and every tool. Empty: the system check modelport.E100 says what to do."""
     key = env_secret("SECRET_KEY")
-    if key:
-        if PRODUCTION and (len(key) < 50 or len(set(key)) < 5 or key.startswith("django-insecure")):
-            raise ImproperlyConfigured("SECRET_KEY is too weak for production: use at least 50 random characters")
+    if key or PRODUCTION:
         return key
-    if PRODUCTION:
-        raise ImproperlyConfigured("SECRET_KEY (or SECRET_KEY_FILE) must be set when MODELPORT_ENV=production")
-    # Development: a random key kept under var/ so that sessions survive a restart; never a fixed default.
-    path = VAR_DIR / "secret_key"
-    if not path.exists():
-        VAR_DIR.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_urlsafe(64))
-        path.chmod(0o600)
-    return path.read_text().strip()
+    try:
+        return (VAR_DIR / "secret_key").read_text().strip()
+    except FileNotFoundError:
+        return ""
 
 
 SECRET_KEY = _secret_key()
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [] if PRODUCTION else ["127.0.0.1", "localhost", "[::1]", "testserver"])
-if PRODUCTION and not ALLOWED_HOSTS:
-    raise ImproperlyConfigured("ALLOWED_HOSTS must list the portal's host names in production")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000").rstrip("/")
 
@@ -69,6 +68,7 @@ INSTALLED_APPS = [
     "audit",
     "tuning",
     "web",
+    "portal",  # the settings' system checks (portal/checks.py) and `manage.py ensure_dirs`
 ]
 
 MIDDLEWARE = [
@@ -115,10 +115,9 @@ if _database_url:
     if DATABASES["default"]["ENGINE"].endswith("postgresql"):
         DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = env_int("DB_CONNECT_TIMEOUT", 5, minimum=1)
 else:
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
         "default": {
-            "ENGINE": "django.db.backends.sqlite3",
+            "ENGINE": "portal.sqlite3",  # Django's, creating var/ when it first connects
             "NAME": str(VAR_DIR / "modelport.sqlite3"),
             # A web server, a worker and beat share this file: wait for locks instead of failing at once.
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},
@@ -143,8 +142,7 @@ USE_TZ = True
 
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = VAR_DIR / "staticfiles"
-STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+STATIC_ROOT = VAR_DIR / "staticfiles"  # created by `manage.py ensure_dirs` and at the web server's start
 # Serve static files straight from the apps and static/ (no collectstatic step needed to run).
 WHITENOISE_USE_FINDERS = True
 
@@ -170,8 +168,6 @@ S3_ACCESS_KEY_ID = env_secret("S3_ACCESS_KEY_ID")
 S3_SECRET_ACCESS_KEY = env_secret("S3_SECRET_ACCESS_KEY")
 S3_PREFIX = env_str("S3_PREFIX", "modelport").strip("/")
 ARTIFACT_ROOT = Path(env_str("ARTIFACT_ROOT", str(VAR_DIR / "artifacts"))).resolve()
-if (S3_ACCESS_KEY_ID or S3_ENDPOINT_URL) and not S3_BUCKET:
-    raise ImproperlyConfigured("S3 credentials or S3_ENDPOINT_URL are set but S3_BUCKET is not")
 
 # --- Uploads ----------------------------------------------------------------------------------------------
 MAX_UPLOAD_SIZE = env_int("MAX_UPLOAD_SIZE", 20 * 1024**3, minimum=1)  # bytes, per artifact
@@ -193,9 +189,8 @@ if not CELERY_BROKER_URL.startswith(("filesystem://", "redis://", "rediss://", "
     raise ImproperlyConfigured("CELERY_BROKER_URL must be filesystem://, redis:// or rediss://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
     CELERY_BROKER_TRANSPORT = "portal.kombu_filesystem:Transport"  # writes messages atomically
+    # The transport's channel creates these folders when it opens (portal/kombu_filesystem.py).
     _queue_dir, _processed_dir = VAR_DIR / "celery" / "queue", VAR_DIR / "celery" / "processed"
-    _queue_dir.mkdir(parents=True, exist_ok=True)
-    _processed_dir.mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
         "data_folder_in": str(_queue_dir),
         "data_folder_out": str(_queue_dir),
@@ -213,7 +208,9 @@ else:
 CELERY_WORKER_POOL = env_str("CELERY_WORKER_POOL", "threads" if CELERY_BROKER_URL.startswith("filesystem://") else "prefork")
 RECONCILE_INTERVAL_SECONDS = env_float("RECONCILE_INTERVAL_SECONDS", 5.0, minimum=0.5)
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
-CELERY_BEAT_SCHEDULE = beat_schedule(RECONCILE_INTERVAL_SECONDS)
+# How often a serving canary's guardrails are looked at (deployments/canary.py).
+CANARY_CHECK_SECONDS = env_float("CANARY_CHECK_SECONDS", 5.0, minimum=1.0)
+CELERY_BEAT_SCHEDULE = beat_schedule(RECONCILE_INTERVAL_SECONDS, CANARY_CHECK_SECONDS)
 
 # --- Deployments and the local Triton runtime ------------------------------------------------------------
 MODELPORT_RUNTIME_ENV = Path(env_str("MODELPORT_RUNTIME_ENV", str(BASE_DIR / "var" / "runtime-env"))).resolve()
@@ -233,6 +230,17 @@ MODELPORT_RUNTIME_EXTRAS = env_list("MODELPORT_RUNTIME_EXTRAS")
 # CELERY_VISIBILITY_TIMEOUT, so that Redis never hands a running inspection to a second worker.
 TRIAL_RUN_TIMEOUT_SECONDS = env_float("TRIAL_RUN_TIMEOUT_SECONDS", 50.0, minimum=5)
 TRIAL_RUN_MEMORY_MB = env_int("TRIAL_RUN_MEMORY_MB", 4096, minimum=1024)
+# Python models' requirements (deployments/pyenvs.py): one environment per requirement set under PYENVS_DIR, built
+# by a worker with pip, wheels only, from the operator's package source: MODELPORT_PIP_INDEX_URL (an index that
+# replaces PyPI, e.g. a mirror on an air-gapped network) and/or MODELPORT_PIP_FIND_LINKS (a wheelhouse directory or
+# page); unset, pip's own configuration applies (pip.conf, PIP_* variables; by default PyPI). A build taking longer
+# than MODELPORT_PIP_TIMEOUT_SECONDS fails (it stays below CELERY_VISIBILITY_TIMEOUT). An environment no revision
+# uses is removed once unused for PYENV_KEEP_UNUSED_SECONDS.
+PYENVS_DIR = Path(env_str("PYENVS_DIR", str(VAR_DIR / "pyenvs"))).resolve()
+MODELPORT_PIP_INDEX_URL = env_str("MODELPORT_PIP_INDEX_URL")
+MODELPORT_PIP_FIND_LINKS = env_str("MODELPORT_PIP_FIND_LINKS")
+MODELPORT_PIP_TIMEOUT_SECONDS = env_float("MODELPORT_PIP_TIMEOUT_SECONDS", 900.0, minimum=30)
+PYENV_KEEP_UNUSED_SECONDS = env_float("PYENV_KEEP_UNUSED_SECONDS", 7 * 86400.0, minimum=0)
 
 # --- Local runtime sandbox (docs/security.md, "Local runtime") ------------------------------------------------
 # Every local Triton runs confined: namespaces, a read-only view of what it needs, Landlock, seccomp and cgroup
@@ -241,9 +249,6 @@ TRIAL_RUN_MEMORY_MB = env_int("TRIAL_RUN_MEMORY_MB", 4096, minimum=1024)
 # starts every Triton unconfined (for debugging; SANDBOX_REQUIRED must then be false).
 SANDBOX_ENABLED = env_bool("SANDBOX_ENABLED", True)
 SANDBOX_REQUIRED = env_bool("SANDBOX_REQUIRED", PRODUCTION)
-if SANDBOX_REQUIRED and not SANDBOX_ENABLED:
-    raise ImproperlyConfigured("SANDBOX_ENABLED=false contradicts SANDBOX_REQUIRED=true (the default in production): "
-                               "set SANDBOX_REQUIRED=false to run python models unconfined")
 # The uid and gid a sandbox has outside when the portal runs as root (otherwise: the portal's own).
 SANDBOX_UID = env_int("SANDBOX_UID", 65534, minimum=1)
 SANDBOX_GID = env_int("SANDBOX_GID", 65534, minimum=1)
@@ -258,23 +263,6 @@ SANDBOX_EGRESS_PORTS = env_list("SANDBOX_EGRESS_PORTS", ["53", "80", "443"])
 SANDBOX_CGROUP_PARENT = env_str("SANDBOX_CGROUP_PARENT")
 # The orphan sweep stops a Triton of this var/ that no database row knows once it is this old.
 TRITON_ORPHAN_GRACE_SECONDS = env_float("TRITON_ORPHAN_GRACE_SECONDS", 60.0, minimum=5)
-
-
-def _check_sandbox_settings() -> None:
-    from deployments.sandbox import memory_bytes
-
-    for name, value in (("SANDBOX_SHM_SIZE", SANDBOX_SHM_SIZE), ("SANDBOX_DEFAULT_MEMORY", SANDBOX_DEFAULT_MEMORY)):
-        if value:
-            try:
-                memory_bytes(value)
-            except ValueError as exc:
-                raise ImproperlyConfigured(f"{name}: {exc}") from None
-    for port in SANDBOX_EGRESS_PORTS:
-        if not port.isdigit() or not 0 < int(port) < 65536:
-            raise ImproperlyConfigured(f"SANDBOX_EGRESS_PORTS must list TCP ports (1-65535), got {port!r}")
-
-
-_check_sandbox_settings()
 
 # --- Kubernetes runtime ----------------------------------------------------------------------------------
 # Deployments with runtime "kubernetes": Triton pods in a namespace per team, loading the model repository from
@@ -315,9 +303,6 @@ KUBERNETES_S3_SECRET_ACCESS_KEY = env_secret("KUBERNETES_S3_SECRET_ACCESS_KEY", 
 # Triton's pods hold no S3 credentials: an init container fetches the revision's files through presigned GET
 # URLs that live this long (the worker renews them at half-life; S3 allows at most 7 days). See docs/security.md.
 KUBERNETES_REPOSITORY_URL_SECONDS = env_int("KUBERNETES_REPOSITORY_URL_SECONDS", 24 * 3600, minimum=3600)
-if KUBERNETES_REPOSITORY_URL_SECONDS > 7 * 24 * 3600:
-    raise ImproperlyConfigured("KUBERNETES_REPOSITORY_URL_SECONDS must be at most 604800 (7 days, S3's limit for "
-                               f"presigned URLs), got {KUBERNETES_REPOSITORY_URL_SECONDS}")
 # The init container's image (it runs `python3`); empty: the Triton image, which has it.
 KUBERNETES_FETCH_IMAGE = env_str("KUBERNETES_FETCH_IMAGE")
 # Triton's pods may connect to DNS (in this namespace) and to these destinations only, e.g.
@@ -344,27 +329,6 @@ KUBERNETES_CLUSTER_DOMAIN = env_str("KUBERNETES_CLUSTER_DOMAIN", "cluster.local"
 # How long a rollout may take (big models download and load slowly), and how long a pod may wait for a node.
 KUBERNETES_READY_TIMEOUT_SECONDS = env_int("KUBERNETES_READY_TIMEOUT_SECONDS", 1800, minimum=10)
 KUBERNETES_UNSCHEDULABLE_GRACE_SECONDS = env_int("KUBERNETES_UNSCHEDULABLE_GRACE_SECONDS", 120, minimum=0)
-
-
-def _check_kubernetes_settings() -> None:
-    """Quantities and egress rules go into every Triton pod: a typo fails here, not in each rollout."""
-    from deployments.quantity import CPU, MEMORY, QuantityError, check_quantity
-    from deployments.runtimes.kubernetes.config import parse_egress  # plain modules: no Django, no app registry needed
-
-    for name, bounds in (("KUBERNETES_DEFAULT_CPU", CPU), ("KUBERNETES_DEFAULT_MEMORY", MEMORY),
-                         ("KUBERNETES_SHM_SIZE", MEMORY), ("KUBERNETES_TMP_SIZE", MEMORY)):
-        try:
-            check_quantity(globals()[name], bounds)
-        except QuantityError as exc:
-            raise ImproperlyConfigured(f"{name}: {exc}") from None
-    for entry in KUBERNETES_TRITON_EGRESS:
-        try:
-            parse_egress(entry)
-        except ValueError as exc:
-            raise ImproperlyConfigured(f"KUBERNETES_TRITON_EGRESS: {exc}") from None
-
-
-_check_kubernetes_settings()
 
 # --- Inference gateway (/serve/) ------------------------------------------------------------------------
 # Counters shared by every web process (gateway rate limits, sign-in throttling). Empty: the broker's Redis when it
@@ -448,8 +412,6 @@ NUM_PROXIES = env_int("NUM_PROXIES", 0, minimum=0)
 # Triton's gRPC protocol for tritonclient.grpc, with the HTTP gateway's access rules, limits and statistics. The
 # port it listens on (8001, beside the portal's 8000, as Triton's own ports are); 0: bin/run-portal does not start it.
 GATEWAY_GRPC_PORT = env_int("GATEWAY_GRPC_PORT", 8001, minimum=0)
-if GATEWAY_GRPC_PORT > 65535:
-    raise ImproperlyConfigured("GATEWAY_GRPC_PORT must be a TCP port number (0 turns the gRPC gateway off)")
 # The address programs connect to, for the deployment page's snippet ("grpc.modelport.example.com:443" behind an
 # ingress); empty: the page's own host name with GATEWAY_GRPC_PORT.
 GATEWAY_GRPC_PUBLIC_ADDRESS = env_str("GATEWAY_GRPC_PUBLIC_ADDRESS", "")

@@ -4,6 +4,7 @@ so that tests never share a broker queue, artifacts or processes with a `make ru
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 # One var/ per test run (worker and web processes started by the tests inherit it), so that two runs at the same
@@ -12,6 +13,8 @@ os.environ.setdefault("MODELPORT_VAR_DIR", str(Path(__file__).resolve().parent.p
 # Fast reconciling, so that fault tests (a killed Triton must be back within 15 s) run quickly.
 os.environ.setdefault("RECONCILE_INTERVAL_SECONDS", "1")
 os.environ.setdefault("ROLLOUT_DRAIN_SECONDS", "1.5")
+# A key of the run's own, in the environment so that the worker and web processes the tests start share it.
+os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(64))
 
 from portal.settings import *  # noqa: E402,F403
 from portal.settings import DATABASES, VAR_DIR  # noqa: E402

@@ -44,6 +44,8 @@ api_v1 = [
     path("api/v1/deployments/<str:name>/", deployments_api.deployment_detail),
     path("api/v1/deployments/<str:name>/stop", deployments_api.deployment_stop),
     path("api/v1/deployments/<str:name>/start", deployments_api.deployment_start),
+    path("api/v1/deployments/<str:name>/promote", deployments_api.deployment_promote),
+    path("api/v1/deployments/<str:name>/rollback", deployments_api.deployment_rollback),
     path("api/v1/deployments/<str:name>/events/", deployments_api.deployment_events),
     path("api/v1/deployments/<str:name>/logs/", deployments_api.deployment_logs),
     path("api/v1/deployments/<str:name>/manifests", manifests_api.deployment_manifests),

@@ -27,6 +27,7 @@ from typing import Any
 import psycopg2
 import requests
 
+from tests.markers import require
 from tests.processes import ROOT, free_port, wait_for
 
 # The server the fault tests make their databases on (CI and this machine: the local PostgreSQL).
@@ -181,6 +182,7 @@ class Portal:
         return self.workdir / f"{name}.log"
 
     def _start(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
+        require("worker", f"starts the portal's {name} process")
         log = open(self.log(name), "ab")  # noqa: SIM115 - kept open for the process' lifetime
         process = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)

@@ -14,6 +14,8 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
+from tests.markers import require
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -30,6 +32,7 @@ def process_env() -> dict[str, str]:
 
 
 def start(kind: str, log_path: Path, *args: str) -> subprocess.Popen[bytes]:
+    require("worker", f"starts a real Celery {kind}")
     command = [sys.executable, "-m", "celery", "-A", "portal", kind, "--loglevel=INFO", *args]
     log = open(log_path, "ab")  # noqa: SIM115 - kept open for the process' lifetime
     return subprocess.Popen(command, cwd=ROOT, env=process_env(), stdout=log, stderr=subprocess.STDOUT,
@@ -79,6 +82,7 @@ def free_port() -> int:
 
 def start_web(log_path: Path, port: int) -> subprocess.Popen[bytes]:
     """The portal as `make run` serves it: uvicorn running portal.asgi (Django plus the /serve/ gateway)."""
+    require("worker", "starts the portal's web server process")
     command = [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
                "--no-access-log"]
     log = open(log_path, "ab")  # noqa: SIM115 - kept open for the process' lifetime
@@ -88,6 +92,7 @@ def start_web(log_path: Path, port: int) -> subprocess.Popen[bytes]:
 
 def start_grpc_gateway(log_path: Path, port: int, metrics_port: int = 0) -> subprocess.Popen[bytes]:
     """The gRPC gateway as bin/run-portal starts it: `manage.py grpc_gateway`, a process of its own."""
+    require("worker", "starts the portal's gRPC gateway process")
     command = [sys.executable, "manage.py", "grpc_gateway", "--host", "127.0.0.1", "--port", str(port),
                "--metrics-port", str(metrics_port)]
     log = open(log_path, "ab")  # noqa: SIM115 - kept open for the process' lifetime

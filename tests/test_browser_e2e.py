@@ -22,6 +22,7 @@ import pytest
 from conftest import Person, make_person
 from deployments.models import Deployment
 from models_registry.models import ModelVersion
+from tests.markers import require
 
 pytestmark = [pytest.mark.browser, pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -33,6 +34,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    require("browser", "drives a real browser")
     if not Path(CHROMIUM).exists():
         pytest.fail("Chromium is missing: `make browser-deps` installs Debian's chromium package")
     from playwright.sync_api import sync_playwright

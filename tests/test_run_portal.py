@@ -17,6 +17,7 @@ import requests
 from deployments.runtimes.local.triton import is_alive
 from tests.artifacts import tiny_onnx
 from tests.faults import wait_exit
+from tests.markers import require
 from tests.processes import ROOT, free_port, wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.worker]
@@ -25,7 +26,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.worker]
 def clean_env(var_dir: Path, port: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("DATABASE_URL", "CELERY_", "MODELPORT_", "ARTIFACT_ROOT", "DEBUG", "PYTEST",
-                                "DJANGO_SETTINGS_MODULE"))}
+                                "DJANGO_SETTINGS_MODULE", "SECRET_KEY"))}
     return {**env, "MODELPORT_VAR_DIR": str(var_dir), "PORT": str(port), "RECONCILE_INTERVAL_SECONDS": "1",
             "GATEWAY_GRPC_PORT": str(free_port())}
 
@@ -44,6 +45,11 @@ class RunningPortal:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        require("worker", "starts bin/run-portal (a web server, a worker and beat)")
+        # As `make run`: var/ and the development secret key first (settings create nothing), then the database.
+        ensure = run(self.env, sys.executable, "manage.py", "ensure_dirs")
+        assert ensure.returncode == 0, ensure.stderr
+        assert (self.var_dir / "secret_key").stat().st_mode & 0o077 == 0
         migrate = run(self.env, sys.executable, "manage.py", "migrate", "--noinput")
         assert migrate.returncode == 0, migrate.stderr
         # A session of its own, as a terminal gives `make run`: Ctrl-C is SIGINT to that process group.

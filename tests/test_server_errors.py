@@ -5,9 +5,6 @@ in-process so that every code path is covered quickly."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,25 +16,17 @@ from django.http import HttpRequest, HttpResponse
 from django.test import Client
 
 from conftest import Person
+from tests.fresh_settings import load_settings
 from web.tests.conftest import signed_in
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def settings_debug(env: dict[str, str], tmp_path: Path) -> str:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DEBUG", "MODELPORT_", "DJANGO_SETTINGS"))}
-    code = "import django; django.setup(); from django.conf import settings; print(settings.DEBUG)"
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                            env={**clean, "DJANGO_SETTINGS_MODULE": "portal.settings", "MODELPORT_VAR_DIR": str(tmp_path),
-                                 **env})
-    assert result.returncode == 0, result.stderr
-    return result.stdout.strip()
-
-
-def test_debug_is_off_unless_a_developer_turns_it_on(tmp_path: Path) -> None:
-    assert settings_debug({}, tmp_path) == "False"  # what `make run` gets
-    assert settings_debug({"MODELPORT_ENV": "development"}, tmp_path) == "False"
-    assert settings_debug({"DEBUG": "1"}, tmp_path) == "True"
+def test_debug_is_off_unless_a_developer_turns_it_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    var = {"MODELPORT_VAR_DIR": str(tmp_path)}
+    assert load_settings(monkeypatch, var).DEBUG is False  # what `make run` gets
+    assert load_settings(monkeypatch, {**var, "MODELPORT_ENV": "development"}).DEBUG is False
+    assert load_settings(monkeypatch, {**var, "DEBUG": "1"}).DEBUG is True
 
 
 def _boom(*args: Any, **kwargs: Any) -> Any:

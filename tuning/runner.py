@@ -122,7 +122,7 @@ class Servers:
             repository = workdir / "repository"
             local_runtime.render_spec(spec, repository)
             self.confined = local_runtime.start_confined(spec, repository, workdir / "scratch",
-                                                         workdir / "triton.log")
+                                                         workdir / "triton.log", label=f"tune {self.tune.pk}")
             self.config = config
             ready = local_triton.wait_ready(self.confined.process, spec.model_names,
                                             timeout=float(settings.TRITON_READY_TIMEOUT_SECONDS))

@@ -120,8 +120,17 @@ class DeploymentForm(forms.Form):
                              widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}),
                              help_text='e.g. "4Gi" or "512Mi"; empty: the default.')
 
+    # Offered by the edit form only (a canary runs beside a serving revision): empty rolls out atomically.
+    canary_percent = forms.IntegerField(
+        label="Roll out as canary: N%", required=False, min_value=1, max_value=99,
+        help_text=("Empty: the new settings take every request once ready. A number: they serve that share of the "
+                   "requests beside the current ones until you promote or roll back (rolled back automatically "
+                   "past 5% errors or twice the p99 latency over 60 s)."))
+
     def __init__(self, *args: Any, editing: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if not editing:
+            del self.fields["canary_percent"]
         self.serving = serving()
         runtime = self.fields["runtime"]
         runtime.help_text = self.serving.note()

@@ -11,11 +11,16 @@ from urllib.parse import urlsplit
 
 from deployments.render import served_dims
 from deployments.revision_spec import ModelEntry
+from models_registry import datatypes
 
-_FLOAT_TYPES = {"FP16", "FP32", "FP64", "BF16"}
-_NUMPY = {"BOOL": "bool_", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64", "INT8": "int8",
-          "INT16": "int16", "INT32": "int32", "INT64": "int64", "FP16": "float16", "FP32": "float32", "FP64": "float64",
-          "BF16": "float32", "BYTES": "object_"}
+_FLOAT_TYPES = datatypes.FLOAT_TYPES
+
+
+def _numpy_attribute(datatype: str) -> str:
+    """The numpy attribute a snippet's np.zeros(dtype=np.<it>) names: float32 stands in for bfloat16, which numpy
+    lacks (the client converts), and bool/object are spelt as numpy's scalar types."""
+    name = datatypes.KSERVE_TO_NUMPY.get(datatype, "float32")
+    return {"bool": "bool_", "object": "object_"}.get(name, name)
 
 
 def example_shape(dims: list[int]) -> list[int]:
@@ -158,7 +163,7 @@ def python_snippet(base_url: str, deployment: str, model: str, signature: dict[s
             lines.append(f'# {tensor["name"]}: bytes per element, e.g. a file\'s: open("digit.png", "rb").read()')
             lines.append(f'tensor.set_data_from_numpy(np.array([b""] * {math.prod(shape)}, dtype=np.object_).reshape({shape}))')
         else:
-            lines.append(f"tensor.set_data_from_numpy(np.zeros({shape}, dtype=np.{_NUMPY.get(datatype, 'float32')}))")
+            lines.append(f"tensor.set_data_from_numpy(np.zeros({shape}, dtype=np.{_numpy_attribute(datatype)}))")
         lines.append("inputs.append(tensor)")
     lines.append(f'result = client.infer("{model}", inputs, headers=headers)')
     for tensor in signature.get("outputs", []):

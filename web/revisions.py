@@ -7,11 +7,9 @@ from typing import Any
 
 from deployments.revision_spec import ModelEntry, RevisionSpec
 from deployments.spec import DynamicBatching
+from models_registry import formats
 
-FORMAT_NAMES = {
-    "onnx": "ONNX", "torchscript": "TorchScript", "tensorflow_savedmodel": "TensorFlow SavedModel",
-    "tensorrt_plan": "TensorRT plan", "python": "Python", "tnn": "TNN", "ensemble": "pipeline",
-}
+FORMAT_NAMES = {fmt.name: fmt.short_label for fmt in formats.REGISTRY.values()}
 
 
 def _us(value: int) -> str:

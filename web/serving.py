@@ -12,17 +12,10 @@ from django.conf import settings
 from deployments.frameworks import local_frameworks
 from deployments.runtimes.kubernetes.config import KubernetesConfig
 from deployments.spec import local_format_error
+from models_registry import formats
 from models_registry.models import Format
 
-SHORT_NAMES = {
-    Format.ONNX: "ONNX",
-    Format.TORCHSCRIPT: "TorchScript",
-    Format.SAVEDMODEL: "TensorFlow SavedModels",
-    Format.TENSORRT: "TensorRT plans",
-    Format.PYTHON: "Python models",
-    Format.TNN: "TNN models",
-    Format.ENSEMBLE: "pipelines",
-}
+SHORT_NAMES = {Format(fmt.name): fmt.plural for fmt in formats.REGISTRY.values()}
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ urlpatterns = [
     path("deployments/<str:name>/logs/", views.deployment_logs, name="deployment-logs"),
     path("deployments/<str:name>/stop/", views.deployment_stop, name="deployment-stop"),
     path("deployments/<str:name>/start/", views.deployment_start, name="deployment-start"),
+    path("deployments/<str:name>/promote/", views.deployment_promote, name="deployment-promote"),
+    path("deployments/<str:name>/rollback/", views.deployment_rollback, name="deployment-rollback"),
     path("deployments/<str:name>/delete/", views.deployment_delete, name="deployment-delete"),
     path("deployments/<str:name>/tune/", tune_views.deployment_tune, name="deployment-tune"),
     path("deployments/<str:name>/tunes/<int:tune_id>/apply/", tune_views.deployment_tune_apply,

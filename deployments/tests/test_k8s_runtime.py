@@ -383,7 +383,28 @@ def test_a_cluster_that_does_not_answer_says_so(alice: Person, digits_v1: ModelV
     with pytest.raises(RuntimeUnavailable, match=r"^The Kubernetes API server is not reachable \("):
         runtime.launch(deployment.revision)
     launch = Launch(deployment.revision.pk, "http://digits.modelport-acme.svc.cluster.local:8000", "", f"{NS}/digits")
-    assert runtime.check(deployment, launch).ok  # cannot tell: the pods most likely still serve
+    health = runtime.check(deployment, launch)
+    assert health.ok and health.unknown  # cannot tell: the pods most likely still serve, nothing is restarted
+    assert health.message.startswith("the Kubernetes API server is not reachable (")
+
+
+def test_a_health_check_that_rbac_refuses_is_unknown_and_names_the_rules(alice: Person, digits_v1: ModelVersion,
+                                                                        fake: FakeKube, cfg: KubernetesConfig,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A 403 while reading the Deployment was reported as healthy: now the check says it cannot tell, and why."""
+    deployment = create(alice)
+    fake.on_apply = fake_kube.rollout_succeeds
+    runtime = KubernetesRuntime(cfg)
+    launch, _ = launch_and_wait(runtime, deployment.revision)
+    refusal = 'deployments.apps "digits" is forbidden: User "system:serviceaccount:modelport:modelport" cannot get'
+    fake.forbid = lambda request: refusal if request.verb == "get" else None
+    with caplog.at_level("WARNING", logger="deployments.runtimes.kubernetes.runtime"):
+        health = runtime.check(deployment, launch)
+    assert health.unknown and health.ok
+    assert health.message == (f"Kubernetes refused to let Modelport read Deployment {NS}/digits: {refusal}. Give "
+                              "the worker's service account the Role of platform/kubernetes/team-namespace in that "
+                              "namespace (or, for cluster-wide management, platform/kubernetes/cluster-wide).")
+    assert f"cannot check deployment {deployment.pk} ({NS}/digits) on Kubernetes: 403" in caplog.text
 
 
 def test_without_a_cluster_the_deployment_fails_saying_what_to_set(

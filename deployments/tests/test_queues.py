@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ("deployments.tasks.reconcile_deployment", Queue.RECONCILE),
     ("deployments.tasks.reconcile_all", Queue.RECONCILE),
     ("deployments.tasks.sweep_orphan_servers", Queue.RECONCILE),
+    ("deployments.tasks.build_python_env", Queue.INSPECTION),
     ("models_registry.tasks.inspect_version", Queue.INSPECTION),
     ("models_registry.tasks.delete_expired_uploads", Queue.INSPECTION),
     ("accounts.tasks.delete_expired_idempotency_records", Queue.INSPECTION),

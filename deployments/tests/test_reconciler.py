@@ -181,6 +181,26 @@ def test_a_dead_server_is_restarted_with_an_event_and_no_route_meanwhile(
     assert row.grpc_upstream == fake.servers[1].grpc_target
 
 
+def test_a_health_check_that_cannot_tell_keeps_the_route_and_says_why_once(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
+    deployment = serving(alice, fake, clock)
+    route = Deployment.objects.get(pk=deployment.pk).upstream_url
+    fake.cannot_tell = "Kubernetes refused to let Modelport read Deployment ns/digits: forbidden"
+    tick(deployment)
+    tick(deployment)
+    row = Deployment.objects.get(pk=deployment.pk)
+    assert row.status == S.READY and row.upstream_url == route  # nothing restarted, the route stays
+    assert row.status_message == ("Serving; the runtime cannot tell whether it still serves revision 1: Kubernetes "
+                                  "refused to let Modelport read Deployment ns/digits: forbidden")
+    assert [e for e in events(deployment) if e.startswith("Cannot tell")] == [
+        "Cannot tell whether revision 1 still serves: Kubernetes refused to let Modelport read Deployment "
+        "ns/digits: forbidden"]  # once, not at every tick
+    assert fake.launched_revisions() == [1]
+    fake.cannot_tell = ""
+    tick(deployment)
+    assert Deployment.objects.get(pk=deployment.pk).status_message == "Serving revision 1."
+
+
 def test_a_launch_that_never_becomes_ready_fails_at_its_deadline_and_the_old_revision_keeps_serving(
         alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
     deployment = serving(alice, fake, clock)
@@ -246,6 +266,40 @@ def test_preparation_that_takes_several_ticks_says_what_it_waits_for(
     assert fake.calls == ["prepare r1"]  # nothing is launched before the preparation is done
     ticks_until(deployment, ready, clock)
     assert fake.calls[:4] == ["prepare r1", "prepare r1", "prepare r1", "launch r1"]
+
+
+def test_a_revision_whose_environment_is_being_built_shows_building_and_says_so_once(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
+    fake.preparing_for, fake.building = 3, True
+    deployment = create(alice)
+    assert tick(deployment) == 3.0
+    row = Deployment.objects.get(pk=deployment.pk)
+    assert row.status == S.BUILDING and row.status_message == "Building the environment of revision 1."
+    assert row.is_transitional
+    tick(deployment)
+    tick(deployment)
+    building_events = Event.objects.filter(deployment=deployment, message="Building the environment of revision 1.")
+    assert building_events.count() == 1  # one event, not one per look
+    assert reconcile.needs_attention() == [deployment.pk]  # the periodic tick keeps looking while it builds
+    ticks_until(deployment, ready, clock)
+    assert "launch r1" in fake.calls
+
+
+def test_an_environment_that_cannot_be_built_fails_the_deployment_with_pips_message(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
+    fake.preparing_for, fake.building = 1, True
+    fake.build_fails_with = "ERROR: No matching distribution found for nonexistent-pkg-zzz==9.9"
+    deployment = create(alice)
+    tick(deployment)
+    tick(deployment)
+    row = Deployment.objects.get(pk=deployment.pk)
+    assert row.status == S.FAILED
+    assert row.status_message == (
+        "Revision 1 cannot be prepared: pip could not install its python packages (nonexistent-pkg-zzz==9.9)\n"
+        "ERROR: No matching distribution found for nonexistent-pkg-zzz==9.9")
+    assert Event.objects.filter(deployment=deployment, kind=Event.Kind.ERROR,
+                                message__contains="No matching distribution found").exists()
+    assert fake.servers == []
 
 
 def test_a_revision_that_cannot_be_rendered_fails_with_the_errors(

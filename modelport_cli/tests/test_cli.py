@@ -679,3 +679,81 @@ def test_the_progress_bar_redraws_one_line_on_a_terminal_and_prints_every_tenth_
     lines = log.getvalue().splitlines()
     assert len(lines) == 11
     assert lines[-1].startswith("uploading m.onnx: 1000 B / 1000 B (100%), ")
+
+
+# --- Canary rollouts -------------------------------------------------------------------------------------------
+
+CANARY = {"revision": 2, "percent": 10, "state": "starting", "serving_since": None, "max_error_rate": 0.05,
+          "max_p99_ratio": 2.0, "window_seconds": 60, "min_requests": 20, "auto_promote": False}
+
+
+def test_deploy_canary_patches_with_a_rollout_and_waits_until_the_canary_serves(
+    portal: FakePortal, capsys: pytest.CaptureFixture[str]
+) -> None:
+    portal.on("PATCH", "/api/v1/deployments/digits-prod/",
+              Reply(200, deployment(status="ready", serving_revision=1, canary=CANARY)))
+    portal.on("GET", "/api/v1/deployments/digits-prod/", [
+        Reply(200, deployment(status="ready", serving_revision=1, canary=CANARY)),
+        Reply(200, deployment(status="ready", serving_revision=1, canary={**CANARY, "state": "serving"})),
+    ])
+
+    code = main(["deploy", "digits-prod", "--model", "digits:2", "--canary", "10", "--wait"])
+
+    out, _ = capsys.readouterr()
+    assert code == 0
+    assert portal.seen("POST") == []  # a canary needs the deployment: no create
+    (patch,) = portal.seen("PATCH")
+    assert patch.json() == {"models": [{"model": "digits", "version": 2}],
+                            "rollout": {"strategy": "canary", "percent": 10}}
+    assert out.startswith("digits-prod: canary revision 2 serves 10% of the requests (revision 1 the rest)")
+
+
+def test_a_canary_that_ends_before_serving_exits_4(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:
+    portal.on("PATCH", "/api/v1/deployments/digits-prod/",
+              Reply(200, deployment(status="ready", serving_revision=1, canary=CANARY)))
+    portal.on("GET", "/api/v1/deployments/digits-prod/", Reply(200, deployment(status="ready", serving_revision=1,
+                                                                               canary=None)))
+
+    code = main(["deploy", "digits-prod", "--model", "digits:2", "--canary", "10", "--wait"])
+
+    assert code == ExitCode.DEPLOYMENT_FAILED
+    assert error_line(capsys).startswith("error: the canary of revision 2 of digits-prod ended before it served")
+
+
+@pytest.mark.parametrize("percent", ["0", "100", "ten", "-5"])
+def test_deploy_canary_refuses_a_percent_out_of_range(portal: FakePortal, percent: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["deploy", "digits-prod", "--model", "digits:2", f"--canary={percent}"]) == ExitCode.USAGE
+    assert portal.seen() == []
+    assert "--canary" in capsys.readouterr().err
+
+
+def test_promote_and_rollback_post_and_say_what_serves(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:
+    portal.on("GET", "/api/v1/deployments/digits-prod/", Reply(200, deployment(serving_revision=1, canary=CANARY)))
+    portal.on("POST", "/api/v1/deployments/digits-prod/promote", Reply(200, deployment(serving_revision=2)))
+    portal.on("POST", "/api/v1/deployments/digits-prod/rollback", Reply(200, deployment(serving_revision=1)))
+
+    assert main(["promote", "digits-prod"]) == 0
+    assert capsys.readouterr().out == "digits-prod: revision 2 promoted; it serves every request\n"
+    assert main(["rollback", "digits-prod"]) == 0
+    assert capsys.readouterr().out == ("digits-prod: canary revision 2 rolled back; revision 1 serves every "
+                                       "request\n")
+
+
+def test_promote_without_a_canary_is_an_error_with_the_portals_reason(
+    portal: FakePortal, capsys: pytest.CaptureFixture[str]
+) -> None:
+    portal.on("GET", "/api/v1/deployments/digits-prod/", Reply(200, deployment(serving_revision=1, canary=None)))
+    portal.on("POST", "/api/v1/deployments/digits-prod/promote", api_error(409, "There is no canary to promote.",
+                                                                            "conflict"))
+
+    assert main(["promote", "digits-prod"]) != 0
+    assert "There is no canary to promote." in error_line(capsys)
+
+
+def test_status_shows_a_canary(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:
+    portal.on("GET", "/api/v1/deployments/digits-prod/",
+              Reply(200, deployment(status="ready", serving_revision=1, canary={**CANARY, "state": "serving"})))
+
+    assert main(["status", "digits-prod"]) == 0
+    assert "canary:    revision 2 for 10% (serving)\n" in capsys.readouterr().out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import io
 import json
 import random
@@ -197,13 +196,8 @@ def test_formats_needing_a_declared_signature() -> None:
 
 
 def test_format_names_match_the_model_choices() -> None:
-    """formats.py repeats Format's values to stay free of Django; read models.py's source to keep them in step."""
-    source = (Path(formats.__file__).parent / "models.py").read_text()
-    format_class = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == "Format")
-    values = {
-        node.targets[0].id: node.value.elts[0].value  # type: ignore[attr-defined]
-        for node in format_class.body
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple)
-    }
-    assert values == {name: getattr(formats, name) for name in values}
-    assert set(values.values()) == set(formats.DESCRIPTIONS)
+    """models.Format is the registry as Django field choices: the same values, labels and order."""
+    from models_registry.models import Format
+
+    assert [(f.value, f.label) for f in Format] == [(f.name, f.label) for f in formats.REGISTRY.values()]
+    assert set(formats.DESCRIPTIONS) == set(formats.REGISTRY)

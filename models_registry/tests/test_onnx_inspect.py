@@ -10,11 +10,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from models_registry.formats.python import inspect_python_archive
+from models_registry.formats.torchscript import inspect_torchscript_archive
 from models_registry.onnx_inspect import (
     InspectionError,
     inspect_onnx,
-    inspect_python_archive,
-    inspect_torchscript_archive,
     validate_declared_signature,
 )
 from models_registry.samples import DIGITS_SIGNATURE, build_digits_onnx

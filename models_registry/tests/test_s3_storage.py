@@ -287,3 +287,57 @@ def test_a_streamed_patch_keeps_what_arrived_on_s3_and_refuses_a_body_too_long(a
     assert upload.completed_at is not None
     assert read(s3, f"{PREFIX}/{upload.key}") == data
     assert tails(s3) == [] and multipart_uploads(s3) == []
+
+
+def test_the_periodic_clean_up_aborts_stale_multipart_uploads_under_our_prefix_only(
+        alice: Person, s3: Bucket, settings: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """An abort that failed, or a worker killed in the middle of upload_fileobj, leaves a multipart upload whose
+    parts cost storage for ever; the periodic task aborts those that no live upload holds once they are older than
+    any upload could be. Another application's uploads in the same bucket are not ours to touch."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from models_registry import tasks, uploads
+
+    live = create(alice, 10 * MiB)
+    upload_in_chunks(alice, live, os.urandom(9 * MiB), [9 * MiB])  # one part sent: a live multipart upload
+    orphan = s3.client.create_multipart_upload(Bucket=s3.name, Key=f"{PREFIX}/blobs/sha256/ab/orphan")
+    foreign = s3.client.create_multipart_upload(Bucket=s3.name, Key="someone-else/file")
+    assert len(multipart_uploads(s3)) == 3
+
+    # The clock is set from what S3 says (moto dates every multipart upload 2010-11-10).
+    begun = max(u["Initiated"] for u in multipart_uploads(s3))
+    soon = begun + timedelta(hours=settings.UPLOAD_EXPIRY_HOURS)
+    assert uploads.abort_stale_multipart_uploads(now=soon) == 0  # young enough to belong to a running upload
+    later = begun + timedelta(hours=settings.UPLOAD_EXPIRY_HOURS + 2)
+    with caplog.at_level("INFO", logger="models_registry.storage"):
+        assert uploads.abort_stale_multipart_uploads(now=later) == 1
+    left = {(u["Key"], u["UploadId"]) for u in multipart_uploads(s3)}
+    live_state = Upload.objects.get().storage_state
+    assert left == {(f"{PREFIX}/uploads/{upload_id(live)}", live_state["upload_id"]),
+                    ("someone-else/file", foreign["UploadId"])}
+    assert f"aborted multipart upload {orphan['UploadId']} of s3://{s3.name}/{PREFIX}/blobs/sha256/ab/orphan" in caplog.text
+    # Once the live upload has expired, the task removes it, its multipart upload with it.
+    Upload.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert tasks.delete_expired_uploads() == 1
+    assert [u["Key"] for u in multipart_uploads(s3)] == ["someone-else/file"]
+
+
+def test_a_failed_abort_is_logged_with_the_object_and_left_for_the_clean_up(
+        alice: Person, s3: Bucket, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = create(alice, 10 * MiB)
+    upload_in_chunks(alice, url, os.urandom(6 * MiB), [6 * MiB])
+    store = get_store()
+    assert isinstance(store, S3Store)
+
+    def refuse(**kwargs: Any) -> None:
+        raise RuntimeError("S3 is down")
+
+    monkeypatch.setattr(store.client, "abort_multipart_upload", refuse)
+    with caplog.at_level("WARNING", logger="models_registry.storage"):
+        assert alice.client().delete(url, **TUS).status_code == 204
+    upload = f"{PREFIX}/uploads/{upload_id(url)}"
+    assert "storage: could not abort multipart upload" in caplog.text
+    assert f"s3://{s3.name}/{upload} (RuntimeError: S3 is down); it is left behind" in caplog.text
+    assert [u["Key"] for u in multipart_uploads(s3)] == [upload]  # for abort_stale_multipart_uploads

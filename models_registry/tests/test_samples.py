@@ -14,7 +14,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from models_registry.onnx_inspect import inspect_onnx, inspect_python_archive
+from models_registry.formats.python import inspect_python_archive
+from models_registry.onnx_inspect import inspect_onnx
 from models_registry.samples import (
     DIGITS_SIGNATURE,
     POSTPROCESS_SIGNATURE,

@@ -13,8 +13,9 @@
   const TUS_VERSION = "1.0.0";
   const CHUNK_SIZE = parseInt(form.dataset.chunkSize, 10) || 5 * 1024 * 1024;
   const NEEDS_SIGNATURE = (form.dataset.needsSignature || "").split(",").filter(Boolean);
-  const EXTENSION_FORMATS = { pt: "torchscript", pth: "torchscript", torchscript: "torchscript", plan: "tensorrt_plan",
-                              engine: "tensorrt_plan" };
+  // From the format registry (models_registry/formats/): the format an extension suggests, each format's name.
+  const FORMAT_HINTS = JSON.parse(document.getElementById("format-hints").textContent);
+  const EXTENSION_FORMATS = FORMAT_HINTS.extensions;
   const RETRY_DELAYS = [1, 2, 4, 8, 15, 30]; // seconds; the last one repeats
   const MAX_RETRIES = 20;
   const POLL_MS = 1000;
@@ -452,8 +453,7 @@
   // --- What the local runtime serves: said when the chosen file is of a format it cannot run --------------------
 
   const NOT_LOCAL = (form.dataset.notLocal || "").split(",").filter(Boolean);
-  const FORMAT_NAMES = { tensorrt_plan: "A TensorRT plan", torchscript: "A TorchScript model",
-                         tensorflow_savedmodel: "A TensorFlow SavedModel", tnn: "A TNN model" };
+  const FORMAT_NAMES = FORMAT_HINTS.names;
 
   function warnFormat() {
     const warning = $("format-warning");

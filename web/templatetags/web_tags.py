@@ -41,7 +41,7 @@ def status_words(deployment: Any) -> str:
     status = deployment.status
     serving = deployment.serving_revision
     rolling = (serving is not None and deployment.upstream_url and deployment.revision_id != deployment.serving_revision_id)
-    if rolling and status in ("pending", "rendering", "starting"):
+    if rolling and status in ("pending", "rendering", "building", "starting"):
         return f"updating (serving r{serving.number})"
     if rolling and status == "failed":
         return f"failed (serving r{serving.number})"

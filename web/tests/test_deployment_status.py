@@ -50,6 +50,21 @@ def test_a_rollout_reads_updating_while_the_old_revision_serves(alice: Person, d
     assert 'id="status-badge">failed (serving r1)<' in client.get(f"{PAGE}live/").content.decode()
 
 
+def test_installing_python_packages_shows_as_building_with_what_is_installed(
+        alice: Person, deployment: Deployment) -> None:
+    message = "Installing python packages for revision 1: numpy, tabulate>=0.9."
+    deployment.set_status(Deployment.Status.BUILDING, message)
+    live = signed_in(alice).get(f"{PAGE}live/").content.decode()
+    assert 'class="badge status-building" id="status-badge">building<' in live
+    assert f'id="status-message">{message.replace(">", "&gt;")}<' in live
+    _serving_r1(deployment)
+    _new_revision(alice, deployment, dynamic_batching={"max_queue_delay_microseconds": 2000,
+                                                        "preferred_batch_size": [4], "preserve_ordering": False})
+    deployment.refresh_from_db()
+    deployment.set_status(Deployment.Status.BUILDING, message.replace("revision 1", "revision 2"))
+    assert 'id="status-badge">updating (serving r1)<' in signed_in(alice).get(f"{PAGE}live/").content.decode()
+
+
 def test_no_start_banner_is_promised_once_the_deployment_is_created(alice: Person, digits: object) -> None:
     from web.tests.test_deploy_form import NEW, form_data
 

@@ -52,10 +52,26 @@ ALICES_THINGS = [
 ]
 
 
+# The fragments htmx polls (no page around them), each with what it must show.
+FRAGMENTS = {
+    "/dashboard/live/": "digits-prod",
+    "/models/digits/versions/": "<caption class=\"visually-hidden\">Versions of digits</caption>",
+    "/deployments/digits-prod/live/": "digits-prod",
+    "/deployments/digits-prod/logs/": "No log yet: Triton starts once the model repository is rendered.",
+}
+
+
 @pytest.mark.parametrize("url", ALICES_PAGES)
 def test_every_page_renders_for_alice(alice: Person, deployment: Deployment, url: str) -> None:
     response = signed_in(alice).get(url)
     assert response.status_code == 200, response.content[:2000]
+    content = response.content.decode()
+    if url in FRAGMENTS:  # what the page polls: its own content, for alice's deployment or model
+        assert FRAGMENTS[url] in content, content[:2000]
+        return
+    assert '<span class="team-name" id="current-team">Team <strong>acme</strong></span>' in content, content[:2000]
+    if url in ALICES_THINGS:
+        assert "digits" in content
 
 
 @pytest.mark.parametrize("url", ALICES_THINGS)

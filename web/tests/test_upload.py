@@ -4,6 +4,7 @@ tests cover the page itself and its fallback without JavaScript: one multipart P
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -94,3 +95,16 @@ def test_the_page_says_what_the_local_runtime_serves(alice: Person, settings: An
     content = signed_in(alice).get("/models/upload/").content.decode()
     assert ("The local runtime serves ONNX and Python models, and TorchScript with PyTorch 2.13.0, and TensorFlow "
             "SavedModels with TensorFlow 2.21.0. Kubernetes serves every format.") in content
+
+
+
+def test_the_upload_page_takes_its_format_hints_from_the_registry(alice: Person) -> None:
+    """upload.js guesses a format from the extension and names refused formats from the registry, not its own lists."""
+    content = signed_in(alice).get("/models/upload/").content.decode()
+    found = re.search(r'<script id="format-hints" type="application/json">(.*?)</script>', content)
+    assert found is not None
+    hints = json.loads(found.group(1))
+    assert hints["extensions"] == {"onnx": "onnx", "pt": "torchscript", "pth": "torchscript",
+                                   "torchscript": "torchscript", "plan": "tensorrt_plan", "engine": "tensorrt_plan"}
+    assert hints["names"]["tensorrt_plan"] == "A TensorRT plan"
+    assert content.index('<option>FP32</option>') < content.index('<option>FP16</option>')  # FP32 first, the default

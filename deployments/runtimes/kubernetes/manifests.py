@@ -27,6 +27,7 @@ import yaml
 from deployments import quantity
 from deployments.revision_spec import Autoscaling, Resources, RevisionSpec
 from deployments.runtimes.kubernetes.config import TRITON_UID, KubernetesConfig
+from models_registry import formats
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 CONTAINER = "triton"
@@ -36,6 +37,9 @@ LABEL_TEAM = "modelport.io/team"
 LABEL_DEPLOYMENT = "modelport.io/deployment"
 LABEL_REVISION = "modelport.io/revision"
 ANNOTATION_REPOSITORY = "modelport.io/repository"
+# The packages the revision's python models list in requirements.txt, one per line: what the Triton image must have
+# (docs/kubernetes.md, "Python models' requirements"); `kubectl describe` shows it beside a pod's ImportError.
+ANNOTATION_PYTHON_REQUIREMENTS = "modelport.io/python-requirements"
 ANNOTATION_URLS_EXPIRE = "modelport.io/urls-expire-at"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 ACCESS_COMPONENT = "repository-access"
@@ -69,6 +73,13 @@ class Target:
     revision: int
     spec: RevisionSpec
     repository_key: str  # the S3 key prefix of the revision's model repository
+    # The Modelport deployment's name when the objects are named otherwise: a canary's are `{name}-canary`, a
+    # Deployment and Service of their own beside the serving ones (the gateway splits the requests).
+    deployment: str = ""
+
+    @property
+    def deployment_name(self) -> str:
+        return self.deployment or self.name
 
     @property
     def replicas(self) -> int:
@@ -87,13 +98,31 @@ def selector_labels(team: str, name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": APP_NAME, "app.kubernetes.io/instance": name, LABEL_TEAM: team}
 
 
-def managed_labels(team: str, name: str) -> dict[str, str]:
-    return {**selector_labels(team, name), "app.kubernetes.io/managed-by": MANAGED_BY, LABEL_DEPLOYMENT: name}
+CANARY_SUFFIX = "-canary"
+
+
+def canary_name(name: str) -> str:
+    """The objects of a deployment's canary (a Deployment, Service, ... of their own)."""
+    return name + CANARY_SUFFIX
+
+
+def managed_labels(team: str, name: str, instance: str | None = None) -> dict[str, str]:
+    """The labels of the objects of deployment `name` named `instance` (default: `name`; its canary's:
+    canary_name(name))."""
+    return {**selector_labels(team, instance or name), "app.kubernetes.io/managed-by": MANAGED_BY,
+            LABEL_DEPLOYMENT: name}
 
 
 def managed_selector(team: str, name: str) -> str:
-    """A label selector for every object Modelport made for the deployment."""
-    return ",".join(f"{k}={v}" for k, v in managed_labels(team, name).items())
+    """A label selector for every object Modelport made for the deployment, its canary's included."""
+    labels = managed_labels(team, name)
+    del labels["app.kubernetes.io/instance"]
+    return ",".join(f"{k}={v}" for k, v in labels.items())
+
+
+def instance_selector(team: str, name: str, instance: str) -> str:
+    """The objects of one instance of the deployment (the serving one's, or its canary's)."""
+    return ",".join(f"{k}={v}" for k, v in managed_labels(team, name, instance).items())
 
 
 def revision_selector(team: str, name: str, revision: int) -> str:
@@ -102,7 +131,7 @@ def revision_selector(team: str, name: str, revision: int) -> str:
 
 def labels(target: Target) -> dict[str, str]:
     return {
-        **managed_labels(target.team, target.name),
+        **managed_labels(target.team, target.deployment_name, target.name),
         "app.kubernetes.io/version": f"r{target.revision}",
         "app.kubernetes.io/part-of": "modelport",
         LABEL_REVISION: str(target.revision),
@@ -119,10 +148,10 @@ def access_selector(team: str, name: str) -> str:
     return f"{managed_selector(team, name)},{LABEL_COMPONENT}={ACCESS_COMPONENT}"
 
 
-def is_managed(obj: Mapping[str, Any], team: str, name: str) -> bool:
+def is_managed(obj: Mapping[str, Any], team: str, name: str, instance: str | None = None) -> bool:
     """Whether `obj` is one Modelport made for deployment `name` of `team` (and so may be applied over)."""
     theirs = (obj.get("metadata") or {}).get("labels") or {}
-    return all(theirs.get(key) == value for key, value in managed_labels(team, name).items())
+    return all(theirs.get(key) == value for key, value in managed_labels(team, name, instance).items())
 
 
 def service_url(target_name: str, namespace: str, config: KubernetesConfig) -> str:
@@ -141,7 +170,7 @@ def service_grpc_target(target_name: str, namespace: str, config: KubernetesConf
 def image_for(target: Target, config: KubernetesConfig) -> str:
     if target.spec.image:
         return target.spec.image
-    if any(m.format == "tnn" for m in target.spec.models):
+    if any(formats.get(m.format).native.custom for m in target.spec.models):
         return config.custom_backend_image
     return config.image
 
@@ -176,6 +205,9 @@ def check(target: Target, config: KubernetesConfig) -> dict[str, list[str]]:
     autoscaling = target.autoscaling
     if autoscaling and autoscaling.min_replicas > autoscaling.max_replicas:
         add("autoscaling.max_replicas", "max_replicas must be at least min_replicas")
+    if len(target.name) > 63:  # a Service's name is a DNS label
+        add("name", f"the objects of this revision would be named {target.name!r}, over Kubernetes' 63 characters: "
+                    f"a canary on Kubernetes needs a deployment name of at most {63 - len(CANARY_SUFFIX)} characters")
     return errors
 
 
@@ -373,10 +405,14 @@ def deployment(target: Target, namespace: str, config: KubernetesConfig) -> dict
             "spec": pod_spec,
         },
     })
+    annotations = {ANNOTATION_REPOSITORY: repository}
+    requirements = sorted({line for entry in target.spec.models for line in entry.requirements})
+    if requirements:
+        annotations[ANNOTATION_PYTHON_REQUIREMENTS] = "\n".join(requirements)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(target, namespace, annotations={ANNOTATION_REPOSITORY: repository}),
+        "metadata": _metadata(target, namespace, annotations=annotations),
         "spec": spec,
     }
 

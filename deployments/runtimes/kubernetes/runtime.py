@@ -59,11 +59,38 @@ def config() -> KubernetesConfig:
     return KubernetesConfig.from_settings(settings)
 
 
-def target_for(revision: Revision, cfg: KubernetesConfig) -> manifests.Target:
+def target_for(revision: Revision, cfg: KubernetesConfig, instance: str | None = None) -> manifests.Target:
+    """The objects of `revision`, named `instance` (default: the deployment's name; its canary's:
+    manifests.canary_name)."""
     deployment = revision.deployment
     key = s3repo.revision_prefix(cfg, deployment.team.name, deployment.name, deployment.pk, revision.number)
-    return manifests.Target(team=deployment.team.name, name=deployment.name, revision=revision.number,
-                            spec=revision.spec, repository_key=key)
+    name = instance or deployment.name
+    return manifests.Target(team=deployment.team.name, name=name, revision=revision.number,
+                            spec=revision.spec, repository_key=key,
+                            deployment=deployment.name if name != deployment.name else "")
+
+
+def _instance_of(launch: Launch | None) -> str | None:
+    return str(launch.ref).split("/", 1)[1] if launch is not None and "/" in str(launch.ref) else None
+
+
+def serving_instance(deployment: Deployment) -> str:
+    """The name of the objects that serve the deployment: its own, or its canary's once one was promoted."""
+    return _instance_of(Launch.from_json(deployment.serving_launch)) or deployment.name
+
+
+def instance_for(revision: Revision) -> str:
+    """Where a revision's pods go: a rollout updates the serving Deployment in place (Kubernetes' rolling update);
+    a canary gets the other name, a Deployment and Service of its own beside the serving ones."""
+    deployment = Deployment.objects.get(pk=revision.deployment_id)
+    serving = serving_instance(deployment)
+    if revision.pk != deployment.canary_revision_id:
+        return serving
+    return manifests.canary_name(deployment.name) if serving == deployment.name else deployment.name
+
+
+def instances(deployment: Deployment) -> tuple[str, str]:
+    return deployment.name, manifests.canary_name(deployment.name)
 
 
 def export_manifests(deployment: Deployment) -> str:
@@ -186,7 +213,8 @@ class KubernetesRuntime:
                               archive_limits=archive_limits())
             return s3repo.upload_repository(s3, bucket, prefix, out)
 
-    def access_secret(self, revision: Revision, namespace: str, owner_uid: str | None = None) -> dict[str, Any]:
+    def access_secret(self, revision: Revision, namespace: str, owner_uid: str | None = None,
+                      target: manifests.Target | None = None) -> dict[str, Any]:
         """The revision's access Secret with URLs valid from now for KUBERNETES_REPOSITORY_URL_SECONDS. A
         repository uploaded without a manifest (by an older Modelport, or interrupted) is uploaded again."""
         problem = self.cfg.s3_problem()
@@ -195,7 +223,7 @@ class KubernetesRuntime:
         from boto3.exceptions import Boto3Error
         from botocore.exceptions import BotoCoreError, ClientError
 
-        target = target_for(revision, self.cfg)
+        target = target or target_for(revision, self.cfg)
         bucket, prefix, seconds = self.cfg.s3_bucket, target.repository_key, self.cfg.repository_url_seconds
         try:
             s3 = s3repo.client(self.cfg)
@@ -220,9 +248,9 @@ class KubernetesRuntime:
         kube = self.kube()
         deployment = revision.deployment
         namespace = self._namespace(deployment)
-        target = target_for(revision, self.cfg)
+        target = target_for(revision, self.cfg, instance_for(revision))
         try:
-            applied = self._apply(kube, revision, namespace)
+            applied = self._apply(kube, revision, namespace, target)
         except Unreachable as exc:
             raise self._unreachable(exc) from None
         replicas = applied["spec"].get("replicas", target.replicas)
@@ -234,10 +262,11 @@ class KubernetesRuntime:
             ref=f"{namespace}/{target.name}",
         )
 
-    def _apply(self, kube: Kube, revision: Revision, namespace: str) -> dict[str, Any]:
+    def _apply(self, kube: Kube, revision: Revision, namespace: str,
+               target: manifests.Target | None = None) -> dict[str, Any]:
         """Apply every object of the revision; returns the applied Deployment. Nothing is applied when any object
         of the same name exists that Modelport did not make for this deployment."""
-        target = target_for(revision, self.cfg)
+        target = target or target_for(revision, self.cfg)
         what = f"apply Deployment {namespace}/{target.name}"
         try:
             objects = manifests.build(target, namespace, self.cfg)
@@ -254,7 +283,7 @@ class KubernetesRuntime:
             self._ensure_namespace(kube, namespace, target.team)
             uid = existing.get("Deployment", {}).get("metadata", {}).get("uid")
             # The access Secret goes with the Deployment (Kubernetes' garbage collector).
-            access = self.access_secret(revision, namespace, owner_uid=uid)
+            access = self.access_secret(revision, namespace, owner_uid=uid, target=target)
             what = f"apply Secret {namespace}/{access['metadata']['name']}"
             kube.apply(access)  # before the Deployment: its pods mount it
             what = f"apply Deployment {namespace}/{target.name}"
@@ -276,7 +305,7 @@ class KubernetesRuntime:
                 kube.apply(obj)
             what = f"remove objects of {namespace}/{target.name} the revision no longer has"
             wanted = {(obj["apiVersion"], obj["kind"]) for obj in owned}
-            selector = manifests.managed_selector(target.team, target.name)
+            selector = manifests.instance_selector(target.team, target.deployment_name, target.name)
             for api_version, kind in SECONDARY_KINDS:
                 if (api_version, kind) in wanted:
                     continue
@@ -298,7 +327,7 @@ class KubernetesRuntime:
             found = kube.get(api_version, kind, namespace, name)
             if found is None:
                 continue
-            if not manifests.is_managed(found, target.team, target.name):
+            if not manifests.is_managed(found, target.team, target.deployment_name, target.name):
                 theirs = found["metadata"].get("labels") or {}
                 raise RuntimeUnavailable(
                     f"A {kind} named {name} exists in namespace {namespace} and is not this deployment's "
@@ -373,9 +402,11 @@ class KubernetesRuntime:
         serving = deployment.serving_revision
         try:
             kube = self.kube()
-            if serving is not None and serving.pk != revision.pk and deployment.upstream_url:
-                self._apply(kube, serving, namespace)
-            else:
+            if (serving is not None and serving.pk != revision.pk and deployment.upstream_url
+                    and name == serving_instance(deployment)):
+                # A rollout updated the serving Deployment in place: back to the serving revision.
+                self._apply(kube, serving, namespace, target_for(serving, self.cfg, name))
+            else:  # a first revision, or a canary beside the serving one
                 kube.scale(namespace, name, 0)
         except (KubeError, Unreachable, RuntimeUnavailable) as exc:
             log.warning("could not abandon %s: %s", launch.description, exc)
@@ -385,16 +416,17 @@ class KubernetesRuntime:
         if problem:
             return Health(False, problem)
         namespace = self._namespace(deployment)
+        name = _instance_of(launch) or deployment.name
         try:
             kube = self.kube()
-            obj = kube.get("apps/v1", "Deployment", namespace, deployment.name)
+            obj = kube.get("apps/v1", "Deployment", namespace, name)
             ok, message = k8s_status.health(obj)
             if ok:
                 return Health(True)
-            serving = deployment.serving_revision
+            serving = Revision.objects.filter(pk=launch.revision_id).first() or deployment.serving_revision
             detail = ""
             if obj is not None and serving is not None:
-                selector = manifests.revision_selector(deployment.team.name, deployment.name, serving.number)
+                selector = manifests.revision_selector(deployment.team.name, name, serving.number)
                 pods = kube.list("v1", "Pod", namespace, selector).get("items", [])
                 now = timezone.now()
                 for pod in pods:
@@ -406,14 +438,26 @@ class KubernetesRuntime:
                         detail += f"\n{logs}" if logs else ""
                         break
             return Health(False, message, detail)
-        except (Unreachable, KubeError, RuntimeUnavailable) as exc:
-            # Cannot tell from here; the pods most likely still serve. Try again at the next check.
-            log.warning("cannot check %s on Kubernetes: %s", deployment, exc)
-            return Health(True)
+        except Unreachable as exc:
+            # A blip most likely; the pods still serve. The next check looks again.
+            log.warning("cannot check deployment %s (%s/%s) on Kubernetes: %s", deployment.pk, namespace,
+                        deployment.name, exc)
+            return Health.cannot_tell(f"the Kubernetes API server is not reachable ({exc})")
+        except KubeError as exc:
+            # Refused (RBAC, credentials): not healthy as far as anyone can tell, and no restart would help. The
+            # deployment's status names the rules to grant; it keeps its route, since its pods most likely serve.
+            log.warning("cannot check deployment %s (%s/%s) on Kubernetes: %s %s: %s", deployment.pk, namespace,
+                        deployment.name, exc.status, exc.reason, exc.message)
+            return Health.cannot_tell(_explain(exc, f"read Deployment {namespace}/{deployment.name}"))
+        except RuntimeUnavailable as exc:
+            log.warning("cannot check deployment %s (%s/%s) on Kubernetes: %s", deployment.pk, namespace,
+                        deployment.name, exc)
+            return Health.cannot_tell(str(exc))
 
     def retire(self, deployment: Deployment, keep: Sequence[Launch]) -> list[str]:
         """Kubernetes replaced the old pods itself; what is left is the old revisions' access Secrets and their
-        repositories in S3."""
+        repositories in S3, and the objects of a canary rolled back (or of the serving revision a canary replaced
+        when it was promoted)."""
         keep_numbers = set(Revision.objects.filter(pk__in=[launch.revision_id for launch in keep])
                            .values_list("number", flat=True))
         messages: list[str] = []
@@ -422,6 +466,15 @@ class KubernetesRuntime:
             namespace = self._namespace(deployment)
             try:
                 kube = self.kube()
+                kept = {_instance_of(launch) for launch in keep}
+                for instance in instances(deployment) if keep else ():
+                    if instance not in kept and kube.get("apps/v1", "Deployment", namespace, instance) is not None:
+                        selector = manifests.instance_selector(team, deployment.name, instance)
+                        for api_version, kind in (("apps/v1", "Deployment"), *SECONDARY_KINDS):
+                            for item in kube.list(api_version, kind, namespace, selector).get("items", []):
+                                kube.delete(api_version, kind, namespace, item["metadata"]["name"])
+                        messages.append(f"Removed the Kubernetes Deployment {namespace}/{instance}, which no longer "
+                                        "serves.")
                 for item in kube.list("v1", "Secret", namespace,
                                       manifests.access_selector(team, deployment.name)).get("items", []):
                     if (item["metadata"].get("labels") or {}).get(manifests.LABEL_REVISION) not in {
@@ -448,13 +501,14 @@ class KubernetesRuntime:
     def stop(self, deployment: Deployment) -> None:
         if self.cfg.cluster_problem():
             return  # no cluster: nothing of it can be running
-        try:
-            self.kube().scale(self._namespace(deployment), deployment.name, 0)
-        except KubeError as exc:
-            if exc.status != 404:
-                raise RuntimeUnavailable(_explain(exc, f"scale {deployment.name} to zero")) from None
-        except Unreachable as exc:
-            raise self._unreachable(exc) from None
+        for instance in instances(deployment):  # its own Deployment and its canary's
+            try:
+                self.kube().scale(self._namespace(deployment), instance, 0)
+            except KubeError as exc:
+                if exc.status != 404:
+                    raise RuntimeUnavailable(_explain(exc, f"scale {instance} to zero")) from None
+            except Unreachable as exc:
+                raise self._unreachable(exc) from None
 
     def teardown(self, deployment: Deployment) -> None:
         """Delete every object labelled for the deployment, then its repositories in S3."""
@@ -490,7 +544,8 @@ class KubernetesRuntime:
         teardown deleted meanwhile, and loses to any concurrent change (the next pass tries again)."""
         if self.cfg.cluster_problem() or self.cfg.s3_problem():
             return []
-        wanted = {r.number: r for r in (deployment.revision, deployment.serving_revision) if r is not None}
+        wanted = {r.number: r for r in (deployment.revision, deployment.serving_revision, deployment.canary_revision)
+                  if r is not None}
         namespace = self._namespace(deployment)
         kube = self.kube()
         renewed = []
@@ -507,7 +562,9 @@ class KubernetesRuntime:
                     continue
                 owner = next((ref["uid"] for ref in meta.get("ownerReferences") or [] if ref.get("kind") == "Deployment"),
                              None)
-                fresh = self.access_secret(revision, namespace, owner_uid=owner)
+                instance = str((meta.get("labels") or {}).get("app.kubernetes.io/instance") or deployment.name)
+                fresh = self.access_secret(revision, namespace, owner_uid=owner,
+                                           target=target_for(revision, self.cfg, instance))
                 fresh["metadata"]["resourceVersion"] = meta["resourceVersion"]
                 try:
                     kube.replace(fresh)
@@ -558,7 +615,7 @@ def refresh_repository_access() -> int:
     if runtime.cfg.cluster_problem() or runtime.cfg.s3_problem():
         return 0
     renewed = 0
-    deployments = Deployment.objects.select_related("team", "revision", "serving_revision").filter(
+    deployments = Deployment.objects.select_related("team", "revision", "serving_revision", "canary_revision").filter(
         runtime=Deployment.Runtime.KUBERNETES, desired_state=Deployment.Desired.RUNNING)
     for deployment in deployments:
         try:

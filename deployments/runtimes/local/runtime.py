@@ -22,15 +22,24 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from deployments import frameworks, python_requirements, sandbox
+from deployments import frameworks, pyenvs, sandbox
 from deployments.models import Deployment, Revision, TritonServer
 from deployments.render import RenderError, render_repository
 from deployments.revision_spec import ModelEntry, Resources, RevisionSpec
 from deployments.runtimes.artifacts import artifact_path
-from deployments.runtimes.base import PREPARED, Health, Launch, Observation, Preparation, RuntimeUnavailable
+from deployments.runtimes.base import (
+    PREPARED,
+    Health,
+    Launch,
+    Observation,
+    Preparation,
+    PreparationFailed,
+    RuntimeUnavailable,
+)
 from deployments.runtimes.local import triton as local_triton
 from deployments.sandbox import cgroups
 from deployments.spec import validate_repository
+from models_registry import formats
 from models_registry.validation import archive_limits
 
 log = logging.getLogger(__name__)
@@ -65,7 +74,7 @@ def sandbox_capabilities() -> sandbox.Capabilities:
 def runs_uploaded_code(spec: RevisionSpec) -> bool:
     """Whether the revision executes code a team uploaded: python models (pipeline steps included). ONNX files are
     data, read by onnxruntime inside Modelport's own python model."""
-    return any(m.format == "python" for m in spec.models)
+    return any(m.format == formats.PYTHON for m in spec.models)
 
 
 def sandbox_refusal(spec: RevisionSpec) -> str | None:
@@ -121,17 +130,126 @@ def isolation(deployment: Deployment) -> dict[str, Any]:
     return {"sandboxed": server.sandboxed, "note": server.sandbox_note, "egress": server.allow_egress}
 
 
-def missing_requirements(lines: list[str]) -> list[python_requirements.Requirement]:
-    """The requirements of a python model that the runtime env cannot import ([] without a runtime env: then
-    nothing can be served locally, and the deployment fails with the runtime env's own message)."""
+# --- Python models' requirements (deployments/pyenvs.py) ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PythonEnv:
+    """The environment a revision's Triton runs with: its python models' requirements installed over the runtime
+    env."""
+
+    key: str
+    requirements: tuple[str, ...]
+    identity: pyenvs.RuntimeIdentity
+
+    @property
+    def env_dir(self) -> Path:
+        return pyenv_layout().env_dir(self.key)
+
+    @property
+    def site_packages(self) -> Path:
+        return pyenv_layout().site_packages(self.key, self.identity)
+
+
+def pyenv_layout() -> pyenvs.Layout:
+    return pyenvs.Layout(Path(settings.PYENVS_DIR))
+
+
+def python_env_for(spec: RevisionSpec) -> PythonEnv | None:
+    """The environment the revision needs: the union of its python models' requirements (pipeline steps
+    included; one Triton runs them all), normalized. None when they need nothing the runtime env lacks.
+
+    Raises RequirementError, RuntimeEnvError (no runtime env) or pyenvs.BuildError (its python cannot run)."""
+    lines = [line for entry in spec.models for line in entry.requirements]
     if not lines:
-        return []
+        return None
+    parsed = pyenvs.parse_requirements(lines)
+    env = runtime_env()
+    identity = pyenvs.runtime_identity(env.bin_dir / "python", env.site_packages,
+                                       env=local_triton.server_environment(env))
+    if all(pyenvs.satisfied_by(r, identity) for r in parsed):
+        return None
+    requirements = pyenvs.normalized(parsed)
+    return PythonEnv(pyenvs.env_key(requirements, identity), requirements, identity)
+
+
+def pip_options() -> pyenvs.PipOptions:
+    return pyenvs.PipOptions(index_url=settings.MODELPORT_PIP_INDEX_URL, find_links=settings.MODELPORT_PIP_FIND_LINKS,
+                             timeout_seconds=settings.MODELPORT_PIP_TIMEOUT_SECONDS)
+
+
+def _requested_for_at_most() -> float:
+    """A build asked for longer ago than this is presumed lost (its worker died): ask again."""
+    return float(settings.MODELPORT_PIP_TIMEOUT_SECONDS) + 120.0
+
+
+def prepare_python_env(revision: Revision) -> Preparation:
+    """Is the revision's environment built? If nobody builds it, queue its build (a worker on the inspection
+    queue; never in a web request nor in a reconciler tick). A failed build fails the revision with pip's lines."""
     try:
-        env = runtime_env()
-    except local_triton.RuntimeEnvError:
-        return []
-    return python_requirements.missing_requirements(env.bin_dir / "python", env.site_packages, lines,
-                                                    env=local_triton.server_environment(env))
+        penv = python_env_for(revision.spec)
+    except pyenvs.RequirementError as exc:
+        raise RenderError({"requirements": [str(exc)]}) from None
+    except local_triton.RuntimeEnvError as exc:
+        raise RuntimeUnavailable(f"The local runtime cannot install python packages: {exc}") from None
+    except pyenvs.BuildError as exc:
+        raise RuntimeUnavailable(str(exc)) from None
+    if penv is None:
+        return PREPARED
+    layout = pyenv_layout()
+    found = pyenvs.state_of(layout, penv.key, _requested_for_at_most())
+    if found.state == "missing":
+        if not _queue_build(revision, penv):
+            return Preparation(False, f"Waiting for the task queue to build the python environment of revision "
+                                      f"{revision.number} (the broker is unreachable).", retry_seconds=5.0,
+                               building=True)
+        found = pyenvs.state_of(layout, penv.key, _requested_for_at_most())  # built already when tasks run eagerly
+    if found.state == "built":
+        return PREPARED
+    if found.state == "failed":
+        detail = pyenvs.forget_failure(layout, penv.key) or found.message
+        # pip's last "ERROR:" line says it in one line (the CLI and the badges show the first line of a status).
+        errors = [line.removeprefix("ERROR:").strip() for line in detail.splitlines() if line.startswith("ERROR:")]
+        raise PreparationFailed(f"pip could not install its python packages ({', '.join(penv.requirements)})"
+                                + (f": {errors[-1]}" if errors else ""), detail)
+    return Preparation(False, f"Installing python packages for revision {revision.number}: "
+                              f"{', '.join(penv.requirements)}.", retry_seconds=2.0, building=True)
+
+
+def _queue_build(revision: Revision, penv: PythonEnv) -> bool:
+    """Queue the build; False when the broker cannot be reached (a later tick asks again)."""
+    from deployments.tasks import BROKER_DOWN, build_python_env
+
+    pyenvs.mark_requested(pyenv_layout(), penv.key, penv.requirements)
+    try:
+        build_python_env.delay(revision.pk)
+    except BROKER_DOWN as exc:
+        log.warning("could not queue the build of python environment %s: %s", penv.key, exc)
+        pyenv_layout().requested_file(penv.key).unlink(missing_ok=True)
+        return False
+    return True
+
+
+def build_python_env(revision_id: int) -> int | None:
+    """Build the revision's environment (the Celery task's work); the id of its deployment, None when there is
+    nothing to build (the revision is gone, or needs no environment)."""
+    revision = Revision.objects.select_related("deployment").filter(pk=revision_id).first()
+    if revision is None:
+        return None
+    try:
+        penv = python_env_for(revision.spec)
+    except (pyenvs.RequirementError, local_triton.RuntimeEnvError, pyenvs.BuildError) as exc:
+        log.warning("no python environment for revision %s: %s", revision_id, exc)
+        return revision.deployment_id
+    if penv is None:
+        return None
+    env = runtime_env()
+    started = time.monotonic()
+    result = pyenvs.build(pyenv_layout(), penv.key, penv.requirements, env.bin_dir / "python", env.site_packages,
+                          penv.identity, pip_options())
+    log.info("python environment %s for %s: %s in %.1f s", penv.key, ", ".join(penv.requirements), result.outcome,
+             time.monotonic() - started)
+    return revision.deployment_id
 
 
 def deployment_dir(deployment: Deployment) -> Path:
@@ -178,10 +296,11 @@ class Confined:
     sandbox_id: str
     scratch: Path
     note: str
+    pyenv_key: str | None = None  # the python environment it runs with (deployments.pyenvs), if any
 
 
 def start_confined(spec: RevisionSpec, repository: Path, scratch_root: Path, log_path: Path, *,
-                   egress: bool = False) -> Confined:
+                   egress: bool = False, label: str = "this server") -> Confined:
     """Start a Triton for `spec`'s rendered `repository` as every local deployment's Triton starts: refused where
     the sandbox is required and missing, else sandboxed where this kernel can, with the spec's resource limits, on
     free ports. Deployments (a TritonServer row records it) and tuning (tuning/runner.py: temporary servers)
@@ -190,6 +309,19 @@ def start_confined(spec: RevisionSpec, repository: Path, scratch_root: Path, log
     if refusal:
         raise RuntimeUnavailable(refusal)
     env = runtime_env()
+    try:
+        penv = python_env_for(spec)
+    except (pyenvs.RequirementError, pyenvs.BuildError) as exc:
+        raise RuntimeUnavailable(f"The python environment of {label}: {exc}") from None
+    bin_dirs, virtual_env = [env.bin_dir], env.root
+    if penv is not None:
+        if pyenvs.state_of(pyenv_layout(), penv.key, 0).state != "built":
+            raise RuntimeUnavailable(f"The python environment of {label} is gone (removed while it was starting): "
+                                     "start it again to rebuild it.")
+        pyenvs.touch(pyenv_layout(), penv.key)
+        # The stub's embedded interpreter ignores PYTHONPATH but takes its prefix from the first python3 on PATH:
+        # the environment's, whose site-packages comes first and adds the runtime env's behind it (its .pth file).
+        bin_dirs, virtual_env = [penv.env_dir / "bin", env.bin_dir], penv.env_dir
     caps = sandbox_capabilities()
     options = sandbox_options()
     backend_dir = local_triton.build_backend_dir(env, Path(settings.VAR_DIR), sandboxed=caps.available)
@@ -197,8 +329,8 @@ def start_confined(spec: RevisionSpec, repository: Path, scratch_root: Path, log
     sandbox_id = secrets.token_hex(8)
     scratch = scratch_root / sandbox_id
     sandbox.prepare_scratch(scratch, options)
-    environment = sandbox.environment([env.bin_dir], scratch, {
-        "VIRTUAL_ENV": str(env.root),
+    environment = sandbox.environment(bin_dirs, scratch, {
+        "VIRTUAL_ENV": str(virtual_env),
         # Read by the python-backend stub wrapper (deployments/sandbox/stub.py).
         "MODELPORT_SANDBOX_NET": "egress" if egress else "none",
         "MODELPORT_SANDBOX_EGRESS_PORTS": ",".join(str(p) for p in options.egress_ports) if egress else "",
@@ -206,7 +338,8 @@ def start_confined(spec: RevisionSpec, repository: Path, scratch_root: Path, log
     confinement = None
     if caps.available:
         box = sandbox.Spec(
-            read_only=(repository, backend_dir, env.root, env.base_prefix), scratch=scratch,
+            read_only=(repository, backend_dir, env.root, env.base_prefix,
+                       *((penv.env_dir,) if penv is not None else ())), scratch=scratch,
             tcp_ports=(), egress=egress, name=f"mp-{_var_tag()}-{sandbox_id}", limits=limits_for(spec),
         )
         confinement = sandbox.Sandbox(box, caps, options)
@@ -220,7 +353,8 @@ def start_confined(spec: RevisionSpec, repository: Path, scratch_root: Path, log
         shutil.rmtree(scratch, ignore_errors=True)
         raise RuntimeUnavailable(f"The sandbox for Triton could not be built: {exc}") from None
     note = "; ".join(caps.notes) if caps.available else caps.reason
-    return Confined(process=process, sandbox_id=sandbox_id, scratch=scratch, note=note)
+    return Confined(process=process, sandbox_id=sandbox_id, scratch=scratch, note=note,
+                    pyenv_key=penv.key if penv is not None else None)
 
 
 def stop_confined(confined: Confined) -> None:
@@ -243,7 +377,11 @@ def _launch(revision: Revision) -> TritonServer:
     started = timezone.now()
     log_path = repository_dir(revision).parent / f"triton-{started:%Y%m%dT%H%M%S%f}.log"
     confined = start_confined(revision.spec, repository_dir(revision), deployment_dir(deployment) / "scratch",
-                              log_path, egress=deployment.allow_egress)
+                              log_path, egress=deployment.allow_egress, label=f"revision {revision.number}")
+    if confined.pyenv_key is not None:
+        # What this revision's servers run with, for the clean-up: the key a revision computes changes when the
+        # runtime env does, while its running Triton keeps using the environment it started with.
+        (repository_dir(revision).parent / "pyenv").write_text(confined.pyenv_key)
     process, sandbox_id, note, egress = confined.process, confined.sandbox_id, confined.note, deployment.allow_egress
     return TritonServer.objects.create(
         deployment=deployment, revision=revision, pid=process.pid, http_port=process.http_port,
@@ -340,18 +478,13 @@ def plan_errors(spec: RevisionSpec) -> dict[str, list[str]]:
 
 
 def _check_requirements(entry: ModelEntry, add: Callable[[str, str], None]) -> None:
-    """The local runtime installs nothing: a python model's requirements must be importable in its runtime env."""
+    """The local runtime installs a python model's requirements (deployments/pyenvs.py) when each line is a plain
+    requirement; whether pip finds them shows when the environment is built (the deployment fails with pip's
+    message)."""
     try:
-        missing = missing_requirements(list(entry.requirements))
-    except python_requirements.CheckFailed as exc:
-        add(f"{entry.name}.requirements", f"could not check the requirements of model {entry.name!r}: {exc}")
-        return
-    if missing:
-        modules = ", ".join(f"{r.module} (requirement {r.line!r})" for r in missing)
-        add(f"{entry.name}.requirements",
-            f"model {entry.name!r} version {entry.version} needs Python module(s) that the local runtime env "
-            f"cannot import: {modules}. Install them into the runtime env ({settings.MODELPORT_RUNTIME_ENV}), or "
-            "deploy to Kubernetes with a Triton image that has them.")
+        pyenvs.parse_requirements(list(entry.requirements))
+    except pyenvs.RequirementError as exc:
+        add(f"{entry.name}.requirements", f"model {entry.name!r} version {entry.version}: {exc}")
 
 
 class LocalRuntime:
@@ -371,7 +504,7 @@ class LocalRuntime:
         if errors:
             raise RenderError(errors)
         render(revision)
-        return PREPARED
+        return prepare_python_env(revision)
 
     def launch(self, revision: Revision) -> Launch:
         try:
@@ -458,6 +591,7 @@ def sweep_orphans() -> list[str]:
         if scratch.name not in known_ids and _mtime(scratch) < cutoff:
             shutil.rmtree(scratch, ignore_errors=True)
             done.append(f"removed the scratch directory {scratch}")
+    done += collect_python_envs()
     known_cgroups = {directory for row in live for directory in row["cgroups"]}
     layout = sandbox_capabilities().cgroups
     for parent in layout.parents.values():
@@ -467,6 +601,34 @@ def sweep_orphans() -> list[str]:
                     and not cgroups.members([directory]) and cgroups.remove([directory], wait_seconds=0):
                 done.append(f"removed the cgroup {directory}")
     return done
+
+
+def collect_python_envs() -> list[str]:
+    """Remove python environments that no revision of a running deployment needs, unused for
+    PYENV_KEEP_UNUSED_SECONDS (a stopped deployment started again within that time finds its environment)."""
+    layout = pyenv_layout()
+    if not layout.root.is_dir():
+        return []
+    in_use = set()
+    running = Deployment.objects.filter(desired_state=Deployment.Desired.RUNNING).select_related(
+        "revision", "serving_revision")
+    revisions = [r for d in running for r in (d.revision, d.serving_revision) if r is not None]
+    for server in TritonServer.objects.filter(state__in=[TritonServer.State.STARTING, TritonServer.State.READY]) \
+            .select_related("revision", "deployment"):
+        try:
+            in_use.add((repository_dir(server.revision).parent / "pyenv").read_text().strip())
+        except OSError:
+            pass
+    for revision in revisions:
+        if not any(m.requirements for m in revision.spec.models):
+            continue
+        try:
+            penv = python_env_for(revision.spec)
+        except (pyenvs.RequirementError, local_triton.RuntimeEnvError, pyenvs.BuildError):
+            continue
+        if penv is not None:
+            in_use.add(penv.key)
+    return pyenvs.collect_garbage(layout, in_use, float(settings.PYENV_KEEP_UNUSED_SECONDS))
 
 
 def _mtime(path: Path) -> float:

@@ -1,0 +1,181 @@
+"""The local runtime's side of python models' requirements: preparing a revision queues its environment's build once
+(on the inspection queue, never in the tick), waits for it, fails with pip's lines, and builds again on a retry.
+pip is faked (test_pyenvs.py's FakePip), and the portal's own virtualenv stands in for the runtime env; the real
+thing runs in tests/test_pyenvs_e2e.py."""
+
+from __future__ import annotations
+
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import Person
+from deployments import pyenvs
+from deployments.models import Deployment, Revision, TritonServer
+from deployments.runtimes.base import PREPARED, PreparationFailed
+from deployments.runtimes.local import runtime as local_runtime
+from deployments.runtimes.local import triton as local_triton
+from deployments.tests.test_pyenvs import FakePip
+from models_registry.tests.test_pipelines import ready_version
+from tests.artifacts import PYTHON_SIGNATURE, python_model_zip
+
+
+@pytest.fixture
+def queued(monkeypatch: pytest.MonkeyPatch, settings: Any, tmp_path: Path) -> list[int]:
+    """The revisions whose build was queued; PYENVS_DIR in tmp_path, the portal's virtualenv as the runtime env."""
+    from deployments import tasks
+
+    settings.PYENVS_DIR = tmp_path / "pyenvs"
+    env = local_triton.RuntimeEnv(root=Path(sys.prefix), python_version="3.11",
+                                  site_packages=Path(sysconfig.get_paths()["purelib"]), tritonserver=Path("/none"))
+    monkeypatch.setattr(local_runtime, "runtime_env", lambda: env)
+    calls: list[int] = []
+    monkeypatch.setattr(tasks.build_python_env, "delay", calls.append)
+    return calls
+
+
+def use_pip(monkeypatch: pytest.MonkeyPatch, pip: FakePip) -> None:
+    real_build = pyenvs.build
+
+    def build(*args: Any, **kwargs: Any) -> pyenvs.BuildResult:
+        return real_build(*args, **kwargs, run=pip)
+
+    monkeypatch.setattr(pyenvs, "build", build)
+
+
+def revision_needing(person: Person, requirements: bytes, name: str = "tool") -> Revision:
+    ready_version(person, name, python_model_zip({"requirements.txt": requirements}), f"{name}.zip", PYTHON_SIGNATURE)
+    response = person.client().post("/api/v1/deployments/", {"name": name, "models": [{"model": name}]},
+                                    format="json")
+    assert response.status_code == 201, response.json()
+    revision = Deployment.objects.get(name=name).revision
+    assert revision is not None
+    return revision
+
+
+def test_a_revision_without_requirements_needs_no_environment(alice: Person, queued: list[int]) -> None:
+    revision = revision_needing(alice, b"# nothing\n")
+    assert local_runtime.prepare_python_env(revision) == PREPARED
+    assert queued == []
+
+
+def test_requirements_the_runtime_env_satisfies_need_no_environment(alice: Person, queued: list[int]) -> None:
+    """The sample pipeline's preprocess step lists numpy and pillow, which the runtime env has."""
+    revision = revision_needing(alice, b"numpy>=1.20\nPyYAML\n")
+    assert local_runtime.python_env_for(revision.spec) is None
+    assert local_runtime.prepare_python_env(revision) == PREPARED
+    assert queued == []
+    for number, needs_one in enumerate((b"numpy<1\n", b"pyyaml[extra]\n", b'numpy; python_version >= "3"\n')):
+        other = revision_needing(alice, needs_one, name=f"other{number}")
+        assert local_runtime.python_env_for(other.spec) is not None, needs_one
+
+
+def test_the_build_is_queued_once_waited_for_and_then_the_revision_is_prepared(
+        alice: Person, queued: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    revision = revision_needing(alice, b"Tabulate>=0.9\nnumpy\n")
+    waiting = local_runtime.prepare_python_env(revision)
+    assert not waiting.done and waiting.building
+    assert waiting.message == "Installing python packages for revision 1: numpy, tabulate>=0.9."
+    assert queued == [revision.pk]
+    assert local_runtime.prepare_python_env(revision) == waiting
+    assert queued == [revision.pk]  # queued once: the next ticks only look
+
+    use_pip(monkeypatch, FakePip())
+    assert local_runtime.build_python_env(revision.pk) == revision.deployment_id
+    assert local_runtime.prepare_python_env(revision) == PREPARED
+    penv = local_runtime.python_env_for(revision.spec)
+    assert penv is not None and (penv.site_packages / "tabulate.py").exists()
+
+
+def test_a_failed_build_fails_the_revision_with_pips_lines_and_a_retry_builds_again(
+        alice: Person, queued: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    revision = revision_needing(alice, b"nonexistent-pkg-zzz==9.9\n")
+    local_runtime.prepare_python_env(revision)
+    use_pip(monkeypatch, FakePip(fails_with="ERROR: No matching distribution found for nonexistent-pkg-zzz==9.9"))
+    local_runtime.build_python_env(revision.pk)
+    with pytest.raises(PreparationFailed) as failed:
+        local_runtime.prepare_python_env(revision)
+    assert str(failed.value) == ("pip could not install its python packages (nonexistent-pkg-zzz==9.9): No matching "
+                                 "distribution found for nonexistent-pkg-zzz==9.9")
+    assert failed.value.detail.endswith("ERROR: No matching distribution found for nonexistent-pkg-zzz==9.9")
+    assert not local_runtime.prepare_python_env(revision).done  # a retry: built again
+    assert queued == [revision.pk, revision.pk]
+
+
+def test_an_unreachable_broker_is_waited_for_rather_than_failing_the_deployment(
+        alice: Person, queued: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    from deployments import tasks
+
+    def broker_down(revision_id: int) -> None:
+        raise OSError("Connection refused")
+
+    monkeypatch.setattr(tasks.build_python_env, "delay", broker_down)
+    revision = revision_needing(alice, b"tabulate\n")
+    waiting = local_runtime.prepare_python_env(revision)
+    assert not waiting.done and waiting.building and "the broker is unreachable" in waiting.message
+    monkeypatch.setattr(tasks.build_python_env, "delay", queued.append)
+    assert local_runtime.prepare_python_env(revision).message.startswith("Installing python packages")
+    assert queued == [revision.pk]  # asked again once the broker answers
+
+
+def test_a_worker_that_runs_tasks_eagerly_is_done_at_once(
+        alice: Person, queued: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    from deployments import tasks
+
+    use_pip(monkeypatch, FakePip())
+    monkeypatch.setattr(tasks.build_python_env, "delay", local_runtime.build_python_env)
+    revision = revision_needing(alice, b"tabulate\n")
+    assert local_runtime.prepare_python_env(revision) == PREPARED
+
+
+def test_deployments_with_the_same_requirements_share_an_environment(alice: Person, queued: list[int]) -> None:
+    one = revision_needing(alice, b"tabulate\nnumpy\n", name="one")
+    two = revision_needing(alice, b"numpy\ntabulate  # the same set, written in another order\n", name="two")
+    other = revision_needing(alice, b"tabulate==0.9.0\n", name="other")
+    penvs = [local_runtime.python_env_for(r.spec) for r in (one, two, other)]
+    assert penvs[0] == penvs[1] and penvs[0] != penvs[2]
+    local_runtime.prepare_python_env(one)
+    local_runtime.prepare_python_env(two)
+    assert queued == [one.pk]  # the second waits for the build the first asked for
+
+
+def test_unused_environments_are_swept_but_a_running_deployments_is_kept(
+        alice: Person, queued: list[int], monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    use_pip(monkeypatch, FakePip())
+    kept = revision_needing(alice, b"tabulate\n", name="kept")
+    gone = revision_needing(alice, b"tabulate<1\n", name="gone")
+    for revision in (kept, gone):
+        local_runtime.build_python_env(revision.pk)
+    Deployment.objects.filter(pk=gone.deployment_id).update(desired_state=Deployment.Desired.STOPPED)
+    settings.PYENV_KEEP_UNUSED_SECONDS = 0
+    removed = local_runtime.collect_python_envs()
+    gone_env, kept_env = (local_runtime.python_env_for(r.spec) for r in (gone, kept))
+    assert gone_env is not None and kept_env is not None
+    assert removed == [f"removed the unused python environment {gone_env.env_dir}"]
+    assert kept_env.env_dir.is_dir()
+
+
+def test_an_environment_a_running_triton_started_with_is_kept_after_the_runtime_env_changed(
+        alice: Person, queued: list[int], monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    """Installing an extra into the runtime env changes every key; a Triton started before keeps its environment."""
+    use_pip(monkeypatch, FakePip())
+    revision = revision_needing(alice, b"tabulate\n")
+    local_runtime.build_python_env(revision.pk)
+    started_with = local_runtime.python_env_for(revision.spec)
+    assert started_with is not None
+    (local_runtime.repository_dir(revision).parent).mkdir(parents=True)
+    (local_runtime.repository_dir(revision).parent / "pyenv").write_text(started_with.key)  # as _launch writes it
+    TritonServer.objects.create(deployment=revision.deployment, revision=revision, pid=1, http_port=1, grpc_port=2,
+                                metrics_port=3, log_path="/dev/null", state=TritonServer.State.READY)
+    pyenvs.clear_cache()
+    monkeypatch.setattr(pyenvs, "runtime_identity",
+                        lambda *args, **kwargs: pyenvs.RuntimeIdentity("3.11.7", ("torch==2.13.0",)))
+    assert local_runtime.python_env_for(revision.spec) != started_with
+    settings.PYENV_KEEP_UNUSED_SECONDS = 0
+    assert local_runtime.collect_python_envs() == []
+    assert started_with.env_dir.is_dir()
+    TritonServer.objects.update(state=TritonServer.State.STOPPED)
+    assert local_runtime.collect_python_envs() == [f"removed the unused python environment {started_with.env_dir}"]

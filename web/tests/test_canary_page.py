@@ -1,0 +1,94 @@
+"""The canary in the UI: the edit form offers "Roll out as canary: N%", the deployment page shows the stable and the
+canary revision side by side (share, rate, errors, p50/p99) with Promote and Roll back, and another team sees none
+of it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from conftest import Person
+from deployments.models import Deployment
+from gateway.models import LATENCY_BUCKETS_MS, RequestStats
+from models_registry.models import ModelVersion
+from web.tests.conftest import signed_in
+from web.tests.test_deploy_form import EDIT, NEW, _as_post, form_data
+
+
+def ready(client: Any) -> Deployment:
+    client.post(NEW, form_data())
+    deployment = Deployment.objects.get()
+    Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.READY, upstream_url="http://127.0.0.1:9",
+                                                       serving_revision=deployment.revision)
+    return Deployment.objects.get()
+
+
+def start_canary(client: Any, percent: str = "25") -> Any:
+    edit = client.get(EDIT)
+    data = _as_post(edit.context["form"], edit.context["model_forms"])
+    data["m0-max_queue_delay_microseconds"] = "700"
+    data["canary_percent"] = percent
+    return client.post(EDIT, data)
+
+
+def test_the_edit_form_starts_a_canary(alice: Person, digits: ModelVersion) -> None:
+    client = signed_in(alice)
+    ready(client)
+    assert 'name="canary_percent"' in client.get(EDIT).content.decode()
+    assert 'name="canary_percent"' not in client.get(NEW).content.decode()  # nothing to compare a new one with
+    response = start_canary(client)
+    assert response.status_code == 302
+    deployment = Deployment.objects.select_related("canary_revision").get()
+    assert deployment.canary_revision.number == 2 and deployment.canary_percent == 25
+    assert deployment.revision.number == 1 and deployment.status == Deployment.Status.READY
+
+
+def test_a_canary_percent_out_of_range_is_shown_beside_the_field(alice: Person, digits: ModelVersion) -> None:
+    client = signed_in(alice)
+    ready(client)
+    for value in ("0", "100", "x"):
+        response = start_canary(client, value)
+        assert response.status_code == 200 and response.context["form"].errors["canary_percent"]
+    assert Deployment.objects.get().canary_revision_id is None
+
+
+def test_the_page_shows_both_revisions_side_by_side_with_promote_and_rollback(
+        alice: Person, bob: Person, charlie: Person, digits: ModelVersion) -> None:
+    client = signed_in(alice)
+    deployment = ready(client)
+    start_canary(client)
+    page = client.get(f"/deployments/{deployment.name}/").content.decode()
+    assert 'id="canary-panel"' in page and "Canary r2" in page and "starting" in page
+    assert 'id="canary-promote"' not in page  # not serving yet: only a rollback is offered
+    Deployment.objects.filter(pk=deployment.pk).update(canary_upstream_url="http://127.0.0.1:10",
+                                                       canary_launch={"revision_id": 0, "url": "http://127.0.0.1:10",
+                                                                      "description": "", "ref": 7})
+    now = timezone.now()
+    histogram = [0] * len(LATENCY_BUCKETS_MS)
+    histogram[6] = 40  # 7.5-10 ms
+    for number, requests, errors in ((1, 120, 0), (2, 40, 4)):
+        RequestStats.objects.create(deployment=deployment, revision=number, bucket_start=now - timedelta(seconds=5),
+                                    requests=requests, errors=errors, latency_histogram=histogram)
+    page = signed_in(bob).get(f"/deployments/{deployment.name}/").content.decode()
+    assert "Stable r1" in page and "75%" in page and "25%" in page
+    assert "4 (10%)" in page  # the canary's errors
+    assert 'id="canary-promote"' in page and 'id="canary-rollback"' in page
+    assert signed_in(charlie).post(f"/deployments/{deployment.name}/promote/").status_code == 404
+    response = signed_in(bob).post(f"/deployments/{deployment.name}/promote/")
+    assert response.status_code == 302
+    assert Deployment.objects.select_related("serving_revision").get().serving_revision.number == 2
+    assert 'id="canary-panel"' not in client.get(f"/deployments/{deployment.name}/").content.decode()
+
+
+def test_rolling_back_from_the_page(alice: Person, digits: ModelVersion) -> None:
+    client = signed_in(alice)
+    deployment = ready(client)
+    start_canary(client)
+    assert client.post(f"/deployments/{deployment.name}/rollback/").status_code == 302
+    row = Deployment.objects.get()
+    assert row.canary_revision_id is None and row.serving_revision_id == row.revision_id
+    # Without a canary, the buttons' actions say so instead of failing.
+    response = client.post(f"/deployments/{deployment.name}/rollback/", follow=True)
+    assert "There is no canary to roll back." in response.content.decode()
