@@ -453,6 +453,75 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _duration(text: str) -> int:
+    """"600", "600s", "10m", "1h" as whole seconds."""
+    match = re.fullmatch(r"\s*(\d+)\s*([smh]?)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: use seconds, or e.g. 90s, 10m, 1h")
+    return int(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    check_name(args.name, "deployment")
+    client = make_client(args)
+    base = f"/api/v1/deployments/{_segment(args.name)}"
+    body: dict[str, Any] = {"p99_ms": args.p99_ms, "budget_seconds": args.budget,
+                            "concurrency_min": args.concurrency[0], "concurrency_max": args.concurrency[1]}
+    if args.model:
+        body["model"] = args.model
+    if args.request:
+        body.update(sample="request", request=read_json_file(args.request, "--request"))
+    tune = dict(client.call("POST", f"{base}/tune", json=body).json())
+    info(f"{args.name}: tune {tune['id']} queued (budget {args.budget} s)")
+    seen = [""]
+
+    def finished(current: dict[str, Any]) -> bool:
+        message = str(current.get("message") or "")
+        if message != seen[0]:
+            info(f"{current.get('status')}: {message}")
+            seen[0] = message
+        return current.get("status") not in ("queued", "running")
+
+    def on_timeout(current: dict[str, Any]) -> CliError:
+        return CliError(f"timed out waiting for tune {tune['id']} ({current.get('status')}: "
+                        f"{one_line(str(current.get('message') or ''))})", ExitCode.TIMEOUT)
+
+    # Waiting for another tune on the machine may come first: the timeout covers it, plus start and stop.
+    timeout = args.timeout if args.timeout is not None else args.budget * 3 + 120
+    tune = poll(lambda: dict(client.get(f"{base}/tunes/{tune['id']}/")), finished, timeout, on_timeout)
+    if args.apply and tune.get("status") == "done" and tune.get("recommendation"):
+        tune = dict(client.call("POST", f"{base}/tunes/{tune['id']}/apply").json())
+    if args.json:
+        print_json(tune)
+    else:
+        _print_tune(tune)
+    if tune.get("status") != "done":
+        raise CliError(f"tune {tune['id']} {tune.get('status')}: {one_line(str(tune.get('message') or ''))}",
+                       ExitCode.DEPLOYMENT_FAILED)
+    if args.apply and not tune.get("recommendation"):
+        raise CliError("nothing to apply: no setting met the target", ExitCode.DEPLOYMENT_FAILED)
+    return ExitCode.OK
+
+
+def _print_tune(tune: dict[str, Any]) -> None:
+    machine = tune.get("machine") or {}
+    print(f"tune {tune.get('id')} of {tune.get('deployment')} ({tune.get('model')}:{tune.get('version')}) on "
+          f"{machine.get('hostname', '?')}, {machine.get('cores', '?')} cores: target p99 <= "
+          f"{tune.get('p99_target_ms')} ms" + (" (partial: the budget ran out)" if tune.get("partial") else ""))
+    print(f"{'setting':<40} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'clients':>7}")
+    recommended = (tune.get("recommendation") or {}).get("settings")
+    for row in tune.get("results") or []:
+        mark = "*" if row.get("settings") == recommended else " "
+        p50, p99 = row.get("p50_ms"), row.get("p99_ms")
+        note = f" ({row['error']})" if row.get("error") else "" if row.get("meets_target") else " (missed)"
+        print(f"{mark}{row.get('label', '')[:39]:<39} {row.get('throughput', 0):>9.1f} "
+              f"{'-' if p50 is None else f'{p50:.1f}':>8} {'-' if p99 is None else f'{p99:.1f}':>8} "
+              f"{row.get('concurrency') or '-':>7}{note}")
+    print(one_line(str(tune.get("message") or "")))
+    if tune.get("applied_revision"):
+        print(f"applied: revision {tune['applied_revision']} rolls out")
+
+
 def cmd_infer(args: argparse.Namespace) -> int:
     check_name(args.name, "deployment")
     check_name(args.model, "model")
@@ -592,6 +661,21 @@ def build_parser() -> argparse.ArgumentParser:
         "name", metavar="NAME")
     add("rollback", cmd_rollback, "roll a deployment's canary back: the serving revision takes every request"
         ).add_argument("name", metavar="NAME")
+
+    tune = add("tune", cmd_tune, "find the batching and instance settings with the most throughput within a p99 "
+                                 "target, measured on the portal's machine; print the table")
+    tune.add_argument("name", metavar="NAME")
+    tune.add_argument("--p99-ms", type=float, required=True, metavar="MS", help="the latency target")
+    tune.add_argument("--budget", type=_duration, default=300, metavar="T",
+                      help="how long it may measure: seconds, or 90s, 10m, 1h (default 5m; the portal takes 30s..1h)")
+    tune.add_argument("--concurrency", type=_positive_int, nargs=2, default=[1, 16], metavar=("LOW", "HIGH"),
+                      help="closed-loop clients, from LOW doubling up to HIGH (default 1 16)")
+    tune.add_argument("--model", help="which served model (default: the deployment's first)")
+    tune.add_argument("--request", metavar="FILE.json", help="the KServe v2 request to send (default: the Try-it "
+                                                             "example from the signature)")
+    tune.add_argument("--apply", action="store_true", help="roll out the recommendation as a new revision")
+    tune.add_argument("--timeout", type=_seconds, default=None, metavar="S",
+                      help="how long to wait (default: three times the budget plus two minutes)")
 
     infer = add("infer", cmd_infer, "send one inference request (KServe v2 JSON) through the portal")
     infer.add_argument("name", metavar="NAME")

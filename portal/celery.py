@@ -24,7 +24,7 @@ app.conf.update(
     task_serializer="json",
     accept_content=["json"],
     timezone="UTC",
-    # Two queues (portal/queues.py): a worker without -Q consumes both.
+    # The queues of portal/queues.py: a worker without -Q consumes them all.
     task_queues=[KombuQueue(name, routing_key=name) for name in Queue],
     task_default_queue=DEFAULT,
     task_routes=ROUTES,

@@ -14,6 +14,8 @@ class Queue(StrEnum):
     # Inspection of uploaded versions, building python models' environments (pip), and housekeeping (expired
     # uploads, idempotency records): may take minutes.
     INSPECTION = "inspection"
+    # Tunes (tuning/tasks.py): each measures temporary Tritons for up to its budget, an hour at most.
+    TUNE = "tune"
 
 
 # Where each task goes; anything not named goes to INSPECTION (the default queue), never ahead of a rollout.
@@ -23,5 +25,6 @@ ROUTES: dict[str, dict[str, str]] = {
     "deployments.tasks.*": {"queue": Queue.RECONCILE},
     "models_registry.tasks.*": {"queue": Queue.INSPECTION},
     "accounts.tasks.*": {"queue": Queue.INSPECTION},
+    "tuning.tasks.*": {"queue": Queue.TUNE},
 }
 DEFAULT = Queue.INSPECTION

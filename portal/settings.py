@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "deployments",
     "gateway",
     "audit",
+    "tuning",
     "web",
     "portal",  # the settings' system checks (portal/checks.py) and `manage.py ensure_dirs`
 ]

@@ -15,6 +15,7 @@ from gateway import api as gateway_api
 from models_registry import api as registry_api
 from models_registry import tus
 from portal.errors import DATABASE_DOWN
+from tuning import api as tuning_api
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -49,6 +50,11 @@ api_v1 = [
     path("api/v1/deployments/<str:name>/logs/", deployments_api.deployment_logs),
     path("api/v1/deployments/<str:name>/manifests", manifests_api.deployment_manifests),
     path("api/v1/deployments/<str:name>/metrics/", gateway_api.deployment_metrics),
+    path("api/v1/deployments/<str:name>/tune", tuning_api.tune_create),
+    path("api/v1/deployments/<str:name>/tunes/", tuning_api.tune_list),
+    path("api/v1/deployments/<str:name>/tunes/<int:tune_id>/", tuning_api.tune_detail),
+    path("api/v1/deployments/<str:name>/tunes/<int:tune_id>/apply", tuning_api.tune_apply),
+    path("api/v1/deployments/<str:name>/tunes/<int:tune_id>/cancel", tuning_api.tune_cancel),
     path("api/v1/audit/", audit_api.audit_log),
     path("api/v1/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/v1/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

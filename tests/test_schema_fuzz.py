@@ -46,6 +46,11 @@ STATEFUL_VALIDITY = [
     ("PATCH", "/api/v1/deployments/{name}/", ["400"]),
     ("POST", "/api/v1/models/", ["422"]),
     ("POST", "/api/v1/tokens/", ["422"]),
+    # A tune needs a local deployment serving a model, and its fields agree with each other (the concurrency range,
+    # the sample and its request): the schema cannot say either.
+    ("POST", "/api/v1/deployments/{name}/tune", ["400"]),
+    # The recommended settings must still fit the deployment (planned again).
+    ("POST", "/api/v1/deployments/{name}/tunes/{tune_id}/apply", ["400"]),
 ]
 POSITIVE_STATUSES = ["2xx", "401", "403", "404", "409"]
 # alice's token for the run, made in World with this value. It may manage tokens, so that the token endpoints are
@@ -233,9 +238,13 @@ def test_alice_reaching_for_charlies_objects_by_name_gets_404_and_changes_nothin
     from accounts.models import ApiToken
     from deployments.models import Deployment
     from models_registry.models import Model
+    from tuning.models import TuneRun
 
     charlie_token = ApiToken.objects.get(user=world.charlie.user)
-    values = {"number": 1, "token_id": charlie_token.pk}
+    hidden = Deployment.objects.get(name=CHARLIE_DEPLOYMENT)
+    charlies_tune = TuneRun.objects.create(deployment=hidden, team=hidden.team, p99_target_ms=20, budget_seconds=60,
+                                           model_version=hidden.revision.versions.get(), request_body={})
+    values = {"number": 1, "token_id": charlie_token.pk, "tune_id": charlies_tune.pk}
     bodies: dict[str, Any] = {"PATCH": {"description": "mine now"}, "POST": {}}
     client = world.alice.client()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {FUZZ_TOKEN}")
@@ -257,5 +266,7 @@ def test_alice_reaching_for_charlies_objects_by_name_gets_404_and_changes_nothin
     assert Model.objects.get(name=CHARLIE_MODEL).versions.count() == 1
     charlies = Deployment.objects.get(name=CHARLIE_DEPLOYMENT)
     assert charlies.desired_state == Deployment.Desired.RUNNING and charlies.revision.number == 1
+    charlies_tune.refresh_from_db()
+    assert charlies_tune.status == "queued" and not charlies_tune.cancel_requested
     charlie_token.refresh_from_db()
     assert charlie_token.revoked_at is None

@@ -4,7 +4,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from accounts.signin import throttled
-from web import views
+from web import tune_views, views
 
 urlpatterns = [
     path("login/", throttled(auth_views.LoginView.as_view(redirect_authenticated_user=True)), name="login"),
@@ -29,6 +29,11 @@ urlpatterns = [
     path("deployments/<str:name>/promote/", views.deployment_promote, name="deployment-promote"),
     path("deployments/<str:name>/rollback/", views.deployment_rollback, name="deployment-rollback"),
     path("deployments/<str:name>/delete/", views.deployment_delete, name="deployment-delete"),
+    path("deployments/<str:name>/tune/", tune_views.deployment_tune, name="deployment-tune"),
+    path("deployments/<str:name>/tunes/<int:tune_id>/apply/", tune_views.deployment_tune_apply,
+         name="deployment-tune-apply"),
+    path("deployments/<str:name>/tunes/<int:tune_id>/cancel/", tune_views.deployment_tune_cancel,
+         name="deployment-tune-cancel"),
     path("samples/deploy/", views.sample_deploy, name="sample-deploy"),
     path("samples/digit.png", views.sample_digit, name="sample-digit"),
     path("tokens/", views.tokens, name="tokens"),

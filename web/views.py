@@ -52,6 +52,7 @@ from web.logs import fold_gpu_noise
 from web.serving import serving
 from web.traffic import WINDOW_MINUTES as TRAFFIC_WINDOW_MINUTES
 from web.traffic import traffic_by_deployment
+from web.tune_panel import initial_from, suggestion_for, tune_context
 
 LOG_LINES = 200
 
@@ -337,8 +338,12 @@ def deployment_new(request: HttpRequest, team: Team) -> HttpResponse:
     chosen = next((v for v in versions if v.number == requested), versions[0])
     data = request.POST if request.method == "POST" else None
     form = DeploymentForm(data, initial={"name": model.name, "runtime": Deployment.Runtime.LOCAL, "replicas": 1, "gpu": 0})
-    model_forms = [ServedModelForm(data, prefix="m0", model_name=model.name, versions=versions,
-                                   initial=initial_for_version(chosen))]
+    # The last tune of this version on this machine, offered; "Use these" (?tuned=1) fills the form with it.
+    tuned = suggestion_for(chosen)
+    initial = initial_for_version(chosen)
+    if tuned is not None and request.GET.get("tuned") == "1":
+        initial = initial_from(tuned, initial)
+    model_forms = [ServedModelForm(data, prefix="m0", model_name=model.name, versions=versions, initial=initial)]
     if request.method == "POST":
         deployment = _plan_and_run(team, form, model_forms, None, lambda plan: deployment_actions.create_deployment(
             team, request.user, form.cleaned_data["name"], plan))
@@ -347,6 +352,7 @@ def deployment_new(request: HttpRequest, team: Team) -> HttpResponse:
             return redirect("deployment-detail", name=deployment.name)
     return render(request, "web/deploy_form.html", {"form": form, "model_forms": model_forms, "model": model,
                                                     "chosen": chosen, "runtime_frameworks": local_framework_status(),
+                                                    "tuned": tuned, "tuned_applied": request.GET.get("tuned") == "1",
                                                     "unavailable_version": requested if requested not in (None, chosen.number) else None})
 
 
@@ -453,7 +459,7 @@ def _live_context(deployment: Deployment) -> dict[str, Any]:
 
     isolation = local.isolation(deployment) if deployment.runtime == Deployment.Runtime.LOCAL else None
     return {"deployment": deployment, "events": deployment.events.all()[:30], "isolation": isolation,
-            "canary": _canary_context(deployment)}
+            "canary": _canary_context(deployment), **tune_context(deployment)}
 
 
 def _canary_context(deployment: Deployment) -> dict[str, Any] | None:

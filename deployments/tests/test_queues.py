@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ("models_registry.tasks.inspect_version", Queue.INSPECTION),
     ("models_registry.tasks.delete_expired_uploads", Queue.INSPECTION),
     ("accounts.tasks.delete_expired_idempotency_records", Queue.INSPECTION),
+    ("tuning.tasks.run_tune", Queue.TUNE),
     ("some.task.nobody.routed", Queue.INSPECTION),  # never ahead of a rollout
 ])
 def test_each_task_goes_to_its_queue(task: str, queue: Queue) -> None:

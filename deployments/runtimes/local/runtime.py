@@ -265,13 +265,17 @@ def render(revision: Revision) -> Path:
     out = repository_dir(revision)
     if (out.parent / "rendered").exists():
         return out
-    spec = revision.spec.repository(lambda entry: artifact_path(entry.sha256))
-    render_repository(spec, "local", out, local_frameworks=frameworks.local_frameworks(),
-                      archive_limits=archive_limits())
-    _readable_by_all(out)
+    render_spec(revision.spec, out)
     (out.parent / "rendered").write_text(timezone.now().isoformat())
     Revision.objects.filter(pk=revision.pk).update(repository=str(out))
     return out
+
+
+def render_spec(spec: RevisionSpec, out: Path) -> None:
+    """Render `spec`'s repository into `out`, readable by the sandbox's uid (RenderError: it cannot be served)."""
+    render_repository(spec.repository(lambda entry: artifact_path(entry.sha256)), "local", out,
+                      local_frameworks=frameworks.local_frameworks(), archive_limits=archive_limits())
+    _readable_by_all(out)
 
 
 def _readable_by_all(root: Path) -> None:
@@ -284,6 +288,83 @@ def _readable_by_all(root: Path) -> None:
                 os.chmod(path, 0o755 if os.stat(path).st_mode & 0o111 else 0o644)
 
 
+@dataclass(frozen=True)
+class Confined:
+    """A tritonserver started by start_confined(): the process, and what stop_confined() cleans up."""
+
+    process: local_triton.ServerProcess
+    sandbox_id: str
+    scratch: Path
+    note: str
+    pyenv_key: str | None = None  # the python environment it runs with (deployments.pyenvs), if any
+
+
+def start_confined(spec: RevisionSpec, repository: Path, scratch_root: Path, log_path: Path, *,
+                   egress: bool = False, label: str = "this server") -> Confined:
+    """Start a Triton for `spec`'s rendered `repository` as every local deployment's Triton starts: refused where
+    the sandbox is required and missing, else sandboxed where this kernel can, with the spec's resource limits, on
+    free ports. Deployments (a TritonServer row records it) and tuning (tuning/runner.py: temporary servers)
+    both start theirs here. RuntimeUnavailable: it cannot start on this machine."""
+    refusal = sandbox_refusal(spec)
+    if refusal:
+        raise RuntimeUnavailable(refusal)
+    env = runtime_env()
+    try:
+        penv = python_env_for(spec)
+    except (pyenvs.RequirementError, pyenvs.BuildError) as exc:
+        raise RuntimeUnavailable(f"The python environment of {label}: {exc}") from None
+    bin_dirs, virtual_env = [env.bin_dir], env.root
+    if penv is not None:
+        if pyenvs.state_of(pyenv_layout(), penv.key, 0).state != "built":
+            raise RuntimeUnavailable(f"The python environment of {label} is gone (removed while it was starting): "
+                                     "start it again to rebuild it.")
+        pyenvs.touch(pyenv_layout(), penv.key)
+        # The stub's embedded interpreter ignores PYTHONPATH but takes its prefix from the first python3 on PATH:
+        # the environment's, whose site-packages comes first and adds the runtime env's behind it (its .pth file).
+        bin_dirs, virtual_env = [penv.env_dir / "bin", env.bin_dir], penv.env_dir
+    caps = sandbox_capabilities()
+    options = sandbox_options()
+    backend_dir = local_triton.build_backend_dir(env, Path(settings.VAR_DIR), sandboxed=caps.available)
+    wants_cache = any(m.response_cache for m in spec.models)
+    sandbox_id = secrets.token_hex(8)
+    scratch = scratch_root / sandbox_id
+    sandbox.prepare_scratch(scratch, options)
+    environment = sandbox.environment(bin_dirs, scratch, {
+        "VIRTUAL_ENV": str(virtual_env),
+        # Read by the python-backend stub wrapper (deployments/sandbox/stub.py).
+        "MODELPORT_SANDBOX_NET": "egress" if egress else "none",
+        "MODELPORT_SANDBOX_EGRESS_PORTS": ",".join(str(p) for p in options.egress_ports) if egress else "",
+    })
+    confinement = None
+    if caps.available:
+        box = sandbox.Spec(
+            read_only=(repository, backend_dir, env.root, env.base_prefix,
+                       *((penv.env_dir,) if penv is not None else ())), scratch=scratch,
+            tcp_ports=(), egress=egress, name=f"mp-{_var_tag()}-{sandbox_id}", limits=limits_for(spec),
+        )
+        confinement = sandbox.Sandbox(box, caps, options)
+    try:
+        process = local_triton.start_server(
+            repository, log_path, env, backend_dir,
+            response_cache_bytes=settings.TRITON_RESPONSE_CACHE_BYTES if wants_cache else 0,
+            env=environment, sandbox=confinement,
+        )
+    except sandbox.SandboxError as exc:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise RuntimeUnavailable(f"The sandbox for Triton could not be built: {exc}") from None
+    note = "; ".join(caps.notes) if caps.available else caps.reason
+    return Confined(process=process, sandbox_id=sandbox_id, scratch=scratch, note=note,
+                    pyenv_key=penv.key if penv is not None else None)
+
+
+def stop_confined(confined: Confined) -> None:
+    """Stop a server start_confined() started and remove what its sandbox left (its cgroups, its scratch)."""
+    local_triton.stop_server(confined.process.pid, grace_seconds=settings.TRITON_STOP_GRACE_SECONDS)
+    if confined.process.cgroups:
+        cgroups.remove([Path(d) for d in confined.process.cgroups], wait_seconds=2.0)
+    shutil.rmtree(confined.scratch, ignore_errors=True)
+
+
 def _launch(revision: Revision) -> TritonServer:
     deployment = revision.deployment
     for server in TritonServer.objects.filter(revision=revision, state__in=[TritonServer.State.STARTING, TritonServer.State.READY]):
@@ -293,60 +374,15 @@ def _launch(revision: Revision) -> TritonServer:
             continue  # started before an operator changed egress: a new server replaces it, retire() stops it
         TritonServer.objects.filter(pk=server.pk).update(state=TritonServer.State.STOPPED, stopped_at=timezone.now())
         clean_up(server)
-    refusal = sandbox_refusal(revision.spec)
-    if refusal:
-        raise RuntimeUnavailable(refusal)
-    env = runtime_env()
-    try:
-        penv = python_env_for(revision.spec)
-    except (pyenvs.RequirementError, pyenvs.BuildError) as exc:
-        raise RuntimeUnavailable(f"The python environment of revision {revision.number}: {exc}") from None
-    bin_dirs, virtual_env = [env.bin_dir], env.root
-    if penv is not None:
-        if pyenvs.state_of(pyenv_layout(), penv.key, 0).state != "built":
-            raise RuntimeUnavailable(f"The python environment of revision {revision.number} is gone (removed "
-                                     "while it was starting): start the deployment again to rebuild it.")
-        pyenvs.touch(pyenv_layout(), penv.key)
-        # What this revision's servers run with, for the clean-up: the key a revision computes changes when the
-        # runtime env does, while its running Triton keeps using the environment it started with.
-        (repository_dir(revision).parent / "pyenv").write_text(penv.key)
-        # The stub's embedded interpreter ignores PYTHONPATH but takes its prefix from the first python3 on PATH:
-        # the environment's, whose site-packages comes first and adds the runtime env's behind it (its .pth file).
-        bin_dirs, virtual_env = [penv.env_dir / "bin", env.bin_dir], penv.env_dir
-    caps = sandbox_capabilities()
-    options = sandbox_options()
-    backend_dir = local_triton.build_backend_dir(env, Path(settings.VAR_DIR), sandboxed=caps.available)
-    wants_cache = any(m.response_cache for m in revision.spec.models)
     started = timezone.now()
     log_path = repository_dir(revision).parent / f"triton-{started:%Y%m%dT%H%M%S%f}.log"
-    sandbox_id = secrets.token_hex(8)
-    scratch = deployment_dir(deployment) / "scratch" / sandbox_id
-    sandbox.prepare_scratch(scratch, options)
-    egress = deployment.allow_egress
-    environment = sandbox.environment(bin_dirs, scratch, {
-        "VIRTUAL_ENV": str(virtual_env),
-        # Read by the python-backend stub wrapper (deployments/sandbox/stub.py).
-        "MODELPORT_SANDBOX_NET": "egress" if egress else "none",
-        "MODELPORT_SANDBOX_EGRESS_PORTS": ",".join(str(p) for p in options.egress_ports) if egress else "",
-    })
-    confinement = None
-    if caps.available:
-        spec = sandbox.Spec(
-            read_only=(repository_dir(revision), backend_dir, env.root, env.base_prefix,
-                       *((penv.env_dir,) if penv is not None else ())), scratch=scratch,
-            tcp_ports=(), egress=egress, name=f"mp-{_var_tag()}-{sandbox_id}", limits=limits_for(revision.spec),
-        )
-        confinement = sandbox.Sandbox(spec, caps, options)
-    try:
-        process = local_triton.start_server(
-            repository_dir(revision), log_path, env, backend_dir,
-            response_cache_bytes=settings.TRITON_RESPONSE_CACHE_BYTES if wants_cache else 0,
-            env=environment, sandbox=confinement,
-        )
-    except sandbox.SandboxError as exc:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise RuntimeUnavailable(f"The sandbox for Triton could not be built: {exc}") from None
-    note = "; ".join(caps.notes) if caps.available else caps.reason
+    confined = start_confined(revision.spec, repository_dir(revision), deployment_dir(deployment) / "scratch",
+                              log_path, egress=deployment.allow_egress, label=f"revision {revision.number}")
+    if confined.pyenv_key is not None:
+        # What this revision's servers run with, for the clean-up: the key a revision computes changes when the
+        # runtime env does, while its running Triton keeps using the environment it started with.
+        (repository_dir(revision).parent / "pyenv").write_text(confined.pyenv_key)
+    process, sandbox_id, note, egress = confined.process, confined.sandbox_id, confined.note, deployment.allow_egress
     return TritonServer.objects.create(
         deployment=deployment, revision=revision, pid=process.pid, http_port=process.http_port,
         grpc_port=process.grpc_port, metrics_port=process.metrics_port, log_path=str(process.log_path), started_at=started,

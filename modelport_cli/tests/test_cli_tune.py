@@ -1,0 +1,77 @@
+"""`modelport tune`: what it sends, how it waits, the table it prints, --apply, and its failures' exit codes
+(against the fake portal of test_cli.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from modelport_cli.errors import ExitCode
+from modelport_cli.main import _duration, main
+from modelport_cli.tests.fake_portal import FakePortal, Reply
+from modelport_cli.tests.test_cli import api_error, error_line, portal  # noqa: F401 - the fixture
+
+BASE = "/api/v1/deployments/digits-prod"
+SETTINGS = {"instances": 2, "batching": True, "max_batch_size": 16, "queue_delay_us": 500}
+DONE: dict[str, Any] = {
+    "id": 7, "deployment": "digits-prod", "model": "digits", "version": 1, "status": "done", "partial": False,
+    "message": "Recommended: 2 inst, batch 16, delay 500 µs.", "p99_target_ms": 20.0,
+    "machine": {"hostname": "box", "cores": 2},
+    "results": [{"settings": {"instances": 1, "batching": False, "max_batch_size": 0, "queue_delay_us": 0},
+                 "label": "1 inst, batching off", "throughput": 150.0, "p50_ms": 4.0, "p99_ms": 9.0,
+                 "concurrency": 2, "meets_target": True, "error": ""},
+                {"settings": SETTINGS, "label": "2 inst, batch 16, delay 500 µs", "throughput": 610.5, "p50_ms": 8.0,
+                 "p99_ms": 17.5, "concurrency": 8, "meets_target": True, "error": ""}],
+    "recommendation": {"settings": SETTINGS, "label": "2 inst, batch 16, delay 500 µs", "throughput": 610.5,
+                       "p99_ms": 17.5},
+    "applied_revision": None,
+}
+
+
+def test_durations_read_as_seconds() -> None:
+    assert [_duration(t) for t in ("90", "90s", "10m", "1h")] == [90, 90, 600, 3600]
+    with pytest.raises(Exception, match="not a duration"):
+        _duration("ten minutes")
+
+
+def test_tune_waits_and_prints_the_table(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    portal.on("POST", f"{BASE}/tune", Reply(202, {**DONE, "status": "queued", "results": [], "message": "Queued."}))
+    portal.on("GET", f"{BASE}/tunes/7/", [Reply(200, {**DONE, "status": "running", "message": "Measured 1."}),
+                                          Reply(200, DONE)])
+    assert main(["tune", "digits-prod", "--p99-ms", "20", "--budget", "10m"]) == ExitCode.OK
+    [sent] = portal.seen("POST", f"{BASE}/tune")
+    assert sent.json() == {"p99_ms": 20.0, "budget_seconds": 600, "concurrency_min": 1, "concurrency_max": 16}
+    out = capsys.readouterr().out
+    assert "tune 7 of digits-prod (digits:1) on box, 2 cores: target p99 <= 20.0 ms" in out
+    assert "*2 inst, batch 16, delay 500 µs" in out and "610.5" in out and "17.5" in out
+    assert " 1 inst, batching off" in out
+    assert not portal.seen("POST", f"{BASE}/tunes/7/apply")
+
+
+def test_apply_rolls_the_recommendation_out(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    portal.on("POST", f"{BASE}/tune", Reply(202, {**DONE, "status": "queued"}))
+    portal.on("GET", f"{BASE}/tunes/7/", Reply(200, DONE))
+    portal.on("POST", f"{BASE}/tunes/7/apply", Reply(200, {**DONE, "applied_revision": 3}))
+    assert main(["tune", "digits-prod", "--p99-ms", "20", "--budget", "60", "--apply"]) == ExitCode.OK
+    assert "applied: revision 3 rolls out" in capsys.readouterr().out
+
+
+def test_a_failed_tune_exits_4_with_its_reason(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    portal.on("POST", f"{BASE}/tune", Reply(202, {**DONE, "status": "queued"}))
+    portal.on("GET", f"{BASE}/tunes/7/", Reply(200, {**DONE, "status": "failed", "message": "disk full"}))
+    assert main(["tune", "digits-prod", "--p99-ms", "20", "--budget", "60"]) == ExitCode.DEPLOYMENT_FAILED
+    assert error_line(capsys) == "error: tune 7 failed: disk full"
+
+
+def test_the_portals_validation_is_exit_1_with_its_message(portal: FakePortal,  # noqa: F811
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    portal.on("POST", f"{BASE}/tune", api_error(400, "Invalid input.", fields={
+        "budget_seconds": ["Ensure this value is greater than or equal to 30."]}))
+    assert main(["tune", "digits-prod", "--p99-ms", "20", "--budget", "10"]) == ExitCode.ERROR
+    assert "budget_seconds" in error_line(capsys)
+
+
+def test_a_bad_duration_is_a_usage_error(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    assert main(["tune", "digits-prod", "--p99-ms", "20", "--budget", "soon"]) == ExitCode.USAGE
+    assert not portal.seen()

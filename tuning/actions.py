@@ -1,0 +1,106 @@
+"""State changes of tunes: each runs atomically, writes its event and audit row, and queues work after commit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
+from audit.log import record as audit
+from deployments import actions as deployment_actions
+from deployments import planning
+from deployments.events import record
+from deployments.models import Deployment, Event, Revision
+from deployments.spec import DynamicBatching, InstanceGroup
+from models_registry.models import ModelVersion
+from portal.api_errors import Conflict
+from tuning import search
+from tuning.models import TuneRun
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    model_version: ModelVersion
+    p99_target_ms: float
+    budget_seconds: int
+    concurrency_min: int
+    concurrency_max: int
+    sample: str
+    request_body: dict[str, Any]
+
+
+@transaction.atomic
+def create_tune(deployment: Deployment, user: Any, request: TuneRequest) -> TuneRun:
+    if TuneRun.objects.filter(deployment=deployment, status__in=TuneRun.ACTIVE).exists():
+        raise Conflict("A tune of this deployment is queued or running already: wait for it, or cancel it.")
+    tune = TuneRun.objects.create(
+        deployment=deployment, team=deployment.team, model_version=request.model_version, created_by=user,
+        p99_target_ms=request.p99_target_ms, budget_seconds=request.budget_seconds,
+        concurrency_min=request.concurrency_min, concurrency_max=request.concurrency_max, sample=request.sample,
+        request_body=request.request_body, message="Queued.",
+    )
+    record(deployment, Event.Kind.INFO, f"Tune {tune.pk} queued by {user.get_username()}: p99 ≤ "
+                                        f"{request.p99_target_ms:g} ms, budget {request.budget_seconds} s.")
+    audit(user, deployment.team, "deployment.tune", deployment.name, tune=tune.pk)
+    tune_id = tune.pk
+
+    def queue() -> None:
+        from tuning import tasks
+
+        tasks.run_tune.delay(tune_id)
+
+    transaction.on_commit(queue)
+    return tune
+
+
+@transaction.atomic
+def cancel_tune(tune: TuneRun, user: Any) -> None:
+    if not tune.active:
+        raise Conflict(f"The tune is {tune.status} already.")
+    # A queued tune ends now; a running one stops at its next measurement (the worker sees the flag).
+    TuneRun.objects.filter(pk=tune.pk).update(cancel_requested=True)
+    TuneRun.objects.filter(pk=tune.pk, status=TuneRun.Status.QUEUED).update(status=TuneRun.Status.CANCELLED,
+                                                                           message="Cancelled.")
+    record(tune.deployment, Event.Kind.INFO, f"Tune {tune.pk} cancelled by {user.get_username()}.")
+    audit(user, tune.team, "deployment.tune.cancel", tune.deployment.name, tune=tune.pk)
+
+
+def tuned_request(spec_request: planning.DeployRequest, model: str, settings: search.Config) -> planning.DeployRequest:
+    """The deployment's request with the tuned settings for `model`."""
+    models = []
+    for item in spec_request.models:
+        if item.model == model:
+            group = item.instance_group or InstanceGroup()
+            item = planning.ModelRequest(
+                model=item.model, version=item.version,
+                max_batch_size=settings.max_batch_size if settings.batching else item.max_batch_size,
+                dynamic_batching=DynamicBatching(max_queue_delay_microseconds=settings.queue_delay_us)
+                if settings.batching else None,
+                instance_group=InstanceGroup(count=settings.instances, kind=group.kind, gpus=group.gpus),
+                response_cache=item.response_cache, warmup=item.warmup)
+        models.append(item)
+    return planning.DeployRequest(runtime=spec_request.runtime, models=tuple(models), replicas=spec_request.replicas,
+                                  resources=spec_request.resources, autoscaling=spec_request.autoscaling)
+
+
+@transaction.atomic
+def apply_tune(tune: TuneRun, user: Any) -> Revision:
+    """A new revision of the deployment with the tune's recommendation, planned and rolled out as a PATCH is.
+    PlanError: the settings no longer fit (the deployment changed meanwhile)."""
+    settings = tune.recommended_settings()
+    if tune.status != TuneRun.Status.DONE or settings is None:
+        raise Conflict("The tune has no recommendation to apply: it is not done, or no setting met the target.")
+    deployment = Deployment.objects.select_for_update().get(pk=tune.deployment_id)
+    if deployment.revision is None:
+        raise Conflict("The deployment has no revision to change.")
+    spec = deployment.revision.spec
+    entry = next((m for m in spec.models if m.version_id == tune.model_version_id), None)
+    if entry is None:
+        raise Conflict("The deployment no longer serves the model version that was tuned: tune it again.")
+    request = tuned_request(planning.request_for(spec), entry.name, search.Config.from_json(settings))
+    plan = planning.plan(deployment.team, request)
+    revision = deployment_actions.update_deployment(deployment, user, plan)
+    TuneRun.objects.filter(pk=tune.pk).update(applied_revision=revision.number)
+    audit(user, tune.team, "deployment.tune.apply", deployment.name, tune=tune.pk, revision=revision.number)
+    return revision

@@ -1,0 +1,263 @@
+"""Running a tune in a worker: claim this machine (one running tune per host), then let tuning.search drive
+temporary Tritons of the deployment's revision with candidate settings, each rendered into a repository of its own
+and started through the local runtime's sandboxed launcher (deployments.runtimes.local.runtime.start_confined, the
+code path of every deployment), on free ports, stopped in `finally`. The deployment's own server is not touched.
+
+Temporary servers live under VAR_DIR/tuning/<tune id>/, outside DEPLOYMENTS_DIR, so that the orphan sweep of
+deployments never stops one mid-measurement; a worker killed mid-tune leaves its last server running until the
+operator stops it (the tune is marked failed once its heartbeat is STALE_SECONDS old).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import shutil
+import socket
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from deployments.events import record
+from deployments.models import Event
+from deployments.revision_spec import ModelEntry, RevisionSpec
+from deployments.runtimes.base import RuntimeUnavailable
+from deployments.runtimes.local import runtime as local_runtime
+from deployments.runtimes.local import triton as local_triton
+from deployments.spec import DynamicBatching, defaults_for
+from tuning import search
+from tuning.measure import run_loadgen
+from tuning.models import TuneRun
+
+log = logging.getLogger(__name__)
+
+WAIT_SECONDS = 10  # how soon a tune that found the machine busy looks again
+STALE_SECONDS = 180  # a running tune without a heartbeat this long is dead (its worker was killed)
+
+
+def this_host() -> str:
+    return socket.gethostname()
+
+
+def machine_fingerprint() -> dict[str, Any]:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        model = platform.processor()
+    return {"hostname": this_host(), "cpu_model": model, "cores": os.cpu_count() or 1, "gpu": "none"}
+
+
+def entry_to_tune(spec: RevisionSpec, tune: TuneRun) -> ModelEntry:
+    entry = next((m for m in spec.models if m.version_id == tune.model_version_id), None)
+    if entry is None:
+        raise RuntimeUnavailable("the deployment's current revision no longer serves the model version tuned")
+    return entry
+
+
+def apply_config(spec: RevisionSpec, entry: ModelEntry, config: search.Config) -> RevisionSpec:
+    """`spec` with `config` for `entry`'s model (the other models as they are)."""
+    tuned = replace(entry, instance_group=replace(entry.instance_group, count=config.instances),
+                    dynamic_batching=DynamicBatching(max_queue_delay_microseconds=config.queue_delay_us)
+                    if config.batching else None,
+                    max_batch_size=config.max_batch_size if config.batching else entry.max_batch_size)
+    return replace(spec, models=tuple(tuned if m is entry else m for m in spec.models))
+
+
+def claim(tune: TuneRun) -> str | None:
+    """Mark the tune running on this host; None when claimed, else why it waits (or that it is not queued)."""
+    host = this_host()
+    now = timezone.now()
+    for _ in range(2):
+        try:
+            with transaction.atomic():
+                claimed = TuneRun.objects.filter(pk=tune.pk, status=TuneRun.Status.QUEUED).update(
+                    status=TuneRun.Status.RUNNING, host=host, started_at=now, heartbeat_at=now,
+                    message="Starting.", machine=machine_fingerprint())
+            return None if claimed else "not queued"
+        except IntegrityError:
+            holder = TuneRun.objects.select_related("team").filter(host=host, status=TuneRun.Status.RUNNING).first()
+            if holder is None:
+                continue
+            if holder.heartbeat_at is None or holder.heartbeat_at < now - timedelta(seconds=STALE_SECONDS):
+                TuneRun.objects.filter(pk=holder.pk, status=TuneRun.Status.RUNNING).update(
+                    status=TuneRun.Status.FAILED, finished_at=now,
+                    message="Its worker stopped mid-tune (no heartbeat): run it again.")
+                continue
+            whose = "yours" if holder.team_id == tune.team_id else f"team {holder.team.name}'s"
+            message = f"Waiting for another tune on this machine ({whose}) to finish."
+            TuneRun.objects.filter(pk=tune.pk, status=TuneRun.Status.QUEUED).update(message=message)
+            return message
+    return "the machine is busy"
+
+
+class Servers:
+    """The one temporary Triton of the setting being measured: a new setting stops the last one first."""
+
+    def __init__(self, tune: TuneRun, spec: RevisionSpec, entry: ModelEntry) -> None:
+        self.tune, self.spec, self.entry = tune, spec, entry
+        self.root = Path(settings.VAR_DIR) / "tuning" / str(tune.pk)
+        self.config: search.Config | None = None
+        self.confined: local_runtime.Confined | None = None
+        self.count = 0
+
+    def url_for(self, config: search.Config) -> str:
+        if config != self.config or self.confined is None:
+            self.stop()
+            self.count += 1
+            spec = apply_config(self.spec, self.entry, config)
+            workdir = self.root / f"c{self.count}"
+            shutil.rmtree(workdir, ignore_errors=True)
+            repository = workdir / "repository"
+            local_runtime.render_spec(spec, repository)
+            self.confined = local_runtime.start_confined(spec, repository, workdir / "scratch",
+                                                         workdir / "triton.log", label=f"tune {self.tune.pk}")
+            self.config = config
+            ready = local_triton.wait_ready(self.confined.process, spec.model_names,
+                                            timeout=float(settings.TRITON_READY_TIMEOUT_SECONDS))
+            if not ready.ready:
+                self.stop()
+                raise search.MeasureFailed(f"its Triton did not start: {ready.message}")
+        assert self.confined is not None
+        return f"{self.confined.process.http_url}/v2/models/{self.entry.name}/infer"
+
+    def stop(self) -> None:
+        if self.confined is not None:
+            local_runtime.stop_confined(self.confined)
+            self.confined = None
+            self.config = None
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def measurement_seconds(budget_seconds: float) -> tuple[float, float]:
+    """(duration, warm-up) of one measurement: short for short budgets, never under 2 s of load."""
+    return max(2.0, min(10.0, budget_seconds / 40)), 1.0
+
+
+Measurer = Callable[[str, bytes, int, float, float], search.Measurement]
+
+
+def run(tune_id: int, loadgen: Measurer = run_loadgen) -> str | None:
+    """Run the tune; returns why it has to wait (the machine is busy), else None once it is over."""
+    tune = TuneRun.objects.select_related("deployment", "team").filter(pk=tune_id).first()
+    if tune is None or tune.status != TuneRun.Status.QUEUED:
+        return None
+    if tune.cancel_requested:
+        TuneRun.objects.filter(pk=tune.pk, status=TuneRun.Status.QUEUED).update(
+            status=TuneRun.Status.CANCELLED, finished_at=timezone.now(), message="Cancelled before it started.")
+        return None
+    waiting = claim(tune)
+    if waiting is not None:
+        return None if waiting == "not queued" else waiting
+    tune.refresh_from_db()
+    try:
+        outcome = _search(tune, loadgen)
+    except Exception as exc:  # noqa: BLE001 - whatever broke, the tune must end failed with the reason
+        log.exception("Tune %s failed", tune.pk)
+        _finish(tune, TuneRun.Status.FAILED, f"The tune failed: {exc}")
+        return None
+    _record(tune, outcome)
+    return None
+
+
+def measurer(tune: TuneRun, servers: Servers, loadgen: Measurer) -> search.Measure:
+    """search's `measure`: the setting's temporary server (started on its first point), then one load test."""
+    body = json.dumps(tune.request_body).encode()
+    duration, warmup = measurement_seconds(tune.budget_seconds)
+
+    def measure(config: search.Config, concurrency: int) -> search.Measurement:
+        started = timezone.now()
+        try:
+            url = servers.url_for(config)
+        except RuntimeUnavailable as exc:
+            raise search.MeasureFailed(str(exc)) from None
+        point = loadgen(url, body, concurrency, duration, warmup)
+        # The first point of a setting carries its server's start, so the budget's estimate includes it.
+        return replace(point, seconds=round(max(point.seconds, (timezone.now() - started).total_seconds()), 3))
+
+    return measure
+
+
+def tune_target(tune: TuneRun) -> tuple[RevisionSpec, ModelEntry, int]:
+    """The deployment's current spec, the entry tuned, and the largest batch the model may take (0: none)."""
+    revision = tune.deployment.revision
+    if revision is None:
+        raise RuntimeUnavailable("the deployment has no revision")
+    spec = revision.spec
+    entry = entry_to_tune(spec, tune)
+    version = tune.model_version
+    model_max = defaults_for(version.parsed_signature, version.max_batch_size).max_batch_size \
+        if entry.max_batch_size > 0 else 0
+    return spec, entry, model_max
+
+
+def _search(tune: TuneRun, loadgen: Measurer) -> search.Outcome:
+    spec, entry, model_max = tune_target(tune)
+    servers = Servers(tune, spec, entry)
+    measure = measurer(tune, servers, loadgen)
+
+    def progress(done: int, planned: int, eta: float) -> None:
+        TuneRun.objects.filter(pk=tune.pk).update(configs_done=done, configs_planned=planned, eta_seconds=eta,
+                                                  heartbeat_at=timezone.now(),
+                                                  message=f"Measured {done} of about {planned} settings.")
+
+    def cancelled() -> bool:
+        TuneRun.objects.filter(pk=tune.pk).update(heartbeat_at=timezone.now())
+        return TuneRun.objects.filter(pk=tune.pk, cancel_requested=True).exists()
+
+    try:
+        return search.search(measure, p99_target_ms=tune.p99_target_ms, budget_s=float(tune.budget_seconds),
+                             cores=os.cpu_count() or 1, model_max_batch_size=model_max,
+                             concurrency=(tune.concurrency_min, tune.concurrency_max), progress=progress,
+                             cancelled=cancelled)
+    finally:
+        servers.close()
+
+
+def _record(tune: TuneRun, outcome: search.Outcome) -> None:
+    target = tune.p99_target_ms
+    results = [r.to_json(target) for r in outcome.results]
+    frontier = [{"throughput": p.throughput, "p99_ms": p.p99_ms, "concurrency": p.concurrency}
+                for p in outcome.frontier()]
+    recommendation = None
+    if outcome.recommendation is not None:
+        best = next(r for r in outcome.results if r.config == outcome.recommendation)
+        recommendation = {"settings": outcome.recommendation.to_json(), "label": outcome.recommendation.label(),
+                          **{k: v for k, v in asdict(best.best(target)).items()  # type: ignore[arg-type]
+                             if k in ("throughput", "p50_ms", "p99_ms", "concurrency")}}
+    cancelled = TuneRun.objects.filter(pk=tune.pk, cancel_requested=True).exists()
+    if cancelled:
+        status, message = TuneRun.Status.CANCELLED, "Cancelled."
+    elif recommendation is None:
+        status = TuneRun.Status.DONE
+        message = (f"No setting met p99 ≤ {target:g} ms at the concurrencies tried: raise the target or lower "
+                   "the concurrency.") if results else "The budget ran out before any setting was measured."
+    else:
+        status = TuneRun.Status.DONE
+        message = (f"Recommended: {recommendation['label']}: {recommendation['throughput']:.0f} req/s at p99 "
+                   f"{recommendation['p99_ms']:.1f} ms." + (" Partial: the budget ran out." if outcome.partial else ""))
+    TuneRun.objects.filter(pk=tune.pk).update(results=results, frontier=frontier, recommendation=recommendation,
+                                              partial=outcome.partial, configs_done=len(results),
+                                              configs_planned=outcome.planned, eta_seconds=0)
+    _finish(tune, status, message)
+
+
+def _finish(tune: TuneRun, status: str, message: str) -> None:
+    with transaction.atomic():
+        TuneRun.objects.filter(pk=tune.pk).update(status=status, message=message, finished_at=timezone.now())
+        record(tune.deployment, Event.Kind.INFO if status == TuneRun.Status.DONE else Event.Kind.WARNING,
+               f"Tune {tune.pk}: {message}")

@@ -1,0 +1,189 @@
+"""The tune API: validation (every bad input a 400 that says what to fix), access (charlie sees nothing), cancel,
+and apply (a new revision through planning, as a PATCH makes). The worker is not run here (on_commit never fires
+inside a test transaction); tuning/tests/test_runner.py runs the task's code, tests/test_tune_e2e.py a real tune."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from audit.models import AuditEntry
+from conftest import Person
+from deployments.models import Deployment, Event, Revision
+from deployments.tests.conftest import digits_v1  # noqa: F401 - shared fixture
+from models_registry.models import ModelVersion
+from tuning.models import TuneRun
+
+
+@pytest.fixture
+def deployment(alice: Person, digits_v1: ModelVersion) -> Deployment:  # noqa: F811
+    response = alice.client().post("/api/v1/deployments/", {"name": "digits-prod", "models": [{"model": "digits"}]},
+                                   format="json")
+    assert response.status_code == 201, response.json()
+    return Deployment.objects.get(name="digits-prod")
+
+
+def tune(person: Person, name: str = "digits-prod", **body: Any) -> Any:
+    payload = {"p99_ms": 20, "budget_seconds": 60, **body}
+    return person.client().post(f"/api/v1/deployments/{name}/tune", payload, format="json")
+
+
+def done_tune(deployment: Deployment, **fields: Any) -> TuneRun:
+    version = ModelVersion.objects.get(model__name="digits", number=1)
+    values: dict[str, Any] = {
+        "deployment": deployment, "team": deployment.team, "model_version": version, "p99_target_ms": 20,
+        "budget_seconds": 60, "status": TuneRun.Status.DONE, "request_body": {"inputs": []},
+        "recommendation": {"settings": {"instances": 2, "batching": True, "max_batch_size": 16,
+                                        "queue_delay_us": 2000}, "label": "2 inst, batch 16, delay 2000 µs",
+                           "throughput": 900.0, "p50_ms": 5.0, "p99_ms": 12.0, "concurrency": 16},
+        "host": "h1", "machine": {"hostname": "h1", "cores": 2, "cpu_model": "x", "gpu": "none"},
+    }
+    values.update(fields)
+    return TuneRun.objects.create(**values)
+
+
+def test_alice_queues_a_tune_with_the_try_it_request(alice: Person, deployment: Deployment) -> None:
+    response = tune(alice)
+    assert response.status_code == 202, response.json()
+    body = response.json()
+    assert body["status"] == "queued"
+    assert body["model"] == "digits" and body["version"] == 1
+    assert body["p99_target_ms"] == 20 and body["budget_seconds"] == 60
+    run = TuneRun.objects.get()
+    assert run.team == alice.team and run.created_by == alice.user
+    [request_input] = run.request_body["inputs"]
+    assert request_input["name"] and request_input["data"]
+    assert Event.objects.filter(deployment=deployment, message__contains="Tune").exists()
+    assert AuditEntry.objects.filter(action="deployment.tune").exists()
+
+
+def test_a_user_supplied_request_is_kept(alice: Person, deployment: Deployment) -> None:
+    sent = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+    response = tune(alice, sample="request", request=sent)
+    assert response.status_code == 202, response.json()
+    assert TuneRun.objects.get().request_body == sent
+
+
+@pytest.mark.parametrize(("body", "field", "words"), [
+    ({"p99_ms": 0}, "p99_ms", "greater than or equal to 0.001"),
+    ({"p99_ms": -5}, "p99_ms", "greater than or equal to 0.001"),
+    ({"p99_ms": "20"}, "p99_ms", ""),
+    ({"budget_seconds": 10}, "budget_seconds", "30"),
+    ({"budget_seconds": 7200}, "budget_seconds", "3600"),
+    ({"budget_seconds": 60.5}, "budget_seconds", ""),
+    ({"concurrency_min": 8, "concurrency_max": 4}, "concurrency_max", "at least concurrency_min"),
+    ({"concurrency_max": 100000}, "concurrency_max", "256"),
+    ({"concurrency_min": 0}, "concurrency_min", "1"),
+    ({"sample": "recorded"}, "sample", "not supported yet"),
+    ({"sample": "martian"}, "sample", ""),
+    ({"sample": "request"}, "request", "give the request body"),
+    ({"sample": "request", "request": {"inputs": "x"}}, "request", "non-empty list"),
+    ({"sample": "request", "request": {"inputs": [{"shape": [1]}]}}, "request", "each with a \"name\""),
+    ({"request": {"inputs": [{"name": "x"}]}}, "request", "only with sample 'request'"),
+    ({"model": "nope"}, "model", "no model named 'nope'"),
+])
+def test_bad_input_is_a_400_that_says_what_to_fix(alice: Person, deployment: Deployment, body: dict[str, Any],
+                                                 field: str, words: str) -> None:
+    response = tune(alice, **body)
+    assert response.status_code == 400, response.json()
+    messages = response.json()["error"]["fields"][field]
+    assert words in " ".join(messages)
+    assert not TuneRun.objects.exists()
+
+
+@pytest.mark.parametrize("payload", [
+    [], "tune", None, {"p99_ms": 20, "budget_seconds": 60, "model": "a\x00b"},
+    {"p99_ms": 20, "budget_seconds": 60, "sample": "request", "request": {"inputs": [{"name": "x" * 2_000_000}]}},
+    {"p99_ms": 20, "budget_seconds": 60, "sample": "request", "request": {"inputs": [{"name": "x", "data": "\x00"}]}},
+])
+def test_hostile_bodies_are_refused_without_a_500(alice: Person, deployment: Deployment, payload: Any) -> None:
+    response = alice.client().post("/api/v1/deployments/digits-prod/tune", payload, format="json")
+    assert 400 <= response.status_code < 500, response.content[:300]
+    assert not TuneRun.objects.exists()
+
+
+@pytest.mark.parametrize("raw", ['{"p99_ms": 1e400, "budget_seconds": 60}', '{"p99_ms": NaN, "budget_seconds": 60}',
+                                 '{"p99_ms": 20, "budget_seconds": 60', "[" * 5000 + "]" * 5000])
+def test_out_of_range_numbers_and_broken_json_are_a_400(alice: Person, deployment: Deployment, raw: str) -> None:
+    response = alice.client().post("/api/v1/deployments/digits-prod/tune", raw, content_type="application/json")
+    assert response.status_code == 400, response.content[:300]
+    assert not TuneRun.objects.exists()
+
+
+def test_a_second_tune_waits_for_the_first_to_end(alice: Person, bob: Person, deployment: Deployment) -> None:
+    assert tune(alice).status_code == 202
+    response = tune(bob)
+    assert response.status_code == 409
+    assert "queued or running already" in response.json()["error"]["message"]
+
+
+def test_bob_sees_the_teams_tunes_and_charlie_sees_nothing(alice: Person, bob: Person, charlie: Person,
+                                                           deployment: Deployment) -> None:
+    run_id = tune(alice).json()["id"]
+    listed = bob.client().get("/api/v1/deployments/digits-prod/tunes/")
+    assert [t["id"] for t in listed.json()] == [run_id]
+    assert bob.client().get(f"/api/v1/deployments/digits-prod/tunes/{run_id}/").json()["status"] == "queued"
+    client = charlie.client()
+    assert tune(charlie).status_code == 404
+    assert client.get("/api/v1/deployments/digits-prod/tunes/").status_code == 404
+    assert client.get(f"/api/v1/deployments/digits-prod/tunes/{run_id}/").status_code == 404
+    assert client.post(f"/api/v1/deployments/digits-prod/tunes/{run_id}/apply").status_code == 404
+    assert client.post(f"/api/v1/deployments/digits-prod/tunes/{run_id}/cancel").status_code == 404
+    assert TuneRun.objects.get().status == "queued"
+
+
+def test_a_tune_of_another_deployment_is_not_found_under_this_one(alice: Person, deployment: Deployment,
+                                                                  digits_v1: ModelVersion) -> None:  # noqa: F811
+    run = done_tune(deployment)
+    alice.client().post("/api/v1/deployments/", {"name": "other", "models": [{"model": "digits"}]}, format="json")
+    assert alice.client().get(f"/api/v1/deployments/other/tunes/{run.pk}/").status_code == 404
+
+
+def test_cancelling_a_queued_tune_ends_it(alice: Person, deployment: Deployment) -> None:
+    run_id = tune(alice).json()["id"]
+    response = alice.client().post(f"/api/v1/deployments/digits-prod/tunes/{run_id}/cancel")
+    assert response.status_code == 202
+    assert response.json()["status"] == "cancelled"
+    again = alice.client().post(f"/api/v1/deployments/digits-prod/tunes/{run_id}/cancel")
+    assert again.status_code == 409
+    assert tune(alice).status_code == 202  # no longer in the way
+
+
+def test_apply_makes_a_revision_with_the_recommended_settings(bob: Person, deployment: Deployment) -> None:
+    run = done_tune(deployment)
+    response = bob.client().post(f"/api/v1/deployments/digits-prod/tunes/{run.pk}/apply")
+    assert response.status_code == 200, response.json()
+    assert response.json()["applied_revision"] == 2
+    revision = Revision.objects.get(deployment=deployment, number=2)
+    [entry] = revision.spec.models
+    assert entry.instance_group.count == 2
+    assert entry.max_batch_size == 16
+    assert entry.dynamic_batching is not None and entry.dynamic_batching.max_queue_delay_microseconds == 2000
+    deployment.refresh_from_db()
+    assert deployment.revision == revision and deployment.status == "pending"
+    assert AuditEntry.objects.filter(action="deployment.tune.apply").exists()
+
+
+def test_apply_of_batching_off_switches_batching_off(alice: Person, deployment: Deployment) -> None:
+    run = done_tune(deployment, recommendation={"settings": {"instances": 1, "batching": False,
+                                                             "max_batch_size": 0, "queue_delay_us": 0}})
+    assert alice.client().post(f"/api/v1/deployments/digits-prod/tunes/{run.pk}/apply").status_code == 200
+    [entry] = Revision.objects.get(deployment=deployment, number=2).spec.models
+    assert entry.dynamic_batching is None
+
+
+def test_apply_without_a_recommendation_is_a_409(alice: Person, deployment: Deployment) -> None:
+    for fields in ({"status": TuneRun.Status.RUNNING}, {"recommendation": None}):
+        run = done_tune(deployment, **fields)
+        response = alice.client().post(f"/api/v1/deployments/digits-prod/tunes/{run.pk}/apply")
+        assert response.status_code == 409
+        assert "no recommendation" in response.json()["error"]["message"]
+    assert Revision.objects.filter(deployment=deployment).count() == 1
+
+
+def test_a_tune_id_out_of_range_is_a_404(alice: Person, deployment: Deployment) -> None:
+    for path in ("", "apply", "cancel"):
+        url = f"/api/v1/deployments/digits-prod/tunes/{10 ** 30}/{path}"
+        response = alice.client().get(url) if not path else alice.client().post(url)
+        assert response.status_code == 404, (path, response.content[:200])

@@ -1,0 +1,160 @@
+"""The worker's side of a tune: the one-tune-per-machine lock, and a whole run recorded (results, frontier,
+recommendation, event), with the temporary Tritons and the load generator replaced by the synthetic model (the
+real ones run in tests/test_tune_e2e.py)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from conftest import Person
+from deployments.models import Deployment, Event
+from deployments.tests.conftest import digits_v1  # noqa: F401 - shared fixture
+from models_registry.models import ModelVersion
+from tuning import runner, search, tasks
+from tuning.models import TuneRun
+from tuning.tests.synthetic import Synthetic
+
+
+@pytest.fixture
+def deployment(alice: Person, digits_v1: ModelVersion) -> Deployment:  # noqa: F811
+    alice.client().post("/api/v1/deployments/", {"name": "digits-prod", "models": [{"model": "digits"}]},
+                        format="json")
+    return Deployment.objects.get(name="digits-prod")
+
+
+def queued(deployment: Deployment, **fields: Any) -> TuneRun:
+    values: dict[str, Any] = {"deployment": deployment, "team": deployment.team, "p99_target_ms": 20.0,
+                              "model_version": ModelVersion.objects.get(model__name="digits", number=1),
+                              "budget_seconds": 600, "request_body": {"inputs": [{"name": "x"}]},
+                              "concurrency_min": 1, "concurrency_max": 32}
+    values.update(fields)
+    return TuneRun.objects.create(**values)
+
+
+class FakeServers:
+    """Stands in for runner.Servers: the URL names the setting, so the fake load generator can answer for it."""
+
+    started: list[search.Config] = []
+
+    def __init__(self, tune: TuneRun, spec: Any, entry: Any) -> None:
+        self.entry = entry
+
+    def url_for(self, config: search.Config) -> str:
+        FakeServers.started.append(config)
+        return "http://fake/" + ",".join(str(v) for v in config.to_json().values())
+
+    def close(self) -> None:
+        FakeServers.started.append(search.Config(instances=0))  # closing is recorded as a sentinel
+
+
+@pytest.fixture
+def synthetic(monkeypatch: pytest.MonkeyPatch) -> Synthetic:
+    model = Synthetic(cores=2)
+    FakeServers.started = []
+    monkeypatch.setattr(runner, "Servers", FakeServers)
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: 2)
+    return model
+
+
+def fake_loadgen(model: Synthetic) -> runner.Measurer:
+    def loadgen(url: str, body: bytes, concurrency: int, duration: float, warmup: float) -> search.Measurement:
+        n, batching, size, delay = url.removeprefix("http://fake/").split(",")
+        assert body == b'{"inputs": [{"name": "x"}]}'
+        return model.figures(search.Config(int(n), batching == "True", int(size), int(delay)), concurrency)
+    return loadgen
+
+
+def test_a_run_records_results_frontier_and_recommendation(deployment: Deployment, synthetic: Synthetic) -> None:
+    run = queued(deployment)
+    assert runner.run(run.pk, fake_loadgen(synthetic)) is None
+    run.refresh_from_db()
+    assert run.status == "done", run.message
+    assert run.recommendation is not None and run.recommendation["settings"]["batching"] is True
+    assert run.recommendation["p99_ms"] <= 20
+    assert run.configs_done == len(run.results) > 3
+    assert run.frontier and all(p["p99_ms"] is not None for p in run.frontier)
+    assert run.machine["cores"] and run.machine["gpu"] == "none" and run.host == runner.this_host()
+    assert "Recommended" in run.message
+    assert Event.objects.filter(deployment=deployment, message__contains=f"Tune {run.pk}: Recommended").exists()
+    assert FakeServers.started[-1] == search.Config(instances=0)  # the servers were closed
+
+
+def test_a_failing_search_ends_the_tune_failed_with_the_reason(deployment: Deployment,
+                                                               synthetic: Synthetic) -> None:
+    def broken(*args: Any) -> search.Measurement:
+        raise OSError("no space left on device")
+
+    run = queued(deployment)
+    runner.run(run.pk, broken)
+    run.refresh_from_db()
+    assert run.status == "failed"
+    assert "no space left on device" in run.message
+    assert FakeServers.started[-1] == search.Config(instances=0)
+
+
+def test_a_second_tune_on_the_machine_waits_and_says_whose(deployment: Deployment, charlie: Person,
+                                                          synthetic: Synthetic) -> None:
+    first = queued(deployment, status=TuneRun.Status.RUNNING, host=runner.this_host(), heartbeat_at=timezone.now())
+    mine = queued(deployment)
+    waiting = runner.run(mine.pk, fake_loadgen(synthetic))
+    assert waiting == "Waiting for another tune on this machine (yours) to finish."
+    mine.refresh_from_db()
+    assert mine.status == "queued" and mine.message == waiting
+    # Another team's deployment on the same machine waits too, and is told whose tune it waits for.
+    other = Deployment.objects.create(team=charlie.team, name="other", runtime="local")
+    theirs = queued(other)
+    assert runner.run(theirs.pk, fake_loadgen(synthetic)) == \
+        "Waiting for another tune on this machine (team acme's) to finish."
+    first.refresh_from_db()
+    assert first.status == "running"
+
+
+def test_a_tune_whose_worker_died_no_longer_holds_the_machine(deployment: Deployment, synthetic: Synthetic) -> None:
+    stale = timezone.now() - timedelta(seconds=runner.STALE_SECONDS + 1)
+    dead = queued(deployment, status=TuneRun.Status.RUNNING, host=runner.this_host(), heartbeat_at=stale)
+    run = queued(deployment)
+    assert runner.run(run.pk, fake_loadgen(synthetic)) is None
+    dead.refresh_from_db()
+    run.refresh_from_db()
+    assert dead.status == "failed" and "no heartbeat" in dead.message
+    assert run.status == "done"
+
+
+def test_a_tune_on_another_machine_is_no_obstacle(deployment: Deployment, synthetic: Synthetic) -> None:
+    queued(deployment, status=TuneRun.Status.RUNNING, host="elsewhere", heartbeat_at=timezone.now())
+    run = queued(deployment)
+    assert runner.run(run.pk, fake_loadgen(synthetic)) is None
+    run.refresh_from_db()
+    assert run.status == "done"
+
+
+def test_a_cancelled_queued_tune_never_starts(deployment: Deployment, synthetic: Synthetic) -> None:
+    run = queued(deployment, cancel_requested=True)
+    runner.run(run.pk, fake_loadgen(synthetic))
+    run.refresh_from_db()
+    assert run.status == "cancelled" and FakeServers.started == []
+
+
+def test_a_waiting_tune_queues_itself_again(deployment: Deployment, synthetic: Synthetic,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    queued(deployment, status=TuneRun.Status.RUNNING, host=runner.this_host(), heartbeat_at=timezone.now())
+    run = queued(deployment)
+    sent: list[tuple[Any, int]] = []
+    monkeypatch.setattr(tasks.run_tune, "apply_async", lambda args, countdown: sent.append((args, countdown)))
+    tasks.run_tune(run.pk)
+    assert sent == [((run.pk,), runner.WAIT_SECONDS)]
+
+
+def test_the_settings_of_a_config_go_into_the_spec(deployment: Deployment) -> None:
+    spec = deployment.revision.spec
+    [entry] = spec.models
+    tuned = runner.apply_config(spec, entry, search.Config(4, True, 32, 500))
+    [model] = tuned.models
+    assert model.instance_group.count == 4 and model.max_batch_size == 32
+    assert model.dynamic_batching is not None and model.dynamic_batching.max_queue_delay_microseconds == 500
+    off = runner.apply_config(spec, entry, search.Config(2)).models[0]
+    assert off.dynamic_batching is None and off.max_batch_size == entry.max_batch_size

@@ -1,0 +1,116 @@
+"""The deployment page's Tune panel (form, progress through the live refresh, chart, table, Apply) and the deploy
+form's suggestion of the last tune's settings. The worker is not run: tunes are made as it leaves them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conftest import Person
+from deployments.models import Deployment, Revision
+from models_registry.models import ModelVersion
+from tuning.models import TuneRun
+from web.tests.conftest import signed_in
+from web.tune_chart import frontier_svg
+
+PAGE = "/deployments/digits-prod/"
+POINTS = [{"concurrency": 1, "throughput": 100.0, "p50_ms": 5.0, "p99_ms": 8.0, "errors": 0},
+          {"concurrency": 4, "throughput": 300.0, "p50_ms": 9.0, "p99_ms": 15.0, "errors": 0},
+          {"concurrency": 8, "throughput": 320.0, "p50_ms": 20.0, "p99_ms": 40.0, "errors": 0}]
+RECOMMENDATION = {"settings": {"instances": 2, "batching": True, "max_batch_size": 16, "queue_delay_us": 500},
+                  "label": "2 inst, batch 16, delay 500 µs", "throughput": 300.0, "p50_ms": 9.0, "p99_ms": 15.0,
+                  "concurrency": 4}
+
+
+def finished(deployment: Deployment, **fields: Any) -> TuneRun:
+    values: dict[str, Any] = {
+        "deployment": deployment, "team": deployment.team, "model_version": ModelVersion.objects.get(number=1),
+        "p99_target_ms": 20, "budget_seconds": 60, "status": "done", "request_body": {"inputs": []},
+        "host": "box", "machine": {"hostname": "box", "cpu_model": "Test CPU", "cores": 2, "gpu": "none"},
+        "results": [{"settings": RECOMMENDATION["settings"], "label": RECOMMENDATION["label"], "error": "",
+                     "meets_target": True, "throughput": 300.0, "p50_ms": 9.0, "p99_ms": 15.0, "concurrency": 4,
+                     "errors": 0, "points": POINTS}],
+        "frontier": [{"throughput": p["throughput"], "p99_ms": p["p99_ms"], "concurrency": p["concurrency"]}
+                     for p in POINTS],
+        "recommendation": RECOMMENDATION, "message": "Recommended.",
+    }
+    values.update(fields)
+    return TuneRun.objects.create(**values)
+
+
+def test_the_panel_offers_a_tune_and_queues_one(alice: Person, deployment: Deployment) -> None:
+    client = signed_in(alice)
+    content = client.get(PAGE).content.decode()
+    assert 'id="tune-form"' in content and 'id="tune-none"' in content
+    response = client.post(f"{PAGE}tune/", {"p99_ms": "25", "budget_seconds": "300", "concurrency_max": "8"})
+    assert response.status_code == 302
+    tune = TuneRun.objects.get()
+    assert (tune.p99_target_ms, tune.budget_seconds, tune.concurrency_max) == (25, 300, 8)
+    assert tune.request_body["inputs"][0]["name"] == "x"
+    live = client.get(f"{PAGE}live/", HTTP_HX_REQUEST="true").content.decode()
+    assert 'id="tune-status" hx-swap-oob="true"' in live and "Waiting to start." in live
+
+
+def test_bad_tune_input_is_reported_not_queued(alice: Person, deployment: Deployment) -> None:
+    client = signed_in(alice)
+    response = client.post(f"{PAGE}tune/", {"p99_ms": "0", "budget_seconds": "5", "concurrency_max": "x"},
+                           follow=True)
+    content = response.content.decode()
+    assert "Not tuned:" in content and "p99 target" in content
+    assert not TuneRun.objects.exists()
+
+
+def test_progress_shows_while_it_runs(alice: Person, deployment: Deployment) -> None:
+    finished(deployment, status="running", configs_done=3, configs_planned=9, eta_seconds=42.0, recommendation=None,
+             results=[], frontier=[])
+    content = signed_in(alice).get(PAGE).content.decode()
+    assert "Settings measured: 3 of about 9, about 42 s left." in content
+    assert 'id="tune-cancel"' in content and 'id="tune-start" disabled' in content
+
+
+def test_a_finished_tune_shows_chart_table_and_apply_that_makes_a_revision(alice: Person,
+                                                                           deployment: Deployment) -> None:
+    tune = finished(deployment)
+    client = signed_in(alice)
+    content = client.get(PAGE).content.decode()
+    assert '<svg class="tune-chart" id="tune-chart"' in content
+    assert 'id="tune-results"' in content and "2 inst, batch 16, delay 500 µs" in content
+    assert "Measured on box (Test CPU, 2 cores, GPU: none)" in content
+    assert 'id="tune-apply"' in content
+    response = client.post(f"{PAGE}tunes/{tune.pk}/apply/")
+    assert response.status_code == 302
+    [entry] = Revision.objects.get(deployment=deployment, number=2).spec.models
+    assert entry.instance_group.count == 2 and entry.max_batch_size == 16
+    assert "Applied as revision 2." in client.get(PAGE).content.decode()
+
+
+def test_charlie_cannot_tune_apply_or_cancel(charlie: Person, deployment: Deployment) -> None:
+    tune = finished(deployment, status="running")
+    client = signed_in(charlie)
+    assert client.post(f"{PAGE}tune/", {"p99_ms": "25", "budget_seconds": "300", "concurrency_max": "8"}
+                       ).status_code == 404
+    assert client.post(f"{PAGE}tunes/{tune.pk}/apply/").status_code == 404
+    assert client.post(f"{PAGE}tunes/{tune.pk}/cancel/").status_code == 404
+    tune.refresh_from_db()
+    assert tune.status == "running" and not tune.cancel_requested
+
+
+def test_the_deploy_form_suggests_the_last_tune_and_uses_it(alice: Person, deployment: Deployment) -> None:
+    finished(deployment)
+    client = signed_in(alice)
+    content = client.get("/deployments/new/?model=digits").content.decode()
+    assert 'id="tuned-suggestion"' in content and "Tuned on box" in content
+    assert "2 inst, batch 16, delay 500 µs" in content and 'id="tuned-use"' in content
+    response = client.get("/deployments/new/?model=digits&version=1&tuned=1")
+    [form] = response.context["model_forms"]
+    assert form.initial["instance_count"] == 2
+    assert form.initial["max_batch_size"] == 16
+    assert form.initial["max_queue_delay_microseconds"] == 500
+    assert form.initial["dynamic_batching"] is True
+
+
+def test_the_chart_escapes_and_scales() -> None:
+    svg = str(frontier_svg([{"points": POINTS}], [{"throughput": 300.0, "p99_ms": 15.0}], 20.0,
+                           {**RECOMMENDATION, "label": "<script>x</script>"}))
+    assert svg.startswith("<svg") and "<script>" not in svg and "&lt;script&gt;" in svg
+    assert svg.count("<circle") == len(POINTS) + 1
+    assert str(frontier_svg([], [], 20.0, None)) == ""

@@ -1,0 +1,80 @@
+"""The Tune panel's actions on the deployment page: start a tune, cancel it, apply its recommendation."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.views.decorators.http import require_POST
+
+from accounts.models import Team
+from deployments import planning
+from models_registry.models import ModelVersion
+from portal.api_errors import Conflict
+from tuning import actions
+from tuning.models import TuneRun
+from web import inference
+from web.tune_panel import TuneForm
+from web.views import _get_deployment, team_required
+
+
+@require_POST
+@team_required
+def deployment_tune(request: HttpRequest, team: Team, name: str) -> HttpResponse:
+    deployment = _get_deployment(team, name)
+    form = TuneForm(request.POST)
+    spec = deployment.revision.spec if deployment.revision else None
+    entry = next((m for m in (spec.models if spec else ()) if not m.is_pipeline and m.version_id), None)
+    if not form.is_valid():
+        messages.error(request, "Not tuned: " + "; ".join(f"{form.fields[k].label}: {' '.join(str(m) for m in v)}"
+                                                          for k, v in form.errors.items()))
+    elif deployment.runtime != deployment.Runtime.LOCAL or entry is None:
+        messages.error(request, "Not tuned: only a local deployment serving a model (not only a pipeline) can be "
+                                "tuned on this machine.")
+    else:
+        data = form.cleaned_data
+        try:
+            actions.create_tune(deployment, request.user, actions.TuneRequest(
+                model_version=ModelVersion.objects.get(pk=entry.version_id), p99_target_ms=data["p99_ms"],
+                budget_seconds=data["budget_seconds"], concurrency_min=1, concurrency_max=data["concurrency_max"],
+                sample="generated", request_body=inference.example_request(inference.served_signature(entry))))
+        except Conflict as exc:
+            messages.error(request, str(exc))
+        else:
+            messages.success(request, f"Tune of {entry.name} queued: its progress shows below.")
+    return redirect("deployment-detail", name=deployment.name)
+
+
+def _tune(team: Team, name: str, tune_id: int) -> TuneRun:
+    tune = TuneRun.objects.filter(deployment=_get_deployment(team, name), pk=tune_id).first()
+    if tune is None:
+        raise Http404
+    return tune
+
+
+@require_POST
+@team_required
+def deployment_tune_apply(request: HttpRequest, team: Team, name: str, tune_id: int) -> HttpResponse:
+    tune = _tune(team, name, tune_id)
+    try:
+        revision = actions.apply_tune(tune, request.user)
+    except Conflict as exc:
+        messages.error(request, str(exc))
+    except planning.PlanError as exc:
+        messages.error(request, f"The recommended settings no longer fit: {exc}")
+    else:
+        messages.success(request, f"Revision {revision.number} rolls out the tuned settings.")
+    return redirect("deployment-detail", name=name)
+
+
+@require_POST
+@team_required
+def deployment_tune_cancel(request: HttpRequest, team: Team, name: str, tune_id: int) -> HttpResponse:
+    tune = _tune(team, name, tune_id)
+    try:
+        actions.cancel_tune(tune, request.user)
+    except Conflict as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Tune cancelled.")
+    return redirect("deployment-detail", name=name)
