@@ -136,7 +136,13 @@ def targets(token: str, other: TritonServer, canaries: Canaries, *, control: boo
 def run_hostile(alice: Person, charlie: Person, canaries: Canaries, *, control: bool) -> tuple[dict[str, Any], TritonServer, str]:
     token = secrets.token_hex(6)
     other = victim(charlie)
-    assert (Path(settings.VAR_DIR) / "secret_key").exists()
+    # The key file a development portal keeps in var/ (`manage.py ensure_dirs` writes it with mode 0600; the tests
+    # take their key from the environment, so none is there unless we put one): the model must not read it.
+    key_file = Path(settings.VAR_DIR) / "secret_key"
+    if not key_file.exists():
+        key_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(os.open(key_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(secrets.token_urlsafe(64))
     files = {"model.py": model_source("hostile_model"),
              "targets.json": json.dumps(targets(token, other, canaries, control=control)).encode()}
     python_version(alice, "hostile", files, REPORT)
