@@ -463,6 +463,8 @@ def _duration(text: str) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     check_name(args.name, "deployment")
+    if args.canary is not None and not args.apply:
+        raise CliError("--canary says how --apply rolls the tuned settings out: add --apply", ExitCode.USAGE)
     client = make_client(args)
     base = f"/api/v1/deployments/{_segment(args.name)}"
     body: dict[str, Any] = {"p99_ms": args.p99_ms, "budget_seconds": args.budget,
@@ -490,7 +492,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     timeout = args.timeout if args.timeout is not None else args.budget * 3 + 120
     tune = poll(lambda: dict(client.get(f"{base}/tunes/{tune['id']}/")), finished, timeout, on_timeout)
     if args.apply and tune.get("status") == "done" and tune.get("recommendation"):
-        tune = dict(client.call("POST", f"{base}/tunes/{tune['id']}/apply").json())
+        body = {"rollout": {"strategy": "canary", "percent": args.canary}} if args.canary is not None else {}
+        tune = dict(client.call("POST", f"{base}/tunes/{tune['id']}/apply", json=body).json())
     if args.json:
         print_json(tune)
     else:
@@ -674,6 +677,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--request", metavar="FILE.json", help="the KServe v2 request to send (default: the Try-it "
                                                              "example from the signature)")
     tune.add_argument("--apply", action="store_true", help="roll out the recommendation as a new revision")
+    tune.add_argument("--canary", type=_percent, metavar="PERCENT", help=(
+        "with --apply: roll the tuned revision out as a canary taking PERCENT (1-99) of the requests beside the "
+        "serving one (then `modelport promote` or `modelport rollback`)"))
     tune.add_argument("--timeout", type=_seconds, default=None, metavar="S",
                       help="how long to wait (default: three times the budget plus two minutes)")
 

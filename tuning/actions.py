@@ -9,7 +9,7 @@ from django.db import transaction
 
 from audit.log import record as audit
 from deployments import actions as deployment_actions
-from deployments import planning
+from deployments import canary, planning
 from deployments.events import record
 from deployments.models import Deployment, Event, Revision
 from deployments.spec import DynamicBatching, InstanceGroup
@@ -85,9 +85,10 @@ def tuned_request(spec_request: planning.DeployRequest, model: str, settings: se
 
 
 @transaction.atomic
-def apply_tune(tune: TuneRun, user: Any) -> Revision:
-    """A new revision of the deployment with the tune's recommendation, planned and rolled out as a PATCH is.
-    PlanError: the settings no longer fit (the deployment changed meanwhile)."""
+def apply_tune(tune: TuneRun, user: Any, rollout: canary.Rollout | None = None) -> Revision:
+    """A new revision of the deployment with the tune's recommendation, planned and rolled out as a PATCH is: at
+    once, or as a canary beside the serving revision when `rollout` says so (the guardrails then judge the tuned
+    settings on live traffic). PlanError: the settings no longer fit (the deployment changed meanwhile)."""
     settings = tune.recommended_settings()
     if tune.status != TuneRun.Status.DONE or settings is None:
         raise Conflict("The tune has no recommendation to apply: it is not done, or no setting met the target.")
@@ -100,7 +101,8 @@ def apply_tune(tune: TuneRun, user: Any) -> Revision:
         raise Conflict("The deployment no longer serves the model version that was tuned: tune it again.")
     request = tuned_request(planning.request_for(spec), entry.name, search.Config.from_json(settings))
     plan = planning.plan(deployment.team, request)
-    revision = deployment_actions.update_deployment(deployment, user, plan)
+    revision = deployment_actions.update_deployment(deployment, user, plan, canary=rollout)
     TuneRun.objects.filter(pk=tune.pk).update(applied_revision=revision.number)
-    audit(user, tune.team, "deployment.tune.apply", deployment.name, tune=tune.pk, revision=revision.number)
+    audit(user, tune.team, "deployment.tune.apply", deployment.name, tune=tune.pk, revision=revision.number,
+          **({"canary_percent": rollout.percent} if rollout else {}))
     return revision

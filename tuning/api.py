@@ -13,7 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from deployments import planning
-from deployments.api import get_deployment_for_user
+from deployments.api import RolloutSerializer, get_deployment_for_user
 from deployments.models import Deployment
 from deployments.revision_spec import ModelEntry
 from models_registry.models import ModelVersion
@@ -173,18 +173,36 @@ def tune_detail(request: Request, name: str, tune_id: int) -> Response:
     return Response(TuneRunSerializer(_tune_for_user(request, name, tune_id)).data)
 
 
-@extend_schema(summary="Apply a tune's recommendation: a new revision, rolled out as a PATCH is", request=None,
+class TuneApplySerializer(ExactJSONTypes, serializers.Serializer[Any]):
+    """How the tuned revision rolls out (an empty body: at once, as a PATCH does by default)."""
+
+    rollout = RolloutSerializer(required=False, help_text=(
+        "As on PATCH /api/v1/deployments/{name}/: {\"strategy\": \"canary\", \"percent\": 10} serves the tuned "
+        "revision to that share of the requests beside the serving one, under the canary's guardrails, until it is "
+        "promoted or rolled back."))
+
+
+@extend_schema(summary="Apply a tune's recommendation: a new revision, rolled out as a PATCH is (at once or as a "
+                       "canary)", request=TuneApplySerializer,
                responses={
                    200: TuneRunSerializer,
-                   400: error("The recommended settings no longer fit the deployment: 'fields' says why."),
-                   409: error("The tune has no recommendation to apply, or the deployment no longer serves the "
-                              "model version tuned."),
+                   400: error("The body or the recommended settings are not valid (the settings no longer fit the "
+                              "deployment): 'fields' says why."),
+                   409: error("The tune has no recommendation to apply, the deployment no longer serves the model "
+                              "version tuned, or a canary is in progress."),
                })
 @api_view(["POST"])
+@parser_classes(JSON_PARSERS)
 def tune_apply(request: Request, name: str, tune_id: int) -> Response:
     tune = _tune_for_user(request, name, tune_id)
+    body = TuneApplySerializer(data=request.data)
+    body.is_valid(raise_exception=True)
+    rollout = None
+    if "rollout" in body.validated_data:
+        rollout = RolloutSerializer(data=body.initial_data["rollout"])
+        rollout.is_valid(raise_exception=True)
     try:
-        actions.apply_tune(tune, request.user)
+        actions.apply_tune(tune, request.user, rollout.rollout() if rollout is not None else None)
     except planning.PlanError as exc:
         raise serializers.ValidationError(exc.errors) from None
     return Response(TuneRunSerializer(_tune_for_user(request, name, tune_id)).data)

@@ -8,7 +8,7 @@ from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
 from accounts.models import Team
-from deployments import planning
+from deployments import canary, planning
 from models_registry.models import ModelVersion
 from portal.api_errors import Conflict
 from tuning import actions
@@ -56,14 +56,23 @@ def _tune(team: Team, name: str, tune_id: int) -> TuneRun:
 @team_required
 def deployment_tune_apply(request: HttpRequest, team: Team, name: str, tune_id: int) -> HttpResponse:
     tune = _tune(team, name, tune_id)
+    percent_text = request.POST.get("canary_percent", "").strip()
+    rollout = None
+    if percent_text:
+        if not percent_text.isascii() or not percent_text.isdigit() or not 1 <= int(percent_text) <= 99:
+            messages.error(request, f"A canary takes 1 to 99 percent of the requests, not {percent_text[:20]!r}; "
+                                    "leave it empty to apply to all of them at once.")
+            return redirect("deployment-detail", name=name)
+        rollout = canary.Rollout(percent=int(percent_text))
     try:
-        revision = actions.apply_tune(tune, request.user)
+        revision = actions.apply_tune(tune, request.user, rollout)
     except Conflict as exc:
         messages.error(request, str(exc))
     except planning.PlanError as exc:
         messages.error(request, f"The recommended settings no longer fit: {exc}")
     else:
-        messages.success(request, f"Revision {revision.number} rolls out the tuned settings.")
+        how = f"as a canary for {rollout.percent}% of the requests" if rollout else "to every request once ready"
+        messages.success(request, f"Revision {revision.number} rolls out the tuned settings {how}.")
     return redirect("deployment-detail", name=name)
 
 

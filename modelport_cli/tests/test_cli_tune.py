@@ -57,6 +57,22 @@ def test_apply_rolls_the_recommendation_out(portal: FakePortal, capsys: pytest.C
     assert "applied: revision 3 rolls out" in capsys.readouterr().out
 
 
+def test_apply_with_canary_rolls_the_recommendation_out_as_a_canary(portal: FakePortal) -> None:  # noqa: F811
+    portal.on("POST", f"{BASE}/tune", Reply(202, {**DONE, "status": "queued"}))
+    portal.on("GET", f"{BASE}/tunes/7/", Reply(200, DONE))
+    portal.on("POST", f"{BASE}/tunes/7/apply", Reply(200, {**DONE, "applied_revision": 3}))
+    assert main(["tune", "digits-prod", "--p99-ms", "20", "--budget", "60", "--apply", "--canary", "10"]) \
+        == ExitCode.OK
+    [sent] = portal.seen("POST", f"{BASE}/tunes/7/apply")
+    assert sent.json() == {"rollout": {"strategy": "canary", "percent": 10}}
+
+
+def test_canary_without_apply_is_a_usage_error(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    assert main(["tune", "digits-prod", "--p99-ms", "20", "--canary", "10"]) == ExitCode.USAGE
+    assert "add --apply" in error_line(capsys)
+    assert not portal.seen("POST")
+
+
 def test_a_failed_tune_exits_4_with_its_reason(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
     portal.on("POST", f"{BASE}/tune", Reply(202, {**DONE, "status": "queued"}))
     portal.on("GET", f"{BASE}/tunes/7/", Reply(200, {**DONE, "status": "failed", "message": "disk full"}))

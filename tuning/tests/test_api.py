@@ -173,6 +173,49 @@ def test_apply_of_batching_off_switches_batching_off(alice: Person, deployment: 
     assert entry.dynamic_batching is None
 
 
+def test_apply_as_a_canary_serves_the_tuned_revision_beside_the_stable_one(alice: Person,
+                                                                           deployment: Deployment) -> None:
+    Deployment.objects.filter(pk=deployment.pk).update(status="ready", serving_revision=deployment.revision,
+                                                       upstream_url="http://127.0.0.1:9")
+    run = done_tune(deployment)
+    response = alice.client().post(f"/api/v1/deployments/digits-prod/tunes/{run.pk}/apply",
+                                   {"rollout": {"strategy": "canary", "percent": 10}}, format="json")
+    assert response.status_code == 200, response.json()
+    deployment.refresh_from_db()
+    assert deployment.revision.number == 1 and deployment.serving_revision.number == 1  # the stable one serves on
+    assert deployment.canary_revision.number == 2 and deployment.canary_percent == 10
+    [entry] = deployment.canary_revision.spec.models
+    assert entry.instance_group.count == 2 and entry.max_batch_size == 16
+    assert AuditEntry.objects.get(action="deployment.tune.apply").detail["canary_percent"] == 10
+    # A second apply while the canary runs is refused: promote or roll back first.
+    again = alice.client().post(f"/api/v1/deployments/digits-prod/tunes/{run.pk}/apply")
+    assert again.status_code == 409
+    assert Revision.objects.filter(deployment=deployment).count() == 2
+
+
+def test_apply_as_a_canary_of_a_deployment_that_does_not_serve_is_a_409(alice: Person,
+                                                                        deployment: Deployment) -> None:
+    run = done_tune(deployment)
+    response = alice.client().post(f"/api/v1/deployments/digits-prod/tunes/{run.pk}/apply",
+                                   {"rollout": {"strategy": "canary", "percent": 10}}, format="json")
+    assert response.status_code == 409
+    assert "canary needs a deployment that is running and ready" in response.json()["error"]["message"]
+    assert Revision.objects.filter(deployment=deployment).count() == 1
+
+
+@pytest.mark.parametrize("body", [{"rollout": {"strategy": "canary"}}, {"rollout": {"strategy": "canary",
+                                                                                    "percent": 100}},
+                                  {"rollout": "canary"}, {"rollout": {"strategy": "blue-green"}}, ["rollout"],
+                                  {"rollout": {"strategy": "canary", "percent": "10"}}])
+def test_apply_refuses_a_bad_rollout_and_changes_nothing(alice: Person, deployment: Deployment, body: Any) -> None:
+    run = done_tune(deployment)
+    response = alice.client().post(f"/api/v1/deployments/digits-prod/tunes/{run.pk}/apply", body, format="json")
+    assert response.status_code == 400, response.json()
+    assert response.json()["error"]["message"]
+    assert Revision.objects.filter(deployment=deployment).count() == 1
+    assert TuneRun.objects.get(pk=run.pk).applied_revision is None
+
+
 def test_apply_without_a_recommendation_is_a_409(alice: Person, deployment: Deployment) -> None:
     for fields in ({"status": TuneRun.Status.RUNNING}, {"recommendation": None}):
         run = done_tune(deployment, **fields)

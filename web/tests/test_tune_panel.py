@@ -83,6 +83,23 @@ def test_a_finished_tune_shows_chart_table_and_apply_that_makes_a_revision(alice
     assert "Applied as revision 2." in client.get(PAGE).content.decode()
 
 
+def test_apply_as_a_canary_from_the_panel(alice: Person, deployment: Deployment) -> None:
+    Deployment.objects.filter(pk=deployment.pk).update(status="ready", serving_revision=deployment.revision,
+                                                       upstream_url="http://127.0.0.1:9")
+    tune = finished(deployment)
+    client = signed_in(alice)
+    assert 'id="tune-apply-canary"' in client.get(PAGE).content.decode()
+    for bad in ("0", "100", "ten", "²"):
+        content = client.post(f"{PAGE}tunes/{tune.pk}/apply/", {"canary_percent": bad}, follow=True).content.decode()
+        assert "A canary takes 1 to 99 percent of the requests" in content
+    assert Revision.objects.filter(deployment=deployment).count() == 1
+    content = client.post(f"{PAGE}tunes/{tune.pk}/apply/", {"canary_percent": "15"}, follow=True).content.decode()
+    assert "rolls out the tuned settings as a canary for 15% of the requests" in content
+    deployment.refresh_from_db()
+    assert deployment.canary_revision.number == 2 and deployment.canary_percent == 15
+    assert deployment.serving_revision.number == 1
+
+
 def test_charlie_cannot_tune_apply_or_cancel(charlie: Person, deployment: Deployment) -> None:
     tune = finished(deployment, status="running")
     client = signed_in(charlie)
