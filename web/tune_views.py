@@ -59,7 +59,9 @@ def deployment_tune_apply(request: HttpRequest, team: Team, name: str, tune_id: 
     percent_text = request.POST.get("canary_percent", "").strip()
     rollout = None
     if percent_text:
-        if not percent_text.isascii() or not percent_text.isdigit() or not 1 <= int(percent_text) <= 99:
+        # Length first: int() of a few thousand digits raises ValueError (a 500), not a refusal.
+        if (not percent_text.isascii() or not percent_text.isdigit() or len(percent_text) > 2
+                or not 1 <= int(percent_text) <= 99):
             messages.error(request, f"A canary takes 1 to 99 percent of the requests, not {percent_text[:20]!r}; "
                                     "leave it empty to apply to all of them at once.")
             return redirect("deployment-detail", name=name)

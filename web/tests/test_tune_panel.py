@@ -89,7 +89,7 @@ def test_apply_as_a_canary_from_the_panel(alice: Person, deployment: Deployment)
     tune = finished(deployment)
     client = signed_in(alice)
     assert 'id="tune-apply-canary"' in client.get(PAGE).content.decode()
-    for bad in ("0", "100", "ten", "²"):
+    for bad in ("0", "100", "ten", "²", "9" * 5000, "0" * 5000 + "15"):
         content = client.post(f"{PAGE}tunes/{tune.pk}/apply/", {"canary_percent": bad}, follow=True).content.decode()
         assert "A canary takes 1 to 99 percent of the requests" in content
     assert Revision.objects.filter(deployment=deployment).count() == 1
