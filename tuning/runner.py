@@ -87,7 +87,7 @@ def claim(tune: TuneRun) -> str | None:
                     message="Starting.", machine=machine_fingerprint())
             return None if claimed else "not queued"
         except IntegrityError:
-            holder = TuneRun.objects.select_related("team").filter(host=host, status=TuneRun.Status.RUNNING).first()
+            holder = TuneRun.objects.filter(host=host, status=TuneRun.Status.RUNNING).first()
             if holder is None:
                 continue
             if holder.heartbeat_at is None or holder.heartbeat_at < now - timedelta(seconds=STALE_SECONDS):
@@ -95,7 +95,8 @@ def claim(tune: TuneRun) -> str | None:
                     status=TuneRun.Status.FAILED, finished_at=now,
                     message="Its worker stopped mid-tune (no heartbeat): run it again.")
                 continue
-            whose = "yours" if holder.team_id == tune.team_id else f"team {holder.team.name}'s"
+            # Never another team's name: every team sees only its own objects (docs/security.md).
+            whose = "yours" if holder.team_id == tune.team_id else "another team's"
             message = f"Waiting for another tune on this machine ({whose}) to finish."
             TuneRun.objects.filter(pk=tune.pk, status=TuneRun.Status.QUEUED).update(message=message)
             return message

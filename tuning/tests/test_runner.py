@@ -104,11 +104,13 @@ def test_a_second_tune_on_the_machine_waits_and_says_whose(deployment: Deploymen
     assert waiting == "Waiting for another tune on this machine (yours) to finish."
     mine.refresh_from_db()
     assert mine.status == "queued" and mine.message == waiting
-    # Another team's deployment on the same machine waits too, and is told whose tune it waits for.
+    # Another team's deployment on the same machine waits too, and learns nothing of whose tune it waits for.
     other = Deployment.objects.create(team=charlie.team, name="other", runtime="local")
     theirs = queued(other)
-    assert runner.run(theirs.pk, fake_loadgen(synthetic)) == \
-        "Waiting for another tune on this machine (team acme's) to finish."
+    told = runner.run(theirs.pk, fake_loadgen(synthetic))
+    assert told == "Waiting for another tune on this machine (another team's) to finish."
+    theirs.refresh_from_db()
+    assert deployment.team.name not in theirs.message
     first.refresh_from_db()
     assert first.status == "running"
 
