@@ -137,7 +137,8 @@ def _entry_to_tune(deployment: Deployment, model: str | None) -> ModelEntry:
                    202: TuneRunSerializer,
                    400: error("Not a valid tune: 'fields' says which field and why (a target of 0, a budget out of "
                               "range, an unsupported sample, a deployment this machine cannot measure)."),
-                   409: error("A tune of this deployment is queued or running already."),
+                   409: error("A tune of this deployment is queued or running already, or the team has "
+                              "TUNE_MAX_ACTIVE_PER_TEAM tunes queued or running."),
                })
 @api_view(["POST"])
 @parser_classes(JSON_PARSERS)

@@ -118,6 +118,25 @@ def test_a_second_tune_waits_for_the_first_to_end(alice: Person, bob: Person, de
     assert "queued or running already" in response.json()["error"]["message"]
 
 
+def test_a_team_queues_at_most_its_share_of_tunes(alice: Person, bob: Person,
+                                                 deployment: Deployment) -> None:
+    """One deployment, one tune; and a team with many deployments cannot queue hour-long tunes on each of them
+    ahead of every other team (TUNE_MAX_ACTIVE_PER_TEAM, 2 by default)."""
+    for name in ("digits-b", "digits-c"):
+        assert alice.client().post("/api/v1/deployments/", {"name": name, "models": [{"model": "digits"}]},
+                                   format="json").status_code == 201
+    assert tune(alice).status_code == 202
+    assert tune(bob, "digits-b").status_code == 202
+    refused = tune(alice, "digits-c")
+    assert refused.status_code == 409
+    assert "TUNE_MAX_ACTIVE_PER_TEAM" in refused.json()["error"]["message"]
+    assert TuneRun.objects.filter(deployment__team=alice.team).count() == 2
+    # An ended tune frees its place.
+    first = TuneRun.objects.get(deployment=deployment)
+    assert alice.client().post(f"/api/v1/deployments/digits-prod/tunes/{first.pk}/cancel").status_code == 202
+    assert tune(alice, "digits-c").status_code == 202
+
+
 def test_bob_sees_the_teams_tunes_and_charlie_sees_nothing(alice: Person, bob: Person, charlie: Person,
                                                            deployment: Deployment) -> None:
     run_id = tune(alice).json()["id"]
