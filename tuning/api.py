@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings
 from django.http import Http404
 from drf_spectacular.utils import OpenApiExample, extend_schema
 from rest_framework import serializers, status
@@ -16,6 +17,7 @@ from deployments import planning
 from deployments.api import RolloutSerializer, get_deployment_for_user
 from deployments.models import Deployment
 from deployments.revision_spec import ModelEntry
+from gateway.protocol import Refusal, check_infer_request
 from models_registry.models import ModelVersion
 from portal.api_schema import JSON_PARSERS, ExactJSONTypes, error
 from tuning import actions
@@ -78,6 +80,14 @@ def _request_problem(body: dict[str, Any]) -> str | None:
     if not isinstance(inputs, list) or not inputs or not all(isinstance(i, dict) and isinstance(i.get("name"), str)
                                                                for i in inputs):
         return 'a KServe v2 request has "inputs": a non-empty list of objects, each with a "name"'
+    # The load generator sends it straight to the tune's Triton, past the gateway: it must pass the gateway's own
+    # checks (GATEWAY_MAX_TENSOR_BYTES, shapes whose size overflows, shared-memory parameters), or a tune would
+    # reach Triton with what the gateway refuses (a [2**62] shape kills the model's stub, a huge shape with no data
+    # makes Triton's JSON path allocate it).
+    try:
+        check_infer_request(body, None, settings.GATEWAY_MAX_TENSOR_BYTES)
+    except Refusal as exc:
+        return exc.message
     return None
 
 

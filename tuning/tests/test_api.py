@@ -81,6 +81,16 @@ def test_a_user_supplied_request_is_kept(alice: Person, deployment: Deployment) 
     ({"sample": "request", "request": {"inputs": "x"}}, "request", "non-empty list"),
     ({"sample": "request", "request": {"inputs": [{"shape": [1]}]}}, "request", "each with a \"name\""),
     ({"request": {"inputs": [{"name": "x"}]}}, "request", "only with sample 'request'"),
+    # What the gateway refuses never reaches the tune's Triton by the load generator either.
+    ({"sample": "request", "request": {"inputs": [{"name": "x", "shape": [2**62], "datatype": "FP32", "data": []}]}},
+     "request", "x"),
+    ({"sample": "request", "request": {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1],
+                                                   "parameters": {"shared_memory_region": "r"}}]}},
+     "request", "shared"),
+    ({"sample": "request", "request": {"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1]}]}},
+     "request", "shape"),
+    ({"sample": "request", "request": {"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": [1]}]}},
+     "request", "x"),
     ({"model": "nope"}, "model", "no model named 'nope'"),
 ])
 def test_bad_input_is_a_400_that_says_what_to_fix(alice: Person, deployment: Deployment, body: dict[str, Any],
