@@ -4,8 +4,9 @@ and started through the local runtime's sandboxed launcher (deployments.runtimes
 code path of every deployment), on free ports, stopped in `finally`. The deployment's own server is not touched.
 
 Temporary servers live under VAR_DIR/tuning/<tune id>/, outside DEPLOYMENTS_DIR, so that the orphan sweep of
-deployments never stops one mid-measurement; a worker killed mid-tune leaves its last server running until the
-operator stops it (the tune is marked failed once its heartbeat is STALE_SECONDS old).
+deployments never stops one mid-measurement. A worker killed mid-tune leaves its last server running: beat's
+`sweep_servers` (every 30 s) marks such a tune failed once its heartbeat is long gone and stops every temporary
+Triton whose tune is not running, so none stays behind holding the team's model and its memory.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import platform
 import shutil
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from datetime import timedelta
@@ -255,6 +257,65 @@ def _record(tune: TuneRun, outcome: search.Outcome) -> None:
                                               partial=outcome.partial, configs_done=len(results),
                                               configs_planned=outcome.planned, eta_seconds=0)
     _finish(tune, status, message)
+
+
+def _tune_id(pid: int, prefix: str) -> int | None:
+    """The tune whose temporary Triton `pid` is: its repository is <prefix><tune id>/c<n>/repository."""
+    wanted = f"--model-repository={prefix}"
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    for arg in args:
+        if arg.startswith(wanted):
+            head = arg[len(wanted):].split("/", 1)[0]
+            return int(head) if head.isascii() and head.isdigit() and len(head) < 19 else None
+    return None
+
+
+def sweep_servers() -> list[str]:
+    """Stop the temporary Tritons of this var/ whose tune is not running (its worker was killed mid-tune, say) and
+    remove what they left; a running tune of this machine without a heartbeat for much longer than any one step
+    takes is marked failed first. Returns a line per thing done."""
+    root = Path(settings.VAR_DIR) / "tuning"
+    done: list[str] = []
+    now = timezone.now()
+    # A step may start a Triton (up to TRITON_READY_TIMEOUT_SECONDS) and then measure: only far past that is the
+    # worker gone.
+    dead_after = timedelta(seconds=STALE_SECONDS + float(settings.TRITON_READY_TIMEOUT_SECONDS) + 60)
+    for pk in TuneRun.objects.filter(host=this_host(), status=TuneRun.Status.RUNNING,
+                                     heartbeat_at__lt=now - dead_after).values_list("pk", flat=True):
+        if TuneRun.objects.filter(pk=pk, status=TuneRun.Status.RUNNING).update(
+                status=TuneRun.Status.FAILED, finished_at=now,
+                message="Its worker stopped mid-tune (no heartbeat): run it again."):
+            done.append(f"marked tune {pk} failed: its worker stopped mid-tune")
+    running = set(TuneRun.objects.filter(status=TuneRun.Status.RUNNING).values_list("pk", flat=True))
+    grace = float(settings.TRITON_ORPHAN_GRACE_SECONDS)
+    prefix = f"{root}/"
+    for pid in local_triton.find_servers(prefix):
+        tune_id = _tune_id(pid, prefix)
+        # Young servers are left alone: a tune claimed after `running` was read may just have started one.
+        if tune_id in running or local_triton.process_age(pid) < grace:
+            continue
+        local_triton.stop_server(pid, grace_seconds=settings.TRITON_STOP_GRACE_SECONDS)
+        done.append(f"stopped the temporary Triton (pid {pid}) of tune {tune_id}, which no longer runs")
+        log.warning("Stopped the temporary Triton (pid %s) of tune %s, which no longer runs.", pid, tune_id)
+    if root.is_dir():
+        cutoff = time.time() - grace
+        for directory in root.iterdir():
+            name = directory.name
+            if name.isascii() and name.isdigit() and int(name) not in running and _mtime(directory) < cutoff \
+                    and not local_triton.find_servers(f"{directory}/"):
+                shutil.rmtree(directory, ignore_errors=True)
+                done.append(f"removed {directory}")
+    return done
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return time.time()
 
 
 def _finish(tune: TuneRun, status: str, message: str) -> None:
