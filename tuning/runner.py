@@ -29,7 +29,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from deployments.events import record
-from deployments.models import Event
+from deployments.models import Deployment, Event
 from deployments.revision_spec import ModelEntry, RevisionSpec
 from deployments.runtimes.base import RuntimeUnavailable
 from deployments.runtimes.local import runtime as local_runtime
@@ -159,9 +159,11 @@ def run(tune_id: int, loadgen: Measurer = run_loadgen) -> str | None:
     tune = TuneRun.objects.select_related("deployment", "team").filter(pk=tune_id).first()
     if tune is None or tune.status != TuneRun.Status.QUEUED:
         return None
-    if tune.cancel_requested:
+    stopped = _stop_reason(tune.pk)
+    if stopped is not None:
         TuneRun.objects.filter(pk=tune.pk, status=TuneRun.Status.QUEUED).update(
-            status=TuneRun.Status.CANCELLED, finished_at=timezone.now(), message="Cancelled before it started.")
+            status=TuneRun.Status.CANCELLED, finished_at=timezone.now(),
+            message="Cancelled before it started." if stopped == "Cancelled." else stopped)
         return None
     waiting = claim(tune)
     if waiting is not None:
@@ -220,7 +222,7 @@ def _search(tune: TuneRun, loadgen: Measurer) -> search.Outcome:
 
     def cancelled() -> bool:
         TuneRun.objects.filter(pk=tune.pk).update(heartbeat_at=timezone.now())
-        return TuneRun.objects.filter(pk=tune.pk, cancel_requested=True).exists()
+        return _stop_reason(tune.pk) is not None
 
     try:
         return search.search(measure, p99_target_ms=tune.p99_target_ms, budget_s=float(tune.budget_seconds),
@@ -242,9 +244,9 @@ def _record(tune: TuneRun, outcome: search.Outcome) -> None:
         recommendation = {"settings": outcome.recommendation.to_json(), "label": outcome.recommendation.label(),
                           **{k: v for k, v in asdict(best.best(target)).items()  # type: ignore[arg-type]
                              if k in ("throughput", "p50_ms", "p99_ms", "concurrency")}}
-    cancelled = TuneRun.objects.filter(pk=tune.pk, cancel_requested=True).exists()
-    if cancelled:
-        status, message = TuneRun.Status.CANCELLED, "Cancelled."
+    stopped = _stop_reason(tune.pk)
+    if stopped is not None:
+        status, message = TuneRun.Status.CANCELLED, stopped
     elif recommendation is None:
         status = TuneRun.Status.DONE
         message = (f"No setting met p99 ≤ {target:g} ms at the concurrencies tried: raise the target or lower "
@@ -318,8 +320,19 @@ def _mtime(path: Path) -> float:
         return time.time()
 
 
+def _stop_reason(tune_id: int) -> str | None:
+    """Why the tune must stop before its next measurement: cancelled, or its deployment deleted (a tune must not
+    go on running temporary Tritons of a deployment that is gone); None to go on."""
+    row = TuneRun.objects.filter(pk=tune_id).values("cancel_requested", "deployment__desired_state").first()
+    if row is None or row["deployment__desired_state"] == Deployment.Desired.DELETED:
+        return "Cancelled: its deployment was deleted."
+    return "Cancelled." if row["cancel_requested"] else None
+
+
 def _finish(tune: TuneRun, status: str, message: str) -> None:
     with transaction.atomic():
+        if not Deployment.objects.filter(pk=tune.deployment_id).exists():
+            return  # deleted meanwhile, and its tunes with it
         TuneRun.objects.filter(pk=tune.pk).update(status=status, message=message, finished_at=timezone.now())
         record(tune.deployment, Event.Kind.INFO if status == TuneRun.Status.DONE else Event.Kind.WARNING,
                f"Tune {tune.pk}: {message}")

@@ -216,3 +216,26 @@ def test_a_temporary_triton_is_known_by_its_repository(tmp_path: Any) -> None:
     finally:
         process.kill()
         process.wait()
+
+
+def test_deleting_the_deployment_stops_its_tune(deployment: Deployment, synthetic: Synthetic) -> None:
+    """A tune must not go on starting temporary Tritons of a deployment that was deleted (for up to its budget)."""
+    measured: list[int] = []
+    loadgen = fake_loadgen(synthetic)
+
+    def deleting(url: str, body: bytes, concurrency: int, duration: float, warmup: float) -> search.Measurement:
+        measured.append(concurrency)
+        Deployment.objects.filter(pk=deployment.pk).update(desired_state=Deployment.Desired.DELETED)
+        return loadgen(url, body, concurrency, duration, warmup)
+
+    run = queued(deployment)
+    runner.run(run.pk, deleting)
+    run.refresh_from_db()
+    assert run.status == "cancelled" and "deployment was deleted" in run.message
+    assert len(measured) == 1
+    assert FakeServers.started[-1] == search.Config(instances=0)  # its server was stopped
+    # A queued one never starts.
+    other = queued(deployment)
+    assert runner.run(other.pk, loadgen) is None
+    other.refresh_from_db()
+    assert other.status == "cancelled" and "deployment was deleted" in other.message
