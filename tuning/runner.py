@@ -282,9 +282,9 @@ def sweep_servers() -> list[str]:
     root = Path(settings.VAR_DIR) / "tuning"
     done: list[str] = []
     now = timezone.now()
-    # A step may start a Triton (up to TRITON_READY_TIMEOUT_SECONDS) and then measure: only far past that is the
-    # worker gone.
-    dead_after = timedelta(seconds=STALE_SECONDS + float(settings.TRITON_READY_TIMEOUT_SECONDS) + 60)
+    # A step may render a large model, start a Triton (up to TRITON_READY_TIMEOUT_SECONDS) and then measure: only
+    # far past that is the worker gone (a wrong verdict would stop a live tune's server).
+    dead_after = timedelta(seconds=STALE_SECONDS + float(settings.TRITON_READY_TIMEOUT_SECONDS) + 600)
     for pk in TuneRun.objects.filter(host=this_host(), status=TuneRun.Status.RUNNING,
                                      heartbeat_at__lt=now - dead_after).values_list("pk", flat=True):
         if TuneRun.objects.filter(pk=pk, status=TuneRun.Status.RUNNING).update(
