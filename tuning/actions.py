@@ -34,8 +34,9 @@ class TuneRequest:
 
 @transaction.atomic
 def create_tune(deployment: Deployment, user: Any, request: TuneRequest) -> TuneRun:
-    # The team's row serializes its tune requests: two at once cannot both pass the checks below.
-    Team.objects.select_for_update().filter(pk=deployment.team_id).first()
+    # The team's row serializes its tune requests: two at once cannot both pass the checks below. (NO KEY: rows
+    # that merely reference the team, an event or an audit entry written meanwhile, are not held up by it.)
+    Team.objects.select_for_update(no_key=True).filter(pk=deployment.team_id).first()
     if TuneRun.objects.filter(deployment=deployment, status__in=TuneRun.ACTIVE).exists():
         raise Conflict("A tune of this deployment is queued or running already: wait for it, or cancel it.")
     limit = settings.TUNE_MAX_ACTIVE_PER_TEAM
