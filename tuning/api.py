@@ -91,6 +91,16 @@ def _request_problem(body: dict[str, Any]) -> str | None:
     return None
 
 
+def generated_problem(body: dict[str, Any]) -> str | None:
+    """Why the Try-it example of the model cannot be the tune's request (an input too large to fill in goes with
+    empty data, which the gateway would refuse and the load generator must not send either), or None."""
+    problem = _request_problem(body)
+    if problem is None:
+        return None
+    return (f"the generated request cannot be sent ({problem}): give your own with sample 'request' and the "
+            "request in 'request'")
+
+
 class TuneRunSerializer(serializers.ModelSerializer[TuneRun]):
     deployment = serializers.CharField(source="deployment.name", read_only=True)
     model = serializers.CharField(source="model_version.model.name", read_only=True)
@@ -163,6 +173,10 @@ def tune_create(request: Request, name: str) -> Response:
     entry = _entry_to_tune(deployment, data.get("model"))
     assert entry.version_id is not None  # _entry_to_tune refused a model without one
     body = data["request"] if data["sample"] == "request" else example_request(served_signature(entry))
+    if data["sample"] == "generated":
+        problem = generated_problem(body)
+        if problem:
+            raise serializers.ValidationError({"sample": [problem]})
     tune = actions.create_tune(deployment, request.user, actions.TuneRequest(
         model_version=ModelVersion.objects.get(pk=entry.version_id), p99_target_ms=data["p99_ms"],
         budget_seconds=data["budget_seconds"], concurrency_min=data["concurrency_min"],

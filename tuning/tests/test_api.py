@@ -11,6 +11,7 @@ import pytest
 from audit.models import AuditEntry
 from conftest import Person
 from deployments.models import Deployment, Event, Revision
+from deployments.revision_spec import RevisionSpec
 from deployments.tests.conftest import digits_v1  # noqa: F401 - shared fixture
 from models_registry.models import ModelVersion
 from tuning.models import TuneRun
@@ -145,6 +146,28 @@ def test_a_team_queues_at_most_its_share_of_tunes(alice: Person, bob: Person,
     first = TuneRun.objects.get(deployment=deployment)
     assert alice.client().post(f"/api/v1/deployments/digits-prod/tunes/{first.pk}/cancel").status_code == 202
     assert tune(alice, "digits-c").status_code == 202
+
+
+def huge_input(deployment: Deployment) -> None:
+    """The served model declares an input too large for the Try-it example (a python model declares its own)."""
+    revision = deployment.revision
+    assert revision is not None
+    spec = revision.spec.to_json()
+    spec["models"][0]["signature"]["inputs"][0]["dims"] = [-1, 2**62]  # the first: the batch
+    Revision.objects.filter(pk=revision.pk).update(spec=RevisionSpec.from_json(spec))
+
+
+def test_a_generated_request_the_gateway_would_refuse_is_not_sent(alice: Person, deployment: Deployment) -> None:
+    """Too large to fill in, the example goes with empty data and a [2**62] shape: sent straight to Triton it
+    kills the model's stub. The tune asks for the user's own request instead."""
+    huge_input(deployment)
+    response = tune(alice)
+    assert response.status_code == 400, response.json()
+    [message] = response.json()["error"]["fields"]["sample"]
+    assert "give your own with sample 'request'" in message and "limit" in message
+    assert not TuneRun.objects.exists()
+    sent = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+    assert tune(alice, sample="request", request=sent).status_code == 202
 
 
 def test_bob_sees_the_teams_tunes_and_charlie_sees_nothing(alice: Person, bob: Person, charlie: Person,

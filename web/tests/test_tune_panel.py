@@ -131,3 +131,14 @@ def test_the_chart_escapes_and_scales() -> None:
     assert svg.startswith("<svg") and "<script>" not in svg and "&lt;script&gt;" in svg
     assert svg.count("<circle") == len(POINTS) + 1
     assert str(frontier_svg([], [], 20.0, None)) == ""
+
+
+def test_a_generated_request_the_gateway_would_refuse_is_reported_not_queued(alice: Person,
+                                                                            deployment: Deployment) -> None:
+    from tuning.tests.test_api import huge_input
+
+    huge_input(deployment)
+    content = signed_in(alice).post(f"{PAGE}tune/", {"p99_ms": "25", "budget_seconds": "300", "concurrency_max": "8"},
+                                    follow=True).content.decode()
+    assert "Not tuned: the generated request cannot be sent" in content
+    assert not TuneRun.objects.exists()
