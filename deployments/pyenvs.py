@@ -52,6 +52,9 @@ MAX_LINE_LENGTH = 500
 
 # A name first: every option starts with "-", every path with "." or "/", a URL with its scheme (caught below).
 _STARTS_LIKE_A_NAME = re.compile(r"^[A-Za-z0-9]")
+# What pip reads as a local archive (pip's ARCHIVE_EXTENSIONS).
+_ARCHIVE_ENDINGS = (".whl", ".zip", ".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tbz", ".tar.xz", ".txz", ".tlz",
+                    ".tar.lz", ".tar.lzma")
 
 
 class RequirementError(ValueError):
@@ -75,6 +78,15 @@ def parse_line(line: str) -> Requirement:
         raise RequirementError(f"not a valid requirement ({exc}); list packages such as 'numpy>=1.26'") from None
     if requirement.url:
         raise RequirementError("URLs are not accepted: the operator chooses the package index")
+    # pip takes an argument that ends like an archive ("evil.tar.gz", "x===evil.tar.gz", "x==1+evil.tgz": a valid
+    # name, an arbitrary-equality version, a local version label) for a file in its working directory, and builds
+    # an sdist even with --only-binary=:all:. No package is named so, and '===' matches no real version of one.
+    parts = [requirement.name, *(s.version for s in requirement.specifier)]
+    if any(part.lower().endswith(_ARCHIVE_ENDINGS) for part in parts) or any(
+            s.operator == "===" for s in requirement.specifier):
+        raise RequirementError("a name or version that ends like a file ('.whl', '.tar.gz', '.zip', ...) or an "
+                               "'===' version is not accepted: pip would read it as a local file; list packages "
+                               "such as 'numpy>=1.26'")
     return requirement
 
 
@@ -396,7 +408,9 @@ def _build(env_dir: Path, requirements: Sequence[str], runtime_python: Path, run
     (env_dir / "modelport-requirements.txt").write_text("\n".join(requirements) + "\n")
     command = pip_command(runtime_python, env_dir, constraints, requirements, options)
     try:
-        result = run(command, capture_output=True, text=True, timeout=options.timeout_seconds, env=env, check=False)
+        # In the new environment's own directory: nothing there is pip's to read as a requirement's local file.
+        result = run(command, capture_output=True, text=True, timeout=options.timeout_seconds, env=env, check=False,
+                     cwd=str(env_dir))
     except subprocess.TimeoutExpired:
         return f"pip did not finish within {options.timeout_seconds:g} s (MODELPORT_PIP_TIMEOUT_SECONDS)"
     except OSError as exc:

@@ -22,6 +22,8 @@ class Queue(StrEnum):
 ROUTES: dict[str, dict[str, str]] = {
     # Exact names win over the patterns below: pip may run for minutes, never ahead of a tick.
     "deployments.tasks.build_python_env": {"queue": Queue.INSPECTION},
+    # A short sweep: never queued behind an hour-long tune.
+    "tuning.tasks.sweep_servers": {"queue": Queue.RECONCILE},
     "deployments.tasks.*": {"queue": Queue.RECONCILE},
     "models_registry.tasks.*": {"queue": Queue.INSPECTION},
     "accounts.tasks.*": {"queue": Queue.INSPECTION},

@@ -31,6 +31,12 @@ def beat_schedule(reconcile_interval: float, canary_check_interval: float = 5.0)
             "schedule": 30.0,
             "options": {"expires": 30},
         },
+        # Temporary Tritons of tunes whose worker died mid-tune (tuning/runner.py).
+        "sweep-tune-tritons": {
+            "task": "tuning.tasks.sweep_servers",
+            "schedule": 30.0,
+            "options": {"expires": 30},
+        },
         "delete-expired-idempotency-records": {
             "task": "accounts.tasks.delete_expired_idempotency_records",
             "schedule": 3600.0,

@@ -241,6 +241,9 @@ MODELPORT_PIP_INDEX_URL = env_str("MODELPORT_PIP_INDEX_URL")
 MODELPORT_PIP_FIND_LINKS = env_str("MODELPORT_PIP_FIND_LINKS")
 MODELPORT_PIP_TIMEOUT_SECONDS = env_float("MODELPORT_PIP_TIMEOUT_SECONDS", 900.0, minimum=30)
 PYENV_KEEP_UNUSED_SECONDS = env_float("PYENV_KEEP_UNUSED_SECONDS", 7 * 86400.0, minimum=0)
+# Tunes (tuning/): one queued or running per deployment, and at most this many per team, so that one team's
+# deployments cannot queue tunes of an hour each ahead of every other team's on the machine.
+TUNE_MAX_ACTIVE_PER_TEAM = env_int("TUNE_MAX_ACTIVE_PER_TEAM", 2, minimum=1)
 
 # --- Local runtime sandbox (docs/security.md, "Local runtime") ------------------------------------------------
 # Every local Triton runs confined: namespaces, a read-only view of what it needs, Landlock, seccomp and cgroup

@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
+from accounts.models import Team
 from audit.log import record as audit
 from deployments import actions as deployment_actions
 from deployments import canary, planning
@@ -32,8 +34,15 @@ class TuneRequest:
 
 @transaction.atomic
 def create_tune(deployment: Deployment, user: Any, request: TuneRequest) -> TuneRun:
+    # The team's row serializes its tune requests: two at once cannot both pass the checks below. (NO KEY: rows
+    # that merely reference the team, an event or an audit entry written meanwhile, are not held up by it.)
+    Team.objects.select_for_update(no_key=True).filter(pk=deployment.team_id).first()
     if TuneRun.objects.filter(deployment=deployment, status__in=TuneRun.ACTIVE).exists():
         raise Conflict("A tune of this deployment is queued or running already: wait for it, or cancel it.")
+    limit = settings.TUNE_MAX_ACTIVE_PER_TEAM
+    if TuneRun.objects.filter(team_id=deployment.team_id, status__in=TuneRun.ACTIVE).count() >= limit:
+        raise Conflict(f"Your team has {limit} tunes queued or running (the most it may have at once, "
+                       "TUNE_MAX_ACTIVE_PER_TEAM): wait for one to end, or cancel one.")
     tune = TuneRun.objects.create(
         deployment=deployment, team=deployment.team, model_version=request.model_version, created_by=user,
         p99_target_ms=request.p99_target_ms, budget_seconds=request.budget_seconds,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings
 from django.http import Http404
 from drf_spectacular.utils import OpenApiExample, extend_schema
 from rest_framework import serializers, status
@@ -16,6 +17,7 @@ from deployments import planning
 from deployments.api import RolloutSerializer, get_deployment_for_user
 from deployments.models import Deployment
 from deployments.revision_spec import ModelEntry
+from gateway.protocol import Refusal, check_infer_request
 from models_registry.models import ModelVersion
 from portal.api_schema import JSON_PARSERS, ExactJSONTypes, error
 from tuning import actions
@@ -78,7 +80,25 @@ def _request_problem(body: dict[str, Any]) -> str | None:
     if not isinstance(inputs, list) or not inputs or not all(isinstance(i, dict) and isinstance(i.get("name"), str)
                                                                for i in inputs):
         return 'a KServe v2 request has "inputs": a non-empty list of objects, each with a "name"'
+    # The load generator sends it straight to the tune's Triton, past the gateway: it must pass the gateway's own
+    # checks (GATEWAY_MAX_TENSOR_BYTES, shapes whose size overflows, shared-memory parameters), or a tune would
+    # reach Triton with what the gateway refuses (a [2**62] shape kills the model's stub, a huge shape with no data
+    # makes Triton's JSON path allocate it).
+    try:
+        check_infer_request(body, None, settings.GATEWAY_MAX_TENSOR_BYTES)
+    except Refusal as exc:
+        return exc.message
     return None
+
+
+def generated_problem(body: dict[str, Any]) -> str | None:
+    """Why the Try-it example of the model cannot be the tune's request (an input too large to fill in goes with
+    empty data, which the gateway would refuse and the load generator must not send either), or None."""
+    problem = _request_problem(body)
+    if problem is None:
+        return None
+    return (f"the generated request cannot be sent ({problem}): give your own with sample 'request' and the "
+            "request in 'request'")
 
 
 class TuneRunSerializer(serializers.ModelSerializer[TuneRun]):
@@ -137,7 +157,8 @@ def _entry_to_tune(deployment: Deployment, model: str | None) -> ModelEntry:
                    202: TuneRunSerializer,
                    400: error("Not a valid tune: 'fields' says which field and why (a target of 0, a budget out of "
                               "range, an unsupported sample, a deployment this machine cannot measure)."),
-                   409: error("A tune of this deployment is queued or running already."),
+                   409: error("A tune of this deployment is queued or running already, or the team has "
+                              "TUNE_MAX_ACTIVE_PER_TEAM tunes queued or running."),
                })
 @api_view(["POST"])
 @parser_classes(JSON_PARSERS)
@@ -152,6 +173,10 @@ def tune_create(request: Request, name: str) -> Response:
     entry = _entry_to_tune(deployment, data.get("model"))
     assert entry.version_id is not None  # _entry_to_tune refused a model without one
     body = data["request"] if data["sample"] == "request" else example_request(served_signature(entry))
+    if data["sample"] == "generated":
+        problem = generated_problem(body)
+        if problem:
+            raise serializers.ValidationError({"sample": [problem]})
     tune = actions.create_tune(deployment, request.user, actions.TuneRequest(
         model_version=ModelVersion.objects.get(pk=entry.version_id), p99_target_ms=data["p99_ms"],
         budget_seconds=data["budget_seconds"], concurrency_min=data["concurrency_min"],

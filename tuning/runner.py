@@ -4,8 +4,9 @@ and started through the local runtime's sandboxed launcher (deployments.runtimes
 code path of every deployment), on free ports, stopped in `finally`. The deployment's own server is not touched.
 
 Temporary servers live under VAR_DIR/tuning/<tune id>/, outside DEPLOYMENTS_DIR, so that the orphan sweep of
-deployments never stops one mid-measurement; a worker killed mid-tune leaves its last server running until the
-operator stops it (the tune is marked failed once its heartbeat is STALE_SECONDS old).
+deployments never stops one mid-measurement. A worker killed mid-tune leaves its last server running: beat's
+`sweep_servers` (every 30 s) marks such a tune failed once its heartbeat is long gone and stops every temporary
+Triton whose tune is not running, so none stays behind holding the team's model and its memory.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import platform
 import shutil
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from datetime import timedelta
@@ -27,7 +29,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from deployments.events import record
-from deployments.models import Event
+from deployments.models import Deployment, Event
 from deployments.revision_spec import ModelEntry, RevisionSpec
 from deployments.runtimes.base import RuntimeUnavailable
 from deployments.runtimes.local import runtime as local_runtime
@@ -87,7 +89,7 @@ def claim(tune: TuneRun) -> str | None:
                     message="Starting.", machine=machine_fingerprint())
             return None if claimed else "not queued"
         except IntegrityError:
-            holder = TuneRun.objects.select_related("team").filter(host=host, status=TuneRun.Status.RUNNING).first()
+            holder = TuneRun.objects.filter(host=host, status=TuneRun.Status.RUNNING).first()
             if holder is None:
                 continue
             if holder.heartbeat_at is None or holder.heartbeat_at < now - timedelta(seconds=STALE_SECONDS):
@@ -95,7 +97,8 @@ def claim(tune: TuneRun) -> str | None:
                     status=TuneRun.Status.FAILED, finished_at=now,
                     message="Its worker stopped mid-tune (no heartbeat): run it again.")
                 continue
-            whose = "yours" if holder.team_id == tune.team_id else f"team {holder.team.name}'s"
+            # Never another team's name: every team sees only its own objects (docs/security.md).
+            whose = "yours" if holder.team_id == tune.team_id else "another team's"
             message = f"Waiting for another tune on this machine ({whose}) to finish."
             TuneRun.objects.filter(pk=tune.pk, status=TuneRun.Status.QUEUED).update(message=message)
             return message
@@ -156,9 +159,11 @@ def run(tune_id: int, loadgen: Measurer = run_loadgen) -> str | None:
     tune = TuneRun.objects.select_related("deployment", "team").filter(pk=tune_id).first()
     if tune is None or tune.status != TuneRun.Status.QUEUED:
         return None
-    if tune.cancel_requested:
+    stopped = _stop_reason(tune.pk)
+    if stopped is not None:
         TuneRun.objects.filter(pk=tune.pk, status=TuneRun.Status.QUEUED).update(
-            status=TuneRun.Status.CANCELLED, finished_at=timezone.now(), message="Cancelled before it started.")
+            status=TuneRun.Status.CANCELLED, finished_at=timezone.now(),
+            message="Cancelled before it started." if stopped == "Cancelled." else stopped)
         return None
     waiting = claim(tune)
     if waiting is not None:
@@ -217,7 +222,7 @@ def _search(tune: TuneRun, loadgen: Measurer) -> search.Outcome:
 
     def cancelled() -> bool:
         TuneRun.objects.filter(pk=tune.pk).update(heartbeat_at=timezone.now())
-        return TuneRun.objects.filter(pk=tune.pk, cancel_requested=True).exists()
+        return _stop_reason(tune.pk) is not None
 
     try:
         return search.search(measure, p99_target_ms=tune.p99_target_ms, budget_s=float(tune.budget_seconds),
@@ -239,9 +244,9 @@ def _record(tune: TuneRun, outcome: search.Outcome) -> None:
         recommendation = {"settings": outcome.recommendation.to_json(), "label": outcome.recommendation.label(),
                           **{k: v for k, v in asdict(best.best(target)).items()  # type: ignore[arg-type]
                              if k in ("throughput", "p50_ms", "p99_ms", "concurrency")}}
-    cancelled = TuneRun.objects.filter(pk=tune.pk, cancel_requested=True).exists()
-    if cancelled:
-        status, message = TuneRun.Status.CANCELLED, "Cancelled."
+    stopped = _stop_reason(tune.pk)
+    if stopped is not None:
+        status, message = TuneRun.Status.CANCELLED, stopped
     elif recommendation is None:
         status = TuneRun.Status.DONE
         message = (f"No setting met p99 ≤ {target:g} ms at the concurrencies tried: raise the target or lower "
@@ -256,8 +261,78 @@ def _record(tune: TuneRun, outcome: search.Outcome) -> None:
     _finish(tune, status, message)
 
 
+def _tune_id(pid: int, prefix: str) -> int | None:
+    """The tune whose temporary Triton `pid` is: its repository is <prefix><tune id>/c<n>/repository."""
+    wanted = f"--model-repository={prefix}"
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    for arg in args:
+        if arg.startswith(wanted):
+            head = arg[len(wanted):].split("/", 1)[0]
+            return int(head) if head.isascii() and head.isdigit() and len(head) < 19 else None
+    return None
+
+
+def sweep_servers() -> list[str]:
+    """Stop the temporary Tritons of this var/ whose tune is not running (its worker was killed mid-tune, say) and
+    remove what they left; a running tune of this machine without a heartbeat for much longer than any one step
+    takes is marked failed first. Returns a line per thing done."""
+    root = Path(settings.VAR_DIR) / "tuning"
+    done: list[str] = []
+    now = timezone.now()
+    # A step may render a large model, start a Triton (up to TRITON_READY_TIMEOUT_SECONDS) and then measure: only
+    # far past that is the worker gone (a wrong verdict would stop a live tune's server).
+    dead_after = timedelta(seconds=STALE_SECONDS + float(settings.TRITON_READY_TIMEOUT_SECONDS) + 600)
+    for pk in TuneRun.objects.filter(host=this_host(), status=TuneRun.Status.RUNNING,
+                                     heartbeat_at__lt=now - dead_after).values_list("pk", flat=True):
+        if TuneRun.objects.filter(pk=pk, status=TuneRun.Status.RUNNING).update(
+                status=TuneRun.Status.FAILED, finished_at=now,
+                message="Its worker stopped mid-tune (no heartbeat): run it again."):
+            done.append(f"marked tune {pk} failed: its worker stopped mid-tune")
+    running = set(TuneRun.objects.filter(status=TuneRun.Status.RUNNING).values_list("pk", flat=True))
+    grace = float(settings.TRITON_ORPHAN_GRACE_SECONDS)
+    prefix = f"{root}/"
+    for pid in local_triton.find_servers(prefix):
+        tune_id = _tune_id(pid, prefix)
+        # Young servers are left alone: a tune claimed after `running` was read may just have started one.
+        if tune_id in running or local_triton.process_age(pid) < grace:
+            continue
+        local_triton.stop_server(pid, grace_seconds=settings.TRITON_STOP_GRACE_SECONDS)
+        done.append(f"stopped the temporary Triton (pid {pid}) of tune {tune_id}, which no longer runs")
+        log.warning("Stopped the temporary Triton (pid %s) of tune %s, which no longer runs.", pid, tune_id)
+    if root.is_dir():
+        cutoff = time.time() - grace
+        for directory in root.iterdir():
+            name = directory.name
+            if name.isascii() and name.isdigit() and int(name) not in running and _mtime(directory) < cutoff \
+                    and not local_triton.find_servers(f"{directory}/"):
+                shutil.rmtree(directory, ignore_errors=True)
+                done.append(f"removed {directory}")
+    return done
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return time.time()
+
+
+def _stop_reason(tune_id: int) -> str | None:
+    """Why the tune must stop before its next measurement: cancelled, or its deployment deleted (a tune must not
+    go on running temporary Tritons of a deployment that is gone); None to go on."""
+    row = TuneRun.objects.filter(pk=tune_id).values("cancel_requested", "deployment__desired_state").first()
+    if row is None or row["deployment__desired_state"] == Deployment.Desired.DELETED:
+        return "Cancelled: its deployment was deleted."
+    return "Cancelled." if row["cancel_requested"] else None
+
+
 def _finish(tune: TuneRun, status: str, message: str) -> None:
     with transaction.atomic():
+        if not Deployment.objects.filter(pk=tune.deployment_id).exists():
+            return  # deleted meanwhile, and its tunes with it
         TuneRun.objects.filter(pk=tune.pk).update(status=status, message=message, finished_at=timezone.now())
         record(tune.deployment, Event.Kind.INFO if status == TuneRun.Status.DONE else Event.Kind.WARNING,
                f"Tune {tune.pk}: {message}")

@@ -22,3 +22,9 @@ def run_tune(tune_id: int) -> None:
     if waiting is not None:
         log.info("Tune %s waits: %s", tune_id, waiting)
         run_tune.apply_async((tune_id,), countdown=runner.WAIT_SECONDS)
+
+
+@shared_task(ignore_result=True)
+def sweep_servers() -> int:
+    """Periodic (on the reconcile queue, never behind a tune): stop temporary Tritons whose tune no longer runs."""
+    return len(runner.sweep_servers())

@@ -12,6 +12,7 @@ from deployments import canary, planning
 from models_registry.models import ModelVersion
 from portal.api_errors import Conflict
 from tuning import actions
+from tuning.api import generated_problem
 from tuning.models import TuneRun
 from web import inference
 from web.tune_panel import TuneForm
@@ -31,13 +32,15 @@ def deployment_tune(request: HttpRequest, team: Team, name: str) -> HttpResponse
     elif deployment.runtime != deployment.Runtime.LOCAL or entry is None:
         messages.error(request, "Not tuned: only a local deployment serving a model (not only a pipeline) can be "
                                 "tuned on this machine.")
+    elif problem := generated_problem(body := inference.example_request(inference.served_signature(entry))):
+        messages.error(request, f"Not tuned: {problem} (the API's POST .../tune takes one).")
     else:
         data = form.cleaned_data
         try:
             actions.create_tune(deployment, request.user, actions.TuneRequest(
                 model_version=ModelVersion.objects.get(pk=entry.version_id), p99_target_ms=data["p99_ms"],
                 budget_seconds=data["budget_seconds"], concurrency_min=1, concurrency_max=data["concurrency_max"],
-                sample="generated", request_body=inference.example_request(inference.served_signature(entry))))
+                sample="generated", request_body=body))
         except Conflict as exc:
             messages.error(request, str(exc))
         else:
@@ -59,7 +62,9 @@ def deployment_tune_apply(request: HttpRequest, team: Team, name: str, tune_id: 
     percent_text = request.POST.get("canary_percent", "").strip()
     rollout = None
     if percent_text:
-        if not percent_text.isascii() or not percent_text.isdigit() or not 1 <= int(percent_text) <= 99:
+        # Length first: int() of a few thousand digits raises ValueError (a 500), not a refusal.
+        if (not percent_text.isascii() or not percent_text.isdigit() or len(percent_text) > 2
+                or not 1 <= int(percent_text) <= 99):
             messages.error(request, f"A canary takes 1 to 99 percent of the requests, not {percent_text[:20]!r}; "
                                     "leave it empty to apply to all of them at once.")
             return redirect("deployment-detail", name=name)

@@ -11,6 +11,7 @@ import pytest
 from audit.models import AuditEntry
 from conftest import Person
 from deployments.models import Deployment, Event
+from deployments.tests.conftest import make_ready_version
 from models_registry.models import ModelVersion
 
 
@@ -145,3 +146,17 @@ def test_a_canary_of_no_change_is_a_400(alice: Person, ready: Deployment) -> Non
     assert response.status_code == 400
     assert response.json()["error"]["fields"]["rollout"] == [
         "a canary needs a change: this PATCH asks for the settings in effect already"]
+
+
+def test_the_version_a_canary_serves_cannot_be_deleted(alice: Person, ready: Deployment) -> None:
+    """Deleting it released its bytes under a serving canary: promoted, its revision could never start again."""
+    make_ready_version(alice)  # version 2
+    assert patch(alice, {"models": [{"model": "digits", "version": 2}],
+                         "rollout": {"strategy": "canary", "percent": 10}}).status_code == 200
+    serve_canary(ready)
+    response = alice.client().delete("/api/v1/models/digits/versions/2/")
+    assert response.status_code == 409, response.content[:300]
+    assert "digits-prod" in response.json()["error"]["message"]
+    assert ModelVersion.objects.filter(model__name="digits", number=2).exists()
+    assert alice.client().post("/api/v1/deployments/digits-prod/rollback").status_code == 200
+    assert alice.client().delete("/api/v1/models/digits/versions/2/").status_code == 204

@@ -179,3 +179,19 @@ def test_an_environment_a_running_triton_started_with_is_kept_after_the_runtime_
     assert started_with.env_dir.is_dir()
     TritonServer.objects.update(state=TritonServer.State.STOPPED)
     assert local_runtime.collect_python_envs() == [f"removed the unused python environment {started_with.env_dir}"]
+
+
+def test_the_environment_of_a_canary_being_prepared_is_kept(alice: Person, queued: list[int], settings: Any,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between its preparation (built) and its launch a canary has no server: the sweep must not remove its
+    environment then (the canary would end with 'environment is gone')."""
+    use_pip(monkeypatch, FakePip())
+    revision = revision_needing(alice, b"tabulate\n")
+    local_runtime.build_python_env(revision.pk)
+    # Only the canary needs it: the stable revision is another (here: none that needs an environment).
+    Deployment.objects.filter(pk=revision.deployment_id).update(revision=None, serving_revision=None,
+                                                               canary_revision=revision, canary_percent=10)
+    settings.PYENV_KEEP_UNUSED_SECONDS = 0
+    assert local_runtime.collect_python_envs() == []
+    penv = local_runtime.python_env_for(revision.spec)
+    assert penv is not None and penv.env_dir.is_dir()

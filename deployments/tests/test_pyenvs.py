@@ -46,6 +46,10 @@ IDENTITY = pyenvs.RuntimeIdentity("3.11.7", ("numpy==1.26.4", "onnxruntime==1.32
     "numpy==",
     "nu mpy",
     "a" * 501,
+    # pip reads these as files in its working directory (and builds an sdist, even with --only-binary=:all:).
+    "evil.tar.gz", "evil.whl", "evil.ZIP", "evil.tgz[extra]", "x===evil.tar.gz", "x===1.0", "x==1.0+evil.tgz",
+    "x>=1,!=2.0+evil.whl",
+    'evil.tar.gz; python_version >= "3"',
 ])
 def test_a_line_that_is_not_a_plain_requirement_is_refused(line: str) -> None:
     with pytest.raises(pyenvs.RequirementError):
@@ -146,6 +150,8 @@ class FakePip:
             (env_dir / "bin").mkdir(parents=True)
             (env_dir / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
             return subprocess.CompletedProcess(command, 0, "", "")
+        # pip runs in the new environment's directory, never in the worker's (where a file could be a requirement).
+        assert kwargs["cwd"] == str(Path(command[command.index("--python") + 1]).parent.parent)
         if self.fails_with:
             return subprocess.CompletedProcess(command, 1, "Collecting nonexistent-pkg-zzz==9.9\n", self.fails_with)
         env_dir = Path(command[command.index("--python") + 1]).parent.parent

@@ -11,6 +11,7 @@ import pytest
 from audit.models import AuditEntry
 from conftest import Person
 from deployments.models import Deployment, Event, Revision
+from deployments.revision_spec import RevisionSpec
 from deployments.tests.conftest import digits_v1  # noqa: F401 - shared fixture
 from models_registry.models import ModelVersion
 from tuning.models import TuneRun
@@ -81,6 +82,16 @@ def test_a_user_supplied_request_is_kept(alice: Person, deployment: Deployment) 
     ({"sample": "request", "request": {"inputs": "x"}}, "request", "non-empty list"),
     ({"sample": "request", "request": {"inputs": [{"shape": [1]}]}}, "request", "each with a \"name\""),
     ({"request": {"inputs": [{"name": "x"}]}}, "request", "only with sample 'request'"),
+    # What the gateway refuses never reaches the tune's Triton by the load generator either.
+    ({"sample": "request", "request": {"inputs": [{"name": "x", "shape": [2**62], "datatype": "FP32", "data": []}]}},
+     "request", "x"),
+    ({"sample": "request", "request": {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1],
+                                                   "parameters": {"shared_memory_region": "r"}}]}},
+     "request", "shared"),
+    ({"sample": "request", "request": {"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": [1]}]}},
+     "request", "shape"),
+    ({"sample": "request", "request": {"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": [1]}]}},
+     "request", "x"),
     ({"model": "nope"}, "model", "no model named 'nope'"),
 ])
 def test_bad_input_is_a_400_that_says_what_to_fix(alice: Person, deployment: Deployment, body: dict[str, Any],
@@ -116,6 +127,47 @@ def test_a_second_tune_waits_for_the_first_to_end(alice: Person, bob: Person, de
     response = tune(bob)
     assert response.status_code == 409
     assert "queued or running already" in response.json()["error"]["message"]
+
+
+def test_a_team_queues_at_most_its_share_of_tunes(alice: Person, bob: Person,
+                                                 deployment: Deployment) -> None:
+    """One deployment, one tune; and a team with many deployments cannot queue hour-long tunes on each of them
+    ahead of every other team (TUNE_MAX_ACTIVE_PER_TEAM, 2 by default)."""
+    for name in ("digits-b", "digits-c"):
+        assert alice.client().post("/api/v1/deployments/", {"name": name, "models": [{"model": "digits"}]},
+                                   format="json").status_code == 201
+    assert tune(alice).status_code == 202
+    assert tune(bob, "digits-b").status_code == 202
+    refused = tune(alice, "digits-c")
+    assert refused.status_code == 409
+    assert "TUNE_MAX_ACTIVE_PER_TEAM" in refused.json()["error"]["message"]
+    assert TuneRun.objects.filter(deployment__team=alice.team).count() == 2
+    # An ended tune frees its place.
+    first = TuneRun.objects.get(deployment=deployment)
+    assert alice.client().post(f"/api/v1/deployments/digits-prod/tunes/{first.pk}/cancel").status_code == 202
+    assert tune(alice, "digits-c").status_code == 202
+
+
+def huge_input(deployment: Deployment) -> None:
+    """The served model declares an input too large for the Try-it example (a python model declares its own)."""
+    revision = deployment.revision
+    assert revision is not None
+    spec = revision.spec.to_json()
+    spec["models"][0]["signature"]["inputs"][0]["dims"] = [-1, 2**62]  # the first: the batch
+    Revision.objects.filter(pk=revision.pk).update(spec=RevisionSpec.from_json(spec))
+
+
+def test_a_generated_request_the_gateway_would_refuse_is_not_sent(alice: Person, deployment: Deployment) -> None:
+    """Too large to fill in, the example goes with empty data and a [2**62] shape: sent straight to Triton it
+    kills the model's stub. The tune asks for the user's own request instead."""
+    huge_input(deployment)
+    response = tune(alice)
+    assert response.status_code == 400, response.json()
+    [message] = response.json()["error"]["fields"]["sample"]
+    assert "give your own with sample 'request'" in message and "limit" in message
+    assert not TuneRun.objects.exists()
+    sent = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+    assert tune(alice, sample="request", request=sent).status_code == 202
 
 
 def test_bob_sees_the_teams_tunes_and_charlie_sees_nothing(alice: Person, bob: Person, charlie: Person,

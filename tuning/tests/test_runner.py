@@ -4,6 +4,9 @@ real ones run in tests/test_tune_e2e.py)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -104,11 +107,13 @@ def test_a_second_tune_on_the_machine_waits_and_says_whose(deployment: Deploymen
     assert waiting == "Waiting for another tune on this machine (yours) to finish."
     mine.refresh_from_db()
     assert mine.status == "queued" and mine.message == waiting
-    # Another team's deployment on the same machine waits too, and is told whose tune it waits for.
+    # Another team's deployment on the same machine waits too, and learns nothing of whose tune it waits for.
     other = Deployment.objects.create(team=charlie.team, name="other", runtime="local")
     theirs = queued(other)
-    assert runner.run(theirs.pk, fake_loadgen(synthetic)) == \
-        "Waiting for another tune on this machine (team acme's) to finish."
+    told = runner.run(theirs.pk, fake_loadgen(synthetic))
+    assert told == "Waiting for another tune on this machine (another team's) to finish."
+    theirs.refresh_from_db()
+    assert deployment.team.name not in theirs.message
     first.refresh_from_db()
     assert first.status == "running"
 
@@ -158,3 +163,79 @@ def test_the_settings_of_a_config_go_into_the_spec(deployment: Deployment) -> No
     assert model.dynamic_batching is not None and model.dynamic_batching.max_queue_delay_microseconds == 500
     off = runner.apply_config(spec, entry, search.Config(2)).models[0]
     assert off.dynamic_batching is None and off.max_batch_size == entry.max_batch_size
+
+
+def test_the_sweep_stops_temporary_tritons_of_tunes_that_no_longer_run(
+        deployment: Deployment, charlie: Person, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, settings: Any) -> None:
+    """A worker killed mid-tune leaves its temporary Triton (the team's model, its memory) running: the sweep marks
+    the tune failed once its heartbeat is long gone and stops the servers of tunes that do not run; a live tune's
+    server and a young one are left alone."""
+    settings.VAR_DIR = tmp_path
+    prefix = f"{tmp_path / 'tuning'}/"
+    long_ago = timezone.now() - timedelta(hours=1)
+    dead = queued(deployment, status=TuneRun.Status.RUNNING, host=runner.this_host(), heartbeat_at=long_ago)
+    live = queued(Deployment.objects.create(team=deployment.team, name="live", runtime="local"),
+                  status=TuneRun.Status.RUNNING, host="elsewhere", heartbeat_at=timezone.now())
+    over = queued(Deployment.objects.create(team=charlie.team, name="over", runtime="local"),
+                  status=TuneRun.Status.DONE)
+    servers = {101: dead.pk, 102: live.pk, 103: over.pk, 104: over.pk}
+    for tune_id in set(servers.values()):
+        (tmp_path / "tuning" / str(tune_id) / "c1" / "repository").mkdir(parents=True)
+    stopped: list[int] = []
+    monkeypatch.setattr(runner.local_triton, "find_servers", lambda p: sorted(
+        pid for pid, tune_id in servers.items() if pid not in stopped and f"{prefix}{tune_id}/".startswith(p)))
+    monkeypatch.setattr(runner, "_tune_id", lambda pid, p: servers[pid] if p == prefix else None)
+    monkeypatch.setattr(runner.local_triton, "process_age", lambda pid: 5.0 if pid == 104 else 3600.0)
+    monkeypatch.setattr(runner.local_triton, "stop_server", lambda pid, grace_seconds: stopped.append(pid) or True)
+    monkeypatch.setattr(runner, "_mtime", lambda path: 0.0)
+
+    done = runner.sweep_servers()
+
+    assert sorted(stopped) == [101, 103]
+    dead.refresh_from_db()
+    assert dead.status == "failed" and "no heartbeat" in dead.message
+    live.refresh_from_db()
+    assert live.status == "running"
+    assert not (tmp_path / "tuning" / str(dead.pk)).exists()
+    assert (tmp_path / "tuning" / str(live.pk)).exists()
+    assert (tmp_path / "tuning" / str(over.pk)).exists()  # its young server (104) still runs there
+    assert any(f"tune {dead.pk}" in line for line in done)
+
+
+def test_a_temporary_triton_is_known_by_its_repository(tmp_path: Any) -> None:
+    prefix = f"{tmp_path}/tuning/"
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)",
+                                f"--model-repository={prefix}42/c3/repository"])
+    try:
+        for _ in range(100):  # cmdline is briefly empty right after exec
+            if runner._tune_id(process.pid, prefix) is not None:
+                break
+            time.sleep(0.02)
+        assert runner._tune_id(process.pid, prefix) == 42
+        assert runner._tune_id(process.pid, f"{tmp_path}/other/") is None
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_deleting_the_deployment_stops_its_tune(deployment: Deployment, synthetic: Synthetic) -> None:
+    """A tune must not go on starting temporary Tritons of a deployment that was deleted (for up to its budget)."""
+    measured: list[int] = []
+    loadgen = fake_loadgen(synthetic)
+
+    def deleting(url: str, body: bytes, concurrency: int, duration: float, warmup: float) -> search.Measurement:
+        measured.append(concurrency)
+        Deployment.objects.filter(pk=deployment.pk).update(desired_state=Deployment.Desired.DELETED)
+        return loadgen(url, body, concurrency, duration, warmup)
+
+    run = queued(deployment)
+    runner.run(run.pk, deleting)
+    run.refresh_from_db()
+    assert run.status == "cancelled" and "deployment was deleted" in run.message
+    assert len(measured) == 1
+    assert FakeServers.started[-1] == search.Config(instances=0)  # its server was stopped
+    # A queued one never starts.
+    other = queued(deployment)
+    assert runner.run(other.pk, loadgen) is None
+    other.refresh_from_db()
+    assert other.status == "cancelled" and "deployment was deleted" in other.message

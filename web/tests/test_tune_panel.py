@@ -89,7 +89,7 @@ def test_apply_as_a_canary_from_the_panel(alice: Person, deployment: Deployment)
     tune = finished(deployment)
     client = signed_in(alice)
     assert 'id="tune-apply-canary"' in client.get(PAGE).content.decode()
-    for bad in ("0", "100", "ten", "²"):
+    for bad in ("0", "100", "ten", "²", "9" * 5000, "0" * 5000 + "15"):
         content = client.post(f"{PAGE}tunes/{tune.pk}/apply/", {"canary_percent": bad}, follow=True).content.decode()
         assert "A canary takes 1 to 99 percent of the requests" in content
     assert Revision.objects.filter(deployment=deployment).count() == 1
@@ -131,3 +131,14 @@ def test_the_chart_escapes_and_scales() -> None:
     assert svg.startswith("<svg") and "<script>" not in svg and "&lt;script&gt;" in svg
     assert svg.count("<circle") == len(POINTS) + 1
     assert str(frontier_svg([], [], 20.0, None)) == ""
+
+
+def test_a_generated_request_the_gateway_would_refuse_is_reported_not_queued(alice: Person,
+                                                                            deployment: Deployment) -> None:
+    from tuning.tests.test_api import huge_input
+
+    huge_input(deployment)
+    content = signed_in(alice).post(f"{PAGE}tune/", {"p99_ms": "25", "budget_seconds": "300", "concurrency_max": "8"},
+                                    follow=True).content.decode()
+    assert "Not tuned: the generated request cannot be sent" in content
+    assert not TuneRun.objects.exists()

@@ -611,8 +611,9 @@ def collect_python_envs() -> list[str]:
         return []
     in_use = set()
     running = Deployment.objects.filter(desired_state=Deployment.Desired.RUNNING).select_related(
-        "revision", "serving_revision")
-    revisions = [r for d in running for r in (d.revision, d.serving_revision) if r is not None]
+        "revision", "serving_revision", "canary_revision")
+    # A canary being prepared has no server yet: its environment is needed all the same.
+    revisions = [r for d in running for r in (d.revision, d.serving_revision, d.canary_revision) if r is not None]
     for server in TritonServer.objects.filter(state__in=[TritonServer.State.STARTING, TritonServer.State.READY]) \
             .select_related("revision", "deployment"):
         try:
