@@ -110,7 +110,9 @@ def test_a_rollout_ends_the_old_revisions_processes_and_a_killed_triton_takes_it
     # SIGKILL to the server alone (an OOM kill, an operator's kill -9): the kernel ends the rest of its sandbox.
     os.kill(new.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while processes_named(f"detached-{token}") and time.monotonic() < deadline:
+    # The kernel kills the namespace's processes one by one: wait for all of them, not only the detached ones.
+    while ((processes_named(f"detached-{token}") or local_triton.server_pids(new.pid))
+           and time.monotonic() < deadline):
         time.sleep(0.1)
     assert processes_named(f"detached-{token}") == [] and local_triton.server_pids(new.pid) == []
 
