@@ -157,6 +157,7 @@ def running_stack(keep: bool = False) -> Iterator[Stack]:
     logs = var_dir / "log"
     logs.mkdir()
     try:
+        stack.manage("ensure_dirs")  # the var/ layout and a development secret key, as `make run` makes them
         stack.manage("migrate", "--noinput")
         stack.token = stack.manage("create_api_token", "--user", "bench", "--team", "bench", "--create", "--admin").strip()
 

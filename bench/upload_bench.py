@@ -543,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         (work / "tmp").mkdir()
         env = bench_env(work)
         print(f"work directory: {work}")
+        manage(env, "ensure_dirs")  # the var/ layout and a development secret key, as `make run` makes them
         manage(env, "migrate", "--noinput")
         token = manage(env, "create_api_token", "--user", "bench", "--team", "bench", "--create", "--admin",
                        "--name", "upload-bench").strip()
