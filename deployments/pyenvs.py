@@ -378,7 +378,7 @@ def build(layout: Layout, key: str, requirements: Sequence[str], runtime_python:
                 shutil.rmtree(env_dir, ignore_errors=True)
                 layout.failed_file(key).write_text(message)
                 return BuildResult("failed", env_dir, message)
-            _readable_by_all(env_dir)
+            readable_by_all(env_dir)
             (env_dir / BUILT_MARK).write_text(json.dumps({
                 "requirements": list(requirements), "python": identity.python_version,
                 "runtime": identity.fingerprint, "built_at": time.time()}))
@@ -421,8 +421,9 @@ def _build(env_dir: Path, requirements: Sequence[str], runtime_python: Path, run
     return ""
 
 
-def _readable_by_all(root: Path) -> None:
-    """Sandboxed Tritons read the environment as another uid."""
+def readable_by_all(root: Path) -> None:
+    """Sandboxed Tritons read what the worker wrote (an environment, a rendered repository) as another uid; whatever
+    the worker's umask was, they must be able to."""
     for directory, _, files in os.walk(root):
         os.chmod(directory, 0o755)
         for name in files:

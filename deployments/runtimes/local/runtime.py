@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import secrets
 import shutil
 import time
@@ -275,17 +274,7 @@ def render_spec(spec: RevisionSpec, out: Path) -> None:
     """Render `spec`'s repository into `out`, readable by the sandbox's uid (RenderError: it cannot be served)."""
     render_repository(spec.repository(lambda entry: artifact_path(entry.sha256)), "local", out,
                       local_frameworks=frameworks.local_frameworks(), archive_limits=archive_limits())
-    _readable_by_all(out)
-
-
-def _readable_by_all(root: Path) -> None:
-    """The sandbox reads the repository as another uid; whatever the worker's umask was, it must be able to."""
-    for directory, _, files in os.walk(root):
-        os.chmod(directory, 0o755)
-        for name in files:
-            path = os.path.join(directory, name)
-            if not os.path.islink(path):
-                os.chmod(path, 0o755 if os.stat(path).st_mode & 0o111 else 0o644)
+    pyenvs.readable_by_all(out)
 
 
 @dataclass(frozen=True)
