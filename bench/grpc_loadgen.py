@@ -22,7 +22,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.loadgen import percentile  # noqa: E402
+from bench.loadgen import summary  # noqa: E402
 
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -63,19 +63,7 @@ async def run(target: str, body: bytes, metadata: list[tuple[str, str]], concurr
         window_start = time.monotonic()
         await asyncio.gather(*tasks)
         window = time.monotonic() - window_start
-    latencies.sort()
-    ms = [v * 1000 for v in latencies]
-    return {
-        "concurrency": concurrency,
-        "duration_s": round(window, 3),
-        "requests": len(latencies),
-        "errors": errors,
-        "error_samples": error_samples,
-        "throughput": round(len(latencies) / window, 2) if window else 0.0,
-        "p50_ms": percentile(ms, 0.50),
-        "p95_ms": percentile(ms, 0.95),
-        "p99_ms": percentile(ms, 0.99),
-    }
+    return summary(concurrency, window, latencies, errors, error_samples)
 
 
 def main(argv: list[str] | None = None) -> int:

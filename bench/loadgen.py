@@ -27,6 +27,23 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[index]
 
 
+def summary(concurrency: int, window: float, latencies: list[float], errors: int,
+            error_samples: list[Any]) -> dict[str, Any]:
+    """One closed-loop run's figures (latencies in seconds), as both load generators (HTTP and gRPC) print them."""
+    ms = sorted(v * 1000 for v in latencies)
+    return {
+        "concurrency": concurrency,
+        "duration_s": round(window, 3),
+        "requests": len(latencies),
+        "errors": errors,
+        "error_samples": error_samples,
+        "throughput": round(len(latencies) / window, 2) if window else 0.0,
+        "p50_ms": percentile(ms, 0.50),
+        "p95_ms": percentile(ms, 0.95),
+        "p99_ms": percentile(ms, 0.99),
+    }
+
+
 async def run(url: str, body: bytes, headers: dict[str, str], concurrency: int, duration: float, warmup: float,
               method: str = "POST") -> dict[str, Any]:
     latencies: list[float] = []
@@ -65,19 +82,7 @@ async def run(url: str, body: bytes, headers: dict[str, str], concurrency: int, 
         window_start = time.monotonic()
         await asyncio.gather(*tasks)
         window = time.monotonic() - window_start
-    latencies.sort()
-    ms = [v * 1000 for v in latencies]
-    return {
-        "concurrency": concurrency,
-        "duration_s": round(window, 3),
-        "requests": len(latencies),
-        "errors": errors,
-        "error_samples": error_samples,
-        "throughput": round(len(latencies) / window, 2) if window else 0.0,
-        "p50_ms": percentile(ms, 0.50),
-        "p95_ms": percentile(ms, 0.95),
-        "p99_ms": percentile(ms, 0.99),
-    }
+    return summary(concurrency, window, latencies, errors, error_samples)
 
 
 def main(argv: list[str] | None = None) -> int:
