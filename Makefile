@@ -54,8 +54,10 @@ stop-triton:
 test: venv runtime-env $(RUNTIME_ENV)/.extra-torch $(RUNTIME_ENV)/.extra-tensorflow browser-deps lint
 	$(PY) -m pytest
 
+# tests/test_schema_fuzz.py holds fuzz tests only; left out, not collected: schemathesis builds its cases at collection.
 test-fast: venv
-	$(PY) -m pytest -m "not triton and not worker and not browser and not s3 and not frameworks and not faults and not fuzz"
+	$(PY) -m pytest -m "not triton and not worker and not browser and not s3 and not kube and not frameworks and not faults and not fuzz" \
+		--ignore=tests/test_schema_fuzz.py
 
 # The API fuzzed against its OpenAPI schema alone, deeper than in `make test`: make fuzz FUZZ_EXAMPLES=500 FUZZ_SEED=$RANDOM
 .PHONY: fuzz
@@ -68,9 +70,11 @@ fuzz: venv
 e2e-k8s: venv
 	$(PY) -m tests.e2e_k8s
 
+# lint-imports: the layers and independence contracts in pyproject.toml (docs/architecture.md, "Layers").
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
+	$(VENV)/bin/lint-imports
 
 # Debian's Chromium and ChromeDriver for the browser tests (no browser download from elsewhere).
 browser-deps:
@@ -84,7 +88,7 @@ PEERS := mlserver bentoml litserve
 PEER_ENVS := $(foreach peer,$(PEERS),var/peers/$(peer)/.installed)
 bench: venv runtime-env $(BENCH_ENV)/.installed $(PEER_ENVS)
 	$(RUNTIME_ENV)/bin/pip install --quiet $$(grep '^tokenizers==' bench/requirements-bench.txt)
-	$(PY) bench/serving/run.py $(BENCH_ARGS)
+	$(PY) -m bench.serving.run $(BENCH_ARGS)
 $(BENCH_ENV)/.installed: bench/requirements-bench.txt
 	$(PYTHON) -m venv $(BENCH_ENV)
 	$(BENCH_ENV)/bin/pip install --quiet --upgrade pip

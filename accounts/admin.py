@@ -6,8 +6,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from accounts.models import ApiToken, Membership, Team
-from audit.log import record as audit
+from accounts import signals
+from accounts.models import ApiToken, Membership, Team, TeamQuota
 
 
 class MembershipInline(admin.TabularInline):
@@ -16,16 +16,27 @@ class MembershipInline(admin.TabularInline):
     autocomplete_fields = ["user"]
 
 
+class TeamQuotaInline(admin.StackedInline):
+    """The operator raises (or lowers) a team's resource ceilings here; refusals name this place."""
+
+    model = TeamQuota
+    extra = 1  # shown empty, so that the place to raise a ceiling is in sight; saved only when filled in
+    max_num = 1
+    can_delete = True
+    verbose_name = verbose_name_plural = "quota"
+
+
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
     list_display = ["name", "created_at"]
     search_fields = ["name"]
-    inlines = [MembershipInline]
+    inlines = [MembershipInline, TeamQuotaInline]
 
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ["prefix", "name", "user", "team", "scopes", "created_at", "last_used_at", "expires_at", "revoked_at"]
+    list_display = ["prefix", "name", "user", "team", "scopes", "created_at", "last_used_at", "expires_at",
+                    "revoked_at"]
     list_filter = ["team", ("revoked_at", admin.EmptyFieldListFilter)]
     search_fields = ["prefix", "name", "user__username", "team__name"]
     list_select_related = ["user", "team"]
@@ -41,5 +52,5 @@ class ApiTokenAdmin(admin.ModelAdmin):
             tokens = list(queryset.filter(revoked_at__isnull=True).select_related("team"))
             ApiToken.objects.filter(pk__in=[t.pk for t in tokens]).update(revoked_at=timezone.now())
             for token in tokens:
-                audit(request.user, token.team, "token.revoke", token.prefix, name=token.name, via="admin")
+                signals.token_revoked.send(ApiToken, user=request.user, token=token, via="admin")
         self.message_user(request, f"Revoked {len(tokens)} token(s).")

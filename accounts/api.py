@@ -18,11 +18,11 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from accounts import signals
 from accounts.context import acting_user, current_membership, current_team
 from accounts.idempotency import REPLAY_ATTRIBUTE, idempotent
 from accounts.models import TOKEN_SCOPES, ApiToken, Membership, TokenLifetimeError, max_token_lifetime_days
 from accounts.permissions import CanManageTokens
-from audit.log import record as audit
 from portal.api_errors import error_body
 from portal.api_schema import IDEMPOTENCY_KEY, JSON_PARSERS, ExactJSONTypes, error
 
@@ -141,12 +141,13 @@ def tokens_list(request: Request) -> Response:
     days = data.get("expires_in_days")
     with transaction.atomic():
         try:
-            token, raw = ApiToken.issue(user, team, name=data["name"], expires_in=timedelta(days=days) if days else None,
+            token, raw = ApiToken.issue(user, team, name=data["name"],
+                                        expires_in=timedelta(days=days) if days else None,
                                         scopes=data["scopes"], created_by=creator)
         except TokenLifetimeError as exc:
             raise ValidationError({"expires_in_days": [str(exc)]}) from None
-        audit(user, team, "token.create", token.prefix, name=token.name, scopes=token.scopes,
-              via=f"token {creator.prefix}" if creator else "session")
+        signals.token_created.send(ApiToken, user=user, token=token,
+                                   via=f"token {creator.prefix}" if creator else "session")
     # The raw token is in this response only: it is stored hashed, and neither caches nor the idempotency record
     # keep it. A retry with the same Idempotency-Key learns which token exists, not its value.
     response = Response({**TokenSerializer(token).data, "token": raw}, status=status.HTTP_201_CREATED)
@@ -170,9 +171,10 @@ def token_detail(request: Request, token_id: int) -> Response:
     user = acting_user(request)
     token = _manageable_tokens(request).filter(pk=token_id).first()
     if token is None:
-        raise Http404
+        raise Http404(f"There is no token {token_id} among the tokens you can manage: GET /api/v1/tokens/ lists "
+                      "them.")
     via = f"token {request.auth.prefix}" if isinstance(request.auth, ApiToken) else "session"
     with transaction.atomic():
         token.revoke()
-        audit(user, token.team, "token.revoke", token.prefix, name=token.name, via=via)
+        signals.token_revoked.send(ApiToken, user=user, token=token, via=via)
     return Response(status=status.HTTP_204_NO_CONTENT)

@@ -63,9 +63,11 @@ def idempotent(view: Callable[..., Response]) -> Callable[..., Response]:
             existing = IdempotencyRecord.objects.get(user=user, key=key)
             if existing.request_hash != fingerprint:
                 return Response(error_body("idempotency_key_reused",
-                                           "This Idempotency-Key was used for a different request; use a new key."), status=422)
+                                           "This Idempotency-Key was used for a different request; use a new key."),
+                                status=422)
             if existing.status_code is None:
-                return Response(error_body("conflict", "A request with this Idempotency-Key is still running; retry shortly."),
+                return Response(error_body("conflict",
+                                           "A request with this Idempotency-Key is still running; retry shortly."),
                                 status=409, headers={"Retry-After": "1"})
             response = Response(existing.response_body, status=existing.status_code)
             response["Idempotent-Replayed"] = "true"

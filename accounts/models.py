@@ -72,7 +72,8 @@ def hash_token(raw: str) -> str:
 class ApiTokenQuerySet(models.QuerySet["ApiToken"]):
     def usable(self) -> ApiTokenQuerySet:
         now = timezone.now()
-        return self.filter(revoked_at__isnull=True).filter(models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=now))
+        return self.filter(revoked_at__isnull=True).filter(models.Q(expires_at__isnull=True)
+                                                           | models.Q(expires_at__gt=now))
 
 
 class ApiToken(models.Model):
@@ -157,3 +158,44 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} ({self.status_code})"
+
+
+def validate_quantity(value: str) -> None:
+    """A Kubernetes quantity ("8Gi", "4", "500m"): the same grammar the planner reads resources with."""
+    from django.core.exceptions import ValidationError
+
+    from modelport.core import quantity  # plain code, no model: the one parser of quantities
+
+    try:
+        quantity.parse_quantity(value)
+    except quantity.QuantityError as exc:
+        raise ValidationError(str(exc)) from None
+
+
+class TeamQuota(models.Model):
+    """An operator's ceilings for one team, over the defaults in settings (DEPLOYMENT_MAX_*, TEAM_MAX_*); a field
+    left blank keeps the default. `deployment_*` bound each deployment (per server or pod), `total_*` the sum over
+    the team's deployments that are not stopped, canaries counted, on each runtime (deployments/ceilings.py)."""
+
+    team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="quota")
+    deployment_memory = models.CharField(max_length=32, blank=True, validators=[validate_quantity],
+                                         help_text='Per server or pod, e.g. "16Gi"; blank: DEPLOYMENT_MAX_MEMORY')
+    deployment_cpu = models.CharField(max_length=32, blank=True, validators=[validate_quantity],
+                                      help_text='Cores per server or pod, e.g. "4"; blank: DEPLOYMENT_MAX_CPU')
+    deployment_instances = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Model instances per server; blank: DEPLOYMENT_MAX_INSTANCES")
+    deployment_replicas = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Replicas (autoscaling's maximum); blank: DEPLOYMENT_MAX_REPLICAS")
+    deployment_gpus = models.PositiveIntegerField(null=True, blank=True,
+                                                  help_text="GPUs per replica; blank: DEPLOYMENT_MAX_GPUS")
+    total_memory = models.CharField(max_length=32, blank=True, validators=[validate_quantity],
+                                    help_text="The team's memory on each runtime; blank: TEAM_MAX_MEMORY")
+    total_cpu = models.CharField(max_length=32, blank=True, validators=[validate_quantity],
+                                 help_text="The team's cores on each runtime; blank: TEAM_MAX_CPU")
+    total_gpus = models.PositiveIntegerField(null=True, blank=True,
+                                             help_text="The team's GPUs on each runtime; blank: TEAM_MAX_GPUS")
+    total_replicas = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The team's servers or pods on each runtime; blank: TEAM_MAX_REPLICAS")
+
+    def __str__(self) -> str:
+        return f"quota of {self.team}"

@@ -39,8 +39,9 @@ from bench.stack import (  # noqa: E402
 RESULTS = ROOT / "bench" / "results"
 
 
-def load(url: str, body: Path, headers: dict[str, str], concurrency: int, duration: float, warmup: float) -> dict[str, Any]:
-    command = [sys.executable, str(ROOT / "bench" / "loadgen.py"), "--url", url, "--body", str(body),
+def load(url: str, body: Path, headers: dict[str, str], concurrency: int, duration: float,
+         warmup: float) -> dict[str, Any]:
+    command = [sys.executable, str(ROOT / "tuning" / "loadgen.py"), "--url", url, "--body", str(body),
                "--concurrency", str(concurrency), "--duration", str(duration), "--warmup", str(warmup)]
     for key, value in headers.items():
         command += ["--header", f"{key}: {value}"]
@@ -137,9 +138,11 @@ def main() -> int:
                             # Warm-up requests also cost CPU: count them in by the same rate.
                             proxied = total * (args.duration + args.warmup) / args.duration if total else 0
                             result.update(workload=name, protocol=protocol, route=route, repeat=repeat,
-                                          web_cpu_ms_per_request=(cpu * 1000 / proxied) if route == "gateway" and proxied else None)
+                                          web_cpu_ms_per_request=(cpu * 1000 / proxied)
+                                          if route == "gateway" and proxied else None)
                             runs.append(result)
-                            print(f"{name:7} {protocol:4} c={concurrency:<3} {route:7} {result['throughput']:8.1f} req/s "
+                            print(f"{name:7} {protocol:4} c={concurrency:<3} {route:7} "
+                                  f"{result['throughput']:8.1f} req/s "
                                   f"p50 {result['p50_ms'] or 0:7.2f} ms  p99 {result['p99_ms'] or 0:7.2f} ms  "
                                   f"errors {result['errors']}", flush=True)
     summary = summarize(runs, args.concurrency)
@@ -163,10 +166,12 @@ def summarize(runs: list[dict[str, Any]], concurrencies: list[int]) -> list[dict
                 "workload": name, "protocol": protocol, "concurrency": concurrency,
                 "direct_throughput": spread([r["throughput"] for r in direct]),
                 "gateway_throughput": spread([r["throughput"] for r in gateway]),
-                "throughput_ratio": statistics.median(g["throughput"] / d["throughput"] for d, g in zip(direct, gateway, strict=True)),
+                "throughput_ratio": statistics.median(g["throughput"] / d["throughput"]
+                                                      for d, g in zip(direct, gateway, strict=True)),
                 "direct_p50_ms": spread([r["p50_ms"] for r in direct]),
                 "gateway_p50_ms": spread([r["p50_ms"] for r in gateway]),
-                "added_p50_ms": statistics.median(g["p50_ms"] - d["p50_ms"] for d, g in zip(direct, gateway, strict=True)),
+                "added_p50_ms": statistics.median(g["p50_ms"] - d["p50_ms"]
+                                                  for d, g in zip(direct, gateway, strict=True)),
                 "direct_p99_ms": spread([r["p99_ms"] for r in direct]),
                 "gateway_p99_ms": spread([r["p99_ms"] for r in gateway]),
                 "gateway_cpu_ms_per_request": spread([r["web_cpu_ms_per_request"] for r in gateway]),
@@ -179,10 +184,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     def fmt(s: dict[str, float], digits: int = 1) -> str:
         return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
 
-    lines = ["| workload | protocol | conc. | direct req/s | gateway req/s | ratio | direct p50 ms | gateway p50 ms | added p50 ms | gateway CPU ms/req | errors |",
+    lines = ["| workload | protocol | conc. | direct req/s | gateway req/s | ratio | direct p50 ms | gateway p50 ms | "
+             "added p50 ms | gateway CPU ms/req | errors |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['workload']} | {r['protocol']} | {r['concurrency']} | {fmt(r['direct_throughput'])} | {fmt(r['gateway_throughput'])} | "
+        lines.append(f"| {r['workload']} | {r['protocol']} | {r['concurrency']} | {fmt(r['direct_throughput'])} | "
+                     f"{fmt(r['gateway_throughput'])} | "
                      f"{r['throughput_ratio']:.2f} | {fmt(r['direct_p50_ms'], 2)} | {fmt(r['gateway_p50_ms'], 2)} | "
                      f"{r['added_p50_ms']:.2f} | {fmt(r['gateway_cpu_ms_per_request'], 3)} | {r['errors']} |")
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """A closed-loop gRPC load generator: N concurrent callers of ModelInfer on one channel (one HTTP/2 connection,
 as a tritonclient.grpc program makes), each sending its next request as soon as the previous answer arrived.
-Warm-up first, then a fixed measurement window; its own process, as bench/loadgen.py.
+Warm-up first, then a fixed measurement window; its own process, as tuning/loadgen.py.
 
     python bench/grpc_loadgen.py --target HOST:PORT --body FILE [--metadata 'k: v'] --concurrency 16 --duration 10
 
@@ -22,7 +22,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.loadgen import summary  # noqa: E402
+from tuning.loadgen import summary  # noqa: E402
 
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 

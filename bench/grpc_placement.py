@@ -51,7 +51,7 @@ def grpc_load(target: str, body: Path, metadata: dict[str, str], concurrency: in
 
 def http_load(url: str, body: Path, headers: dict[str, str], concurrency: int, duration: float,
               warmup: float) -> subprocess.Popen[str]:
-    command = [sys.executable, str(ROOT / "bench" / "loadgen.py"), "--url", url, "--body", str(body),
+    command = [sys.executable, str(ROOT / "tuning" / "loadgen.py"), "--url", url, "--body", str(body),
                "--concurrency", str(concurrency), "--duration", str(duration), "--warmup", str(warmup)]
     for key, value in headers.items():
         command += ["--header", f"{key}: {value}"]
@@ -168,7 +168,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
-            f"| {r['placement']} | {r['grpc_c1_throughput']:.0f} | {r['grpc_c1_p50_ms']:.2f} | {r['grpc_c1_cpu_ms']:.3f} | "
+            f"| {r['placement']} | {r['grpc_c1_throughput']:.0f} | {r['grpc_c1_p50_ms']:.2f} | "
+            f"{r['grpc_c1_cpu_ms']:.3f} | "
             f"{r['grpc_c16_throughput']:.0f} | {r['grpc_c16_p50_ms']:.2f} | {r['grpc_c16_cpu_ms']:.3f} | "
             f"{r['http_alone_p50_ms']:.2f} | {r['http_mixed_p50_ms']:.2f} / {r['http_mixed_p99_ms']:.2f} | "
             f"{r['http_mixed_throughput']:.0f} | {r['grpc_mixed_throughput']:.0f} | {r['grpc_mixed_p50_ms']:.2f} |")

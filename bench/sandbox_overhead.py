@@ -1,6 +1,6 @@
 """Does the sandbox slow serving? The digits classifier (ONNX through Modelport's python-backend model, dynamic
 batching) on one real tritonserver started plainly and one started in the sandbox, same repository, loaded in
-turns (A B A B ...) by bench/loadgen.py's closed-loop clients straight at Triton (no gateway), so that a busy
+turns (A B A B ...) by tuning/loadgen.py's closed-loop clients straight at Triton (no gateway), so that a busy
 machine disturbs both alike.
 
     .venv/bin/python bench/sandbox_overhead.py [--rounds 3] [--duration 8] [--concurrency 1 16]
@@ -36,13 +36,15 @@ def main() -> int:
 
     import numpy as np
 
-    from deployments import sandbox
     from deployments.render import render_repository
+    from deployments.runtimes.local import backends, readiness
     from deployments.runtimes.local import triton as lt
     from deployments.spec import DynamicBatching, InstanceGroup, RepositorySpec, ServedModel
+    from modelport.core import sandbox
+    from modelport.core.runtime_env import find_runtime_env
     from models_registry.samples import DIGITS_SIGNATURE, make_digits_onnx
 
-    env = lt.find_runtime_env(Path(os.environ.get("MODELPORT_RUNTIME_ENV", ROOT / "var" / "runtime-env")).resolve())
+    env = find_runtime_env(Path(os.environ.get("MODELPORT_RUNTIME_ENV", ROOT / "var" / "runtime-env")).resolve())
     options = sandbox.Options()
     caps = sandbox.check(options)
     if not caps.available:
@@ -52,7 +54,8 @@ def main() -> int:
     onnx = work / "digits.onnx"
     make_digits_onnx(onnx)
     model = ServedModel(name="digits", version=1, format="onnx", signature=DIGITS_SIGNATURE, max_batch_size=64,
-                        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0), instance_group=InstanceGroup(1),
+                        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=0),
+                        instance_group=InstanceGroup(1),
                         artifact_path=onnx)
     repository = work / "repository"
     render_repository(RepositorySpec(models=(model,)), "local", repository)
@@ -63,18 +66,20 @@ def main() -> int:
 
     servers: dict[str, lt.ServerProcess] = {}
     try:
-        plain_backend = lt.build_backend_dir(env, work / "var")
+        plain_backend = backends.build_backend_dir(env, work / "var")
         servers["plain"] = lt.start_server(repository, work / "plain.log", env, plain_backend)
-        sandboxed_backend = lt.build_backend_dir(env, work / "var", sandboxed=True)
+        sandboxed_backend = backends.build_backend_dir(env, work / "var", sandboxed=True)
         scratch = work / "scratch"
         sandbox.prepare_scratch(scratch, options)
         spec = sandbox.Spec(read_only=(repository, sandboxed_backend, env.root, env.base_prefix), scratch=scratch,
-                            tcp_ports=(), egress=False, name="mp-bench", limits=sandbox.cgroups.Limits(4 * 2**30, None, 1024))
+                            tcp_ports=(), egress=False, name="mp-bench",
+                            limits=sandbox.cgroups.Limits(4 * 2**30, None, 1024))
         servers["sandboxed"] = lt.start_server(
             repository, work / "sandboxed.log", env, sandboxed_backend, sandbox=sandbox.Sandbox(spec, caps, options),
-            env=sandbox.environment([env.bin_dir], scratch, {"VIRTUAL_ENV": str(env.root), "MODELPORT_SANDBOX_NET": "none"}))
+            env=sandbox.environment([env.bin_dir], scratch,
+                                    {"VIRTUAL_ENV": str(env.root), "MODELPORT_SANDBOX_NET": "none"}))
         for name, server in servers.items():
-            result = lt.wait_ready(server, ["digits"], timeout=120)
+            result = readiness.wait_ready(server, ["digits"], timeout=120)
             assert result.ready, f"{name}: {result.message}"
         results: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for concurrency in args.concurrency:
@@ -82,7 +87,7 @@ def main() -> int:
                 for name, server in servers.items():
                     cpu_before = cpu_seconds(lt.server_pids(server.pid))
                     out = subprocess.run(
-                        [sys.executable, str(ROOT / "bench" / "loadgen.py"), "--url",
+                        [sys.executable, str(ROOT / "tuning" / "loadgen.py"), "--url",
                          f"{server.http_url}/v2/models/digits/infer", "--body", str(body), "--concurrency",
                          str(concurrency), "--duration", str(args.duration), "--warmup", "1"],
                         capture_output=True, text=True, check=True).stdout

@@ -20,6 +20,8 @@ from typing import Any
 
 import requests
 
+from portal.web_server import UVICORN_HTTP
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
@@ -53,7 +55,8 @@ class Stack:
         if signature:
             data["signature"] = json.dumps(signature)
         with open(path, "rb") as f:
-            number = self.api("POST", f"/api/v1/models/{model}/versions/", files={"file": (path.name, f)}, data=data).json()["number"]
+            number = self.api("POST", f"/api/v1/models/{model}/versions/", files={"file": (path.name, f)},
+                              data=data).json()["number"]
         return self.wait_version(model, number)
 
     def wait_version(self, model: str, number: int) -> int:
@@ -159,7 +162,8 @@ def running_stack(keep: bool = False) -> Iterator[Stack]:
     try:
         stack.manage("ensure_dirs")  # the var/ layout and a development secret key, as `make run` makes them
         stack.manage("migrate", "--noinput")
-        stack.token = stack.manage("create_api_token", "--user", "bench", "--team", "bench", "--create", "--admin").strip()
+        stack.token = stack.manage("create_api_token", "--user", "bench", "--team", "bench", "--create",
+                                   "--admin").strip()
 
         def start(name: str, *command: str) -> None:
             log = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
@@ -170,8 +174,8 @@ def running_stack(keep: bool = False) -> Iterator[Stack]:
               "--loglevel=WARNING")
         start("beat", PY, "-m", "celery", "-A", "portal", "beat", "--loglevel=WARNING", "--schedule",
               str(var_dir / "beat-schedule"))
-        start("web", PY, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-              "--no-access-log", "--log-level", "warning")
+        start("web", PY, "-m", "uvicorn", "portal.asgi:application", "--http", UVICORN_HTTP, "--host", "127.0.0.1",
+              "--port", str(port), "--no-access-log", "--log-level", "warning")
         for _ in range(300):
             with contextlib.suppress(requests.RequestException):
                 if requests.get(f"{stack.url}/healthz", timeout=1).status_code == 200:

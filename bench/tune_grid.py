@@ -105,7 +105,8 @@ def markdown(r: dict[str, Any]) -> str:
     def fmt(row: dict[str, Any] | None) -> str:
         if not row:
             return "none"
-        return f"{row['label']}: {row['throughput']:.1f} req/s, p99 {row['p99_ms']:.1f} ms at {row['concurrency']} clients"
+        return (f"{row['label']}: {row['throughput']:.1f} req/s, p99 {row['p99_ms']:.1f} ms "
+                f"at {row['concurrency']} clients")
 
     within = r["ratio_tune_vs_grid_best"]
     lines = [
@@ -129,7 +130,7 @@ def markdown(r: dict[str, Any]) -> str:
         f"(target: at least 0.9); the grid's own measurement of the recommended setting: "
         f"{r['ratio_grid_recommended_vs_grid_best']} of the best ({fmt(r['grid_of_recommended'])}). Two runs of one "
         "setting differ by this machine's noise as well.",
-        f"- Load generator (bench/loadgen.py, Python asyncio + aiohttp, closed loop, a subprocess per measurement): "
+        f"- Load generator (tuning/loadgen.py, Python asyncio + aiohttp, closed loop, a subprocess per measurement): "
         f"{r['loadgen_cpu_us_per_request']} µs of its own CPU per request, start-up and warm-up included. "
         "Triton's perf_analyzer was not used: the PyPI build needs glibc 2.38 (this machine has less), and the "
         "binary in the tritonclient wheel needs libraries from the runtime env made findable by hand.",

@@ -300,7 +300,8 @@ class TusClient:
 
     def create(self, length: int, filename: str) -> str:
         metadata = "filename " + base64.b64encode(filename.encode()).decode()
-        response = self.request("POST", "/api/v1/uploads/", **{"Upload-Length": str(length), "Upload-Metadata": metadata})
+        response = self.request("POST", "/api/v1/uploads/",
+                                **{"Upload-Length": str(length), "Upload-Metadata": metadata})
         if response.status != 201:
             raise SystemExit(f"creating the upload answered {response.status}")
         return urlsplit(response.getheader("Location", "")).path
@@ -430,7 +431,8 @@ def summarize(runs: list[Run]) -> dict[str, dict[str, Any]]:
             "median_server_cpu_s": round(statistics.median(r.server_cpu_seconds for r in mine), 2),
             "worst_probe_p99_ms": max(r.probe_p99_ms for r in mine),
             "worst_probe_max_ms": max(r.probe_max_ms for r in mine),
-            "meets_targets": all(r.sha256_ok for r in mine) and median >= TARGET_MIB_S and growth < TARGET_RSS_GROWTH_MIB,
+            "meets_targets": (all(r.sha256_ok for r in mine) and median >= TARGET_MIB_S
+                              and growth < TARGET_RSS_GROWTH_MIB),
         }
     for mode in dict.fromkeys(r.mode for r in runs):
         thin, django = summary.get(f"{mode}/thin"), summary.get(f"{mode}/django")
@@ -450,7 +452,8 @@ def summarize(runs: list[Run]) -> dict[str, dict[str, Any]]:
 
 def table(runs: list[Run], summary: dict[str, dict[str, Any]]) -> str:
     header = (f"{'mode':<9} {'path':<6} {'run':>3} {'chunk MiB':>9} {'PATCHes':>7} {'seconds':>8} {'MiB/s':>7} "
-              f"{'RSS base':>8} {'RSS peak':>8} {'growth':>7} {'srv CPU s':>9} {'probes, p99/max ms':>18} {'sha256':>6}")
+              f"{'RSS base':>8} {'RSS peak':>8} {'growth':>7} {'srv CPU s':>9} {'probes, p99/max ms':>18} "
+              f"{'sha256':>6}")
     lines = [header, "-" * len(header)]
     for r in runs:
         probe = f"{r.probe_requests}, {r.probe_p99_ms:.1f}/{r.probe_max_ms:.1f}"
@@ -475,7 +478,8 @@ def machine(work: Path) -> dict[str, Any]:
     meminfo = Path("/proc/meminfo").read_text().split("\n", 1)[0].split()
     usage = shutil.disk_usage(work)
     mount = subprocess.run(["df", "--output=source,fstype", str(work)], capture_output=True, text=True, check=False)
-    device, fstype = (mount.stdout.strip().splitlines()[-1].split() + ["?", "?"])[:2] if mount.returncode == 0 else ("?", "?")
+    device, fstype = (mount.stdout.strip().splitlines()[-1].split()
+                      + ["?", "?"])[:2] if mount.returncode == 0 else ("?", "?")
     model = ""
     with open("/proc/cpuinfo") as cpuinfo:
         for line in cpuinfo:
@@ -510,10 +514,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Upload a large file through the tus endpoint and measure it.")
     parser.add_argument("--size-mb", type=int, default=2048, help="file size in MiB (default 2048)")
     parser.add_argument("--chunk-mb", type=int, default=256, help="PATCH size in MiB of chunked/checksum (default 256)")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)} (default all)")
-    parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {', '.join(PATHS)} (default both)")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated, of {', '.join(MODES)} (default all)")
+    parser.add_argument("--paths", default=",".join(PATHS),
+                        help=f"comma-separated, of {', '.join(PATHS)} (default both)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per mode and path (default 3; the median counts)")
-    parser.add_argument("--work-dir", type=Path, default=None, help="where the temporary files go (default: system tmp)")
+    parser.add_argument("--work-dir", type=Path, default=None,
+                        help="where the temporary files go (default: system tmp)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (database, logs; not the data)")
     parser.add_argument("--no-save", action="store_true", help="do not write a results JSON file")
     parser.add_argument("--profile", action="store_true",
@@ -582,7 +589,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {percent:5.1f}%  {frame}")
         print(f"\nload average (1 min): {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after "
               f"on {os.cpu_count()} CPUs")
-        print(f"targets: median >= {TARGET_MIB_S:.0f} MiB/s, web-process peak RSS growth < {TARGET_RSS_GROWTH_MIB:.0f} MiB; "
+        print(f"targets: median >= {TARGET_MIB_S:.0f} MiB/s, "
+              f"web-process peak RSS growth < {TARGET_RSS_GROWTH_MIB:.0f} MiB; "
               f"thin path: >= 1.0x the django path's MiB/s, RSS growth at most {RSS_GROWTH_SLACK_MIB:.0f} MiB more")
 
         if not args.no_save:

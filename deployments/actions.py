@@ -12,18 +12,16 @@ from django.utils import timezone
 
 from accounts.models import Team
 from audit.log import record as audit
+from deployments import ceilings
 from deployments.events import record
-from deployments.models import Deployment, Event, Revision
+from deployments.models import NO_CANARY, Deployment, Event, Revision
 from deployments.planning import Plan
-from portal.api_errors import Conflict
+from portal.api_errors import Conflict as Conflict  # re-exported: the callers of these actions catch it from here
+from portal.api_errors import Invalid
 
 if TYPE_CHECKING:
     from deployments.canary import Rollout
 
-# What ends a canary: its revision, route and launch (the guardrails stay as they were set, for the record).
-NO_CANARY: dict[str, Any] = {"canary_revision": None, "canary_percent": 0, "canary_upstream_url": "",
-                             "canary_grpc_upstream": "", "canary_launch": None, "canary_deadline": None,
-                             "canary_serving_since": None}
 
 
 def _queue_reconcile(deployment: Deployment) -> None:
@@ -63,18 +61,37 @@ def _canary_in_progress(deployment: Deployment) -> str:
             "(POST .../rollback) before changing the deployment again.")
 
 
+def unchanged(deployment: Deployment, plan: Plan) -> bool:
+    """Whether `plan` asks for exactly what the deployment's revision holds already."""
+    current = deployment.revision
+    return current is not None and current.spec.to_json() == plan.spec.to_json()
+
+
 @transaction.atomic
-def update_deployment(deployment: Deployment, user: Any, plan: Plan, canary: Rollout | None = None) -> Revision:
+def update_deployment(deployment: Deployment, user: Any, plan: Plan, canary: Rollout | None = None) -> Revision | None:
     """A new revision; a running deployment rolls to it while the current one keeps serving. With `canary`, the
     new revision is launched beside the serving one and takes `canary.percent` of the requests once ready, until
-    it is promoted or rolled back."""
+    it is promoted or rolled back.
+
+    A plan that changes nothing makes no revision and rolls nothing out (None), however it was asked for (the
+    API's PATCH, the edit page, the CLI, a tune's Apply): a CI job that deploys the same settings again must not
+    restart what serves. A canary of nothing is refused (Invalid): there would be nothing to compare."""
     if plan.spec.runtime != deployment.runtime:
         raise Conflict("The runtime of a deployment cannot change: create a new deployment.")
-    locked = Deployment.objects.select_for_update(of=("self",)).select_related("canary_revision").get(pk=deployment.pk)
+    locked = (Deployment.objects.select_for_update(of=("self",)).select_related("revision", "canary_revision")
+              .get(pk=deployment.pk))
+    if unchanged(locked, plan):
+        if canary is not None:
+            raise Invalid("rollout", "a canary needs a change: these are the settings in effect already")
+        return None
     if locked.canary_revision_id is not None:
         raise Conflict(_canary_in_progress(locked))
     if canary is not None:
         return _start_canary(locked, user, plan, canary)
+    return _roll_out(deployment, user, plan)
+
+
+def _roll_out(deployment: Deployment, user: Any, plan: Plan) -> Revision:
     revision = _new_revision(deployment, user, plan)
     fields: dict[str, Any] = {"revision": revision}
     if deployment.desired_state == Deployment.Desired.RUNNING:
@@ -86,6 +103,19 @@ def update_deployment(deployment: Deployment, user: Any, plan: Plan, canary: Rol
     audit(user, deployment.team, "deployment.update", deployment.name, revision=revision.number)
     _queue_reconcile(deployment)
     return revision
+
+
+@transaction.atomic
+def rerender_deployment(deployment: Deployment, user: Any) -> Revision:
+    """An operator's re-render: a new revision with the same spec, rendered and rolled out afresh (after a fix to
+    the renderer, say). The one change of nothing that makes a revision, and on purpose."""
+    locked = (Deployment.objects.select_for_update(of=("self",)).select_related("revision", "canary_revision")
+              .get(pk=deployment.pk))
+    if locked.revision is None:
+        raise Conflict("it has no revision")
+    if locked.canary_revision_id is not None:
+        raise Conflict(_canary_in_progress(locked))
+    return _roll_out(deployment, user, Plan(spec=locked.revision.spec, versions=tuple(locked.revision.versions.all())))
 
 
 def _start_canary(deployment: Deployment, user: Any, plan: Plan, canary: Rollout) -> Revision:
@@ -113,7 +143,8 @@ def _actor(user: Any, reason: str) -> str:
 def promote_canary(deployment: Deployment, user: Any, reason: str = "", expect_revision: int | None = None) -> int:
     """The canary becomes the serving revision: one UPDATE of the route; the old revision's server drains and is
     stopped. `user` None: its guardrails promote it (`reason` says why). Returns the promoted revision's number."""
-    locked = (Deployment.objects.select_for_update(of=("self",)).select_related("canary_revision", "serving_revision", "team")
+    locked = (Deployment.objects.select_for_update(of=("self",))
+              .select_related("canary_revision", "serving_revision", "team")
               .get(pk=deployment.pk))
     canary = locked.canary_revision
     if canary is None or (expect_revision is not None and canary.number != expect_revision):
@@ -142,7 +173,8 @@ def promote_canary(deployment: Deployment, user: Any, reason: str = "", expect_r
 def rollback_canary(deployment: Deployment, user: Any, reason: str = "", expect_revision: int | None = None) -> int:
     """End the canary: the route loses it at once (the stable revision takes every request) and its server stops
     after the drain. `user` None: its guardrails roll it back (`reason` quotes the figures)."""
-    locked = (Deployment.objects.select_for_update(of=("self",)).select_related("canary_revision", "serving_revision", "team")
+    locked = (Deployment.objects.select_for_update(of=("self",))
+              .select_related("canary_revision", "serving_revision", "team")
               .get(pk=deployment.pk))
     canary = locked.canary_revision
     if canary is None or (expect_revision is not None and canary.number != expect_revision):
@@ -178,6 +210,12 @@ def start_deployment(deployment: Deployment, user: Any) -> None:
     """Start a stopped deployment, or retry a failed one."""
     if deployment.desired_state == Deployment.Desired.RUNNING and deployment.status != Deployment.Status.FAILED:
         raise Conflict("The deployment is running already.")
+    if deployment.desired_state != Deployment.Desired.RUNNING and deployment.revision is not None:
+        # A stopped deployment holds nothing: starting it must fit the team's ceilings as a new one would.
+        refused = ceilings.check(deployment.team, deployment.revision.spec, deployment=deployment, starting=True)
+        if refused:
+            raise Conflict(" ".join(f"{key}: {message}" for key, messages in sorted(refused.items())
+                                    for message in messages))
     Deployment.objects.filter(pk=deployment.pk).update(desired_state=Deployment.Desired.RUNNING)
     deployment.desired_state = Deployment.Desired.RUNNING
     deployment.set_status(Deployment.Status.PENDING, "Starting.")

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from django.db.models import Prefetch
-from django.http import Http404
-from drf_spectacular.types import OpenApiTypes
+from django.conf import settings
 from drf_spectacular.utils import (
     OpenApiExample,
-    OpenApiParameter,
     OpenApiResponse,
     extend_schema,
     extend_schema_field,
@@ -22,21 +20,36 @@ from rest_framework.response import Response
 from accounts.context import current_team
 from accounts.idempotency import idempotent
 from accounts.models import Team
-from deployments import actions, canary, planning, quantity
-from deployments.models import Deployment, Event, TritonServer
-from deployments.planning import MAX_REPLICAS
+from deployments import actions, canary, planning
+from deployments.ceilings import MAX_GPUS, MAX_REPLICAS
+from deployments.model_entry import DEFAULT
+from deployments.models import Deployment, Event, PoolLoad
+from deployments.planning import MAX_IDLE_UNLOAD_SECONDS
+from deployments.queries import LIVE_SERVERS, POOL_LOADS, get_deployment_for_user
 from deployments.revision_spec import Autoscaling, ModelEntry, Resources, RevisionSpec
 from deployments.runtimes.local import runtime as local_runtime
 from deployments.runtimes.registry import runtime_for
-from deployments.spec import MAX_INSTANCE_COUNT, MAX_QUEUE_DELAY_MICROSECONDS, DynamicBatching, InstanceGroup
+from deployments.spec import (
+    MAX_INSTANCE_COUNT,
+    MAX_QUEUE_DELAY_MICROSECONDS,
+    MAX_WARMUP_COUNT,
+    WARMUP_DATA,
+    WARMUP_KEYS,
+    DynamicBatching,
+    InstanceGroup,
+    Warmup,
+)
+from modelport.core import quantity
 from models_registry.models import Format
 from portal.api_errors import request_object
 from portal.api_schema import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, JSON_PARSERS, ExactJSONTypes, NameField, error
 
 
 class DynamicBatchingSerializer(serializers.Serializer[Any]):
-    max_queue_delay_microseconds = serializers.IntegerField(min_value=0, max_value=MAX_QUEUE_DELAY_MICROSECONDS, default=0)
-    preferred_batch_size = serializers.ListField(child=serializers.IntegerField(min_value=1), default=list, max_length=32)
+    max_queue_delay_microseconds = serializers.IntegerField(min_value=0, max_value=MAX_QUEUE_DELAY_MICROSECONDS,
+                                                            default=0)
+    preferred_batch_size = serializers.ListField(child=serializers.IntegerField(min_value=1), default=list,
+                                                 max_length=32)
     preserve_ordering = serializers.BooleanField(default=False)
 
 
@@ -46,6 +59,26 @@ class InstanceGroupSerializer(serializers.Serializer[Any]):
     gpus = serializers.ListField(child=serializers.IntegerField(min_value=0), default=list, max_length=64)
 
 
+class WarmupSerializer(serializers.Serializer[Any]):
+    """Triton's warm-up of a model (deployments.spec.Warmup); a key it does not know is refused, not dropped."""
+
+    batch_size = serializers.IntegerField(min_value=1, max_value=1_000_000, default=1, help_text=(
+        "The batch size of each warm-up request, at most the model's max_batch_size (1 when it does not batch)."))
+    count = serializers.IntegerField(min_value=1, max_value=MAX_WARMUP_COUNT, default=1,
+                                     help_text="How many warm-up requests Triton sends before the model serves.")
+    # DRF's metaclass takes declared fields off the class, so this does not hide Serializer.data; mypy cannot know.
+    data = serializers.ChoiceField(choices=list(WARMUP_DATA), default="zero",  # type: ignore[assignment]
+                                   help_text="Zeros or random values (text inputs always get zeros).")
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            unknown = sorted(str(key) for key in data if key not in self.fields)
+            if unknown:
+                raise serializers.ValidationError(
+                    f"unknown warmup keys {unknown[:5]}: use {sorted(WARMUP_KEYS)}")
+        return super().to_internal_value(data)
+
+
 class ServedModelSerializer(serializers.Serializer[Any]):
     model = serializers.CharField()
     version = serializers.IntegerField(min_value=1, required=False, help_text="Default: the latest ready version.")
@@ -53,7 +86,7 @@ class ServedModelSerializer(serializers.Serializer[Any]):
     dynamic_batching = DynamicBatchingSerializer(required=False, allow_null=True)
     instance_group = InstanceGroupSerializer(required=False)
     response_cache = serializers.BooleanField(required=False, default=False)
-    warmup = serializers.DictField(required=False, allow_null=True)
+    warmup = WarmupSerializer(required=False, allow_null=True, help_text="Warm-up before serving; null: none.")
 
 
 class ResourcesSerializer(serializers.Serializer[Any]):
@@ -61,7 +94,7 @@ class ResourcesSerializer(serializers.Serializer[Any]):
         'Cores per replica, a Kubernetes quantity from "1m" to "1024", e.g. "2" or "500m". Empty: the default.'))
     memory = serializers.CharField(required=False, allow_blank=True, max_length=quantity.MAX_LENGTH, help_text=(
         'Memory per replica, a Kubernetes quantity from "1Mi" to "16Ti", e.g. "4Gi". Empty: the default.'))
-    gpu = serializers.IntegerField(min_value=0, max_value=planning.MAX_GPUS, required=False, default=0)
+    gpu = serializers.IntegerField(min_value=0, max_value=MAX_GPUS, required=False, default=0)
     gpu_type = serializers.CharField(required=False, allow_blank=True)
     mig_profile = serializers.RegexField(r"^\d+g\.\d+gb$", required=False, allow_blank=True,
                                          help_text='A MIG profile such as "1g.10gb".')
@@ -76,6 +109,18 @@ class AutoscalingSerializer(serializers.Serializer[Any]):
         "request in microseconds."))
 
 
+class PlacementSerializer(ExactJSONTypes, serializers.Serializer[Any]):
+    mode = serializers.ChoiceField(choices=["dedicated", "shared"], required=False, help_text=(
+        "dedicated: a Triton of its own (the default unless the operator changed it). shared: loaded on demand "
+        "into a pool's Triton beside other deployments' models (ONNX only in a pool open to every team)."))
+    pool = serializers.CharField(required=False, max_length=63, help_text=(
+        "shared: the pool (GET /api/v1/pools/); default: the pool named 'shared'."))
+    idle_unload_seconds = serializers.IntegerField(
+        required=False, min_value=0, max_value=MAX_IDLE_UNLOAD_SECONDS, help_text=(
+            "shared: unloaded after this long unused, loaded again by the next request; default: the pool's; 0: "
+            "never."))
+
+
 class DeploymentInputSerializer(ExactJSONTypes, serializers.Serializer[Any]):
     """The API's input, parsed and bounded; what it asks for is checked by deployments.planning."""
 
@@ -85,6 +130,7 @@ class DeploymentInputSerializer(ExactJSONTypes, serializers.Serializer[Any]):
     replicas = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS, default=1)
     resources = ResourcesSerializer(required=False, default=dict)
     autoscaling = AutoscalingSerializer(required=False, allow_null=True, help_text="Kubernetes only: an HPA.")
+    placement = PlacementSerializer(required=False, help_text="Where its models run: dedicated, or shared in a pool.")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if isinstance(self.initial_data, dict) and "allow_egress" in self.initial_data:
@@ -94,20 +140,23 @@ class DeploymentInputSerializer(ExactJSONTypes, serializers.Serializer[Any]):
     def deploy_request(self) -> planning.DeployRequest:
         data = self.validated_data
         autoscaling = data.get("autoscaling")
+        placement = data.get("placement") or {}
         return planning.DeployRequest(
+            placement=planning.PlacementRequest(mode=placement.get("mode"), pool=placement.get("pool"),
+                                                idle_unload_seconds=placement.get("idle_unload_seconds")),
             runtime=data["runtime"], replicas=data["replicas"],
             resources=Resources.from_json(data.get("resources") or {}),
             autoscaling=Autoscaling.from_json(autoscaling) if autoscaling else None,
-            models=tuple(_model_request(item) for item in data["models"]),
+            models=tuple(_asked_entry(item) for item in data["models"]),
         )
 
 
-def _model_request(item: dict[str, Any]) -> planning.ModelRequest:
+def _asked_entry(item: dict[str, Any]) -> ModelEntry:
     """A parsed item of "models": what is absent is left to the model's default (None batching means off)."""
-    batching = item.get("dynamic_batching", planning.DEFAULT)
+    batching = item.get("dynamic_batching", DEFAULT)
     group = item.get("instance_group")
-    return planning.ModelRequest(
-        model=item["model"], version=item.get("version"), max_batch_size=item.get("max_batch_size"),
+    return ModelEntry.asked(
+        item["model"], version=item.get("version"), max_batch_size=item.get("max_batch_size"),
         dynamic_batching=DynamicBatching(
             max_queue_delay_microseconds=batching["max_queue_delay_microseconds"],
             preferred_batch_size=tuple(batching["preferred_batch_size"]),
@@ -115,14 +164,17 @@ def _model_request(item: dict[str, Any]) -> planning.ModelRequest:
         ) if isinstance(batching, dict) else batching,
         instance_group=InstanceGroup(count=group["count"], kind=group["kind"], gpus=tuple(group["gpus"]))
         if group is not None else None,
-        response_cache=item.get("response_cache", False), warmup=item.get("warmup"),
+        response_cache=item.get("response_cache", False),
+        warmup=Warmup.from_json(item["warmup"]) if item.get("warmup") is not None else None,
     )
 
 
-def plan_input(team: Team, serializer: DeploymentInputSerializer) -> planning.Plan:
-    """Plan a valid input; the planner's errors become a 400 keyed by the input's fields."""
+def plan_input(team: Team, serializer: DeploymentInputSerializer, deployment: Deployment | None = None,
+               canary: bool = False) -> planning.Plan:
+    """Plan a valid input (a change of `deployment`, a canary of it); the planner's errors become a 400 keyed by
+    the input's fields."""
     try:
-        return planning.plan(team, serializer.deploy_request())
+        return planning.plan(team, serializer.deploy_request(), deployment=deployment, canary=canary)
     except planning.PlanError as exc:
         raise serializers.ValidationError(exc.errors) from None
 
@@ -176,6 +228,7 @@ class DeploymentUpdateSerializer(serializers.Serializer[Any]):
     replicas = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS, required=False)
     resources = ResourcesSerializer(required=False)
     autoscaling = AutoscalingSerializer(required=False, allow_null=True, help_text="Kubernetes only: an HPA.")
+    placement = PlacementSerializer(required=False, help_text="Where its models run: dedicated, or shared in a pool.")
     rollout = RolloutSerializer(required=False, help_text=(
         'How the change rolls out; default {"strategy": "atomic"}. A canary needs a running, ready deployment '
         "(local runtime) and no canary in progress."))
@@ -217,7 +270,21 @@ class ServedModelOutSerializer(serializers.Serializer[Any]):
     dynamic_batching = DynamicBatchingSerializer(allow_null=True)
     instance_group = InstanceGroupSerializer()
     response_cache = serializers.BooleanField()
-    warmup = serializers.DictField(allow_null=True)
+    warmup = WarmupSerializer(allow_null=True)
+    loaded = serializers.BooleanField(help_text=(
+        "Whether it is loaded now: a dedicated deployment's while its Triton serves; a shared one's while its pool "
+        "holds it (false while idle-unloaded: its next request loads it)."))
+
+
+class PlacementOutSerializer(serializers.Serializer[Any]):
+    mode = serializers.ChoiceField(choices=["dedicated", "shared"])
+    pool = serializers.CharField(required=False, help_text="shared only.")
+    idle_unload_seconds = serializers.IntegerField(required=False, help_text="shared only; 0: never unloaded.")
+    state = serializers.ChoiceField(choices=["loading", "loaded", "unloaded", "failed"], required=False,
+                                    help_text="shared only: the serving revision's models in the pool.")
+    cold_start_seconds = serializers.FloatField(required=False, allow_null=True, help_text=(
+        "shared only: how long its last load took (measured)."))
+    memory_bytes = serializers.IntegerField(required=False, help_text="shared only: what its last load took.")
 
 
 class ResourcesOutSerializer(serializers.Serializer[Any]):
@@ -233,12 +300,14 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
                                         help_text="The revision asked for last.")
     serving_revision = serializers.IntegerField(source="serving_revision.number", default=None, allow_null=True,
                                                 read_only=True,
-                                                help_text="The revision the gateway routes to (null until one is ready).")
+                                                help_text="The revision the gateway routes to "
+                                                          "(null until one is ready).")
     models = serializers.SerializerMethodField()
     replicas = serializers.SerializerMethodField()
     resources = serializers.SerializerMethodField()
     autoscaling = serializers.SerializerMethodField()
     canary = serializers.SerializerMethodField(help_text="The canary in progress, if any (null: none).")
+    placement = serializers.SerializerMethodField()
     sandboxed = serializers.SerializerMethodField(help_text=(
         "Local runtime: whether its running Triton is sandboxed (null when none runs, or on Kubernetes)."))
     created_by = serializers.CharField(source="created_by.username", default=None, allow_null=True, read_only=True)
@@ -247,7 +316,8 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
     class Meta:
         model = Deployment
         fields = ["name", "runtime", "desired_state", "status", "status_message", "revision", "serving_revision",
-                  "endpoint", "models", "replicas", "resources", "autoscaling", "canary", "allow_egress", "sandboxed",
+                  "endpoint", "models", "replicas", "resources", "autoscaling", "canary", "placement", "allow_egress",
+                  "sandboxed",
                   "created_by", "created_at", "updated_at"]
         read_only_fields = fields
 
@@ -256,9 +326,37 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
 
     @extend_schema_field(ServedModelOutSerializer(many=True))
     def get_models(self, obj: Deployment) -> list[dict[str, Any]]:
-        keys = ["model", "version", "format", "max_batch_size", "dynamic_batching", "instance_group", "response_cache", "warmup"]
+        keys = ["model", "version", "format", "max_batch_size", "dynamic_batching", "instance_group", "response_cache",
+                "warmup"]
         spec = self._spec(obj)
-        return [{k: entry[k] for k in keys} for entry in (m.to_json() for m in (spec.models if spec else ()))]
+        loaded = self._loaded(obj, spec)
+        return [{**{k: entry[k] for k in keys}, "loaded": loaded}
+                for entry in (m.to_json() for m in (spec.models if spec else ()))]
+
+    def _load(self, obj: Deployment) -> PoolLoad | None:
+        revision_id = obj.serving_revision_id or obj.revision_id
+        loads = getattr(obj, "loads", None)  # prefetched by the views (POOL_LOADS)
+        if loads is None:
+            loads = list(PoolLoad.objects.filter(deployment=obj))
+        return next((load for load in loads if load.revision_id == revision_id), None)
+
+    def _loaded(self, obj: Deployment, spec: RevisionSpec | None) -> bool:
+        running = obj.desired_state == Deployment.Desired.RUNNING
+        if spec is None or not spec.placement.shared:
+            return running and bool(obj.upstream_url)
+        load = self._load(obj)
+        return running and load is not None and load.state == PoolLoad.State.LOADED
+
+    @extend_schema_field(PlacementOutSerializer)
+    def get_placement(self, obj: Deployment) -> dict[str, Any]:
+        spec = self._spec(obj)
+        if spec is None or not spec.placement.shared:
+            return {"mode": "dedicated"}
+        data: dict[str, Any] = spec.placement.to_json()
+        load = self._load(obj)
+        if load is not None:
+            data.update(state=load.state, cold_start_seconds=load.cold_start_seconds, memory_bytes=load.memory_bytes)
+        return data
 
     def get_replicas(self, obj: Deployment) -> int:
         spec = self._spec(obj)
@@ -291,11 +389,6 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
         return live[0].sandboxed if live else None
 
 
-# The running servers of each deployment, newest first, in one query for a whole list.
-LIVE_SERVERS = Prefetch("servers", to_attr="live_servers", queryset=TritonServer.objects.filter(
-    state__in=[TritonServer.State.STARTING, TritonServer.State.READY]).order_by("-started_at"))
-
-
 class EventSerializer(serializers.ModelSerializer[Event]):
     class Meta:
         model = Event
@@ -303,19 +396,11 @@ class EventSerializer(serializers.ModelSerializer[Event]):
         read_only_fields = fields
 
 
-def get_deployment_for_user(request: Request, name: str) -> Deployment:
-    deployment = (Deployment.objects.select_related("revision", "serving_revision", "canary_revision", "created_by")
-                  .prefetch_related(LIVE_SERVERS)
-                  .filter(team=current_team(request), name=name)
-                  .exclude(desired_state=Deployment.Desired.DELETED).first())
-    if deployment is None:
-        raise Http404
-    return deployment
-
-
-@extend_schema(methods=["GET"], summary="List your team's deployments", responses={200: DeploymentSerializer(many=True)})
+@extend_schema(methods=["GET"], summary="List your team's deployments",
+               responses={200: DeploymentSerializer(many=True)})
 @extend_schema(methods=["POST"], summary="Deploy models on Triton", request=DeploymentInputSerializer,
-               parameters=[IDEMPOTENCY_KEY], examples=[OpenApiExample("A model with batching", request_only=True, value={
+               parameters=[IDEMPOTENCY_KEY],
+               examples=[OpenApiExample("A model with batching", request_only=True, value={
                    "name": "digits-prod", "models": [{"model": "digits",
                                                       "dynamic_batching": {"max_queue_delay_microseconds": 2000}}]})],
                responses={
@@ -335,10 +420,11 @@ def deployments_list(request: Request) -> Response:
         serializer.is_valid(raise_exception=True)
         plan = plan_input(team, serializer)  # type: ignore[arg-type]
         deployment = actions.create_deployment(team, request.user, serializer.validated_data["name"], plan)  # type: ignore[arg-type]
-        return Response(DeploymentSerializer(get_deployment_for_user(request, deployment.name)).data, status=status.HTTP_201_CREATED)
+        return Response(DeploymentSerializer(get_deployment_for_user(request, deployment.name)).data,
+                        status=status.HTTP_201_CREATED)
     deployments = (Deployment.objects.filter(team=team).exclude(desired_state=Deployment.Desired.DELETED)
                    .select_related("revision", "serving_revision", "canary_revision", "created_by")
-                   .prefetch_related(LIVE_SERVERS))
+                   .prefetch_related(LIVE_SERVERS, POOL_LOADS))
     return Response(DeploymentSerializer(deployments, many=True).data)
 
 
@@ -368,7 +454,8 @@ def deployment_detail(request: Request, name: str) -> Response:
             raise serializers.ValidationError({"allow_egress": [OPERATOR_ONLY_EGRESS]})
         if "name" in body and body["name"] != deployment.name or (
                 "runtime" in body and body["runtime"] != deployment.runtime):
-            raise serializers.ValidationError("The name and runtime of a deployment cannot change: create a new deployment.")
+            raise serializers.ValidationError("The name and runtime of a deployment cannot change: "
+                                              "create a new deployment.")
         rollout: canary.Rollout | None = None
         if "rollout" in body:
             rollout_input = RolloutSerializer(data=body["rollout"])
@@ -377,13 +464,9 @@ def deployment_detail(request: Request, name: str) -> Response:
             rollout = rollout_input.rollout()
         serializer = DeploymentInputSerializer(data=_patched(deployment, current, body))
         serializer.is_valid(raise_exception=True)
-        plan = plan_input(deployment.team, serializer)
-        # A PATCH that changes nothing ({}, an empty body, the current values) makes no revision and rolls nothing.
-        if current is None or plan.spec.to_json() != current.to_json():
-            actions.update_deployment(deployment, request.user, plan, canary=rollout)
-        elif rollout is not None:
-            raise serializers.ValidationError({"rollout": [
-                "a canary needs a change: this PATCH asks for the settings in effect already"]})
+        plan = plan_input(deployment.team, serializer, deployment, canary=rollout is not None)
+        # A PATCH that changes nothing ({}, an empty body, the current values) makes no revision: the action says.
+        actions.update_deployment(deployment, request.user, plan, canary=rollout)
         return Response(DeploymentSerializer(get_deployment_for_user(request, name)).data)
     if request.method == "DELETE":
         actions.delete_deployment(deployment, request.user)
@@ -401,7 +484,18 @@ def _patched(deployment: Deployment, current: RevisionSpec | None, body: dict[st
         "autoscaling": body.get("autoscaling", current.autoscaling.to_json() if current and current.autoscaling
                                 else None),
         "models": body.get("models", [_settings_of(m) for m in (current.models if current else ())]),
+        "placement": _patched_placement(current, body["placement"]) if "placement" in body else (
+            current.placement.to_json() if current else {}),
     }
+
+
+def _patched_placement(current: RevisionSpec | None, given: Any) -> Any:
+    """A PATCH's placement over the current one: {"idle_unload_seconds": 60} keeps the mode and the pool; a change
+    of mode starts from that mode's defaults."""
+    now = current.placement.to_json() if current else {}
+    if not isinstance(given, dict) or given.get("mode", now.get("mode")) != now.get("mode"):
+        return given  # the serializer says what is wrong with it, or it starts afresh
+    return {**now, **given}
 
 
 def _settings_of(entry: ModelEntry) -> dict[str, Any]:
@@ -462,19 +556,30 @@ def deployment_events(request: Request, name: str) -> Response:
 
 
 class LogSerializer(serializers.Serializer[Any]):
-    log = serializers.CharField(help_text="The last lines of Triton's log.")
+    log = serializers.CharField(help_text="The last lines of Triton's log: at most LOG_TAIL_MAX_BYTES (1 MiB) of it "
+                                          "read from its end, each line cut at LOG_LINE_MAX_BYTES with a marker "
+                                          "'… (N bytes cut)'.")
 
 
-@extend_schema(summary="The tail of a deployment's Triton log", parameters=[
-    OpenApiParameter("lines", OpenApiTypes.INT, description="How many lines (default 200); fewer than 1 is 1, more "
-                                                            "than 5000 is 5000."),
-], responses={200: LogSerializer})
+class LogQuerySerializer(serializers.Serializer[Any]):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Built here rather than in the class body, so the bound follows the settings (tests override them).
+        most = settings.LOG_MAX_LINES
+        self.fields["lines"] = serializers.IntegerField(
+            required=False, default=200, min_value=1, max_value=most,
+            help_text=f"How many lines, 1 to {most} (LOG_MAX_LINES); 200 if not given.",
+            error_messages={"invalid": "must be an integer", "max_value": f"at most {most} lines: ask for fewer",
+                            "min_value": "at least 1 line"})
+
+
+@extend_schema(summary="The tail of a deployment's Triton log", parameters=[LogQuerySerializer],
+               responses={200: LogSerializer})
 @api_view(["GET"])
 def deployment_logs(request: Request, name: str) -> Response:
     deployment = get_deployment_for_user(request, name)
-    try:
-        lines = max(1, min(int(request.query_params.get("lines", 200)), 5000))
-    except ValueError:
-        raise serializers.ValidationError({"lines": ["must be an integer"]}) from None
+    query = LogQuerySerializer(data=request.query_params)
+    query.is_valid(raise_exception=True)
+    lines = int(query.validated_data["lines"])
     return Response({"log": runtime_for(deployment).logs(deployment, lines)})
 

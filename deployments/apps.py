@@ -6,4 +6,8 @@ class DeploymentsConfig(AppConfig):
     verbose_name = "Deployments"
 
     def ready(self) -> None:
-        from deployments import checks  # noqa: F401 - registers the system checks
+        from deployments import (
+            checks,  # noqa: F401 - registers the system checks
+            trial_call,  # noqa: F401 - answers the registry's python_trial_call
+            usage,  # noqa: F401 - answers the registry's version_users
+        )

@@ -15,12 +15,13 @@ from django.core.checks import CheckMessage, Error, Warning, register
 @register()
 def runtime_extras(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
     """MODELPORT_RUNTIME_EXTRAS names frameworks the local runtime env should have; say which it lacks."""
-    from deployments import frameworks
+    from deployments import local_env
+    from modelport.core import frameworks
 
     if not settings.MODELPORT_RUNTIME_EXTRAS:
         return []
     unknown, missing = frameworks.check_configured_extras(settings.MODELPORT_RUNTIME_EXTRAS,
-                                                          frameworks.local_frameworks())
+                                                          local_env.local_frameworks())
     messages: list[CheckMessage] = []
     if unknown:
         messages.append(Error(
@@ -40,7 +41,7 @@ def runtime_extras(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
 
 @register()
 def sandbox_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    from deployments.runtimes.local.runtime import sandbox_capabilities
+    from deployments.runtimes.local.confined import sandbox_capabilities
 
     if not settings.SANDBOX_ENABLED:
         return [Warning("SANDBOX_ENABLED is false: local Tritons run unconfined, with the portal's privileges.",
@@ -65,3 +66,17 @@ def visibility_timeout_check(app_configs: Any = None, **kwargs: Any) -> list[Che
     return [Warning(f"CELERY_VISIBILITY_TIMEOUT ({timeout} s) is not well above TRIAL_RUN_TIMEOUT_SECONDS "
                     f"({settings.TRIAL_RUN_TIMEOUT_SECONDS:g} s): Redis may deliver a running inspection to a second "
                     "worker.", hint="Raise CELERY_VISIBILITY_TIMEOUT (default 1800).", id="modelport.W030")]
+
+
+@register()
+def pool_namespace_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """The pools open to every team have a namespace of their own: no team may be mapped to it (a team whose name
+    makes it, such as `pools` with the default prefix, is refused at rollout: KubernetesConfig.namespace_for)."""
+    teams = sorted(team for team, namespace in settings.KUBERNETES_NAMESPACES.items()
+                   if namespace == settings.KUBERNETES_POOL_NAMESPACE)
+    if not teams:
+        return []
+    return [Error(f"KUBERNETES_NAMESPACES maps {', '.join(map(repr, teams))} to {settings.KUBERNETES_POOL_NAMESPACE}, "
+                  "KUBERNETES_POOL_NAMESPACE, where the pools open to every team run",
+                  hint="Map the team to a namespace of its own, or set KUBERNETES_POOL_NAMESPACE to another.",
+                  id="modelport.E040")]

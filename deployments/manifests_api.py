@@ -13,8 +13,8 @@ from rest_framework.decorators import api_view, renderer_classes
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 
-from deployments.api import get_deployment_for_user
 from deployments.models import Deployment
+from deployments.queries import get_deployment_for_user
 from deployments.runtimes.kubernetes.manifests import ManifestError
 from deployments.runtimes.kubernetes.runtime import export_manifests
 from portal.api_errors import ConflictError
@@ -37,8 +37,9 @@ class YAMLRenderer(BaseRenderer):
     (200, "application/yaml"): OpenApiResponse(OpenApiTypes.STR, description=(
         "Multi-document YAML: Namespace (when Modelport may create namespaces), Deployment, Service, "
         "PodDisruptionBudget, HorizontalPodAutoscaler and NetworkPolicy, as the worker applies them.")),
-    409: error("Not a Kubernetes deployment, no revision yet, or the revision cannot run on Kubernetes as "
-               "configured. (Errors are JSON, or YAML when only application/yaml is accepted.)"),
+    409: error("Not a Kubernetes deployment, no revision yet, a shared one (its pool's objects are not its own), or "
+               "the revision cannot run on Kubernetes as configured. (Errors are JSON, or YAML when only "
+               "application/yaml is accepted.)"),
 })
 @api_view(["GET"])
 @renderer_classes([JSONRenderer, YAMLRenderer])
@@ -49,10 +50,17 @@ def deployment_manifests(request: Request, name: str) -> HttpResponse:
                             "runtime 'kubernetes' have Kubernetes manifests.")
     if deployment.revision is None:
         raise ConflictError(f"{deployment.name} has no revision yet.")
+    placement = deployment.revision.spec.placement
+    if placement.shared:
+        # Its models run in the pool's Triton, whose objects are the operator's and serve other deployments too.
+        raise ConflictError(f"{deployment.name} is shared: its models are loaded in pool {placement.pool!r}, whose "
+                            "Kubernetes objects the operator's Modelport manages for every deployment in it, so it "
+                            "has no manifests of its own. Use placement mode 'dedicated' for a GitOps export.")
     try:
         text = export_manifests(deployment)
     except ManifestError as exc:
-        raise ConflictError(f"Revision {deployment.revision.number} cannot run on Kubernetes as configured: {exc}") from None
+        raise ConflictError(f"Revision {deployment.revision.number} cannot run on Kubernetes "
+                            f"as configured: {exc}") from None
     response = HttpResponse(text, content_type="application/yaml; charset=utf-8")
     response["Content-Disposition"] = f'inline; filename="{deployment.name}-r{deployment.revision.number}.yaml"'
     return response

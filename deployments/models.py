@@ -12,8 +12,53 @@ from django.utils import timezone
 
 from accounts.models import Team
 from accounts.names import validate_name
+from deployments import logtail
+from deployments.launch import Launch, LaunchEncoder
 from deployments.revision_spec import RevisionSpec, SpecEncoder
 from models_registry.models import ModelVersion
+
+# What ends a canary: its revision, route and launch (the guardrails stay as they were set, for the record). Here
+# rather than in actions.py: the reconciler ends canaries too, and it sits below the actions.
+NO_CANARY: dict[str, Any] = {"canary_revision": None, "canary_percent": 0, "canary_upstream_url": "",
+                             "canary_grpc_upstream": "", "canary_launch": None, "canary_deadline": None,
+                             "canary_serving_since": None}
+
+
+def bounded_message(text: str) -> str:
+    """What a status or an event keeps of `text`: an excerpt of at most LOG_EXCERPT_MAX_CHARS, since a runtime's
+    message may carry what a model wrote (Triton's errors, a pod's log, pip's output). Compare with this, not with
+    the text itself, to tell whether a status changed."""
+    return logtail.excerpt(text, settings.LOG_EXCERPT_MAX_CHARS)
+
+
+class _LaunchAttribute(DeferredAttribute):
+    """A launch column is a Launch or None whatever it was given (a Launch, or its JSON in tests and old rows)."""
+
+    def __set__(self, instance: models.Model, value: Any) -> None:
+        instance.__dict__[self.field.attname] = Launch.from_json(value)
+
+
+class LaunchField(models.JSONField):
+    """A JSON column read and written as a deployments.launch.Launch, parsed here only (as RevisionSpecField is
+    for the spec): a row that holds no Launch (null, or what an older version wrote) reads as None."""
+
+    descriptor_class = _LaunchAttribute
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("null", True)
+        kwargs.setdefault("blank", True)
+        kwargs.setdefault("encoder", LaunchEncoder)
+        super().__init__(*args, **kwargs)
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        data = super().from_db_value(value, expression, connection)
+        if isinstance(expression, KeyTransform):  # serving_launch__url etc.: a part of it, as JSON
+            return data
+        return Launch.from_json(data)
+
+    def value_from_object(self, obj: models.Model) -> Any:
+        value = super().value_from_object(obj)
+        return value.to_json() if isinstance(value, Launch) else value
 
 
 class Deployment(models.Model):
@@ -50,10 +95,10 @@ class Deployment(models.Model):
     upstream_url = models.CharField(max_length=255, blank=True)
     # The same server's gRPC endpoint (host:port) for the gRPC gateway, switched in the same UPDATE.
     grpc_upstream = models.CharField(max_length=255, blank=True)
-    # What the reconciler (deployments/reconcile.py) recorded between its ticks, as runtimes.base.Launch JSON: the
-    # launch that serves (at upstream_url), and the one starting for `revision` until `launch_deadline`.
-    serving_launch = models.JSONField(null=True, blank=True)
-    launch = models.JSONField(null=True, blank=True)
+    # What the reconciler (deployments/reconcile.py) recorded between its ticks: the launch that serves (at
+    # upstream_url), and the one starting for `revision` until `launch_deadline`.
+    serving_launch = LaunchField()
+    launch = LaunchField()
     launch_deadline = models.DateTimeField(null=True, blank=True)
     # After a switch, servers of other revisions keep answering the requests routed to them until then.
     drain_until = models.DateTimeField(null=True, blank=True)
@@ -74,14 +119,14 @@ class Deployment(models.Model):
     canary_percent = models.PositiveSmallIntegerField(default=0)
     canary_upstream_url = models.CharField(max_length=255, blank=True)
     canary_grpc_upstream = models.CharField(max_length=255, blank=True)
-    canary_launch = models.JSONField(null=True, blank=True)
+    canary_launch = LaunchField()
     canary_deadline = models.DateTimeField(null=True, blank=True)
     canary_serving_since = models.DateTimeField(null=True, blank=True)
     # Its guardrails, compared with the stable revision over the window (defaults: docs/api.md, canary.py).
     canary_max_error_rate = models.FloatField(default=0.05)
     canary_max_p99_ratio = models.FloatField(default=2.0)
-    canary_window_seconds = models.PositiveIntegerField(default=60)
-    canary_min_requests = models.PositiveIntegerField(default=20)
+    canary_window_seconds = models.PositiveIntegerField(default=120)
+    canary_min_requests = models.PositiveIntegerField(default=100)
     canary_auto_promote = models.BooleanField(default=False)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
@@ -129,6 +174,7 @@ class Deployment(models.Model):
     def advance(self, status: str, message: str, **fields: Any) -> bool:
         """set_status() for the reconciler: only if nobody changed what it read (the desired state, the revision
         asked for, the status). False when a user did meanwhile; the next tick acts on that instead."""
+        message = bounded_message(message)
         changed_at = timezone.now()
         same_revision = Q(revision_id=self.revision_id) if self.revision_id is not None else Q(revision__isnull=True)
         done = Deployment.objects.filter(
@@ -141,6 +187,7 @@ class Deployment(models.Model):
         return done == 1
 
     def set_status(self, status: str, message: str = "", **fields: Any) -> None:
+        message = bounded_message(message)
         self.status = status
         self.status_message = message
         self.status_changed_at = timezone.now()
@@ -234,7 +281,7 @@ class TritonServer(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.STARTING)
     started_at = models.DateTimeField(default=timezone.now)
     stopped_at = models.DateTimeField(null=True, blank=True)
-    # How it runs (deployments.sandbox): confined or not, and why not or what is weaker than designed.
+    # How it runs (modelport.core.sandbox): confined or not, and why not or what is weaker than designed.
     sandboxed = models.BooleanField(default=False)
     sandbox_note = models.TextField(blank=True)
     sandbox_id = models.CharField(max_length=64, blank=True)  # names its scratch directory and cgroup
@@ -256,3 +303,12 @@ class TritonServer(models.Model):
     @property
     def grpc_target(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
+
+
+# Shared servers' rows live in their own module (issue 24); imported here so that Django finds them, and re-exported
+# (`X as X`) for the modules that import them from here.
+from deployments.pool_models import ModelMemory as ModelMemory  # noqa: E402
+from deployments.pool_models import Pool as Pool  # noqa: E402
+from deployments.pool_models import PoolLoad as PoolLoad  # noqa: E402
+from deployments.pool_models import PoolPod as PoolPod  # noqa: E402
+from deployments.pool_models import PoolServer as PoolServer  # noqa: E402

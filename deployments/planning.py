@@ -13,50 +13,47 @@ Errors are keyed as the API names its input: "models[0].version", "models[1].req
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+
+from django.conf import settings
 
 from accounts.models import Team
-from deployments import quantity
-from deployments.revision_spec import Autoscaling, ModelEntry, Resources, RevisionSpec
+from deployments import ceilings, pools
+from deployments.ceilings import MAX_GPUS, MAX_REPLICAS
+from deployments.models import Deployment
+from deployments.pool_models import SHARED_POOL
+from deployments.revision_spec import DEDICATED, Autoscaling, ModelEntry, Placement, Resources, RevisionSpec
 from deployments.runtimes.registry import runtime_named
-from deployments.spec import DynamicBatching, InstanceGroup, defaults_for
+from deployments.spec import DynamicBatching, defaults_for
+from modelport.core import quantity
 from models_registry.models import Format, ModelVersion
-from models_registry.pipelines import step_references
 
-MAX_REPLICAS = 100
-MAX_GPUS = 16
-
-
-class _Default(enum.Enum):
-    DEFAULT = "default"
-
-
-DEFAULT = _Default.DEFAULT  # a setting left to the model's default (as opposed to None: "off")
+# The longest idle time before a shared deployment's models are unloaded that a user may ask for (the API and the
+# deploy form bound it as this): past a month, 0 ("never") says it plainly.
+MAX_IDLE_UNLOAD_SECONDS = 30 * 86400
 
 
 @dataclass(frozen=True)
-class ModelRequest:
-    """One model to serve, as a user asks for it; what is not given gets the model's default."""
+class PlacementRequest:
+    """Where to run, as asked: what is not given is the operator's default mode, the pool `shared`, the pool's
+    idle_unload_seconds."""
 
-    model: str
-    version: int | None = None  # None: the latest ready version (or, for a pipeline's step, the one it names)
-    max_batch_size: int | None = None  # None: the model's default (a pipeline's: fitted to its steps)
-    dynamic_batching: DynamicBatching | None | Literal[_Default.DEFAULT] = DEFAULT  # None: off
-    instance_group: InstanceGroup | None = None
-    response_cache: bool = False
-    warmup: Mapping[str, Any] | None = None
+    mode: str | None = None
+    pool: str | None = None
+    idle_unload_seconds: int | None = None
 
 
 @dataclass(frozen=True)
 class DeployRequest:
     runtime: str
-    models: tuple[ModelRequest, ...]
+    # Asked entries (ModelEntry.asked): planning reads their name, version and settings; what a version fixes (its
+    # format, signature, artifact, definition) comes from the registry, never from the request.
+    models: tuple[ModelEntry, ...]
     replicas: int = 1
     resources: Resources = field(default_factory=Resources)
     autoscaling: Autoscaling | None = None
+    placement: PlacementRequest | None = None
 
 
 @dataclass(frozen=True)
@@ -78,8 +75,9 @@ class _Errors(dict[str, list[str]]):
         self.setdefault(key, []).append(message)
 
 
-def plan(team: Team, request: DeployRequest) -> Plan:
-    """The revision spec serving `request` for `team`, or PlanError."""
+def plan(team: Team, request: DeployRequest, *, deployment: Deployment | None = None, canary: bool = False) -> Plan:
+    """The revision spec serving `request` for `team`, or PlanError. `deployment`: the one it changes (a canary
+    of it when `canary`), for the team's totals (deployments.ceilings)."""
     errors = _Errors()
     try:
         runtime = runtime_named(request.runtime)
@@ -95,8 +93,11 @@ def plan(team: Team, request: DeployRequest) -> Plan:
     index_of: dict[str, int] = {}
     for (index, _, version) in served:
         index_of.setdefault(version.model.name, index)
+    placement = _placement(team, request, errors)
     spec = RevisionSpec(runtime=request.runtime, models=tuple(entries), replicas=request.replicas,
-                        resources=request.resources, autoscaling=request.autoscaling)
+                        resources=request.resources, autoscaling=request.autoscaling, placement=placement)
+    if entries and placement.shared and "placement" not in errors:
+        _check_sharing(team, spec, errors)
     if entries:
         # The runtime's policy, and Triton's own rules for its target: keyed "<model name>.<field>" per model.
         for key, messages in runtime.check_plan(spec).items():
@@ -107,6 +108,11 @@ def plan(team: Team, request: DeployRequest) -> Plan:
                 key = f"models[{index_of[model_name]}]" + (f".{rest}" if rest else "")
             for message in messages:
                 errors.add(key, message)
+    if entries and not errors:
+        # The operator's ceilings last: what they refuse is worth saying only of a request that could run.
+        for key, messages in ceilings.check(team, spec, deployment=deployment, canary=canary).items():
+            for message in messages:
+                errors.add(key, message)
     if errors:
         raise PlanError(dict(errors))
     return Plan(spec=spec, versions=tuple(version for _, _, version in served))
@@ -114,13 +120,61 @@ def plan(team: Team, request: DeployRequest) -> Plan:
 
 def request_for(spec: RevisionSpec) -> DeployRequest:
     """A revision's settings as a request: planned again, they give the same spec (unless a newer version of a model
-    that was not pinned became ready meanwhile: the versions are pinned here)."""
+    that was not pinned became ready meanwhile: the versions are pinned here). A planned entry is an asked one with
+    every setting given."""
+    placement = spec.placement
     return DeployRequest(
         runtime=spec.runtime, replicas=spec.replicas, resources=spec.resources, autoscaling=spec.autoscaling,
-        models=tuple(ModelRequest(model=m.name, version=m.version, max_batch_size=m.max_batch_size,
-                                  dynamic_batching=m.dynamic_batching, instance_group=m.instance_group,
-                                  response_cache=m.response_cache, warmup=m.warmup) for m in spec.models),
+        placement=PlacementRequest(mode=placement.mode, pool=placement.pool or None,
+                                   idle_unload_seconds=placement.idle_unload_seconds if placement.shared else None),
+        models=spec.models,
     )
+
+
+def _placement(team: Team, request: DeployRequest, errors: _Errors) -> Placement:
+    """The placement asked for, defaults filled in (the pool's idle_unload_seconds), or errors keyed
+    "placement.<field>"."""
+    asked = request.placement or PlacementRequest()
+    mode = asked.mode or settings.DEPLOYMENT_DEFAULT_PLACEMENT
+    if mode not in ("dedicated", "shared"):
+        errors.add("placement.mode", f"use 'dedicated' or 'shared', not {mode!r}")
+        return DEDICATED
+    if mode == "dedicated":
+        if asked.pool or asked.idle_unload_seconds is not None:
+            errors.add("placement.mode", "a pool and idle_unload_seconds are for placement mode 'shared'; a "
+                                         "dedicated deployment has a Triton of its own")
+        return DEDICATED
+    name = asked.pool or SHARED_POOL
+    pool = pools.pool_for(team, name)
+    if pool is None:
+        errors.add("placement.pool", f"no pool named {name!r} for your team: GET /api/v1/pools/ lists the pools "
+                                     "you may use")
+        return DEDICATED
+    if pool.runtime != request.runtime:
+        errors.add("placement.pool", f"pool {name!r} is on the {pool.runtime} runtime, this deployment on "
+                                     f"{request.runtime}: choose a pool of its runtime, or placement 'dedicated'")
+    idle = asked.idle_unload_seconds if asked.idle_unload_seconds is not None else pool.idle_unload_seconds
+    return Placement(mode="shared", pool=pool.name, idle_unload_seconds=idle)
+
+
+def _check_sharing(team: Team, spec: RevisionSpec, errors: _Errors) -> None:
+    """Who may share a process (deployments/pools.py), and settings a pool's Triton does not take per deployment."""
+    pool = pools.pool_for(team, spec.placement.pool)
+    if pool is None:
+        return
+    for _, why in pools.sharing_refusal(pool, spec):
+        errors.add("placement", why)
+    if spec.resources.cpu or spec.resources.memory:
+        errors.add("resources", f"a shared deployment runs in pool {pool.name!r}'s Triton, whose memory is the "
+                                "pool's budget: leave resources.cpu and resources.memory empty, or use placement "
+                                "mode 'dedicated'")
+    if spec.resources.gpu or spec.resources.mig_profile or spec.resources.gpu_type:
+        errors.add("resources", f"a shared deployment uses the GPUs of pool {pool.name!r} (its share class: "
+                                f"{pool.isolation}): leave resources.gpu, gpu_type and mig_profile empty, or use "
+                                "placement mode 'dedicated'")
+    if any(m.response_cache for m in spec.models):
+        errors.add("placement", "a pool's Triton has no response cache: turn response_cache off, or use "
+                                "placement mode 'dedicated'")
 
 
 def _check_deployment_settings(request: DeployRequest, errors: _Errors) -> None:
@@ -139,17 +193,23 @@ def _check_deployment_settings(request: DeployRequest, errors: _Errors) -> None:
                 quantity.check_quantity(value, bounds)
             except quantity.QuantityError as exc:
                 errors.add(f"resources.{key}", str(exc))
+    idle = request.placement.idle_unload_seconds if request.placement else None
+    if idle is not None and not 0 <= idle <= MAX_IDLE_UNLOAD_SECONDS:
+        errors.add("placement.idle_unload_seconds", f"use between 0 (never unload) and {MAX_IDLE_UNLOAD_SECONDS} "
+                                                    "seconds")
     scaling = request.autoscaling
     if scaling is not None and scaling.max_replicas < scaling.min_replicas:
         errors.add("autoscaling.max_replicas", "max_replicas must be at least min_replicas")
 
 
-def _entry(version: ModelVersion, options: ModelRequest) -> ModelEntry:
-    """The spec entry for `version` with the user's `options`; anything not given gets the model's default."""
+def _entry(version: ModelVersion, options: ModelEntry) -> ModelEntry:
+    """The spec entry for `version` with the settings of the asked entry `options`; what it leaves to the defaults
+    gets the model's."""
     defaults = defaults_for(version.parsed_signature, version.max_batch_size)
-    max_batch_size = options.max_batch_size if options.max_batch_size is not None else defaults.max_batch_size
+    max_batch_size = (defaults.max_batch_size if options.left_to_default("max_batch_size")
+                      else options.max_batch_size)
     batching: DynamicBatching | None
-    if options.dynamic_batching is not DEFAULT:
+    if not options.left_to_default("dynamic_batching"):
         batching = options.dynamic_batching
     elif version.format == Format.ENSEMBLE:
         batching = None  # Triton batches an ensemble's steps, each with its own settings, never the ensemble
@@ -158,9 +218,9 @@ def _entry(version: ModelVersion, options: ModelRequest) -> ModelEntry:
     return ModelEntry(
         name=version.model.name, version=version.number, version_id=version.id, format=version.format,
         sha256=version.sha256, signature=version.parsed_signature, max_batch_size=max_batch_size,
-        dynamic_batching=batching, instance_group=options.instance_group or defaults.instance_group,
+        dynamic_batching=batching, instance_group=options.instance_group,
         response_cache=options.response_cache, warmup=options.warmup,
-        definition=version.definition,
+        definition=version.parsed_definition,
     )
 
 
@@ -173,7 +233,8 @@ def _resolve_version(team: Team, model: str, number: int | None, errors: _Errors
             return None
         if version.status != ModelVersion.Status.READY:
             detail = f": {version.error}" if version.error else ""
-            errors.add(f"{where}.version", f"version {version.number} of {model!r} is {version.status}, not ready{detail}")
+            errors.add(f"{where}.version",
+                       f"version {version.number} of {model!r} is {version.status}, not ready{detail}")
             return None
         return version
     version = versions.filter(status=ModelVersion.Status.READY).order_by("-number").first()
@@ -183,21 +244,21 @@ def _resolve_version(team: Team, model: str, number: int | None, errors: _Errors
     return version
 
 
-def _models_to_serve(team: Team, items: Sequence[ModelRequest],
-                     errors: _Errors) -> list[tuple[int, ModelRequest, ModelVersion]]:
+def _models_to_serve(team: Team, items: Sequence[ModelEntry],
+                     errors: _Errors) -> list[tuple[int, ModelEntry, ModelVersion]]:
     """(index of the listed item, serving options, version) of each model to serve: the listed ones, and the step
     models of listed pipelines. A step model not listed is added with its defaults; a listed one keeps its own
     options and serves the version the pipeline names. Python steps get no dynamic batching unless asked for."""
     listed = []
     for index, item in enumerate(items):
-        version = _resolve_version(team, item.model, item.version, errors, f"models[{index}]")
+        version = _resolve_version(team, item.name, item.asked_version, errors, f"models[{index}]")
         if version is not None:
             listed.append((index, item, version))
     needed: dict[str, tuple[int, str, int]] = {}  # step model -> (version, pipeline, the pipeline's index)
     for index, _, version in listed:
         if version.format != Format.ENSEMBLE:
             continue
-        for model, number in step_references(version.definition):
+        for model, number in version.step_references:
             first = needed.setdefault(model, (number, version.model.name, index))
             if first[0] != number:
                 errors.add(f"models[{index}]",
@@ -210,7 +271,7 @@ def _models_to_serve(team: Team, items: Sequence[ModelRequest],
         if need is not None:
             number, pipeline, _ = need
             if version.number != number:
-                if item.version is not None:
+                if item.asked_version is not None:
                     errors.add(f"models[{index}].version",
                                f"pipeline {pipeline!r} uses version {number} of {version.model.name!r}, not "
                                f"{version.number}: list it without a version, or with version {number}")
@@ -219,8 +280,8 @@ def _models_to_serve(team: Team, items: Sequence[ModelRequest],
                 if resolved is None:
                     continue
                 version = resolved
-            if version.format == Format.PYTHON and item.dynamic_batching is DEFAULT:
-                options = replace(item, dynamic_batching=None)
+            if version.format == Format.PYTHON and item.left_to_default("dynamic_batching"):
+                options = _without_batching(item)
         served.append((index, options, version))
     listed_names = {version.model.name for _, _, version in listed}
     for model, (number, _, index) in needed.items():
@@ -228,19 +289,23 @@ def _models_to_serve(team: Team, items: Sequence[ModelRequest],
             continue
         step = _resolve_version(team, model, number, errors, f"models[{index}]")
         if step is not None:
-            options = ModelRequest(model=model, version=number)
+            options = ModelEntry.asked(model, version=number)
             if step.format == Format.PYTHON:
-                options = replace(options, dynamic_batching=None)
+                options = _without_batching(options)
             served.append((index, options, step))
     return served
 
 
-def _fit_pipeline_batches(entries: list[ModelEntry], options: list[ModelRequest]) -> list[ModelEntry]:
+def _without_batching(asked: ModelEntry) -> ModelEntry:
+    return replace(asked, dynamic_batching=None, defaults=asked.defaults - {"dynamic_batching"})
+
+
+def _fit_pipeline_batches(entries: list[ModelEntry], options: list[ModelEntry]) -> list[ModelEntry]:
     """A pipeline not given a max_batch_size of its own batches no more than its steps are served with."""
     by_name = {entry.name: entry for entry in entries}
     fitted = []
     for entry, given in zip(entries, options, strict=True):
-        if entry.is_pipeline and given.max_batch_size is None:
+        if entry.is_pipeline and given.left_to_default("max_batch_size"):
             steps = [by_name[m].max_batch_size for m, _ in entry.step_references if m in by_name]
             if steps and all(size > 0 for size in steps):
                 entry = replace(entry, max_batch_size=min([entry.max_batch_size, *steps]))

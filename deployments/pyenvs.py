@@ -11,13 +11,13 @@ requirements, the runtime env's Python version and every distribution it holds (
 with the same requirements share one; a changed runtime env (an extra installed) gets new ones.
 
 Safety (docs/security.md): requirements.txt is uploaded, hence hostile. Each line must be a plain PEP 508
-requirement (a name, extras, version specifiers, a marker): no options (-r, -e, --index-url, --hash, ...), no URLs,
-no paths, so the uploader can choose neither the index nor a local file. pip installs wheels only
-(--only-binary=:all:): no setup.py of an sdist ever runs at build time. The index is the operator's
-(MODELPORT_PIP_INDEX_URL / MODELPORT_PIP_FIND_LINKS, else pip's own configuration), and every distribution the
-runtime env has is a constraint, so nothing it serves with is upgraded or downgraded.
+requirement (a name, extras, version specifiers, a marker), parsed by modelport.core.requirements: no options
+(-r, -e, --index-url, --hash, ...), no URLs, no paths, so the uploader can choose neither the index nor a local file.
+pip installs wheels only (--only-binary=:all:): no setup.py of an sdist ever runs at build time. The index is the
+operator's (MODELPORT_PIP_INDEX_URL / MODELPORT_PIP_FIND_LINKS, else pip's own configuration), and every distribution
+the runtime env has is a constraint, so nothing it serves with is upgraded or downgraded.
 
-Plain functions, no Django: the runtime (deployments/runtimes/local/runtime.py) calls them, a Celery task builds.
+Plain functions, no Django: the runtime (deployments/runtimes/local/pyenv.py) calls them, a Celery task builds.
 Builds are serialized per key by a lock file; a build writes into the environment's directory and marks it complete
 last (pip writes absolute paths into what it installs, so building elsewhere and renaming would leave stale paths);
 a directory without the mark is a crashed build, removed by the next one.
@@ -29,7 +29,6 @@ import fcntl
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import threading
@@ -40,99 +39,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from deployments import logtail
 
 KEY_VERSION = "1"  # part of every key: a change of layout gets new environments
 BUILT_MARK = ".modelport-built"
 # Keep this many characters of pip's output when a build fails (its last lines say why).
 PIP_OUTPUT_TAIL = 2000
-MAX_REQUIREMENTS = 100
-MAX_LINE_LENGTH = 500
-
-# A name first: every option starts with "-", every path with "." or "/", a URL with its scheme (caught below).
-_STARTS_LIKE_A_NAME = re.compile(r"^[A-Za-z0-9]")
-# What pip reads as a local archive (pip's ARCHIVE_EXTENSIONS).
-_ARCHIVE_ENDINGS = (".whl", ".zip", ".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tbz", ".tar.xz", ".txz", ".tlz",
-                    ".tar.lz", ".tar.lzma")
-
-
-class RequirementError(ValueError):
-    """A requirements.txt line that is not a plain requirement; the message names the line and what to fix."""
-
-
-def parse_line(line: str) -> Requirement:
-    """One requirements.txt line (comments already removed) as a PEP 508 requirement, or RequirementError."""
-    text = line.strip()
-    if len(text) > MAX_LINE_LENGTH:
-        raise RequirementError(f"longer than {MAX_LINE_LENGTH} characters")
-    if not _STARTS_LIKE_A_NAME.match(text) or "\\" in text:
-        raise RequirementError("not a package requirement: options (-r, -e, --index-url, --hash, ...), paths and "
-                               "URLs are not accepted; list packages such as 'numpy>=1.26'")
-    if "://" in text or "@" in text.split(";", 1)[0]:
-        raise RequirementError("URLs ('name @ https://...', 'git+...') are not accepted: the operator chooses the "
-                               "package index; list packages such as 'numpy>=1.26'")
-    try:
-        requirement = Requirement(text)
-    except InvalidRequirement as exc:
-        raise RequirementError(f"not a valid requirement ({exc}); list packages such as 'numpy>=1.26'") from None
-    if requirement.url:
-        raise RequirementError("URLs are not accepted: the operator chooses the package index")
-    # pip takes an argument that ends like an archive ("evil.tar.gz", "x===evil.tar.gz", "x==1+evil.tgz": a valid
-    # name, an arbitrary-equality version, a local version label) for a file in its working directory, and builds
-    # an sdist even with --only-binary=:all:. No package is named so, and '===' matches no real version of one.
-    parts = [requirement.name, *(s.version for s in requirement.specifier)]
-    if any(part.lower().endswith(_ARCHIVE_ENDINGS) for part in parts) or any(
-            s.operator == "===" for s in requirement.specifier):
-        raise RequirementError("a name or version that ends like a file ('.whl', '.tar.gz', '.zip', ...) or an "
-                               "'===' version is not accepted: pip would read it as a local file; list packages "
-                               "such as 'numpy>=1.26'")
-    return requirement
-
-
-def parse_requirements(lines: Sequence[str]) -> list[Requirement]:
-    """Lines as stored at inspection (no blanks, no comments). RequirementError names the first bad one."""
-    if len(lines) > MAX_REQUIREMENTS:
-        raise RequirementError(f"{len(lines)} requirements: at most {MAX_REQUIREMENTS} are accepted")
-    parsed = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            parsed.append(parse_line(line))
-        except RequirementError as exc:
-            raise RequirementError(f"requirement {number} ({line[:80]!r}) is refused: {exc}") from None
-    return parsed
-
-
-def parse_requirements_txt(text: str) -> list[str]:
-    """An uploaded requirements.txt: its requirement lines (comments and blanks dropped), each checked by
-    parse_line. RequirementError says which line of the file is refused and why."""
-    kept = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.split(" #", 1)[0].split("\t#", 1)[0].strip()
-        if not line or line.startswith("#"):
-            continue
-        try:
-            parse_line(line)
-        except RequirementError as exc:
-            raise RequirementError(f"requirements.txt line {number} ({line[:80]!r}) is refused: {exc}") from None
-        kept.append(line)
-    if len(kept) > MAX_REQUIREMENTS:
-        raise RequirementError(f"requirements.txt lists {len(kept)} requirements: at most {MAX_REQUIREMENTS}")
-    return kept
-
-
-def normalized(requirements: Sequence[Requirement]) -> tuple[str, ...]:
-    """The requirement set, one canonical line per requirement, sorted and without duplicates: the same set
-    written differently ("Six>=1" and "six >= 1") gives the same environment."""
-    lines = set()
-    for r in requirements:
-        extras = f"[{','.join(sorted(canonicalize_name(e) for e in r.extras))}]" if r.extras else ""
-        specifier = ",".join(sorted(str(s) for s in r.specifier))
-        marker = f"; {r.marker}" if r.marker else ""
-        lines.add(f"{canonicalize_name(r.name)}{extras}{specifier}{marker}")
-    return tuple(sorted(lines))
-
-
 # --- The runtime env's identity --------------------------------------------------------------------------------
 
 
@@ -356,7 +271,8 @@ def _pip_environment(options: PipOptions) -> dict[str, str]:
 
 
 def _tail(text: str) -> str:
-    return text.strip()[-PIP_OUTPUT_TAIL:]
+    # Whole lines from the end (a line cut in two would be misread as pip's last "ERROR:"), none over 500 characters.
+    return logtail.tail_text(text.strip(), PIP_OUTPUT_TAIL, max_bytes=PIP_OUTPUT_TAIL, line_max=500).strip()
 
 
 def build(layout: Layout, key: str, requirements: Sequence[str], runtime_python: Path, runtime_site_packages: Path,

@@ -17,6 +17,8 @@ workers from ticking one deployment at once.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -25,11 +27,10 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from deployments.actions import NO_CANARY
 from deployments.events import record
-from deployments.models import Deployment, Event, Revision
+from deployments.models import NO_CANARY, Deployment, Event, Revision, bounded_message
 from deployments.render import RenderError
-from deployments.runtimes.base import Launch, PreparationFailed, Runtime, RuntimeUnavailable
+from deployments.runtimes.base import Launch, Preparation, PreparationFailed, Runtime, RuntimeUnavailable
 from deployments.runtimes.registry import runtime_for
 
 log = logging.getLogger(__name__)
@@ -42,10 +43,20 @@ NOW = 0.0  # the next step can be taken at once
 
 S = Deployment.Status
 
+# Queues the build of a revision's environment on a worker; False when it could not (the broker is down). The
+# tasks (deployments.tasks.queue_build) hand theirs to each tick: they sit above the reconciler, which never imports
+# them.
+QueueBuild = Callable[[int], bool]
 
-def reconcile(deployment_id: int) -> float | None:
+
+def _no_task_queue(revision_id: int) -> bool:
+    return False
+
+
+def reconcile(deployment_id: int, queue_build: QueueBuild = _no_task_queue) -> float | None:
     """One tick. Returns in how many seconds the deployment wants the next one (None: only when something changes,
-    or at the next periodic tick)."""
+    or at the next periodic tick). Without `queue_build` (a test's tick) an environment to build waits as for a
+    broker that is down."""
     deployment = (Deployment.objects.select_related("team", "revision", "serving_revision", "canary_revision")
                   .filter(pk=deployment_id).first())
     if deployment is None:
@@ -59,7 +70,7 @@ def reconcile(deployment_id: int) -> float | None:
             return _delete(deployment, runtime)
         if deployment.desired_state == Deployment.Desired.STOPPED:
             return _stop(deployment, runtime)
-        return _run(deployment, runtime)
+        return _run(deployment, runtime, queue_build)
     except RuntimeUnavailable as exc:
         _unavailable(deployment, str(exc))
         return None
@@ -70,15 +81,15 @@ def reconcile(deployment_id: int) -> float | None:
 # --- Running ------------------------------------------------------------------------------------------------------
 
 
-def _run(deployment: Deployment, runtime: Runtime) -> float | None:
-    wait = _run_stable(deployment, runtime)
+def _run(deployment: Deployment, runtime: Runtime, queue_build: QueueBuild) -> float | None:
+    wait = _run_stable(deployment, runtime, queue_build)
     if deployment.canary_revision is None or deployment.status == S.FAILED or wait == NOW:
         return wait
-    canary_wait = _canary(deployment, runtime)
+    canary_wait = _canary(deployment, runtime, queue_build)
     return canary_wait if wait is None else wait if canary_wait is None else min(wait, canary_wait)
 
 
-def _run_stable(deployment: Deployment, runtime: Runtime) -> float | None:
+def _run_stable(deployment: Deployment, runtime: Runtime, queue_build: QueueBuild) -> float | None:
     target = deployment.revision
     if target is None:
         return None
@@ -88,7 +99,7 @@ def _run_stable(deployment: Deployment, runtime: Runtime) -> float | None:
     if deployment.status == S.FAILED:
         return _drain_left(deployment)  # a failed deployment waits for the user: a new revision, start or retry
     if deployment.status in (S.PENDING, S.RENDERING, S.BUILDING):
-        return _prepare(deployment, runtime, target)
+        return _prepare(deployment, runtime, target, queue_build)
     if deployment.status == S.STARTING:
         return _start(deployment, runtime, target)
     if deployment.status == S.READY and deployment.serving_revision_id == target.pk:
@@ -98,17 +109,28 @@ def _run_stable(deployment: Deployment, runtime: Runtime) -> float | None:
     return NOW
 
 
-def _prepare(deployment: Deployment, runtime: Runtime, target: Revision) -> float | None:
+def _ask_prepare(runtime: Runtime, revision: Revision, queue_build: QueueBuild) -> Preparation:
+    """The runtime's preparation of the revision; an environment it asks to have built is queued here."""
+    preparation = runtime.prepare(revision)
+    if not preparation.build:
+        return preparation
+    if queue_build(revision.pk):
+        return replace(preparation, build=False, retry_seconds=NOW)  # look at once: an eager build is done already
+    return Preparation(False, f"Waiting for the task queue to build the python environment of revision "
+                              f"{revision.number} (the broker is unreachable).", retry_seconds=5.0, building=True)
+
+
+def _prepare(deployment: Deployment, runtime: Runtime, target: Revision, queue_build: QueueBuild) -> float | None:
     if deployment.status == S.PENDING:
         # A new revision (or a start, or a retry): what was starting for another one will not serve.
-        stale = Launch.from_json(deployment.launch)
+        stale = deployment.launch
         if stale is not None:
             runtime.abandon(stale)
         if not deployment.advance(S.RENDERING, f"Rendering the model repository of revision {target.number}.",
                                   launch=None, launch_deadline=None):
             return NOW
     try:
-        preparation = runtime.prepare(target)
+        preparation = _ask_prepare(runtime, target, queue_build)
     except RenderError as exc:
         _fail(deployment, f"Revision {target.number} cannot be rendered: {exc}")
         return _drain_left(deployment)
@@ -117,7 +139,8 @@ def _prepare(deployment: Deployment, runtime: Runtime, target: Revision) -> floa
         return _drain_left(deployment)
     if not preparation.done:
         status = S.BUILDING if preparation.building else S.RENDERING
-        if preparation.message and (preparation.message, status) != (deployment.status_message, deployment.status):
+        if preparation.message and (bounded_message(preparation.message), status) != (deployment.status_message,
+                                                                                     deployment.status):
             with transaction.atomic():
                 if deployment.advance(status, preparation.message) and status == S.BUILDING:
                     record(deployment, Event.Kind.INFO, preparation.message)
@@ -128,13 +151,13 @@ def _prepare(deployment: Deployment, runtime: Runtime, target: Revision) -> floa
 
 
 def _start(deployment: Deployment, runtime: Runtime, target: Revision) -> float | None:
-    launch = Launch.from_json(deployment.launch)
+    launch = deployment.launch
     if launch is None or launch.revision_id != target.pk:
         if launch is not None:
             runtime.abandon(launch)
         launch = runtime.launch(target)
         deadline = timezone.now() + timedelta(seconds=runtime.ready_timeout_seconds)
-        if not deployment.advance(S.STARTING, deployment.status_message, launch=launch.to_json(),
+        if not deployment.advance(S.STARTING, deployment.status_message, launch=launch,
                                   launch_deadline=deadline):
             runtime.abandon(launch)  # the user changed the deployment meanwhile: nobody would know of this server
             return NOW
@@ -157,10 +180,13 @@ def _start(deployment: Deployment, runtime: Runtime, target: Revision) -> float 
 def _switch(deployment: Deployment, target: Revision, launch: Launch) -> None:
     """The switch the gateway sees: one UPDATE of the upstream and the serving revision. A new server that took over
     (a new revision, or the same one restarted with other sandbox settings) leaves the old one answering what was
-    routed to it (in flight, or from a gateway's route cache) until the drain ends."""
+    routed to it (in flight, or from a gateway's route cache) until the drain ends. In a shared pool the new
+    revision is in the same Triton (the same URL) under other names: the old one drains too, else a gateway whose
+    route cache still names it would send a request to a model just unloaded."""
     previous_url = deployment.upstream_url
     drain_until = deployment.drain_until
-    if previous_url and previous_url != launch.url:
+    other_revision = deployment.serving_revision_id is not None and deployment.serving_revision_id != target.pk
+    if previous_url and (previous_url != launch.url or other_revision):
         ends = timezone.now() + timedelta(seconds=settings.ROLLOUT_DRAIN_SECONDS)
         drain_until = max(drain_until, ends) if drain_until else ends
     elif drain_until is None:
@@ -168,9 +194,10 @@ def _switch(deployment: Deployment, target: Revision, launch: Launch) -> None:
     with transaction.atomic():
         if deployment.advance(S.READY, f"Serving revision {target.number}.", serving_revision=target,
                               upstream_url=launch.url, grpc_upstream=launch.grpc_target,
-                              serving_launch=launch.to_json(), launch=None,
+                              serving_launch=launch, launch=None,
                               launch_deadline=None, drain_until=drain_until):
-            record(deployment, Event.Kind.INFO, f"Revision {target.number} is ready and serving ({launch.description}).")
+            record(deployment, Event.Kind.INFO,
+                   f"Revision {target.number} is ready and serving ({launch.description}).")
 
 
 CANNOT_TELL_PREFIX = "Serving; the runtime cannot tell whether it still serves revision"
@@ -179,22 +206,22 @@ CANNOT_TELL_PREFIX = "Serving; the runtime cannot tell whether it still serves r
 def _check(deployment: Deployment, runtime: Runtime, target: Revision) -> float | None:
     """A ready deployment: is what serves it still serving? If not, start it again (the gateway answers 503 until
     then rather than sending requests to a dead server)."""
-    serving = Launch.from_json(deployment.serving_launch)
+    serving = deployment.serving_launch
     if serving is None:
         # Made ready before launches were recorded: adopt what serves it (launch() adopts a live server).
         serving = runtime.launch(target)
         if serving.url == deployment.upstream_url:
-            deployment.advance(S.READY, deployment.status_message, serving_launch=serving.to_json(),
+            deployment.advance(S.READY, deployment.status_message, serving_launch=serving,
                                grpc_upstream=serving.grpc_target)
         else:  # not the server the gateway routes to, which is gone: this one takes over once ready
-            deployment.advance(S.STARTING, f"Restarting revision {target.number}.", launch=serving.to_json(),
+            deployment.advance(S.STARTING, f"Restarting revision {target.number}.", launch=serving,
                                launch_deadline=timezone.now() + timedelta(seconds=runtime.ready_timeout_seconds))
         return NOW
     health = runtime.check(deployment, serving)
     if health.unknown:
         # Keep the route (what serves most likely still does) and say why nobody can tell, once.
         message = f"{CANNOT_TELL_PREFIX} {target.number}: {health.message}"
-        if deployment.status_message != message and deployment.advance(S.READY, message):
+        if deployment.status_message != bounded_message(message) and deployment.advance(S.READY, message):
             record(deployment, Event.Kind.WARNING, f"Cannot tell whether revision {target.number} still serves: "
                                                    f"{health.message}")
         return _drain_left(deployment)
@@ -231,16 +258,16 @@ def _canary_ended(deployment: Deployment, canary: Revision, message: str, detail
                + (f"\n{detail}" if detail else ""))
 
 
-def _canary(deployment: Deployment, runtime: Runtime) -> float | None:
+def _canary(deployment: Deployment, runtime: Runtime, queue_build: QueueBuild) -> float | None:
     """One step of the canary: prepare and launch it, look at it until ready, then give it its route (the gateway
     sends it `canary_percent` of the requests); health-check it while it serves. A canary that fails to start is
     ended, the stable revision untouched."""
     canary = deployment.canary_revision
     assert canary is not None
-    launch = Launch.from_json(deployment.canary_launch)
+    launch = deployment.canary_launch
     if launch is None:
         try:
-            preparation = runtime.prepare(canary)
+            preparation = _ask_prepare(runtime, canary, queue_build)
             if not preparation.done:
                 return preparation.retry_seconds
             launch = runtime.launch(canary)
@@ -254,7 +281,7 @@ def _canary(deployment: Deployment, runtime: Runtime) -> float | None:
             _canary_ended(deployment, canary, f"cannot be launched: {exc}")
             return None
         deadline = timezone.now() + timedelta(seconds=runtime.ready_timeout_seconds)
-        if not _canary_advance(deployment, canary_launch=launch.to_json(), canary_deadline=deadline):
+        if not _canary_advance(deployment, canary_launch=launch, canary_deadline=deadline):
             runtime.abandon(launch)  # rolled back or promoted meanwhile: nobody would know of this server
             return NOW
         record(deployment, Event.Kind.INFO, f"Triton for canary revision {canary.number} is starting "
@@ -301,8 +328,8 @@ def _drain_left(deployment: Deployment) -> float | None:
 
 def _retire(deployment: Deployment, runtime: Runtime) -> None:
     """The drain is over: stop what serves neither the route nor the rollout."""
-    keep = [launch for launch in (Launch.from_json(deployment.serving_launch), Launch.from_json(deployment.launch),
-                                  Launch.from_json(deployment.canary_launch))
+    keep = [launch for launch in (deployment.serving_launch, deployment.launch,
+                                  deployment.canary_launch)
             if launch is not None]
     messages = runtime.retire(deployment, keep)
     if deployment.advance(deployment.status, deployment.status_message, drain_until=None):
@@ -325,7 +352,7 @@ def _unavailable(deployment: Deployment, message: str) -> None:
         return
     # Stopping or deleting: the periodic tick tries again until the runtime answers.
     waiting = f"Waiting for the runtime: {message}"
-    if deployment.status_message != waiting and deployment.advance(S.STOPPING, waiting):
+    if deployment.status_message != bounded_message(waiting) and deployment.advance(S.STOPPING, waiting):
         record(deployment, Event.Kind.WARNING, waiting)
 
 

@@ -7,9 +7,9 @@ deterministic: the same spec and artifacts give a byte-identical tree (tests com
 Layout: `<model>/config.pbtxt` and `<model>/<version>/` holding `model.onnx`, `model.pt`, `model.savedmodel/`,
 `model.plan`, `model.py` (+ helper files), `model.tnnproto` + `model.tnnmodel`, or nothing (ensembles).
 On the local target ONNX, TorchScript and SavedModels are served by generated python-backend models: the
-wrapper from deployments/backends/ as `model.py` beside the artifact, with the modules it imports. Which backend
+wrapper from modelport/core/backends/ as `model.py` beside the artifact, with the modules it imports. Which backend
 serves a format on each target, and how its artifact is laid out, is the format's own module's to say
-(models_registry/formats/); this module builds the config and the tree around it.
+(modelport/core/formats/); this module builds the config and the tree around it.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ from deployments.spec import (
     RepositorySpec,
     ServedModel,
     Target,
+    Warmup,
     validate_repository,
 )
-from models_registry import archives, formats
-from models_registry.archives import ArchiveLimits
-from models_registry.signature import Tensor
+from modelport.core import archives, formats
+from modelport.core.archives import ArchiveLimits
+from modelport.core.signature import Tensor
 
 # The SignatureDef a SavedModel serves: read by Triton's TensorFlow backend and by the local wrapper alike.
 TF_SIGNATURE_DEF = "TF_SIGNATURE_DEF"
@@ -50,8 +51,21 @@ class RenderError(ValueError):
         super().__init__("; ".join(f"{key}: {' '.join(messages)}" for key, messages in sorted(errors.items())))
 
 
-def build_model_config(m: ServedModel, target: Target, *, tnn_backend_name: str = "tnn") -> mc.ModelConfig:
-    """Triton's ModelConfig message for `m` on `target` (assumes `m` passed validation)."""
+# Triton's onnxruntime backend maps optimization.graph.level 2 to ORT_DISABLE_ALL (its -1 is ORT_ENABLE_BASIC,
+# which still folds constants, and any other value ORT_ENABLE_ALL): onnxruntime_backend's src/onnxruntime.cc.
+ORT_GRAPH_LEVEL_DISABLE_ALL = 2
+
+
+def build_model_config(m: ServedModel, target: Target, *, tnn_backend_name: str = "tnn",
+                       fold_constants: bool = True) -> mc.ModelConfig:
+    """Triton's ModelConfig message for `m` on `target` (assumes `m` passed validation).
+
+    `fold_constants=False` (a shared Triton): an ONNX model served by the onnxruntime backend is built with no
+    graph optimization, as the local wrapper builds its sessions without ConstantFolding, since a ~300-byte graph
+    (ConstantOfShape [6000, 6000] -> MatMul) otherwise computes for tens of seconds at load, holding the shared
+    server's loads (and its CPU) for every other deployment in it. onnxruntime offers no way from Triton's config
+    to disable one optimizer, so all are: the uploader's own dedicated Triton keeps the default (its load time is
+    its own)."""
     config = mc.ModelConfig(name=m.name, max_batch_size=m.max_batch_size)
     fmt = formats.get(m.format)
     if fmt.native.custom:
@@ -64,6 +78,8 @@ def build_model_config(m: ServedModel, target: Target, *, tnn_backend_name: str 
             config.platform = fmt.native.platform
         if fmt.native.backend:
             config.backend = fmt.native.backend
+        if not fold_constants and fmt.native.backend == "onnxruntime":
+            config.optimization.graph.level = ORT_GRAPH_LEVEL_DISABLE_ALL
     # Serve exactly the version this spec names, even if another version directory is ever left behind.
     config.version_policy.specific.versions.append(m.version)
 
@@ -106,9 +122,12 @@ def build_model_config(m: ServedModel, target: Target, *, tnn_backend_name: str 
     return config
 
 
-def render_config(m: ServedModel, target: Target, *, tnn_backend_name: str = "tnn") -> str:
-    """config.pbtxt text for `m`."""
-    return text_format.MessageToString(build_model_config(m, target, tnn_backend_name=tnn_backend_name))
+def render_config(m: ServedModel, target: Target, *, tnn_backend_name: str = "tnn",
+                  fold_constants: bool = True) -> str:
+    """config.pbtxt text for `m` (`fold_constants`: see build_model_config)."""
+    text: str = text_format.MessageToString(build_model_config(m, target, tnn_backend_name=tnn_backend_name,
+                                                                fold_constants=fold_constants))
+    return text
 
 
 def render_repository(
@@ -119,8 +138,10 @@ def render_repository(
     tnn_backend_name: str = "tnn",
     local_frameworks: Collection[str] = frozenset(),
     archive_limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS,
+    fold_constants: bool = True,
 ) -> None:
-    """Write the repository for `spec` to `out_dir`, replacing what was there.
+    """Write the repository for `spec` to `out_dir`, replacing what was there (`fold_constants`: see
+    build_model_config; False for a Triton shared by several deployments).
 
     The tree is built in a sibling directory and swapped in at the end, so a server pointed at `out_dir` never
     sees half a repository. Raises RenderError for an invalid spec or an unusable artifact.
@@ -137,7 +158,8 @@ def render_repository(
             version_dir = model_dir / str(m.version)
             version_dir.mkdir(parents=True)
             (model_dir / "config.pbtxt").write_text(
-                render_config(m, target, tnn_backend_name=tnn_backend_name), encoding="utf-8"
+                render_config(m, target, tnn_backend_name=tnn_backend_name, fold_constants=fold_constants),
+                encoding="utf-8",
             )
             _write_artifact(m, target, version_dir, scratch=staging / f".extract-{m.name}", limits=archive_limits)
         _swap_in(staging, out_dir)
@@ -159,7 +181,8 @@ def repository_digest(root: Path) -> str:
 
 
 def _data_type(tensor: Tensor) -> int:
-    return mc.DataType.Value(tensor.triton_type)
+    value: int = mc.DataType.Value(tensor.triton_type)
+    return value
 
 
 def served_dims(dims: tuple[int, ...] | list[int], batched: bool) -> list[int]:
@@ -182,11 +205,9 @@ def _set_dims(entry: mc.ModelInput | mc.ModelOutput, tensor: Tensor, batched: bo
 
 
 def _add_warmup(config: mc.ModelConfig, m: ServedModel) -> None:
-    warmup = m.warmup or {}
-    kind = warmup.get("data", "zero")
-    sample = config.model_warmup.add(
-        name=f"{kind}_data", batch_size=int(warmup.get("batch_size", 1)), count=int(warmup.get("count", 1))
-    )
+    warmup = m.warmup or Warmup()
+    kind = warmup.data
+    sample = config.model_warmup.add(name=f"{kind}_data", batch_size=warmup.batch_size, count=warmup.count)
     for entry in config.input:
         # Warmup needs concrete shapes: a dynamic dimension gets size 1.
         data = mc.ModelWarmup.Input(data_type=entry.data_type, dims=[d if d > 0 else 1 for d in entry.dims])

@@ -15,6 +15,7 @@ Versions of the stored JSON (`spec_version`):
   (`"cpu": ""`) in revisions written before quantities were checked, and entries whose `instance_group` or
   `dynamic_batching` may lack keys (hand-made in tests and fixtures).
 - 2: `spec_version: 2`; resources hold only what was given (`gpu` always).
+- 3: `spec_version: 3`; `placement` (issue 24): dedicated, or shared in a pool. Versions 1 and 2 are dedicated.
 A reader meets a newer version only after a downgrade; it refuses it rather than dropping what it does not know.
 """
 
@@ -26,15 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deployments.spec import DynamicBatching, EnsembleStep, InstanceGroup, RepositorySpec, ServedModel
-from models_registry import formats
-from models_registry.signature import Signature, signature_from_json
+from deployments.model_entry import DynamicBatching as DynamicBatching  # where the spec's readers have found them
+from deployments.model_entry import ModelEntry as ModelEntry
+from deployments.model_entry import SpecError as SpecError
+from deployments.model_entry import json_object
+from deployments.spec import RepositorySpec, ServedModel
 
-SPEC_VERSION = 2
-
-
-class SpecError(ValueError):
-    """Stored spec JSON that cannot be read; the message says which part."""
+SPEC_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,7 @@ class Resources:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> Resources:
-        data = _mapping(data or {}, "resources")
+        data = json_object(data or {}, "resources")
         return cls(cpu=str(data.get("cpu") or ""), memory=str(data.get("memory") or ""),
                    gpu=int(data.get("gpu") or 0), gpu_type=str(data.get("gpu_type") or ""),
                    mig_profile=str(data.get("mig_profile") or ""))
@@ -77,131 +76,40 @@ class Autoscaling:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Autoscaling:
-        data = _mapping(data, "autoscaling")
+        data = json_object(data, "autoscaling")
         return cls(min_replicas=int(data["min_replicas"]), max_replicas=int(data["max_replicas"]),
                    target=int(data["target"]), metric=str(data.get("metric", "cpu")))
 
 
 @dataclass(frozen=True)
-class ModelEntry:
-    """One served model version with its serving settings."""
+class Placement:
+    """Where a revision's models run: a Triton of its own (dedicated), or loaded on demand into a pool's shared
+    Triton (deployments/pools.py) with `idle_unload_seconds` resolved from the pool's default (0: never unload)."""
 
-    name: str  # the Triton model name (the model's name in the registry: a deployment serves one version of each)
-    version: int
-    format: str
-    signature: Signature
-    sha256: str = ""  # the stored artifact ("" for a pipeline, which has none)
-    version_id: int | None = None
-    max_batch_size: int = 0
-    dynamic_batching: DynamicBatching | None = None
-    instance_group: InstanceGroup = field(default_factory=InstanceGroup)
-    response_cache: bool = False
-    # {"batch_size": int, "count": int, "data": "zero" | "random"} (deployments.spec validates it); None: no warmup.
-    warmup: Mapping[str, Any] | None = None
-    # The version's definition when the revision was made, as models_registry keeps it: a pipeline's steps, a
-    # SavedModel's signature_def, a python model's requirements. Copied, not referenced: the revision renders the
-    # same repository forever.
-    definition: Mapping[str, Any] | None = None
+    mode: str = "dedicated"  # "dedicated" | "shared"
+    pool: str = ""  # the pool's name when shared
+    idle_unload_seconds: int = 0
 
     @property
-    def model(self) -> str:
-        """The registry's model name (the same as `name` in every spec so far)."""
-        return self.name
-
-    @property
-    def is_pipeline(self) -> bool:
-        return self.format == formats.ENSEMBLE
-
-    @property
-    def ensemble_steps(self) -> tuple[EnsembleStep, ...]:
-        if not self.is_pipeline:
-            return ()
-        return tuple(EnsembleStep(model=str(s["model"]), version=int(s["version"]), input_map=dict(s["input_map"]),
-                                  output_map=dict(s["output_map"]))
-                     for s in (self.definition or {}).get("steps", []))
-
-    @property
-    def step_references(self) -> tuple[tuple[str, int], ...]:
-        """(model, version) of each step of a pipeline, in order."""
-        return tuple((step.model, step.version) for step in self.ensemble_steps)
-
-    @property
-    def requirements(self) -> tuple[str, ...]:
-        """A python model's requirements lines (models_registry.models.ModelVersion.requirements, as they were)."""
-        if self.format != formats.PYTHON or not isinstance(self.definition, Mapping):
-            return ()
-        return tuple(str(r) for r in self.definition.get("requirements", ()))
-
-    @property
-    def signature_def(self) -> str:
-        if self.format != formats.SAVEDMODEL:
-            return ""
-        return str((self.definition or {}).get("signature_def", ""))
-
-    def served_model(self, artifact_path: Path | None) -> ServedModel:
-        """The renderer's view of this entry, its artifact at `artifact_path` (None for a pipeline)."""
-        return ServedModel(
-            name=self.name, version=self.version, format=self.format, signature=self.signature,
-            max_batch_size=self.max_batch_size, dynamic_batching=self.dynamic_batching,
-            instance_group=self.instance_group, response_cache=self.response_cache,
-            warmup=dict(self.warmup) if self.warmup is not None else None, artifact_path=artifact_path,
-            ensemble_steps=self.ensemble_steps, signature_def=self.signature_def,
-        )
+    def shared(self) -> bool:
+        return self.mode == "shared"
 
     def to_json(self) -> dict[str, Any]:
-        batching = self.dynamic_batching
-        group = self.instance_group
-        return {
-            "name": self.name,
-            "model": self.name,
-            "version": self.version,
-            "version_id": self.version_id,
-            "format": self.format,
-            "sha256": self.sha256,
-            "signature": self.signature.to_json() if not self.signature.is_empty else {},
-            "max_batch_size": self.max_batch_size,
-            "dynamic_batching": {
-                "max_queue_delay_microseconds": batching.max_queue_delay_microseconds,
-                "preferred_batch_size": list(batching.preferred_batch_size),
-                "preserve_ordering": batching.preserve_ordering,
-            } if batching is not None else None,
-            "instance_group": {"count": group.count, "kind": group.kind, "gpus": list(group.gpus)},
-            "response_cache": self.response_cache,
-            "warmup": _plain(self.warmup),
-            "definition": _plain(self.definition),
-        }
+        if not self.shared:
+            return {"mode": self.mode}
+        return {"mode": self.mode, "pool": self.pool, "idle_unload_seconds": self.idle_unload_seconds}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], where: str = "models[0]") -> ModelEntry:
-        data = _mapping(data, where)
-        name = data.get("name") or data.get("model")
-        if not isinstance(name, str) or not name or "format" not in data or "version" not in data:
-            raise SpecError(f"{where} needs a name, a format and a version")
-        batching = data.get("dynamic_batching")
-        group = _mapping(data.get("instance_group") or {}, f"{where}.instance_group")
-        version_id = data.get("version_id")
-        try:
-            return cls(
-                name=name,
-                version=int(data["version"]),
-                format=str(data["format"]),
-                signature=signature_from_json(data.get("signature")),
-                sha256=str(data.get("sha256") or ""),
-                version_id=int(version_id) if version_id is not None else None,
-                max_batch_size=int(data.get("max_batch_size") or 0),
-                dynamic_batching=DynamicBatching(
-                    max_queue_delay_microseconds=int(batching.get("max_queue_delay_microseconds", 0)),
-                    preferred_batch_size=tuple(int(s) for s in batching.get("preferred_batch_size") or ()),
-                    preserve_ordering=bool(batching.get("preserve_ordering", False)),
-                ) if isinstance(batching, Mapping) else None,
-                instance_group=InstanceGroup(count=int(group.get("count", 1)), kind=group.get("kind", "cpu"),
-                                             gpus=tuple(int(g) for g in group.get("gpus") or ())),
-                response_cache=bool(data.get("response_cache", False)),
-                warmup=_frozen(data.get("warmup")),
-                definition=_frozen(data.get("definition")),
-            )
-        except (TypeError, ValueError, KeyError) as exc:
-            raise SpecError(f"{where} ({name}): {exc}") from None
+    def from_json(cls, data: Mapping[str, Any] | None) -> Placement:
+        data = json_object(data or {}, "placement")
+        mode = str(data.get("mode") or "dedicated")
+        if mode not in ("dedicated", "shared"):
+            raise SpecError(f"placement.mode must be dedicated or shared, got {mode!r}")
+        return cls(mode=mode, pool=str(data.get("pool") or ""),
+                   idle_unload_seconds=int(data.get("idle_unload_seconds") or 0))
+
+
+DEDICATED = Placement()
 
 
 @dataclass(frozen=True)
@@ -213,6 +121,7 @@ class RevisionSpec:
     autoscaling: Autoscaling | None = None
     # A Triton image an operator chose for this revision (Kubernetes); "": the configured one.
     image: str = ""
+    placement: Placement = DEDICATED
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -223,7 +132,7 @@ class RevisionSpec:
 
     def repository(self, artifact_for: Callable[[ModelEntry], Path | None]) -> RepositorySpec:
         """The renderer's input; `artifact_for(entry)` gives the local file of an entry's stored artifact."""
-        return RepositorySpec(models=tuple(m.served_model(artifact_for(m) if m.sha256 else None)
+        return RepositorySpec(models=tuple(ServedModel.of(m, artifact_for(m) if m.sha256 else None)
                                            for m in self.models))
 
     def to_json(self) -> dict[str, Any]:
@@ -233,6 +142,7 @@ class RevisionSpec:
             "replicas": self.replicas,
             "resources": self.resources.to_json(),
             "models": [m.to_json() for m in self.models],
+            "placement": self.placement.to_json(),
         }
         if self.autoscaling is not None:
             data["autoscaling"] = self.autoscaling.to_json()
@@ -243,7 +153,7 @@ class RevisionSpec:
     @classmethod
     def from_json(cls, data: Any) -> RevisionSpec:
         """Any spec a Modelport ever stored (see the module's docstring), or SpecError."""
-        data = _mapping(data, "spec")
+        data = json_object(data, "spec")
         version = data.get("spec_version", 1)
         if not isinstance(version, int) or version < 1:
             raise SpecError(f"spec_version must be a positive integer, got {version!r}")
@@ -262,6 +172,7 @@ class RevisionSpec:
                 resources=Resources.from_json(data.get("resources")),
                 autoscaling=Autoscaling.from_json(autoscaling) if autoscaling else None,
                 image=str(data.get("image") or ""),
+                placement=Placement.from_json(data.get("placement")),
             )
         except (TypeError, ValueError, KeyError) as exc:
             if isinstance(exc, SpecError):
@@ -271,41 +182,6 @@ class RevisionSpec:
     @classmethod
     def coerce(cls, value: Any) -> RevisionSpec:
         return value if isinstance(value, RevisionSpec) else cls.from_json(value)
-
-
-class _FrozenDict(dict[str, Any]):
-    """A JSON object inside the frozen spec: read-only, so that no reader changes a revision by accident."""
-
-    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError("a revision's spec is immutable")
-
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        return hash(json.dumps(self, sort_keys=True))
-
-
-def _frozen(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return _FrozenDict({str(k): _frozen(v) for k, v in value.items()})
-    if isinstance(value, (list, tuple)):
-        return tuple(_frozen(v) for v in value)
-    return value
-
-
-def _plain(value: Any) -> Any:
-    """JSON values back from _frozen(): dicts and lists."""
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _mapping(value: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise SpecError(f"{where} must be a JSON object, got {type(value).__name__}")
-    return value
 
 
 class SpecEncoder(json.JSONEncoder):

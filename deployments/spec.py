@@ -9,19 +9,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from deployments.frameworks import missing_framework_message
-from models_registry import formats
-from models_registry.signature import Signature
+from deployments.model_entry import DynamicBatching as DynamicBatching  # the renderer's callers find them here too
+from deployments.model_entry import EnsembleStep as EnsembleStep
+from deployments.model_entry import InstanceGroup as InstanceGroup
+from deployments.model_entry import InstanceKind as InstanceKind
+from deployments.model_entry import ModelEntry
+from deployments.model_entry import Warmup as Warmup
+from modelport.core import formats
+from modelport.core.frameworks import missing_framework_message
+from modelport.core.signature import Signature
 
 Target = Literal["local", "kubernetes"]
-InstanceKind = Literal["cpu", "gpu"]
 
 TARGETS: tuple[str, ...] = ("local", "kubernetes")
-# What each format is and how each target serves it: models_registry.formats.
+# What each format is and how each target serves it: modelport.core.formats.
 FORMATS: tuple[str, ...] = tuple(formats.REGISTRY)
 
 # Limits a user may choose. Triton itself accepts more; these keep one deployment from starving the host.
@@ -37,48 +42,19 @@ _MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")  # fullmatch: "$
 
 WARMUP_KEYS = frozenset({"batch_size", "count", "data"})
 WARMUP_DATA = ("zero", "random")
-
-@dataclass(frozen=True)
-class DynamicBatching:
-    max_queue_delay_microseconds: int = 0
-    preferred_batch_size: tuple[int, ...] = ()
-    preserve_ordering: bool = False
+MAX_WARMUP_COUNT = 100
 
 
 @dataclass(frozen=True)
-class InstanceGroup:
-    count: int = 1
-    kind: InstanceKind = "cpu"
-    gpus: tuple[int, ...] = ()
+class ServedModel(ModelEntry):
+    """A revision's entry as the renderer takes it: the one model value, and what rendering adds to it."""
 
-
-@dataclass(frozen=True)
-class EnsembleStep:
-    """One step of an ensemble: maps the step model's tensor names to the ensemble's tensor names."""
-
-    model: str
-    version: int  # -1: the latest version Triton has loaded
-    input_map: dict[str, str]  # step model input name -> ensemble tensor name
-    output_map: dict[str, str]  # step model output name -> ensemble tensor name
-
-
-@dataclass(frozen=True)
-class ServedModel:
-    name: str  # the Triton model name
-    version: int
-    format: str
-    signature: Signature
-    max_batch_size: int = 0
-    dynamic_batching: DynamicBatching | None = None
-    instance_group: InstanceGroup = field(default_factory=InstanceGroup)
-    response_cache: bool = False
-    # {"batch_size": int = 1, "count": int = 1, "data": "zero" | "random"}; None: no warmup.
-    warmup: dict[str, Any] | None = None
     # The stored artifact as a local file; the renderer copies or extracts it. None only for ensembles.
     artifact_path: Path | None = None
-    ensemble_steps: tuple[EnsembleStep, ...] = ()
-    # SavedModels: the SignatureDef to serve, as inspection chose it ("": Triton's default, "serving_default").
-    signature_def: str = ""
+
+    @classmethod
+    def of(cls, entry: ModelEntry, artifact_path: Path | None) -> ServedModel:
+        return cls(**{f.name: getattr(entry, f.name) for f in fields(ModelEntry)}, artifact_path=artifact_path)
 
 
 @dataclass(frozen=True)
@@ -115,8 +91,8 @@ def local_format_error(fmt: str, *, local_frameworks: Collection[str] = frozense
         return local.refused
     missing = missing_framework_message(fmt, frozenset(local_frameworks))
     if missing is not None:
-        # TorchScript and SavedModels run locally through generated python-backend models (deployments/backends/),
-        # which need the framework in the runtime env (deployments.frameworks).
+        # TorchScript and SavedModels run locally through generated python-backend models (modelport/core/backends/),
+        # which need the framework in the runtime env (modelport.core.frameworks).
         return f"{local.noun if local is not None and local.noun else fmt} cannot be served locally: {missing}"
     return None
 
@@ -235,20 +211,14 @@ def _validate_instances(m: ServedModel, target: str, add: Any) -> None:
 
 
 def _validate_warmup(m: ServedModel, add: Any) -> None:
-    warmup = m.warmup or {}
-    unknown = set(warmup) - WARMUP_KEYS
-    if unknown:
-        add("warmup", f"unknown warmup keys {sorted(unknown)}: use {sorted(WARMUP_KEYS)}")
-    batch_size = warmup.get("batch_size", 1)
-    count = warmup.get("count", 1)
-    data = warmup.get("data", "zero")
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+    warmup = m.warmup or Warmup()
+    if warmup.batch_size < 1:
         add("warmup.batch_size", "the warmup batch size must be an integer of 1 or more")
-    elif batch_size > max(1, m.max_batch_size):
+    elif warmup.batch_size > max(1, m.max_batch_size):
         add("warmup.batch_size", f"the warmup batch size must not exceed max_batch_size {max(1, m.max_batch_size)}")
-    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 100:
-        add("warmup.count", "the warmup count must be an integer between 1 and 100")
-    if data not in WARMUP_DATA:
+    if not 1 <= warmup.count <= MAX_WARMUP_COUNT:
+        add("warmup.count", f"the warmup count must be an integer between 1 and {MAX_WARMUP_COUNT}")
+    if warmup.data not in WARMUP_DATA:
         add("warmup.data", f"warmup data must be one of {WARMUP_DATA}")
 
 

@@ -68,7 +68,7 @@ def queue_reconcile(deployment_id: int, countdown: float = 0.0, **options: Any) 
 @worker_ready.connect
 def check_the_sandbox(**kwargs: Any) -> None:
     """The worker starts the local Tritons: say at start-up whether it can sandbox them (and why not)."""
-    from deployments.runtimes.local.runtime import sandbox_capabilities
+    from deployments.runtimes.local.confined import sandbox_capabilities
 
     sandbox_capabilities()  # logs what it found, a warning when anything is missing
 
@@ -78,22 +78,40 @@ def reconcile_deployment(self: Task, deployment_id: int, due: str | None = None)
     """One tick; `due`: when this task was due (its mark, cleared here unless a later tick replaced it)."""
     mine = Q(reconcile_due_at=datetime.fromisoformat(due)) if due else Q()
     Deployment.objects.filter(mine, pk=deployment_id).update(reconcile_due_at=None)
-    wait = reconcile.reconcile(deployment_id)
+    wait = reconcile.reconcile(deployment_id, queue_build=queue_build)
     if self.request.is_eager:
         # No worker at all (CELERY_TASK_ALWAYS_EAGER: some tests, a shell): the caller's thread takes the next
         # ticks itself, in a loop rather than through ever deeper nested eager tasks.
         while wait is not None:
             time.sleep(wait)
-            wait = reconcile.reconcile(deployment_id)
+            wait = reconcile.reconcile(deployment_id, queue_build=queue_build)
     elif wait is not None:
         queue_reconcile(deployment_id, countdown=wait)
+
+
+def queue_build(revision_id: int) -> bool:
+    """Queue the build of a revision's python environment, which its runtime asked for (the reconciler calls this:
+    it sits below the tasks, so they hand it the means); False when the broker cannot be reached (a later tick asks
+    again)."""
+    from deployments.runtimes.local import pyenv
+
+    key = pyenv.mark_build_requested(revision_id)
+    if key is None:
+        return True  # nothing to build any more: the next tick finds it prepared
+    try:
+        build_python_env.delay(revision_id)
+    except BROKER_DOWN as exc:
+        log.warning("could not queue the build of python environment %s: %s", key, exc)
+        pyenv.forget_build_request(key)
+        return False
+    return True
 
 
 @shared_task(bind=True)
 def build_python_env(self: Task, revision_id: int) -> None:
     """Install a revision's python requirements (deployments/pyenvs.py): on the inspection queue, since pip may take
     minutes, which no tick may. The deployment's next tick then starts Triton."""
-    from deployments.runtimes.local.runtime import build_python_env as build
+    from deployments.runtimes.local.pyenv import build_python_env as build
 
     deployment_id = build(revision_id)
     if deployment_id is not None and not self.request.is_eager:  # eagerly, the waiting tick looks again itself
@@ -112,21 +130,6 @@ def reconcile_all() -> int:
 
 
 @shared_task
-def check_canaries() -> int:
-    """Periodic: judge every serving canary by its guardrails over its window (deployments/canary.py): roll it back,
-    promote it, or let it run on. Returns how many were rolled back or promoted."""
-    from deployments import canary
-
-    acted = 0
-    for deployment_id in canary.serving_canaries():
-        try:
-            acted += canary.judge(deployment_id).action != "wait"
-        except Exception:  # one deployment's trouble (a promote that raced a rollback) must not stop the others
-            log.exception("could not judge the canary of deployment %s", deployment_id)
-    return acted
-
-
-@shared_task
 def refresh_repository_access() -> int:
     """Periodic: renew the presigned URLs that Triton's pods on Kubernetes fetch their repository with."""
     from deployments.runtimes.kubernetes.runtime import refresh_repository_access as refresh
@@ -136,7 +139,25 @@ def refresh_repository_access() -> int:
 
 @shared_task
 def sweep_orphan_servers() -> int:
-    """Periodic: stop local Tritons of this var/ that the database does not know (see runtimes.local.runtime)."""
-    from deployments.runtimes.local.runtime import sweep_orphans
+    """Periodic: stop local Tritons of this var/ that the database does not know (see runtimes.local.sweeps)."""
+    from deployments.runtimes.local.sweeps import sweep_orphans
 
     return len(sweep_orphans())
+
+
+@shared_task
+def unload_idle_pool_models() -> int:
+    """Periodic: unload the pool models unused for their idle_unload_seconds (deployments/runtimes/local/pool.py,
+    and on a cluster deployments/runtimes/kubernetes/pool_runtime.py); the next request loads them again. Then stop
+    the pool Tritons that have had no deployment's models for POOL_EMPTY_SERVER_STOP_SECONDS. Returns how many
+    revisions were unloaded or loaded again and servers stopped."""
+    from deployments.runtimes.kubernetes.pool_runtime import unload_idle as unload_idle_on_clusters
+    from deployments.runtimes.kubernetes.runtime import KubernetesRuntime
+    from deployments.runtimes.local.pool import stop_empty_servers, unload_idle
+
+    done = len(unload_idle()) + len(stop_empty_servers())
+    runtime = KubernetesRuntime()
+    if not runtime.cfg.cluster_problem():
+        # Cluster pools: idle entries marked unloaded, and revisions a held request woke loaded again.
+        done += len(unload_idle_on_clusters(runtime))
+    return done

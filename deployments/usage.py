@@ -1,13 +1,19 @@
-"""Which deployments serve a model version (the registry asks before deleting one)."""
+"""Which deployments serve a model version (the registry asks before deleting one, through its version_users signal:
+it sits below this app)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db.models import Q
+from django.dispatch import receiver
 
 from models_registry.models import ModelVersion
+from models_registry.signals import version_users
 
 
-def deployments_using_version(version: ModelVersion) -> list[str]:
+@receiver(version_users)
+def deployments_using_version(sender: Any = None, *, version: ModelVersion, **kwargs: Any) -> list[str]:
     from deployments.models import Deployment
 
     # A canary's too: it serves, and promoting it makes it the serving revision.

@@ -14,8 +14,8 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -27,6 +27,8 @@ from accounts.models import TOKEN_PREFIX, ApiToken, Membership
 from accounts.tokens import authenticate_token
 from deployments.models import Deployment
 from deployments.revision_spec import RevisionSpec
+from gateway.contract import Contract, contracts_for
+from gateway.pool_names import Pooled
 from gateway.protocol import Refusal
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,19 @@ class Route:
     canary_url: str = ""
     canary_grpc_target: str = ""
     canary_percent: int = 0
+    team: str = ""  # the team's name: with `name`, what the metrics label a deployment's series by
+    # Per revision number (the serving one's, a canary's), what each of its models takes and gives: Triton's errors
+    # are reworded with it and answers missing an output refused (gateway/contract.py).
+    contracts: Mapping[int, Mapping[str, Contract]] = field(default_factory=dict, hash=False, compare=False)
+
+    # The revisions served from a pool (shared placement, gateway/pool_names.py): their names there and loads.
+    pooled: tuple[Pooled, ...] = ()
+
+    def contract(self, revision: int, model: str) -> Contract | None:
+        return self.contracts.get(revision, {}).get(model)
+
+    def pooled_for(self, revision: int) -> Pooled | None:
+        return next((p for p in self.pooled if p.revision == revision), None)
 
 
 class TtlCache(Generic[K, V]):
@@ -231,13 +246,20 @@ def _load_session(session_key: str) -> Caller | None:
 def _load_route(key: tuple[int, str]) -> Route | None:
     team_id, name = key
     row = (Deployment.objects.filter(team_id=team_id, name=name).exclude(desired_state=Deployment.Desired.DELETED)
-           .values("pk", "upstream_url", "grpc_upstream", "status", "desired_state", "serving_revision__spec",
+           .values("pk", "team__name", "upstream_url", "grpc_upstream", "status", "desired_state",
+                   "serving_revision__spec",
                    "serving_revision__number", "canary_revision__number", "canary_revision__spec",
-                   "canary_upstream_url", "canary_grpc_upstream", "canary_percent").first())
+                   "canary_upstream_url", "canary_grpc_upstream", "canary_percent", "serving_revision_id",
+                   "canary_revision_id").first())
     if row is None:
         return None
+    pooled = _pooled(row["pk"], [(row["serving_revision_id"], row["serving_revision__number"],
+                                  row["serving_revision__spec"]),
+                                 (row["canary_revision_id"], row["canary_revision__number"],
+                                  row["canary_revision__spec"])])
     running = row["desired_state"] == Deployment.Desired.RUNNING
-    return Route(deployment_id=row["pk"], name=name, upstream_url=row["upstream_url"] if running else "",
+    return Route(deployment_id=row["pk"], name=name, team=row["team__name"],
+                 upstream_url=row["upstream_url"] if running else "",
                  status=row["status"],
                  models=_model_names(row["serving_revision__spec"]) | _model_names(row["canary_revision__spec"]),
                  grpc_target=row["grpc_upstream"] if running else "",
@@ -245,7 +267,32 @@ def _load_route(key: tuple[int, str]) -> Route | None:
                  canary_revision=(row["canary_revision__number"] or 0) if running else 0,
                  canary_url=row["canary_upstream_url"] if running else "",
                  canary_grpc_target=row["canary_grpc_upstream"] if running else "",
-                 canary_percent=row["canary_percent"] if running else 0)
+                 canary_percent=row["canary_percent"] if running else 0, pooled=pooled,
+                 contracts={row["serving_revision__number"] or 0: contracts_for(row["serving_revision__spec"]),
+                            row["canary_revision__number"] or -1: contracts_for(row["canary_revision__spec"])})
+
+
+def _pooled(deployment_id: int,
+            revisions: list[tuple[int | None, int | None, RevisionSpec | None]]) -> tuple[Pooled, ...]:
+    """The shared revisions among the serving and canary ones, decided by their specs, with their loads (one
+    query, only when shared). A shared revision whose load row is missing is still pooled (load_id None): the
+    gateway must never take it for a dedicated one, whose requests go to the upstream unmapped."""
+    from deployments.models import PoolLoad
+    from deployments.pools import name_prefix
+
+    shared = {pk: number for pk, number, spec in revisions
+              if pk is not None and number is not None and spec is not None and spec.placement.shared}
+    if not shared:
+        return ()
+    loads = {load["revision_id"]: load for load in
+             PoolLoad.objects.filter(revision_id__in=list(shared)).values("pk", "revision_id", "state")}
+    found = []
+    for pk, number in shared.items():
+        load = loads.get(pk)
+        found.append(Pooled(revision=number, prefix=name_prefix(deployment_id, number),
+                            load_id=load["pk"] if load is not None else None,
+                            loaded=load is not None and load["state"] == PoolLoad.State.LOADED))
+    return tuple(found)
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,10 @@ Prometheus."""
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
-from django.utils.crypto import constant_time_compare
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from rest_framework import serializers
@@ -18,69 +16,9 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from accounts.tokens import parse_bearer
-from deployments.api import get_deployment_for_user
-from gateway.models import LATENCY_BUCKETS_MS, RequestStats
-from gateway.stats import BUCKET_SECONDS, merge_codes, percentile_ms
-
-
-def summarize(rows: list[RequestStats], window: timedelta) -> dict[str, Any]:
-    """Totals and a series over the rows (of every revision: rows of one bucket are added up)."""
-    total = [0] * len(LATENCY_BUCKETS_MS)
-    requests = errors = 0
-    codes: dict[str, int] = {}
-    by_bucket: dict[Any, tuple[int, int, list[int]]] = {}
-    for row in sorted(rows, key=lambda r: r.bucket_start):
-        codes = merge_codes(codes, row.codes)
-        histogram = row.latency_histogram or [0] * len(LATENCY_BUCKETS_MS)
-        total = [a + b for a, b in zip(total, histogram, strict=False)]
-        requests += row.requests
-        errors += row.errors
-        seen = by_bucket.get(row.bucket_start)
-        if seen is not None:
-            histogram = [a + b for a, b in zip(seen[2], histogram, strict=False)]
-        by_bucket[row.bucket_start] = ((seen[0] if seen else 0) + row.requests, (seen[1] if seen else 0) + row.errors,
-                                       histogram)
-    series = [{
-        "time": start.isoformat(),
-        "requests": count,
-        "errors": failed,
-        "requests_per_second": round(count / BUCKET_SECONDS, 3),
-        "p50_ms": _round(percentile_ms(histogram, 0.50)),
-        "p99_ms": _round(percentile_ms(histogram, 0.99)),
-    } for start, (count, failed, histogram) in by_bucket.items()]
-    return {
-        "window_seconds": int(window.total_seconds()),
-        "requests": requests,
-        "errors": errors,
-        "error_rate": round(errors / requests, 4) if requests else None,
-        "codes": dict(sorted(codes.items())),
-        "requests_per_second": round(requests / window.total_seconds(), 3),
-        "p50_ms": _round(percentile_ms(total, 0.50)),
-        "p95_ms": _round(percentile_ms(total, 0.95)),
-        "p99_ms": _round(percentile_ms(total, 0.99)),
-        "bucket_seconds": BUCKET_SECONDS,
-        "series": series,
-    }
-
-
-def by_revision(rows: list[RequestStats], window: timedelta) -> dict[str, dict[str, Any]]:
-    """{revision number: its requests, errors, error rate, rate and p50/p99} for the revisions that answered."""
-    grouped: dict[int, list[RequestStats]] = {}
-    for row in rows:
-        if row.revision:
-            grouped.setdefault(row.revision, []).append(row)
-    keys = ["requests", "errors", "error_rate", "requests_per_second", "p50_ms", "p99_ms"]
-    out = {}
-    for number, group in sorted(grouped.items()):
-        summary = summarize(group, window)
-        out[str(number)] = {key: summary[key] for key in keys}
-    return out
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
-
+from deployments.queries import get_deployment_for_user
+from gateway.models import RequestStats
+from gateway.stats import by_revision, scrape_refusal, summarize
 
 # The answer's schema. Inline: a Serializer class cannot declare a field named "errors".
 _NULL_WITHOUT_REQUESTS = "Null without requests."
@@ -139,11 +77,9 @@ def deployment_metrics(request: Request, name: str) -> Response:
 
 
 def prometheus_metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus scrape endpoint; when METRICS_TOKEN is set, scrapers must send it as a bearer token."""
-    expected = settings.METRICS_TOKEN
-    if expected:
-        raw = parse_bearer(request.headers.get("Authorization"))
-        if raw is None or not constant_time_compare(raw, expected):
-            return HttpResponse("metrics need 'Authorization: Bearer <METRICS_TOKEN>'\n", status=401,
-                                content_type="text/plain")
+    """Prometheus scrape endpoint: with METRICS_TOKEN set, scrapers send it as a bearer token; without one it is
+    closed (403) unless the operator set METRICS_OPEN."""
+    refusal = scrape_refusal(request.headers.get("Authorization"), settings.METRICS_TOKEN, settings.METRICS_OPEN)
+    if refusal is not None:
+        return HttpResponse(refusal[1], status=refusal[0], content_type="text/plain")
     return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)

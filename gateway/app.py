@@ -19,9 +19,9 @@ import json
 import logging
 import time
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, MutableMapping
 from http.cookies import SimpleCookie
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote, unquote
 
 from asgiref.sync import sync_to_async
@@ -29,8 +29,10 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
 from accounts.tokens import parse_bearer
-from gateway import protocol, stats, upstream
+from gateway import contract as contracts
+from gateway import json_body, pool_names, protocol, stats, upstream
 from gateway.access import Access, Caller, Choice, Route, choose
+from gateway.cold_start import ColdStarts
 from gateway.protocol import Endpoint, Refusal
 from gateway.ratelimit import RateLimiter, retry_after_header
 from gateway.upstream import ResponseTooLarge, UpstreamError
@@ -49,8 +51,14 @@ RAW_PREFIX = PREFIX.encode()
 FORWARD_REQUEST_HEADERS = {b"content-type", b"inference-header-content-length", b"accept", b"accept-encoding",
                            b"triton-request-id"}
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
+_TRANSCODED_HEADERS = {b"content-type", b"inference-header-content-length"}
 STREAM_THRESHOLD = 1024 * 1024  # bodies larger than this are streamed instead of read whole
-THREAD_PARSE_BYTES = 256 * 1024  # JSON headers larger than this are parsed off the event loop
+# JSON headers larger than this are parsed off the event loop: simdjson reads about 1 MB per millisecond here, so
+# this keeps the loop's pauses near a millisecond (bench/json_path.py).
+THREAD_PARSE_BYTES = 1024 * 1024
+# A pool's answers other than inference ones (errors, metadata, config, statistics) are parsed to be renamed: this
+# bounds them (the statistics of a pool of a thousand models are a few MB).
+POOL_ANSWER_MAX_BYTES = 16 * 1024 * 1024
 FLUSH_SECONDS = 5.0
 # Keeps the authentication answers from revealing anything to a caller who is not sending a token at all.
 UNAUTHORIZED = {"WWW-Authenticate": 'Bearer realm="modelport"'}
@@ -72,8 +80,11 @@ class Gateway:
         self.max_response = settings.GATEWAY_MAX_RESPONSE_BYTES
         self.max_tensor = settings.GATEWAY_MAX_TENSOR_BYTES
         self.max_depth = settings.GATEWAY_MAX_JSON_DEPTH
+        self.transcode = settings.GATEWAY_TRANSCODE_JSON
+        self.header_checks = json_body.HeaderChecks(self.max_depth, self.max_tensor)
         self.timeout = settings.GATEWAY_UPSTREAM_TIMEOUT_SECONDS
         self.flusher: asyncio.Task[None] | None = None
+        self.cold_starts = ColdStarts()  # held first requests to idle-unloaded pool revisions
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(PREFIX):
@@ -99,6 +110,7 @@ class Gateway:
         await self._flush()
         await self.limiter.close()
         self.pool.close()
+        self.cold_starts.close()
 
     async def _flush_forever(self) -> None:
         while True:
@@ -154,12 +166,24 @@ class Gateway:
             pinned = headers.get(b"modelport-revision")
             choice = choose(route, pinned.decode("latin-1") if pinned is not None else None)
             out = _with_revision(send, choice.revision)
+            pooled = route.pooled_for(choice.revision)
+            if pooled is not None:
+                pool_names.check_model(endpoint, route.models, route.name)
+                if pooled.load_id is None:
+                    # Shared by its spec, with no load: never the unmapped way (other teams' models are there).
+                    raise GatewayError(503, f"Deployment {route.name!r} has no models loaded in its pool (it is "
+                                            "restarting); retry in a few seconds.", {"Retry-After": "5"})
+                if not pooled.loaded:
+                    await self.cold_starts.hold(route, pooled, caller.team_id, self.access.routes)
+                raw_rest = pool_names.upstream_target(raw_rest, endpoint, pooled.prefix)
             target = raw_rest if not query else raw_rest + b"?" + query
-            in_flight = stats.IN_FLIGHT.labels(route.name)
+            in_flight = self.collector.in_flight(route.team, route.name)
             in_flight.inc()
             try:
+                contract = route.contract(choice.revision, endpoint.model) if endpoint.kind == "infer" else None
                 code = await self._proxy(scope, receive, out, headers, declared, choice.upstream,
-                                         b"/" + target, endpoint)
+                                         b"/" + target, endpoint, contract,
+                                         pooled.prefix if pooled is not None else "")
             finally:
                 in_flight.dec()
         except Refusal as exc:
@@ -172,7 +196,7 @@ class Gateway:
             await _send_error(send, 503, "The portal's database is unreachable; retry shortly.", {"Retry-After": "5"})
         finally:
             if route is not None:
-                self.collector.observe(route.deployment_id, route.name, _model_label(route, endpoint), code,
+                self.collector.observe(route.deployment_id, route.team, route.name, _model_label(route, endpoint), code,
                                        time.perf_counter() - started, choice.revision if choice else 0)
 
     async def _caller(self, scope: Scope, headers: dict[bytes, bytes]) -> Caller:
@@ -200,17 +224,26 @@ class Gateway:
         raise GatewayError(401, "Authentication required: send 'Authorization: Bearer <token>'.", UNAUTHORIZED)
 
     async def _proxy(self, scope: Scope, receive: Receive, send: Send, headers: dict[bytes, bytes],
-                     declared: int | None, upstream_url: str, target: bytes, endpoint: Endpoint) -> int:
+                     declared: int | None, upstream_url: str, target: bytes, endpoint: Endpoint,
+                     contract: contracts.Contract | None = None, pool_prefix: str = "") -> int:
         method = scope["method"]
-        forward = [(k, v) for k, v in headers.items() if k in FORWARD_REQUEST_HEADERS]
+        forward = [(k, v) for k, v in headers.items() if k in FORWARD_REQUEST_HEADERS
+                   and not (pool_prefix and k == b"accept-encoding")]  # a pool's answers are renamed: uncompressed
         body: bytes | AsyncIterator[bytes] | None = None
         length: int | None = None
+        requested: tuple[str, ...] | None = None
+        transcoded: int | None = None
         # A HEAD goes to Triton as a GET (Triton answers HEAD with a 405 and a body); the body is dropped here.
         upstream_method = "GET" if method == "HEAD" else method
-        response: upstream.Response | None = None
+        response: Answer | None = None
         try:
             if endpoint.kind == "infer":
-                body, length = await self._infer_body(receive, headers, declared)
+                body, length, transcoded, requested = await self._infer_body(receive, headers, declared)
+            if transcoded is not None:
+                # A JSON request sent on as the binary tensor extension (gateway/json_body.py).
+                forward = [(k, v) for k, v in forward if k not in _TRANSCODED_HEADERS]
+                forward += [(b"content-type", b"application/octet-stream"),
+                            (b"inference-header-content-length", b"%d" % transcoded)]
             async with asyncio.timeout(self.timeout):
                 response = await self.pool.request(upstream_method, upstream_url, target, forward, body, length)
                 size = response.content_length
@@ -220,17 +253,21 @@ class Gateway:
                                 "headers": [*response.headers, (b"content-length", b"%d" % len(payload))]})
                     await send({"type": "http.response.body", "body": b""})
                     return response.status
+                if pool_prefix and (endpoint.kind != "infer" or response.status >= 400):
+                    # Errors, metadata, config, statistics: small, read within a bound and renamed whole.
+                    return await self._send_renamed(response, send, endpoint, pool_prefix, (contract, requested))
+                if pool_prefix:
+                    # An inference answer of any size: only its first bytes are renamed, the rest goes as it comes.
+                    response = await _renamed_head(response, pool_prefix, self.max_response, self.timeout)
+                    size = response.content_length
                 if size is not None and size <= STREAM_THRESHOLD:
                     # Small responses (the common case) go out in one message.
                     payload = await response.read(self.max_response)
                     status = response.status
                     response_headers = response.headers
-                    if status >= 400 and endpoint.kind == "infer" and not _has(response_headers, b"content-encoding"):
-                        better = protocol.client_error(status, payload)
-                        if better is not None:
-                            status, payload = better
-                            response_headers = [(k, v) for k, v in response_headers if k != b"content-type"]
-                            response_headers.append((b"content-type", b"application/json"))
+                    if endpoint.kind == "infer":
+                        status, response_headers, payload = _checked(status, response_headers, payload, contract,
+                                                                     requested)
                     await send({"type": "http.response.start", "status": status,
                                 "headers": [*response_headers, (b"content-length", b"%d" % len(payload))]})
                     await send({"type": "http.response.body", "body": payload})
@@ -238,7 +275,8 @@ class Gateway:
                 if size is not None and size > self.max_response:
                     raise ResponseTooLarge(f"{size} bytes")
             # A large or streamed response: the deadline covered its head; now each read has its own.
-            return await self._stream_response(response, receive, send)
+            checking = (contract, requested) if endpoint.kind == "infer" else None
+            return await self._stream_response(response, receive, send, checking)
         except ResponseTooLarge:
             raise GatewayError(502, f"Triton's answer is over the gateway's limit of {self.max_response} bytes "
                                     "(GATEWAY_MAX_RESPONSE_BYTES); ask for less per request.") from None
@@ -256,7 +294,33 @@ class Gateway:
             if response is not None:
                 response.close()  # a no-op after a complete read; otherwise the connection is dropped, not pooled
 
-    async def _stream_response(self, response: upstream.Response, receive: Receive, send: Send) -> int:
+    async def _send_renamed(self, response: Answer, send: Send, endpoint: Endpoint, prefix: str,
+                            checking: tuple[contracts.Contract | None, tuple[str, ...] | None]) -> int:
+        """A pool's small answer (an error, metadata, config, statistics) with the caller's names, read whole
+        within POOL_ANSWER_MAX_BYTES and parsed off the event loop when large."""
+        payload = await response.read(min(self.max_response, POOL_ANSWER_MAX_BYTES))
+        headers = [(k, v) for k, v in response.headers if k != b"inference-header-content-length"]
+        given = dict(response.headers).get(b"inference-header-content-length")
+        length = int(given) if given is not None and given.isdigit() and len(given) <= 18 else None
+        status = response.status
+        if _has(response.headers, b"content-encoding"):
+            # Never asked for (accept-encoding is not forwarded): unfiltered statistics would name every model.
+            raise GatewayError(502, "The pool's Triton answered compressed; retry without Accept-Encoding.")
+        if len(payload) > THREAD_PARSE_BYTES:
+            payload, length = await asyncio.to_thread(pool_names.rewrite_response, endpoint, payload, length, prefix)
+        else:
+            payload, length = pool_names.rewrite_response(endpoint, payload, length, prefix)
+        if length is not None:
+            headers.append((b"inference-header-content-length", b"%d" % length))
+        if endpoint.kind == "infer":  # after the renaming: the caller's names, the caller's words
+            status, headers, payload = _checked(status, headers, payload, *checking)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [*headers, (b"content-length", b"%d" % len(payload))]})
+        await send({"type": "http.response.body", "body": payload})
+        return status
+
+    async def _stream_response(self, response: Answer, receive: Receive, send: Send,
+                               checking: tuple[contracts.Contract | None, tuple[str, ...] | None] | None = None) -> int:
         """Relay a large or chunked response piece by piece, within GATEWAY_MAX_RESPONSE_BYTES. A chunked one
         that ends within STREAM_THRESHOLD is sent whole, so that its size can still be refused with a 502."""
         pieces = response.iter_body(self.max_response, idle_timeout=self.timeout)
@@ -270,10 +334,13 @@ class Gateway:
                     break
             else:
                 payload = b"".join(buffered)
-                await send({"type": "http.response.start", "status": response.status,
-                            "headers": [*response.headers, (b"content-length", b"%d" % len(payload))]})
+                status, headers = response.status, response.headers
+                if checking is not None:  # Triton answers chunked too: a whole small answer is checked alike
+                    status, headers, payload = _checked(status, headers, payload, *checking)
+                await send({"type": "http.response.start", "status": status,
+                            "headers": [*headers, (b"content-length", b"%d" % len(payload))]})
                 await send({"type": "http.response.body", "body": payload})
-                return response.status
+                return status
         out = list(response.headers)
         if response.content_length is not None:
             out.append((b"content-length", b"%d" % response.content_length))
@@ -301,10 +368,12 @@ class Gateway:
             gone.cancel()
             await pieces.aclose()
 
-    async def _infer_body(self, receive: Receive, headers: dict[bytes, bytes],
-                          declared: int | None) -> tuple[bytes | AsyncIterator[bytes], int | None]:
+    async def _infer_body(self, receive: Receive, headers: dict[bytes, bytes], declared: int | None
+                          ) -> tuple[bytes | AsyncIterator[bytes], int | None, int | None, tuple[str, ...] | None]:
         """The body of an inference request, checked (gateway/protocol.py) before anything reaches Triton:
-        bytes, or for a large binary request the JSON header read and checked and the rest streamed."""
+        bytes, or for a large binary request the JSON header read and checked and the rest streamed; when a
+        JSON request was transcoded to the binary tensor extension, the length of its new JSON header; and the
+        outputs it asks for (None: all of them)."""
         header_length = _header_length(headers)
         encoding = headers.get(b"content-encoding", b"identity").strip().lower()
         if encoding not in (b"identity", b"gzip", b"deflate"):
@@ -312,16 +381,19 @@ class Gateway:
         if encoding == b"identity" and header_length and declared is not None and declared > STREAM_THRESHOLD:
             # A large binary request: read only up to the end of its JSON header, stream the tensors after it.
             prefix = await _read_prefix(receive, header_length, self.max_body)
-            await self._check(prefix[:header_length], header_length, declared)
-            return _prepend(prefix, _stream_body(receive, declared - len(prefix))), declared
+            checked = await self._check(prefix[:header_length], header_length, declared)
+            return _prepend(prefix, _stream_body(receive, declared - len(prefix))), declared, None, checked.outputs
         body = await _read_body(receive, self.max_body)
         if encoding != b"identity":
             # Triton would inflate it without a limit; inflate it here within the body limit, and send it plain.
             body = _inflate(body, self.max_body)
-        await self._check(body[:header_length] if header_length is not None else body, header_length, len(body))
-        return body, len(body)
+        checked = await self._check(body[:header_length] if header_length is not None else body, header_length,
+                                    len(body))
+        if checked.body is not None:
+            return checked.body, len(checked.body), checked.header_length, checked.outputs
+        return body, len(body), None, checked.outputs
 
-    async def _check(self, json_part: bytes, header_length: int | None, total: int) -> None:
+    async def _check(self, json_part: bytes, header_length: int | None, total: int) -> json_body.Checked:
         if header_length is not None:
             if header_length > total:
                 raise GatewayError(400, f"Inference-Header-Content-Length is {header_length}, more than the "
@@ -329,16 +401,152 @@ class Gateway:
             if header_length == 0:
                 if total == 0:
                     raise GatewayError(400, "The request body is empty: send a KServe v2 inference request.")
-                return  # Triton's raw binary request: the whole body is the one input, sized by the model
+                # Triton's raw binary request: the whole body is the one input, sized by the model
+                return json_body.Checked()
         elif total == 0:
             raise GatewayError(400, "The request body is empty: send a KServe v2 inference request (JSON).")
+        binary = total - header_length if header_length is not None else None
+        if binary is not None and len(json_part) <= json_body.CACHED_HEADER_BYTES:
+            return self.header_checks.check(json_part, binary)  # a binary request's header, as a client sends it again
+        arguments = (json_part, binary, self.max_depth, self.max_tensor, self.transcode)
         if len(json_part) > THREAD_PARSE_BYTES:
             # Large JSON tensors: parse off the event loop so that other requests keep flowing meanwhile.
-            request = await asyncio.to_thread(protocol.parse_json_header, json_part, self.max_depth)
-        else:
-            request = protocol.parse_json_header(json_part, self.max_depth)
-        binary = total - header_length if header_length is not None else None
-        protocol.check_infer_request(request, binary, self.max_tensor)
+            return await asyncio.to_thread(json_body.check_json, *arguments)
+        return json_body.check_json(*arguments)
+
+
+def _checked(status: int, headers: list[tuple[bytes, bytes]], payload: bytes, contract: contracts.Contract | None,
+             requested: tuple[str, ...] | None) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """A whole small answer to an inference request, as the caller gets it (_checked_answer). Triton compresses
+    its answers for a client that accepts it: such an answer is inflated (within the small-answer bound) to be
+    checked, and passed on compressed as it came unless it had to change."""
+    encoding = dict(headers).get(b"content-encoding")
+    plain = payload
+    if encoding is not None:
+        try:
+            plain = _inflate_answer(payload, encoding)
+        except ValueError:
+            return status, headers, payload  # not what Triton writes: nothing to judge it by
+    better = _checked_answer(status, headers, plain, contract, requested)
+    if better is None:
+        return status, headers, payload
+    kept = [(k, v) for k, v in headers
+            if k not in (b"content-type", b"inference-header-content-length", b"content-encoding")]
+    return better[0], [*kept, (b"content-type", b"application/json")], better[1]
+
+
+def _inflate_answer(payload: bytes, encoding: bytes) -> bytes:
+    if encoding.strip().lower() not in (b"gzip", b"deflate"):
+        raise ValueError("unknown encoding")
+    inflater = zlib.decompressobj(wbits=47)  # gzip or zlib, told apart by their headers
+    try:
+        plain = inflater.decompress(payload, STREAM_THRESHOLD * 4)
+    except zlib.error as exc:
+        raise ValueError(str(exc)) from None
+    if inflater.unconsumed_tail or not inflater.eof:
+        raise ValueError("over the bound, or cut short")
+    return plain
+
+
+def _checked_answer(status: int, headers: list[tuple[bytes, bytes]], payload: bytes,
+                    contract: contracts.Contract | None, requested: tuple[str, ...] | None) -> tuple[int, bytes] | None:
+    """A better (status, body) for Triton's answer to an inference request, or None to pass it on: an error
+    in words for the caller (gateway/contract.py), or a 500 naming the outputs a 200 lacks."""
+    if status >= 400:
+        better = protocol.client_error(status, payload)
+        if better is not None:
+            status, payload = better
+        try:
+            message = json.loads(payload)["error"]
+        except (ValueError, TypeError, KeyError):
+            return better
+        if not isinstance(message, str):
+            return better
+        status, message = contracts.reword(status, message, contract)
+        return status, json.dumps({"error": message}).encode()
+    if status != 200 or contract is None:
+        return None
+    declared = tuple(t.name for t in contract.outputs)
+    # An output asked for but not declared is Triton's to refuse (400): only the declared ones are owed.
+    expected = declared if requested is None else tuple(n for n in requested if n in declared)
+    header = _answer_header(headers, payload)
+    missing = contracts.missing_outputs(header, expected)
+    if not missing:
+        return None
+    return 500, json.dumps({"error": contracts.missing_message(contract.model, missing,
+                                                               requested is not None)}).encode()
+
+
+def _answer_header(headers: list[tuple[bytes, bytes]], payload: bytes) -> bytes:
+    """The JSON part of an answer: all of it, or the header of a binary one."""
+    for name, value in headers:
+        if name == b"inference-header-content-length" and value.isdigit() and len(value) <= 18:
+            return payload[:int(value)]
+    return payload
+
+
+class Answer(Protocol):
+    """An upstream answer as the relay reads it: upstream.Response, or a pool's with its head renamed."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    content_length: int | None
+
+    async def read(self, limit: int) -> bytes: ...
+
+    def iter_body(self, limit: int, idle_timeout: float | None = None) -> AsyncGenerator[bytes, None]: ...
+
+    def close(self) -> None: ...
+
+
+class _RenamedHead:
+    """A pool's inference answer whose first bytes were renamed (pool_names.rename_head); the rest passes as it
+    comes. Its lengths (Content-Length, Inference-Header-Content-Length) are the renamed ones."""
+
+    def __init__(self, response: Answer, head: bytes, rest: AsyncGenerator[bytes, None], removed: int) -> None:
+        self.status = response.status
+        self.headers = [(k, _shorter(v, removed) if k == b"inference-header-content-length" else v)
+                        for k, v in response.headers]
+        self.content_length = response.content_length - removed if response.content_length is not None else None
+        self._response = response
+        self._head = head
+        self._rest = rest
+
+    async def read(self, limit: int) -> bytes:
+        parts = [piece async for piece in self.iter_body(limit)]
+        return b"".join(parts)
+
+    async def iter_body(self, limit: int, idle_timeout: float | None = None) -> AsyncGenerator[bytes, None]:
+        # The limit and idle timeout were given to the upstream's reader when the head was read.
+        try:
+            if self._head:
+                yield self._head
+            async for piece in self._rest:
+                yield piece
+        finally:
+            await self._rest.aclose()
+
+    def close(self) -> None:
+        self._response.close()
+
+
+def _shorter(value: bytes, removed: int) -> bytes:
+    return b"%d" % (int(value) - removed) if value.isdigit() and len(value) <= 18 else value
+
+
+async def _renamed_head(response: upstream.Response, prefix: str, limit: int, timeout: float) -> _RenamedHead:
+    """Read at most pool_names.HEAD_SCAN_BYTES of the answer and take the pool's prefix off its model_name."""
+    rest = response.iter_body(limit, idle_timeout=timeout)
+    head = b""
+    while len(head) < pool_names.HEAD_SCAN_BYTES:
+        try:
+            head += await anext(rest)
+        except StopAsyncIteration:
+            break
+    given = dict(response.headers).get(b"inference-header-content-length")
+    header_length = int(given) if given is not None and given.isdigit() and len(given) <= 18 else None
+    head, removed = pool_names.rename_head(head, prefix, header_length)
+    return _RenamedHead(response, head, rest, removed)
 
 
 class _BodyTooLarge(Exception):

@@ -46,11 +46,14 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
 from accounts.tokens import parse_bearer
-from gateway import grpc_protocol, stats
+from gateway import grpc_protocol, pool_names, stats
 from gateway.access import Access, Caller, Choice, Route, choose
+from gateway.cold_start import ColdStarts
+from gateway.contract import Contract, missing_message, reword
 from gateway.grpc_protocol import Method
 from gateway.protocol import Refusal
 from gateway.ratelimit import RateLimiter, retry_after_header
+from portal.open_files import connection_cap, raise_open_files_limit
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +150,7 @@ class GrpcGateway:
             ("grpc.max_receive_message_length", _int32(self.max_response)),
             ("grpc.max_send_message_length", _int32(self.max_body)),
         ])
+        self.cold_starts = ColdStarts()  # held first requests to idle-unloaded pool revisions
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self.background: asyncio.Task[None] | None = None
@@ -162,6 +166,7 @@ class GrpcGateway:
             ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
             # A second gateway on the same port must fail to start, not share the port unnoticed.
             ("grpc.so_reuseport", 0),
+            *slow_client_options(),
         ])
         server.add_generic_rpc_handlers((_Handlers(self),))
         return server
@@ -183,6 +188,7 @@ class GrpcGateway:
                 await self.background
         await self._flush()
         await self.limiter.close()
+        self.cold_starts.close()
         await self.channels.close()
 
     async def _housekeeping(self) -> None:
@@ -211,6 +217,7 @@ class GrpcGateway:
         choice: Choice | None = None
         model = ""
         status = 500
+        summary = grpc_protocol.InferSummary()
         try:
             metadata = _metadata(context)
             caller, _ = await self._caller(metadata)
@@ -225,15 +232,24 @@ class GrpcGateway:
                     model = self._model(method, request)
                 self._rate_limit(caller)
                 choice = choose(route, metadata.get(REVISION_KEY), grpc=True)
+                pooled = route.pooled_for(choice.revision)
+                if pooled is not None and method.kind not in ("health", "server"):
+                    request = await self._to_pool(route, pooled, caller, model, request)
             except Refusal as exc:
                 raise GrpcFailure.from_refusal(exc) from None
             await context.send_initial_metadata(((REVISION_KEY, str(choice.revision)),))
-            in_flight = stats.IN_FLIGHT.labels(route.name)
+            in_flight = stats.IN_FLIGHT.labels(route.team, route.name)
             in_flight.inc()
+            prefix = pooled.prefix if pooled is not None else ""
             try:
-                response = await self._forward(choice.upstream, path, request, context)
+                contract = route.contract(choice.revision, model) if method.kind == "infer" else None
+                response = await self._forward(choice.upstream, path, request, context, contract, prefix)
             finally:
                 in_flight.dec()
+            if prefix:
+                response = pool_names.grpc_response(method.kind, response, prefix)
+            if contract is not None:
+                _check_answer(response, contract, summary.outputs)
             status = 200
             return response
         except GrpcFailure as exc:
@@ -248,7 +264,7 @@ class GrpcGateway:
             raise
         finally:
             if route is not None:
-                self.collector.observe(route.deployment_id, route.name, _model_label(route, model), status,
+                self.collector.observe(route.deployment_id, route.team, route.name, _model_label(route, model), status,
                                        time.perf_counter() - started, choice.revision if choice else 0)
 
     async def stream(self, context: grpc.aio.ServicerContext) -> None:
@@ -290,6 +306,16 @@ class GrpcGateway:
             raise GrpcFailure(grpc.StatusCode.NOT_FOUND, f"No deployment named {name[:100]!r}.", 404)
         return route
 
+    async def _to_pool(self, route: Route, pooled: pool_names.Pooled, caller: Caller, model: str,
+                       request: bytes) -> bytes:
+        """A request to a revision in a shared pool (issue 24): a model the deployment does not serve is not found
+        (whoever's it is in the pool), an idle-unloaded revision is loaded while the request is held, and the model
+        is named as the pool names it."""
+        pool_names.check_model_name(model, route.models, route.name)
+        if not pooled.loaded:
+            await self.cold_starts.hold(route, pooled, caller.team_id, self.access.routes)
+        return pool_names.grpc_request(request, pooled.prefix)
+
     def _model(self, method: Method, request: bytes) -> str:
         """The model a request other than an inference names (for the statistics), after checking it."""
         if method.kind in ("health", "server"):
@@ -306,7 +332,8 @@ class GrpcGateway:
             raise Refusal(429, "Too many requests from you in this team; slow down.",
                           {"Retry-After": retry_after_header(wait)})
 
-    async def _forward(self, target: str, path: str, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def _forward(self, target: str, path: str, request: bytes, context: grpc.aio.ServicerContext,
+                       contract: Contract | None = None, pool_prefix: str = "") -> bytes:
         timeout = self.timeout
         remaining = context.time_remaining()
         if remaining is not None:
@@ -315,11 +342,12 @@ class GrpcGateway:
             response: bytes = await self.channels.unary_call(target, path)(request, timeout=timeout)
             return response
         except grpc.aio.AioRpcError as exc:
-            raise self._upstream_failure(exc, target) from None
+            raise self._upstream_failure(exc, target, contract, pool_prefix) from None
 
-    def _upstream_failure(self, exc: grpc.aio.AioRpcError, target: str) -> GrpcFailure:
+    def _upstream_failure(self, exc: grpc.aio.AioRpcError, target: str,
+                          contract: Contract | None = None, pool_prefix: str = "") -> GrpcFailure:
         code = exc.code()
-        details = exc.details() or ""
+        details = pool_names.grpc_message(exc.details() or "", pool_prefix) if pool_prefix else exc.details() or ""
         if code == grpc.StatusCode.UNAVAILABLE and details.lower().startswith(_CONNECTION_FAILURES):
             log.info("gRPC upstream %s failed: %s", target, details)
             return GrpcFailure(code, "Triton is unreachable or broke the connection; the deployment may be "
@@ -332,8 +360,9 @@ class GrpcGateway:
                                      "(GATEWAY_MAX_RESPONSE_BYTES); ask for less per request.", 502)
         if code == grpc.StatusCode.CANCELLED:
             return GrpcFailure(code, "The call was cancelled.", 499)
-        # Triton's own answer (its message says what was wrong with the request): passed on as it is.
-        return GrpcFailure(code, details, grpc_protocol.http_status(code.name))
+        # Triton's own answer: in words for the caller, from the model's signature (gateway/contract.py).
+        status, message = reword(grpc_protocol.http_status(code.name), details, contract)
+        return GrpcFailure(code, message, status)
 
 
 _DATABASE_DOWN = GrpcFailure(grpc.StatusCode.UNAVAILABLE, "The portal's database is unreachable; retry shortly.",
@@ -406,7 +435,7 @@ class _StreamRelay:
                 if upstream.pump is not None:
                     upstream.pump.cancel()
                 for _ in upstream.pending:
-                    stats.IN_FLIGHT.labels(upstream.route.name).dec()
+                    stats.IN_FLIGHT.labels(upstream.route.team, upstream.route.name).dec()
                 upstream.pending.clear()
 
     async def _handle(self, message: bytes) -> None:
@@ -424,9 +453,13 @@ class _StreamRelay:
             grpc_protocol.check_infer_request(summary, gateway.max_tensor)
             gateway._rate_limit(caller)
             choice = choose(route, self.pinned, grpc=True)
+            pooled = route.pooled_for(choice.revision)
+            if pooled is not None:
+                # Held here while an idle revision loads: the stream's later requests wait behind it, in order.
+                message = await gateway._to_pool(route, pooled, caller, summary.model, message)
             target = choice.upstream
         except Refusal as exc:
-            gateway.collector.observe(route.deployment_id, route.name, _model_label(route, summary.model),
+            gateway.collector.observe(route.deployment_id, route.team, route.name, _model_label(route, summary.model),
                                       exc.status, time.perf_counter() - started)
             await self._write(grpc_protocol.stream_error_response(exc.message, summary.model, summary.id))
             return
@@ -442,7 +475,7 @@ class _StreamRelay:
                 await self._stop_writing(other)
         entry = _Pending(started, summary.model, summary.id)
         upstream.pending.append(entry)
-        stats.IN_FLIGHT.labels(route.name).inc()
+        stats.IN_FLIGHT.labels(route.team, route.name).inc()
         try:
             await upstream.call.write(message)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
@@ -474,11 +507,14 @@ class _StreamRelay:
         try:
             async for response in upstream.call:
                 entry = upstream.pending.popleft() if upstream.pending else None
+                if route.pooled:
+                    response = pool_names.grpc_stream_response(response, route.deployment_id)
                 error = grpc_protocol.stream_error(response)
                 status = grpc_protocol.stream_error_status(error) if error else 200
                 if entry is not None:
-                    stats.IN_FLIGHT.labels(route.name).dec()
-                    self.gateway.collector.observe(route.deployment_id, route.name, _model_label(route, entry.model),
+                    stats.IN_FLIGHT.labels(route.team, route.name).dec()
+                    self.gateway.collector.observe(route.deployment_id, route.team, route.name,
+                                                   _model_label(route, entry.model),
                                                    status, time.perf_counter() - entry.started, upstream.revision)
                 await self._write(response)
         except grpc.aio.AioRpcError as exc:
@@ -498,8 +534,9 @@ class _StreamRelay:
     async def _fail(self, upstream: _Upstream, entries: list[_Pending]) -> None:
         route = upstream.route
         for entry in entries:
-            stats.IN_FLIGHT.labels(route.name).dec()
-            self.gateway.collector.observe(route.deployment_id, route.name, _model_label(route, entry.model), 502,
+            stats.IN_FLIGHT.labels(route.team, route.name).dec()
+            self.gateway.collector.observe(route.deployment_id, route.team, route.name,
+                                           _model_label(route, entry.model), 502,
                                            time.perf_counter() - entry.started, upstream.revision)
             await self._write(grpc_protocol.stream_error_response(
                 "Triton is unreachable or broke the stream before answering; the deployment may be restarting. "
@@ -550,6 +587,28 @@ def _stream_behaviour(gateway: GrpcGateway) -> Callable[[Any, grpc.aio.ServicerC
     return behaviour
 
 
+def slow_client_options() -> list[tuple[str, int]]:
+    """gRPC core's own bounds on connections (docs/security.md, "Slow clients"): grpcio has no hook per accepted
+    connection, so no count per client address; these bound what any client's connections hold."""
+    return [
+        # A connection that has not sent the HTTP/2 preface and its SETTINGS by then is closed (half-open
+        # connections, half a preface); gRPC's default is 120 s.
+        ("grpc.server_handshake_timeout_ms", _ms(settings.GATEWAY_GRPC_HANDSHAKE_TIMEOUT_SECONDS)),
+        # Beyond this many open connections new ones are closed at once, before EMFILE fails everyone's calls.
+        ("grpc.max_allowed_incoming_connections",
+         connection_cap(settings.GATEWAY_GRPC_MAX_CONNECTIONS, raise_open_files_limit())),
+        # A connection without calls this long is sent GOAWAY (clients reconnect on their next call).
+        ("grpc.max_connection_idle_ms", _ms(settings.GATEWAY_GRPC_IDLE_SECONDS)),
+        # A peer that vanished (no FIN: a cut cable, a killed VM) is found by a ping unanswered within 20 s.
+        ("grpc.keepalive_time_ms", 60_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
+    ]
+
+
+def _ms(seconds: float) -> int:
+    return _int32(int(seconds * 1000))
+
+
 def _int32(value: int) -> int:
     return min(value, 2**31 - 1)  # gRPC's message size options are C ints; over 2 GiB it cannot go anyway
 
@@ -567,6 +626,18 @@ def _model_label(route: Route, model: str) -> str:
     if not model:
         return ""
     return model if model in route.models else "(other)"
+
+
+def _check_answer(response: bytes, contract: Contract, requested: list[str]) -> None:
+    """A GrpcFailure (INTERNAL) naming the outputs a ModelInferResponse lacks, as the HTTP gateway answers."""
+    declared = [t.name for t in contract.outputs]
+    expected = declared if not requested else [n for n in requested if n in declared]
+    got = grpc_protocol.answer_outputs(response)
+    if got is None:
+        return  # not Triton's message shape: nothing to judge by
+    missing = [n for n in expected if n not in got]
+    if missing:
+        raise GrpcFailure(grpc.StatusCode.INTERNAL, missing_message(contract.model, missing, bool(requested)), 500)
 
 
 async def _abort(context: grpc.aio.ServicerContext, failure: GrpcFailure) -> NoReturn:

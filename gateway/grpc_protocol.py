@@ -21,6 +21,7 @@ by GATEWAY_MAX_TENSOR_BYTES with Python's unbounded integers, as the HTTP gatewa
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gateway.protocol import DATATYPE_SIZES, MAX_SHAPE_RANK, Refusal
@@ -217,6 +218,7 @@ class InferSummary:
     id: str = ""
     inputs: list[InputSummary] = field(default_factory=list)
     raw_sizes: list[int] = field(default_factory=list)  # the lengths of raw_input_contents, in order
+    outputs: list[str] = field(default_factory=list)  # the outputs asked for (none: all of them)
 
 
 def scan_infer_request(data: bytes, max_tensor_bytes: int) -> InferSummary:
@@ -246,7 +248,7 @@ def read_infer_request(data: bytes) -> InferSummary:
                     raise Refusal(400, f"The request has more than {MAX_INPUTS} inputs.")
                 summary.inputs.append(_scan_input(data, start, stop))
             elif number == 6:
-                _scan_output(data, start, stop)
+                summary.outputs.append(_scan_output(data, start, stop))
             elif number == 7:
                 summary.raw_sizes.append(stop - start)
     except Malformed as exc:
@@ -285,7 +287,7 @@ def _scan_input(data: bytes, start: int, stop: int) -> InputSummary:
     return tensor
 
 
-def _scan_output(data: bytes, start: int, stop: int) -> None:
+def _scan_output(data: bytes, start: int, stop: int) -> str:
     name = ""
     parameters = 0
     for number, wire, begin, end in _fields(data, start, stop, MAX_PARAMETERS + 8):
@@ -296,6 +298,21 @@ def _scan_output(data: bytes, start: int, stop: int) -> None:
             if parameters > MAX_PARAMETERS:
                 raise Refusal(400, f"Output {name[:100]!r} has more than {MAX_PARAMETERS} parameters.")
             _check_parameter(data, begin, end, f"output {name[:100]!r}")
+    return name
+
+
+def answer_outputs(data: bytes) -> list[str] | None:
+    """The output names of Triton's ModelInferResponse (field 5, each named in its field 1), None when the bytes
+    are not one. Triton's answer is trusted for its framing, not for what the model put in it."""
+    names: list[str] = []
+    try:
+        for number, wire, start, stop in _fields(data, 0, len(data), 1 << 20):
+            if number == 5 and wire == LEN:
+                names.extend(data[b:e].decode("utf-8", "replace")
+                             for n, w, b, e in _fields(data, start, stop, 1 << 16) if n == 1 and w == LEN)
+    except (Malformed, Refusal):
+        return None
+    return names
 
 
 def _check_parameter(data: bytes, start: int, stop: int, label: str) -> None:
@@ -408,3 +425,30 @@ def stream_error_response(message: str, model: str = "", request_id: str = "") -
 
 
 HEALTH_SERVING = b"\x08\x01"  # grpc.health.v1.HealthCheckResponse{status: SERVING}
+
+
+# --- Rewriting fields (a shared deployment's names, gateway/pool_names.py) -------------------------------------------
+
+def rewrite_fields(data: bytes, rewrites: Mapping[int, Callable[[bytes], bytes | None]], limit: int = 1 << 20) -> bytes:
+    """`data` with the payload of each top-level LEN field whose number is in `rewrites` replaced (or the field
+    dropped, when its rewrite gives None); every other field is copied as it came, in its place. One copy of the
+    message: its tensors are moved, never decoded. A message that is not valid protobuf is a 400."""
+    out = bytearray()
+    copied = 0  # data[:copied] is in `out` already
+    field_start = 0
+    try:
+        for number, wire, start, end in _fields(data, 0, len(data), limit):
+            rewrite = rewrites.get(number) if wire == LEN else None
+            if rewrite is not None:
+                out += data[copied:field_start]
+                payload = rewrite(data[start:end])
+                if payload is not None:
+                    out += _len_field(number, payload)
+                copied = end
+            field_start = end  # every field's tuple ends with the offset where it ends
+    except Malformed as exc:
+        raise _malformed(exc) from None
+    if copied == 0:
+        return data
+    out += data[copied:]
+    return bytes(out)

@@ -6,27 +6,51 @@ process counted them."""
 from __future__ import annotations
 
 import bisect
+import hmac
 import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from accounts.tokens import parse_bearer
 from gateway.models import LATENCY_BUCKETS_MS
+
+if TYPE_CHECKING:
+    from gateway.models import RequestStats
 
 log = logging.getLogger(__name__)
 
 BUCKET_SECONDS = 10
 
+# A deployment's name is unique within its team only: every series is labelled by both, so two teams' "prod"
+# deployments never add up into one.
 REQUESTS = Counter("modelport_gateway_requests_total", "Requests proxied by the gateway",
-                   ["deployment", "model", "code"])
+                   ["team", "deployment", "model", "code"])
 LATENCY = Histogram("modelport_gateway_request_duration_seconds", "Gateway request latency, upstream included",
-                    ["deployment", "model"],
+                    ["team", "deployment", "model"],
                     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30))
-IN_FLIGHT = Gauge("modelport_gateway_in_flight_requests", "Requests in flight through the gateway", ["deployment"])
+IN_FLIGHT = Gauge("modelport_gateway_in_flight_requests", "Requests in flight through the gateway",
+                  ["team", "deployment"])
+
+CLOSED_MESSAGE = ("/metrics is closed: an operator opens it with METRICS_TOKEN (scrapers send "
+                  "'Authorization: Bearer <METRICS_TOKEN>') or, on a network only operators reach, METRICS_OPEN=true\n")
+TOKEN_MESSAGE = "metrics need 'Authorization: Bearer <METRICS_TOKEN>'\n"
+
+
+def scrape_refusal(authorization: str | None, token: str, is_open: bool) -> tuple[int, str] | None:
+    """Why a scrape with this Authorization header is refused ((status, message)), or None to serve it. The
+    metrics name every team's deployments and their traffic, so they are closed unless the operator set a token
+    (then it is required, whatever METRICS_OPEN says) or opened them explicitly."""
+    if token:
+        raw = parse_bearer(authorization)
+        if raw is None or not hmac.compare_digest(raw.encode(), token.encode()):
+            return 401, TOKEN_MESSAGE
+        return None
+    return None if is_open else (403, CLOSED_MESSAGE)
 
 
 def is_error(code: int) -> bool:
@@ -56,18 +80,27 @@ class StatsCollector:
         # (deployment id, revision number, bucket start) -> counts
         self.pending: dict[tuple[int, int, datetime], _Bucket] = defaultdict(_Bucket)
         # Prometheus' labels() takes a lock and builds a key each time: keep the children per label set.
-        self.counters: dict[tuple[str, str, int], Any] = {}
-        self.histograms: dict[tuple[str, str], Any] = {}
+        self.counters: dict[tuple[str, str, str, int], Any] = {}
+        self.histograms: dict[tuple[str, str, str], Any] = {}
+        self.gauges: dict[tuple[str, str], Any] = {}
 
-    def observe(self, deployment_id: int, name: str, model: str, code: int, seconds: float,
+    def in_flight(self, team: str, name: str) -> Any:
+        """The in-flight gauge of deployment `name` of `team` (its child, kept like the counters')."""
+        gauge = self.gauges.get((team, name))
+        if gauge is None:
+            gauge = self.gauges[(team, name)] = IN_FLIGHT.labels(team, name)
+        return gauge
+
+    def observe(self, deployment_id: int, team: str, name: str, model: str, code: int, seconds: float,
                 revision: int = 0) -> None:
-        """One answer; `revision`: the number of the revision that answered (0: none was chosen)."""
-        counter = self.counters.get((name, model, code))
+        """One answer of deployment `name` of `team`; `revision`: the number of the revision that answered (0: none
+        was chosen)."""
+        counter = self.counters.get((team, name, model, code))
         if counter is None:
-            counter = self.counters[(name, model, code)] = REQUESTS.labels(name, model, str(code))
-        histogram = self.histograms.get((name, model))
+            counter = self.counters[(team, name, model, code)] = REQUESTS.labels(team, name, model, str(code))
+        histogram = self.histograms.get((team, name, model))
         if histogram is None:
-            histogram = self.histograms[(name, model)] = LATENCY.labels(name, model)
+            histogram = self.histograms[(team, name, model)] = LATENCY.labels(team, name, model)
         counter.inc()
         histogram.observe(seconds)
         now = time.time()
@@ -109,7 +142,8 @@ def flush(buckets: dict[tuple[int, int, datetime], _Bucket]) -> None:
                                                     errors=bucket.errors, latency_sum_ms=bucket.latency_sum_ms,
                                                     latency_histogram=bucket.histogram, codes=bucket.codes)
                     else:
-                        merged = [a + b for a, b in zip(row.latency_histogram or [0] * len(bucket.histogram), bucket.histogram, strict=False)]
+                        merged = [a + b for a, b in zip(row.latency_histogram or [0] * len(bucket.histogram),
+                                                        bucket.histogram, strict=False)]
                         RequestStats.objects.filter(pk=row.pk).update(
                             requests=F("requests") + bucket.requests, errors=F("errors") + bucket.errors,
                             latency_sum_ms=F("latency_sum_ms") + bucket.latency_sum_ms, latency_histogram=merged,
@@ -135,3 +169,64 @@ def percentile_ms(histogram: list[int], q: float) -> float | None:
             return lower + (upper - lower) * ((rank - seen) / count)
         seen += count
     return LATENCY_BUCKETS_MS[-2]
+
+
+# --- Summaries of the stored rows: the API's and the pages' traffic, and a canary's guardrails ------------------
+
+
+def summarize(rows: list[RequestStats], window: timedelta) -> dict[str, Any]:
+    """Totals and a series over the rows (of every revision: rows of one bucket are added up)."""
+    total = [0] * len(LATENCY_BUCKETS_MS)
+    requests = errors = 0
+    codes: dict[str, int] = {}
+    by_bucket: dict[Any, tuple[int, int, list[int]]] = {}
+    for row in sorted(rows, key=lambda r: r.bucket_start):
+        codes = merge_codes(codes, row.codes)
+        histogram = row.latency_histogram or [0] * len(LATENCY_BUCKETS_MS)
+        total = [a + b for a, b in zip(total, histogram, strict=False)]
+        requests += row.requests
+        errors += row.errors
+        seen = by_bucket.get(row.bucket_start)
+        if seen is not None:
+            histogram = [a + b for a, b in zip(seen[2], histogram, strict=False)]
+        by_bucket[row.bucket_start] = ((seen[0] if seen else 0) + row.requests, (seen[1] if seen else 0) + row.errors,
+                                       histogram)
+    series = [{
+        "time": start.isoformat(),
+        "requests": count,
+        "errors": failed,
+        "requests_per_second": round(count / BUCKET_SECONDS, 3),
+        "p50_ms": _round(percentile_ms(histogram, 0.50)),
+        "p99_ms": _round(percentile_ms(histogram, 0.99)),
+    } for start, (count, failed, histogram) in by_bucket.items()]
+    return {
+        "window_seconds": int(window.total_seconds()),
+        "requests": requests,
+        "errors": errors,
+        "error_rate": round(errors / requests, 4) if requests else None,
+        "codes": dict(sorted(codes.items())),
+        "requests_per_second": round(requests / window.total_seconds(), 3),
+        "p50_ms": _round(percentile_ms(total, 0.50)),
+        "p95_ms": _round(percentile_ms(total, 0.95)),
+        "p99_ms": _round(percentile_ms(total, 0.99)),
+        "bucket_seconds": BUCKET_SECONDS,
+        "series": series,
+    }
+
+
+def by_revision(rows: list[RequestStats], window: timedelta) -> dict[str, dict[str, Any]]:
+    """{revision number: its requests, errors, error rate, rate and p50/p99} for the revisions that answered."""
+    grouped: dict[int, list[RequestStats]] = {}
+    for row in rows:
+        if row.revision:
+            grouped.setdefault(row.revision, []).append(row)
+    keys = ["requests", "errors", "error_rate", "requests_per_second", "p50_ms", "p99_ms"]
+    out = {}
+    for number, group in sorted(grouped.items()):
+        summary = summarize(group, window)
+        out[str(number)] = {key: summary[key] for key in keys}
+    return out
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

@@ -28,8 +28,12 @@ RETRY_STATUSES = frozenset({502, 503, 504})
 class ApiError(CliError):
     """The portal answered with an error status."""
 
-    def __init__(self, status: int, code: str, message: str, fields: dict[str, list[str]], method: str, path: str) -> None:
-        super().__init__(f"{message} (HTTP {status} from {method} {path})", ExitCode.ERROR)
+    def __init__(self, status: int, code: str, message: str, fields: dict[str, list[str]], method: str,
+                 path: str) -> None:
+        # A 404 is a name on the command line that the token's team does not have: a wrong name (2), as --help
+        # says, not a refusal (1); a CI job tells a typo from a broken portal by the code.
+        super().__init__(f"{message} (HTTP {status} from {method} {path})",
+                         ExitCode.USAGE if status == 404 else ExitCode.ERROR)
         self.status = status
         self.api_code = code  # the portal's error code; `code` is the exit code
         self.reason = message
@@ -64,17 +68,18 @@ class Client:
         return self.base_url + path_or_url
 
     def send(self, method: str, path_or_url: str, *, headers: dict[str, str] | None = None, data: Any = None,
-             json: Any = None, params: dict[str, Any] | None = None) -> requests.Response:
-        """One request, whatever the status; a failure without an answer becomes NetworkError."""
+             json: Any = None, params: dict[str, Any] | None = None, stream: bool = False) -> requests.Response:
+        """One request, whatever the status; a failure without an answer becomes NetworkError. `stream`: the body
+        is left unread (read it with read_at_most)."""
         url = self.url(path_or_url)
         try:
             return self.session.request(method, url, headers=headers, data=data, json=json, params=params,
-                                        timeout=(CONNECT_TIMEOUT, READ_TIMEOUT))
+                                        timeout=(CONNECT_TIMEOUT, READ_TIMEOUT), stream=stream)
         except requests.RequestException as exc:
             raise NetworkError(describe_network_error(exc, method, url)) from exc
 
     def call(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
-             idempotency_key: bool | None = None) -> requests.Response:
+             idempotency_key: bool | None = None, stream: bool = False) -> requests.Response:
         """An API call that raises ApiError for a 4xx/5xx. POSTs carry an Idempotency-Key (unless told not to), so
         that one retried after a lost answer is not applied twice; the same key is sent on every retry."""
         headers: dict[str, str] = {}
@@ -86,7 +91,7 @@ class Client:
         for attempt in range(len(RETRY_DELAYS) + 1):
             last = attempt == len(RETRY_DELAYS)
             try:
-                response = self.send(method, path, headers=headers, json=json, params=params)
+                response = self.send(method, path, headers=headers, json=json, params=params, stream=stream)
             except NetworkError:
                 if not retry or last:
                     raise
@@ -100,6 +105,23 @@ class Client:
 
     def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
         return self.call("GET", path, params=params).json()
+
+
+def read_at_most(response: requests.Response, max_bytes: int) -> bytes:
+    """The body of a streamed answer, refused past `max_bytes` so that an answer of any size costs no more memory
+    than that."""
+    data = bytearray()
+    try:
+        for chunk in response.iter_content(64 * 1024):
+            data += chunk
+            if len(data) > max_bytes:
+                raise CliError(f"the portal's answer is over {max_bytes:,} bytes (GET {urlsplit(response.url).path}): "
+                               "ask for fewer lines", ExitCode.ERROR)
+    except requests.RequestException as exc:
+        raise NetworkError(f"the answer was cut off: {exc}") from exc
+    finally:
+        response.close()
+    return bytes(data)
 
 
 def api_error(response: requests.Response) -> ApiError:

@@ -4,9 +4,9 @@ Configuration: MODELPORT_URL and MODELPORT_TOKEN, or --url and --token. Every co
 --verbose. Results go to stdout. On failure one line `error: <reason>` goes to stderr, and it is the only line
 there: progress and notes go to stderr only with --verbose, or when stderr is a terminal. The exit code says
 what failed:
-  1 the portal refused or could not be reached   2 wrong command line, name or input file
-  3 the model is invalid                          4 the deployment failed
-  5 timed out waiting
+  1 the portal refused or could not be reached   2 wrong command line, input file or name (nothing of that
+  3 the model is invalid                            name in the token's team: the portal answered 404)
+  4 the deployment failed                          5 timed out waiting
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 from urllib.parse import quote
 
 from modelport_cli import __version__, tus
-from modelport_cli.client import ApiError, Client
+from modelport_cli.client import ApiError, Client, read_at_most
 from modelport_cli.errors import CliError, ExitCode, one_line
 from modelport_cli.output import Progress, human_size, info, print_json, set_verbose
 
@@ -32,6 +32,11 @@ DEFAULT_DEPLOY_TIMEOUT = 600.0
 # Polling starts fast (a small model validates in a second) and backs off to the maximum.
 FIRST_POLL_INTERVAL = 0.2
 MAX_POLL_INTERVAL = 2.0
+# The portal answers at most LOG_TAIL_MAX_BYTES (1 MiB) of log, which JSON may at most double (quotes, backslashes);
+# an answer past this is refused rather than held in memory.
+MAX_LOG_ANSWER_BYTES = 16 * 1024**2
+# Control characters but tab and newline (C0, DEL, C1): escape sequences a model printed to its log.
+_TERMINAL_CONTROL_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
@@ -139,6 +144,10 @@ def wait_for_version(client: Client, model: str, version: dict[str, Any], args: 
         if body.get("status") == "ready":
             info(f"{model} version {number} is ready ({body.get('format') or 'unknown format'}, "
                  f"{human_size(int(body.get('size') or 0))})")
+            if body.get("identical_to"):
+                # A note like the others (stderr stays the error line alone unless --verbose); --json has the field.
+                info(f"note: {model} version {number} is identical to version {body['identical_to']} (the same "
+                     "bytes): nothing changed since")
         # The bare number on stdout: VERSION=$(modelport push ...) in a CI script.
         print(number)
     return ExitCode.OK
@@ -185,44 +194,110 @@ def cmd_pipeline_create(args: argparse.Namespace) -> int:
     return wait_for_version(client, args.model, version, args)
 
 
-def _served_model(spec: str, args: argparse.Namespace) -> dict[str, Any]:
+# The settings of a served model the CLI can set, as the API's output names them; the rest (the version's format,
+# a warm-up, the response cache) is carried over from the current revision untouched.
+_SETTINGS = ("max_batch_size", "dynamic_batching", "instance_group", "response_cache", "warmup")
+
+
+def _split_model(spec: str) -> tuple[str, int | None]:
     model, _, version = spec.partition(":")
     if not model:
         raise CliError(f"--model {spec!r}: use MODEL:VERSION, or MODEL for its latest ready version", ExitCode.USAGE)
     check_name(model, "--model")
-    entry: dict[str, Any] = {"model": model}
     if version and version != "latest":
         if not version.isdigit() or int(version) < 1:
             raise CliError(f"--model {spec!r}: the version must be a number of 1 or more", ExitCode.USAGE)
-        entry["version"] = int(version)
+        return model, int(version)
+    return model, None
+
+
+def _check_batching_options(args: argparse.Namespace) -> None:
+    if args.dynamic_batching is False and (args.max_queue_delay_us is not None or args.preferred_batch_size):
+        raise CliError("--no-dynamic-batching cannot be combined with --max-queue-delay-us or "
+                       "--preferred-batch-size", ExitCode.USAGE)
+
+
+def _served_model(spec: str, args: argparse.Namespace, current: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One entry of "models". With `current` (the entry the deployment serves now) every setting not given on the
+    command line keeps its current value, down to one field of batching or of the instance group; without it what
+    is not given is left out, and the portal chooses (its defaults depend on the model)."""
+    model, version = _split_model(spec)
+    entry: dict[str, Any] = {key: current[key] for key in _SETTINGS if current is not None and key in current}
+    entry["model"] = model
+    if version is not None:
+        entry["version"] = version
     if args.max_batch_size is not None:
         entry["max_batch_size"] = args.max_batch_size
     batching_options = args.max_queue_delay_us is not None or args.preferred_batch_size
     if args.dynamic_batching is False:
-        if batching_options:
-            raise CliError("--no-dynamic-batching cannot be combined with --max-queue-delay-us or "
-                           "--preferred-batch-size", ExitCode.USAGE)
         entry["dynamic_batching"] = None
     elif args.dynamic_batching or batching_options:
         # Naming a batching option means wanting dynamic batching; no need to also say --dynamic-batching.
-        entry["dynamic_batching"] = {"max_queue_delay_microseconds": args.max_queue_delay_us or 0,
-                                     "preferred_batch_size": list(args.preferred_batch_size or [])}
-    # Without any of these the key is left out and the portal chooses (its default depends on the signature).
+        batching = dict(entry.get("dynamic_batching") or {"max_queue_delay_microseconds": 0,
+                                                          "preferred_batch_size": []})
+        if args.max_queue_delay_us is not None:
+            batching["max_queue_delay_microseconds"] = args.max_queue_delay_us
+        if args.preferred_batch_size:
+            batching["preferred_batch_size"] = list(args.preferred_batch_size)
+        entry["dynamic_batching"] = batching
     if args.instances is not None or args.kind is not None:
-        entry["instance_group"] = {"count": args.instances if args.instances is not None else 1,
-                                   "kind": args.kind or "cpu"}
+        group = dict(entry.get("instance_group") or {"count": 1, "kind": "cpu"})
+        if args.kind is not None and args.kind != group.get("kind"):
+            group.pop("gpus", None)  # GPU ids belong to the kind they were chosen for
+            group["kind"] = args.kind
+        if args.instances is not None:
+            group["count"] = args.instances
+        entry["instance_group"] = group
     return entry
+
+
+def _current_settings(deployment: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The served models of a deployment (the API's output) by model name."""
+    return {str(m.get("model")): m for m in deployment.get("models") or [] if isinstance(m, dict)}
+
+
+def _changed_models(client: Client, args: argparse.Namespace) -> tuple[list[dict[str, Any]], int | None]:
+    """"models" for a PATCH: each model keeps its current settings but what the command line gives, unless
+    --reset asks for the portal's defaults; and the revision those settings are of (None with --reset, which
+    reads nothing)."""
+    if args.reset:
+        return [_served_model(spec, args) for spec in args.model], None
+    found = dict(client.get(f"/api/v1/deployments/{_segment(args.name)}/"))
+    current = _current_settings(found)
+    before = found.get("revision")
+    return ([_served_model(spec, args, current.get(_split_model(spec)[0])) for spec in args.model],
+            before if isinstance(before, int) else None)
+
+
+def _placement(args: argparse.Namespace) -> dict[str, Any] | None:
+    """"placement" as given: only the options named (a PATCH keeps the rest, as the API does); None: none given."""
+    if args.placement == "dedicated" and (args.pool is not None or args.idle_unload is not None):
+        raise CliError("--pool and --idle-unload are for a shared deployment: use them with --shared, not "
+                       "--dedicated", ExitCode.USAGE)
+    placement: dict[str, Any] = {}
+    if args.placement:
+        placement["mode"] = args.placement
+    if args.pool is not None:
+        placement["pool"] = check_name(args.pool, "--pool")
+    if args.idle_unload is not None:
+        placement["idle_unload_seconds"] = args.idle_unload
+    return placement or None
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     check_name(args.name, "deployment")
+    _check_batching_options(args)
     models = [_served_model(spec, args) for spec in args.model]
+    placement = _placement(args)
     client = make_client(args)
     body: dict[str, Any] = {"name": args.name, "models": models}
     if args.runtime:
         body["runtime"] = args.runtime
+    if placement is not None:
+        body["placement"] = placement
     if args.canary is not None:
         return _deploy_canary(client, args, {key: value for key, value in body.items() if key != "name"})
+    before: int | None = None
     try:
         deployment = dict(client.call("POST", "/api/v1/deployments/", json=body).json())
         action = "created"
@@ -232,9 +307,13 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         # It exists: a CI pipeline that runs again wants a new revision of it, not an error. The runtime is sent
         # only when given, so that the portal can refuse a change of runtime with its own message.
         patch = {key: value for key, value in body.items() if key != "name"}
+        patch["models"], before = _changed_models(client, args)
         deployment = dict(client.call("PATCH", f"/api/v1/deployments/{_segment(args.name)}/", json=patch).json())
         action = "updated"
     revision = int(deployment.get("revision") or 0)
+    if action == "updated" and revision == before:
+        # The portal makes no revision of the settings in effect already: nothing rolls out, and a script can tell.
+        action = "unchanged (these are the settings in effect already)"
     if not args.json:
         info(f"{args.name}: revision {revision} {action}")
     if args.wait:
@@ -254,11 +333,12 @@ def _deploy_canary(client: Client, args: argparse.Namespace, patch: dict[str, An
     patch["rollout"] = {"strategy": "canary", "percent": args.canary}
     path = f"/api/v1/deployments/{_segment(args.name)}/"
     try:
+        patch["models"], _ = _changed_models(client, args)
         deployment = dict(client.call("PATCH", path, json=patch).json())
     except ApiError as exc:
         if exc.status == 404:
-            raise CliError(f"a canary needs a deployment that serves already: deploy {args.name} without --canary "
-                           "first") from None
+            raise CliError(f"{exc.reason}: a canary needs a deployment that serves already, so deploy {args.name} "
+                           "without --canary first", ExitCode.USAGE) from None
         raise
     canary = deployment.get("canary") or {}
     revision = int(canary.get("revision") or 0)
@@ -350,9 +430,66 @@ def cmd_status(args: argparse.Namespace) -> int:
     canary = deployment.get("canary")
     if canary:
         print(f"canary:    revision {canary.get('revision')} for {canary.get('percent')}% ({canary.get('state')})")
+    print(f"placement: {_describe_placement(deployment.get('placement') or {})}")
     print("models:")
     for model in deployment.get("models") or []:
         print("  " + _describe_served_model(model))
+    return ExitCode.OK
+
+
+def _describe_placement(placement: dict[str, Any]) -> str:
+    """"shared in pool shared: loaded, cold start 0.84 s, unloaded after 10m unused", or "dedicated"."""
+    if placement.get("mode") != "shared":
+        return str(placement.get("mode") or "dedicated")
+    parts = [str(placement.get("state") or "not loaded yet")]
+    cold = placement.get("cold_start_seconds")
+    if isinstance(cold, (int, float)):
+        parts.append(f"cold start {cold:.2f} s")
+    if placement.get("memory_bytes"):
+        parts.append(f"memory {human_size(int(placement['memory_bytes']))}")
+    idle = int(placement.get("idle_unload_seconds") or 0)
+    parts.append(f"unloaded after {_duration_words(idle)} unused" if idle else "never unloaded")
+    return f"shared in pool {placement.get('pool')}: " + ", ".join(parts)
+
+
+def _duration_words(seconds: int) -> str:
+    """The inverse of _duration: 600 -> "10m", 90 -> "90s", 3600 -> "1h"."""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def cmd_pools(args: argparse.Namespace) -> int:
+    """The pools the token's team may deploy into, and with --model what fits of it."""
+    params: dict[str, Any] = {}
+    if args.model:
+        model, version = _split_model(args.model)
+        params["model"] = model
+        if version is not None:
+            params["version"] = version
+    found = list(make_client(args).get("/api/v1/pools/", params=params or None))
+    if args.json:
+        print_json(found)
+        return ExitCode.OK
+    if not found:
+        print("no pools: deploy with --dedicated")
+        return ExitCode.OK
+    for pool in found:
+        who = "every team, ONNX only" if pool.get("teams") == "all" else "your team"
+        idle = int(pool.get("idle_unload_seconds") or 0)
+        line = (f"{pool.get('name')}  ({pool.get('runtime')}, {who})  "
+                f"{human_size(int(pool.get('memory_used_bytes') or 0))} of "
+                f"{human_size(int(pool.get('memory_budget_bytes') or 0))} used, {pool.get('models_loaded')} "
+                f"model(s) loaded, idle unload {_duration_words(idle) if idle else 'never'}")
+        fit = pool.get("fit")
+        if isinstance(fit, dict):
+            what = f"{fit.get('model')}:{fit.get('version')}"
+            if fit.get("fits") is None:
+                line += f"; {what} not measured yet (measured at its first load in a pool)"
+            else:
+                line += f"; {what} fits {fit.get('copies')} more ({human_size(int(fit.get('memory_bytes') or 0))} each)"
+        print(line)
     return ExitCode.OK
 
 
@@ -377,13 +514,36 @@ def cmd_logs(args: argparse.Namespace) -> int:
     check_name(args.name, "deployment")
     client = make_client(args)
     params = {"lines": args.lines} if args.lines is not None else None
-    body = dict(client.get(f"/api/v1/deployments/{_segment(args.name)}/logs/", params=params))
+    response = client.call("GET", f"/api/v1/deployments/{_segment(args.name)}/logs/", params=params, stream=True)
+    try:
+        body = dict(json.loads(read_at_most(response, MAX_LOG_ANSWER_BYTES)))
+    except ValueError:
+        raise CliError("the portal's answer is not the JSON of a log", ExitCode.ERROR) from None
     if args.json:
         print_json(body)
     else:
-        log = str(body.get("log") or "")
+        # What a model wrote, printed to a terminal: no escape sequence of it reaches the terminal.
+        log = _TERMINAL_CONTROL_RE.sub("\ufffd", str(body.get("log") or ""))
+        if not args.all:
+            log, folded = fold_gpu_noise(log)
+            if folded:
+                info(f"{folded} line(s) about CUDA, NVML or DCGM that Triton prints on every machine without a GPU "
+                     "are left out; --all shows them")
         sys.stdout.write(log if log.endswith("\n") or not log else log + "\n")
     return ExitCode.OK
+
+
+# The deployment page's fold (web/logs.py; a test keeps the two equal): lines a Triton on a machine without a GPU
+# always prints read like failures and say nothing about the models. A line naming a model stays.
+GPU_NOISE = re.compile(r"cuda|nvml|dcgm|pinned (system )?memory|gpu metrics", re.IGNORECASE)
+_MODEL_LINE = re.compile(r"\bmodel|failed to load|loading:", re.IGNORECASE)
+
+
+def fold_gpu_noise(log: str) -> tuple[str, int]:
+    """The log without the GPU noise, and how many lines were left out."""
+    lines = log.splitlines(keepends=True)
+    kept = [line for line in lines if not GPU_NOISE.search(line) or _MODEL_LINE.search(line)]
+    return "".join(kept), len(lines) - len(kept)
 
 
 def _lifecycle(args: argparse.Namespace, action: str) -> int:
@@ -413,8 +573,16 @@ def _canary_action(args: argparse.Namespace, action: str) -> int:
     check_name(args.name, "deployment")
     client = make_client(args)
     canary = dict(client.get(f"/api/v1/deployments/{_segment(args.name)}/")).get("canary") or {}
-    body = dict(client.call("POST", f"/api/v1/deployments/{_segment(args.name)}/{action}",
-                            idempotency_key=False).json())
+    try:
+        body = dict(client.call("POST", f"/api/v1/deployments/{_segment(args.name)}/{action}",
+                                idempotency_key=False).json())
+    except ApiError as exc:
+        # The portal's "no canary" speaks of a PATCH's rollout; a CLI user starts one with deploy --canary.
+        if (exc.status == 409 and not canary) or "no canary" in exc.reason:
+            verb = "promote" if action == "promote" else "roll back"
+            raise CliError(f"{args.name} has no canary to {verb}: start one with 'modelport deploy {args.name} "
+                           "--model MODEL[:VERSION] --canary PERCENT'") from None
+        raise
     if args.json:
         print_json(body)
     elif action == "promote":
@@ -451,6 +619,11 @@ def cmd_delete(args: argparse.Namespace) -> int:
     else:
         print(f"{args.name}: deleted" if gone else f"{args.name}: being deleted (the portal finishes it shortly)")
     return ExitCode.OK
+
+
+def _idle_duration(text: str) -> int:
+    """--idle-unload: a duration, or 0 / "never" for never."""
+    return 0 if text.strip().lower() == "never" else _duration(text)
 
 
 def _duration(text: str) -> int:
@@ -492,8 +665,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     timeout = args.timeout if args.timeout is not None else args.budget * 3 + 120
     tune = poll(lambda: dict(client.get(f"{base}/tunes/{tune['id']}/")), finished, timeout, on_timeout)
     if args.apply and tune.get("status") == "done" and tune.get("recommendation"):
-        body = {"rollout": {"strategy": "canary", "percent": args.canary}} if args.canary is not None else {}
-        tune = dict(client.call("POST", f"{base}/tunes/{tune['id']}/apply", json=body).json())
+        tune = _apply_tune(client, f"{base}/tunes/{tune['id']}/apply", args)
     if args.json:
         print_json(tune)
     else:
@@ -504,6 +676,25 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.apply and not tune.get("recommendation"):
         raise CliError("nothing to apply: no setting met the target", ExitCode.DEPLOYMENT_FAILED)
     return ExitCode.OK
+
+
+def _apply_tune(client: Any, path: str, args: argparse.Namespace) -> dict[str, Any]:
+    """POST the apply; where it would narrow what clients may send and --narrow was not given, show the changes and
+    ask (on a terminal) before applying with narrowing chosen, else stop with the portal's list of changes."""
+    body: dict[str, Any] = ({"rollout": {"strategy": "canary", "percent": args.canary}}
+                            if args.canary is not None else {})
+    try:
+        return dict(client.call("POST", path, json={**body, "narrow": bool(args.narrow)}).json())
+    except ApiError as exc:
+        if exc.status != 400 or "narrow" not in exc.fields:
+            raise
+        reason = " ".join(exc.fields["narrow"])
+    if args.json or not sys.stdin.isatty():
+        raise CliError(f"not applied: {reason} (add --narrow to apply anyway)", ExitCode.USAGE)
+    print(reason, file=sys.stderr)
+    if input("Narrow what clients may send and apply? [y/N] ").strip().lower() not in ("y", "yes"):
+        raise CliError("not applied: the tuned settings would narrow what clients may send", ExitCode.USAGE)
+    return dict(client.call("POST", path, json={**body, "narrow": True}).json())
 
 
 def _print_tune(tune: dict[str, Any]) -> None:
@@ -523,6 +714,10 @@ def _print_tune(tune: dict[str, Any]) -> None:
     print(one_line(str(tune.get("message") or "")))
     if tune.get("applied_revision"):
         print(f"applied: revision {tune['applied_revision']} rolls out")
+    for change in tune.get("changes") or []:
+        before, after = change.get("before"), change.get("after")
+        why = f" ({change['why']})" if change.get("why") else ""
+        print(f"  changed {change.get('model')}: {change.get('setting')} {before} -> {after}{why}")
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
@@ -634,9 +829,18 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--timeout", type=_seconds, default=DEFAULT_PUSH_TIMEOUT, metavar="S")
 
     deploy = add("deploy", cmd_deploy, "create a deployment, or roll an existing one to a new revision")
+    deploy.description = (
+        "Create a deployment, or roll an existing one to a new revision. On an existing deployment only what is "
+        "given changes (as the API's PATCH): each --model keeps its current batching, instances and batch size "
+        "but the options given, down to one field (--instances 2 keeps the queue delay); the models served are "
+        "the --model options, and --shared, --pool or --idle-unload change only the placement given (--idle-unload "
+        "10m alone keeps the pool). --reset starts each model from the portal's defaults instead.")
     deploy.add_argument("name", metavar="NAME")
     deploy.add_argument("--model", action="append", required=True, metavar="MODEL:VERSION",
                         help="a model to serve (repeat for several); MODEL alone means its latest ready version")
+    deploy.add_argument("--reset", action="store_true", help=(
+        "on an existing deployment: settings not given go back to the portal's defaults instead of keeping their "
+        "current values"))
     batching = deploy.add_mutually_exclusive_group()
     batching.add_argument("--dynamic-batching", dest="dynamic_batching", action="store_true", default=None)
     batching.add_argument("--no-dynamic-batching", dest="dynamic_batching", action="store_false")
@@ -646,6 +850,16 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument("--instances", type=_positive_int, metavar="N", help="model instances per Triton server")
     deploy.add_argument("--kind", choices=["cpu", "gpu"])
     deploy.add_argument("--runtime", choices=["local", "kubernetes"])
+    placement = deploy.add_mutually_exclusive_group()
+    placement.add_argument("--shared", dest="placement", action="store_const", const="shared", default=None, help=(
+        "load its models on demand into a shared pool's Triton beside other deployments' (costs less; the first "
+        "request after an idle unload waits for the load); pools open to every team take ONNX only"))
+    placement.add_argument("--dedicated", dest="placement", action="store_const", const="dedicated",
+                           help="a Triton server of its own (the default unless the operator changed it)")
+    deploy.add_argument("--pool", metavar="POOL", help="with --shared: the pool ('modelport pools'; default: shared)")
+    deploy.add_argument("--idle-unload", type=_idle_duration, metavar="T", help=(
+        "with --shared: unload its models after T unused, e.g. 90s, 10m, 1h; 0 or never: keep them loaded "
+        "(default: the pool's)"))
     deploy.add_argument("--canary", type=_percent, metavar="PERCENT", help=(
         "roll the new revision out as a canary: it takes PERCENT (1-99) of the requests beside the serving one "
         "until 'modelport promote' or 'modelport rollback'"))
@@ -654,9 +868,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"how long --wait waits (default {DEFAULT_DEPLOY_TIMEOUT:g})")
 
     add("status", cmd_status, "show a deployment").add_argument("name", metavar="NAME")
+    pools = add("pools", cmd_pools, "list the shared pools your team may deploy into, with their capacity")
+    pools.add_argument("--model", metavar="MODEL:VERSION", help=(
+        "say how many more copies of this model version fit in each pool (measured when it last loaded)"))
     logs = add("logs", cmd_logs, "print the Triton log of a deployment")
     logs.add_argument("name", metavar="NAME")
     logs.add_argument("--lines", type=_positive_int, metavar="N")
+    logs.add_argument("--all", action="store_true", help=(
+        "also the CUDA, NVML and DCGM lines every Triton prints on a machine without a GPU (left out by default, "
+        "as on the deployment's page)"))
     add("stop", cmd_stop, "stop a deployment").add_argument("name", metavar="NAME")
     add("start", cmd_start, "start a stopped (or retry a failed) deployment").add_argument("name", metavar="NAME")
     add("delete", cmd_delete, "delete a deployment").add_argument("name", metavar="NAME")
@@ -676,7 +896,11 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--model", help="which served model (default: the deployment's first)")
     tune.add_argument("--request", metavar="FILE.json", help="the KServe v2 request to send (default: the Try-it "
                                                              "example from the signature)")
-    tune.add_argument("--apply", action="store_true", help="roll out the recommendation as a new revision")
+    tune.add_argument("--apply", action="store_true", help="roll out the recommendation as a new revision (every "
+                      "setting it changes is printed; one that narrows what clients may send is asked about first)")
+    tune.add_argument("--narrow", action="store_true", help=(
+        "with --apply: apply even where the tuned settings narrow what clients may send (a lower max batch size), "
+        "without asking"))
     tune.add_argument("--canary", type=_percent, metavar="PERCENT", help=(
         "with --apply: roll the tuned revision out as a canary taking PERCENT (1-99) of the requests beside the "
         "serving one (then `modelport promote` or `modelport rollback`)"))

@@ -211,7 +211,8 @@ def _send(client: Client, url: str, path: Path, offset: int, size: int, chunk_si
                     failures = 0
                     continue
                 if response.status_code in (404, 410):
-                    raise UploadGone("the upload expired or was removed on the portal; run the command again to start over")
+                    raise UploadGone("the upload expired or was removed on the portal; "
+                                     "run the command again to start over")
                 if response.status_code == 460:
                     # The server discarded the chunk; its offset did not move, so send the same bytes again.
                     problem = "the chunk arrived corrupted (checksum mismatch)"

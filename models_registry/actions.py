@@ -8,14 +8,17 @@ import uuid
 from pathlib import Path
 from typing import IO, Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from accounts.models import Team
 from audit.log import record as audit
+from modelport.core.signature import Signature
+from models_registry import quota
 from models_registry.models import Blob, Format, Model, ModelVersion, Upload
 from models_registry.pipelines import Lookup, Pipeline, StepVersion
-from models_registry.signature import Signature
 from models_registry.storage import best_effort, get_store
 from models_registry.validation import ArtifactRejected, quick_check
 from portal.api_errors import Conflict
@@ -45,11 +48,15 @@ def _save_new_model(model: Model, user: Any) -> Model:
     return model
 
 
-def _queue_inspection(version: ModelVersion) -> None:
+def _dispatch_after_commit(team_id: int) -> None:
+    # Through the team's inspection slots (models_registry/dispatch.py), after commit: the change must be visible.
     from models_registry import tasks
 
-    version_id = version.id
-    transaction.on_commit(lambda: tasks.inspect_version.delay(version_id))
+    tasks.queue_inspections(team_id)
+
+
+def _queue_inspection(version: ModelVersion) -> None:
+    _dispatch_after_commit(version.model.team_id)
 
 
 def _new_version(model: Model, user: Any, *, staged_key: str, filename: str, size: int, fmt: str,
@@ -80,12 +87,17 @@ def create_version_from_file(model: Model, user: Any, stream: IO[bytes], filenam
         with open(path, "wb") as out:
             shutil.copyfileobj(stream, out, 1024 * 1024)
         check = quick_check(path, filename, declared_format, signature)
+        quota.check_room(model.team, path.stat().st_size)
         staged_key = f"staging/{uuid.uuid4()}"
         store = get_store()
         with open(path, "rb") as source:
             size = store.save(staged_key, source)
     try:
         with transaction.atomic():
+            # Again under the team's lock, where the version that holds the bytes is recorded, so that two
+            # requests of one team cannot both pass; the disk was checked before the bytes were stored.
+            quota.lock_team(model.team)
+            quota.check_room(model.team, size, disk=False)
             return _new_version(_save_new_model(model, user), user, staged_key=staged_key, filename=filename, size=size,
                                 fmt=check.format, declared_format=declared_format, signature=signature,
                                 max_batch_size=max_batch_size)
@@ -102,14 +114,27 @@ def create_version_from_upload(model: Model, user: Any, upload: Upload, *, decla
     store = get_store()
     filename = upload.metadata.get("filename", "")
     fmt = ""
-    with store.local_copy(upload.key) as path:
-        fmt = quick_check(path, filename, declared_format, signature).format
+    try:
+        with store.local_copy(upload.key) as path:
+            fmt = quick_check(path, filename, declared_format, signature).format
+    except ArtifactRejected:
+        _discard_upload(upload)
+        raise
     with transaction.atomic():
         claimed, _ = Upload.objects.filter(pk=upload.pk, completed_at__isnull=False).delete()
         if claimed != 1:
             raise Conflict("This upload was already used for a model version; upload the file again.")
-        return _new_version(_save_new_model(model, user), user, staged_key=upload.key, filename=filename, size=upload.length, fmt=fmt,
+        return _new_version(_save_new_model(model, user), user, staged_key=upload.key, filename=filename,
+                            size=upload.length, fmt=fmt,
                             declared_format=declared_format, signature=signature, max_batch_size=max_batch_size)
+
+
+def _discard_upload(upload: Upload) -> None:
+    """A refused upload's bytes go at once, not at its expiry a day later: a team pushing bad files again and
+    again must not fill the disk. The upload is used up; the uploader sends the file again (the CLI does)."""
+    with best_effort(f"delete refused upload {upload.pk} at", upload.key):
+        get_store().delete(upload.key)
+    Upload.objects.filter(pk=upload.pk).delete()
 
 
 def create_pipeline_version(model: Model, user: Any, pipeline: Pipeline) -> ModelVersion:
@@ -142,28 +167,50 @@ def create_pipeline_version(model: Model, user: Any, pipeline: Pipeline) -> Mode
 
 def version_in_use(version: ModelVersion) -> list[str]:
     """Names of deployments that serve this version (they keep it from being deleted)."""
-    from deployments.usage import deployments_using_version
+    from models_registry.signals import version_users
 
-    return deployments_using_version(version)
+    return sorted({name for _, names in version_users.send(ModelVersion, version=version) for name in names or ()})
 
 
 def _refuse_if_used(version: ModelVersion, deleting: set[int] | frozenset[int] = frozenset()) -> None:
     users = version_in_use(version)
     if users:
-        raise Conflict(f"Version {version.number} is used by deployment(s) {', '.join(users)}: delete or change them first.")
-    pipelines = sorted(f"{p.model.name}:{p.number}" for p in version.pipelines.select_related("model").exclude(pk__in=deleting))
+        raise Conflict(f"Version {version.number} is used by deployment(s) {', '.join(users)}: "
+                       "delete or change them first.")
+    pipelines = sorted(f"{p.model.name}:{p.number}"
+                       for p in version.pipelines.select_related("model").exclude(pk__in=deleting))
     if pipelines:
         raise Conflict(f"Version {version.number} of {version.model.name!r} is a step of pipeline version(s) "
                        f"{', '.join(pipelines)}: delete those first.")
 
 
+def _refuse_if_inspecting(versions: QuerySet[ModelVersion]) -> None:
+    """Refuse to delete a version whose inspection runs: its task and trial run go on to their end whatever happens
+    to the row, and the team's inspection slots are counted from its rows (models_registry/dispatch.py), so deleting
+    it would free a slot for another run beside this one. The rows are locked first: a queued task that starts
+    meanwhile (dispatch.started, a conditional update) waits for this transaction and then finds nothing to do.
+    A worker killed at the hard limit leaves the row validating until the sweep marks it invalid: deletable then."""
+    running = [v for v in versions.select_for_update(of=("self",)).order_by("number")
+               if v.status == ModelVersion.Status.VALIDATING and v.inspection_started_at is not None]
+    if running:
+        which = ("Version {} is" if len(running) == 1 else "Versions {} are").format(
+            ", ".join(str(v.number) for v in running))
+        raise Conflict(f"{which} being inspected (for at most {settings.INSPECTION_TIME_LIMIT_SECONDS:g} s, "
+                       "INSPECTION_TIME_LIMIT_SECONDS): delete it once its inspection ends.")
+
+
 def delete_version(version: ModelVersion, user: Any = None) -> None:
+    _refuse_if_inspecting(ModelVersion.objects.filter(pk=version.pk))
     _refuse_if_used(version)
     blob_sha = version.blob_id
     staged = version.staged_key if not version.blob_id else ""
     audit(user, version.model.team, "model_version.delete", f"{version.model.name}:{version.number}")
+    validating = version.status == ModelVersion.Status.VALIDATING
+    team_id = version.model.team_id
     version.delete()
     transaction.on_commit(lambda: _release_bytes(blob_sha, staged))
+    if validating:  # it may have held one of the team's inspection slots: the next upload takes it
+        _dispatch_after_commit(team_id)
 
 
 def model_in_use(model: Model) -> list[str]:
@@ -172,12 +219,16 @@ def model_in_use(model: Model) -> list[str]:
 
 
 def delete_model(model: Model, user: Any = None) -> None:
+    _refuse_if_inspecting(model.versions.all())
     own = {v.pk for v in model.versions.all()}
     for version in model.versions.all():
         _refuse_if_used(version, deleting=own)
     leftovers = [(v.blob_id, v.staged_key if not v.blob_id else "") for v in model.versions.all()]
     audit(user, model.team, "model.delete", model.name)
+    validating = model.versions.filter(status=ModelVersion.Status.VALIDATING).exists()
     model.delete()
+    if validating:
+        _dispatch_after_commit(model.team_id)
     for blob_sha, staged in leftovers:
         transaction.on_commit(lambda b=blob_sha, s=staged: _release_bytes(b, s))  # type: ignore[misc]
 

@@ -25,11 +25,12 @@ from accounts.context import acting_user, current_team, is_team_admin
 from accounts.idempotency import idempotent
 from accounts.names import name_error
 from audit.log import record as audit
+from modelport.core.signature import KSERVE_TO_TRITON, TRITON_TO_KSERVE, SignatureError, parse_signature
 from models_registry import actions, pipelines
-from models_registry.models import Format, Model, ModelVersion, Upload
-from models_registry.signature import KSERVE_TO_TRITON, TRITON_TO_KSERVE, SignatureError, parse_signature
+from models_registry.models import Format, Model, ModelVersion, Upload, with_identical_to
+from models_registry.quota import NoRoom
 from models_registry.validation import ArtifactRejected
-from portal.api_errors import PayloadTooLarge, request_object
+from portal.api_errors import PayloadTooLarge, not_found, request_object
 from portal.api_json import BoundedJSONField, BoundedJSONParser
 from portal.api_schema import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, JSON_PARSERS, ExactJSONTypes, NameField, error
 
@@ -39,7 +40,7 @@ ARTIFACT_FORMATS = [f.value for f in Format if f != Format.ENSEMBLE]
 PIPELINE_FORMATS = [Format.ENSEMBLE.value]
 
 
-# The JSON a signature and a pipeline definition are, for the schema (models_registry/signature.py and pipelines.py
+# The JSON a signature and a pipeline definition are, for the schema (modelport/core/signature.py and pipelines.py
 # parse them). Spellings that are read but not documented (lowercase datatypes, "shape", "data_type") are left out.
 _DIMS = {"type": "array", "items": {"type": "integer", "minimum": -1, "not": {"enum": [0]}},
          "description": "The full shape: positive sizes, -1 for a dynamic dimension."}
@@ -102,11 +103,14 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
                                                                 "{} until the version is inspected.")
     definition = serializers.DictField(read_only=True, allow_null=True,
                                        help_text="A pipeline's definition; null for other formats.")
+    identical_to = serializers.IntegerField(read_only=True, allow_null=True, help_text=(
+        "The first earlier version of this model with the same bytes (the same sha256), or null: pushing the same "
+        "file again makes a new version and says so here. Null until the version is inspected."))
 
     class Meta:
         model = ModelVersion
-        fields = ["model", "number", "format", "status", "error", "size", "sha256", "signature", "max_batch_size",
-                  "original_filename", "definition", "created_by", "created_at", "validated_at"]
+        fields = ["model", "number", "format", "status", "error", "size", "sha256", "identical_to", "signature",
+                  "max_batch_size", "original_filename", "definition", "created_by", "created_at", "validated_at"]
         read_only_fields = fields
 
 
@@ -137,7 +141,8 @@ class ModelUpdateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
 
 
 class VersionCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
-    file = serializers.FileField(required=False, help_text="The artifact, for small files (see MAX_MULTIPART_UPLOAD_SIZE).")
+    file = serializers.FileField(required=False,
+                                 help_text="The artifact, for small files (see MAX_MULTIPART_UPLOAD_SIZE).")
     upload_id = serializers.UUIDField(required=False, help_text="The id ending the URL of a finished tus upload.")
     format = serializers.ChoiceField(choices=ARTIFACT_FORMATS, required=False, allow_blank=True)
     signature = SignatureField(required=False, allow_null=True,
@@ -157,7 +162,8 @@ class VersionCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if bool(attrs.get("file")) == bool(attrs.get("upload_id")):
-            raise serializers.ValidationError("Send exactly one of 'file' (multipart) or 'upload_id' (a finished tus upload).")
+            raise serializers.ValidationError("Send exactly one of 'file' (multipart) "
+                                              "or 'upload_id' (a finished tus upload).")
         return attrs
 
 
@@ -167,7 +173,8 @@ class VersionFromFileSerializer(serializers.Serializer[Any]):
     file = serializers.FileField(help_text="The artifact, for small files (see MAX_MULTIPART_UPLOAD_SIZE).")
     format = VersionCreateSerializer().fields["format"]
     signature = serializers.CharField(required=False, allow_blank=True, help_text="The signature as JSON text, "
-                                                                 '{"inputs": [{"name", "datatype", "dims"}], "outputs": [...]}.')
+                                                                 '{"inputs": [{"name", "datatype", "dims"}], '
+                                                                 '"outputs": [...]}.')
     max_batch_size = VersionCreateSerializer().fields["max_batch_size"]
     create_model = VersionCreateSerializer().fields["create_model"]
 
@@ -221,9 +228,10 @@ def _create_pipeline(request: Request, model: Model) -> Response:
 
 def _get_model(request: Request, name: str) -> Model:
     """The model of the request's team, or 404 (another team's model does not exist for this user)."""
-    model = Model.objects.filter(team=current_team(request), name=name).first()
+    team = current_team(request)
+    model = Model.objects.filter(team=team, name=name).first()
     if model is None:
-        raise Http404
+        raise not_found("model", name, team, "GET /api/v1/models/ lists the team's models.")
     return model
 
 
@@ -239,7 +247,7 @@ def _get_or_new_model(request: Request, name: str, body: dict[str, Any]) -> Mode
     except serializers.ValidationError as exc:
         raise ValidationError({"create_model": exc.detail}) from None
     if not create:
-        raise Http404
+        raise not_found("model", name, team, 'Send "create_model": true to create it with this version.')
     error = name_error(name)
     if error:
         raise ValidationError({"name": [error]})
@@ -247,11 +255,29 @@ def _get_or_new_model(request: Request, name: str, body: dict[str, Any]) -> Mode
 
 
 def _get_version(request: Request, name: str, number: int) -> ModelVersion:
+    team = current_team(request)
     version = (ModelVersion.objects.select_related("model", "created_by")
-               .filter(model__team=current_team(request), model__name=name, number=number).first())
+               .filter(model__team=team, model__name=name, number=number).first())
     if version is None:
-        raise Http404
+        model = _get_model(request, name)  # 404s naming the model when it is the model that is missing
+        numbers = list(model.versions.order_by("number").values_list("number", flat=True))
+        have = f"its versions are {_ranges(numbers)}" if numbers else "it has no versions yet"
+        raise Http404(f"Model {name!r} of team {model.team.name!r} has no version {number}: {have}.")
     return version
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[1, 2, 3, 7] as "1-3, 7": a model with hundreds of versions stays one short line."""
+    parts: list[str] = []
+    start = prev = numbers[0]
+    for n in [*numbers[1:], None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if n is not None:
+            start = prev = n
+    return ", ".join(parts)
 
 
 @extend_schema(methods=["GET"], summary="List your team's models", responses={200: ModelSerializer(many=True)})
@@ -283,7 +309,8 @@ def models_list(request: Request) -> Response:
 @extend_schema(methods=["DELETE"], summary="Delete a model with its versions", responses={
     204: OpenApiResponse(description="Deleted."),
     403: error("Only team admins delete models (and: no team, no CSRF token)."),
-    409: error("A deployment uses one of its versions, or a pipeline of another model uses one as a step."),
+    409: error("A deployment uses one of its versions, a pipeline of another model uses one as a step, or one is "
+               "being inspected."),
 })
 @api_view(["GET", "PATCH", "DELETE"])
 @parser_classes(JSON_PARSERS)
@@ -323,7 +350,8 @@ def model_detail(request: Request, name: str) -> Response:
         404: error("No model of that name in your team (send create_model: true to create it with this version)."),
         409: error("The upload was used already, a step version was deleted meanwhile, or a request with this "
                    "Idempotency-Key is still running."),
-        413: error("The file or the body is too large: use a resumable upload (/api/v1/uploads/)."),
+        413: error("The file or the body is too large (use a resumable upload, /api/v1/uploads/), or more than the "
+                   "team's storage quota or the server's disk has left (the message says which)."),
         415: error("Neither JSON nor multipart/form-data."),
     },
 )
@@ -332,7 +360,7 @@ def model_detail(request: Request, name: str) -> Response:
 @idempotent
 def versions_list(request: Request, name: str) -> Response:
     if request.method == "GET":
-        versions = _get_model(request, name).versions.select_related("model", "created_by")
+        versions = with_identical_to(_get_model(request, name).versions.select_related("model", "created_by"))
         return Response(VersionSerializer(versions, many=True).data)
     body = request_object(request)
     model = _get_or_new_model(request, name, body)
@@ -355,8 +383,11 @@ def versions_list(request: Request, name: str) -> Response:
         else:
             tus_upload = Upload.objects.filter(pk=data["upload_id"], team=model.team).first()
             if tus_upload is None:
-                raise ValidationError({"upload_id": ["No finished upload with this id in your team (each upload can be used once)."]})
+                raise ValidationError({"upload_id": ["No finished upload with this id in your team "
+                                                     "(each upload can be used once)."]})
             version = actions.create_version_from_upload(model, request.user, tus_upload, **options)
+    except NoRoom as exc:
+        raise PayloadTooLarge(str(exc)) from None
     except ArtifactRejected as exc:
         raise ValidationError({"file" if data.get("file") else "upload_id": [str(exc)]}) from None
     return Response(VersionSerializer(version).data, status=status.HTTP_201_CREATED)
@@ -365,7 +396,7 @@ def versions_list(request: Request, name: str) -> Response:
 @extend_schema(methods=["GET"], summary="A version", responses={200: VersionSerializer})
 @extend_schema(methods=["DELETE"], summary="Delete a version", responses={
     204: OpenApiResponse(description="Deleted."),
-    409: error("A deployment uses the version, or a pipeline uses it as a step."),
+    409: error("A deployment uses the version, a pipeline uses it as a step, or its inspection is running."),
 })
 @api_view(["GET", "DELETE"])
 def version_detail(request: Request, name: str, number: int) -> Response:

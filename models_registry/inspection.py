@@ -4,6 +4,7 @@ signature, and mark the version ready or invalid with a message the user can act
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,10 +12,12 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from models_registry import formats
-from models_registry.formats.base import InspectionError
+from modelport.core import formats
+from modelport.core.definitions import Definition, definition_to_json
+from modelport.core.formats.base import InspectionError
+from modelport.core.signature import Signature, signature_from_json
+from models_registry import dispatch, python_trial, trial
 from models_registry.models import Blob, ModelVersion
-from models_registry.signature import Signature, signature_from_json
 from models_registry.storage import get_store, sha256_of
 from models_registry.validation import ArtifactRejected, archive_limits, quick_check
 
@@ -25,8 +28,17 @@ log = logging.getLogger(__name__)
 class Findings:
     signature: Signature
     max_batch_size: int
-    # Stored as the version's `definition`: {"requirements": [...]} for python models (installed at deploy time).
-    definition: dict[str, Any] | None = None
+    # Stored as the version's `definition` (modelport/core/definitions.py): a python model's requirements (installed
+    # at deploy time), a SavedModel's SignatureDef, a trial's note.
+    definition: Definition | None = None
+
+
+def _trial_findings(path_format: str, path: Path, signature: Signature) -> dict[str, Any]:
+    """The run a format asked for (Inspected.needs_trial_run), with the operator's settings; ArtifactRejected when the
+    model does not run as declared."""
+    if path_format == formats.PYTHON:
+        return python_trial.python_findings(path, signature, has_requirements=False)
+    return trial.torchscript_findings(path, signature)
 
 
 def _findings(version: ModelVersion, path_format: str, path: Path) -> Findings:
@@ -38,6 +50,10 @@ def _findings(version: ModelVersion, path_format: str, path: Path) -> Findings:
     except InspectionError as exc:
         raise ArtifactRejected(str(exc)) from None
     signature, definition = inspected.signature, inspected.definition
+    if inspected.needs_trial_run:
+        # The trial's note joins what inspection found, in the format's own definition.
+        definition = formats.definition_from_json(path_format, {**(definition_to_json(definition) or {}),
+                                                               **_trial_findings(path_format, path, signature)})
     batchable = inspected.batchable
     hint = inspected.max_batch_size_hint or formats.DEFAULT_MAX_BATCH_SIZE
     requested = version.declared_max_batch_size
@@ -61,8 +77,8 @@ def inspect_version(version_id: int) -> None:
         with store.local_copy(key) as path:
             with open(path, "rb") as stream:
                 sha256, size = sha256_of(stream)
-            fmt = quick_check(path, version.original_filename, version.declared_format,
-                              signature_from_json(version.declared_signature) if version.declared_signature else None).format
+            declared = signature_from_json(version.declared_signature) if version.declared_signature else None
+            fmt = quick_check(path, version.original_filename, version.declared_format, declared).format
             findings = _findings(version, fmt, path)
     except ArtifactRejected as exc:
         _mark_invalid(version, str(exc))
@@ -90,12 +106,26 @@ def inspect_version(version_id: int) -> None:
             format=fmt,
             signature=findings.signature.to_json(),
             max_batch_size=findings.max_batch_size,
-            definition=findings.definition,
+            definition=definition_to_json(findings.definition),
             status=ModelVersion.Status.READY,
             error="",
             validated_at=timezone.now(),
         )
     log.info("version %s ready (%s, %s bytes, updated=%s)", version, fmt, size, updated)
+
+
+def inspect_here(version_id: int, wait_seconds: float = 60.0) -> ModelVersion:
+    """Inspect a version in this process (a sample the portal installs, a test) rather than wait for a worker; when a
+    worker has claimed it already (its task is queued after the commit that created the version, so it can be
+    first), wait up to `wait_seconds` for that inspection instead of racing it. The version as it is then."""
+    if dispatch.started(version_id):
+        inspect_version(version_id)
+    deadline = time.monotonic() + wait_seconds
+    version = ModelVersion.objects.get(pk=version_id)
+    while version.status == ModelVersion.Status.VALIDATING and time.monotonic() < deadline:
+        time.sleep(0.1)
+        version.refresh_from_db()
+    return version
 
 
 def _mark_invalid(version: ModelVersion, message: str) -> None:

@@ -5,13 +5,14 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models, transaction
-from django.db.models import F
+from django.db.models import F, OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from accounts.models import Team
 from accounts.names import validate_name
-from models_registry import formats
-from models_registry.signature import Signature, signature_from_json
+from modelport.core import formats
+from modelport.core.definitions import Definition, PipelineDefinition, PythonDefinition
+from modelport.core.signature import Signature, signature_from_json
 
 
 def _choice(name: str) -> tuple[str, str]:
@@ -19,7 +20,7 @@ def _choice(name: str) -> tuple[str, str]:
 
 
 class Format(models.TextChoices):
-    """The formats of models_registry.formats (its registry holds what each one is), as model field choices."""
+    """The formats of modelport.core.formats (its registry holds what each one is), as model field choices."""
 
     ONNX = _choice(formats.ONNX)
     TORCHSCRIPT = _choice(formats.TORCHSCRIPT)
@@ -96,8 +97,9 @@ class ModelVersion(models.Model):
     declared_signature = models.JSONField(null=True, blank=True)
     max_batch_size = models.PositiveIntegerField(default=0)
     declared_max_batch_size = models.PositiveIntegerField(null=True, blank=True)
-    # Pipelines (format "ensemble"): the validated step definition (models_registry.pipelines). Python models:
-    # {"requirements": [...]} from their requirements.txt, installed by the local runtime when deployed.
+    # The format's definition as JSON (modelport/core/definitions.py; read it as `parsed_definition`): a pipeline's
+    # validated steps (models_registry.pipelines), a python model's requirements.txt lines (installed by the local
+    # runtime when deployed), a SavedModel's SignatureDef, a trial's note.
     definition = models.JSONField(null=True, blank=True)
     # Pipelines: the versions their steps call, so that none of them is deleted while a pipeline uses it.
     step_versions = models.ManyToManyField("self", symmetrical=False, related_name="pipelines", blank=True)
@@ -106,6 +108,10 @@ class ModelVersion(models.Model):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
     validated_at = models.DateTimeField(null=True, blank=True)
+    # A validating version holds one of its team's inspection slots once queued (models_registry/dispatch.py);
+    # unset, it waits for one. `inspection_started_at`: when a worker began it (for the time-limit sweep).
+    inspection_queued_at = models.DateTimeField(null=True, blank=True)
+    inspection_started_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["model", "-number"]
@@ -119,11 +125,20 @@ class ModelVersion(models.Model):
         return signature_from_json(self.signature)
 
     @property
+    def parsed_definition(self) -> Definition | None:
+        return formats.definition_from_json(self.format, self.definition)
+
+    @property
     def requirements(self) -> list[str]:
         """A python model's requirements.txt lines (as parsed at inspection); [] for other formats."""
-        if self.format != Format.PYTHON or not isinstance(self.definition, dict):
-            return []
-        return [str(r) for r in self.definition.get("requirements", [])]
+        definition = self.parsed_definition
+        return list(definition.requirements) if isinstance(definition, PythonDefinition) else []
+
+    @property
+    def step_references(self) -> tuple[tuple[str, int], ...]:
+        """A pipeline's (model, version) per step, in order; () for other formats."""
+        definition = self.parsed_definition
+        return definition.step_references if isinstance(definition, PipelineDefinition) else ()
 
     @property
     def artifact_key(self) -> str:
@@ -131,6 +146,30 @@ class ModelVersion(models.Model):
 
     def to_summary(self) -> dict[str, Any]:
         return {"model": self.model.name, "version": self.number, "format": self.format, "status": self.status}
+
+    @property
+    def identical_to(self) -> int | None:
+        """The first earlier version of this model with the same bytes, or None (also until the bytes are hashed
+        at inspection). Pushing the same file again makes a version of its own (the numbers a CI job prints stay
+        one per push, and the bytes are stored once), but it says so: a retrain that changed nothing is news."""
+        annotated = getattr(self, "identical_number", _NOT_ANNOTATED)
+        if annotated is not _NOT_ANNOTATED:
+            return annotated if isinstance(annotated, int) else None
+        if not self.sha256:
+            return None
+        return (ModelVersion.objects.filter(model_id=self.model_id, sha256=self.sha256, number__lt=self.number)
+                .order_by("number").values_list("number", flat=True).first())
+
+
+_NOT_ANNOTATED = object()
+
+
+def with_identical_to(versions: QuerySet[ModelVersion]) -> QuerySet[ModelVersion]:
+    """`versions` with `identical_to` read in the same query (a list of versions makes no query per version)."""
+    earlier = (ModelVersion.objects.filter(model=OuterRef("model"), sha256=OuterRef("sha256"),
+                                           number__lt=OuterRef("number")).exclude(sha256="")
+               .order_by("number").values("number")[:1])
+    return versions.annotate(identical_number=Subquery(earlier))
 
 
 class Upload(models.Model):
@@ -164,3 +203,15 @@ class Upload(models.Model):
     @property
     def is_complete(self) -> bool:
         return self.offset == self.length
+
+
+class TeamStorageQuota(models.Model):
+    """An operator's storage quota for one team, in place of TEAM_STORAGE_QUOTA_BYTES (set in the admin console).
+    Its own small model rather than a field of the team, so that the registry owns what it measures."""
+
+    team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="storage_quota")
+    bytes = models.PositiveBigIntegerField(help_text="What the team's models, versions and uploads may hold, in bytes.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.team}: {self.bytes} bytes"

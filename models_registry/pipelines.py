@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from models_registry import formats
-from models_registry.signature import Signature, SignatureError, Tensor, dims_compatible, parse_signature
+from modelport.core import formats
+from modelport.core.signature import Signature, SignatureError, Tensor, dims_compatible, parse_signature
 
 STEP_KEYS = frozenset({"model", "version", "input_map", "output_map"})
 DEFINITION_KEYS = frozenset({"inputs", "outputs", "steps"})
@@ -76,7 +76,8 @@ class Pipeline:
 
 
 def _step_name(index: int, model: object) -> str:
-    return f"step {index} ({model})" if isinstance(model, str) and model else f"step {index}"
+    """Steps are counted from 1 in messages, as people count them (the field keys keep the JSON index)."""
+    return f"step {index + 1} ({model})" if isinstance(model, str) and model else f"step {index + 1}"
 
 
 def _describe(tensor: Tensor) -> str:
@@ -113,7 +114,8 @@ def _parse_structure(raw: object) -> tuple[Signature, list[dict[str, Any]]]:
     for index, step in enumerate(steps):
         where = f"definition.steps[{index}]"
         if not isinstance(step, dict):
-            errors.setdefault(where, []).append("each step must be an object with model, version, input_map, output_map")
+            errors.setdefault(where, []).append(
+                "each step must be an object with model, version, input_map, output_map")
             continue
         unknown = set(step) - STEP_KEYS
         if unknown:
@@ -321,11 +323,6 @@ def _find_cycle(depends_on: dict[int, list[int]]) -> list[int]:
             if found:
                 return found
     return []
-
-
-def step_references(definition: dict[str, Any] | None) -> list[tuple[str, int]]:
-    """(model, version) of each step of a stored definition, in order."""
-    return [(str(s["model"]), int(s["version"])) for s in (definition or {}).get("steps", [])]
 
 
 # --- the diagram -----------------------------------------------------------------------------------------------

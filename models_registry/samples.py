@@ -48,7 +48,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from models_registry.signature import Signature, Tensor
+from modelport.core.signature import Signature, Tensor
 
 if TYPE_CHECKING:
     from sklearn.pipeline import Pipeline
@@ -343,7 +343,8 @@ class ExportFailed(RuntimeError):
 
 
 def _zip_directory(source: Path, top: str) -> bytes:
-    files = {f"{top}/{p.relative_to(source).as_posix()}": p.read_bytes() for p in sorted(source.rglob("*")) if p.is_file()}
+    files = {f"{top}/{p.relative_to(source).as_posix()}": p.read_bytes()
+             for p in sorted(source.rglob("*")) if p.is_file()}
     return _python_zip(files)
 
 

@@ -57,7 +57,8 @@ class Appender(Protocol):
 class ArtifactStore(Protocol):
     def begin_upload(self, key: str) -> dict[str, Any]: ...
     def open_append(self, key: str, state: dict[str, Any], offset: int) -> Appender: ...
-    def append(self, key: str, state: dict[str, Any], offset: int, stream: Readable, limit: int) -> tuple[int, dict[str, Any]]: ...
+    def append(self, key: str, state: dict[str, Any], offset: int, stream: Readable,
+               limit: int) -> tuple[int, dict[str, Any]]: ...
     def commit(self, key: str, old: dict[str, Any], new: dict[str, Any]) -> None: ...
     def rollback(self, key: str, old: dict[str, Any], new: dict[str, Any]) -> None: ...
     def finish_upload(self, key: str, state: dict[str, Any]) -> None: ...
@@ -157,7 +158,8 @@ class FilesystemStore:
     def open_append(self, key: str, state: dict[str, Any], offset: int) -> Appender:
         return _FileAppender(self.path(key), state, offset)
 
-    def append(self, key: str, state: dict[str, Any], offset: int, stream: Readable, limit: int) -> tuple[int, dict[str, Any]]:
+    def append(self, key: str, state: dict[str, Any], offset: int, stream: Readable,
+               limit: int) -> tuple[int, dict[str, Any]]:
         return append_stream(self.open_append(key, state, offset), stream, limit)
 
     def commit(self, key: str, old: dict[str, Any], new: dict[str, Any]) -> None:
@@ -237,7 +239,8 @@ class S3Store:
         next request (or the end of the upload) can send them: S3 refuses parts under 5 MiB."""
         return _S3Appender(self, key, state)
 
-    def append(self, key: str, state: dict[str, Any], offset: int, stream: Readable, limit: int) -> tuple[int, dict[str, Any]]:
+    def append(self, key: str, state: dict[str, Any], offset: int, stream: Readable,
+               limit: int) -> tuple[int, dict[str, Any]]:
         return append_stream(self.open_append(key, state, offset), stream, limit)
 
     def _upload_part(self, key: str, state: dict[str, Any], data: bytes) -> None:
@@ -249,7 +252,8 @@ class S3Store:
 
     def _save_tail(self, key: str, state: dict[str, Any], data: bytes) -> None:
         if data:
-            self.client.put_object(Bucket=self.bucket, Key=self._tail_key(key, len(state["parts"]), len(data)), Body=data)
+            self.client.put_object(Bucket=self.bucket, Key=self._tail_key(key, len(state["parts"]), len(data)),
+                                   Body=data)
         state["tail"] = len(data)
 
     def commit(self, key: str, old: dict[str, Any], new: dict[str, Any]) -> None:

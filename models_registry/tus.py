@@ -15,6 +15,7 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from accounts.context import current_team
+from models_registry import quota
 from models_registry.models import Upload
 from models_registry.uploads import (
     UploadProblem,
@@ -45,7 +46,8 @@ def _tus_headers(response: HttpResponse) -> HttpResponse:
 
 def problem(status: int, message: str) -> HttpResponse:
     code = {400: "invalid", 404: "not_found", 408: "timeout", 409: "conflict", 410: "gone", 412: "precondition_failed",
-            413: "too_large", 415: "unsupported_media_type", 460: "checksum_mismatch", 503: "unavailable"}.get(status, "error")
+            413: "too_large", 415: "unsupported_media_type", 460: "checksum_mismatch", 503: "unavailable",
+            507: "insufficient_storage"}.get(status, "error")
     return _tus_headers(error_response(status, code, message))
 
 
@@ -140,6 +142,11 @@ def plan_patch(request: Request, upload_id: str) -> PatchPlan:
     checksum = parse_checksum(request.headers.get("Upload-Checksum"))
     content_length = _int_header(request, "Content-Length")
     remaining = check_chunk(upload, offset, content_length)
+    # The upload's bytes were reserved when it was created, but something else (logs, rendered repositories) may
+    # have filled the disk since: a chunk that would eat into the reserve waits until there is room again.
+    full = quota.check_disk_for_chunk(min(content_length if content_length is not None else 0, remaining))
+    if full:
+        raise UploadProblem(507, full)
     return PatchPlan(upload=upload, offset=offset, content_length=content_length, checksum=checksum,
                      remaining=remaining)
 

@@ -38,7 +38,7 @@ from django.contrib.auth.middleware import AuthenticationMiddleware
 from django.contrib.sessions.middleware import SessionMiddleware
 from django.core.exceptions import DisallowedHost, SuspiciousOperation
 from django.core.handlers.asgi import ASGIRequest
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, close_old_connections, connections
 from django.http import HttpResponse, HttpResponseBase
 from rest_framework.request import Request
 
@@ -256,10 +256,16 @@ def _abandon(patch: _Patch, appender: Appender, pending: Future[None] | None) ->
         appender.abort()
     finally:
         close_old_connections()
-        uploads.release(patch.plan.upload, patch.token)
+        try:
+            uploads.release(patch.plan.upload, patch.token)
+        finally:
+            # The only database work of a storage thread: do not keep an idle session open for each of them for
+            # the process' lifetime (nor, in one long test run, on the test database when it is dropped).
+            connections.close_all()
 
 
-def _finish(patch: _Patch, appender: Appender, outcome: Outcome, digest: bytes | None) -> tuple[HttpResponseBase | None, bool]:
+def _finish(patch: _Patch, appender: Appender, outcome: Outcome,
+            digest: bytes | None) -> tuple[HttpResponseBase | None, bool]:
     try:
         return _conclude(patch, appender, outcome, digest)
     except BaseException:
@@ -267,7 +273,8 @@ def _finish(patch: _Patch, appender: Appender, outcome: Outcome, digest: bytes |
         raise
 
 
-def _conclude(patch: _Patch, appender: Appender, outcome: Outcome, digest: bytes | None) -> tuple[HttpResponseBase | None, bool]:
+def _conclude(patch: _Patch, appender: Appender, outcome: Outcome,
+              digest: bytes | None) -> tuple[HttpResponseBase | None, bool]:
     plan = patch.plan
     upload = plan.upload
     old_state = upload.storage_state

@@ -8,10 +8,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from accounts.models import Team
+from models_registry import quota
 from models_registry.models import Upload
 from models_registry.storage import Readable, best_effort, get_store
 
@@ -37,7 +39,8 @@ def parse_uint(name: str, raw: str | None) -> int | None:
         return None
     if not (raw.isascii() and raw.isdigit()) or len(raw) > _MAX_DIGITS:
         shown = raw if len(raw) <= 40 else raw[:40] + "…"
-        raise UploadProblem(400, f"{name} must be a non-negative integer of at most {_MAX_DIGITS} digits, got {shown!r}")
+        raise UploadProblem(400,
+                            f"{name} must be a non-negative integer of at most {_MAX_DIGITS} digits, got {shown!r}")
     return int(raw)
 
 
@@ -51,7 +54,8 @@ def parse_metadata(header: str | None) -> dict[str, str]:
     if not header:
         return result
     if len(header) > MAX_METADATA_CHARS:
-        raise UploadProblem(400, f"Upload-Metadata is {len(header)} characters; at most {MAX_METADATA_CHARS} are accepted.")
+        raise UploadProblem(400,
+                            f"Upload-Metadata is {len(header)} characters; at most {MAX_METADATA_CHARS} are accepted.")
     for pair in header.split(","):
         pair = pair.strip()
         if not pair:
@@ -81,10 +85,18 @@ def create_upload(team: Team, user: Any, length: int, metadata: dict[str, str]) 
         metadata=metadata,
         expires_at=timezone.now() + timedelta(hours=settings.UPLOAD_EXPIRY_HOURS),
     )
-    upload.storage_state = get_store().begin_upload(upload.key)
-    if length == 0:
-        upload.completed_at = timezone.now()
-    upload.save()
+    with transaction.atomic():
+        # The declared length is reserved by the row itself: checked and inserted under the team's lock, so that
+        # two creations of one team at once cannot both pass the quota.
+        quota.lock_team(team)
+        try:
+            quota.check_room(team, length)
+        except quota.NoRoom as exc:
+            raise UploadProblem(413, str(exc)) from None
+        upload.storage_state = get_store().begin_upload(upload.key)
+        if length == 0:
+            upload.completed_at = timezone.now()
+        upload.save()
     if length == 0:
         get_store().finish_upload(upload.key, upload.storage_state)
     return upload
@@ -122,10 +134,13 @@ def check_chunk(upload: Upload, offset: int, content_length: int | None) -> int:
     if upload.completed_at is not None:
         raise UploadProblem(409, "This upload is already complete.")
     if offset != upload.offset:
-        raise UploadProblem(409, f"Upload-Offset is {offset} but the server has {upload.offset} bytes: resume from {upload.offset}.")
+        raise UploadProblem(409,
+                            f"Upload-Offset is {offset} but the server has {upload.offset} bytes: resume from "
+                            f"{upload.offset}.")
     remaining = upload.length - upload.offset
     if content_length is not None and content_length > remaining:
-        raise UploadProblem(413, f"The chunk is {content_length} bytes but only {remaining} bytes remain in this upload.")
+        raise UploadProblem(413,
+                            f"The chunk is {content_length} bytes but only {remaining} bytes remain in this upload.")
     return remaining
 
 
@@ -139,7 +154,8 @@ def claim(upload: Upload, offset: int, duration: timedelta = CLAIM_DURATION) -> 
         .update(busy_until=until)
     )
     if claimed != 1:
-        raise UploadProblem(409, "Another request is writing to this upload, or its offset changed: send HEAD and resume.")
+        raise UploadProblem(409,
+                            "Another request is writing to this upload, or its offset changed: send HEAD and resume.")
     return until
 
 
@@ -214,7 +230,8 @@ def append_chunk(upload: Upload, offset: int, stream: Readable, content_length: 
                                  "of it was kept.")
     if hasher is not None and hasher.digest.digest() != checksum:
         discard_chunk(upload, old_state, new_state)
-        raise UploadProblem(460, "Checksum mismatch: the chunk's sha256 differs from Upload-Checksum; it was discarded.")
+        raise UploadProblem(460,
+                            "Checksum mismatch: the chunk's sha256 differs from Upload-Checksum; it was discarded.")
     return commit_chunk(upload, offset, written, old_state, new_state)
 
 

@@ -8,14 +8,12 @@ from pathlib import Path
 
 from django.conf import settings
 
-from models_registry.archives import ArchiveError, ArchiveLimits, check_archive, is_archive
-from models_registry.formats import FormatError, check_declared_format, detect_format
+from modelport.core.archives import ArchiveError, ArchiveLimits, check_archive, is_archive
+from modelport.core.errors import ArtifactRejected
+from modelport.core.formats import FormatError, check_declared_format, detect_format
+from modelport.core.formats.unrecognised import describe_unrecognised
+from modelport.core.signature import Signature
 from models_registry.models import FORMATS_NEEDING_SIGNATURE, Format
-from models_registry.signature import Signature
-
-
-class ArtifactRejected(ValueError):
-    """The artifact cannot become a model version; the message tells the user what to fix."""
 
 
 def archive_limits() -> ArchiveLimits:
@@ -43,12 +41,15 @@ def quick_check(path: Path, filename: str, declared_format: str, declared_signat
             raise ArtifactRejected(f"Unsafe archive: {exc}") from None
     detected = detect_format(path, filename, limits=archive_limits())
     if detected is None:
+        # What the file is instead: a declared format has been contradicted already, so the name is left out.
+        found = describe_unrecognised(path, "" if declared_format else filename, archive_limits())
         if declared_format == Format.ONNX:
-            raise ArtifactRejected("The file is not a valid ONNX model (its content could not be read as ONNX).")
+            raise ArtifactRejected(f"The file is not a valid ONNX model: it is {found}.")
         if declared_format:
-            raise ArtifactRejected(f"The file does not look like a {Format(declared_format).label} artifact.")
+            raise ArtifactRejected(f"The file does not look like a {Format(declared_format).label} artifact: it is "
+                                   f"{found}.")
         allowed = ", ".join(f.value for f in Format if f != Format.ENSEMBLE)
-        raise ArtifactRejected(f"Could not detect the model format from the file's content; formats accepted: {allowed}.")
+        raise ArtifactRejected(f"The file is {found}. Formats accepted: {allowed}.")
     if declared_format:
         try:
             check_declared_format(declared_format, detected)

@@ -17,6 +17,16 @@ class Conflict(Exception):
     """A change that clashes with the current state (a name taken, a version in use): HTTP 409 in the API."""
 
 
+class Invalid(Exception):
+    """A request that the current state makes meaningless (a canary of the settings in effect already): HTTP 400
+    in the API, its message under `field`; the pages put it beside their form."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
 class ConflictError(exceptions.APIException):
     status_code = status.HTTP_409_CONFLICT
     default_code = "conflict"
@@ -36,6 +46,17 @@ class ErrorSerializer(serializers.Serializer[Any]):
         "fields": serializers.DictField(child=serializers.ListField(child=serializers.CharField()),
                                         help_text="Messages per request field (empty when no field is at fault)."),
     })
+
+
+def not_found(what: str, name: str, team: object | None, hint: str = "") -> Http404:
+    """A 404 that says what was missing and in which team (`team`: the request's, with a `name`): names are per
+    team, and a token acts for the one team it was made in (the README's CI token for team 'ml' sees nothing of
+    team 'default'). Naming the caller's own team tells nothing about another's."""
+    team_name = getattr(team, "name", None)
+    where = (f"in team {team_name!r}, the team this request acts for" if team_name
+             else "here: this request acts for no team (join one, or use a token made in one)")
+    message = f"There is no {what} named {name!r} {where}."
+    return Http404(f"{message} {hint}" if hint else message)
 
 
 def error_body(code: str, message: str, fields: dict[str, list[str]] | None = None) -> dict[str, Any]:
@@ -82,9 +103,13 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, Http404):
-        exc = exceptions.NotFound()
+        # The lookup helpers' message names what was not found and in which team (`not_found`); a bare Http404
+        # keeps DRF's "Not found.".
+        exc = exceptions.NotFound(str(exc) or None)
     elif isinstance(exc, Conflict):
         exc = ConflictError(str(exc))
+    elif isinstance(exc, Invalid):
+        exc = exceptions.ValidationError({exc.field: [exc.message]})
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

@@ -1,4 +1,4 @@
-"""DRF's JSON parser and JSONField with the nesting bound of portal/json_input.py (see there for why)."""
+"""DRF's JSON parser and JSONField with the nesting bound of modelport/core/json_input.py (see there for why)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from rest_framework import serializers
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
-from portal.json_input import MAX_DEPTH, TooDeep, check_depth
+from modelport.core.json_input import MAX_DEPTH, TooDeep, check_depth
 
 
 class BoundedJSONParser(JSONParser):

@@ -213,7 +213,8 @@ def _holds_nul(value: Any) -> bool:
     return False
 
 
-def _type_errors(fields: Mapping[str, serializers.Field[Any, Any, Any, Any]], data: Mapping[str, Any]) -> dict[str, Any]:
+def _type_errors(fields: Mapping[str, serializers.Field[Any, Any, Any, Any]],
+                 data: Mapping[str, Any]) -> dict[str, Any]:
     errors: dict[str, Any] = {}
     for name, field in fields.items():
         if not field.read_only and name in data:

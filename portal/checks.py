@@ -67,7 +67,7 @@ def s3_storage(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
 
 @register()
 def sandbox_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    from deployments.sandbox import memory_bytes
+    from modelport.core.sandbox import memory_bytes, scratch_bytes
 
     messages: list[CheckMessage] = []
     if settings.SANDBOX_REQUIRED and not settings.SANDBOX_ENABLED:
@@ -83,6 +83,11 @@ def sandbox_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
         except ValueError as exc:
             messages.append(Error(f"{name}: {exc}", hint="Write a memory quantity such as 512Mi or 4Gi.",
                                   id="modelport.E106"))
+    try:
+        scratch_bytes(settings.SANDBOX_SCRATCH_SIZE)
+    except ValueError as exc:
+        messages.append(Error(f"SANDBOX_SCRATCH_SIZE: {exc}", hint="Write a size such as 256Mi or 1Gi.",
+                              id="modelport.E106"))
     for port in settings.SANDBOX_EGRESS_PORTS:
         if not port.isdigit() or not 0 < int(port) < 65536:
             messages.append(Error(f"SANDBOX_EGRESS_PORTS must list TCP ports (1-65535), got {port!r}.",
@@ -94,8 +99,8 @@ def sandbox_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
 def kubernetes_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Quantities and egress rules go into every Triton pod: a typo is reported here, not in each rollout. With a
     cluster configured, what its rollouts would lack (S3 for the repositories, egress to reach it) is a warning."""
-    from deployments.quantity import CPU, MEMORY, QuantityError, check_quantity
     from deployments.runtimes.kubernetes.config import KubernetesConfig, parse_egress
+    from modelport.core.quantity import CPU, MEMORY, QuantityError, check_quantity
 
     messages: list[CheckMessage] = []
     for name, bounds in (("KUBERNETES_DEFAULT_CPU", CPU), ("KUBERNETES_DEFAULT_MEMORY", MEMORY),

@@ -1,7 +1,9 @@
-"""The Celery queues, in one place. Reconciliation and inspection run on queues of their own, so that uploads being
-inspected (up to TRIAL_RUN_TIMEOUT_SECONDS each) never hold back a rollout's ticks, and the other way round. A worker
-started without -Q consumes every queue declared here (portal/celery.py); an operator who wants dedicated workers
-starts them with `-Q reconcile` and `-Q inspection`."""
+"""The Celery queues, in one place, and the lanes (worker processes) that consume them (portal/lanes.py).
+
+Work that keeps deployments alive (reconcile ticks: start, stop, rollout, health) has a queue and worker processes
+of its own, so that nothing a team can make slow (an inspection that spins until its time limit, a pip build, an
+hour-long tune) ever holds back another team's stop. A worker started without -Q consumes every queue declared here
+(portal/celery.py); bin/run-portal, docker-compose and the Kubernetes manifests start one worker per lane."""
 
 from __future__ import annotations
 
@@ -11,9 +13,13 @@ from enum import StrEnum
 class Queue(StrEnum):
     # The reconciler's ticks and the periodic work on deployments: short tasks, latency-sensitive.
     RECONCILE = "reconcile"
-    # Inspection of uploaded versions, building python models' environments (pip), and housekeeping (expired
-    # uploads, idempotency records): may take minutes.
+    # Inspection of uploaded versions (bounded by INSPECTION_TIME_LIMIT_SECONDS, at most
+    # INSPECTION_MAX_ACTIVE_PER_TEAM queued or running per team) and housekeeping (expired uploads, idempotency
+    # records).
     INSPECTION = "inspection"
+    # Building python models' environments (pip, up to MODELPORT_PIP_TIMEOUT_SECONDS): a lane of its own, so that a
+    # team's builds never take the inspection slots of the others, nor the other way round.
+    BUILD = "build"
     # Tunes (tuning/tasks.py): each measures temporary Tritons for up to its budget, an hour at most.
     TUNE = "tune"
 
@@ -21,10 +27,13 @@ class Queue(StrEnum):
 # Where each task goes; anything not named goes to INSPECTION (the default queue), never ahead of a rollout.
 ROUTES: dict[str, dict[str, str]] = {
     # Exact names win over the patterns below: pip may run for minutes, never ahead of a tick.
-    "deployments.tasks.build_python_env": {"queue": Queue.INSPECTION},
-    # A short sweep: never queued behind an hour-long tune.
+    "deployments.tasks.build_python_env": {"queue": Queue.BUILD},
+    # Short sweeps: never queued behind an hour-long tune or a spinning inspection.
     "tuning.tasks.sweep_servers": {"queue": Queue.RECONCILE},
+    "models_registry.tasks.dispatch_inspections": {"queue": Queue.RECONCILE},
     "deployments.tasks.*": {"queue": Queue.RECONCILE},
+    # A canary's guardrails act within seconds of a window going bad: beside the ticks, never behind an inspection.
+    "gateway.tasks.check_canaries": {"queue": Queue.RECONCILE},
     "models_registry.tasks.*": {"queue": Queue.INSPECTION},
     "accounts.tasks.*": {"queue": Queue.INSPECTION},
     "tuning.tasks.*": {"queue": Queue.TUNE},

@@ -8,9 +8,9 @@ from typing import Any
 
 def beat_schedule(reconcile_interval: float, canary_check_interval: float = 5.0) -> dict[str, dict[str, Any]]:
     return {
-        # A canary's guardrails (deployments/canary.py): a rollback within seconds of a window going bad.
+        # A canary's guardrails (gateway/canary.py): a rollback within seconds of a window going bad.
         "check-canaries": {
-            "task": "deployments.tasks.check_canaries",
+            "task": "gateway.tasks.check_canaries",
             "schedule": canary_check_interval,
             "options": {"expires": canary_check_interval},
         },
@@ -26,6 +26,12 @@ def beat_schedule(reconcile_interval: float, canary_check_interval: float = 5.0)
             "schedule": 300.0,
             "options": {"expires": 300},
         },
+        # Shared servers (deployments/pools.py): models idle past their idle_unload_seconds are unloaded.
+        "unload-idle-pool-models": {
+            "task": "deployments.tasks.unload_idle_pool_models",
+            "schedule": 5.0,
+            "options": {"expires": 5},
+        },
         "sweep-orphan-tritons": {
             "task": "deployments.tasks.sweep_orphan_servers",
             "schedule": 30.0,
@@ -34,6 +40,12 @@ def beat_schedule(reconcile_interval: float, canary_check_interval: float = 5.0)
         # Temporary Tritons of tunes whose worker died mid-tune (tuning/runner.py).
         "sweep-tune-tritons": {
             "task": "tuning.tasks.sweep_servers",
+            "schedule": 30.0,
+            "options": {"expires": 30},
+        },
+        # Inspection slots (models_registry/dispatch.py): what the hard time limit killed or the broker lost.
+        "dispatch-inspections": {
+            "task": "models_registry.tasks.dispatch_inspections",
             "schedule": 30.0,
             "options": {"expires": 30},
         },

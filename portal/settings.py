@@ -13,13 +13,19 @@ the system checks in portal/checks.py (`manage.py check`, and `migrate` before e
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import dj_database_url
+import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
 from portal.env import env_bool, env_float, env_int, env_list, env_secret, env_str
 from portal.schedule import beat_schedule
+
+# Django's generic classes take their type arguments at run time too (`admin.ModelAdmin[Pool]`), as django-stubs
+# types them: the typed apps (mypy's strict overrides in pyproject.toml) subclass them with their model.
+django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("MODELPORT_VAR_DIR", str(BASE_DIR / "var"))).resolve()
@@ -173,7 +179,13 @@ ARTIFACT_ROOT = Path(env_str("ARTIFACT_ROOT", str(VAR_DIR / "artifacts"))).resol
 MAX_UPLOAD_SIZE = env_int("MAX_UPLOAD_SIZE", 20 * 1024**3, minimum=1)  # bytes, per artifact
 MAX_MULTIPART_UPLOAD_SIZE = env_int("MAX_MULTIPART_UPLOAD_SIZE", 100 * 1024**2, minimum=1)
 UPLOAD_EXPIRY_HOURS = env_int("UPLOAD_EXPIRY_HOURS", 24, minimum=1)
-# A tus PATCH whose body stops arriving for this long keeps what arrived and is answered 408 (models_registry/tus_asgi.py).
+# What one team's models, versions and uploads may hold (uploads count with their declared length), unless an
+# operator set the team its own (admin console: Team storage quotas); and the free space on ARTIFACT_ROOT's
+# filesystem that uploads never take, left for the database, logs and rendered repositories.
+TEAM_STORAGE_QUOTA_BYTES = env_int("TEAM_STORAGE_QUOTA_BYTES", 100 * 1024**3, minimum=0)
+STORAGE_FREE_SPACE_RESERVE_BYTES = env_int("STORAGE_FREE_SPACE_RESERVE_BYTES", 2 * 1024**3, minimum=0)
+# A tus PATCH whose body stops arriving for this long keeps what arrived and is answered 408
+# (models_registry/tus_asgi.py).
 UPLOAD_IDLE_TIMEOUT_SECONDS = env_int("UPLOAD_IDLE_TIMEOUT_SECONDS", 60, minimum=1)
 # Untrusted archives (SavedModel, python models): limits against zip bombs.
 ARCHIVE_MAX_ENTRIES = env_int("ARCHIVE_MAX_ENTRIES", 10_000, minimum=1)
@@ -203,9 +215,11 @@ else:
     # the longest task (an inspection with its trial run, the render of a large model), or Redis hands a running task
     # to a second worker. Reconcile ticks need no redelivery: beat queues them again from the database.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 1800, minimum=5)}
-# The filesystem broker gets the threads pool: billiard's blocking prefork pool (what Celery uses with it) hangs at
-# exit when SIGTERM reached its children too (portal/worker_shutdown.py). `-P` still overrides it.
-CELERY_WORKER_POOL = env_str("CELERY_WORKER_POOL", "threads" if CELERY_BROKER_URL.startswith("filesystem://") else "prefork")
+# Each lane of workers names its pool with -P (portal/lanes.py): prefork where time limits must hold (inspection),
+# threads elsewhere. Celery reads this setting before -P, so it is set only when the operator asks for one pool
+# everywhere (and then inspection time limits hold only if it is prefork).
+if env_str("CELERY_WORKER_POOL"):
+    CELERY_WORKER_POOL = env_str("CELERY_WORKER_POOL")
 RECONCILE_INTERVAL_SECONDS = env_float("RECONCILE_INTERVAL_SECONDS", 5.0, minimum=0.5)
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 # How often a serving canary's guardrails are looked at (deployments/canary.py).
@@ -221,15 +235,45 @@ TRITON_READY_TIMEOUT_SECONDS = env_float("TRITON_READY_TIMEOUT_SECONDS", 180.0, 
 ROLLOUT_DRAIN_SECONDS = env_float("ROLLOUT_DRAIN_SECONDS", 2.0, minimum=0)
 TRITON_RESPONSE_CACHE_BYTES = env_int("TRITON_RESPONSE_CACHE_BYTES", 64 * 1024**2, minimum=1)
 TRITON_STOP_GRACE_SECONDS = env_float("TRITON_STOP_GRACE_SECONDS", 10.0, minimum=1)
+# Logs of uploaded code (deployments/logtail.py): a model may print one line of gigabytes without a newline, so every
+# reader (the API and the page, the death report, a pod's log) reads at most LOG_TAIL_MAX_BYTES from the end and cuts
+# each line at LOG_LINE_MAX_BYTES; the API's `lines` goes up to LOG_MAX_LINES; events and statuses copy at most
+# LOG_EXCERPT_MAX_CHARS. On disk a local Triton's log and its one rotated file hold at most TRITON_LOG_MAX_BYTES.
+LOG_TAIL_MAX_BYTES = env_int("LOG_TAIL_MAX_BYTES", 1024**2, minimum=4096)
+LOG_LINE_MAX_BYTES = env_int("LOG_LINE_MAX_BYTES", 16 * 1024, minimum=256)
+LOG_MAX_LINES = env_int("LOG_MAX_LINES", 5000, minimum=1)
+LOG_EXCERPT_MAX_CHARS = env_int("LOG_EXCERPT_MAX_CHARS", 4000, minimum=200)
+TRITON_LOG_MAX_BYTES = env_int("TRITON_LOG_MAX_BYTES", 64 * 1024**2, minimum=1024**2)
 # Frameworks the runtime env should carry beyond ONNX ("torch", "tensorflow"): `make run`/`make runtime-env` install
 # them, and the `runtime_extras` check warns when the env lacks one. What serves is detected from the env itself
-# (deployments.frameworks), so a framework added by hand works too.
+# (modelport.core.frameworks), so a framework added by hand works too.
 MODELPORT_RUNTIME_EXTRAS = env_list("MODELPORT_RUNTIME_EXTRAS")
-# The TorchScript trial run at inspection (models_registry.trial_run): a subprocess in the runtime env, killed past
+# The TorchScript trial run at inspection (modelport.core.trial_run): a subprocess in the runtime env, killed past
 # these limits (importing torch alone takes a few seconds and about 1 GiB of address space). The time stays below
 # CELERY_VISIBILITY_TIMEOUT, so that Redis never hands a running inspection to a second worker.
 TRIAL_RUN_TIMEOUT_SECONDS = env_float("TRIAL_RUN_TIMEOUT_SECONDS", 50.0, minimum=5)
 TRIAL_RUN_MEMORY_MB = env_int("TRIAL_RUN_MEMORY_MB", 4096, minimum=1024)
+# A python model without requirements is called once at inspection, in a sandboxed Triton of its own, and refused
+# when its answer does not match its signature (models_registry/python_trial.py). Off: accepted unchecked.
+PYTHON_TRIAL_CALL = env_bool("PYTHON_TRIAL_CALL", True)
+# An inspection as a whole (hashing, reading the format, the trial run): past this many seconds Celery's soft limit
+# marks the version invalid, and INSPECTION_KILL_GRACE_SECONDS later its hard limit kills the worker's child process
+# (the inspection lane runs the prefork pool, portal/lanes.py). A version still validating after both (its child
+# was killed) is marked invalid by the periodic dispatch. Below CELERY_VISIBILITY_TIMEOUT, so that Redis never hands
+# a running inspection to a second worker.
+INSPECTION_TIME_LIMIT_SECONDS = env_float("INSPECTION_TIME_LIMIT_SECONDS", 300.0, minimum=5)
+INSPECTION_KILL_GRACE_SECONDS = env_float("INSPECTION_KILL_GRACE_SECONDS", 10.0, minimum=1)
+if INSPECTION_TIME_LIMIT_SECONDS <= TRIAL_RUN_TIMEOUT_SECONDS:
+    raise ImproperlyConfigured("INSPECTION_TIME_LIMIT_SECONDS must exceed TRIAL_RUN_TIMEOUT_SECONDS (the trial run is "
+                               "a part of the inspection)")
+_visibility = CELERY_BROKER_TRANSPORT_OPTIONS.get("visibility_timeout")
+if isinstance(_visibility, int) and INSPECTION_TIME_LIMIT_SECONDS + INSPECTION_KILL_GRACE_SECONDS >= _visibility:
+    raise ImproperlyConfigured("INSPECTION_TIME_LIMIT_SECONDS + INSPECTION_KILL_GRACE_SECONDS must stay below "
+                               "CELERY_VISIBILITY_TIMEOUT, or Redis hands a running inspection to a second worker")
+# Fairness between teams: at most this many of a team's uploads are queued or running for inspection; the others
+# wait in the database (status validating) and are queued as the team's own inspections finish, so that one team's
+# hundred uploads never take every inspection slot ahead of another team's one.
+INSPECTION_MAX_ACTIVE_PER_TEAM = env_int("INSPECTION_MAX_ACTIVE_PER_TEAM", 2, minimum=1)
 # Python models' requirements (deployments/pyenvs.py): one environment per requirement set under PYENVS_DIR, built
 # by a worker with pip, wheels only, from the operator's package source: MODELPORT_PIP_INDEX_URL (an index that
 # replaces PyPI, e.g. a mirror on an air-gapped network) and/or MODELPORT_PIP_FIND_LINKS (a wheelhouse directory or
@@ -257,6 +301,9 @@ SANDBOX_UID = env_int("SANDBOX_UID", 65534, minimum=1)
 SANDBOX_GID = env_int("SANDBOX_GID", 65534, minimum=1)
 # Each sandbox's private /dev/shm, where the python backend passes tensors (it counts toward the memory limit).
 SANDBOX_SHM_SIZE = env_str("SANDBOX_SHM_SIZE", "1Gi")
+# Each sandbox's scratch directory (HOME, TMPDIR, /tmp): a tmpfs of this size, so a model cannot fill the host's
+# disk; a write past it fails with ENOSPC, and what it holds counts toward the memory limit.
+SANDBOX_SCRATCH_SIZE = env_str("SANDBOX_SCRATCH_SIZE", "1Gi")
 SANDBOX_PIDS_MAX = env_int("SANDBOX_PIDS_MAX", 1024, minimum=64)  # processes and threads
 # The memory limit of a revision that sets no resources.memory ("" for none).
 SANDBOX_DEFAULT_MEMORY = env_str("SANDBOX_DEFAULT_MEMORY", "4Gi")
@@ -266,6 +313,82 @@ SANDBOX_EGRESS_PORTS = env_list("SANDBOX_EGRESS_PORTS", ["53", "80", "443"])
 SANDBOX_CGROUP_PARENT = env_str("SANDBOX_CGROUP_PARENT")
 # The orphan sweep stops a Triton of this var/ that no database row knows once it is this old.
 TRITON_ORPHAN_GRACE_SECONDS = env_float("TRITON_ORPHAN_GRACE_SECONDS", 60.0, minimum=5)
+
+# --- Shared servers (issue 24; deployments/pools.py, docs/pools.md) ---------------------------------------------
+# A deployment's placement when its request names none: "dedicated" (a Triton of its own) or "shared".
+DEPLOYMENT_DEFAULT_PLACEMENT = env_str("DEPLOYMENT_DEFAULT_PLACEMENT", "dedicated")
+POOLS_DIR = VAR_DIR / "pools"
+# The built-in pool `shared` on the local runtime (created at first use; the admin console changes it after that).
+POOL_SHARED_MEMORY_BUDGET = env_str("POOL_SHARED_MEMORY_BUDGET", "2Gi")
+POOL_SHARED_IDLE_UNLOAD_SECONDS = env_int("POOL_SHARED_IDLE_UNLOAD_SECONDS", 600, minimum=0)
+# A pool's Triton's cgroup memory limit is its budget plus this (Triton's own memory, beside its models').
+POOL_PROCESS_OVERHEAD = env_str("POOL_PROCESS_OVERHEAD", "512Mi")
+# How long the gateway holds the first request to an unloaded model while it loads, before a 503 with Retry-After.
+POOL_COLD_START_WAIT_SECONDS = env_float("POOL_COLD_START_WAIT_SECONDS", 10.0, minimum=0)
+# The gateway's cold starts run in an executor of their own this big (never the one for its route and token
+# lookups), and each team has at most this many of them in flight per gateway process (then 503, Retry-After).
+POOL_GATEWAY_LOAD_THREADS = env_int("POOL_GATEWAY_LOAD_THREADS", 2, minimum=1)
+POOL_GATEWAY_LOADS_PER_TEAM = env_int("POOL_GATEWAY_LOADS_PER_TEAM", 1, minimum=1)
+# Under memory pressure only models unused this long are evicted (least recently used first).
+POOL_EVICTION_MIN_IDLE_SECONDS = env_float("POOL_EVICTION_MIN_IDLE_SECONDS", 30.0, minimum=0)
+# Processes and threads a pool's Triton and its python-backend stubs may hold together (the cgroup's pids.max): a
+# loaded python-backend model costs about 45 (its stub's threads and Triton's own for it), so SANDBOX_PIDS_MAX (one
+# server's 1024) stopped a pool at 23 small models.
+POOL_PIDS_MAX = env_int("POOL_PIDS_MAX", 16384, minimum=64)
+
+# Another team's idle models are evicted for a load only once loaded this long (the team's own go first).
+POOL_EVICTION_MIN_RESIDENCY_SECONDS = env_float("POOL_EVICTION_MIN_RESIDENCY_SECONDS", 300.0, minimum=0)
+# The share of a pool open to every team that one team's loaded models may take (a team's own pool: all of it).
+POOL_TEAM_SHARE = env_float("POOL_TEAM_SHARE", 0.5, minimum=0.01)
+if POOL_TEAM_SHARE > 1:
+    raise ImproperlyConfigured(f"POOL_TEAM_SHARE is a share of a pool's budget, at most 1, got {POOL_TEAM_SHARE}")
+# A version never measured on this machine counts as its artifact's size times this until its first load.
+POOL_UNMEASURED_FACTOR = env_float("POOL_UNMEASURED_FACTOR", 2.0, minimum=1)
+# A pool's Triton that no deployment has had models in (loaded, loading or idle) for this long is stopped; the next
+# deployment into the pool starts it again. 0: it runs until `make stop-triton`.
+POOL_EMPTY_SERVER_STOP_SECONDS = env_float("POOL_EMPTY_SERVER_STOP_SECONDS", 300.0, minimum=0)
+
+# --- Resource ceilings (deployments/ceilings.py, docs/security.md "Resource ceilings") --------------------------
+# What a team may ask for is the operator's to set: per deployment (each server or pod) and per team (the sum over
+# its deployments that are not stopped, canaries counted, on each runtime). Quantities are Kubernetes' ("8Gi", "4");
+# 0: no ceiling beyond the planner's own bounds. Each team's quota in the admin (Teams -> quota) overrides any of
+# them. Left unset (""), the local runtime's memory ceilings (per deployment and per team) are this machine's memory
+# less LOCAL_MEMORY_RESERVE (for the portal, its database and the system) and its CPU ceiling per deployment is the
+# machine's cores: a limit above the machine is no limit at all, and one team alone cannot overcommit it.
+
+
+def _machine_memory_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError):
+        return 0
+
+
+def _quantity_setting(name: str, default: str = "") -> str:
+    """A Kubernetes quantity from the environment, checked here so that a typo stops the start, not a deploy."""
+    from modelport.core import quantity  # plain code (no Django): safe to import from the settings
+
+    value = env_str(name, default).strip()
+    if value:
+        try:
+            quantity.parse_quantity(value)
+        except quantity.QuantityError as exc:
+            raise ImproperlyConfigured(f"{name}: {exc}") from None
+    return value
+
+
+MACHINE_MEMORY_BYTES = _machine_memory_bytes()
+MACHINE_CPUS = os.cpu_count() or 1
+LOCAL_MEMORY_RESERVE = _quantity_setting("LOCAL_MEMORY_RESERVE", "2Gi")
+DEPLOYMENT_MAX_MEMORY = _quantity_setting("DEPLOYMENT_MAX_MEMORY")  # "": local, the machine less the reserve
+DEPLOYMENT_MAX_CPU = _quantity_setting("DEPLOYMENT_MAX_CPU")  # "": local, this machine's cores
+DEPLOYMENT_MAX_INSTANCES = env_int("DEPLOYMENT_MAX_INSTANCES", 16, minimum=0)  # model instances per server
+DEPLOYMENT_MAX_REPLICAS = env_int("DEPLOYMENT_MAX_REPLICAS", 0, minimum=0)  # 0: the planner's bound (100)
+DEPLOYMENT_MAX_GPUS = env_int("DEPLOYMENT_MAX_GPUS", 0, minimum=0)  # per replica; 0: the planner's bound (16)
+TEAM_MAX_MEMORY = _quantity_setting("TEAM_MAX_MEMORY")  # "": local, the machine less the reserve
+TEAM_MAX_CPU = _quantity_setting("TEAM_MAX_CPU")
+TEAM_MAX_GPUS = env_int("TEAM_MAX_GPUS", 0, minimum=0)
+TEAM_MAX_REPLICAS = env_int("TEAM_MAX_REPLICAS", 0, minimum=0)  # servers (pods) at once, autoscaling's maximum
 
 # --- Kubernetes runtime ----------------------------------------------------------------------------------
 # Deployments with runtime "kubernetes": Triton pods in a namespace per team, loading the model repository from
@@ -308,6 +431,8 @@ KUBERNETES_S3_SECRET_ACCESS_KEY = env_secret("KUBERNETES_S3_SECRET_ACCESS_KEY", 
 KUBERNETES_REPOSITORY_URL_SECONDS = env_int("KUBERNETES_REPOSITORY_URL_SECONDS", 24 * 3600, minimum=3600)
 # The init container's image (it runs `python3`); empty: the Triton image, which has it.
 KUBERNETES_FETCH_IMAGE = env_str("KUBERNETES_FETCH_IMAGE")
+# The namespace of the pools open to every team on the cluster (docs/pools.md); a team's own pool runs in its namespace.
+KUBERNETES_POOL_NAMESPACE = env_str("KUBERNETES_POOL_NAMESPACE", "modelport-pools")
 # Triton's pods may connect to DNS (in this namespace) and to these destinations only, e.g.
 # "10.0.5.0/24:9000,namespace=storage:9000": list the S3 endpoint, which the init container downloads from.
 KUBERNETES_TRITON_EGRESS = env_list("KUBERNETES_TRITON_EGRESS")
@@ -336,7 +461,8 @@ KUBERNETES_UNSCHEDULABLE_GRACE_SECONDS = env_int("KUBERNETES_UNSCHEDULABLE_GRACE
 # --- Inference gateway (/serve/) ------------------------------------------------------------------------
 # Counters shared by every web process (gateway rate limits, sign-in throttling). Empty: the broker's Redis when it
 # is one, else each process counts on its own.
-REDIS_URL = env_secret("REDIS_URL", CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else "")
+REDIS_URL = env_secret("REDIS_URL",
+                       CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else "")
 if REDIS_URL and not REDIS_URL.startswith(("redis://", "rediss://")):
     raise ImproperlyConfigured("REDIS_URL must be a redis:// or rediss:// URL")
 GATEWAY_MAX_BODY_BYTES = env_int("GATEWAY_MAX_BODY_BYTES", 256 * 1024**2, minimum=1)
@@ -352,10 +478,17 @@ GATEWAY_MAX_RESPONSE_BYTES = env_int("GATEWAY_MAX_RESPONSE_BYTES", 256 * 1024**2
 GATEWAY_MAX_TENSOR_BYTES = env_int("GATEWAY_MAX_TENSOR_BYTES", 256 * 1024**2, minimum=1)
 # Deeper JSON is refused before it reaches Triton, whose parser overflows its stack on ~300,000 levels.
 GATEWAY_MAX_JSON_DEPTH = env_int("GATEWAY_MAX_JSON_DEPTH", 64, minimum=4)
+# JSON requests' FP32/FP64 tensors go to Triton in the binary tensor extension, which it reads without parsing text
+# (gateway/json_body.py; same answers); false: the JSON is forwarded as sent.
+GATEWAY_TRANSCODE_JSON = env_bool("GATEWAY_TRANSCODE_JSON", True)
 # Request bodies on Django's paths are refused past this many bytes before Django reads (and spools) them; the
 # largest legitimate one is a multipart model upload. A tus PATCH may carry up to MAX_UPLOAD_SIZE.
 MAX_REQUEST_BODY_BYTES = env_int("MAX_REQUEST_BODY_BYTES", MAX_MULTIPART_UPLOAD_SIZE + 1024**2, minimum=1024)
-METRICS_TOKEN = env_secret("METRICS_TOKEN")  # empty: /metrics is open (keep it off the public ingress)
+# /metrics names every team's deployments and their traffic: with a token, scrapers must send it; without one it is
+# closed (403) unless METRICS_OPEN opens it to anyone who reaches it (a network only operators reach).
+METRICS_TOKEN = env_secret("METRICS_TOKEN")
+METRICS_OPEN = env_bool("METRICS_OPEN", False)
+# In production METRICS_OPEN without METRICS_TOKEN is refused: the system check modelport.E001 stops `migrate`.
 
 # --- REST API ---------------------------------------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -366,7 +499,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["accounts.permissions.IsTeamMember"],
     "DEFAULT_SCHEMA_CLASS": "portal.api_schema.AutoSchema",
     "EXCEPTION_HANDLER": "portal.api_errors.exception_handler",
-    # DRF's own three, with JSON nesting bounded (portal/json_input.py).
+    # DRF's own three, with JSON nesting bounded (modelport/core/json_input.py).
     "DEFAULT_PARSER_CLASSES": ["portal.api_json.BoundedJSONParser", "rest_framework.parsers.FormParser",
                                "rest_framework.parsers.MultiPartParser"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
@@ -386,7 +519,10 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "portal.api_schema.add_links"],
     "ENUM_NAME_OVERRIDES": {"FormatEnum": "models_registry.models.Format",
                             "ArtifactFormatEnum": "models_registry.api.ARTIFACT_FORMATS",
-                            "PipelineFormatEnum": "models_registry.api.PIPELINE_FORMATS"},
+                            "PipelineFormatEnum": "models_registry.api.PIPELINE_FORMATS",
+                            # A tune's fields appear in two components (a tune, and a tune with its applied changes).
+                            "TuneStatusEnum": "tuning.models.TuneRun.Status",
+                            "TuneSampleEnum": "tuning.models.TuneRun.Sample"},
 }
 
 LOGGING = {
@@ -409,7 +545,6 @@ SIGN_IN_LOCKOUT_SECONDS = env_int("SIGN_IN_LOCKOUT_SECONDS", 900, minimum=1)
 # Reverse proxies (ingress, load balancer) in front of the portal that append the client to X-Forwarded-For:
 # the client's address is the entry this far from the right. 0: the TCP peer's address (REMOTE_ADDR).
 NUM_PROXIES = env_int("NUM_PROXIES", 0, minimum=0)
-# In production /metrics must have METRICS_TOKEN: the system check modelport.E001 stops `migrate` and `check`.
 
 # --- gRPC inference gateway (manage.py grpc_gateway, started by bin/run-portal) ----------------------------------
 # Triton's gRPC protocol for tritonclient.grpc, with the HTTP gateway's access rules, limits and statistics. The
@@ -420,3 +555,26 @@ GATEWAY_GRPC_PORT = env_int("GATEWAY_GRPC_PORT", 8001, minimum=0)
 GATEWAY_GRPC_PUBLIC_ADDRESS = env_str("GATEWAY_GRPC_PUBLIC_ADDRESS", "")
 # Its Prometheus counters are its own process's: GET /metrics on this port (behind METRICS_TOKEN); 0: not served.
 GATEWAY_GRPC_METRICS_PORT = env_int("GATEWAY_GRPC_METRICS_PORT", 0, minimum=0)
+
+# --- Slow and greedy clients (docs/security.md, "Slow clients") ----------------------------------------------------
+# The web server (uvicorn with portal/web_server.py's protocol): a request's head (request line and headers) must
+# arrive whole within this many seconds of its first byte (or of the connection's opening), else 408 and closed.
+WEB_HEADER_TIMEOUT_SECONDS = env_float("WEB_HEADER_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+# A request body from which nothing arrives for this long (while the server is ready to read it) is answered 408.
+WEB_BODY_TIMEOUT_SECONDS = env_float("WEB_BODY_TIMEOUT_SECONDS", 60.0, minimum=0.1)
+# Open connections per client address (an IPv6 client's /64), and in all, per web process; past them a new
+# connection is answered 429 (503 for the total) and closed. Behind a reverse proxy every client is the proxy's
+# address: raise the first to the proxy's own connection count and cap per client there.
+WEB_MAX_CONNECTIONS_PER_CLIENT = env_int("WEB_MAX_CONNECTIONS_PER_CLIENT", 256, minimum=1)
+WEB_MAX_CONNECTIONS = env_int("WEB_MAX_CONNECTIONS", 10000, minimum=1)
+# A request answered before its body was read (401, 404, 413): the rest of the body is read and dropped so that the
+# client can read the answer, on the same connection when at most WEB_DRAIN_BYTES are left, else for at most
+# WEB_LINGER_SECONDS and WEB_DRAIN_BYTES after the answer, before the connection is closed.
+WEB_LINGER_SECONDS = env_float("WEB_LINGER_SECONDS", 10.0, minimum=0)
+WEB_DRAIN_BYTES = env_int("WEB_DRAIN_BYTES", 64 * 1024**2, minimum=0)
+# The gRPC gateway: a connection that has not finished its HTTP/2 handshake (preface and settings) within this many
+# seconds is closed; one without calls for GATEWAY_GRPC_IDLE_SECONDS is sent GOAWAY (clients reconnect when needed);
+# at most GATEWAY_GRPC_MAX_CONNECTIONS at once.
+GATEWAY_GRPC_HANDSHAKE_TIMEOUT_SECONDS = env_float("GATEWAY_GRPC_HANDSHAKE_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+GATEWAY_GRPC_IDLE_SECONDS = env_float("GATEWAY_GRPC_IDLE_SECONDS", 300.0, minimum=1)
+GATEWAY_GRPC_MAX_CONNECTIONS = env_int("GATEWAY_GRPC_MAX_CONNECTIONS", 10000, minimum=1)

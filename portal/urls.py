@@ -10,7 +10,7 @@ from accounts import api as accounts_api
 from accounts.signin import throttled
 from audit import api as audit_api
 from deployments import api as deployments_api
-from deployments import manifests_api
+from deployments import manifests_api, pools_api
 from gateway import api as gateway_api
 from models_registry import api as registry_api
 from models_registry import tus
@@ -40,6 +40,7 @@ api_v1 = [
     path("api/v1/uploads/", tus.UploadCreateView.as_view()),
     path("api/v1/uploads/<str:upload_id>", tus.UploadDetailView.as_view()),
     path("api/v1/uploads/<str:upload_id>/", tus.UploadDetailView.as_view()),
+    path("api/v1/pools/", pools_api.pools_list),
     path("api/v1/deployments/", deployments_api.deployments_list),
     path("api/v1/deployments/<str:name>/", deployments_api.deployment_detail),
     path("api/v1/deployments/<str:name>/stop", deployments_api.deployment_stop),

@@ -6,8 +6,10 @@ children, the pool replaced them before the main process noticed the shutdown, a
 for the task-queue lock that an idle replacement held while it waited for work, for ever (seen for 30 minutes in
 "Warm shutdown"; the next `make run` then shared the broker with it). So:
 
-- with the filesystem broker the worker runs the threads pool (portal/settings.py, CELERY_WORKER_POOL): no child
-  processes to be signalled;
+- with the filesystem broker, the children of a prefork pool (the inspection lane, portal/lanes.py: the pool
+  where time limits hold) ignore SIGTERM and SIGINT: a signal to the whole group reaches the main process alone,
+  whose warm shutdown ends the idle children and waits for a running inspection (bounded by its hard time limit,
+  or the supervisor's grace period and SIGKILL); the other lanes run the threads pool, with no children at all;
 - the reconciler never waits inside a task (one step per task, deployments/reconcile.py), so a stopping worker
   finishes its ticks within seconds (an inspection's trial run is bounded by TRIAL_RUN_TIMEOUT_SECONDS). Tasks are
   idempotent and level-triggered: the next worker carries on from what the database says, adopting what was
@@ -35,3 +37,14 @@ def _worker_stopping(**kwargs: Any) -> None:
             os.kill(child.pid, signal.SIGTERM)
         except (ProcessLookupError, TypeError):  # gone already; pid None: not started
             pass
+
+
+@signals.worker_process_init.connect
+def _child_ignores_group_signals(**kwargs: Any) -> None:
+    """Runs in each prefork child as it starts. Only with the filesystem broker: its blocking pool is the one that
+    hung when a child died of a group signal (Redis' asynchronous pool replaces dead children cleanly)."""
+    from django.conf import settings
+
+    if settings.CELERY_BROKER_URL.startswith("filesystem://"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

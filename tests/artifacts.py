@@ -25,6 +25,43 @@ def tiny_onnx(batch: bool = True, in_features: int = 4, out_features: int = 3) -
     return model.SerializeToString()
 
 
+
+def constant_folding_bomb_onnx(side: int) -> bytes:
+    """y = x + sum(C @ C) with C = ConstantOfShape([side, side]): a few hundred bytes of standard operators that a
+    constant-folding optimizer would evaluate at load (2 * side**3 FLOP, three side x side float tensors)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    nodes = [
+        helper.make_node("Constant", [], ["shape"],
+                         value=helper.make_tensor("s", TensorProto.INT64, [2], [side, side])),
+        helper.make_node("ConstantOfShape", ["shape"], ["big"],
+                         value=helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])),
+        helper.make_node("MatMul", ["big", "big"], ["product"]),
+        helper.make_node("ReduceSum", ["product"], ["total"], keepdims=0),
+        helper.make_node("Add", ["x", "total"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "bomb", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def onnx_with_unused_initializer(name: str) -> bytes:
+    """y = x (Identity), with an initializer no node uses, named `name`: onnxruntime's warning names it on stderr."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    unused = numpy_helper.from_array(np.zeros(1, np.float32), name)
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "unused", [x], [y], [unused])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
 PYTHON_MODEL = '''
 import numpy as np
 import triton_python_backend_utils as pb_utils

@@ -11,6 +11,7 @@ import pytest
 from django.conf import settings
 
 from tests import processes
+from tests.schema_world import World
 
 
 @pytest.fixture
@@ -95,13 +96,16 @@ def grpc_gateway(portal_url: str, tmp_path: Path) -> Iterator[GrpcGatewayProcess
 
 def _stop_leftover_servers() -> None:
     """A failed test must not leave Triton processes behind for the next one."""
-    from deployments.models import TritonServer
+    from deployments.models import Pool, TritonServer
+    from deployments.runtimes.local import pool
     from deployments.runtimes.local.runtime import clean_up
     from deployments.runtimes.local.triton import stop_server
 
     for server in TritonServer.objects.exclude(state=TritonServer.State.STOPPED):
         stop_server(server.pid, grace_seconds=2)
         clean_up(server)  # its sandbox's cgroups (they outlive this run's var/ otherwise) and scratch directory
+    for shared in Pool.objects.all():  # the pools' Tritons, which the orphan sweep keeps while their row says running
+        pool.stop_servers(shared)
     # A worker killed between spawning Triton and recording it leaves a process no row knows: find it by the
     # repository path, which lies under this test run's own var/.
     for proc in Path("/proc").iterdir():
@@ -110,13 +114,21 @@ def _stop_leftover_servers() -> None:
                 cmdline = (proc / "cmdline").read_bytes()
             except OSError:
                 continue
-            if b"tritonserver" in cmdline and str(settings.DEPLOYMENTS_DIR).encode() in cmdline:
+            if b"tritonserver" in cmdline and any(str(where).encode() in cmdline
+                                                  for where in (settings.DEPLOYMENTS_DIR, settings.POOLS_DIR)):
                 stop_server(int(proc.name), grace_seconds=2)
     # The cgroups their sandboxes left (named after this run's var/, which goes away with the run).
     from django.test import override_settings
 
-    from deployments.runtimes.local.runtime import sweep_orphans
+    from deployments.runtimes.local.sweeps import sweep_orphans
 
     with override_settings(TRITON_ORPHAN_GRACE_SECONDS=0):
         sweep_orphans()
     shutil.rmtree(Path(settings.DEPLOYMENTS_DIR), ignore_errors=True)
+    shutil.rmtree(Path(settings.POOLS_DIR), ignore_errors=True)
+
+
+@pytest.fixture
+def world(db: Any) -> World:
+    """The schema tests' world (tests/schema_world.py)."""
+    return World()

@@ -32,7 +32,8 @@ from tests.processes import ROOT, free_port, wait_for
 
 # The server the fault tests make their databases on (CI and this machine: the local PostgreSQL).
 POSTGRES_URL = os.environ.get("FAULTS_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
-_PG = re.match(r"postgres(?:ql)?://(?P<user>[^@:/]+)(?::(?P<password>[^@]*))?@(?P<host>[^:/]+):(?P<port>\d+)/", POSTGRES_URL)
+_PG = re.match(r"postgres(?:ql)?://(?P<user>[^@:/]+)(?::(?P<password>[^@]*))?@(?P<host>[^:/]+):(?P<port>\d+)/",
+               POSTGRES_URL)
 assert _PG is not None, f"FAULTS_POSTGRES_URL must be postgres://user[:password]@host:port/db, got {POSTGRES_URL!r}"
 PG_HOST, PG_PORT, PG_USER, PG_PASSWORD = _PG["host"], int(_PG["port"]), _PG["user"], _PG["password"] or ""
 
@@ -200,8 +201,10 @@ class Portal:
 
     def start_web(self) -> None:
         port = free_port()
-        self._start("web", [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1",
-                            "--port", str(port), "--no-access-log"])
+        from portal.web_server import UVICORN_HTTP
+
+        self._start("web", [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--http", UVICORN_HTTP,
+                            "--host", "127.0.0.1", "--port", str(port), "--no-access-log"])
         self.url = f"http://127.0.0.1:{port}"
         wait_for(lambda: self._answers("/healthz"), 30, what="the web server")
 
@@ -288,7 +291,7 @@ def portal_env(workdir: Path, database: str, broker: str, db_port: int = PG_PORT
            if not k.startswith(("DATABASE_URL", "CELERY_", "MODELPORT_", "ARTIFACT_ROOT", "DEBUG", "PYTEST"))}
     env.update({
         # The test settings: fast reconcile ticks (1 s) and drains, as the other end-to-end tests.
-        "DJANGO_SETTINGS_MODULE": "portal.test_settings",
+        "DJANGO_SETTINGS_MODULE": "portal.settings_test",
         "MODELPORT_VAR_DIR": str(workdir / "var"),
         "ARTIFACT_ROOT": str(workdir / "artifacts"),
         "DATABASE_URL": database_url(database, db_port),
@@ -324,7 +327,8 @@ def make_template(workdir: Path, name: str) -> Template:
 
 
 @contextlib.contextmanager
-def portal_on(workdir: Path, template: Template, database: str, broker: str, db_port: int = PG_PORT) -> Iterator[Portal]:
+def portal_on(workdir: Path, template: Template, database: str, broker: str,
+              db_port: int = PG_PORT) -> Iterator[Portal]:
     create_database(database, template=template.name)
     portal = Portal(workdir=workdir, env=portal_env(workdir, database, broker, db_port), token=template.token)
     try:

@@ -15,7 +15,7 @@ SETTINGS = Path(__file__).resolve().parent.parent / "portal" / "settings.py"
 
 
 def load_settings(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
-                  clear: tuple[str, ...] = ("DEBUG", "MODELPORT_", "SECRET_KEY", "METRICS_TOKEN", "ALLOWED_HOSTS",
+                  clear: tuple[str, ...] = ("DEBUG", "MODELPORT_", "SECRET_KEY", "METRICS_", "ALLOWED_HOSTS",
                                             "SECURE_")) -> ModuleType:
     """The settings module as a process started with the test run's environment, less the variables starting with
     `clear`, plus `env`. The environment is restored when the test ends (monkeypatch)."""

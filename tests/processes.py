@@ -14,6 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
+from portal.lanes import Lane
 from tests.markers import require
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,8 +22,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def process_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["DJANGO_SETTINGS_MODULE"] = "portal.test_settings"
+    env["DJANGO_SETTINGS_MODULE"] = "portal.settings_test"
     env["ARTIFACT_ROOT"] = str(settings.ARTIFACT_ROOT)
+    # The end-to-end tests scrape /metrics as a Prometheus on the operators' own network would: opened explicitly.
+    env.setdefault("METRICS_OPEN", "true")
     db = connection.settings_dict
     if db["ENGINE"].endswith("sqlite3"):
         env["MODELPORT_TEST_DB"] = str(db["NAME"])
@@ -42,6 +45,34 @@ def start(kind: str, log_path: Path, *args: str) -> subprocess.Popen[bytes]:
 def start_worker(log_path: Path) -> subprocess.Popen[bytes]:
     # Threads: several reconciles at once in one process, so kill -9 of this pid kills every task it runs.
     return start("worker", log_path, "-P", "threads", "--concurrency=4", "--without-gossip", "--without-mingle")
+
+
+def start_lanes(lanes: tuple[Lane, ...], logs: Path,
+                env: dict[str, str] | None = None) -> list[subprocess.Popen[bytes]]:
+    """Each lane's worker as bin/run-portal starts it (the same arguments), on the test's database and broker, with
+    `env` added to the settings; returns once every one is ready."""
+    require("worker", "starts real Celery workers")
+    started = []
+    for lane in lanes:
+        command = [sys.executable, "-m", "celery", "-A", "portal", "worker", *lane.worker_args(), "--loglevel=INFO",
+                   "--without-gossip", "--without-mingle"]
+        log = open(logs / f"worker-{lane.name}.log", "ab")  # noqa: SIM115 - kept open for the process' lifetime
+        started.append(subprocess.Popen(command, cwd=ROOT, env={**process_env(), **(env or {})}, stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True))
+    for lane in lanes:
+        log_path = logs / f"worker-{lane.name}.log"
+        wait_for(lambda: _says_ready(log_path), 60, what=f"the {lane.name} worker")  # noqa: B023 - waited on here
+    return started
+
+
+def _says_ready(log: Path) -> bool:
+    return " ready." in log.read_text(errors="replace")
+
+
+def print_logs(logs: Path, lines: int = 25) -> None:
+    """The last lines of each worker's log, for the test's output."""
+    for log in sorted(logs.glob("worker-*.log")):
+        print(f"--- {log.name} (last lines) ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:]))
 
 
 def start_beat(log_path: Path, schedule: Path) -> subprocess.Popen[bytes]:
@@ -80,21 +111,25 @@ def free_port() -> int:
     return pick_free_ports(1)[0]
 
 
-def start_web(log_path: Path, port: int) -> subprocess.Popen[bytes]:
-    """The portal as `make run` serves it: uvicorn running portal.asgi (Django plus the /serve/ gateway)."""
+def start_web(log_path: Path, port: int, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """The portal as `make run` serves it: uvicorn running portal.asgi (Django plus the /serve/ gateway) with the
+    guarded protocol (portal/web_server.py); `env` adds settings."""
+    from portal.web_server import UVICORN_HTTP
+
     require("worker", "starts the portal's web server process")
-    command = [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-               "--no-access-log"]
+    command = [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--http", UVICORN_HTTP,
+               "--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
     log = open(log_path, "ab")  # noqa: SIM115 - kept open for the process' lifetime
-    return subprocess.Popen(command, cwd=ROOT, env=process_env(), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(command, cwd=ROOT, env={**process_env(), **(env or {})}, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def start_grpc_gateway(log_path: Path, port: int, metrics_port: int = 0) -> subprocess.Popen[bytes]:
+def start_grpc_gateway(log_path: Path, port: int, metrics_port: int = 0,
+                       env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """The gRPC gateway as bin/run-portal starts it: `manage.py grpc_gateway`, a process of its own."""
     require("worker", "starts the portal's gRPC gateway process")
     command = [sys.executable, "manage.py", "grpc_gateway", "--host", "127.0.0.1", "--port", str(port),
                "--metrics-port", str(metrics_port)]
     log = open(log_path, "ab")  # noqa: SIM115 - kept open for the process' lifetime
-    return subprocess.Popen(command, cwd=ROOT, env=process_env(), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(command, cwd=ROOT, env={**process_env(), **(env or {})}, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)

@@ -36,20 +36,20 @@ def model_source(name: str) -> bytes:
 
 def python_version(person: Person, name: str, files: dict[str, bytes], signature: dict[str, Any]) -> ModelVersion:
     """A ready python model version through the real upload path (the inspection runs in-process)."""
+    from modelport.core.signature import parse_signature
     from models_registry import actions
-    from models_registry.inspection import inspect_version
-    from models_registry.signature import parse_signature
+    from models_registry.inspection import inspect_here
 
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         for filename, data in files.items():
             archive.writestr(filename, data)
     buffer.seek(0)
-    model = Model.objects.filter(team=person.team, name=name).first() or Model.objects.create(team=person.team, name=name)
+    model = (Model.objects.filter(team=person.team, name=name).first()
+             or Model.objects.create(team=person.team, name=name))
     version = actions.create_version_from_file(model, person.user, buffer, "model.zip", declared_format="python",
                                                signature=parse_signature(signature))
-    inspect_version(version.pk)
-    version.refresh_from_db()
+    version = inspect_here(version.pk)
     assert version.status == "ready", version.error
     return version
 

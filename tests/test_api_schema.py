@@ -14,7 +14,6 @@ from drf_spectacular.generators import SchemaGenerator
 
 from conftest import Person
 from deployments.models import Deployment
-from deployments.tests.conftest import digits_v1  # noqa: F401 - shared fixture
 from models_registry.models import Model, Upload
 from tests.artifacts import tiny_onnx
 
@@ -42,7 +41,8 @@ def test_every_operation_documents_the_errors_every_call_can_get(schema: dict[st
             assert {"400", "413", "415"} <= set(responses), (method, path)
         for code, response in responses.items():
             if code >= "400":
-                [content] = {media: c for media, c in response["content"].items() if media == "application/json"}.values()
+                [content] = {media: c for media, c in response["content"].items()
+                             if media == "application/json"}.values()
                 assert content["schema"] == {"$ref": "#/components/schemas/Error"}, (method, path, code)
 
 
@@ -137,7 +137,7 @@ def test_a_json_value_of_the_wrong_type_is_refused_not_coerced(alice: Person, bo
     ({"models": [{"model": 5}]}, "models[0].model", "Not a valid string."),
     ({"runtime": 1}, "runtime", '"1" is not a valid choice.'),
 ])
-@pytest.mark.usefixtures("digits_v1")
+@pytest.mark.usefixtures("digits")
 def test_nested_values_of_the_wrong_type_are_refused_naming_the_field(alice: Person, change: dict[str, Any], field: str,
                                                                       message: str) -> None:
     body = {"name": "digits-prod", "models": [{"model": "digits"}], **change}
@@ -147,10 +147,11 @@ def test_nested_values_of_the_wrong_type_are_refused_naming_the_field(alice: Per
     assert not Deployment.objects.exists()
 
 
-@pytest.mark.usefixtures("digits_v1")
+@pytest.mark.usefixtures("digits")
 def test_the_right_types_still_pass_and_form_data_is_still_text(alice: Person) -> None:
     response = alice.client().post("/api/v1/deployments/", {
-        "name": "digits-prod", "replicas": 1, "models": [{"model": "digits", "max_batch_size": 8, "response_cache": True,
+        "name": "digits-prod", "replicas": 1,
+        "models": [{"model": "digits", "max_batch_size": 8, "response_cache": True,
                                                           "dynamic_batching": {"preferred_batch_size": [4]}}]},
         format="json")
     assert response.status_code == 201, response.json()

@@ -1,7 +1,8 @@
-"""The serving benchmark's CNN in three formats (bench/serving/run.py, workloads.py): the TorchScript and SavedModel
-endpoints are deployed with configuration e's settings, named for what they serve, left out (with the command that
-adds the framework) when the runtime env lacks it, and reported side by side with ONNX. No server runs here: the
-tables come from a results document made up for the test (the benchmark itself runs the servers, `make bench`)."""
+"""The serving benchmark's CNN in three formats (bench/serving/run.py, endpoints.py, report.py, workloads.py): the
+TorchScript and SavedModel endpoints are deployed with configuration e's settings, named for what they serve, left
+out (with the command that adds the framework) when the runtime env lacks it, and reported side by side with ONNX.
+No server runs here: the tables come from a results document made up for the test (the benchmark itself runs the
+servers, `make bench`)."""
 
 from __future__ import annotations
 
@@ -11,21 +12,25 @@ from typing import Any
 
 import pytest
 
-from bench.serving import run
+from bench.serving import endpoints, report, run
 from bench.serving.workloads import FORMATS, WORKLOADS
 
 DIGITS, RESNET, MINILM = WORKLOADS[1], WORKLOADS[2], WORKLOADS[3]
 
 
 def test_endpoint_names_say_which_deployment_and_format_they_measure() -> None:
-    assert run.modelport_endpoint("e-torchscript-gateway") == ("e-torchscript", "torchscript")
-    assert run.modelport_endpoint("e-savedmodel-direct") == ("e-savedmodel", "savedmodel")
-    assert run.modelport_endpoint("e-gateway-json") == ("e", None)
-    assert run.modelport_endpoint("d-direct") == ("d", None)
-    assert run.modelport_endpoint("a") is None
-    assert run.modelport_endpoint("mlserver") is None
-    for server in run.FORMAT_SERVERS:
-        assert server in run.SERVERS
+    assert endpoints.modelport_endpoint("e-torchscript-gateway") == ("e-torchscript", "torchscript")
+    assert endpoints.modelport_endpoint("e-savedmodel-direct") == ("e-savedmodel", "savedmodel")
+    assert endpoints.modelport_endpoint("e-gateway-json") == ("e", None)
+    assert endpoints.modelport_endpoint("d-direct") == ("d", None)
+    assert endpoints.modelport_endpoint("a") is None
+    assert endpoints.modelport_endpoint("mlserver") is None
+    # Written out, not derived: SERVERS is built from FORMAT_SERVERS, so "each is in SERVERS" could never fail.
+    assert endpoints.FORMAT_SERVERS == ("e-torchscript-gateway", "e-torchscript-direct", "e-savedmodel-gateway",
+                                  "e-savedmodel-direct")
+    for server in endpoints.FORMAT_SERVERS:
+        deployment, fmt = endpoints.modelport_endpoint(server) or ("", None)
+        assert fmt in FORMATS and deployment == f"e-{fmt}", server
 
 
 def test_the_other_formats_deploy_with_the_onnx_cnns_batching_settings() -> None:
@@ -43,9 +48,9 @@ def test_the_other_formats_deploy_with_the_onnx_cnns_batching_settings() -> None
 
 
 def test_only_the_cnn_is_measured_in_other_formats() -> None:
-    assert not set(run.selected_servers(DIGITS, list(run.SERVERS))) & set(run.FORMAT_SERVERS)
-    assert not set(run.selected_servers(MINILM, list(run.SERVERS))) & set(run.FORMAT_SERVERS)
-    assert set(run.FORMAT_SERVERS) <= set(run.selected_servers(RESNET, list(run.SERVERS)))
+    assert not set(run.selected_servers(DIGITS, list(endpoints.SERVERS))) & set(endpoints.FORMAT_SERVERS)
+    assert not set(run.selected_servers(MINILM, list(endpoints.SERVERS))) & set(endpoints.FORMAT_SERVERS)
+    assert set(endpoints.FORMAT_SERVERS) <= set(run.selected_servers(RESNET, list(endpoints.SERVERS)))
     with pytest.raises(ValueError, match="served as ONNX only"):
         DIGITS.deploy_models("e", 0, "torchscript")
 
@@ -94,7 +99,7 @@ def _document() -> dict[str, Any]:
 
 
 def test_the_report_puts_the_three_formats_side_by_side() -> None:
-    table = run.markdown(_document())
+    table = report.markdown(_document())
     assert "#### The CNN in three formats" in table
     assert "queue delay 0 µs, 2 instances" in table
     assert ("| ONNX | e-gateway | 1000 (900–1100) | 3000 (2700–3300) | 10.0 | 20.0 | 0.40 | 0.12 | 0.62 | 3.5 | 0 |"
@@ -110,8 +115,8 @@ def test_the_report_puts_the_three_formats_side_by_side() -> None:
 def test_a_run_without_other_formats_has_no_format_table() -> None:
     document = _document()
     summary = document["workloads"][0]["summary"]
-    summary["rows"] = [r for r in summary["rows"] if r["server"] not in run.FORMAT_SERVERS]
-    assert "three formats" not in run.markdown(document)
+    summary["rows"] = [r for r in summary["rows"] if r["server"] not in endpoints.FORMAT_SERVERS]
+    assert "three formats" not in report.markdown(document)
 
 
 def test_every_endpoint_has_a_style_in_the_plots() -> None:
@@ -120,5 +125,5 @@ def test_every_endpoint_has_a_style_in_the_plots() -> None:
     tables = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
               if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
               and node.targets[0].id in ("STYLE", "LABELS")}
-    assert set(run.SERVERS) <= set(tables["STYLE"])
-    assert set(run.SERVERS) <= set(tables["LABELS"])
+    assert set(endpoints.SERVERS) <= set(tables["STYLE"])
+    assert set(endpoints.SERVERS) <= set(tables["LABELS"])

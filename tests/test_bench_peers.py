@@ -1,7 +1,7 @@
-"""The serving benchmark's peers (bench/serving/peers.py, run.py): every peer is sent the same tensor in its own
-request format and its answer is read back as the workload's outputs; the tables and the issue's targets compare
-Modelport with the best peer. No server runs here: the requests and answers are checked as bytes, the tables from
-a results document made up for the test (the benchmark itself runs the servers, `make bench`)."""
+"""The serving benchmark's peers (bench/serving/peers.py, run.py, report.py): every peer is sent the same tensor in
+its own request format and its answer is read back as the workload's outputs; the tables and the issue's targets
+compare Modelport with the best peer. No server runs here: the requests and answers are checked as bytes, the tables
+from a results document made up for the test (the benchmark itself runs the servers, `make bench`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.serving import batch_log, peers, run
+from bench.serving import batch_log, endpoints, peers, report, run
 from bench.serving.batch_log import BatchLog
 from bench.serving.kserve import HEADER_LENGTH, decode_request, encode_response
 from bench.serving.workloads import MINILM_SENTENCE, WORKLOADS
@@ -78,9 +78,9 @@ def test_a_peer_error_body_is_not_mistaken_for_an_answer() -> None:
 
 
 def test_the_peers_and_json_endpoints_skip_the_digits_workload() -> None:
-    chosen = run.selected_servers(DIGITS, list(run.SERVERS))
+    chosen = run.selected_servers(DIGITS, list(endpoints.SERVERS))
     assert not set(chosen) & {*peers.PEERS, "e-gateway-json"}
-    assert run.selected_servers(RESNET, list(run.SERVERS)) == list(run.SERVERS)
+    assert run.selected_servers(RESNET, list(endpoints.SERVERS)) == list(endpoints.SERVERS)
     assert run.selected_servers(RESNET, ["e-gateway", "mlserver"]) == ["mlserver", "e-gateway"]
 
 
@@ -106,7 +106,7 @@ def _document() -> dict[str, Any]:
 
 
 def test_the_targets_compare_modelport_with_the_best_peer_by_throughput() -> None:
-    checks = run.peer_targets(_document()["workloads"])
+    checks = report.peer_targets(_document()["workloads"])
     values = {c["target"]: (c["value"], c["met"]) for c in checks}
     # The best peer is bentoml (400 req/s), not litserve, which has the lowest p99.
     assert values["throughput of e-gateway / best peer (bentoml) at concurrency 32 >= 2.5"] == (3.0, True)
@@ -115,10 +115,24 @@ def test_the_targets_compare_modelport_with_the_best_peer_by_throughput() -> Non
     assert values["p99 of best peer (bentoml) / p99 of e-gateway-json at concurrency 32 >= 2.6"] == (2.5, False)
 
 
+def test_the_gateway_targets_read_its_cpu_per_json_request_and_binary_against_direct() -> None:
+    document = _document()
+    rows = document["workloads"][0]["summary"]["rows"]
+    rows[4]["cpu_ms_per_request"] = {"loadgen": 0.3, "gateway": 0.45, "triton": 2.0, "machine": 3.0}
+    rows += [_row("e-gateway", 16, 900, 20), _row("e-direct", 16, 1000, 18)]  # p50s: 10 and 9 ms
+    values = {c["target"]: (c["value"], c["met"]) for c in report.peer_targets(document["workloads"])}
+    assert values["gateway CPU ms per e-gateway-json request at concurrency 32 <= 0.6"] == (0.45, True)
+    assert values["throughput of e-gateway / e-direct at concurrency 16 >= 0.85"] == (0.9, True)
+    assert values["p50 of e-gateway - p50 of e-direct at concurrency 16 <= 0.5 ms"] == (1.0, False)
+    # Without those runs (no 16 clients, no gateway CPU recorded) the rows are left out, not made up.
+    assert not [c for c in report.peer_targets(_document()["workloads"]) if "gateway CPU" in c["target"]
+                or "e-direct" in c["target"]]
+
+
 def test_the_tables_have_a_row_per_peer_and_the_comparison() -> None:
     for result in _document()["workloads"]:
-        assert run.best_peer(result["summary"], 32)["server"] == "bentoml"
-    table = run.markdown(_document())
+        assert report.best_peer(result["summary"], 32)["server"] == "bentoml"
+    table = report.markdown(_document())
     for peer in peers.PEERS:
         assert f"\n| {peer} | " in table
     assert "| mlserver: MLServer, custom MLModel runtime, adaptive batching | 1.7.1 | 1.32.0, 2.4.6 |" in table
@@ -126,7 +140,8 @@ def test_the_tables_have_a_row_per_peer_and_the_comparison() -> None:
     assert "| 2 resnet | bentoml | 400 | 150.0 | e-gateway | 1200 | 40.0 | 3.00x | 3.75x |" in table
     assert "litserve 0.21" in table
     assert "| mlserver | 0.10 | 0.00 | 1.00 | 0.10 | 5.5, —, — |" in table  # its batches, from batch_log
-    assert "| resnet | throughput of e-gateway-json / best peer (bentoml) at concurrency 32 >= 2.5 | 2.25 | no |" in table
+    assert ("| resnet | throughput of e-gateway-json / best peer (bentoml) at concurrency 32 >= 2.5 | 2.25 | no |"
+            in table)
 
 
 def test_a_batch_window_of_zero_is_refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -32,7 +32,8 @@ def test_the_table_gives_medians_and_on_off_ratios() -> None:
                  _document(True, 110, 0.45)]
     table = sandbox_compare.table(documents)
     # Medians: off 110/s and 0.5 ms, on 100/s and 0.5 ms at 1 client; 8x the rates at 8 clients.
-    assert "| resnet | e-direct | 1 | 110 (100–120) | 100 (90–110) | 0.91 | 10.0 | 10.0 | 0.500 | 0.500 | 1.00 |" in table
+    assert ("| resnet | e-direct | 1 | 110 (100–120) | 100 (90–110) | 0.91 | 10.0 | 10.0 | 0.500 | 0.500 | 1.00 |"
+            in table)
     assert "| resnet | e-direct | 8 | 880 (800–960) | 800 (720–880) | 0.91 |" in table
     assert "throughput 0.91 over 2 cells" in table
     assert "with more than one client 1.00 over 1 cells" in table

@@ -3,7 +3,8 @@ real portal: uvicorn, a Celery worker and beat, and Triton. Screenshots of the m
 
 test_the_newcomer_path walks what a new user does in the first ten minutes (issue 14): the sample button, Try it,
 the curl snippet run as copied, a pipeline created from its JSON, deployed and tried with the sample PNG, and the
-same pages at phone width."""
+same pages at phone width. test_each_kind_of_bad_file_says_what_it_is_and_leaves_nothing and
+test_tune_apply_lists_its_changes_and_asks_before_narrowing prove issue 25 ("Nothing silent") on the page."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,7 +84,8 @@ def upload(page: Any, portal_url: str, model: str, path: Path) -> None:
     page.click("#upload-submit")
 
 
-def test_sign_in_upload_deploy_try_it_and_stop(browser: Any, alice_user: Person, portal_url: str, tmp_path: Path) -> None:
+def test_sign_in_upload_deploy_try_it_and_stop(browser: Any, alice_user: Person, portal_url: str,
+                                               tmp_path: Path) -> None:
     from models_registry.samples import digits_holdout, make_digits_onnx
 
     sample = tmp_path / "digits.onnx"
@@ -142,7 +145,8 @@ def test_sign_in_upload_deploy_try_it_and_stop(browser: Any, alice_user: Person,
     history = page.inner_text("#revision-history")
     assert "digits: queue delay 2,000 µs (2 ms) → 3,000 µs (3 ms)" in history
     assert "digits: 1 CPU instance → 2 CPU instances" in history
-    assert "3,000 µs" in page.inner_text("#settings-digits") and "2 CPU instances" in page.inner_text("#settings-digits")
+    settings_text = page.inner_text("#settings-digits")
+    assert "3,000 µs" in settings_text and "2 CPU instances" in settings_text
 
     page.goto(f"{portal_url}/models/")
     shot(page, "models")
@@ -156,7 +160,8 @@ def test_sign_in_upload_deploy_try_it_and_stop(browser: Any, alice_user: Person,
     assert Deployment.objects.get(name="digits-prod").desired_state == "stopped"
 
 
-def test_an_upload_interrupted_half_way_resumes(browser: Any, alice_user: Person, portal_url: str, tmp_path: Path) -> None:
+def test_an_upload_interrupted_half_way_resumes(browser: Any, alice_user: Person, portal_url: str,
+                                                tmp_path: Path) -> None:
     from tests.artifacts import tiny_onnx
 
     big = tmp_path / "wide.onnx"
@@ -165,7 +170,8 @@ def test_an_upload_interrupted_half_way_resumes(browser: Any, alice_user: Person
     dropped: list[str] = []
 
     def drop_second_patch(route: Any) -> None:
-        if route.request.method == "PATCH" and route.request.headers.get("upload-offset") not in (None, "0") and not dropped:
+        if (route.request.method == "PATCH" and route.request.headers.get("upload-offset") not in (None, "0")
+                and not dropped):
             dropped.append(route.request.headers["upload-offset"])
             route.abort("connectionreset")  # the network drops mid-upload
         else:
@@ -184,7 +190,8 @@ def test_another_teams_user_cannot_reach_the_deployment_page(browser: Any, alice
     from deployments.tests.conftest import make_ready_version
 
     make_ready_version(alice_user)
-    response = alice_user.client().post("/api/v1/deployments/", {"name": "digits-prod", "models": [{"model": "digits"}]},
+    response = alice_user.client().post("/api/v1/deployments/",
+                                        {"name": "digits-prod", "models": [{"model": "digits"}]},
                                         format="json")
     assert response.status_code == 201
     make_person("charlie", "globex")
@@ -234,7 +241,8 @@ def test_a_new_token_is_shown_once_and_failed_sign_ins_are_throttled(browser: An
     guesser.context.close()
 
 
-def test_a_refused_first_upload_leaves_no_model(browser: Any, alice_user: Person, portal_url: str, tmp_path: Path) -> None:
+def test_a_refused_first_upload_leaves_no_model(browser: Any, alice_user: Person, portal_url: str,
+                                                tmp_path: Path) -> None:
     """The page created the model before uploading: a refused file left an empty model behind. Now the model comes
     with its first version, and a bad name is caught before any byte is sent."""
     from models_registry.models import Model, Upload
@@ -249,7 +257,7 @@ def test_a_refused_first_upload_leaves_no_model(browser: Any, alice_user: Person
     page.fill("#id_name", "notes")
     page.click("#upload-submit")
     page.wait_for_selector("#id_file_error", timeout=60_000)
-    assert "detect the model format" in page.inner_text("#id_file_error")
+    assert "but it is text, not a model" in page.inner_text("#id_file_error")
     assert not Model.objects.filter(name="notes").exists()
 
 
@@ -269,7 +277,8 @@ def wait_output(page: Any, text: str, timeout: int = 60_000) -> str:
     return str(page.inner_text("#try-it-output"))
 
 
-def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, tmp_path: Path) -> None:
+def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, grpc_gateway: Any,
+                           tmp_path: Path) -> None:
     """Sample button -> Try it -> the curl snippet copied and run -> a pipeline created from its JSON in the UI ->
     deployed -> Try it with the sample PNG; then the dashboard and deployment page at phone width."""
     from models_registry.samples import (
@@ -320,9 +329,45 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, tm
     assert ran.returncode == 0, ran.stderr
     answer = json.loads(ran.stdout)
     assert next(o for o in answer["outputs"] if o["name"] == "label")["data"] == [SAMPLE_DIGIT_LABEL]
+    # The Python snippet as shown, and its gRPC twin against this test's gRPC gateway: the same 7, not zeros' 4.
+    from web import grpc_snippet
+
+    page.goto(f"{portal_url}/deployments/digits/")
+    python = page.inner_text("#snippet-python-digits")
+    for code in (python, grpc_snippet.python_grpc_snippet(python, grpc_gateway.address, False, "digits")):
+        ran = subprocess.run([sys.executable, "-c", code], env={**os.environ, "MODELPORT_TOKEN": token},
+                             capture_output=True, text=True, timeout=60)
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stdout.splitlines()[0] == f"[[{SAMPLE_DIGIT_LABEL}]]", ran.stdout
+    # Both samples stay one click away on the dashboard now that the team has a model.
+    page.goto(f"{portal_url}/")
+    page.wait_for_selector("#deployments-table")
+    assert page.inner_text("#sample-digits") == "Open the sample digits classifier"
+    assert page.inner_text("#sample-pipeline") == "Deploy the sample image pipeline"
+
+    # A canary from the edit form, with its guardrails; the panel compares both revisions since it began.
+    page.goto(f"{portal_url}/deployments/digits/edit/")
+    page.wait_for_selector("#deploy-form")
+    assert page.input_value("#id_canary_window_seconds") == "120"
+    assert page.input_value("#id_canary_min_requests") == "100"
+    page.fill("#id_m0-instance_count", "2")
+    page.fill("#id_canary_percent", "20")
+    page.fill("#id_canary_window_seconds", "300")
+    page.fill("#id_canary_min_requests", "200")
+    page.fill("#id_canary_max_error_percent", "2")
+    page.click("#deploy-submit")
+    page.wait_for_url(f"{portal_url}/deployments/digits/")
+    page.wait_for_selector("#canary-panel")
+    assert "2.0% errors" in page.inner_text("#canary-guardrails-note")
+    assert "over 300 s (at least 200 requests)" in page.inner_text("#canary-guardrails-note")
+    page.wait_for_selector("#canary-promote", timeout=120_000)  # it serves
+    assert "since the canary began serving" in page.inner_text("#canary-since")
+    page.click("#canary-rollback")
+    page.wait_for_function("!document.getElementById('canary-panel')", timeout=60_000)
     # Triton's own metadata agrees with the signature the page shows.
     metadata = subprocess.run(["curl", "-sS", "-H", f"Authorization: Bearer {token}",
-                               f"{portal_url}/serve/digits/v2/models/digits"], capture_output=True, text=True, timeout=60)
+                               f"{portal_url}/serve/digits/v2/models/digits"], capture_output=True, text=True,
+                              timeout=60)
     served = {t["name"]: t["shape"] for t in json.loads(metadata.stdout)["outputs"]}
     assert served == {"label": [-1, 1], "probabilities": [-1, 10]}
     # Without a clipboard (plain http on another host): the text is selected and the button says how to copy.
@@ -364,6 +409,9 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, tm
     make_preprocess_zip(tmp_path / "preprocess.zip")
     make_postprocess_zip(tmp_path / "postprocess.zip")
     make_digits_pipeline_json(tmp_path / "digits-pipeline.json")
+    # A new model's name is checked without asking the API for a model that does not exist (a 404 in the console).
+    not_found: list[str] = []
+    page.on("response", lambda response: not_found.append(response.url) if response.status == 404 else None)
     for step in ("preprocess", "postprocess"):
         page.goto(f"{portal_url}/models/upload/")
         page.wait_for_selector("body[data-js=ready]", state="attached")
@@ -372,9 +420,11 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, tm
         page.wait_for_selector("#signature-editor:not([hidden])")
         page.set_input_files("#signature-import", str(tmp_path / f"{step}.signature.json"))
         page.wait_for_function("document.getElementById('id_signature').value !== ''")
-        assert json.loads(page.input_value("#id_signature")) == json.loads((tmp_path / f"{step}.signature.json").read_text())
+        expected = json.loads((tmp_path / f"{step}.signature.json").read_text())
+        assert json.loads(page.input_value("#id_signature")) == expected
         page.click("#upload-submit")
         page.wait_for_selector("#upload-deploy:not([hidden])", timeout=60_000)
+    assert not not_found, not_found
     # The same bytes again, and a signature that differs from version 1's: both said before anything is sent.
     page.goto(f"{portal_url}/models/upload/")
     page.wait_for_selector("body[data-js=ready]", state="attached")
@@ -398,10 +448,11 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, tm
     broken = json.loads((tmp_path / "digits-pipeline.json").read_text())
     broken["steps"][1]["input_map"] = {"input": "pixels"}
     page.click("#pipeline-paste")
+    assert page.is_hidden("#drop-zone")  # a pipeline has no file
     page.fill("#id_name", "digits-pipeline")
     page.fill("#pipeline-definition", json.dumps(broken))
     page.wait_for_selector("#pipeline-problems")
-    assert "Step 1 · digits" in page.inner_text("#pipeline-problems")
+    assert "Step 2 · digits" in page.inner_text("#pipeline-problems")
     assert "input input" in page.inner_text("#pipeline-problems")
     assert page.query_selector("#pipeline-preview .pipeline-step.has-error[data-step='1']") is not None
     page.set_input_files("#id_file", str(tmp_path / "digits-pipeline.json"))  # the file replaces what was pasted
@@ -413,6 +464,8 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, tm
     shot(page, "pipeline")
     page.click("#upload-submit")
     page.wait_for_selector("#upload-deploy:not([hidden])")
+    # Saved once: the button cannot make a second, identical version.
+    assert page.is_disabled("#upload-submit") and page.inner_text("#upload-submit") == "Pipeline created"
     page.click("#upload-deploy")
     page.wait_for_selector("#deploy-form")
     assert page.query_selector("#id_m0-instance_count") is None and page.is_visible("#m0-pipeline-settings")
@@ -440,12 +493,14 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, tm
     assert "NVML" not in page.inner_text("#triton-log")
 
     # 5. Traffic: a request Triton refuses shows as a status code; the dashboard counts the same window.
-    page.fill("#try-it-input", '{"inputs": [{"name": "image", "shape": [1, 2], "datatype": "BYTES", "data": ["a", "b"]}]}')
+    page.fill("#try-it-input",
+              '{"inputs": [{"name": "image", "shape": [1, 2], "datatype": "BYTES", "data": ["a", "b"]}]}')
     page.set_input_files("#try-it-file-digits-pipeline-image", [])
     page.click("#try-it-send")
     page.wait_for_function("document.getElementById('try-it-latency').textContent.startsWith('HTTP 4')")
     page.reload()
-    page.wait_for_function("document.getElementById('metrics-codes') && !document.getElementById('metrics-codes').hidden"
+    page.wait_for_function("document.getElementById('metrics-codes') && "
+                           "!document.getElementById('metrics-codes').hidden"
                            " && document.getElementById('metrics-codes').textContent.includes('HTTP 400')",
                            timeout=60_000)
     assert "last 5 minutes" in page.inner_text("#metrics-summary")
@@ -466,7 +521,8 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, tm
         phone.goto(f"{portal_url}{path}")
         phone.wait_for_selector("body[data-js=ready]", state="attached")
         assert phone.evaluate(NO_HORIZONTAL_OVERFLOW), path
-    assert phone.is_visible(".pipeline-diagram .diagram-down svg") and phone.is_hidden(".pipeline-diagram .diagram-across")
+    assert phone.is_visible(".pipeline-diagram .diagram-down svg")
+    assert phone.is_hidden(".pipeline-diagram .diagram-across")
     assert phone.evaluate("(() => { const f = document.querySelector('.pipeline-diagram');"
                           " const s = f.querySelector('.diagram-down svg').getBoundingClientRect();"
                           " const svg = f.querySelector('.diagram-down svg');"
@@ -475,3 +531,168 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, tm
     phone.goto(f"{portal_url}/deployments/digits-pipeline/")
     phone.wait_for_selector("body[data-js=ready]", state="attached")
     shot(phone, "deployment-phone")
+
+
+def test_the_deploy_form_offers_a_shared_pool_with_what_fits(browser: Any, alice_user: Person, portal_url: str) -> None:
+    from deployments.models import ModelMemory
+    from deployments.pools import fingerprint
+    from deployments.tests.conftest import make_ready_version
+
+    version = make_ready_version(alice_user)
+    ModelMemory.objects.create(version=version, fingerprint=fingerprint(), memory_bytes=300 * 2**20)
+    page = sign_in(browser, portal_url, "alice")
+    page.goto(f"{portal_url}/deployments/new/?model=digits")
+    page.wait_for_selector("body[data-js=ready]", state="attached")
+    # Dedicated by default: the pool's fields stay hidden until Shared is chosen.
+    assert page.is_checked("input[name=placement][value=dedicated]")
+    assert not page.is_visible("#shared-fields")
+    page.check("input[name=placement][value=shared]")
+    page.wait_for_selector("#shared-fields", state="visible")
+    assert "Shared: loads on demand, costs less" in page.inner_text("#field-placement")
+    # Half the 2 GiB pool is the team's to take (POOL_TEAM_SHARE): 3 copies of 300 MiB.
+    assert "fits 3 more (300 MiB each)" in page.inner_text("#pool-fit-shared")
+    assert "fits 3 more" in page.inner_text("#id_pool option[value=shared]")
+    page.check("input[name=placement][value=dedicated]")
+    page.wait_for_selector("#shared-fields", state="hidden")
+
+
+# --- Nothing silent (issue 25): a bad file of each kind, and a tune's Apply ----------------------------------
+
+def bad_files(folder: Path) -> list[tuple[str, Path, str]]:
+    """(model name, file, what the page must say the file is): one of each kind an uploader sends by mistake."""
+    import zipfile
+
+    from tests.artifacts import tiny_onnx
+
+    folder.mkdir()
+    text = folder / "text" / "model.onnx"
+    text.parent.mkdir()
+    text.write_text("hello, not a model\n")
+    cut = folder / "cut" / "model.onnx"
+    cut.parent.mkdir()
+    whole = tiny_onnx()
+    cut.write_bytes(whole[: len(whole) // 2])
+    noise = folder / "noise" / "model.onnx"
+    noise.parent.mkdir()
+    noise.write_bytes(np.random.default_rng(25).bytes(3 * 2**20))  # seeded: no header of any format by chance
+    data = folder / "data.zip"
+    with zipfile.ZipFile(data, "w") as archive:
+        archive.writestr("README.md", "# Our model\n")
+        archive.writestr("data.csv", "a,b\n1,2\n")
+    return [
+        ("text", text, "named 'model.onnx' but it is text, not a model (it starts with 'hello, not a model')"),
+        ("cut", cut, f"an ONNX file cut off after {len(whole) // 2:,} bytes"),
+        ("noise", noise, "named 'model.onnx' but it is 3.0 MB of bytes with no header of a format the portal reads"),
+        ("data", data, "a zip archive with no model in it: no model.py (python)"),
+    ]
+
+
+def test_each_kind_of_bad_file_says_what_it_is_and_leaves_nothing(browser: Any, alice_user: Person, portal_url: str,
+                                                                 tmp_path: Path) -> None:
+    """A text file named model.onnx, an ONNX cut off half way, megabytes of random bytes and a zip of a README and
+    a CSV: each refused with its own words beside the file field, and no model or version left behind."""
+    from models_registry.models import Model
+
+    page = sign_in(browser, portal_url, "alice")
+    shown: dict[str, str] = {}
+    for name, path, expected in bad_files(tmp_path / "bad"):
+        upload(page, portal_url, name, path)
+        page.wait_for_selector("#id_file_error", timeout=60_000)
+        shown[name] = page.inner_text("#id_file_error")
+        assert expected in shown[name], (name, shown[name])
+        assert page.is_hidden("#upload-deploy")
+        assert not Model.objects.filter(name=name).exists(), name
+        assert not ModelVersion.objects.filter(model__name=name).exists(), name
+    assert len(set(shown.values())) == len(shown)  # four files, four messages: not one message for every bad file
+
+
+TUNED = {"settings": {"instances": 2, "batching": True, "max_batch_size": 16, "queue_delay_us": 500},
+         "label": "2 inst, batch 16, delay 500 µs", "throughput": 300.0, "p50_ms": 9.0, "p99_ms": 15.0,
+         "concurrency": 4}
+
+
+def finished_tune(deployment: Deployment) -> Any:
+    """A tune as the worker leaves it when done (the search itself is tuning's own tests'): its results, frontier and
+    a recommendation that lowers the max batch size from 64 to 16."""
+    from tuning.models import TuneRun
+
+    points = [{"concurrency": 1, "throughput": 100.0, "p50_ms": 5.0, "p99_ms": 8.0, "errors": 0},
+              {"concurrency": 4, "throughput": 300.0, "p50_ms": 9.0, "p99_ms": 15.0, "errors": 0}]
+    return TuneRun.objects.create(
+        deployment=deployment, team=deployment.team, model_version=ModelVersion.objects.get(model__name="digits"),
+        p99_target_ms=20, budget_seconds=60, status=TuneRun.Status.DONE, request_body={"inputs": []}, host="box",
+        machine={"hostname": "box", "cpu_model": "Test CPU", "cores": 2, "gpu": "none"},
+        results=[{"settings": TUNED["settings"], "label": TUNED["label"], "error": "", "meets_target": True,
+                  "throughput": 300.0, "p50_ms": 9.0, "p99_ms": 15.0, "concurrency": 4, "errors": 0,
+                  "points": points}],
+        frontier=[{"throughput": p["throughput"], "p99_ms": p["p99_ms"], "concurrency": p["concurrency"]}
+                  for p in points],
+        recommendation=TUNED, message="Recommended.")
+
+
+def test_tune_apply_lists_its_changes_and_asks_before_narrowing(browser: Any, alice_user: Person,
+                                                               portal_url: str) -> None:
+    """The Tune panel lists every setting Apply changes, before and after; the lower max batch size needs its own
+    checkbox (the browser holds the form back without it, and the portal refuses it without it too); after Apply the
+    deployment's new revision serves the tuned settings."""
+    from deployments.models import Revision
+    from deployments.tests.conftest import make_ready_version
+
+    make_ready_version(alice_user)
+    response = alice_user.client().post("/api/v1/deployments/",
+                                        {"name": "digits-prod", "models": [{"model": "digits"}]},
+                                        format="json")
+    assert response.status_code == 201
+    deployment = Deployment.objects.get(name="digits-prod")
+    page = sign_in(browser, portal_url, "alice")
+    page.goto(f"{portal_url}/deployments/digits-prod/")
+    page.wait_for_selector("body[data-js=ready]", state="attached")
+    wait_ready(page)
+    tune = finished_tune(deployment)
+    page.reload()
+    page.wait_for_selector("body[data-js=ready]", state="attached")
+    changes = page.inner_text("#tune-changes").splitlines()
+    assert changes == [
+        "digits: max_batch_size 64 → 16 (a request of more than 16 rows, accepted today, would be refused with a 400)",
+        "digits: max_queue_delay_microseconds 0 → 500",
+        "digits: instances 1 → 2",
+    ]
+    assert page.get_attribute("#tune-changes li:first-child", "class") == "error"  # the narrowing one stands out
+
+    # Unticked, Apply does not go: the browser says why at the checkbox, and no revision is made.
+    page.click("#tune-apply")
+    assert page.evaluate("document.getElementById('tune-apply-narrow').validationMessage") != ""
+    assert page.url == f"{portal_url}/deployments/digits-prod/"
+    assert Revision.objects.filter(deployment=deployment).count() == 1
+    # A client that skips the checkbox (its `required` taken away) is refused by the portal, naming the change.
+    page.evaluate("document.getElementById('tune-apply-narrow').removeAttribute('required')")
+    with page.expect_navigation():
+        page.click("#tune-apply")
+    assert "would narrow what clients may send: digits: max_batch_size 64 → 16" in page.inner_text("main")
+    assert Revision.objects.filter(deployment=deployment).count() == 1
+
+    # Ticked, and left a few live refreshes long: the choice stays, and Apply makes revision 2.
+    page.wait_for_selector("body[data-js=ready]", state="attached")
+    page.check("#tune-apply-narrow")
+    page.evaluate("window.liveRefreshes = 0; document.body.addEventListener('htmx:afterSettle',"
+                  " () => { window.liveRefreshes += 1; })")
+    page.wait_for_function("window.liveRefreshes >= 2", timeout=30_000)  # every 2 s
+    assert page.is_checked("#tune-apply-narrow")
+    shot(page, "tune-apply")
+    with page.expect_navigation():
+        page.click("#tune-apply")
+    message = page.inner_text("main")
+    assert "Revision 2 rolls out the tuned settings to every request once ready." in message
+    assert "Changed: digits: max_batch_size 64 → 16" in message and "digits: instances 1 → 2" in message
+    [entry] = Revision.objects.get(deployment=deployment, number=2).spec.models
+    assert (entry.max_batch_size, entry.instance_group.count) == (16, 2)
+    assert entry.dynamic_batching is not None and entry.dynamic_batching.max_queue_delay_microseconds == 500
+    tune.refresh_from_db()
+    assert tune.applied_revision == 2
+    page.wait_for_function("document.getElementById('status-badge').textContent.trim() === 'ready'"
+                           " && document.getElementById('deployment-revision').textContent.trim() === 'r2'",
+                           timeout=180_000)
+    page.wait_for_selector("#tune-applied")
+    assert page.inner_text("#tune-applied") == "Applied as revision 2."
+    settings = page.inner_text("#settings-digits")
+    assert "max batch size 16" in settings and "2 CPU instances" in settings, settings

@@ -14,13 +14,13 @@ import onnxruntime as ort
 import pytest
 import tritonclient.http as httpclient
 from django.conf import settings
-from django.core.files.uploadedfile import SimpleUploadedFile
 
 from conftest import Person, make_person
 from deployments.models import Deployment, Event, TritonServer
 from deployments.runtimes.local.triton import is_alive
-from models_registry.models import Blob, ModelVersion
+from models_registry.models import Blob
 from models_registry.samples import digits_holdout, make_digits_onnx, train_digits_classifier
+from tests.deploying import deploy, push, serving, status_of, wait_status
 from tests.processes import start_worker, wait_for
 
 pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
@@ -38,42 +38,6 @@ def digits_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def push(person: Person, path: Path, name: str = "digits") -> ModelVersion:
-    client = person.client()
-    client.post("/api/v1/models/", {"name": name}, format="json")
-    response = client.post(f"/api/v1/models/{name}/versions/", {"file": SimpleUploadedFile(path.name, path.read_bytes())},
-                           format="multipart")
-    assert response.status_code == 201, response.json()
-    number = response.json()["number"]
-    wait_for(lambda: client.get(f"/api/v1/models/{name}/versions/{number}/").json()["status"] != "validating",
-             30, what="the worker to inspect the upload")
-    return ModelVersion.objects.get(model__name=name, number=number)
-
-
-def deploy(person: Person, name: str, models: list[dict[str, Any]]) -> None:
-    response = person.client().post("/api/v1/deployments/", {"name": name, "models": models}, format="json")
-    assert response.status_code == 201, response.json()
-
-
-def status_of(person: Person, name: str) -> dict[str, Any]:
-    return person.client().get(f"/api/v1/deployments/{name}/").json()
-
-
-def wait_status(person: Person, name: str, wanted: str, timeout: float = 90) -> dict[str, Any]:
-    def reached() -> dict[str, Any] | None:
-        body = status_of(person, name)
-        if body["status"] == "failed" and wanted != "failed":
-            raise AssertionError(f"deployment failed: {body['status_message']}")
-        return body if body["status"] == wanted else None
-
-    return wait_for(reached, timeout, what=f"{name} to be {wanted}")  # type: ignore[no-any-return]
-
-
-def serving(name: str) -> TritonServer:
-    deployment = Deployment.objects.get(name=name)
-    return TritonServer.objects.get(revision=deployment.serving_revision, state=TritonServer.State.READY)
-
-
 def test_digits_deploy_serves_exactly_what_onnxruntime_computes_with_real_batches(
     alice_tx: Person, celery_processes: Any, digits_onnx: Path
 ) -> None:
@@ -86,7 +50,8 @@ def test_digits_deploy_serves_exactly_what_onnxruntime_computes_with_real_batche
     assert body["models"][0]["instance_group"]["count"] == 2
     server = serving("digits-prod")
     assert server.sandboxed, server.sandbox_note  # the worker process built the sandbox (docs/security.md)
-    config = (Path(settings.DEPLOYMENTS_DIR) / str(server.deployment_id) / "r1" / "repository" / "digits" / "config.pbtxt").read_text()
+    repository = Path(settings.DEPLOYMENTS_DIR) / str(server.deployment_id) / "r1" / "repository"
+    config = (repository / "digits" / "config.pbtxt").read_text()
     assert "max_queue_delay_microseconds: 2000" in config
     assert "count: 2" in config
 
@@ -122,7 +87,8 @@ def test_digits_deploy_serves_exactly_what_onnxruntime_computes_with_real_batche
     assert max(int(b["batch_size"]) for b in stats["batch_stats"]) > 1
 
 
-def test_a_killed_triton_is_back_within_15_seconds_with_an_event(alice_tx: Person, celery_processes: Any, digits_onnx: Path) -> None:
+def test_a_killed_triton_is_back_within_15_seconds_with_an_event(alice_tx: Person, celery_processes: Any,
+                                                                 digits_onnx: Path) -> None:
     push(alice_tx, digits_onnx)
     deploy(alice_tx, "digits-prod", [{"model": "digits"}])
     wait_status(alice_tx, "digits-prod", "ready")
@@ -140,7 +106,8 @@ def test_a_killed_triton_is_back_within_15_seconds_with_an_event(alice_tx: Perso
     assert died is not None and "Revision 1 stopped serving: the Triton process" in died.message
 
 
-def test_a_task_of_a_killed_worker_still_brings_the_deployment_up(alice_tx: Person, celery_processes: Any, digits_onnx: Path) -> None:
+def test_a_task_of_a_killed_worker_still_brings_the_deployment_up(alice_tx: Person, celery_processes: Any,
+                                                                  digits_onnx: Path) -> None:
     push(alice_tx, digits_onnx)
     deploy(alice_tx, "digits-prod", [{"model": "digits"}])
     wait_for(lambda: Deployment.objects.filter(status__in=["starting", "ready"]).exists(), 60, interval=0.05,
@@ -177,7 +144,8 @@ def test_a_corrupt_model_fails_with_tritons_message_and_disturbs_nothing_else(
     assert is_alive(healthy.pid)
 
 
-def test_stop_start_and_delete_leave_no_process_or_file_behind(alice_tx: Person, celery_processes: Any, digits_onnx: Path) -> None:
+def test_stop_start_and_delete_leave_no_process_or_file_behind(alice_tx: Person, celery_processes: Any,
+                                                               digits_onnx: Path) -> None:
     push(alice_tx, digits_onnx)
     deploy(alice_tx, "digits-prod", [{"model": "digits"}])
     wait_status(alice_tx, "digits-prod", "ready")

@@ -108,7 +108,8 @@ def push(portal: Portal, name: str, file_name: str, data: bytes, signature: dict
     response = portal.post(f"/api/v1/models/{name}/versions/", files={"file": (file_name, data)}, data=form)
     assert response.status_code == 201, response.text
     number = int(response.json()["number"])
-    version = wait_for(lambda: (v := portal.get(f"/api/v1/models/{name}/versions/{number}/").json())["status"] != "validating" and v,
+    version = wait_for(lambda: (v := portal.get(f"/api/v1/models/{name}/versions/{number}/").json())["status"]
+                       != "validating" and v,
                        60, interval=0.5, what=f"the worker to inspect {name}")
     assert version["status"] == "ready", version
     return number
@@ -157,7 +158,8 @@ def test_a_worker_sigtermed_with_its_process_group_exits_within_seconds_and_the_
         else:
             os.kill(worker.pid, signal.SIGTERM)
         seconds = wait_exit(worker, GRACE_SECONDS * 3)
-        assert seconds is not None, f"the worker still runs {GRACE_SECONDS * 3} s after SIGTERM:\n{portal.tail('worker')}"
+        assert seconds is not None, (f"the worker still runs {GRACE_SECONDS * 3} s after SIGTERM:\n"
+                                     f"{portal.tail('worker')}")
         print(f"the worker stopped {seconds:.1f} s after SIGTERM")
         assert seconds < GRACE_SECONDS, f"the worker took {seconds:.1f} s to stop"
         assert is_alive(pid), "the Triton being started was left to load, for the next worker to adopt"
@@ -168,7 +170,8 @@ def test_a_worker_sigtermed_with_its_process_group_exits_within_seconds_and_the_
         assert any(f"Revision 1 is ready and serving (pid {pid}," in m for m in portal.events("slow")), \
             "the next worker adopted the server instead of starting a second one"
         response = portal.post("/serve/slow/v2/models/slow/infer",
-                               json={"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+                               json={"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
+                                                 "data": [1, 2, 3, 4]}]})
         assert response.status_code == 200, response.text
         assert response.json()["outputs"][0]["data"] == [2, 4, 6, 8]
 

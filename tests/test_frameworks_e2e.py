@@ -19,6 +19,7 @@ from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from conftest import Person, make_person
+from deployments.runtimes.local import readiness
 from deployments.runtimes.local import triton as local_triton
 from models_registry.models import ModelVersion
 from models_registry.samples import (
@@ -30,8 +31,8 @@ from models_registry.samples import (
     resnet_inputs,
     resnet_onnx_scores,
 )
+from tests.deploying import deploy, serving, wait_status
 from tests.processes import wait_for
-from tests.test_deploy_e2e import deploy, serving, wait_status
 
 pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.frameworks,
               pytest.mark.django_db(transaction=True)]
@@ -130,7 +131,7 @@ def test_the_cnn_as_onnx_torchscript_and_savedmodel_scores_the_same_through_the_
             assert status == 200, (name, answer)
             logits = np.array(answer["outputs"][0]["data"], dtype=np.float32).reshape(1, 10)
             assert np.allclose(logits, many_expected[i : i + 1], rtol=RESNET_RTOL, atol=RESNET_ATOL), name
-        stats = local_triton.model_stats(process, name)
+        stats = readiness.model_stats(process, name)
         sizes = {int(s["batch_size"]): int(s["compute_infer"]["count"]) for s in stats["batch_stats"]}  # type: ignore[attr-defined]
         print(f"{name}: executions per batch size {sizes}")
         assert max(sizes) > 1, (name, sizes)

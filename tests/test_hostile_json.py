@@ -15,9 +15,9 @@ from rest_framework.test import APIClient
 from conftest import Person
 from deployments.models import Deployment, Revision
 from deployments.tests.conftest import make_ready_version
+from modelport.core.json_input import MAX_DEPTH, TooDeep, check_depth, loads
+from modelport.core.signature import SignatureError, parse_signature
 from models_registry.models import Model, ModelVersion
-from models_registry.signature import SignatureError, parse_signature
-from portal.json_input import MAX_DEPTH, TooDeep, check_depth, loads
 from tests.artifacts import python_model_zip
 from web.tests.conftest import deploy, signed_in
 
@@ -42,7 +42,8 @@ def nested(depth: int) -> Any:
     ("patch", "/api/v1/deployments/digits-prod/"),
     ("post", "/api/v1/tokens/"),
 ])
-def test_every_json_endpoint_answers_400_to_json_nested_too_deep(alice: Person, method: str, path: str, body: str) -> None:
+def test_every_json_endpoint_answers_400_to_json_nested_too_deep(alice: Person, method: str, path: str,
+                                                                 body: str) -> None:
     digits = make_ready_version(alice, "digits")
     deploy(alice, model=digits.model.name)
     client = alice.client()

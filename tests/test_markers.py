@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-ARGS = ("-p", "tests.markers", "-p", "no:django", "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning")
+ARGS = ("-p", "tests.markers", "-p", "no:django", "-p", "no:cacheprovider", "-W",
+        "ignore::pytest.PytestUnknownMarkWarning")
 
 
 def run(pytester: pytest.Pytester, source: str) -> pytest.RunResult:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import requests
 import tritonclient.http as httpclient
 from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -28,8 +29,8 @@ from models_registry.samples import (
     make_preprocess_zip,
     train_digits_classifier,
 )
+from tests.deploying import deploy, push, serving, wait_status
 from tests.processes import wait_for
-from tests.test_deploy_e2e import deploy, push, serving, wait_status
 
 pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -151,3 +152,11 @@ def test_png_digits_are_classified_through_the_pipeline_with_batches_on_the_clas
           f"the classifier on raw features {agreement:.4f}, {len(images) / elapsed:.0f} images/s; "
           f"classifier batches (size: count) {dict(sorted(batch_sizes.items()))}")
     assert max(batch_sizes) > 1, batch_sizes
+
+    # Bytes that are no image are the caller's error (issue 25): a 400 in words about the input, through the
+    # ensemble and the gateway, not a 500 carrying Pillow's repr of a BytesIO.
+    bad = requests.post(f"{portal_url}/serve/digits-pipeline/v2/models/digits-pipeline/infer", headers=auth, json={
+        "inputs": [{"name": "image", "datatype": "BYTES", "shape": [1, 1], "data": ["not an image"]}]}, timeout=30)
+    assert bad.status_code == 400, bad.text
+    assert "the input 'image' is not an image file (PNG, JPEG, ...)" in bad.json()["error"]
+    assert "BytesIO" not in bad.text and "0x" not in bad.text and "request id" not in bad.text

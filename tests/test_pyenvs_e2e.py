@@ -19,11 +19,11 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from conftest import Person, make_person
 from deployments import pyenvs
 from deployments.models import Deployment, Event
-from deployments.runtimes.local.runtime import python_env_for, runtime_env
+from deployments.runtimes.local.pyenv import python_env_for, runtime_env
 from models_registry.models import ModelVersion
 from tests.artifacts import PYTHON_SIGNATURE, python_model_zip
+from tests.deploying import deploy, serving, status_of, wait_status
 from tests.processes import wait_for
-from tests.test_deploy_e2e import deploy, serving, status_of, wait_status
 
 pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 

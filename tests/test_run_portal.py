@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,68 +14,13 @@ import pytest
 import requests
 
 from deployments.runtimes.local.triton import is_alive
+from portal.lanes import LANES
 from tests.artifacts import tiny_onnx
 from tests.faults import wait_exit
-from tests.markers import require
 from tests.processes import ROOT, free_port, wait_for
+from tests.running_portal import RunningPortal, run
 
 pytestmark = [pytest.mark.faults, pytest.mark.worker]
-
-
-def clean_env(var_dir: Path, port: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("DATABASE_URL", "CELERY_", "MODELPORT_", "ARTIFACT_ROOT", "DEBUG", "PYTEST",
-                                "DJANGO_SETTINGS_MODULE", "SECRET_KEY"))}
-    return {**env, "MODELPORT_VAR_DIR": str(var_dir), "PORT": str(port), "RECONCILE_INTERVAL_SECONDS": "1",
-            "GATEWAY_GRPC_PORT": str(free_port())}
-
-
-def run(env: dict[str, str], *command: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(command), cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-
-
-class RunningPortal:
-    def __init__(self, var_dir: Path) -> None:
-        self.var_dir = var_dir
-        self.port = free_port()
-        self.env = clean_env(var_dir, self.port)
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.output = var_dir.parent / "run-portal.out"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        require("worker", "starts bin/run-portal (a web server, a worker and beat)")
-        # As `make run`: var/ and the development secret key first (settings create nothing), then the database.
-        ensure = run(self.env, sys.executable, "manage.py", "ensure_dirs")
-        assert ensure.returncode == 0, ensure.stderr
-        assert (self.var_dir / "secret_key").stat().st_mode & 0o077 == 0
-        migrate = run(self.env, sys.executable, "manage.py", "migrate", "--noinput")
-        assert migrate.returncode == 0, migrate.stderr
-        # A session of its own, as a terminal gives `make run`: Ctrl-C is SIGINT to that process group.
-        self.process = subprocess.Popen(["bin/run-portal"], cwd=ROOT, env=self.env, start_new_session=True,
-                                        stdout=open(self.output, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
-        wait_for(self.answers, 60, what="bin/run-portal to serve")
-
-    def answers(self) -> bool:
-        try:
-            return requests.get(self.url + "/healthz", timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
-
-    def text(self) -> str:
-        return self.output.read_text(errors="replace")
-
-    def kill(self) -> None:
-        """Whatever a failed test left: the portal's processes (each in its own group) and its Tritons."""
-        for pid_file in (self.var_dir / "run").glob("*.pid"):
-            try:
-                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
-        run(self.env, sys.executable, "manage.py", "local_tritons", "--stop")
 
 
 @pytest.fixture
@@ -101,7 +45,8 @@ def listens(port: int) -> bool:
 
 def checkout_var_files() -> dict[str, float]:
     var = ROOT / "var"
-    names = ["log/worker.log", "log/beat.log", "celerybeat-schedule", "celerybeat-schedule.db",
+    names = ["log/worker-reconcile.log", "log/worker-inspection.log", "log/beat.log", "celerybeat-schedule",
+             "celerybeat-schedule.db",
              "celerybeat-schedule.dat", "run/web.pid"]
     return {name: (var / name).stat().st_mtime for name in names if (var / name).exists()}
 
@@ -110,11 +55,14 @@ def test_it_keeps_its_files_under_the_var_dir_refuses_a_second_portal_and_stops_
         portal: RunningPortal) -> None:
     before = checkout_var_files()
     portal.start()
-    wait_for(lambda: (portal.var_dir / "log" / "beat.log").exists() and list(portal.var_dir.glob("celerybeat-schedule*")),
+    wait_for(lambda: (portal.var_dir / "log" / "beat.log").exists()
+             and list(portal.var_dir.glob("celerybeat-schedule*")),
              30, what="beat to write its schedule")
-    wait_for(lambda: " ready." in (portal.var_dir / "log" / "worker.log").read_text(), 30, what="the worker's log")
-    assert sorted(p.name for p in (portal.var_dir / "run").glob("*.pid")) == ["beat.pid", "grpc.pid", "web.pid",
-                                                                                "worker.pid"]
+    for lane in LANES:  # one worker per lane (portal/lanes.py)
+        log = portal.var_dir / "log" / f"worker-{lane.name}.log"
+        wait_for(lambda log=log: log.exists() and " ready." in log.read_text(), 60, what=f"the {lane.name} worker")
+    assert sorted(p.name for p in (portal.var_dir / "run").glob("*.pid")) == sorted(
+        ["beat.pid", "grpc.pid", "web.pid", *(f"worker-{lane.name}.pid" for lane in LANES)])
     grpc_port = int(portal.env["GATEWAY_GRPC_PORT"])
     assert f"gRPC inference (tritonclient.grpc): 127.0.0.1:{grpc_port}" in portal.text()
     wait_for(lambda: listens(grpc_port), 60, what="the gRPC gateway")
@@ -138,7 +86,8 @@ def test_it_keeps_its_files_under_the_var_dir_refuses_a_second_portal_and_stops_
 
 
 @pytest.mark.triton
-def test_ctrl_c_stops_the_portal_and_says_which_tritons_keep_running_and_how_to_stop_them(portal: RunningPortal) -> None:
+def test_ctrl_c_stops_the_portal_and_says_which_tritons_keep_running_and_how_to_stop_them(
+        portal: RunningPortal) -> None:
     portal.start()
     token = run(portal.env, sys.executable, "manage.py", "create_api_token", "--user", "alice", "--team", "acme",
                 "--create", "--admin").stdout.strip()

@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 import time
+import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,10 @@ from django.test import Client
 
 from audit.models import AuditEntry
 from conftest import Person
+from deployments import reconcile
 from deployments.models import Deployment, TritonServer
-from deployments.runtimes.local import runtime as local
+from deployments.runtimes.local import confined as local_confined
+from deployments.runtimes.local import files as local_files
 from tests.artifacts import tiny_onnx
 from tests.sandbox_helpers import (
     VECTOR,
@@ -61,6 +64,8 @@ WORK_UNSANDBOXED = {
     "host_devices", "cgroup_filesystem", "read_test_process_environ", "read_server_environ", "list_processes",
     "signal_test_process", "other_deployments_shm", "tcp_portal", "tcp_portal_ipv6", "tcp_redis", "tcp_postgresql",
     "unix_postgresql", "tcp_other_triton", "unix_abstract_socket", "udp_portal", "packet_socket", "netlink_sock_diag",
+    "server_admin_key", "server_tcp_table", "server_tcp6_table", "server_unix_table", "server_mountinfo",
+    "server_mounts", "own_mountinfo", "proc_net_tcp",
 }
 
 
@@ -74,20 +79,20 @@ def _no_triton_left() -> Iterator[None]:
 def sandbox_required() -> Iterator[None]:
     """The sandbox must work on the machine running these tests: a CI runner that cannot build it fails here (and
     says why) rather than passing the escape tests vacuously."""
-    local.sandbox_capabilities.cache_clear()
-    caps = local.sandbox_capabilities()
+    local_confined.sandbox_capabilities.cache_clear()
+    caps = local_confined.sandbox_capabilities()
     if not caps.available:
         pytest.fail(f"the sandbox is not available here: {caps.reason}")
     yield
-    local.sandbox_capabilities.cache_clear()
+    local_confined.sandbox_capabilities.cache_clear()
 
 
 @pytest.fixture
 def unsandboxed(settings: Any) -> Iterator[None]:
     settings.SANDBOX_ENABLED = False
-    local.sandbox_capabilities.cache_clear()
+    local_confined.sandbox_capabilities.cache_clear()
     yield
-    local.sandbox_capabilities.cache_clear()
+    local_confined.sandbox_capabilities.cache_clear()
 
 
 @pytest.fixture
@@ -123,7 +128,7 @@ def targets(token: str, other: TritonServer, canaries: Canaries, *, control: boo
         "deployments_dir": str(settings.DEPLOYMENTS_DIR),
         "var_dir": str(settings.VAR_DIR),
         "source_file": str(Path(settings.BASE_DIR) / "portal" / "settings.py"),
-        "other_repository": str(local.repository_dir(other.revision)),
+        "other_repository": str(local_files.repository_dir(other.revision)),
         "other_model": "victim",
         "other_shm": shm_regions(other),
         "test_pid": os.getpid(),
@@ -133,7 +138,8 @@ def targets(token: str, other: TritonServer, canaries: Canaries, *, control: boo
     }
 
 
-def run_hostile(alice: Person, charlie: Person, canaries: Canaries, *, control: bool) -> tuple[dict[str, Any], TritonServer, str]:
+def run_hostile(alice: Person, charlie: Person, canaries: Canaries, *,
+                control: bool) -> tuple[dict[str, Any], TritonServer, str]:
     token = secrets.token_hex(6)
     other = victim(charlie)
     # The key file a development portal keeps in var/ (`manage.py ensure_dirs` writes it with mode 0600; the tests
@@ -175,12 +181,16 @@ def test_a_hostile_python_model_is_denied_every_escape(
             attempts = report[phase]
             assert set(WORK_UNSANDBOXED) <= set(attempts), f"{phase}: attempts missing"
             escaped = {name: r["detail"] for name, r in attempts.items()
-                       if r["escaped"] and name != "detached_process" and not harmless(name, r["detail"], server, token)}
+                       if r["escaped"] and name != "detached_process"
+                       and not harmless(name, r["detail"], server, token)}
             assert escaped == {}, f"{phase}: escaped {json.dumps(escaped, indent=1)}"
         assert len(report["initialize"]) >= 50
         assert canaries.hits == []  # nothing reached the stand-ins for the portal, UDP and abstract sockets included
         assert not (Path(settings.VAR_DIR) / f"pwned-{token}").exists()
         assert planted not in json.dumps(report)
+        # Neither its own server's admin key nor the other team's reached it, in any form.
+        for key in (server.admin_key, TritonServer.objects.get(revision__deployment__name="victim").admin_key):
+            assert key and key not in json.dumps(report) and key[:6] not in json.dumps(report)
         # Nothing of it is root outside: every process runs as the unprivileged sandbox uid.
         assert outer_uids(server) == ({settings.SANDBOX_UID} if os.geteuid() == 0 else {os.geteuid()})
         # The detached process it started is real (it runs now) and lives in the sandbox's PID namespace.
@@ -193,7 +203,7 @@ def test_a_hostile_python_model_is_denied_every_escape(
         assert Deployment.objects.get(name="hostile").status == Deployment.Status.STOPPED
         assert gone(server)
         assert processes_named(f"hostile-detached-{token}") == []  # setsid + double fork did not outlive the stop
-        assert not local.scratch_dir(server).exists()
+        assert not local_confined.scratch_dir(server).exists()
         assert all(not Path(d).exists() for d in server.cgroups)
     finally:
         kill_named(f"hostile-detached-{token}")
@@ -219,7 +229,8 @@ def test_the_same_model_unsandboxed_escapes_which_proves_each_attempt_is_real(
         (Path(settings.VAR_DIR) / f"pwned-{token}").unlink(missing_ok=True)
 
 
-def test_a_legitimate_python_model_works_in_the_sandbox(alice: Person, eager_tasks: Any, sandbox_required: None) -> None:
+def test_a_legitimate_python_model_works_in_the_sandbox(alice: Person, eager_tasks: Any,
+                                                        sandbox_required: None) -> None:
     signature = {"inputs": [{"name": "x", "datatype": "FP32", "dims": [-1, 4]}],
                  "outputs": [{"name": "y", "datatype": "FP32", "dims": [-1, 3]},
                              {"name": "info", "datatype": "BYTES", "dims": [-1, 1]}]}
@@ -241,16 +252,17 @@ def test_a_legitimate_python_model_works_in_the_sandbox(alice: Person, eager_tas
     assert info["labels"] == ["a", "b", "c"] and info["png_size"] == [4, 2]
     assert info["temporary"] == "scratch" and info["state"] == {"initialized": True}
     assert info["threads"] == [0, 1, 4, 9] and info["child"] == "42"
-    assert info["home"] == str(local.scratch_dir(server) / "home") and info["uid"] == 1000
-    # What it wrote is in its scratch directory, nowhere else.
-    assert (local.scratch_dir(server) / "home" / ".cache" / "legit" / "state.json").exists()
+    assert info["home"] == str(local_confined.scratch_dir(server) / "home") and info["uid"] == 1000
+    # What it wrote is in its scratch directory, a tmpfs seen only inside the sandbox: the host's directory of that
+    # name stays empty (tests/test_sandbox_scratch.py bounds it).
+    assert [p for p in local_confined.scratch_dir(server).rglob("*") if p.is_file()] == []
 
 
 def test_a_model_that_takes_more_memory_than_its_limit_is_killed_and_the_deployment_says_why(
     alice: Person, eager_tasks: Any, sandbox_required: None,
 ) -> None:
-    if local.sandbox_capabilities().cgroups.version == 0:
-        pytest.skip(f"no cgroups here: {local.sandbox_capabilities().cgroups.note}")
+    if local_confined.sandbox_capabilities().cgroups.version == 0:
+        pytest.skip(f"no cgroups here: {local_confined.sandbox_capabilities().cgroups.note}")
     files = {"model.py": model_source("greedy_model"), "greed.json": b'{"megabytes": 700}'}
     python_version(alice, "greedy", files, VECTOR)
     started = time.monotonic()
@@ -262,6 +274,27 @@ def test_a_model_that_takes_more_memory_than_its_limit_is_killed_and_the_deploym
     server = TritonServer.objects.get(deployment=deployment)
     assert gone(server)
     assert all(not Path(d).exists() for d in server.cgroups)  # the limit's cgroup went with it
+
+
+def test_a_model_killed_for_memory_after_it_served_does_not_leave_the_deployment_ready(
+    alice: Person, eager_tasks: Any, sandbox_required: None,
+) -> None:
+    if local_confined.sandbox_capabilities().cgroups.version == 0:
+        pytest.skip(f"no cgroups here: {local_confined.sandbox_capabilities().cgroups.note}")
+    files = {"model.py": model_source("hungry_model"), "hunger.json": b'{"megabytes": 700}'}
+    python_version(alice, "hungry", files, VECTOR)
+    deployment = deploy(alice, "hungry", [{"model": "hungry"}], resources={"memory": "300Mi"})
+    server = ready(deployment)  # it loads within its limit
+    with pytest.raises(urllib.error.HTTPError):
+        infer(server, "hungry", [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}])
+    # The health check the reconciler runs every few seconds: one tick of it.
+    reconcile.reconcile(deployment.pk)
+    deployment.refresh_from_db()
+    assert deployment.status != Deployment.Status.READY
+    assert "killed for memory (limit 300Mi, 300 MiB)" in deployment.status_message, deployment.status_message
+    event = deployment.events.filter(kind="error", message__contains="stopped serving").get()
+    assert "killed for memory (limit 300Mi" in event.message and "Out of memory" in event.message
+    assert gone(server)
 
 
 def test_an_operator_can_allow_egress_to_the_listed_ports_only(

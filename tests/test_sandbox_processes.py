@@ -19,12 +19,17 @@ import pytest
 from django.conf import settings
 
 from conftest import Person
-from deployments import sandbox, tasks
+from deployments import tasks
 from deployments.models import Deployment, TritonServer
 from deployments.revision_spec import RevisionSpec
-from deployments.runtimes.local import runtime as local
+from deployments.runtimes.local import backends, readiness
+from deployments.runtimes.local import confined as local_confined
+from deployments.runtimes.local import files as local_files
+from deployments.runtimes.local import pyenv as local_pyenv
+from deployments.runtimes.local import sweeps as local_sweeps
 from deployments.runtimes.local import triton as local_triton
 from deployments.tests.conftest import make_ready_version
+from modelport.core import sandbox
 from tests.artifacts import tiny_onnx
 from tests.sandbox_helpers import (
     VECTOR,
@@ -45,13 +50,13 @@ pytestmark = [pytest.mark.triton, pytest.mark.django_db]
 
 @pytest.fixture(autouse=True)
 def _sandboxed() -> Iterator[None]:
-    local.sandbox_capabilities.cache_clear()
-    caps = local.sandbox_capabilities()
+    local_confined.sandbox_capabilities.cache_clear()
+    caps = local_confined.sandbox_capabilities()
     if not caps.available:
         pytest.fail(f"the sandbox is not available here: {caps.reason}")
     yield
     stop_everything()
-    local.sandbox_capabilities.cache_clear()
+    local_confined.sandbox_capabilities.cache_clear()
 
 
 @pytest.fixture
@@ -62,7 +67,8 @@ def token() -> Iterator[str]:
 
 
 def detaching(alice: Person, token: str) -> None:
-    python_version(alice, "detacher", {"model.py": model_source("detaching_model"), "token.txt": token.encode()}, VECTOR)
+    python_version(alice, "detacher", {"model.py": model_source("detaching_model"), "token.txt": token.encode()},
+                   VECTOR)
 
 
 def doubles(server: TritonServer) -> bool:
@@ -90,7 +96,7 @@ def test_stop_and_delete_end_every_process_of_the_deployment_detached_ones_inclu
     assert alice.client().delete("/api/v1/deployments/detacher/").status_code == 202  # torn down eagerly
     assert not Deployment.objects.filter(pk=deployment.pk).exists()
     assert gone(second) and processes_named(f"detached-{token}") == []
-    assert not local.deployment_dir(deployment).exists()
+    assert not local_files.deployment_dir(deployment).exists()
 
 
 def test_a_rollout_ends_the_old_revisions_processes_and_a_killed_triton_takes_its_own_with_it(
@@ -123,39 +129,40 @@ def test_the_orphan_sweep_stops_a_triton_no_row_knows_and_nothing_else(
     make_ready_version(alice, "known")
     known = ready(deploy(alice, "known", [{"model": "known"}]))
     # A worker that died between spawning Triton and recording it: a sandboxed server under this var/, no row.
-    env = local.runtime_env()
+    env = local_pyenv.runtime_env()
     repository = Path(settings.DEPLOYMENTS_DIR) / "999" / "r1" / "repository"
     repository.parent.mkdir(parents=True)
     (repository.parent.parent / "scratch").mkdir()
-    shutil.copytree(local.repository_dir(known.revision), repository)
-    caps, options = local.sandbox_capabilities(), local.sandbox_options()
+    shutil.copytree(local_files.repository_dir(known.revision), repository)
+    caps, options = local_confined.sandbox_capabilities(), local_confined.sandbox_options()
     scratch = repository.parent.parent / "scratch" / "orphan"
     sandbox.prepare_scratch(scratch, options)
-    backend = local_triton.build_backend_dir(env, Path(settings.VAR_DIR), sandboxed=True)
+    backend = backends.build_backend_dir(env, Path(settings.VAR_DIR), sandboxed=True)
     spec = sandbox.Spec(read_only=(repository, backend, env.root, env.base_prefix), scratch=scratch, tcp_ports=(),
-                        egress=False, name=f"mp-{local._var_tag()}-orphan", limits=local.limits_for(RevisionSpec(runtime="local", models=())))
+                        egress=False, name=f"mp-{local_confined.var_tag()}-orphan",
+                        limits=local_confined.limits_for(RevisionSpec(runtime="local", models=())))
     orphan = local_triton.start_server(repository, repository.parent / "triton.log", env, backend,
                                        env=sandbox.environment([env.bin_dir], scratch, {}),
                                        sandbox=sandbox.Sandbox(spec, caps, options))
     # And one of another var/ (its repository lies elsewhere): never this var/'s to stop.
     elsewhere = tmp_path / "other-var" / "repository"
-    shutil.copytree(local.repository_dir(known.revision), elsewhere)
+    shutil.copytree(local_files.repository_dir(known.revision), elsewhere)
     foreign = local_triton.start_server(elsewhere, tmp_path / "other.log", env, backend)
     try:
-        assert local_triton.wait_ready(orphan, ["known"], 60).ready
-        assert local_triton.wait_ready(foreign, ["known"], 60).ready
+        assert readiness.wait_ready(orphan, ["known"], 60).ready
+        assert readiness.wait_ready(foreign, ["known"], 60).ready
 
         settings.TRITON_ORPHAN_GRACE_SECONDS = 3600
         assert tasks.sweep_orphan_servers() == 0  # too young: it may be a server whose row is being written
         assert local_triton.is_alive(orphan.pid)
         settings.TRITON_ORPHAN_GRACE_SECONDS = 1
         time.sleep(1.2)
-        done = local.sweep_orphans()
+        done = local_sweeps.sweep_orphans()
         assert done[0] == f"stopped an orphaned Triton (pid {orphan.pid})"
         assert not local_triton.is_alive(orphan.pid) and local_triton.server_pids(orphan.pid) == []
         assert local_triton.is_alive(known.pid) and local_triton.is_alive(foreign.pid)
         assert not scratch.exists()  # its scratch directory and cgroup went too; the known server's stay
-        assert local.scratch_dir(known).exists()
+        assert local_confined.scratch_dir(known).exists()
         assert orphan.cgroups and all(not Path(d).exists() for d in orphan.cgroups)
         assert all(Path(d).exists() for d in known.cgroups)
         assert "deployments.tasks.sweep_orphan_servers" in {e["task"] for e in settings.CELERY_BEAT_SCHEDULE.values()}
@@ -190,7 +197,7 @@ def test_tritons_admin_apis_need_the_servers_own_key_and_statistics_stay_open(al
 
 def test_resources_become_the_sandboxs_cgroup_limits_and_every_process_is_in_them(alice: Person, eager_tasks: Any,
                                                                                   token: str) -> None:
-    if local.sandbox_capabilities().cgroups.version != 1:
+    if local_confined.sandbox_capabilities().cgroups.version != 1:
         pytest.skip("this test reads cgroup v1 files (CI's machine); v2 is covered by the fast tests")
     detaching(alice, token)
     server = ready(deploy(alice, "detacher", [{"model": "detacher"}], resources={"memory": "768Mi", "cpu": "250m"}))
@@ -199,7 +206,8 @@ def test_resources_become_the_sandboxs_cgroup_limits_and_every_process_is_in_the
     pids = next(Path(d) for d in server.cgroups if "/pids/" in d)
     assert len(server.cgroups) == 3
     assert int((memory / "memory.limit_in_bytes").read_text()) == 768 * 2**20
-    assert int((cpu / "cpu.cfs_quota_us").read_text()) == 25_000 and int((cpu / "cpu.cfs_period_us").read_text()) == 100_000
+    assert int((cpu / "cpu.cfs_quota_us").read_text()) == 25_000
+    assert int((cpu / "cpu.cfs_period_us").read_text()) == 100_000
     assert int((pids / "pids.max").read_text()) == settings.SANDBOX_PIDS_MAX
     members = set(local_triton.server_pids(server.pid))
     assert len(members) == 3  # Triton, the stub and the detached process

@@ -52,7 +52,8 @@ def database_down(db: Any) -> Iterator[Callable[[], None]]:
         BaseDatabaseWrapper.ensure_connection = original  # type: ignore[method-assign]
 
 
-def test_an_unexpected_api_error_is_a_json_500_without_internals(alice: Person, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unexpected_api_error_is_a_json_500_without_internals(alice: Person,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("deployments.api.current_team", _boom)
     client = alice.client()
     client.raise_request_exception = False
@@ -99,7 +100,8 @@ def test_pages_answer_503_with_an_html_message_while_the_database_is_down(
         assert b"Traceback" not in response.content and b"5432" not in response.content
 
 
-def test_a_login_attempt_while_the_database_is_down_is_a_503_not_a_500(alice: Person, database_down: Callable[[], None]) -> None:
+def test_a_login_attempt_while_the_database_is_down_is_a_503_not_a_500(alice: Person,
+                                                                       database_down: Callable[[], None]) -> None:
     client = Client(enforce_csrf_checks=False)
     database_down()
     response = client.post("/login/", {"username": "alice", "password": "password"}, HTTP_ACCEPT="text/html")

@@ -21,13 +21,16 @@ def alice_tx(transactional_db: Any) -> Person:
     return make_person("alice", "acme", role="admin")
 
 
-def test_a_real_worker_inspects_an_upload_and_the_version_becomes_ready(alice_tx: Person, celery_processes: Any) -> None:
+def test_a_real_worker_inspects_an_upload_and_the_version_becomes_ready(alice_tx: Person,
+                                                                        celery_processes: Any) -> None:
     assert not app.conf.task_always_eager
     client = alice_tx.client()
     client.post("/api/v1/models/", {"name": "tiny"}, format="json")
-    good = client.post("/api/v1/models/tiny/versions/", {"file": SimpleUploadedFile("m.onnx", tiny_onnx())}, format="multipart")
+    good = client.post("/api/v1/models/tiny/versions/", {"file": SimpleUploadedFile("m.onnx", tiny_onnx())},
+                       format="multipart")
     assert good.json()["status"] == "validating"
-    version = wait_for(lambda: (v := client.get("/api/v1/models/tiny/versions/1/").json())["status"] != "validating" and v,
+    version = wait_for(lambda: (v := client.get("/api/v1/models/tiny/versions/1/").json())["status"]
+                       != "validating" and v,
                        30, what="the worker to inspect the upload")
     assert version["status"] == "ready"
     assert version["signature"]["inputs"] == [{"name": "x", "datatype": "FP32", "dims": [-1, 4]}]
@@ -39,7 +42,8 @@ def test_a_real_worker_marks_a_broken_model_invalid_with_its_reason(alice_tx: Pe
     client.post("/api/v1/models/", {"name": "tiny"}, format="json")
     client.post("/api/v1/models/tiny/versions/", {"file": SimpleUploadedFile("m.onnx", tiny_onnx(batch=False)),
                                                   "max_batch_size": "8"}, format="multipart")
-    version = wait_for(lambda: (v := client.get("/api/v1/models/tiny/versions/1/").json())["status"] != "validating" and v,
+    version = wait_for(lambda: (v := client.get("/api/v1/models/tiny/versions/1/").json())["status"] != "validating"
+                       and v,
                        30, what="the worker to inspect the upload")
     assert version["status"] == "invalid"
     assert "needs a batch dimension" in version["error"]

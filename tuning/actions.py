@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.conf import settings
@@ -18,6 +18,7 @@ from deployments.spec import DynamicBatching, InstanceGroup
 from models_registry.models import ModelVersion
 from portal.api_errors import Conflict
 from tuning import search
+from tuning.changes import Change, narrowing, spec_changes
 from tuning.models import TuneRun
 
 
@@ -79,29 +80,44 @@ def tuned_request(spec_request: planning.DeployRequest, model: str, settings: se
     """The deployment's request with the tuned settings for `model`."""
     models = []
     for item in spec_request.models:
-        if item.model == model:
-            group = item.instance_group or InstanceGroup()
-            item = planning.ModelRequest(
-                model=item.model, version=item.version,
-                max_batch_size=settings.max_batch_size if settings.batching else item.max_batch_size,
+        if item.name == model:
+            # The tuned settings are chosen, no longer the model's defaults; the rest stays as the request has it.
+            item = replace(
+                item, max_batch_size=settings.max_batch_size if settings.batching else item.max_batch_size,
                 dynamic_batching=DynamicBatching(max_queue_delay_microseconds=settings.queue_delay_us)
                 if settings.batching else None,
-                instance_group=InstanceGroup(count=settings.instances, kind=group.kind, gpus=group.gpus),
-                response_cache=item.response_cache, warmup=item.warmup)
+                instance_group=InstanceGroup(count=settings.instances, kind=item.instance_group.kind,
+                                             gpus=item.instance_group.gpus),
+                defaults=item.defaults - ({"max_batch_size", "dynamic_batching"} if settings.batching
+                                          else {"dynamic_batching"}))
         models.append(item)
-    return planning.DeployRequest(runtime=spec_request.runtime, models=tuple(models), replicas=spec_request.replicas,
-                                  resources=spec_request.resources, autoscaling=spec_request.autoscaling)
+    # Everything else (placement included: a shared deployment stays in its pool) as the deployment has it.
+    return replace(spec_request, models=tuple(models))
 
 
-@transaction.atomic
-def apply_tune(tune: TuneRun, user: Any, rollout: canary.Rollout | None = None) -> Revision:
-    """A new revision of the deployment with the tune's recommendation, planned and rolled out as a PATCH is: at
-    once, or as a canary beside the serving revision when `rollout` says so (the guardrails then judge the tuned
-    settings on live traffic). PlanError: the settings no longer fit (the deployment changed meanwhile)."""
+class NarrowingRefused(Conflict):
+    """Applying would narrow what clients may send, and the user did not choose that: `changes` lists them all."""
+
+    def __init__(self, changes: list[Change]) -> None:
+        self.changes = changes
+        narrows = "; ".join(c.text() for c in narrowing(changes))
+        super().__init__(f"Applying this tune would narrow what clients may send: {narrows}. Apply again choosing "
+                         "to narrow (the API's \"narrow\": true, the CLI's --narrow, the page's checkbox) if no "
+                         "client needs that, or tune again with the settings you serve.")
+
+
+@dataclass(frozen=True)
+class Applied:
+    revision: Revision | None  # None: the recommendation is what serves already, and nothing rolls out
+    changes: list[Change]
+
+
+def _tuned_plan(tune: TuneRun, deployment: Deployment, *, canary: bool = False) -> tuple[planning.Plan, list[Change]]:
+    """The revision the tune's recommendation makes of the deployment's current one, and every change it makes.
+    PlanError: the settings no longer fit; Conflict: nothing to apply."""
     settings = tune.recommended_settings()
     if tune.status != TuneRun.Status.DONE or settings is None:
         raise Conflict("The tune has no recommendation to apply: it is not done, or no setting met the target.")
-    deployment = Deployment.objects.select_for_update().get(pk=tune.deployment_id)
     if deployment.revision is None:
         raise Conflict("The deployment has no revision to change.")
     spec = deployment.revision.spec
@@ -109,9 +125,37 @@ def apply_tune(tune: TuneRun, user: Any, rollout: canary.Rollout | None = None) 
     if entry is None:
         raise Conflict("The deployment no longer serves the model version that was tuned: tune it again.")
     request = tuned_request(planning.request_for(spec), entry.name, search.Config.from_json(settings))
-    plan = planning.plan(deployment.team, request)
+    plan = planning.plan(deployment.team, request, deployment=deployment, canary=canary)
+    return plan, spec_changes(spec, plan.spec)
+
+
+def preview_tune(tune: TuneRun) -> list[Change]:
+    """What applying the tune would change now, before and after, for the page to show before Apply."""
+    return _tuned_plan(tune, Deployment.objects.get(pk=tune.deployment_id))[1]
+
+
+@transaction.atomic
+def apply_tune(tune: TuneRun, user: Any, rollout: canary.Rollout | None = None, *, narrow: bool = False) -> Applied:
+    """A new revision of the deployment with the tune's recommendation, planned and rolled out as a PATCH is: at
+    once, or as a canary beside the serving revision when `rollout` says so (the guardrails then judge the tuned
+    settings on live traffic). A tune must not narrow what clients may send (a lower max_batch_size, other shapes)
+    unless the user chooses it (`narrow`): NarrowingRefused otherwise, naming every change. PlanError: the settings
+    no longer fit (the deployment changed meanwhile). A recommendation that is what serves already makes no
+    revision (the tune counts as applied to the current one); as a canary it is refused (Invalid), as any canary
+    of no change is."""
+    deployment = Deployment.objects.select_for_update().get(pk=tune.deployment_id)
+    plan, changes = _tuned_plan(tune, deployment, canary=rollout is not None)
+    if narrowing(changes) and not narrow:
+        raise NarrowingRefused(changes)
     revision = deployment_actions.update_deployment(deployment, user, plan, canary=rollout)
-    TuneRun.objects.filter(pk=tune.pk).update(applied_revision=revision.number)
-    audit(user, tune.team, "deployment.tune.apply", deployment.name, tune=tune.pk, revision=revision.number,
-          **({"canary_percent": rollout.percent} if rollout else {}))
-    return revision
+    assert deployment.revision is not None  # _tuned_plan refused a deployment without one
+    number = revision.number if revision is not None else deployment.revision.number
+    TuneRun.objects.filter(pk=tune.pk).update(applied_revision=number)
+    if changes and revision is not None:
+        record(deployment, Event.Kind.INFO, f"Tune {tune.pk} applied as revision {number}: "
+                                            + "; ".join(c.text() for c in changes) + ".")
+    audit(user, tune.team, "deployment.tune.apply", deployment.name, tune=tune.pk, revision=number,
+          unchanged=revision is None, changes=[c.to_json() for c in changes],
+          **({"canary_percent": rollout.percent} if rollout else {}),
+          **({"narrowed": True} if narrowing(changes) else {}))
+    return Applied(revision, changes)

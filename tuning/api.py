@@ -14,15 +14,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from deployments import planning
-from deployments.api import RolloutSerializer, get_deployment_for_user
+from deployments.api import RolloutSerializer
+from deployments.examples import example_request, served_signature
 from deployments.models import Deployment
+from deployments.queries import get_deployment_for_user
 from deployments.revision_spec import ModelEntry
 from gateway.protocol import Refusal, check_infer_request
 from models_registry.models import ModelVersion
 from portal.api_schema import JSON_PARSERS, ExactJSONTypes, error
 from tuning import actions
 from tuning.models import TuneRun
-from web.inference import example_request, served_signature
 
 MIN_BUDGET_SECONDS = 30
 MAX_BUDGET_SECONDS = 3600
@@ -133,7 +134,8 @@ def _tunes(deployment: Deployment) -> Any:
 def _tune_for_user(request: Request, name: str, tune_id: int) -> TuneRun:
     tune = _tunes(get_deployment_for_user(request, name)).filter(pk=tune_id).first()
     if tune is None:
-        raise Http404
+        raise Http404(f"Deployment {name!r} has no tune {tune_id}: GET /api/v1/deployments/{name}/tunes/ lists "
+                      "its tunes.")
     return tune
 
 
@@ -205,14 +207,37 @@ class TuneApplySerializer(ExactJSONTypes, serializers.Serializer[Any]):
         "As on PATCH /api/v1/deployments/{name}/: {\"strategy\": \"canary\", \"percent\": 10} serves the tuned "
         "revision to that share of the requests beside the serving one, under the canary's guardrails, until it is "
         "promoted or rolled back."))
+    narrow = serializers.BooleanField(default=False, help_text=(
+        "Apply even where the tuned settings narrow what clients may send (a lower max_batch_size refuses the "
+        "larger batches accepted today). Without it such an apply is refused with a 400 listing the changes."))
+
+
+class TuneChangeSerializer(serializers.Serializer[Any]):
+    model = serializers.CharField(help_text="The served model the setting belongs to.")
+    setting = serializers.CharField(help_text=(
+        "max_batch_size, dynamic_batching, max_queue_delay_microseconds, instances, or 'tensor <name>'."))
+    before = serializers.JSONField(help_text="The value the serving revision has.")
+    after = serializers.JSONField(help_text="The value the tuned revision has.")
+    narrows = serializers.BooleanField(help_text="Whether a request clients may send today would be refused after.")
+    why = serializers.CharField(help_text="For a narrowing change: what a client loses ('' otherwise).")
+
+
+class TuneAppliedSerializer(TuneRunSerializer):
+    changes = TuneChangeSerializer(many=True, read_only=True, help_text=(
+        "Every setting the apply changed, before and after (the same list the page and the CLI show)."))
+
+    class Meta(TuneRunSerializer.Meta):
+        fields = [*TuneRunSerializer.Meta.fields, "changes"]
+        read_only_fields = fields
 
 
 @extend_schema(summary="Apply a tune's recommendation: a new revision, rolled out as a PATCH is (at once or as a "
                        "canary)", request=TuneApplySerializer,
                responses={
-                   200: TuneRunSerializer,
+                   200: TuneAppliedSerializer,
                    400: error("The body or the recommended settings are not valid (the settings no longer fit the "
-                              "deployment): 'fields' says why."),
+                              "deployment), or they narrow what clients may send and 'narrow' is not true: "
+                              "'fields' says why, 'narrow' listing every change."),
                    409: error("The tune has no recommendation to apply, the deployment no longer serves the model "
                               "version tuned, or a canary is in progress."),
                })
@@ -227,10 +252,15 @@ def tune_apply(request: Request, name: str, tune_id: int) -> Response:
         rollout = RolloutSerializer(data=body.initial_data["rollout"])
         rollout.is_valid(raise_exception=True)
     try:
-        actions.apply_tune(tune, request.user, rollout.rollout() if rollout is not None else None)
+        applied = actions.apply_tune(tune, request.user, rollout.rollout() if rollout is not None else None,
+                                     narrow=body.validated_data["narrow"])
     except planning.PlanError as exc:
         raise serializers.ValidationError(exc.errors) from None
-    return Response(TuneRunSerializer(_tune_for_user(request, name, tune_id)).data)
+    except actions.NarrowingRefused as exc:
+        raise serializers.ValidationError({"narrow": [str(exc)]}) from None
+    answer = _tune_for_user(request, name, tune_id)
+    answer.changes = [c.to_json() for c in applied.changes]  # type: ignore[attr-defined]
+    return Response(TuneAppliedSerializer(answer).data)
 
 
 @extend_schema(summary="Cancel a queued or running tune", request=None, responses={

@@ -1,4 +1,4 @@
-"""One measurement: the project's closed-loop load generator (bench/loadgen.py) against a Triton's KServe v2 infer
+"""One measurement: the project's closed-loop load generator (tuning/loadgen.py) against a Triton's KServe v2 infer
 endpoint for a few seconds at a concurrency, in a subprocess of its own (it must not share this worker's interpreter,
 and its CPU time is counted separately: os.wait4's rusage).
 
@@ -19,11 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
-
 from tuning.search import MeasureFailed, Measurement
 
-LOADGEN = Path(settings.BASE_DIR) / "bench" / "loadgen.py"
+LOADGEN = Path(__file__).resolve().parent / "loadgen.py"
 
 
 def run_loadgen(url: str, body: bytes, concurrency: int, duration: float, warmup: float) -> Measurement:

@@ -1,6 +1,6 @@
 """Running a tune in a worker: claim this machine (one running tune per host), then let tuning.search drive
 temporary Tritons of the deployment's revision with candidate settings, each rendered into a repository of its own
-and started through the local runtime's sandboxed launcher (deployments.runtimes.local.runtime.start_confined, the
+and started through the local runtime's sandboxed launcher (deployments.runtimes.local.confined.start_confined, the
 code path of every deployment), on free ports, stopped in `finally`. The deployment's own server is not touched.
 
 Temporary servers live under VAR_DIR/tuning/<tune id>/, outside DEPLOYMENTS_DIR, so that the orphan sweep of
@@ -20,20 +20,24 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Max
 from django.utils import timezone
 
+from deployments import logtail
 from deployments.events import record
-from deployments.models import Deployment, Event
+from deployments.models import Deployment, Event, bounded_message
 from deployments.revision_spec import ModelEntry, RevisionSpec
 from deployments.runtimes.base import RuntimeUnavailable
-from deployments.runtimes.local import runtime as local_runtime
+from deployments.runtimes.local import confined as local_confined
+from deployments.runtimes.local import readiness
 from deployments.runtimes.local import triton as local_triton
+from deployments.runtimes.local.files import render_spec
 from deployments.spec import DynamicBatching, defaults_for
 from tuning import search
 from tuning.measure import run_loadgen
@@ -77,6 +81,29 @@ def apply_config(spec: RevisionSpec, entry: ModelEntry, config: search.Config) -
     return replace(spec, models=tuple(tuned if m is entry else m for m in spec.models))
 
 
+def next_in_line() -> int | None:
+    """The queued tune that runs next on this machine, round-robin across teams: the oldest queued tune of the team
+    whose last tune started longest ago (a team that never tuned first; ties: whose tune was queued first). So a
+    team's queued tunes never run ahead of another team's waiting one, whoever's task wakes first."""
+    queued = list(TuneRun.objects.filter(status=TuneRun.Status.QUEUED, cancel_requested=False)
+                  .order_by("created_at", "pk").values_list("pk", "team_id"))
+    if not queued:
+        return None
+    last_started = dict(TuneRun.objects.filter(team_id__in={team for _, team in queued}, started_at__isnull=False)
+                        .values("team_id").annotate(last=Max("started_at")).values_list("team_id", "last"))
+    oldest: dict[int, tuple[int, int]] = {}  # team -> (position in the queue, tune id)
+    for position, (pk, team) in enumerate(queued):
+        oldest.setdefault(team, (position, pk))
+    never = datetime.min.replace(tzinfo=UTC)
+    team = min(oldest, key=lambda t: (last_started.get(t) or never, oldest[t][0]))
+    return oldest[team][1]
+
+
+def _machine_busy() -> bool:
+    fresh = timezone.now() - timedelta(seconds=STALE_SECONDS)
+    return TuneRun.objects.filter(host=this_host(), status=TuneRun.Status.RUNNING, heartbeat_at__gte=fresh).exists()
+
+
 def claim(tune: TuneRun) -> str | None:
     """Mark the tune running on this host; None when claimed, else why it waits (or that it is not queued)."""
     host = this_host()
@@ -112,7 +139,7 @@ class Servers:
         self.tune, self.spec, self.entry = tune, spec, entry
         self.root = Path(settings.VAR_DIR) / "tuning" / str(tune.pk)
         self.config: search.Config | None = None
-        self.confined: local_runtime.Confined | None = None
+        self.confined: local_confined.Confined | None = None
         self.count = 0
 
     def url_for(self, config: search.Config) -> str:
@@ -123,21 +150,22 @@ class Servers:
             workdir = self.root / f"c{self.count}"
             shutil.rmtree(workdir, ignore_errors=True)
             repository = workdir / "repository"
-            local_runtime.render_spec(spec, repository)
-            self.confined = local_runtime.start_confined(spec, repository, workdir / "scratch",
-                                                         workdir / "triton.log", label=f"tune {self.tune.pk}")
+            render_spec(spec, repository)
+            self.confined = local_confined.start_confined(spec, repository, workdir / "scratch",
+                                                          workdir / "triton.log", label=f"tune {self.tune.pk}")
             self.config = config
-            ready = local_triton.wait_ready(self.confined.process, spec.model_names,
+            ready = readiness.wait_ready(self.confined.process, spec.model_names,
                                             timeout=float(settings.TRITON_READY_TIMEOUT_SECONDS))
             if not ready.ready:
                 self.stop()
-                raise search.MeasureFailed(f"its Triton did not start: {ready.message}")
+                # Triton's error line may carry what the model wrote: a short excerpt of it.
+                raise search.MeasureFailed(f"its Triton did not start: {logtail.excerpt(ready.message, 1000)}")
         assert self.confined is not None
         return f"{self.confined.process.http_url}/v2/models/{self.entry.name}/infer"
 
     def stop(self) -> None:
         if self.confined is not None:
-            local_runtime.stop_confined(self.confined)
+            local_confined.stop_confined(self.confined)
             self.confined = None
             self.config = None
 
@@ -165,6 +193,14 @@ def run(tune_id: int, loadgen: Measurer = run_loadgen) -> str | None:
             status=TuneRun.Status.CANCELLED, finished_at=timezone.now(),
             message="Cancelled before it started." if stopped == "Cancelled." else stopped)
         return None
+    turn = next_in_line()
+    if turn is not None and turn != tune.pk and not _machine_busy():
+        # The machine is free: this worker slot runs the tune whose turn it is, and this one waits for its own
+        # (its task comes back), so the order never depends on whose task happens to wake first.
+        run(turn, loadgen)
+        message = "Waiting for its turn: the next tune is the oldest of the team that has waited longest."
+        TuneRun.objects.filter(pk=tune.pk, status=TuneRun.Status.QUEUED).update(message=message)
+        return message
     waiting = claim(tune)
     if waiting is not None:
         return None if waiting == "not queued" else waiting
@@ -333,6 +369,7 @@ def _finish(tune: TuneRun, status: str, message: str) -> None:
     with transaction.atomic():
         if not Deployment.objects.filter(pk=tune.deployment_id).exists():
             return  # deleted meanwhile, and its tunes with it
-        TuneRun.objects.filter(pk=tune.pk).update(status=status, message=message, finished_at=timezone.now())
+        TuneRun.objects.filter(pk=tune.pk).update(status=status, message=bounded_message(message),
+                                                  finished_at=timezone.now())
         record(tune.deployment, Event.Kind.INFO if status == TuneRun.Status.DONE else Event.Kind.WARNING,
                f"Tune {tune.pk}: {message}")

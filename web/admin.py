@@ -17,9 +17,9 @@ from django.urls import URLPattern, URLResolver, path
 from audit.log import record as audit
 from deployments import actions
 from deployments.models import Deployment, Event, Revision, TritonServer
-from deployments.planning import Plan
 from deployments.runtimes.local import triton as local_triton
-from models_registry.models import Blob, Model, ModelVersion, Upload
+from models_registry import quota
+from models_registry.models import Blob, Model, ModelVersion, TeamStorageQuota, Upload
 from web import overview
 
 # The console's name in its title bar and page titles (templates/admin/base_site.html draws the header itself);
@@ -47,7 +47,8 @@ class ModelVersionAdmin(admin.ModelAdmin):
     list_filter = ["status", "format", "model__team"]
     search_fields = ["model__name", "model__team__name", "sha256", "original_filename"]
     list_select_related = ["model__team", "created_by"]
-    readonly_fields = ["model", "number", "format", "declared_format", "staged_key", "blob", "original_filename", "size",
+    readonly_fields = ["model", "number", "format", "declared_format", "staged_key", "blob", "original_filename",
+                       "size",
                        "sha256", "signature", "declared_signature", "max_batch_size", "declared_max_batch_size",
                        "definition", "created_by", "created_at", "validated_at"]
 
@@ -71,11 +72,26 @@ class UploadAdmin(admin.ModelAdmin):
     list_filter = ["team", ("completed_at", admin.EmptyFieldListFilter)]
     search_fields = ["id", "team__name", "created_by__username"]
     list_select_related = ["team", "created_by"]
-    readonly_fields = ["team", "created_by", "length", "offset", "metadata", "storage_state", "created_at", "completed_at",
+    readonly_fields = ["team", "created_by", "length", "offset", "metadata", "storage_state", "created_at",
+                       "completed_at",
                        "busy_until"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+
+@admin.register(TeamStorageQuota)
+class TeamStorageQuotaAdmin(admin.ModelAdmin):
+    """An operator's storage quota for one team, in place of TEAM_STORAGE_QUOTA_BYTES; the list shows what each
+    team uses against it."""
+
+    list_display = ["team", "bytes", "used", "updated_at"]
+    search_fields = ["team__name"]
+    list_select_related = ["team"]
+
+    @admin.display(description="used (bytes)")
+    def used(self, obj: TeamStorageQuota) -> int:
+        return quota.usage_of(obj.team)
 
 
 # --- Deployments ---------------------------------------------------------------------------------------------
@@ -137,13 +153,7 @@ class DeploymentAdmin(admin.ModelAdmin):
 
     @admin.action(description="Re-render: a new revision with the same spec")
     def rerender_deployments(self, request: HttpRequest, queryset: QuerySet[Deployment]) -> None:
-        def rerender(deployment: Deployment, user: Any) -> None:
-            if deployment.revision is None:
-                raise actions.Conflict("it has no revision")
-            actions.update_deployment(deployment, user, Plan(spec=deployment.revision.spec,
-                                                             versions=tuple(deployment.revision.versions.all())))
-
-        self._each(request, queryset.select_related("revision"), "Re-rendering", rerender)
+        self._each(request, queryset, "Re-rendering", actions.rerender_deployment)
 
 
 @admin.register(Revision)
@@ -232,6 +242,7 @@ def overview_view(request: HttpRequest) -> HttpResponse:
         "sandbox": overview.sandbox(),
         "runtimes": overview.deployments_by_runtime(),
         "gpus": overview.gpus_per_team(),
+        "pools": overview.pools(),
         "queue": overview.queue_depth(),
         "workers": overview.worker_ping(),
         "failures": overview.recent_failures(),

@@ -12,9 +12,10 @@ from django.conf import settings
 
 from accounts.models import SCOPE_TOKENS, max_token_lifetime_days
 from accounts.names import NAME_RULE, name_error
-from deployments import planning, quantity
+from deployments import canary, planning
+from deployments.ceilings import MAX_GPUS, MAX_REPLICAS
 from deployments.models import Deployment
-from deployments.planning import MAX_GPUS, MAX_REPLICAS
+from deployments.planning import MAX_IDLE_UNLOAD_SECONDS
 from deployments.revision_spec import ModelEntry, Resources, RevisionSpec
 from deployments.spec import (
     MAX_INSTANCE_COUNT,
@@ -23,8 +24,10 @@ from deployments.spec import (
     InstanceGroup,
     defaults_for,
 )
+from modelport.core import quantity
+from modelport.core.signature import Signature, SignatureError, parse_signature
 from models_registry.models import Format, ModelVersion
-from models_registry.signature import Signature, SignatureError, parse_signature
+from web.placement import PoolChoice
 from web.serving import serving
 
 # The slider covers the useful range; the number box beside it takes anything up to the API's limit.
@@ -36,15 +39,21 @@ class UploadForm(forms.Form):
     """The upload page without JavaScript (small files in one request); the page's script uses tus instead."""
 
     name = forms.CharField(label="Model name", strip=False, help_text=f"A new name creates the model; {NAME_RULE}.",
-                           widget=forms.TextInput(attrs={"autocomplete": "off", "list": "model-names", "spellcheck": "false"}))
+                           widget=forms.TextInput(attrs={"autocomplete": "off", "list": "model-names",
+                                                         "spellcheck": "false"}))
     format = forms.ChoiceField(label="Format", required=False,
-                               choices=[("", "Detect from the file")] + [(f.value, f.label) for f in Format if f != Format.ENSEMBLE])
+                               choices=[("", "Detect from the file")]
+                               + [(f.value, f.label) for f in Format if f != Format.ENSEMBLE])
     max_batch_size = forms.IntegerField(label="Max batch size", required=False, min_value=0, max_value=1_000_000,
                                         help_text="The largest batch Triton may hand the model at once; 0 turns "
                                                   "batching off. Empty: fitted to what inspection finds in the file.")
     signature = forms.CharField(label="Signature (JSON)", required=False, widget=forms.Textarea(attrs={"rows": 4}),
-                                help_text='Needed for formats that carry none: {"inputs": [{"name", "datatype", "dims"}], "outputs": [...]}')
+                                help_text='Needed for formats that carry none: {"inputs": [{"name", "datatype", '
+                                          '"dims"}], "outputs": [...]}')
     file = forms.FileField(label="Model file")
+
+    def rollout(self) -> canary.Rollout | None:
+        return rollout_from(self.cleaned_data)
 
     def clean_name(self) -> str:
         name: str = self.cleaned_data["name"]
@@ -64,7 +73,8 @@ class UploadForm(forms.Form):
 
 
 class TokenForm(forms.Form):
-    name = forms.CharField(label="Token name", max_length=100, required=False, help_text="What it is for, e.g. “CI deploy”.")
+    name = forms.CharField(label="Token name", max_length=100, required=False,
+                           help_text="What it is for, e.g. “CI deploy”.")
     expires_in_days = forms.IntegerField(label="Expires after (days)", min_value=1, required=False)
     manage_tokens = forms.BooleanField(
         label="May manage tokens", required=False,
@@ -111,8 +121,9 @@ class DeploymentForm(forms.Form):
     replicas = forms.IntegerField(label="Replicas", initial=1, min_value=1, max_value=MAX_REPLICAS,
                                   help_text="Copies of the Triton server, each serving every model of the deployment.")
     gpu = forms.IntegerField(label="GPUs per replica", required=False, initial=0, min_value=0, max_value=MAX_GPUS)
-    gpu_type = forms.CharField(label="GPU type", required=False, help_text="A node's GPU product, e.g. NVIDIA-A100; empty: any.")
-    # Checked by deployments.planning (deployments.quantity), whose messages land beside these fields.
+    gpu_type = forms.CharField(label="GPU type", required=False,
+                               help_text="A node's GPU product, e.g. NVIDIA-A100; empty: any.")
+    # Checked by deployments.planning (modelport.core.quantity), whose messages land beside these fields.
     cpu = forms.CharField(label="CPU per replica", required=False, max_length=quantity.MAX_LENGTH,
                           widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}),
                           help_text='Cores, e.g. "2" or "500m"; empty: the default.')
@@ -120,17 +131,61 @@ class DeploymentForm(forms.Form):
                              widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}),
                              help_text='e.g. "4Gi" or "512Mi"; empty: the default.')
 
+    # Where its models run (issue 24): checked by deployments.planning like the API's placement.
+    placement = forms.ChoiceField(
+        label="Where it runs", widget=forms.RadioSelect, required=False,  # not given: the operator's default
+        choices=[("dedicated", "Dedicated: a Triton server of its own, always loaded"),
+                 ("shared", "Shared: loads on demand, costs less")],
+        help_text=("Shared: its models are loaded into a pool's Triton beside other deployments' models when "
+                   "requests come, and unloaded when unused; the first request after that waits for the load (the "
+                   "cold start). A pool open to every team takes ONNX models only."))
+    pool = forms.ChoiceField(label="Pool", required=False, widget=SelectWithReasons,
+                             help_text="What fits comes from what the model took when it last loaded here.")
+    idle_unload_seconds = forms.IntegerField(
+        label="Unload after unused for (seconds)", required=False, min_value=0, max_value=MAX_IDLE_UNLOAD_SECONDS,
+        help_text="Empty: the pool's default. 0: never unloaded while the deployment runs.")
+
     # Offered by the edit form only (a canary runs beside a serving revision): empty rolls out atomically.
     canary_percent = forms.IntegerField(
         label="Roll out as canary: N%", required=False, min_value=1, max_value=99,
         help_text=("Empty: the new settings take every request once ready. A number: they serve that share of the "
-                   "requests beside the current ones until you promote or roll back (rolled back automatically "
-                   "past 5% errors or twice the p99 latency over 60 s)."))
+                   "requests beside the current ones until you promote or roll back, or the guardrails below roll "
+                   "them back."))
+    # The canary's guardrails (deployments/canary.py), with the API's bounds and defaults (docs/api.md).
+    canary_max_error_percent = forms.FloatField(
+        label="Roll back past this error rate (%)", required=False, min_value=0, max_value=100,
+        initial=canary.DEFAULT_MAX_ERROR_RATE * 100,
+        help_text="The canary's share of 5xx and 429 answers over the window.")
+    canary_max_p99_ratio = forms.FloatField(
+        label="Roll back past this p99 ratio", required=False, min_value=1, max_value=1000,
+        initial=canary.DEFAULT_MAX_P99_RATIO,
+        help_text=(f"The canary's p99 latency over the current revision's (and {canary.P99_SLACK_MS:g} ms more), "
+                   f"judged on a whole window and at least {canary.MIN_REQUESTS_FOR_P99} requests of each."))
+    canary_window_seconds = forms.IntegerField(
+        label="Window (seconds)", required=False, min_value=canary.MIN_WINDOW_SECONDS,
+        max_value=canary.MAX_WINDOW_SECONDS, initial=canary.DEFAULT_WINDOW_SECONDS,
+        help_text="Both revisions are compared over this many seconds since the canary serves.")
+    canary_min_requests = forms.IntegerField(
+        label="Minimum requests", required=False, min_value=1, max_value=1_000_000,
+        initial=canary.DEFAULT_MIN_REQUESTS,
+        help_text="No verdict on fewer canary requests in the window.")
+    canary_auto_promote = forms.BooleanField(
+        label="Promote it automatically after a whole window within the guardrails", required=False)
 
-    def __init__(self, *args: Any, editing: bool = False, **kwargs: Any) -> None:
+    CANARY_FIELDS = ("canary_percent", "canary_max_error_percent", "canary_max_p99_ratio", "canary_window_seconds",
+                     "canary_min_requests", "canary_auto_promote")
+
+    def __init__(self, *args: Any, editing: bool = False, pools: list[PoolChoice] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if not editing:
-            del self.fields["canary_percent"]
+            for field in self.CANARY_FIELDS:
+                del self.fields[field]
+        self.pools = pools or []
+        pool = self.fields["pool"]
+        assert isinstance(pool, forms.ChoiceField) and isinstance(pool.widget, SelectWithReasons)
+        pool.choices = [(c.pool.name, c.label) for c in self.pools]
+        pool.widget.unavailable = {c.pool.name: c.unavailable for c in self.pools if c.unavailable}
         self.serving = serving()
         runtime = self.fields["runtime"]
         runtime.help_text = self.serving.note()
@@ -145,6 +200,9 @@ class DeploymentForm(forms.Form):
             self.fields["runtime"].disabled = True
             self.fields["name"].help_text = "The name cannot change (it is in the endpoint URL)."
             self.fields["runtime"].help_text = "The runtime cannot change: create a new deployment instead."
+
+    def rollout(self) -> canary.Rollout | None:
+        return rollout_from(self.cleaned_data)
 
     def clean_name(self) -> str:
         name: str = self.cleaned_data["name"]
@@ -183,19 +241,20 @@ class ServedModelForm(forms.Form):
                   "but a request may wait up to this long before it runs.")
     preferred_batch_size = forms.CharField(label="Preferred batch sizes", required=False,
                                            help_text="Comma-separated, e.g. 4, 8 (each at most the max batch size).",
-                                           widget=forms.TextInput(attrs={"inputmode": "numeric", "autocomplete": "off"}))
+                                           widget=forms.TextInput(attrs={"inputmode": "numeric",
+                                                                         "autocomplete": "off"}))
     instance_count = forms.IntegerField(label="Instances", initial=1, min_value=1, max_value=MAX_INSTANCE_COUNT,
                                         widget=forms.NumberInput(attrs={"min": 1, "max": MAX_INSTANCE_COUNT}),
                                         help_text="Copies of the model inside each server, run in parallel.")
     instance_kind = forms.ChoiceField(label="Instance kind", choices=[("cpu", "CPU"), ("gpu", "GPU")])
 
-    def __init__(self, *args: Any, model_name: str, versions: list[ModelVersion], kept: dict[str, Any] | None = None,
+    def __init__(self, *args: Any, model_name: str, versions: list[ModelVersion], current: ModelEntry | None = None,
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.model_name = model_name
         self.versions = {v.number: v for v in versions}
-        # Settings this form does not show, carried over from the current revision when editing.
-        self.kept = kept or {}
+        # The entry being edited: the settings this form does not show are carried over from it.
+        self.current = current
         version_field = self.fields["version"]
         assert isinstance(version_field, forms.TypedChoiceField)
         version_field.choices = [(v.number, f"{v.number} ({v.get_format_display()})") for v in versions]
@@ -222,23 +281,28 @@ class ServedModelForm(forms.Form):
             raise forms.ValidationError(f"Give at most {MAX_PREFERRED_BATCH_SIZES} sizes.")
         return [int(p) for p in parts]
 
-    def model_request(self) -> planning.ModelRequest:
+    def asked_entry(self) -> ModelEntry:
         """This model's part of the deploy request."""
         data = self.cleaned_data
+        current = self.current
         batching = None
         if data["dynamic_batching"]:
+            kept_batching = current.dynamic_batching if current is not None else None
             batching = DynamicBatching(max_queue_delay_microseconds=data["max_queue_delay_microseconds"] or 0,
                                        preferred_batch_size=tuple(data["preferred_batch_size"]),
-                                       preserve_ordering=bool(self.kept.get("preserve_ordering", False)))
-        gpus = tuple(self.kept.get("gpus", ())) if data["instance_kind"] == "gpu" else ()
+                                       preserve_ordering=kept_batching is not None and kept_batching.preserve_ordering)
+        # GPU ids are kept with the kind they were chosen for; a pipeline's instances were never applied.
+        kept_group = current.instance_group if current is not None and not current.is_pipeline else InstanceGroup()
+        gpus = kept_group.gpus if data["instance_kind"] == "gpu" else ()
         max_batch_size = data["max_batch_size"]
         version = self.versions.get(data["version"])
         if version is not None and version.format == Format.ENSEMBLE and "max_batch_size" not in self.changed_data:
             max_batch_size = None  # left to the planner, which fits a pipeline's batches to its steps
-        return planning.ModelRequest(
-            model=self.model_name, version=data["version"], max_batch_size=max_batch_size, dynamic_batching=batching,
+        return ModelEntry.asked(
+            self.model_name, version=data["version"], max_batch_size=max_batch_size, dynamic_batching=batching,
             instance_group=InstanceGroup(count=data["instance_count"], kind=data["instance_kind"], gpus=gpus),
-            response_cache=bool(self.kept.get("response_cache")), warmup=self.kept.get("warmup"),
+            response_cache=current is not None and current.response_cache,
+            warmup=current.warmup if current is not None else None,
         )
 
 
@@ -265,8 +329,9 @@ def initial_for_version(version: ModelVersion) -> dict[str, Any]:
     }
 
 
-def initial_for_entry(entry: ModelEntry) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(form initial, settings kept unchanged) for a model entry of a revision's spec."""
+def initial_for_entry(entry: ModelEntry) -> dict[str, Any]:
+    """The form's initial values for a model entry of a revision's spec (ServedModelForm's `current` keeps the
+    settings it does not show)."""
     batching = entry.dynamic_batching
     # A pipeline's instances were never applied, and are refused now: saving again writes the defaults.
     group = entry.instance_group if not entry.is_pipeline else InstanceGroup()
@@ -279,9 +344,7 @@ def initial_for_entry(entry: ModelEntry) -> tuple[dict[str, Any], dict[str, Any]
         "instance_count": group.count,
         "instance_kind": group.kind,
     }
-    kept = {"preserve_ordering": batching.preserve_ordering if batching else False, "gpus": group.gpus,
-            "response_cache": entry.response_cache, "warmup": entry.warmup}
-    return initial, kept
+    return initial
 
 
 def deploy_request(form: DeploymentForm, model_forms: list[ServedModelForm],
@@ -296,11 +359,26 @@ def deploy_request(form: DeploymentForm, model_forms: list[ServedModelForm],
         # The GPU fields are hidden for the local runtime: whatever they hold then does not count.
         gpu=(data.get("gpu") or 0) if kubernetes else 0, gpu_type=(data.get("gpu_type") or "") if kubernetes else "",
     )
+    shared = data.get("placement") == "shared"
+    # The pool fields are hidden for a dedicated deployment: whatever they hold then does not count.
+    placement = planning.PlacementRequest(
+        mode=data.get("placement") or None, pool=(data.get("pool") or None) if shared else None,
+        idle_unload_seconds=data.get("idle_unload_seconds") if shared else None)
     return planning.DeployRequest(
         runtime=data["runtime"], replicas=data["replicas"], resources=resources,
         autoscaling=current.autoscaling if current else None,
-        models=tuple(f.model_request() for f in model_forms),
+        models=tuple(f.asked_entry() for f in model_forms), placement=placement,
     )
+
+
+def placement_initial(spec: RevisionSpec | None) -> dict[str, Any]:
+    """The deploy form's placement fields: the revision's when editing, else the operator's default mode."""
+    if spec is None:
+        return {"placement": settings.DEPLOYMENT_DEFAULT_PLACEMENT}
+    placement = spec.placement
+    if not placement.shared:
+        return {"placement": "dedicated"}
+    return {"placement": "shared", "pool": placement.pool, "idle_unload_seconds": placement.idle_unload_seconds}
 
 
 _MODEL_KEY = re.compile(r"^models\[(\d+)\]\.?(.*)$")
@@ -315,7 +393,9 @@ _MODEL_FIELDS = {
     "instance_group.gpus": "instance_kind",
 }
 _DEPLOYMENT_FIELDS = {"name": "name", "runtime": "runtime", "replicas": "replicas", "resources.gpu": "gpu",
-                      "resources.gpu_type": "gpu_type", "resources.cpu": "cpu", "resources.memory": "memory"}
+                      "resources.gpu_type": "gpu_type", "resources.cpu": "cpu", "resources.memory": "memory",
+                      "placement": "placement", "placement.mode": "placement", "placement.pool": "pool",
+                      "placement.idle_unload_seconds": "idle_unload_seconds"}
 
 
 def add_plan_errors(errors: dict[str, list[str]], form: DeploymentForm, model_forms: list[ServedModelForm]) -> None:
@@ -337,3 +417,23 @@ def add_plan_errors(errors: dict[str, list[str]], form: DeploymentForm, model_fo
             field = None
         for message in messages:
             form.add_error(field, message if field or key == "non_field_errors" else f"{key}: {message}")
+
+
+def rollout_from(data: dict[str, Any]) -> canary.Rollout | None:
+    """The canary a form asked for (a percent), with its guardrails; an empty guardrail takes its default. None: an
+    atomic rollout."""
+    percent = data.get("canary_percent")
+    if not percent:
+        return None
+
+    def given(name: str, default: Any) -> Any:
+        value = data.get(name)
+        return default if value is None else value
+
+    return canary.Rollout(
+        percent=percent,
+        max_error_rate=given("canary_max_error_percent", canary.DEFAULT_MAX_ERROR_RATE * 100) / 100,
+        max_p99_ratio=given("canary_max_p99_ratio", canary.DEFAULT_MAX_P99_RATIO),
+        window_seconds=given("canary_window_seconds", canary.DEFAULT_WINDOW_SECONDS),
+        min_requests=given("canary_min_requests", canary.DEFAULT_MIN_REQUESTS),
+        auto_promote=bool(data.get("canary_auto_promote")))

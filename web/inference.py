@@ -9,11 +9,13 @@ import math
 from typing import Any
 from urllib.parse import urlsplit
 
-from deployments.render import served_dims
-from deployments.revision_spec import ModelEntry
-from models_registry import datatypes
-
-_FLOAT_TYPES = datatypes.FLOAT_TYPES
+# The example request itself is the deployments app's (tuning measures with it too); re-exported for the pages.
+from deployments.examples import EXAMPLE_MAX_ELEMENTS as EXAMPLE_MAX_ELEMENTS
+from deployments.examples import example_note as example_note
+from deployments.examples import example_request as example_request
+from deployments.examples import example_shape as example_shape
+from deployments.examples import served_signature as served_signature
+from modelport.core import datatypes
 
 
 def _numpy_attribute(datatype: str) -> str:
@@ -21,58 +23,6 @@ def _numpy_attribute(datatype: str) -> str:
     lacks (the client converts), and bool/object are spelt as numpy's scalar types."""
     name = datatypes.KSERVE_TO_NUMPY.get(datatype, "float32")
     return {"bool": "bool_", "object": "object_"}.get(name, name)
-
-
-def example_shape(dims: list[int]) -> list[int]:
-    """A concrete shape for a signature's dims: batch 1, and 1 for any other dynamic dimension."""
-    return [1 if d == -1 else d for d in dims]
-
-
-def _zero(datatype: str) -> Any:
-    if datatype == "BOOL":
-        return False
-    if datatype == "BYTES":
-        return ""
-    return 0.0 if datatype in _FLOAT_TYPES else 0
-
-
-# Zeros prefilled in one example request, all inputs together: 1 MiB of FP32 (a 512 × 512 image, three 224 × 224
-# ones). The page carries the example twice as JSON text; a signature's dims are the uploader's to choose, and
-# [-1, 100000, 100000] must not build a list of ten billion zeros in the web process.
-EXAMPLE_MAX_ELEMENTS = 262_144
-
-
-def _example(signature: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    inputs = []
-    left_empty = []
-    budget = EXAMPLE_MAX_ELEMENTS
-    for tensor in signature.get("inputs", []):
-        shape = example_shape(list(tensor.get("dims", [])))
-        datatype = tensor.get("datatype", "FP32")
-        count = max(math.prod(shape), 0)
-        if count > budget:
-            data: list[Any] = []
-            left_empty.append(f"{tensor['name']} ({' × '.join(str(d) for d in shape)} = {count:,} elements)")
-        else:
-            data = [_zero(datatype)] * count
-            budget -= count
-        inputs.append({"name": tensor["name"], "shape": shape, "datatype": datatype, "data": data})
-    return {"inputs": inputs}, left_empty
-
-
-def example_request(signature: dict[str, Any]) -> dict[str, Any]:
-    """A KServe v2 JSON request for the signature: zeros of the right datatype and shape, batch 1. Inputs past
-    EXAMPLE_MAX_ELEMENTS keep their shape with empty data (see example_note)."""
-    return _example(signature)[0]
-
-
-def example_note(signature: dict[str, Any]) -> str:
-    """What the example leaves for the user to fill in, or ""."""
-    left_empty = _example(signature)[1]
-    if not left_empty:
-        return ""
-    return (f"Too large to prefill here: {', '.join(left_empty)}. Fill in its data, or send it with the CLI or "
-            "tritonclient (the snippets above).")
 
 
 def example_request_json(signature: dict[str, Any]) -> str:
@@ -90,25 +40,10 @@ def with_data(request: dict[str, Any], data: dict[str, list[Any]]) -> dict[str, 
     inputs = []
     for tensor in request["inputs"]:
         values = data.get(tensor["name"])
-        inputs.append({**tensor, "data": list(values)} if values is not None and len(values) == math.prod(tensor["shape"])
+        inputs.append({**tensor, "data": list(values)}
+                      if values is not None and len(values) == math.prod(tensor["shape"])
                       else tensor)
     return {**request, "inputs": inputs}
-
-
-def served_signature(entry: ModelEntry) -> dict[str, Any]:
-    """The signature as Triton serves it (deployments.render.served_dims): what its metadata says and what it
-    answers. A tensor whose shape differs from the model's own declaration keeps that as `declared`."""
-    batched = entry.max_batch_size > 0
-    signature = entry.signature.to_json()
-    served: dict[str, Any] = {}
-    for kind in ("inputs", "outputs"):
-        tensors = []
-        for tensor in signature.get(kind, []):
-            dims = list(tensor.get("dims", []))
-            shown = served_dims(dims, batched)
-            tensors.append({**tensor, "dims": shown, **({"declared": dims} if shown != dims else {})})
-        served[kind] = tensors
-    return served
 
 
 # A request body this short goes inline into the curl snippet, so that it runs as copied; a longer one (an image's
@@ -141,7 +76,10 @@ def curl_snippet(base_url: str, deployment: str, model: str, body: dict[str, Any
     )
 
 
-def python_snippet(base_url: str, deployment: str, model: str, signature: dict[str, Any]) -> str:
+def python_snippet(base_url: str, deployment: str, model: str, signature: dict[str, Any],
+                   data: dict[str, list[Any]] | None = None) -> str:
+    """`data`: values for some inputs (the held-out example of a sample model, as Try it and curl send it), so
+    that every snippet of the page sends the same request and prints the same answer; other inputs send zeros."""
     parts = urlsplit(base_url)
     url = f"{parts.netloc}{parts.path.rstrip('/')}/serve/{deployment}"
     ssl = ", ssl=True" if parts.scheme == "https" else ""
@@ -161,7 +99,12 @@ def python_snippet(base_url: str, deployment: str, model: str, signature: dict[s
         lines.append(f'tensor = httpclient.InferInput("{tensor["name"]}", {shape}, "{datatype}")')
         if datatype == "BYTES":
             lines.append(f'# {tensor["name"]}: bytes per element, e.g. a file\'s: open("digit.png", "rb").read()')
-            lines.append(f'tensor.set_data_from_numpy(np.array([b""] * {math.prod(shape)}, dtype=np.object_).reshape({shape}))')
+            lines.append(f'tensor.set_data_from_numpy(np.array([b""] * {math.prod(shape)}, dtype=np.object_)'
+                         f'.reshape({shape}))')
+        elif (values := (data or {}).get(tensor["name"])) is not None and len(values) == math.prod(shape):
+            lines.append(f"tensor.set_data_from_numpy(np.array({_literal(values)},")
+            indent = " " * len("tensor.set_data_from_numpy(np.array(")
+            lines.append(f"{indent}dtype=np.{_numpy_attribute(datatype)}).reshape({shape}))")
         else:
             lines.append(f"tensor.set_data_from_numpy(np.zeros({shape}, dtype=np.{_numpy_attribute(datatype)}))")
         lines.append("inputs.append(tensor)")
@@ -169,6 +112,11 @@ def python_snippet(base_url: str, deployment: str, model: str, signature: dict[s
     for tensor in signature.get("outputs", []):
         lines.append(f'print(result.as_numpy("{tensor["name"]}"))')
     return "\n".join(lines)
+
+
+def _literal(values: list[Any]) -> str:
+    """A list as Python source, whole numbers without their ".0" (the sample's pixels read as pixels)."""
+    return "[" + ", ".join(repr(int(v)) if isinstance(v, float) and v.is_integer() else repr(v) for v in values) + "]"
 
 
 def cli_snippet(deployment: str, model: str, base_url: str = "") -> str:

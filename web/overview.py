@@ -7,16 +7,18 @@ from __future__ import annotations
 import logging
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count
+from django.db.models import Count, Sum
 from django.utils import timezone
 
-from deployments.models import Deployment, Event, TritonServer
+from deployments import pools as pool_rules
+from deployments.models import Deployment, Event, Pool, PoolLoad, PoolServer, TritonServer
 from deployments.runtimes.local import triton as local_triton
+from gateway.models import RequestStats
 from portal.queues import Queue
 
 log = logging.getLogger(__name__)
@@ -38,9 +40,35 @@ def triton_servers() -> list[dict[str, Any]]:
     return [{"server": s, "alive": local_triton.is_alive(s.pid)} for s in servers]
 
 
+# The revisions listed per pool: enough to see who fills it, bounded so that the page stays fast however many
+# deployments a pool holds (its totals count them all).
+_MAX_POOL_LOADS = 200
+
+
+def pools() -> list[dict[str, Any]]:
+    """Each pool with its budget, what its loaded models took, its Triton process and the revisions in it."""
+    servers = {s.pool_id: s for s in PoolServer.objects.filter(state=PoolServer.State.RUNNING).order_by("started_at")}
+    rows = []
+    for pool in Pool.objects.select_related("team").order_by("name"):
+        used, models = pool_rules.memory_used(pool)
+        loads = list(PoolLoad.objects.filter(pool=pool).exclude(deployment__desired_state=Deployment.Desired.DELETED)
+                     .select_related("deployment__team", "revision")
+                     .order_by("deployment__name", "revision__number")[:_MAX_POOL_LOADS])
+        server = servers.get(pool.pk)
+        budget = pool.memory_budget_bytes
+        rows.append({
+            "pool": pool, "models": models, "used": pool_rules.format_bytes(used),
+            "budget": pool_rules.format_bytes(budget), "percent": round(100 * used / budget) if budget else 0,
+            "server": server, "alive": local_triton.is_alive(server.pid) if server else False,
+            "loads": [{"load": load, "memory": pool_rules.format_bytes(load.memory_bytes) if load.memory_bytes else ""}
+                      for load in loads],
+        })
+    return rows
+
+
 def sandbox() -> Probe:
     """Whether this process can sandbox the local Tritons, and what is weaker than designed here."""
-    from deployments.runtimes.local.runtime import sandbox_capabilities
+    from deployments.runtimes.local.confined import sandbox_capabilities
 
     try:
         caps = sandbox_capabilities()
@@ -90,11 +118,13 @@ def queue_depth() -> Probe:
 
             client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
             keys = [key for queue in Queue for key in
-                    (queue.value, *(f"{queue.value}{_REDIS_PRIORITY_SEPARATOR}{step}" for step in _REDIS_PRIORITY_STEPS))]
+                    (queue.value,
+                     *(f"{queue.value}{_REDIS_PRIORITY_SEPARATOR}{step}" for step in _REDIS_PRIORITY_STEPS))]
             return Probe(sum(int(client.llen(key)) for key in keys), "Redis")
         if url.startswith("filesystem://"):
             folder = Path(settings.VAR_DIR) / "celery" / "queue"
-            return Probe(sum(1 for p in folder.iterdir() if p.is_file()) if folder.exists() else 0, f"files in {folder}")
+            return Probe(sum(1 for p in folder.iterdir() if p.is_file()) if folder.exists() else 0,
+                         f"files in {folder}")
     except Exception as exc:  # the broker being down is what this page is for
         log.warning("queue depth: %s", exc)
         return Probe(None, f"the broker did not answer: {exc}")
@@ -104,13 +134,40 @@ def queue_depth() -> Probe:
 def worker_ping(timeout: float = 1.0) -> Probe:
     """Names of the Celery workers that answered a ping; an empty list when none did."""
     try:
-        from portal.celery import app
+        # Celery's current app is the portal's (portal/__init__.py loads it first): asked for here rather than
+        # imported from the portal's wiring, which sits above the pages.
+        from celery import current_app
 
-        replies = app.control.inspect(timeout=timeout).ping() or {}
+        replies = current_app.control.inspect(timeout=timeout).ping() or {}
     except Exception as exc:
         log.warning("worker ping: %s", exc)
         return Probe([], f"no worker answered ({exc})")
     return Probe(sorted(replies), "" if replies else "no worker answered")
+
+
+# Buckets with errors read per deployment for their status codes: enough for a day of a deployment that fails
+# every request (10 s buckets), bounded so that the page stays fast whatever the gateway wrote.
+_MAX_ERROR_BUCKETS = 20_000
+
+
+def gateway_5xx(since: datetime) -> list[dict[str, Any]]:
+    """Per deployment, the 5xx answers the gateway gave since `since` (the request statistics), most first: an
+    overview that read only events said "No errors" while the gateway answered 500s and 502s."""
+    rows = (RequestStats.objects.filter(bucket_start__gte=since, errors__gt=0)
+            .order_by("-bucket_start").values_list("deployment_id", "requests", "codes")[:_MAX_ERROR_BUCKETS])
+    counts: dict[int, Counter[str]] = defaultdict(Counter)
+    for deployment_id, _requests, codes in rows:
+        for code, n in (codes or {}).items():
+            if str(code).startswith("5") and isinstance(n, int):
+                counts[deployment_id][str(code)] += n
+    totals = (RequestStats.objects.filter(bucket_start__gte=since, deployment_id__in=list(counts))
+              .values("deployment_id").annotate(requests=Sum("requests")))
+    requests = {row["deployment_id"]: row["requests"] for row in totals}
+    deployments = Deployment.objects.select_related("team").in_bulk(list(counts))
+    found = [{"deployment": deployments[pk], "errors": sum(codes.values()), "requests": requests.get(pk, 0),
+              "codes": ", ".join(f"{n} x {code}" for code, n in sorted(codes.items()))}
+             for pk, codes in counts.items() if codes and pk in deployments]
+    return sorted(found, key=lambda row: (-row["errors"], row["deployment"].name))
 
 
 def recent_failures(hours: int = 24) -> dict[str, Any]:
@@ -119,4 +176,4 @@ def recent_failures(hours: int = 24) -> dict[str, Any]:
               .exclude(desired_state=Deployment.Desired.DELETED).select_related("team").order_by("-status_changed_at"))
     errors = (Event.objects.filter(kind=Event.Kind.ERROR, time__gte=since)
               .select_related("deployment__team")[:100])
-    return {"hours": hours, "failed": list(failed), "errors": list(errors)}
+    return {"hours": hours, "failed": list(failed), "errors": list(errors), "gateway": gateway_5xx(since)}

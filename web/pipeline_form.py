@@ -94,8 +94,10 @@ def create(team: Team, user: Any, checked: Checked) -> ModelVersion:
 
 def _step_label(definition: Any, index: int) -> str:
     steps = definition.get("steps") if isinstance(definition, dict) else None
-    model = steps[index].get("model") if isinstance(steps, list) and index < len(steps) and isinstance(steps[index], dict) else None
-    return f"Step {index} · {model}" if isinstance(model, str) and model else f"Step {index}"
+    model = (steps[index].get("model")
+             if isinstance(steps, list) and index < len(steps) and isinstance(steps[index], dict) else None)
+    # Counted from 1, as the messages count them.
+    return f"Step {index + 1} · {model}" if isinstance(model, str) and model else f"Step {index + 1}"
 
 
 def _what(rest: str) -> str:
@@ -123,7 +125,9 @@ def _problems(errors: dict[str, list[str]], definition: Any) -> list[Problem]:
         elif output:
             outputs = definition.get("outputs") if isinstance(definition, dict) else None
             index = int(output.group(1))
-            tensor = outputs[index].get("name") if isinstance(outputs, list) and index < len(outputs) and isinstance(outputs[index], dict) else index
+            tensor = (outputs[index].get("name")
+                      if isinstance(outputs, list) and index < len(outputs) and isinstance(outputs[index], dict)
+                      else index)
             add(f"Pipeline output {tensor}", "", messages)
         elif key == "max_batch_size":
             add("Max batch size", "", messages)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from deployments.revision_spec import ModelEntry, RevisionSpec
+from deployments.revision_spec import ModelEntry, Placement, RevisionSpec
 from deployments.spec import DynamicBatching
-from models_registry import formats
+from modelport.core import formats
 
 FORMAT_NAMES = {fmt.name: fmt.short_label for fmt in formats.REGISTRY.values()}
 
@@ -26,7 +26,8 @@ def batching_words(entry: ModelEntry) -> str:
     batching = entry.dynamic_batching
     if not batching:
         return f"max batch size {size}, no dynamic batching (each request runs as it comes)"
-    words = f"max batch size {size}, dynamic batching with a queue delay of {_us(batching.max_queue_delay_microseconds)}"
+    words = (f"max batch size {size}, dynamic batching with a queue delay of "
+             f"{_us(batching.max_queue_delay_microseconds)}")
     if batching.preferred_batch_size:
         words += f", preferred batch sizes {', '.join(str(s) for s in batching.preferred_batch_size)}"
     return words
@@ -49,7 +50,7 @@ def settings_in_effect(spec: RevisionSpec | None) -> list[dict[str, Any]]:
         extras = []
         if entry.response_cache:
             extras.append("response cache on")
-        if entry.warmup:
+        if entry.warmup is not None:
             extras.append("warm-up before serving")
         rows.append({
             "name": entry.name,
@@ -62,11 +63,22 @@ def settings_in_effect(spec: RevisionSpec | None) -> list[dict[str, Any]]:
     return rows
 
 
+def placement_words(placement: Placement) -> str:
+    if not placement.shared:
+        return "dedicated"
+    idle = placement.idle_unload_seconds
+    return f"shared in pool {placement.pool}, " + (f"unloaded after {idle:,} s unused" if idle else "never unloaded")
+
+
 def deployment_words(spec: RevisionSpec | None, runtime: str) -> list[str]:
-    """Settings of the whole deployment that a user chose (none for the local runtime's single server)."""
-    if runtime != "kubernetes" or spec is None:
+    """Settings of the whole deployment that a user chose (for the local runtime's single server, only where its
+    models run when shared)."""
+    if spec is None:
         return []
-    words = [f"{spec.replicas} replica{'s' if spec.replicas != 1 else ''}"]
+    shared = [placement_words(spec.placement)] if spec.placement.shared else []
+    if runtime != "kubernetes":
+        return shared
+    words = [*shared, f"{spec.replicas} replica{'s' if spec.replicas != 1 else ''}"]
     resources = spec.resources
     if resources.gpu:
         words.append(f"{resources.gpu} GPU per replica" + (f" ({resources.gpu_type})" if resources.gpu_type else ""))
@@ -97,8 +109,8 @@ def _entry_changes(name: str, old: ModelEntry, new: ModelEntry) -> list[str]:
     if instances_words(old) != instances_words(new):
         changes.append(f"{name}: {instances_words(old)} → {instances_words(new)}")
     for old_value, new_value, label in ((old.response_cache, new.response_cache, "response cache"),
-                                        (old.warmup, new.warmup, "warm-up")):
-        if bool(old_value) != bool(new_value):
+                                        (old.warmup is not None, new.warmup is not None, "warm-up")):
+        if old_value != new_value:
             changes.append(f"{name}: {label} {'on' if new_value else 'off'}")
     return changes
 
@@ -118,6 +130,8 @@ def changes_between(old: RevisionSpec | None, new: RevisionSpec) -> list[str]:
     for name in after:
         if name in before:
             changes += _entry_changes(name, before[name], after[name])
+    if old.placement != new.placement:
+        changes.append(f"placement {placement_words(old.placement)} → {placement_words(new.placement)}")
     if old.replicas != new.replicas:
         changes.append(f"replicas {old.replicas} → {new.replicas}")
     if old.resources != new.resources:

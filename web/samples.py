@@ -18,6 +18,7 @@ from django.db import transaction
 from accounts.models import Team
 from deployments import actions as deployment_actions
 from deployments import planning
+from deployments.model_entry import ModelEntry
 from deployments.models import Deployment
 from models_registry import actions as registry_actions
 from models_registry import inspection, pipelines
@@ -60,6 +61,12 @@ def deploy_sample(team: Team, user: Any, which: str) -> SampleDeployment:
         return SampleDeployment(existing, created=False)
 
 
+def deployed(team: Team, deployments: list[Deployment]) -> set[str]:
+    """The samples (of SAMPLES) that have a live deployment of their name among `deployments` (the team's)."""
+    names = {d.name for d in deployments if d.team_id == team.pk and d.desired_state != Deployment.Desired.DELETED}
+    return {which for which in SAMPLES if DEPLOYMENT_NAMES[which] in names}
+
+
 def _deployment(team: Team, name: str) -> Deployment | None:
     return (Deployment.objects.filter(team=team, name=name).exclude(desired_state=Deployment.Desired.DELETED)
             .first())
@@ -72,7 +79,7 @@ def _deploy(team: Team, user: Any, which: str, name: str) -> SampleDeployment:
     if which == "pipeline":
         _pipeline_version(team, user, versions)
         served = PIPELINE_MODEL
-    request = planning.DeployRequest(runtime=Deployment.Runtime.LOCAL, models=(planning.ModelRequest(model=served),))
+    request = planning.DeployRequest(runtime=Deployment.Runtime.LOCAL, models=(ModelEntry.asked(served),))
     try:
         plan = planning.plan(team, request)
     except planning.PlanError as exc:
@@ -97,10 +104,9 @@ def _sample_version(team: Team, user: Any, artifact: SampleArtifact) -> ModelVer
     version = registry_actions.create_version_from_file(
         model, user, io.BytesIO(artifact.data), artifact.filename, declared_format=artifact.format,
         signature=artifact.signature)
-    # Inspected here rather than by the worker, so that the deployment below can use it. The worker's task is
-    # queued for after the commit, when the version is ready already: it finds nothing left to do.
-    inspection.inspect_version(version.pk)
-    version.refresh_from_db()
+    # Inspected here rather than by the worker, so that the deployment below can use it; the worker's task, queued
+    # at the commit, finds it claimed (or, if the worker was first, this waits for it).
+    version = inspection.inspect_here(version.pk)
     if version.status != ModelVersion.Status.READY:
         raise SampleError(f"The sample model {artifact.name} did not pass inspection: {version.error}")
     return version

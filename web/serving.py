@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from deployments.frameworks import local_frameworks
+from deployments.local_env import local_frameworks
 from deployments.runtimes.kubernetes.config import KubernetesConfig
 from deployments.spec import local_format_error
-from models_registry import formats
+from modelport.core import formats
 from models_registry.models import Format
 
 SHORT_NAMES = {Format(fmt.name): fmt.plural for fmt in formats.REGISTRY.values()}

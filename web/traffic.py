@@ -25,8 +25,8 @@ def traffic_by_deployment(deployment_ids: list[int], window: timedelta = WINDOW)
     if not deployment_ids or not apps.is_installed("gateway"):
         return {}
     try:
-        from gateway.api import summarize
         from gateway.models import RequestStats
+        from gateway.stats import summarize
     except ImportError:
         return {}
     rows = RequestStats.objects.filter(deployment_id__in=deployment_ids, bucket_start__gte=timezone.now() - window)

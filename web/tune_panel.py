@@ -6,9 +6,13 @@ from typing import Any
 
 from django import forms
 
+from deployments import planning
 from deployments.models import Deployment
 from models_registry.models import ModelVersion
+from portal.api_errors import Conflict
+from tuning import actions
 from tuning.api import MAX_BUDGET_SECONDS, MAX_CONCURRENCY, MAX_P99_MS, MIN_BUDGET_SECONDS, MIN_P99_MS
+from tuning.changes import Change
 from tuning.models import TuneRun
 from web.tune_chart import frontier_svg
 
@@ -32,8 +36,23 @@ def tune_context(deployment: Deployment) -> dict[str, Any]:
     tune = (TuneRun.objects.filter(deployment=deployment).select_related("model_version__model", "created_by")
             .first())
     chart = frontier_svg(tune.results, tune.frontier, tune.p99_target_ms, tune.recommendation) if tune else ""
-    return {"tune": tune, "tune_chart": chart, "tune_form": TuneForm(),
+    # The form starts from the values the last tune ran with, so that a second tune changes one thing, not three.
+    form = TuneForm(initial={"p99_ms": tune.p99_target_ms, "budget_seconds": tune.budget_seconds,
+                             "concurrency_max": tune.concurrency_max} if tune else None)
+    changes, problem = _apply_preview(tune)
+    return {"tune": tune, "tune_chart": chart, "tune_form": form, "tune_changes": changes,
+            "tune_narrows": any(c.narrows for c in changes), "tune_apply_problem": problem,
             "can_tune": deployment.runtime == Deployment.Runtime.LOCAL and deployment.revision_id is not None}
+
+
+def _apply_preview(tune: TuneRun | None) -> tuple[list[Change], str]:
+    """What Apply would change (shown before the button, so that nothing changes unsaid), or why it cannot."""
+    if tune is None or tune.status != TuneRun.Status.DONE or not tune.recommendation or tune.applied_revision:
+        return [], ""
+    try:
+        return actions.preview_tune(tune), ""
+    except (Conflict, planning.PlanError) as exc:
+        return [], str(exc)
 
 
 def suggestion_for(version: ModelVersion) -> TuneRun | None:

@@ -10,7 +10,7 @@ from django.views.decorators.http import require_POST
 from accounts.models import Team
 from deployments import canary, planning
 from models_registry.models import ModelVersion
-from portal.api_errors import Conflict
+from portal.api_errors import Conflict, Invalid
 from tuning import actions
 from tuning.api import generated_problem
 from tuning.models import TuneRun
@@ -70,14 +70,21 @@ def deployment_tune_apply(request: HttpRequest, team: Team, name: str, tune_id: 
             return redirect("deployment-detail", name=name)
         rollout = canary.Rollout(percent=int(percent_text))
     try:
-        revision = actions.apply_tune(tune, request.user, rollout)
-    except Conflict as exc:
+        applied = actions.apply_tune(tune, request.user, rollout, narrow=request.POST.get("narrow") == "on")
+    except Conflict as exc:  # NarrowingRefused included: its message lists what would narrow
         messages.error(request, str(exc))
     except planning.PlanError as exc:
         messages.error(request, f"The recommended settings no longer fit: {exc}")
+    except Invalid as exc:
+        messages.error(request, f"{exc.message[:1].upper()}{exc.message[1:]}: apply it to every request instead.")
     else:
+        if applied.revision is None:
+            messages.info(request, "The tuned settings are the ones serving already: nothing to roll out.")
+            return redirect("deployment-detail", name=name)
         how = f"as a canary for {rollout.percent}% of the requests" if rollout else "to every request once ready"
-        messages.success(request, f"Revision {revision.number} rolls out the tuned settings {how}.")
+        changed = "; ".join(c.text() for c in applied.changes) or "no setting differs from the serving revision"
+        messages.success(request, f"Revision {applied.revision.number} rolls out the tuned settings {how}. "
+                                  f"Changed: {changed}.")
     return redirect("deployment-detail", name=name)
 
 

@@ -16,7 +16,6 @@ from django.db.models import Count, OuterRef, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
@@ -26,18 +25,18 @@ from accounts.models import ApiToken, Membership, Team, max_token_lifetime_days
 from accounts.names import NAME_RE, NAME_RULE
 from audit.log import record as audit
 from deployments import actions as deployment_actions
-from deployments import canary, planning
-from deployments.frameworks import local_framework_status
+from deployments import planning
+from deployments.local_env import local_framework_status
 from deployments.models import Deployment, Event
-from deployments.revision_spec import ModelEntry, Resources, RevisionSpec
+from deployments.revision_spec import Resources, RevisionSpec
 from deployments.runtimes.registry import runtime_for
+from modelport.core import datatypes, formats
 from models_registry import actions as registry_actions
-from models_registry import datatypes, formats
-from models_registry.models import FORMATS_NEEDING_SIGNATURE, Format, Model, ModelVersion
+from models_registry.models import FORMATS_NEEDING_SIGNATURE, Format, Model, ModelVersion, with_identical_to
 from models_registry.pipelines import pipeline_graph
-from models_registry.samples import sample_inputs, takes_images
 from models_registry.validation import ArtifactRejected
-from web import grpc_snippet, inference, new_token, pipeline_form, revisions, samples
+from portal.api_errors import Invalid
+from web import deployment_page, new_token, pipeline_form, placement, samples
 from web.forms import (
     DeploymentForm,
     ServedModelForm,
@@ -47,12 +46,13 @@ from web.forms import (
     deploy_request,
     initial_for_entry,
     initial_for_version,
+    placement_initial,
 )
 from web.logs import fold_gpu_noise
 from web.serving import serving
 from web.traffic import WINDOW_MINUTES as TRAFFIC_WINDOW_MINUTES
 from web.traffic import traffic_by_deployment
-from web.tune_panel import initial_from, suggestion_for, tune_context
+from web.tune_panel import initial_from, suggestion_for
 
 LOG_LINES = 200
 
@@ -120,14 +120,11 @@ def _dashboard_live(team: Team) -> dict[str, Any]:
     deployments = list(Deployment.objects.filter(team=team).exclude(desired_state=Deployment.Desired.DELETED)
                        .select_related("revision", "serving_revision"))
     traffic = traffic_by_deployment([d.pk for d in deployments])
-    rows = [{"deployment": d, "models": _spec_models(d), "traffic": traffic.get(d.pk)} for d in deployments]
+    rows = [{"deployment": d, "models": deployment_page.spec_models(d), "traffic": traffic.get(d.pk)}
+            for d in deployments]
     events = (Event.objects.filter(deployment__team=team).exclude(deployment__desired_state=Deployment.Desired.DELETED)
               .select_related("deployment")[:10])
     return {"rows": rows, "events": events, "traffic_minutes": TRAFFIC_WINDOW_MINUTES}
-
-
-def _spec_models(deployment: Deployment) -> list[ModelEntry]:
-    return list(deployment.revision.spec.models) if deployment.revision else []
 
 
 @require_GET
@@ -135,6 +132,8 @@ def _spec_models(deployment: Deployment) -> list[ModelEntry]:
 def dashboard(request: HttpRequest, team: Team) -> HttpResponse:
     context = _dashboard_live(team)
     context["has_models"] = bool(context["rows"]) or Model.objects.filter(team=team).exists()
+    # Both samples stay one click away once the team has models: a deployed one's button opens it.
+    context["deployed_samples"] = samples.deployed(team, [row["deployment"] for row in context["rows"]])
     if not context["has_models"]:
         context["local_formats_note"] = serving().note()
     return render(request, "web/dashboard.html", context)
@@ -162,7 +161,7 @@ def models_list(request: HttpRequest, team: Team) -> HttpResponse:
 
 
 def _versions_context(model: Model) -> dict[str, Any]:
-    versions = list(model.versions.select_related("created_by").order_by("-number"))
+    versions = list(with_identical_to(model.versions.select_related("created_by")).order_by("-number"))
     return {"model": model, "versions": versions,
             "validating": any(v.status == ModelVersion.Status.VALIDATING for v in versions)}
 
@@ -229,7 +228,6 @@ def upload(request: HttpRequest, team: Team) -> HttpResponse:
         # The script checks the name before a long upload: the model is only created with its first version.
         "name_pattern": NAME_RE.pattern.removeprefix("^").removesuffix("$").removesuffix(r"\Z"),
         "name_rule": NAME_RULE,
-        "runtime_frameworks": local_framework_status(),
         **_serving_context(),
     })
 
@@ -257,7 +255,8 @@ def _create_version(request: HttpRequest, team: Team, form: UploadForm) -> Model
     data = form.cleaned_data
     file = data["file"]
     if file.size > settings.MAX_MULTIPART_UPLOAD_SIZE:
-        form.add_error("file", f"Without JavaScript files up to {settings.MAX_MULTIPART_UPLOAD_SIZE:,} bytes can be sent; "
+        form.add_error("file",
+                       f"Without JavaScript files up to {settings.MAX_MULTIPART_UPLOAD_SIZE:,} bytes can be sent; "
                                "turn JavaScript on for a resumable upload.")
         return None
     if file.size <= pipeline_form.MAX_DEFINITION_BYTES:
@@ -307,12 +306,15 @@ def _ready_versions(team: Team, model_names: list[str]) -> dict[str, list[ModelV
 
 
 def _plan_and_run(team: Team, form: DeploymentForm, model_forms: list[ServedModelForm], current: RevisionSpec | None,
-                  run: Callable[[planning.Plan], Deployment]) -> Deployment | None:
-    """Plan what the parsed forms ask for (deployments.planning); its errors go back beside the fields."""
+                  run: Callable[[planning.Plan], Deployment],
+                  deployment: Deployment | None = None) -> Deployment | None:
+    """Plan what the parsed forms ask for (deployments.planning), as a change of `deployment` if given; its errors
+    go back beside the fields."""
     if not (form.is_valid() and all(f.is_valid() for f in model_forms)):
         return None
     try:
-        plan = planning.plan(team, deploy_request(form, model_forms, current))
+        plan = planning.plan(team, deploy_request(form, model_forms, current), deployment=deployment,
+                             canary=bool(form.cleaned_data.get("canary_percent")))
     except planning.PlanError as exc:
         add_plan_errors(exc.errors, form, model_forms)
         return None
@@ -320,6 +322,10 @@ def _plan_and_run(team: Team, form: DeploymentForm, model_forms: list[ServedMode
         return run(plan)
     except deployment_actions.Conflict as exc:
         form.add_error("name" if not form.fields["name"].disabled else None, str(exc))
+        return None
+    except Invalid as exc:  # the rule's field is the API's ("rollout"): the page's is the canary's share
+        sentence = f"{exc.message[:1].upper()}{exc.message[1:]}."
+        form.add_error("canary_percent" if exc.field == "rollout" else None, sentence)
         return None
 
 
@@ -337,7 +343,9 @@ def deployment_new(request: HttpRequest, team: Team) -> HttpResponse:
     requested = _int(request.GET.get("version"))
     chosen = next((v for v in versions if v.number == requested), versions[0])
     data = request.POST if request.method == "POST" else None
-    form = DeploymentForm(data, initial={"name": model.name, "runtime": Deployment.Runtime.LOCAL, "replicas": 1, "gpu": 0})
+    form = DeploymentForm(data, pools=placement.pool_choices(team, placement.versions_to_deploy(team, chosen)),
+                          initial={"name": model.name, "runtime": Deployment.Runtime.LOCAL, "replicas": 1, "gpu": 0,
+                                   **placement_initial(None)})
     # The last tune of this version on this machine, offered; "Use these" (?tuned=1) fills the form with it.
     tuned = suggestion_for(chosen)
     initial = initial_for_version(chosen)
@@ -353,7 +361,9 @@ def deployment_new(request: HttpRequest, team: Team) -> HttpResponse:
     return render(request, "web/deploy_form.html", {"form": form, "model_forms": model_forms, "model": model,
                                                     "chosen": chosen, "runtime_frameworks": local_framework_status(),
                                                     "tuned": tuned, "tuned_applied": request.GET.get("tuned") == "1",
-                                                    "unavailable_version": requested if requested not in (None, chosen.number) else None})
+                                                    "unavailable_version": (requested
+                                                                            if requested not in (None, chosen.number)
+                                                                            else None)})
 
 
 @require_http_methods(["GET", "POST"])
@@ -365,25 +375,29 @@ def deployment_edit(request: HttpRequest, team: Team, name: str) -> HttpResponse
     versions = _ready_versions(team, [e.name for e in entries])
     resources = spec.resources if spec else Resources()
     data = request.POST if request.method == "POST" else None
-    form = DeploymentForm(data, editing=True, initial={
+    served = list(deployment.revision.versions.select_related("model")) if deployment.revision else []
+    form = DeploymentForm(data, editing=True, pools=placement.pool_choices(team, served), initial={
         "name": deployment.name, "runtime": deployment.runtime, "replicas": spec.replicas if spec else 1,
-        "gpu": resources.gpu, "gpu_type": resources.gpu_type, "cpu": resources.cpu, "memory": resources.memory})
+        "gpu": resources.gpu, "gpu_type": resources.gpu_type, "cpu": resources.cpu, "memory": resources.memory,
+        **placement_initial(spec)})
     model_forms = []
     for index, entry in enumerate(entries):
-        initial, kept = initial_for_entry(entry)
-        model_forms.append(ServedModelForm(data, prefix=f"m{index}", model_name=entry.name, kept=kept,
-                                           versions=versions.get(entry.name, []), initial=initial))
+        model_forms.append(ServedModelForm(data, prefix=f"m{index}", model_name=entry.name, current=entry,
+                                           versions=versions.get(entry.name, []), initial=initial_for_entry(entry)))
+
+    changed = True
 
     def update(plan: planning.Plan) -> Deployment:
-        percent = form.cleaned_data.get("canary_percent")
-        rollout = canary.Rollout(percent=percent) if percent else None
-        if rollout is not None and spec is not None and plan.spec.to_json() == spec.to_json():
-            raise deployment_actions.Conflict("A canary needs a change: these are the settings in effect already.")
-        deployment_actions.update_deployment(deployment, request.user, plan, canary=rollout)
+        nonlocal changed
+        rollout = form.rollout()
+        changed = deployment_actions.update_deployment(deployment, request.user, plan, canary=rollout) is not None
         return deployment
 
-    if request.method == "POST" and _plan_and_run(team, form, model_forms, spec, update):
-        if form.cleaned_data.get("canary_percent"):
+    if request.method == "POST" and _plan_and_run(team, form, model_forms, spec, update, deployment):
+        if not changed:
+            messages.info(request, f"Nothing changed: {deployment.name} keeps serving these settings, and no new "
+                                   "revision was made.")
+        elif form.cleaned_data.get("canary_percent"):
             messages.success(request, f"Saved: {deployment.name} starts the new settings as a canary for "
                                       f"{form.cleaned_data['canary_percent']}% of the requests.")
         else:
@@ -402,86 +416,7 @@ def deployment_edit(request: HttpRequest, team: Team, name: str) -> HttpResponse
 def deployment_detail(request: HttpRequest, team: Team, name: str) -> HttpResponse:
     deployment = _get_deployment(team, name)
     base_url = request.build_absolute_uri("/").rstrip("/")
-    served: list[dict[str, Any]] = []
-    for entry in _spec_models(deployment):
-        # What Triton serves and answers (a [batch] output comes back as [batch, 1]): the signature shown, and the
-        # shapes of the example and the snippets.
-        signature = inference.served_signature(entry)
-        example = inference.with_data(inference.example_request(signature), sample_inputs(entry.signature.to_json()))
-        served.append({
-            "entry": entry,
-            "signature": signature,
-            "reshaped": any("declared" in t for t in signature["inputs"] + signature["outputs"]),
-            "url": inference.infer_url(base_url, deployment.name, entry.name),
-            "path": inference.infer_url("", deployment.name, entry.name),
-            "example": inference.request_json(example),
-            "example_note": inference.example_note(signature),
-            "bytes_inputs": [t["name"] for t in signature.get("inputs", []) if t.get("datatype") == "BYTES"],
-            "sample_image": takes_images(entry.signature.to_json()),
-            "snippets": [
-                ("curl", inference.curl_snippet(base_url, deployment.name, entry.name, example), "curl"),
-                ("Python (tritonclient)", inference.python_snippet(base_url, deployment.name, entry.name, signature), "python"),
-                ("modelport CLI", inference.cli_snippet(deployment.name, entry.name, base_url), "cli"),
-            ],
-        })
-        # gRPC (tritonclient.grpc): the Python snippet's twin, when the gRPC gateway runs.
-        grpc_address = grpc_snippet.public_address(base_url)
-        snippets = served[-1]["snippets"]
-        keys = [key for _, _, key in snippets]
-        if grpc_address is not None and "python" in keys:
-            python = snippets[keys.index("python")][1]
-            snippets.insert(keys.index("python") + 1, ("Python (tritonclient.grpc)", grpc_snippet.python_grpc_snippet(
-                python, *grpc_address, deployment.name), "grpc"))
-    return render(request, "web/deployment_detail.html", {
-        **_live_context(deployment), "served": served,
-        "examples": {s["entry"].name: {"path": s["path"], "request": s["example"]} for s in served},
-        "has_bytes_inputs": any(s["bytes_inputs"] for s in served),
-        "metrics_url": f"/api/v1/deployments/{deployment.name}/metrics/?minutes={TRAFFIC_WINDOW_MINUTES}",
-        "traffic_minutes": TRAFFIC_WINDOW_MINUTES,
-        **_settings_context(deployment),
-    })
-
-
-def _settings_context(deployment: Deployment) -> dict[str, Any]:
-    """The settings in effect (the revision serving, else the one asked for) and the revision history."""
-    shown = deployment.serving_revision or deployment.revision
-    spec = shown.spec if shown else None
-    return {
-        "settings_revision": shown,
-        "settings": revisions.settings_in_effect(spec),
-        "deployment_settings": revisions.deployment_words(spec, deployment.runtime),
-        "history": revisions.history(list(deployment.revisions.select_related("created_by"))[:50]),
-    }
-
-
-def _live_context(deployment: Deployment) -> dict[str, Any]:
-    from deployments.runtimes.local import runtime as local
-
-    isolation = local.isolation(deployment) if deployment.runtime == Deployment.Runtime.LOCAL else None
-    return {"deployment": deployment, "events": deployment.events.all()[:30], "isolation": isolation,
-            "canary": _canary_context(deployment), **tune_context(deployment)}
-
-
-def _canary_context(deployment: Deployment) -> dict[str, Any] | None:
-    """The canary beside the stable revision, with each one's traffic over the traffic panel's window."""
-    if deployment.canary_revision is None or deployment.serving_revision is None:
-        return None
-    window = timedelta(minutes=TRAFFIC_WINDOW_MINUTES)
-    try:  # the gateway app is optional here, as for the dashboard's traffic (web/traffic.py)
-        from gateway.api import by_revision
-        from gateway.models import RequestStats
-    except ImportError:
-        figures: dict[str, Any] = {}
-    else:
-        rows = list(RequestStats.objects.filter(deployment=deployment, bucket_start__gte=timezone.now() - window,
-                                                revision__in=[deployment.serving_revision.number,
-                                                              deployment.canary_revision.number]))
-        figures = by_revision(rows, window)
-    return {"stable": {"number": deployment.serving_revision.number, "percent": 100 - deployment.canary_percent,
-                       "traffic": figures.get(str(deployment.serving_revision.number))},
-            "canary": {"number": deployment.canary_revision.number, "percent": deployment.canary_percent,
-                       "traffic": figures.get(str(deployment.canary_revision.number)),
-                       "serving": bool(deployment.canary_upstream_url)}}
+    return render(request, "web/deployment_detail.html", deployment_page.detail_context(deployment, base_url))
 
 
 @require_GET
@@ -494,7 +429,8 @@ def deployment_live(request: HttpRequest, team: Team, name: str) -> HttpResponse
             return HttpResponseClientRedirect(reverse("dashboard"))  # deleted meanwhile (by someone else)
         raise
     # `refresh`: the buttons in the page's head follow the status too (an out-of-band swap of #deployment-actions).
-    return render(request, "web/_deployment_live.html", {**_live_context(deployment), **_settings_context(deployment),
+    return render(request, "web/_deployment_live.html", {**deployment_page.live_context(deployment),
+                                                         **deployment_page.settings_context(deployment),
                                                          "refresh": True})
 
 
@@ -528,7 +464,8 @@ def _state_change(action: Callable[[Deployment, Any], object], done: str) -> Cal
 
 
 deployment_stop = _state_change(deployment_actions.stop_deployment, "stopping.")
-deployment_promote = _state_change(deployment_actions.promote_canary, "the canary is promoted: it serves every request.")
+deployment_promote = _state_change(deployment_actions.promote_canary,
+                                   "the canary is promoted: it serves every request.")
 deployment_rollback = _state_change(deployment_actions.rollback_canary,
                                     "the canary is rolled back: the serving revision takes every request.")
 deployment_start = _state_change(deployment_actions.start_deployment, "starting.")

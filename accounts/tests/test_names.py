@@ -13,8 +13,8 @@ from accounts.names import name_error
 from conftest import Person
 from deployments.runtimes.kubernetes import manifests
 from deployments.spec import validate_served_model
-from deployments.tests.test_k8s_manifests import CONFIG, model, target
-from deployments.tests.test_spec_validation import model as served_model
+from deployments.tests.manifests import CONFIG, model, target
+from deployments.tests.values import model as served_model
 from models_registry.models import Model
 
 

@@ -93,22 +93,27 @@ def test_production_refuses_to_start_with_an_open_metrics_endpoint(monkeypatch: 
     """`migrate` runs before every start (make run, compose, the Kubernetes init container) and runs the checks."""
     production = production_settings(monkeypatch, tmp_path, SECRET_KEY=STRONG_SECRET_KEY)
     with override_settings(**production):
-        report = check_errors()
-        assert "modelport.E001" in report
-        assert "METRICS_TOKEN is not set" in report
-        assert "HINT: Set METRICS_TOKEN" in report
+        assert "modelport.E00" not in check_errors()  # no token: /metrics is closed, which is safe
+        with override_settings(METRICS_OPEN=True):
+            report = check_errors()
+            assert "modelport.E001" in report
+            assert "METRICS_OPEN is true without METRICS_TOKEN" in report
+            assert "HINT: Set METRICS_TOKEN" in report
+            with pytest.raises(SystemCheckError, match="modelport.E001"):
+                call_command("migrate", "--noinput", skip_checks=False, stdout=io.StringIO(), stderr=io.StringIO())
         with override_settings(METRICS_TOKEN="secret"):
             assert "modelport.E002" in check_errors()
-        with pytest.raises(SystemCheckError, match="modelport.E001"):
-            call_command("migrate", "--noinput", skip_checks=False, stdout=io.StringIO(), stderr=io.StringIO())
 
 
-def test_development_needs_no_metrics_token(settings: Any) -> None:
+def test_development_may_open_metrics_and_production_needs_a_token_for_it(settings: Any) -> None:
     settings.PRODUCTION = False
     settings.METRICS_TOKEN = ""
+    settings.METRICS_OPEN = True
     assert checks.metrics_token() == []
     settings.PRODUCTION = True
     assert [error.id for error in checks.metrics_token()] == ["modelport.E001"]
+    settings.METRICS_OPEN = False
+    assert checks.metrics_token() == []
     settings.METRICS_TOKEN = "x" * 32
     assert checks.metrics_token() == []
 

@@ -163,7 +163,8 @@ def test_ipv6_clients_are_counted_per_64_network(alice: Person) -> None:
 def test_hostile_usernames_are_counted_without_errors(alice: Person) -> None:
     for n, name in enumerate(["x" * 100_000, "\x00", "", "ä" * 200]):
         assert sign_in(name, "wrong", address=f"203.0.113.{n}").status_code == 200
-    not_utf8 = Client().post("/login/", b"username=%ff%fe%00&password=x", content_type="application/x-www-form-urlencoded",
+    not_utf8 = Client().post("/login/", b"username=%ff%fe%00&password=x",
+                             content_type="application/x-www-form-urlencoded",
                              REMOTE_ADDR="203.0.113.8")
     assert not_utf8.status_code == 200
     assert sign_in("x" * 150, "wrong", address="203.0.113.9").status_code == 200  # the first 150 characters

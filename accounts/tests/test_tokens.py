@@ -247,7 +247,8 @@ def test_create_api_token_refuses_unknown_users_without_create(db: object) -> No
 
 def test_create_api_token_gives_a_scope_when_asked(db: object) -> None:
     out = StringIO()
-    call_command("create_api_token", "--user", "ci-bot", "--team", "ml-team", "--create", "--scope", "tokens", stdout=out)
+    call_command("create_api_token", "--user", "ci-bot", "--team", "ml-team", "--create", "--scope", "tokens",
+                 stdout=out)
     assert ApiToken.objects.get(digest=hash_token(out.getvalue().strip())).scopes == ["tokens"]
     plain = StringIO()
     call_command("create_api_token", "--user", "ci-bot", "--team", "ml-team", stdout=plain)

@@ -9,7 +9,7 @@ from conftest import Person
 from models_registry.models import ModelVersion
 
 
-def test_api_actions_are_written_to_the_audit_log(alice: Person, digits_v1: ModelVersion) -> None:
+def test_api_actions_are_written_to_the_audit_log(alice: Person, digits: ModelVersion) -> None:
     client = alice.client()
     client.post("/api/v1/deployments/", {"name": "digits-prod", "models": [{"model": "digits"}]}, format="json")
     client.patch("/api/v1/deployments/digits-prod/", {"resources": {"cpu": "2"}}, format="json")  # a real change
@@ -26,7 +26,7 @@ def test_api_actions_are_written_to_the_audit_log(alice: Person, digits_v1: Mode
     assert all(entry.team == alice.team for entry in AuditEntry.objects.all())
 
 
-def test_team_admins_read_their_teams_log(alice: Person, bob: Person, charlie: Person, digits_v1: ModelVersion) -> None:
+def test_team_admins_read_their_teams_log(alice: Person, bob: Person, charlie: Person, digits: ModelVersion) -> None:
     charlie.client().post("/api/v1/models/", {"name": "secret"}, format="json")
     response = alice.client().get("/api/v1/audit/")
     assert response.status_code == 200
@@ -48,7 +48,8 @@ def test_token_creation_and_revocation_are_audited(alice: Person) -> None:
     assert list(AuditEntry.objects.order_by("id").values_list("action", flat=True)) == ["token.create", "token.revoke"]
 
 
-def test_a_rejected_change_leaves_no_audit_entry(alice: Person, digits_v1: ModelVersion, settings: Any) -> None:
-    response = alice.client().post("/api/v1/deployments/", {"name": "Bad_Name", "models": [{"model": "digits"}]}, format="json")
+def test_a_rejected_change_leaves_no_audit_entry(alice: Person, digits: ModelVersion, settings: Any) -> None:
+    response = alice.client().post("/api/v1/deployments/", {"name": "Bad_Name", "models": [{"model": "digits"}]},
+                                   format="json")
     assert response.status_code == 400
     assert not AuditEntry.objects.filter(action="deployment.create").exists()

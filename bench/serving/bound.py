@@ -40,7 +40,8 @@ def rate(step: Any, batch: int, seconds: float) -> float:
             return calls * batch / elapsed
 
 
-def measure(workload_key: str, artifacts: Path, seconds: float, batch_sizes: tuple[int, ...] = BATCH_SIZES) -> dict[str, Any]:
+def measure(workload_key: str, artifacts: Path, seconds: float,
+            batch_sizes: tuple[int, ...] = BATCH_SIZES) -> dict[str, Any]:
     workload = next(w for w in WORKLOADS.values() if w.key == workload_key)
     pipeline = Pipeline(workload, artifacts)
     rows = []

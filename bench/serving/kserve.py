@@ -88,7 +88,8 @@ def _split(body: bytes, header_length: str | int | None) -> tuple[dict[str, Any]
     return json.loads(body[:length]), memoryview(body)[length:]
 
 
-def _body(header: dict[str, Any], key: str, tensors: list[tuple[str, np.ndarray, bool]]) -> tuple[bytes, dict[str, str]]:
+def _body(header: dict[str, Any], key: str,
+          tensors: list[tuple[str, np.ndarray, bool]]) -> tuple[bytes, dict[str, str]]:
     specs, blobs = [], []
     for name, array, binary in tensors:
         spec: dict[str, Any] = {"name": name, "datatype": datatype(array), "shape": list(array.shape)}
@@ -108,7 +109,8 @@ def _body(header: dict[str, Any], key: str, tensors: list[tuple[str, np.ndarray,
 # --- the client's side ---------------------------------------------------------------------------------------
 
 
-def encode_request(inputs: dict[str, np.ndarray], outputs: list[str], binary: bool = True) -> tuple[bytes, dict[str, str]]:
+def encode_request(inputs: dict[str, np.ndarray], outputs: list[str],
+                   binary: bool = True) -> tuple[bytes, dict[str, str]]:
     """A request body and its headers: every input (binary or JSON) and the outputs to send back (the same)."""
     header = {"outputs": [{"name": o, "parameters": {"binary_data": binary}} for o in outputs]}
     return _body(header, "inputs", [(name, array, binary) for name, array in inputs.items()])
@@ -124,10 +126,12 @@ def decode_response(body: bytes, headers: Any) -> dict[str, np.ndarray]:
 # --- the server's side ---------------------------------------------------------------------------------------
 
 
-def decode_request(body: bytes, header_length: str | int | None) -> tuple[dict[str, np.ndarray], list[tuple[str, bool]]]:
+def decode_request(body: bytes,
+                   header_length: str | int | None) -> tuple[dict[str, np.ndarray], list[tuple[str, bool]]]:
     """The inputs, and the outputs asked for with whether each goes back binary (empty: all outputs, JSON)."""
     header, binary = _split(body, header_length)
-    requested = [(o["name"], bool(o.get("parameters", {}).get("binary_data", False))) for o in header.get("outputs", [])]
+    requested = [(o["name"], bool(o.get("parameters", {}).get("binary_data", False)))
+                 for o in header.get("outputs", [])]
     return _tensors(header, "inputs", binary), requested
 
 

@@ -30,6 +30,7 @@ import numpy as np
 import requests
 
 from bench.serving.kserve import decode_response, encode_request
+from bench.serving.procs import descendants
 from bench.serving.workloads import Workload
 from bench.stack import ROOT, free_port
 
@@ -145,16 +146,10 @@ def ready_url(peer: str, workload: Workload, port: int) -> str:
     return f"http://127.0.0.1:{port}{path}"
 
 
-def _descendants(pid: int) -> list[int]:
-    from bench.serving.run import descendants
-
-    return descendants(pid)
-
-
 def stop(process: subprocess.Popen[bytes]) -> None:
     """Stop a peer and everything it started. Its workers do not always share its process group (BentoML gives
     each worker a session of its own), so every descendant found before the signal is signalled too."""
-    members = _descendants(process.pid)
+    members = descendants(process.pid)
     for pid in members:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)

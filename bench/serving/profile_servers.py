@@ -1,6 +1,6 @@
 """Where the time goes: py-spy samples of every Python process that serves one workload at one concurrency, for the
 hand-rolled Tornado server (a) and for Modelport configuration e through the gateway (the web process and each
-Triton python-backend stub), while bench/loadgen.py keeps the load on.
+Triton python-backend stub), while tuning/loadgen.py keeps the load on.
 
     .venv/bin/python bench/serving/profile_servers.py [--workload digits] [--concurrency 32] [--seconds 8]
 
@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
-from bench.serving import run  # noqa: E402
+from bench.serving import procs, run  # noqa: E402
 from bench.serving.kserve import encode_request  # noqa: E402
 from bench.serving.workloads import WORKLOADS, request_inputs  # noqa: E402
 from bench.stack import ROOT, running_stack  # noqa: E402
@@ -95,7 +95,7 @@ def main() -> int:
         with run.handrolled_servers(workload, artifacts, stack.var_dir / "log") as handrolled:
             process, port = handrolled["a"]
             stubs = {}
-            for pid in run.descendants(triton)[1:]:
+            for pid in procs.descendants(triton)[1:]:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
                 if b"triton_python_backend_stub" in cmdline[0]:
                     # The stub's arguments: the model.py path (…/<model>/<version>/model.py), then the instance name.
@@ -110,7 +110,7 @@ def main() -> int:
             for server, (pids, url, request_headers) in targets.items():
                 out = work / server
                 out.mkdir()
-                command = [sys.executable, str(ROOT / "bench" / "loadgen.py"), "--url", url, "--body", str(body_path),
+                command = [sys.executable, str(ROOT / "tuning" / "loadgen.py"), "--url", url, "--body", str(body_path),
                            "--concurrency", str(args.concurrency), "--duration", str(args.seconds + 1), "--warmup", "1"]
                 for key, value in request_headers.items():
                     command += ["--header", f"{key}: {value}"]
@@ -125,7 +125,8 @@ def main() -> int:
                 for process_name in pids:
                     folded = out / f"{process_name}.folded"
                     if not folded.exists():
-                        report[server]["processes"][process_name] = {"error": spies[process_name].stderr.read().decode()[-300:]}  # type: ignore[union-attr]
+                        stderr = spies[process_name].stderr.read().decode()  # type: ignore[union-attr]
+                        report[server]["processes"][process_name] = {"error": stderr[-300:]}
                         continue
                     target = run.RESULTS / f"profile-{workload.key}-{server}-{process_name}.folded"
                     target.write_text(folded.read_text())

@@ -2,8 +2,8 @@
 pick instead (MLServer, BentoML, LitServe), on the same workloads and machine.
 
     make bench                                                     # creates var/bench-env and var/peers/*, runs this
-    .venv/bin/python bench/serving/run.py [--quick] [--workloads 1,2,3] [--servers a,mlserver,e-gateway,...]
-    .venv/bin/python bench/serving/run.py --peers-only [--quick]   # the peers against Modelport's e, workloads 2, 3
+    .venv/bin/python -m bench.serving.run [--quick] [--workloads 1,2,3] [--servers a,mlserver,e-gateway,...]
+    .venv/bin/python -m bench.serving.run --peers-only [--quick]   # the peers against Modelport's e, workloads 2, 3
 
 Runs under the portal's venv (it starts a throwaway Modelport with bench/stack.py: web, Celery worker and beat);
 what needs torch, onnxruntime in-process, tornado or matplotlib runs in the bench env (var/bench-env, from
@@ -20,7 +20,7 @@ workload:
    each in its own format (KServe v2 with the binary tensor extension; KServe v2 JSON for MLServer and
    e-gateway-json; BentoML's and LitServe's JSON), and checks every answer against the in-process pipeline's;
 4. `--repeats` times: the bound (bound.py), then every concurrency and every endpoint, with the endpoints' order
-   rotated each repeat: bench/loadgen.py in its own process, `--warmup` then `--duration` seconds;
+   rotated each repeat: tuning/loadgen.py in its own process, `--warmup` then `--duration` seconds;
 5. records for every run the CPU time of each process tree (load generator, gateway, Triton with its
    python-backend stubs, hand-rolled server or peer with its worker processes, Celery, and the rest of the
    machine), and Triton's own statistics per model (requests, executions, queue and compute time) from
@@ -41,7 +41,6 @@ import os
 import platform
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,13 +53,15 @@ from typing import Any
 import numpy as np
 import requests
 
-SERVING_DIR = Path(__file__).resolve().parent
-sys.path.insert(0, str(SERVING_DIR.parent.parent))
+from bench.serving import batch_log, peers
+from bench.serving.endpoints import FORMAT_SERVERS, PEER_COMPARISON, SERVERS, modelport_endpoint
+from bench.serving.kserve import decode_response, encode_request
+from bench.serving.procs import children_cpu, machine_cpu, tree_cpu
+from bench.serving.report import markdown, summarize, targets
+from bench.serving.workloads import FORMAT_WORKLOADS, FORMATS, WORKLOADS, Workload, request_inputs
+from bench.stack import ROOT, Stack, free_port, running_stack
 
-from bench.serving import batch_log, peers  # noqa: E402
-from bench.serving.kserve import decode_response, encode_request  # noqa: E402
-from bench.serving.workloads import FORMAT_WORKLOADS, FORMATS, WORKLOADS, Workload, request_inputs  # noqa: E402
-from bench.stack import ROOT, Stack, cpu_seconds, free_port, running_stack  # noqa: E402
+SERVING_DIR = Path(__file__).resolve().parent
 
 BENCH_ENV = ROOT / "var" / "bench-env"
 BENCH_PY = BENCH_ENV / "bin" / "python"
@@ -68,41 +69,19 @@ BENCH_PY = BENCH_ENV / "bin" / "python"
 RUNTIME_ENV = Path(os.environ.get("MODELPORT_RUNTIME_ENV") or ROOT / "var" / "runtime-env")
 RESULTS = ROOT / "bench" / "results"
 DOCS_IMAGES = ROOT / "docs" / "benchmarks"
-# Every endpoint, in the tables' order. "-json": the same deployment sent KServe v2 JSON (what a user's curl
-# sends) instead of the binary tensor extension; not for digits, whose PNG request JSON cannot carry as it is.
-# "e-<format>-…": the CNN (workload 2) in another format (workloads.FORMATS), configuration e's settings.
-FORMAT_SERVERS = tuple(f"e-{fmt}-{via}" for fmt in FORMATS for via in ("gateway", "direct"))
-SERVERS = ("a", "b", *peers.PEERS, "c-gateway", "c-direct", "d-gateway", "d-direct", "e-gateway", "e-gateway-json",
-           "e-direct", *FORMAT_SERVERS)
-# --peers-only: the peers against Modelport's e, through the gateway (JSON and binary) and direct.
-PEER_COMPARISON = (*peers.PEERS, "e-gateway", "e-gateway-json", "e-direct")
-SERVER_NAMES = {
-    "a": "a. Tornado + onnxruntime", "b": "b. ThreadingHTTPServer + onnxruntime",
-    "c": "c. Modelport, no batching, 1 instance", "d": "d. Modelport, dynamic batching, 1 instance",
-    "e": "e. Modelport, dynamic batching, 2 instances", **peers.TITLES,
-}
 _ZIP_DATE = (2026, 1, 1, 0, 0, 0)
 SINGLE = ("celery", "beat")
-
-
-def modelport_endpoint(server: str) -> tuple[str, str | None] | None:
-    """(deployment key, format) of a Modelport endpoint, None for any other server: "d-direct" -> ("d", None),
-    "e-gateway-json" -> ("e", None), "e-torchscript-gateway" -> ("e-torchscript", "torchscript")."""
-    if server[:2] not in ("c-", "d-", "e-"):
-        return None
-    fmt = server.split("-")[1]
-    return (f"{server[0]}-{fmt}", fmt) if fmt in FORMATS else (server[0], None)
 
 
 def runtime_frameworks() -> dict[str, str]:
     """{framework: version} of the runtime env's optional frameworks (torch, tensorflow), as the portal detects
     them; {} without a runtime env."""
-    from deployments import frameworks
-    from deployments.runtimes.local import triton as local_triton
+    from modelport.core import frameworks
+    from modelport.core.runtime_env import RuntimeEnvError, find_runtime_env
 
     try:
-        env = local_triton.find_runtime_env(RUNTIME_ENV)
-    except local_triton.RuntimeEnvError:
+        env = find_runtime_env(RUNTIME_ENV)
+    except RuntimeEnvError:
         return {}
     return frameworks.detect(env.site_packages)
 
@@ -226,42 +205,6 @@ def prepare_formats(stack: Stack, artifacts: Path, formats: tuple[str, ...]) -> 
     return facts
 
 
-# --- processes and their CPU time ----------------------------------------------------------------------------
-
-
-def descendants(pid: int) -> list[int]:
-    """`pid` and every process below it (Triton's python-backend stubs are its children)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo.extend(children.get(current, []))
-    return found
-
-
-def tree_cpu(pid: int, tree: bool = True) -> float:
-    total = 0.0
-    for member in descendants(pid) if tree else [pid]:
-        with contextlib.suppress(OSError):
-            total += cpu_seconds(member)
-    return total
-
-
-def machine_cpu() -> tuple[float, float]:
-    """(busy, all) CPU seconds of the machine since boot, from /proc/stat."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    ticks = os.sysconf("SC_CLK_TCK")
-    idle = fields[3] + fields[4]
-    return (sum(fields[:8]) - idle) / ticks, sum(fields[:8]) / ticks
-
-
 def triton_stats(port: int) -> dict[str, dict[str, int]]:
     body = requests.get(f"http://127.0.0.1:{port}/v2/models/stats", timeout=10).json()
     stats = {}
@@ -342,7 +285,7 @@ def triton_pid(stack: Stack, deployment: str) -> int:
 def load(url: str, body: Path, headers: dict[str, str], concurrency: int, duration: float, warmup: float,
          watched: dict[str, int], triton_port: int | None, batch_dir: Path | None = None) -> dict[str, Any]:
     """One closed-loop run, and the CPU seconds each watched process tree (and the machine) spent meanwhile."""
-    command = [sys.executable, str(ROOT / "bench" / "loadgen.py"), "--url", url, "--body", str(body),
+    command = [sys.executable, str(ROOT / "tuning" / "loadgen.py"), "--url", url, "--body", str(body),
                "--concurrency", str(concurrency), "--duration", str(duration), "--warmup", str(warmup)]
     for key, value in headers.items():
         command += ["--header", f"{key}: {value}"]
@@ -351,7 +294,7 @@ def load(url: str, body: Path, headers: dict[str, str], concurrency: int, durati
     # The Celery worker started the Triton servers, so they are its children: count the worker's own process only.
     cpu_before = {name: tree_cpu(pid, tree=name not in SINGLE) for name, pid in watched.items()}
     busy_before, all_before = machine_cpu()
-    children_before = _children_cpu()
+    children_before = children_cpu()
     started = time.monotonic()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     stdout, stderr = process.communicate()
@@ -362,7 +305,7 @@ def load(url: str, body: Path, headers: dict[str, str], concurrency: int, durati
     if process.returncode != 0:
         raise RuntimeError(f"loadgen failed: {stderr.decode()[-2000:]}")
     result: dict[str, Any] = json.loads(stdout)
-    cpu["loadgen"] = _children_cpu() - children_before
+    cpu["loadgen"] = children_cpu() - children_before
     cpu["machine"] = busy_after - busy_before
     result["machine_cores_busy"] = round((busy_after - busy_before) / wall, 2)
     result["machine_cores"] = round((all_after - all_before) / wall, 2)
@@ -373,15 +316,9 @@ def load(url: str, body: Path, headers: dict[str, str], concurrency: int, durati
         result["triton"] = stats_delta(stats_before, triton_stats(triton_port))
     if batch_dir:
         calls, items = (after - before for after, before in zip(batch_log.read(batch_dir), batches_before, strict=True))
-        result["peer_batches"] = {"calls": calls, "items": items, "mean_batch": round(items / calls, 2) if calls else 0.0}
+        result["peer_batches"] = {"calls": calls, "items": items,
+                                  "mean_batch": round(items / calls, 2) if calls else 0.0}
     return result
-
-
-def _children_cpu() -> float:
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def bound(workload: Workload, artifacts: Path, seconds: float) -> dict[str, Any]:
@@ -556,272 +493,6 @@ def run_workload(stack: Stack, workload: Workload, args: argparse.Namespace, wor
             "sandboxed": {key: d["sandboxed"] for key, d in deployments.items()}}
 
 
-# --- summarizing -----------------------------------------------------------------------------------------------
-
-
-def spread(values: list[float]) -> dict[str, float] | None:
-    values = [v for v in values if v is not None]
-    if not values:
-        return None
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
-def summarize(result: dict[str, Any]) -> dict[str, Any]:
-    rows = []
-    concurrencies = sorted({r["concurrency"] for r in result["runs"]})
-    for server in SERVERS:
-        for concurrency in concurrencies:
-            picked = [r for r in result["runs"] if r["server"] == server and r["concurrency"] == concurrency]
-            if not picked:
-                continue
-            row: dict[str, Any] = {"server": server, "concurrency": concurrency, "repeats": len(picked),
-                                   "errors": sum(r["errors"] for r in picked)}
-            for key in ("throughput", "p50_ms", "p95_ms", "p99_ms", "machine_cores_busy"):
-                row[key] = spread([r[key] for r in picked])
-            row["cpu_ms_per_request"] = {k: statistics.median(r["cpu_ms_per_request"][k] for r in picked)
-                                         for k in picked[0]["cpu_ms_per_request"]
-                                         if all(r["cpu_ms_per_request"][k] is not None for r in picked)}
-            if "peer_batches" in picked[0]:
-                row["peer_mean_batch"] = statistics.median(r["peer_batches"]["mean_batch"] for r in picked)
-            if "triton" in picked[0]:
-                models = set.intersection(*(set(r["triton"]) for r in picked))
-                row["triton"] = {m: {k: statistics.median(r["triton"][m][k] for r in picked)
-                                     for k in picked[0]["triton"][m]} for m in sorted(models)}
-            rows.append(row)
-    bound_rate = spread([b["pipeline"] for b in result["bounds"]])
-    model_rate = spread([b["model"] for b in result["bounds"]])
-    return {"rows": rows, "bound": bound_rate, "model_bound": model_rate,
-            "bound_batches": [(b["pipeline_batch"], b["model_batch"]) for b in result["bounds"]]}
-
-
-def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    checks = []
-    for result in results:
-        summary = result["summary"]
-        rows = {(r["server"], r["concurrency"]): r for r in summary["rows"]}
-        if result["workload"] == "digits" and ("e-gateway", 32) in rows and ("a", 32) in rows:
-            e, a = rows[("e-gateway", 32)], rows[("a", 32)]
-            throughput = e["throughput"]["median"] / a["throughput"]["median"]
-            latency = a["p99_ms"]["median"] / e["p99_ms"]["median"]
-            checks.append({"workload": "digits", "target": "throughput of e (gateway) / a at concurrency 32 >= 2.5",
-                           "value": round(throughput, 2), "met": throughput >= 2.5})
-            checks.append({"workload": "digits", "target": "p99 of a / p99 of e (gateway) at concurrency 32 >= 2.6",
-                           "value": round(latency, 2), "met": latency >= 2.6})
-        elif result["workload"] in ("resnet", "minilm") and summary["bound"]:
-            best = max((r for r in summary["rows"] if r["server"] == "e-gateway"),
-                       key=lambda r: r["throughput"]["median"], default=None)
-            if best:
-                share = best["throughput"]["median"] / summary["bound"]["median"]
-                checks.append({"workload": result["workload"],
-                               "target": f"e (gateway) best throughput (concurrency {best['concurrency']}) / bound >= 0.70",
-                               "value": round(share, 3), "met": share >= 0.7})
-    return checks + peer_targets(results)
-
-
-def best_peer(summary: dict[str, Any], concurrency: int) -> dict[str, Any] | None:
-    """The peer row with the highest median throughput at `concurrency`."""
-    rows = [r for r in summary["rows"] if r["server"] in peers.PEERS and r["concurrency"] == concurrency]
-    return max(rows, key=lambda r: r["throughput"]["median"], default=None)
-
-
-def peer_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue 17's targets on the CNN workload at 32 clients: Modelport through the gateway at least 2.5x the best
-    peer's throughput, and at most its p99 / 2.6. Checked for both request formats of e through the gateway:
-    KServe v2 JSON (what a user's curl sends, and what MLServer gets) and the binary tensor extension."""
-    checks = []
-    for result in results:
-        if result["workload"] != "resnet":
-            continue
-        summary = result["summary"]
-        rows = {(r["server"], r["concurrency"]): r for r in summary["rows"]}
-        best = best_peer(summary, 32)
-        if not best:
-            continue
-        for server in ("e-gateway-json", "e-gateway"):
-            row = rows.get((server, 32))
-            if not row:
-                continue
-            throughput = row["throughput"]["median"] / best["throughput"]["median"]
-            latency = best["p99_ms"]["median"] / row["p99_ms"]["median"]
-            checks.append({"workload": "resnet", "target": f"throughput of {server} / best peer ({best['server']}) at "
-                           "concurrency 32 >= 2.5", "value": round(throughput, 2), "met": throughput >= 2.5})
-            checks.append({"workload": "resnet", "target": f"p99 of best peer ({best['server']}) / p99 of {server} at "
-                           "concurrency 32 >= 2.6", "value": round(latency, 2), "met": latency >= 2.6})
-    return checks
-
-
-def markdown(document: dict[str, Any]) -> str:
-    """The tables of docs/benchmarks.md: medians of the repeats with (min–max)."""
-
-    def fmt(s: dict[str, float] | None, digits: int = 0) -> str:
-        if not s:
-            return "—"
-        return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
-
-    lines = []
-    for result in document["workloads"]:
-        summary = result["summary"]
-        rows = {(r["server"], r["concurrency"]): r for r in summary["rows"]}
-        concurrencies = sorted({r["concurrency"] for r in summary["rows"]})
-        top = concurrencies[-1]
-        lines += [f"#### Workload {result['number']}: {result['title']}", "",
-                  f"Bound, in-process onnxruntime at its best batch size, no server: **{fmt(summary['bound'])}** "
-                  f"{result['item'].split(' ', 1)[1]}s/s with the pre/post-processing, "
-                  f"{fmt(summary['model_bound'])}/s for the ONNX model alone (best batch per repeat, "
-                  f"with/alone: {', '.join(f'{p}/{m}' for p, m in summary['bound_batches'])}).", "",
-                  "| server | " + " | ".join(f"req/s, {c} client{'s' if c > 1 else ''}" for c in concurrencies)
-                  + f" | p50 ms, {top} | p95 ms, {top} | p99 ms, {top} | errors |",
-                  "|---|" + "---|" * (len(concurrencies) + 4)]
-        for server in SERVERS:
-            if (server, top) not in rows:
-                continue
-            row = rows[(server, top)]
-            cells = [fmt(rows[(server, c)]["throughput"]) if (server, c) in rows else "—" for c in concurrencies]
-            errors = sum(rows[(server, c)]["errors"] for c in concurrencies if (server, c) in rows)
-            lines.append(f"| {server} | " + " | ".join(cells) + f" | {fmt(row['p50_ms'], 1)} | {fmt(row['p95_ms'], 1)} | "
-                         f"{fmt(row['p99_ms'], 1)} | {errors} |")
-        workload = WORKLOADS[result["number"]]
-        steps = list(workload.steps)
-        lines += ["", f"Where the time goes at {top} clients (medians): CPU milliseconds per request of each process "
-                  "(warm-up included at the measured rate), and per Triton model the mean batch and the queue and "
-                  "compute time per request from Triton's statistics (for a peer, the mean batch of its inference calls).", "",
-                  "| server | load generator | gateway | server (Triton: with its stubs) | rest of machine | "
-                  + " | ".join(f"{s}: batch, queue ms, compute ms" for s in steps) + " |",
-                  "|---|---|---|---|---|" + "---|" * len(steps)]
-        for server in SERVERS:
-            row = rows.get((server, top))
-            if not row:
-                continue
-            cpu = row["cpu_ms_per_request"]
-            known = sum(cpu.get(k, 0) or 0 for k in ("loadgen", "gateway", "triton", "server", "celery", "beat"))
-            rest = (cpu.get("machine") or 0) - known
-            cells = []
-            parts = modelport_endpoint(server)
-            for step in steps:
-                stats = row.get("triton", {}).get(workload.served_model(step, parts[1] if parts else None))
-                if stats:
-                    cells.append(f"{stats['mean_batch']:.1f}, {stats['queue_ms']:.2f}, {stats['compute_infer_ms']:.2f}")
-                elif "peer_mean_batch" in row and step == workload.onnx_model:
-                    # A peer runs the whole pipeline per batch; it reports the batch size only (batch_log.py).
-                    cells.append(f"{row['peer_mean_batch']:.1f}, —, —")
-                else:
-                    cells.append("—")
-            lines.append(f"| {server} | {cpu.get('loadgen', 0):.2f} | {cpu.get('gateway', 0):.2f} | "
-                         f"{cpu.get('triton', cpu.get('server', 0)):.2f} | {rest:.2f} | " + " | ".join(cells) + " |")
-        lines.append("")
-        lines += format_lines(result, document.get("settings", {}).get("queue_delay_us"))
-    lines += peer_lines(document)
-    lines += ["#### Targets", "", "| workload | target | measured | met |", "|---|---|---|---|"]
-    for check in document.get("targets") or targets(document["workloads"]):
-        lines.append(f"| {check['workload']} | {check['target']} | {check['value']} | {'yes' if check['met'] else 'no'} |")
-    return "\n".join(lines)
-
-
-def format_lines(result: dict[str, Any], queue_delay_us: int | None = None) -> list[str]:
-    """The CNN as ONNX, TorchScript and SavedModel side by side (configuration e, through the gateway and direct):
-    throughput, latency at the top concurrency, CPU per request, Triton's mean batch, and how far each format's
-    answer was from the in-process onnxruntime's. Nothing when the run measured no other format."""
-    rows = {(r["server"], r["concurrency"]): r for r in result["summary"]["rows"]}
-    if not any(server in FORMAT_SERVERS for server, _ in rows):
-        return []
-    workload = WORKLOADS[result["number"]]
-    concurrencies = sorted({c for _, c in rows})
-    top = concurrencies[-1]
-    differences = result.get("check", {}).get("max_abs_difference_by_endpoint", {})
-    lines = ["#### The CNN in three formats", "",
-             f"Configuration e (dynamic batching, queue delay {'?' if queue_delay_us is None else queue_delay_us} µs, "
-             "2 instances) for "
-             "each format: ONNX (onnxruntime), TorchScript (torch.jit) and SavedModel (tf.saved_model), each served "
-             "by Modelport's generated python-backend wrapper. Requests per second (median, min–max); latency, CPU "
-             f"milliseconds per request and Triton's mean batch at {top} clients; the answer's largest difference "
-             "from the in-process onnxruntime's (checked allclose, rtol and atol 1e-4, before the load).", "",
-             "| format | endpoint | " + " | ".join(f"req/s, {c}" for c in concurrencies)
-             + f" | p50 ms, {top} | p99 ms, {top} | Triton CPU ms/req | gateway CPU ms/req | all processes CPU ms/req "
-             "| mean batch | answer max abs diff |",
-             "|---|---|" + "---|" * (len(concurrencies) + 7)]
-    titles: dict[str | None, str] = {None: "ONNX", **{key: fmt.title for key, fmt in FORMATS.items()}}
-    for fmt in titles:
-        for via in ("gateway", "direct"):
-            server = f"e-{via}" if fmt is None else f"e-{fmt}-{via}"
-            row = rows.get((server, top))
-            if not row:
-                continue
-            cells = []
-            for c in concurrencies:
-                rate = rows[(server, c)]["throughput"] if (server, c) in rows else None
-                cells.append(f"{rate['median']:.0f} ({rate['min']:.0f}–{rate['max']:.0f})" if rate else "—")
-            cpu = row["cpu_ms_per_request"]
-            ours = sum(cpu.get(k) or 0 for k in ("loadgen", "gateway", "triton"))
-            stats = row.get("triton", {}).get(workload.served_model(workload.onnx_model, fmt))
-            difference = differences.get(server)
-            cells += [f"{row['p50_ms']['median']:.1f}", f"{row['p99_ms']['median']:.1f}",
-                      f"{cpu.get('triton', 0):.2f}", f"{cpu.get('gateway', 0):.2f}", f"{ours:.2f}",
-                      f"{stats['mean_batch']:.1f}" if stats else "—",
-                      f"{difference:.2g}" if difference is not None else "—"]
-            lines.append(f"| {titles[fmt]} | {server} | " + " | ".join(cells) + " |")
-    ratios = []
-    for key, model_format in FORMATS.items():
-        for via in ("gateway", "direct"):
-            own, onnx = rows.get((f"e-{key}-{via}", top)), rows.get((f"e-{via}", top))
-            if own and onnx:
-                ratios.append(f"{model_format.title} {via} {own['throughput']['median'] / onnx['throughput']['median']:.2f}x")
-    if ratios:
-        lines += ["", f"Throughput against ONNX's at {top} clients, same endpoint kind, same run: "
-                  + ", ".join(ratios) + "."]
-    return [*lines, ""]
-
-
-def peer_lines(document: dict[str, Any]) -> list[str]:
-    """The peers' table: what each one is, its version, request format and batching settings, and the Modelport
-    endpoint of each request format against the best peer at the top concurrency, per workload."""
-    found = sorted({r["server"] for w in document["workloads"] for r in w["summary"]["rows"]} & set(peers.PEERS),
-                   key=peers.PEERS.index)
-    if not found:
-        return []
-    settings = document.get("settings", {})
-    window = settings.get("peer_batch_window_ms")
-    batching = {
-        "mlserver": f"max_batch_size {peers.MAX_BATCH_SIZE}, max_batch_time {window} ms",
-        "bentoml": "batchable=True at its defaults (max_batch_size 100, max_latency_ms 60000; adaptive window)",
-        "litserve": f"max_batch_size {peers.MAX_BATCH_SIZE}, batch_timeout {window} ms",
-    }
-    versions = document.get("versions", {}).get("peers", {})
-    lines = ["#### Peers", "", "| peer | version | onnxruntime, numpy | request | batching |", "|---|---|---|---|---|"]
-    for peer in found:
-        v = versions.get(peer, {})
-        lines.append(f"| {peer}: {peers.TITLES[peer]} | {v.get(peers.PACKAGES[peer], '?')} | "
-                     f"{v.get('onnxruntime', '?')}, {v.get('numpy', '?')} | {peers.REQUEST_FORMATS[peer]} | "
-                     f"{batching[peer]} |")
-    lines += ["", "Modelport (e, through the gateway) against the best peer, by throughput, at the highest "
-              "concurrency (medians):", "",
-              "| workload | best peer | its req/s | its p99 ms | Modelport | req/s | p99 ms | throughput ratio | "
-              "p99 ratio (peer / Modelport) |", "|---|---|---|---|---|---|---|---|---|"]
-    for result in document["workloads"]:
-        summary = result["summary"]
-        top = max((r["concurrency"] for r in summary["rows"]), default=0)
-        best = best_peer(summary, top)
-        if not best:
-            continue
-        for row in summary["rows"]:
-            if row["server"] in ("e-gateway-json", "e-gateway") and row["concurrency"] == top:
-                lines.append(
-                    f"| {result['number']} {result['workload']} | {best['server']} | "
-                    f"{best['throughput']['median']:.0f} | {best['p99_ms']['median']:.1f} | {row['server']} | "
-                    f"{row['throughput']['median']:.0f} | {row['p99_ms']['median']:.1f} | "
-                    f"{row['throughput']['median'] / best['throughput']['median']:.2f}x | "
-                    f"{best['p99_ms']['median'] / row['p99_ms']['median']:.2f}x |")
-    idle = [f"{w['workload']}: " + ", ".join(f"{k} {v:.2f}" for k, v in w["idle_cores"].items())
-            for w in document["workloads"] if w.get("idle_cores")]
-    if idle:
-        lines += ["", "Cores busy with no request in flight (each server's process tree over 3 s, before the load): "
-                  + "; ".join(idle) + "."]
-    sizes = [f"{w['workload']}: " + ", ".join(f"{k} {v:,}" for k, v in w.get("request_bytes", {}).items())
-             for w in document["workloads"] if w.get("request_bytes")]
-    if sizes:
-        lines += ["", "Request body bytes: " + "; ".join(sizes) + "."]
-    return [*lines, ""]
-
-
 def versions() -> dict[str, Any]:
     common = ["onnxruntime", "numpy", "pillow", "tokenizers"]
     bench = peers.package_versions(BENCH_PY, [*common, "tornado", "torch", "transformers", "sentence-transformers",
@@ -856,7 +527,8 @@ def main() -> int:
                         help=f"only {','.join(PEER_COMPARISON)}, workloads 2 and 3; results in serving-peers.json")
     parser.add_argument("--peer-batch-window-ms", type=float, default=2.0,
                         help="MLServer's max_batch_time and LitServe's batch_timeout (both must be > 0)")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--concurrency", type=int, nargs="+",
+                        help="clients per run (default 1 8 32; --peers-only: 1 16 32, the targets' levels)")
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per run")
     parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each run")
     parser.add_argument("--repeats", type=int, default=3)
@@ -879,6 +551,7 @@ def main() -> int:
     if args.peer_batch_window_ms <= 0:
         parser.error("--peer-batch-window-ms must be above 0 (MLServer does not batch with 0, LitServe spins)")
     args.workloads = args.workloads or ("2,3" if args.peers_only else "1,2,3")
+    args.concurrency = args.concurrency or ([1, 16, 32] if args.peers_only else [1, 8, 32])
     args.servers = (args.servers.split(",") if args.servers
                     else list(PEER_COMPARISON if args.peers_only else SERVERS))
     unknown = set(args.servers) - set(SERVERS)
@@ -893,7 +566,7 @@ def main() -> int:
     output = args.output or RESULTS / (f"{stem}-quick.json" if args.quick else f"{stem}.json")
     started = datetime.now(UTC)
     document: dict[str, Any] = {
-        "started": started.isoformat(timespec="seconds"), "command": " ".join(sys.argv),
+        "started": started.isoformat(timespec="seconds"), "command": " ".join(["-m bench.serving.run", *sys.argv[1:]]),
         "settings": {**{k: getattr(args, k) for k in ("concurrency", "duration", "warmup", "repeats", "bound_seconds",
                                                       "queue_delay_us", "servers", "peer_batch_window_ms")},
                      "peer_max_batch_size": peers.MAX_BATCH_SIZE},

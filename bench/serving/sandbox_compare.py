@@ -1,6 +1,6 @@
 """Serving runs with and without the sandbox, side by side (issue 11: the sandbox must not slow serving).
 
-    SANDBOX_ENABLED=false .venv/bin/python bench/serving/run.py --quick --workloads 1,2 \
+    SANDBOX_ENABLED=false .venv/bin/python -m bench.serving.run --quick --workloads 1,2 \
         --servers d-direct,e-gateway,e-direct --output /tmp/off-1.json --no-plots     # then the same without
     .venv/bin/python bench/serving/sandbox_compare.py /tmp/off-1.json /tmp/on-1.json ...  #   SANDBOX_ENABLED, in turns
 

@@ -79,12 +79,12 @@ class Workload:
 @dataclass(frozen=True)
 class ModelFormat:
     """The CNN (workload 2) in a format other than ONNX: served by Modelport's generated python-backend wrapper
-    for that format (deployments/backends/), in a deployment of its own with configuration e's settings."""
+    for that format (modelport/core/backends/), in a deployment of its own with configuration e's settings."""
 
     key: str  # in the endpoints' names: e-<key>-gateway, e-<key>-direct
     title: str
     model: str  # its name in the registry, and the Triton model the requests name
-    framework: str  # the runtime env's extra that serves it (deployments.frameworks: torch, tensorflow)
+    framework: str  # the runtime env's extra that serves it (modelport.core.frameworks: torch, tensorflow)
     sample: str  # the file models_registry.samples.make_resnet_framework_models writes
     signature_needed: bool  # TorchScript carries no signature: the upload declares it
 

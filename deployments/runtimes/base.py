@@ -12,49 +12,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
+from deployments.launch import Launch as Launch  # where the runtimes and the reconciler have always found it
 from deployments.models import Deployment, Revision
 from deployments.revision_spec import RevisionSpec
-
-
-@dataclass(frozen=True)
-class Launch:
-    """What serves one revision: a server (or a set of pods)."""
-
-    revision_id: int
-    url: str  # what the gateway proxies to
-    description: str  # for events: "pid 123, port 8000" or "Deployment acme/digits, 2 replicas"
-    ref: int | str  # runtime-specific handle (a TritonServer id, a Kubernetes object name)
-    grpc_target: str = ""  # host:port of the same server's gRPC endpoint, for the gRPC gateway
-
-    def to_json(self) -> dict[str, Any]:
-        return {"revision_id": self.revision_id, "url": self.url, "grpc_target": self.grpc_target,
-                "description": self.description, "ref": self.ref}
-
-    @classmethod
-    def from_json(cls, data: Any) -> Launch | None:
-        """None for anything but a stored Launch (a row written before launches were recorded)."""
-        if not isinstance(data, dict):
-            return None
-        try:
-            return cls(revision_id=int(data["revision_id"]), url=str(data["url"]),
-                       grpc_target=str(data.get("grpc_target", "")),
-                       description=str(data.get("description", "")), ref=data["ref"])
-        except (KeyError, TypeError, ValueError):
-            return None
 
 
 @dataclass(frozen=True)
 class Preparation:
     """Where a revision's preparation stands (its repository rendered and published; later, its environments
     built). Not done: the reconciler looks again after `retry_seconds`, showing `message` meanwhile; `building`:
-    what it waits for is an environment being built (the deployment shows "building" rather than "rendering")."""
+    what it waits for is an environment being built (the deployment shows "building" rather than "rendering");
+    `build`: nobody builds it yet, so the reconciler queues the build (deployments.tasks.build_python_env). A runtime
+    never queues work itself: it sits below the tasks, and only answers what it needs."""
 
     done: bool
     message: str = ""
     retry_seconds: float = 5.0
     building: bool = False
+    build: bool = False
 
 
 PREPARED = Preparation(done=True)

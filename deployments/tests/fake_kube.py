@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import re
 import threading
 import time
 import uuid
@@ -77,6 +78,9 @@ def _matches(obj: dict[str, Any], selector: str) -> bool:
     return True
 
 
+_LOG_TIME_RE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z ")
+
+
 def now_iso(offset_seconds: float = 0) -> str:
     return datetime.fromtimestamp(time.time() + offset_seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -86,7 +90,9 @@ class FakeKube:
     token: str = TOKEN
     objects: dict[str, dict[str, Any]] = field(default_factory=dict)  # object path -> object
     requests: list[Request] = field(default_factory=list)
-    logs: dict[tuple[str, str, bool], str] = field(default_factory=dict)  # (namespace, pod, previous) -> text
+    # (namespace, pod, previous) -> text; or (namespace, pod, container, previous) for one container of the pod
+    logs: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    honour_limit_bytes: bool = True  # False: a server that sends the whole log whatever limitBytes says
     # Plays the controllers after each apply or scale of a Deployment: fn(fake, deployment).
     on_apply: Callable[[FakeKube, dict[str, Any]], None] | None = None
     # Runs when a watch starts (after the LIST it follows): lets a test change pods while Modelport waits.
@@ -108,7 +114,7 @@ class FakeKube:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.server.block_on_close = False  # type: ignore[attr-defined]
+        self.server.block_on_close = False
         self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     # --- Life -----------------------------------------------------------------------------------------------
@@ -320,7 +326,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _log(self, collection: str, pod: str, query: dict[str, str]) -> None:
         namespace = collection.split("/")[-2]
         previous = query.get("previous") == "true"
-        text = self.kube.logs.get((namespace, pod, previous))
+        # A container's own log where a test set one ((namespace, pod, container, previous)), else the pod's.
+        text = self.kube.logs.get((namespace, pod, query.get("container", ""), previous))
+        if text is None:
+            text = self.kube.logs.get((namespace, pod, previous))
         if text is None:
             if previous:
                 self._status(400, "BadRequest", f'previous terminated container "triton" in pod "{pod}" not found')
@@ -328,8 +337,16 @@ class _Handler(BaseHTTPRequestHandler):
                 self._status(404, "NotFound", f'pods "{pod}" not found')
             return
         lines = text.splitlines(keepends=True)
+        if query.get("timestamps") != "true":
+            # As the kubelet, which keeps each line's time: a test's line that starts with one is sent without it
+            # unless asked for.
+            lines = [_LOG_TIME_RE.sub("", line, count=1) for line in lines]
         tail = int(query.get("tailLines", len(lines)))
-        self._send(200, "".join(lines[-tail:] if tail else []).encode(), "text/plain")
+        body = "".join(lines[-tail:] if tail else []).encode()
+        if "limitBytes" in query and self.kube.honour_limit_bytes:
+            # as the kubelet: the first limitBytes bytes of the tail
+            body = body[:int(query["limitBytes"])]
+        self._send(200, body, "text/plain")
 
     def _watch(self, collection: str, query: dict[str, str]) -> None:
         rv = int(query.get("resourceVersion") or 0)

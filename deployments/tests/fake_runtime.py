@@ -64,6 +64,7 @@ class FakeRuntime:
     render_errors: dict[str, list[str]] = field(default_factory=dict)
     unavailable: str = ""  # every call raises RuntimeUnavailable with this message
     cannot_tell: str = ""  # check() cannot tell whether a server serves, for this reason (an API server refusing)
+    one_url: str = ""  # every launch answers on this URL (a shared pool: one Triton, each revision its own names)
     servers: list[FakeServer] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     torn_down: list[int] = field(default_factory=list)
@@ -111,7 +112,7 @@ class FakeRuntime:
                                 revision_number=revision.number, ready_after=self.ready_after,
                                 fails_with=self.fails_with)
             self.servers.append(server)
-        return Launch(revision_id=revision.pk, url=server.url, grpc_target=server.grpc_target,
+        return Launch(revision_id=revision.pk, url=self.one_url or server.url, grpc_target=server.grpc_target,
                       description=f"fake server {server.ref}", ref=server.ref)
 
     def observe(self, launch: Launch) -> Observation:

@@ -16,12 +16,13 @@ from models_registry.models import ModelVersion
 
 
 @pytest.fixture
-def ready(alice: Person, digits_v1: ModelVersion) -> Deployment:
+def ready(alice: Person, digits: ModelVersion) -> Deployment:
     response = alice.client().post("/api/v1/deployments/", {"name": "digits-prod", "models": [{"model": "digits"}]},
                                    format="json")
     assert response.status_code == 201, response.json()
     deployment = Deployment.objects.get()
-    Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.READY, serving_revision=deployment.revision,
+    Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.READY,
+                                                       serving_revision=deployment.revision,
                                                        upstream_url="http://127.0.0.1:9", grpc_upstream="127.0.0.1:10")
     return Deployment.objects.get()
 
@@ -50,7 +51,7 @@ def test_bob_starts_a_canary_with_guardrails_and_the_api_shows_it(bob: Person, r
     assert body["revision"] == 1 and body["serving_revision"] == 1  # the stable revision serves on
     assert body["models"][0]["max_batch_size"] != 4  # what is shown is the stable revision's
     assert body["canary"] == {"revision": 2, "percent": 10, "state": "starting", "serving_since": None,
-                              "max_error_rate": 0.02, "max_p99_ratio": 2.0, "window_seconds": 30, "min_requests": 20,
+                              "max_error_rate": 0.02, "max_p99_ratio": 2.0, "window_seconds": 30, "min_requests": 100,
                               "auto_promote": True}
     assert Event.objects.filter(message="Revision 2 created by bob as a canary for 10% of the requests.").exists()
     assert AuditEntry.objects.get(action="deployment.canary").detail["percent"] == 10
@@ -73,7 +74,7 @@ def test_promote_moves_the_route_and_rollback_ends_the_canary(alice: Person, bob
     assert response.json()["serving_revision"] == 2 and response.json()["canary"] is None
     row = Deployment.objects.get()
     assert row.upstream_url == "http://127.0.0.1:11" and row.grpc_upstream == "127.0.0.1:12"
-    assert row.serving_launch["ref"] == 2 and row.drain_until is not None
+    assert row.serving_launch is not None and row.serving_launch.ref == 2 and row.drain_until is not None
     # Another canary, rolled back.
     assert patch(alice, {"models": [{"model": "digits", "max_batch_size": 2}],
                          "rollout": {"strategy": "canary", "percent": 5}}).status_code == 200
@@ -84,7 +85,8 @@ def test_promote_moves_the_route_and_rollback_ends_the_canary(alice: Person, bob
 
 
 def test_without_a_canary_promote_and_rollback_say_so(alice: Person, ready: Deployment) -> None:
-    for action, message in [("promote", "There is no canary to promote"), ("rollback", "There is no canary to roll back")]:
+    for action, message in [("promote", "There is no canary to promote"),
+                            ("rollback", "There is no canary to roll back")]:
         response = alice.client().post(f"/api/v1/deployments/digits-prod/{action}")
         assert response.status_code == 409
         assert response.json()["error"]["message"].startswith(message)
@@ -145,7 +147,7 @@ def test_a_canary_of_no_change_is_a_400(alice: Person, ready: Deployment) -> Non
     response = patch(alice, {"rollout": {"strategy": "canary", "percent": 20}})
     assert response.status_code == 400
     assert response.json()["error"]["fields"]["rollout"] == [
-        "a canary needs a change: this PATCH asks for the settings in effect already"]
+        "a canary needs a change: these are the settings in effect already"]
 
 
 def test_the_version_a_canary_serves_cannot_be_deleted(alice: Person, ready: Deployment) -> None:

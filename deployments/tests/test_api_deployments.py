@@ -6,18 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from conftest import Person
 from deployments.models import Deployment, Event, Revision
 from deployments.tests.conftest import make_ready_version
+from deployments.tests.conftest import post_deployment as create
 from models_registry.models import ModelVersion
 
 
-def create(person: Person, **body: Any) -> Any:
-    payload = {"name": "digits-prod", "models": [{"model": "digits"}], **body}
-    return person.client().post("/api/v1/deployments/", payload, format="json")
-
-
-def test_alice_deploys_with_defaults_fitted_to_the_model(alice: Person, digits_v1: ModelVersion) -> None:
+def test_alice_deploys_with_defaults_fitted_to_the_model(alice: Person, digits: ModelVersion) -> None:
     response = create(alice)
     assert response.status_code == 201, response.json()
     body = response.json()
@@ -26,18 +24,20 @@ def test_alice_deploys_with_defaults_fitted_to_the_model(alice: Person, digits_v
     assert body["revision"] == 1
     [model] = body["models"]
     assert model["version"] == 1
-    assert model["max_batch_size"] == digits_v1.max_batch_size
-    assert model["dynamic_batching"] == {"max_queue_delay_microseconds": 0, "preferred_batch_size": [], "preserve_ordering": False}
+    assert model["max_batch_size"] == digits.max_batch_size
+    assert model["dynamic_batching"] == {"max_queue_delay_microseconds": 0, "preferred_batch_size": [],
+                                         "preserve_ordering": False}
     assert model["instance_group"] == {"count": 1, "kind": "cpu", "gpus": []}
     deployment = Deployment.objects.get()
     assert deployment.team == alice.team
-    assert list(deployment.revision.versions.all()) == [digits_v1]
+    assert list(deployment.revision.versions.all()) == [digits]
     assert Event.objects.filter(deployment=deployment, message__contains="Created by alice").exists()
 
 
-def test_the_serving_settings_are_kept_as_given(alice: Person, digits_v1: ModelVersion) -> None:
+def test_the_serving_settings_are_kept_as_given(alice: Person, digits: ModelVersion) -> None:
     response = create(alice, models=[{"model": "digits", "version": 1, "max_batch_size": 16,
-                                      "dynamic_batching": {"max_queue_delay_microseconds": 2000, "preferred_batch_size": [4, 8]},
+                                      "dynamic_batching": {"max_queue_delay_microseconds": 2000,
+                                                           "preferred_batch_size": [4, 8]},
                                       "instance_group": {"count": 2, "kind": "cpu"}}])
     assert response.status_code == 201, response.json()
     model = response.json()["models"][0]
@@ -47,22 +47,24 @@ def test_the_serving_settings_are_kept_as_given(alice: Person, digits_v1: ModelV
     assert model["instance_group"]["count"] == 2
 
 
-def test_batching_can_be_switched_off(alice: Person, digits_v1: ModelVersion) -> None:
+def test_batching_can_be_switched_off(alice: Person, digits: ModelVersion) -> None:
     response = create(alice, models=[{"model": "digits", "dynamic_batching": None}])
     assert response.json()["models"][0]["dynamic_batching"] is None
 
 
-def test_it_rejects_preferred_sizes_over_the_max_batch_size(alice: Person, digits_v1: ModelVersion) -> None:
+def test_it_rejects_preferred_sizes_over_the_max_batch_size(alice: Person, digits: ModelVersion) -> None:
     response = create(alice, models=[{"model": "digits", "max_batch_size": 8,
                                       "dynamic_batching": {"preferred_batch_size": [4, 16]}}])
     assert response.status_code == 400
     fields = response.json()["error"]["fields"]
-    assert fields["models[0].dynamic_batching.preferred_batch_size"] == ["preferred batch size 16 is larger than max_batch_size 8"]
+    assert fields["models[0].dynamic_batching.preferred_batch_size"] == ["preferred batch size 16 is larger than "
+                                                                         "max_batch_size 8"]
     assert not Deployment.objects.exists()
 
 
-def test_it_rejects_out_of_bounds_queue_delays_and_instance_counts(alice: Person, digits_v1: ModelVersion) -> None:
-    response = create(alice, models=[{"model": "digits", "dynamic_batching": {"max_queue_delay_microseconds": 20_000_000},
+def test_it_rejects_out_of_bounds_queue_delays_and_instance_counts(alice: Person, digits: ModelVersion) -> None:
+    response = create(alice,
+                      models=[{"model": "digits", "dynamic_batching": {"max_queue_delay_microseconds": 20_000_000},
                                       "instance_group": {"count": 99}}])
     assert response.status_code == 400
     fields = response.json()["error"]["fields"]
@@ -70,7 +72,33 @@ def test_it_rejects_out_of_bounds_queue_delays_and_instance_counts(alice: Person
     assert "16" in fields["models[0].instance_group.count"][0]
 
 
-def test_it_refuses_gpus_on_the_local_runtime(alice: Person, digits_v1: ModelVersion) -> None:
+def test_a_warmup_is_kept_typed_with_its_defaults_filled_in(alice: Person, digits: ModelVersion) -> None:
+    response = create(alice, models=[{"model": "digits", "warmup": {"batch_size": 2, "data": "random"}}])
+    assert response.status_code == 201, response.json()
+    assert response.json()["models"][0]["warmup"] == {"batch_size": 2, "count": 1, "data": "random"}
+
+
+@pytest.mark.parametrize(("warmup", "field", "words"), [
+    ({"batch_size": 2, "x": 1}, "models[0].warmup", "unknown warmup keys ['x']"),
+    ({"count": 0}, "models[0].warmup.count", "greater than or equal to 1"),
+    ({"count": 101}, "models[0].warmup.count", "less than or equal to 100"),
+    ({"batch_size": "2"}, "models[0].warmup.batch_size", "integer"),
+    ({"batch_size": 10**30}, "models[0].warmup.batch_size", "less than or equal to"),
+    ({"data": "noise"}, "models[0].warmup.data", "not a valid choice"),
+    ({"batch_size": 65}, "models[0].warmup.batch_size", "must not exceed max_batch_size 64"),
+    ([1, 2], "models[0].warmup", "dictionary"),
+    ("zero", "models[0].warmup", "dictionary"),
+])
+def test_a_bad_warmup_is_a_400_naming_its_field(alice: Person, digits: ModelVersion, warmup: Any, field: str,
+                                                words: str) -> None:
+    response = create(alice, models=[{"model": "digits", "max_batch_size": 64, "warmup": warmup}])
+    assert response.status_code == 400, response.json()
+    fields = response.json()["error"]["fields"]
+    assert words in " ".join(m for key in fields if key.startswith(field) for m in fields[key]), fields
+    assert not Deployment.objects.exists()
+
+
+def test_it_refuses_gpus_on_the_local_runtime(alice: Person, digits: ModelVersion) -> None:
     response = create(alice, models=[{"model": "digits", "instance_group": {"kind": "gpu"}}], resources={"gpu": 1})
     assert response.status_code == 400
     fields = response.json()["error"]["fields"]
@@ -78,7 +106,7 @@ def test_it_refuses_gpus_on_the_local_runtime(alice: Person, digits_v1: ModelVer
     assert "no GPU" in fields["resources.gpu"][0]
 
 
-def test_it_refuses_replicas_on_the_local_runtime(alice: Person, digits_v1: ModelVersion) -> None:
+def test_it_refuses_replicas_on_the_local_runtime(alice: Person, digits: ModelVersion) -> None:
     response = create(alice, replicas=3)
     assert response.status_code == 400
     assert "one Triton server per deployment" in response.json()["error"]["fields"]["replicas"][0]
@@ -94,7 +122,7 @@ def test_it_refuses_batching_for_a_model_without_a_batch_dimension(alice: Person
     assert "dynamic first dimension" in response.json()["error"]["fields"]["models[0].max_batch_size"][0]
 
 
-def test_it_names_a_missing_model_or_version(alice: Person, digits_v1: ModelVersion) -> None:
+def test_it_names_a_missing_model_or_version(alice: Person, digits: ModelVersion) -> None:
     response = create(alice, models=[{"model": "nope"}, {"model": "digits", "version": 7}])
     assert response.status_code == 400
     fields = response.json()["error"]["fields"]
@@ -102,23 +130,24 @@ def test_it_names_a_missing_model_or_version(alice: Person, digits_v1: ModelVers
     assert fields["models[1].version"] == ["model 'digits' has no version 7"]
 
 
-def test_it_rejects_bad_deployment_names(alice: Person, digits_v1: ModelVersion) -> None:
+def test_it_rejects_bad_deployment_names(alice: Person, digits: ModelVersion) -> None:
     response = create(alice, name="Digits_Prod")
     assert response.status_code == 400
     assert "lowercase letters" in response.json()["error"]["fields"]["name"][0]
 
 
-def test_a_duplicate_name_is_a_conflict(alice: Person, digits_v1: ModelVersion) -> None:
+def test_a_duplicate_name_is_a_conflict(alice: Person, digits: ModelVersion) -> None:
     create(alice)
     response = create(alice)
     assert response.status_code == 409
     assert Deployment.objects.count() == 1
 
 
-def test_patch_makes_a_new_revision_and_keeps_unchanged_settings(alice: Person, digits_v1: ModelVersion) -> None:
+def test_patch_makes_a_new_revision_and_keeps_unchanged_settings(alice: Person, digits: ModelVersion) -> None:
     create(alice, models=[{"model": "digits", "instance_group": {"count": 2}}])
     response = alice.client().patch("/api/v1/deployments/digits-prod/",
-                                    {"models": [{"model": "digits", "dynamic_batching": {"max_queue_delay_microseconds": 500}}]},
+                                    {"models": [{"model": "digits",
+                                                 "dynamic_batching": {"max_queue_delay_microseconds": 500}}]},
                                     format="json")
     assert response.status_code == 200, response.json()
     assert response.json()["revision"] == 2
@@ -131,7 +160,7 @@ def test_patch_makes_a_new_revision_and_keeps_unchanged_settings(alice: Person, 
     assert first.spec.to_json()["models"][0]["instance_group"]["count"] == 2  # revisions are immutable
 
 
-def test_patch_with_a_body_that_is_not_a_json_object_is_a_400(alice: Person, digits_v1: ModelVersion) -> None:
+def test_patch_with_a_body_that_is_not_a_json_object_is_a_400(alice: Person, digits: ModelVersion) -> None:
     create(alice)
     response = alice.client().patch("/api/v1/deployments/digits-prod/", [{"replicas": 1}], format="json")
     assert response.status_code == 400
@@ -139,7 +168,7 @@ def test_patch_with_a_body_that_is_not_a_json_object_is_a_400(alice: Person, dig
     assert Revision.objects.count() == 1
 
 
-def test_stop_and_start_change_the_desired_state(alice: Person, digits_v1: ModelVersion) -> None:
+def test_stop_and_start_change_the_desired_state(alice: Person, digits: ModelVersion) -> None:
     create(alice)
     response = alice.client().post("/api/v1/deployments/digits-prod/stop")
     assert response.status_code == 202
@@ -149,15 +178,15 @@ def test_stop_and_start_change_the_desired_state(alice: Person, digits_v1: Model
     assert Deployment.objects.get().desired_state == "running"
 
 
-def test_a_version_in_use_cannot_be_deleted(alice: Person, digits_v1: ModelVersion) -> None:
+def test_a_version_in_use_cannot_be_deleted(alice: Person, digits: ModelVersion) -> None:
     create(alice)
     response = alice.client().delete("/api/v1/models/digits/versions/1/")
     assert response.status_code == 409
     assert "digits-prod" in response.json()["error"]["message"]
-    assert ModelVersion.objects.filter(pk=digits_v1.pk).exists()
+    assert ModelVersion.objects.filter(pk=digits.pk).exists()
 
 
-def test_charlie_cannot_see_or_touch_alices_deployment(alice: Person, charlie: Person, digits_v1: ModelVersion) -> None:
+def test_charlie_cannot_see_or_touch_alices_deployment(alice: Person, charlie: Person, digits: ModelVersion) -> None:
     create(alice)
     client = charlie.client()
     assert client.get("/api/v1/deployments/").json() == []
@@ -168,13 +197,13 @@ def test_charlie_cannot_see_or_touch_alices_deployment(alice: Person, charlie: P
     assert Deployment.objects.get().desired_state == "running"
 
 
-def test_charlie_cannot_deploy_alices_model(alice: Person, charlie: Person, digits_v1: ModelVersion) -> None:
+def test_charlie_cannot_deploy_alices_model(alice: Person, charlie: Person, digits: ModelVersion) -> None:
     response = create(charlie)
     assert response.status_code == 400
     assert response.json()["error"]["fields"]["models[0].model"] == ["no model named 'digits' in your team"]
 
 
-def test_the_events_are_listed_newest_first(alice: Person, digits_v1: ModelVersion) -> None:
+def test_the_events_are_listed_newest_first(alice: Person, digits: ModelVersion) -> None:
     create(alice)
     alice.client().post("/api/v1/deployments/digits-prod/stop")
     events = alice.client().get("/api/v1/deployments/digits-prod/events/").json()
@@ -188,7 +217,7 @@ def test_a_savedmodel_deploys_locally_only_when_the_runtime_env_has_tensorflow(
     import io
     import zipfile
 
-    from models_registry.tests.test_savedmodel_inspect import saved_model
+    from models_registry.tests.savedmodels import saved_model
     from web.tests.conftest import fake_runtime_env
 
     pb = saved_model({"serving_default": {"inputs": {"x": {"dtype": 1, "dims": [-1, 4]}},
@@ -212,3 +241,17 @@ def test_a_savedmodel_deploys_locally_only_when_the_runtime_env_has_tensorflow(
     assert accepted.status_code == 201, accepted.json()
     (entry,) = Deployment.objects.get().revision.spec.to_json()["models"]
     assert entry["definition"] == {"signature_def": "serving_default", "signature_defs": ["serving_default"]}
+
+
+def test_a_version_a_deployment_serves_cannot_be_deleted(alice: Person, digits: ModelVersion) -> None:
+    """The registry asks through its version_users signal (it sits below deployments), and deployments answer."""
+    client = alice.client()
+    assert client.post("/api/v1/deployments/", {"name": "digits-prod", "models": [{"model": "digits"}]},
+                       format="json").status_code == 201
+    refused = client.delete("/api/v1/models/digits/versions/1/")
+    assert refused.status_code == 409
+    assert "digits-prod" in str(refused.json())
+    assert ModelVersion.objects.filter(pk=digits.pk).exists()
+    assert client.delete("/api/v1/deployments/digits-prod/").status_code == 202
+    Deployment.objects.filter(name="digits-prod").delete()  # what the worker does once it has torn it down
+    assert client.delete("/api/v1/models/digits/versions/1/").status_code == 204

@@ -1,6 +1,7 @@
 """Deploying a pipeline deploys its step models with it, and python models only with plain requirements (the
-local runtime installs them: deployments/pyenvs.py). The reconciler is not run (tests/test_pipeline_e2e.py serves the pipeline on a real Triton); the revision's
-snapshot is rendered here to check it carries everything the renderer needs."""
+local runtime installs them: deployments/pyenvs.py). The reconciler is not run (tests/test_pipeline_e2e.py serves
+the pipeline on a real Triton); the revision's snapshot is rendered here to check it carries everything the renderer
+needs."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from deployments.render import render_repository
 from deployments.runtimes.artifacts import artifact_path
 from models_registry.models import ModelVersion
 from models_registry.samples import digits_pipeline_definition
-from models_registry.tests.test_pipelines import create_pipeline, digits_steps, ready_version
+from models_registry.tests.pipeline_versions import create_pipeline, digits_steps, ready_version
 from tests.artifacts import PYTHON_SIGNATURE, python_model_zip
 
 NO_BATCHING = None
@@ -67,7 +68,8 @@ def test_instances_of_the_pipeline_itself_are_refused_not_dropped(alice: Person,
     assert list(fields) == ["models[0].instance_group.count"]
     assert "set instances on its step models" in fields["models[0].instance_group.count"][0]
     assert not Deployment.objects.exists()
-    models = by_model(deploy(alice, [{"model": "digits-pipeline"}, {"model": "digits", "instance_group": {"count": 3}}]))
+    models = by_model(deploy(alice,
+                             [{"model": "digits-pipeline"}, {"model": "digits", "instance_group": {"count": 3}}]))
     assert models["digits"]["instance_group"]["count"] == 3
 
 
@@ -87,7 +89,7 @@ def test_listed_step_models_keep_their_own_settings(alice: Person, pipeline: Mod
 
 
 def test_a_listed_step_model_serves_the_version_the_pipeline_names(alice: Person, pipeline: ModelVersion) -> None:
-    from models_registry.tests.test_pipelines import digits_bytes
+    from models_registry.tests.pipeline_versions import digits_bytes
 
     ready_version(alice, "digits", digits_bytes(), "digits.onnx")  # version 2, the latest
     models = by_model(deploy(alice, [{"model": "digits-pipeline"}, {"model": "digits"}]))
@@ -101,7 +103,8 @@ def test_a_listed_step_model_serves_the_version_the_pipeline_names(alice: Person
 def test_the_snapshot_renders_the_ensemble_with_its_version_directory(
     alice: Person, pipeline: ModelVersion, tmp_path: Path
 ) -> None:
-    deploy(alice, [{"model": "digits-pipeline"}, {"model": "digits", "dynamic_batching": {"max_queue_delay_microseconds": 500}}])
+    deploy(alice, [{"model": "digits-pipeline"},
+                   {"model": "digits", "dynamic_batching": {"max_queue_delay_microseconds": 500}}])
     revision = Deployment.objects.get().revision
     assert revision is not None
     spec = revision.spec.repository(lambda e: artifact_path(e.sha256))
@@ -136,7 +139,8 @@ def test_a_python_model_whose_packages_the_runtime_env_lacks_is_deployed_to_have
 ) -> None:
     ready_version(alice, "tool", python_model_zip({"requirements.txt": b"numpy\ntabulate>=0.9\n"}),
                   "tool.zip", PYTHON_SIGNATURE)
-    response = alice.client().post("/api/v1/deployments/", {"name": "tool", "models": [{"model": "tool"}]}, format="json")
+    response = alice.client().post("/api/v1/deployments/", {"name": "tool", "models": [{"model": "tool"}]},
+                                   format="json")
     assert response.status_code == 201, response.json()
     assert Deployment.objects.get(name="tool").revision.spec.models[0].requirements == ("numpy", "tabulate>=0.9")
 
@@ -147,7 +151,8 @@ def test_the_local_runtime_refuses_a_stored_requirement_that_is_not_plain(alice:
                             PYTHON_SIGNATURE)
     ModelVersion.objects.filter(pk=version.pk).update(
         definition={"requirements": ["numpy", "evil @ https://attacker.example/evil-1.0-py3-none-any.whl"]})
-    response = alice.client().post("/api/v1/deployments/", {"name": "tool", "models": [{"model": "tool"}]}, format="json")
+    response = alice.client().post("/api/v1/deployments/", {"name": "tool", "models": [{"model": "tool"}]},
+                                   format="json")
     assert response.status_code == 400
     [message] = response.json()["error"]["fields"]["models[0].requirements"]
     assert message.startswith("model 'tool' version 1: requirement 2 ('evil @ https://attacker.example/")

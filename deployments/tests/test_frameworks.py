@@ -2,7 +2,7 @@
 
 Detection is tested on site-packages directories laid out as pip leaves them. run_in_runtime_env is tested with a
 stand-in runtime env whose bin/python is this interpreter: the limits and the clean-up are what is under test,
-not the frameworks.
+not the frameworks; confined, with the real runtime env in a real sandbox (what it sees, what it may not do).
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from deployments import frameworks
-from deployments.runtimes.local import triton as local_triton
+from modelport.core import frameworks
+from modelport.core.runtime_env import RuntimeEnv
 
 
 def site_packages(tmp_path: Path, *entries: str) -> Path:
@@ -97,11 +98,11 @@ def test_the_system_check_warns_about_a_configured_extra_the_env_lacks(settings:
 
 
 @pytest.fixture
-def fake_env(tmp_path: Path) -> local_triton.RuntimeEnv:
+def fake_env(tmp_path: Path) -> RuntimeEnv:
     root = tmp_path / "env"
     (root / "bin").mkdir(parents=True)
     (root / "bin" / "python").symlink_to(sys.executable)
-    return local_triton.RuntimeEnv(root=root, python_version="3.11", site_packages=root / "lib",
+    return RuntimeEnv(root=root, python_version="3.11", site_packages=root / "lib",
                                    tritonserver=root / "bin" / "tritonserver")
 
 
@@ -111,10 +112,11 @@ def script(tmp_path: Path, body: str) -> Path:
     return path
 
 
-def test_it_returns_what_the_script_wrote_to_its_result_file(fake_env: local_triton.RuntimeEnv, tmp_path: Path,
+def test_it_returns_what_the_script_wrote_to_its_result_file(fake_env: RuntimeEnv, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DJANGO_SECRET_KEY", "do-not-leak")
-    body = "print('noise on stdout'); open(result, 'w').write(json.dumps({'args': sys.argv[1:-2], 'env': dict(os.environ)}))"
+    body = ("print('noise on stdout'); "
+            "open(result, 'w').write(json.dumps({'args': sys.argv[1:-2], 'env': dict(os.environ)}))")
     outcome = frameworks.run_in_runtime_env(fake_env, script(tmp_path, body), ["a", "b"], timeout=30,
                                             memory_bytes=2**30)
     assert outcome.returncode == 0 and not outcome.timed_out
@@ -124,7 +126,7 @@ def test_it_returns_what_the_script_wrote_to_its_result_file(fake_env: local_tri
     assert env["PATH"].split(os.pathsep)[0] == str(fake_env.bin_dir)
 
 
-def test_a_script_past_its_time_is_killed_with_everything_it_started(fake_env: local_triton.RuntimeEnv,
+def test_a_script_past_its_time_is_killed_with_everything_it_started(fake_env: RuntimeEnv,
                                                                      tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
     body = (f"import subprocess\nchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
@@ -148,7 +150,7 @@ def _gone(pid: int) -> bool:
     return state == "Z"  # dead, not yet reaped
 
 
-def test_a_script_that_allocates_past_its_memory_limit_fails_and_says_so(fake_env: local_triton.RuntimeEnv,
+def test_a_script_that_allocates_past_its_memory_limit_fails_and_says_so(fake_env: RuntimeEnv,
                                                                           tmp_path: Path) -> None:
     body = "block = bytearray(2 * 1024**3)\nopen(result, 'w').write('{}')\n"
     outcome = frameworks.run_in_runtime_env(fake_env, script(tmp_path, body), [], timeout=30, memory_bytes=512 * 2**20)
@@ -156,7 +158,7 @@ def test_a_script_that_allocates_past_its_memory_limit_fails_and_says_so(fake_en
     assert outcome.out_of_memory, outcome.stderr
 
 
-def test_an_oversized_or_broken_result_is_not_read(fake_env: local_triton.RuntimeEnv, tmp_path: Path) -> None:
+def test_an_oversized_or_broken_result_is_not_read(fake_env: RuntimeEnv, tmp_path: Path) -> None:
     huge = "open(result, 'w').write(json.dumps(['x' * 1024] * 1024))"
     outcome = frameworks.run_in_runtime_env(fake_env, script(tmp_path, huge), [], timeout=30, memory_bytes=2**30)
     assert outcome.returncode == 0 and outcome.result is None
@@ -165,8 +167,145 @@ def test_an_oversized_or_broken_result_is_not_read(fake_env: local_triton.Runtim
                                          memory_bytes=2**30).result is None
 
 
-def test_stderr_comes_back_bounded(fake_env: local_triton.RuntimeEnv, tmp_path: Path) -> None:
+def test_stderr_comes_back_bounded(fake_env: RuntimeEnv, tmp_path: Path) -> None:
     body = "sys.stderr.write('x' * 100_000 + 'the end')\nsys.exit(3)"
     outcome = frameworks.run_in_runtime_env(fake_env, script(tmp_path, body), [], timeout=30, memory_bytes=2**30)
     assert outcome.returncode == 3
     assert len(outcome.stderr) == frameworks.STDERR_TAIL_BYTES and outcome.stderr.endswith("the end")
+
+
+# --- run_in_runtime_env in the sandbox ------------------------------------------------------------------------------
+
+CONFINED = """
+import json, os, socket, sys
+artifact, listen_port, secret, var_dir = sys.argv[1:5]
+result = sys.argv[sys.argv.index('--result') + 1]
+seen = {"uid": os.getuid(), "artifact": open(artifact).read(), "env": sorted(os.environ)}
+for name, attempt in (("secret", lambda: open(secret).read()), ("var", lambda: os.listdir(var_dir)),
+                      ("plant", lambda: open(os.path.join(var_dir, "planted"), "w").write("x")),
+                      ("artifact_write", lambda: open(artifact, "a").write("x")),
+                      ("tcp", lambda: socket.create_connection(("127.0.0.1", int(listen_port)), timeout=2))):
+    try:
+        attempt()
+        seen[name] = "allowed"
+    except OSError as exc:
+        seen[name] = exc.strerror
+# The result file is the script's to write; replacing it with a link to a file of the worker's must fail (it is a
+# mount point), and the link must not be read if it did not.
+if sys.argv[5] == "link":
+    for replace in (lambda: os.unlink(result), lambda: os.symlink(secret, result + ".new"),
+                    lambda: os.rename(result + ".new", result)):
+        try:
+            replace()
+        except OSError:
+            pass
+else:
+    open(result, "w").write(json.dumps(seen))
+"""
+
+
+def confined_run(tmp_path: Path, mode: str) -> tuple[frameworks.ScriptResult, Path]:
+    import socket
+
+    from deployments.tests.local_triton import runtime_env
+    from modelport.core import sandbox
+
+    options = sandbox.Options()
+    caps = sandbox.check(options)
+    if not caps.available:
+        pytest.skip(f"this machine cannot build the sandbox: {caps.reason}")
+    var_dir = tmp_path / "var"
+    var_dir.mkdir()
+    secret = var_dir / "secret_key"
+    secret.write_text('{"error": "the secret key"}')  # JSON, so that reading it through a link would show
+    secret.chmod(0o600)
+    artifact = tmp_path / "upload.bin"
+    artifact.write_text("the artifact")
+    artifact.chmod(0o600)  # as the store keeps uploads
+    confinement = frameworks.Confinement(caps, options, name=f"mp-test-{os.getpid()}-{mode}", pids_max=64)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        outcome = frameworks.run_in_runtime_env(
+            runtime_env(), script(tmp_path, CONFINED),
+            [str(listener.getsockname()[1]), str(secret), str(var_dir), mode],
+            artifact=artifact, timeout=60, memory_bytes=2**30, confinement=confinement)
+    return outcome, var_dir
+
+
+def test_a_confined_script_sees_its_artifact_and_nothing_of_the_worker(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DJANGO_SECRET_KEY", "do-not-leak")
+    outcome, var_dir = confined_run(tmp_path, "json")
+    assert outcome.sandboxed and outcome.returncode == 0, outcome.stderr
+    seen = outcome.result
+    assert seen["uid"] == 1000 and seen["artifact"] == "the artifact"
+    assert "DJANGO_SECRET_KEY" not in seen["env"]
+    # var/ is not in the sandbox at all; the artifact is a read-only copy; Landlock refuses the connection.
+    assert (seen["secret"], seen["var"], seen["plant"]) == ("No such file or directory",) * 3
+    assert seen["artifact_write"] in ("Permission denied", "Read-only file system")  # by mode, Landlock or mount
+    assert seen["tcp"] == "Permission denied"
+    assert sorted(os.listdir(var_dir)) == ["secret_key"]
+
+
+def test_a_result_file_replaced_by_a_link_is_not_followed(tmp_path: Path) -> None:
+    outcome, _ = confined_run(tmp_path, "link")
+    assert outcome.returncode == 0, outcome.stderr
+    assert outcome.result is None
+
+
+FILLER = """
+import json, os, sys
+result = sys.argv[sys.argv.index('--result') + 1]
+written, error = 0, None
+chunk = b"x" * (4 * 2**20)
+try:
+    for n in range(64):  # 256 MiB, in files each under RLIMIT_FSIZE
+        with open(os.path.join(os.environ["TMPDIR"], f"fill-{n}"), "wb") as f:
+            f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        written += len(chunk)
+except OSError as exc:
+    error = exc.errno
+try:  # nor beside the result file, on the worker's disk
+    open(os.path.join(os.path.dirname(result), "more"), "wb").write(chunk)
+    beside = "allowed"
+except OSError as exc:
+    beside = exc.strerror
+open(result, "w").write(json.dumps({"written": written, "errno": error, "beside": beside}))
+"""
+
+
+def test_a_one_shot_run_writing_past_its_scratch_bound_gets_enospc_and_the_workers_disk_stays_small(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 21 (9): the trial run's scratch was the worker's disk; files of 16 MiB each (under RLIMIT_FSIZE)
+    filled it for as long as the run lasted. Now it is a tmpfs of SANDBOX_SCRATCH_SIZE, as a Triton's is."""
+    import errno
+
+    from deployments.tests.local_triton import runtime_env
+    from modelport.core import sandbox
+
+    options = sandbox.Options(scratch_bytes=16 * 2**20)
+    caps = sandbox.check(options)
+    if not caps.available:
+        pytest.skip(f"this machine cannot build the sandbox: {caps.reason}")
+    on_host: list[int] = []
+    real_run = sandbox.run
+
+    def measured(spec: sandbox.Spec, *args: Any, **kwargs: Any) -> Any:
+        finished = real_run(spec, *args, **kwargs)
+        # What the run left in its work directory on the worker's disk, before it is removed.
+        on_host.append(sum(p.stat().st_size for p in spec.scratch.parent.rglob("*") if p.is_file()))
+        return finished
+
+    monkeypatch.setattr(sandbox, "run", measured)
+    confinement = frameworks.Confinement(caps, options, name=f"mp-test-{os.getpid()}-fill", pids_max=64)
+    outcome = frameworks.run_in_runtime_env(runtime_env(), script(tmp_path, FILLER), [], timeout=60,
+                                            memory_bytes=2**30, confinement=confinement)
+    assert outcome.returncode == 0, outcome.stderr
+    assert outcome.result["errno"] == errno.ENOSPC
+    assert outcome.result["written"] <= 16 * 2**20  # 4 files fit, the fifth does not
+    assert outcome.result["beside"] != "allowed"
+    [left] = on_host
+    assert left < 2**20  # the copies of the script, the empty result's few bytes, stderr

@@ -1,17 +1,13 @@
-"""Deployment.grpc_upstream: what the gRPC gateway forwards to, filled for deployments that were already serving
-when it was added (migration 0004), so that they need no restart."""
+"""Deployment.grpc_upstream: what the gRPC gateway forwards to, switched with the HTTP route. (The data migration
+that filled it for deployments serving before it existed went with the fold of the migrations: every database
+that needed it has run it.)"""
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
-
-from django.apps import apps
 
 from conftest import Person
 from deployments.models import Deployment, Revision, TritonServer
-
-migration = importlib.import_module("deployments.migrations.0004_deployment_grpc_upstream")
 
 
 def serving(person: Person, name: str, runtime: str, upstream_url: str) -> Deployment:
@@ -21,20 +17,6 @@ def serving(person: Person, name: str, runtime: str, upstream_url: str) -> Deplo
     Deployment.objects.filter(pk=deployment.pk).update(serving_revision=revision, revision=revision)
     deployment.refresh_from_db()
     return deployment
-
-
-def test_the_migration_finds_the_grpc_port_of_the_server_already_serving(alice: Person) -> None:
-    local = serving(alice, "digits", "local", "http://127.0.0.1:41000")
-    assert local.serving_revision is not None
-    for state, http_port, grpc_port in [("stopped", 41000, 42999), ("ready", 41000, 42001), ("ready", 43000, 43001)]:
-        TritonServer.objects.create(deployment=local, revision=local.serving_revision, pid=1, http_port=http_port,
-                                    grpc_port=grpc_port, metrics_port=1, log_path="x", state=state)
-    serving(alice, "digits-k8s", "kubernetes", "http://digits.modelport-acme.svc.cluster.local:8000")
-    serving(alice, "stopped", "local", "")
-    migration.fill_grpc_upstream(apps, None)
-    values = dict(Deployment.objects.values_list("name", "grpc_upstream"))
-    assert values == {"digits": "127.0.0.1:42001", "digits-k8s": "digits.modelport-acme.svc.cluster.local:8001",
-                      "stopped": ""}
 
 
 def test_the_local_runtime_launch_names_the_servers_grpc_endpoint(alice: Person) -> None:

@@ -39,7 +39,7 @@ def _cluster_settings(settings: Any) -> None:
     settings.KUBERNETES_CREATE_NAMESPACES = True
 
 
-def test_the_manifests_of_the_current_revision_are_multi_document_yaml(alice: Person, digits_v1: ModelVersion) -> None:
+def test_the_manifests_of_the_current_revision_are_multi_document_yaml(alice: Person, digits: ModelVersion) -> None:
     assert create(alice, replicas=2, resources={"gpu": 1, "memory": "8Gi"}).status_code == 201
     response = manifests_of(alice)
     assert response.status_code == 200
@@ -69,7 +69,7 @@ def test_the_manifests_of_the_current_revision_are_multi_document_yaml(alice: Pe
             kubernetes_validate.validate(document, version, strict=True)
 
 
-def test_a_new_revision_changes_the_export(alice: Person, digits_v1: ModelVersion) -> None:
+def test_a_new_revision_changes_the_export(alice: Person, digits: ModelVersion) -> None:
     create(alice)
     alice.client().patch("/api/v1/deployments/digits-prod/", {"replicas": 3}, format="json")
     documents = list(yaml.safe_load_all(manifests_of(alice).content))
@@ -78,7 +78,7 @@ def test_a_new_revision_changes_the_export(alice: Person, digits_v1: ModelVersio
     assert deployment["metadata"]["labels"]["app.kubernetes.io/version"] == "r2"
 
 
-def test_clients_may_ask_for_yaml(alice: Person, digits_v1: ModelVersion) -> None:
+def test_clients_may_ask_for_yaml(alice: Person, digits: ModelVersion) -> None:
     create(alice)
     response = manifests_of(alice, HTTP_ACCEPT="application/yaml")
     assert response.status_code == 200
@@ -88,20 +88,20 @@ def test_clients_may_ask_for_yaml(alice: Person, digits_v1: ModelVersion) -> Non
 
 
 def test_bob_may_export_and_charlie_sees_nothing(alice: Person, bob: Person, charlie: Person,
-                                                  digits_v1: ModelVersion) -> None:
+                                                  digits: ModelVersion) -> None:
     create(alice)
     assert manifests_of(bob).status_code == 200
     assert manifests_of(charlie).status_code == 404
 
 
-def test_a_local_deployment_has_no_manifests(alice: Person, digits_v1: ModelVersion) -> None:
+def test_a_local_deployment_has_no_manifests(alice: Person, digits: ModelVersion) -> None:
     create(alice, runtime="local")
     response = manifests_of(alice)
     assert response.status_code == 409
     assert "only deployments with runtime 'kubernetes'" in response.json()["error"]["message"]
 
 
-def test_the_command_prints_the_same_yaml(alice: Person, digits_v1: ModelVersion) -> None:
+def test_the_command_prints_the_same_yaml(alice: Person, digits: ModelVersion) -> None:
     create(alice)
     out = io.StringIO()
     call_command("render_manifests", "digits-prod", stdout=out)
@@ -109,7 +109,7 @@ def test_the_command_prints_the_same_yaml(alice: Person, digits_v1: ModelVersion
 
 
 def test_the_command_needs_the_team_when_a_name_is_ambiguous(alice: Person, charlie: Person,
-                                                             digits_v1: ModelVersion) -> None:
+                                                             digits: ModelVersion) -> None:
     create(alice)
     make_ready_version(charlie)
     assert create(charlie).status_code == 201
@@ -122,7 +122,7 @@ def test_the_command_needs_the_team_when_a_name_is_ambiguous(alice: Person, char
         call_command("render_manifests", "nope")
 
 
-def test_namespaces_follow_the_team_mapping(alice: Person, digits_v1: ModelVersion, settings: Any) -> None:
+def test_namespaces_follow_the_team_mapping(alice: Person, digits: ModelVersion, settings: Any) -> None:
     settings.KUBERNETES_NAMESPACES = {"acme": "ml-serving"}
     settings.KUBERNETES_CREATE_NAMESPACES = False
     create(alice)
@@ -130,7 +130,7 @@ def test_namespaces_follow_the_team_mapping(alice: Person, digits_v1: ModelVersi
     assert {d["metadata"]["namespace"] for d in documents} == {"ml-serving"}  # and no Namespace object
 
 
-def test_autoscaling_is_kept_in_the_revision_and_exported_as_an_hpa(alice: Person, digits_v1: ModelVersion) -> None:
+def test_autoscaling_is_kept_in_the_revision_and_exported_as_an_hpa(alice: Person, digits: ModelVersion) -> None:
     response = create(alice, autoscaling=AUTOSCALING)
     assert response.status_code == 201, response.json()
     assert response.json()["autoscaling"] == AUTOSCALING
@@ -145,10 +145,11 @@ def test_autoscaling_is_kept_in_the_revision_and_exported_as_an_hpa(alice: Perso
     assert cleared["autoscaling"] is None
 
 
-def test_autoscaling_is_validated(alice: Person, digits_v1: ModelVersion) -> None:
+def test_autoscaling_is_validated(alice: Person, digits: ModelVersion) -> None:
     response = create(alice, autoscaling={"min_replicas": 4, "max_replicas": 2, "target": 70})
     assert response.status_code == 400
-    assert response.json()["error"]["fields"]["autoscaling.max_replicas"] == ["max_replicas must be at least min_replicas"]
+    assert response.json()["error"]["fields"]["autoscaling.max_replicas"] == ["max_replicas must be at least "
+                                                                              "min_replicas"]
     response = create(alice, autoscaling={"min_replicas": 1, "max_replicas": 2, "metric": "gpu", "target": 70})
     assert response.status_code == 400
     assert "autoscaling.metric" in response.json()["error"]["fields"]

@@ -12,11 +12,13 @@ import pytest
 from conftest import Person
 from deployments import canary, reconcile
 from deployments.models import Deployment, Event
-from deployments.runtimes.kubernetes.config import KubernetesConfig
 from deployments.runtimes.kubernetes.runtime import KubernetesRuntime
 from deployments.tests import fake_kube
 from deployments.tests.fake_kube import FakeKube
+from deployments.tests.k8s_pools import kube_runtime
 from models_registry.models import ModelVersion
+
+pytestmark = pytest.mark.kube  # every test here talks to the fake Kubernetes API server
 
 NS = "modelport-acme"
 
@@ -24,16 +26,6 @@ NS = "modelport-acme"
 def path(kind: str, name: str) -> str:
     group = {"deployments": "/apis/apps/v1", "services": "/api/v1"}[kind]
     return f"{group}/namespaces/{NS}/{kind}/{name}"
-
-
-@pytest.fixture
-def kube_runtime(fake: FakeKube, cfg: KubernetesConfig, settings: Any) -> None:
-    """The runtime as the reconciler makes it (from the settings), on the fake cluster and moto's S3."""
-    settings.ROLLOUT_DRAIN_SECONDS = 0
-    settings.KUBERNETES_KUBECONFIG = cfg.kubeconfig
-    settings.KUBERNETES_S3_BUCKET, settings.KUBERNETES_S3_ENDPOINT_URL = cfg.s3_bucket, ""
-    settings.KUBERNETES_TRITON_EGRESS = ["52.216.0.0/15:443"]
-    fake.on_apply = fake_kube.rollout_succeeds
 
 
 def settle(deployment: Deployment, done: Any, ticks: int = 20) -> Deployment:
@@ -60,7 +52,7 @@ def serving(alice: Person) -> Deployment:
 
 
 def test_a_canary_runs_in_a_deployment_and_service_of_its_own_and_promote_keeps_them(
-        alice: Person, digits_v1: ModelVersion, fake: FakeKube, kube_runtime: None) -> None:
+        alice: Person, digits: ModelVersion, kube: FakeKube, kube_runtime: None) -> None:
     deployment = serving(alice)
     stable_url = deployment.upstream_url
     assert stable_url == f"http://digits.{NS}.svc.cluster.local:8000"
@@ -69,14 +61,14 @@ def test_a_canary_runs_in_a_deployment_and_service_of_its_own_and_promote_keeps_
     assert row.canary_upstream_url == f"http://digits-canary.{NS}.svc.cluster.local:8000"
     assert row.canary_grpc_upstream == f"digits-canary.{NS}.svc.cluster.local:8001"
     assert row.upstream_url == stable_url
-    stable, canary_deployment = fake.get(path("deployments", "digits")), fake.get(path("deployments", "digits-canary"))
+    stable, canary_deployment = kube.get(path("deployments", "digits")), kube.get(path("deployments", "digits-canary"))
     assert stable is not None and canary_deployment is not None
     assert stable["spec"]["replicas"] == 1 and canary_deployment["spec"]["replicas"] == 2  # each its revision's
     assert canary_deployment["metadata"]["labels"]["modelport.io/deployment"] == "digits"
-    service = fake.get(path("services", "digits-canary"))
+    service = kube.get(path("services", "digits-canary"))
     assert service is not None
     assert service["spec"]["selector"]["app.kubernetes.io/instance"] == "digits-canary"
-    assert fake.get(path("services", "digits"))["spec"]["selector"]["app.kubernetes.io/instance"] == "digits"  # type: ignore[index]
+    assert kube.get(path("services", "digits"))["spec"]["selector"]["app.kubernetes.io/instance"] == "digits"  # type: ignore[index]
     # Both are health-checked, each its own Deployment.
     assert KubernetesRuntime().check(row, _launch(row.canary_launch)).ok
 
@@ -85,8 +77,8 @@ def test_a_canary_runs_in_a_deployment_and_service_of_its_own_and_promote_keeps_
     actions.promote_canary(row, alice.user)
     row = settle(deployment, lambda d: d.drain_until is None)
     assert row.serving_revision.number == 2 and row.upstream_url.startswith("http://digits-canary.")
-    assert fake.get(path("deployments", "digits")) is None and fake.get(path("services", "digits")) is None
-    assert fake.get(path("deployments", "digits-canary")) is not None
+    assert kube.get(path("deployments", "digits")) is None and kube.get(path("services", "digits")) is None
+    assert kube.get(path("deployments", "digits-canary")) is not None
     assert any(e.message.startswith(f"Removed the Kubernetes Deployment {NS}/digits,") for e in Event.objects.all())
 
     # The next canary goes to the other name, and a rollback removes it; the serving objects stay.
@@ -95,28 +87,28 @@ def test_a_canary_runs_in_a_deployment_and_service_of_its_own_and_promote_keeps_
     assert row.canary_upstream_url.startswith("http://digits.")
     actions.rollback_canary(row, alice.user)
     row = settle(deployment, lambda d: d.drain_until is None)
-    assert fake.get(path("deployments", "digits")) is None
-    assert fake.get(path("deployments", "digits-canary"))["spec"]["replicas"] == 2  # type: ignore[index]
+    assert kube.get(path("deployments", "digits")) is None
+    assert kube.get(path("deployments", "digits-canary"))["spec"]["replicas"] == 2  # type: ignore[index]
     # A plain change then rolls the serving Deployment (digits-canary) in place.
     patch(alice, {"replicas": 4})
     row = settle(deployment, lambda d: d.status == Deployment.Status.READY and d.serving_revision.number == 4)
-    assert fake.get(path("deployments", "digits-canary"))["spec"]["replicas"] == 4  # type: ignore[index]
-    assert fake.get(path("deployments", "digits")) is None
+    assert kube.get(path("deployments", "digits-canary"))["spec"]["replicas"] == 4  # type: ignore[index]
+    assert kube.get(path("deployments", "digits")) is None
 
 
 def test_a_canary_that_fails_on_the_cluster_leaves_the_serving_deployment_alone(
-        alice: Person, digits_v1: ModelVersion, fake: FakeKube, kube_runtime: None) -> None:
+        alice: Person, digits: ModelVersion, kube: FakeKube, kube_runtime: None) -> None:
     deployment = serving(alice)
-    fake.on_apply = fake_kube.pod_stays(fake_kube.fetch_failed_status(2))
+    kube.on_apply = fake_kube.pod_stays(fake_kube.fetch_failed_status(2))
     patch(alice, {"replicas": 2, "rollout": {"strategy": "canary", "percent": 10}})
     row = settle(deployment, lambda d: d.canary_revision_id is None)
     assert row.status == Deployment.Status.READY and row.upstream_url.startswith("http://digits.")
-    assert fake.get(path("deployments", "digits"))["spec"]["replicas"] == 1  # type: ignore[index]
-    assert fake.get(path("deployments", "digits-canary"))["spec"]["replicas"] == 0  # type: ignore[index]
+    assert kube.get(path("deployments", "digits"))["spec"]["replicas"] == 1  # type: ignore[index]
+    assert kube.get(path("deployments", "digits-canary"))["spec"]["replicas"] == 0  # type: ignore[index]
     assert any(e.message.startswith("Canary revision 2 failed to start") for e in Event.objects.all())
 
 
-def test_stop_and_delete_cover_the_canarys_objects(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+def test_stop_and_delete_cover_the_canarys_objects(alice: Person, digits: ModelVersion, kube: FakeKube,
                                                    kube_runtime: None) -> None:
     deployment = serving(alice)
     patch(alice, {"replicas": 2, "rollout": {"strategy": "canary", "percent": 10}})
@@ -124,12 +116,12 @@ def test_stop_and_delete_cover_the_canarys_objects(alice: Person, digits_v1: Mod
     assert alice.client().post("/api/v1/deployments/digits/stop").status_code == 202
     settle(deployment, lambda d: d.status == Deployment.Status.STOPPED)
     for name in ("digits", "digits-canary"):
-        assert fake.get(path("deployments", name))["spec"]["replicas"] == 0  # type: ignore[index]
+        assert kube.get(path("deployments", name))["spec"]["replicas"] == 0  # type: ignore[index]
     assert alice.client().delete("/api/v1/deployments/digits/").status_code == 202
     reconcile.reconcile(deployment.pk)
     assert not Deployment.objects.filter(pk=deployment.pk).exists()
     for name in ("digits", "digits-canary"):
-        assert fake.get(path("deployments", name)) is None and fake.get(path("services", name)) is None
+        assert kube.get(path("deployments", name)) is None and kube.get(path("services", name)) is None
 
 
 def _launch(data: Any) -> Any:
@@ -138,4 +130,4 @@ def _launch(data: Any) -> Any:
     return Launch.from_json(data)
 
 
-__all__ = ["canary"]
+__all__ = ["canary", "kube_runtime"]  # kube_runtime: the fixture of k8s_pools.py

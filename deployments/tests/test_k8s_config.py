@@ -62,3 +62,24 @@ def test_in_cluster_outside_a_pod_is_a_problem(monkeypatch: pytest.MonkeyPatch) 
     assert "does not run in a Kubernetes pod" in (KubernetesConfig(in_cluster=True).cluster_problem() or "")
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     assert KubernetesConfig(in_cluster=True).cluster_problem() is None
+
+
+def test_no_team_gets_the_namespace_of_the_pools_open_to_every_team() -> None:
+    from deployments.runtimes.kubernetes.config import NamespaceRefused
+
+    cfg = KubernetesConfig()
+    assert cfg.namespace_for("acme") == "modelport-acme"
+    with pytest.raises(NamespaceRefused, match="KUBERNETES_POOL_NAMESPACE"):
+        cfg.namespace_for("pools")  # modelport- + pools: the default KUBERNETES_POOL_NAMESPACE
+    with pytest.raises(NamespaceRefused):
+        KubernetesConfig(namespaces=(("acme", "shared"),), pool_namespace="shared").namespace_for("acme")
+    assert cfg.team_namespace("pools") == "modelport-pools"  # unchecked: to find and remove its own objects
+
+
+def test_the_system_check_refuses_a_team_mapped_to_the_pools_namespace(settings: Any) -> None:
+    from deployments.checks import pool_namespace_check
+
+    settings.KUBERNETES_NAMESPACES = {"acme": "modelport-pools"}
+    assert [m.id for m in pool_namespace_check()] == ["modelport.E040"]
+    settings.KUBERNETES_NAMESPACES = {"acme": "acme-models"}
+    assert pool_namespace_check() == []

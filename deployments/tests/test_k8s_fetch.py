@@ -1,7 +1,7 @@
-"""The init container's fetch-and-verify script (deployments/runtimes/kubernetes/fetch_repository.py), run as the pod runs it
-(`python3 fetch.py manifest.json /models`) against a local HTTP server that plays S3's GET of presigned URLs,
-including its answers to expired URLs, which moto does not check. test_k8s_s3.py runs the script against moto's
-S3 server with URLs presigned by boto3."""
+"""The init container's fetch-and-verify script (deployments/runtimes/kubernetes/fetch_repository.py), run as the
+pod runs it (`python3 fetch.py manifest.json /models`) against a local HTTP server that plays S3's GET of presigned
+URLs, including its answers to expired URLs, which moto does not check. test_k8s_s3.py runs the script against
+moto's S3 server with URLs presigned by boto3."""
 
 from __future__ import annotations
 
@@ -62,10 +62,10 @@ class FakeStore:
 
 @pytest.fixture
 def store() -> Iterator[FakeStore]:
-    fake = FakeStore()
-    yield fake
-    fake.server.shutdown()
-    fake.server.server_close()
+    kube = FakeStore()
+    yield kube
+    kube.server.shutdown()
+    kube.server.server_close()
 
 
 FILES = {"digits/1/model.onnx": b"\x08\x07onnx bytes" * 1000, "digits/config.pbtxt": b'name: "digits"\n'}

@@ -19,16 +19,20 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import yaml
 
+from accounts.models import TeamQuota
 from conftest import Person
 from deployments import reconcile, tasks
-from deployments.models import Deployment, Revision
+from deployments.models import Deployment, Pool, Revision
 from deployments.runtimes.base import Launch, RuntimeUnavailable
+from deployments.runtimes.kubernetes import manifests
 from deployments.runtimes.kubernetes.config import KubernetesConfig
 from deployments.runtimes.kubernetes.runtime import KubernetesRuntime
 from deployments.tests import fake_kube
-from deployments.tests.conftest import Clock, make_ready_version
+from deployments.tests.conftest import UrlClock, make_ready_version
 from deployments.tests.fake_kube import FakeKube
 from models_registry.models import ModelVersion
+
+pytestmark = pytest.mark.kube  # every test here talks to the fake Kubernetes API server
 
 NS = "modelport-acme"
 DEPLOYMENT_PATH = f"/apis/apps/v1/namespaces/{NS}/deployments/digits"
@@ -69,8 +73,8 @@ def url_window(url: str) -> tuple[datetime, datetime]:
     return start, start + timedelta(seconds=int(query["X-Amz-Expires"][0]))
 
 
-def the_pod(fake: FakeKube) -> dict[str, Any]:
-    [pod] = fake.items(PODS)
+def the_pod(kube: FakeKube) -> dict[str, Any]:
+    [pod] = kube.items(PODS)
     return pod
 
 
@@ -90,15 +94,15 @@ FOREIGN = {
 
 
 @pytest.mark.parametrize("kind", FOREIGN)
-def test_it_never_applies_over_an_object_it_did_not_create(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+def test_it_never_applies_over_an_object_it_did_not_create(alice: Person, digits: ModelVersion, kube: FakeKube,
                                                            cfg: KubernetesConfig, kind: str) -> None:
     deployment = create(alice, autoscaling={"min_replicas": 2, "max_replicas": 4, "metric": "cpu", "target": 70})
     path, body = FOREIGN[kind]
     name = path.rsplit("/", 1)[-1]
     theirs = {**copy.deepcopy(body), "kind": kind,
               "metadata": {"name": name, "namespace": NS, "labels": {"app.kubernetes.io/name": "billing"}}}
-    fake.put(path, copy.deepcopy(theirs))
-    fake.requests.clear()
+    kube.put(path, copy.deepcopy(theirs))
+    kube.requests.clear()
     with pytest.raises(RuntimeUnavailable) as caught:
         KubernetesRuntime(cfg).launch(deployment.revision)  # type: ignore[arg-type]
     assert str(caught.value) == (
@@ -106,109 +110,110 @@ def test_it_never_applies_over_an_object_it_did_not_create(alice: Person, digits
         "managed by someone else): Modelport never takes over an object it did not create, so nothing was applied. "
         "Delete or rename that object, choose another deployment name, or map the team to a namespace of its own "
         "(KUBERNETES_NAMESPACES).")
-    assert {r.verb for r in fake.requests} == {"get"}  # nothing applied, scaled, replaced or deleted
-    stored = fake.get(path)
+    assert {r.verb for r in kube.requests} == {"get"}  # nothing applied, scaled, replaced or deleted
+    stored = kube.get(path)
     assert stored is not None and stored["metadata"]["labels"] == {"app.kubernetes.io/name": "billing"}
-    assert fake.get(f"/api/v1/namespaces/{NS}") is None  # not even the namespace was created
+    assert kube.get(f"/api/v1/namespaces/{NS}") is None  # not even the namespace was created
 
 
 def test_another_teams_deployment_in_a_shared_namespace_is_not_taken_over(
-        alice: Person, charlie: Person, digits_v1: ModelVersion, fake: FakeKube, cfg: KubernetesConfig) -> None:
+        alice: Person, charlie: Person, digits: ModelVersion, kube: FakeKube, cfg: KubernetesConfig) -> None:
     make_ready_version(charlie)
-    fake.on_apply = fake_kube.rollout_succeeds
+    kube.on_apply = fake_kube.rollout_succeeds
     shared = KubernetesConfig(**{**cfg.__dict__, "namespaces": (("acme", "ml"), ("globex", "ml"))})
     serve(KubernetesRuntime(shared), create(charlie))
-    theirs = fake.get("/apis/apps/v1/namespaces/ml/deployments/digits")
-    fake.requests.clear()
+    theirs = kube.get("/apis/apps/v1/namespaces/ml/deployments/digits")
+    kube.requests.clear()
     with pytest.raises(RuntimeUnavailable, match=r"^A Deployment named digits exists in namespace ml and is not this "
-                                                 r"deployment's \(team globex, deployment digits, managed by modelport\)"):
+                                                 r"deployment's \(team globex, deployment digits, managed by "
+                                                 r"modelport\)"):
         KubernetesRuntime(shared).launch(create(alice).revision)  # type: ignore[arg-type]
-    assert {r.verb for r in fake.requests} == {"get"}
-    assert fake.get("/apis/apps/v1/namespaces/ml/deployments/digits") == theirs
+    assert {r.verb for r in kube.requests} == {"get"}
+    assert kube.get("/apis/apps/v1/namespaces/ml/deployments/digits") == theirs
 
 
 # --- Presigned URLs ------------------------------------------------------------------------------------------
 
 
 def test_the_urls_are_renewed_at_half_life_and_a_restarted_pod_gets_fresh_ones(
-        alice: Person, digits_v1: ModelVersion, fake: FakeKube, cfg: KubernetesConfig, clock: Clock) -> None:
+        alice: Person, digits: ModelVersion, kube: FakeKube, cfg: KubernetesConfig, url_clock: UrlClock) -> None:
     deployment = create(alice)
-    fake.on_apply = fake_kube.rollout_succeeds
-    runtime = KubernetesRuntime(cfg, now=clock)
-    t0 = clock.time
+    kube.on_apply = fake_kube.rollout_succeeds
+    runtime = KubernetesRuntime(cfg, now=url_clock)
+    t0 = url_clock.time
     serve(runtime, deployment)
-    first = fake_kube.mounted_access(fake, the_pod(fake))
+    first = fake_kube.mounted_access(kube, the_pod(kube))
     assert first is not None and first["expires_at"] == iso(t0 + DAY)
     assert {url_window(f["url"]) for f in first["files"]} == {(t0, t0 + DAY)}
-    generation = fake.get(DEPLOYMENT_PATH)["metadata"]["generation"]  # type: ignore[index]
+    generation = kube.get(DEPLOYMENT_PATH)["metadata"]["generation"]  # type: ignore[index]
 
-    clock.time = t0 + timedelta(hours=11)  # more than half their life left: nothing to do
-    fake.requests.clear()
+    url_clock.time = t0 + timedelta(hours=11)  # more than half their life left: nothing to do
+    kube.requests.clear()
     assert runtime.refresh_repository_access(deployment) == []
-    assert [r.verb for r in fake.requests] == ["get"]  # the list of its access Secrets, nothing written
+    assert [r.verb for r in kube.requests] == ["get"]  # the list of its access Secrets, nothing written
 
-    clock.time = t0 + timedelta(hours=13)
-    listed = fake.get(secret_path(1))
+    url_clock.time = t0 + timedelta(hours=13)
+    listed = kube.get(secret_path(1))
     assert listed is not None
     assert runtime.refresh_repository_access(deployment) == [1]
-    [update] = fake.sent("update")
+    [update] = kube.sent("update")
     assert update.path == secret_path(1)
     assert update.body["metadata"]["resourceVersion"] == listed["metadata"]["resourceVersion"]
     assert update.body["metadata"]["ownerReferences"] == listed["metadata"]["ownerReferences"]
     # The pod template did not change: renewing the URLs rolls nothing out.
-    assert fake.get(DEPLOYMENT_PATH)["metadata"]["generation"] == generation  # type: ignore[index]
+    assert kube.get(DEPLOYMENT_PATH)["metadata"]["generation"] == generation  # type: ignore[index]
 
     # The first URLs have expired when the pod is replaced (a node drained, at t0 + 25 h): the kubelet mounts the
     # Secret as it is then, and the new pod's init container finds URLs valid until t0 + 37 h, for the same files.
-    clock.time = t0 + timedelta(hours=25)
-    fake_kube.rollout_succeeds(fake, fake.get(DEPLOYMENT_PATH))  # type: ignore[arg-type]
-    mounted = fake_kube.mounted_access(fake, the_pod(fake))
+    url_clock.time = t0 + timedelta(hours=25)
+    fake_kube.rollout_succeeds(kube, kube.get(DEPLOYMENT_PATH))  # type: ignore[arg-type]
+    mounted = fake_kube.mounted_access(kube, the_pod(kube))
     assert mounted is not None and mounted["expires_at"] == iso(t0 + timedelta(hours=37))
     for file in mounted["files"]:
         start, end = url_window(file["url"])
-        assert (start, end) == (t0 + timedelta(hours=13), t0 + timedelta(hours=37)) and start <= clock.time < end
+        assert (start, end) == (t0 + timedelta(hours=13), t0 + timedelta(hours=37)) and start <= url_clock.time < end
     assert [(f["path"], f["sha256"], f["size"]) for f in mounted["files"]] == \
         [(f["path"], f["sha256"], f["size"]) for f in first["files"]]
 
 
 def test_renewing_never_recreates_a_secret_deleted_meanwhile_nor_overwrites_a_changed_one(
-        alice: Person, digits_v1: ModelVersion, fake: FakeKube, cfg: KubernetesConfig, clock: Clock) -> None:
+        alice: Person, digits: ModelVersion, kube: FakeKube, cfg: KubernetesConfig, url_clock: UrlClock) -> None:
     deployment = create(alice)
-    fake.on_apply = fake_kube.rollout_succeeds
-    runtime = KubernetesRuntime(cfg, now=clock)
+    kube.on_apply = fake_kube.rollout_succeeds
+    runtime = KubernetesRuntime(cfg, now=url_clock)
     serve(runtime, deployment)
-    clock.time += timedelta(hours=20)
+    url_clock.time += timedelta(hours=20)
 
     def teardown_races(request: fake_kube.Request) -> None:  # the Secret goes between the list and the update
         if request.verb == "update":
-            fake.remove(secret_path(1))
+            kube.remove(secret_path(1))
 
-    fake.forbid = lambda request: teardown_races(request)
+    kube.forbid = lambda request: teardown_races(request)
     assert runtime.refresh_repository_access(deployment) == []
-    assert fake.get(secret_path(1)) is None
+    assert kube.get(secret_path(1)) is None
 
-    fake.forbid = None
+    kube.forbid = None
     serve(runtime, deployment)  # written again, with fresh URLs
 
     def someone_changes_it(request: fake_kube.Request) -> None:
         if request.verb == "update":
-            secret = copy.deepcopy(fake.get(secret_path(1)))
+            secret = copy.deepcopy(kube.get(secret_path(1)))
             assert secret is not None
-            fake.put(secret_path(1), secret)  # a new resourceVersion
+            kube.put(secret_path(1), secret)  # a new resourceVersion
 
-    clock.time += timedelta(hours=20)
-    fake.forbid = lambda request: someone_changes_it(request)
+    url_clock.time += timedelta(hours=20)
+    kube.forbid = lambda request: someone_changes_it(request)
     assert runtime.refresh_repository_access(deployment) == []  # 409: the next pass tries again
-    fake.forbid = None
+    kube.forbid = None
     assert runtime.refresh_repository_access(deployment) == [1]
 
 
 def test_the_periodic_task_renews_running_deployments_failed_ones_included(
-        alice: Person, digits_v1: ModelVersion, fake: FakeKube, cfg: KubernetesConfig, settings: Any) -> None:
+        alice: Person, digits: ModelVersion, kube: FakeKube, cfg: KubernetesConfig, settings: Any) -> None:
     settings.KUBERNETES_KUBECONFIG = cfg.kubeconfig
     settings.KUBERNETES_S3_BUCKET, settings.KUBERNETES_S3_ENDPOINT_URL = cfg.s3_bucket, ""
     settings.KUBERNETES_S3_ACCESS_KEY_ID, settings.KUBERNETES_S3_SECRET_ACCESS_KEY = "AKIAFAKE", "fake-secret"
-    fake.on_apply = fake_kube.rollout_succeeds
+    kube.on_apply = fake_kube.rollout_succeeds
     runtime = KubernetesRuntime(cfg)
     serving = create(alice)
     serve(runtime, serving)
@@ -220,40 +225,40 @@ def test_the_periodic_task_renews_running_deployments_failed_ones_included(
     Deployment.objects.filter(pk=stopped.pk).update(desired_state=Deployment.Desired.STOPPED)
     soon = iso(datetime.now(UTC) + timedelta(hours=1))  # an hour left of 24: past half-life
     for name in ("digits", "failed", "stopped"):
-        fake.objects[secret_path(1, name)]["metadata"]["annotations"]["modelport.io/urls-expire-at"] = soon
+        kube.objects[secret_path(1, name)]["metadata"]["annotations"]["modelport.io/urls-expire-at"] = soon
 
     assert tasks.refresh_repository_access() == 2
-    renewed = {r.path for r in fake.sent("update")}
+    renewed = {r.path for r in kube.sent("update")}
     assert renewed == {secret_path(1, "digits"), secret_path(1, "failed")}
     for name in ("digits", "failed"):
-        expires = fake.get(secret_path(1, name))["metadata"]["annotations"]["modelport.io/urls-expire-at"]  # type: ignore[index]
+        expires = kube.get(secret_path(1, name))["metadata"]["annotations"]["modelport.io/urls-expire-at"]  # type: ignore[index]
         assert expires > iso(datetime.now(UTC) + timedelta(hours=23))
     assert tasks.refresh_repository_access() == 0  # fresh now
 
 
 def test_a_new_revision_retires_the_previous_revisions_access_secret(
-        alice: Person, digits_v1: ModelVersion, fake: FakeKube, cfg: KubernetesConfig) -> None:
+        alice: Person, digits: ModelVersion, kube: FakeKube, cfg: KubernetesConfig) -> None:
     deployment = create(alice)
-    fake.on_apply = fake_kube.rollout_succeeds
+    kube.on_apply = fake_kube.rollout_succeeds
     runtime = KubernetesRuntime(cfg)
     serve(runtime, deployment)
     assert alice.client().patch("/api/v1/deployments/digits/", {"replicas": 2}, format="json").status_code == 200
     second = Revision.objects.get(deployment=deployment, number=2)
     launch = serve(runtime, deployment, second)
-    assert fake.get(secret_path(1)) is not None  # the old pods may still restart during the rollout
+    assert kube.get(secret_path(1)) is not None  # the old pods may still restart during the rollout
     runtime.retire(deployment, keep=[launch])
-    assert fake.get(secret_path(1)) is None and fake.get(secret_path(2)) is not None
+    assert kube.get(secret_path(1)) is None and kube.get(secret_path(2)) is not None
 
 
 def test_a_repository_with_too_many_files_for_one_secret_is_refused_before_anything_is_applied(
-        alice: Person, digits_v1: ModelVersion, fake: FakeKube, cfg: KubernetesConfig,
+        alice: Person, digits: ModelVersion, kube: FakeKube, cfg: KubernetesConfig,
         monkeypatch: pytest.MonkeyPatch) -> None:
     deployment = create(alice)
     monkeypatch.setattr("deployments.runtimes.kubernetes.runtime.MAX_SECRET_BYTES", 1000)
     with pytest.raises(RuntimeUnavailable, match=r"^The model repository of revision 1 has 2 files: their download "
                                                  r"URLs \(\d+ KiB\) do not fit in one Kubernetes Secret"):
         KubernetesRuntime(cfg).launch(deployment.revision)  # type: ignore[arg-type]
-    assert not fake.sent("apply", "Secret") and not fake.sent("apply", "Deployment")
+    assert not kube.sent("apply", "Secret") and not kube.sent("apply", "Deployment")
 
 
 # --- Permissions ---------------------------------------------------------------------------------------------
@@ -266,22 +271,25 @@ def rules(directory: str, kind: str) -> list[dict[str, Any]]:
 
 
 def granted(rule_list: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
-    return {(g, r, v) for rule in rule_list for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    return {(g, r, v) for rule in rule_list for g in rule["apiGroups"] for r in rule["resources"]
+            for v in rule["verbs"]}
 
 
-def whole_life(alice: Person, fake: FakeKube, runtime: KubernetesRuntime, clock: Clock) -> None:
+def whole_life(alice: Person, kube: FakeKube, runtime: KubernetesRuntime, url_clock: UrlClock) -> None:
     """Everything the runtime does to a deployment: roll out (looking at its pods), check, logs, renew URLs, a new
-    revision that drops objects, a failed one rolled back, stop, start, delete."""
+    revision that drops objects, a failed one rolled back, stop, start, delete; with a team quota (its namespace's
+    ResourceQuota and LimitRange)."""
+    TeamQuota.objects.create(team=alice.team, total_memory="64Gi", deployment_memory="8Gi")
     deployment = create(alice, autoscaling={"min_replicas": 2, "max_replicas": 4, "metric": "cpu", "target": 70})
-    fake.on_apply = fake_kube.pod_stays(fake_kube.loading_status())
+    kube.on_apply = fake_kube.pod_stays(fake_kube.loading_status())
     loading = runtime.launch(deployment.revision)  # type: ignore[arg-type]
     assert runtime.observe(loading).state == "starting"
-    fake_kube.rollout_succeeds(fake, fake.get(DEPLOYMENT_PATH))  # type: ignore[arg-type]
-    fake.on_apply = fake_kube.rollout_succeeds
+    fake_kube.rollout_succeeds(kube, kube.get(DEPLOYMENT_PATH))  # type: ignore[arg-type]
+    kube.on_apply = fake_kube.rollout_succeeds
     first = serve(runtime, deployment)
     assert runtime.check(deployment, first).ok
     runtime.logs(deployment, 5)
-    clock.time += timedelta(hours=13)
+    url_clock.time += timedelta(hours=13)
     assert runtime.refresh_repository_access(deployment) == [1]
     assert alice.client().patch("/api/v1/deployments/digits/", {"autoscaling": None, "replicas": 1},
                                 format="json").status_code == 200
@@ -289,61 +297,71 @@ def whole_life(alice: Person, fake: FakeKube, runtime: KubernetesRuntime, clock:
     runtime.retire(deployment, keep=[second])
     assert alice.client().patch("/api/v1/deployments/digits/", {"replicas": 1, "resources": {"memory": "1Gi"}},
                                 format="json").status_code == 200
-    fake.on_apply = fake_kube.pod_stays(fake_kube.fetch_failed_status(2))
+    kube.on_apply = fake_kube.pod_stays(fake_kube.fetch_failed_status(2))
     third = runtime.launch(Revision.objects.get(deployment=deployment, number=3))
-    fake.logs[(NS, "digits-r3-0", True)] = "fetch-repository: error: digits/1/model.onnx does not match\n"
+    kube.logs[(NS, "digits-r3-0", True)] = "fetch-repository: error: digits/1/model.onnx does not match\n"
     seen = runtime.observe(third)
     assert seen.state == "failed" and "does not match" in seen.detail
-    fake.on_apply = fake_kube.rollout_succeeds
+    kube.on_apply = fake_kube.rollout_succeeds
     runtime.abandon(third)
     runtime.stop(deployment)
     serve(runtime, deployment, Revision.objects.get(pk=first.revision_id))
     runtime.teardown(deployment)
-    assert not [p for p in fake.objects if f"/namespaces/{NS}/" in p and "/pods/" not in p]
+    # A shared deployment in the team's own pool on the cluster: the pool's objects, its loads Secret edited.
+    Pool.objects.create(name="own", runtime=Pool.Runtime.KUBERNETES, memory_budget_bytes=2**30, team=alice.team,
+                        min_replicas=2, max_replicas=3)
+    shared = create(alice, name="digits-shared", placement={"mode": "shared", "pool": "own"})
+    pooled = runtime.launch(shared.revision)  # type: ignore[arg-type]
+    assert runtime.observe(pooled).state == "starting"  # no agent has said it loaded yet
+    runtime.check(shared, pooled)
+    runtime.teardown(shared)
+    # The team's quota objects stay: they hold the team's other deployments too; and so does the team's pool.
+    assert not [p for p in kube.objects if f"/namespaces/{NS}/" in p and "/pods/" not in p
+                and not p.endswith(f"/{manifests.QUOTA_NAME}") and "/pool-own" not in p]
 
 
 def test_the_namespaced_role_is_all_the_runtime_needs_and_nothing_more(
-        alice: Person, digits_v1: ModelVersion, fake: FakeKube, cfg: KubernetesConfig, clock: Clock) -> None:
+        alice: Person, digits: ModelVersion, kube: FakeKube, cfg: KubernetesConfig, url_clock: UrlClock) -> None:
     """A deployment's whole life with only the Role that platform/kubernetes/team-namespace binds in the team's
     namespace: nothing is refused but reading the (cluster-scoped) namespace, and every rule is used."""
     role = rules("team-namespace", "Role")
-    fake.put(f"/api/v1/namespaces/{NS}", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-    fake.forbid = fake_kube.rbac(fake, role, namespaces={NS})
+    kube.put(f"/api/v1/namespaces/{NS}", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    kube.forbid = fake_kube.rbac(kube, role, namespaces={NS})
     namespaced = KubernetesConfig(**{**cfg.__dict__, "create_namespaces": False})
-    whole_life(alice, fake, KubernetesRuntime(namespaced, now=clock), clock)
-    assert fake.refused == {("", "namespaces", "get")}  # the operator prepared it; Modelport may not even look
-    assert fake.checked - fake.refused == granted(role)
+    whole_life(alice, kube, KubernetesRuntime(namespaced, now=url_clock), url_clock)
+    assert kube.refused == {("", "namespaces", "get")}  # the operator prepared it; Modelport may not even look
+    assert kube.checked - kube.refused == granted(role)
 
 
-def test_cluster_wide_management_adds_only_namespaces(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
-                                                      cfg: KubernetesConfig, clock: Clock) -> None:
+def test_cluster_wide_management_adds_only_namespaces(alice: Person, digits: ModelVersion, kube: FakeKube,
+                                                      cfg: KubernetesConfig, url_clock: UrlClock) -> None:
     cluster_role = rules("cluster-wide", "ClusterRole")
-    fake.forbid = fake_kube.rbac(fake, cluster_role, namespaces=None)
-    whole_life(alice, fake, KubernetesRuntime(cfg, now=clock), clock)
-    assert fake.refused == set()
-    assert fake.checked == granted(cluster_role)
-    assert fake.get(f"/api/v1/namespaces/{NS}") is not None  # created, labelled "restricted"
+    kube.forbid = fake_kube.rbac(kube, cluster_role, namespaces=None)
+    whole_life(alice, kube, KubernetesRuntime(cfg, now=url_clock), url_clock)
+    assert kube.refused == set()
+    assert kube.checked == granted(cluster_role)
+    assert kube.get(f"/api/v1/namespaces/{NS}") is not None  # created, labelled "restricted"
 
 
-def test_a_namespace_without_the_role_says_how_to_prepare_it(alice: Person, digits_v1: ModelVersion,
-                                                             fake: FakeKube, cfg: KubernetesConfig) -> None:
-    fake.forbid = fake_kube.rbac(fake, rules("team-namespace", "Role"), namespaces={"modelport-globex"})
+def test_a_namespace_without_the_role_says_how_to_prepare_it(alice: Person, digits: ModelVersion,
+                                                             kube: FakeKube, cfg: KubernetesConfig) -> None:
+    kube.forbid = fake_kube.rbac(kube, rules("team-namespace", "Role"), namespaces={"modelport-globex"})
     deployment = create(alice)
     with pytest.raises(RuntimeUnavailable) as caught:
         KubernetesRuntime(KubernetesConfig(**{**cfg.__dict__, "create_namespaces": False})).launch(
             deployment.revision)  # type: ignore[arg-type]
     assert str(caught.value).startswith(f"Kubernetes refused to let Modelport read the objects of {NS}/digits: ")
     assert "Role of platform/kubernetes/team-namespace in that namespace" in str(caught.value)
-    assert not fake.sent("apply")
+    assert not kube.sent("apply")
 
 
 def test_the_reconciler_fails_a_deployment_whose_object_is_taken_saying_which(
-        alice: Person, digits_v1: ModelVersion, fake: FakeKube, cfg: KubernetesConfig, settings: Any) -> None:
+        alice: Person, digits: ModelVersion, kube: FakeKube, cfg: KubernetesConfig, settings: Any) -> None:
     settings.KUBERNETES_KUBECONFIG = cfg.kubeconfig
     settings.KUBERNETES_S3_BUCKET, settings.KUBERNETES_S3_ENDPOINT_URL = cfg.s3_bucket, ""
     settings.KUBERNETES_TRITON_EGRESS = ["52.216.0.0/15:443"]
     deployment = create(alice)
-    fake.put(f"/api/v1/namespaces/{NS}/services/digits", {
+    kube.put(f"/api/v1/namespaces/{NS}/services/digits", {
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": "digits", "namespace": NS}, "spec": {}})
     reconcile.reconcile(deployment.pk)  # renders and uploads
     reconcile.reconcile(deployment.pk)  # launches: refused before anything is applied
@@ -351,4 +369,4 @@ def test_the_reconciler_fails_a_deployment_whose_object_is_taken_saying_which(
     assert deployment.status == Deployment.Status.FAILED
     assert deployment.status_message.startswith(f"A Service named digits exists in namespace {NS} and is not this "
                                                 "deployment's")
-    assert not fake.sent("apply")
+    assert not kube.sent("apply")

@@ -10,54 +10,20 @@ import json
 import re
 from typing import Any
 
-import kubernetes_validate
 import pytest
 import yaml
 
-from deployments.revision_spec import RevisionSpec
 from deployments.runtimes.kubernetes import manifests
 from deployments.runtimes.kubernetes.config import KubernetesConfig, parse_egress
-from deployments.runtimes.kubernetes.manifests import ManifestError, Target
+from deployments.runtimes.kubernetes.manifests import ManifestError
+from deployments.tests.manifests import CONFIG, model, target, validate_everywhere
 
-# Two supported minor versions shipped by kubernetes-validate 1.37 (it ships 1.25 to 1.37).
-KUBERNETES_VERSIONS = ("1.31", "1.33")
-
-CONFIG = KubernetesConfig(
-    kubeconfig="/dev/null",
-    s3_endpoint_url="http://minio.storage.svc:9000",
-    s3_bucket="models",
-    s3_prefix="modelport/repositories",
-    s3_access_key_id="key",
-    s3_secret_access_key="secret",
-    gpu_types=(("a100", "NVIDIA-A100-SXM4-80GB"),),
-    image_pull_secrets=("ngc",),
-    egress=(parse_egress("10.0.5.0/24:9000"), parse_egress("namespace=storage:9000")),
-)
-FILES = [{"path": "digits/1/model.onnx", "size": 3, "sha256": "a" * 64, "url": "http://minio/models/x?X-Amz-Signature=1"}]
-
-
-def model(name: str = "digits", fmt: str = "onnx", **extra: Any) -> dict[str, Any]:
-    return {"name": name, "model": name, "version": 1, "format": fmt, "max_batch_size": 8,
-            "instance_group": {"count": 1, "kind": "cpu", "gpus": []}, "response_cache": False, **extra}
-
-
-def target(revision: int = 3, **spec: Any) -> Target:
-    full = {"runtime": "kubernetes", "replicas": 1, "resources": {}, "models": [model()], **spec}
-    return Target(team="acme", name="digits", revision=revision, spec=RevisionSpec.from_json(full),
-                  repository_key=f"modelport/repositories/acme/digits-7/r{revision}/")
+FILES = [{"path": "digits/1/model.onnx", "size": 3, "sha256": "a" * 64,
+          "url": "http://minio/models/x?X-Amz-Signature=1"}]
 
 
 def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {obj["kind"]: obj for obj in objects}
-
-
-def validate_everywhere(obj: dict[str, Any]) -> None:
-    for version in KUBERNETES_VERSIONS:
-        try:
-            kubernetes_validate.validate(obj, version, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            where = ".".join(str(p) for p in exc.path)
-            raise AssertionError(f"{obj['kind']} is invalid for Kubernetes {version} at {where}: {exc.message}") from None
 
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -137,7 +103,8 @@ def test_the_init_container_fetches_the_repository_that_triton_reads_read_only()
     assert custom["containers"][0]["image"] == "registry.example.com/triton:custom"
     small = KubernetesConfig(**{**CONFIG.__dict__, "fetch_image": "registry.example.com/python:3.12-slim"})
     deployment = manifests.build(target(), "ns", small)[0]
-    assert deployment["spec"]["template"]["spec"]["initContainers"][0]["image"] == "registry.example.com/python:3.12-slim"
+    init = deployment["spec"]["template"]["spec"]["initContainers"][0]
+    assert init["image"] == "registry.example.com/python:3.12-slim"
 
 
 def test_the_access_secret_holds_the_fetch_script_and_the_urls_and_goes_with_the_deployment() -> None:
@@ -343,7 +310,8 @@ def test_owner_references_point_at_the_applied_deployment() -> None:
     assert "ownerReferences" not in objects[0]["metadata"]
     for obj in objects[1:]:
         assert obj["metadata"]["ownerReferences"] == [
-            {"apiVersion": "apps/v1", "kind": "Deployment", "name": "digits", "uid": "uid-1", "blockOwnerDeletion": True}]
+            {"apiVersion": "apps/v1", "kind": "Deployment", "name": "digits", "uid": "uid-1",
+             "blockOwnerDeletion": True}]
 
 
 def test_tnn_models_run_on_the_custom_backend_image_and_need_one() -> None:

@@ -157,7 +157,8 @@ def test_no_cluster_wide_permission_unless_the_operator_adds_it() -> None:
     # The opt-in grants the namespaced Role's rules everywhere, plus creating namespaces; nothing else.
     cluster = rules_of("cluster-wide", "ClusterRole")
     namespaced = rules_of("team-namespace", "Role")
-    assert cluster - namespaced == {("", "namespaces", "get"), ("", "namespaces", "create"), ("", "namespaces", "patch")}
+    assert cluster - namespaced == {("", "namespaces", "get"), ("", "namespaces", "create"),
+                                    ("", "namespaces", "patch")}
     assert namespaced <= cluster
     assert base_config()["KUBERNETES_CREATE_NAMESPACES"] == "false"
 
@@ -169,7 +170,7 @@ def base_config() -> dict[str, str]:
 
 def test_each_team_namespace_binds_the_role_to_modelports_account_there_only() -> None:
     objects = build(KUSTOMIZE / "overlays/example")
-    for team in ("acme", "globex"):
+    for team in ("acme", "globex", "pools"):  # pools: KUBERNETES_POOL_NAMESPACE, where the open pools run
         namespace = f"modelport-{team}"
         [ns] = [o for o in objects if o["kind"] == "Namespace" and o["metadata"]["name"] == namespace]
         assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"

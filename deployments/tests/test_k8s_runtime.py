@@ -37,12 +37,12 @@ TRITON_LOG = """I1129 16:24:19.371622 1 model_lifecycle.cc:472] "loading: digits
 E1129 16:24:19.713920 1 model_lifecycle.cc:642] "failed to load 'digits' version 1: Internal: onnx runtime error 1: Load model from /tmp/folderXYZ/digits/1/model.onnx failed: Protobuf parsing failed."
 I1129 16:24:19.714325 1 server.cc:305] "Waiting for in-flight requests to complete."
 error: creating server: Internal - failed to load all models
-"""
+"""  # noqa: E501 - Triton log lines, verbatim
 
 
-def access(fake: FakeKube, revision: int = 1, name: str = "digits") -> dict[str, Any]:
+def access(kube: FakeKube, revision: int = 1, name: str = "digits") -> dict[str, Any]:
     """The access Secret of a revision as stored, with its manifest decoded."""
-    secret = fake.get(f"/api/v1/namespaces/{NS}/secrets/{name}-r{revision}-repository")
+    secret = kube.get(f"/api/v1/namespaces/{NS}/secrets/{name}-r{revision}-repository")
     assert secret is not None
     return {**secret, "manifest": json.loads(base64.b64decode(secret["data"]["manifest.json"]))}
 
@@ -71,16 +71,17 @@ def launch_and_wait(runtime: KubernetesRuntime, revision: Revision, looks: int =
     return launch, seen
 
 
-def test_launch_applies_every_object_with_server_side_apply(alice: Person, digits_v1: ModelVersion,
-                                                             fake: FakeKube, cfg: KubernetesConfig) -> None:
+@pytest.mark.kube
+def test_launch_applies_every_object_with_server_side_apply(alice: Person, digits: ModelVersion,
+                                                             kube: FakeKube, cfg: KubernetesConfig) -> None:
     deployment = create(alice, replicas=2)
-    fake.on_apply = fake_kube.rollout_succeeds
+    kube.on_apply = fake_kube.rollout_succeeds
     launch = KubernetesRuntime(cfg).launch(deployment.revision)
 
     assert launch.url == "http://digits.modelport-acme.svc.cluster.local:8000"
     assert launch.ref == "modelport-acme/digits"
     assert launch.description == "Deployment modelport-acme/digits, 2 replicas"
-    calls = [(r.verb, r.path) for r in fake.requests]
+    calls = [(r.verb, r.path) for r in kube.requests]
     secret_path = f"/api/v1/namespaces/{NS}/secrets/digits-r1-repository"
     assert calls == [
         # Whose objects are these? Nothing is applied before every name is known to be free or this deployment's.
@@ -99,58 +100,62 @@ def test_launch_applies_every_object_with_server_side_apply(alice: Person, digit
         ("apply", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies/digits"),
         ("get", f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers"),  # stale objects to prune
     ]
-    for request in fake.sent("apply"):
+    for request in kube.sent("apply"):
         assert request.query == {"fieldManager": "modelport", "force": "true"}
         assert request.content_type == "application/apply-patch+yaml"
 
     target = target_for(deployment.revision, cfg)
-    uid = fake.get(DEPLOYMENT_PATH)["metadata"]["uid"]  # type: ignore[index]
+    uid = kube.get(DEPLOYMENT_PATH)["metadata"]["uid"]  # type: ignore[index]
     expected = manifests.build(target, NS, cfg, owner_uid=uid)
-    assert fake.applied("Deployment") == manifests.build(target, NS, cfg)[0]
-    assert [fake.applied(kind) for kind in ("Service", "PodDisruptionBudget", "NetworkPolicy")] == expected[1:]
-    assert fake.applied("Namespace") == manifests.namespace_object(NS)
-    assert fake.applied("Deployment")["metadata"]["annotations"]["modelport.io/repository"] == \
+    assert kube.applied("Deployment") == manifests.build(target, NS, cfg)[0]
+    assert [kube.applied(kind) for kind in ("Service", "PodDisruptionBudget", "NetworkPolicy")] == expected[1:]
+    assert kube.applied("Namespace") == manifests.namespace_object(NS)
+    assert kube.applied("Deployment")["metadata"]["annotations"]["modelport.io/repository"] == \
         f"s3://models/modelport/repositories/acme/digits-{deployment.pk}/r1"
-    secret = access(fake)
+    secret = access(kube)
     assert secret["metadata"]["ownerReferences"][0]["uid"] == uid
     files = {f["path"]: f for f in secret["manifest"]["files"]}
     assert sorted(files) == ["digits/1/model.onnx", "digits/config.pbtxt"]
     model_file = files["digits/1/model.onnx"]
-    assert model_file["sha256"] == digits_v1.sha256 and model_file["size"] == digits_v1.size  # the registry's
+    assert model_file["sha256"] == digits.sha256 and model_file["size"] == digits.size  # the registry's
     assert model_file["url"].startswith(f"https://models.s3.amazonaws.com/modelport/repositories/acme/"
                                         f"digits-{deployment.pk}/r1/digits/1/model.onnx?")
 
 
-def test_a_completed_rollout_is_ready(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+@pytest.mark.kube
+def test_a_completed_rollout_is_ready(alice: Person, digits: ModelVersion, kube: FakeKube,
                                       cfg: KubernetesConfig) -> None:
     deployment = create(alice)
-    fake.on_apply = fake_kube.rollout_succeeds
+    kube.on_apply = fake_kube.rollout_succeeds
     _, ready = launch_and_wait(KubernetesRuntime(cfg), deployment.revision)
     assert ready.state == "ready", ready
     assert ready.message == "1 of 1 pods ready"
-    assert not fake.sent("watch")
+    assert not kube.sent("watch")
 
 
-def test_each_look_reads_the_pods_once_and_never_waits_for_them(alice: Person, digits_v1: ModelVersion,
-                                                                fake: FakeKube, cfg: KubernetesConfig) -> None:
+@pytest.mark.kube
+def test_each_look_reads_the_pods_once_and_never_waits_for_them(alice: Person, digits: ModelVersion,
+                                                                kube: FakeKube, cfg: KubernetesConfig) -> None:
     deployment = create(alice)
-    fake.on_apply = fake_kube.pod_stays(fake_kube.loading_status())
+    kube.on_apply = fake_kube.pod_stays(fake_kube.loading_status())
     runtime = KubernetesRuntime(cfg)
     launch = runtime.launch(deployment.revision)
-    fake.requests.clear()
+    kube.requests.clear()
     seen = runtime.observe(launch)
     assert seen.state == "starting"
-    assert [(r.verb, r.path) for r in fake.requests] == [("get", DEPLOYMENT_PATH), ("get", f"/api/v1/namespaces/{NS}/pods")]
-    assert fake.requests[1].query["labelSelector"] == manifests.revision_selector("acme", "digits", 1)
-    fake_kube.rollout_succeeds(fake, fake.get(DEPLOYMENT_PATH))  # type: ignore[arg-type]
+    assert [(r.verb, r.path) for r in kube.requests] == [("get", DEPLOYMENT_PATH),
+                                                         ("get", f"/api/v1/namespaces/{NS}/pods")]
+    assert kube.requests[1].query["labelSelector"] == manifests.revision_selector("acme", "digits", 1)
+    fake_kube.rollout_succeeds(kube, kube.get(DEPLOYMENT_PATH))  # type: ignore[arg-type]
     assert runtime.observe(launch).state == "ready"
-    assert not fake.sent("watch")  # a watch would hold the worker; the reconciler looks again at its next tick
+    assert not kube.sent("watch")  # a watch would hold the worker; the reconciler looks again at its next tick
 
 
-def test_an_image_that_cannot_be_pulled_fails_with_what_to_fix(alice: Person, digits_v1: ModelVersion,
-                                                               fake: FakeKube, cfg: KubernetesConfig) -> None:
+@pytest.mark.kube
+def test_an_image_that_cannot_be_pulled_fails_with_what_to_fix(alice: Person, digits: ModelVersion,
+                                                               kube: FakeKube, cfg: KubernetesConfig) -> None:
     deployment = create(alice)
-    fake.on_apply = fake_kube.pod_stays(fake_kube.image_pull_status(cfg.image))
+    kube.on_apply = fake_kube.pod_stays(fake_kube.image_pull_status(cfg.image))
     _, ready = launch_and_wait(KubernetesRuntime(cfg), deployment.revision)
     assert ready.state == "failed"
     assert ready.message.startswith(
@@ -159,12 +164,13 @@ def test_an_image_that_cannot_be_pulled_fails_with_what_to_fix(alice: Person, di
     assert "KUBERNETES_IMAGE_PULL_SECRETS" in ready.message and "namespace modelport-acme" in ready.message
 
 
-def test_no_free_gpu_fails_with_the_schedulers_reason(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+@pytest.mark.kube
+def test_no_free_gpu_fails_with_the_schedulers_reason(alice: Person, digits: ModelVersion, kube: FakeKube,
                                                       cfg: KubernetesConfig) -> None:
     deployment = create(alice, resources={"gpu": 1})
     scheduler = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available: " \
                 "3 No preemption victims found for incoming pod."
-    fake.on_apply = fake_kube.pod_stays(fake_kube.unschedulable_status(scheduler, since_seconds=600))
+    kube.on_apply = fake_kube.pod_stays(fake_kube.unschedulable_status(scheduler, since_seconds=600))
     _, ready = launch_and_wait(KubernetesRuntime(cfg), deployment.revision)
     assert ready.state == "failed"
     assert ready.message == (
@@ -172,10 +178,11 @@ def test_no_free_gpu_fails_with_the_schedulers_reason(alice: Person, digits_v1: 
         "replicas, stop another deployment that holds GPUs, or add GPU nodes.")
 
 
+@pytest.mark.kube
 def test_a_pod_waiting_for_a_node_within_the_grace_period_is_still_starting(
-        alice: Person, digits_v1: ModelVersion, fake: FakeKube, cfg: KubernetesConfig) -> None:
+        alice: Person, digits: ModelVersion, kube: FakeKube, cfg: KubernetesConfig) -> None:
     deployment = create(alice, resources={"gpu": 1})
-    fake.on_apply = fake_kube.pod_stays(fake_kube.unschedulable_status("0/3 nodes are available: 3 Insufficient "
+    kube.on_apply = fake_kube.pod_stays(fake_kube.unschedulable_status("0/3 nodes are available: 3 Insufficient "
                                                                        "nvidia.com/gpu.", since_seconds=1))
     runtime = KubernetesRuntime(cfg)
     launch = runtime.launch(deployment.revision)
@@ -183,10 +190,11 @@ def test_a_pod_waiting_for_a_node_within_the_grace_period_is_still_starting(
     assert seen.state == "starting" and "Insufficient nvidia.com/gpu" in seen.message
 
 
-def test_oomkilled_says_to_raise_the_memory(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+@pytest.mark.kube
+def test_oomkilled_says_to_raise_the_memory(alice: Person, digits: ModelVersion, kube: FakeKube,
                                            cfg: KubernetesConfig) -> None:
     deployment = create(alice, resources={"memory": "2Gi"})
-    fake.on_apply = fake_kube.pod_stays(fake_kube.oom_status())
+    kube.on_apply = fake_kube.pod_stays(fake_kube.oom_status())
     _, ready = launch_and_wait(KubernetesRuntime(cfg), deployment.revision)
     assert ready.state == "failed"
     assert ready.message == (
@@ -194,104 +202,111 @@ def test_oomkilled_says_to_raise_the_memory(alice: Person, digits_v1: ModelVersi
         "that to load and serve. Raise resources.memory, or serve fewer or smaller models.")
 
 
-def test_a_crash_loop_comes_with_tritons_last_log_lines(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+@pytest.mark.kube
+def test_a_crash_loop_comes_with_tritons_last_log_lines(alice: Person, digits: ModelVersion, kube: FakeKube,
                                                         cfg: KubernetesConfig) -> None:
     deployment = create(alice)
-    fake.on_apply = fake_kube.pod_stays(fake_kube.crash_loop_status(restarts=3))
-    fake.logs[(NS, "digits-r1-0", True)] = "noise\n" * 30 + TRITON_LOG
+    kube.on_apply = fake_kube.pod_stays(fake_kube.crash_loop_status(restarts=3))
+    kube.logs[(NS, "digits-r1-0", True)] = "noise\n" * 30 + TRITON_LOG
     _, ready = launch_and_wait(KubernetesRuntime(cfg), deployment.revision)
     assert ready.state == "failed"
     assert ready.message == ("Triton exited with code 1 (pod digits-r1-0, 3 restarts, CrashLoopBackOff). "
                              "Its last log lines say why:")
     assert ready.detail.splitlines()[-4:] == TRITON_LOG.splitlines()
     assert len(ready.detail.splitlines()) == 10
-    [log_request] = [r for r in fake.requests if r.path.endswith("/log")]
+    [log_request] = [r for r in kube.requests if r.path.endswith("/log")]
     assert log_request.path == f"/api/v1/namespaces/{NS}/pods/digits-r1-0/log"
-    assert log_request.query == {"container": "triton", "tailLines": "10", "previous": "true"}
+    assert log_request.query == {"container": "triton", "tailLines": "10", "previous": "true", "limitBytes": "1048576"}
 
 
-def test_a_failed_first_revision_is_scaled_to_zero(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+@pytest.mark.kube
+def test_a_failed_first_revision_is_scaled_to_zero(alice: Person, digits: ModelVersion, kube: FakeKube,
                                                   cfg: KubernetesConfig) -> None:
     deployment = create(alice)
-    fake.on_apply = fake_kube.pod_stays(fake_kube.oom_status())
+    kube.on_apply = fake_kube.pod_stays(fake_kube.oom_status())
     runtime = KubernetesRuntime(cfg)
     launch, _ = launch_and_wait(runtime, deployment.revision)
     runtime.abandon(launch)
-    [scale] = fake.sent("patch")
+    [scale] = kube.sent("patch")
     assert (scale.path, scale.content_type, scale.body) == (
         f"{DEPLOYMENT_PATH}/scale", "application/merge-patch+json", {"spec": {"replicas": 0}})
-    assert fake.get(DEPLOYMENT_PATH)["spec"]["replicas"] == 0  # type: ignore[index]
+    assert kube.get(DEPLOYMENT_PATH)["spec"]["replicas"] == 0  # type: ignore[index]
 
 
-def test_a_failed_new_revision_goes_back_to_the_serving_one(alice: Person, digits_v1: ModelVersion,
-                                                           fake: FakeKube, cfg: KubernetesConfig) -> None:
+@pytest.mark.kube
+def test_a_failed_new_revision_goes_back_to_the_serving_one(alice: Person, digits: ModelVersion,
+                                                           kube: FakeKube, cfg: KubernetesConfig) -> None:
     deployment = create(alice)
-    fake.on_apply = fake_kube.rollout_succeeds
+    kube.on_apply = fake_kube.rollout_succeeds
     runtime = KubernetesRuntime(cfg)
     first, _ = launch_and_wait(runtime, deployment.revision)
-    deployment.set_status(Deployment.Status.READY, "Serving", serving_revision=deployment.revision, upstream_url=first.url)
+    deployment.set_status(Deployment.Status.READY, "Serving", serving_revision=deployment.revision,
+                          upstream_url=first.url)
     response = alice.client().patch("/api/v1/deployments/digits/", {"resources": {"memory": "1Gi"}}, format="json")
     assert response.status_code == 200, response.json()
     second_revision = Revision.objects.get(deployment=deployment, number=2)
-    fake.on_apply = fake_kube.pod_stays(fake_kube.oom_status())
+    kube.on_apply = fake_kube.pod_stays(fake_kube.oom_status())
     second, ready = launch_and_wait(runtime, second_revision)
     assert ready.state == "failed" and "OOMKilled" in ready.message
     runtime.abandon(second)
-    reverted = fake.applied("Deployment")
+    reverted = kube.applied("Deployment")
     assert reverted["metadata"]["labels"]["modelport.io/revision"] == "1"
     assert reverted["metadata"]["annotations"]["modelport.io/repository"].endswith("/r1")
     # The serving revision's pods mount its own access Secret, with URLs written afresh by the rollback.
-    assert fake.applied("Secret")["metadata"]["name"] == "digits-r1-repository"
+    assert kube.applied("Secret")["metadata"]["name"] == "digits-r1-repository"
     assert reverted["spec"]["template"]["spec"]["volumes"][-1]["secret"]["secretName"] == "digits-r1-repository"
 
 
+@pytest.mark.kube
 def test_stop_scales_to_zero_and_start_scales_an_autoscaled_deployment_back(
-        alice: Person, digits_v1: ModelVersion, fake: FakeKube, cfg: KubernetesConfig) -> None:
+        alice: Person, digits: ModelVersion, kube: FakeKube, cfg: KubernetesConfig) -> None:
     deployment = create(alice, autoscaling={"min_replicas": 2, "max_replicas": 4, "metric": "cpu", "target": 60})
-    fake.on_apply = fake_kube.rollout_succeeds
+    kube.on_apply = fake_kube.rollout_succeeds
     runtime = KubernetesRuntime(cfg)
     launch_and_wait(runtime, deployment.revision)
-    assert "replicas" not in fake.applied("Deployment")["spec"]
-    assert fake.applied("HorizontalPodAutoscaler")["spec"]["minReplicas"] == 2
+    assert "replicas" not in kube.applied("Deployment")["spec"]
+    assert kube.applied("HorizontalPodAutoscaler")["spec"]["minReplicas"] == 2
 
     runtime.stop(deployment)
-    assert fake.get(DEPLOYMENT_PATH)["spec"]["replicas"] == 0  # type: ignore[index]
-    assert fake.items(f"/api/v1/namespaces/{NS}/pods") == []
+    assert kube.get(DEPLOYMENT_PATH)["spec"]["replicas"] == 0  # type: ignore[index]
+    assert kube.items(f"/api/v1/namespaces/{NS}/pods") == []
 
-    fake.requests.clear()
+    kube.requests.clear()
     launch, ready = launch_and_wait(runtime, deployment.revision)
     assert ready.state == "ready", ready
-    assert [r.body for r in fake.sent("patch")] == [{"spec": {"replicas": 2}}]  # the HPA does not scale up from 0
+    assert [r.body for r in kube.sent("patch")] == [{"spec": {"replicas": 2}}]  # the HPA does not scale up from 0
     assert launch.description == "Deployment modelport-acme/digits, 2 replicas"
-    assert len(fake.items(f"/api/v1/namespaces/{NS}/pods")) == 2
+    assert len(kube.items(f"/api/v1/namespaces/{NS}/pods")) == 2
 
 
-def test_objects_a_new_revision_no_longer_has_are_removed(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+@pytest.mark.kube
+def test_objects_a_new_revision_no_longer_has_are_removed(alice: Person, digits: ModelVersion, kube: FakeKube,
                                                           cfg: KubernetesConfig) -> None:
     deployment = create(alice, replicas=3)
-    fake.on_apply = fake_kube.rollout_succeeds
+    kube.on_apply = fake_kube.rollout_succeeds
     runtime = KubernetesRuntime(cfg)
     launch_and_wait(runtime, deployment.revision)
-    assert fake.get(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/digits")
+    assert kube.get(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/digits")
     alice.client().patch("/api/v1/deployments/digits/", {"replicas": 1}, format="json")
     launch_and_wait(runtime, Revision.objects.get(deployment=deployment, number=2))
-    assert fake.get(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/digits") is None
-    [delete] = fake.sent("delete")
+    assert kube.get(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/digits") is None
+    [delete] = kube.sent("delete")
     assert delete.path == f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/digits"
 
 
+@pytest.mark.kube
 def test_teardown_deletes_every_object_labelled_for_the_deployment_and_nothing_else(
-        alice: Person, digits_v1: ModelVersion, fake: FakeKube, cfg: KubernetesConfig) -> None:
-    fake.on_apply = fake_kube.rollout_succeeds
+        alice: Person, digits: ModelVersion, kube: FakeKube, cfg: KubernetesConfig) -> None:
+    kube.on_apply = fake_kube.rollout_succeeds
     runtime = KubernetesRuntime(cfg)
     deployment = create(alice, autoscaling={"min_replicas": 2, "max_replicas": 3, "metric": "cpu", "target": 60})
     launch_and_wait(runtime, deployment.revision)
     other = create(alice, name="other")
     launch_and_wait(runtime, other.revision)
-    fake.requests.clear()
+    kube.requests.clear()
 
     runtime.teardown(deployment)
-    deleted = sorted(r.path for r in fake.sent("delete"))
+    deleted = sorted(r.path for r in kube.sent("delete"))
     assert deleted == sorted([
         DEPLOYMENT_PATH,
         f"/api/v1/namespaces/{NS}/secrets/digits-r1-repository",
@@ -300,38 +315,58 @@ def test_teardown_deletes_every_object_labelled_for_the_deployment_and_nothing_e
         f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers/digits",
         f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies/digits",
     ])
-    for request in fake.sent("delete"):
+    for request in kube.sent("delete"):
         assert request.body == {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
     selector = manifests.managed_selector("acme", "digits")
-    assert {r.query.get("labelSelector") for r in fake.sent("get")} == {selector}
-    remaining = {p.rsplit("/", 1)[-1] for p in fake.objects if "/namespaces/modelport-acme/" in p
+    assert {r.query.get("labelSelector") for r in kube.sent("get")} == {selector}
+    remaining = {p.rsplit("/", 1)[-1] for p in kube.objects if "/namespaces/modelport-acme/" in p
                  and "/pods/" not in p}
     assert remaining == {"other", "other-r1-repository"}
 
 
-def test_logs_come_from_the_pods(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+@pytest.mark.kube
+def test_logs_come_from_the_pods(alice: Person, digits: ModelVersion, kube: FakeKube,
                                  cfg: KubernetesConfig) -> None:
     deployment = create(alice, replicas=2)
-    fake.on_apply = fake_kube.rollout_succeeds
+    kube.on_apply = fake_kube.rollout_succeeds
     runtime = KubernetesRuntime(cfg)
     launch_and_wait(runtime, deployment.revision)
-    fake.logs[(NS, "digits-r1-0", False)] = "a\nb\nc\n"
-    fake.logs[(NS, "digits-r1-1", False)] = "x\ny\n"
+    kube.logs[(NS, "digits-r1-0", False)] = "a\nb\nc\n"
+    kube.logs[(NS, "digits-r1-1", False)] = "x\ny\n"
     text = runtime.logs(deployment, 2)
     assert "==> pod/digits-r1-0 <==\nb\nc\n" in text and "==> pod/digits-r1-1 <==\nx\ny\n" in text
 
 
-def test_check_reports_pods_that_stopped_serving(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+@pytest.mark.kube
+def test_a_pods_giant_log_line_is_read_within_the_cap_even_from_a_server_that_ignores_limit_bytes(
+        alice: Person, digits: ModelVersion, kube: FakeKube, cfg: KubernetesConfig, settings: Any) -> None:
+    settings.LOG_TAIL_MAX_BYTES = 256 * 1024
+    deployment = create(alice)
+    kube.on_apply = fake_kube.rollout_succeeds
+    runtime = KubernetesRuntime(cfg)
+    launch_and_wait(runtime, deployment.revision)
+    kube.logs[(NS, "digits-r1-0", False)] = "started\n" + "x" * (4 * 1024**2)  # one line, no newline
+    for honour in (True, False):
+        kube.honour_limit_bytes = honour
+        text = runtime.logs(deployment, 1)
+        assert len(text.encode()) <= settings.LOG_LINE_MAX_BYTES + 100, honour
+        assert text.startswith("x" * 1000) and text.endswith("bytes cut)")
+    [request, *_] = [r for r in kube.requests if r.path.endswith("/log")]
+    assert request.query["limitBytes"] == str(256 * 1024)
+
+
+@pytest.mark.kube
+def test_check_reports_pods_that_stopped_serving(alice: Person, digits: ModelVersion, kube: FakeKube,
                                                  cfg: KubernetesConfig) -> None:
     deployment = create(alice)
-    fake.on_apply = fake_kube.rollout_succeeds
+    kube.on_apply = fake_kube.rollout_succeeds
     runtime = KubernetesRuntime(cfg)
     launch, _ = launch_and_wait(runtime, deployment.revision)
     deployment.set_status(Deployment.Status.READY, "Serving", serving_revision=deployment.revision)
     assert runtime.check(deployment, launch).ok
 
-    fake_kube.pod_stays(fake_kube.crash_loop_status(restarts=5, exit_code=139))(fake, fake.get(DEPLOYMENT_PATH))  # type: ignore[arg-type]
-    fake.logs[(NS, "digits-r1-0", True)] = TRITON_LOG
+    fake_kube.pod_stays(fake_kube.crash_loop_status(restarts=5, exit_code=139))(kube, kube.get(DEPLOYMENT_PATH))  # type: ignore[arg-type]
+    kube.logs[(NS, "digits-r1-0", True)] = TRITON_LOG
     health = runtime.check(deployment, launch)
     assert not health.ok
     assert health.message == "none of its 1 Triton pod(s) is ready"
@@ -339,33 +374,36 @@ def test_check_reports_pods_that_stopped_serving(alice: Person, digits_v1: Model
     assert health.detail.endswith("error: creating server: Internal - failed to load all models")
 
 
-def test_it_refuses_to_take_over_another_teams_deployment(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+@pytest.mark.kube
+def test_it_refuses_to_take_over_another_teams_deployment(alice: Person, digits: ModelVersion, kube: FakeKube,
                                                           cfg: KubernetesConfig) -> None:
     deployment = create(alice)
-    fake.put(DEPLOYMENT_PATH, {"apiVersion": "apps/v1", "kind": "Deployment",
+    kube.put(DEPLOYMENT_PATH, {"apiVersion": "apps/v1", "kind": "Deployment",
                                "metadata": {"name": "digits", "namespace": NS, "labels": {"app": "digits"}},
                                "spec": {"replicas": 1}})
     with pytest.raises(RuntimeUnavailable, match="A Deployment named digits exists in namespace modelport-acme and "
                                                  "is not this deployment's"):
         KubernetesRuntime(cfg).launch(deployment.revision)
-    assert not fake.sent("apply", "Deployment")
+    assert not kube.sent("apply", "Deployment")
 
 
-def test_credentials_the_cluster_does_not_accept_are_named(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+@pytest.mark.kube
+def test_credentials_the_cluster_does_not_accept_are_named(alice: Person, digits: ModelVersion, kube: FakeKube,
                                                          cfg: KubernetesConfig) -> None:
     deployment = create(alice)
-    fake.token = "another-token"  # Modelport's token is no longer valid
+    kube.token = "another-token"  # Modelport's token is no longer valid
     with pytest.raises(RuntimeUnavailable, match="did not accept Modelport's credentials"):
         KubernetesRuntime(cfg).launch(deployment.revision)
 
 
-def test_a_forbidden_request_names_the_rbac_rules_to_grant(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+@pytest.mark.kube
+def test_a_forbidden_request_names_the_rbac_rules_to_grant(alice: Person, digits: ModelVersion, kube: FakeKube,
                                                            cfg: KubernetesConfig) -> None:
     deployment = create(alice)
     message = ('networkpolicies.networking.k8s.io "digits" is forbidden: User "system:serviceaccount:modelport:'
                'modelport" cannot patch resource "networkpolicies" in API group "networking.k8s.io" in the '
                'namespace "modelport-acme"')
-    fake.forbid = lambda request: message if "networkpolicies" in request.path and request.verb == "apply" else None
+    kube.forbid = lambda request: message if "networkpolicies" in request.path and request.verb == "apply" else None
     with pytest.raises(RuntimeUnavailable) as caught:
         KubernetesRuntime(cfg).launch(deployment.revision)
     assert str(caught.value) == (
@@ -374,7 +412,7 @@ def test_a_forbidden_request_names_the_rbac_rules_to_grant(alice: Person, digits
         "cluster-wide management, platform/kubernetes/cluster-wide).")
 
 
-def test_a_cluster_that_does_not_answer_says_so(alice: Person, digits_v1: ModelVersion, tmp_path: Path) -> None:
+def test_a_cluster_that_does_not_answer_says_so(alice: Person, digits: ModelVersion, tmp_path: Path) -> None:
     deployment = create(alice)
     gone = FakeKube()
     kubeconfig = gone.write_kubeconfig(tmp_path / "kubeconfig")
@@ -388,16 +426,17 @@ def test_a_cluster_that_does_not_answer_says_so(alice: Person, digits_v1: ModelV
     assert health.message.startswith("the Kubernetes API server is not reachable (")
 
 
-def test_a_health_check_that_rbac_refuses_is_unknown_and_names_the_rules(alice: Person, digits_v1: ModelVersion,
-                                                                        fake: FakeKube, cfg: KubernetesConfig,
+@pytest.mark.kube
+def test_a_health_check_that_rbac_refuses_is_unknown_and_names_the_rules(alice: Person, digits: ModelVersion,
+                                                                        kube: FakeKube, cfg: KubernetesConfig,
                                                                         caplog: pytest.LogCaptureFixture) -> None:
     """A 403 while reading the Deployment was reported as healthy: now the check says it cannot tell, and why."""
     deployment = create(alice)
-    fake.on_apply = fake_kube.rollout_succeeds
+    kube.on_apply = fake_kube.rollout_succeeds
     runtime = KubernetesRuntime(cfg)
     launch, _ = launch_and_wait(runtime, deployment.revision)
     refusal = 'deployments.apps "digits" is forbidden: User "system:serviceaccount:modelport:modelport" cannot get'
-    fake.forbid = lambda request: refusal if request.verb == "get" else None
+    kube.forbid = lambda request: refusal if request.verb == "get" else None
     with caplog.at_level("WARNING", logger="deployments.runtimes.kubernetes.runtime"):
         health = runtime.check(deployment, launch)
     assert health.unknown and health.ok
@@ -408,7 +447,7 @@ def test_a_health_check_that_rbac_refuses_is_unknown_and_names_the_rules(alice: 
 
 
 def test_without_a_cluster_the_deployment_fails_saying_what_to_set(
-        alice: Person, digits_v1: ModelVersion, settings: Any) -> None:
+        alice: Person, digits: ModelVersion, settings: Any) -> None:
     settings.KUBERNETES_KUBECONFIG = ""
     settings.KUBERNETES_IN_CLUSTER = False
     settings.KUBERNETES_S3_BUCKET = ""
@@ -430,12 +469,13 @@ def test_without_a_cluster_the_deployment_fails_saying_what_to_set(
     assert not Deployment.objects.filter(pk=deployment.pk).exists()
 
 
-def test_stop_and_delete_go_through_the_reconciler(alice: Person, digits_v1: ModelVersion, fake: FakeKube,
+@pytest.mark.kube
+def test_stop_and_delete_go_through_the_reconciler(alice: Person, digits: ModelVersion, kube: FakeKube,
                                                    cfg: KubernetesConfig, settings: Any) -> None:
     settings.KUBERNETES_KUBECONFIG = cfg.kubeconfig
     settings.KUBERNETES_S3_BUCKET = ""
     deployment = create(alice)
-    fake.on_apply = fake_kube.rollout_succeeds
+    kube.on_apply = fake_kube.rollout_succeeds
     KubernetesRuntime(cfg).launch(deployment.revision)
     deployment.set_status(Deployment.Status.READY, "Serving", serving_revision=deployment.revision)
 
@@ -443,16 +483,16 @@ def test_stop_and_delete_go_through_the_reconciler(alice: Person, digits_v1: Mod
     reconcile.reconcile(deployment.pk)
     deployment.refresh_from_db()
     assert deployment.status == Deployment.Status.STOPPED
-    assert fake.get(DEPLOYMENT_PATH)["spec"]["replicas"] == 0  # type: ignore[index]
+    assert kube.get(DEPLOYMENT_PATH)["spec"]["replicas"] == 0  # type: ignore[index]
 
     assert alice.client().delete("/api/v1/deployments/digits/").status_code == 202
     reconcile.reconcile(deployment.pk)
     assert not Deployment.objects.filter(pk=deployment.pk).exists()
-    assert fake.get(DEPLOYMENT_PATH) is None
-    assert fake.get(f"/api/v1/namespaces/{NS}/services/digits") is None
+    assert kube.get(DEPLOYMENT_PATH) is None
+    assert kube.get(f"/api/v1/namespaces/{NS}/services/digits") is None
 
 
-def test_deleting_waits_while_the_cluster_does_not_answer(alice: Person, digits_v1: ModelVersion, tmp_path: Path,
+def test_deleting_waits_while_the_cluster_does_not_answer(alice: Person, digits: ModelVersion, tmp_path: Path,
                                                           settings: Any) -> None:
     gone = FakeKube()
     settings.KUBERNETES_KUBECONFIG = str(gone.write_kubeconfig(tmp_path / "kubeconfig"))
@@ -468,7 +508,7 @@ def test_deleting_waits_while_the_cluster_does_not_answer(alice: Person, digits_
     assert deployment.status_message.startswith("Waiting for the runtime: The Kubernetes API server is not reachable")
 
 
-def test_a_kubeconfig_that_cannot_be_loaded_says_so(alice: Person, digits_v1: ModelVersion, tmp_path: Path) -> None:
+def test_a_kubeconfig_that_cannot_be_loaded_says_so(alice: Person, digits: ModelVersion, tmp_path: Path) -> None:
     deployment = create(alice)
     runtime = KubernetesRuntime(KubernetesConfig(kubeconfig=str(tmp_path / "missing")))
     with pytest.raises(RuntimeUnavailable, match=f"from KUBECONFIG={tmp_path / 'missing'} cannot be loaded"):

@@ -33,12 +33,14 @@ from deployments.models import Deployment, Event, Revision
 from deployments.render import render_repository
 from deployments.runtimes.kubernetes import manifests, s3repo
 from deployments.runtimes.kubernetes.config import KubernetesConfig
+from deployments.runtimes.local import backends, readiness, serverlog
 from deployments.runtimes.local import triton as lt
 from deployments.spec import RepositorySpec
 from deployments.tests import fake_kube
 from deployments.tests.conftest import settle
 from deployments.tests.fake_kube import FakeKube
-from deployments.tests.test_local_triton import pipeline_spec, runtime_env
+from deployments.tests.local_triton import pipeline_spec, runtime_env
+from modelport.core.runtime_env import RuntimeEnv
 from models_registry.models import ModelVersion
 
 pytestmark = pytest.mark.s3
@@ -188,7 +190,7 @@ def test_deleting_a_revision_leaves_the_others(s3_config: KubernetesConfig, tmp_
     assert keys(s3_config) == []
 
 
-def read_only_root(env: lt.RuntimeEnv, models: Path, tmp_path: Path) -> lt.RuntimeEnv:
+def read_only_root(env: RuntimeEnv, models: Path, tmp_path: Path) -> RuntimeEnv:
     """The runtime env with a tritonserver that runs as in the pod: in a mount namespace of its own where the
     root filesystem and the repository are read-only, and only /tmp (its HOME) and /dev/shm are writable."""
     probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "/bin/sh", "-ec",
@@ -236,13 +238,13 @@ def test_a_real_triton_serves_the_ensemble_the_init_container_fetched(s3_config:
 
     process = lt.start_server(tmp_path / "models", tmp_path / "triton.log",
                               read_only_root(env, tmp_path / "models", tmp_path),
-                              lt.build_backend_dir(env, tmp_path / "var"))
+                              backends.build_backend_dir(env, tmp_path / "var"))
     try:
         deadline = time.monotonic() + 10  # the wrapper execs unshare, sh, then tritonserver in the same process
         while Path(f"/proc/{process.pid}/comm").read_text().strip() != "tritonserver" and time.monotonic() < deadline:
             time.sleep(0.01)
-        result = lt.wait_ready(process, ["add_one", "double", "pipeline"], timeout=120)
-        assert result.ready, f"{result.message}\n{lt.tail_log(process.log_path, 60)}"
+        result = readiness.wait_ready(process, ["add_one", "double", "pipeline"], timeout=120)
+        assert result.ready, f"{result.message}\n{serverlog.tail_log(process.log_path, 60)}"
         assert "ro" in mount_options(process.pid, "/")
         assert "ro" in mount_options(process.pid, tmp_path / "models")
         assert "rw" in mount_options(process.pid, "/tmp") and "rw" in mount_options(process.pid, "/dev/shm")
@@ -266,9 +268,9 @@ def test_a_real_triton_serves_the_ensemble_the_init_container_fetched(s3_config:
 
 @pytest.fixture
 def cluster(s3_config: KubernetesConfig, tmp_path: Path, settings: Any) -> Iterator[FakeKube]:
-    fake = FakeKube().start()
-    fake.on_apply = fake_kube.rollout_succeeds
-    settings.KUBERNETES_KUBECONFIG = str(fake.write_kubeconfig(tmp_path / "kubeconfig"))
+    kube = FakeKube().start()
+    kube.on_apply = fake_kube.rollout_succeeds
+    settings.KUBERNETES_KUBECONFIG = str(kube.write_kubeconfig(tmp_path / "kubeconfig"))
     settings.KUBERNETES_S3_ENDPOINT_URL = s3_config.s3_endpoint_url
     settings.KUBERNETES_S3_BUCKET = s3_config.s3_bucket
     settings.KUBERNETES_S3_PREFIX = s3_config.s3_prefix
@@ -276,12 +278,12 @@ def cluster(s3_config: KubernetesConfig, tmp_path: Path, settings: Any) -> Itera
     settings.KUBERNETES_S3_ACCESS_KEY_ID = settings.KUBERNETES_S3_SECRET_ACCESS_KEY = "testing"
     settings.KUBERNETES_TRITON_EGRESS = ["127.0.0.1/32"]  # where moto listens
     settings.ROLLOUT_DRAIN_SECONDS = 0
-    yield fake
-    fake.stop()
+    yield kube
+    kube.stop()
 
 
 def test_the_reconciler_uploads_applies_rolls_out_and_cleans_up(
-        alice: Person, digits_v1: ModelVersion, cluster: FakeKube, s3_config: KubernetesConfig, tmp_path: Path) -> None:
+        alice: Person, digits: ModelVersion, cluster: FakeKube, s3_config: KubernetesConfig, tmp_path: Path) -> None:
     response = alice.client().post("/api/v1/deployments/", {"name": "digits", "runtime": "kubernetes",
                                                             "models": [{"model": "digits"}]}, format="json")
     assert response.status_code == 201, response.json()
@@ -317,7 +319,7 @@ def test_the_reconciler_uploads_applies_rolls_out_and_cleans_up(
                              env={"PATH": os.environ["PATH"]})
     assert fetched.returncode == 0, fetched.stdout
     model = (tmp_path / "models" / "digits" / "1" / "model.onnx").read_bytes()
-    assert hashlib.sha256(model).hexdigest() == digits_v1.sha256  # the registry's bytes, verified on the way
+    assert hashlib.sha256(model).hexdigest() == digits.sha256  # the registry's bytes, verified on the way
 
     alice.client().patch("/api/v1/deployments/digits/", {"replicas": 2}, format="json")
     settle(deployment.pk)
@@ -342,7 +344,7 @@ def test_the_reconciler_uploads_applies_rolls_out_and_cleans_up(
 
 
 def test_an_unreachable_s3_fails_the_deployment_saying_what_to_check(
-        alice: Person, digits_v1: ModelVersion, cluster: FakeKube, settings: Any) -> None:
+        alice: Person, digits: ModelVersion, cluster: FakeKube, settings: Any) -> None:
     settings.KUBERNETES_S3_BUCKET = "no-such-bucket"
     alice.client().post("/api/v1/deployments/", {"name": "digits", "runtime": "kubernetes",
                                                  "models": [{"model": "digits"}]}, format="json")
@@ -350,6 +352,7 @@ def test_an_unreachable_s3_fails_the_deployment_saying_what_to_check(
     settle(deployment.pk)
     deployment.refresh_from_db()
     assert deployment.status == Deployment.Status.FAILED
-    assert deployment.status_message.startswith("The model repository cannot be uploaded to S3 (bucket 'no-such-bucket'")
+    assert deployment.status_message.startswith(
+        "The model repository cannot be uploaded to S3 (bucket 'no-such-bucket'")
     assert "NoSuchBucket" in deployment.status_message
     assert not cluster.sent("apply")

@@ -51,13 +51,15 @@ def test_a_rollout_waits_for_the_controller_and_for_old_pods() -> None:
     assert verdict_of(dep=deployment(updated=1)).message == "1 of 2 pods run revision 2"
     assert verdict_of(dep=deployment(total=3)).message == "1 pod(s) of the previous revision are still being replaced"
     loading = pod({"state": {"running": {}}})
-    assert verdict_of(loading, dep=deployment(available=1)).message == "1 of 2 pods are ready: Triton is loading the models"
+    assert (verdict_of(loading, dep=deployment(available=1)).message
+            == "1 of 2 pods are ready: Triton is loading the models")
 
 
 def test_a_stalled_rollout_fails() -> None:
     stalled = deployment(available=0, conditions=[{"type": "Progressing", "status": "False",
                                                    "reason": "ProgressDeadlineExceeded"}])
-    assert verdict_of(dep=stalled).message == "The rollout of revision 2 made no progress in time (ProgressDeadlineExceeded)."
+    assert verdict_of(dep=stalled).message == ("The rollout of revision 2 made no progress in time "
+                                               "(ProgressDeadlineExceeded).")
 
 
 def test_a_quota_that_refuses_the_pods_fails_at_once() -> None:
@@ -89,7 +91,8 @@ def fetching(init_status: dict[str, Any]) -> dict[str, Any]:
 
 def test_a_pod_fetching_its_repository_is_waiting() -> None:
     verdict = pod_problem(fetching({"state": {"running": {}}}), now=NOW, unschedulable_grace=120)
-    assert verdict is not None and (verdict.state, verdict.message) == ("waiting", "fetching the model repository from S3")
+    assert verdict is not None
+    assert (verdict.state, verdict.message) == ("waiting", "fetching the model repository from S3")
 
 
 def test_a_tampered_repository_fails_the_rollout_with_the_init_containers_log() -> None:
@@ -163,7 +166,8 @@ def test_a_first_exit_fails_without_waiting_for_the_back_off() -> None:
 
 def test_an_evicted_pod_fails() -> None:
     verdict = verdict_of(pod(phase="Failed", reason="Evicted", message="The node was low on resource: memory."))
-    assert verdict.message == "Kubernetes stopped Triton's pod digits-r2-0 (Evicted: The node was low on resource: memory.)."
+    assert verdict.message == ("Kubernetes stopped Triton's pod digits-r2-0 "
+                               "(Evicted: The node was low on resource: memory.).")
 
 
 def test_a_pod_being_deleted_is_ignored() -> None:

@@ -18,9 +18,13 @@ import numpy as np
 import pytest
 
 from deployments.render import render_repository
+from deployments.runtimes.local import backends, readiness, serverlog
 from deployments.runtimes.local import triton as lt
 from deployments.spec import DynamicBatching, InstanceGroup, RepositorySpec, ServedModel
-from deployments.tests.test_local_triton import batch_counts, infer_payload, output_of, post_all, runtime_env
+from deployments.tests.local_triton import batch_counts, infer_payload, output_of, post_all, runtime_env
+from modelport.core.definitions import SavedModelDefinition
+from modelport.core.runtime_env import RuntimeEnv
+from modelport.core.signature import Signature, Tensor
 from models_registry.samples import (
     RESNET_ATOL,
     RESNET_RTOL,
@@ -30,7 +34,6 @@ from models_registry.samples import (
     resnet_inputs,
     resnet_onnx_scores,
 )
-from models_registry.signature import Signature, Tensor
 
 pytestmark = [pytest.mark.triton, pytest.mark.frameworks]
 
@@ -75,7 +78,7 @@ tf.saved_model.save(m, sys.argv[2], signatures={"serving_default": m.serve})
 """
 
 
-def in_runtime_env(env: lt.RuntimeEnv, code: str, workdir: Path, *args: str) -> None:
+def in_runtime_env(env: RuntimeEnv, code: str, workdir: Path, *args: str) -> None:
     script = workdir / "build.py"  # a file, not -c: torch.jit.script reads the module's source
     script.write_text(textwrap.dedent(code))
     done = subprocess.run([str(env.bin_dir / "python"), str(script), *args], capture_output=True, text=True,
@@ -95,9 +98,10 @@ def served(name: str, fmt: str, artifact: Path, signature: Signature, **changes:
                        **settings)  # type: ignore[arg-type]
 
 
-def start(env: lt.RuntimeEnv, models: tuple[ServedModel, ...], workdir: Path) -> lt.ServerProcess:
-    render_repository(RepositorySpec(models=models), "local", workdir / "repo", local_frameworks={"torch", "tensorflow"})
-    backend_dir = lt.build_backend_dir(env, workdir / "var")
+def start(env: RuntimeEnv, models: tuple[ServedModel, ...], workdir: Path) -> lt.ServerProcess:
+    render_repository(RepositorySpec(models=models), "local", workdir / "repo",
+                      local_frameworks={"torch", "tensorflow"})
+    backend_dir = backends.build_backend_dir(env, workdir / "var")
     return lt.start_server(workdir / "repo", workdir / "var" / "triton.log", env, backend_dir)
 
 
@@ -122,7 +126,7 @@ def server(artifacts: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         served("resnet_onnx", "onnx", artifacts / "resnet.onnx", RESNET_SIGNATURE),
         served("resnet_pt", "torchscript", artifacts / "resnet.pt", RESNET_SIGNATURE),
         served("resnet_tf", "tensorflow_savedmodel", artifacts / "resnet.savedmodel.zip", RESNET_SIGNATURE,
-               signature_def="serving_default"),
+               definition=SavedModelDefinition(signature_def="serving_default")),
         served("lookup_pt", "torchscript", artifacts / "lookup.pt", LOOKUP_SIG,
                dynamic_batching=DynamicBatching(max_queue_delay_microseconds=50_000)),
         served("lookup_tf", "tensorflow_savedmodel", artifacts / "lookup.savedmodel.zip", TF_LOOKUP_SIG,
@@ -131,8 +135,8 @@ def server(artifacts: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     process = start(env, models, tmp_path_factory.mktemp("triton-frameworks"))
     try:
         # Each python-backend stub imports its framework: a few seconds apiece on a busy machine.
-        result = lt.wait_ready(process, [m.name for m in models], timeout=240)
-        assert result.ready, f"{result.message}\n{lt.tail_log(process.log_path, 60)}"
+        result = readiness.wait_ready(process, [m.name for m in models], timeout=240)
+        assert result.ready, f"{result.message}\n{serverlog.tail_log(process.log_path, 60)}"
         yield process
     finally:
         lt.stop_server(process.pid, grace_seconds=10)
@@ -206,7 +210,7 @@ def test_a_torchscript_model_whose_forward_does_not_fit_the_signature_fails_to_l
                            outputs=RESNET_SIGNATURE.outputs)
     process = start(env, (served("wrong_pt", "torchscript", artifacts / "resnet.pt", two_inputs),), tmp_path)
     try:
-        result = lt.wait_ready(process, ["wrong_pt"], timeout=120)
+        result = readiness.wait_ready(process, ["wrong_pt"], timeout=120)
         assert not result.ready
         assert any("forward() takes the arguments (input) but the signature declares the inputs (a, b)" in line
                    for line in result.errors), result.errors

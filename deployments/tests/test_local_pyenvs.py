@@ -1,5 +1,6 @@
-"""The local runtime's side of python models' requirements: preparing a revision queues its environment's build once
-(on the inspection queue, never in the tick), waits for it, fails with pip's lines, and builds again on a retry.
+"""The local runtime's side of python models' requirements: preparing a revision asks for its environment's build, the
+reconciler queues it once (on the inspection queue, never in the tick), waits for it, fails with pip's lines, and
+builds again on a retry.
 pip is faked (test_pyenvs.py's FakePip), and the portal's own virtualenv stands in for the runtime env; the real
 thing runs in tests/test_pyenvs_e2e.py."""
 
@@ -13,28 +14,40 @@ from typing import Any
 import pytest
 
 from conftest import Person
-from deployments import pyenvs
+from deployments import pyenvs, reconcile, tasks
 from deployments.models import Deployment, Revision, TritonServer
-from deployments.runtimes.base import PREPARED, PreparationFailed
-from deployments.runtimes.local import runtime as local_runtime
-from deployments.runtimes.local import triton as local_triton
-from deployments.tests.test_pyenvs import FakePip
-from models_registry.tests.test_pipelines import ready_version
+from deployments.runtimes.base import PREPARED, Preparation, PreparationFailed
+from deployments.runtimes.local import files as local_files
+from deployments.runtimes.local import pyenv as local_pyenv
+from deployments.runtimes.local import sweeps as local_sweeps
+from deployments.tests.fake_pip import FakePip
+from modelport.core.runtime_env import RuntimeEnv
+from models_registry.tests.pipeline_versions import ready_version
 from tests.artifacts import PYTHON_SIGNATURE, python_model_zip
 
 
 @pytest.fixture
 def queued(monkeypatch: pytest.MonkeyPatch, settings: Any, tmp_path: Path) -> list[int]:
     """The revisions whose build was queued; PYENVS_DIR in tmp_path, the portal's virtualenv as the runtime env."""
-    from deployments import tasks
-
     settings.PYENVS_DIR = tmp_path / "pyenvs"
-    env = local_triton.RuntimeEnv(root=Path(sys.prefix), python_version="3.11",
+    env = RuntimeEnv(root=Path(sys.prefix), python_version="3.11",
                                   site_packages=Path(sysconfig.get_paths()["purelib"]), tritonserver=Path("/none"))
-    monkeypatch.setattr(local_runtime, "runtime_env", lambda: env)
+    monkeypatch.setattr(local_pyenv, "runtime_env", lambda: env)
     calls: list[int] = []
     monkeypatch.setattr(tasks.build_python_env, "delay", calls.append)
     return calls
+
+
+class _PythonEnvs:
+    """The local runtime's preparation of python environments alone (no repository rendered)."""
+
+    def prepare(self, revision: Revision) -> Preparation:
+        return local_pyenv.prepare_python_env(revision)
+
+
+def prepare(revision: Revision) -> Preparation:
+    """What a tick does: the runtime's answer, and the build it asks for queued through the tasks."""
+    return reconcile._ask_prepare(_PythonEnvs(), revision, tasks.queue_build)  # type: ignore[arg-type]
 
 
 def use_pip(monkeypatch: pytest.MonkeyPatch, pip: FakePip) -> None:
@@ -58,87 +71,88 @@ def revision_needing(person: Person, requirements: bytes, name: str = "tool") ->
 
 def test_a_revision_without_requirements_needs_no_environment(alice: Person, queued: list[int]) -> None:
     revision = revision_needing(alice, b"# nothing\n")
-    assert local_runtime.prepare_python_env(revision) == PREPARED
+    assert local_pyenv.prepare_python_env(revision) == PREPARED
     assert queued == []
 
 
 def test_requirements_the_runtime_env_satisfies_need_no_environment(alice: Person, queued: list[int]) -> None:
     """The sample pipeline's preprocess step lists numpy and pillow, which the runtime env has."""
     revision = revision_needing(alice, b"numpy>=1.20\nPyYAML\n")
-    assert local_runtime.python_env_for(revision.spec) is None
-    assert local_runtime.prepare_python_env(revision) == PREPARED
+    assert local_pyenv.python_env_for(revision.spec) is None
+    assert local_pyenv.prepare_python_env(revision) == PREPARED
     assert queued == []
     for number, needs_one in enumerate((b"numpy<1\n", b"pyyaml[extra]\n", b'numpy; python_version >= "3"\n')):
         other = revision_needing(alice, needs_one, name=f"other{number}")
-        assert local_runtime.python_env_for(other.spec) is not None, needs_one
+        assert local_pyenv.python_env_for(other.spec) is not None, needs_one
 
 
 def test_the_build_is_queued_once_waited_for_and_then_the_revision_is_prepared(
         alice: Person, queued: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     revision = revision_needing(alice, b"Tabulate>=0.9\nnumpy\n")
-    waiting = local_runtime.prepare_python_env(revision)
-    assert not waiting.done and waiting.building
+    assert local_pyenv.prepare_python_env(revision).build  # the runtime asks; it queues nothing itself
+    assert queued == []
+    waiting = prepare(revision)
+    assert not waiting.done and waiting.building and not waiting.build
     assert waiting.message == "Installing python packages for revision 1: numpy, tabulate>=0.9."
     assert queued == [revision.pk]
-    assert local_runtime.prepare_python_env(revision) == waiting
+    again = prepare(revision)
+    assert (again.done, again.message, again.build, again.retry_seconds) == (False, waiting.message, False, 2.0)
     assert queued == [revision.pk]  # queued once: the next ticks only look
 
     use_pip(monkeypatch, FakePip())
-    assert local_runtime.build_python_env(revision.pk) == revision.deployment_id
-    assert local_runtime.prepare_python_env(revision) == PREPARED
-    penv = local_runtime.python_env_for(revision.spec)
+    assert local_pyenv.build_python_env(revision.pk) == revision.deployment_id
+    assert local_pyenv.prepare_python_env(revision) == PREPARED
+    penv = local_pyenv.python_env_for(revision.spec)
     assert penv is not None and (penv.site_packages / "tabulate.py").exists()
 
 
 def test_a_failed_build_fails_the_revision_with_pips_lines_and_a_retry_builds_again(
         alice: Person, queued: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     revision = revision_needing(alice, b"nonexistent-pkg-zzz==9.9\n")
-    local_runtime.prepare_python_env(revision)
+    prepare(revision)
     use_pip(monkeypatch, FakePip(fails_with="ERROR: No matching distribution found for nonexistent-pkg-zzz==9.9"))
-    local_runtime.build_python_env(revision.pk)
+    local_pyenv.build_python_env(revision.pk)
     with pytest.raises(PreparationFailed) as failed:
-        local_runtime.prepare_python_env(revision)
+        prepare(revision)
     assert str(failed.value) == ("pip could not install its python packages (nonexistent-pkg-zzz==9.9): No matching "
                                  "distribution found for nonexistent-pkg-zzz==9.9")
     assert failed.value.detail.endswith("ERROR: No matching distribution found for nonexistent-pkg-zzz==9.9")
-    assert not local_runtime.prepare_python_env(revision).done  # a retry: built again
+    assert not prepare(revision).done  # a retry: built again
     assert queued == [revision.pk, revision.pk]
 
 
 def test_an_unreachable_broker_is_waited_for_rather_than_failing_the_deployment(
         alice: Person, queued: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    from deployments import tasks
-
     def broker_down(revision_id: int) -> None:
         raise OSError("Connection refused")
 
     monkeypatch.setattr(tasks.build_python_env, "delay", broker_down)
     revision = revision_needing(alice, b"tabulate\n")
-    waiting = local_runtime.prepare_python_env(revision)
+    waiting = prepare(revision)
     assert not waiting.done and waiting.building and "the broker is unreachable" in waiting.message
+    assert waiting.retry_seconds == 5.0
     monkeypatch.setattr(tasks.build_python_env, "delay", queued.append)
-    assert local_runtime.prepare_python_env(revision).message.startswith("Installing python packages")
+    assert prepare(revision).message.startswith("Installing python packages")
     assert queued == [revision.pk]  # asked again once the broker answers
 
 
 def test_a_worker_that_runs_tasks_eagerly_is_done_at_once(
         alice: Person, queued: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    from deployments import tasks
-
     use_pip(monkeypatch, FakePip())
-    monkeypatch.setattr(tasks.build_python_env, "delay", local_runtime.build_python_env)
+    monkeypatch.setattr(tasks.build_python_env, "delay", local_pyenv.build_python_env)
     revision = revision_needing(alice, b"tabulate\n")
-    assert local_runtime.prepare_python_env(revision) == PREPARED
+    assert prepare(revision).retry_seconds == reconcile.NOW  # the tick looks again at once...
+    assert local_pyenv.prepare_python_env(revision) == PREPARED  # ...and finds it built
 
 
 def test_deployments_with_the_same_requirements_share_an_environment(alice: Person, queued: list[int]) -> None:
     one = revision_needing(alice, b"tabulate\nnumpy\n", name="one")
     two = revision_needing(alice, b"numpy\ntabulate  # the same set, written in another order\n", name="two")
     other = revision_needing(alice, b"tabulate==0.9.0\n", name="other")
-    penvs = [local_runtime.python_env_for(r.spec) for r in (one, two, other)]
+    penvs = [local_pyenv.python_env_for(r.spec) for r in (one, two, other)]
     assert penvs[0] == penvs[1] and penvs[0] != penvs[2]
-    local_runtime.prepare_python_env(one)
-    local_runtime.prepare_python_env(two)
+    prepare(one)
+    prepare(two)
     assert queued == [one.pk]  # the second waits for the build the first asked for
 
 
@@ -148,11 +162,11 @@ def test_unused_environments_are_swept_but_a_running_deployments_is_kept(
     kept = revision_needing(alice, b"tabulate\n", name="kept")
     gone = revision_needing(alice, b"tabulate<1\n", name="gone")
     for revision in (kept, gone):
-        local_runtime.build_python_env(revision.pk)
+        local_pyenv.build_python_env(revision.pk)
     Deployment.objects.filter(pk=gone.deployment_id).update(desired_state=Deployment.Desired.STOPPED)
     settings.PYENV_KEEP_UNUSED_SECONDS = 0
-    removed = local_runtime.collect_python_envs()
-    gone_env, kept_env = (local_runtime.python_env_for(r.spec) for r in (gone, kept))
+    removed = local_sweeps.collect_python_envs()
+    gone_env, kept_env = (local_pyenv.python_env_for(r.spec) for r in (gone, kept))
     assert gone_env is not None and kept_env is not None
     assert removed == [f"removed the unused python environment {gone_env.env_dir}"]
     assert kept_env.env_dir.is_dir()
@@ -163,22 +177,22 @@ def test_an_environment_a_running_triton_started_with_is_kept_after_the_runtime_
     """Installing an extra into the runtime env changes every key; a Triton started before keeps its environment."""
     use_pip(monkeypatch, FakePip())
     revision = revision_needing(alice, b"tabulate\n")
-    local_runtime.build_python_env(revision.pk)
-    started_with = local_runtime.python_env_for(revision.spec)
+    local_pyenv.build_python_env(revision.pk)
+    started_with = local_pyenv.python_env_for(revision.spec)
     assert started_with is not None
-    (local_runtime.repository_dir(revision).parent).mkdir(parents=True)
-    (local_runtime.repository_dir(revision).parent / "pyenv").write_text(started_with.key)  # as _launch writes it
+    (local_files.repository_dir(revision).parent).mkdir(parents=True)
+    (local_files.repository_dir(revision).parent / "pyenv").write_text(started_with.key)  # as _launch writes it
     TritonServer.objects.create(deployment=revision.deployment, revision=revision, pid=1, http_port=1, grpc_port=2,
                                 metrics_port=3, log_path="/dev/null", state=TritonServer.State.READY)
     pyenvs.clear_cache()
     monkeypatch.setattr(pyenvs, "runtime_identity",
                         lambda *args, **kwargs: pyenvs.RuntimeIdentity("3.11.7", ("torch==2.13.0",)))
-    assert local_runtime.python_env_for(revision.spec) != started_with
+    assert local_pyenv.python_env_for(revision.spec) != started_with
     settings.PYENV_KEEP_UNUSED_SECONDS = 0
-    assert local_runtime.collect_python_envs() == []
+    assert local_sweeps.collect_python_envs() == []
     assert started_with.env_dir.is_dir()
     TritonServer.objects.update(state=TritonServer.State.STOPPED)
-    assert local_runtime.collect_python_envs() == [f"removed the unused python environment {started_with.env_dir}"]
+    assert local_sweeps.collect_python_envs() == [f"removed the unused python environment {started_with.env_dir}"]
 
 
 def test_the_environment_of_a_canary_being_prepared_is_kept(alice: Person, queued: list[int], settings: Any,
@@ -187,11 +201,11 @@ def test_the_environment_of_a_canary_being_prepared_is_kept(alice: Person, queue
     environment then (the canary would end with 'environment is gone')."""
     use_pip(monkeypatch, FakePip())
     revision = revision_needing(alice, b"tabulate\n")
-    local_runtime.build_python_env(revision.pk)
+    local_pyenv.build_python_env(revision.pk)
     # Only the canary needs it: the stable revision is another (here: none that needs an environment).
     Deployment.objects.filter(pk=revision.deployment_id).update(revision=None, serving_revision=None,
                                                                canary_revision=revision, canary_percent=10)
     settings.PYENV_KEEP_UNUSED_SECONDS = 0
-    assert local_runtime.collect_python_envs() == []
-    penv = local_runtime.python_env_for(revision.spec)
+    assert local_sweeps.collect_python_envs() == []
+    penv = local_pyenv.python_env_for(revision.spec)
     assert penv is not None and penv.env_dir.is_dir()

@@ -8,29 +8,39 @@ env does not exist; point MODELPORT_RUNTIME_ENV at another one to use it.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import aiohttp
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
-import tritonclient.http as triton_http
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
-from deployments.render import render_repository
+from deployments.runtimes.local import backends, readiness, serverlog
 from deployments.runtimes.local import triton as lt
-from deployments.spec import DynamicBatching, EnsembleStep, InstanceGroup, RepositorySpec, ServedModel
-from models_registry.signature import Signature, Tensor
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-RUNTIME_ENV = Path(os.environ.get("MODELPORT_RUNTIME_ENV", str(REPO_ROOT / "var" / "runtime-env")))
+from deployments.spec import DynamicBatching, InstanceGroup, RepositorySpec, ServedModel, Warmup
+from deployments.tests.local_triton import (
+    MATMUL_SIG,
+    TABLE,
+    W,
+    batch_counts,
+    batched,
+    infer,
+    infer_payload,
+    matmul_onnx,
+    onnx_model,
+    output_of,
+    pipeline_spec,
+    post_all,
+    runtime_env,
+    save_onnx,
+    start,
+)
+from modelport.core.runtime_env import RuntimeEnv, RuntimeEnvError, find_runtime_env, server_environment
+from modelport.core.signature import Signature
 
 # A real log of a failed start (Triton 2.51, trimmed): harmless CUDA noise, a multi-line error, the status table.
 FAILED_LOG = r"""W1129 16:24:19.370663 9010 pinned_memory_manager.cc:273] "Unable to allocate pinned system memory, pinned memory pool will not be available: CUDA driver version is insufficient for CUDA runtime version"
@@ -47,7 +57,7 @@ I1129 16:24:19.714074 9010 server.cc:674]
 
 I1129 16:24:19.714325 9010 server.cc:305] "Waiting for in-flight requests to complete."
 error: creating server: Internal - failed to load all models
-"""
+"""  # noqa: E501 - Triton log lines, verbatim
 
 
 # --- Helpers that need no server ------------------------------------------------------------------------------
@@ -56,21 +66,21 @@ error: creating server: Internal - failed to load all models
 def test_log_errors_returns_tritons_error_messages_without_prefixes_or_cuda_noise(tmp_path: Path) -> None:
     log = tmp_path / "triton.log"
     log.write_text(FAILED_LOG)
-    errors = lt.log_errors(log)
+    errors = serverlog.log_errors(log)
     assert errors == [
         "failed to load 'broken' version 1: Internal: InvalidProtobuf: Load model from /repo/broken/1/model.onnx "
         "failed:Protobuf parsing failed.\n\nAt:\n  /repo/broken/1/model.py(64): initialize",
         "model 'broken' version 1: UNAVAILABLE: Internal: InvalidProtobuf: Load model failed.",
         "error: creating server: Internal - failed to load all models",
     ]
-    assert lt.summary_error(errors) == errors[0]
+    assert serverlog.summary_error(errors) == errors[0]
 
 
 def test_log_errors_include_the_sandbox_wrappers_refusal_to_run_a_model_unconfined(tmp_path: Path) -> None:
     log = tmp_path / "triton.log"
     refusal = "modelport sandbox: could not confine the python model: [Errno 1] unshare: Operation not permitted"
     log.write_text('I1129 16:24:19.371622 9010 model_lifecycle.cc:472] "loading: broken:1"\n' + refusal + "\n")
-    assert lt.log_errors(log) == [refusal]
+    assert serverlog.log_errors(log) == [refusal]
 
 
 def test_a_process_group_that_is_no_sandbox_is_stopped_as_a_group_and_timed_from_its_start() -> None:
@@ -86,14 +96,14 @@ def test_a_process_group_that_is_no_sandbox_is_stopped_as_a_group_and_timed_from
 
 
 def test_log_errors_of_a_missing_log_is_empty(tmp_path: Path) -> None:
-    assert lt.log_errors(tmp_path / "nothing.log") == []
-    assert lt.tail_log(tmp_path / "nothing.log") == ""
+    assert serverlog.log_errors(tmp_path / "nothing.log") == []
+    assert serverlog.tail_log(tmp_path / "nothing.log") == ""
 
 
 def test_tail_log_returns_the_last_lines(tmp_path: Path) -> None:
     log = tmp_path / "triton.log"
     log.write_text("".join(f"line {i}\n" for i in range(1000)))
-    assert lt.tail_log(log, 3) == "line 997\nline 998\nline 999\n"
+    assert serverlog.tail_log(log, 3) == "line 997\nline 998\nline 999\n"
 
 
 def test_pick_free_ports_gives_distinct_bindable_ports() -> None:
@@ -117,130 +127,21 @@ def test_stop_server_leaves_a_process_that_is_not_a_tritonserver_alone() -> None
 
 
 def test_find_runtime_env_explains_a_missing_env(tmp_path: Path) -> None:
-    with pytest.raises(lt.RuntimeEnvError, match="requirements-runtime.txt"):
-        lt.find_runtime_env(tmp_path / "nope")
+    with pytest.raises(RuntimeEnvError, match="requirements-runtime.txt"):
+        find_runtime_env(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(lt.RuntimeEnvError, match="install nvidia-pytriton"):
-        lt.find_runtime_env(tmp_path / "empty")
+    with pytest.raises(RuntimeEnvError, match="install nvidia-pytriton"):
+        find_runtime_env(tmp_path / "empty")
 
 
 def test_the_server_environment_puts_the_runtime_env_first_and_drops_the_portals_python_settings() -> None:
-    env = lt.RuntimeEnv(root=Path("/rt"), python_version="3.11", site_packages=Path("/sp"), tritonserver=Path("/t"))
-    result = lt.server_environment(env, {"PATH": "/portal/.venv/bin:/usr/bin", "PYTHONPATH": "/portal", "HOME": "/h"})
+    env = RuntimeEnv(root=Path("/rt"), python_version="3.11", site_packages=Path("/sp"), tritonserver=Path("/t"))
+    result = server_environment(env, {"PATH": "/portal/.venv/bin:/usr/bin", "PYTHONPATH": "/portal", "HOME": "/h"})
     assert result["PATH"] == "/rt/bin:/portal/.venv/bin:/usr/bin"
     assert "PYTHONPATH" not in result and result["VIRTUAL_ENV"] == "/rt" and result["HOME"] == "/h"
 
 
 # --- A real tritonserver ----------------------------------------------------------------------------------------
-
-W = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
-TABLE = np.arange(20, dtype=np.float32).reshape(10, 2)
-
-DOUBLE_MODEL_PY = b"""import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", (x * 2).astype(np.float32))]))
-        return responses
-"""
-
-
-def runtime_env() -> lt.RuntimeEnv:
-    if not RUNTIME_ENV.is_dir():
-        pytest.skip(
-            f"no runtime env at {RUNTIME_ENV}: create it from requirements-runtime.txt or set MODELPORT_RUNTIME_ENV"
-        )
-    return lt.find_runtime_env(RUNTIME_ENV)
-
-
-def save_onnx(path: Path, nodes: list[Any], inputs: list[Any], outputs: list[Any], weights: dict[str, Any]) -> Path:
-    graph = helper.make_graph(
-        nodes, path.stem, inputs, outputs, [numpy_helper.from_array(v, k) for k, v in weights.items()]
-    )
-    # IR 8 / opset 13: old enough for any onnxruntime the runtime env may hold.
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-    return path
-
-
-def matmul_onnx(path: Path, batch: str | int = "N") -> Path:
-    return save_onnx(
-        path,
-        [helper.make_node("MatMul", ["x", "W"], ["y"])],
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 3])],
-        {"W": W},
-    )
-
-
-def batched(*tensors: tuple[str, str, tuple[int, ...]]) -> tuple[Tensor, ...]:
-    return tuple(Tensor(name, dtype, dims) for name, dtype, dims in tensors)
-
-
-MATMUL_SIG = Signature(inputs=batched(("x", "FP32", (-1, 4))), outputs=batched(("y", "FP32", (-1, 3))))
-
-
-def onnx_model(name: str, artifact: Path, signature: Signature = MATMUL_SIG, **changes: Any) -> ServedModel:
-    settings: dict[str, Any] = {
-        "max_batch_size": 8,
-        "dynamic_batching": DynamicBatching(max_queue_delay_microseconds=10_000),
-        "instance_group": InstanceGroup(count=1),
-    }
-    settings.update(changes)
-    return ServedModel(name=name, version=1, format="onnx", signature=signature, artifact_path=artifact, **settings)
-
-
-def pipeline_spec(artifacts: Path) -> tuple[ServedModel, ...]:
-    """add_one (ONNX) -> double (python model) chained as the ensemble `pipeline`: y = (x + 1) * 2."""
-    add_one = save_onnx(
-        artifacts / "add_one.onnx",
-        [helper.make_node("Add", ["x", "one"], ["y"])],
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
-        {"one": np.ones((1, 4), dtype=np.float32)},
-    )
-    double_zip = artifacts / "double.zip"
-    with zipfile.ZipFile(double_zip, "w") as zf:
-        zf.writestr("model.py", DOUBLE_MODEL_PY)
-    vector4 = Signature(inputs=batched(("x", "FP32", (-1, 4))), outputs=batched(("y", "FP32", (-1, 4))))
-    return (
-        onnx_model("add_one", add_one, vector4, response_cache=True),
-        ServedModel(
-            name="double",
-            version=1,
-            format="python",
-            signature=vector4,
-            max_batch_size=8,
-            dynamic_batching=DynamicBatching(),
-            artifact_path=double_zip,
-        ),
-        ServedModel(
-            name="pipeline",
-            version=1,
-            format="ensemble",
-            signature=vector4,
-            max_batch_size=8,
-            dynamic_batching=None,
-            ensemble_steps=(
-                EnsembleStep("add_one", 1, {"x": "x"}, {"y": "plus_one"}),
-                EnsembleStep("double", 1, {"x": "plus_one"}, {"y": "y"}),
-            ),
-        ),
-    )
-
-
-def start(env: lt.RuntimeEnv, spec: RepositorySpec, workdir: Path, **kwargs: Any) -> lt.ServerProcess:
-    render_repository(spec, "local", workdir / "repo")
-    backend_dir = lt.build_backend_dir(env, workdir / "var")
-    return lt.start_server(workdir / "repo", workdir / "var" / "triton.log", env, backend_dir, **kwargs)
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lt.ServerProcess]:
@@ -258,7 +159,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lt.ServerProces
     )
     spec = RepositorySpec(
         models=(
-            onnx_model("matmul", matmul, instance_group=InstanceGroup(count=2), warmup={"batch_size": 2}),
+            onnx_model("matmul", matmul, instance_group=InstanceGroup(count=2), warmup=Warmup(batch_size=2)),
             # The signature allows any width; only the ONNX file knows it must be 4: the python model checks it.
             onnx_model(
                 "loose_mm",
@@ -284,67 +185,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lt.ServerProces
     )
     process = start(env, spec, workdir, response_cache_bytes=1024 * 1024)
     try:
-        result = lt.wait_ready(process, [m.name for m in spec.models], timeout=120)
-        assert result.ready, f"{result.message}\n{lt.tail_log(process.log_path, 60)}"
+        result = readiness.wait_ready(process, [m.name for m in spec.models], timeout=120)
+        assert result.ready, f"{result.message}\n{serverlog.tail_log(process.log_path, 60)}"
         yield process
     finally:
         lt.stop_server(process.pid, grace_seconds=10)
     assert lt.group_pids(process.pid) == []
-
-
-def infer(server: lt.ServerProcess, model: str, inputs: dict[str, np.ndarray], output: str) -> np.ndarray:
-    client = triton_http.InferenceServerClient(f"{server.host}:{server.http_port}")
-    try:
-        request = []
-        for name, array in inputs.items():
-            tensor = triton_http.InferInput(name, list(array.shape), "INT64" if array.dtype == np.int64 else "FP32")
-            tensor.set_data_from_numpy(array)
-            request.append(tensor)
-        result: np.ndarray = client.infer(model, request).as_numpy(output)
-        return result
-    finally:
-        client.close()  # an open keep-alive connection would hold Triton's shutdown for its exit timeout
-
-
-def infer_payload(name: str, array: np.ndarray, datatype: str = "FP32") -> dict[str, Any]:
-    return {
-        "inputs": [{"name": name, "shape": list(array.shape), "datatype": datatype, "data": array.ravel().tolist()}]
-    }
-
-
-async def post_all(
-    server: lt.ServerProcess, requests: list[tuple[str, dict[str, Any]]], workers: int
-) -> list[tuple[int, dict[str, Any]]]:
-    """Send (model, payload) requests from `workers` closed-loop clients; answers in request order.
-
-    aiohttp rather than tritonclient's async_infer, which did not put concurrent load on the server.
-    """
-    results: list[tuple[int, dict[str, Any]]] = [(0, {})] * len(requests)
-    queue = list(enumerate(requests))
-
-    async def worker(session: aiohttp.ClientSession) -> None:
-        while queue:
-            index, (model, payload) = queue.pop(0)
-            async with session.post(f"{server.http_url}/v2/models/{model}/infer", json=payload) as response:
-                text = await response.text()
-                try:
-                    results[index] = (response.status, json.loads(text))
-                except ValueError:
-                    results[index] = (response.status, {"error": text})
-
-    async with aiohttp.ClientSession() as session:
-        await asyncio.gather(*(worker(session) for _ in range(workers)))
-    return results
-
-
-def batch_counts(server: lt.ServerProcess, model: str) -> dict[int, int]:
-    stats = lt.model_stats(server, model)
-    return {int(s["batch_size"]): int(s["compute_infer"]["count"]) for s in stats["batch_stats"]}  # type: ignore[attr-defined]
-
-
-def output_of(answer: dict[str, Any], name: str) -> np.ndarray:
-    (out,) = [o for o in answer["outputs"] if o["name"] == name]
-    return np.array(out["data"], dtype=np.float32).reshape(out["shape"])
 
 
 @pytest.mark.triton
@@ -427,7 +273,7 @@ def test_the_response_cache_answers_a_repeated_request(server: lt.ServerProcess)
     x = np.full((1, 4), 42, dtype=np.float32)
     infer(server, "add_one", {"x": x}, "y")
     assert np.allclose(infer(server, "add_one", {"x": x}, "y"), x + 1)
-    stats = lt.model_stats(server, "add_one")
+    stats = readiness.model_stats(server, "add_one")
     assert int(stats["inference_stats"]["cache_hit"]["count"]) >= 1  # type: ignore[index]
 
 
@@ -438,7 +284,7 @@ def test_a_corrupt_model_makes_wait_ready_report_tritons_error(tmp_path: Path) -
     garbage.write_bytes(b"this is not a protobuf")
     process = start(env, RepositorySpec(models=(onnx_model("broken", garbage),)), tmp_path)
     try:
-        result = lt.wait_ready(process, ["broken"], timeout=60)
+        result = readiness.wait_ready(process, ["broken"], timeout=60)
     finally:
         lt.stop_server(process.pid, grace_seconds=5)
 
@@ -454,7 +300,7 @@ def test_stopping_the_server_leaves_no_process(tmp_path: Path) -> None:
     env = runtime_env()
     model = onnx_model("matmul", matmul_onnx(tmp_path / "m.onnx"), instance_group=InstanceGroup(count=2))
     process = start(env, RepositorySpec(models=(model,)), tmp_path)
-    assert lt.wait_ready(process, ["matmul"], timeout=60).ready
+    assert readiness.wait_ready(process, ["matmul"], timeout=60).ready
     members = lt.group_pids(process.pid)
     assert len(members) >= 3  # the server and one python-backend stub per instance
     assert lt.is_alive(process.pid)
@@ -468,10 +314,11 @@ def test_stopping_the_server_leaves_no_process(tmp_path: Path) -> None:
 
 def test_the_backend_directory_links_the_stub_for_the_runtime_envs_python(tmp_path: Path) -> None:
     env = runtime_env()
-    backend_dir = lt.build_backend_dir(env, tmp_path)
+    backend_dir = backends.build_backend_dir(env, tmp_path)
     stub = backend_dir / "python" / "triton_python_backend_stub"
-    assert stub.resolve() == (env.pytriton_server_dir / "python_backend_stubs" / env.python_version / stub.name).resolve()
-    assert lt.build_backend_dir(env, tmp_path) == backend_dir  # idempotent
+    stubs = env.pytriton_server_dir / "python_backend_stubs"
+    assert stub.resolve() == (stubs / env.python_version / stub.name).resolve()
+    assert backends.build_backend_dir(env, tmp_path) == backend_dir  # idempotent
     assert sorted(p.name for p in (backend_dir / "python").iterdir()) == [
         "libtriton_python.so",
         "triton_python_backend_stub",
@@ -500,7 +347,7 @@ def test_wait_ready_gives_up_after_its_timeout_and_names_the_models_not_ready(tm
     slow = ServedModel(name="slow", version=1, format="python", signature=MATMUL_SIG, artifact_path=archive)
     process = start(env, RepositorySpec(models=(slow,)), tmp_path)
     try:
-        result = lt.wait_ready(process, ["slow"], timeout=1.0)
+        result = readiness.wait_ready(process, ["slow"], timeout=1.0)
         assert result.ready is False and result.exit_code is None
         assert result.message.startswith("not ready after 1 s")
         assert result.models_not_ready == ("slow",)
@@ -508,3 +355,60 @@ def test_wait_ready_gives_up_after_its_timeout_and_names_the_models_not_ready(tm
     finally:
         assert lt.stop_server(process.pid, grace_seconds=2) is True
     assert lt.group_pids(process.pid) == []
+
+
+LOUD_MODEL_PY = b"""import sys
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+BLOCK = "x" * (1 << 20)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        # The giant log line: 48 MiB without a newline, past a 4 MiB log and a 1 MiB pipe.
+        for _ in range(48):
+            sys.stdout.write(BLOCK)
+        sys.stdout.flush()
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            for _ in range(16):
+                sys.stdout.write(BLOCK)
+            sys.stdout.flush()
+            y = np.zeros((x.shape[0], 3), dtype=np.float32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", y)]))
+        return responses
+"""
+
+
+@pytest.mark.triton
+def test_a_model_printing_a_giant_line_neither_fills_the_disk_nor_stalls_triton(tmp_path: Path) -> None:
+    """The log keeper holds the log and its rotated file within the limit and never stops reading: the model
+    writes 48 MiB at start and 16 MiB per request, and still loads and answers."""
+    env = runtime_env()
+    archive = tmp_path / "loud.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("model.py", LOUD_MODEL_PY)
+    loud = ServedModel(name="loud", version=1, format="python", signature=MATMUL_SIG, artifact_path=archive)
+    limit = 4 * 1024**2
+    process = start(env, RepositorySpec(models=(loud,)), tmp_path, log_max_bytes=limit)
+    keeper = serverlog._keepers[-1]
+    try:
+        result = readiness.wait_ready(process, ["loud"], timeout=120)
+        assert result.ready, f"{result.message}\n{serverlog.tail_log(process.log_path, 20)}"
+        for _ in range(3):
+            y = infer(process, "loud", {"x": np.ones((2, 4), dtype=np.float32)}, "y")
+            assert y.shape == (2, 3)
+        on_disk = sum(p.stat().st_size for p in serverlog.log_files(process.log_path) if p.exists())
+        assert on_disk <= limit, f"{on_disk} bytes of log on disk"
+        assert serverlog.log_files(process.log_path)[0].exists()  # it rotated: 96 MiB went through
+        tail = serverlog.tail_log(process.log_path, 5)
+        assert len(tail.encode()) < 100 * 1024 and "bytes cut)" in tail
+    finally:
+        assert lt.stop_server(process.pid, grace_seconds=5) is True
+    assert lt.group_pids(process.pid) == []
+    assert keeper.wait(timeout=10) == 0  # the keeper ends with its server

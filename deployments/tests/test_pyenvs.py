@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 
 from deployments import pyenvs
+from deployments.tests.fake_pip import FakePip
+from modelport.core import requirements as requirement_lines
 
 IDENTITY = pyenvs.RuntimeIdentity("3.11.7", ("numpy==1.26.4", "onnxruntime==1.32.0"))
 
@@ -52,8 +54,8 @@ IDENTITY = pyenvs.RuntimeIdentity("3.11.7", ("numpy==1.26.4", "onnxruntime==1.32
     'evil.tar.gz; python_version >= "3"',
 ])
 def test_a_line_that_is_not_a_plain_requirement_is_refused(line: str) -> None:
-    with pytest.raises(pyenvs.RequirementError):
-        pyenvs.parse_line(line)
+    with pytest.raises(requirement_lines.RequirementError):
+        requirement_lines.parse_line(line)
 
 
 @pytest.mark.parametrize("line", [
@@ -61,26 +63,29 @@ def test_a_line_that_is_not_a_plain_requirement_is_refused(line: str) -> None:
     "Pillow~=10.0", "torch==2.13.0+cpu",
 ])
 def test_plain_requirements_are_accepted(line: str) -> None:
-    assert pyenvs.parse_line(line).name
+    assert requirement_lines.parse_line(line).name
 
 
 def test_a_requirements_file_keeps_its_requirements_and_names_the_line_it_refuses() -> None:
     text = "# tools\nnumpy>=1.20  # arrays\n\ntabulate\n"
-    assert pyenvs.parse_requirements_txt(text) == ["numpy>=1.20", "tabulate"]
-    with pytest.raises(pyenvs.RequirementError, match=r"requirements.txt line 3 \('--index-url http://evil/'\)"):
-        pyenvs.parse_requirements_txt("numpy\n\n--index-url http://evil/\n")
-    with pytest.raises(pyenvs.RequirementError, match="at most 100"):
-        pyenvs.parse_requirements_txt("\n".join(f"pkg{i}" for i in range(101)))
+    assert requirement_lines.parse_requirements_txt(text) == ["numpy>=1.20", "tabulate"]
+    with pytest.raises(requirement_lines.RequirementError,
+                       match=r"requirements.txt line 3 \('--index-url http://evil/'\)"):
+        requirement_lines.parse_requirements_txt("numpy\n\n--index-url http://evil/\n")
+    with pytest.raises(requirement_lines.RequirementError, match="at most 100"):
+        requirement_lines.parse_requirements_txt("\n".join(f"pkg{i}" for i in range(101)))
 
 
 def test_stored_requirements_are_checked_with_their_number() -> None:
-    with pytest.raises(pyenvs.RequirementError, match=r"requirement 2 \('-e \.'\) is refused: not a package"):
-        pyenvs.parse_requirements(["numpy", "-e ."])
+    with pytest.raises(requirement_lines.RequirementError,
+                       match=r"requirement 2 \('-e \.'\) is refused: not a package"):
+        requirement_lines.parse_requirements(["numpy", "-e ."])
 
 
 def test_the_same_set_written_differently_normalizes_to_the_same_lines() -> None:
-    one = pyenvs.normalized(pyenvs.parse_requirements(["Six>=1", "Tabulate[WideChars] <1, >=0.9", "six >= 1"]))
-    two = pyenvs.normalized(pyenvs.parse_requirements(["tabulate[widechars]>=0.9,<1", "six>=1"]))
+    one = requirement_lines.normalized(
+        requirement_lines.parse_requirements(["Six>=1", "Tabulate[WideChars] <1, >=0.9", "six >= 1"]))
+    two = requirement_lines.normalized(requirement_lines.parse_requirements(["tabulate[widechars]>=0.9,<1", "six>=1"]))
     assert one == two == ("six>=1", "tabulate[widechars]<1,>=0.9")
 
 
@@ -100,7 +105,7 @@ def test_keys_are_stable_and_change_with_the_requirements_or_the_runtime_env() -
     ("tabulate", False), ("numpy[extra]", False), ('numpy; python_version >= "3"', False),
 ])
 def test_what_the_runtime_env_has_needs_no_environment(line: str, satisfied: bool) -> None:
-    assert pyenvs.satisfied_by(pyenvs.parse_line(line), IDENTITY) is satisfied
+    assert pyenvs.satisfied_by(requirement_lines.parse_line(line), IDENTITY) is satisfied
 
 
 def test_the_runtime_envs_identity_is_asked_once_until_its_site_packages_change(
@@ -129,34 +134,6 @@ def test_the_runtime_envs_identity_is_asked_once_until_its_site_packages_change(
 
 
 # --- Building, with a fake pip ------------------------------------------------------------------------------------
-
-
-class FakePip:
-    """Stands in for `python -m venv` and `python -m pip`: makes the directories they would, records the commands,
-    and fails with pip's own words when told to."""
-
-    def __init__(self, fails_with: str = "") -> None:
-        self.fails_with = fails_with
-        self.commands: list[list[str]] = []
-        self.environments: list[dict[str, str]] = []
-
-    def __call__(self, command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
-        self.commands.append(command)
-        self.environments.append(kwargs["env"])
-        assert kwargs["timeout"] > 0
-        assert "PATH" in kwargs["env"] and not {"PYTHONPATH", "SECRET_KEY", "DATABASE_URL"} & set(kwargs["env"])
-        if command[1:4] == ["-m", "venv", "--without-pip"]:
-            env_dir = Path(command[4])
-            (env_dir / "bin").mkdir(parents=True)
-            (env_dir / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
-            return subprocess.CompletedProcess(command, 0, "", "")
-        # pip runs in the new environment's directory, never in the worker's (where a file could be a requirement).
-        assert kwargs["cwd"] == str(Path(command[command.index("--python") + 1]).parent.parent)
-        if self.fails_with:
-            return subprocess.CompletedProcess(command, 1, "Collecting nonexistent-pkg-zzz==9.9\n", self.fails_with)
-        env_dir = Path(command[command.index("--python") + 1]).parent.parent
-        (env_dir / "lib" / "python3.11" / "site-packages" / "tabulate.py").write_text("")
-        return subprocess.CompletedProcess(command, 0, "Successfully installed tabulate-0.10.0\n", "")
 
 
 def build(layout: pyenvs.Layout, pip: FakePip, requirements: tuple[str, ...] = ("tabulate",),

@@ -10,13 +10,13 @@ import pytest
 
 from conftest import Person
 from deployments.models import Deployment
-from deployments.quantity import CPU, MEMORY, QuantityError, check_quantity, parse_quantity
 from deployments.revision_spec import RevisionSpec
 from deployments.runtimes.kubernetes import manifests
 from deployments.runtimes.kubernetes.config import KubernetesConfig
+from modelport.core.quantity import CPU, MEMORY, QuantityError, check_quantity, parse_quantity
 from models_registry.models import ModelVersion
 from web.tests.conftest import signed_in
-from web.tests.test_deploy_form import NEW, form_data
+from web.tests.deploy_forms import NEW, form_data
 
 
 @pytest.mark.parametrize(("text", "value"), [
@@ -97,7 +97,7 @@ def create(person: Person, resources: dict[str, Any], runtime: str = "kubernetes
     ({"gpu": "2"}, "resources.gpu", "A valid integer is required."),  # a string is not a number (the schema's types)
     ({"gpu": -1}, "resources.gpu", "Ensure this value is greater than or equal to 0."),
 ])
-def test_the_api_answers_400_naming_the_field(alice: Person, digits_v1: ModelVersion, resources: dict[str, Any],
+def test_the_api_answers_400_naming_the_field(alice: Person, digits: ModelVersion, resources: dict[str, Any],
                                               field: str, message: str) -> None:
     response = create(alice, resources)
     assert response.status_code == 400, response.json()
@@ -107,21 +107,21 @@ def test_the_api_answers_400_naming_the_field(alice: Person, digits_v1: ModelVer
     assert not Deployment.objects.exists()
 
 
-def test_a_json_number_too_big_for_a_float_is_refused(alice: Person, digits_v1: ModelVersion) -> None:
+def test_a_json_number_too_big_for_a_float_is_refused(alice: Person, digits: ModelVersion) -> None:
     body = '{"name": "digits", "runtime": "kubernetes", "resources": {"cpu": 1e400}, "models": [{"model": "digits"}]}'
     response = alice.client().post("/api/v1/deployments/", body, content_type="application/json")
     assert response.status_code == 400
     assert response.json()["error"]["fields"]["resources.cpu"] == ["Not a valid string."]
 
 
-def test_the_local_runtime_validates_the_same_fields(alice: Person, digits_v1: ModelVersion) -> None:
+def test_the_local_runtime_validates_the_same_fields(alice: Person, digits: ModelVersion) -> None:
     response = create(alice, {"memory": "lots"}, runtime="local")
     assert response.status_code == 400
     assert "'lots' is not a Kubernetes quantity" in response.json()["error"]["fields"]["resources.memory"][0]
 
 
 def test_good_values_are_kept_as_written_and_empty_ones_mean_the_default(alice: Person,
-                                                                          digits_v1: ModelVersion) -> None:
+                                                                          digits: ModelVersion) -> None:
     response = create(alice, {"cpu": "500m", "memory": ""})
     assert response.status_code == 201, response.json()
     assert response.json()["resources"] == {"cpu": "500m", "gpu": 0}
@@ -132,7 +132,7 @@ def test_good_values_are_kept_as_written_and_empty_ones_mean_the_default(alice: 
     assert container["resources"]["requests"] == {"cpu": "500m", "memory": "3Gi"}
 
 
-def test_a_patch_with_a_bad_quantity_changes_nothing(alice: Person, digits_v1: ModelVersion) -> None:
+def test_a_patch_with_a_bad_quantity_changes_nothing(alice: Person, digits: ModelVersion) -> None:
     assert create(alice, {"memory": "4Gi"}).status_code == 201
     response = alice.client().patch("/api/v1/deployments/digits/", {"resources": {"memory": "4 gigs"}}, format="json")
     assert response.status_code == 400
@@ -140,7 +140,7 @@ def test_a_patch_with_a_bad_quantity_changes_nothing(alice: Person, digits_v1: M
     assert Deployment.objects.get().revision.number == 1  # type: ignore[union-attr]
 
 
-def test_the_web_form_shows_the_message_beside_the_field(alice: Person, digits_v1: ModelVersion) -> None:
+def test_the_web_form_shows_the_message_beside_the_field(alice: Person, digits: ModelVersion) -> None:
     response = signed_in(alice).post(NEW, form_data(runtime="kubernetes", cpu="1e999", memory="4GB"))
     assert response.status_code == 200
     form = response.context["form"]
@@ -149,7 +149,7 @@ def test_the_web_form_shows_the_message_beside_the_field(alice: Person, digits_v
     assert not Deployment.objects.exists()
 
 
-def test_the_web_form_stores_good_values(alice: Person, digits_v1: ModelVersion) -> None:
+def test_the_web_form_stores_good_values(alice: Person, digits: ModelVersion) -> None:
     response = signed_in(alice).post(NEW, form_data(runtime="kubernetes", cpu="2", memory="8Gi"))
     assert response.status_code == 302
     resources = Deployment.objects.get().revision.spec.to_json()["resources"]  # type: ignore[union-attr]

@@ -7,12 +7,12 @@ on-commit callbacks run as the real commit would run them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import kombu.exceptions
 import pytest
-from django.db import transaction
 from django.utils import timezone
 
 from audit.models import AuditEntry
@@ -31,34 +31,36 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     return calls
 
 
-@pytest.fixture
-def committing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On-commit callbacks run right away, as at the end of each request's transaction (the test's own transaction
-    never commits)."""
-    monkeypatch.setattr(transaction, "on_commit", lambda func, using=None, robust=False: func())
+Committer = Callable[[Callable[[], Any]], Any]
 
 
 @pytest.fixture
-def digits(alice: Person) -> ModelVersion:
-    return make_ready_version(alice, "digits")
+def committing(django_capture_on_commit_callbacks: Any) -> Committer:
+    """Runs an action as one request's transaction: its on-commit callbacks run when it returns, as the real commit
+    would run them (the test's own transaction never commits)."""
+    def run(action: Callable[[], Any]) -> Any:
+        with django_capture_on_commit_callbacks(execute=True):
+            return action()
+
+    return run
 
 
-def create(person: Person) -> Deployment:
-    response = person.client().post("/api/v1/deployments/", {"name": "digits-prod", "models": [{"model": "digits"}]},
-                                    format="json")
+def create(person: Person, commit: Committer, name: str = "digits-prod") -> Deployment:
+    response = commit(lambda: person.client().post("/api/v1/deployments/", {"name": name, "models": [
+        {"model": "digits"}]}, format="json"))
     assert response.status_code == 201, response.json()
-    return Deployment.objects.get(name="digits-prod")
+    return Deployment.objects.get(name=name)
 
 
-def patch(person: Person, body: Any, **kwargs: Any) -> Any:
-    response = person.client().patch("/api/v1/deployments/digits-prod/", body, **kwargs)
+def patch(person: Person, commit: Committer, body: Any, **kwargs: Any) -> Any:
+    response = commit(lambda: person.client().patch("/api/v1/deployments/digits-prod/", body, **kwargs))
     assert response.status_code == 200, response.content
     return response.json()
 
 
 def worker_runs_the_queued_task(monkeypatch: pytest.MonkeyPatch, deployment: Deployment) -> None:
     """What the worker does with a queued task, without starting Triton: the reconciler itself is a no-op here."""
-    monkeypatch.setattr(tasks.reconcile, "reconcile", lambda deployment_id: None)
+    monkeypatch.setattr(tasks.reconcile, "reconcile", lambda deployment_id, queue_build: None)
     tasks.reconcile_deployment(deployment.pk)
 
 
@@ -66,13 +68,13 @@ def worker_runs_the_queued_task(monkeypatch: pytest.MonkeyPatch, deployment: Dep
                                   {"resources": {}}, {"resources": {"gpu": 0}}, {"autoscaling": None},
                                   {"models": [{"model": "digits"}]}, {"models": [{"model": "digits", "version": 1}]}])
 def test_a_patch_that_changes_nothing_makes_no_revision_and_queues_nothing(
-        alice: Person, digits: ModelVersion, sent: list[Any], committing: None, body: Any) -> None:
-    deployment = create(alice)
+        alice: Person, digits: ModelVersion, sent: list[Any], committing: Committer, body: Any) -> None:
+    deployment = create(alice, committing)
     assert len(sent) == 1
     sent.clear()
     Deployment.objects.filter(pk=deployment.pk).update(reconcile_due_at=None)  # the worker took the first task
     kwargs = {"format": "json"} if body is not None else {"content_type": "application/json"}
-    body_after = patch(alice, body if body is not None else "", **kwargs)
+    body_after = patch(alice, committing, body if body is not None else "", **kwargs)
     assert body_after["revision"] == 1 and body_after["status"] == "pending"
     assert Revision.objects.filter(deployment=deployment).count() == 1
     assert not Event.objects.filter(message__contains="Revision 2").exists()
@@ -81,43 +83,47 @@ def test_a_patch_that_changes_nothing_makes_no_revision_and_queues_nothing(
 
 
 def test_a_patch_with_a_change_still_makes_a_revision(alice: Person, digits: ModelVersion, sent: list[Any],
-                                                      committing: None) -> None:
-    create(alice)
-    assert patch(alice, {"models": [{"model": "digits", "max_batch_size": 4}]}, format="json")["revision"] == 2
-    assert patch(alice, {"models": [{"model": "digits", "max_batch_size": 4}]}, format="json")["revision"] == 2
+                                                      committing: Committer) -> None:
+    create(alice, committing)
+    assert patch(alice, committing, {"models": [{"model": "digits", "max_batch_size": 4}]},
+                 format="json")["revision"] == 2
+    assert patch(alice, committing, {"models": [{"model": "digits", "max_batch_size": 4}]},
+                 format="json")["revision"] == 2
 
 
-def test_a_newer_version_counts_as_a_change(alice: Person, digits: ModelVersion, sent: list[Any], committing: None) -> None:
-    create(alice)
+def test_a_newer_version_counts_as_a_change(alice: Person, digits: ModelVersion, sent: list[Any],
+                                            committing: Committer) -> None:
+    create(alice, committing)
     make_ready_version(alice, "digits")
-    assert patch(alice, {"models": [{"model": "digits"}]}, format="json")["models"][0]["version"] == 2
+    assert patch(alice, committing, {"models": [{"model": "digits"}]}, format="json")["models"][0]["version"] == 2
 
 
 def test_a_burst_of_changes_queues_one_reconcile_until_the_worker_takes_it(
-        alice: Person, digits: ModelVersion, sent: list[Any], committing: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    deployment = create(alice)
+        alice: Person, digits: ModelVersion, sent: list[Any], committing: Committer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    deployment = create(alice, committing)
     for delay in range(1, 11):
-        patch(alice, {"models": [{"model": "digits", "dynamic_batching": {"max_queue_delay_microseconds": delay}}]},
+        patch(alice, committing,
+              {"models": [{"model": "digits", "dynamic_batching": {"max_queue_delay_microseconds": delay}}]},
               format="json")
     assert Revision.objects.filter(deployment=deployment).count() == 11
     assert sent == [(deployment.pk,)]  # one task for the creation and all 10 changes
     worker_runs_the_queued_task(monkeypatch, deployment)
-    patch(alice, {"models": [{"model": "digits", "max_batch_size": 2}]}, format="json")
+    patch(alice, committing, {"models": [{"model": "digits", "max_batch_size": 2}]}, format="json")
     assert sent == [(deployment.pk,), (deployment.pk,)]  # a change after the worker started queues the next run
 
 
 def test_each_deployment_has_its_own_queued_reconcile(alice: Person, digits: ModelVersion, sent: list[Any],
-                                                      committing: None) -> None:
-    first = create(alice)
-    second = alice.client().post("/api/v1/deployments/", {"name": "digits-canary", "models": [{"model": "digits"}]},
-                                 format="json")
-    assert second.status_code == 201
+                                                      committing: Committer) -> None:
+    first = create(alice, committing)
+    create(alice, committing, name="digits-canary")
     assert sent == [(first.pk,), (Deployment.objects.get(name="digits-canary").pk,)]
 
 
 def test_the_periodic_reconcile_queues_again_what_the_broker_lost(
-        alice: Person, digits: ModelVersion, sent: list[Any], committing: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    deployment = create(alice)
+        alice: Person, digits: ModelVersion, sent: list[Any], committing: Committer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    deployment = create(alice, committing)
     sent.clear()
     tasks.reconcile_all()
     assert sent == []  # the first task still waits: nothing more to send
@@ -128,12 +134,12 @@ def test_the_periodic_reconcile_queues_again_what_the_broker_lost(
 
 
 def test_a_change_made_while_the_broker_is_down_is_saved_and_picked_up_later(
-        alice: Person, digits: ModelVersion, committing: None, monkeypatch: pytest.MonkeyPatch) -> None:
+        alice: Person, digits: ModelVersion, committing: Committer, monkeypatch: pytest.MonkeyPatch) -> None:
     def broker_down(args: Any, **options: Any) -> None:
         raise kombu.exceptions.OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
     monkeypatch.setattr(tasks.reconcile_deployment, "apply_async", broker_down)
-    deployment = create(alice)  # 201, not a 500 after the commit
+    deployment = create(alice, committing)  # 201, not a 500 after the commit
     assert deployment.revision is not None and deployment.reconcile_due_at is None
     sent: list[Any] = []
     monkeypatch.setattr(tasks.reconcile_deployment, "apply_async", lambda args, **options: sent.append(tuple(args)))

@@ -6,106 +6,29 @@ wants until the next one, and time moves only when a test moves the clock."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import transaction
-from django.utils import timezone
 
 from conftest import Person
-from deployments import actions, planning, reconcile, tasks
+from deployments import actions, reconcile, tasks
 from deployments.models import Deployment, Event
-from deployments.runtimes import registry
 from deployments.runtimes.base import Launch
-from deployments.spec import DynamicBatching
-from deployments.tests.conftest import make_ready_version
 from deployments.tests.fake_runtime import FakeRuntime
+from deployments.tests.reconciling import (
+    Clock,
+    change,
+    create,
+    events,
+    ready,
+    serving,
+    tick,
+    ticks_until,
+)
 from models_registry.models import ModelVersion
 
 S = Deployment.Status
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = timezone.now()
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    clock = Clock()
-    monkeypatch.setattr(timezone, "now", clock)
-    return clock
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch, settings: Any, clock: Clock) -> FakeRuntime:
-    runtime = FakeRuntime()
-    monkeypatch.setitem(registry.FACTORIES, "local", lambda: runtime)
-    settings.ROLLOUT_DRAIN_SECONDS = 2.0
-    return runtime
-
-
-@pytest.fixture
-def digits(alice: Person) -> ModelVersion:
-    return make_ready_version(alice, "digits")
-
-
-def request(delay: int = 0) -> planning.DeployRequest:
-    batching = DynamicBatching(max_queue_delay_microseconds=delay)
-    return planning.DeployRequest(runtime="local", models=(planning.ModelRequest(model="digits",
-                                                                                 dynamic_batching=batching),))
-
-
-def create(person: Person) -> Deployment:
-    return actions.create_deployment(person.team, person.user, "digits-prod", planning.plan(person.team, request()))
-
-
-def change(person: Person, deployment: Deployment, delay: int) -> None:
-    actions.update_deployment(Deployment.objects.get(pk=deployment.pk), person.user,
-                              planning.plan(person.team, request(delay)))
-
-
-def tick(deployment: Deployment) -> float | None:
-    started = time.monotonic()
-    wait = reconcile.reconcile(deployment.pk)
-    assert time.monotonic() - started < 1.0  # a tick never waits
-    return wait
-
-
-def ticks_until(deployment: Deployment, done: Callable[[Deployment], bool], clock: Clock, limit: int = 30) -> list[Any]:
-    """Tick as the tasks would, moving the clock by each wait; the waits asked for, until `done`."""
-    waits = []
-    for _ in range(limit):
-        wait = tick(deployment)
-        waits.append(wait)
-        if done(Deployment.objects.get(pk=deployment.pk)):
-            return waits
-        clock.advance(wait if wait is not None else 5.0)
-    raise AssertionError(f"not done after {limit} ticks: {Deployment.objects.get(pk=deployment.pk).status_message}")
-
-
-def ready(deployment: Deployment) -> bool:
-    return deployment.status == S.READY
-
-
-def serving(alice: Person, fake: FakeRuntime, clock: Clock) -> Deployment:
-    """A deployment at rest: serving revision 1, nothing left to retire."""
-    deployment = create(alice)
-    ticks_until(deployment, lambda d: d.status == S.READY and d.drain_until is None, clock)
-    return Deployment.objects.get(pk=deployment.pk)
-
-
-def events(deployment: Deployment) -> list[str]:
-    return [e.message.splitlines()[0] for e in Event.objects.filter(deployment=deployment).order_by("time", "id")]
 
 
 def test_a_new_deployment_renders_launches_and_serves_one_step_per_tick(
@@ -125,7 +48,7 @@ def test_a_new_deployment_renders_launches_and_serves_one_step_per_tick(
     assert row.status == S.READY and row.status_message == "Serving revision 1."
     assert row.upstream_url == server.url and row.serving_revision_id == row.revision_id
     assert row.grpc_upstream == server.grpc_target == "fake-triton-1:8001"  # both gateways' routes, one UPDATE
-    assert Launch.from_json(row.serving_launch) == Launch(row.revision_id, server.url, "fake server 1", 1,
+    assert row.serving_launch == Launch(row.revision_id, server.url, "fake server 1", 1,
                                                           grpc_target=server.grpc_target)
     assert row.launch is None and row.launch_deadline is None
     assert fake.calls == ["prepare r1", "launch r1", "observe 1", "observe 1"]
@@ -164,6 +87,24 @@ def test_a_rollout_keeps_the_old_revision_serving_until_the_new_one_is_ready_the
     assert old.state == "stopped" and new.running
     assert Deployment.objects.get(pk=deployment.pk).drain_until is None
     assert events(deployment)[-1] == "Stopped fake server 1 of revision 1."
+
+
+def test_a_rollout_on_the_same_url_drains_the_old_revision_too(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock, settings: Any) -> None:
+    # A shared pool: the new revision is loaded in the same Triton under other names. A gateway's cached route may
+    # still name the old revision for GATEWAY_CACHE_TTL_SECONDS, so it is unloaded only after the drain.
+    settings.ROLLOUT_DRAIN_SECONDS = 30.0
+    fake.one_url = "http://127.0.0.1:9999"
+    deployment = serving(alice, fake, clock)
+    old = fake.servers[0]
+    change(alice, deployment, 500)
+    ticks_until(deployment, lambda d: d.serving_revision is not None and d.serving_revision.number == 2, clock)
+    row = Deployment.objects.get(pk=deployment.pk)
+    assert row.upstream_url == fake.one_url and row.drain_until == clock.now + timedelta(seconds=30)
+    assert old.running
+    clock.advance(30)
+    tick(deployment)
+    assert old.state == "stopped"
 
 
 def test_a_dead_server_is_restarted_with_an_event_and_no_route_meanwhile(
@@ -402,7 +343,7 @@ def test_a_deployment_made_ready_by_an_older_modelport_adopts_what_serves_it(
     Deployment.objects.filter(pk=deployment.pk).update(serving_launch=None, grpc_upstream="")
     assert tick(deployment) == reconcile.NOW
     row = Deployment.objects.get(pk=deployment.pk)
-    assert row.status == S.READY and Launch.from_json(row.serving_launch).ref == 1  # type: ignore[union-attr]
+    assert row.status == S.READY and row.serving_launch is not None and row.serving_launch.ref == 1
     assert row.grpc_upstream == fake.servers[0].grpc_target
     assert fake.launched_revisions() == [1]  # adopted, not started twice
 
@@ -412,6 +353,24 @@ def test_a_launch_recorded_before_it_had_a_grpc_target_still_loads() -> None:
     assert Launch.from_json(stored) == Launch(7, "http://127.0.0.1:41000", "pid 1", 3, grpc_target="")
     launch = Launch(7, "http://127.0.0.1:41000", "pid 1", 3, grpc_target="127.0.0.1:41001")
     assert Launch.from_json(launch.to_json()) == launch
+
+
+def test_the_launch_columns_read_and_write_launches_as_the_json_they_always_held(
+        alice: Person, digits: ModelVersion) -> None:
+    """deployments.models.LaunchField: parsed in one place, and the stored JSON is what earlier code wrote and read."""
+    deployment = create(alice)
+    launch = Launch(deployment.revision_id, "http://127.0.0.1:41000", "pid 1", 3, grpc_target="127.0.0.1:41001")
+    old = {"revision_id": deployment.revision_id, "url": "http://127.0.0.1:41002", "description": "pid 2", "ref": 4}
+    Deployment.objects.filter(pk=deployment.pk).update(serving_launch=launch, launch=old, canary_launch=["junk"])
+    row = Deployment.objects.get(pk=deployment.pk)
+    assert row.serving_launch == launch
+    assert row.launch == Launch(deployment.revision_id, "http://127.0.0.1:41002", "pid 2", 4)
+    assert row.canary_launch is None  # what holds no launch reads as none, as Launch.from_json says
+    stored = Deployment.objects.filter(pk=deployment.pk).values_list("serving_launch__url", "launch__ref").get()
+    assert stored == ("http://127.0.0.1:41000", 4)
+    assert Deployment.objects.filter(serving_launch__isnull=False, canary_launch__ref__isnull=True).count() == 1
+    row.launch = launch.to_json()  # a dict assigned (fixtures, tests) is a Launch at once
+    assert row.launch == launch
 
 
 # --- The tasks: what queues the next tick --------------------------------------------------------------------
@@ -446,7 +405,7 @@ def test_a_task_clears_only_its_own_mark(
     deployment = create(alice)
     assert tasks.queue_reconcile(deployment.pk, countdown=10)
     early = clock.now.isoformat()
-    monkeypatch.setattr(reconcile, "reconcile", lambda deployment_id: None)
+    monkeypatch.setattr(reconcile, "reconcile", lambda deployment_id, queue_build: None)
     tasks.reconcile_deployment(deployment.pk, due=early)  # an older task: the one due in 10 s still waits
     assert Deployment.objects.get(pk=deployment.pk).reconcile_due_at == clock.now + timedelta(seconds=10)
     tasks.reconcile_deployment(deployment.pk, **sent[-1][1]["kwargs"])
@@ -461,9 +420,3 @@ def test_a_failed_rollouts_leftovers_are_retired_when_the_drain_ends(
     tick(deployment)
     assert Deployment.objects.get(pk=deployment.pk).drain_until is None
     assert deployment.pk not in reconcile.needs_attention()
-
-
-@pytest.fixture
-def committing(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(transaction, "on_commit", lambda func, using=None, robust=False: func())
-    yield

@@ -24,9 +24,11 @@ from deployments.render import (
     render_repository,
     repository_digest,
 )
-from deployments.spec import DynamicBatching, EnsembleStep, InstanceGroup, RepositorySpec, ServedModel
-from models_registry.formats.base import BACKENDS_DIR, BATCHING_MODULE
-from models_registry.signature import Signature, Tensor
+from deployments.spec import DynamicBatching, EnsembleStep, InstanceGroup, RepositorySpec, ServedModel, Warmup
+from deployments.tests.values import steps
+from modelport.core.definitions import SavedModelDefinition
+from modelport.core.formats.base import BACKENDS_DIR, BATCHING_MODULE
+from modelport.core.signature import Signature, Tensor
 
 # The files the local target must copy, named here rather than read from the format registry that renders them.
 ONNX_WRAPPER = BACKENDS_DIR / "onnx_python_model.py"
@@ -73,7 +75,7 @@ def golden_models(artifacts: Path) -> dict[str, tuple[ServedModel, str]]:
                 ),
                 instance_group=InstanceGroup(count=2),
                 response_cache=True,
-                warmup={"batch_size": 4, "count": 2, "data": "random"},
+                warmup=Warmup(batch_size=4, count=2, data="random"),
             ),
             "local",
         ),
@@ -83,11 +85,13 @@ def golden_models(artifacts: Path) -> dict[str, tuple[ServedModel, str]]:
             "kubernetes",
         ),
         "savedmodel_kubernetes": (
-            served("resnet_tf", "tensorflow_savedmodel", onnx, signature_def="serving_default"),
+            served("resnet_tf", "tensorflow_savedmodel", onnx,
+                   definition=SavedModelDefinition(signature_def="serving_default")),
             "kubernetes",
         ),
         "torchscript_local": (served("resnet_pt", "torchscript", onnx, instance_group=InstanceGroup(count=2)), "local"),
-        "savedmodel_local": (served("resnet_tf", "tensorflow_savedmodel", onnx, signature_def="predict"), "local"),
+        "savedmodel_local": (served("resnet_tf", "tensorflow_savedmodel", onnx,
+                                    definition=SavedModelDefinition(signature_def="predict")), "local"),
         "tensorrt_plan_kubernetes": (
             served("resnet_trt", "tensorrt_plan", onnx, instance_group=InstanceGroup(kind="gpu")),
             "kubernetes",
@@ -101,7 +105,7 @@ def golden_models(artifacts: Path) -> dict[str, tuple[ServedModel, str]]:
                 signature=TEXT,
                 max_batch_size=0,
                 dynamic_batching=None,
-                warmup={"data": "random"},
+                warmup=Warmup(data="random"),
             ),
             "local",
         ),
@@ -112,10 +116,10 @@ def golden_models(artifacts: Path) -> dict[str, tuple[ServedModel, str]]:
                 "ensemble",
                 None,
                 dynamic_batching=None,
-                ensemble_steps=(
+                definition=steps((
                     EnsembleStep("preprocess", 1, {"raw": "pixels", "factor": "scale"}, {"out": "normalized"}),
                     EnsembleStep("resnet", -1, {"pixels": "normalized", "scale": "scale"}, {"logits": "logits"}),
-                ),
+                )),
             ),
             "local",
         ),
@@ -184,6 +188,18 @@ def test_the_tnn_backend_name_is_configurable(artifacts: Path) -> None:
     assert 'backend: "tnn_custom"' in render_config(m, "kubernetes", tnn_backend_name="tnn_custom")
 
 
+def test_a_shared_tritons_onnx_models_are_built_with_no_graph_optimization_so_no_constant_folding_at_load(
+        artifacts: Path) -> None:
+    """onnxruntime_backend: level 2 is ORT_DISABLE_ALL, -1 only ORT_ENABLE_BASIC (constant folding included)."""
+    m, _ = golden_models(artifacts)["onnx_kubernetes"]
+    shared = text_format.Parse(render_config(m, "kubernetes", fold_constants=False), mc.ModelConfig())
+    assert shared.optimization.graph.level == 2
+    own = text_format.Parse(render_config(m, "kubernetes"), mc.ModelConfig())
+    assert not own.HasField("optimization")  # a dedicated Triton keeps onnxruntime's default optimizations
+    torch, _ = golden_models(artifacts)["torchscript_kubernetes_gpu"]
+    assert "optimization" not in render_config(torch, "kubernetes", fold_constants=False)
+
+
 def _tree(root: Path) -> dict[str, bytes | None]:
     return {p.relative_to(root).as_posix(): (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))}
 
@@ -231,9 +247,9 @@ def full_spec(artifacts: Path) -> RepositorySpec:
                 "ensemble",
                 None,
                 dynamic_batching=None,
-                ensemble_steps=(
+                definition=steps((
                     EnsembleStep("resnet", 3, {"pixels": "pixels", "scale": "scale"}, {"logits": "logits"}),
-                ),
+                )),
             ),
         )
     )
@@ -358,7 +374,8 @@ def test_the_generated_models_import_nothing_from_the_portal(wrapper: str) -> No
     allowed = {"__future__", "argparse", "json", "os", "sys", "pathlib", "typing", "numpy", "onnxruntime", "torch",
                "tensorflow", "triton_python_backend_utils", "triton_batching", "torchscript_io"}
     tree = ast.parse((BACKENDS_DIR / wrapper).read_text())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
     imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported <= allowed, imported - allowed
 

@@ -12,7 +12,8 @@ import pytest
 from conftest import Person
 from deployments.models import Deployment, Revision
 from deployments.revision_spec import SPEC_VERSION, Autoscaling, ModelEntry, Resources, RevisionSpec, SpecError
-from deployments.spec import DynamicBatching, EnsembleStep, InstanceGroup
+from deployments.spec import DynamicBatching, EnsembleStep, InstanceGroup, ServedModel, Warmup
+from modelport.core.definitions import PipelineDefinition
 
 SIGNATURE = {"inputs": [{"name": "input", "datatype": "FP32", "dims": [-1, 64]}],
              "outputs": [{"name": "label", "datatype": "INT64", "dims": [-1]}]}
@@ -23,7 +24,8 @@ def entry(name: str = "digits", fmt: str = "onnx", **extra: Any) -> dict[str, An
     """An entry as served_model_json() wrote it from the first commit on."""
     return {"name": name, "model": name, "version": 1, "version_id": 7, "format": fmt, "sha256": SHA,
             "signature": SIGNATURE, "max_batch_size": 64,
-            "dynamic_batching": {"max_queue_delay_microseconds": 0, "preferred_batch_size": [], "preserve_ordering": False},
+            "dynamic_batching": {"max_queue_delay_microseconds": 0, "preferred_batch_size": [],
+                                 "preserve_ordering": False},
             "instance_group": {"count": 1, "kind": "cpu", "gpus": []}, "response_cache": False, "warmup": None,
             "definition": None, **extra}
 
@@ -68,12 +70,23 @@ def test_every_stored_shape_loads_and_writes_back_what_it_read(data: dict[str, A
         assert new["name"] == old["name"] and new["version"] == old["version"] and new["format"] == old["format"]
 
 
+def test_a_warmup_written_with_keys_left_out_reads_with_their_defaults() -> None:
+    """The deploy form kept {"batch_size": 1, "count": 2} as it was given; the typed value fills in the rest."""
+    [digits] = RevisionSpec.from_json({**FIRST_LOCAL, "models": [entry(warmup={"batch_size": 2})]}).models
+    assert digits.warmup == Warmup(batch_size=2, count=1, data="zero")
+    assert digits.to_json()["warmup"] == {"batch_size": 2, "count": 1, "data": "zero"}
+    [empty] = RevisionSpec.from_json({**FIRST_LOCAL, "models": [entry(warmup={})]}).models
+    assert empty.warmup == Warmup()  # {} was rendered as a default warm-up, and still is
+    with pytest.raises(SpecError, match="models"):
+        RevisionSpec.from_json({**FIRST_LOCAL, "models": [entry(warmup={"count": "many"})]})
+
+
 def test_the_first_shape_reads_empty_quantities_as_the_default() -> None:
     spec = RevisionSpec.from_json(FIRST_LOCAL)
     assert spec.resources == Resources()
     assert spec.to_json()["resources"] == {"gpu": 0}
     [digits] = spec.models
-    assert digits.response_cache and dict(digits.warmup or {}) == {"batch_size": 1, "count": 2, "data": "zero"}
+    assert digits.response_cache and digits.warmup == Warmup(batch_size=1, count=2, data="zero")
     assert digits.dynamic_batching == DynamicBatching(max_queue_delay_microseconds=0)
     assert digits.signature.inputs[0].dims == (-1, 64)
 
@@ -97,7 +110,7 @@ def test_a_pipeline_revision_reads_its_steps_autoscaling_and_requirements() -> N
 def test_a_savedmodel_keeps_the_signature_def_inspection_chose() -> None:
     [cnn] = RevisionSpec.from_json(SAVEDMODEL).models
     assert cnn.signature_def == "predict"
-    assert cnn.served_model(None).signature_def == "predict"
+    assert ServedModel.of(cnn, None).signature_def == "predict"
 
 
 def test_hand_made_entries_get_the_defaults() -> None:
@@ -126,9 +139,11 @@ def test_unreadable_spec_json_is_refused_with_the_part_named(data: Any, message:
 def test_the_spec_cannot_be_changed_by_a_reader() -> None:
     spec = RevisionSpec.from_json(PIPELINE_ON_KUBERNETES)
     definition = spec.models[0].definition
-    assert definition is not None
+    assert isinstance(definition, PipelineDefinition)
+    with pytest.raises(AttributeError):
+        definition.steps = ()  # type: ignore[misc]
     with pytest.raises(TypeError, match="immutable"):
-        definition["steps"] = []  # type: ignore[index]
+        definition.steps[0].input_map["image"] = "elsewhere"  # type: ignore[index]
     with pytest.raises(AttributeError):
         spec.replicas = 5  # type: ignore[misc]
     assert isinstance(ModelEntry.from_json(entry()).to_json()["instance_group"]["gpus"], list)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +17,15 @@ from django.test import Client
 
 from audit.models import AuditEntry
 from conftest import Person
-from deployments import sandbox
+from deployments.launch import Launch
 from deployments.models import Deployment, Event, TritonServer
 from deployments.revision_spec import RevisionSpec
 from deployments.runtimes.base import RuntimeUnavailable
+from deployments.runtimes.local import backends, serverlog
+from deployments.runtimes.local import confined as local_confined
 from deployments.runtimes.local import runtime as local
-from deployments.runtimes.local import triton as local_triton
-from deployments.sandbox import cgroups, kernel
+from modelport.core import sandbox
+from modelport.core.sandbox import cgroups, kernel
 from tests.sandbox_helpers import admin_change
 
 # --- Quantities ---------------------------------------------------------------------------------------------------
@@ -67,13 +71,15 @@ def test_limits_the_kernel_cannot_use_are_refused_with_what_to_give() -> None:
 # --- The launcher's plan --------------------------------------------------------------------------------------------
 
 
-def plan(tmp_path: Path, *, egress: bool = False, **changes: Any) -> dict[str, Any]:
+def plan(tmp_path: Path, *, egress: bool = False, scratch_tmpfs: bool = False, **changes: Any) -> dict[str, Any]:
     repository, runtime = tmp_path / "var" / "deployments" / "7" / "r1" / "repository", tmp_path / "runtime-env"
     scratch = tmp_path / "var" / "deployments" / "7" / "scratch" / "abc"
     for directory in (repository, runtime, scratch / "home", scratch / "tmp"):
         directory.mkdir(parents=True, exist_ok=True)
-    spec = sandbox.Spec(read_only=(repository, runtime, tmp_path / "missing"), scratch=scratch, tcp_ports=(8000, 8001, 8002),
-                        egress=egress, name="mp-test-abc", limits=cgroups.Limits(2**30, 500, 256))
+    spec = sandbox.Spec(read_only=(repository, runtime, tmp_path / "missing"), scratch=scratch,
+                        tcp_ports=(8000, 8001, 8002),
+                        egress=egress, name="mp-test-abc", limits=cgroups.Limits(2**30, 500, 256),
+                        scratch_tmpfs=scratch_tmpfs)
     caps = sandbox.Capabilities(True, landlock_abi=7)
     options = sandbox.Options(**changes)
     return sandbox.build_plan(spec, caps, options, argv=["/rt/tritonserver", "--x"], env={"PATH": "/rt/bin"},
@@ -87,6 +93,19 @@ def test_the_plan_shows_the_repository_and_runtime_read_only_and_only_the_scratc
     scratch = str(tmp_path / "var" / "deployments" / "7" / "scratch" / "abc")
     assert writable == ["/tmp", scratch]
     assert mounts["/tmp"]["source"] == f"{scratch}/tmp"
+    assert "tmpfs_bytes" not in mounts[scratch]  # a one-shot run's result is read from the host's directory
+
+
+def test_a_tritons_scratch_is_a_tmpfs_of_the_operators_size(tmp_path: Path) -> None:
+    result = plan(tmp_path)
+    scratch = str(tmp_path / "var" / "deployments" / "7" / "scratch" / "abc")
+    bounded = plan(tmp_path, scratch_tmpfs=True, scratch_bytes=2**24)
+    mounts = {m["target"]: m for m in bounded["mounts"]}
+    # The host's directory stays empty: the sandbox writes to a tmpfs at its path, and /tmp is that tmpfs' tmp/.
+    assert mounts[scratch] == {"source": scratch, "target": scratch, "writable": True, "tmpfs_bytes": 2**24,
+                               "tmpfs_dirs": ["home", "tmp"]}
+    assert mounts["/tmp"] == {"source": f"{scratch}/tmp", "target": "/tmp", "writable": True, "in_tmpfs": scratch}
+    assert bounded["landlock"] == result["landlock"]
     assert mounts[str(tmp_path / "var" / "deployments" / "7" / "r1" / "repository")]["writable"] is False
     assert mounts[str(tmp_path / "runtime-env")]["writable"] is False
     assert mounts["/usr"]["writable"] is False
@@ -136,8 +155,8 @@ def test_egress_allows_the_operators_ports_udp_and_dns_files(tmp_path: Path) -> 
         assert any(m["target"] == "/etc/resolv.conf" and not m["writable"] for m in result["mounts"])
 
 
-def test_the_sandbox_uid_is_the_operators_when_root_and_the_portals_own_otherwise(tmp_path: Path,
-                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_sandbox_uid_is_the_operators_when_root_and_the_portals_own_otherwise(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     assert (plan(tmp_path, uid=64000, gid=64001)["outer_uid"], plan(tmp_path, uid=64000, gid=64001)["outer_gid"],
             plan(tmp_path)["privileged"]) == (64000, 64001, True)
@@ -152,7 +171,8 @@ def test_the_programs_environment_holds_nothing_of_the_portals(tmp_path: Path, m
     monkeypatch.setenv("SECRET_KEY", "s3cr3t")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t")
     env = sandbox.environment([Path("/rt/bin")], tmp_path, {"VIRTUAL_ENV": "/rt"})
-    assert env == {"PATH": "/rt/bin:/usr/local/bin:/usr/bin:/bin", "HOME": f"{tmp_path}/home", "TMPDIR": f"{tmp_path}/tmp",
+    assert env == {"PATH": "/rt/bin:/usr/local/bin:/usr/bin:/bin", "HOME": f"{tmp_path}/home",
+                   "TMPDIR": f"{tmp_path}/tmp",
                    "LANG": "C.UTF-8", "VIRTUAL_ENV": "/rt"}
 
 
@@ -184,7 +204,8 @@ def test_seccomp_refuses_sockets_that_no_network_namespace_contains_and_udp_wher
     assert _matches(server, "socket", 2, 1 | 0o2000000) is None  # TCP (SOCK_CLOEXEC set)
     assert _matches(server, "socket", 2, 2 | 0o4000) == errno.EPERM  # UDP, non-blocking
     assert _matches(server, "socket", 10, 3) == errno.EPERM  # raw IPv6
-    assert _matches(server, "socket", 16, 3, 0) is None and _matches(server, "socket", 16, 3, 4) == errno.EPROTONOSUPPORT
+    assert _matches(server, "socket", 16, 3, 0) is None
+    assert _matches(server, "socket", 16, 3, 4) == errno.EPROTONOSUPPORT
     assert _matches(server, "sendto", 3, 0, 0, kernel.MSG_FASTOPEN) == errno.EPERM
     assert _matches(server, "unshare", 0x10000000) is None  # the stub wrapper still needs its namespaces
     for name in ("ptrace", "bpf", "keyctl", "io_uring_setup", "mount", "perf_event_open", "userfaultfd"):
@@ -227,7 +248,8 @@ def test_v1_cgroups_nest_below_our_own_and_carry_the_limits(tmp_path: Path) -> N
     (memory / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
     assert cgroups.oom_kills(directories) == 2
     # Without a CPU limit no CPU cgroup: Triton's threads are scheduled as if it ran unsandboxed.
-    assert [d.parent.name for d in cgroups.create(layout, "mp-z", cgroups.Limits(2**30, None, 300))] == ["modelport"] * 2
+    created = cgroups.create(layout, "mp-z", cgroups.Limits(2**30, None, 300))
+    assert [d.parent.name for d in created] == ["modelport"] * 2
     assert not (layout.parents["cpu"] / "mp-z").exists()
 
 
@@ -294,13 +316,13 @@ def test_without_cgroups_the_sandbox_still_runs_and_says_limits_are_off(tmp_path
 
 
 def test_the_generated_stub_answers_tritons_probe_and_refuses_to_run_unconfined(tmp_path: Path) -> None:
-    from deployments.tests.test_local_triton import runtime_env
+    from deployments.tests.local_triton import runtime_env
 
     env = runtime_env()
-    backend = local_triton.build_backend_dir(env, tmp_path, sandboxed=True)
+    backend = backends.build_backend_dir(env, tmp_path, sandboxed=True)
     stub = backend / "python" / "triton_python_backend_stub"
     assert stub.read_text().startswith(f"#!{env.bin_dir / 'python3'} -IS\n")
-    assert local_triton.build_backend_dir(env, tmp_path, sandboxed=True) == backend  # idempotent
+    assert backends.build_backend_dir(env, tmp_path, sandboxed=True) == backend  # idempotent
     assert sorted(p.name for p in (backend / "modelport").iterdir()) == ["kernel.py", "stub.py"]
     # Triton runs the stub without arguments first and wants status 1.
     assert subprocess.run([str(stub)], capture_output=True, timeout=60).returncode == 1
@@ -308,16 +330,16 @@ def test_the_generated_stub_answers_tritons_probe_and_refuses_to_run_unconfined(
     result = subprocess.run([str(stub), "model.py"], capture_output=True, timeout=60, text=True,
                             env={"MODELPORT_SANDBOX_NET": "egress", "MODELPORT_SANDBOX_EGRESS_PORTS": "https"})
     assert result.returncode == 2
-    assert result.stderr.startswith(local_triton.SANDBOX_ERROR_PREFIX + "could not confine the python model: ")
+    assert result.stderr.startswith(serverlog.SANDBOX_ERROR_PREFIX + "could not confine the python model: ")
 
 
-# --- Fail closed, and egress for operators only -------------------------------------------------------------------------
+# --- Fail closed, and egress for operators only ------------------------------------------------------------------
 
 
 @pytest.fixture
 def no_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(local, "sandbox_capabilities",
-                        lambda: sandbox.Capabilities(False, "user namespaces are disabled (sysctl user.max_user_namespaces = 0)"))
+    disabled = "user namespaces are disabled (sysctl user.max_user_namespaces = 0)"
+    monkeypatch.setattr(local_confined, "sandbox_capabilities", lambda: sandbox.Capabilities(False, disabled))
 
 
 @pytest.fixture
@@ -356,6 +378,21 @@ def test_without_a_sandbox_onnx_models_still_deploy_and_the_opt_out_lets_python_
                        format="json").status_code == 201
 
 
+@pytest.mark.parametrize("fmt", ["torchscript", "tensorflow_savedmodel"])
+def test_without_a_sandbox_torchscript_and_savedmodels_are_refused_too_since_their_graphs_can_read_files(
+    alice: Person, no_sandbox: None, settings: Any, fmt: str
+) -> None:
+    from deployments.revision_spec import RevisionSpec
+
+    settings.SANDBOX_REQUIRED = True
+    spec = RevisionSpec.from_json({"models": [{"name": "m", "model": "m", "version": 1, "format": fmt}]})
+    assert local_confined.runs_uploaded_code(spec)
+    message = local_confined.sandbox_refusal(spec)
+    assert message is not None and "TorchScript and SavedModel" in message
+    settings.SANDBOX_REQUIRED = False
+    assert local_confined.sandbox_refusal(spec) is None
+
+
 def test_the_runtime_refuses_too_when_the_sandbox_went_away_after_the_deployment_was_made(
     alice: Person, python_model: None, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -363,14 +400,15 @@ def test_the_runtime_refuses_too_when_the_sandbox_went_away_after_the_deployment
     response = alice.client().post("/api/v1/deployments/", {"name": "doubler", "models": [{"model": "doubler"}]},
                                    format="json")
     assert response.status_code == 201
-    monkeypatch.setattr(local, "sandbox_capabilities", lambda: sandbox.Capabilities(False, "Landlock is disabled"))
+    monkeypatch.setattr(local_confined, "sandbox_capabilities",
+                        lambda: sandbox.Capabilities(False, "Landlock is disabled"))
     deployment = Deployment.objects.get(name="doubler")
     with pytest.raises(RuntimeUnavailable, match=r"cannot sandbox uploaded code \(Landlock is disabled\)"):
         local.LocalRuntime().launch(deployment.revision)  # type: ignore[arg-type]
     assert not TritonServer.objects.exists()
 
 
-def test_local_resources_are_checked_when_the_deployment_is_made(alice: Person, digits_v1: Any) -> None:
+def test_local_resources_are_checked_when_the_deployment_is_made(alice: Person, digits: Any) -> None:
     response = alice.client().post("/api/v1/deployments/", {
         "name": "digits", "models": [{"model": "digits"}], "resources": {"memory": "2GB", "cpu": "0"}}, format="json")
     assert response.status_code == 400
@@ -383,21 +421,22 @@ def test_local_resources_are_checked_when_the_deployment_is_made(alice: Person, 
     assert response.status_code == 400
     assert "give at least 10m" in json.dumps(response.json())
     response = alice.client().post("/api/v1/deployments/", {
-        "name": "digits", "models": [{"model": "digits"}], "resources": {"memory": "1Gi", "cpu": "500m"}}, format="json")
+        "name": "digits", "models": [{"model": "digits"}], "resources": {"memory": "1Gi", "cpu": "500m"}},
+                                   format="json")
     assert response.status_code == 201
     spec = Deployment.objects.get(name="digits").revision.spec  # type: ignore[union-attr]
-    assert local.limits_for(spec) == cgroups.Limits(2**30, 500, 1024)
+    assert local_confined.limits_for(spec) == cgroups.Limits(2**30, 500, 1024)
 
 
 def test_the_default_memory_limit_applies_when_a_revision_sets_none(settings: Any) -> None:
     settings.SANDBOX_DEFAULT_MEMORY = "3Gi"
     spec = RevisionSpec(runtime="local", models=())
-    assert local.limits_for(spec).memory_bytes == 3 * 2**30
+    assert local_confined.limits_for(spec).memory_bytes == 3 * 2**30
     settings.SANDBOX_DEFAULT_MEMORY = ""
-    assert local.limits_for(spec) == cgroups.Limits(None, None, 1024)
+    assert local_confined.limits_for(spec) == cgroups.Limits(None, None, 1024)
 
 
-def test_team_members_cannot_allow_egress_through_the_api(alice: Person, digits_v1: Any) -> None:
+def test_team_members_cannot_allow_egress_through_the_api(alice: Person, digits: Any) -> None:
     client = alice.client()
     response = client.post("/api/v1/deployments/", {"name": "digits", "models": [{"model": "digits"}],
                                                      "allow_egress": True}, format="json")
@@ -412,7 +451,7 @@ def test_team_members_cannot_allow_egress_through_the_api(alice: Person, digits_
 
 
 def test_an_operator_allows_egress_in_the_admin_with_an_audit_entry_and_a_restart(
-    alice: Person, digits_v1: Any, settings: Any, django_capture_on_commit_callbacks: Any
+    alice: Person, digits: Any, settings: Any, django_capture_on_commit_callbacks: Any
 ) -> None:
     from django.contrib.auth import get_user_model
 
@@ -430,7 +469,7 @@ def test_an_operator_allows_egress_in_the_admin_with_an_audit_entry_and_a_restar
     deployment.refresh_from_db()
     assert deployment.allow_egress is True
     assert deployment.status == Deployment.Status.PENDING and "egress" in deployment.status_message
-    assert deployment.serving_launch == serving  # the reconciler's records are shown, not edited
+    assert deployment.serving_launch == Launch.from_json(serving)  # the reconciler's records are shown, not edited
     assert len(callbacks) == 1  # the reconcile that restarts Triton with the setting
     entry = AuditEntry.objects.get(action="deployment.egress")
     assert (entry.username, entry.target, entry.detail) == ("olivia", "digits", {"allow_egress": True})
@@ -451,7 +490,7 @@ def _server(deployment: Deployment, **fields: Any) -> TritonServer:
                                        state=TritonServer.State.READY, **fields)
 
 
-def test_the_deployment_page_and_the_api_say_whether_it_runs_sandboxed(alice: Person, digits_v1: Any) -> None:
+def test_the_deployment_page_and_the_api_say_whether_it_runs_sandboxed(alice: Person, digits: Any) -> None:
     from web.tests.conftest import signed_in
 
     assert alice.client().post("/api/v1/deployments/", {"name": "digits", "models": [{"model": "digits"}]},
@@ -470,7 +509,7 @@ def test_the_deployment_page_and_the_api_say_whether_it_runs_sandboxed(alice: Pe
 
 
 def test_the_operators_overview_shows_the_machines_sandbox_and_each_servers(
-    alice: Person, digits_v1: Any, monkeypatch: pytest.MonkeyPatch
+    alice: Person, digits: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from django.contrib.auth import get_user_model
 
@@ -483,11 +522,12 @@ def test_the_operators_overview_shows_the_machines_sandbox_and_each_servers(
     operator = get_user_model().objects.create_superuser("olivia", "olivia@example.com", "password")
     client = Client()
     client.force_login(operator)
-    monkeypatch.setattr(local, "sandbox_capabilities", lambda: sandbox.Capabilities(False, "user namespaces are disabled"))
+    monkeypatch.setattr(local_confined, "sandbox_capabilities",
+                        lambda: sandbox.Capabilities(False, "user namespaces are disabled"))
     content = client.get("/admin/overview/").content.decode()
     assert "<strong>not available</strong>: user namespaces are disabled. Python models run unconfined" in content
     assert '<td class="sandboxed"><strong>no</strong> <span class="help">(no Landlock)</span></td>' in content
-    monkeypatch.setattr(local, "sandbox_capabilities",
+    monkeypatch.setattr(local_confined, "sandbox_capabilities",
                         lambda: sandbox.Capabilities(True, landlock_abi=7, cgroups=cgroups.Layout(1, {})))
     assert "available (Landlock ABI 7, cgroup v1)" in client.get("/admin/overview/").content.decode()
 
@@ -500,25 +540,28 @@ def test_start_up_checks_warn_when_the_sandbox_is_off_missing_or_weaker(settings
     assert [m.id for m in sandbox_check()] == ["modelport.W020"]
     settings.SANDBOX_ENABLED = True
     settings.SANDBOX_REQUIRED = True
-    monkeypatch.setattr(local, "sandbox_capabilities", lambda: sandbox.Capabilities(False, "no user namespaces"))
+    monkeypatch.setattr(local_confined, "sandbox_capabilities",
+                        lambda: sandbox.Capabilities(False, "no user namespaces"))
     (message,) = sandbox_check()
     assert message.id == "modelport.W021"
-    assert message.msg == "This machine cannot sandbox the local Tritons: no user namespaces; python models are refused (SANDBOX_REQUIRED)."
-    monkeypatch.setattr(local, "sandbox_capabilities", lambda: sandbox.Capabilities(True, notes=("no Landlock",)))
+    assert message.msg == ("This machine cannot sandbox the local Tritons: no user namespaces; "
+                           "python models are refused (SANDBOX_REQUIRED).")
+    monkeypatch.setattr(local_confined, "sandbox_capabilities",
+                        lambda: sandbox.Capabilities(True, notes=("no Landlock",)))
     assert [(m.id, m.msg) for m in sandbox_check()] == [("modelport.W022", "The sandbox is weaker here: no Landlock.")]
-    monkeypatch.setattr(local, "sandbox_capabilities", lambda: sandbox.Capabilities(True, landlock_abi=7))
+    monkeypatch.setattr(local_confined, "sandbox_capabilities", lambda: sandbox.Capabilities(True, landlock_abi=7))
     assert sandbox_check() == []
 
 
 def test_the_deploy_form_shows_the_refusal_beside_the_runtime(alice: Person, python_model: None, no_sandbox: None,
                                                              settings: Any) -> None:
     from web.tests.conftest import signed_in
-    from web.tests.test_deploy_form import _errors, form_data
+    from web.tests.deploy_forms import errors_of, form_data
 
     settings.SANDBOX_REQUIRED = True
     response = signed_in(alice).post("/deployments/new/?model=doubler&version=1", form_data(
         name="doubler", **{"m0-dynamic_batching": None, "m0-preferred_batch_size": "", "m0-instance_count": "1"}))
-    form_errors, _ = _errors(response)
+    form_errors, _ = errors_of(response)
     assert form_errors["runtime"][0].startswith("This machine cannot sandbox uploaded code")
     assert not Deployment.objects.exists()
 
@@ -549,7 +592,7 @@ if sys.argv[2] == "linger":
 
 
 def one_shot(tmp_path: Path, *args: str, timeout: float) -> tuple[sandbox.Finished, Path]:
-    from deployments.tests.test_local_triton import runtime_env
+    from deployments.tests.local_triton import runtime_env
 
     env = runtime_env()
     script = tmp_path / "code" / "one_shot.py"
@@ -561,7 +604,8 @@ def one_shot(tmp_path: Path, *args: str, timeout: float) -> tuple[sandbox.Finish
     caps = sandbox.check(options)
     scratch = tmp_path / "scratch"
     sandbox.prepare_scratch(scratch, options)
-    spec = sandbox.Spec(read_only=(script.parent, env.root, env.base_prefix), scratch=scratch, tcp_ports=(), egress=False,
+    spec = sandbox.Spec(read_only=(script.parent, env.root, env.base_prefix), scratch=scratch, tcp_ports=(),
+                        egress=False,
                         name=f"mp-test-{os.getpid()}", limits=cgroups.Limits(512 * 2**20, None, 64), network="none")
     with open(tmp_path / "output.log", "wb") as log:
         finished = sandbox.run(spec, caps, options, argv=[str(env.bin_dir / "python3"), "-I", str(script), *args],
@@ -595,3 +639,55 @@ def test_a_one_shot_run_past_its_time_is_killed_with_everything_it_started(tmp_p
     assert finished == sandbox.Finished(None, True)
     assert result.exists()  # it ran, and its detached child with it
     assert processes_named(name) == []
+
+
+def _gone(name: str, seconds: float = 10) -> bool:
+    from tests.sandbox_helpers import processes_named
+
+    deadline = time.monotonic() + seconds
+    while processes_named(name) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return processes_named(name) == []
+
+
+def test_a_one_shot_run_ends_when_its_caller_gives_up_on_it(tmp_path: Path) -> None:
+    """Celery's soft time limit raises inside the wait: the run must not go on without anyone waiting for it."""
+    class SoftLimit(Exception):
+        pass
+
+    def expire(number: int, frame: Any) -> None:
+        raise SoftLimit
+
+    name = f"abandoned-{os.getpid()}"
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, 3)
+    try:
+        with pytest.raises(SoftLimit):
+            one_shot(tmp_path, "1", "linger", name, timeout=60)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert (tmp_path / "scratch" / "home" / "result.json").exists()  # it ran, and its detached child with it
+    assert _gone(name)
+
+
+def test_a_one_shot_run_ends_when_its_caller_is_killed(tmp_path: Path) -> None:
+    """Celery's hard time limit SIGKILLs the worker child that waits: the sandbox's PID 1 dies with it."""
+    from tests.sandbox_helpers import processes_named
+
+    name = f"orphaned-{os.getpid()}"
+    child = os.fork()
+    if child == 0:
+        try:
+            one_shot(tmp_path, "1", "linger", name, timeout=120)
+        finally:
+            os._exit(0)
+    try:
+        deadline = time.monotonic() + 60
+        while not processes_named(name) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert processes_named(name), "the one-shot run never started"
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    assert _gone(name)

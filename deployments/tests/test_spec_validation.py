@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 
@@ -15,29 +14,15 @@ from deployments.spec import (
     EnsembleStep,
     InstanceGroup,
     RepositorySpec,
-    ServedModel,
+    Warmup,
     defaults_for,
     validate_repository,
     validate_served_model,
 )
-from models_registry.signature import Signature, Tensor
+from deployments.tests.values import BATCHED, model, steps
+from modelport.core.signature import Signature, Tensor
 
-BATCHED = Signature(inputs=(Tensor("x", "FP32", (-1, 4)),), outputs=(Tensor("y", "FP32", (-1, 3)),))
 FIXED = Signature(inputs=(Tensor("x", "FP32", (2, 4)),), outputs=(Tensor("y", "FP32", (2, 3)),))
-
-
-def model(**changes: object) -> ServedModel:
-    base = ServedModel(
-        name="classifier",
-        version=1,
-        format="onnx",
-        signature=BATCHED,
-        max_batch_size=8,
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=1000, preferred_batch_size=(4, 8)),
-        instance_group=InstanceGroup(count=2),
-        artifact_path=Path("/artifacts/model.onnx"),
-    )
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
 def test_a_sensible_onnx_model_is_valid_on_both_targets() -> None:
@@ -166,13 +151,13 @@ def test_it_refuses_a_model_without_artifact_unless_it_is_an_ensemble() -> None:
 
 
 def test_it_checks_the_warmup_settings() -> None:
-    errors = validate_served_model(model(warmup={"batch_size": 9, "count": 0, "data": "noise", "x": 1}), "local")
-    assert set(errors) == {"warmup", "warmup.batch_size", "warmup.count", "warmup.data"}
-    assert validate_served_model(model(warmup={"batch_size": 8, "data": "random"}), "local") == {}
+    errors = validate_served_model(model(warmup=Warmup(batch_size=9, count=0, data="noise")), "local")
+    assert set(errors) == {"warmup.batch_size", "warmup.count", "warmup.data"}
+    assert validate_served_model(model(warmup=Warmup(batch_size=8, data="random")), "local") == {}
 
 
 def test_an_ensemble_needs_steps_and_has_no_dynamic_batching_of_its_own() -> None:
-    ensemble = model(format="ensemble", artifact_path=None, dynamic_batching=DynamicBatching(), ensemble_steps=(),
+    ensemble = model(format="ensemble", artifact_path=None, dynamic_batching=DynamicBatching(), definition=steps(()),
                      instance_group=InstanceGroup())
     errors = validate_served_model(ensemble, "local")
     assert set(errors) == {"ensemble_steps", "dynamic_batching"}
@@ -181,7 +166,8 @@ def test_an_ensemble_needs_steps_and_has_no_dynamic_batching_of_its_own() -> Non
 def test_an_ensemble_refuses_instances_it_would_not_apply() -> None:
     """The renderer writes no instance group for an ensemble: "instances 3" was accepted and silently dropped."""
     step = EnsembleStep(model="classifier", version=1, input_map={"x": "x"}, output_map={"y": "y"})
-    ensemble = model(name="pipeline", format="ensemble", artifact_path=None, dynamic_batching=None, ensemble_steps=(step,),
+    ensemble = model(name="pipeline", format="ensemble", artifact_path=None, dynamic_batching=None,
+                     definition=steps((step,)),
                      instance_group=InstanceGroup(count=3, kind="gpu", gpus=(0,)))
     errors = validate_served_model(ensemble, "kubernetes")
     assert set(errors) == {"instance_group.count", "instance_group.kind"}
@@ -192,7 +178,7 @@ def test_an_ensemble_refuses_instances_it_would_not_apply() -> None:
 def test_repository_validation_finds_missing_step_models_and_repeated_names() -> None:
     step = EnsembleStep(model="missing", version=1, input_map={"x": "x"}, output_map={"y": "y"})
     ensemble = model(
-        name="pipeline", format="ensemble", artifact_path=None, dynamic_batching=None, ensemble_steps=(step,)
+        name="pipeline", format="ensemble", artifact_path=None, dynamic_batching=None, definition=steps((step,))
     )
     errors = validate_repository(RepositorySpec(models=(model(), model(), ensemble)), "local")
     assert errors["models"] == ["model name 'classifier' is used more than once"]
@@ -236,7 +222,7 @@ def test_an_ensemble_cannot_batch_more_than_its_step_models() -> None:
         artifact_path=None,
         dynamic_batching=None,
         max_batch_size=16,
-        ensemble_steps=(step,),
+        definition=steps((step,)),
         instance_group=InstanceGroup(),
     )
     errors = validate_repository(RepositorySpec(models=(model(), ensemble)), "local")

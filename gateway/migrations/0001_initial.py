@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
     initial = True
 
     dependencies = [
-        ('deployments', '0001_initial'),
+        ('deployments', '0001_squashed_0010_canary_guardrail_defaults'),
     ]
 
     operations = [

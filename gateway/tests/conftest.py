@@ -115,3 +115,12 @@ def gateway_app(settings: Any) -> Callable[[], Any]:
         return Gateway(django)
 
     return build
+
+
+def browser_cookies(person: Person) -> str:
+    from django.conf import settings
+    from django.test import Client
+
+    client = Client()
+    client.force_login(person.user)
+    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}; csrftoken=abc123"

@@ -15,19 +15,10 @@ from accounts.models import ApiToken
 from conftest import Person
 from gateway import access
 from gateway.access import Budget, TtlCache
-from gateway.tests.conftest import call, make_deployment, run
+from gateway.tests.conftest import browser_cookies, call, make_deployment, run
 from gateway.tests.fake_upstream import FakeUpstream
 
 INFER = b'{"inputs": [{"name": "input", "shape": [1], "datatype": "FP32", "data": [1]}]}'
-
-
-def browser_cookies(person: Person) -> str:
-    from django.conf import settings
-    from django.test import Client
-
-    client = Client()
-    client.force_login(person.user)
-    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}; csrftoken=abc123"
 
 
 def test_a_browser_session_reads_freely_but_must_send_the_csrf_header_to_infer(

@@ -126,7 +126,7 @@ def test_grpc_calls_are_split_named_and_pinned_like_http(people: dict[str, Perso
     from tritonclient.grpc import service_pb2 as pb
 
     from gateway.tests.grpc_fake_upstream import FakeTriton
-    from gateway.tests.test_grpc_gateway import PREFIX, infer_request, meta, next_answer, open_stream, stack
+    from gateway.tests.grpc_support import PREFIX, infer_request, meta, next_answer, open_stream, stack
 
     settings.GATEWAY_CACHE_TTL_SECONDS = 0.5
     settings.GATEWAY_RATE_LIMIT_PER_SECOND = settings.GATEWAY_RATE_LIMIT_BURST = 10_000

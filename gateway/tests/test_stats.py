@@ -43,10 +43,10 @@ def test_random_model_names_share_one_label_and_the_deployments_models_have_thei
 
 def test_the_statistics_buckets_count_errors_and_latency() -> None:
     collector = stats.StatsCollector()
-    collector.observe(1, "d", "m", 200, 0.004)
-    collector.observe(1, "d", "m", 502, 0.2)
-    collector.observe(1, "d", "m", 429, 0.0001)
-    collector.observe(1, "d", "m", 404, 0.001)
+    collector.observe(1, "t", "d", "m", 200, 0.004)
+    collector.observe(1, "t", "d", "m", 502, 0.2)
+    collector.observe(1, "t", "d", "m", 429, 0.0001)
+    collector.observe(1, "t", "d", "m", 404, 0.001)
     (bucket,) = collector.take().values()
     assert (bucket.requests, bucket.errors) == (4, 2)  # 5xx and 429 are errors; a client's 404 is not
     assert sum(bucket.histogram) == 4 and round(bucket.latency_sum_ms, 1) == 205.1

@@ -8,8 +8,8 @@ from datetime import timedelta
 from conftest import Person
 from deployments.tests.conftest import make_ready_version
 from gateway import stats
-from gateway.api import summarize
 from gateway.models import RequestStats
+from gateway.stats import summarize
 from web.tests.conftest import deploy
 
 
@@ -18,9 +18,9 @@ def test_codes_are_counted_per_bucket_and_merged_into_one_row(alice: Person) -> 
     deployment = deploy(alice)
     collector = stats.StatsCollector()
     for code in (200, 200, 400, 502, 429):
-        collector.observe(deployment.pk, deployment.name, "digits", code, 0.004)
+        collector.observe(deployment.pk, deployment.team.name, deployment.name, "digits", code, 0.004)
     stats.flush(collector.take())
-    collector.observe(deployment.pk, deployment.name, "digits", 200, 0.004)
+    collector.observe(deployment.pk, deployment.team.name, deployment.name, "digits", 200, 0.004)
     stats.flush(collector.take())
 
     rows = list(RequestStats.objects.filter(deployment=deployment))

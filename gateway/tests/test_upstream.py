@@ -223,7 +223,8 @@ def test_a_head_response_has_no_body_whatever_its_content_length_and_the_connect
 
 def test_interim_100_continue_answers_are_skipped() -> None:
     async def scenario() -> None:
-        async with FakeUpstream(lambda request: b"HTTP/1.1 100 Continue\r\n\r\n" + json_response({"ok": 1})) as upstream:
+        async with FakeUpstream(lambda request: b"HTTP/1.1 100 Continue\r\n\r\n"
+                                + json_response({"ok": 1})) as upstream:
             assert await get(Pool(), upstream) == (200, b'{"ok": 1}')
 
     run(scenario)

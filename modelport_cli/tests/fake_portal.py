@@ -16,6 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import pytest
+
 
 @dataclass
 class Seen:
@@ -91,7 +93,8 @@ class FakePortal:
                     seen = Seen(self.command, parts.path, parse_qs(parts.query), headers, body)
                     with portal.lock:
                         portal.requests.append(seen)
-                    reply = route(seen) if route else Reply(404, {"error": {"code": "not_found", "message": "Not found.", "fields": {}}})
+                    not_found = {"error": {"code": "not_found", "message": "Not found.", "fields": {}}}
+                    reply = route(seen) if route else Reply(404, not_found)
                 if reply is DROP:
                     self.close_connection = True
                     return
@@ -171,3 +174,30 @@ class FakeTus:
             return Reply(460, {"error": {"code": "checksum_mismatch", "message": "Checksum mismatch.", "fields": {}}})
         upload["data"] += seen.body
         return Reply(204, headers={"Upload-Offset": str(len(upload["data"]))})
+
+
+# --- What the CLI's tests ask of its answers -----------------------------------------------------------------
+
+
+def error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def api_error(status: int, message: str, code: str = "error", fields: dict[str, list[str]] | None = None) -> Reply:
+    return Reply(status, {"error": {"code": code, "message": message, "fields": fields or {}}})
+
+
+def deployment(**fields: Any) -> dict[str, Any]:
+    return {"name": "digits-prod", "runtime": "local", "desired_state": "running", "status": "pending",
+            "status_message": "", "revision": 1, "serving_revision": None, "endpoint": "/serve/digits-prod",
+            "models": [], **fields}
+
+
+def existing(portal: FakePortal, *models: dict[str, Any]) -> None:
+    portal.on("POST", "/api/v1/deployments/",
+              api_error(409, "A deployment named 'digits-prod' exists already.", "conflict"))
+    portal.on("GET", "/api/v1/deployments/digits-prod/", Reply(200, deployment(models=list(models))))
+    portal.on("PATCH", "/api/v1/deployments/digits-prod/", Reply(200, deployment(revision=2, serving_revision=1)))

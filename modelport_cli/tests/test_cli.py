@@ -9,7 +9,6 @@ import io
 import json
 import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,40 +21,14 @@ from modelport_cli.client import Client
 from modelport_cli.errors import CliError, ExitCode
 from modelport_cli.main import main
 from modelport_cli.output import Progress
-from modelport_cli.tests.fake_portal import FakePortal, FakeTus, Reply
-
-TOKEN = "mp_test_token"
-
-
-@pytest.fixture
-def portal(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[FakePortal]:
-    monkeypatch.setenv("MODELPORT_TOKEN", TOKEN)
-    monkeypatch.setenv("MODELPORT_CACHE_DIR", str(tmp_path / "cache"))
-    # No waiting in the fast suite: retries and polls go round at once.
-    monkeypatch.setattr(tus, "RETRY_DELAYS", (0.0,) * 6)
-    monkeypatch.setattr(client_module, "RETRY_DELAYS", (0.0,) * 3)
-    monkeypatch.setattr(main_module, "FIRST_POLL_INTERVAL", 0.01)
-    monkeypatch.setattr(main_module, "MAX_POLL_INTERVAL", 0.01)
-    with FakePortal() as fake:
-        monkeypatch.setenv("MODELPORT_URL", fake.url)
-        yield fake
+from modelport_cli.tests.conftest import TOKEN
+from modelport_cli.tests.fake_portal import FakePortal, FakeTus, Reply, api_error, deployment, error_line, existing
 
 
 def artifact(tmp_path: Path, size: int, name: str = "model.onnx") -> Path:
     path = tmp_path / name
     path.write_bytes(os.urandom(size))
     return path
-
-
-def error_line(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1, err
-    return lines[0]
-
-
-def api_error(status: int, message: str, code: str = "error", fields: dict[str, list[str]] | None = None) -> Reply:
-    return Reply(status, {"error": {"code": code, "message": message, "fields": fields or {}}})
 
 
 # ------------------------------------------------------------------------------------------------- tus client
@@ -115,7 +88,8 @@ def test_a_chunk_is_sent_again_after_a_checksum_mismatch(portal: FakePortal, tmp
     assert not portal.seen("HEAD")  # a 460 leaves the offset where it was: no need to ask
 
 
-def test_every_chunk_carries_the_tus_headers_and_the_sha256_of_its_own_bytes(portal: FakePortal, tmp_path: Path) -> None:
+def test_every_chunk_carries_the_tus_headers_and_the_sha256_of_its_own_bytes(portal: FakePortal,
+                                                                             tmp_path: Path) -> None:
     FakeTus(portal)
     path = artifact(tmp_path, 150_000, name="résumé model.onnx")
 
@@ -132,7 +106,8 @@ def test_every_chunk_carries_the_tus_headers_and_the_sha256_of_its_own_bytes(por
         assert patch.headers["tus-resumable"] == "1.0.0"
         assert patch.headers["content-type"] == "application/offset+octet-stream"
         assert patch.headers["content-length"] == str(len(patch.body))  # not chunked transfer encoding
-        assert patch.headers["upload-checksum"] == "sha256 " + base64.b64encode(hashlib.sha256(patch.body).digest()).decode()
+        digest = base64.b64encode(hashlib.sha256(patch.body).digest()).decode()
+        assert patch.headers["upload-checksum"] == "sha256 " + digest
         assert patch.headers["authorization"] == f"Bearer {TOKEN}"
 
 
@@ -147,7 +122,8 @@ def test_an_upload_gives_up_with_one_line_after_failing_again_and_again(portal: 
     assert "500" in failure.value.message
 
 
-def test_running_the_command_again_after_a_crash_resumes_the_remembered_upload(portal: FakePortal, tmp_path: Path) -> None:
+def test_running_the_command_again_after_a_crash_resumes_the_remembered_upload(portal: FakePortal,
+                                                                               tmp_path: Path) -> None:
     fake_tus = FakeTus(portal, faults=["", "500", "500", "500", "500", "500", "500", "500"])
     path = artifact(tmp_path, 200_000)
     state = tus.UploadState(tmp_path / "state")
@@ -164,7 +140,8 @@ def test_running_the_command_again_after_a_crash_resumes_the_remembered_upload(p
     assert bytes(fake_tus.uploads[result.upload_id]["data"]) == path.read_bytes()
 
 
-def test_an_edited_file_is_a_new_upload_and_an_unknown_remembered_one_is_forgotten(portal: FakePortal, tmp_path: Path) -> None:
+def test_an_edited_file_is_a_new_upload_and_an_unknown_remembered_one_is_forgotten(portal: FakePortal,
+                                                                                   tmp_path: Path) -> None:
     fake_tus = FakeTus(portal)
     path = artifact(tmp_path, 1000)
     state = tus.UploadState(tmp_path / "state")
@@ -198,7 +175,8 @@ def test_push_uploads_creates_the_version_and_prints_its_number_once_ready(
     signature = tmp_path / "signature.json"
     signature.write_text(json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "dims": [-1, 4]}], "outputs": []}))
 
-    code = main(["push", "digits", str(path), "--format", "onnx", "--signature", str(signature), "--max-batch-size", "8"])
+    code = main(["push", "digits", str(path), "--format", "onnx", "--signature", str(signature), "--max-batch-size",
+                 "8"])
 
     out, err = capsys.readouterr()
     assert code == 0, err
@@ -211,6 +189,19 @@ def test_push_uploads_creates_the_version_and_prints_its_number_once_ready(
     }
     assert len(portal.seen("GET", "/api/v1/models/digits/versions/4/")) == 2
     assert not json.loads((tmp_path / "cache" / "uploads.json").read_text()), "a used upload is not remembered"
+
+
+def test_push_of_the_same_bytes_again_says_which_version_they_are_identical_to(
+    portal: FakePortal, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    FakeTus(portal)
+    versions_of(portal, "digits", [{"status": "ready", "error": "", "identical_to": 3}])
+
+    assert main(["push", "digits", str(artifact(tmp_path, 500)), "--verbose"]) == 0
+
+    out, err = capsys.readouterr()
+    assert out == "4\n"  # still the bare number a CI script reads
+    assert "note: digits version 4 is identical to version 3 (the same bytes): nothing changed since" in err
 
 
 def test_push_of_a_model_that_turns_out_invalid_exits_3_with_the_portals_reason(
@@ -230,7 +221,7 @@ def test_push_rejected_by_the_portal_at_once_exits_3_with_its_reason(
 ) -> None:
     FakeTus(portal)
     versions_of(portal, "digits", [])
-    reason = "The file is not a valid ONNX model (its content could not be read as ONNX)."
+    reason = "The file is not a valid ONNX model: it is an ONNX file cut off after 100 bytes: upload the whole file."
     portal.on("POST", "/api/v1/models/digits/versions/",
               api_error(400, f"upload_id: {reason}", "invalid", {"upload_id": [reason]}))
 
@@ -252,7 +243,8 @@ def test_push_that_is_still_validating_at_the_timeout_exits_5(
     assert "timed out after 0.2 s waiting for digits version 4" in error_line(capsys)
 
 
-def test_push_json_prints_the_version_as_json(portal: FakePortal, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_push_json_prints_the_version_as_json(portal: FakePortal, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
     FakeTus(portal)
     versions_of(portal, "digits", [{"status": "ready", "error": ""}])
 
@@ -282,13 +274,9 @@ def test_push_sends_an_idempotency_key_when_it_creates_the_model_with_its_versio
 # ---------------------------------------------------------------------------------------------------- deploy
 
 
-def deployment(**fields: Any) -> dict[str, Any]:
-    return {"name": "digits-prod", "runtime": "local", "desired_state": "running", "status": "pending",
-            "status_message": "", "revision": 1, "serving_revision": None, "endpoint": "/serve/digits-prod",
-            "models": [], **fields}
 
-
-def test_deploy_sends_the_serving_options_and_an_idempotency_key(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:
+def test_deploy_sends_the_serving_options_and_an_idempotency_key(portal: FakePortal,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     portal.on("POST", "/api/v1/deployments/", Reply(201, deployment()))
 
     code = main(["deploy", "digits-prod", "--model", "digits:3", "--model", "text", "--dynamic-batching",
@@ -316,11 +304,17 @@ def test_deploy_leaves_batching_to_the_portal_unless_told_and_sends_null_to_turn
     assert second == {"model": "digits", "version": 1, "dynamic_batching": None}
 
 
+TUNED = {"model": "digits", "version": 1, "format": "onnx", "max_batch_size": 32,
+         "dynamic_batching": {"max_queue_delay_microseconds": 1000, "preferred_batch_size": [4, 8],
+                              "preserve_ordering": False},
+         "instance_group": {"count": 2, "kind": "cpu", "gpus": []}, "response_cache": True, "warmup": None}
+
+
+
 def test_deploy_of_an_existing_deployment_patches_it_with_the_same_models(
     portal: FakePortal, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    portal.on("POST", "/api/v1/deployments/", api_error(409, "A deployment named 'digits-prod' exists already.", "conflict"))
-    portal.on("PATCH", "/api/v1/deployments/digits-prod/", Reply(200, deployment(revision=2, serving_revision=1)))
+    existing(portal)
 
     code = main(["deploy", "digits-prod", "--model", "digits:2", "--instances", "2", "--json"])
 
@@ -333,12 +327,99 @@ def test_deploy_of_an_existing_deployment_patches_it_with_the_same_models(
     assert json.loads(out)["revision"] == 2
 
 
+def test_deploy_of_an_existing_deployment_changes_only_the_settings_given(portal: FakePortal) -> None:
+    existing(portal, TUNED)
+
+    assert main(["deploy", "digits-prod", "--model", "digits", "--instances", "1"]) == 0
+
+    (patch,) = portal.seen("PATCH", "/api/v1/deployments/digits-prod/")
+    # The tuned 1,000 us queue delay, the batch size and the cache stay; the version is the latest (none given).
+    assert patch.json() == {"models": [{
+        "model": "digits", "max_batch_size": 32,
+        "dynamic_batching": {"max_queue_delay_microseconds": 1000, "preferred_batch_size": [4, 8],
+                             "preserve_ordering": False},
+        "instance_group": {"count": 1, "kind": "cpu", "gpus": []}, "response_cache": True, "warmup": None}]}
+
+
+def test_one_field_of_batching_changes_and_the_other_stays(portal: FakePortal) -> None:
+    existing(portal, TUNED)
+
+    assert main(["deploy", "digits-prod", "--model", "digits:3", "--max-queue-delay-us", "500", "--kind", "gpu"]) == 0
+
+    (entry,) = portal.seen("PATCH")[0].json()["models"]
+    assert entry["version"] == 3
+    assert entry["dynamic_batching"] == {"max_queue_delay_microseconds": 500, "preferred_batch_size": [4, 8],
+                                         "preserve_ordering": False}
+    assert entry["instance_group"] == {"count": 2, "kind": "gpu"}
+
+
+def test_no_dynamic_batching_turns_a_tuned_batching_off(portal: FakePortal) -> None:
+    existing(portal, TUNED)
+
+    assert main(["deploy", "digits-prod", "--model", "digits", "--no-dynamic-batching"]) == 0
+
+    (entry,) = portal.seen("PATCH")[0].json()["models"]
+    assert entry["dynamic_batching"] is None
+    assert entry["instance_group"]["count"] == 2
+
+
+def test_a_model_new_to_the_deployment_starts_from_the_portals_defaults(portal: FakePortal) -> None:
+    existing(portal, TUNED)
+
+    assert main(["deploy", "digits-prod", "--model", "digits", "--model", "text:1"]) == 0
+
+    digits, text = portal.seen("PATCH")[0].json()["models"]
+    assert digits["dynamic_batching"]["max_queue_delay_microseconds"] == 1000
+    assert text == {"model": "text", "version": 1}
+
+
+def test_reset_starts_from_the_portals_defaults_without_reading_the_current_settings(portal: FakePortal) -> None:
+    existing(portal, TUNED)
+
+    assert main(["deploy", "digits-prod", "--model", "digits", "--instances", "1", "--reset"]) == 0
+
+    assert portal.seen("GET") == []
+    (patch,) = portal.seen("PATCH")
+    assert patch.json() == {"models": [{"model": "digits", "instance_group": {"count": 1, "kind": "cpu"}}]}
+
+
+def test_deploy_help_says_what_an_existing_deployment_keeps(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["deploy", "--help"]) == 0
+
+    out = " ".join(capsys.readouterr().out.split())
+    assert "On an existing deployment only what is given changes" in out
+    assert "--reset starts each model from the portal's defaults" in out
+
+
+def test_a_canary_keeps_the_current_settings_too(portal: FakePortal) -> None:
+    portal.on("GET", "/api/v1/deployments/digits-prod/", Reply(200, deployment(models=[TUNED])))
+    portal.on("PATCH", "/api/v1/deployments/digits-prod/",
+              Reply(200, deployment(status="ready", serving_revision=1, canary=CANARY)))
+
+    assert main(["deploy", "digits-prod", "--model", "digits:2", "--canary", "10"]) == 0
+
+    (entry,) = portal.seen("PATCH")[0].json()["models"]
+    assert entry["version"] == 2
+    assert entry["dynamic_batching"]["max_queue_delay_microseconds"] == 1000
+
+
+def test_a_canary_of_an_unknown_deployment_exits_2_and_says_to_deploy_it_first(
+    portal: FakePortal, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["deploy", "digits-prod", "--model", "digits:2", "--canary", "10"])
+
+    assert code == ExitCode.USAGE
+    assert "deploy digits-prod without --canary first" in error_line(capsys)
+    assert portal.seen("PATCH") == []
+
+
 def test_deploy_wait_waits_until_the_new_revision_serves_not_the_old_one(
     portal: FakePortal, capsys: pytest.CaptureFixture[str]
 ) -> None:
     portal.on("POST", "/api/v1/deployments/", api_error(409, "exists", "conflict"))
     portal.on("PATCH", "/api/v1/deployments/digits-prod/", Reply(200, deployment(revision=2, serving_revision=1)))
     portal.on("GET", "/api/v1/deployments/digits-prod/", [
+        Reply(200, deployment(status="ready", revision=1, serving_revision=1)),  # the current settings
         Reply(200, deployment(status="ready", revision=2, serving_revision=1)),
         Reply(200, deployment(status="starting", revision=2, serving_revision=1)),
         Reply(200, deployment(status="ready", revision=2, serving_revision=2)),
@@ -348,7 +429,7 @@ def test_deploy_wait_waits_until_the_new_revision_serves_not_the_old_one(
 
     out, _ = capsys.readouterr()
     assert code == 0
-    assert len(portal.seen("GET")) == 3
+    assert len(portal.seen("GET")) == 4  # the current settings, then three polls
     assert out == f"digits-prod is ready: revision 2 at {portal.url}/serve/digits-prod\n"
 
 
@@ -379,9 +460,11 @@ def test_waiting_for_a_stopped_deployment_fails_at_once_instead_of_at_the_timeou
     assert "modelport start digits-prod" in error_line(capsys)
 
 
-def test_a_deployment_that_does_not_get_ready_in_time_exits_5(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_deployment_that_does_not_get_ready_in_time_exits_5(portal: FakePortal,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
     portal.on("POST", "/api/v1/deployments/", Reply(201, deployment()))
-    portal.on("GET", "/api/v1/deployments/digits-prod/", Reply(200, deployment(status="starting", status_message="Loading.")))
+    portal.on("GET", "/api/v1/deployments/digits-prod/",
+              Reply(200, deployment(status="starting", status_message="Loading.")))
 
     code = main(["deploy", "digits-prod", "--model", "digits:1", "--wait", "--timeout", "0.2"])
 
@@ -449,7 +532,8 @@ def test_the_clis_name_rule_is_the_portals() -> None:
     assert main_module.NAME_RE.pattern == NAME_RE.pattern
 
 
-def test_a_validation_error_is_one_line_with_the_field_messages(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_validation_error_is_one_line_with_the_field_messages(portal: FakePortal,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
     portal.on("POST", "/api/v1/deployments/", api_error(
         400, "models[0].version: model 'digits' has no version 9", "invalid",
         {"models[0].version": ["model 'digits' has no version 9"], "replicas": ["use replicas 1"]}))
@@ -464,12 +548,13 @@ def test_a_validation_error_is_one_line_with_the_field_messages(portal: FakePort
 # ---------------------------------------------------------------------------------- status, logs and the rest
 
 
-def test_status_of_an_unknown_deployment_exits_1_with_the_portals_message(
+def test_status_of_an_unknown_deployment_exits_2_a_wrong_name_as_help_says(
     portal: FakePortal, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = main(["status", "nope"])
 
-    assert code == 1
+    assert code == ExitCode.USAGE
+    assert "2 wrong command line, input file or name" in main_module.__doc__
     assert error_line(capsys) == "error: Not found. (HTTP 404 from GET /api/v1/deployments/nope/)"
 
 
@@ -491,7 +576,8 @@ def test_status_prints_the_deployment_for_people(portal: FakePortal, capsys: pyt
                "dynamic_batching": {"max_queue_delay_microseconds": 2000, "preferred_batch_size": []},
                "instance_group": {"count": 2, "kind": "cpu", "gpus": []}}]
     portal.on("GET", "/api/v1/deployments/digits-prod/",
-              Reply(200, deployment(status="ready", status_message="Serving revision 1.", serving_revision=1, models=models)))
+              Reply(200, deployment(status="ready", status_message="Serving revision 1.", serving_revision=1,
+                                    models=models)))
 
     assert main(["status", "digits-prod"]) == 0
 
@@ -501,13 +587,59 @@ def test_status_prints_the_deployment_for_people(portal: FakePortal, capsys: pyt
     assert "digits:1  onnx  max_batch_size=64  dynamic_batching(delay=2000us)  instances=2xcpu" in out
 
 
-def test_logs_prints_the_log_and_asks_for_the_lines_wanted(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:
+def test_logs_prints_the_log_and_asks_for_the_lines_wanted(portal: FakePortal,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
     portal.on("GET", "/api/v1/deployments/digits-prod/logs/", Reply(200, {"log": "I0101 Started HTTPService"}))
 
     assert main(["logs", "digits-prod", "--lines", "50"]) == 0
 
     assert capsys.readouterr().out == "I0101 Started HTTPService\n"
     assert portal.seen("GET")[0].query == {"lines": ["50"]}
+
+
+CPU_ONLY_LOG = """W0101 pinned memory pool init failed: CUDA driver version is insufficient
+E0101 Failed to initialize NVML
+I0101 loading: digits:1
+E0101 failed to load 'gpu-model' version 1: CUDA error: no CUDA-capable device
+I0101 Started HTTPService
+"""
+
+
+def test_logs_fold_the_cuda_lines_of_a_machine_without_a_gpu_as_the_page_does(
+    portal: FakePortal, capsys: pytest.CaptureFixture[str]
+) -> None:
+    portal.on("GET", "/api/v1/deployments/digits-prod/logs/", Reply(200, {"log": CPU_ONLY_LOG}))
+
+    assert main(["logs", "digits-prod", "--verbose"]) == 0
+    out, err = capsys.readouterr()
+    assert out == ("I0101 loading: digits:1\nE0101 failed to load 'gpu-model' version 1: CUDA error: no "
+                   "CUDA-capable device\nI0101 Started HTTPService\n")
+    assert "2 line(s) about CUDA, NVML or DCGM" in err and "--all shows them" in err
+
+    assert main(["logs", "digits-prod", "--all"]) == 0
+    assert capsys.readouterr().out == CPU_ONLY_LOG
+
+
+def test_the_clis_log_fold_is_the_pages() -> None:
+    from web import logs
+
+    assert main_module.GPU_NOISE.pattern == logs.GPU_NOISE.pattern
+    folded = logs.fold_gpu_noise(CPU_ONLY_LOG).text
+    assert main_module.fold_gpu_noise(CPU_ONLY_LOG)[0].splitlines() == folded.splitlines()
+
+
+def test_logs_refuses_an_answer_over_its_cap_rather_than_hold_it_and_strips_terminal_escapes(
+    portal: FakePortal, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(main_module, "MAX_LOG_ANSWER_BYTES", 1024**2)
+    portal.on("GET", "/api/v1/deployments/digits-prod/logs/", Reply(200, {"log": "x" * (3 * 1024**2)}))
+
+    assert main(["logs", "digits-prod"]) == 1
+    assert "the portal's answer is over 1,048,576 bytes" in error_line(capsys)
+
+    portal.on("GET", "/api/v1/deployments/digits-prod/logs/", Reply(200, {"log": "\x1b]0;owned\x07\x1b[2Jok\tfine"}))
+    assert main(["logs", "digits-prod"]) == 0
+    assert capsys.readouterr().out == "\ufffd]0;owned\ufffd\ufffd[2Jok\tfine\n"
 
 
 def test_stop_start_and_delete_succeed_and_stopping_twice_is_not_an_error(
@@ -540,7 +672,8 @@ def test_infer_posts_the_input_file_to_the_gateway_and_prints_the_outputs(
     request = {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
     (tmp_path / "input.json").write_text(json.dumps(request))
     portal.on("POST", "/serve/digits-prod/v2/models/digits/infer",
-              Reply(200, {"model_name": "digits", "outputs": [{"name": "label", "shape": [1], "datatype": "INT64", "data": [7]}]}))
+              Reply(200, {"model_name": "digits",
+                          "outputs": [{"name": "label", "shape": [1], "datatype": "INT64", "data": [7]}]}))
 
     assert main(["infer", "digits-prod", "digits", "--input", str(tmp_path / "input.json")]) == 0
 
@@ -548,7 +681,8 @@ def test_infer_posts_the_input_file_to_the_gateway_and_prints_the_outputs(
     assert portal.seen("POST")[0].json() == request
 
 
-def test_an_error_of_the_gateway_is_one_line_too(portal: FakePortal, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_error_of_the_gateway_is_one_line_too(portal: FakePortal, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "input.json").write_text(json.dumps({"inputs": []}))
     portal.on("POST", "/serve/digits-prod/v2/models/digits/infer",
               Reply(400, {"error": "unexpected inference input 'x' for model 'digits'"}))
@@ -595,7 +729,8 @@ def test_a_get_is_retried_after_a_502_from_a_proxy(portal: FakePortal) -> None:
     assert len(portal.seen("GET")) == 2
 
 
-def test_a_rejected_token_says_where_the_token_comes_from(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_rejected_token_says_where_the_token_comes_from(portal: FakePortal,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
     portal.on("GET", "/api/v1/deployments/x/", api_error(401, "Invalid token.", "authentication_failed"))
 
     assert main(["status", "x"]) == 1
@@ -611,13 +746,15 @@ def test_a_rejected_token_says_where_the_token_comes_from(portal: FakePortal, ca
     ["push", "digits", "/no/such/file.onnx"],
     ["logs", "x", "--lines", "0"],
 ])
-def test_usage_errors_exit_2_with_one_line(portal: FakePortal, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_usage_errors_exit_2_with_one_line(portal: FakePortal, argv: list[str],
+                                           capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == ExitCode.USAGE == 2
     assert error_line(capsys)
     assert not portal.requests
 
 
-def test_a_missing_url_or_token_is_a_usage_error(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_missing_url_or_token_is_a_usage_error(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("MODELPORT_URL", raising=False)
     monkeypatch.setenv("MODELPORT_TOKEN", "t")
     assert main(["status", "x"]) == 2
@@ -629,7 +766,8 @@ def test_a_missing_url_or_token_is_a_usage_error(monkeypatch: pytest.MonkeyPatch
     assert error_line(capsys) == "error: no API token: set MODELPORT_TOKEN or pass --token"
 
 
-def test_a_broken_signature_file_is_a_usage_error(portal: FakePortal, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_broken_signature_file_is_a_usage_error(portal: FakePortal, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "sig.json").write_text("{not json")
 
     assert main(["push", "digits", str(artifact(tmp_path, 10)), "--signature", str(tmp_path / "sig.json")]) == 2
@@ -747,8 +885,10 @@ def test_promote_without_a_canary_is_an_error_with_the_portals_reason(
     portal.on("POST", "/api/v1/deployments/digits-prod/promote", api_error(409, "There is no canary to promote.",
                                                                             "conflict"))
 
-    assert main(["promote", "digits-prod"]) != 0
-    assert "There is no canary to promote." in error_line(capsys)
+    assert main(["promote", "digits-prod"]) == ExitCode.ERROR
+    line = error_line(capsys)
+    assert line == ("error: digits-prod has no canary to promote: start one with 'modelport deploy digits-prod "
+                    "--model MODEL[:VERSION] --canary PERCENT'")
 
 
 def test_status_shows_a_canary(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,5 +1,5 @@
 """`modelport tune`: what it sends, how it waits, the table it prints, --apply, and its failures' exit codes
-(against the fake portal of test_cli.py)."""
+(against the fake portal of fake_portal.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import pytest
 
 from modelport_cli.errors import ExitCode
 from modelport_cli.main import _duration, main
-from modelport_cli.tests.fake_portal import FakePortal, Reply
-from modelport_cli.tests.test_cli import api_error, error_line, portal  # noqa: F401 - the fixture
+from modelport_cli.tests.fake_portal import FakePortal, Reply, api_error, error_line
 
 BASE = "/api/v1/deployments/digits-prod"
 SETTINGS = {"instances": 2, "batching": True, "max_batch_size": 16, "queue_delay_us": 500}
@@ -35,7 +34,7 @@ def test_durations_read_as_seconds() -> None:
         _duration("ten minutes")
 
 
-def test_tune_waits_and_prints_the_table(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+def test_tune_waits_and_prints_the_table(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:
     portal.on("POST", f"{BASE}/tune", Reply(202, {**DONE, "status": "queued", "results": [], "message": "Queued."}))
     portal.on("GET", f"{BASE}/tunes/7/", [Reply(200, {**DONE, "status": "running", "message": "Measured 1."}),
                                           Reply(200, DONE)])
@@ -49,7 +48,7 @@ def test_tune_waits_and_prints_the_table(portal: FakePortal, capsys: pytest.Capt
     assert not portal.seen("POST", f"{BASE}/tunes/7/apply")
 
 
-def test_apply_rolls_the_recommendation_out(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+def test_apply_rolls_the_recommendation_out(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:
     portal.on("POST", f"{BASE}/tune", Reply(202, {**DONE, "status": "queued"}))
     portal.on("GET", f"{BASE}/tunes/7/", Reply(200, DONE))
     portal.on("POST", f"{BASE}/tunes/7/apply", Reply(200, {**DONE, "applied_revision": 3}))
@@ -57,30 +56,74 @@ def test_apply_rolls_the_recommendation_out(portal: FakePortal, capsys: pytest.C
     assert "applied: revision 3 rolls out" in capsys.readouterr().out
 
 
-def test_apply_with_canary_rolls_the_recommendation_out_as_a_canary(portal: FakePortal) -> None:  # noqa: F811
+def test_apply_with_canary_rolls_the_recommendation_out_as_a_canary(portal: FakePortal) -> None:
     portal.on("POST", f"{BASE}/tune", Reply(202, {**DONE, "status": "queued"}))
     portal.on("GET", f"{BASE}/tunes/7/", Reply(200, DONE))
     portal.on("POST", f"{BASE}/tunes/7/apply", Reply(200, {**DONE, "applied_revision": 3}))
     assert main(["tune", "digits-prod", "--p99-ms", "20", "--budget", "60", "--apply", "--canary", "10"]) \
         == ExitCode.OK
     [sent] = portal.seen("POST", f"{BASE}/tunes/7/apply")
-    assert sent.json() == {"rollout": {"strategy": "canary", "percent": 10}}
+    assert sent.json() == {"rollout": {"strategy": "canary", "percent": 10}, "narrow": False}
 
 
-def test_canary_without_apply_is_a_usage_error(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+NARROWS = ("Applying this tune would narrow what clients may send: digits: max_batch_size 64 → 16 (a request of "
+           "more than 16 rows, accepted today, would be refused with a 400).")
+CHANGES = [{"model": "digits", "setting": "max_batch_size", "before": 64, "after": 16, "narrows": True,
+            "why": "a request of more than 16 rows, accepted today, would be refused with a 400"}]
+
+
+def _tuned(fake: FakePortal) -> None:
+    fake.on("POST", f"{BASE}/tune", Reply(202, {**DONE, "status": "queued"}))
+    fake.on("GET", f"{BASE}/tunes/7/", Reply(200, DONE))
+
+    def apply(seen: Any) -> Reply:
+        if seen.json().get("narrow"):
+            return Reply(200, {**DONE, "applied_revision": 3, "changes": CHANGES})
+        return Reply(400, {"error": {"code": "invalid", "message": f"narrow: {NARROWS}",
+                                     "fields": {"narrow": [NARROWS]}}})
+
+    fake.on("POST", f"{BASE}/tunes/7/apply", apply)
+
+
+def test_apply_that_narrows_stops_with_the_change_unless_narrow_is_given(
+    portal: FakePortal, capsys: pytest.CaptureFixture[str]  # noqa: F811
+) -> None:
+    _tuned(portal)
+    assert main(["tune", "digits-prod", "--p99-ms", "20", "--budget", "60", "--apply"]) == ExitCode.USAGE
+    line = error_line(capsys)
+    assert "max_batch_size 64 → 16" in line and "add --narrow" in line
+    assert main(["tune", "digits-prod", "--p99-ms", "20", "--budget", "60", "--apply", "--narrow"]) == ExitCode.OK
+    out = capsys.readouterr().out
+    assert "applied: revision 3 rolls out" in out
+    assert "changed digits: max_batch_size 64 -> 16 (a request of more than 16 rows" in out
+
+
+def test_apply_that_narrows_asks_on_a_terminal(portal: FakePortal, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    _tuned(portal)
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    answers = iter(["n", "y"])
+    monkeypatch.setattr("builtins.input", lambda prompt: next(answers))
+    assert main(["tune", "digits-prod", "--p99-ms", "20", "--budget", "60", "--apply"]) == ExitCode.USAGE
+    assert "max_batch_size 64 → 16" in capsys.readouterr().err
+    assert main(["tune", "digits-prod", "--p99-ms", "20", "--budget", "60", "--apply"]) == ExitCode.OK
+    assert [r.json()["narrow"] for r in portal.seen("POST", f"{BASE}/tunes/7/apply")] == [False, False, True]
+
+
+def test_canary_without_apply_is_a_usage_error(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["tune", "digits-prod", "--p99-ms", "20", "--canary", "10"]) == ExitCode.USAGE
     assert "add --apply" in error_line(capsys)
     assert not portal.seen("POST")
 
 
-def test_a_failed_tune_exits_4_with_its_reason(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+def test_a_failed_tune_exits_4_with_its_reason(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:
     portal.on("POST", f"{BASE}/tune", Reply(202, {**DONE, "status": "queued"}))
     portal.on("GET", f"{BASE}/tunes/7/", Reply(200, {**DONE, "status": "failed", "message": "disk full"}))
     assert main(["tune", "digits-prod", "--p99-ms", "20", "--budget", "60"]) == ExitCode.DEPLOYMENT_FAILED
     assert error_line(capsys) == "error: tune 7 failed: disk full"
 
 
-def test_the_portals_validation_is_exit_1_with_its_message(portal: FakePortal,  # noqa: F811
+def test_the_portals_validation_is_exit_1_with_its_message(portal: FakePortal,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     portal.on("POST", f"{BASE}/tune", api_error(400, "Invalid input.", fields={
         "budget_seconds": ["Ensure this value is greater than or equal to 30."]}))
@@ -88,6 +131,6 @@ def test_the_portals_validation_is_exit_1_with_its_message(portal: FakePortal,  
     assert "budget_seconds" in error_line(capsys)
 
 
-def test_a_bad_duration_is_a_usage_error(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+def test_a_bad_duration_is_a_usage_error(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["tune", "digits-prod", "--p99-ms", "20", "--budget", "soon"]) == ExitCode.USAGE
     assert not portal.seen()

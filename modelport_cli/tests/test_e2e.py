@@ -104,7 +104,7 @@ def test_a_ci_job_pushes_deploys_rolls_out_inspects_and_tears_down_with_the_cli(
 
     deleted = cli("delete", "digits-prod")
     assert deleted.returncode == 0, deleted.stderr
-    wait_for(lambda: cli("status", "digits-prod").returncode == 1, 30, what="digits-prod to be gone")
+    wait_for(lambda: cli("status", "digits-prod").returncode == 2, 30, what="digits-prod to be gone")
     assert "HTTP 404" in error_line(cli("status", "digits-prod"))
 
 

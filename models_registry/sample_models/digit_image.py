@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 SIDE = 8
 MAX_INK = 16.0
@@ -21,13 +21,28 @@ MAX_INK = 16.0
 MAX_PIXELS = 4096 * 4096
 
 
+class NotAnImage(ValueError):
+    """The caller sent bytes that are no image this model takes; the message says so in words about the input."""
+
+
 def digit_features(data: bytes) -> np.ndarray:
-    """float32 [64], values 0..16, ink bright: what digits.onnx takes as one row."""
-    with Image.open(io.BytesIO(data)) as image:
+    """float32 [64], values 0..16, ink bright: what digits.onnx takes as one row. NotAnImage for bytes that are no
+    readable image (Pillow's own message names an in-memory object's address: it is not passed on)."""
+    try:
+        image = Image.open(io.BytesIO(data))
+    except (UnidentifiedImageError, OSError, ValueError):
+        raise NotAnImage(f"the input 'image' is not an image file (PNG, JPEG, ...): {len(data)} bytes that "
+                         "Pillow cannot read; send the encoded file's bytes, one image per row") from None
+    with image:
         if image.width * image.height > MAX_PIXELS:
-            raise ValueError(f"the image is {image.width}x{image.height} pixels; at most {MAX_PIXELS} are accepted")
+            raise NotAnImage(f"the image is {image.width}x{image.height} pixels; at most {MAX_PIXELS} are "
+                             "accepted")
         picture: Image.Image = image
-        picture.load()
+        try:
+            picture.load()
+        except (OSError, ValueError, SyntaxError):
+            raise NotAnImage("the input 'image' is a truncated or corrupt image file; send the whole "
+                             "file's bytes") from None
         if picture.mode in ("RGBA", "LA", "PA") or (picture.mode == "P" and "transparency" in picture.info):
             # Transparent parts are paper: put the image on white before it loses its alpha channel.
             rgba = picture.convert("RGBA")

@@ -70,7 +70,8 @@ def export_torchscript(weights: Weights, out: Path, check_input: np.ndarray) -> 
             super().__init__()
             self.conv1 = ConvBN(f"{name}.conv1", stride, relu=True)
             self.conv2 = ConvBN(f"{name}.conv2", 1, relu=False)
-            self.project = ConvBN(f"{name}.project", stride, relu=False) if stride != 1 or cin != cout else nn.Identity()
+            self.project = (ConvBN(f"{name}.project", stride, relu=False) if stride != 1 or cin != cout
+                            else nn.Identity())
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.relu(self.conv2(self.conv1(x)) + self.project(x))

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from digit_image import digit_features
+from digit_image import NotAnImage, digit_features
 
 
 class TritonPythonModel:
@@ -17,8 +17,10 @@ class TritonPythonModel:
             images = pb_utils.get_input_tensor_by_name(request, "image").as_numpy()
             try:
                 rows = [digit_features(bytes(item)) for item in images.reshape(-1)]
-            except Exception as exc:  # noqa: BLE001 - an unreadable image is this request's error, not the model's
-                error = pb_utils.TritonError(f"cannot read the image: {exc}")
+            except NotAnImage as exc:
+                # The caller's mistake: INVALID_ARG makes Triton (and the gateway) answer 400, in words about the
+                # input. Any other exception is the model's own fault and stays a 500 that shows nothing of it.
+                error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
                 continue
             features = np.stack(rows).astype(np.float32) if rows else np.zeros((0, 64), np.float32)

@@ -91,12 +91,16 @@ def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def settled(upload: Any, timeout: float = 10) -> Any:
-    """The upload once no request holds it (the server commits after the client is gone)."""
+def settled(upload: Any, timeout: float = 10, offset: int | None = None) -> Any:
+    """The upload once no request holds it (the server commits after the client is gone). With `offset`: once it has
+    also reached that offset, for a request the client dropped without an answer, which the server (a thread of
+    this process, slower on a loaded machine) may not even have claimed when this first looks."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         upload.refresh_from_db()
-        if upload.busy_until is None:
+        if upload.busy_until is None and (offset is None or upload.offset == offset):
             return upload
         time.sleep(0.02)
-    raise AssertionError("the upload is still claimed")
+    if upload.busy_until is not None:
+        raise AssertionError("the upload is still claimed")
+    raise AssertionError(f"the upload is at offset {upload.offset}, not {offset}")

@@ -5,16 +5,16 @@ import json
 import tarfile
 import threading
 import zipfile
-from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection, transaction
+from django.test import Client
 
 from conftest import Person
 from models_registry.models import Blob, Model, ModelVersion
+from models_registry.tests.storage_checks import assert_nothing_stored, stored_files
 from tests.artifacts import PYTHON_SIGNATURE, python_model_zip, tiny_onnx
 
 
@@ -28,18 +28,8 @@ def upload(person: Person, data: bytes, filename: str = "model.onnx", **fields: 
     return person.client().post("/api/v1/models/digits/versions/", payload, format="multipart")
 
 
-def stored_files() -> list[Path]:
-    root = Path(settings.ARTIFACT_ROOT)
-    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
-
-
-def assert_nothing_stored() -> None:
-    assert not ModelVersion.objects.exists()
-    assert not Blob.objects.exists()
-    assert stored_files() == []
-
-
-def test_an_onnx_upload_becomes_a_ready_version_with_its_signature(alice: Person, digits: Model, eager_tasks: Any) -> None:
+def test_an_onnx_upload_becomes_a_ready_version_with_its_signature(alice: Person, digits: Model,
+                                                                   eager_tasks: Any) -> None:
     response = upload(alice, tiny_onnx())
     assert response.status_code == 201
     body = response.json()
@@ -92,7 +82,7 @@ def test_it_rejects_a_corrupt_onnx_file(alice: Person, digits: Model) -> None:
 def test_it_rejects_a_file_of_unknown_format(alice: Person, digits: Model) -> None:
     response = upload(alice, b"hello world", filename="notes.txt")
     assert response.status_code == 400
-    assert "Could not detect the model format" in response.json()["error"]["message"]
+    assert "The file is named 'notes.txt' but it is text, not a model" in response.json()["error"]["message"]
     assert_nothing_stored()
 
 
@@ -149,14 +139,16 @@ def test_a_python_model_with_a_signature_is_accepted(alice: Person, digits: Mode
 
 
 def test_it_rejects_a_bad_signature_with_a_field_message(alice: Person, digits: Model) -> None:
-    bad = {"inputs": [{"name": "x", "datatype": "FLOAT99", "dims": [-1, 4]}], "outputs": [{"name": "y", "datatype": "FP32", "dims": [4]}]}
+    bad = {"inputs": [{"name": "x", "datatype": "FLOAT99", "dims": [-1, 4]}],
+           "outputs": [{"name": "y", "datatype": "FP32", "dims": [4]}]}
     response = upload(alice, python_model_zip(), filename="model.zip", signature=json.dumps(bad))
     assert response.status_code == 400
     assert "unknown datatype 'FLOAT99'" in response.json()["error"]["fields"]["signature"][0]
     assert_nothing_stored()
 
 
-def test_a_max_batch_size_without_a_batch_dimension_makes_the_version_invalid(alice: Person, digits: Model, eager_tasks: Any) -> None:
+def test_a_max_batch_size_without_a_batch_dimension_makes_the_version_invalid(alice: Person, digits: Model,
+                                                                              eager_tasks: Any) -> None:
     response = upload(alice, tiny_onnx(batch=False), max_batch_size="8")
     assert response.status_code == 201
     version = ModelVersion.objects.get()
@@ -185,7 +177,8 @@ def test_a_json_body_that_is_not_an_object_is_a_400(alice: Person, digits: Model
     assert response.json()["error"]["message"] == "The request body must be a JSON object."
 
 
-def test_charlie_cannot_upload_to_or_read_another_teams_model(alice: Person, charlie: Person, digits: Model, eager_tasks: Any) -> None:
+def test_charlie_cannot_upload_to_or_read_another_teams_model(alice: Person, charlie: Person, digits: Model,
+                                                              eager_tasks: Any) -> None:
     upload(alice, tiny_onnx())
     assert upload(charlie, tiny_onnx()).status_code == 404
     assert charlie.client().get("/api/v1/models/digits/versions/1/").status_code == 404
@@ -193,7 +186,8 @@ def test_charlie_cannot_upload_to_or_read_another_teams_model(alice: Person, cha
     assert ModelVersion.objects.count() == 1
 
 
-def test_deleting_a_version_removes_its_bytes_when_no_other_version_shares_them(alice: Person, digits: Model, eager_tasks: Any) -> None:
+def test_deleting_a_version_removes_its_bytes_when_no_other_version_shares_them(alice: Person, digits: Model,
+                                                                                eager_tasks: Any) -> None:
     upload(alice, tiny_onnx())
     upload(alice, tiny_onnx())
     assert alice.client().delete("/api/v1/models/digits/versions/1/").status_code == 204
@@ -248,7 +242,7 @@ def test_a_refused_first_version_leaves_no_empty_model(alice: Person) -> None:
     payload = {"file": SimpleUploadedFile("notes.txt", b"hello, not a model"), "create_model": "true"}
     response = alice.client().post("/api/v1/models/notes/versions/", payload, format="multipart")
     assert response.status_code == 400
-    assert "detect the model format" in response.json()["error"]["message"]
+    assert "but it is text, not a model" in response.json()["error"]["message"]
     assert not Model.objects.exists()
     assert_nothing_stored()
 
@@ -266,7 +260,8 @@ def test_a_refused_first_version_from_a_tus_upload_leaves_no_empty_model(alice: 
 
 
 def test_without_create_model_an_unknown_model_is_404(alice: Person) -> None:
-    response = alice.client().post("/api/v1/models/notes/versions/", {"file": SimpleUploadedFile("m.onnx", tiny_onnx())},
+    response = alice.client().post("/api/v1/models/notes/versions/",
+                                   {"file": SimpleUploadedFile("m.onnx", tiny_onnx())},
                                    format="multipart")
     assert response.status_code == 404
     assert not Model.objects.exists()
@@ -297,3 +292,32 @@ def test_create_model_makes_a_model_in_the_callers_team_only(alice: Person, char
     assert charlie.client().post("/api/v1/models/digits/versions/", payload, format="multipart").status_code == 201
     assert Model.objects.get(team=charlie.team, name="digits").versions.count() == 1
     assert digits.versions.count() == 0
+
+
+def test_pushing_the_same_bytes_again_says_which_version_they_are_identical_to(
+        alice: Person, digits: Model, eager_tasks: Any) -> None:
+    upload(alice, tiny_onnx())
+    upload(alice, tiny_onnx(out_features=5))
+    upload(alice, tiny_onnx())
+
+    third = alice.client().get("/api/v1/models/digits/versions/3/").json()
+    assert third["identical_to"] == 1
+    assert alice.client().get("/api/v1/models/digits/versions/2/").json()["identical_to"] is None
+    listed = {v["number"]: v["identical_to"] for v in alice.client().get("/api/v1/models/digits/versions/").json()}
+    assert listed == {3: 1, 2: None, 1: None}
+    browser = Client()
+    browser.force_login(alice.user)
+    page = browser.get("/models/digits/").content.decode()
+    assert 'id="version-3-identical">Identical to version 1' in page
+    assert 'id="version-1-identical"' not in page
+
+
+def test_the_same_bytes_in_another_teams_model_are_not_identical_to_anything(
+        alice: Person, charlie: Person, digits: Model, eager_tasks: Any) -> None:
+    upload(alice, tiny_onnx())
+    theirs = Model.objects.create(team=charlie.team, name="digits", created_by=charlie.user)
+    payload = {"file": SimpleUploadedFile("model.onnx", tiny_onnx())}
+    assert charlie.client().post("/api/v1/models/digits/versions/", payload, format="multipart").status_code == 201
+
+    assert charlie.client().get("/api/v1/models/digits/versions/1/").json()["identical_to"] is None
+    assert theirs.versions.get().sha256 == ModelVersion.objects.filter(model=digits).get().sha256

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from models_registry import archives
+from modelport.core import archives
 
 
 def test_a_marker_at_the_top_level_is_found_there() -> None:

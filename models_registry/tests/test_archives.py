@@ -14,7 +14,7 @@ from typing import Literal
 
 import pytest
 
-from models_registry.archives import (
+from modelport.core.archives import (
     ArchiveEntry,
     ArchiveError,
     ArchiveLimits,
@@ -392,7 +392,8 @@ def test_a_pax_header_made_to_backtrack_is_refused_at_once(tmp_path: Path) -> No
 
 
 def test_a_pax_path_is_checked_like_any_name(tmp_path: Path) -> None:
-    archive = write_tar(tmp_path / "m.tar", extended(b"x", pax_record("path", "../../evil.py")), member("model.py", b"owned"))
+    archive = write_tar(tmp_path / "m.tar", extended(b"x", pax_record("path", "../../evil.py")),
+                        member("model.py", b"owned"))
     with pytest.raises(ArchiveError, match="outside the archive"):
         check_archive(archive, LIMITS)
     with pytest.raises(ArchiveError, match="outside the archive"):

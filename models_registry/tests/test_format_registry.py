@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from models_registry import archives, formats
-from models_registry.formats import base
+from modelport.core import archives, formats
+from modelport.core.definitions import PythonDefinition
+from modelport.core.formats import base
 from models_registry.samples import sample_artifacts
-from models_registry.tests.test_formats import TRITON_MODEL_PY, torchscript_entries, zip_of
+from models_registry.tests.format_artifacts import TRITON_MODEL_PY, torchscript_entries, zip_of
 
 NO_LIMITS = archives.DEFAULT_LIMITS
 
@@ -78,7 +79,7 @@ def test_a_sample_round_trips_through_detect_inspect_and_layout(tmp_path: Path) 
     assert fmt.inspect is not None and fmt.write_artifact is not None
     inspected = fmt.inspect(path, preprocess.signature, NO_LIMITS)
     assert inspected.signature == preprocess.signature
-    assert inspected.definition is not None and "requirements" in inspected.definition
+    assert isinstance(inspected.definition, PythonDefinition)
     version_dir = tmp_path / "repo" / "preprocess" / "1"
     version_dir.mkdir(parents=True)
     fmt.write_artifact(path, version_dir, tmp_path / "scratch", NO_LIMITS)

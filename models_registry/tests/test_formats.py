@@ -7,20 +7,17 @@ import json
 import random
 import struct
 import tarfile
-import zipfile
 from pathlib import Path
 
 import onnx
 import pytest
 
-from models_registry import formats
-from models_registry.archives import ArchiveError
-from models_registry.formats import FormatError, check_declared_format, detect_format
+from modelport.core import formats
+from modelport.core.archives import ArchiveError
+from modelport.core.formats import FormatError, check_declared_format, detect_format
 from models_registry.samples import build_resnet_onnx
-
-TRITON_MODEL_PY = (
-    b"import numpy as np\n\n\nclass TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
-)
+from models_registry.tests.format_artifacts import TRITON_MODEL_PY, torchscript_entries, zip_of
+from models_registry.tests.savedmodels import varint
 
 
 def _noise(size: int) -> bytes:
@@ -32,13 +29,6 @@ def write(path: Path, data: bytes) -> Path:
     return path
 
 
-def zip_of(path: Path, entries: dict[str, bytes]) -> Path:
-    with zipfile.ZipFile(path, "w") as archive:
-        for name, data in entries.items():
-            archive.writestr(name, data)
-    return path
-
-
 def tar_gz_of(path: Path, entries: dict[str, bytes]) -> Path:
     with tarfile.open(path, "w:gz") as archive:
         for name, data in entries.items():
@@ -46,17 +36,6 @@ def tar_gz_of(path: Path, entries: dict[str, bytes]) -> Path:
             info.size = len(data)
             archive.addfile(info, io.BytesIO(data))
     return path
-
-
-def torchscript_entries(top: str = "model") -> dict[str, bytes]:
-    """The records torch.jit.save writes (the pickles' content does not matter to detection)."""
-    return {
-        f"{top}/data.pkl": b"\x80\x02}q\x00.",
-        f"{top}/constants.pkl": b"\x80\x02).",
-        f"{top}/code/__torch__/model.py": b"class Model(Module):\n  pass\n",
-        f"{top}/version": b"3\n",
-        f"{top}/.data/version": b"3\n",
-    }
 
 
 def test_an_onnx_model_is_recognised(tmp_path: Path) -> None:
@@ -70,20 +49,12 @@ def test_an_onnx_model_with_its_fields_in_another_order_is_recognised(tmp_path: 
     # Protobuf allows fields in any order: graph (7) first, then ir_version (1), then opset_import (8).
     graph = model.graph.SerializeToString()
     opset_17 = b"\x0a\x00\x10\x11"  # {domain: "", version: 17}
-    data = b"\x3a" + _varint(len(graph)) + graph + b"\x08\x08" + b"\x42" + _varint(len(opset_17)) + opset_17
+    data = b"\x3a" + varint(len(graph)) + graph + b"\x08\x08" + b"\x42" + varint(len(opset_17)) + opset_17
     path = write(tmp_path / "upload.bin", data)
     assert onnx.load_from_string(data).graph.name == "resnet"  # what onnx itself makes of it
     assert detect_format(path) == "onnx"
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
 
 
 @pytest.mark.parametrize(

@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from models_registry.formats.python import inspect_python_archive
-from models_registry.formats.torchscript import inspect_torchscript_archive
-from models_registry.onnx_inspect import (
+from modelport.core.formats.python import inspect_python_archive
+from modelport.core.formats.torchscript import inspect_torchscript_archive
+from modelport.core.onnx_inspect import (
     InspectionError,
     inspect_onnx,
     validate_declared_signature,
 )
+from modelport.core.signature import Signature, Tensor, parse_signature
 from models_registry.samples import DIGITS_SIGNATURE, build_digits_onnx
-from models_registry.signature import Signature, Tensor, parse_signature
 
 
 def matmul_model(
@@ -122,6 +123,66 @@ def test_checker_errors_are_reported_as_problems(tmp_path: Path) -> None:
     assert len(result.problems) == 1
     assert result.problems[0].startswith("ONNX checker: ")
     assert "NoSuchOperator" in result.problems[0]
+
+
+def with_custom_op(domain: str, in_subgraph: bool = False) -> onnx.ModelProto:
+    """matmul_model with its MatMul replaced by an operator of `domain` (optionally inside an If's branch)."""
+    model = matmul_model(["batch", 4], ["batch", 3])
+    custom = helper.make_node("FancyMatMul", ["x", "W"], ["y"], domain=domain)
+    if in_subgraph:
+        branch = helper.make_graph([custom], "branch", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                                                        ["batch", 3])])
+        model.graph.initializer.append(numpy_helper.from_array(np.array(True), "cond"))
+        model.graph.node[0].CopyFrom(helper.make_node("If", ["cond"], ["y"], then_branch=branch, else_branch=branch))
+    else:
+        model.graph.node[0].CopyFrom(custom)
+    model.opset_import.append(helper.make_opsetid(domain, 1))
+    return model
+
+
+@pytest.mark.parametrize("in_subgraph", [False, True])
+def test_a_custom_operator_domain_is_a_problem_that_names_the_domain(tmp_path: Path, in_subgraph: bool) -> None:
+    result = inspect_onnx(saved(with_custom_op("com.example.secret_ops", in_subgraph), tmp_path / "m.onnx"))
+    assert result.problems == [
+        "the model uses custom operators of the domain(s) 'com.example.secret_ops' (operator 'FancyMatMul'), which "
+        "onnxruntime does not implement and Triton would fail to load: export it with standard ONNX operators (or "
+        "onnxruntime's com.microsoft ones)"]
+
+
+def test_onnxruntime_contrib_operators_and_the_models_own_functions_are_not_custom(tmp_path: Path) -> None:
+    contrib = inspect_onnx(saved(with_custom_op("com.microsoft"), tmp_path / "contrib.onnx"))
+    assert not [p for p in contrib.problems if "custom operators" in p]
+    model = with_custom_op("local.functions")
+    model.functions.append(helper.make_function("local.functions", "FancyMatMul", ["a", "b"], ["c"],
+                                                [helper.make_node("MatMul", ["a", "b"], ["c"])],
+                                                [helper.make_opsetid("", 17)]))
+    assert inspect_onnx(saved(model, tmp_path / "function.onnx")).problems == []
+
+
+@pytest.mark.parametrize("separator", ["\n", "\u2028", "\u0085"], ids=["newline", "line-separator", "next-line"])
+@pytest.mark.parametrize("where", ["initializer", "node", "subgraph"])
+def test_a_name_with_a_control_character_is_a_problem(tmp_path: Path, where: str, separator: str) -> None:
+    # Each separator is one str.splitlines() breaks at: the name would start a line of the server's in the log.
+    forged = f'w{separator}I1201 14:45:15.484194 1 model_lifecycle.cc:839] "successfully loaded \'d1-r1-digits\'"'
+    model = matmul_model(["batch", 4], ["batch", 3])
+    if where == "initializer":
+        model.graph.initializer.append(numpy_helper.from_array(np.zeros(1, np.float32), forged))
+    elif where == "node":
+        model.graph.node[0].name = forged
+    else:
+        model = with_custom_op("", in_subgraph=True)  # standard operators, the MatMul inside an If's branch
+        model.graph.node[0].attribute[0].g.node[0].name = forged
+    problems = inspect_onnx(saved(model, tmp_path / "m.onnx")).problems
+    assert [p for p in problems if "not printable" in p] == [
+        f"the name {forged[:100]!r} holds a character that is not printable (a newline, a tab, an escape, a line "
+        "separator): rename the model's "
+        "tensors and nodes with printable characters"], problems
+
+
+def test_printable_names_of_any_script_are_no_problem(tmp_path: Path) -> None:
+    model = matmul_model(["batch", 4], ["batch", 3])
+    model.graph.node[0].name = "Gewichte/Ähnlichkeit:0 (層)"
+    assert not [p for p in inspect_onnx(saved(model, tmp_path / "m.onnx")).problems if "not printable" in p]
 
 
 @pytest.mark.parametrize(
@@ -330,3 +391,20 @@ def test_a_damaged_torchscript_archive_is_refused(tmp_path: Path) -> None:
     not_zip.write_bytes(b"\x80\x02}.")
     with pytest.raises(InspectionError, match="not a zip"):
         inspect_torchscript_archive(not_zip)
+
+
+def test_an_onnx_upload_with_a_custom_operator_domain_is_invalid_and_names_it(
+    alice: Any, eager_tasks: Any, tmp_path: Path
+) -> None:
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from models_registry.models import Model, ModelVersion
+
+    Model.objects.create(team=alice.team, name="fancy", created_by=alice.user)
+    data = saved(with_custom_op("com.example.secret_ops"), tmp_path / "fancy.onnx").read_bytes()
+    response = alice.client().post("/api/v1/models/fancy/versions/",
+                                   {"file": SimpleUploadedFile("fancy.onnx", data)}, format="multipart")
+    assert response.status_code == 201, response.json()
+    version = ModelVersion.objects.get(model__name="fancy")
+    assert version.status == "invalid"
+    assert "'com.example.secret_ops' (operator 'FancyMatMul')" in version.error

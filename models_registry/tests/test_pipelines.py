@@ -6,64 +6,30 @@ from __future__ import annotations
 
 import copy
 import json
-from functools import lru_cache
 from typing import Any
 
 import pytest
-from django.core.files.uploadedfile import SimpleUploadedFile
 from django.template.loader import render_to_string
 
 from conftest import Person
-from models_registry import actions
-from models_registry.inspection import inspect_version
 from models_registry.models import Model, ModelVersion
 from models_registry.pipelines import pipeline_graph
 from models_registry.samples import (
-    POSTPROCESS_SIGNATURE,
-    PREPROCESS_SIGNATURE,
-    build_digits_onnx,
-    build_postprocess_zip,
     build_preprocess_zip,
     digits_pipeline_definition,
 )
-from models_registry.signature import Signature, parse_signature
+from models_registry.tests.pipeline_versions import (
+    create_pipeline,
+    digits_bytes,
+    digits_steps,
+    ready_version,
+)
 from tests.artifacts import python_model_zip
 
 
-@lru_cache(maxsize=1)
-def digits_bytes() -> bytes:
-    return build_digits_onnx().SerializeToString()
-
-
-def ready_version(person: Person, name: str, data: bytes, filename: str, signature: Signature | dict[str, Any] | None = None,
-                  **options: Any) -> ModelVersion:
-    """A version through the real upload path, inspected in-process."""
-    model = Model.objects.filter(team=person.team, name=name).first() or Model.objects.create(team=person.team, name=name)
-    sig = parse_signature(signature) if isinstance(signature, dict) else signature
-    version = actions.create_version_from_file(model, person.user, SimpleUploadedFile(filename, data), filename,
-                                               signature=sig, **options)
-    inspect_version(version.pk)
-    version.refresh_from_db()
-    assert version.status == "ready", version.error
-    return version
-
-
-def digits_steps(person: Person, **digits_options: Any) -> dict[str, ModelVersion]:
-    """preprocess, digits and postprocess version 1: the sample pipeline's steps."""
-    return {
-        "preprocess": ready_version(person, "preprocess", build_preprocess_zip(), "preprocess.zip", PREPROCESS_SIGNATURE),
-        "digits": ready_version(person, "digits", digits_bytes(), "digits.onnx", **digits_options),
-        "postprocess": ready_version(person, "postprocess", build_postprocess_zip(), "postprocess.zip",
-                                     POSTPROCESS_SIGNATURE),
-    }
-
-
-def create_pipeline(person: Person, definition: Any, name: str = "digits-pipeline", **body: Any) -> Any:
-    client = person.client()
-    if not Model.objects.filter(team=person.team, name=name).exists():
-        client.post("/api/v1/models/", {"name": name}, format="json")
-    return client.post(f"/api/v1/models/{name}/versions/", {"format": "ensemble", "definition": definition, **body},
-                       format="json")
+@pytest.fixture
+def definition() -> dict[str, Any]:
+    return digits_pipeline_definition()
 
 
 def refused(response: Any, field: str) -> str:
@@ -80,11 +46,6 @@ def refused(response: Any, field: str) -> str:
 @pytest.fixture
 def steps(alice: Person) -> dict[str, ModelVersion]:
     return digits_steps(alice)
-
-
-@pytest.fixture
-def definition() -> dict[str, Any]:
-    return digits_pipeline_definition()
 
 
 # --- valid pipelines --------------------------------------------------------------------------------------------
@@ -120,7 +81,7 @@ def test_the_pipeline_batches_no_more_than_its_smallest_step(alice: Person, defi
     digits_steps(alice, max_batch_size=16)
     assert create_pipeline(alice, definition).json()["max_batch_size"] == 16
     message = refused(create_pipeline(alice, definition, max_batch_size=32), "max_batch_size")
-    assert message == "max_batch_size 32 is larger than that of step 1 (digits) (16)"
+    assert message == "max_batch_size 32 is larger than that of step 2 (digits) (16)"
     assert create_pipeline(alice, definition, max_batch_size=8).json()["max_batch_size"] == 8
 
 
@@ -130,7 +91,7 @@ def test_the_pipeline_batches_no_more_than_its_smallest_step(alice: Person, defi
 def test_it_refuses_a_step_input_fed_by_no_tensor(alice: Person, steps: Any, definition: dict[str, Any]) -> None:
     definition["steps"][1]["input_map"] = {"input": "pixels"}
     message = refused(create_pipeline(alice, definition), "definition.steps[1].input_map.input")
-    assert message == ("step 1 (digits): input 'input' is mapped to tensor 'pixels', which is neither a pipeline "
+    assert message == ("step 2 (digits): input 'input' is mapped to tensor 'pixels', which is neither a pipeline "
                        "input nor an earlier step's output")
     assert not ModelVersion.objects.filter(format="ensemble").exists()
 
@@ -138,27 +99,28 @@ def test_it_refuses_a_step_input_fed_by_no_tensor(alice: Person, steps: Any, def
 def test_it_refuses_a_step_input_left_unmapped(alice: Person, steps: Any, definition: dict[str, Any]) -> None:
     definition["steps"][1]["input_map"] = {}
     message = refused(create_pipeline(alice, definition), "definition.steps[1].input_map")
-    assert "step 1 (digits): input_map must be a non-empty object" in message
+    assert "step 2 (digits): input_map must be a non-empty object" in message
     definition["steps"][0]["input_map"] = {"picture": "image"}
     definition["steps"][1]["input_map"] = {"input": "features"}
     message = refused(create_pipeline(alice, definition), "definition.steps[0].input_map")
-    assert message == "step 0 (preprocess): 'preprocess' version 1 has no input 'picture' (its inputs: 'image')"
+    assert message == "step 1 (preprocess): 'preprocess' version 1 has no input 'picture' (its inputs: 'image')"
     response = create_pipeline(alice, definition)
-    assert "step 0 (preprocess): input 'image' of 'preprocess' is not fed" in response.json()["error"]["message"]
+    assert "step 1 (preprocess): input 'image' of 'preprocess' is not fed" in response.json()["error"]["message"]
 
 
 def test_it_refuses_a_data_type_mismatch(alice: Person, steps: Any, definition: dict[str, Any]) -> None:
     # The classifier fed the encoded image directly.
     definition["steps"][1]["input_map"] = {"input": "image"}
     message = refused(create_pipeline(alice, definition), "definition.steps[1].input_map.input")
-    assert message == "step 1 (digits): input 'input' is FP32 but pipeline input 'image' is BYTES"
+    assert message == "step 2 (digits): input 'input' is FP32 but pipeline input 'image' is BYTES"
 
 
 def test_it_refuses_an_incompatible_shape(alice: Person, steps: Any, definition: dict[str, Any]) -> None:
     definition["inputs"] = [{"name": "features", "datatype": "FP32", "dims": [-1, 32]}]
     definition["steps"] = definition["steps"][1:]
     message = refused(create_pipeline(alice, definition), "definition.steps[0].input_map.input")
-    assert message == "step 0 (digits): input 'input' has shape [-1, 64] but pipeline input 'features' has shape [-1, 32]"
+    assert message == ("step 1 (digits): input 'input' has shape [-1, 64] "
+                       "but pipeline input 'features' has shape [-1, 32]")
 
 
 def test_it_refuses_a_pipeline_output_no_step_produces(alice: Person, steps: Any, definition: dict[str, Any]) -> None:
@@ -167,10 +129,11 @@ def test_it_refuses_a_pipeline_output_no_step_produces(alice: Person, steps: Any
     assert message == "pipeline output 'top' is not produced by any step: map a step output to it"
 
 
-def test_it_refuses_a_pipeline_output_declared_unlike_its_producer(alice: Person, steps: Any, definition: dict[str, Any]) -> None:
+def test_it_refuses_a_pipeline_output_declared_unlike_its_producer(alice: Person, steps: Any,
+                                                                   definition: dict[str, Any]) -> None:
     definition["outputs"][0]["datatype"] = "INT64"
     message = refused(create_pipeline(alice, definition), "definition.outputs[0]")
-    assert message == ("pipeline output 'labels' is declared INT64 [-1, 3] but output 'labels' of step 2 "
+    assert message == ("pipeline output 'labels' is declared INT64 [-1, 3] but output 'labels' of step 3 "
                        "(postprocess) is BYTES [-1, 3]")
 
 
@@ -182,39 +145,42 @@ def test_it_refuses_cycles(alice: Person, steps: Any) -> None:
         "inputs": [{"name": "start", "datatype": "FP32", "dims": [-1, 64]}],
         "outputs": [{"name": "probabilities", "datatype": "FP32", "dims": [-1, 10]}],
         "steps": [
-            {"model": "digits", "version": 1, "input_map": {"input": "wide"}, "output_map": {"probabilities": "probabilities"}},
+            {"model": "digits", "version": 1, "input_map": {"input": "wide"},
+             "output_map": {"probabilities": "probabilities"}},
             {"model": "widen", "version": 1, "input_map": {"x": "probabilities"}, "output_map": {"y": "wide"}},
         ],
     }
     message = refused(create_pipeline(alice, definition, name="loop"), "definition.steps")
-    assert message == ("the steps form a cycle: step 0 (digits) -> step 1 (widen) -> step 0 (digits) "
+    assert message == ("the steps form a cycle: step 1 (digits) -> step 2 (widen) -> step 1 (digits) "
                        "(each feeds the next through its outputs)")
 
 
-def test_it_refuses_steps_listed_before_the_step_that_feeds_them(alice: Person, steps: Any, definition: dict[str, Any]) -> None:
+def test_it_refuses_steps_listed_before_the_step_that_feeds_them(alice: Person, steps: Any,
+                                                                 definition: dict[str, Any]) -> None:
     definition["steps"] = [definition["steps"][1], definition["steps"][0], definition["steps"][2]]
     message = refused(create_pipeline(alice, definition), "definition.steps[0].input_map.input")
-    assert message == ("step 0 (digits): input 'input' is fed by tensor 'features' (from step 1 (preprocess)), "
+    assert message == ("step 1 (digits): input 'input' is fed by tensor 'features' (from step 2 (preprocess)), "
                        "which comes later: list the steps in the order they run")
 
 
-def test_it_refuses_a_tensor_written_twice_or_over_a_pipeline_input(alice: Person, steps: Any, definition: dict[str, Any]) -> None:
+def test_it_refuses_a_tensor_written_twice_or_over_a_pipeline_input(alice: Person, steps: Any,
+                                                                    definition: dict[str, Any]) -> None:
     definition["steps"][1]["output_map"] = {"probabilities": "features"}
     message = refused(create_pipeline(alice, definition), "definition.steps[1].output_map")
-    assert message == ("step 1 (digits): output 'probabilities' writes tensor 'features', which step 0 (preprocess) "
+    assert message == ("step 2 (digits): output 'probabilities' writes tensor 'features', which step 1 (preprocess) "
                        "writes already")
     definition["steps"][1]["output_map"] = {"probabilities": "image"}
     message = refused(create_pipeline(alice, definition), "definition.steps[1].output_map")
-    assert message == "step 1 (digits): output 'probabilities' is mapped to 'image', which is a pipeline input"
+    assert message == "step 2 (digits): output 'probabilities' is mapped to 'image', which is a pipeline input"
 
 
 def test_it_refuses_versions_that_do_not_exist(alice: Person, steps: Any, definition: dict[str, Any]) -> None:
     definition["steps"][1]["version"] = 7
     assert refused(create_pipeline(alice, definition), "definition.steps[1].version") == (
-        "step 1 (digits): model 'digits' has no version 7")
+        "step 2 (digits): model 'digits' has no version 7")
     definition["steps"][1] = {**definition["steps"][1], "model": "ghost"}
     assert refused(create_pipeline(alice, definition), "definition.steps[1].version") == (
-        "step 1 (ghost): no model named 'ghost' in your team")
+        "step 2 (ghost): no model named 'ghost' in your team")
 
 
 def test_it_refuses_versions_that_are_not_ready(alice: Person, steps: Any, definition: dict[str, Any]) -> None:
@@ -222,13 +188,13 @@ def test_it_refuses_versions_that_are_not_ready(alice: Person, steps: Any, defin
     ModelVersion.objects.create(model=digits.model, number=2, format="onnx", status="invalid", error="bad bytes")
     definition["steps"][1]["version"] = 2
     message = refused(create_pipeline(alice, definition), "definition.steps[1].version")
-    assert message == "step 1 (digits): version 2 of 'digits' is invalid, not ready: bad bytes"
+    assert message == "step 2 (digits): version 2 of 'digits' is invalid, not ready: bad bytes"
 
 
 def test_it_refuses_another_teams_versions(alice: Person, charlie: Person, definition: dict[str, Any]) -> None:
     digits_steps(charlie)
     message = refused(create_pipeline(alice, definition), "definition.steps[0].version")
-    assert message == "step 0 (preprocess): no model named 'preprocess' in your team"
+    assert message == "step 1 (preprocess): no model named 'preprocess' in your team"
 
 
 def test_it_refuses_mixed_batching(alice: Person, steps: Any, definition: dict[str, Any]) -> None:
@@ -238,8 +204,8 @@ def test_it_refuses_mixed_batching(alice: Person, steps: Any, definition: dict[s
     definition["steps"][0]["version"] = 2
     definition["inputs"][0]["dims"] = [1]
     message = refused(create_pipeline(alice, definition), "definition.steps")
-    assert message == ("step 0 (preprocess) cannot batch (max_batch_size 0) while step 1 (digits), "
-                       "step 2 (postprocess) can: all steps must batch, or none")
+    assert message == ("step 1 (preprocess) cannot batch (max_batch_size 0) while step 2 (digits), "
+                       "step 3 (postprocess) can: all steps must batch, or none")
 
 
 def test_it_refuses_a_pipeline_without_the_batch_dimension_when_its_steps_batch(
@@ -258,22 +224,24 @@ def test_it_refuses_a_badly_formed_definition(alice: Person, steps: Any, definit
     assert "unknown keys ['extra']" in refused(create_pipeline(alice, {**definition, "extra": 1}), "definition")
     bad = copy.deepcopy(definition)
     bad["inputs"][0]["datatype"] = "STRING"
-    assert refused(create_pipeline(alice, bad), "definition").startswith("definition.inputs[0] (image): unknown datatype")
+    assert refused(create_pipeline(alice, bad),
+                   "definition").startswith("definition.inputs[0] (image): unknown datatype")
     response = alice.client().post("/api/v1/models/digits-pipeline/versions/",
                                    {"format": "ensemble", "definition": definition,
                                     "signature": definition}, format="json")
     assert "no artifact, no signature" in response.json()["error"]["message"]
 
 
-def test_a_pipeline_cannot_call_itself_or_another_pipeline(alice: Person, steps: Any, definition: dict[str, Any]) -> None:
+def test_a_pipeline_cannot_call_itself_or_another_pipeline(alice: Person, steps: Any,
+                                                           definition: dict[str, Any]) -> None:
     assert create_pipeline(alice, definition).status_code == 201
     nested = copy.deepcopy(definition)
     nested["steps"] = [{"model": "digits-pipeline", "version": 1, "input_map": {"image": "image"},
                         "output_map": {"labels": "labels", "scores": "scores"}}]
     message = refused(create_pipeline(alice, nested, name="outer"), "definition.steps[0].model")
-    assert message.startswith("step 0 (digits-pipeline): version 1 of 'digits-pipeline' is itself a pipeline")
+    assert message.startswith("step 1 (digits-pipeline): version 1 of 'digits-pipeline' is itself a pipeline")
     message = refused(create_pipeline(alice, nested), "definition.steps[0].model")
-    assert message == "step 0 (digits-pipeline): a pipeline cannot call its own model 'digits-pipeline'"
+    assert message == "step 1 (digits-pipeline): a pipeline cannot call its own model 'digits-pipeline'"
 
 
 def test_charlie_cannot_create_a_pipeline_in_alices_model(alice: Person, charlie: Person, steps: Any,

@@ -114,7 +114,8 @@ def upload_id(url: str) -> str:
     return url.rstrip("/").rsplit("/", 1)[-1]
 
 
-def test_chunks_smaller_and_larger_than_a_part_become_one_object_with_the_exact_bytes(alice: Person, s3: Bucket) -> None:
+def test_chunks_smaller_and_larger_than_a_part_become_one_object_with_the_exact_bytes(alice: Person,
+                                                                                      s3: Bucket) -> None:
     data = os.urandom(20 * MiB + 12345)
     url = create(alice, len(data), filename="weights.bin")
     # Under the 5 MiB S3 minimum, across a part boundary, over a whole 8 MiB part, then a ragged end.
@@ -156,7 +157,8 @@ def test_a_chunk_with_a_wrong_checksum_is_discarded_and_the_upload_resumes(alice
     assert alice.client().head(url, **TUS)["Upload-Offset"] == str(6 * MiB)
     assert tails(s3) == [old_tail]  # the rejected chunk's tail is gone, the committed one kept
 
-    response = patch(alice, url, 6 * MiB, data[6 * MiB:11 * MiB], HTTP_UPLOAD_CHECKSUM=sha256_header(data[6 * MiB:11 * MiB]))
+    response = patch(alice, url, 6 * MiB, data[6 * MiB:11 * MiB],
+                     HTTP_UPLOAD_CHECKSUM=sha256_header(data[6 * MiB:11 * MiB]))
     assert response.status_code == 204
     assert Upload.objects.get().storage_state["parts"] != []
 
@@ -262,16 +264,18 @@ def test_a_streamed_patch_keeps_what_arrived_on_s3_and_refuses_a_body_too_long(a
     cut = 13 * MiB + 5
     with live_portal() as live:
         with live.connect() as sock:
-            sock.sendall(request_head("PATCH", url, {**headers, "Upload-Offset": "0", "Content-Length": str(len(data))}))
+            sock.sendall(request_head("PATCH", url,
+                                      {**headers, "Upload-Offset": "0", "Content-Length": str(len(data))}))
             sock.sendall(data[:cut])
-        upload = settled(Upload.objects.get())
+        upload = settled(Upload.objects.get(), offset=cut)
         assert upload.offset == cut
         assert len(upload.storage_state["parts"]) == 1
         assert tails(s3) == [f"{PREFIX}/uploads/{upload.id}.tail-1-{cut - S3_PART_SIZE}"]
 
         rest = data[cut:]
         with live.connect() as sock:
-            sock.sendall(request_head("PATCH", url, {**headers, "Upload-Offset": str(cut), "Transfer-Encoding": "chunked"}))
+            sock.sendall(request_head("PATCH", url,
+                                      {**headers, "Upload-Offset": str(cut), "Transfer-Encoding": "chunked"}))
             sock.sendall(chunked(rest, b"!"))
             assert read_answer(sock).status == 413
         upload = settled(upload)
@@ -279,7 +283,8 @@ def test_a_streamed_patch_keeps_what_arrived_on_s3_and_refuses_a_body_too_long(a
         assert tails(s3) == [f"{PREFIX}/uploads/{upload.id}.tail-1-{cut - S3_PART_SIZE}"]
 
         with live.connect() as sock:
-            sock.sendall(request_head("PATCH", url, {**headers, "Upload-Offset": str(cut), "Content-Length": str(len(rest))}))
+            sock.sendall(request_head("PATCH", url,
+                                      {**headers, "Upload-Offset": str(cut), "Content-Length": str(len(rest))}))
             sock.sendall(rest)
             answer = read_answer(sock)
         assert answer.status == 204, answer.body
@@ -317,7 +322,8 @@ def test_the_periodic_clean_up_aborts_stale_multipart_uploads_under_our_prefix_o
     live_state = Upload.objects.get().storage_state
     assert left == {(f"{PREFIX}/uploads/{upload_id(live)}", live_state["upload_id"]),
                     ("someone-else/file", foreign["UploadId"])}
-    assert f"aborted multipart upload {orphan['UploadId']} of s3://{s3.name}/{PREFIX}/blobs/sha256/ab/orphan" in caplog.text
+    orphan_key = f"s3://{s3.name}/{PREFIX}/blobs/sha256/ab/orphan"
+    assert f"aborted multipart upload {orphan['UploadId']} of {orphan_key}" in caplog.text
     # Once the live upload has expired, the task removes it, its multipart upload with it.
     Upload.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
     assert tasks.delete_expired_uploads() == 1

@@ -14,8 +14,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from models_registry.formats.python import inspect_python_archive
-from models_registry.onnx_inspect import inspect_onnx
+from modelport.core.formats.python import inspect_python_archive
+from modelport.core.onnx_inspect import inspect_onnx
+from modelport.core.signature import parse_signature
 from models_registry.samples import (
     DIGITS_SIGNATURE,
     POSTPROCESS_SIGNATURE,
@@ -35,7 +36,6 @@ from models_registry.samples import (
     train_digits_classifier,
     write_samples,
 )
-from models_registry.signature import parse_signature
 
 
 def session(path: Path) -> ort.InferenceSession:
@@ -147,11 +147,18 @@ def test_preprocess_reads_light_ink_on_dark_jpegs_and_transparent_pngs(monkeypat
     png = io.BytesIO()
     alpha.save(png, format="PNG")
     assert np.abs(digit_image.digit_features(png.getvalue()) - X[0]).max() < 0.05
-    with pytest.raises(Exception):  # noqa: B017 - whatever Pillow raises for bytes that are no image
+    # The caller's mistake, in words about their input (the step answers it with INVALID_ARG: a 400), never
+    # Pillow's "cannot identify image file <_io.BytesIO object at 0x...>".
+    with pytest.raises(digit_image.NotAnImage,
+                       match=r"^the input 'image' is not an image file \(PNG, JPEG, \.\.\.\): 12 bytes") as bad:
         digit_image.digit_features(b"not an image")
+    assert "0x" not in str(bad.value) and "BytesIO" not in str(bad.value)
+    with pytest.raises(digit_image.NotAnImage, match="truncated or corrupt"):
+        digit_image.digit_features(png.getvalue()[:80])
 
 
-def test_postprocess_gives_the_top_3_labels_as_strings_with_their_probabilities(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_postprocess_gives_the_top_3_labels_as_strings_with_their_probabilities(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     postprocess = _sample_module("postprocess_model", monkeypatch)
     probabilities = np.array([[0.05, 0.1, 0.6, 0.05, 0, 0, 0, 0, 0.2, 0]], dtype=np.float32)
     labels, scores = postprocess.top_k(probabilities)
@@ -169,7 +176,8 @@ def test_the_pipeline_samples_are_reproducible_and_inspect_as_python_models(tmp_
     info = inspect_python_archive(tmp_path / "preprocess.zip")
     assert info.files == ["digit_image.py", "model.py", "requirements.txt"]
     assert info.requirements == ["numpy", "pillow"]
-    assert parse_signature((tmp_path / "preprocess.signature.json").read_text()) == PREPROCESS_SIGNATURE == sample.signature
+    written = parse_signature((tmp_path / "preprocess.signature.json").read_text())
+    assert written == PREPROCESS_SIGNATURE == sample.signature
     make_postprocess_zip(tmp_path / "postprocess.zip")
     assert inspect_python_archive(tmp_path / "postprocess.zip").requirements == ["numpy"]
     assert parse_signature((tmp_path / "postprocess.signature.json").read_text()) == POSTPROCESS_SIGNATURE
@@ -190,8 +198,8 @@ def _runtime_python() -> Path:
 
 @pytest.mark.frameworks
 def test_with_the_frameworks_the_cnn_is_also_written_as_torchscript_and_as_a_savedmodel(tmp_path: Path) -> None:
-    from models_registry.formats import detect_format
-    from models_registry.savedmodel_inspect import inspect_savedmodel_archive
+    from modelport.core.formats import detect_format
+    from modelport.core.savedmodel_inspect import inspect_savedmodel_archive
 
     samples = write_samples(tmp_path, runtime_python=_runtime_python(), frameworks={"torch": "x", "tensorflow": "y"})
     listed = json.loads((tmp_path / "samples.json").read_text())

@@ -15,15 +15,16 @@ from typing import Any
 import pytest
 
 from conftest import Person
-from models_registry.models import Model, ModelVersion
-from models_registry.onnx_inspect import InspectionError
-from models_registry.savedmodel_inspect import (
-    SavedModelProto,
+from modelport.core.definitions import SavedModelDefinition
+from modelport.core.onnx_inspect import InspectionError
+from modelport.core.savedmodel_inspect import (
     inspect_savedmodel_archive,
     parse_saved_model,
     read_signature,
 )
-from models_registry.signature import Tensor
+from modelport.core.signature import Tensor
+from models_registry.models import Model, ModelVersion
+from models_registry.tests.savedmodels import saved_model, varint
 
 TINY_PB = (Path(__file__).parent / "data" / "tiny_saved_model.pb").read_bytes()
 
@@ -36,34 +37,6 @@ def archive(tmp_path: Path, files: dict[str, bytes], name: str = "model.zip") ->
     return path
 
 
-def saved_model(signatures: dict[str, dict[str, dict[str, Any]]], tags: tuple[str, ...] = ("serve",)) -> bytes:
-    """A SavedModel holding one MetaGraph with `signatures`: {key: {"inputs": {name: tensor}, "outputs": ...}},
-    each tensor {"dtype": enum number, "dims": [...]} plus optional "unknown_rank"/"sparse"."""
-    message = SavedModelProto(saved_model_schema_version=1)
-    graph = message.meta_graphs.add()
-    graph.meta_info_def.tags.extend(tags)
-    for key, parts in signatures.items():
-        signature = graph.signature_def[key]
-        for kind in ("inputs", "outputs"):
-            for name, spec in parts.get(kind, {}).items():
-                info = getattr(signature, kind)[name]
-                if spec.get("sparse"):
-                    info.coo_sparse = b"\x0a\x01v"
-                else:
-                    info.name = f"{name}:0"
-                dtype = spec.get("dtype", 1)
-                if dtype < 64:
-                    info.dtype = dtype
-                else:  # a number TensorFlow's enum may gain later: written as the raw varint field 2
-                    info.MergeFromString(b"\x10" + _varint(dtype))
-                if spec.get("unknown_rank"):
-                    info.tensor_shape.unknown_rank = True
-                else:
-                    for size in spec.get("dims", [-1]):
-                        info.tensor_shape.dim.add(size=size)
-    return bytes(message.SerializeToString())
-
-
 FP32 = {"dtype": 1, "dims": [-1, 3]}
 
 
@@ -74,7 +47,8 @@ def test_it_reads_the_serving_signature_of_a_real_savedmodel() -> None:
     assert found.tensorflow_version == "2.21.0"
     assert found.signature.inputs == (Tensor("tag", "BYTES", (-1,)), Tensor("x", "FP32", (-1, 4)))
     assert found.signature.outputs == (Tensor("label", "BYTES", (-1,)), Tensor("y", "FP32", (-1, 3)))
-    assert found.definition == {"signature_def": "serving_default", "signature_defs": ["serving_default"]}
+    assert found.definition == SavedModelDefinition(signature_def="serving_default",
+                                                    signature_defs=("serving_default",))
 
 
 def test_an_input_and_an_output_of_the_same_name_is_refused_with_the_reason() -> None:
@@ -138,19 +112,9 @@ def test_deeply_nested_garbage_does_not_crash_the_reader() -> None:
     # Field 2 (meta_graphs) nested inside itself thousands of times: the parser's recursion limit refuses it.
     data = b""
     for _ in range(5000):
-        data = b"\x12" + _varint(len(data)) + data
+        data = b"\x12" + varint(len(data)) + data
     with pytest.raises(InspectionError):
         read_signature(parse_saved_model(data))
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
 
 
 def test_it_reads_a_text_format_savedmodel() -> None:
@@ -190,7 +154,7 @@ def test_it_reads_the_savedmodel_of_a_zip_of_its_folder_and_of_a_tar_gz(tmp_path
 def test_a_saved_model_pb_above_the_limit_is_refused_without_reading_it_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("models_registry.savedmodel_inspect.SAVED_MODEL_PB_MAX_BYTES", 1000)
+    monkeypatch.setattr("modelport.core.savedmodel_inspect.SAVED_MODEL_PB_MAX_BYTES", 1000)
     with pytest.raises(InspectionError, match="larger than 1000 bytes"):
         inspect_savedmodel_archive(archive(tmp_path, {"saved_model.pb": TINY_PB}))
 
@@ -228,7 +192,8 @@ def test_a_savedmodel_upload_becomes_ready_with_the_signature_read_from_it(
 ) -> None:
     pb = saved_model({"serving_default": {"inputs": {"x": {"dtype": 1, "dims": [-1, 4]}},
                                           "outputs": {"y": {"dtype": 1, "dims": [-1, 3]}}}})
-    assert upload(alice, zip_bytes({"tiny/saved_model.pb": pb, "tiny/variables/variables.index": b""})).status_code == 201
+    archive = zip_bytes({"tiny/saved_model.pb": pb, "tiny/variables/variables.index": b""})
+    assert upload(alice, archive).status_code == 201
     version = ModelVersion.objects.get()
     assert version.status == "ready", version.error
     assert version.format == "tensorflow_savedmodel"
@@ -259,3 +224,68 @@ def test_a_hostile_saved_model_pb_makes_the_version_invalid_with_a_message(
     version = ModelVersion.objects.get()
     assert version.status == "invalid"
     assert version.error.startswith("saved_model.pb is not a SavedModel")
+
+
+# --- Inspection runs none of the model ------------------------------------------------------------------------------
+
+# A real SavedModel whose serving function reads a file of the portal's and writes it into var/ (tf.io ops), and
+# whose initializer (run when TensorFlow loads it) plants a second file: inspection must do neither.
+PROBE_SAVEDMODEL = """
+import sys
+
+import tensorflow as tf
+
+secret, plant, out = sys.argv[1:4]
+
+class Probe(tf.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
+            secret, tf.string, tf.lookup.TextFileIndex.WHOLE_LINE, tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER), -1)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="x")])
+    def serve(self, x):
+        tf.io.write_file(plant, tf.io.read_file(secret))
+        return {"y": x * tf.cast(self.table.size(), tf.float32)}
+
+probe = Probe()
+tf.saved_model.save(probe, out, signatures={"serving_default": probe.serve})
+"""
+
+
+@pytest.mark.frameworks("tensorflow")
+def test_a_savedmodel_that_reads_and_writes_the_portals_files_is_only_parsed(
+    alice: Person, tiny: Model, eager_tasks: Any, tmp_path: Path, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+    import sys
+
+    secret = Path(settings.VAR_DIR) / "secret_key_of_this_test"
+    secret.write_text("the secret\n")
+    planted = Path(settings.VAR_DIR) / "planted_by_a_savedmodel"
+    python = Path(settings.MODELPORT_RUNTIME_ENV) / "bin" / "python"
+    (tmp_path / "build.py").write_text(PROBE_SAVEDMODEL)
+    try:
+        done = subprocess.run([str(python), str(tmp_path / "build.py"), str(secret), str(planted), str(tmp_path / "m")],
+                              capture_output=True, text=True, timeout=300, check=False,
+                              env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2"})
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert not planted.exists()  # saving traced the function, it did not run it
+        files = {f"m/{p.relative_to(tmp_path / 'm')}": p.read_bytes() for p in (tmp_path / "m").rglob("*")
+                 if p.is_file()}
+
+        def no_process(*args: Any, **kwargs: Any) -> None:
+            raise AssertionError(f"inspection started a process: {args}")
+
+        monkeypatch.setattr(subprocess, "Popen", no_process)
+        assert upload(alice, zip_bytes(files)).status_code == 201
+        version = ModelVersion.objects.get()
+        assert version.status == "ready", version.error
+        assert version.signature == {"inputs": [{"name": "x", "datatype": "FP32", "dims": [-1, 4]}],
+                                     "outputs": [{"name": "y", "datatype": "FP32", "dims": [-1, 4]}]}
+        # Parsed, never loaded: no TensorFlow in this process, no process started, nothing run.
+        assert "tensorflow" not in sys.modules
+        assert not planted.exists()
+    finally:
+        secret.unlink()
+        planted.unlink(missing_ok=True)

@@ -12,22 +12,8 @@ from django.conf import settings
 
 from conftest import Person
 from models_registry.models import Model, ModelVersion, Upload
+from models_registry.tests.tus_client import TUS, create, patch, path_of
 from tests.artifacts import tiny_onnx
-
-TUS = {"HTTP_TUS_RESUMABLE": "1.0.0"}
-
-
-def create(person: Person, length: int, metadata: str = "filename bW9kZWwub25ueA==") -> Any:
-    return person.client().post("/api/v1/uploads/", HTTP_UPLOAD_LENGTH=str(length), HTTP_UPLOAD_METADATA=metadata, **TUS)
-
-
-def patch(person: Person, url: str, offset: int, body: bytes, **headers: Any) -> Any:
-    return person.client().generic("PATCH", url, body, content_type="application/offset+octet-stream",
-                                   HTTP_UPLOAD_OFFSET=str(offset), **TUS, **headers)
-
-
-def path_of(location: str) -> str:
-    return location.split("testserver", 1)[-1]
 
 
 def test_options_advertises_the_protocol(alice: Person) -> None:

@@ -45,7 +45,8 @@ def patch_headers(person: Person | None, offset: int, **extra: str) -> dict[str,
 
 def send_patch(live: Live, upload: Upload, body: bytes, headers: dict[str, str]) -> Any:
     with live.connect() as sock:
-        sock.sendall(request_head("PATCH", f"/api/v1/uploads/{upload.pk}", {"Content-Length": str(len(body)), **headers}))
+        sock.sendall(request_head("PATCH", f"/api/v1/uploads/{upload.pk}",
+                                  {"Content-Length": str(len(body)), **headers}))
         sock.sendall(body)
         return read_answer(sock)
 
@@ -77,7 +78,7 @@ def test_a_dropped_connection_keeps_what_arrived_and_the_upload_resumes(alice: P
                                   {"Content-Length": str(len(data)), **patch_headers(alice, 0)}))
         sock.sendall(data[:cut])
         time.sleep(0.3)
-    upload = settled(upload)
+    upload = settled(upload, offset=cut)
     assert upload.offset == cut
     assert stored(upload) == data[:cut]
     answer = send_patch(live, upload, data[cut:], patch_headers(alice, cut))

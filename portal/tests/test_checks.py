@@ -182,3 +182,11 @@ def test_the_checks_are_registered_with_django() -> None:
     assert {"secret_key", "allowed_hosts", "s3_storage", "sandbox_settings", "kubernetes_settings",
             "limits"} <= registered
 
+
+
+def test_a_bad_scratch_size_is_named(settings: Any) -> None:
+    for value, said in (("lots", "is not a Kubernetes quantity"), ("512Ki", "give at least 1Mi")):
+        settings.SANDBOX_SCRATCH_SIZE = value
+        [message] = checks.sandbox_settings()
+        assert message.id == "modelport.E106"
+        assert message.msg.startswith(f"SANDBOX_SCRATCH_SIZE: {value!r}") and said in message.msg

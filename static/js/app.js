@@ -104,6 +104,16 @@
       select.addEventListener("change", update);
       update();
     });
+    // A pool and its idle time only for a shared deployment.
+    document.querySelectorAll("[data-placement-radio]").forEach((box) => {
+      const radios = document.querySelectorAll('input[type="radio"][name="' + box.dataset.placementRadio + '"]');
+      const update = () => {
+        const checked = Array.from(radios).find((radio) => radio.checked);
+        box.hidden = !checked || checked.value !== box.dataset.placement;
+      };
+      radios.forEach((radio) => radio.addEventListener("change", update));
+      update();
+    });
     // Extreme values: a warning beside the field while typing, before anything is deployed.
     document.querySelectorAll("input[data-warn-above]").forEach((input) => {
       const note = document.createElement("p");
@@ -467,6 +477,31 @@
     });
   }
 
+  // --- Live refreshes keep what the user chose --------------------------------------------------------------------
+
+  // The live status re-sends the page's panels out of band every 2 s. One that comes back unchanged is left in
+  // place: replacing it unticked the Tune panel's "narrow" checkbox and emptied its canary percent moments after
+  // they were filled (Apply then stopped at the checkbox, or rolled out to everyone), and took the focus away.
+  // Every render masks the CSRF token afresh, so that field is left out of the comparison.
+  function markupOf(element) {
+    const copy = element.cloneNode(true);
+    copy.removeAttribute("hx-swap-oob");
+    copy.querySelectorAll("[name=csrfmiddlewaretoken]").forEach((field) => field.remove());
+    return copy.outerHTML;
+  }
+
+  function initQuietRefresh() {
+    document.body.addEventListener("htmx:oobBeforeSwap", (event) => {
+      // An outerHTML swap hands over a fragment holding the new element; other styles, the element itself.
+      const fragment = event.detail.fragment;
+      const incoming = fragment instanceof DocumentFragment && fragment.children.length === 1 ? fragment.children[0]
+                                                                                              : fragment;
+      if (incoming instanceof Element && markupOf(incoming) === markupOf(event.detail.target)) {
+        event.detail.shouldSwap = false;
+      }
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", () => {
     initCopyButtons();
     initDownloads();
@@ -478,6 +513,7 @@
     initTryIt();
     initCharts();
     initLogTail();
+    initQuietRefresh();
     document.body.dataset.js = "ready"; // for browser tests: the behaviours above are in place
   });
 })();

@@ -13,7 +13,7 @@
   const TUS_VERSION = "1.0.0";
   const CHUNK_SIZE = parseInt(form.dataset.chunkSize, 10) || 5 * 1024 * 1024;
   const NEEDS_SIGNATURE = (form.dataset.needsSignature || "").split(",").filter(Boolean);
-  // From the format registry (models_registry/formats/): the format an extension suggests, each format's name.
+  // From the format registry (modelport/core/formats/): the format an extension suggests, each format's name.
   const FORMAT_HINTS = JSON.parse(document.getElementById("format-hints").textContent);
   const EXTENSION_FORMATS = FORMAT_HINTS.extensions;
   const RETRY_DELAYS = [1, 2, 4, 8, 15, 30]; // seconds; the last one repeats
@@ -167,7 +167,7 @@
     row.querySelector(".sig-dims").setAttribute("aria-label", (kind === "inputs" ? "Input " : "Output ") + n + " dims");
     if (tensor) {
       row.querySelector(".sig-name").value = tensor.name || "";
-      row.querySelector(".sig-datatype").value = (tensor.datatype || "FP32").replace(/^TYPE_/, "");
+      row.querySelector(".sig-datatype").value = String(tensor.datatype || "FP32").trim().toUpperCase().replace(/^TYPE_/, "");
       row.querySelector(".sig-dims").value = (tensor.dims || [-1]).join(", ");
     }
     row.querySelector(".sig-remove").addEventListener("click", () => { row.remove(); syncSignature(); });
@@ -474,15 +474,27 @@
   const submitLabel = submitButton.textContent;
   let pipelineMode = false;
   let previewTimer = null;
+  // Once a pipeline is saved its button stays disabled until the name or the definition changes: a second press
+  // made a second, identical version.
+  let pipelineSaved = false;
+
+  function pipelineChanged() {
+    if (!pipelineSaved) return;
+    pipelineSaved = false;
+    submitButton.disabled = false;
+    if (pipelineMode) submitButton.textContent = "Create the pipeline";
+  }
 
   function setPipelineMode(on) {
     pipelineMode = on;
     pipelineBox.hidden = !on;
-    ["field-format", "field-max_batch_size", "signature-editor", "same-bytes", "format-warning"].forEach((id) => {
+    pipelineChanged();
+    // The drop zone is the file upload's: a pipeline has no file (leaving pipeline mode brings it back).
+    ["field-format", "field-max_batch_size", "signature-editor", "same-bytes", "format-warning", "drop-zone"].forEach((id) => {
       const box = $(id);
       if (box && on) box.hidden = true;
     });
-    if (!on) { $("field-format").hidden = false; $("field-max_batch_size").hidden = false; showEditor(false); warnFormat(); }
+    if (!on) { $("field-format").hidden = false; $("field-max_batch_size").hidden = false; dropZone.hidden = false; showEditor(false); warnFormat(); }
     submitButton.textContent = on ? "Create the pipeline" : submitLabel;
     if (!on) preview.replaceChildren();
   }
@@ -500,6 +512,8 @@
       preview.innerHTML = await response.text(); // the portal's own escaped template (web/_pipeline_preview.html)
       const answer = $("pipeline-preview-body");
       if (response.status === 201 && answer) {
+        pipelineSaved = true;
+        submitButton.textContent = "Pipeline created";
         result.hidden = false;
         $("upload-result-title").textContent = "Pipeline " + nameInput.value + " version " + answer.dataset.createdVersion + " is ready";
         $("upload-result-status").textContent = "Its steps are deployed with it, each with its own serving settings.";
@@ -513,7 +527,7 @@
     } catch (e) {
       formMessage("The definition could not be checked: " + e.message);
     } finally {
-      submitButton.disabled = false;
+      submitButton.disabled = pipelineSaved;
     }
   }
 
@@ -522,8 +536,8 @@
     previewTimer = setTimeout(() => { if (pipelineMode && definitionText.value.trim()) checkPipeline(false); }, 600);
   }
 
-  definitionText.addEventListener("input", schedulePreview);
-  nameInput.addEventListener("input", () => { if (pipelineMode) schedulePreview(); });
+  definitionText.addEventListener("input", () => { pipelineChanged(); schedulePreview(); });
+  nameInput.addEventListener("input", () => { if (pipelineMode) { pipelineChanged(); schedulePreview(); } });
   $("pipeline-check").addEventListener("click", () => checkPipeline(false));
   $("pipeline-leave").addEventListener("click", () => { setPipelineMode(false); fileInput.focus(); });
   $("pipeline-paste").addEventListener("click", () => { setPipelineMode(true); definitionText.focus(); });
@@ -563,6 +577,32 @@
     showEditor(true);
   }
 
+  function datatypeChoices() {
+    return Array.from(rowTemplate.content.querySelectorAll(".sig-datatype option")).map((o) => o.value).filter(Boolean);
+  }
+
+  function importProblems(signature) {
+    const choices = datatypeChoices();
+    const problems = [];
+    ["inputs", "outputs"].forEach((kind) => {
+      (Array.isArray(signature[kind]) ? signature[kind] : []).forEach((t, i) => {
+        const where = kind + "[" + i + "]" + (t && typeof t.name === "string" && t.name ? " (" + t.name + ")" : "");
+        if (!t || typeof t !== "object") { problems.push(where + " is not an object with name, datatype and dims"); return; }
+        if (typeof t.name !== "string" || !t.name.trim()) problems.push(where + " has no name");
+        const datatype = typeof t.datatype === "string" ? t.datatype.trim().toUpperCase().replace(/^TYPE_/, "") : "";
+        if (!choices.includes(datatype)) {
+          problems.push(where + ": datatype " + JSON.stringify(t.datatype === undefined ? null : t.datatype) +
+                        " is not one of " + choices.join(", ") + " (or Triton's TYPE_* names)");
+        }
+        if (!Array.isArray(t.dims) || !t.dims.length || !t.dims.every((d) => Number.isInteger(d) && (d > 0 || d === -1))) {
+          problems.push(where + ": dims " + (t.dims === undefined ? "are missing: give" : JSON.stringify(t.dims) + " are not") +
+                        " a list of whole numbers or -1, e.g. [-1, 3, 224, 224]");
+        }
+      });
+    });
+    return problems;
+  }
+
   $("signature-import").addEventListener("change", async (event) => {
     const file = event.target.files[0];
     if (!file) return;
@@ -571,6 +611,13 @@
     try { value = JSON.parse(await file.text()); } catch (e) { /* said below */ }
     if (!value || typeof value !== "object" || (!Array.isArray(value.inputs) && !Array.isArray(value.outputs))) {
       fieldError("signature", [file.name + " is not a signature file: it needs {\"inputs\": [...], \"outputs\": [...]}."]);
+      return;
+    }
+    // Every value is checked before any row is filled: a datatype the select lacks became "" without a word (and
+    // "unknown datatype ''" at upload), and missing dims became -1.
+    const problems = importProblems(value);
+    if (problems.length) {
+      fieldError("signature", problems.map((p) => file.name + ": " + p));
       return;
     }
     fillRows(value);
@@ -587,6 +634,10 @@
     const name = nameInput.value;
     if (!name) { earlier = null; return; }
     if (earlier && earlier.name === name) return;
+    // Only a name the team has (the page's list of them) is looked up: a new name has no versions, and asking
+    // the API for it logged a 404 in the console at every keystroke.
+    const known = Array.from(document.querySelectorAll("#model-names option")).some((option) => option.value === name);
+    if (!known) { earlier = { name: name, versions: [] }; return; }
     try {
       const response = await fetch("/api/v1/models/" + encodeURIComponent(name) + "/versions/", {
         credentials: "same-origin", headers: { Accept: "application/json" } });

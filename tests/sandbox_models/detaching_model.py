@@ -24,5 +24,6 @@ class TritonPythonModel:
         os.waitpid(child, 0)
 
     def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy() * 2)])
+        return [pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy() * 2)])
                 for r in requests]

@@ -22,6 +22,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 X86_64 = platform.machine() == "x86_64"
+# Mount points every host has and a sandbox never mounts (it shows a few CPU files of /sys, no /dev/pts).
+HOST_ONLY_MOUNTS = {"/sys", "/dev/pts", "/sys/fs/cgroup"}
 
 
 class Denied(Exception):
@@ -59,7 +61,8 @@ def attempts(t):
     def env_secret():
         names = [n for n in (t["planted_name"], "DJANGO_SETTINGS_MODULE", "MODELPORT_TEST_DB", "SECRET_KEY",
                              "DATABASE_URL", "PYTEST_CURRENT_TEST", "AWS_SECRET_ACCESS_KEY") if n in os.environ]
-        return expect(names, f"found {names}", f"none of the portal's variables; the environment is {sorted(os.environ)}")
+        return expect(names, f"found {names}",
+                      f"none of the portal's variables; the environment is {sorted(os.environ)}")
 
     def write_var():
         path = os.path.join(t["var_dir"], f"pwned-{token}")
@@ -105,7 +108,8 @@ def attempts(t):
                 opened.append(name)
             except OSError:
                 pass
-        return expect(opened, f"opened {opened}", f"none of {len(t['other_shm'])} foreign regions; /dev/shm holds {mine}")
+        return expect(opened, f"opened {opened}",
+                      f"none of {len(t['other_shm'])} foreign regions; /dev/shm holds {mine}")
 
     def host_devices():
         present = sorted(set(os.listdir("/dev")) & {"vda", "sda", "kvm", "kmsg", "mem", "port", "loop0", "fuse"})
@@ -164,7 +168,8 @@ def attempts(t):
         effective = int(fields["CapEff"].strip(), 16)
         bounding = int(fields["CapBnd"].strip(), 16)
         return expect(effective or bounding, f"CapEff {effective:x} CapBnd {bounding:x}",
-                      f"CapEff 0, CapBnd 0, NoNewPrivs {fields['NoNewPrivs'].strip()}, Seccomp {fields['Seccomp'].strip()}")
+                      f"CapEff 0, CapBnd 0, NoNewPrivs {fields['NoNewPrivs'].strip()}, Seccomp "
+                      f"{fields['Seccomp'].strip()}")
 
     def no_new_privs():
         status = read("/proc/self/status", 8192).decode()
@@ -234,11 +239,63 @@ def attempts(t):
             return "read the kernel log"
         raise Denied(errno_text())
 
+    def server_files(name):
+        """/proc/<pid>/<name> of the server (the stub's parent) and of PID 1, whichever it can open."""
+        found = {}
+        for pid in dict.fromkeys((ppid, 1)):
+            try:
+                found[pid] = read(f"/proc/{pid}/{name}", 1_000_000).decode(errors="replace")
+            except OSError as exc:
+                found[pid] = exc
+        texts = {pid: text for pid, text in found.items() if isinstance(text, str)}
+        if not texts:
+            raise Denied("; ".join(f"/proc/{pid}/{name}: {exc}" for pid, exc in found.items()))
+        return texts
+
+    def admin_key():
+        # Triton takes its admin key on its command line (--http-restricted-api=...:modelport-admin-key=<key>):
+        # any process's cmdline holding it, the server's first.
+        pids = [ppid, 1] + [int(e) for e in os.listdir("/proc") if e.isdigit()]
+        for pid in dict.fromkeys(pids):
+            try:
+                argv = read(f"/proc/{pid}/cmdline", 100_000).split(b"\0")
+            except OSError:
+                continue
+            keys = [a.split(b"modelport-admin-key=", 1)[1] for a in argv if b"modelport-admin-key=" in a]
+            if keys:
+                return f"pid {pid}'s admin key {keys[0][:6].decode(errors='replace')}..."
+        raise Denied(f"no command line with the key among {len(set(pids))} processes it can see")
+
+    def host_sockets(name, wanted):
+        def probe():
+            texts = server_files(f"net/{name}")
+            hits = {pid: [w for w in wanted if w in text] for pid, text in texts.items()}
+            return expect(any(hits.values()), f"the host's {name} table: {hits}",
+                          f"only its own table: {hits}")
+        return probe
+
+    def host_mounts(pid_files, field=4):
+        # mountinfo has the mount point in field 4, mounts in field 1.
+        def probe():
+            seen = {}
+            for label, text in pid_files().items():
+                points = [line.split()[field] for line in text.splitlines() if len(line.split()) > field]
+                seen[label] = sorted(set(points) & HOST_ONLY_MOUNTS)
+            return expect(any(seen.values()), f"the host's mounts: {seen}", f"no host mount among them: {seen}")
+        return probe
+
+    def own_files(name):
+        def read_own():
+            return {"self": read(f"/proc/self/{name}", 1_000_000).decode(errors="replace")}
+        return read_own
+
     def dns():
         socket.setdefaulttimeout(3)
         return f"resolved {socket.getaddrinfo('pypi.org', 443)[0][4]}"
 
     ports = t["ports"]
+    # /proc/net/tcp writes ports as 4 hex digits after the address; the canary's abstract socket shows as @name.
+    other_port = f":{ports['other_triton']:04X} "
     everything = {
         # The environment and files of the portal
         "env_secret": env_secret,
@@ -276,6 +333,16 @@ def attempts(t):
         "vsock_socket": socket_of(40, socket.SOCK_STREAM),  # AF_VSOCK: to the VM's host, in no network namespace
         "packet_socket": socket_of(17, socket.SOCK_RAW),  # AF_PACKET
         "netlink_sock_diag": socket_of(16, socket.SOCK_RAW, 4),  # lists every connection of the network namespace
+        # What /proc shows of the server, which listens in the host's network namespace
+        "server_admin_key": admin_key,
+        "server_tcp_table": host_sockets("tcp", [other_port]),
+        "server_tcp6_table": host_sockets("tcp6", [f":{ports['portal_ipv6']:04X} "]),
+        "server_unix_table": host_sockets("unix", ["@" + t["abstract_name"], "/var/run/postgresql", "/run/"]),
+        "server_mountinfo": host_mounts(lambda: server_files("mountinfo")),
+        "server_mounts": host_mounts(lambda: server_files("mounts"), field=1),
+        "own_mountinfo": host_mounts(own_files("mountinfo")),
+        "proc_net_tcp": lambda: expect(other_port in read("/proc/net/tcp", 1_000_000).decode(),
+                                       "the host's tcp table at /proc/net/tcp"),
     }
     if not t["control"]:
         # Attempts that would change the host if they worked: only where the sandbox must stop them.

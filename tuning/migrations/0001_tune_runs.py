@@ -11,7 +11,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('accounts', '0004_forget_stored_raw_tokens'),
-        ('deployments', '0006_reconciler_ticks'),
+        ('deployments', '0001_squashed_0010_canary_guardrail_defaults'),
         ('models_registry', '0002_modelversion_step_versions'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]

@@ -11,14 +11,13 @@ import pytest
 from audit.models import AuditEntry
 from conftest import Person
 from deployments.models import Deployment, Event, Revision
-from deployments.revision_spec import RevisionSpec
-from deployments.tests.conftest import digits_v1  # noqa: F401 - shared fixture
+from deployments.tests.conftest import huge_input
 from models_registry.models import ModelVersion
 from tuning.models import TuneRun
 
 
 @pytest.fixture
-def deployment(alice: Person, digits_v1: ModelVersion) -> Deployment:  # noqa: F811
+def deployment(alice: Person, digits: ModelVersion) -> Deployment:
     response = alice.client().post("/api/v1/deployments/", {"name": "digits-prod", "models": [{"model": "digits"}]},
                                    format="json")
     assert response.status_code == 201, response.json()
@@ -35,8 +34,8 @@ def done_tune(deployment: Deployment, **fields: Any) -> TuneRun:
     values: dict[str, Any] = {
         "deployment": deployment, "team": deployment.team, "model_version": version, "p99_target_ms": 20,
         "budget_seconds": 60, "status": TuneRun.Status.DONE, "request_body": {"inputs": []},
-        "recommendation": {"settings": {"instances": 2, "batching": True, "max_batch_size": 16,
-                                        "queue_delay_us": 2000}, "label": "2 inst, batch 16, delay 2000 µs",
+        "recommendation": {"settings": {"instances": 2, "batching": True, "max_batch_size": 64,
+                                        "queue_delay_us": 2000}, "label": "2 inst, batch 64, delay 2000 µs",
                            "throughput": 900.0, "p50_ms": 5.0, "p99_ms": 12.0, "concurrency": 16},
         "host": "h1", "machine": {"hostname": "h1", "cores": 2, "cpu_model": "x", "gpu": "none"},
     }
@@ -148,15 +147,6 @@ def test_a_team_queues_at_most_its_share_of_tunes(alice: Person, bob: Person,
     assert tune(alice, "digits-c").status_code == 202
 
 
-def huge_input(deployment: Deployment) -> None:
-    """The served model declares an input too large for the Try-it example (a python model declares its own)."""
-    revision = deployment.revision
-    assert revision is not None
-    spec = revision.spec.to_json()
-    spec["models"][0]["signature"]["inputs"][0]["dims"] = [-1, 2**62]  # the first: the batch
-    Revision.objects.filter(pk=revision.pk).update(spec=RevisionSpec.from_json(spec))
-
-
 def test_a_generated_request_the_gateway_would_refuse_is_not_sent(alice: Person, deployment: Deployment) -> None:
     """Too large to fill in, the example goes with empty data and a [2**62] shape: sent straight to Triton it
     kills the model's stub. The tune asks for the user's own request instead."""
@@ -186,7 +176,7 @@ def test_bob_sees_the_teams_tunes_and_charlie_sees_nothing(alice: Person, bob: P
 
 
 def test_a_tune_of_another_deployment_is_not_found_under_this_one(alice: Person, deployment: Deployment,
-                                                                  digits_v1: ModelVersion) -> None:  # noqa: F811
+                                                                  digits: ModelVersion) -> None:
     run = done_tune(deployment)
     alice.client().post("/api/v1/deployments/", {"name": "other", "models": [{"model": "digits"}]}, format="json")
     assert alice.client().get(f"/api/v1/deployments/other/tunes/{run.pk}/").status_code == 404
@@ -207,14 +197,37 @@ def test_apply_makes_a_revision_with_the_recommended_settings(bob: Person, deplo
     response = bob.client().post(f"/api/v1/deployments/digits-prod/tunes/{run.pk}/apply")
     assert response.status_code == 200, response.json()
     assert response.json()["applied_revision"] == 2
+    # Every setting it changed, before and after, in the answer (the page and the CLI show the same list).
+    assert response.json()["changes"] == [
+        {"model": "digits", "setting": "max_queue_delay_microseconds", "before": 0, "after": 2000, "narrows": False,
+         "why": ""},
+        {"model": "digits", "setting": "instances", "before": 1, "after": 2, "narrows": False, "why": ""}]
     revision = Revision.objects.get(deployment=deployment, number=2)
     [entry] = revision.spec.models
     assert entry.instance_group.count == 2
-    assert entry.max_batch_size == 16
+    assert entry.max_batch_size == 64
     assert entry.dynamic_batching is not None and entry.dynamic_batching.max_queue_delay_microseconds == 2000
     deployment.refresh_from_db()
     assert deployment.revision == revision and deployment.status == "pending"
     assert AuditEntry.objects.filter(action="deployment.tune.apply").exists()
+
+
+def test_applying_what_serves_already_makes_no_revision_and_a_canary_of_it_is_a_400(
+        alice: Person, deployment: Deployment) -> None:
+    """The rule of every change (deployments.actions): a second Apply of the same settings rolls nothing out."""
+    first, second = done_tune(deployment), done_tune(deployment)
+    assert alice.client().post(f"/api/v1/deployments/digits-prod/tunes/{first.pk}/apply").status_code == 200
+    Deployment.objects.filter(pk=deployment.pk).update(status="ready", serving_revision=Revision.objects.get(number=2))
+    as_canary = alice.client().post(f"/api/v1/deployments/digits-prod/tunes/{second.pk}/apply",
+                                    {"rollout": {"strategy": "canary", "percent": 10}}, format="json")
+    assert as_canary.status_code == 400
+    assert as_canary.json()["error"]["fields"] == {"rollout": [
+        "a canary needs a change: these are the settings in effect already"]}
+    response = alice.client().post(f"/api/v1/deployments/digits-prod/tunes/{second.pk}/apply")
+    assert response.status_code == 200, response.json()
+    assert response.json()["applied_revision"] == 2  # the revision that serves those settings
+    assert Revision.objects.filter(deployment=deployment).count() == 2
+    assert Deployment.objects.get().status == "ready"
 
 
 def test_apply_of_batching_off_switches_batching_off(alice: Person, deployment: Deployment) -> None:
@@ -237,7 +250,7 @@ def test_apply_as_a_canary_serves_the_tuned_revision_beside_the_stable_one(alice
     assert deployment.revision.number == 1 and deployment.serving_revision.number == 1  # the stable one serves on
     assert deployment.canary_revision.number == 2 and deployment.canary_percent == 10
     [entry] = deployment.canary_revision.spec.models
-    assert entry.instance_group.count == 2 and entry.max_batch_size == 16
+    assert entry.instance_group.count == 2 and entry.max_batch_size == 64
     assert AuditEntry.objects.get(action="deployment.tune.apply").detail["canary_percent"] == 10
     # A second apply while the canary runs is refused: promote or roll back first.
     again = alice.client().post(f"/api/v1/deployments/digits-prod/tunes/{run.pk}/apply")
@@ -268,6 +281,37 @@ def test_apply_refuses_a_bad_rollout_and_changes_nothing(alice: Person, deployme
     assert TuneRun.objects.get(pk=run.pk).applied_revision is None
 
 
+NARROWING = {"settings": {"instances": 1, "batching": True, "max_batch_size": 8, "queue_delay_us": 0},
+             "label": "1 inst, batch 8, delay 0 µs"}
+
+
+def test_apply_that_lowers_the_max_batch_size_is_refused_until_the_user_chooses_it(
+    alice: Person, deployment: Deployment
+) -> None:
+    """Issue 25: an apply lowered max_batch_size from 64 to 8 without a word, and batches of 16 then got 400s."""
+    run = done_tune(deployment, recommendation=NARROWING)
+    url = f"/api/v1/deployments/digits-prod/tunes/{run.pk}/apply"
+    refused = alice.client().post(url)
+    assert refused.status_code == 400
+    [message] = refused.json()["error"]["fields"]["narrow"]
+    assert "digits: max_batch_size 64 → 8 (a request of more than 8 rows, accepted today, would be refused" in message
+    assert '"narrow": true' in message
+    assert Revision.objects.filter(deployment=deployment).count() == 1
+    assert TuneRun.objects.get(pk=run.pk).applied_revision is None
+    assert alice.client().post(url, {"narrow": "yes"}, format="json").status_code == 400  # a boolean, exactly
+
+    chosen = alice.client().post(url, {"narrow": True}, format="json")
+    assert chosen.status_code == 200, chosen.json()
+    assert chosen.json()["changes"] == [{"model": "digits", "setting": "max_batch_size", "before": 64, "after": 8,
+                                         "narrows": True, "why": "a request of more than 8 rows, accepted today, "
+                                                                 "would be refused with a 400"}]
+    [entry] = Revision.objects.get(deployment=deployment, number=2).spec.models
+    assert entry.max_batch_size == 8
+    entry_audit = AuditEntry.objects.get(action="deployment.tune.apply")
+    assert entry_audit.detail["narrowed"] is True and entry_audit.detail["changes"][0]["before"] == 64
+    assert Event.objects.filter(deployment=deployment, message__contains="max_batch_size 64 → 8").exists()
+
+
 def test_apply_without_a_recommendation_is_a_409(alice: Person, deployment: Deployment) -> None:
     for fields in ({"status": TuneRun.Status.RUNNING}, {"recommendation": None}):
         run = done_tune(deployment, **fields)
@@ -282,3 +326,17 @@ def test_a_tune_id_out_of_range_is_a_404(alice: Person, deployment: Deployment) 
         url = f"/api/v1/deployments/digits-prod/tunes/{10 ** 30}/{path}"
         response = alice.client().get(url) if not path else alice.client().post(url)
         assert response.status_code == 404, (path, response.content[:200])
+
+
+def test_apply_keeps_a_shared_deployment_in_its_pool(alice: Person, digits: ModelVersion) -> None:
+    response = alice.client().post("/api/v1/deployments/", {
+        "name": "digits-shared", "models": [{"model": "digits"}],
+        "placement": {"mode": "shared", "pool": "shared", "idle_unload_seconds": 90}}, format="json")
+    assert response.status_code == 201, response.json()
+    deployment = Deployment.objects.get(name="digits-shared")
+    run = done_tune(deployment)
+    applied = alice.client().post(f"/api/v1/deployments/digits-shared/tunes/{run.pk}/apply")
+    assert applied.status_code == 200, applied.json()
+    placement = Revision.objects.get(deployment=deployment, number=2).spec.placement
+    assert (placement.mode, placement.pool, placement.idle_unload_seconds) == ("shared", "shared", 90)
+    assert "placement" not in {change["setting"] for change in applied.json()["changes"]}

@@ -1,4 +1,4 @@
-"""The load generator wrapper: a real bench/loadgen.py subprocess against a tiny HTTP server in this process, its
+"""The load generator wrapper: a real tuning/loadgen.py subprocess against a tiny HTTP server in this process, its
 figures and its own CPU time; a load generator that fails is a MeasureFailed with its reason."""
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ from django.utils import timezone
 
 from conftest import Person
 from deployments.models import Deployment, Event
-from deployments.tests.conftest import digits_v1  # noqa: F401 - shared fixture
 from models_registry.models import ModelVersion
 from tuning import runner, search, tasks
 from tuning.models import TuneRun
@@ -23,7 +22,7 @@ from tuning.tests.synthetic import Synthetic
 
 
 @pytest.fixture
-def deployment(alice: Person, digits_v1: ModelVersion) -> Deployment:  # noqa: F811
+def deployment(alice: Person, digits: ModelVersion) -> Deployment:
     alice.client().post("/api/v1/deployments/", {"name": "digits-prod", "models": [{"model": "digits"}]},
                         format="json")
     return Deployment.objects.get(name="digits-prod")
@@ -116,6 +115,40 @@ def test_a_second_tune_on_the_machine_waits_and_says_whose(deployment: Deploymen
     assert deployment.team.name not in theirs.message
     first.refresh_from_db()
     assert first.status == "running"
+
+
+def test_tunes_take_turns_across_teams_whoever_s_task_wakes_first(deployment: Deployment, charlie: Person,
+                                                                  synthetic: Synthetic) -> None:
+    """Team acme has tuned a minute ago and queued two more before charlie queued one: charlie's runs next, even
+    when the task of acme's second tune is the one that finds the machine free."""
+    queued(deployment, status=TuneRun.Status.DONE, started_at=timezone.now() - timedelta(minutes=1))
+    acme_first, acme_second = queued(deployment), queued(deployment)
+    other = Deployment.objects.create(team=charlie.team, name="other", runtime="local")
+    charlies = queued(other, model_version=acme_first.model_version)
+    assert runner.next_in_line() == charlies.pk
+    told = runner.run(acme_second.pk, fake_loadgen(synthetic))
+    assert told == "Waiting for its turn: the next tune is the oldest of the team that has waited longest."
+    charlies.refresh_from_db()
+    acme_first.refresh_from_db()
+    acme_second.refresh_from_db()
+    # It ran in acme's task (and failed: charlie's bare deployment has no revision to tune).
+    assert charlies.started_at is not None and charlies.status == "failed", charlies.message
+    assert acme_first.status == acme_second.status == "queued"
+    assert deployment.team.name not in charlies.message and charlie.team.name not in acme_second.message
+    # Now charlie has tuned last: acme's oldest is next, not its newest.
+    assert runner.next_in_line() == acme_first.pk
+    assert runner.run(acme_first.pk, fake_loadgen(synthetic)) is None
+    assert runner.next_in_line() == acme_second.pk
+
+
+def test_a_team_that_never_tuned_goes_before_one_that_did(deployment: Deployment, charlie: Person) -> None:
+    queued(deployment, status=TuneRun.Status.DONE, started_at=timezone.now() - timedelta(days=30))
+    acme = queued(deployment)
+    other = Deployment.objects.create(team=charlie.team, name="other", runtime="local")
+    charlies = queued(other, model_version=acme.model_version)
+    assert runner.next_in_line() == charlies.pk
+    TuneRun.objects.filter(pk=charlies.pk).update(cancel_requested=True)  # a cancelled one holds no turn
+    assert runner.next_in_line() == acme.pk
 
 
 def test_a_tune_whose_worker_died_no_longer_holds_the_machine(deployment: Deployment, synthetic: Synthetic) -> None:

@@ -40,7 +40,8 @@ def status_words(deployment: Any) -> str:
     (serving r1)" when it did not make it, "deleting" rather than "stopping" on the way out."""
     status = deployment.status
     serving = deployment.serving_revision
-    rolling = (serving is not None and deployment.upstream_url and deployment.revision_id != deployment.serving_revision_id)
+    rolling = (serving is not None and deployment.upstream_url
+               and deployment.revision_id != deployment.serving_revision_id)
     if rolling and status in ("pending", "rendering", "building", "starting"):
         return f"updating (serving r{serving.number})"
     if rolling and status == "failed":

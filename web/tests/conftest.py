@@ -12,7 +12,6 @@ from conftest import Person
 from deployments import actions
 from deployments.api import DeploymentInputSerializer, plan_input
 from deployments.models import Deployment
-from deployments.tests.conftest import make_ready_version
 from models_registry.models import ModelVersion
 
 
@@ -20,11 +19,6 @@ def signed_in(person: Person) -> Client:
     client = Client()
     client.force_login(person.user)
     return client
-
-
-@pytest.fixture
-def digits(alice: Person) -> ModelVersion:
-    return make_ready_version(alice, "digits")
 
 
 def deploy(person: Person, name: str = "digits-prod", model: str = "digits", **body: Any) -> Deployment:

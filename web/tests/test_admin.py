@@ -35,14 +35,17 @@ def no_worker_ping(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _server(deployment: Deployment) -> TritonServer:
-    return TritonServer.objects.create(deployment=deployment, revision=deployment.revision, pid=999_999_999, http_port=18000,
+    return TritonServer.objects.create(deployment=deployment, revision=deployment.revision, pid=999_999_999,
+                                       http_port=18000,
                                        grpc_port=18001, metrics_port=18002, log_path="/nonexistent/triton.log",
                                        state=TritonServer.State.READY)
 
 
-@pytest.mark.parametrize("model", [Model, ModelVersion, Blob, Upload, Deployment, Revision, Event, TritonServer, ApiToken,
+@pytest.mark.parametrize("model",
+                         [Model, ModelVersion, Blob, Upload, Deployment, Revision, Event, TritonServer, ApiToken,
                                    get_user_model()])
-def test_every_changelist_renders_with_rows(operator: Client, alice: Person, deployment: Deployment, model: Any) -> None:
+def test_every_changelist_renders_with_rows(operator: Client, alice: Person, deployment: Deployment,
+                                            model: Any) -> None:
     _server(deployment)
     opts = model._meta
     response = operator.get(f"/admin/{opts.app_label}/{opts.model_name}/")
@@ -56,6 +59,15 @@ def test_every_changelist_renders_with_rows(operator: Client, alice: Person, dep
     change = operator.get(change_url)
     assert change.status_code == 200
     assert escape(str(obj)) in change.content.decode()
+
+
+def test_a_deployments_launches_show_as_their_json(operator: Client, alice: Person, deployment: Deployment) -> None:
+    from deployments.launch import Launch
+
+    launch = Launch(deployment.revision_id, "http://127.0.0.1:41000", "pid 41", 7, grpc_target="127.0.0.1:41001")
+    Deployment.objects.filter(pk=deployment.pk).update(serving_launch=launch)
+    page = operator.get(f"/admin/deployments/deployment/{deployment.pk}/change/").content.decode()
+    assert escape('"url": "http://127.0.0.1:41000"') in page and "Launch(" not in page
 
 
 def test_deployments_can_be_searched_and_filtered(operator: Client, alice: Person, deployment: Deployment) -> None:
@@ -83,7 +95,8 @@ def test_operators_stop_and_start_deployments(operator: Client, alice: Person, d
     assert deployment.status == Deployment.Status.PENDING
 
 
-def test_rerendering_makes_a_new_revision_with_the_same_spec(operator: Client, alice: Person, deployment: Deployment) -> None:
+def test_rerendering_makes_a_new_revision_with_the_same_spec(operator: Client, alice: Person,
+                                                             deployment: Deployment) -> None:
     first = deployment.revision
     _action(operator, "deployments/deployment", "rerender_deployments", [deployment.pk])
     deployment.refresh_from_db()
@@ -114,7 +127,8 @@ def test_the_admin_index_links_to_the_overview(operator: Client) -> None:
 
 
 def test_the_overview_shows_servers_gpus_queue_workers_and_failures(operator: Client, alice: Person, charlie: Person,
-                                                                   deployment: Deployment, no_worker_ping: None) -> None:
+                                                                    deployment: Deployment,
+                                                                    no_worker_ping: None) -> None:
     from deployments.tests.conftest import make_ready_version
 
     _server(deployment)
@@ -122,7 +136,8 @@ def test_the_overview_shows_servers_gpus_queue_workers_and_failures(operator: Cl
     deploy(charlie, "faces-gpu", "faces", runtime="kubernetes", replicas=3, resources={"gpu": 2},
            models=[{"model": "faces", "instance_group": {"kind": "gpu"}}])
     deployment.set_status(Deployment.Status.FAILED, "Revision 1 failed to start: out of memory")
-    Event.objects.create(deployment=deployment, kind=Event.Kind.ERROR, message="Revision 1 failed to start: out of memory")
+    Event.objects.create(deployment=deployment, kind=Event.Kind.ERROR,
+                         message="Revision 1 failed to start: out of memory")
     response = operator.get("/admin/overview/")
     assert response.status_code == 200
     content = response.content.decode()
@@ -132,6 +147,39 @@ def test_the_overview_shows_servers_gpus_queue_workers_and_failures(operator: Cl
     assert "out of memory" in content
     assert "no worker answered" in content
     assert 'id="overview-queue-depth"' in content
+
+
+def test_the_overview_counts_the_gateways_5xx_answers_not_only_error_events(
+        operator: Client, deployment: Deployment, no_worker_ping: None) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from gateway.models import RequestStats
+
+    now = timezone.now()
+    RequestStats.objects.create(deployment=deployment, revision=1, bucket_start=now - timedelta(minutes=5),
+                                requests=100, errors=7, codes={"200": 92, "429": 1, "500": 4, "502": 3})
+    RequestStats.objects.create(deployment=deployment, revision=1, bucket_start=now - timedelta(minutes=4),
+                                requests=50, errors=0, codes={"200": 50})
+    RequestStats.objects.create(deployment=deployment, revision=1, bucket_start=now - timedelta(hours=30),
+                                requests=10, errors=10, codes={"503": 10})  # outside the 24 hours
+    assert not Event.objects.filter(kind=Event.Kind.ERROR).exists()
+
+    response = operator.get("/admin/overview/")
+
+    [row] = response.context["failures"]["gateway"]
+    assert (row["deployment"], row["errors"], row["requests"], row["codes"]) == (deployment, 7, 150,
+                                                                                 "4 x 500, 3 x 502")
+    content = response.content.decode()
+    assert 'id="overview-gateway-errors"' in content
+    assert "No errors" not in content
+
+
+def test_the_overview_says_no_errors_only_when_the_gateway_had_none_either(
+        operator: Client, deployment: Deployment, no_worker_ping: None) -> None:
+    content = operator.get("/admin/overview/").content.decode()
+    assert "No errors: no error events, and no 5xx answer from the gateway." in content
 
 
 def test_the_overview_is_for_staff_only(alice: Person) -> None:

@@ -8,32 +8,13 @@ from typing import Any
 import pytest
 
 from conftest import Person
+from deployments.model_entry import ModelEntry
 from deployments.models import Deployment
 from deployments.tests.conftest import make_ready_version
 from models_registry.models import Model, ModelVersion
 from tests.artifacts import tiny_onnx
 from web.tests.conftest import fake_runtime_env, signed_in
-
-NEW = "/deployments/new/?model=digits&version=1"
-
-
-def form_data(**changes: Any) -> dict[str, Any]:
-    data = {
-        "name": "digits-prod",
-        "runtime": "local",
-        "replicas": "1",
-        "gpu": "0",
-        "gpu_type": "",
-        "m0-version": "1",
-        "m0-max_batch_size": "16",
-        "m0-dynamic_batching": "on",
-        "m0-max_queue_delay_microseconds": "2000",
-        "m0-preferred_batch_size": "4, 8",
-        "m0-instance_count": "2",
-        "m0-instance_kind": "cpu",
-    }
-    data.update(changes)
-    return {k: v for k, v in data.items() if v is not None}
+from web.tests.deploy_forms import EDIT, NEW, as_post, errors_of, form_data
 
 
 def test_the_form_starts_from_the_models_defaults(alice: Person, digits: ModelVersion) -> None:
@@ -84,18 +65,13 @@ def test_dynamic_batching_can_be_switched_off(alice: Person, digits: ModelVersio
 def test_a_queue_delay_beyond_the_slider_can_be_typed(alice: Person, digits: ModelVersion) -> None:
     response = signed_in(alice).post(NEW, form_data(**{"m0-max_queue_delay_microseconds": "2500000"}))
     assert response.status_code == 302
-    assert Deployment.objects.get().revision.spec.to_json()["models"][0]["dynamic_batching"]["max_queue_delay_microseconds"] == 2_500_000
-
-
-def _errors(response: Any) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    assert response.status_code == 200
-    assert not Deployment.objects.exists()
-    return response.context["form"].errors, response.context["model_forms"][0].errors
+    batching = Deployment.objects.get().revision.spec.to_json()["models"][0]["dynamic_batching"]
+    assert batching["max_queue_delay_microseconds"] == 2_500_000
 
 
 def test_a_bad_name_is_shown_beside_the_name_field(alice: Person, digits: ModelVersion) -> None:
     response = signed_in(alice).post(NEW, form_data(name="Digits_Prod"))
-    form_errors, _ = _errors(response)
+    form_errors, _ = errors_of(response)
     assert "lowercase letters" in form_errors["name"][0]
     assert 'id="id_name_error"' in response.content.decode()
     assert 'aria-invalid="true"' in response.content.decode()
@@ -103,18 +79,18 @@ def test_a_bad_name_is_shown_beside_the_name_field(alice: Person, digits: ModelV
 
 def test_a_preferred_batch_size_over_the_max_is_shown_beside_its_field(alice: Person, digits: ModelVersion) -> None:
     response = signed_in(alice).post(NEW, form_data(**{"m0-max_batch_size": "8", "m0-preferred_batch_size": "4, 16"}))
-    _, errors = _errors(response)
+    _, errors = errors_of(response)
     assert errors["preferred_batch_size"] == ["preferred batch size 16 is larger than max_batch_size 8"]
     assert 'id="id_m0-preferred_batch_size_error"' in response.content.decode()
 
 
 def test_a_queue_delay_over_the_api_limit_is_refused(alice: Person, digits: ModelVersion) -> None:
-    _, errors = _errors(signed_in(alice).post(NEW, form_data(**{"m0-max_queue_delay_microseconds": "20000000"})))
+    _, errors = errors_of(signed_in(alice).post(NEW, form_data(**{"m0-max_queue_delay_microseconds": "20000000"})))
     assert "10000000" in errors["max_queue_delay_microseconds"][0]
 
 
 def test_too_many_instances_are_refused(alice: Person, digits: ModelVersion) -> None:
-    _, errors = _errors(signed_in(alice).post(NEW, form_data(**{"m0-instance_count": "99"})))
+    _, errors = errors_of(signed_in(alice).post(NEW, form_data(**{"m0-instance_count": "99"})))
     assert "16" in errors["instance_count"][0]
 
 
@@ -133,14 +109,14 @@ def test_unreadable_input_is_shown_beside_its_field(alice: Person, digits: Model
 
 
 def test_replicas_on_the_local_runtime_are_refused_beside_the_field(alice: Person, digits: ModelVersion) -> None:
-    form_errors, _ = _errors(signed_in(alice).post(NEW, form_data(replicas="3")))
+    form_errors, _ = errors_of(signed_in(alice).post(NEW, form_data(replicas="3")))
     assert "one Triton server per deployment" in form_errors["replicas"][0]
 
 
 def test_batching_on_a_model_without_a_batch_dimension_is_refused(alice: Person) -> None:
     make_ready_version(alice, "fixed", tiny_onnx(batch=False))
     response = signed_in(alice).post("/deployments/new/?model=fixed", form_data(name="fixed"))
-    _, errors = _errors(response)
+    _, errors = errors_of(response)
     assert "dynamic first dimension" in errors["max_batch_size"][0]
 
 
@@ -193,9 +169,6 @@ def test_without_a_model_the_form_offers_the_ready_ones(alice: Person, digits: M
 # --- Editing ------------------------------------------------------------------------------------------------------
 
 
-EDIT = "/deployments/digits-prod/edit/"
-
-
 def test_the_settings_form_starts_from_the_current_revision(alice: Person, digits: ModelVersion) -> None:
     client = signed_in(alice)
     client.post(NEW, form_data())
@@ -235,20 +208,47 @@ def test_settings_errors_are_shown_and_make_no_revision(alice: Person, digits: M
 
 def test_editing_keeps_settings_the_form_does_not_show(alice: Person, digits: ModelVersion) -> None:
     from deployments import actions, planning
+    from deployments.spec import Warmup
 
-    request = planning.DeployRequest(runtime="local", models=(planning.ModelRequest(
-        model="digits", response_cache=True, warmup={"batch_size": 1, "count": 2}),))
+    request = planning.DeployRequest(runtime="local", models=(
+        ModelEntry.asked("digits", response_cache=True, warmup=Warmup(batch_size=1, count=2)),))
     actions.create_deployment(alice.team, alice.user, "digits-prod", planning.plan(alice.team, request))
     response = signed_in(alice).post(EDIT, form_data())
     assert response.status_code == 302
     model = Deployment.objects.get().revision.spec.to_json()["models"][0]
     assert model["response_cache"] is True
-    assert model["warmup"] == {"batch_size": 1, "count": 2}
+    assert model["warmup"] == {"batch_size": 1, "count": 2, "data": "zero"}
+
+
+def test_saving_the_settings_unchanged_makes_no_revision_and_says_so(alice: Person, digits: ModelVersion) -> None:
+    """The rule is the API's PATCH's (deployments.actions): the page once made a revision and a rollout of it."""
+    client = signed_in(alice)
+    client.post(NEW, form_data())
+    edit = client.get(EDIT)
+    response = client.post(EDIT, as_post(edit.context["form"], edit.context["model_forms"]), follow=True)
+    assert response.redirect_chain == [("/deployments/digits-prod/", 302)]
+    assert "Nothing changed: digits-prod keeps serving these settings" in response.content.decode()
+    deployment = Deployment.objects.get()
+    assert deployment.revisions.count() == 1 and deployment.revision.number == 1
+    assert not deployment.events.filter(message__startswith="Revision 2").exists()
+
+
+def test_a_canary_of_the_settings_unchanged_is_refused_beside_its_share(alice: Person, digits: ModelVersion) -> None:
+    client = signed_in(alice)
+    client.post(NEW, form_data())
+    Deployment.objects.update(status=Deployment.Status.READY, serving_revision=Deployment.objects.get().revision)
+    edit = client.get(EDIT)
+    response = client.post(EDIT, {**as_post(edit.context["form"], edit.context["model_forms"]), "canary_percent": "20"})
+    assert response.status_code == 200
+    assert response.context["form"].errors["canary_percent"] == [
+        "A canary needs a change: these are the settings in effect already."]
+    deployment = Deployment.objects.get()
+    assert deployment.revisions.count() == 1 and deployment.canary_revision_id is None
 
 
 def test_a_pipeline_deploys_with_its_steps_from_the_form(alice: Person) -> None:
     from models_registry.samples import digits_pipeline_definition
-    from models_registry.tests.test_pipelines import create_pipeline, digits_steps
+    from models_registry.tests.pipeline_versions import create_pipeline, digits_steps
 
     digits_steps(alice)
     assert create_pipeline(alice, digits_pipeline_definition()).status_code == 201
@@ -266,24 +266,12 @@ def test_a_pipeline_deploys_with_its_steps_from_the_form(alice: Person) -> None:
     assert sorted(m["name"] for m in spec["models"]) == ["digits", "digits-pipeline", "postprocess", "preprocess"]
     edit = client.get("/deployments/digits-pipeline/edit/")
     assert len(edit.context["model_forms"]) == 4
-    resubmit = _as_post(edit.context["form"], edit.context["model_forms"])
+    resubmit = as_post(edit.context["form"], edit.context["model_forms"])
     response = client.post("/deployments/digits-pipeline/edit/", resubmit)
     assert response.status_code == 302, [f.errors for f in response.context["model_forms"]]
     deployment = Deployment.objects.get()
-    assert deployment.revision.number == 2
+    assert deployment.revision.number == 1  # the form as rendered asks for what serves: no revision
     assert deployment.revision.spec.to_json()["models"] == spec["models"]
-
-
-def _as_post(form: Any, model_forms: list[Any]) -> dict[str, Any]:
-    """What a browser sends for the forms as they were rendered."""
-    data: dict[str, Any] = {}
-    for f in [form, *model_forms]:
-        for bound in f:
-            value = bound.value()
-            if bound.field.disabled or value is None or value is False:
-                continue
-            data[bound.html_name] = "on" if value is True else value
-    return data
 
 
 def test_the_form_says_which_frameworks_the_local_runtime_has_and_how_to_add_the_others(
@@ -302,11 +290,12 @@ def test_the_form_says_which_frameworks_the_local_runtime_has_and_how_to_add_the
 def test_replicas_show_for_kubernetes_only_and_the_local_runtime_says_why(alice: Person, digits: ModelVersion) -> None:
     content = signed_in(alice).get(NEW).content.decode()
     # Inside the Kubernetes box, with the GPU fields.
-    assert content.index('id="kubernetes-fields"') < content.index('id="field-replicas"') < content.index('id="field-gpu"')
+    assert (content.index('id="kubernetes-fields"') < content.index('id="field-replicas"')
+            < content.index('id="field-gpu"'))
     assert 'data-runtime="kubernetes" hidden' in content  # hidden while the runtime is local
     assert "The local runtime runs one Triton server per deployment" in content
     # The posted value still counts: replicas 3 on the local runtime is refused beside the field (server side).
-    form_errors, _ = _errors(signed_in(alice).post(NEW, form_data(replicas="3")))
+    form_errors, _ = errors_of(signed_in(alice).post(NEW, form_data(replicas="3")))
     assert "one Triton server per deployment" in form_errors["replicas"][0]
 
 
@@ -340,7 +329,7 @@ def test_a_pipeline_shows_no_batching_or_instance_fields_and_ignores_posted_ones
     """The pipeline's own batching and instances are not applied by Triton: the form does not offer them, and a
     hand-made POST of "instances 3" does not reach the spec."""
     from models_registry.samples import digits_pipeline_definition
-    from models_registry.tests.test_pipelines import create_pipeline, digits_steps
+    from models_registry.tests.pipeline_versions import create_pipeline, digits_steps
 
     digits_steps(alice)
     assert create_pipeline(alice, digits_pipeline_definition()).status_code == 201

@@ -157,7 +157,8 @@ def test_the_python_snippet_uses_tls_for_an_https_portal() -> None:
     compile(snippet, "snippet", "exec")
 
 
-def test_the_live_status_sends_the_browser_away_once_the_deployment_is_gone(alice: Person, deployment: Deployment) -> None:
+def test_the_live_status_sends_the_browser_away_once_the_deployment_is_gone(alice: Person,
+                                                                            deployment: Deployment) -> None:
     client = signed_in(alice)
     deployment.delete()
     response = client.get(f"{PAGE}live/", headers={"HX-Request": "true"})

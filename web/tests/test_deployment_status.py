@@ -14,6 +14,7 @@ from deployments.models import Deployment, TritonServer
 from deployments.planning import Plan
 from deployments.render import build_model_config, served_dims
 from deployments.revision_spec import ModelEntry, RevisionSpec
+from deployments.spec import ServedModel
 from web import inference, revisions
 from web.logs import fold_gpu_noise
 from web.tests.conftest import deploy, signed_in
@@ -66,7 +67,7 @@ def test_installing_python_packages_shows_as_building_with_what_is_installed(
 
 
 def test_no_start_banner_is_promised_once_the_deployment_is_created(alice: Person, digits: object) -> None:
-    from web.tests.test_deploy_form import NEW, form_data
+    from web.tests.deploy_forms import NEW, form_data
 
     response = signed_in(alice).post(NEW, form_data(), follow=True)
     content = response.content.decode()
@@ -120,7 +121,7 @@ W1129 16:24:19.380000 9010 metrics.cc:811] "DCGM unable to start: DCGM initializ
 W1129 16:24:19.380100 9010 metrics.cc:780] "Failed to initialize NVML"
 E1129 16:24:19.713920 9010 model_lifecycle.cc:642] "failed to load 'gpu' version 1: Invalid argument: instance group gpu_0 of model gpu specifies invalid or unsupported gpu id 0. GPUs with at least the minimum required CUDA compute compatibility of 6.000000 are:"
 I1129 16:24:19.714000 9010 model_lifecycle.cc:839] "successfully loaded 'digits'"
-"""
+"""  # noqa: E501 - Triton log lines, verbatim
 
 
 def test_the_log_folds_the_cpu_only_cuda_noise_but_not_lines_about_models() -> None:
@@ -156,7 +157,8 @@ def test_the_signature_shown_is_what_triton_serves(alice: Person) -> None:
     """digits' `label` is declared [-1]; Triton declares it [1] with a reshape, so its metadata and its answers say
     [-1, 1] / [1, 1]. The page shows the served shape, and the example request uses served shapes too."""
     data = {"name": "digits", "version": 1, "format": "onnx", "max_batch_size": 64, "signature": {
-        "inputs": [{"name": "input", "datatype": "FP32", "dims": [-1, 64]}, {"name": "id", "datatype": "INT64", "dims": [-1]}],
+        "inputs": [{"name": "input", "datatype": "FP32", "dims": [-1, 64]},
+                   {"name": "id", "datatype": "INT64", "dims": [-1]}],
         "outputs": [{"name": "label", "datatype": "INT64", "dims": [-1]}]}}
     served = inference.served_signature(ModelEntry.from_json(data))
     assert served["outputs"] == [{"name": "label", "datatype": "INT64", "dims": [-1, 1], "declared": [-1]}]
@@ -171,8 +173,9 @@ def test_served_dims_are_the_dims_the_rendered_config_declares() -> None:
     """One rule: what the page shows is what config.pbtxt tells Triton (batch dimension prepended)."""
     entry = {"name": "m", "version": 1, "format": "onnx", "max_batch_size": 8, "signature": {
         "inputs": [{"name": "x", "datatype": "FP32", "dims": [-1, 3]}],
-        "outputs": [{"name": "label", "datatype": "INT64", "dims": [-1]}, {"name": "p", "datatype": "FP32", "dims": [-1, 10]}]}}
-    config = build_model_config(ModelEntry.from_json(entry).served_model(None), "local")
+        "outputs": [{"name": "label", "datatype": "INT64", "dims": [-1]},
+                    {"name": "p", "datatype": "FP32", "dims": [-1, 10]}]}}
+    config = build_model_config(ServedModel.of(ModelEntry.from_json(entry), None), "local")
     for tensor in list(config.input) + list(config.output):
         declared = next(t for t in entry["signature"]["inputs"] + entry["signature"]["outputs"]  # type: ignore[index,operator]
                         if t["name"] == tensor.name)
@@ -190,7 +193,8 @@ def test_the_curl_snippet_runs_as_copied_with_its_body_inline(alice: Person, dep
     assert '"$MODELPORT_TOKEN"' in curl or "$MODELPORT_TOKEN" in curl
     # The shell gives curl exactly that body, quotes and all (bash -n: it parses; echo: what it passes).
     shell = curl.split("\n", 1)[1].replace("curl -sS -X POST", "printf %s", 1)
-    shell = shell.replace(' \\\n  -H "Authorization: Bearer $MODELPORT_TOKEN"', "").replace(' \\\n  -H "Content-Type: application/json"', "")
+    shell = shell.replace(' \\\n  -H "Authorization: Bearer $MODELPORT_TOKEN"', "")
+    shell = shell.replace(' \\\n  -H "Content-Type: application/json"', "")
     shell = shell.replace(" http://testserver/serve/digits-prod/v2/models/digits/infer \\\n  -d", "")
     assert json.loads(subprocess.run(["bash", "-c", shell], capture_output=True, text=True, check=True).stdout) == body
     cli = next(code for label, code, key in served["snippets"] if key == "cli")
@@ -209,8 +213,8 @@ def test_a_long_body_goes_to_req_json_and_a_quote_in_it_cannot_break_out() -> No
 
 
 def test_the_history_lists_every_revision_of_this_deployment_only(alice: Person, deployment: Deployment) -> None:
-    for _ in range(3):
-        _new_revision(alice, deployment, max_batch_size=32)
+    for size in (32, 24, 8):  # each a change: the same spec again would make no revision
+        _new_revision(alice, deployment, max_batch_size=size)
     second = deploy(alice, name="other")
     assert second.revision is not None
     page = signed_in(alice).get(PAGE).content.decode()
@@ -220,7 +224,8 @@ def test_the_history_lists_every_revision_of_this_deployment_only(alice: Person,
 def test_the_curl_snippet_of_an_image_model_says_where_the_file_goes() -> None:
     body = {"inputs": [{"name": "image", "shape": [1, 1], "datatype": "BYTES", "data": [""]}]}
     first_line = inference.curl_snippet("http://h", "d", "m", body).splitlines()[0]
-    assert "image is BYTES: this JSON sends text, and a file (an image) goes with Try it or the Python snippet" in first_line
+    assert ("image is BYTES: this JSON sends text, and a file (an image) goes with Try it or the Python snippet"
+            in first_line)
 
 
 def test_the_settings_in_effect_follow_the_rollout_without_a_reload(alice: Person, deployment: Deployment) -> None:
@@ -236,3 +241,20 @@ def test_the_settings_in_effect_follow_the_rollout_without_a_reload(alice: Perso
     live = client.get(f"{PAGE}live/").content.decode()
     assert "Revision r1, the one serving." in live and "not serving yet" not in live
     assert '<span class="badge status-ready">serving</span>' in live
+
+
+def test_the_log_panel_shows_a_giant_line_within_the_cap(alice: Person, deployment: Deployment, tmp_path: object,
+                                                          settings: object) -> None:
+    """One line of many MiB without a newline (issue 21): the panel holds at most LOG_TAIL_MAX_BYTES of it."""
+    from pathlib import Path
+
+    log = Path(str(tmp_path)) / "triton.log"
+    with open(log, "wb") as f:
+        f.write(b"I0101 started\n" + b"<" * (5 * 1024**2))
+    TritonServer.objects.create(deployment=deployment, revision=deployment.revision, pid=1, http_port=1,
+                                grpc_port=2, metrics_port=3, log_path=str(log), state=TritonServer.State.READY)
+    settings.LOG_TAIL_MAX_BYTES = 256 * 1024  # type: ignore[attr-defined]
+    settings.LOG_LINE_MAX_BYTES = 1024**2  # type: ignore[attr-defined]
+    panel = signed_in(alice).get(f"{PAGE}logs/").content.decode()
+    assert len(panel) <= 4 * 256 * 1024 + 2048  # "<" is "&lt;" in the page
+    assert "&lt;" * 1000 in panel and "bytes cut)" in panel

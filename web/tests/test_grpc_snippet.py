@@ -61,3 +61,51 @@ def test_the_deployment_page_offers_the_grpc_snippet_after_the_python_one(
     settings.GATEWAY_GRPC_PORT = 0
     [served] = signed_in(alice).get("/deployments/digits-prod/").context["served"]
     assert "grpc" not in [key for _, _, key in served["snippets"]]
+
+
+DIGITS = {"inputs": [{"name": "input", "datatype": "FP32", "dims": [-1, 64]}],
+          "outputs": [{"name": "label", "datatype": "INT64", "dims": [-1, 1]}]}
+
+
+def sent_by(snippet: str, module: Any, monkeypatch: Any) -> list[Any]:
+    """Run a snippet with its client's infer intercepted: the numpy arrays it would send."""
+    sent: list[Any] = []
+
+    class Answer:
+        def as_numpy(self, name: str) -> str:
+            return f"<{name}>"
+
+    def infer(self: Any, model: str, inputs: list[Any], **kwargs: Any) -> Answer:
+        sent.extend(inputs)
+        return Answer()
+
+    monkeypatch.setattr(module.InferenceServerClient, "__init__", lambda self, *a, **k: None)
+    monkeypatch.setattr(module.InferenceServerClient, "infer", infer)
+    monkeypatch.setattr(module.InferenceServerClient, "__del__", lambda self: None, raising=False)  # nothing opened
+    monkeypatch.setenv("MODELPORT_TOKEN", "mp_test")
+    exec(compile(snippet, "snippet", "exec"), {})  # noqa: S102 - the page's own snippet, run as a user would
+    return sent
+
+
+def test_both_python_snippets_send_the_held_out_example_that_try_it_and_curl_send(monkeypatch: Any) -> None:
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    from models_registry.samples import SAMPLE_DIGIT_PIXELS, sample_inputs
+
+    data = sample_inputs(DIGITS)
+    request = inference.with_data(inference.example_request(DIGITS), data)
+    assert request["inputs"][0]["data"] == [float(v) for v in SAMPLE_DIGIT_PIXELS]
+    http = inference.python_snippet("http://models.example.com", "digits", "digits", DIGITS, data)
+    grpc = grpc_snippet.python_grpc_snippet(http, "models.example.com:8001", False, "digits")
+    assert "np.zeros" not in http
+    for snippet, module in ((http, httpclient), (grpc, grpcclient)):
+        [tensor] = sent_by(snippet, module, monkeypatch)
+        assert tensor.name() == "input" and tensor.shape() == [1, 64] and tensor.datatype() == "FP32"
+    # The bytes each client would put on the wire are the example's pixels, as float32.
+    expected = np.asarray([SAMPLE_DIGIT_PIXELS], dtype=np.float32)
+    [tensor] = sent_by(http, httpclient, monkeypatch)
+    assert tensor._get_binary_data() == expected.tobytes()
+    [tensor] = sent_by(grpc, grpcclient, monkeypatch)
+    assert tensor._get_content() == expected.tobytes()

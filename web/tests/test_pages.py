@@ -83,7 +83,8 @@ def test_charlie_gets_a_404_for_everything_of_alices_team(alice: Person, charlie
 
 
 @pytest.mark.parametrize("action", ["stop", "start", "delete", "edit"])
-def test_charlie_cannot_change_alices_deployment(alice: Person, charlie: Person, deployment: Deployment, action: str) -> None:
+def test_charlie_cannot_change_alices_deployment(alice: Person, charlie: Person, deployment: Deployment,
+                                                 action: str) -> None:
     response = signed_in(charlie).post(f"/deployments/digits-prod/{action}/", {"replicas": 1})
     assert response.status_code == 404
     deployment.refresh_from_db()
@@ -222,7 +223,8 @@ def test_the_versions_table_polls_only_while_a_version_is_being_inspected(alice:
 # --- Team switcher ----------------------------------------------------------------------------------------------
 
 
-def test_the_team_switcher_changes_the_team_alice_works_in(alice: Person, charlie: Person, digits: ModelVersion) -> None:
+def test_the_team_switcher_changes_the_team_alice_works_in(alice: Person, charlie: Person,
+                                                           digits: ModelVersion) -> None:
     Membership.objects.create(user=alice.user, team=charlie.team)
     make_ready_version(charlie, "faces")
     client = signed_in(alice)
@@ -318,8 +320,10 @@ def test_a_pipeline_model_page_draws_the_pipeline(alice: Any, client: Any) -> No
     ModelVersion.objects.create(model=model, number=1, format="ensemble", status="ready", definition={
         "inputs": [{"name": "image", "datatype": "BYTES", "dims": [-1, 1]}],
         "outputs": [{"name": "labels", "datatype": "BYTES", "dims": [-1, 3]}],
-        "steps": [{"model": "preprocess", "version": 1, "input_map": {"image": "image"}, "output_map": {"pixels": "pixels"}},
-                  {"model": "postprocess", "version": 1, "input_map": {"pixels": "pixels"}, "output_map": {"labels": "labels"}}],
+        "steps": [{"model": "preprocess", "version": 1, "input_map": {"image": "image"},
+                   "output_map": {"pixels": "pixels"}},
+                  {"model": "postprocess", "version": 1, "input_map": {"pixels": "pixels"},
+                   "output_map": {"labels": "labels"}}],
     })
     client.force_login(alice.user)
     response = client.get("/models/digits-pipeline/")

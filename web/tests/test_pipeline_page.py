@@ -13,7 +13,7 @@ from conftest import Person
 from models_registry.models import Model, ModelVersion
 from models_registry.pipelines import pipeline_graph
 from models_registry.samples import digits_pipeline_definition
-from models_registry.tests.test_pipelines import digits_steps
+from models_registry.tests.pipeline_versions import digits_steps
 from web.tests.conftest import signed_in
 
 URL = "/models/upload/pipeline/"
@@ -75,14 +75,14 @@ def test_problems_sit_under_the_step_and_tensor_they_concern(alice: Person, step
     content = response.content.decode()
     assert 'data-ok="no"' in content
     problems = content[content.index('id="pipeline-problems"'):]
-    step2 = problems[problems.index('data-where="Step 2 · missing"'):]
+    step2 = problems[problems.index('data-where="Step 3 · missing"'):]
     assert "no model named &#x27;missing&#x27; in your team" in step2
     # The first problem stops validation at the steps' lookup; fix it and the tensor problem shows, drawn in red.
     definition["steps"][2]["model"] = "postprocess"
     content = post(alice, definition).content.decode()
     problems = content[content.index('id="pipeline-problems"'):]
-    assert 'data-where="Step 1 · digits"' in problems
-    assert "<strong>input input</strong>: step 1 (digits): input &#x27;input&#x27; is mapped to tensor " \
+    assert 'data-where="Step 2 · digits"' in problems
+    assert "<strong>input input</strong>: step 2 (digits): input &#x27;input&#x27; is mapped to tensor " \
            "&#x27;no-such-tensor&#x27;" in problems
     assert 'class="pipeline-node pipeline-step has-error" data-step="1"' in content
     assert 'class="pipeline-node pipeline-step" data-step="0"' in content
@@ -124,7 +124,8 @@ def test_the_upload_form_without_javascript_recognises_a_definition(alice: Perso
     broken["steps"][0]["version"] = 9
     upload = SimpleUploadedFile("p.json", json.dumps(broken).encode())
     content = client.post("/models/upload/", {"name": "other-pipeline", "file": upload}).content.decode()
-    assert "Step 0 · preprocess · version: step 0 (preprocess): model &#x27;preprocess&#x27; has no version 9" in content
+    assert ("Step 1 · preprocess · version: step 1 (preprocess): model &#x27;preprocess&#x27; has no version 9"
+            in content)
     assert "Could not detect the model format" not in content
 
 

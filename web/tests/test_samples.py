@@ -113,3 +113,17 @@ def test_the_sample_digit_is_a_png_of_the_held_out_seven(alice: Person) -> None:
     X, y = digits_holdout()
     assert int(y[0]) == SAMPLE_DIGIT_LABEL
     assert [int(v) for v in X[0]] == list(SAMPLE_DIGIT_PIXELS)
+
+
+def test_both_samples_stay_one_click_away_once_the_digits_sample_is_deployed(alice: Person) -> None:
+    client = signed_in(alice)
+    client.post("/samples/deploy/", {"sample": "digits"})
+    content = client.get("/").content.decode()
+    assert 'id="deployments-table"' in content and 'id="samples-section"' in content
+    # The deployed one opens (a click lands on it), the other still deploys.
+    assert "Open the sample digits classifier" in content and "Deploy the sample digits classifier" not in content
+    assert "Deploy the sample image pipeline" in content
+    response = client.post("/samples/deploy/", {"sample": "pipeline"})
+    assert response.status_code == 302
+    content = client.get("/").content.decode()
+    assert "Open the sample image pipeline" in content and "Open the sample digits classifier" in content

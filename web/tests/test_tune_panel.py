@@ -7,6 +7,7 @@ from typing import Any
 
 from conftest import Person
 from deployments.models import Deployment, Revision
+from deployments.tests.conftest import huge_input
 from models_registry.models import ModelVersion
 from tuning.models import TuneRun
 from web.tests.conftest import signed_in
@@ -76,8 +77,15 @@ def test_a_finished_tune_shows_chart_table_and_apply_that_makes_a_revision(alice
     assert 'id="tune-results"' in content and "2 inst, batch 16, delay 500 µs" in content
     assert "Measured on box (Test CPU, 2 cores, GPU: none)" in content
     assert 'id="tune-apply"' in content
-    response = client.post(f"{PAGE}tunes/{tune.pk}/apply/")
-    assert response.status_code == 302
+    # Every change shows before Apply; the one that narrows what clients may send needs its own checkbox.
+    assert "digits: max_batch_size 64 → 16 (a request of more than 16 rows, accepted today, would be refused" in content
+    assert "digits: instances 1 → 2" in content and "digits: max_queue_delay_microseconds 0 → 500" in content
+    assert 'id="tune-apply-narrow" required' in content
+    refused = client.post(f"{PAGE}tunes/{tune.pk}/apply/", follow=True).content.decode()
+    assert "would narrow what clients may send: digits: max_batch_size 64 → 16" in refused
+    assert Revision.objects.filter(deployment=deployment).count() == 1
+    applied = client.post(f"{PAGE}tunes/{tune.pk}/apply/", {"narrow": "on"}, follow=True).content.decode()
+    assert "Changed: digits: max_batch_size 64 → 16" in applied
     [entry] = Revision.objects.get(deployment=deployment, number=2).spec.models
     assert entry.instance_group.count == 2 and entry.max_batch_size == 16
     assert "Applied as revision 2." in client.get(PAGE).content.decode()
@@ -93,7 +101,8 @@ def test_apply_as_a_canary_from_the_panel(alice: Person, deployment: Deployment)
         content = client.post(f"{PAGE}tunes/{tune.pk}/apply/", {"canary_percent": bad}, follow=True).content.decode()
         assert "A canary takes 1 to 99 percent of the requests" in content
     assert Revision.objects.filter(deployment=deployment).count() == 1
-    content = client.post(f"{PAGE}tunes/{tune.pk}/apply/", {"canary_percent": "15"}, follow=True).content.decode()
+    content = client.post(f"{PAGE}tunes/{tune.pk}/apply/", {"canary_percent": "15", "narrow": "on"},
+                          follow=True).content.decode()
     assert "rolls out the tuned settings as a canary for 15% of the requests" in content
     deployment.refresh_from_db()
     assert deployment.canary_revision.number == 2 and deployment.canary_percent == 15
@@ -135,10 +144,46 @@ def test_the_chart_escapes_and_scales() -> None:
 
 def test_a_generated_request_the_gateway_would_refuse_is_reported_not_queued(alice: Person,
                                                                             deployment: Deployment) -> None:
-    from tuning.tests.test_api import huge_input
-
     huge_input(deployment)
     content = signed_in(alice).post(f"{PAGE}tune/", {"p99_ms": "25", "budget_seconds": "300", "concurrency_max": "8"},
                                     follow=True).content.decode()
     assert "Not tuned: the generated request cannot be sent" in content
     assert not TuneRun.objects.exists()
+
+
+def test_applying_the_settings_that_serve_already_from_the_panel_rolls_nothing_out(
+        alice: Person, deployment: Deployment) -> None:
+    first, second = finished(deployment), finished(deployment)
+    client = signed_in(alice)
+    client.post(f"{PAGE}tunes/{first.pk}/apply/", {"narrow": "on"})  # the tune's batch size is below the default
+    Deployment.objects.filter(pk=deployment.pk).update(status="ready", serving_revision=Revision.objects.get(number=2),
+                                                       upstream_url="http://127.0.0.1:9")
+    content = client.post(f"{PAGE}tunes/{second.pk}/apply/", {"canary_percent": "15"}, follow=True).content.decode()
+    assert "A canary needs a change: these are the settings in effect already: apply it to every request" in content
+    content = client.post(f"{PAGE}tunes/{second.pk}/apply/", follow=True).content.decode()
+    assert "The tuned settings are the ones serving already: nothing to roll out." in content
+    assert Revision.objects.filter(deployment=deployment).count() == 2
+    assert Deployment.objects.get().canary_revision_id is None
+
+
+def test_the_tune_form_keeps_the_values_the_last_tune_ran_with(alice: Person, deployment: Deployment) -> None:
+    client = signed_in(alice)
+    client.post(f"{PAGE}tune/", {"p99_ms": "12.5", "budget_seconds": "600", "concurrency_max": "32"})
+    form = client.get(PAGE).context["tune_form"]
+    assert (form["p99_ms"].value(), form["budget_seconds"].value(), form["concurrency_max"].value()) == (12.5, 600, 32)
+    content = client.get(PAGE).content.decode()
+    assert 'value="12.5"' in content and 'value="32"' in content
+    assert '<option value="600" selected>' in content
+
+
+def test_the_charts_labels_are_legible() -> None:
+    import re
+
+    points = [{**p, "throughput": p["throughput"] * 10} for p in POINTS]  # thousands of requests per second
+    svg = str(frontier_svg([{"points": points}], [], 20.0, None))
+    sizes = {name: int(size) for name, size in re.findall(r"\.(tick|axis)\{font-size:(\d+)px", svg)}
+    assert sizes["tick"] >= 12 and sizes["axis"] >= 13
+    ticks = re.findall(r'class="tick">([^<]+)<', svg)
+    assert "2,500" in ticks and "12.5" in ticks and "0" in ticks, ticks
+    assert not any(re.search(r"\.\d{3}", t) for t in ticks), ticks
+    assert "p99 latency (ms)" in svg and "requests/s" in svg

@@ -15,7 +15,8 @@ from tests.artifacts import PYTHON_SIGNATURE, python_model_zip, tiny_onnx
 from web.tests.conftest import fake_runtime_env, signed_in
 
 
-def post(person: Person, name: str = "digits", data: bytes | None = None, filename: str = "model.onnx", **fields: Any) -> Any:
+def post(person: Person, name: str = "digits", data: bytes | None = None, filename: str = "model.onnx",
+         **fields: Any) -> Any:
     file = SimpleUploadedFile(filename, tiny_onnx() if data is None else data)
     return signed_in(person).post("/models/upload/", {"name": name, "file": file, **fields})
 
@@ -55,7 +56,7 @@ def test_a_bad_model_name_is_shown_beside_the_name_field(alice: Person) -> None:
 def test_a_file_that_is_no_model_is_shown_beside_the_file_field(alice: Person) -> None:
     response = post(alice, data=b"hello, not a model", filename="notes.txt")
     assert response.status_code == 200
-    assert "detect the model format" in response.context["form"].errors["file"][0]
+    assert "but it is text, not a model" in response.context["form"].errors["file"][0]
     assert not Model.objects.exists()  # the model is created only with its first version
 
 
@@ -93,8 +94,9 @@ def test_the_page_says_what_the_local_runtime_serves(alice: Person, settings: An
     (tmp_path / "lib/python3.11/site-packages/tensorflow").mkdir()
     (tmp_path / "lib/python3.11/site-packages/tensorflow/__init__.py").write_text("")
     content = signed_in(alice).get("/models/upload/").content.decode()
-    assert ("The local runtime serves ONNX and Python models, and TorchScript with PyTorch 2.13.0, and TensorFlow "
-            "SavedModels with TensorFlow 2.21.0. Kubernetes serves every format.") in content
+    # One sentence, #serving-note (the frameworks and their versions are the deploy form's, where one is chosen).
+    assert ("This portal&#x27;s local runtime serves ONNX, TorchScript, TensorFlow SavedModels, Python models and "
+            "pipelines.") in content
 
 
 
@@ -108,3 +110,19 @@ def test_the_upload_page_takes_its_format_hints_from_the_registry(alice: Person)
                                    "torchscript": "torchscript", "plan": "tensorrt_plan", "engine": "tensorrt_plan"}
     assert hints["names"]["tensorrt_plan"] == "A TensorRT plan"
     assert content.index('<option>FP32</option>') < content.index('<option>FP16</option>')  # FP32 first, the default
+
+
+def test_the_page_says_once_where_torchscript_is_served(alice: Person, bare_runtime_env: Any) -> None:
+    import re
+
+    from web.serving import serving
+
+    content = signed_in(alice).get("/models/upload/").content.decode()
+    from django.utils.html import escape
+
+    note = escape(serving().note())
+    assert note in content and "TorchScript" in note
+    # No second sentence about where it runs (the frameworks' line said "need PyTorch" beside "need Kubernetes").
+    text = re.sub(r"<[^>]+>", " ", content)
+    assert 'id="runtime-frameworks"' not in content
+    assert not re.search(r"TorchScript[^.]*need", text.replace(note, ""))

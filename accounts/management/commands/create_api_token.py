@@ -21,7 +21,8 @@ class Command(BaseCommand):
         parser.add_argument("--admin", action="store_true", help="with --create: make the user a team admin")
         parser.add_argument("--name", default="", help="a label for the token, e.g. 'ci'")
         parser.add_argument("--expires-days", type=int, default=None,
-                            help="days until it expires (default: API_TOKEN_MAX_LIFETIME_DAYS, or never when that is 0)")
+                            help="days until it expires "
+                                 "(default: API_TOKEN_MAX_LIFETIME_DAYS, or never when that is 0)")
         parser.add_argument("--scope", action="append", default=[], choices=sorted(TOKEN_SCOPES), dest="scopes",
                             help="what the token may do beyond the normal API (repeatable): "
                                  + "; ".join(f"{name}: {meaning}" for name, meaning in TOKEN_SCOPES.items()))
@@ -35,7 +36,12 @@ class Command(BaseCommand):
             if error:
                 raise CommandError(f"team: {error}")
             user, _ = User.objects.get_or_create(username=username)
-            team, _ = Team.objects.get_or_create(name=team_name)
+            team, made_team = Team.objects.get_or_create(name=team_name)
+            if made_team:
+                # A new team sees nothing of the others: a CI token made in 'ml' while the people use the UI in
+                # 'default' deploys where they cannot see it. Said on stderr; stdout stays the token alone.
+                self.stderr.write(f"Created team {team_name!r}: what this token creates is seen by the members of "
+                                  f"{team_name!r} only, not by the other teams' (the first admin's is 'default').")
             role = Membership.Role.ADMIN if options["admin"] else Membership.Role.MEMBER
             Membership.objects.get_or_create(user=user, team=team, defaults={"role": role})
         else:
@@ -51,6 +57,8 @@ class Command(BaseCommand):
         expires, limit = options["expires_days"], max_token_lifetime_days()
         if expires is not None and not 1 <= expires <= limit:
             raise CommandError(f"--expires-days must be between 1 and {limit} days (API_TOKEN_MAX_LIFETIME_DAYS)")
-        _, raw = ApiToken.issue(user, team, name=options["name"], expires_in=timedelta(days=expires) if expires else None,
+        _, raw = ApiToken.issue(user, team, name=options["name"],
+                                expires_in=timedelta(days=expires) if expires else None,
                                 scopes=options["scopes"])
+        self.stderr.write(f"A token for {username!r} acting in team {team_name!r}.")
         self.stdout.write(raw)

@@ -16,8 +16,14 @@ FIELD_MANAGER = "modelport"
 TRITON_UID = 1000
 
 _DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_CIDR_RULE_RE = re.compile(r"(?P<cidr>[0-9A-Fa-f.:]+/[0-9]{1,3})(?::(?P<port>[0-9]{1,5})(?:/(?P<protocol>[A-Za-z]+))?)?")
-_NAMESPACE_RULE_RE = re.compile(r"namespace=(?P<namespace>[^:/]+)(?::(?P<port>[0-9]{1,5})(?:/(?P<protocol>[A-Za-z]+))?)?")
+# An optional ":port" or ":port/protocol" after the peer of a rule.
+_PORT_SUFFIX = r"(?::(?P<port>[0-9]{1,5})(?:/(?P<protocol>[A-Za-z]+))?)?"
+_CIDR_RULE_RE = re.compile(r"(?P<cidr>[0-9A-Fa-f.:]+/[0-9]{1,3})" + _PORT_SUFFIX)
+_NAMESPACE_RULE_RE = re.compile(r"namespace=(?P<namespace>[^:/]+)" + _PORT_SUFFIX)
+
+
+class NamespaceRefused(ValueError):
+    """A team's namespace that Modelport will not use (it says why, and what the operator must change)."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,8 @@ class KubernetesConfig:
     ready_timeout_seconds: int = 1800
     unschedulable_grace_seconds: int = 120
     response_cache_bytes: int = 64 * 1024**2
+    # Where the pools open to every team run (a team's own pool runs in the team's namespace).
+    pool_namespace: str = "modelport-pools"
 
     @classmethod
     def from_settings(cls, settings: Any) -> KubernetesConfig:
@@ -148,9 +156,22 @@ class KubernetesConfig:
             ready_timeout_seconds=settings.KUBERNETES_READY_TIMEOUT_SECONDS,
             unschedulable_grace_seconds=settings.KUBERNETES_UNSCHEDULABLE_GRACE_SECONDS,
             response_cache_bytes=settings.TRITON_RESPONSE_CACHE_BYTES,
+            pool_namespace=settings.KUBERNETES_POOL_NAMESPACE,
         )
 
     def namespace_for(self, team: str) -> str:
+        """The team's namespace; NamespaceRefused when it is KUBERNETES_POOL_NAMESPACE (a team named `pools`,
+        with the default prefix): the team's objects and Roles would sit beside the pools open to every team."""
+        name = self.team_namespace(team)
+        if name == self.pool_namespace:
+            raise NamespaceRefused(
+                f"Team {team!r} would get the namespace {name}, which is KUBERNETES_POOL_NAMESPACE, where the pools "
+                "open to every team run: nothing of the team is placed there. An operator must map the team to "
+                "another namespace in KUBERNETES_NAMESPACES, or set KUBERNETES_POOL_NAMESPACE to one no team has.")
+        return name
+
+    def team_namespace(self, team: str) -> str:
+        """The team's namespace as configured, unchecked: only to find and remove the team's own objects."""
         mapped = dict(self.namespaces).get(team)
         if mapped:
             return mapped
@@ -176,7 +197,8 @@ class KubernetesConfig:
         if self.in_cluster:
             if not os.environ.get("KUBERNETES_SERVICE_HOST"):
                 return ("KUBERNETES_IN_CLUSTER is true but this process does not run in a Kubernetes pod "
-                        "(KUBERNETES_SERVICE_HOST is not set): run the worker in the cluster, or set KUBECONFIG instead.")
+                        "(KUBERNETES_SERVICE_HOST is not set): run the worker in the cluster, "
+                        "or set KUBECONFIG instead.")
             return None
         if not self.kubeconfig:
             return ("No Kubernetes cluster is configured: set KUBECONFIG to a kubeconfig file, or run the worker "

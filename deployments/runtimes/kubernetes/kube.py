@@ -25,8 +25,11 @@ REQUEST_TIMEOUT = (5.0, 30.0)
 KINDS: dict[tuple[str, str], tuple[str, str, bool]] = {
     ("v1", "Namespace"): ("/api/v1", "namespaces", False),
     ("v1", "Secret"): ("/api/v1", "secrets", True),
+    ("v1", "ConfigMap"): ("/api/v1", "configmaps", True),
     ("v1", "Service"): ("/api/v1", "services", True),
     ("v1", "Pod"): ("/api/v1", "pods", True),
+    ("v1", "ResourceQuota"): ("/api/v1", "resourcequotas", True),
+    ("v1", "LimitRange"): ("/api/v1", "limitranges", True),
     ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments", True),
     ("policy/v1", "PodDisruptionBudget"): ("/apis/policy/v1", "poddisruptionbudgets", True),
     ("autoscaling/v2", "HorizontalPodAutoscaler"): ("/apis/autoscaling/v2", "horizontalpodautoscalers", True),
@@ -42,6 +45,18 @@ class KubeError(Exception):
         self.reason = reason
         self.message = message
         super().__init__(f"{status} {reason}: {message}")
+
+
+def explain(exc: KubeError, what: str) -> str:
+    """A refusal as the deployment's status says it: what Modelport tried, and what to grant or fix."""
+    if exc.status == 401:
+        return (f"The Kubernetes API server did not accept Modelport's credentials while trying to {what} "
+                f"({exc.message}): check the user of KUBECONFIG, or the service account token in-cluster.")
+    if exc.status == 403:
+        return (f"Kubernetes refused to let Modelport {what}: {exc.message}. Give the worker's service account the "
+                "Role of platform/kubernetes/team-namespace in that namespace (or, for cluster-wide management, "
+                "platform/kubernetes/cluster-wide).")
+    return f"Kubernetes refused to {what} ({exc.status} {exc.reason}): {exc.message}"
 
 
 class Unreachable(Exception):
@@ -93,7 +108,9 @@ class Kube:
 
     def request(self, method: str, path: str, *, query: Iterable[tuple[str, str]] = (), body: Any = None,
                 content_type: str = "application/json", accept: str = "application/json",
-                timeout: Any = REQUEST_TIMEOUT) -> bytes:
+                timeout: Any = REQUEST_TIMEOUT, max_bytes: int | None = None) -> bytes:
+        """The answer's body; with `max_bytes`, at most that much of a successful one is read (the connection is
+        then dropped rather than drained)."""
         from kubernetes.client.exceptions import ApiException
 
         headers: dict[str, str | None] = {"Accept": accept}
@@ -105,7 +122,10 @@ class Kube:
         )
         try:
             response = self.api.call_api(method, url, header_params, serialized, post_params, _request_timeout=timeout)
-            data = response.read()
+            if max_bytes is not None and 200 <= response.status < 300:
+                data = _read_at_most(response.response, max_bytes)
+            else:
+                data = response.read()
         except ApiException as exc:  # the client raises these with status 0 for TLS and protocol failures
             raise Unreachable(f"{self.host}: {exc.reason}") from None
         except urllib3.exceptions.HTTPError as exc:
@@ -164,12 +184,27 @@ class Kube:
                      body={"spec": {"replicas": replicas}}, content_type="application/merge-patch+json",
                      query=[("fieldManager", FIELD_MANAGER)])
 
-    def pod_log(self, namespace: str, pod: str, container: str, *, tail_lines: int, previous: bool = False) -> str:
-        query = [("container", container), ("tailLines", str(tail_lines))]
+    def pod_log(self, namespace: str, pod: str, container: str, *, tail_lines: int, limit_bytes: int,
+                previous: bool = False, timestamps: bool = False) -> bytes:
+        """The container's last `tail_lines` lines, at most `limit_bytes` of them: the kubelet stops after that many
+        (limitBytes, counted from the start of the tail), and no more than that is read whatever the server sends.
+        With `timestamps`, each line starts with the RFC 3339 time the kubelet received it and a space."""
+        query = [("container", container), ("tailLines", str(tail_lines)), ("limitBytes", str(limit_bytes))]
         if previous:
             query.append(("previous", "true"))
-        data = self.request("GET", path_for("v1", "Pod", namespace, pod) + "/log", query=query, accept="*/*")
-        return data.decode("utf-8", errors="replace")
+        if timestamps:
+            query.append(("timestamps", "true"))
+        return self.request("GET", path_for("v1", "Pod", namespace, pod) + "/log", query=query, accept="*/*",
+                            max_bytes=limit_bytes)
+
+
+def _read_at_most(raw: Any, max_bytes: int) -> bytes:
+    """Up to `max_bytes` of a urllib3 response that was not preloaded, then the connection is closed."""
+    try:
+        return bytes(raw.read(max_bytes) or b"")
+    finally:
+        raw.close()
+        raw.release_conn()
 
 
 def _reason(exc: Exception) -> str:

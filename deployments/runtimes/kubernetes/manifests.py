@@ -24,10 +24,9 @@ from typing import Any
 
 import yaml
 
-from deployments import quantity
 from deployments.revision_spec import Autoscaling, Resources, RevisionSpec
 from deployments.runtimes.kubernetes.config import TRITON_UID, KubernetesConfig
-from models_registry import formats
+from modelport.core import formats, quantity
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 CONTAINER = "triton"
@@ -91,7 +90,6 @@ class Target:
 
 
 # --- Names and labels ---------------------------------------------------------------------------------------
-
 
 def selector_labels(team: str, name: str) -> dict[str, str]:
     """The pods of a deployment (every revision): the Deployment's selector and the Service's."""
@@ -214,7 +212,8 @@ def check(target: Target, config: KubernetesConfig) -> dict[str, list[str]]:
 # --- The objects --------------------------------------------------------------------------------------------
 
 
-def build(target: Target, namespace: str, config: KubernetesConfig, *, owner_uid: str | None = None) -> list[dict[str, Any]]:
+def build(target: Target, namespace: str, config: KubernetesConfig, *,
+          owner_uid: str | None = None) -> list[dict[str, Any]]:
     """The namespaced objects serving `target`: Deployment, Service, [PodDisruptionBudget], [HPA], NetworkPolicy.
 
     `owner_uid` (the applied Deployment's uid) adds owner references to the others, so Kubernetes' garbage
@@ -321,6 +320,12 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
             "failureThreshold": failures}
 
 
+def pod_security_context() -> dict[str, Any]:
+    """Every Triton pod's (dedicated and pool): non-root as Triton's user, the runtime's default seccomp profile."""
+    return {"runAsNonRoot": True, "runAsUser": TRITON_UID, "runAsGroup": TRITON_UID, "fsGroup": TRITON_UID,
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
 def deployment(target: Target, namespace: str, config: KubernetesConfig) -> dict[str, Any]:
     repository = config.repository_url(target.repository_key)
     resources = target.spec.resources
@@ -357,13 +362,7 @@ def deployment(target: Target, namespace: str, config: KubernetesConfig) -> dict
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,  # Triton never talks to the Kubernetes API
         "enableServiceLinks": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": TRITON_UID,
-            "runAsGroup": TRITON_UID,
-            "fsGroup": TRITON_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": pod_security_context(),
         "terminationGracePeriodSeconds": EXIT_TIMEOUT_SECONDS + PRESTOP_SLEEP_SECONDS + 10,
         "initContainers": [init_container(target, config)],
         "containers": [container],
@@ -523,6 +522,42 @@ def namespace_object(name: str) -> dict[str, Any]:
             },
         },
     }
+
+
+@dataclass(frozen=True)
+class TeamCeilings:
+    """An operator's ceilings for a team's namespace (deployments/ceilings.py), as Kubernetes quantities; "" or 0:
+    none. The portal refuses what is above them when a revision is planned; the cluster holds them too."""
+
+    max_memory: str = ""  # per container
+    max_cpu: str = ""
+    total_memory: str = ""  # the namespace's sum of limits.memory
+    total_cpu: str = ""  # the sum of requests.cpu
+    total_gpus: int = 0
+    total_pods: int = 0
+
+
+QUOTA_NAME = "modelport-team-ceilings"
+
+
+def ceiling_objects(namespace: str, team: str, ceilings: TeamCeilings) -> list[dict[str, Any]]:
+    """The team namespace's ResourceQuota (its totals) and LimitRange (each container's maximum): none of either
+    when the operator set none. Every container Modelport makes sets limits.memory and requests.cpu, as a quota
+    on them requires."""
+    metadata = {"name": QUOTA_NAME, "namespace": namespace,
+                "labels": {"app.kubernetes.io/managed-by": MANAGED_BY, LABEL_TEAM: team}}
+    hard = {key: value for key, value in (
+        ("limits.memory", ceilings.total_memory), ("requests.cpu", ceilings.total_cpu),
+        ("requests.nvidia.com/gpu", str(ceilings.total_gpus) if ceilings.total_gpus else ""),
+        ("pods", str(ceilings.total_pods) if ceilings.total_pods else "")) if value}
+    maximum = {key: value for key, value in (("memory", ceilings.max_memory), ("cpu", ceilings.max_cpu)) if value}
+    objects: list[dict[str, Any]] = []
+    if hard:
+        objects.append({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": metadata, "spec": {"hard": hard}})
+    if maximum:
+        objects.append({"apiVersion": "v1", "kind": "LimitRange", "metadata": dict(metadata),
+                        "spec": {"limits": [{"type": "Container", "max": maximum}]}})
+    return objects
 
 
 def access_secret(target: Target, namespace: str, files: list[dict[str, Any]], directories: Iterable[str],

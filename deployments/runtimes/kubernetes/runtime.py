@@ -1,10 +1,10 @@
 """The Kubernetes runtime: Triton pods on a cluster, one Kubernetes Deployment per Modelport deployment.
 
 A revision's model repository is rendered for the official Triton image and uploaded to S3 under a prefix of its
-own, with a manifest of what was uploaded; its manifests (deployments.runtimes.kubernetes.manifests) are applied with server-side
-apply in the team's namespace, and the Deployment's rolling update (maxUnavailable 0) replaces the previous
-revision's pods once the new ones are ready. The gateway routes to the Service's cluster DNS name, which stays
-the same across revisions.
+own, with a manifest of what was uploaded; its manifests (deployments.runtimes.kubernetes.manifests) are applied with
+server-side apply in the team's namespace, and the Deployment's rolling update (maxUnavailable 0) replaces the
+previous revision's pods once the new ones are ready. The gateway routes to the Service's cluster DNS name, which
+stays the same across revisions.
 
 Triton's pods hold no S3 key: each revision gets an access Secret with presigned GET URLs for its own files,
 written at every launch and renewed at half-life by a periodic task (`refresh_repository_access`), so that a pod
@@ -24,15 +24,17 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from accounts.models import Team
+from deployments import ceilings, logtail
 from deployments.models import Deployment, Revision
 from deployments.render import RenderError, render_repository
 from deployments.revision_spec import RevisionSpec
 from deployments.runtimes.artifacts import artifact_path
 from deployments.runtimes.base import PREPARED, Health, Launch, Observation, Preparation, RuntimeUnavailable
-from deployments.runtimes.kubernetes import manifests, s3repo
+from deployments.runtimes.kubernetes import manifests, pool_runtime, s3repo
 from deployments.runtimes.kubernetes import status as k8s_status
-from deployments.runtimes.kubernetes.config import KubernetesConfig
-from deployments.runtimes.kubernetes.kube import ConfigError, Kube, KubeError, Unreachable
+from deployments.runtimes.kubernetes.config import KubernetesConfig, NamespaceRefused
+from deployments.runtimes.kubernetes.kube import ConfigError, Kube, KubeError, Unreachable, explain
 from deployments.spec import validate_repository
 from models_registry.validation import archive_limits
 
@@ -70,13 +72,28 @@ def target_for(revision: Revision, cfg: KubernetesConfig, instance: str | None =
                             deployment=deployment.name if name != deployment.name else "")
 
 
+def team_ceilings(team: Team) -> manifests.TeamCeilings:
+    """The team's ceilings on Kubernetes (deployments.ceilings) as the namespace's quota objects say them."""
+    found = ceilings.for_team(team, Deployment.Runtime.KUBERNETES)
+
+    def text(limit: ceilings.Limit) -> str:
+        return f"{limit.value.normalize():f}" if limit.value is not None else ""
+
+    def count(limit: ceilings.Limit) -> int:
+        return int(limit.value) if limit.value is not None else 0
+
+    return manifests.TeamCeilings(max_memory=text(found.memory), max_cpu=text(found.cpu),
+                                  total_memory=text(found.total_memory), total_cpu=text(found.total_cpu),
+                                  total_gpus=count(found.total_gpus), total_pods=count(found.total_replicas))
+
+
 def _instance_of(launch: Launch | None) -> str | None:
     return str(launch.ref).split("/", 1)[1] if launch is not None and "/" in str(launch.ref) else None
 
 
 def serving_instance(deployment: Deployment) -> str:
     """The name of the objects that serve the deployment: its own, or its canary's once one was promoted."""
-    return _instance_of(Launch.from_json(deployment.serving_launch)) or deployment.name
+    return _instance_of(deployment.serving_launch) or deployment.name
 
 
 def instance_for(revision: Revision) -> str:
@@ -99,7 +116,10 @@ def export_manifests(deployment: Deployment) -> str:
     cfg = config()
     revision = deployment.revision
     assert revision is not None
-    namespace = cfg.namespace_for(deployment.team.name)
+    try:
+        namespace = cfg.namespace_for(deployment.team.name)
+    except NamespaceRefused as exc:
+        raise manifests.ManifestError({"team": [str(exc)]}) from None
     target = target_for(revision, cfg)
     objects = manifests.build(target, namespace, cfg)
     if cfg.create_namespaces:
@@ -115,17 +135,6 @@ def export_manifests(deployment: Deployment) -> str:
     ]
     header += [f"Not configured here: {problem}" for problem in cfg.problems()]
     return manifests.to_yaml(objects, header)
-
-
-def _explain(exc: KubeError, what: str) -> str:
-    if exc.status == 401:
-        return (f"The Kubernetes API server did not accept Modelport's credentials while trying to {what} "
-                f"({exc.message}): check the user of KUBECONFIG, or the service account token in-cluster.")
-    if exc.status == 403:
-        return (f"Kubernetes refused to let Modelport {what}: {exc.message}. Give the worker's service account the "
-                "Role of platform/kubernetes/team-namespace in that namespace (or, for cluster-wide management, "
-                "platform/kubernetes/cluster-wide).")
-    return f"Kubernetes refused to {what} ({exc.status} {exc.reason}): {exc.message}"
 
 
 def _iso(moment: datetime) -> str:
@@ -171,7 +180,10 @@ class KubernetesRuntime:
             "(or the in-cluster service account) points at it.")
 
     def _namespace(self, deployment: Deployment) -> str:
-        return self.cfg.namespace_for(deployment.team.name)
+        try:
+            return self.cfg.namespace_for(deployment.team.name)
+        except NamespaceRefused as exc:
+            raise RuntimeUnavailable(str(exc)) from None
 
     # --- Runtime protocol -------------------------------------------------------------------------------------
 
@@ -183,6 +195,9 @@ class KubernetesRuntime:
         problems = self.cfg.problems()
         if problems:
             raise RuntimeUnavailable(" ".join(problems))
+        if revision.spec.placement.shared:
+            pool_runtime.prepare(self, revision)
+            return PREPARED
         target = target_for(revision, self.cfg)
         errors = manifests.check(target, self.cfg)
         if errors:
@@ -203,14 +218,37 @@ class KubernetesRuntime:
         Revision.objects.filter(pk=revision.pk).update(repository=self.cfg.repository_url(prefix))
         return PREPARED
 
-    def _render_and_upload(self, revision: Revision, s3: Any, bucket: str, prefix: str) -> s3repo.RepositoryManifest:
-        spec = revision.spec.repository(lambda entry: artifact_path(entry.sha256))
+    def repository_key(self, revision: Revision) -> str:
+        """The S3 prefix of the revision's repository (a shared revision's too: its models renamed for the pool)."""
+        deployment = revision.deployment
+        return s3repo.revision_prefix(self.cfg, deployment.team.name, deployment.name, deployment.pk, revision.number)
+
+    def upload(self, revision: Revision, spec: RevisionSpec) -> s3repo.RepositoryManifest:
+        """Render `spec` (the revision's, or its pooled copy) and upload it unless it is there; its manifest."""
+        from boto3.exceptions import Boto3Error
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, prefix = self.cfg.s3_bucket, self.repository_key(revision)
+        try:
+            s3 = s3repo.client(self.cfg)
+            return (s3repo.read_manifest(s3, bucket, prefix)
+                    or self._render_and_upload(revision, s3, bucket, prefix, spec))
+        except (Boto3Error, BotoCoreError, ClientError) as exc:
+            raise RuntimeUnavailable(
+                f"The model repository cannot be uploaded to S3 (bucket {bucket!r}): {exc}. Check "
+                "KUBERNETES_S3_BUCKET, S3_ENDPOINT_URL and the S3 credentials.") from None
+
+    def _render_and_upload(self, revision: Revision, s3: Any, bucket: str, prefix: str,
+                           spec_to_render: RevisionSpec | None = None) -> s3repo.RepositoryManifest:
+        spec = (spec_to_render or revision.spec).repository(lambda entry: artifact_path(entry.sha256))
         scratch = Path(settings.VAR_DIR) / "tmp"
         scratch.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="k8s-repository-", dir=scratch) as tmp:
             out = Path(tmp) / "repository"
+            # A pool's Triton (team or open) is shared by several deployments: no constant folding at load.
+            shared = (spec_to_render or revision.spec).placement.shared
             render_repository(spec, "kubernetes", out, tnn_backend_name=self.cfg.tnn_backend_name,
-                              archive_limits=archive_limits())
+                              archive_limits=archive_limits(), fold_constants=not shared)
             return s3repo.upload_repository(s3, bucket, prefix, out)
 
     def access_secret(self, revision: Revision, namespace: str, owner_uid: str | None = None,
@@ -227,7 +265,8 @@ class KubernetesRuntime:
         bucket, prefix, seconds = self.cfg.s3_bucket, target.repository_key, self.cfg.repository_url_seconds
         try:
             s3 = s3repo.client(self.cfg)
-            repository = s3repo.read_manifest(s3, bucket, prefix) or self._render_and_upload(revision, s3, bucket, prefix)
+            repository = (s3repo.read_manifest(s3, bucket, prefix)
+                          or self._render_and_upload(revision, s3, bucket, prefix))
             expires_at = _iso(self.now() + timedelta(seconds=seconds))
             files = s3repo.presign(s3, bucket, prefix, repository, seconds)
         except (Boto3Error, BotoCoreError, ClientError) as exc:
@@ -245,6 +284,8 @@ class KubernetesRuntime:
         return secret
 
     def launch(self, revision: Revision) -> Launch:
+        if revision.spec.placement.shared:
+            return pool_runtime.launch(self, revision)
         kube = self.kube()
         deployment = revision.deployment
         namespace = self._namespace(deployment)
@@ -281,6 +322,9 @@ class KubernetesRuntime:
                 target, namespace)
             what = f"read or create the namespace {namespace}"
             self._ensure_namespace(kube, namespace, target.team)
+            what = f"apply the ResourceQuota and LimitRange of the namespace {namespace}"
+            for obj in manifests.ceiling_objects(namespace, target.team, team_ceilings(revision.deployment.team)):
+                kube.apply(obj)
             uid = existing.get("Deployment", {}).get("metadata", {}).get("uid")
             # The access Secret goes with the Deployment (Kubernetes' garbage collector).
             access = self.access_secret(revision, namespace, owner_uid=uid, target=target)
@@ -312,7 +356,7 @@ class KubernetesRuntime:
                 for item in kube.list(api_version, kind, namespace, selector).get("items", []):
                     kube.delete(api_version, kind, namespace, item["metadata"]["name"])
         except KubeError as exc:
-            raise RuntimeUnavailable(_explain(exc, what)) from None
+            raise RuntimeUnavailable(explain(exc, what)) from None
         return applied
 
     def _check_ownership(self, kube: Kube, objects: list[tuple[str, str, str]], target: manifests.Target,
@@ -356,6 +400,8 @@ class KubernetesRuntime:
         kube.apply(manifests.namespace_object(namespace))
 
     def observe(self, launch: Launch) -> Observation:
+        if pool_runtime.is_pool_launch(launch):
+            return pool_runtime.observe(self, launch)
         revision = Revision.objects.select_related("deployment__team").get(pk=launch.revision_id)
         namespace, name = str(launch.ref).split("/", 1)
         selector = manifests.revision_selector(revision.deployment.team.name, name, revision.number)
@@ -378,7 +424,7 @@ class KubernetesRuntime:
             # A blip: the reconciler looks again until the launch's deadline.
             return Observation("starting", f"the Kubernetes API server is not reachable ({exc})")
         except KubeError as exc:
-            return Observation("starting", _explain(exc, f"read Deployment {namespace}/{name}"))
+            return Observation("starting", explain(exc, f"read Deployment {namespace}/{name}"))
 
     def _log_tail(self, kube: Kube, namespace: str, pod: str | None, previous: bool, lines: int = LOG_LINES,
                   container: str = manifests.CONTAINER) -> str:
@@ -386,15 +432,18 @@ class KubernetesRuntime:
             return ""
         for use_previous in ([True, False] if previous else [False]):
             try:
-                text = kube.pod_log(namespace, pod, container, tail_lines=lines, previous=use_previous)
+                text = _pod_log(kube, namespace, pod, container, lines, settings.LOG_TAIL_MAX_BYTES,
+                                previous=use_previous)
             except (KubeError, Unreachable):
                 continue
             if text.strip():
-                return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+                return text.rstrip("\n")
         return ""
 
     def abandon(self, launch: Launch) -> None:
         """The revision did not become ready: go back to the serving revision, or scale to zero."""
+        if pool_runtime.is_pool_launch(launch):
+            return pool_runtime.abandon(self, launch)
         revision = Revision.objects.select_related("deployment__team", "deployment__serving_revision").get(
             pk=launch.revision_id)
         deployment = Deployment.objects.select_related("team", "serving_revision").get(pk=revision.deployment_id)
@@ -415,6 +464,8 @@ class KubernetesRuntime:
         problem = self.cfg.cluster_problem()
         if problem:
             return Health(False, problem)
+        if pool_runtime.is_pool_launch(launch):
+            return pool_runtime.check(self, launch)
         namespace = self._namespace(deployment)
         name = _instance_of(launch) or deployment.name
         try:
@@ -448,7 +499,7 @@ class KubernetesRuntime:
             # deployment's status names the rules to grant; it keeps its route, since its pods most likely serve.
             log.warning("cannot check deployment %s (%s/%s) on Kubernetes: %s %s: %s", deployment.pk, namespace,
                         deployment.name, exc.status, exc.reason, exc.message)
-            return Health.cannot_tell(_explain(exc, f"read Deployment {namespace}/{deployment.name}"))
+            return Health.cannot_tell(explain(exc, f"read Deployment {namespace}/{deployment.name}"))
         except RuntimeUnavailable as exc:
             log.warning("cannot check deployment %s (%s/%s) on Kubernetes: %s", deployment.pk, namespace,
                         deployment.name, exc)
@@ -463,6 +514,7 @@ class KubernetesRuntime:
         messages: list[str] = []
         team = deployment.team.name
         if not self.cfg.cluster_problem():
+            messages += pool_runtime.retire(self, deployment, keep)
             namespace = self._namespace(deployment)
             try:
                 kube = self.kube()
@@ -501,20 +553,23 @@ class KubernetesRuntime:
     def stop(self, deployment: Deployment) -> None:
         if self.cfg.cluster_problem():
             return  # no cluster: nothing of it can be running
+        pool_runtime.stop(self, deployment)
         for instance in instances(deployment):  # its own Deployment and its canary's
             try:
-                self.kube().scale(self._namespace(deployment), instance, 0)
+                # Unchecked: a refused namespace still gets the team's own objects (found by label) stopped.
+                self.kube().scale(self.cfg.team_namespace(deployment.team.name), instance, 0)
             except KubeError as exc:
                 if exc.status != 404:
-                    raise RuntimeUnavailable(_explain(exc, f"scale {instance} to zero")) from None
+                    raise RuntimeUnavailable(explain(exc, f"scale {instance} to zero")) from None
             except Unreachable as exc:
                 raise self._unreachable(exc) from None
 
     def teardown(self, deployment: Deployment) -> None:
         """Delete every object labelled for the deployment, then its repositories in S3."""
-        team, namespace = deployment.team.name, self._namespace(deployment)
+        team, namespace = deployment.team.name, self.cfg.team_namespace(deployment.team.name)  # unchecked, as stop
         if not self.cfg.cluster_problem():
             selector = manifests.managed_selector(team, deployment.name)
+            pool_runtime.stop(self, deployment)  # its entries in pools; a pool's own objects are never removed here
             try:
                 kube = self.kube()
                 for api_version, kind in MANAGED_KINDS:
@@ -522,7 +577,7 @@ class KubernetesRuntime:
                         kube.delete(api_version, kind, namespace, item["metadata"]["name"])
             except KubeError as exc:
                 if exc.status != 404:  # 404: the namespace is gone, and everything with it
-                    raise RuntimeUnavailable(_explain(exc, f"delete the objects of {deployment.name}")) from None
+                    raise RuntimeUnavailable(explain(exc, f"delete the objects of {deployment.name}")) from None
             except Unreachable as exc:
                 raise self._unreachable(exc) from None
         if self.cfg.s3_configured:
@@ -560,7 +615,8 @@ class KubernetesRuntime:
                 expires_at = _parse_iso((meta.get("annotations") or {}).get(manifests.ANNOTATION_URLS_EXPIRE))
                 if revision is None or (expires_at is not None and expires_at - self.now() > margin):
                     continue
-                owner = next((ref["uid"] for ref in meta.get("ownerReferences") or [] if ref.get("kind") == "Deployment"),
+                owner = next((ref["uid"] for ref in meta.get("ownerReferences") or []
+                              if ref.get("kind") == "Deployment"),
                              None)
                 instance = str((meta.get("labels") or {}).get("app.kubernetes.io/instance") or deployment.name)
                 fresh = self.access_secret(revision, namespace, owner_uid=owner,
@@ -574,7 +630,8 @@ class KubernetesRuntime:
                     raise
                 renewed.append(revision.number)
         except KubeError as exc:
-            raise RuntimeUnavailable(_explain(exc, f"renew the access Secrets of {namespace}/{deployment.name}")) from None
+            what = f"renew the access Secrets of {namespace}/{deployment.name}"
+            raise RuntimeUnavailable(explain(exc, what)) from None
         except Unreachable as exc:
             raise self._unreachable(exc) from None
         return renewed
@@ -583,20 +640,24 @@ class KubernetesRuntime:
         problem = self.cfg.cluster_problem()
         if problem:
             return f"No logs: {problem}\n"
-        namespace = self._namespace(deployment)
         try:
+            if deployment.revision is not None and deployment.revision.spec.placement.shared:
+                return pool_runtime.logs(self, deployment, lines)
+            namespace = self._namespace(deployment)
             kube = self.kube()
             pods = kube.list("v1", "Pod", namespace,
                              manifests.managed_selector(deployment.team.name, deployment.name)).get("items", [])
             pods.sort(key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]), reverse=True)
             pods = pods[:MAX_LOG_PODS]
+            # The answer stays within LOG_TAIL_MAX_BYTES however many pods there are.
+            budget = settings.LOG_TAIL_MAX_BYTES // max(1, len(pods))
             if len(pods) == 1:
-                return kube.pod_log(namespace, pods[0]["metadata"]["name"], manifests.CONTAINER, tail_lines=lines)
+                return _pod_log(kube, namespace, pods[0]["metadata"]["name"], manifests.CONTAINER, lines, budget)
             parts = []
             for pod in pods:
                 pod_name = pod["metadata"]["name"]
                 try:
-                    text = kube.pod_log(namespace, pod_name, manifests.CONTAINER, tail_lines=lines)
+                    text = _pod_log(kube, namespace, pod_name, manifests.CONTAINER, lines, budget)
                 except KubeError as exc:
                     text = f"(no log: {exc.message})\n"
                 parts.append(f"==> pod/{pod_name} <==\n{text}")
@@ -605,6 +666,15 @@ class KubernetesRuntime:
             return f"No logs: {self._unreachable(exc)}\n"
         except (KubeError, RuntimeUnavailable) as exc:
             return f"No logs: {exc}\n"
+
+
+def _pod_log(kube: Kube, namespace: str, pod: str, container: str, lines: int, max_bytes: int, *,
+             previous: bool = False) -> str:
+    """A container's last `lines` lines, at most `max_bytes` read, each cut at LOG_LINE_MAX_BYTES: what the team's
+    model wrote is bounded before it is decoded (the kubelet's limitBytes counts from the start of the tail: a giant
+    line comes as its first bytes, cut with a marker)."""
+    data = kube.pod_log(namespace, pod, container, tail_lines=lines, limit_bytes=max_bytes, previous=previous)
+    return logtail.tail_text(data, lines, max_bytes=max_bytes, line_max=settings.LOG_LINE_MAX_BYTES)
 
 
 def refresh_repository_access() -> int:

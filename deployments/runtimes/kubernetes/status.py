@@ -31,7 +31,8 @@ class Verdict:
     logs_container: str = CONTAINER
 
 
-# What the init container's exit codes mean (deployments/runtimes/kubernetes/fetch_repository.py), and what to do about it.
+# What the init container's exit codes mean (deployments/runtimes/kubernetes/fetch_repository.py), and what to do
+# about it.
 FETCH_EXITS = {
     2: ("a file of the model repository does not match what Modelport recorded when it uploaded it (size or "
         "sha256), so the pod refused to serve it. Someone changed the repository in S3 after the upload: deploy "

@@ -42,7 +42,8 @@ class Command(BaseCommand):
         self.stdout.write(f"gRPC gateway listening on {host}:{bound}", ending="\n")
         metrics = None
         if metrics_port:
-            metrics = await metrics_server.start(host, metrics_port, settings.METRICS_TOKEN)
+            metrics = await metrics_server.start(host, metrics_port, settings.METRICS_TOKEN,
+                                                    settings.METRICS_OPEN)
             self.stdout.write(f"its Prometheus metrics: http://{host}:{metrics_port}/metrics", ending="\n")
         self.stdout.flush()
         stop = asyncio.Event()

@@ -18,8 +18,8 @@ class Command(BaseCommand):
         # Imported here: scikit-learn takes a second to import, and other commands should not pay for it.
         from django.conf import settings
 
-        from deployments import frameworks
-        from deployments.runtimes.local import triton as local_triton
+        from modelport.core import frameworks
+        from modelport.core.runtime_env import RuntimeEnv, RuntimeEnvError, find_runtime_env
         from models_registry.samples import ExportFailed, write_samples
 
         directory: Path = options["directory"]
@@ -27,8 +27,8 @@ class Command(BaseCommand):
             raise CommandError(f"{directory} exists and is not a directory")
         # The TorchScript and SavedModel copies of the CNN are written by the runtime env's frameworks.
         try:
-            env: local_triton.RuntimeEnv | None = local_triton.find_runtime_env(settings.MODELPORT_RUNTIME_ENV)
-        except local_triton.RuntimeEnvError:
+            env: RuntimeEnv | None = find_runtime_env(settings.MODELPORT_RUNTIME_ENV)
+        except RuntimeEnvError:
             env = None
         found = frameworks.detect(env.site_packages) if env is not None else {}
         try:

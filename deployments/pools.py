@@ -1,0 +1,187 @@
+"""Shared servers (issue 24): which pools a team may use, who may share a process, and what fits.
+
+Plain rules over the rows of deployments/pool_models.py; the local runtime's pool servers are in
+deployments/runtimes/local/pool.py. A pool open to every team runs only what cannot execute code (ONNX, whose
+operator domains inspection has checked are onnxruntime's own, and pipelines of such models); python models,
+TorchScript and SavedModels may share a process only with their own team's models (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+from dataclasses import dataclass, replace
+
+from django.conf import settings
+from django.db.models import Q, Sum
+
+from accounts.models import Team
+from deployments.pool_models import SHARED_POOL, ModelMemory, Pool, PoolLoad
+from deployments.revision_spec import ModelEntry, RevisionSpec
+from modelport.core import formats
+from modelport.core.definitions import PipelineDefinition
+from modelport.core.quantity import parse_quantity
+from models_registry.models import ModelVersion
+
+# What a Triton shared by several teams may run: formats whose artifact is data, read by Modelport's own code.
+CROSS_TEAM_FORMATS = frozenset({formats.ONNX, formats.ENSEMBLE})
+
+
+def shared_pool() -> Pool:
+    """The built-in pool on the local runtime, open to every team: created at first use from the settings."""
+    pool, _ = Pool.objects.get_or_create(name=SHARED_POOL, defaults={
+        "runtime": Pool.Runtime.LOCAL, "team": None,
+        "memory_budget_bytes": quantity_bytes(settings.POOL_SHARED_MEMORY_BUDGET),
+        "idle_unload_seconds": settings.POOL_SHARED_IDLE_UNLOAD_SECONDS,
+    })
+    return pool
+
+
+def usable_pools(team: Team) -> list[Pool]:
+    shared_pool()
+    return list(Pool.objects.filter(Q(team__isnull=True) | Q(team=team)).order_by("name"))
+
+
+def pool_for(team: Team, name: str) -> Pool | None:
+    """The pool `name` if `team` may use it (another team's pool is as absent as one that does not exist)."""
+    if name == SHARED_POOL:
+        shared_pool()
+    return Pool.objects.filter(Q(team__isnull=True) | Q(team=team), name=name).first()
+
+
+def loaded_name(deployment_id: int, revision_number: int, model: str) -> str:
+    """The model's name inside a pool's Triton: unique to the deployment and revision, so that two teams' `digits`
+    never collide, and a rollout loads the new revision beside the old."""
+    return f"{name_prefix(deployment_id, revision_number)}{model}"
+
+
+def name_prefix(deployment_id: int, revision_number: int) -> str:
+    return f"d{deployment_id}-r{revision_number}-"
+
+
+def pooled_spec(spec: RevisionSpec, prefix: str) -> RevisionSpec:
+    """`spec` with every model (and every ensemble step it names) renamed with `prefix`."""
+    return replace(spec, models=tuple(_renamed(entry, prefix) for entry in spec.models))
+
+
+def _renamed(entry: ModelEntry, prefix: str) -> ModelEntry:
+    definition = entry.definition
+    if isinstance(definition, PipelineDefinition):
+        definition = replace(definition, steps=tuple(replace(step, model=prefix + step.model)
+                                                     for step in definition.steps))
+    return replace(entry, name=prefix + entry.name, definition=definition)
+
+
+def load_order(spec: RevisionSpec, prefix: str) -> list[str]:
+    """The pool names of the revision's models, steps before the pipelines that use them."""
+    plain = sorted(prefix + m.name for m in spec.models if not m.is_pipeline)
+    return plain + sorted(prefix + m.name for m in spec.models if m.is_pipeline)
+
+
+def fingerprint(pool: Pool | None = None) -> str:
+    """The machine a measurement holds for: memory taken by a model depends on the CPU, the libraries, the host.
+    A cluster pool's is its own (its name, GPU share and Triton image): its figures come from its pods' agents, and
+    those of a team's own pool, written next to the team's code, never count for another pool."""
+    if pool is not None and pool.runtime == Pool.Runtime.KUBERNETES:
+        text = "|".join(("kubernetes", pool.name, pool.gpu_share, pool.gpu_type, pool.mig_profile,
+                         str(settings.KUBERNETES_TRITON_IMAGE)))
+    else:
+        text = "|".join((platform.machine(), platform.node(), str(settings.MODELPORT_RUNTIME_ENV)))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def sharing_refusal(pool: Pool, spec: RevisionSpec) -> list[tuple[str, str]]:
+    """(model, why) for each model of `spec` that may not go into `pool`."""
+    found = []
+    for entry in spec.models:
+        if pool.open_to_all and entry.format not in CROSS_TEAM_FORMATS:
+            found.append((entry.name, (
+                f"model {entry.name!r} is a {entry.format} model, which runs code a team uploaded, and pool "
+                f"{pool.name!r} is shared by every team, where only ONNX models (and pipelines of them) may run: "
+                "deploy it with placement mode 'dedicated', or in a pool of your own team (ask an operator)")))
+        elif entry.format == formats.PYTHON and entry.requirements and pool.runtime != Pool.Runtime.LOCAL:
+            # On the local runtime requirements the runtime env meets are served (its plan check says which not).
+            found.append((entry.name, (
+                f"model {entry.name!r} has requirements, and a pool's Triton runs with the runtime env alone: "
+                "deploy it with placement mode 'dedicated'")))
+    return found
+
+
+def memory_used(pool: Pool, team_id: int | None = None) -> tuple[int, int]:
+    """(bytes, models) the pool's loaded revisions take (with team_id: that team's only), as measured when each
+    loaded."""
+    loaded = PoolLoad.objects.filter(pool=pool, state=PoolLoad.State.LOADED)
+    if team_id is not None:
+        loaded = loaded.filter(deployment__team_id=team_id)
+    total = loaded.aggregate(total=Sum("memory_bytes"))["total"] or 0
+    models = sum(len(load.revision.spec.models) for load in loaded.select_related("revision"))
+    return int(total), models
+
+
+def team_share(pool: Pool) -> int:
+    """What one team's models may take of `pool`: all of a team's own pool, POOL_TEAM_SHARE of an open one."""
+    if not pool.open_to_all:
+        return pool.memory_budget_bytes
+    return int(pool.memory_budget_bytes * settings.POOL_TEAM_SHARE)
+
+
+def room_for(pool: Pool, team_id: int) -> int:
+    """The bytes `team_id` may still load into `pool`: within its share and what the pool has free."""
+    used, _ = memory_used(pool)
+    mine, _ = memory_used(pool, team_id)
+    return max(0, min(pool.memory_budget_bytes - used, team_share(pool) - mine))
+
+
+def measured(version: ModelVersion, pool: Pool | None = None) -> int | None:
+    row = ModelMemory.objects.filter(version=version, fingerprint=fingerprint(pool)).first()
+    return row.memory_bytes if row is not None else None
+
+
+@dataclass(frozen=True)
+class Fit:
+    memory_bytes: int | None  # None: never measured on this machine
+    fits: bool | None
+    copies: int | None
+    message: str
+
+
+def fit(pool: Pool, version: ModelVersion) -> Fit:
+    """Whether one more copy of `version` fits in `pool` now for its team, and how many, from its measured
+    memory (what the team may still load: its share, within what the pool has free; never the others' figures)."""
+    need = measured(version, pool)
+    free = room_for(pool, version.model.team_id)
+    if need is None:
+        return Fit(None, None, None, f"version {version.number} of {version.model.name!r} has not been measured on "
+                                     "this machine yet: it is measured at its first load in a pool")
+    copies = free // need if need > 0 else None
+    fits = need <= free
+    return Fit(need, fits, copies, f"{free} bytes free for your team; it takes {need}")
+
+
+def estimate(spec: RevisionSpec, pool: Pool | None = None) -> int:
+    """What the revision's models took at their last load on this machine (in a cluster pool: in that pool); a
+    version never measured counts at its artifact's size times POOL_UNMEASURED_FACTOR (never 0, or new versions
+    would fit anywhere)."""
+    from models_registry.models import Blob
+
+    ids = [m.version_id for m in spec.models if m.version_id is not None]
+    found = dict(ModelMemory.objects.filter(version_id__in=ids, fingerprint=fingerprint(pool))
+                 .values_list("version_id", "memory_bytes"))
+    sizes = dict(Blob.objects.filter(sha256__in=[m.sha256 for m in spec.models if m.sha256])
+                 .values_list("sha256", "size"))
+    total = 0
+    for entry in spec.models:
+        if entry.version_id is not None and entry.version_id in found:
+            total += found[entry.version_id]
+        elif entry.sha256:
+            total += int(sizes.get(entry.sha256, 0) * settings.POOL_UNMEASURED_FACTOR)
+    return total
+
+
+def format_bytes(value: int) -> str:
+    return f"{value / 2**20:.0f} MiB"
+
+
+def quantity_bytes(text: str) -> int:
+    """A Kubernetes memory quantity ("2Gi") in bytes."""
+    return int(parse_quantity(text))

@@ -1,0 +1,209 @@
+"""Starting a tritonserver confined as every local one is (a deployment's own, a pool's, a tune's, an inspection's
+trial call): the sandbox settings and what this kernel offers, the refusal of uploaded code where the sandbox is
+required and missing, the revision's resource limits as cgroup limits, the sandbox's names and scratch, and the
+bounds on reading and keeping its logs."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import secrets
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from django.conf import settings
+
+from deployments import pyenvs
+from deployments.models import TritonServer
+from deployments.revision_spec import RevisionSpec
+from deployments.runtimes.base import RuntimeUnavailable
+from deployments.runtimes.local import backends, pyenv, serverlog
+from deployments.runtimes.local import triton as local_triton
+from deployments.runtimes.local.files import deployment_dir
+from modelport.core import formats, sandbox
+from modelport.core import requirements as requirement_lines
+from modelport.core.sandbox import cgroups
+
+log = logging.getLogger(__name__)
+
+# How long a stop waits for a killed server's processes to leave its cgroups before removing them: the kernel takes
+# them out as each one finishes exiting, which on a loaded machine (CI) took longer than the instant after the kill.
+# The wait ends as soon as they are empty; a cgroup still busy after it is left to the orphan sweep.
+CGROUP_EXIT_WAIT_SECONDS = 5.0
+
+
+def sandbox_options() -> sandbox.Options:
+    return sandbox.Options(
+        uid=settings.SANDBOX_UID, gid=settings.SANDBOX_GID, shm_bytes=sandbox.memory_bytes(settings.SANDBOX_SHM_SIZE),
+        scratch_bytes=sandbox.scratch_bytes(settings.SANDBOX_SCRATCH_SIZE),
+        pids_max=settings.SANDBOX_PIDS_MAX, egress_ports=tuple(int(p) for p in settings.SANDBOX_EGRESS_PORTS),
+        cgroup_parent=settings.SANDBOX_CGROUP_PARENT,
+    )
+
+
+@lru_cache(maxsize=1)
+def sandbox_capabilities() -> sandbox.Capabilities:
+    """What this machine's kernel offers, checked once per process by building a throw-away sandbox."""
+    if not settings.SANDBOX_ENABLED:
+        return sandbox.Capabilities(False, "SANDBOX_ENABLED is false")
+    caps = sandbox.check(sandbox_options())
+    (log.info if caps.available and not caps.notes else log.warning)("Triton sandbox: %s", caps.describe())
+    return caps
+
+
+# Formats whose artifact is code when served: a python model (pipeline steps included) is a model.py; a TorchScript
+# file's forward() and a SavedModel's graph can call file and process operations (torch.from_file, tf.io.read_file).
+# ONNX files are data, read by onnxruntime inside Modelport's own python model.
+CODE_FORMATS = frozenset({formats.PYTHON, formats.TORCHSCRIPT, formats.SAVEDMODEL})
+
+
+def runs_uploaded_code(spec: RevisionSpec) -> bool:
+    """Whether serving the revision executes code a team uploaded."""
+    return any(m.format in CODE_FORMATS for m in spec.models)
+
+
+def sandbox_refusal(spec: RevisionSpec) -> str | None:
+    """Why the local runtime refuses this revision on this machine (fail closed), or None."""
+    if not settings.SANDBOX_REQUIRED or not runs_uploaded_code(spec):
+        return None
+    caps = sandbox_capabilities()
+    if caps.available:
+        return None
+    return (f"This machine cannot sandbox uploaded code ({caps.reason}), and python, TorchScript and SavedModel "
+            "models run uploaded code, so the local runtime refuses them here. Deploy to Kubernetes, or ask an "
+            "operator to make the sandbox work (docs/security.md) or to opt out with SANDBOX_REQUIRED=false.")
+
+
+def limits_for(spec: RevisionSpec) -> cgroups.Limits:
+    """The revision's resources.memory / resources.cpu as cgroup limits (ValueError: not a valid quantity)."""
+    memory = spec.resources.memory or settings.SANDBOX_DEFAULT_MEMORY
+    cpu = spec.resources.cpu
+    return cgroups.Limits(sandbox.memory_bytes(str(memory)) if memory else None,
+                          sandbox.cpu_millicores(str(cpu)) if cpu else None, settings.SANDBOX_PIDS_MAX)
+
+
+def _with_pids(limits: cgroups.Limits, pids_max: int | None) -> cgroups.Limits:
+    # A pool's Triton runs many models, each python one with a stub of its own threads: it gets its own pids limit.
+    return dataclasses.replace(limits, pids=pids_max) if pids_max else limits
+
+
+def var_tag() -> str:
+    """Short and stable per VAR_DIR: names this var/'s cgroups, so that sweeping never touches another's."""
+    return hashlib.sha256(str(settings.VAR_DIR).encode()).hexdigest()[:8]
+
+
+def sandbox_name(suffix: str) -> str:
+    """A sandbox's cgroup and host name, this var/'s prefix first: the sweep removes it once it is empty and old."""
+    return f"mp-{var_tag()}-{suffix}"
+
+
+def scratch_dir(server: TritonServer) -> Path:
+    return deployment_dir(server.deployment) / "scratch" / server.sandbox_id
+
+
+@dataclass(frozen=True)
+class Confined:
+    """A tritonserver started by start_confined(): the process, and what stop_confined() cleans up."""
+
+    process: local_triton.ServerProcess
+    sandbox_id: str
+    scratch: Path
+    note: str
+    pyenv_key: str | None = None  # the python environment it runs with (deployments.pyenvs), if any
+
+
+def start_confined(spec: RevisionSpec, repository: Path, scratch_root: Path, log_path: Path, *,
+                   egress: bool = False, label: str = "this server", model_control: str = "none",
+                   ports: Sequence[int] | None = None, pids_max: int | None = None) -> Confined:
+    """Start a Triton for `spec`'s rendered `repository` as every local deployment's Triton starts: refused where
+    the sandbox is required and missing, else sandboxed where this kernel can, with the spec's resource limits, on
+    free ports. Deployments (a TritonServer row records it) and tuning (tuning/runner.py: temporary servers)
+    both start theirs here. RuntimeUnavailable: it cannot start on this machine."""
+    refusal = sandbox_refusal(spec)
+    if refusal:
+        raise RuntimeUnavailable(refusal)
+    env = pyenv.runtime_env()
+    try:
+        penv = pyenv.python_env_for(spec)
+    except (requirement_lines.RequirementError, pyenvs.BuildError) as exc:
+        raise RuntimeUnavailable(f"The python environment of {label}: {exc}") from None
+    bin_dirs, virtual_env = [env.bin_dir], env.root
+    if penv is not None:
+        if pyenvs.state_of(pyenv.pyenv_layout(), penv.key, 0).state != "built":
+            raise RuntimeUnavailable(f"The python environment of {label} is gone (removed while it was starting): "
+                                     "start it again to rebuild it.")
+        pyenvs.touch(pyenv.pyenv_layout(), penv.key)
+        # The stub's embedded interpreter ignores PYTHONPATH but takes its prefix from the first python3 on PATH:
+        # the environment's, whose site-packages comes first and adds the runtime env's behind it (its .pth file).
+        bin_dirs, virtual_env = [penv.env_dir / "bin", env.bin_dir], penv.env_dir
+    caps = sandbox_capabilities()
+    options = sandbox_options()
+    backend_dir = backends.build_backend_dir(env, Path(settings.VAR_DIR), sandboxed=caps.available)
+    wants_cache = any(m.response_cache for m in spec.models)
+    sandbox_id = secrets.token_hex(8)
+    scratch = scratch_root / sandbox_id
+    sandbox.prepare_scratch(scratch, options)
+    environment = sandbox.environment(bin_dirs, scratch, {
+        "VIRTUAL_ENV": str(virtual_env),
+        # Read by the python-backend stub wrapper (modelport/core/sandbox/stub.py).
+        "MODELPORT_SANDBOX_NET": "egress" if egress else "none",
+        "MODELPORT_SANDBOX_EGRESS_PORTS": ",".join(str(p) for p in options.egress_ports) if egress else "",
+    })
+    confinement = None
+    if caps.available:
+        box = sandbox.Spec(
+            read_only=(repository, backend_dir, env.root, env.base_prefix,
+                       *((penv.env_dir,) if penv is not None else ())), scratch=scratch,
+            tcp_ports=(), egress=egress, name=f"mp-{var_tag()}-{sandbox_id}",
+            limits=_with_pids(limits_for(spec), pids_max),
+            scratch_tmpfs=True,
+        )
+        confinement = sandbox.Sandbox(box, caps, options)
+    try:
+        process = local_triton.start_server(
+            repository, log_path, env, backend_dir,
+            response_cache_bytes=settings.TRITON_RESPONSE_CACHE_BYTES if wants_cache else 0,
+            env=environment, sandbox=confinement, log_max_bytes=settings.TRITON_LOG_MAX_BYTES,
+            model_control=model_control, ports=ports,
+        )
+    except sandbox.SandboxError as exc:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise RuntimeUnavailable(f"The sandbox for Triton could not be built: {exc}") from None
+    note = "; ".join(caps.notes) if caps.available else caps.reason
+    return Confined(process=process, sandbox_id=sandbox_id, scratch=scratch, note=note,
+                    pyenv_key=penv.key if penv is not None else None)
+
+
+def remove_cgroups(directories: Sequence[str | Path]) -> bool:
+    """Remove a stopped server's cgroups once its processes have left them; False if some were still busy."""
+    return cgroups.remove([Path(d) for d in directories], wait_seconds=CGROUP_EXIT_WAIT_SECONDS)
+
+
+def stop_confined(confined: Confined) -> None:
+    """Stop a server start_confined() started and remove what its sandbox left (its cgroups, its scratch)."""
+    local_triton.stop_server(confined.process.pid, grace_seconds=settings.TRITON_STOP_GRACE_SECONDS)
+    if confined.process.cgroups:
+        remove_cgroups(confined.process.cgroups)
+    shutil.rmtree(confined.scratch, ignore_errors=True)
+
+
+def log_limits() -> dict[str, int]:
+    """What a reader of a local Triton's log reads at most (the settings), as tail_log() and log_errors() take it."""
+    return {"max_bytes": settings.LOG_TAIL_MAX_BYTES, "line_max": settings.LOG_LINE_MAX_BYTES}
+
+
+# Logs of a revision's earlier servers kept beside the current one's (each within TRITON_LOG_MAX_BYTES): a model
+# that crashes at every start would otherwise leave a full log per restart.
+KEEP_OLD_LOGS = 2
+
+
+def prune_logs(directory: Path, keep: int = KEEP_OLD_LOGS) -> None:
+    """Remove all but the newest `keep` Triton logs (and their rotated files) in a revision's directory."""
+    logs = sorted(directory.glob("triton-*.log"))  # the names sort by their start time
+    for old in logs[:-keep] if keep else logs:
+        for path in serverlog.log_files(old):
+            path.unlink(missing_ok=True)

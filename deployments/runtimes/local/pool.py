@@ -1,0 +1,671 @@
+"""A pool's shared Triton on this machine (issue 24): one sandboxed tritonserver per pool in explicit model-control
+mode, into which deployments' revisions are loaded under names unique to deployment and revision.
+
+- Files: a revision is rendered as for a dedicated server, its models renamed `d<deployment>-r<revision>-<model>`
+  (ensemble steps too), and moved into the pool's repository (var/pools/<pool>/repository), which the sandbox
+  mounts read-only.
+- Loads go through Triton's repository API (an admin API: the server's own key). One pool's loads, unloads and
+  (re)starts take the pool's file lock, so that the memory measured around a load (the RSS change of the server's
+  process tree: Triton and every python-backend stub) is that load's alone, also across worker and gateway
+  processes.
+- A load that would pass the pool's budget first evicts the least recently used models idle for
+  POOL_EVICTION_MIN_IDLE_SECONDS, then is refused with a message naming what to unload.
+- A server that died is found by whoever looks next (a health check, a request): it is started again on the same
+  ports where they are free, and the revisions that were loaded in it are loaded again.
+- A server in which no deployment has models for POOL_EMPTY_SERVER_STOP_SECONDS is stopped (stop_empty_servers);
+  the orphan sweep (runtime.sweep_orphans) stops a pool Triton that no running PoolServer row knows.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.utils import timezone
+
+from deployments import events, local_env, pools, pyenvs
+from deployments.models import Deployment, Event, ModelMemory, Pool, PoolLoad, PoolServer, Revision
+from deployments.render import render_repository
+from deployments.revision_spec import Resources, RevisionSpec
+from deployments.runtimes.artifacts import artifact_path
+from deployments.runtimes.base import Health, Launch, Observation, RuntimeUnavailable
+from deployments.runtimes.local import confined, serverlog
+from deployments.runtimes.local import triton as local_triton
+from modelport.core.runtime_env import RuntimeEnvError
+from models_registry.validation import archive_limits
+
+log = logging.getLogger(__name__)
+
+REF_PREFIX = "pool:"
+LIVE_WAIT_SECONDS = 30.0
+
+
+class PoolFull(Exception):
+    """A load that would pass the pool's budget; the message names what to unload or where to go."""
+
+
+def is_pool_launch(launch: Launch) -> bool:
+    return isinstance(launch.ref, str) and launch.ref.startswith(REF_PREFIX)
+
+
+def pool_dir(pool: Pool) -> Path:
+    return Path(settings.POOLS_DIR) / pool.name
+
+
+def repository(pool: Pool) -> Path:
+    return pool_dir(pool) / "repository"
+
+
+class PoolBusy(Exception):
+    """Another load, unload or start holds the pool's lock: look again shortly instead of waiting behind it."""
+
+
+@contextmanager
+def locked(pool: Pool, wait: bool = True) -> Iterator[None]:
+    """The pool's lock, across processes: one load, unload or start at a time per pool. With wait=False, PoolBusy
+    at once when it is held: a request or a health check never queues behind another team's slow load."""
+    directory = pool_dir(pool)
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PoolBusy(f"pool {pool.name!r} is loading or unloading another model; retry shortly") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# --- Names ---------------------------------------------------------------------------------------------------------
+
+# The renaming is the runtimes' common ground (deployments/pools.py): the Kubernetes pool renames alike.
+pooled_spec = pools.pooled_spec
+load_order = pools.load_order
+
+
+def _prefix(load: PoolLoad) -> str:
+    return pools.name_prefix(load.deployment_id, load.revision.number)
+
+
+# --- Files ---------------------------------------------------------------------------------------------------------
+
+
+def prepare(revision: Revision) -> None:
+    """Render the revision's models into its pool's repository (idempotent)."""
+    pool = Pool.objects.get(name=revision.spec.placement.pool)
+    prefix = pools.name_prefix(revision.deployment_id, revision.number)
+    marker = pool_dir(pool) / "rendered" / prefix.rstrip("-")
+    if marker.exists():
+        return
+    staging = pool_dir(pool) / "staging" / prefix.rstrip("-")
+    shutil.rmtree(staging, ignore_errors=True)
+    spec = pooled_spec(revision.spec, prefix)
+    render_repository(spec.repository(lambda entry: artifact_path(entry.sha256)), "local", staging / "repository",
+                      local_frameworks=local_env.local_frameworks(), archive_limits=archive_limits())
+    target = repository(pool)
+    target.mkdir(parents=True, exist_ok=True)
+    for model_dir in sorted((staging / "repository").iterdir()):
+        destination = target / model_dir.name
+        if destination.exists():
+            shutil.rmtree(destination)
+        os.replace(model_dir, destination)  # the same filesystem: Triton never sees half a model
+    pyenvs.readable_by_all(target)
+    shutil.rmtree(staging, ignore_errors=True)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(timezone.now().isoformat())
+
+
+def remove_files(pool: Pool, deployment_id: int, revision_number: int | None = None) -> None:
+    """Remove a revision's (or, with None, every revision's) models of a deployment from the pool's repository."""
+    pattern = re.compile(rf"^d{deployment_id}-r{revision_number if revision_number is not None else r'[0-9]+'}-")
+    for directory in (repository(pool), pool_dir(pool) / "rendered"):
+        if not directory.is_dir():
+            continue
+        for entry in directory.iterdir():
+            if pattern.match(entry.name + "-"):
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+
+
+# --- The server ----------------------------------------------------------------------------------------------------
+
+
+def live_server(pool: Pool) -> PoolServer | None:
+    """The pool's running server; a dead one is marked stopped, and what was loaded in it is to be loaded again."""
+    for server in PoolServer.objects.filter(pool=pool, state=PoolServer.State.RUNNING):
+        if local_triton.is_alive(server.pid):
+            return server
+        _mark_dead(server)
+    return None
+
+
+def _mark_dead(server: PoolServer, what: str = "died") -> None:
+    PoolServer.objects.filter(pk=server.pk).update(state=PoolServer.State.STOPPED, stopped_at=timezone.now())
+    _clean_up(server)
+    for load in PoolLoad.objects.filter(server=server, state=PoolLoad.State.LOADED).select_related("deployment"):
+        PoolLoad.objects.filter(pk=load.pk).update(state=PoolLoad.State.LOADING, server=None,
+                                                   message=f"the pool's Triton {what}; loading again")
+        events.record(load.deployment, Event.Kind.WARNING,
+                      f"The Triton of pool {server.pool.name!r} (pid {server.pid}) {what}: it is started again and "
+                      "this deployment's models loaded again.")
+
+
+def stop_servers(pool: Pool, what: str = "was stopped") -> int:
+    """Stop the pool's Triton (an operator's or a benchmark's teardown; what was loaded is loaded again at the next
+    need); how many were stopped."""
+    stopped = 0
+    for server in PoolServer.objects.filter(pool=pool, state=PoolServer.State.RUNNING):
+        stopped += bool(local_triton.stop_server(server.pid, grace_seconds=settings.TRITON_STOP_GRACE_SECONDS))
+        _mark_dead(server, what)
+    return stopped
+
+
+def mark_stopped(pids: Sequence[int], what: str) -> None:
+    """Record that the pool Tritons at `pids` were stopped by hand (`make stop-triton`): their loaded revisions are
+    loaded again at the next need, each deployment told why."""
+    for server in PoolServer.objects.filter(state=PoolServer.State.RUNNING, pid__in=list(pids)).select_related("pool"):
+        if not local_triton.is_alive(server.pid):
+            _mark_dead(server, what)
+
+
+def _in_use(pool: Pool) -> bool:
+    """Whether a deployment has models in the pool: loaded, loading, or unloaded while idle. An idle one's route
+    names the server's ports, which a stopped server might not get back (another program may take them)."""
+    return PoolLoad.objects.filter(pool=pool).exclude(state=PoolLoad.State.FAILED).exists()
+
+
+def stop_empty_servers() -> list[str]:
+    """Stop the pool Tritons in which no deployment has had models for POOL_EMPTY_SERVER_STOP_SECONDS (all its
+    deployments stopped, deleted or moved): an empty Triton still holds its memory, threads and ports. Level-
+    triggered like the reconciler: one pass notes when a server was first seen empty, a later one stops it; the
+    next deployment into the pool starts it again. A line per server stopped."""
+    wait = settings.POOL_EMPTY_SERVER_STOP_SECONDS
+    done: list[str] = []
+    now = timezone.now()
+    for server in PoolServer.objects.filter(state=PoolServer.State.RUNNING, pool__runtime=Pool.Runtime.LOCAL) \
+            .select_related("pool"):
+        pool = server.pool
+        if _in_use(pool):
+            if server.empty_since is not None:
+                PoolServer.objects.filter(pk=server.pk).update(empty_since=None)
+            continue
+        if server.empty_since is None:
+            PoolServer.objects.filter(pk=server.pk).update(empty_since=now)
+            server.empty_since = now
+        if wait <= 0 or now - server.empty_since < timedelta(seconds=wait):
+            continue
+        try:
+            # A launch records its load before it asks for the server (launch()), so that under the lock either the
+            # load is seen here and the server kept, or the launch's ensure_server starts a new one after this.
+            with locked(pool, wait=False):
+                if _in_use(pool):
+                    continue
+                local_triton.stop_server(server.pid, grace_seconds=settings.TRITON_STOP_GRACE_SECONDS)
+                _mark_dead(server, "was stopped")
+        except PoolBusy:
+            continue  # a load is under way: the next pass looks again
+        log.info("Stopped the Triton of pool %r (pid %s): no deployment had models in it for %g s.",
+                 pool.name, server.pid, wait)
+        done.append(f"stopped the Triton of pool {pool.name!r} (pid {server.pid}): empty for {wait:g} s")
+    return done
+
+
+def _clean_up(server: PoolServer) -> None:
+    if server.cgroups:
+        confined.remove_cgroups(server.cgroups)
+    if server.sandbox_id:
+        shutil.rmtree(pool_dir(server.pool) / "scratch" / server.sandbox_id, ignore_errors=True)
+
+
+def ensure_server(pool: Pool) -> PoolServer:
+    """The pool's running server, started if none runs (returns once it is spawned, not once it answers)."""
+    with locked(pool):
+        return _ensure_server(pool)
+
+
+def _ensure_server(pool: Pool) -> PoolServer:
+    server = live_server(pool)
+    if server is not None:
+        return server
+    previous = PoolServer.objects.filter(pool=pool).order_by("-started_at").first()
+    ports = _same_ports_if_free(previous)
+    started = timezone.now()
+    log_path = pool_dir(pool) / f"triton-{started:%Y%m%dT%H%M%S%f}.log"
+    confined.prune_logs(pool_dir(pool))
+    if settings.SANDBOX_REQUIRED and not confined.sandbox_capabilities().available:
+        # start_confined's own rule sees a spec with no models and would not refuse: a pool's models come later.
+        raise RuntimeUnavailable(
+            f"This machine cannot sandbox uploaded code ({confined.sandbox_capabilities().reason}), so the "
+            f"Triton of pool {pool.name!r} is not started unsandboxed (SANDBOX_REQUIRED): deploy with placement "
+            "mode 'dedicated' on Kubernetes, or ask an operator to make the sandbox work (docs/security.md).")
+    limit = pool.memory_budget_bytes + pools.quantity_bytes(settings.POOL_PROCESS_OVERHEAD)
+    spec = RevisionSpec(runtime="local", models=(), resources=Resources(memory=str(limit)))
+    repository(pool).mkdir(parents=True, exist_ok=True)
+    try:
+        started_server = confined.start_confined(spec, repository(pool), pool_dir(pool) / "scratch", log_path,
+                                                 label=f"pool {pool.name!r}", model_control="explicit", ports=ports,
+                                                 pids_max=settings.POOL_PIDS_MAX)
+    except RuntimeEnvError as exc:
+        raise RuntimeUnavailable(f"The local runtime cannot start Triton: {exc}") from None
+    process = started_server.process
+    return PoolServer.objects.create(
+        pool=pool, pid=process.pid, http_port=process.http_port, grpc_port=process.grpc_port,
+        metrics_port=process.metrics_port, log_path=str(process.log_path), admin_key=process.admin_key,
+        sandboxed=process.sandboxed, sandbox_id=started_server.sandbox_id, cgroups=list(process.cgroups),
+        started_at=started)
+
+
+def _same_ports_if_free(previous: PoolServer | None) -> list[int] | None:
+    """The last server's ports, so that the gateway's routes stay right across a restart; None if one is taken."""
+    if previous is None:
+        return None
+    ports = [previous.http_port, previous.grpc_port, previous.metrics_port]
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            # As a server binds (Triton does): a port whose old connections linger in TIME_WAIT is free to it.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                return None
+    return ports
+
+
+def _wait_live(server: PoolServer, prefix: str, seconds: float = LIVE_WAIT_SECONDS) -> None:
+    """Wait for the pool's Triton to answer. If it exits, the error quoted is one naming the caller's own models
+    (`prefix`): the pool's log holds every team's lines."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with urllib.request.urlopen(f"{server.url}/v2/health/live", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (OSError, urllib.error.URLError):
+            pass
+        if not local_triton.is_alive(server.pid):
+            own = [line.replace(prefix, "") for line in serverlog.log_errors(Path(server.log_path))
+                   if prefix in line]
+            raise RuntimeUnavailable(f"the Triton of pool {server.pool.name!r} exited at start: "
+                                     + (serverlog.summary_error(own)
+                                        or "its log names none of this deployment's models; an operator can read "
+                                           "it in the pool's directory"))
+        if time.monotonic() > deadline:
+            raise RuntimeUnavailable(f"the Triton of pool {server.pool.name!r} did not answer within {seconds:g} s")
+        time.sleep(0.1)
+
+
+def _admin(server: PoolServer, name: str, action: str, timeout: float) -> str | None:
+    """POST the repository API's load or unload of `name`; None when done, else Triton's error."""
+    request = urllib.request.Request(f"{server.url}/v2/repository/models/{name}/{action}", data=b"{}",
+                                     method="POST", headers={local_triton.ADMIN_HEADER: server.admin_key,
+                                                             "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout):
+            return None
+    except urllib.error.HTTPError as exc:
+        try:
+            return str(json.loads(exc.read(64 * 1024) or b"{}").get("error") or exc.reason)
+        except ValueError:
+            return str(exc.reason)
+    except OSError as exc:
+        return f"the pool's Triton did not answer: {exc}"
+
+
+def process_rss(server: PoolServer) -> int:
+    """Resident memory of the server's whole process tree (Triton and its python-backend stubs), in bytes."""
+    total = 0
+    for pid in local_triton.server_pids(server.pid):
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+                    break
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def _stats(server: PoolServer) -> dict[str, int]:
+    """Triton's last_inference (ms since the epoch) per loaded model name."""
+    try:
+        with urllib.request.urlopen(f"{server.url}/v2/models/stats", timeout=5) as response:
+            data = json.load(response)
+    except (OSError, ValueError):
+        return {}
+    found: dict[str, int] = {}
+    for row in data.get("model_stats", []):
+        name, last = str(row.get("name", "")), int(row.get("last_inference") or 0)
+        found[name] = max(found.get(name, 0), last)
+    return found
+
+
+# --- Loads ---------------------------------------------------------------------------------------------------------
+
+
+def _refresh_last_used(pool: Pool, server: PoolServer) -> None:
+    """Record each loaded revision's last inference (Triton counts them; the gateway writes nothing per request)."""
+    stats = _stats(server)
+    for load in PoolLoad.objects.filter(pool=pool, server=server, state=PoolLoad.State.LOADED).select_related(
+            "revision"):
+        prefix = _prefix(load)
+        last_ms = max((stats.get(prefix + m.name, 0) for m in load.revision.spec.models), default=0)
+        if last_ms:
+            used = datetime.fromtimestamp(last_ms / 1000, tz=UTC)
+            if load.last_used_at is None or used > load.last_used_at:
+                PoolLoad.objects.filter(pk=load.pk).update(last_used_at=used)
+
+
+def _estimate(spec: RevisionSpec) -> int:
+    return pools.estimate(spec)
+
+
+def _make_room(pool: Pool, load: PoolLoad, need: int) -> None:
+    """Make `need` more bytes fit, within the team's share and the pool's budget, or PoolFull. The requesting
+    team's own idle revisions go first (least recently used first); another team's only once they have been
+    loaded POOL_EVICTION_MIN_RESIDENCY_SECONDS, so that one team's big loads cannot churn the others' out."""
+    team_id = load.deployment.team_id
+    now = timezone.now()
+    idle_before = now - timedelta(seconds=settings.POOL_EVICTION_MIN_IDLE_SECONDS)
+    idle = (PoolLoad.objects.filter(pool=pool, state=PoolLoad.State.LOADED, last_used_at__lt=idle_before)
+            .exclude(pk=load.pk).select_related("revision", "deployment", "server").order_by("last_used_at"))
+    own = idle.filter(deployment__team_id=team_id)
+    resident_before = now - timedelta(seconds=settings.POOL_EVICTION_MIN_RESIDENCY_SECONDS)
+    others = idle.exclude(deployment__team_id=team_id).filter(loaded_at__lt=resident_before)
+    share = pools.team_share(pool)
+
+    def fits() -> bool:
+        return (pools.memory_used(pool, team_id)[0] + need <= share
+                and pools.memory_used(pool)[0] + need <= pool.memory_budget_bytes)
+
+    message = "evicted: the pool needed its memory for another model (least recently used first)"
+    for victim in own:
+        if fits():
+            return
+        _unload_locked(victim, message)
+    if pools.memory_used(pool, team_id)[0] + need > share:
+        raise PoolFull(_full_message(pool, load, need, pools.memory_used(pool)[0]))
+    for victim in others:
+        if fits():
+            return
+        _unload_locked(victim, message)
+    if not fits():
+        raise PoolFull(_full_message(pool, load, need, pools.memory_used(pool)[0]))
+
+
+def _full_message(pool: Pool, load: PoolLoad, need: int, used: int) -> str:
+    """Why it does not fit, naming the team's own loaded deployments (never another team's)."""
+    team_id = load.deployment.team_id
+    mine = (PoolLoad.objects.filter(pool=pool, state=PoolLoad.State.LOADED, deployment__team_id=team_id)
+            .exclude(pk=load.pk).select_related("deployment", "revision"))
+    own = ", ".join(f"{m.deployment.name} r{m.revision.number} ({pools.format_bytes(m.memory_bytes)})" for m in mine)
+    mine_used = pools.memory_used(pool, team_id)[0]
+    share = (f" (your team may use {pools.format_bytes(pools.team_share(pool))} of it, POOL_TEAM_SHARE, and uses "
+             f"{pools.format_bytes(mine_used)})" if pool.open_to_all else "")
+    return (f"pool {pool.name!r} has {pools.format_bytes(max(0, pool.memory_budget_bytes - used))} free of its "
+            f"{pools.format_bytes(pool.memory_budget_bytes)} budget{share} and this revision takes "
+            f"{pools.format_bytes(need)}: "
+            + (f"stop one of your deployments loaded in it ({own}), " if own else "")
+            + "choose a pool with room (GET /api/v1/pools/), or use placement mode 'dedicated'")
+
+
+def load_revision(load_id: int, wait: bool = True) -> PoolLoad:
+    """Load a revision's models into its pool's Triton (blocking for the seconds a load takes); idempotent. The row
+    says how it went: loaded, or failed with the reason. wait=False: PoolBusy while another holds the pool."""
+    load = PoolLoad.objects.select_related("pool", "revision", "deployment").get(pk=load_id)
+    pool = load.pool
+    if pool.runtime != Pool.Runtime.LOCAL:
+        # A cluster's pool loads through its agents (the reconciler's launch and observe), never here.
+        raise PoolBusy(f"pool {pool.name!r} loads this deployment's models on its cluster; retry shortly")
+    with locked(pool, wait=wait):
+        load.refresh_from_db()
+        server = _ensure_server(pool)
+        if load.state == PoolLoad.State.LOADED and load.server_id == server.pk:
+            return load
+        spec = load.revision.spec
+        refusal = _unsandboxed_code(server, spec)
+        if refusal:
+            return _fail(load, refusal)
+        _wait_live(server, _prefix(load))
+        prefix = _prefix(load)
+        _refresh_last_used(pool, server)
+        try:
+            _make_room(pool, load, _estimate(spec))
+        except PoolFull as exc:
+            return _fail(load, str(exc))
+        started = time.monotonic()
+        measured: dict[str, int] = {}
+        done: list[str] = []
+        for name in load_order(spec, prefix):
+            before = process_rss(server)
+            error = _admin(server, name, "load", settings.TRITON_READY_TIMEOUT_SECONDS)
+            if error is not None:
+                for loaded in reversed(done):
+                    _admin(server, loaded, "unload", 30)
+                return _fail(load, f"model {name.removeprefix(prefix)!r} failed to load: "
+                                   f"{error.replace(prefix, '')}")
+            done.append(name)
+            measured[name.removeprefix(prefix)] = max(0, process_rss(server) - before)
+        total = sum(measured.values())
+        used, _ = pools.memory_used(pool)
+        mine, _ = pools.memory_used(pool, load.deployment.team_id)
+        if used + total > pool.memory_budget_bytes or mine + total > pools.team_share(pool):
+            for name in reversed(done):
+                _admin(server, name, "unload", 30)
+            _remember(spec, measured)
+            return _fail(load, _full_message(pool, load, total, used))
+        _remember(spec, measured)
+        now = timezone.now()
+        PoolLoad.objects.filter(pk=load.pk).update(
+            state=PoolLoad.State.LOADED, server=server, message="", memory_bytes=total, loaded_at=now,
+            last_used_at=now, cold_start_seconds=time.monotonic() - started)
+        load.refresh_from_db()
+        return load
+
+
+def _unsandboxed_code(server: PoolServer, spec: RevisionSpec) -> str | None:
+    """Why models that run uploaded code may not go into this unsandboxed server (a dedicated Triton refuses them
+    alike where the sandbox is missing), or None."""
+    if server.sandboxed:
+        return None
+    code = sorted(m.name for m in spec.models if m.format in confined.CODE_FORMATS)
+    if not code:
+        return None
+    return (f"model {code[0]!r} runs uploaded code (python, TorchScript or SavedModel) and the Triton of pool "
+            f"{server.pool.name!r} is not sandboxed on this machine: deploy it with placement mode 'dedicated', "
+            "or ask an operator to make the sandbox work (docs/security.md)")
+
+
+def _remember(spec: RevisionSpec, measured: Mapping[str, int]) -> None:
+    """Keep each version's measured memory for this machine ("fits N more" is computed from it)."""
+    for entry in spec.models:
+        if entry.version_id is None or entry.name not in measured:
+            continue
+        ModelMemory.objects.update_or_create(version_id=entry.version_id, fingerprint=pools.fingerprint(),
+                                             defaults={"memory_bytes": measured[entry.name],
+                                                       "measured_at": timezone.now()})
+
+
+def _fail(load: PoolLoad, message: str) -> PoolLoad:
+    PoolLoad.objects.filter(pk=load.pk).update(state=PoolLoad.State.FAILED, message=message, server=None)
+    load.refresh_from_db()
+    return load
+
+
+def _unload_locked(load: PoolLoad, message: str, state: str = PoolLoad.State.UNLOADED) -> None:
+    server = load.server
+    if server is not None and server.state == PoolServer.State.RUNNING and local_triton.is_alive(server.pid):
+        spec = load.revision.spec
+        for name in reversed(load_order(spec, _prefix(load))):
+            _admin(server, name, "unload", 30)
+    PoolLoad.objects.filter(pk=load.pk).update(state=state, message=message, server=None)
+
+
+def unload(load: PoolLoad, message: str) -> None:
+    with locked(load.pool):
+        load.refresh_from_db()
+        _unload_locked(load, message)
+
+
+def unload_idle() -> list[str]:
+    """Unload every loaded revision unused for its idle_unload_seconds; a line per revision unloaded."""
+    done = []
+    for pool in Pool.objects.filter(runtime=Pool.Runtime.LOCAL, loads__state=PoolLoad.State.LOADED).distinct():
+        server = live_server(pool)
+        if server is None:
+            continue
+        _refresh_last_used(pool, server)
+        now = timezone.now()
+        for load in PoolLoad.objects.filter(pool=pool, state=PoolLoad.State.LOADED, idle_unload_seconds__gt=0) \
+                .select_related("revision", "deployment", "server", "pool"):
+            last = load.last_used_at or load.loaded_at or now
+            if now - last >= timedelta(seconds=load.idle_unload_seconds):
+                with locked(pool):
+                    current = PoolLoad.objects.select_related("revision", "server", "pool").get(pk=load.pk)
+                    if current.state != PoolLoad.State.LOADED or current.last_used_at != load.last_used_at:
+                        continue
+                    _unload_locked(current, f"unloaded after {load.idle_unload_seconds} s unused; the next "
+                                            "request loads it again")
+                done.append(f"unloaded {load.deployment} r{load.revision.number} from pool {pool.name!r}")
+    return done
+
+
+# --- The runtime's steps for a shared revision (LocalRuntime calls these) -----------------------------------------
+
+
+def launch(revision: Revision) -> Launch:
+    pool = Pool.objects.get(name=revision.spec.placement.pool)
+    load, _ = PoolLoad.objects.get_or_create(pool=pool, revision=revision, defaults={
+        "deployment": revision.deployment, "idle_unload_seconds": revision.spec.placement.idle_unload_seconds})
+    if load.state != PoolLoad.State.LOADED:
+        PoolLoad.objects.filter(pk=load.pk).update(state=PoolLoad.State.LOADING, message="")
+    server = ensure_server(pool)
+    return Launch(revision_id=revision.pk, url=server.url, grpc_target=server.grpc_target,
+                  ref=f"{REF_PREFIX}{load.pk}",
+                  description=f"pool {pool.name!r}, pid {server.pid}, port {server.http_port}, "
+                              + ("sandboxed" if server.sandboxed else "not sandboxed"))
+
+
+def _load_of(launch: Launch) -> PoolLoad | None:
+    try:
+        load_id = int(str(launch.ref).removeprefix(REF_PREFIX))
+    except ValueError:
+        return None
+    return PoolLoad.objects.select_related("pool", "revision", "server").filter(pk=load_id).first()
+
+
+def observe(launch: Launch) -> Observation:
+    load = _load_of(launch)
+    if load is None:
+        return Observation("failed", "its models are no longer in the pool")
+    if load.state == PoolLoad.State.FAILED:
+        return Observation("failed", load.message)
+    try:
+        load = load_revision(load.pk, wait=False)
+    except PoolBusy as exc:
+        return Observation("starting", str(exc))  # the next tick looks again
+    except RuntimeUnavailable as exc:
+        return Observation("failed", str(exc))
+    if load.state == PoolLoad.State.FAILED:
+        return Observation("failed", load.message)
+    if load.server is None or load.server.url != launch.url:
+        return Observation("failed", "the pool's Triton restarted on other ports: start the deployment again")
+    return Observation("ready", f"loaded in pool {load.pool.name!r} in {load.cold_start_seconds or 0:.1f} s")
+
+
+def abandon(launch: Launch) -> None:
+    """Unload and forget what was starting, unless it is what serves: a relaunch of the serving revision shares
+    the serving launch's row (one per pool and revision), and deleting it would leave the route with no load."""
+    load = _load_of(launch)
+    if load is not None and not _serving(load, launch):
+        unload(load, "abandoned")
+        remove_files(load.pool, load.deployment_id, load.revision.number)
+        PoolLoad.objects.filter(pk=load.pk).delete()
+
+
+def _serving(load: PoolLoad, launch: Launch) -> bool:
+    serving = Launch.from_json(Deployment.objects.filter(pk=load.deployment_id)
+                               .values_list("serving_launch", flat=True).first())
+    return serving is not None and serving.ref == launch.ref
+
+
+def check(launch: Launch) -> Health:
+    load = _load_of(launch)
+    if load is None:
+        return Health(False, "its models are no longer in the pool")
+    server = live_server(load.pool)  # marks a dead server, its loads to be loaded again
+    load.refresh_from_db()
+    if load.state == PoolLoad.State.UNLOADED:
+        return Health(True)  # idle: the next request loads it
+    if load.state == PoolLoad.State.FAILED:
+        return Health(False, load.message)
+    if load.state == PoolLoad.State.LOADING or server is None:
+        try:
+            load = load_revision(load.pk, wait=False)
+        except PoolBusy:
+            return Health(True)  # another load holds the pool: the next tick (or the next request) loads it
+        except RuntimeUnavailable as exc:
+            return Health(False, str(exc))
+        if load.state == PoolLoad.State.FAILED:
+            return Health(False, load.message)
+        server = load.server
+    if server is None or server.url != launch.url:
+        return Health(False, "the pool's Triton restarted on other ports")
+    return Health(True)
+
+
+def retire(deployment: Deployment, keep: Sequence[Launch]) -> list[str]:
+    kept = {launch.ref for launch in keep if is_pool_launch(launch)}
+    done = []
+    for load in PoolLoad.objects.filter(deployment=deployment).select_related("pool", "revision", "server"):
+        if f"{REF_PREFIX}{load.pk}" in kept:
+            continue
+        unload(load, "retired")
+        remove_files(load.pool, deployment.pk, load.revision.number)
+        PoolLoad.objects.filter(pk=load.pk).delete()
+        done.append(f"Unloaded revision {load.revision.number} from pool {load.pool.name!r}.")
+    return done
+
+
+def stop(deployment: Deployment) -> None:
+    for load in PoolLoad.objects.filter(deployment=deployment).select_related("pool", "revision", "server"):
+        unload(load, "stopped")
+        PoolLoad.objects.filter(pk=load.pk).delete()
+
+
+def teardown(deployment: Deployment) -> None:
+    pools_used = {load.pool for load in PoolLoad.objects.filter(deployment=deployment).select_related("pool")}
+    stop(deployment)
+    for pool in pools_used | set(Pool.objects.filter(runtime=Pool.Runtime.LOCAL)):
+        remove_files(pool, deployment.pk)
+
+
+def logs(deployment: Deployment, lines: int) -> str:
+    """The lines Triton wrote in the pool's log that name this deployment's models (never another deployment's).
+    Lines the models' processes print are left out: another team's model chooses their words (onnxruntime's
+    warnings quote its tensor names), and could name this deployment's models in them."""
+    spec = deployment.revision.spec if deployment.revision else None
+    if spec is None or not spec.placement.shared:
+        return ""
+    server = PoolServer.objects.filter(pool__name=spec.placement.pool).order_by("-started_at").first()
+    if server is None:
+        return ""
+    mine = re.compile(rf"(?<![A-Za-z0-9_-])d{deployment.pk}-r[0-9]+-")
+    text = serverlog.tail_log(Path(server.log_path), 5000, **confined.log_limits())
+    return "\n".join([line for line in text.split("\n")
+                      if serverlog.is_triton_line(line) and mine.search(line)][-lines:])

@@ -1,0 +1,327 @@
+"""The JSON fast path: an inference request's JSON checked without a Python object per number, and its FP32
+tensors handed to Triton in the binary tensor extension instead of as text.
+
+Why: a KServe v2 JSON request of the CNN sample is 253 KB of numbers. `json.loads` built 12,288 floats to count them
+(2.41 ms of the gateway's CPU per request) and Triton then parsed the same text again (1.31 ms). Here pysimdjson
+parses the body into its own tape (about 0.25 ms), the request's small parts (names, shapes, parameters) become
+Python values for gateway/protocol.py's checks, and each input's 'data' stays on the tape: its leaves are counted
+by walking the lists (never the numbers), and an FP32 tensor is copied out as one buffer of doubles.
+Measured in bench/json_path.py and docs/benchmarks.md ("The JSON fast path").
+
+What Triton answers stays what it would answer to the JSON (tests/test_json_answer_identity.py compares them on a
+real Triton): only the 'data' of FP32 inputs whose every leaf is a JSON number is moved, and only when no number lies
+near a float32 rounding boundary (_fp32). Triton reads a JSON number into a double with rapidjson's normal-precision
+algorithm, which is not correctly rounded (simdjson is): the doubles differ in their last bits, so FP64 tensors stay
+JSON, and a float32 cast of the two agrees except next to a midpoint between two floats. Everything else in the
+request (ids, parameters, outputs, other inputs) is sent as parsed, and the answer (JSON unless the request asks for
+binary outputs, as before) is passed on untouched. What simdjson
+refuses but Python's json module reads (NaN, integers over 64 bits, a byte-order mark) takes the old path, with its
+messages and the body forwarded as sent, so that Triton judges it as before.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import simdjson
+
+from gateway import protocol
+from gateway.contract import requested_outputs
+from gateway.protocol import Refusal, UnparsedData
+
+# The datatypes whose JSON numbers are sent as binary (little-endian in the binary extension): FP32 only. FP64
+# would carry simdjson's correctly rounded doubles where Triton's parser is off by a few units in the last place
+# (0.99999999999999994 is 1.0 to Triton), and the integer types are left to Triton's own range checks.
+TRANSCODED: dict[str, np.dtype[Any]] = {"FP32": np.dtype("<f4")}
+# How far (in units in the last place of the double) Triton's reading of a number may be from the correctly rounded
+# one. rapidjson's normal precision keeps 17 significant digits of a fraction, accumulates integer digits past 19
+# one multiply-add at a time (half a unit each, 309 digits at most before a double overflows), then scales by a
+# power of ten in one or two steps: a few hundred units at the very worst; 1024 leaves room. A float32 value
+# written out (json.dumps of a float32 array) is half a float32 step, 2**28 units, from any boundary; of doubles
+# anywhere, one in 2**18 is this near one (FLT_MAX + 2**103, where rounding goes to inf, is one of them).
+NEAR_ULPS = 1024.0
+_FLT_MIN_NORMAL = 2.0**-126
+_NEAR_SHIFT = np.uint64(NEAR_ULPS + 2**28)
+_LOW_29_BITS = np.uint64(2**29 - 1)
+_NEAR_SPAN = np.uint64(2 * NEAR_ULPS)
+_MAGNITUDE_BITS = np.uint64(2**63 - 1)
+_ONE = np.uint64(1)
+_FLT_MIN_NORMAL_BITS = np.array(_FLT_MIN_NORMAL).view(np.uint64)[()]
+_FLT_MAX_BITS = np.array(float(np.finfo(np.float32).max)).view(np.uint64)[()]
+_BOM = b"\xef\xbb\xbf"
+# Bodies up to this size are parsed by a parser kept per thread (_parse): the event loop's, since larger JSON is
+# parsed in worker threads (gateway/app.py's THREAD_PARSE_BYTES). It keeps buffers for the largest of them.
+REUSED_PARSER_BYTES = 1024 * 1024
+_REUSE_REFUSED = "re-use a parser"  # pysimdjson's RuntimeError while objects of the last document are alive
+_reusable = threading.local()
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A JSON request that passed the checks: `body` is what to forward instead of it (the binary tensor extension,
+    its JSON header `header_length` bytes long), or None to forward it as sent."""
+
+    body: bytes | None = None
+    header_length: int = 0
+    outputs: tuple[str, ...] | None = None  # the outputs the request asks for (None: all of them)
+
+
+def check_json(data: bytes, binary_length: int | None, max_depth: int, max_tensor_bytes: int,
+               transcode: bool) -> Checked:
+    """Check the JSON part of an inference request (gateway/protocol.py's checks and messages); `binary_length`
+    is the length of the binary part after it (None: a JSON-only request, which may be transcoded)."""
+    if protocol.json_too_deep(data, max_depth):
+        raise Refusal(400, f"The request JSON nests deeper than {max_depth} levels (or its brackets do not match).")
+    try:
+        document = None if data.startswith(_BOM) else _parse(data)
+    except (ValueError, RuntimeError):  # not strict JSON, or numbers simdjson does not hold: Python's json decides
+        document = None
+    if document is None:
+        request = protocol.parse_json_header(data, max_depth)
+        _refuse_duplicate_keys_in(data)
+        protocol.check_infer_request(request, binary_length, max_tensor_bytes)
+        return Checked(outputs=requested_outputs(request))
+    request = _request(document)
+    protocol.check_infer_request(request, binary_length, max_tensor_bytes)
+    if not transcode or binary_length is not None:
+        return Checked(outputs=requested_outputs(request))
+    return replace(_transcoded(request), outputs=requested_outputs(request))
+
+
+# The JSON headers of binary requests whose passed checks are kept (HeaderChecks): how long, and how many.
+CACHED_HEADER_BYTES = 4096
+CACHED_HEADERS = 256
+
+
+class HeaderChecks:
+    """The checks passed by binary requests' JSON headers, kept by the header's exact bytes and the length of the
+    binary part after it. A client sends the same header with every request to a model (its names, shapes and
+    sizes), and checking it again cost about 15 µs of the gateway's 150 µs of CPU per binary request
+    (docs/benchmarks.md). check_json is a function of those bytes, that length and the gateway's fixed limits
+    alone. Only passes are kept (a refusal is checked, and worded, anew each time), at most CACHED_HEADERS of
+    them, the oldest going first: made-up headers can only push real ones out, at the cost of one check each."""
+
+    def __init__(self, max_depth: int, max_tensor_bytes: int, max_entries: int = CACHED_HEADERS) -> None:
+        self.max_depth = max_depth
+        self.max_tensor_bytes = max_tensor_bytes
+        self.max_entries = max_entries
+        self.passed: dict[tuple[bytes, int], Checked] = {}
+
+    def check(self, data: bytes, binary_length: int) -> Checked:
+        if len(data) > CACHED_HEADER_BYTES:
+            return check_json(data, binary_length, self.max_depth, self.max_tensor_bytes, False)
+        key = (data, binary_length)
+        found = self.passed.get(key)
+        if found is not None:
+            return found
+        checked = check_json(data, binary_length, self.max_depth, self.max_tensor_bytes, False)
+        if len(self.passed) >= self.max_entries:
+            del self.passed[next(iter(self.passed))]
+        self.passed[key] = checked
+        return checked
+
+
+def _parse(data: bytes) -> Any:
+    """simdjson's document of `data`, parsed by this thread's reusable parser when the body is small: a new
+    parser allocates its buffers for every document (0.334 ms per parse of the CNN sample's request against 0.259
+    ms reused, docs/benchmarks.md "The whole JSON request in the gateway"). A parser holds one document at a time,
+    and refuses to parse another while objects of the last one are alive (a Refusal's traceback may keep some past
+    check_json): then this request gets a new one. Large bodies get a parser of their own, which goes with them,
+    so that no parser keeps a large buffer."""
+    if len(data) > REUSED_PARSER_BYTES:
+        return simdjson.Parser().parse(data)
+    parser = getattr(_reusable, "parser", None)
+    if parser is not None:
+        try:
+            return parser.parse(data)
+        except RuntimeError as exc:
+            if _REUSE_REFUSED not in str(exc):
+                raise
+    _reusable.parser = simdjson.Parser()
+    return _reusable.parser.parse(data)
+
+
+# --- From simdjson's tape to what the checks read -----------------------------------------------------------------
+
+
+def _request(document: Any) -> Any:
+    if not isinstance(document, simdjson.Object):
+        return _plain(document)
+    request: dict[str, Any] = {}
+    for key in _keys(document):
+        value = document[key]
+        if key == "inputs" and isinstance(value, simdjson.Array):
+            request[key] = [_input(tensor) for tensor in value]
+        else:
+            request[key] = _plain(value)
+    return request
+
+
+def _input(tensor: Any) -> Any:
+    if not isinstance(tensor, simdjson.Object):
+        return _plain(tensor)
+    out: dict[str, Any] = {}
+    for key in _keys(tensor):
+        value = tensor[key]
+        if key == "data" and isinstance(value, simdjson.Array):
+            count = _count(value)
+            # Unevenly nested data is rare and refused: the checks get the lists, to quote them as before.
+            out[key] = UnparsedData(count, value) if count is not None else value.as_list()
+        else:
+            out[key] = _plain(value)
+    return out
+
+
+def _keys(obj: Any) -> list[str]:
+    """The object's keys, refusing one given twice: Python's json keeps the last, Triton's parser reads the first,
+    so a shape checked here would not be the shape Triton allocates."""
+    keys: list[str] = list(obj.keys())
+    if len(set(keys)) != len(keys):
+        seen: set[str] = set()
+        for key in keys:
+            if key in seen:
+                raise _duplicate(key)
+            seen.add(key)
+    return keys
+
+
+def _duplicate(key: str) -> Refusal:
+    return Refusal(400, f"The request JSON gives the key {key[:100]!r} twice in one object; send each key once.")
+
+
+def _refuse_duplicate_keys_in(data: bytes) -> None:
+    """The same rule for a request only Python's json reads (the old path, no hot one)."""
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for key, value in items:
+            if key in seen:
+                raise _duplicate(key)
+            seen[key] = value
+        return seen
+
+    json.loads(data, object_pairs_hook=pairs)
+
+
+def _plain(value: Any) -> Any:
+    """A tape value as Python values, refusing a key given twice in any object in it: as_dict() keeps the last,
+    Triton reads the first (an output's 'parameters', an input's binary_data_size). Only the request's small parts
+    come here; an input's 'data' stays on the tape (_input)."""
+    if not isinstance(value, (simdjson.Object, simdjson.Array)):
+        return value
+    plain = value.as_dict() if isinstance(value, simdjson.Object) else value.as_list()
+    _refuse_shrunk_objects(value, plain)
+    return plain
+
+
+_CONTAINERS = frozenset((dict, list))  # the types as_dict() and as_list() make of objects and arrays
+
+
+def _refuse_shrunk_objects(tape: Any, plain: dict[str, Any] | list[Any]) -> None:
+    """Refuse where a dict converted from the tape has fewer keys than its tape object (a key given twice). Cheap
+    on purpose: the conversion stays in C, and only the containers are walked, beside their Python values, so a
+    long list of numbers costs one isinstance per item and is never read from the tape again."""
+    if isinstance(plain, dict):
+        if len(plain) != len(tape):
+            _keys(tape)  # raises, naming the key
+        pairs: Any = ((tape[key], item) for key, item in plain.items() if isinstance(item, (dict, list)))
+    else:
+        if _CONTAINERS.isdisjoint(map(type, plain)):  # in C: no Python step per number
+            return
+        pairs = ((node, item) for node, item in zip(tape, plain, strict=True) if isinstance(item, (dict, list)))
+    for node, item in pairs:
+        _refuse_shrunk_objects(node, item)
+
+
+def _count(array: Any) -> int | None:
+    """The leaf count of a tape array, by the rule of protocol's _count_elements (lists of lists all nested alike,
+    judged by each list's first item), touching the lists and never the leaves."""
+    size = len(array)
+    if not size or not isinstance(array[0], simdjson.Array):
+        return size
+    total = 0
+    for item in array:
+        if not isinstance(item, simdjson.Array):
+            return None
+        count = _count(item)
+        if count is None:
+            return None
+        total += count
+    return total
+
+
+# --- The binary tensor extension ----------------------------------------------------------------------------------
+
+
+def _transcoded(request: dict[str, Any]) -> Checked:
+    """The request with each FP32 input whose leaves are all numbers, none near a rounding boundary, sent as binary
+    data; Checked() when none is (the JSON is then forwarded as sent)."""
+    inputs: list[dict[str, Any]] = []
+    tensors: list[bytes] = []
+    for tensor in request["inputs"]:
+        raw = _binary(tensor)
+        if raw is None:
+            inputs.append({k: v.array.as_list() if isinstance(v, UnparsedData) else v for k, v in tensor.items()})
+            continue
+        tensors.append(raw)
+        parameters = {**tensor.get("parameters", {}), "binary_data_size": len(raw)}
+        inputs.append({**{k: v for k, v in tensor.items() if k != "data"}, "parameters": parameters})
+    if not tensors:
+        return Checked()
+    header = json.dumps({**request, "inputs": inputs}, separators=(",", ":")).encode()
+    return Checked(b"".join([header, *tensors]), len(header))
+
+
+def _binary(tensor: dict[str, Any]) -> bytes | None:
+    data = tensor.get("data")
+    # Parameters that are not an object (null) are Triton's to judge, in the JSON it was sent.
+    if tensor.get("datatype") not in TRANSCODED or not isinstance(data, UnparsedData) or not data.count:
+        return None
+    if not isinstance(tensor.get("parameters", {}), dict):
+        return None
+    try:
+        buffer = data.array.as_buffer(of_type="d")  # every leaf a number, or TypeError
+    except (TypeError, ValueError):
+        return None
+    return _fp32(np.frombuffer(buffer, dtype=np.float64))
+
+
+def _fp32(doubles: np.ndarray[Any, np.dtype[np.float64]]) -> bytes | None:
+    """The doubles cast to float32 as Triton casts them (round to nearest even; 1e300 is inf), or None when one of
+    them is within NEAR_ULPS of a boundary between two float32 values, where Triton's less exact reading of the
+    text could round the other way."""
+    # Where float32 values are normal, their grid is the double's with 29 fewer mantissa bits: a boundary is a
+    # double whose low 29 bits are 2**28. Three integer operations per number, not a float32 neighbour each, in one
+    # work array (each temporary of a 12,288-number tensor is another 96 KB to write and read).
+    bits = doubles.view(np.uint64)
+    work = np.add(bits, _NEAR_SHIFT)
+    np.bitwise_and(work, _LOW_29_BITS, out=work)
+    if (work <= _NEAR_SPAN).any():
+        return None
+    # The magnitudes' bits, ordered as the magnitudes are (sign bit cleared).
+    np.bitwise_and(bits, _MAGNITUDE_BITS, out=work)
+    largest = work.max()
+    # Below float32's normal range the grid is fixed (2**-149); these few are measured one by one. 0 is not one:
+    # minus one, its magnitude wraps to the largest unsigned value.
+    np.subtract(work, _ONE, out=work)
+    if (work < _FLT_MIN_NORMAL_BITS - _ONE).any():
+        tiny = (np.abs(doubles) < _FLT_MIN_NORMAL) & (doubles != 0)
+        if _near_boundary(doubles[tiny]).any():
+            return None
+    if largest < _FLT_MAX_BITS:  # nothing to overflow to inf, nothing for numpy to warn about
+        return doubles.astype(np.float32).tobytes()
+    with np.errstate(over="ignore"):
+        return doubles.astype(np.float32).tobytes()
+
+
+def _near_boundary(doubles: np.ndarray[Any, np.dtype[np.float64]]) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """Whether each double lies within NEAR_ULPS of the midpoint between the float32 values around it."""
+    floats = doubles.astype(np.float32)
+    toward = np.where(doubles > floats, np.float32(np.inf), np.float32(-np.inf))
+    boundary = (floats.astype(np.float64) + np.nextafter(floats, toward).astype(np.float64)) / 2  # exact
+    near: np.ndarray[Any, np.dtype[np.bool_]] = (doubles != floats) & (
+        np.abs(doubles - boundary) <= NEAR_ULPS * np.spacing(np.abs(doubles)))
+    return near
