@@ -229,7 +229,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._linger()
                 return
         if cycle is not None and type(cycle.body) is not _BodyPieces:
-            cycle.body = _BodyPieces(cycle.body)  # uvicorn's empty bytearray, new with each receive()
+            # uvicorn's empty bytearray, new with each receive(): what it does with it, _BodyPieces does too.
+            cycle.body = _BodyPieces(cycle.body)  # type: ignore[assignment]
         super().on_body(body)
 
     def on_message_complete(self) -> None:
