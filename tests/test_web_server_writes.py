@@ -12,7 +12,7 @@ from typing import Any
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from portal.web_server import GuardedHttpToolsProtocol
+from portal.web_server import GuardedHttpToolsProtocol, _BodyPieces
 
 Message = MutableMapping[str, Any]
 App = Callable[[Message, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
@@ -216,3 +216,15 @@ def test_a_body_in_many_pieces_reaches_the_application_whole_and_in_order_as_byt
         bodies = _bodies(pieces, yield_between)
         assert b"".join(bodies) == BODY and all(type(body) is bytes for body in bodies)
         assert len(bodies) == (1 if not yield_between else len(pieces) - 1)
+
+
+def test_a_body_trickled_a_byte_per_read_is_kept_in_a_bounded_number_of_pieces() -> None:
+    """A hostile client's one-byte reads must not cost a Python object each while the application is not reading."""
+    kept = _BodyPieces()
+    for byte in BODY[:5000]:
+        kept += bytes([byte])
+        assert len(kept.pieces) <= _BodyPieces.MAX_PIECES
+    assert len(kept) == 5000 and bytes(kept) == BODY[:5000]
+    pieces = [POST] + [BODY[at:at + 1] for at in range(0, 3000)] + [BODY[3000:]]
+    bodies = _bodies(pieces, yield_between=False)
+    assert bodies == [BODY]
