@@ -142,6 +142,28 @@ def _openers(data: bytes) -> int:
     return int(np.count_nonzero((np.frombuffer(data, dtype=np.uint8) | 0x20) == 0x7B))
 
 
+# Up to this many brackets, _few_openers counts them by jumping from one to the next; past it numpy counts them all.
+_FIND_OPENERS_MAX = 256
+
+
+def _few_openers(data: bytes, limit: int) -> bool:
+    """Whether `data` holds at most `limit` '[' and '{' bytes. A real request holds a few (the CNN sample's 253 KB
+    holds 5), so bytes.find jumps from one to the next (memchr, many bytes per instruction, 0.007 ms over that
+    request against 0.04-0.07 ms for _openers' numpy pass, which writes two 253 KB temporaries), stopping at the
+    first over the limit. Past _FIND_OPENERS_MAX (a limit set that high), _openers counts them in one go."""
+    if limit > _FIND_OPENERS_MAX:
+        return _openers(data) <= limit
+    left = limit
+    for opener in (b"[", b"{"):
+        at = data.find(opener)
+        while at >= 0:
+            if not left:
+                return False
+            left -= 1
+            at = data.find(opener, at + 1)
+    return True
+
+
 def json_too_deep(data: bytes, limit: int) -> bool:
     """True when `data` nests arrays and objects deeper than `limit` (or its brackets outside strings do not
     balance, which json.loads would refuse anyway).
@@ -149,7 +171,7 @@ def json_too_deep(data: bytes, limit: int) -> bool:
     No Python loop over the bytes: a count first (real requests rarely hold more brackets than the limit), else
     strings are blanked and everything but brackets dropped with regex and bytes operations, and numpy finds the
     deepest point of the running sum. A million '[' takes a few milliseconds."""
-    if _openers(data) <= limit:
+    if _few_openers(data, limit):
         return False
     if b'"' in data:
         data = _JSON_STRING.sub(b"", data)

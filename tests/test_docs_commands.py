@@ -74,6 +74,9 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/benchmarks.md", ".venv/bin/python bench/gateway_json.py --clients 32 --repeat 4 --duration 4 --binary   "
                            "# ~2 min here"):
         "a benchmark of minutes: its figures are CPU times of this machine, not a result to check",
+    ("docs/benchmarks.md", ".venv/bin/python bench/gateway_json.py --clients 16 32 --repeat 5 --baseline main   "
+                           "# ~2 min"):
+        "a benchmark of minutes: its figures are CPU times of this machine, not a result to check",
     ("docs/benchmarks.md", ".venv/bin/python bench/gateway_options.py --fronts uvicorn --baseline main --repeats 3 "
                            "--duration 4 --warmup 1   # ~4 min"):
         "a benchmark of minutes with a real Triton: its figures are CPU times of this machine, not a result to check",

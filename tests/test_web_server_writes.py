@@ -12,7 +12,7 @@ from typing import Any
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from portal.web_server import GuardedHttpToolsProtocol
+from portal.web_server import GuardedHttpToolsProtocol, _BodyPieces
 
 Message = MutableMapping[str, Any]
 App = Callable[[Message, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
@@ -165,3 +165,66 @@ def test_a_refusal_sent_before_the_body_is_written_whole_before_the_lingering_cl
     calls = _exchange(refusing, request)
     assert [kind for kind, _ in calls][:2] == ["writelines", "eof"]
     assert calls[0][1].startswith(b"HTTP/1.1 413 ") and calls[0][1].endswith(b"too big!")
+
+
+def _bodies(pieces: list[bytes], yield_between: bool) -> list[Any]:
+    """The body of each http.request message the application receives when the request's bytes arrive in
+    `pieces` (the application's task runs between them when `yield_between`)."""
+    bodies: list[Any] = []
+
+    async def app(scope: Message, receive: Callable[[], Awaitable[Message]],
+                  send: Callable[[Message], Awaitable[None]]) -> None:
+        while True:
+            message = await receive()
+            bodies.append(message["body"])
+            if not message.get("more_body"):
+                break
+        await send(START)
+        await send({"type": "http.response.body", "body": b'{"a": true}'})
+
+    async def run() -> None:
+        config = Config(app=app, http=GuardedHttpToolsProtocol, lifespan="off", access_log=False, log_level="error")
+        config.load()
+        protocol = GuardedHttpToolsProtocol(config, ServerState(), {})
+        transport = RecordingTransport()
+        protocol.connection_made(transport)
+        for piece in pieces:
+            protocol.data_received(piece)
+            for _ in range(20 if yield_between else 0):
+                await asyncio.sleep(0)
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert _writes(transport.calls)[0][1].startswith(b"HTTP/1.1 200")
+        protocol.connection_lost(None)
+
+    asyncio.run(run())
+    return bodies
+
+
+BODY = bytes(range(256)) * 1000  # over uvicorn's 64 KB mark, where it pauses reading until the next receive()
+POST = b"POST /serve/x/v2/models/m/infer HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n" % len(BODY)
+
+
+def test_a_body_that_arrives_in_one_piece_reaches_the_application_as_those_bytes() -> None:
+    bodies = _bodies([POST + BODY], yield_between=False)
+    assert bodies == [BODY] and type(bodies[0]) is bytes
+
+
+def test_a_body_in_many_pieces_reaches_the_application_whole_and_in_order_as_bytes() -> None:
+    pieces = [POST] + [BODY[at:at + 7000] for at in range(0, len(BODY), 7000)]
+    for yield_between in (False, True):  # every piece before the first receive(), or a receive() after each
+        bodies = _bodies(pieces, yield_between)
+        assert b"".join(bodies) == BODY and all(type(body) is bytes for body in bodies)
+        assert len(bodies) == (1 if not yield_between else len(pieces) - 1)
+
+
+def test_a_body_trickled_a_byte_per_read_is_kept_in_a_bounded_number_of_pieces() -> None:
+    """A hostile client's one-byte reads must not cost a Python object each while the application is not reading."""
+    kept = _BodyPieces()
+    for byte in BODY[:5000]:
+        kept += bytes([byte])
+        assert len(kept.pieces) <= _BodyPieces.MAX_PIECES
+    assert len(kept) == 5000 and bytes(kept) == BODY[:5000]
+    pieces = [POST] + [BODY[at:at + 1] for at in range(0, 3000)] + [BODY[3000:]]
+    bodies = _bodies(pieces, yield_between=False)
+    assert bodies == [BODY]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import random
 import struct
 import time
 import zlib
@@ -18,7 +19,16 @@ import numpy as np
 import pytest
 
 from conftest import Person
-from gateway.protocol import Refusal, _openers, check_infer_request, client_error, json_too_deep, parse_json_header
+from gateway.protocol import (
+    _FIND_OPENERS_MAX,
+    Refusal,
+    _few_openers,
+    _openers,
+    check_infer_request,
+    client_error,
+    json_too_deep,
+    parse_json_header,
+)
 from gateway.tests.conftest import call, make_deployment, run
 from gateway.tests.fake_upstream import FakeUpstream, Request, echo, json_response
 from gateway.tests.infer_bodies import BINARY_HOSTILE, HOSTILE, OK, j, with_input
@@ -153,6 +163,21 @@ def test_the_depth_check_counts_brackets_alike_in_short_and_long_bodies() -> Non
         assert json_too_deep(b'{"a":' * 65 + filler.replace(b'"', b"") + b"1" + b"}" * 65, 64)
         assert not json_too_deep(b"[" * 64 + filler.replace(b'"', b"") + b"]" * 64, 64)
     assert _openers(bytes(range(256)) * 100) == 200
+
+
+def test_the_bounded_bracket_count_decides_as_the_full_count_does() -> None:
+    # _few_openers jumps from bracket to bracket and stops past the limit; past _FIND_OPENERS_MAX it counts them all.
+    rng = random.Random(0)
+    alphabet = b'[]{}"a1,: \\'
+    for limit in (4, 5, 63, 64, 65, _FIND_OPENERS_MAX, _FIND_OPENERS_MAX + 1, 1000):
+        for size in (0, 1, 10, 200, 5000):
+            for _ in range(20):
+                data = bytes(rng.choice(alphabet) for _ in range(size))
+                assert _few_openers(data, limit) == (_openers(data) <= limit), (limit, data)
+        for count in (limit - 1, limit, limit + 1):
+            for data in (b"[" * count, b"{" * count, b"[{" * (count // 2) + b"[" * (count % 2),
+                         b"x" * 5000 + b"[" * count + b"x" * 5000):
+                assert _few_openers(data, limit) == (count <= limit), (limit, count)
 
 
 def test_the_binary_sizes_must_add_up_and_match_each_shape() -> None:

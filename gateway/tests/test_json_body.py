@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import Person
+from gateway import json_body
 from gateway.json_body import Checked, check_json
 from gateway.protocol import Refusal, check_infer_request, parse_json_header
 from gateway.tests.conftest import call, make_deployment, run
@@ -96,6 +97,46 @@ def test_fp32_next_to_a_rounding_boundary_is_left_to_triton(value: float) -> Non
     """Where Triton's inexact reading of the number could fall on the other side of the boundary."""
     body = j({"inputs": [{"name": "f", "shape": [3], "datatype": "FP32", "data": [0.25, value, 1]}]})
     assert check(body) == Checked()
+
+
+def _fp32_before(doubles: Any) -> bytes | None:
+    """json_body._fp32 as it was before its comparisons became min() and max() (the reference for the next test)."""
+    bits = doubles.view(np.uint64)
+    work = np.add(bits, json_body._NEAR_SHIFT)
+    np.bitwise_and(work, json_body._LOW_29_BITS, out=work)
+    if (work <= json_body._NEAR_SPAN).any():
+        return None
+    np.bitwise_and(bits, json_body._MAGNITUDE_BITS, out=work)
+    np.subtract(work, json_body._ONE, out=work)
+    if (work < json_body._FLT_MIN_NORMAL_BITS - json_body._ONE).any():
+        tiny = (np.abs(doubles) < json_body._FLT_MIN_NORMAL) & (doubles != 0)
+        if json_body._near_boundary(doubles[tiny]).any():
+            return None
+    with np.errstate(over="ignore"):
+        return doubles.astype(np.float32).tobytes()
+
+
+def test_the_fp32_boundary_check_decides_as_before_on_every_kind_of_double() -> None:
+    rng = np.random.default_rng(23)
+    floats = rng.standard_normal(64).astype(np.float32)
+    midpoints = [_midpoint(float(f)) for f in floats]
+    pool = np.concatenate([
+        rng.standard_normal(2000),  # what clients send, as doubles
+        floats.astype(np.float64),  # float32 values written out
+        np.ldexp(rng.uniform(-1, 1, 2000), rng.integers(-1074, 1024, 2000)),  # every exponent
+        midpoints, np.nextafter(midpoints, np.inf), np.nextafter(midpoints, -np.inf),
+        [m + s * 2.0**-40 * abs(m) for m in midpoints for s in (1, -1)],  # further from them
+        [0.0, -0.0, 2.0**-149, 1.5 * 2.0**-149, 2.0**-126, -2.0**-130, float(np.finfo(np.float32).max),
+         float(np.finfo(np.float32).max) + 2.0**103, 1e300, -1e300],
+    ])
+    decisions = set()
+    for size in (1, 2, 3, 8):
+        for _ in range(3000 // size):
+            doubles = rng.choice(pool, size)
+            expected = _fp32_before(doubles)
+            assert json_body._fp32(doubles) == expected, doubles
+            decisions.add(expected is None)
+    assert decisions == {True, False}  # both kinds were met
 
 
 def test_fp32_values_written_out_are_never_near_a_boundary() -> None:
