@@ -318,28 +318,36 @@ class _BodyPieces:
     piece) were two copies of the whole body per request. Here the pieces are kept as they came, and one piece is
     handed over as it is; several are joined once. The same `+=`, `len()` and `bytes()` that uvicorn uses.
 
-    Past MAX_PIECES the pieces are joined into one: a client that trickles its body a few bytes per read would
-    otherwise cost a bytes object (about 40 bytes) per piece up to uvicorn's 64 KB mark, 2.7 MB per connection,
-    where uvicorn's bytearray costs 64 KB."""
+    Past MAX_PIECES they go into one bytearray, as uvicorn keeps them, and every later piece is appended there: a
+    client that trickles its body a few bytes per read (chunked encoding of one byte a chunk, say) would otherwise
+    cost a bytes object (about 40 bytes) per piece up to uvicorn's 64 KB mark, 2.7 MB per connection, or a join of
+    everything so far every few pieces; past the mark it costs what uvicorn's own buffer costs."""
 
     MAX_PIECES = 64
-    __slots__ = ("pieces", "size")
+    __slots__ = ("buffer", "pieces", "size")
 
     def __init__(self, before: bytes | bytearray = b"") -> None:
         self.pieces: list[bytes] = [bytes(before)] if before else []
+        self.buffer: bytearray | None = None
         self.size = len(before)
 
     def __iadd__(self, piece: bytes) -> _BodyPieces:
-        self.pieces.append(piece)
         self.size += len(piece)
+        if self.buffer is not None:
+            self.buffer += piece
+            return self
+        self.pieces.append(piece)
         if len(self.pieces) > self.MAX_PIECES:
-            self.pieces = [b"".join(self.pieces)]
+            self.buffer = bytearray().join(self.pieces)
+            self.pieces = []
         return self
 
     def __len__(self) -> int:
         return self.size
 
     def __bytes__(self) -> bytes:
+        if self.buffer is not None:
+            return bytes(self.buffer)
         pieces = self.pieces
         if len(pieces) == 1 and type(pieces[0]) is bytes:
             return pieces[0]

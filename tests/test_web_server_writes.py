@@ -224,6 +224,7 @@ def test_a_body_trickled_a_byte_per_read_is_kept_in_a_bounded_number_of_pieces()
     for byte in BODY[:5000]:
         kept += bytes([byte])
         assert len(kept.pieces) <= _BodyPieces.MAX_PIECES
+    assert kept.buffer is not None and not kept.pieces  # one buffer from then on, as uvicorn's, no join per piece
     assert len(kept) == 5000 and bytes(kept) == BODY[:5000]
     pieces = [POST] + [BODY[at:at + 1] for at in range(0, 3000)] + [BODY[3000:]]
     bodies = _bodies(pieces, yield_between=False)
