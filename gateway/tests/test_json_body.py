@@ -153,6 +153,9 @@ def test_fp32_values_written_out_are_never_near_a_boundary() -> None:
     b'{"inputs": [{"name": "n", "shape": [2], "datatype": "FP32", "data": [NaN, Infinity]}]}',  # not strict JSON
     j({"inputs": [{"name": "big", "shape": [1], "datatype": "FP32", "data": [10**40]}]}),  # over 64 bits
     b"\xef\xbb\xbf" + j(OK),  # a byte-order mark: Python's json refuses it
+    # Nested unevenly: counted by first items (2 elements), flattened to 1 or 3 doubles: Triton judges the JSON.
+    j({"inputs": [{"name": "u", "shape": [2], "datatype": "FP32", "data": [1.0, []]}]}),
+    j({"inputs": [{"name": "u", "shape": [2], "datatype": "FP32", "data": [1.0, [2.0, 3.0]]}]}),
 ])
 def test_what_only_triton_or_pythons_json_can_judge_goes_on_as_sent(body: bytes) -> None:
     try:
