@@ -471,6 +471,13 @@ def horizontal_pod_autoscaler(target: Target, namespace: str, config: Kubernetes
 
 
 def network_policy(target: Target, namespace: str, config: KubernetesConfig) -> dict[str, Any]:
+    return triton_network_policy(_metadata(target, namespace), selector_labels(target.team, target.name), config)
+
+
+def triton_network_policy(metadata: dict[str, Any], pod_labels: dict[str, str],
+                          config: KubernetesConfig) -> dict[str, Any]:
+    """The NetworkPolicy of a Triton pod, a deployment's or a pool's: its ports open only to the gateway (and the
+    metrics port to the metrics namespace)."""
     ports = [{"protocol": "TCP", "port": port} for port in (HTTP_PORT, GRPC_PORT, METRICS_PORT)]
     ingress: list[dict[str, Any]] = [{
         "from": [{
@@ -484,8 +491,9 @@ def network_policy(target: Target, namespace: str, config: KubernetesConfig) -> 
             "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": config.metrics_namespace}}}],
             "ports": [{"protocol": "TCP", "port": METRICS_PORT}],
         })
-    # Egress: nothing but DNS and what the operator lists (the S3 endpoint, for the init container; a
-    # NetworkPolicy holds for every container of the pod). Uploaded code reaches no portal, database or other team.
+    # Egress: nothing but DNS and what the operator lists (the S3 endpoint, for the init container or a pool's
+    # agent; a NetworkPolicy holds for every container of the pod). Uploaded code reaches no portal, database or
+    # other team.
     egress: list[dict[str, Any]] = []
     if config.dns_namespace:
         egress.append({
@@ -496,9 +504,9 @@ def network_policy(target: Target, namespace: str, config: KubernetesConfig) -> 
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": _metadata(target, namespace),
+        "metadata": metadata,
         "spec": {
-            "podSelector": {"matchLabels": selector_labels(target.team, target.name)},
+            "podSelector": {"matchLabels": pod_labels},
             "policyTypes": ["Ingress", "Egress"],
             "ingress": ingress,
             "egress": egress,

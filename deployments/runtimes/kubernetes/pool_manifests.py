@@ -280,34 +280,7 @@ def pool_autoscaler(target: PoolTarget, namespace: str) -> dict[str, Any]:
 
 
 def pool_network_policy(target: PoolTarget, namespace: str, config: KubernetesConfig) -> dict[str, Any]:
-    ports = [{"protocol": "TCP", "port": port} for port in (manifests.HTTP_PORT, manifests.GRPC_PORT,
-                                                             manifests.METRICS_PORT)]
-    ingress: list[dict[str, Any]] = [{
-        "from": [{
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": config.gateway_namespace}},
-            "podSelector": {"matchLabels": dict(config.gateway_pod_labels)},
-        }],
-        "ports": ports,
-    }]
-    if config.metrics_namespace:
-        ingress.append({
-            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": config.metrics_namespace}}}],
-            "ports": [{"protocol": "TCP", "port": manifests.METRICS_PORT}],
-        })
-    egress: list[dict[str, Any]] = []
-    if config.dns_namespace:
-        egress.append({
-            "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": config.dns_namespace}}}],
-            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
-        })
-    egress += [rule.to_policy() for rule in config.egress]  # the S3 endpoint, for the agent
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": _metadata(target, namespace),
-        "spec": {"podSelector": {"matchLabels": selector_labels(target)}, "policyTypes": ["Ingress", "Egress"],
-                 "ingress": ingress, "egress": egress},
-    }
+    return manifests.triton_network_policy(_metadata(target, namespace), selector_labels(target), config)
 
 
 def agent_config_map(target: PoolTarget, namespace: str) -> dict[str, Any]:
