@@ -20,8 +20,13 @@ import pytest
 
 from conftest import Person
 from gateway.protocol import (
+    _DEPTH_STEP,
     _FIND_OPENERS_MAX,
+    _JSON_STRING,
+    _NOT_BRACKETS,
+    _UNESCAPED_MAX_BRACKETS,
     Refusal,
+    _depth_steps_unescaped,
     _few_openers,
     _openers,
     check_infer_request,
@@ -178,6 +183,38 @@ def test_the_bounded_bracket_count_decides_as_the_full_count_does() -> None:
             for data in (b"[" * count, b"{" * count, b"[{" * (count // 2) + b"[" * (count % 2),
                          b"x" * 5000 + b"[" * count + b"x" * 5000):
                 assert _few_openers(data, limit) == (count <= limit), (limit, count)
+
+
+def _steps_by_regex(data: bytes) -> bytes:
+    """The brackets' +1 / -1 outside strings as the general path finds them: strings blanked, the rest dropped."""
+    return _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS).translate(_DEPTH_STEP)
+
+
+def test_a_body_with_no_backslash_gets_the_depth_steps_the_regex_gives() -> None:
+    # Nested tensor data ([[[...]]], as tolist() writes it) has more brackets than the limit, so the depth check
+    # walks them: without a backslash every quote opens or closes a string, and numpy finds the same steps.
+    rng = random.Random(3)
+    for alphabet in (b'[]{}"a1,: ', b'[[[]]]{}"', b'[]"', b'[{]}"Y_y\x7f ', b"[]{}Yy_ "):
+        for size in (4096, 5000, 16000):
+            for _ in range(40):
+                data = bytes(rng.choice(alphabet) for _ in range(size))
+                steps = _depth_steps_unescaped(data)
+                assert steps is not None and steps.tobytes() == _steps_by_regex(data), data[:200]
+                for limit in (0, 3, 64):
+                    assert json_too_deep(data, limit) == _too_deep_by_regex(data, limit)
+    nested = json.dumps({"inputs": [{"name": "x[", "shape": [1, 3, 64, 64], "datatype": "FP32",
+                                     "data": np.zeros((1, 3, 64, 64)).tolist()}]}).encode()
+    assert not json_too_deep(nested, 64) and json_too_deep(nested, 4)
+    assert json_too_deep(b"[" * 65 + nested + b"]" * 65, 64)
+    # A body of candidates ('y' shares the brackets' bits) past the bound goes the general way, costing what it did.
+    crowded = b"[" * 65 + b"y" * (_UNESCAPED_MAX_BRACKETS + 1) + b"]" * 65
+    assert _depth_steps_unescaped(crowded) is None and json_too_deep(crowded, 64)
+    assert not json_too_deep(b"[" * 64 + b"y" * (_UNESCAPED_MAX_BRACKETS + 1) + b"]" * 64, 64)
+
+
+def _too_deep_by_regex(data: bytes, limit: int) -> bool:
+    depth = np.cumsum(np.frombuffer(_steps_by_regex(data), dtype=np.int8), dtype=np.int64)
+    return bool(len(depth)) and bool(depth.max() > limit or depth.min() < 0 or depth[-1] != 0)
 
 
 def test_the_binary_sizes_must_add_up_and_match_each_shape() -> None:
