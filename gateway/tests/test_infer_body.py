@@ -23,12 +23,14 @@ from gateway.protocol import (
     _DEPTH_STEP,
     _FIND_OPENERS_MAX,
     _JSON_STRING,
+    _MAX_BRACKET_POSITIONS,
+    _MAX_QUOTE_POSITIONS,
     _NOT_BRACKETS,
-    _UNESCAPED_MAX_BRACKETS,
     Refusal,
-    _depth_steps_unescaped,
+    _depth_steps,
     _few_openers,
     _openers,
+    _without_escapes,
     check_infer_request,
     client_error,
     json_too_deep,
@@ -194,22 +196,60 @@ def test_a_body_with_no_backslash_gets_the_depth_steps_the_regex_gives() -> None
     # Nested tensor data ([[[...]]], as tolist() writes it) has more brackets than the limit, so the depth check
     # walks them: without a backslash every quote opens or closes a string, and numpy finds the same steps.
     rng = random.Random(3)
-    for alphabet in (b'[]{}"a1,: ', b'[[[]]]{}"', b'[]"', b'[{]}"Y_y\x7f ', b"[]{}Yy_ "):
-        for size in (4096, 5000, 16000):
-            for _ in range(40):
+    for alphabet in (b'[]{}"a1,: ', b'[[[]]]{}"', b'[]"', b'[{]}"Y_y\x7f ', b"[]{}Yy_ ", b'[["""]'):
+        for size in (4096, 5000, 16000, 40000):  # the larger ones past the bracket positions' bound
+            for _ in range(30):
                 data = bytes(rng.choice(alphabet) for _ in range(size))
-                steps = _depth_steps_unescaped(data)
-                assert steps is not None and steps.tobytes() == _steps_by_regex(data), data[:200]
+                assert _depth_steps(data).tobytes() == _steps_by_regex(data), data[:200]
                 for limit in (0, 3, 64):
                     assert json_too_deep(data, limit) == _too_deep_by_regex(data, limit)
     nested = json.dumps({"inputs": [{"name": "x[", "shape": [1, 3, 64, 64], "datatype": "FP32",
                                      "data": np.zeros((1, 3, 64, 64)).tolist()}]}).encode()
     assert not json_too_deep(nested, 64) and json_too_deep(nested, 4)
     assert json_too_deep(b"[" * 65 + nested + b"]" * 65, 64)
-    # A body of candidates ('y' shares the brackets' bits) past the bound goes the general way, costing what it did.
-    crowded = b"[" * 65 + b"y" * (_UNESCAPED_MAX_BRACKETS + 1) + b"]" * 65
-    assert _depth_steps_unescaped(crowded) is None and json_too_deep(crowded, 64)
-    assert not json_too_deep(b"[" * 64 + b"y" * (_UNESCAPED_MAX_BRACKETS + 1) + b"]" * 64, 64)
+    # Past the bounds the bytes outside strings, or the quotes' running parity, stand in for positions.
+    crowded = b"y" * (_MAX_BRACKET_POSITIONS + 1)
+    for data in (b"[" * 65 + crowded + b"]" * 65, b"[" * 64 + crowded + b"]" * 64,
+                 b'"[' * (_MAX_BRACKET_POSITIONS + 1) + b"[" * 65 + b'"' + b"]" * 65):
+        assert _depth_steps(data).tobytes() == _steps_by_regex(data)
+        assert json_too_deep(data, 64) == _too_deep_by_regex(data, 64)
+    for quotes in (_MAX_QUOTE_POSITIONS, _MAX_QUOTE_POSITIONS + 1, _MAX_QUOTE_POSITIONS + 2):
+        strings = b'"a' * quotes + b"[" * 65 + b'"' + b"]" * 65
+        for data in (strings, b"[" * 65 + strings + b"]" * 65, b"[" * 64 + b'""' * quotes + b"]" * 64):
+            assert _depth_steps(data).tobytes() == _steps_by_regex(data)
+            assert json_too_deep(data, 64) == _too_deep_by_regex(data, 64)
+
+
+def _random_json(rng: random.Random, depth: int) -> Any:
+    """A JSON value nested `depth` deep somewhere, with strings full of what escapes and brackets can be."""
+    def text() -> str:
+        return "".join(rng.choice('ab[]{}"\\\n\t/') for _ in range(rng.randint(0, 12)))
+    value: Any = [text(), rng.random()]
+    for level in range(depth - 1):
+        siblings = [text() for _ in range(rng.randint(0, 3))]
+        value = {text(): value, "k": siblings} if level % 2 else [*siblings, value, text()]
+    return value
+
+
+def test_json_with_escapes_gets_the_depth_the_regex_gives() -> None:
+    # In JSON a backslash stands only inside a string: with escaped backslashes and quotes taken out, every quote
+    # left delimits a string, and the answer is the regex's.
+    rng = random.Random(5)
+    for _ in range(300):
+        depth = rng.randint(55, 75)
+        document = json.dumps(_random_json(rng, depth)).encode()
+        for data in (document + b" " * 4096, b" " * 4096 + document):
+            assert json_too_deep(data, 64) == _too_deep_by_regex(data, 64) == (depth > 64), depth
+            assert _depth_steps(_without_escapes(data)).tobytes() == _steps_by_regex(data)
+
+
+def test_the_depth_check_is_cheap_on_millions_of_strings() -> None:
+    # The regex took a step per string (about 2 us each): a few MB of them held the event loop for seconds.
+    started = time.perf_counter()
+    for body in (b"[" * 65 + b'"",' * 2_000_000 + b'"\\"', b"[" * 65 + b'"\\"' * 2_000_000,
+                 b'"[' * 2_000_000, b'"\\' * 2_000_000 + b"[" * 100):
+        json_too_deep(body, 64)
+    assert time.perf_counter() - started < 1.0
 
 
 def _too_deep_by_regex(data: bytes, limit: int) -> bool:
