@@ -275,7 +275,11 @@ def parse_json_header(data: bytes, max_depth: int) -> Any:
     if json_too_deep(data, max_depth):
         raise Refusal(400, f"The request JSON nests deeper than {max_depth} levels (or its brackets do not match).")
     try:
-        return json.loads(data)
+        # Read as UTF-8 (a byte-order mark allowed), as json.loads reads bytes but without its guess of UTF-16 or
+        # UTF-32: the depth check reads bytes as UTF-8 does, and in UTF-16 a character such as U+0122 is the bytes
+        # 22 01, a quote to it, so brackets after it looked like a string's and a 500-deep body passed (an
+        # attacker's reading of issue 23). Such a body now fails here, on its NUL bytes, as JSON Triton could not read.
+        return json.loads(data.decode("utf-8-sig", "surrogatepass"))
     except (ValueError, RecursionError) as exc:
         raise Refusal(400, f"The request body is not valid JSON: {exc}.") from None
 

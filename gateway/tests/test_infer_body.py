@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import Person
+from gateway.json_body import check_json
 from gateway.protocol import (
     _DEPTH_STEP,
     _FIND_OPENERS_MAX,
@@ -241,6 +242,22 @@ def test_json_with_escapes_gets_the_depth_the_regex_gives() -> None:
         for data in (document + b" " * 4096, b" " * 4096 + document):
             assert json_too_deep(data, 64) == _too_deep_by_regex(data, 64) == (depth > 64), depth
             assert _depth_steps(_without_escapes(data)).tobytes() == _steps_by_regex(data)
+
+
+def test_a_body_in_utf16_or_utf32_is_not_read_past_the_depth_check() -> None:
+    # json.loads guesses UTF-16 and UTF-32 from bytes; the depth check reads bytes as UTF-8, where U+0122 in
+    # UTF-16 (22 01) is a quote, so the brackets after it looked like a string's.
+    text = ('{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}],"id":"\u0122","z":'
+            + "[" * 500 + "]" * 500 + ',"id2":"\u0122"}')
+    for encoding in ("utf-16-le", "utf-16", "utf-32-le", "utf-32"):
+        with pytest.raises(Refusal, match="not valid JSON"):
+            parse_json_header(text.encode(encoding), 64)
+        with pytest.raises(Refusal):
+            check_json(text.encode(encoding), None, 64, 2**30, True)
+    with pytest.raises(Refusal, match="nests deeper than 64"):
+        parse_json_header(text.encode(), 64)
+    # UTF-8 with a byte-order mark (simdjson refuses it, Python's json reads it) still reads as before.
+    assert parse_json_header(b"\xef\xbb\xbf" + j(OK), 64) == OK
 
 
 def test_the_depth_check_is_cheap_on_millions_of_strings() -> None:
