@@ -6,6 +6,7 @@ request, the median of --repeat runs of --requests each, all in one process so t
 
     .venv/bin/python bench/json_path.py                 # ~20 s
     .venv/bin/python bench/json_path.py --requests 200 --repeat 3
+    .venv/bin/python bench/json_path.py --nested        # the data as nested lists, as image.tolist() writes them
 """
 
 from __future__ import annotations
@@ -28,10 +29,13 @@ from gateway import json_body, protocol  # noqa: E402
 MAX_TENSOR = 256 * 1024**2
 
 
-def cnn_body() -> bytes:
+def cnn_body(nested: bool = False) -> bytes:
+    """The request with its data flat (as tritonclient and bench/serving send it) or nested as the shape is (as a
+    client's `image.tolist()` writes it: 196 lists, so the depth check walks their brackets)."""
     image = np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    data = image.tolist() if nested else image.reshape(-1).tolist()
     return json.dumps({"inputs": [{"name": "image", "shape": [1, 3, 64, 64], "datatype": "FP32",
-                                   "data": image.reshape(-1).tolist()}]}).encode()
+                                   "data": data}]}).encode()
 
 
 def old(body: bytes) -> None:
@@ -59,8 +63,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--nested", action="store_true", help="send the data as nested lists, not flat")
     args = parser.parse_args()
-    body = cnn_body()
+    body = cnn_body(args.nested)
     load = os.getloadavg()[0]
     paths = {"old: json.loads + checks": old, "fast: simdjson + checks": fast,
              "fast + transcode to binary": fast_transcoded}
@@ -69,7 +74,8 @@ def main() -> None:
         for name, function in paths.items():
             runs[name].append(cpu_ms(function, body, args.requests))
     checked = json_body.check_json(body, None, 64, MAX_TENSOR, transcode=True)
-    print(f"CNN JSON request: {len(body):,} bytes; transcoded: {len(checked.body or b''):,} bytes "
+    form = "nested" if args.nested else "flat"
+    print(f"CNN JSON request ({form} data): {len(body):,} bytes; transcoded: {len(checked.body or b''):,} bytes "
           f"({checked.header_length} of JSON header); load average {load:.2f} before, {os.getloadavg()[0]:.2f} after")
     base = statistics.median(runs["old: json.loads + checks"])
     for name, values in runs.items():

@@ -168,25 +168,118 @@ def json_too_deep(data: bytes, limit: int) -> bool:
     """True when `data` nests arrays and objects deeper than `limit` (or its brackets outside strings do not
     balance, which json.loads would refuse anyway).
 
-    No Python loop over the bytes: a count first (real requests rarely hold more brackets than the limit), else
-    strings are blanked and everything but brackets dropped with regex and bytes operations, and numpy finds the
-    deepest point of the running sum. A million '[' takes a few milliseconds."""
+    No Python loop over the bytes, and no step per string: a count first (real requests rarely hold more brackets
+    than the limit), else the brackets outside strings are found with numpy and bytes operations and numpy finds
+    the deepest point of their running sum. A million '[' takes a few milliseconds, and so do a million strings."""
     if _few_openers(data, limit):
         return False
-    if b'"' in data:
-        data = _JSON_STRING.sub(b"", data)
-    steps = np.frombuffer(data.translate(None, _NOT_BRACKETS).translate(_DEPTH_STEP), dtype=np.int8)
-    if not len(steps):
-        return False
-    depth = np.cumsum(steps, dtype=np.int64)
-    return bool(depth.max() > limit or depth.min() < 0 or depth[-1] != 0)
+    if len(data) < _NUMPY_COUNT_BYTES:  # a short body: the regex, to which a few strings cost nothing
+        if b'"' in data:
+            data = _JSON_STRING.sub(b"", data)
+        steps = np.frombuffer(data.translate(None, _NOT_BRACKETS).translate(_DEPTH_STEP), dtype=np.int8)
+    else:
+        steps = _depth_steps(_without_escapes(data) if b"\\" in data else data)
+    return _unbalanced_or_deeper(steps, limit)
+
+
+def _without_escapes(data: bytes) -> bytes:
+    """`data` with its escaped backslashes and escaped quotes taken out, so that every quote left opens or closes a
+    string. In JSON a backslash stands only inside a string, where it escapes the byte after it: a run of them
+    escapes pairwise from its start (as bytes.replace takes them), and an odd one left escapes what follows.
+    bytes.replace runs in C at memchr speed; the regex it replaces spent about 2 us per string, so a body of
+    millions of short strings held the event loop for seconds (an attacker's reading of issue 23's depth check).
+    Where a backslash stands outside a string the body is not JSON: the parser after this check refuses it either
+    way (with this check's message or its own, both 400s)."""
+    return data.replace(b"\\\\", b"").replace(b'\\"', b"")
+
+
+def _unbalanced_or_deeper(steps: np.ndarray[Any, np.dtype[np.int8]], limit: int) -> bool:
+    """Whether the running sum of the brackets' +1 / -1 goes past `limit`, below 0, or ends other than at 0. In
+    slices of _DEPTH_SLICE steps, so that a body of nothing but brackets needs 8 MB for the sums, not 8 bytes a
+    bracket."""
+    depth = 0
+    for start in range(0, len(steps), _DEPTH_SLICE):
+        running = np.cumsum(steps[start:start + _DEPTH_SLICE], dtype=np.int64)
+        running += depth
+        if running.max() > limit or running.min() < 0:
+            return True
+        depth = int(running[-1])
+    return depth != 0
+
+
+_DEPTH_SLICE = 1 << 20
+# Up to this many candidate brackets their positions are kept (8 bytes each, about 60 ns each to work with); past
+# it the body's bytes outside strings are kept instead (a few bytes per byte of the body, 2-3 ns a byte).
+_MAX_BRACKET_POSITIONS = 16384
+# Up to this many quotes their positions are kept; past it their running parity (a byte per byte of the body,
+# 0.85 ns a byte: too slow for a few quotes, bounded for millions).
+_MAX_QUOTE_POSITIONS = 16384
+
+
+def _depth_steps(data: bytes) -> np.ndarray[Any, np.dtype[np.int8]]:
+    """The +1 / -1 of each bracket outside strings, in order, for a body whose every quote opens or closes a
+    string (the second closes what the first opened, and so on, the last running to the end when they are odd in
+    number): a bracket after an odd number of quotes is inside one. The same steps as blanking the strings with
+    _JSON_STRING and dropping all but the brackets, in numpy passes over the bytes instead of a regex pass and two
+    byte translations: the CNN request written as nested lists (as `tensor.tolist()` writes it, 196 of them)
+    took 0.45 ms that way (docs/benchmarks.md, "The depth check of nested data").
+
+    One body-sized temporary at a time where it can be, each made in place: with two or three alive, the
+    allocator handed each back to the kernel and took it again per request, and the page faults cost more than
+    the passes themselves."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    # x | 0x26 is 0x7F for the four brackets (and for 'Y', '_', 'y', DEL, dropped below), so one comparison finds
+    # the candidates; the comparison is written over its own input.
+    work = np.bitwise_or(raw, 0x26)
+    found = np.equal(work, 0x7F, out=work.view(np.bool_))
+    if np.count_nonzero(found) > _MAX_BRACKET_POSITIONS:
+        del work, found
+        return _depth_steps_by_bytes(data, raw)
+    candidates = np.flatnonzero(found)
+    del work, found
+    folded = raw[candidates] | 0x20  # '[' | 0x20 is '{', ']' | 0x20 is '}'
+    opens = folded == 0x7B
+    brackets = opens | (folded == 0x7D)
+    positions = candidates[brackets]
+    steps = np.where(opens[brackets], np.int8(1), np.int8(-1))
+    quoted = np.equal(raw, 0x22)
+    count = np.count_nonzero(quoted)
+    if not count:
+        return steps
+    if count <= _MAX_QUOTE_POSITIONS:  # their positions, and how many precede each bracket
+        inside = np.searchsorted(np.flatnonzero(quoted), positions) & 1
+    else:
+        inside = _quote_parity(quoted)[positions]
+    return steps[inside == 0]
+
+
+def _depth_steps_by_bytes(data: bytes, raw: np.ndarray[Any, np.dtype[np.uint8]]) -> np.ndarray[Any, np.dtype[np.int8]]:
+    """_depth_steps for a body crowded with brackets: the bytes outside strings kept, then the brackets' steps."""
+    quoted = np.equal(raw, 0x22)
+    if np.count_nonzero(quoted):
+        outside = np.logical_not(_quote_parity(quoted), out=quoted)  # a quote's own byte is no bracket
+        data = raw[outside].tobytes()
+        del outside, quoted
+    return np.frombuffer(data.translate(None, _NOT_BRACKETS).translate(_DEPTH_STEP), dtype=np.int8)
+
+
+def _quote_parity(quoted: np.ndarray[Any, np.dtype[np.bool_]]) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """Whether an odd number of quotes stand at or before each byte (inside a string, for any byte but a quote),
+    computed over `quoted` in place."""
+    parity = quoted.view(np.uint8)
+    np.bitwise_xor.accumulate(parity, out=parity)
+    return quoted
 
 
 def parse_json_header(data: bytes, max_depth: int) -> Any:
     if json_too_deep(data, max_depth):
         raise Refusal(400, f"The request JSON nests deeper than {max_depth} levels (or its brackets do not match).")
     try:
-        return json.loads(data)
+        # Read as UTF-8 (a byte-order mark allowed), as json.loads reads bytes but without its guess of UTF-16 or
+        # UTF-32: the depth check reads bytes as UTF-8 does, and in UTF-16 a character such as U+0122 is the bytes
+        # 22 01, a quote to it, so brackets after it looked like a string's and a 500-deep body passed (an
+        # attacker's reading of issue 23). Such a body now fails here, on its NUL bytes, as JSON Triton could not read.
+        return json.loads(data.decode("utf-8-sig", "surrogatepass"))
     except (ValueError, RecursionError) as exc:
         raise Refusal(400, f"The request body is not valid JSON: {exc}.") from None
 

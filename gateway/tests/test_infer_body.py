@@ -19,11 +19,19 @@ import numpy as np
 import pytest
 
 from conftest import Person
+from gateway.json_body import check_json
 from gateway.protocol import (
+    _DEPTH_STEP,
     _FIND_OPENERS_MAX,
+    _JSON_STRING,
+    _MAX_BRACKET_POSITIONS,
+    _MAX_QUOTE_POSITIONS,
+    _NOT_BRACKETS,
     Refusal,
+    _depth_steps,
     _few_openers,
     _openers,
+    _without_escapes,
     check_infer_request,
     client_error,
     json_too_deep,
@@ -178,6 +186,92 @@ def test_the_bounded_bracket_count_decides_as_the_full_count_does() -> None:
             for data in (b"[" * count, b"{" * count, b"[{" * (count // 2) + b"[" * (count % 2),
                          b"x" * 5000 + b"[" * count + b"x" * 5000):
                 assert _few_openers(data, limit) == (count <= limit), (limit, count)
+
+
+def _steps_by_regex(data: bytes) -> bytes:
+    """The brackets' +1 / -1 outside strings as the general path finds them: strings blanked, the rest dropped."""
+    return _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS).translate(_DEPTH_STEP)
+
+
+def test_a_body_with_no_backslash_gets_the_depth_steps_the_regex_gives() -> None:
+    # Nested tensor data ([[[...]]], as tolist() writes it) has more brackets than the limit, so the depth check
+    # walks them: without a backslash every quote opens or closes a string, and numpy finds the same steps.
+    rng = random.Random(3)
+    for alphabet in (b'[]{}"a1,: ', b'[[[]]]{}"', b'[]"', b'[{]}"Y_y\x7f ', b"[]{}Yy_ ", b'[["""]'):
+        for size in (4096, 5000, 16000, 40000):  # the larger ones past the bracket positions' bound
+            for _ in range(30):
+                data = bytes(rng.choice(alphabet) for _ in range(size))
+                assert _depth_steps(data).tobytes() == _steps_by_regex(data), data[:200]
+                for limit in (0, 3, 64):
+                    assert json_too_deep(data, limit) == _too_deep_by_regex(data, limit)
+    nested = json.dumps({"inputs": [{"name": "x[", "shape": [1, 3, 64, 64], "datatype": "FP32",
+                                     "data": np.zeros((1, 3, 64, 64)).tolist()}]}).encode()
+    assert not json_too_deep(nested, 64) and json_too_deep(nested, 4)
+    assert json_too_deep(b"[" * 65 + nested + b"]" * 65, 64)
+    # Past the bounds the bytes outside strings, or the quotes' running parity, stand in for positions.
+    crowded = b"y" * (_MAX_BRACKET_POSITIONS + 1)
+    for data in (b"[" * 65 + crowded + b"]" * 65, b"[" * 64 + crowded + b"]" * 64,
+                 b'"[' * (_MAX_BRACKET_POSITIONS + 1) + b"[" * 65 + b'"' + b"]" * 65):
+        assert _depth_steps(data).tobytes() == _steps_by_regex(data)
+        assert json_too_deep(data, 64) == _too_deep_by_regex(data, 64)
+    for quotes in (_MAX_QUOTE_POSITIONS, _MAX_QUOTE_POSITIONS + 1, _MAX_QUOTE_POSITIONS + 2):
+        strings = b'"a' * quotes + b"[" * 65 + b'"' + b"]" * 65
+        for data in (strings, b"[" * 65 + strings + b"]" * 65, b"[" * 64 + b'""' * quotes + b"]" * 64):
+            assert _depth_steps(data).tobytes() == _steps_by_regex(data)
+            assert json_too_deep(data, 64) == _too_deep_by_regex(data, 64)
+
+
+def _random_json(rng: random.Random, depth: int) -> Any:
+    """A JSON value nested `depth` deep somewhere, with strings full of what escapes and brackets can be."""
+    def text() -> str:
+        return "".join(rng.choice('ab[]{}"\\\n\t/') for _ in range(rng.randint(0, 12)))
+    value: Any = [text(), rng.random()]
+    for level in range(depth - 1):
+        siblings = [text() for _ in range(rng.randint(0, 3))]
+        value = {text(): value, "k": siblings} if level % 2 else [*siblings, value, text()]
+    return value
+
+
+def test_json_with_escapes_gets_the_depth_the_regex_gives() -> None:
+    # In JSON a backslash stands only inside a string: with escaped backslashes and quotes taken out, every quote
+    # left delimits a string, and the answer is the regex's.
+    rng = random.Random(5)
+    for _ in range(300):
+        depth = rng.randint(55, 75)
+        document = json.dumps(_random_json(rng, depth)).encode()
+        for data in (document + b" " * 4096, b" " * 4096 + document):
+            assert json_too_deep(data, 64) == _too_deep_by_regex(data, 64) == (depth > 64), depth
+            assert _depth_steps(_without_escapes(data)).tobytes() == _steps_by_regex(data)
+
+
+def test_a_body_in_utf16_or_utf32_is_not_read_past_the_depth_check() -> None:
+    # json.loads guesses UTF-16 and UTF-32 from bytes; the depth check reads bytes as UTF-8, where U+0122 in
+    # UTF-16 (22 01) is a quote, so the brackets after it looked like a string's.
+    text = ('{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}],"id":"\u0122","z":'
+            + "[" * 500 + "]" * 500 + ',"id2":"\u0122"}')
+    for encoding in ("utf-16-le", "utf-16", "utf-32-le", "utf-32"):
+        with pytest.raises(Refusal, match="not valid JSON"):
+            parse_json_header(text.encode(encoding), 64)
+        with pytest.raises(Refusal):
+            check_json(text.encode(encoding), None, 64, 2**30, True)
+    with pytest.raises(Refusal, match="nests deeper than 64"):
+        parse_json_header(text.encode(), 64)
+    # UTF-8 with a byte-order mark (simdjson refuses it, Python's json reads it) still reads as before.
+    assert parse_json_header(b"\xef\xbb\xbf" + j(OK), 64) == OK
+
+
+def test_the_depth_check_is_cheap_on_millions_of_strings() -> None:
+    # The regex took a step per string (about 2 us each): a few MB of them held the event loop for seconds.
+    started = time.perf_counter()
+    for body in (b"[" * 65 + b'"",' * 2_000_000 + b'"\\"', b"[" * 65 + b'"\\"' * 2_000_000,
+                 b'"[' * 2_000_000, b'"\\' * 2_000_000 + b"[" * 100):
+        json_too_deep(body, 64)
+    assert time.perf_counter() - started < 1.0
+
+
+def _too_deep_by_regex(data: bytes, limit: int) -> bool:
+    depth = np.cumsum(np.frombuffer(_steps_by_regex(data), dtype=np.int8), dtype=np.int64)
+    return bool(len(depth)) and bool(depth.max() > limit or depth.min() < 0 or depth[-1] != 0)
 
 
 def test_the_binary_sizes_must_add_up_and_match_each_shape() -> None:
