@@ -174,9 +174,7 @@ def json_too_deep(data: bytes, limit: int) -> bool:
     if _few_openers(data, limit):
         return False
     if len(data) < _NUMPY_COUNT_BYTES:  # a short body: the regex, to which a few strings cost nothing
-        if b'"' in data:
-            data = _JSON_STRING.sub(b"", data)
-        steps = np.frombuffer(data.translate(None, _NOT_BRACKETS).translate(_DEPTH_STEP), dtype=np.int8)
+        steps = _bracket_steps(_JSON_STRING.sub(b"", data) if b'"' in data else data)
     else:
         steps = _depth_steps(_without_escapes(data) if b"\\" in data else data)
     return _unbalanced_or_deeper(steps, limit)
@@ -191,6 +189,11 @@ def _without_escapes(data: bytes) -> bytes:
     Where a backslash stands outside a string the body is not JSON: the parser after this check refuses it either
     way (with this check's message or its own, both 400s)."""
     return data.replace(b"\\\\", b"").replace(b'\\"', b"")
+
+
+def _bracket_steps(text: bytes) -> np.ndarray[Any, np.dtype[np.int8]]:
+    """The +1 / -1 of every bracket in `text`, in order (its strings already taken out)."""
+    return np.frombuffer(text.translate(None, _NOT_BRACKETS).translate(_DEPTH_STEP), dtype=np.int8)
 
 
 def _unbalanced_or_deeper(steps: np.ndarray[Any, np.dtype[np.int8]], limit: int) -> bool:
@@ -233,8 +236,8 @@ def _depth_steps(data: bytes) -> np.ndarray[Any, np.dtype[np.int8]]:
     work = np.bitwise_or(raw, 0x26)
     found = np.equal(work, 0x7F, out=work.view(np.bool_))
     if np.count_nonzero(found) > _MAX_BRACKET_POSITIONS:
-        del work, found
-        return _depth_steps_by_bytes(data, raw)
+        del work, found  # before the next body-sized temporary
+        return _depth_steps_by_bytes(data)
     candidates = np.flatnonzero(found)
     del work, found
     folded = raw[candidates] | 0x20  # '[' | 0x20 is '{', ']' | 0x20 is '}'
@@ -253,14 +256,15 @@ def _depth_steps(data: bytes) -> np.ndarray[Any, np.dtype[np.int8]]:
     return steps[inside == 0]
 
 
-def _depth_steps_by_bytes(data: bytes, raw: np.ndarray[Any, np.dtype[np.uint8]]) -> np.ndarray[Any, np.dtype[np.int8]]:
+def _depth_steps_by_bytes(data: bytes) -> np.ndarray[Any, np.dtype[np.int8]]:
     """_depth_steps for a body crowded with brackets: the bytes outside strings kept, then the brackets' steps."""
+    raw = np.frombuffer(data, dtype=np.uint8)
     quoted = np.equal(raw, 0x22)
     if np.count_nonzero(quoted):
         outside = np.logical_not(_quote_parity(quoted), out=quoted)  # a quote's own byte is no bracket
         data = raw[outside].tobytes()
         del outside, quoted
-    return np.frombuffer(data.translate(None, _NOT_BRACKETS).translate(_DEPTH_STEP), dtype=np.int8)
+    return _bracket_steps(data)
 
 
 def _quote_parity(quoted: np.ndarray[Any, np.dtype[np.bool_]]) -> np.ndarray[Any, np.dtype[np.bool_]]:
