@@ -16,7 +16,8 @@ from django.core.exceptions import ImproperlyConfigured
 from portal.env import env_secret
 
 SECRET_KEY_HINT = ("Set SECRET_KEY (or SECRET_KEY_FILE) to 50+ random characters; in development, "
-                   "`manage.py ensure_dirs` (which `make run` runs) writes one to var/secret_key.")
+                   "`manage.py ensure_dirs` (which `make run` runs) writes one to var/secret_key, or to "
+                   "$MODELPORT_VAR_DIR/secret_key: export the same MODELPORT_VAR_DIR as the portal's.")
 
 
 def ensure_dirs() -> list[Path]:
