@@ -105,6 +105,11 @@ var/peers/%/.installed: bench/peers/requirements-%.txt
 	var/peers/$*/bin/pip install --quiet -r $<
 	touch $@
 
+# The README's pictures (docs/screenshots/*.png), taken by the browser tests; `make test` writes them elsewhere.
+.PHONY: screenshots
+screenshots: venv runtime-env browser-deps
+	MODELPORT_SCREENSHOTS_DIR=$(CURDIR)/docs/screenshots $(PY) -m pytest tests/test_browser_e2e.py
+
 samples: venv
 	$(PY) manage.py make_sample_models var/samples
 
