@@ -137,6 +137,10 @@ def test_more_instances_with_the_team_at_its_memory_ceiling_updates_the_deployme
     assert code == 0, capsys.readouterr().err
     deployment = Deployment.objects.get(name="digits-prod")
     assert deployment.revision.spec.models[0].instance_group.count == 2
+    # Without --model: the models it serves, at their versions, with the option given.
+    assert main(["deploy", "digits-prod", "--instances", "3"]) == 0, capsys.readouterr().err
+    entry = Deployment.objects.get(name="digits-prod").revision.spec.models[0]
+    assert (entry.name, entry.version, entry.instance_group.count) == ("digits", 1, 3)
     # A new deployment does not fit, and says so in the portal's words.
     assert main(["deploy", "third", "--model", "digits:1"]) == ExitCode.ERROR
     assert "TEAM_MAX_MEMORY" in capsys.readouterr().err
