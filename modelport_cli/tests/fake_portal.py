@@ -196,6 +196,13 @@ def deployment(**fields: Any) -> dict[str, Any]:
             "models": [], **fields}
 
 
+# A served model as the API's output has it, with settings someone tuned.
+TUNED = {"model": "digits", "version": 1, "format": "onnx", "max_batch_size": 32,
+         "dynamic_batching": {"max_queue_delay_microseconds": 1000, "preferred_batch_size": [4, 8],
+                              "preserve_ordering": False},
+         "instance_group": {"count": 2, "kind": "cpu", "gpus": []}, "response_cache": True, "warmup": None}
+
+
 def existing(portal: FakePortal, *models: dict[str, Any], **fields: Any) -> None:
     """digits-prod exists, serving `models`: GET finds it, PATCH makes revision 2 (a POST is not routed: 404)."""
     portal.on("GET", "/api/v1/deployments/digits-prod/", Reply(200, deployment(models=list(models), **fields)))

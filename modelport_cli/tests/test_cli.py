@@ -23,6 +23,7 @@ from modelport_cli.main import main
 from modelport_cli.output import Progress
 from modelport_cli.tests.conftest import TOKEN
 from modelport_cli.tests.fake_portal import (
+    TUNED,
     FakePortal,
     FakeTus,
     Reply,
@@ -313,10 +314,6 @@ def test_deploy_leaves_batching_to_the_portal_unless_told_and_sends_null_to_turn
     assert second == {"model": "digits", "version": 1, "dynamic_batching": None}
 
 
-TUNED = {"model": "digits", "version": 1, "format": "onnx", "max_batch_size": 32,
-         "dynamic_batching": {"max_queue_delay_microseconds": 1000, "preferred_batch_size": [4, 8],
-                              "preserve_ordering": False},
-         "instance_group": {"count": 2, "kind": "cpu", "gpus": []}, "response_cache": True, "warmup": None}
 
 
 

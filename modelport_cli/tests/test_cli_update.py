@@ -15,6 +15,7 @@ from modelport_cli.errors import ExitCode
 from modelport_cli.main import main
 from modelport_cli.tests.fake_portal import (
     NO_DEPLOYMENT,
+    TUNED,
     FakePortal,
     Reply,
     api_error,
@@ -22,7 +23,6 @@ from modelport_cli.tests.fake_portal import (
     error_line,
     existing,
 )
-from modelport_cli.tests.test_cli import TUNED
 
 TEXT = {"model": "text", "version": 4, "format": "onnx", "max_batch_size": 8, "dynamic_batching": None,
         "instance_group": {"count": 1, "kind": "cpu", "gpus": []}, "response_cache": False, "warmup": None}
