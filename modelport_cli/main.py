@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import quote
 
-from modelport_cli import __version__, tus
+from modelport_cli import __version__, quantities, tus
 from modelport_cli.client import ApiError, Client, read_at_most
 from modelport_cli.errors import CliError, ExitCode, one_line
 from modelport_cli.output import Progress, human_size, info, print_json, set_verbose
@@ -256,17 +256,28 @@ def _current_settings(deployment: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {str(m.get("model")): m for m in deployment.get("models") or [] if isinstance(m, dict)}
 
 
-def _changed_models(client: Client, args: argparse.Namespace) -> tuple[list[dict[str, Any]], int | None]:
-    """"models" for a PATCH: each model keeps its current settings but what the command line gives, unless
-    --reset asks for the portal's defaults; and the revision those settings are of (None with --reset, which
-    reads nothing)."""
-    if args.reset:
-        return [_served_model(spec, args) for spec in args.model], None
-    found = dict(client.get(f"/api/v1/deployments/{_segment(args.name)}/"))
+def _model_options_given(args: argparse.Namespace) -> bool:
+    """Whether the command line sets any serving setting of a model (batching, batch size, instances)."""
+    return any(value is not None for value in (args.max_batch_size, args.dynamic_batching, args.max_queue_delay_us,
+                                               args.instances, args.kind)) or bool(args.preferred_batch_size)
+
+
+def _changed_models(args: argparse.Namespace, found: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """"models" for a PATCH of the deployment `found` (the API's output): each --model keeps its current settings
+    but what the command line gives, unless --reset asks for the portal's defaults. Without --model the models
+    served now stay, at their versions, with the options given applied to each; None: nothing of them changes."""
     current = _current_settings(found)
-    before = found.get("revision")
-    return ([_served_model(spec, args, current.get(_split_model(spec)[0])) for spec in args.model],
-            before if isinstance(before, int) else None)
+    if args.model:
+        return [_served_model(spec, args, None if args.reset else current.get(_split_model(spec)[0]))
+                for spec in args.model]
+    if not args.reset and not _model_options_given(args):
+        return None
+    served = []
+    for name, entry in current.items():
+        version = entry.get("version")
+        spec = f"{name}:{version}" if isinstance(version, int) else name
+        served.append(_served_model(spec, args, None if args.reset else entry))
+    return served
 
 
 def _placement(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -284,36 +295,127 @@ def _placement(args: argparse.Namespace) -> dict[str, Any] | None:
     return placement or None
 
 
+def _resources(args: argparse.Namespace, found: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """"resources" with --memory and --cpu; None: neither given. The API's PATCH replaces the whole object, so on
+    an update the rest (the other of the two, GPUs) is the deployment's current value."""
+    given = {key: value for key, value in (("memory", args.memory), ("cpu", args.cpu)) if value is not None}
+    if not given:
+        return None
+    current = (found or {}).get("resources")
+    return {**(current if isinstance(current, dict) else {}), **given}
+
+
+def _find_deployment(client: Client, name: str) -> tuple[dict[str, Any] | None, str]:
+    """The deployment of that name in the token's team, or None and the portal's 404 (which names the team)."""
+    try:
+        return dict(client.get(f"/api/v1/deployments/{_segment(name)}/")), ""
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        return None, exc.reason
+
+
+def _send_deployment(client: Client, args: argparse.Namespace, method: str, path: str,
+                     body: dict[str, Any]) -> dict[str, Any]:
+    """POST or PATCH a deployment. A refused entry of "models" whose model the token's team lacks is a wrong name
+    on the command line (exit 2, as the portal's 404 is everywhere else), not a refusal (1): the 400 names the
+    entry, the model's 404 says it is the name (a version or a setting refused stays a refusal)."""
+    try:
+        return dict(client.call(method, path, json=body).json())
+    except ApiError as exc:
+        if exc.status == 400 and any(key.startswith("models") for key in exc.fields):
+            _refuse_unknown_models(client, args)
+        raise
+
+
+def _refuse_unknown_models(client: Client, args: argparse.Namespace) -> None:
+    for spec in args.model or []:
+        model, _ = _split_model(spec)
+        try:
+            client.get(f"/api/v1/models/{_segment(model)}/")
+        except ApiError as exc:
+            if exc.status == 404:
+                raise CliError(f"--model {spec}: {exc.reason}", ExitCode.USAGE) from None
+            return  # the portal's first answer (the 400) says more than this one
+
+
+def _update_body(args: argparse.Namespace, found: dict[str, Any]) -> dict[str, Any]:
+    """A PATCH of only what the command line gives: the API keeps every field left out, and a placement option
+    alone keeps the mode and the pool."""
+    if args.runtime and args.runtime != found.get("runtime"):
+        raise CliError(f"{args.name} runs on the {found.get('runtime')} runtime, which cannot change: deploy under "
+                       f"another name for --runtime {args.runtime}", ExitCode.USAGE)
+    body: dict[str, Any] = {}
+    models = _changed_models(args, found)
+    if models is not None:
+        body["models"] = models
+    resources = _resources(args, found)
+    if resources is not None:
+        body["resources"] = resources
+    placement = _placement(args)
+    if placement is not None:
+        body["placement"] = placement
+    return body
+
+
+def _create_body(args: argparse.Namespace, missing: str) -> dict[str, Any]:
+    """A POST of a new deployment; `missing`: the portal's word that it has none of the name."""
+    if not args.model:
+        raise CliError(f"{args.name} is a new deployment, so it needs a model: add --model MODEL[:VERSION] ({missing})",
+                       ExitCode.USAGE)
+    body: dict[str, Any] = {"name": args.name, "models": [_served_model(spec, args) for spec in args.model]}
+    if args.runtime:
+        body["runtime"] = args.runtime
+    resources = _resources(args)
+    if resources is not None:
+        body["resources"] = resources
+    placement = _placement(args)
+    if placement is not None:
+        body["placement"] = placement
+    return body
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     check_name(args.name, "deployment")
     _check_batching_options(args)
-    models = [_served_model(spec, args) for spec in args.model]
-    placement = _placement(args)
+    for spec in args.model or []:
+        _split_model(spec)
+    _placement(args)  # its usage errors before anything is sent
     client = make_client(args)
-    body: dict[str, Any] = {"name": args.name, "models": models}
-    if args.runtime:
-        body["runtime"] = args.runtime
-    if placement is not None:
-        body["placement"] = placement
+    path = f"/api/v1/deployments/{_segment(args.name)}/"
+    # An existing name takes the update path: a create's body is checked before its name, so anything a create
+    # would refuse (a placement option alone, a team at its memory ceiling) failed a CI re-run that only changes
+    # what it is given.
+    found, missing = _find_deployment(client, args.name)
     if args.canary is not None:
-        return _deploy_canary(client, args, {key: value for key, value in body.items() if key != "name"})
-    before: int | None = None
+        if found is None:
+            raise CliError(f"a canary needs a deployment that serves already, so deploy {args.name} without --canary "
+                           f"first ({missing})", ExitCode.USAGE)
+        return _deploy_canary(client, args, found, path)
+    if found is None:
+        created = _create(client, args, missing)
+        if created is not None:
+            return _report_deploy(client, args, created, "created")
+        found = dict(client.get(path))  # created in between (another job of the same pipeline): update it
+    deployment = _send_deployment(client, args, "PATCH", path, _update_body(args, found))
+    # The portal makes no revision of the settings in effect already: nothing rolls out, and a script can tell.
+    unchanged = deployment.get("revision") == found.get("revision")
+    return _report_deploy(client, args, deployment,
+                          "unchanged (these are the settings in effect already)" if unchanged else "updated")
+
+
+def _create(client: Client, args: argparse.Namespace, missing: str) -> dict[str, Any] | None:
+    """POST the deployment; None where the portal answers 409, that one of the name exists (made since the GET)."""
     try:
-        deployment = dict(client.call("POST", "/api/v1/deployments/", json=body).json())
-        action = "created"
+        return _send_deployment(client, args, "POST", "/api/v1/deployments/", _create_body(args, missing))
     except ApiError as exc:
         if exc.status != 409:
             raise
-        # It exists: a CI pipeline that runs again wants a new revision of it, not an error. The runtime is sent
-        # only when given, so that the portal can refuse a change of runtime with its own message.
-        patch = {key: value for key, value in body.items() if key != "name"}
-        patch["models"], before = _changed_models(client, args)
-        deployment = dict(client.call("PATCH", f"/api/v1/deployments/{_segment(args.name)}/", json=patch).json())
-        action = "updated"
+        return None
+
+
+def _report_deploy(client: Client, args: argparse.Namespace, deployment: dict[str, Any], action: str) -> int:
     revision = int(deployment.get("revision") or 0)
-    if action == "updated" and revision == before:
-        # The portal makes no revision of the settings in effect already: nothing rolls out, and a script can tell.
-        action = "unchanged (these are the settings in effect already)"
     if not args.json:
         info(f"{args.name}: revision {revision} {action}")
     if args.wait:
@@ -327,19 +429,12 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def _deploy_canary(client: Client, args: argparse.Namespace, patch: dict[str, Any]) -> int:
+def _deploy_canary(client: Client, args: argparse.Namespace, found: dict[str, Any], path: str) -> int:
     """A new revision of an existing deployment, served beside the current one for --canary percent of the
     requests until `modelport promote` or `modelport rollback` (or its guardrails) end it."""
+    patch = _update_body(args, found)
     patch["rollout"] = {"strategy": "canary", "percent": args.canary}
-    path = f"/api/v1/deployments/{_segment(args.name)}/"
-    try:
-        patch["models"], _ = _changed_models(client, args)
-        deployment = dict(client.call("PATCH", path, json=patch).json())
-    except ApiError as exc:
-        if exc.status == 404:
-            raise CliError(f"{exc.reason}: a canary needs a deployment that serves already, so deploy {args.name} "
-                           "without --canary first", ExitCode.USAGE) from None
-        raise
+    deployment = _send_deployment(client, args, "PATCH", path, patch)
     canary = deployment.get("canary") or {}
     revision = int(canary.get("revision") or 0)
     if not args.json:
@@ -830,14 +925,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     deploy = add("deploy", cmd_deploy, "create a deployment, or roll an existing one to a new revision")
     deploy.description = (
-        "Create a deployment, or roll an existing one to a new revision. On an existing deployment only what is "
-        "given changes (as the API's PATCH): each --model keeps its current batching, instances and batch size "
-        "but the options given, down to one field (--instances 2 keeps the queue delay); the models served are "
-        "the --model options, and --shared, --pool or --idle-unload change only the placement given (--idle-unload "
-        "10m alone keeps the pool). --reset starts each model from the portal's defaults instead.")
+        "Create a deployment, or roll an existing one to a new revision. An existing name (in the token's team) "
+        "takes the update path, whatever a create of the same options would say: only what is given changes (as "
+        "the API's PATCH), and --model may be left out. Each --model keeps its current batching, instances and "
+        "batch size but the options given, down to one field (--instances 2 keeps the queue delay); the models "
+        "served are the --model options, or without any the current ones at their versions (--instances 2 alone "
+        "applies to each); --shared, --pool or --idle-unload change only the placement given (--idle-unload 10m "
+        "alone keeps the pool), --memory or --cpu only that resource. --reset starts each model from the portal's "
+        "defaults instead. A new deployment needs --model.")
     deploy.add_argument("name", metavar="NAME")
-    deploy.add_argument("--model", action="append", required=True, metavar="MODEL:VERSION",
-                        help="a model to serve (repeat for several); MODEL alone means its latest ready version")
+    deploy.add_argument("--model", action="append", metavar="MODEL:VERSION", help=(
+        "a model to serve (repeat for several); MODEL alone means its latest ready version; required for a new "
+        "deployment"))
     deploy.add_argument("--reset", action="store_true", help=(
         "on an existing deployment: settings not given go back to the portal's defaults instead of keeping their "
         "current values"))
@@ -850,6 +949,10 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument("--instances", type=_positive_int, metavar="N", help="model instances per Triton server")
     deploy.add_argument("--kind", choices=["cpu", "gpu"])
     deploy.add_argument("--runtime", choices=["local", "kubernetes"])
+    deploy.add_argument("--memory", type=quantities.memory, metavar="SIZE", help=(
+        "the memory limit per server (a local Triton, a pod), e.g. 512Mi, 2Gi (default: the portal's)"))
+    deploy.add_argument("--cpu", type=quantities.cpu, metavar="CORES", help=(
+        "the cores per server, e.g. 1.5, 2 or 500m (default: the portal's)"))
     placement = deploy.add_mutually_exclusive_group()
     placement.add_argument("--shared", dest="placement", action="store_const", const="shared", default=None, help=(
         "load its models on demand into a shared pool's Triton beside other deployments' (costs less; the first "

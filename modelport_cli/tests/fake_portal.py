@@ -196,8 +196,31 @@ def deployment(**fields: Any) -> dict[str, Any]:
             "models": [], **fields}
 
 
-def existing(portal: FakePortal, *models: dict[str, Any]) -> None:
-    portal.on("POST", "/api/v1/deployments/",
-              api_error(409, "A deployment named 'digits-prod' exists already.", "conflict"))
-    portal.on("GET", "/api/v1/deployments/digits-prod/", Reply(200, deployment(models=list(models))))
+# A served model as the API's output has it, with settings someone tuned.
+TUNED = {"model": "digits", "version": 1, "format": "onnx", "max_batch_size": 32,
+         "dynamic_batching": {"max_queue_delay_microseconds": 1000, "preferred_batch_size": [4, 8],
+                              "preserve_ordering": False},
+         "instance_group": {"count": 2, "kind": "cpu", "gpus": []}, "response_cache": True, "warmup": None}
+
+
+def existing(portal: FakePortal, *models: dict[str, Any], **fields: Any) -> None:
+    """digits-prod exists, serving `models`: GET finds it, PATCH makes revision 2 (a POST is not routed: 404)."""
+    portal.on("GET", "/api/v1/deployments/digits-prod/", Reply(200, deployment(models=list(models), **fields)))
     portal.on("PATCH", "/api/v1/deployments/digits-prod/", Reply(200, deployment(revision=2, serving_revision=1)))
+
+
+NO_DEPLOYMENT = api_error(404, "There is no deployment named 'digits-prod' in team 'acme', the team this request "
+                               "acts for.", "not_found")
+
+
+def new(portal: FakePortal, *polls: Reply) -> None:
+    """digits-prod does not exist until POSTed (201); then GET answers `polls` in turn (the last repeats)."""
+    portal.on("POST", "/api/v1/deployments/", Reply(201, deployment()))
+    later = list(polls) or [Reply(200, deployment())]
+
+    def get(seen: Seen) -> Reply:
+        if not portal.seen("POST", "/api/v1/deployments/"):
+            return NO_DEPLOYMENT
+        return later.pop(0) if len(later) > 1 else later[0]
+
+    portal.on("GET", "/api/v1/deployments/digits-prod/", get)

@@ -22,7 +22,17 @@ from modelport_cli.errors import CliError, ExitCode
 from modelport_cli.main import main
 from modelport_cli.output import Progress
 from modelport_cli.tests.conftest import TOKEN
-from modelport_cli.tests.fake_portal import FakePortal, FakeTus, Reply, api_error, deployment, error_line, existing
+from modelport_cli.tests.fake_portal import (
+    TUNED,
+    FakePortal,
+    FakeTus,
+    Reply,
+    api_error,
+    deployment,
+    error_line,
+    existing,
+    new,
+)
 
 
 def artifact(tmp_path: Path, size: int, name: str = "model.onnx") -> Path:
@@ -304,10 +314,6 @@ def test_deploy_leaves_batching_to_the_portal_unless_told_and_sends_null_to_turn
     assert second == {"model": "digits", "version": 1, "dynamic_batching": None}
 
 
-TUNED = {"model": "digits", "version": 1, "format": "onnx", "max_batch_size": 32,
-         "dynamic_batching": {"max_queue_delay_microseconds": 1000, "preferred_batch_size": [4, 8],
-                              "preserve_ordering": False},
-         "instance_group": {"count": 2, "kind": "cpu", "gpus": []}, "response_cache": True, "warmup": None}
 
 
 
@@ -320,10 +326,12 @@ def test_deploy_of_an_existing_deployment_patches_it_with_the_same_models(
 
     out, _ = capsys.readouterr()
     assert code == 0
-    (post,) = portal.seen("POST", "/api/v1/deployments/")
+    # It exists: the update path at once, no create tried first (the portal checks a create's body before its
+    # name, and would refuse what a PATCH takes).
+    assert portal.seen("POST") == []
     (patch,) = portal.seen("PATCH", "/api/v1/deployments/digits-prod/")
-    assert patch.json() == {"models": post.json()["models"]}
-    assert patch.json()["models"] == [{"model": "digits", "version": 2, "instance_group": {"count": 2, "kind": "cpu"}}]
+    assert patch.json() == {"models": [{"model": "digits", "version": 2,
+                                        "instance_group": {"count": 2, "kind": "cpu"}}]}
     assert json.loads(out)["revision"] == 2
 
 
@@ -373,12 +381,11 @@ def test_a_model_new_to_the_deployment_starts_from_the_portals_defaults(portal: 
     assert text == {"model": "text", "version": 1}
 
 
-def test_reset_starts_from_the_portals_defaults_without_reading_the_current_settings(portal: FakePortal) -> None:
+def test_reset_starts_from_the_portals_defaults_instead_of_the_current_settings(portal: FakePortal) -> None:
     existing(portal, TUNED)
 
     assert main(["deploy", "digits-prod", "--model", "digits", "--instances", "1", "--reset"]) == 0
 
-    assert portal.seen("GET") == []
     (patch,) = portal.seen("PATCH")
     assert patch.json() == {"models": [{"model": "digits", "instance_group": {"count": 1, "kind": "cpu"}}]}
 
@@ -387,7 +394,9 @@ def test_deploy_help_says_what_an_existing_deployment_keeps(capsys: pytest.Captu
     assert main(["deploy", "--help"]) == 0
 
     out = " ".join(capsys.readouterr().out.split())
-    assert "On an existing deployment only what is given changes" in out
+    assert "An existing name (in the token's team) takes the update path" in out
+    assert "only what is given changes" in out and "--model may be left out" in out
+    assert "A new deployment needs --model" in out
     assert "--reset starts each model from the portal's defaults" in out
 
 
@@ -436,11 +445,8 @@ def test_deploy_wait_waits_until_the_new_revision_serves_not_the_old_one(
 def test_a_failed_deployment_exits_4_with_the_first_line_of_its_message(
     portal: FakePortal, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    portal.on("POST", "/api/v1/deployments/", Reply(201, deployment()))
-    portal.on("GET", "/api/v1/deployments/digits-prod/", [
-        Reply(200, deployment(status="starting")),
-        Reply(200, deployment(status="failed", status_message="Triton failed to start: broken: load failed\nline 2")),
-    ])
+    new(portal, Reply(200, deployment(status="starting")),
+        Reply(200, deployment(status="failed", status_message="Triton failed to start: broken: load failed\nline 2")))
 
     code = main(["deploy", "digits-prod", "--model", "digits:1", "--wait"])
 
@@ -462,9 +468,7 @@ def test_waiting_for_a_stopped_deployment_fails_at_once_instead_of_at_the_timeou
 
 def test_a_deployment_that_does_not_get_ready_in_time_exits_5(portal: FakePortal,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    portal.on("POST", "/api/v1/deployments/", Reply(201, deployment()))
-    portal.on("GET", "/api/v1/deployments/digits-prod/",
-              Reply(200, deployment(status="starting", status_message="Loading.")))
+    new(portal, Reply(200, deployment(status="starting", status_message="Loading.")))
 
     code = main(["deploy", "digits-prod", "--model", "digits:1", "--wait", "--timeout", "0.2"])
 
@@ -477,8 +481,7 @@ def test_a_timeout_with_no_status_message_ends_with_the_status_alone(
     portal: FakePortal, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """It ended "(status pending: )" when the portal had no message to add."""
-    portal.on("POST", "/api/v1/deployments/", Reply(201, deployment()))
-    portal.on("GET", "/api/v1/deployments/digits-prod/", Reply(200, deployment(status="pending", status_message="")))
+    new(portal, Reply(200, deployment(status="pending", status_message="")))
 
     assert main(["deploy", "digits-prod", "--model", "digits:1", "--wait", "--timeout", "0.1"]) == 5
     assert error_line(capsys).endswith("to serve revision 1 (status pending)")
@@ -537,6 +540,7 @@ def test_a_validation_error_is_one_line_with_the_field_messages(portal: FakePort
     portal.on("POST", "/api/v1/deployments/", api_error(
         400, "models[0].version: model 'digits' has no version 9", "invalid",
         {"models[0].version": ["model 'digits' has no version 9"], "replicas": ["use replicas 1"]}))
+    portal.on("GET", "/api/v1/models/digits/", Reply(200, {"name": "digits"}))  # the model exists: a refusal (1)
 
     code = main(["deploy", "digits-prod", "--model", "digits:9"])
 
@@ -739,8 +743,9 @@ def test_a_rejected_token_says_where_the_token_comes_from(portal: FakePortal,
 
 @pytest.mark.parametrize("argv", [
     [],
-    ["deploy", "x"],
     ["deploy", "x", "--model", "digits:v2"],
+    ["deploy", "x", "--memory", "512MB"],
+    ["deploy", "x", "--cpu", "two"],
     ["deploy", "x", "--model", "d:1", "--no-dynamic-batching", "--max-queue-delay-us", "5"],
     ["push", "digits"],
     ["push", "digits", "/no/such/file.onnx"],

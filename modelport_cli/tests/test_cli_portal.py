@@ -4,6 +4,7 @@ queued for one is recorded instead."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +75,105 @@ def test_a_changed_setting_makes_the_next_revision(cli: list[Any], capsys: pytes
 
     assert capsys.readouterr().out == "digits-prod: revision 2 updated (pending)\n"
     assert Deployment.objects.get().revision.spec.models[0].instance_group.count == 2
+
+
+# --- A deployment that exists takes the update path (issue 31) ------------------------------------------------
+# The CLI used to POST first and PATCH only on a 409; the portal checks a create's body before its name, so anything
+# a create would refuse (a placement option alone, a team at its memory ceiling) failed on an existing deployment.
+
+
+def shown(capsys: pytest.CaptureFixture[str], name: str = "digits-prod") -> dict[str, Any]:
+    """The deployment as GET /api/v1/deployments/{name}/ answers it (through `modelport status --json`)."""
+    capsys.readouterr()
+    assert main(["status", name, "--json"]) == 0
+    return dict(json.loads(capsys.readouterr().out))
+
+
+def test_idle_unload_alone_on_a_shared_deployment_changes_only_the_idle_time(
+        cli: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["deploy", "digits-prod", "--model", "digits:1", "--shared", "--instances", "2"]) == 0
+    before = shown(capsys)
+    assert before["placement"]["mode"] == "shared" and before["placement"]["idle_unload_seconds"] not in (300, 3600)
+
+    # As a CI job runs it again (a create of this body is refused: an idle time without mode "shared")...
+    assert main(["deploy", "digits-prod", "--model", "digits:1", "--idle-unload", "1h"]) == 0, \
+        capsys.readouterr().err
+    assert shown(capsys)["placement"] == {**before["placement"], "idle_unload_seconds": 3600}
+    # ... and as the docs say: the option alone.
+    code = main(["deploy", "digits-prod", "--idle-unload", "5m"])
+
+    assert code == 0, capsys.readouterr().err
+    after = shown(capsys)
+    assert after["placement"] == {**before["placement"], "idle_unload_seconds": 300}
+    assert after["revision"] == before["revision"] + 2
+    unchanged = ("models", "resources", "replicas", "runtime", "autoscaling")
+    assert {key: after[key] for key in unchanged} == {key: before[key] for key in unchanged}
+
+
+def test_a_pool_given_again_on_a_shared_deployment_is_not_refused(
+        cli: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["deploy", "digits-prod", "--model", "digits:1", "--shared"]) == 0
+    before = shown(capsys)
+
+    assert main(["deploy", "digits-prod", "--model", "digits:1", "--pool", "shared"]) == 0, capsys.readouterr().err
+    assert "unchanged" in capsys.readouterr().out
+    assert main(["deploy", "digits-prod", "--pool", "shared"]) == 0, capsys.readouterr().err
+    assert "unchanged" in capsys.readouterr().out
+
+    assert shown(capsys)["revision"] == before["revision"]
+
+
+def test_more_instances_with_the_team_at_its_memory_ceiling_updates_the_deployment(
+        cli: list[Any], capsys: pytest.CaptureFixture[str], settings: Any) -> None:
+    """A CI re-run broke exactly when the team was full: the same body as a create asks for the memory again."""
+    settings.TEAM_MAX_MEMORY = "8Gi"  # two deployments of the default 4Gi (SANDBOX_DEFAULT_MEMORY)
+    settings.SANDBOX_DEFAULT_MEMORY = "4Gi"
+    assert main(DEPLOY) == 0
+    assert main(["deploy", "other", "--model", "digits:1"]) == 0  # the team is full now
+    capsys.readouterr()
+
+    code = main(["deploy", "digits-prod", "--model", "digits:1", "--instances", "2"])
+
+    assert code == 0, capsys.readouterr().err
+    deployment = Deployment.objects.get(name="digits-prod")
+    assert deployment.revision.spec.models[0].instance_group.count == 2
+    # Without --model: the models it serves, at their versions, with the option given.
+    assert main(["deploy", "digits-prod", "--instances", "3"]) == 0, capsys.readouterr().err
+    entry = Deployment.objects.get(name="digits-prod").revision.spec.models[0]
+    assert (entry.name, entry.version, entry.instance_group.count) == ("digits", 1, 3)
+    # A new deployment does not fit, and says so in the portal's words.
+    assert main(["deploy", "third", "--model", "digits:1"]) == ExitCode.ERROR
+    assert "TEAM_MAX_MEMORY" in capsys.readouterr().err
+
+
+def test_a_new_deployment_without_a_model_exits_2_saying_to_add_one(
+        cli: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["deploy", "digits-new", "--idle-unload", "5m"])
+
+    assert code == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "--model" in err and "digits-new" in err
+    assert not Deployment.objects.exists()
+
+
+def test_memory_and_cpu_reach_the_deployment_on_create_and_on_update(
+        cli: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*DEPLOY, "--memory", "512Mi", "--cpu", "1"]) == 0
+    assert shown(capsys)["resources"] == {"cpu": "1", "memory": "512Mi", "gpu": 0}
+
+    assert main(["deploy", "digits-prod", "--cpu", "500m"]) == 0, capsys.readouterr().err
+    after = shown(capsys)
+    assert after["resources"] == {"cpu": "500m", "memory": "512Mi", "gpu": 0}  # the memory kept
+    assert after["revision"] == 2
+    assert Deployment.objects.get().revision.spec.resources.cpu == "500m"
+
+
+def test_a_model_the_team_lacks_exits_2_naming_it(cli: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["deploy", "digits-prod", "--model", "nosuch"]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "nosuch" in err
+    assert not Deployment.objects.exists()
+
+    assert main(DEPLOY) == 0
+    assert main(["deploy", "digits-prod", "--model", "nosuch:1"]) == ExitCode.USAGE  # on the update path too
+    assert "nosuch" in capsys.readouterr().err
