@@ -162,7 +162,8 @@ def reset_counters() -> None:
 
 def client_address(request: HttpRequest) -> str:
     """The client's address: REMOTE_ADDR, or with NUM_PROXIES trusted proxies in front the entry of
-    X-Forwarded-For that the outermost of them added. IPv6 clients are counted per /64 (what one host gets)."""
+    X-Forwarded-For that the outermost of them added. IPv6 clients are counted per /64 (what one host gets), IPv4
+    clients of a dual-stack socket by their IPv4 address."""
     address = request.META.get("REMOTE_ADDR", "") or ""
     proxies: int = settings.NUM_PROXIES
     if proxies:
@@ -170,11 +171,15 @@ def client_address(request: HttpRequest) -> str:
         if forwarded:
             address = forwarded[-min(proxies, len(forwarded))]
     try:
-        ip = ipaddress.ip_address(address)
+        ip = ipaddress.ip_address(address.split("%", 1)[0])  # without a link-local zone ("fe80::1%eth0")
     except ValueError:
         return address[:64]
-    if ip.version == 6:
-        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    if isinstance(ip, ipaddress.IPv6Address):
+        # An IPv4 client of a dual-stack socket arrives as ::ffff:a.b.c.d: counted by its /64 (::/64), every IPv4
+        # client would be one address, and one guesser would lock them all out. As portal/web_server.address_key.
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
     return str(ip)
 
 

@@ -135,3 +135,13 @@ def test_a_forwarded_for_header_cannot_pick_the_victims_address(alice: Person, s
         post("alice", "wrong", proxy, HTTP_X_FORWARDED_FOR=f"{VICTIM}, {ATTACKER}")
     assert post("alice", "password", proxy, HTTP_X_FORWARDED_FOR=VICTIM).status_code == 302
     assert post("alice", "password", proxy, HTTP_X_FORWARDED_FOR=f"{VICTIM}, {ATTACKER}").status_code == 429
+
+
+def test_ipv4_clients_of_a_dual_stack_socket_are_told_apart(alice: Person) -> None:
+    """On a socket bound to :: an IPv4 client's address is ::ffff:a.b.c.d; counted by its IPv6 /64, every IPv4
+    client shared one address (::/64), and one guesser locked them all out of alice and, past 30, of the portal."""
+    for n in range(31):
+        post("alice" if n < 6 else f"guess{n}", "wrong", f"::ffff:{ATTACKER}")
+    assert post("alice", "password", f"::ffff:{ATTACKER}").status_code == 429
+    assert post("alice", "password", f"::ffff:{VICTIM}").status_code == 302
+    assert post("alice", "password", "fe80::1%eth0").status_code == 302  # a link-local zone is no 500
