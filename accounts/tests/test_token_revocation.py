@@ -166,3 +166,22 @@ def test_the_migration_links_old_tokens_from_the_audit_log_and_revokes_what_revo
     row = AuditEntry.objects.get(action="token.revoke", target=child.prefix)
     assert row.detail == {"name": "old-minted", "via": "migration", "revoked_with": parent.prefix}
     assert row.user is None
+
+
+def test_a_token_revoked_while_it_creates_a_token_gets_401(alice: Person, chain: list[tuple[ApiToken, str]],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The revocation lands between the request's authentication and the creation: the API answers as if it had
+    landed before, and nothing is created."""
+    (a, a_raw), _, _ = chain
+    real_issue = actions.issue_token
+
+    def revoked_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        actions.revoke_token(ApiToken.objects.get(pk=a.pk), by=alice.user, via="session")
+        return real_issue(*args, **kwargs)
+
+    monkeypatch.setattr(actions, "issue_token", revoked_meanwhile)
+    before = ApiToken.objects.count()
+    refused = bearer(a_raw).post("/api/v1/tokens/", {"name": "late"}, format="json")
+    assert refused.status_code == 401
+    assert refused.json()["error"]["message"] == "The API token is invalid, expired or revoked."
+    assert ApiToken.objects.count() == before
