@@ -1,12 +1,10 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.utils import timezone
 
-from accounts import signals
+from accounts import actions
 from accounts.models import ApiToken, Membership, Team, TeamQuota
 
 
@@ -35,22 +33,19 @@ class TeamAdmin(admin.ModelAdmin):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ["prefix", "name", "user", "team", "scopes", "created_at", "last_used_at", "expires_at",
-                    "revoked_at"]
+    list_display = ["prefix", "name", "user", "team", "scopes", "created_by", "created_at", "last_used_at",
+                    "expires_at", "revoked_at"]
     list_filter = ["team", ("revoked_at", admin.EmptyFieldListFilter)]
     search_fields = ["prefix", "name", "user__username", "team__name"]
-    list_select_related = ["user", "team"]
-    readonly_fields = ["prefix", "digest", "created_at", "last_used_at"]
+    list_select_related = ["user", "team", "created_by"]
+    # Revoked with the action only, so that what a token created goes with it and each revocation is in the audit log.
+    readonly_fields = ["prefix", "digest", "created_by", "created_at", "last_used_at", "revoked_at"]
     actions = ["revoke_tokens"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # tokens are created by their users (shown once) or by create_api_token
 
-    @admin.action(description="Revoke selected tokens")
+    @admin.action(description="Revoke selected tokens (and the tokens they created)")
     def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
-        with transaction.atomic():
-            tokens = list(queryset.filter(revoked_at__isnull=True).select_related("team"))
-            ApiToken.objects.filter(pk__in=[t.pk for t in tokens]).update(revoked_at=timezone.now())
-            for token in tokens:
-                signals.token_revoked.send(ApiToken, user=request.user, token=token, via="admin")
-        self.message_user(request, f"Revoked {len(tokens)} token(s).")
+        revoked = actions.revoke_tokens(queryset.select_related("team"), by=request.user, via="admin")
+        self.message_user(request, f"Revoked {len(revoked)} token(s).")

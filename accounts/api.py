@@ -8,17 +8,16 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
 from django.db.models import QuerySet
 from django.http import Http404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.decorators import api_view, parser_classes, permission_classes
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import AuthenticationFailed, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from accounts import signals
+from accounts import actions
 from accounts.context import acting_user, current_membership, current_team
 from accounts.idempotency import REPLAY_ATTRIBUTE, idempotent
 from accounts.models import TOKEN_SCOPES, ApiToken, Membership, TokenLifetimeError, max_token_lifetime_days
@@ -139,15 +138,16 @@ def tokens_list(request: Request) -> Response:
     data = serializer.validated_data
     creator = request.auth if isinstance(request.auth, ApiToken) else None
     days = data.get("expires_in_days")
-    with transaction.atomic():
-        try:
-            token, raw = ApiToken.issue(user, team, name=data["name"],
-                                        expires_in=timedelta(days=days) if days else None,
-                                        scopes=data["scopes"], created_by=creator)
-        except TokenLifetimeError as exc:
-            raise ValidationError({"expires_in_days": [str(exc)]}) from None
-        signals.token_created.send(ApiToken, user=user, token=token,
-                                   via=f"token {creator.prefix}" if creator else "session")
+    try:
+        token, raw = actions.issue_token(user, team, name=data["name"],
+                                         expires_in=timedelta(days=days) if days else None, scopes=data["scopes"],
+                                         created_by=creator, by=user,
+                                         via=f"token {creator.prefix}" if creator else "session")
+    except TokenLifetimeError as exc:
+        raise ValidationError({"expires_in_days": [str(exc)]}) from None
+    except actions.CreatorRevoked:
+        # Revoked between this request's authentication and now: answered as if it had been revoked before.
+        raise AuthenticationFailed("The API token is invalid, expired or revoked.") from None
     # The raw token is in this response only: it is stored hashed, and neither caches nor the idempotency record
     # keep it. A retry with the same Idempotency-Key learns which token exists, not its value.
     response = Response({**TokenSerializer(token).data, "token": raw}, status=status.HTTP_201_CREATED)
@@ -162,7 +162,8 @@ def tokens_list(request: Request) -> Response:
 
 
 @extend_schema(summary="Revoke an API token", request=None, responses={
-    204: OpenApiResponse(description="Revoked (or revoked already)."), 403: NOT_ALLOWED,
+    204: OpenApiResponse(description="Revoked (or revoked already), with every token it created, transitively."),
+    403: NOT_ALLOWED,
     404: error("No such token among yours (with a token: among yours in its team)."),
 })
 @api_view(["DELETE"])
@@ -174,7 +175,5 @@ def token_detail(request: Request, token_id: int) -> Response:
         raise Http404(f"There is no token {token_id} among the tokens you can manage: GET /api/v1/tokens/ lists "
                       "them.")
     via = f"token {request.auth.prefix}" if isinstance(request.auth, ApiToken) else "session"
-    with transaction.atomic():
-        token.revoke()
-        signals.token_revoked.send(ApiToken, user=user, token=token, via=via)
+    actions.revoke_token(token, by=user, via=via)
     return Response(status=status.HTTP_204_NO_CONTENT)

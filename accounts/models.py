@@ -89,6 +89,11 @@ class ApiToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     scopes = models.JSONField(default=list, blank=True, help_text=f"Beyond the normal API: {', '.join(TOKEN_SCOPES)}")
+    # The token that created this one through the API; None when a person, the admin or create_api_token did.
+    # Revoking a token revokes what it created, transitively (revoke()), so that a leaked CI token cannot outlive
+    # its revocation through tokens it minted; deleting one deletes them for the same reason.
+    created_by = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE,
+                                   related_name="created_tokens")
 
     objects = ApiTokenQuerySet.as_manager()
 
@@ -116,7 +121,8 @@ class ApiToken(models.Model):
         prefix = secrets.token_hex(4)
         raw = f"{TOKEN_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
         token = cls.objects.create(user=user, team=team, name=name, prefix=prefix, digest=hash_token(raw),
-                                   created_at=now, expires_at=expires_at, scopes=sorted(set(scopes)))
+                                   created_at=now, expires_at=expires_at, scopes=sorted(set(scopes)),
+                                   created_by=created_by)
         return token, raw
 
     def has_scope(self, scope: str) -> bool:
@@ -128,9 +134,31 @@ class ApiToken(models.Model):
             return False
         return self.expires_at is None or self.expires_at > timezone.now()
 
-    def revoke(self) -> None:
-        ApiToken.objects.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    def revoke(self) -> list[ApiToken]:
+        """Revoke this token and every token it created, transitively; the ones this call revoked, this one first
+        when it was not revoked already. Its descendants are revoked even when it was (tokens of a version that
+        did not cascade). Call in a transaction: accounts/actions.revoke_token does, and writes the audit rows."""
+        now = timezone.now()
+        revoked: list[ApiToken] = []
+        if ApiToken.objects.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=now):
+            revoked.append(self)
         self.refresh_from_db(fields=["revoked_at"])
+        # One query per generation, after this token's row is written (and so locked): a creation that locked this
+        # row first has committed by now, and is seen here (accounts/actions.issue_token).
+        seen = {self.pk}
+        generation = [self.pk]
+        while generation:
+            children = list(ApiToken.objects.filter(created_by_id__in=generation).exclude(pk__in=seen)
+                            .select_related("team").order_by("pk"))
+            live = [child for child in children if child.revoked_at is None]
+            if live:
+                ApiToken.objects.filter(pk__in=[child.pk for child in live]).update(revoked_at=now)
+                for child in live:
+                    child.revoked_at = now
+                revoked.extend(live)
+            seen.update(child.pk for child in children)
+            generation = [child.pk for child in children]
+        return revoked
 
 
 def _expiry(now: datetime, expires_in: timedelta | None) -> datetime | None:

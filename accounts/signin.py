@@ -1,11 +1,19 @@
 """Throttled sign-in for the portal's and the admin's login pages.
 
-Each attempt counts against two keys at once, the account (the submitted username) and the client's address, in
-fixed windows of SIGN_IN_LOCKOUT_SECONDS. A successful sign-in clears the account's count and takes its own attempt
-back from the address's, so that an office behind one address is not locked out by its colleagues' sign-ins while a
-guesser is stopped after a few failures. The count is taken *before* the password is checked, so parallel guesses
-cannot all slip under the limit. The counters live in Redis when REDIS_URL (or a Redis broker) is configured, so
-that every web process sees the same numbers; otherwise each process counts on its own.
+An attempt from a browser without this account's device cookie counts against three keys, in fixed windows of
+SIGN_IN_LOCKOUT_SECONDS: the client's address (SIGN_IN_MAX_FAILURES_PER_ADDRESS, whatever the usernames), the
+account at that address (SIGN_IN_MAX_FAILURES_PER_ACCOUNT_AND_ADDRESS) and the account from all such browsers
+(SIGN_IN_MAX_FAILURES_PER_ACCOUNT, higher: it bounds a guesser spread over many addresses). A guesser at one address
+therefore locks out that address and that account *at* that address, never the person everywhere: the real user
+signs in from their own address. A browser that has signed in to an account before carries a signed device cookie
+for it (OWASP's "device cookies"); its attempts count against that cookie alone, so that even a distributed attack
+that spends the account's budget does not lock the user out of a browser they use, from any address.
+
+A successful sign-in clears the pair's count and takes its own attempt back from the address's and the account's,
+so that an office behind one address is not locked out by its colleagues' sign-ins. The count is taken *before* the
+password is checked, so parallel guesses cannot all slip under the limit. The counters live in Redis when REDIS_URL
+(or a Redis broker) is configured, so that every web process sees the same numbers; otherwise each process counts
+on its own.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import hashlib
 import ipaddress
 import logging
 import math
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +32,7 @@ from typing import Any, Protocol
 
 from django.conf import settings
 from django.contrib.auth.forms import AuthenticationForm
+from django.core import signing
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.shortcuts import render
 from django.utils.cache import add_never_cache_headers
@@ -152,7 +162,8 @@ def reset_counters() -> None:
 
 def client_address(request: HttpRequest) -> str:
     """The client's address: REMOTE_ADDR, or with NUM_PROXIES trusted proxies in front the entry of
-    X-Forwarded-For that the outermost of them added. IPv6 clients are counted per /64 (what one host gets)."""
+    X-Forwarded-For that the outermost of them added. IPv6 clients are counted per /64 (what one host gets), IPv4
+    clients of a dual-stack socket by their IPv4 address."""
     address = request.META.get("REMOTE_ADDR", "") or ""
     proxies: int = settings.NUM_PROXIES
     if proxies:
@@ -160,11 +171,15 @@ def client_address(request: HttpRequest) -> str:
         if forwarded:
             address = forwarded[-min(proxies, len(forwarded))]
     try:
-        ip = ipaddress.ip_address(address)
+        ip = ipaddress.ip_address(address.split("%", 1)[0])  # without a link-local zone ("fe80::1%eth0")
     except ValueError:
         return address[:64]
-    if ip.version == 6:
-        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    if isinstance(ip, ipaddress.IPv6Address):
+        # An IPv4 client of a dual-stack socket arrives as ::ffff:a.b.c.d: counted by its /64 (::/64), every IPv4
+        # client would be one address, and one guesser would lock them all out. As portal/web_server.address_key.
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
     return str(ip)
 
 
@@ -173,36 +188,89 @@ def _key(kind: str, value: str) -> str:
     return KEY_PREFIX + kind + ":" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def account_name(username: str) -> str:
+    """The account a submitted username counts against: case-folded, trimmed, its first 150 characters."""
+    return username.strip().casefold()[:MAX_USERNAME_LENGTH]
+
+
 @dataclass(frozen=True)
 class Attempt:
-    account_key: str
-    address_key: str
     retry_after: int  # seconds; 0 when the attempt may go ahead
-    reason: str  # "account" or "address" when refused
+    reason: str  # why it was refused: "address", "pair", "account" or "device"; "" when it may go ahead
+    forget: tuple[str, ...] = ()  # the keys a successful sign-in clears
+    take_back: tuple[str, ...] = ()  # the keys a successful sign-in returns its own attempt to
 
 
-def begin_attempt(username: str, address: str) -> Attempt:
-    """Count one sign-in attempt for the account and the address; says whether it may go ahead."""
+def begin_attempt(username: str, address: str, device: str | None = None) -> Attempt:
+    """Count one sign-in attempt; says whether it may go ahead. `device`: the id in a device cookie the browser
+    holds for this very account (device_for), None without one."""
     window: int = settings.SIGN_IN_LOCKOUT_SECONDS
+    per_pair: int = settings.SIGN_IN_MAX_FAILURES_PER_ACCOUNT_AND_ADDRESS
     store = counters()
-    account_key = _key("account", username.strip().casefold()[:MAX_USERNAME_LENGTH])
+    account = account_name(username)
+    if device is not None:
+        # A browser that signed in to this account before: only its own failures can stop it, so that neither a
+        # guesser at the same address nor one spread over many addresses locks the user out of it.
+        device_key = _key("device", device)
+        count, ttl = store.hit(device_key, window)
+        if count > per_pair:
+            return Attempt(ttl, "device")
+        return Attempt(0, "", forget=(device_key,))
     address_key = _key("address", address)
-    # The address first: an address past its limit is refused without counting against the account it names, so
-    # that a blocked guesser cannot go on locking accounts (or filling the counters with made-up names).
-    address_count, address_ttl = store.hit(address_key, window)
-    if address_count > settings.SIGN_IN_MAX_FAILURES_PER_ADDRESS:
-        return Attempt(account_key, address_key, address_ttl, "address")
-    account_count, account_ttl = store.hit(account_key, window)
-    if account_count > settings.SIGN_IN_MAX_FAILURES_PER_ACCOUNT:
-        return Attempt(account_key, address_key, account_ttl, "account")
-    return Attempt(account_key, address_key, 0, "")
+    # The address first, then the pair: an attempt refused by one is not counted by the next, so that a blocked
+    # guesser cannot go on spending accounts' budgets (or filling the counters with made-up names), and one address
+    # adds at most `per_pair` attempts per window to any account's count.
+    count, ttl = store.hit(address_key, window)
+    if count > settings.SIGN_IN_MAX_FAILURES_PER_ADDRESS:
+        return Attempt(ttl, "address")
+    pair_key = _key("pair", f"{account}\n{address}")
+    count, ttl = store.hit(pair_key, window)
+    if count > per_pair:
+        return Attempt(ttl, "pair")
+    account_key = _key("account", account)
+    count, ttl = store.hit(account_key, window)
+    if count > settings.SIGN_IN_MAX_FAILURES_PER_ACCOUNT:
+        return Attempt(ttl, "account")
+    return Attempt(0, "", forget=(pair_key,), take_back=(address_key, account_key))
 
 
 def signed_in(attempt: Attempt) -> None:
-    """The attempt succeeded: the account starts afresh, and the address gets its attempt back."""
+    """The attempt succeeded: its pair (or device) starts afresh, its address and account get the attempt back."""
     store = counters()
-    store.forget(attempt.account_key)
-    store.take_back(attempt.address_key)
+    for key in attempt.forget:
+        store.forget(key)
+    for key in attempt.take_back:
+        store.take_back(key)
+
+
+# --- Device cookies ---------------------------------------------------------------------------------------------
+
+DEVICE_COOKIE = "modelport_device"
+DEVICE_SALT = "accounts.signin.device"
+DEVICE_COOKIE_MAX_AGE = 365 * 24 * 3600  # a browser used once a year stays recognised
+
+
+def device_for(request: HttpRequest, username: str) -> str | None:
+    """The device id of the request's device cookie when it was issued for this account, else None. Signed with
+    SECRET_KEY: a client cannot make one up, nor use the one of its own account for another."""
+    value = request.COOKIES.get(DEVICE_COOKIE)
+    if not value:
+        return None
+    try:
+        payload = signing.loads(value, salt=DEVICE_SALT, max_age=DEVICE_COOKIE_MAX_AGE)
+    except signing.BadSignature:
+        return None
+    if not isinstance(payload, dict) or payload.get("account") != account_name(username):
+        return None
+    device = payload.get("device")
+    return device if isinstance(device, str) else None
+
+
+def set_device_cookie(response: HttpResponseBase, username: str) -> None:
+    """After a sign-in: this browser is recognised for this account (one account per browser, the last)."""
+    value = signing.dumps({"account": account_name(username), "device": secrets.token_hex(16)}, salt=DEVICE_SALT)
+    response.set_cookie(DEVICE_COOKIE, value, max_age=DEVICE_COOKIE_MAX_AGE, path="/", httponly=True,
+                        samesite="Strict", secure=settings.SESSION_COOKIE_SECURE)
 
 
 def mark_signed_in(sender: Any, request: HttpRequest | None = None, **kwargs: Any) -> None:
@@ -212,13 +280,20 @@ def mark_signed_in(sender: Any, request: HttpRequest | None = None, **kwargs: An
         setattr(request, SIGNED_IN_ATTRIBUTE, True)
 
 
+REFUSALS = {
+    "address": "Too many failed sign-ins from your network address. Try again in {wait}.",
+    "pair": "Too many failed sign-ins for this account from your network address. Try again in {wait}, or ask an "
+            "operator to reset your password if you have forgotten it.",
+    "account": "Too many failed sign-ins for this account from browsers it has not signed in with. Sign in from a "
+               "browser you have signed in with before, or try again in {wait}.",
+    "device": "Too many failed sign-ins for this account from this browser. Try again in {wait}, or ask an operator "
+              "to reset your password if you have forgotten it.",
+}
+
+
 def refusal_message(attempt: Attempt) -> str:
     minutes = max(1, math.ceil(attempt.retry_after / 60))
-    wait = f"{minutes} minute{'s' if minutes != 1 else ''}"
-    if attempt.reason == "account":
-        return (f"Too many failed sign-ins for this account. Try again in {wait}, "
-                "or ask an operator to reset your password if you have forgotten it.")
-    return f"Too many failed sign-ins from your network address. Try again in {wait}."
+    return REFUSALS[attempt.reason].format(wait=f"{minutes} minute{'s' if minutes != 1 else ''}")
 
 
 def throttled(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
@@ -231,12 +306,14 @@ def throttled(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpRespon
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         if request.method != "POST":
             return view(request, *args, **kwargs)
-        attempt = begin_attempt(request.POST.get("username", ""), client_address(request))
+        username = request.POST.get("username", "")
+        attempt = begin_attempt(username, client_address(request), device_for(request, username))
         if attempt.retry_after:
             return _refuse(request, attempt)
         response = view(request, *args, **kwargs)
         if getattr(request, SIGNED_IN_ATTRIBUTE, False):
             signed_in(attempt)
+            set_device_cookie(response, username)
         return response
 
     return wrapper

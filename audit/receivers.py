@@ -17,5 +17,10 @@ def record_token_created(sender: Any, user: Any, token: ApiToken, via: str, **kw
 
 
 @receiver(token_revoked)
-def record_token_revoked(sender: Any, user: Any, token: ApiToken, via: str, **kwargs: Any) -> None:
-    record(user, token.team, "token.revoke", token.prefix, name=token.name, via=via)
+def record_token_revoked(sender: Any, user: Any, token: ApiToken, via: str, revoked_with: str = "",
+                         **kwargs: Any) -> None:
+    # One row per revoked token; one revoked because the token that created it was names that token.
+    detail: dict[str, Any] = {"name": token.name, "via": via}
+    if revoked_with:
+        detail["revoked_with"] = revoked_with
+    record(user, token.team, "token.revoke", token.prefix, **detail)

@@ -537,9 +537,13 @@ LOGGING = {
 # --- Accounts: API tokens, sign-in throttling, /metrics -------------------------------------------------------
 # The longest lifetime of a new API token, in days; a token created without an expiry gets this one. 0: no maximum.
 API_TOKEN_MAX_LIFETIME_DAYS = env_int("API_TOKEN_MAX_LIFETIME_DAYS", 365, minimum=0)
-# Sign-in (the portal's and the admin's) is refused with 429 for SIGN_IN_LOCKOUT_SECONDS once an account, or an
-# address, has had this many failed attempts within that time.
-SIGN_IN_MAX_FAILURES_PER_ACCOUNT = env_int("SIGN_IN_MAX_FAILURES_PER_ACCOUNT", 5, minimum=1)
+# Sign-in (the portal's and the admin's) is refused with 429 for what is left of SIGN_IN_LOCKOUT_SECONDS once, within
+# that time, an address has had ..._PER_ADDRESS attempts (any usernames), an account at one address (or from one
+# browser that signed in to it before) ..._PER_ACCOUNT_AND_ADDRESS failures, or an account ..._PER_ACCOUNT failures
+# from browsers that never signed in to it (many addresses: a bound on distributed guessing that spares the user's
+# own browsers). accounts/signin.py; docs/security.md, "Sign-in throttling".
+SIGN_IN_MAX_FAILURES_PER_ACCOUNT_AND_ADDRESS = env_int("SIGN_IN_MAX_FAILURES_PER_ACCOUNT_AND_ADDRESS", 5, minimum=1)
+SIGN_IN_MAX_FAILURES_PER_ACCOUNT = env_int("SIGN_IN_MAX_FAILURES_PER_ACCOUNT", 50, minimum=1)
 SIGN_IN_MAX_FAILURES_PER_ADDRESS = env_int("SIGN_IN_MAX_FAILURES_PER_ADDRESS", 30, minimum=1)
 SIGN_IN_LOCKOUT_SECONDS = env_int("SIGN_IN_LOCKOUT_SECONDS", 900, minimum=1)
 # Reverse proxies (ingress, load balancer) in front of the portal that append the client to X-Forwarded-For:

@@ -20,10 +20,10 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
+from accounts import actions as token_actions
 from accounts.context import SESSION_TEAM_KEY, current_team, is_team_admin
 from accounts.models import ApiToken, Membership, Team, max_token_lifetime_days
 from accounts.names import NAME_RE, NAME_RULE
-from audit.log import record as audit
 from deployments import actions as deployment_actions
 from deployments import planning
 from deployments.local_env import local_framework_status
@@ -493,11 +493,9 @@ def tokens(request: HttpRequest, team: Team) -> HttpResponse:
     form = TokenForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         days = form.cleaned_data["expires_in_days"]
-        with transaction.atomic():
-            token, raw = ApiToken.issue(request.user, team, name=form.cleaned_data["name"],
-                                        expires_in=timedelta(days=days) if days else None, scopes=form.scopes())
-            audit(request.user, token.team, "token.create", token.prefix, name=token.name, scopes=token.scopes,
-                  via="session")
+        token, raw = token_actions.issue_token(request.user, team, name=form.cleaned_data["name"],
+                                               expires_in=timedelta(days=days) if days else None,
+                                               scopes=form.scopes(), by=request.user, via="session")
         # Shown by the page this redirects to (so that a reload does not post again), stored nowhere meanwhile.
         created = redirect("tokens")
         new_token.keep_for_display(request, created, token.pk, token.prefix, raw, path=reverse("tokens"))
@@ -520,10 +518,9 @@ def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     token = ApiToken.objects.filter(pk=token_id, user=request.user).first()
     if token is None:
         raise Http404("No such token.")
-    with transaction.atomic():
-        token.revoke()
-        audit(request.user, token.team, "token.revoke", token.prefix, name=token.name)
-    messages.success(request, f"Revoked token {token.prefix}… ({token.name or 'unnamed'}).")
+    revoked = token_actions.revoke_token(token, by=request.user, via="session")
+    others = f" and {len(revoked) - 1} token(s) it created" if len(revoked) > 1 else ""
+    messages.success(request, f"Revoked token {token.prefix}… ({token.name or 'unnamed'}){others}.")
     return redirect(reverse("tokens"))
 
 

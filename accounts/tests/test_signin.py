@@ -1,4 +1,6 @@
-"""Sign-in throttling, per account and per address, on the portal's and the admin's sign-in pages."""
+"""Sign-in throttling, per address, per account at an address, per account from browsers that never signed in to
+it, and per recognised browser, on the portal's and the admin's sign-in pages (the shipped limits:
+test_signin_lockout.py)."""
 
 from __future__ import annotations
 
@@ -8,17 +10,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.test import Client
+from django.test import Client, RequestFactory
 
 from accounts import signin
 from conftest import Person
 
-LIMIT_PER_ACCOUNT = 3
-LIMIT_PER_ADDRESS = 5
+LIMIT_PER_PAIR = 3  # an account at one address, or from one recognised browser
+LIMIT_PER_ADDRESS = 6
+LIMIT_PER_ACCOUNT = 8  # an account from browsers that never signed in to it, all addresses together
 
 
 @pytest.fixture(autouse=True)
 def _small_limits(settings: Any) -> None:
+    settings.SIGN_IN_MAX_FAILURES_PER_ACCOUNT_AND_ADDRESS = LIMIT_PER_PAIR
     settings.SIGN_IN_MAX_FAILURES_PER_ACCOUNT = LIMIT_PER_ACCOUNT
     settings.SIGN_IN_MAX_FAILURES_PER_ADDRESS = LIMIT_PER_ADDRESS
     settings.SIGN_IN_LOCKOUT_SECONDS = 600
@@ -37,24 +41,37 @@ def test_an_account_is_refused_with_429_and_retry_after_past_its_failures(alice:
     assert refused.status_code == 429
     assert 540 <= int(refused["Retry-After"]) <= 600
     page = refused.content.decode()
-    assert "Too many failed sign-ins for this account" in page
-    assert "Try again in 10 minutes" in page
+    assert "Too many failed sign-ins for this account from browsers it has not signed in with" in page
+    assert "or try again in 10 minutes" in page
     assert 'id="login-form"' in page  # the form again, with the reason
     assert "no-cache" in refused["Cache-Control"]
 
 
+def test_an_account_is_refused_at_an_address_past_its_failures_there(alice: Person) -> None:
+    for _ in range(LIMIT_PER_PAIR):
+        assert sign_in("alice", "wrong", address="203.0.113.1").status_code == 200
+    refused = sign_in("alice", "wrong", address="203.0.113.1")
+    assert refused.status_code == 429
+    assert "Too many failed sign-ins for this account from your network address" in refused.content.decode()
+    assert sign_in("alice", "password", address="203.0.113.2").status_code == 302
+
+
 def test_the_right_password_is_refused_too_while_an_account_is_locked(alice: Person) -> None:
-    for n in range(LIMIT_PER_ACCOUNT):
-        sign_in("alice", "wrong", address=f"203.0.113.{n}")
+    for _ in range(LIMIT_PER_PAIR):
+        sign_in("alice", "wrong", address="192.0.2.1")
     client = Client()
     assert sign_in("alice", "password", address="192.0.2.1", client=client).status_code == 429
+    assert "_auth_user_id" not in client.session
+    for n in range(LIMIT_PER_ACCOUNT):
+        sign_in("alice", "wrong", address=f"203.0.113.{n}")
+    assert sign_in("alice", "password", address="192.0.2.2", client=client).status_code == 429
     assert "_auth_user_id" not in client.session
 
 
 def test_the_account_key_ignores_case_and_surrounding_spaces(alice: Person) -> None:
-    for n, name in enumerate(["alice", "ALICE", " Alice "]):
-        sign_in(name, "wrong", address=f"203.0.113.{n}")
-    assert sign_in("alice", "wrong", address="203.0.113.50").status_code == 429
+    for name in ["alice", "ALICE", " Alice "]:
+        sign_in(name, "wrong", address="203.0.113.1")
+    assert sign_in("alice", "wrong", address="203.0.113.1").status_code == 429
 
 
 def test_an_address_is_refused_past_its_failures_across_accounts(alice: Person) -> None:
@@ -72,16 +89,16 @@ def test_a_blocked_address_stops_counting_against_the_accounts_it_tries(alice: P
     for n in range(LIMIT_PER_ADDRESS):
         sign_in(f"guess{n}", "wrong")
     for _ in range(LIMIT_PER_ACCOUNT + 2):
-        assert sign_in("alice", "wrong").status_code == 429  # refused for the address, alice's count untouched
+        assert sign_in("alice", "wrong").status_code == 429  # refused for the address, alice's counts untouched
     assert sign_in("alice", "password", address="198.51.100.9").status_code == 302
 
 
 def test_a_successful_sign_in_clears_the_accounts_failures(alice: Person) -> None:
-    for _ in range(LIMIT_PER_ACCOUNT - 1):
+    for _ in range(LIMIT_PER_PAIR - 1):
         sign_in("alice", "wrong", address="192.0.2.10")
     assert sign_in("alice", "password", address="192.0.2.10").status_code == 302
-    for _ in range(LIMIT_PER_ACCOUNT):
-        assert sign_in("alice", "wrong", address="192.0.2.11").status_code == 200
+    for _ in range(LIMIT_PER_PAIR):
+        assert sign_in("alice", "wrong", address="192.0.2.10").status_code == 200
 
 
 def test_colleagues_signing_in_from_one_address_do_not_lock_it(alice: Person) -> None:
@@ -118,14 +135,14 @@ def test_cross_site_posts_without_a_csrf_token_are_not_counted(alice: Person) ->
 def test_the_admin_sign_in_is_throttled_too(alice: Person) -> None:
     alice.user.is_staff = True
     alice.user.save()
-    for n in range(LIMIT_PER_ACCOUNT):
-        assert sign_in("alice", "wrong", address=f"203.0.113.{n}", path="/admin/login/").status_code == 200
+    for _ in range(LIMIT_PER_PAIR):
+        assert sign_in("alice", "wrong", address="203.0.113.60", path="/admin/login/").status_code == 200
     refused = sign_in("alice", "password", address="203.0.113.60", path="/admin/login/")
     assert refused.status_code == 429
     assert int(refused["Retry-After"]) > 0
     assert 'action="/admin/login/"' in refused.content.decode()
     # One count for both pages: failures on one lock the other.
-    assert sign_in("alice", "password", address="203.0.113.61").status_code == 429
+    assert sign_in("alice", "password", address="203.0.113.60").status_code == 429
 
 
 def test_the_admin_sign_in_still_works(alice: Person) -> None:
@@ -175,6 +192,36 @@ def test_hostile_usernames_are_counted_without_errors(alice: Person) -> None:
     assert store.hit(signin._key("address", "203.0.113.8"), 60)[0] == 2
 
 
+def test_a_sign_in_leaves_a_signed_device_cookie_for_that_account_only(alice: Person, bob: Person) -> None:
+    client = Client()
+    assert sign_in("alice", "password", client=client).status_code == 302
+    cookie = client.cookies[signin.DEVICE_COOKIE]
+    assert cookie["httponly"] and cookie["samesite"] == "Strict" and cookie["path"] == "/"
+    assert int(cookie["max-age"]) == signin.DEVICE_COOKIE_MAX_AGE
+    request = RequestFactory().post("/login/")
+    request.COOKIES[signin.DEVICE_COOKIE] = cookie.value
+    assert signin.device_for(request, " ALICE ") is not None  # the account key: case-folded, trimmed
+    assert signin.device_for(request, "bob") is None
+    request.COOKIES[signin.DEVICE_COOKIE] = cookie.value[:-2] + ("AA" if not cookie.value.endswith("AA") else "BB")
+    assert signin.device_for(request, "alice") is None
+    failed = Client()
+    assert sign_in("alice", "wrong", client=failed).status_code == 200
+    assert signin.DEVICE_COOKIE not in failed.cookies  # only a sign-in earns one
+
+
+def test_a_recognised_browser_is_refused_past_its_own_failures(alice: Person) -> None:
+    laptop = Client()
+    sign_in("alice", "password", client=laptop)
+    laptop.post("/logout/")
+    for _ in range(LIMIT_PER_PAIR):
+        assert sign_in("alice", "wrong", client=laptop).status_code == 200
+    refused = sign_in("alice", "password", client=laptop)
+    assert refused.status_code == 429
+    assert "from this browser" in refused.content.decode()
+    # Counted on its own: the address and the account at it are untouched.
+    assert sign_in("alice", "password", address="198.51.100.7").status_code == 302
+
+
 def test_the_in_process_counters_stay_bounded() -> None:
     counters = signin.MemoryCounters(max_keys=100)
     for n in range(1000):
@@ -222,7 +269,7 @@ def test_two_processes_share_their_counts_through_redis(redis_url: str) -> None:
 
 def test_the_sign_in_pages_count_in_redis(alice: Person, redis_url: str) -> None:
     address = f"192.0.2.{uuid.uuid4().int % 250}"
-    for _ in range(LIMIT_PER_ACCOUNT):
+    for _ in range(LIMIT_PER_PAIR):
         sign_in("alice", "wrong", address=address)
     signin.reset_counters()  # as another web process would start: nothing in its memory
     assert isinstance(signin.counters(), signin.RedisCounters)

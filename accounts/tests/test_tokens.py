@@ -238,6 +238,9 @@ def test_create_api_token_creates_user_and_team_with_create(db: object) -> None:
     token = ApiToken.objects.get(digest=hash_token(raw))
     assert token.user.username == "ci-bot"
     assert token.team == Team.objects.get(name="ml-team")
+    # In the audit log like every token (accounts/actions.py), made by the system rather than a person.
+    entry = AuditEntry.objects.get(action="token.create", target=token.prefix)
+    assert entry.user is None and entry.detail["via"] == "command"
 
 
 def test_create_api_token_refuses_unknown_users_without_create(db: object) -> None:

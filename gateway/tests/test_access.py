@@ -99,6 +99,43 @@ def test_a_token_minted_a_moment_ago_works_at_once_and_a_revoked_one_stops(
     run(scenario)
 
 
+def test_a_token_created_by_a_revoked_token_stops_at_the_gateway(
+    people: dict[str, Person], gateway_app: Any, settings: Any
+) -> None:
+    """Issue 30: a CI token (scope "tokens") mints a token through the API; revoking the CI token stops both."""
+    from rest_framework.test import APIClient
+
+    from accounts import actions
+
+    settings.GATEWAY_CACHE_TTL_SECONDS = 0.1
+    alice = people["alice"]
+
+    def mint() -> tuple[ApiToken, str]:
+        ci, ci_raw = actions.issue_token(alice.user, alice.team, name="ci", scopes=["tokens"], by=alice.user,
+                                         via="session")
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {ci_raw}")
+        created = client.post("/api/v1/tokens/", {"name": "minted"}, format="json")
+        assert created.status_code == 201
+        return ci, created.json()["token"]
+
+    async def scenario() -> None:
+        async with FakeUpstream() as upstream:
+            await asyncio.to_thread(make_deployment, alice, "digits-prod", upstream.url)
+            app = gateway_app()
+            url = "/serve/digits-prod/v2/health/ready"
+            ci, minted = await asyncio.to_thread(mint)
+            assert (await call(app, "GET", url, token=minted)).status == 200
+            await asyncio.to_thread(lambda: actions.revoke_token(ci, by=alice.user, via="session"))
+            deadline = asyncio.get_running_loop().time() + 30
+            while (status := (await call(app, "GET", url, token=minted)).status) != 401:
+                assert status == 200 and asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.05)
+            assert (await call(app, "GET", url, token=alice.token)).status == 200  # not a descendant
+
+    run(scenario)
+
+
 def test_never_seen_credentials_get_a_bounded_number_of_lookups(
     people: dict[str, Person], gateway_app: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,7 +7,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from accounts.models import TOKEN_SCOPES, ApiToken, Membership, Team, max_token_lifetime_days
+from accounts import actions
+from accounts.models import TOKEN_SCOPES, Membership, Team, max_token_lifetime_days
 from accounts.names import name_error
 
 
@@ -57,8 +58,8 @@ class Command(BaseCommand):
         expires, limit = options["expires_days"], max_token_lifetime_days()
         if expires is not None and not 1 <= expires <= limit:
             raise CommandError(f"--expires-days must be between 1 and {limit} days (API_TOKEN_MAX_LIFETIME_DAYS)")
-        _, raw = ApiToken.issue(user, team, name=options["name"],
-                                expires_in=timedelta(days=expires) if expires else None,
-                                scopes=options["scopes"])
+        _, raw = actions.issue_token(user, team, name=options["name"],
+                                     expires_in=timedelta(days=expires) if expires else None,
+                                     scopes=options["scopes"], by=None, via="command")
         self.stderr.write(f"A token for {username!r} acting in team {team_name!r}.")
         self.stdout.write(raw)
