@@ -190,3 +190,32 @@ def test_the_sweep_runs_every_minute() -> None:
     sweep = beat_schedule(5.0)["delete-expired-uploads"]
     assert sweep["task"] == "models_registry.tasks.delete_expired_uploads"
     assert sweep["schedule"] <= 60
+
+
+def test_a_long_patch_whose_bytes_keep_arriving_outlives_the_stall_expiry_and_the_sweep(
+        alice: Person, live: Live, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No byte is committed before a PATCH ends; its claim's renewals (while bytes flow) keep the upload alive."""
+    from models_registry import tus_asgi
+
+    settings.UPLOAD_STALL_EXPIRY_SECONDS = 1
+    monkeypatch.setattr(tus_asgi, "RENEW_EVERY_SECONDS", 0.2)
+    path = path_of(create(live, alice, 2000))
+    upload = Upload.objects.get()
+    with live.connect() as sock:
+        sock.sendall(request_head("PATCH", path, {"Authorization": f"Bearer {alice.token}", "Tus-Resumable": "1.0.0",
+                                                  "Content-Type": "application/offset+octet-stream",
+                                                  "Upload-Offset": "0", "Content-Length": "2000"}))
+        started = time.monotonic()
+        sent = 0
+        # Bytes every 0.12 s for longer than the stall expiry, with the sweep running all along.
+        while sent < 2000:
+            sock.sendall(b"y" * 100)
+            sent += 100
+            time.sleep(0.12)
+            assert tasks.delete_expired_uploads() == 0
+        assert time.monotonic() - started > 2  # past the expiry twice over
+        answer = read_answer(sock)
+    assert answer.status == 204, answer.body
+    upload.refresh_from_db()
+    assert upload.completed_at is not None
+    assert (Path(django_settings.ARTIFACT_ROOT) / upload.key).read_bytes() == b"y" * 2000
