@@ -52,6 +52,7 @@ def test_an_operator_raises_the_ceiling_in_the_teams_quota(alice: Person, digits
                                                            settings: Any) -> None:
     asked = more_than_this_machine()
     TeamQuota.objects.create(team=alice.team, deployment_memory=asked, total_memory=asked)
+    settings.DEPLOYMENT_MEMORY_OVERCOMMIT = 1.0  # the default (the suite's conftest turns it off)
     # Above the machine, the machine-wide admission (test_machine_memory) still refuses it, until the operator
     # also lets the machine's limits overcommit.
     refused = create(alice, resources={"memory": asked})

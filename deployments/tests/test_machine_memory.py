@@ -32,6 +32,7 @@ def machine(settings: Any) -> Any:
     settings.MACHINE_MEMORY_BYTES = 47 * Gi // 2
     settings.LOCAL_MEMORY_RESERVE = "2Gi"
     settings.TEAM_MAX_MEMORY = settings.DEPLOYMENT_MAX_MEMORY = ""  # each team's ceiling: the usable memory
+    settings.DEPLOYMENT_MEMORY_OVERCOMMIT = 1.0  # the default, which the suite's conftest turns off
     return settings
 
 
