@@ -27,6 +27,7 @@ from models_registry.uploads import (
     parse_checksum,
     parse_metadata,
     parse_uint,
+    stall_text,
     terminate,
 )
 from portal.api_errors import error_response
@@ -116,8 +117,8 @@ def _get_upload(request: Request, upload_id: str) -> Upload:
     if upload is None:
         # Also what a client resuming an upload the sweep removed gets: say that it may have expired.
         raise UploadProblem(404, "No such upload: it may have expired and been removed (an unfinished upload expires "
-                                 f"after {settings.UPLOAD_STALL_EXPIRY_SECONDS} s with no bytes, or "
-                                 f"{settings.UPLOAD_EXPIRY_HOURS} hours after it began). Start a new upload.")
+                                 f"after {stall_text()} with no bytes, or {settings.UPLOAD_EXPIRY_HOURS} hours after "
+                                 "it began). Start a new upload.")
     from django.utils import timezone
 
     now = timezone.now()

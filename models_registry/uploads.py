@@ -83,7 +83,8 @@ def expiry(upload: Upload, now: datetime, *, completed: bool) -> datetime:
     return min(deadline, now + timedelta(seconds=settings.UPLOAD_STALL_EXPIRY_SECONDS))
 
 
-def _stall_text() -> str:
+def stall_text() -> str:
+    """UPLOAD_STALL_EXPIRY_SECONDS as a message says it: "10 minutes", "90 s"."""
     seconds = settings.UPLOAD_STALL_EXPIRY_SECONDS
     return f"{seconds // 60} minutes" if seconds % 60 == 0 and seconds >= 120 else f"{seconds} s"
 
@@ -95,7 +96,7 @@ def check_open_uploads(team: Team, length: int) -> None:
     open_uploads = quota.live_uploads(team).filter(completed_at__isnull=True)
     count = open_uploads.count()
     free_them = (f"Finish them, or end the ones you no longer need (DELETE /api/v1/uploads/<id>); one that receives "
-                 f"no bytes for {_stall_text()} expires by itself.")
+                 f"no bytes for {stall_text()} expires by itself.")
     if count >= settings.UPLOAD_MAX_OPEN_PER_TEAM:
         raise UploadProblem(429, f"Team {team.name!r} has {count} unfinished uploads, the most it may have open at "
                                  f"once (UPLOAD_MAX_OPEN_PER_TEAM = {settings.UPLOAD_MAX_OPEN_PER_TEAM}). {free_them}")
@@ -137,7 +138,7 @@ def create_upload(team: Team, user: Any, length: int, metadata: dict[str, str]) 
 def expired_message(upload: Upload) -> str:
     """Why an unfinished upload past its expiry is gone, for the 410 its client gets."""
     if upload.expires_at < upload.created_at + timedelta(hours=settings.UPLOAD_EXPIRY_HOURS):
-        why = (f"it received no bytes for {_stall_text()} (UPLOAD_STALL_EXPIRY_SECONDS), so its reservation was "
+        why = (f"it received no bytes for {stall_text()} (UPLOAD_STALL_EXPIRY_SECONDS), so its reservation was "
                "given back")
     else:
         why = f"it was not finished within {settings.UPLOAD_EXPIRY_HOURS} hours (UPLOAD_EXPIRY_HOURS)"
