@@ -98,6 +98,7 @@ def _fast_and_isolated(settings: Any, tmp_path: Path) -> Iterator[None]:
     # A team's memory total defaults to this machine's: tests that deploy a few times must not depend on the size
     # of the machine they run on (deployments/tests/test_ceilings.py sets its own).
     settings.TEAM_MAX_MEMORY = "0"
+    settings.DEPLOYMENT_MEMORY_OVERCOMMIT = 0.0  # and the machine-wide one (deployments/tests/test_machine_memory.py)
     get_store.cache_clear()
     yield
     get_store.cache_clear()

@@ -9,6 +9,11 @@ applies) and again when a stopped deployment is started:
   each one asks for, the one still serving where that differs, and its canary counted, of memory, CPU, GPUs and
   servers (replicas).
 
+And across teams, on the local runtime: the sum over every team's running and starting deployments of their memory
+limits stays within this machine's memory less LOCAL_MEMORY_RESERVE, times DEPLOYMENT_MEMORY_OVERCOMMIT
+(machine_refusal), checked after the team's own totals, so that two teams each within their ceilings cannot together
+promise the machine more memory than it has.
+
 A refusal names the limit, the value asked and who can raise it. On the local runtime memory and CPU default to
 what this machine has (its memory less LOCAL_MEMORY_RESERVE, its cores): a cgroup limit above the machine limits
 nothing, and one team asking for all of it takes the machine from the others. On Kubernetes the team's totals are
@@ -20,9 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import ROUND_FLOOR, Decimal
 
 from django.conf import settings
+from django.db.models import QuerySet
 
 from accounts.models import Team, TeamQuota
 from deployments.models import Deployment
@@ -179,16 +185,11 @@ def usage(spec: RevisionSpec) -> Usage:
     return Usage(memory=memory * n, cpu=cpu * n, gpus=gpus * n, replicas=n)
 
 
-def team_usage(team: Team, runtime: str, *, leaving_out: int | None = None) -> Usage:
-    """The sum over the team's deployments on `runtime` that are not stopped or deleted (but `leaving_out`): what
-    each runs or starts, that is the revision it asks for, the one still serving where that differs, and its
-    canary."""
+def _running_usage(deployments: QuerySet[Deployment]) -> Usage:
+    """The sum over `deployments` of what each runs or starts: the revision it asks for, the one still serving where
+    that differs, and its canary."""
     total = Usage()
-    deployments = (Deployment.objects.filter(team=team, runtime=runtime, desired_state=Deployment.Desired.RUNNING)
-                   .select_related("revision", "serving_revision", "canary_revision"))
-    if leaving_out is not None:
-        deployments = deployments.exclude(pk=leaving_out)
-    for deployment in deployments:
+    for deployment in deployments.select_related("revision", "serving_revision", "canary_revision"):
         # A revision that fails to load leaves the one before it serving: counting only the one asked for let a
         # PATCH to a tiny revision that never loads free the big one's share while its server kept holding it.
         running = {r.pk: r for r in (deployment.revision, deployment.serving_revision, deployment.canary_revision)
@@ -196,6 +197,50 @@ def team_usage(team: Team, runtime: str, *, leaving_out: int | None = None) -> U
         for revision in running.values():
             total += usage(revision.spec)
     return total
+
+
+def team_usage(team: Team, runtime: str, *, leaving_out: int | None = None) -> Usage:
+    """The sum over the team's deployments on `runtime` that are not stopped or deleted (but `leaving_out`)."""
+    deployments = Deployment.objects.filter(team=team, runtime=runtime, desired_state=Deployment.Desired.RUNNING)
+    if leaving_out is not None:
+        deployments = deployments.exclude(pk=leaving_out)
+    return _running_usage(deployments)
+
+
+def machine_usage(runtime: str, *, leaving_out: int | None = None) -> Usage:
+    """The same sum over every team's deployments on `runtime`."""
+    deployments = Deployment.objects.filter(runtime=runtime, desired_state=Deployment.Desired.RUNNING)
+    if leaving_out is not None:
+        deployments = deployments.exclude(pk=leaving_out)
+    return _running_usage(deployments)
+
+
+def machine_memory(runtime: str) -> Limit:
+    """What every team's deployments on `runtime` may hold in memory limits together: on the local runtime this
+    machine's memory less LOCAL_MEMORY_RESERVE, times DEPLOYMENT_MEMORY_OVERCOMMIT; None (no admission across
+    teams) on Kubernetes, whose cluster admits pods itself, and where the operator set the factor to 0."""
+    usable = _usable_memory()
+    factor = settings.DEPLOYMENT_MEMORY_OVERCOMMIT
+    source = f"this machine's memory less LOCAL_MEMORY_RESERVE, times DEPLOYMENT_MEMORY_OVERCOMMIT = {factor:g}"
+    if runtime != Deployment.Runtime.LOCAL or usable is None or not factor:
+        return Limit(None, source)
+    return Limit((usable * Decimal(str(factor))).to_integral_value(rounding=ROUND_FLOOR), source)
+
+
+def machine_refusal(asked: Decimal, used: Decimal, limit: Limit, servers: int) -> str:
+    """Why `asked` more memory in limits (over `servers` servers) does not fit beside the `used` that every team's
+    deployments hold, under the machine's `limit` ("" when it fits)."""
+    if not asked or limit.value is None or used + asked <= limit.value:
+        return ""
+    free = max(limit.value - used, Decimal(0))
+    per_server = (free / max(servers, 1)).to_integral_value(rounding=ROUND_FLOOR)
+    lower = (f"lower resources.memory to at most {_show('memory', per_server)} per server for its {servers} servers"
+             if servers > 1 else f"lower resources.memory to at most {_show('memory', per_server)}")
+    return (f"{_show('memory', asked)} more would make {_show('memory', used + asked)} of memory limits on this "
+            f"machine (every team's running and starting deployments hold {_show('memory', used)}), more than it "
+            f"admits (at most {_show('memory', limit.value)}, {limit.source}); {_show('memory', free)} is free: "
+            f"{lower}, stop or shrink another deployment, or ask an operator to raise DEPLOYMENT_MEMORY_OVERCOMMIT "
+            "or free memory")
 
 
 def _show(key: str, value: Decimal | int) -> str:
@@ -261,4 +306,12 @@ def check(team: Team, spec: RevisionSpec, *, deployment: Deployment | None = Non
                 f"{_show(field, asked)} more would make {_show(field, used + asked)} (the running and starting "
                 f"deployments hold {_show(field, used)}), more than {where} (at most {_show(field, limit.value)}, "
                 f"{limit.source}): stop or shrink another deployment, or {raise_it}")
+    # Every team's deployments on this machine, after the team's own: each team within its ceiling must not add up
+    # to more than the machine has.
+    everyone = machine_usage(spec.runtime, leaving_out=deployment.pk if deployment is not None else None)
+    if canary and deployment is not None and deployment.revision is not None:
+        everyone += usage(deployment.revision.spec)
+    refused = machine_refusal(wanted.memory, everyone.memory, machine_memory(spec.runtime), wanted.replicas)
+    if refused:
+        errors.setdefault("resources.memory", []).append(refused)
     return errors

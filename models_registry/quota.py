@@ -1,12 +1,14 @@
 """Room for uploads: a team's storage quota, and the free space of the disk that holds the artifacts.
 
 A team's usage is what it holds: the blobs its versions reference (a blob shared with another team counts for both:
-each team pays for what it keeps), the staged bytes of versions not yet validated, and every upload it has begun,
-counted with its declared length from the moment it is created, so that declaring is what reserves. The disk's
-room is its free space, less the operator's reserve, less what every team's unfinished uploads may still write:
-six uploads declaring 20 GiB each cannot all be accepted on 71 GiB, because each one counts against the next.
+each team pays for what it keeps), the staged bytes of versions not yet validated, and every upload it has begun and
+that has not expired, counted with its declared length from the moment it is created, so that declaring is what
+reserves. A reservation is the declaring team's alone: it counts against that team's quota and its caps on open
+uploads (uploads.check_open_uploads), never against the disk's free space as other teams see it, so that one team
+declaring 80 GiB and sending nothing takes no room from another. The disk's room for an upload is its free space
+less the operator's reserve: what is really written. When written bytes do fill it, every chunk waits with a 507
+(check_disk_for_chunk) until there is room again.
 """
-
 from __future__ import annotations
 
 import shutil
@@ -14,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
-from django.db.models import F, Sum
+from django.db.models import QuerySet, Sum
+from django.utils import timezone
 
 from accounts.models import Team
 from models_registry.models import Blob, ModelVersion, TeamStorageQuota, Upload
@@ -42,13 +45,19 @@ def _sum(total: int | None) -> int:
     return int(total or 0)
 
 
+def live_uploads(team: Team) -> QuerySet[Upload]:
+    """The team's uploads that still hold their reservation: finished ones (until they become versions or expire)
+    and unfinished ones not past their expiry (the sweep deletes those later; they stop counting at once)."""
+    return Upload.objects.filter(team=team).exclude(completed_at__isnull=True, expires_at__lt=timezone.now())
+
+
 def usage_of(team: Team) -> int:
     """The bytes the team holds or has reserved (see the module's docstring)."""
     blobs = Blob.objects.filter(pk__in=ModelVersion.objects.filter(model__team=team, blob__isnull=False)
                                 .values("blob_id")).aggregate(total=Sum("size"))["total"]
     staged = (ModelVersion.objects.filter(model__team=team, blob__isnull=True).exclude(staged_key="")
               .aggregate(total=Sum("size"))["total"])
-    uploads = Upload.objects.filter(team=team).aggregate(total=Sum("length"))["total"]
+    uploads = live_uploads(team).aggregate(total=Sum("length"))["total"]
     return _sum(blobs) + _sum(staged) + _sum(uploads)
 
 
@@ -66,13 +75,6 @@ def free_bytes() -> int | None:
     return int(shutil.disk_usage(_existing(Path(settings.ARTIFACT_ROOT))).free)
 
 
-def pending_bytes() -> int:
-    """What every team's unfinished uploads may still write: declared, admitted, not yet on the disk."""
-    remaining = (Upload.objects.filter(completed_at__isnull=True)
-                 .aggregate(total=Sum(F("length") - F("offset")))["total"])
-    return _sum(remaining)
-
-
 @dataclass(frozen=True)
 class Room:
     quota: int
@@ -82,7 +84,8 @@ class Room:
 
 def room_for(team: Team) -> Room:
     free = free_bytes()
-    disk = None if free is None else free - settings.STORAGE_FREE_SPACE_RESERVE_BYTES - pending_bytes()
+    # Other uploads' declared lengths are not taken off: they are their teams' reservations, against their quotas.
+    disk = None if free is None else free - settings.STORAGE_FREE_SPACE_RESERVE_BYTES
     return Room(quota=quota_of(team), used=usage_of(team), disk=disk)
 
 
@@ -99,9 +102,8 @@ def check_room(team: Team, size: int, *, disk: bool = True) -> None:
     if disk and room.disk is not None and size > max(room.disk, 0):
         raise NoRoom(f"The upload is {size_text(size)}, but the server's disk can take only "
                      f"{size_text(max(room.disk, 0))} more (its free space, less the "
-                     f"{size_text(settings.STORAGE_FREE_SPACE_RESERVE_BYTES)} kept in reserve and what unfinished "
-                     "uploads may still write). Try a smaller upload or try again later, or ask an operator to free "
-                     "space.")
+                     f"{size_text(settings.STORAGE_FREE_SPACE_RESERVE_BYTES)} kept in reserve). Try a smaller upload "
+                     "or try again later, or ask an operator to free space.")
 
 
 def lock_team(team: Team) -> None:

@@ -23,9 +23,11 @@ from models_registry.uploads import (
     check_chunk,
     create_upload,
     encode_metadata,
+    expired_message,
     parse_checksum,
     parse_metadata,
     parse_uint,
+    stall_text,
     terminate,
 )
 from portal.api_errors import error_response
@@ -46,8 +48,8 @@ def _tus_headers(response: HttpResponse) -> HttpResponse:
 
 def problem(status: int, message: str) -> HttpResponse:
     code = {400: "invalid", 404: "not_found", 408: "timeout", 409: "conflict", 410: "gone", 412: "precondition_failed",
-            413: "too_large", 415: "unsupported_media_type", 460: "checksum_mismatch", 503: "unavailable",
-            507: "insufficient_storage"}.get(status, "error")
+            413: "too_large", 415: "unsupported_media_type", 429: "too_many_uploads", 460: "checksum_mismatch",
+            503: "unavailable", 507: "insufficient_storage"}.get(status, "error")
     return _tus_headers(error_response(status, code, message))
 
 
@@ -113,11 +115,16 @@ def _get_upload(request: Request, upload_id: str) -> Upload:
         raise UploadProblem(404, "No such upload.") from None
     upload = Upload.objects.filter(pk=upload_id, team=current_team(request)).first()
     if upload is None:
-        raise UploadProblem(404, "No such upload.")
+        # Also what a client resuming an upload the sweep removed gets: say that it may have expired.
+        raise UploadProblem(404, "No such upload: it may have expired and been removed (an unfinished upload expires "
+                                 f"after {stall_text()} with no bytes, or {settings.UPLOAD_EXPIRY_HOURS} hours after "
+                                 "it began). Start a new upload.")
     from django.utils import timezone
 
-    if upload.expires_at < timezone.now() and upload.completed_at is None:
-        raise UploadProblem(410, "This upload expired; start a new one.")
+    now = timezone.now()
+    claimed = upload.busy_until is not None and upload.busy_until >= now  # bytes arriving: not stalled
+    if upload.expires_at < now and upload.completed_at is None and not claimed:
+        raise UploadProblem(410, expired_message(upload))
     return upload
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q, Sum
 from django.utils import timezone
 
 from accounts.models import Team
@@ -73,33 +73,76 @@ def encode_metadata(metadata: dict[str, str]) -> str:
     return ",".join(f"{k} {base64.b64encode(v.encode()).decode()}" if v else k for k, v in metadata.items())
 
 
+def expiry(upload: Upload, now: datetime, *, completed: bool) -> datetime:
+    """When `upload` expires, seen at `now`: a finished one UPLOAD_EXPIRY_HOURS after it was created (time to make
+    it a version); an unfinished one UPLOAD_STALL_EXPIRY_SECONDS after bytes last arrived, and never later than
+    that. A reservation that sends nothing so holds its team's quota for minutes, not a day."""
+    deadline = upload.created_at + timedelta(hours=settings.UPLOAD_EXPIRY_HOURS)
+    if completed:
+        return deadline
+    return min(deadline, now + timedelta(seconds=settings.UPLOAD_STALL_EXPIRY_SECONDS))
+
+
+def stall_text() -> str:
+    """UPLOAD_STALL_EXPIRY_SECONDS as a message says it: "10 minutes", "90 s"."""
+    seconds = settings.UPLOAD_STALL_EXPIRY_SECONDS
+    return f"{seconds // 60} minutes" if seconds % 60 == 0 and seconds >= 120 else f"{seconds} s"
+
+
+def check_open_uploads(team: Team, length: int) -> None:
+    """UploadProblem unless the team may open one more unfinished upload of `length` bytes: at most
+    UPLOAD_MAX_OPEN_PER_TEAM of them, with at most UPLOAD_MAX_OPEN_BYTES_PER_TEAM still to come. Under the team's
+    lock, as the quota's check."""
+    open_uploads = quota.live_uploads(team).filter(completed_at__isnull=True)
+    count = open_uploads.count()
+    free_them = (f"Finish them, or end the ones you no longer need (DELETE /api/v1/uploads/<id>); one that receives "
+                 f"no bytes for {stall_text()} expires by itself.")
+    if count >= settings.UPLOAD_MAX_OPEN_PER_TEAM:
+        raise UploadProblem(429, f"Team {team.name!r} has {count} unfinished uploads, the most it may have open at "
+                                 f"once (UPLOAD_MAX_OPEN_PER_TEAM = {settings.UPLOAD_MAX_OPEN_PER_TEAM}). {free_them}")
+    pending = int(open_uploads.aggregate(total=Sum(F("length") - F("offset")))["total"] or 0)
+    cap = settings.UPLOAD_MAX_OPEN_BYTES_PER_TEAM
+    if pending + length > cap:
+        raise UploadProblem(413, f"The upload is {quota.size_text(length)}, but the unfinished uploads of team "
+                                 f"{team.name!r} have {quota.size_text(pending)} still to come, and may have at most "
+                                 f"{quota.size_text(cap)} together (UPLOAD_MAX_OPEN_BYTES_PER_TEAM). {free_them}")
+
+
 def create_upload(team: Team, user: Any, length: int, metadata: dict[str, str]) -> Upload:
     if length < 0:
         raise UploadProblem(400, "Upload-Length must be a non-negative integer")
     if length > settings.MAX_UPLOAD_SIZE:
         raise UploadProblem(413, f"The upload is {length} bytes; the limit is {settings.MAX_UPLOAD_SIZE} bytes.")
-    upload = Upload(
-        team=team,
-        created_by=user,
-        length=length,
-        metadata=metadata,
-        expires_at=timezone.now() + timedelta(hours=settings.UPLOAD_EXPIRY_HOURS),
-    )
+    now = timezone.now()
+    upload = Upload(team=team, created_by=user, length=length, metadata=metadata, created_at=now)
+    upload.expires_at = expiry(upload, now, completed=length == 0)
     with transaction.atomic():
         # The declared length is reserved by the row itself: checked and inserted under the team's lock, so that
-        # two creations of one team at once cannot both pass the quota.
+        # two creations of one team at once cannot both pass the quota or the caps on open uploads.
         quota.lock_team(team)
+        if length > 0:
+            check_open_uploads(team, length)
         try:
             quota.check_room(team, length)
         except quota.NoRoom as exc:
             raise UploadProblem(413, str(exc)) from None
         upload.storage_state = get_store().begin_upload(upload.key)
         if length == 0:
-            upload.completed_at = timezone.now()
+            upload.completed_at = now
         upload.save()
     if length == 0:
         get_store().finish_upload(upload.key, upload.storage_state)
     return upload
+
+
+def expired_message(upload: Upload) -> str:
+    """Why an unfinished upload past its expiry is gone, for the 410 its client gets."""
+    if upload.expires_at < upload.created_at + timedelta(hours=settings.UPLOAD_EXPIRY_HOURS):
+        why = (f"it received no bytes for {stall_text()} (UPLOAD_STALL_EXPIRY_SECONDS), so its reservation was "
+               "given back")
+    else:
+        why = f"it was not finished within {settings.UPLOAD_EXPIRY_HOURS} hours (UPLOAD_EXPIRY_HOURS)"
+    return f"This upload expired: {why}. Start a new upload."
 
 
 def parse_checksum(header: str | None) -> bytes | None:
@@ -148,8 +191,9 @@ def claim(upload: Upload, offset: int, duration: timedelta = CLAIM_DURATION) -> 
     """Claim the upload for one PATCH; the returned time is the claim's token (see renew_claim and commit_chunk)."""
     now = timezone.now()
     until = now + duration
+    # Not an expired one: the sweep may be removing it (it deletes only what no request holds).
     claimed = (
-        Upload.objects.filter(pk=upload.pk, offset=offset, completed_at__isnull=True)
+        Upload.objects.filter(pk=upload.pk, offset=offset, completed_at__isnull=True, expires_at__gte=now)
         .filter(Q(busy_until__isnull=True) | Q(busy_until__lt=now))
         .update(busy_until=until)
     )
@@ -161,8 +205,11 @@ def claim(upload: Upload, offset: int, duration: timedelta = CLAIM_DURATION) -> 
 
 def renew_claim(upload: Upload, token: datetime, duration: timedelta) -> datetime | None:
     """Extend a claim that is still ours; None when it is not (it expired and another request took it)."""
-    until = timezone.now() + duration
-    renewed = Upload.objects.filter(pk=upload.pk, busy_until=token).update(busy_until=until)
+    now = timezone.now()
+    until = now + duration
+    # Bytes are arriving: the upload is not stalled, though none of them is committed before the request ends.
+    renewed = (Upload.objects.filter(pk=upload.pk, busy_until=token)
+               .update(busy_until=until, expires_at=expiry(upload, now, completed=False)))
     return until if renewed == 1 else None
 
 
@@ -189,8 +236,9 @@ def commit_chunk(upload: Upload, offset: int, written: int, old_state: dict[str,
     rows = Upload.objects.filter(pk=upload.pk, offset=offset)
     if token is not None:
         rows = rows.filter(busy_until=token)
+    now = timezone.now()
     updated = rows.update(offset=new_offset, storage_state=new_state, busy_until=None,
-                          completed_at=timezone.now() if completed else None)
+                          completed_at=now if completed else None, expires_at=expiry(upload, now, completed=completed))
     if updated != 1:
         store.rollback(upload.key, old_state, new_state)
         raise UploadProblem(409, "This request took longer than its claim on the upload; send HEAD and resume.")
@@ -251,12 +299,17 @@ def abort_stale_multipart_uploads(now: datetime | None = None) -> int:
 
 
 def delete_expired_uploads(now: Any = None) -> int:
-    """Partial uploads past their expiry, and finished ones never turned into a version, are removed."""
+    """Uploads past their expiry (unfinished ones that stalled or outlived UPLOAD_EXPIRY_HOURS, finished ones never
+    turned into a version) are removed; the count. Not one a request holds: its bytes are arriving (the claim's
+    renewal moves its expiry on), and the row goes first, so that no request can claim what is being removed."""
     now = now or timezone.now()
     count = 0
-    for upload in Upload.objects.filter(expires_at__lt=now):
+    idle = Q(busy_until__isnull=True) | Q(busy_until__lt=now)
+    for upload in Upload.objects.filter(idle, expires_at__lt=now):
+        deleted, _ = Upload.objects.filter(idle, pk=upload.pk, expires_at__lt=now).delete()
+        if not deleted:
+            continue
         with best_effort(f"abort expired upload {upload.pk} at", upload.key):
             get_store().abort_upload(upload.key, upload.storage_state)
-        upload.delete()
         count += 1
     return count

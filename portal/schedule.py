@@ -54,9 +54,11 @@ def beat_schedule(reconcile_interval: float, canary_check_interval: float = 5.0)
             "schedule": 3600.0,
             "options": {"expires": 600},
         },
+        # An upload that receives no bytes expires in minutes (UPLOAD_STALL_EXPIRY_SECONDS): its quota is free at
+        # once, and this removes its row and file within a minute more.
         "delete-expired-uploads": {
             "task": "models_registry.tasks.delete_expired_uploads",
-            "schedule": 3600.0,
-            "options": {"expires": 600},
+            "schedule": 60.0,
+            "options": {"expires": 60},
         },
     }

@@ -187,6 +187,14 @@ STORAGE_FREE_SPACE_RESERVE_BYTES = env_int("STORAGE_FREE_SPACE_RESERVE_BYTES", 2
 # A tus PATCH whose body stops arriving for this long keeps what arrived and is answered 408
 # (models_registry/tus_asgi.py).
 UPLOAD_IDLE_TIMEOUT_SECONDS = env_int("UPLOAD_IDLE_TIMEOUT_SECONDS", 60, minimum=1)
+# Upload reservations (docs/security.md "Upload reservations"): a declared Upload-Length counts against the
+# declaring team's quota, never against what other teams may upload. An unfinished upload that receives no bytes for
+# UPLOAD_STALL_EXPIRY_SECONDS expires (its quota is free at once; the periodic sweep removes it within a minute), and
+# a team holds at most UPLOAD_MAX_OPEN_PER_TEAM unfinished uploads with at most UPLOAD_MAX_OPEN_BYTES_PER_TEAM still
+# to come (what they declared less what arrived).
+UPLOAD_STALL_EXPIRY_SECONDS = env_int("UPLOAD_STALL_EXPIRY_SECONDS", 600, minimum=1)
+UPLOAD_MAX_OPEN_PER_TEAM = env_int("UPLOAD_MAX_OPEN_PER_TEAM", 4, minimum=1)
+UPLOAD_MAX_OPEN_BYTES_PER_TEAM = env_int("UPLOAD_MAX_OPEN_BYTES_PER_TEAM", 2 * MAX_UPLOAD_SIZE, minimum=1)
 # Untrusted archives (SavedModel, python models): limits against zip bombs.
 ARCHIVE_MAX_ENTRIES = env_int("ARCHIVE_MAX_ENTRIES", 10_000, minimum=1)
 ARCHIVE_MAX_TOTAL_SIZE = env_int("ARCHIVE_MAX_TOTAL_SIZE", 50 * 1024**3, minimum=1)
@@ -389,6 +397,13 @@ TEAM_MAX_MEMORY = _quantity_setting("TEAM_MAX_MEMORY")  # "": local, the machine
 TEAM_MAX_CPU = _quantity_setting("TEAM_MAX_CPU")
 TEAM_MAX_GPUS = env_int("TEAM_MAX_GPUS", 0, minimum=0)
 TEAM_MAX_REPLICAS = env_int("TEAM_MAX_REPLICAS", 0, minimum=0)  # servers (pods) at once, autoscaling's maximum
+# Memory limits across teams (docs/security.md "Memory limits across teams"): the local runtime admits a deployment
+# only while the memory limits of every team's running and starting deployments together stay within this machine's
+# memory less LOCAL_MEMORY_RESERVE, times this factor (1.0: no overcommit; 1.5: limits may add up to half as much
+# again, betting that not every server uses its whole limit at once; 0: no machine-wide admission).
+DEPLOYMENT_MEMORY_OVERCOMMIT = env_float("DEPLOYMENT_MEMORY_OVERCOMMIT", 1.0, minimum=0)
+if not DEPLOYMENT_MEMORY_OVERCOMMIT < float("inf"):  # also refuses "nan", which every comparison would let pass
+    raise ImproperlyConfigured(f"DEPLOYMENT_MEMORY_OVERCOMMIT must be finite, got {DEPLOYMENT_MEMORY_OVERCOMMIT}")
 
 # --- Kubernetes runtime ----------------------------------------------------------------------------------
 # Deployments with runtime "kubernetes": Triton pods in a namespace per team, loading the model repository from

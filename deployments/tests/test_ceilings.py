@@ -48,9 +48,17 @@ def test_a_memory_limit_above_this_machine_is_refused_naming_the_limit_and_who_r
     assert not Deployment.objects.exists()
 
 
-def test_an_operator_raises_the_ceiling_in_the_teams_quota(alice: Person, digits: ModelVersion) -> None:
+def test_an_operator_raises_the_ceiling_in_the_teams_quota(alice: Person, digits: ModelVersion,
+                                                           settings: Any) -> None:
     asked = more_than_this_machine()
     TeamQuota.objects.create(team=alice.team, deployment_memory=asked, total_memory=asked)
+    settings.DEPLOYMENT_MEMORY_OVERCOMMIT = 1.0  # the default (the suite's conftest turns it off)
+    # Above the machine, the machine-wide admission (test_machine_memory) still refuses it, until the operator
+    # also lets the machine's limits overcommit.
+    refused = create(alice, resources={"memory": asked})
+    assert refused.status_code == 400
+    assert "DEPLOYMENT_MEMORY_OVERCOMMIT" in refused.json()["error"]["fields"]["resources.memory"][0]
+    settings.DEPLOYMENT_MEMORY_OVERCOMMIT = 0.0
     assert create(alice, resources={"memory": asked}).status_code == 201
 
 

@@ -1,5 +1,6 @@
 """Uploads are refused, with a 413 that says why, when the team's storage quota or the disk cannot hold what they
-declare (issue 21, disk). The disk's free space is faked; everything else is the real API and database."""
+declare (issue 21, disk; issue 30: a reservation is its own team's, see test_upload_reservations). The disk's free
+space is faked; everything else is the real API and database."""
 
 from __future__ import annotations
 
@@ -40,16 +41,18 @@ def free_space(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     return disk
 
 
-def test_six_uploads_declaring_20_gib_are_not_all_accepted_on_71_gib(alice: Person, charlie: Person,
-                                                                      free_space: dict[str, int]) -> None:
+def test_uploads_declaring_20_gib_count_against_their_own_teams_caps_not_the_disk(alice: Person, charlie: Person,
+                                                                                 free_space: dict[str, int]) -> None:
+    """Issue 30 (5): each admitted reservation counted against the disk for every team, so one team's empty
+    reservations refused the others' uploads. Now they count against the declaring team's own quota and caps."""
     statuses = [create(person, 20 * GiB) for person in (alice, charlie, alice, charlie, alice, charlie)]
-    # 71 GiB free, 2 GiB reserved: three fit, and each one admitted counts against the next, whatever the team.
-    assert [r.status_code for r in statuses] == [201, 201, 201, 413, 413, 413]
-    refused = statuses[3].json()["error"]
+    # 71 GiB free, 2 GiB reserved: each fits the disk; each team may have 40 GiB to come (2 x MAX_UPLOAD_SIZE).
+    assert [r.status_code for r in statuses] == [201, 201, 201, 201, 413, 413]
+    refused = statuses[4].json()["error"]
     assert refused["code"] == "too_large"
-    assert "the server's disk can take only 9.0 GiB" in refused["message"]
-    assert "2.0 GiB (2147483648 bytes) kept in reserve" in refused["message"]
-    assert Upload.objects.count() == 3
+    assert "the unfinished uploads of team 'acme' have 40.0 GiB (42949672960 bytes) still to come" in refused["message"]
+    assert "(UPLOAD_MAX_OPEN_BYTES_PER_TEAM)" in refused["message"]
+    assert Upload.objects.count() == 4
 
 
 def test_an_upload_above_the_free_space_less_the_reserve_is_refused(alice: Person,
