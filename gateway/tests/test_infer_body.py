@@ -40,6 +40,7 @@ from gateway.protocol import (
 from gateway.tests.conftest import call, make_deployment, run
 from gateway.tests.fake_upstream import FakeUpstream, Request, echo, json_response
 from gateway.tests.infer_bodies import BINARY_HOSTILE, HOSTILE, OK, j, with_input
+from tests.processes import until
 
 
 def test_hostile_requests_are_refused_before_triton_sees_them(
@@ -142,7 +143,7 @@ def test_a_client_that_disconnects_while_sending_a_large_body_aborts_the_upstrea
                 token=people["alice"].token, headers={**headers, "Content-Length": str(len(body))},
                 disconnect="after_body")
             assert reply.status == 0  # nobody to answer
-            await asyncio.sleep(0.05)
+            await until(lambda: upstream.open_connections == 0, 10, what="the upstream connection to close")
             # The upstream saw half a request on a connection that was then closed: nothing came of it.
             assert upstream.requests == [] and upstream.connections == 1 and upstream.open_connections == 0
             assert app.pool.idle_count() == 0
