@@ -162,7 +162,7 @@ def test_connections_past_the_cap_per_address_are_refused_429(tight: int) -> Non
             answer, waited = _answer(refused)
         assert answer.startswith(b"HTTP/1.1 429 "), answer
         assert b"Too many open connections from your address (at most 20)" in answer
-        assert waited < 1
+        assert waited < 1.5  # at once: the header timeout (2 s) would have closed it without an answer
         held.pop().close()
         # The slot is free once the server has seen the close (later on a loaded machine: retried until then)...
         processes.wait_for(lambda: _get_healthz(tight)[0] == 200, 5, interval=0.1, what="the freed slot")
