@@ -564,8 +564,8 @@ WEB_HEADER_TIMEOUT_SECONDS = env_float("WEB_HEADER_TIMEOUT_SECONDS", 10.0, minim
 WEB_BODY_TIMEOUT_SECONDS = env_float("WEB_BODY_TIMEOUT_SECONDS", 60.0, minimum=0.1)
 # Open connections per client address (an IPv6 client's /64), and in all, per web process; past the first a new
 # connection is answered 429 and closed; at the total it takes the place of the connection idle longest (a half-sent
-# head, a kept-alive one), and only when none is idle is it answered 503. Behind a reverse proxy every client is the proxy's
-# address: raise the first to the proxy's own connection count and cap per client there.
+# head, a kept-alive one), and only when none is idle is it answered 503. Behind a reverse proxy every client is the
+# proxy's address: raise the first to the proxy's own connection count and cap per client there.
 WEB_MAX_CONNECTIONS_PER_CLIENT = env_int("WEB_MAX_CONNECTIONS_PER_CLIENT", 256, minimum=1)
 WEB_MAX_CONNECTIONS = env_int("WEB_MAX_CONNECTIONS", 10000, minimum=1)
 # A request answered before its body was read (401, 404, 413): the rest of the body is read and dropped so that the
