@@ -581,9 +581,10 @@ GATEWAY_GRPC_METRICS_PORT = env_int("GATEWAY_GRPC_METRICS_PORT", 0, minimum=0)
 WEB_HEADER_TIMEOUT_SECONDS = env_float("WEB_HEADER_TIMEOUT_SECONDS", 10.0, minimum=0.1)
 # A request body from which nothing arrives for this long (while the server is ready to read it) is answered 408.
 WEB_BODY_TIMEOUT_SECONDS = env_float("WEB_BODY_TIMEOUT_SECONDS", 60.0, minimum=0.1)
-# Open connections per client address (an IPv6 client's /64), and in all, per web process; past them a new
-# connection is answered 429 (503 for the total) and closed. Behind a reverse proxy every client is the proxy's
-# address: raise the first to the proxy's own connection count and cap per client there.
+# Open connections per client address (an IPv6 client's /64), and in all, per web process; past the first a new
+# connection is answered 429 and closed; at the total it takes the place of the connection idle longest (a half-sent
+# head, a kept-alive one), and only when none is idle is it answered 503. Behind a reverse proxy every client is the
+# proxy's address: raise the first to the proxy's own connection count and cap per client there.
 WEB_MAX_CONNECTIONS_PER_CLIENT = env_int("WEB_MAX_CONNECTIONS_PER_CLIENT", 256, minimum=1)
 WEB_MAX_CONNECTIONS = env_int("WEB_MAX_CONNECTIONS", 10000, minimum=1)
 # A request answered before its body was read (401, 404, 413): the rest of the body is read and dropped so that the

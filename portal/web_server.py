@@ -11,9 +11,14 @@ other caller 503. What this adds, per connection, with one timer at a time:
 - a body from which nothing arrives for WEB_BODY_TIMEOUT_SECONDS while the server is ready to read it (not while
   the application holds reading back, nor while the client waits for `100 Continue`): 408 and closed, and the
   application's `receive()` sees `http.disconnect`;
-- at most WEB_MAX_CONNECTIONS_PER_CLIENT open connections per client address (an IPv6 client's /64) and
-  WEB_MAX_CONNECTIONS in all (never more than the descriptors allow, portal/open_files.py): past them a new
-  connection is answered 429 (503) at once and closed, before any of it is read;
+- at most WEB_MAX_CONNECTIONS_PER_CLIENT open connections per client address (an IPv6 client's /64): past it a
+  new connection is answered 429 at once and closed, before any of it is read;
+- at most WEB_MAX_CONNECTIONS in all (never more than the descriptors allow, portal/open_files.py): at it a new
+  connection takes the place of the connection idle longest (no request head complete yet, or kept alive after
+  its response), which is closed (408 when it had sent part of a head); only when every connection has a request
+  in progress is the new one answered 503 and closed. Without this, half-sent heads from a few dozen addresses,
+  each within its cap, filled the total and every new client was answered 503 until the header deadline, and an
+  attacker reopening them kept it so;
 - a refusal sent before the request's body was read (401, 404, 413) reaches a client that is still sending it.
   uvicorn closed such a connection at once when it was not kept alive (urllib always sends `Connection: close`),
   and the kernel answered the unread bytes with a reset that destroyed the answer: the client saw
@@ -32,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import weakref
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +66,9 @@ class _Shared:
     limits: Limits
     open: int = 0
     per_address: Counter[str] = field(default_factory=Counter)
+    # The counted connections without a request in progress, idle longest first: the ones a new connection may
+    # take the place of at the total cap. An OrderedDict: O(1) to add at the end, remove anywhere and pop the first.
+    idle: OrderedDict[GuardedHttpToolsProtocol, None] = field(default_factory=OrderedDict)
 
 
 # uvicorn's --http value for this protocol (bin/run-portal, the image, the manifests, the tests).
@@ -129,31 +137,71 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self.address = address_key(self.client)
         shared, limits = self.shared, self.limits
-        if shared.open >= limits.total:
-            self._refuse(503, f"The server holds its most open connections ({limits.total}); try again shortly.")
-            return
+        # The address's own cap first: a connection it refuses must not cost another client its connection.
         if self.address is not None and shared.per_address[self.address] >= limits.per_client:
             self._refuse(429, f"Too many open connections from your address (at most {limits.per_client}): "
                               "close some, or reuse them (keep-alive), and try again.")
             return
+        if shared.open >= limits.total:
+            if not shared.idle:
+                self._refuse(503, f"The server holds its most open connections ({limits.total}), each with a "
+                                  "request in progress; try again shortly.")
+                return
+            oldest, _ = shared.idle.popitem(last=False)
+            oldest._shed()
         shared.open += 1
         if self.address is not None:
             shared.per_address[self.address] += 1
         self.counted = True
         self._arm_head_timer()
+        self._mark_idle()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
-        if self.counted:
-            self.counted = False
-            self.shared.open -= 1
-            if self.address is not None:
-                left = self.shared.per_address[self.address] - 1
-                if left > 0:
-                    self.shared.per_address[self.address] = left
-                else:  # so that the counter holds only addresses with connections open
-                    del self.shared.per_address[self.address]
+        self._uncount()
         super().connection_lost(exc)
+
+    def _uncount(self) -> None:
+        self._mark_busy()
+        if not self.counted:
+            return
+        self.counted = False
+        self.shared.open -= 1
+        if self.address is not None:
+            left = self.shared.per_address[self.address] - 1
+            if left > 0:
+                self.shared.per_address[self.address] = left
+            else:  # so that the counter holds only addresses with connections open
+                del self.shared.per_address[self.address]
+
+    # An idle connection: counted, nothing of a request being read, answered or drained. Half-open connections
+    # (part of a head, or nothing yet) are the cheap way to fill the total cap, from many addresses; a kept-alive
+    # one costs its client a reconnect at most. One with a request in progress is never closed for another.
+
+    def _mark_idle(self) -> None:
+        """At the events after which the connection may have become idle: it goes to the end of the order."""
+        cycle = self.cycle
+        if (self.counted and self.awaiting_head and not self.lingering and not self.pipeline
+                and (cycle is None or cycle.response_complete) and not self.transport.is_closing()):
+            self.shared.idle[self] = None
+            self.shared.idle.move_to_end(self)
+
+    def _mark_busy(self) -> None:
+        self.shared.idle.pop(self, None)
+
+    def _shed(self) -> None:
+        """Close this idle connection for a new one at the total cap: uncounted now, as the new one is counted."""
+        self._uncount()
+        self._cancel_timers()
+        self._unset_keepalive_if_required()
+        if self.head_started:
+            self.transport.write(plain_response(
+                408, "The server is at its connection cap and closed the connections that had not sent a whole "
+                     "request head, the oldest first: send the request line and headers at once."))
+        if self.transport.get_write_buffer_size():
+            self.transport.abort()  # a client that does not read would hold the descriptor until it did
+        else:
+            self.transport.close()
 
     def _refuse(self, status: int, message: str) -> None:
         self.transport.write(plain_response(status, message))
@@ -183,6 +231,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self.awaiting_head = self.head_started = False
+        self._mark_busy()
         if self.head_timer is not None:
             self.head_timer.cancel()
             self.head_timer = None
@@ -239,6 +288,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.body_timer = None
         self.awaiting_head = True
         super().on_message_complete()
+        self._mark_idle()  # a body read to its end after its response was sent
 
     # --- Refusals a client can read ------------------------------------------------------------------------
 
@@ -257,6 +307,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._linger()
                 return
         super().on_response_complete()
+        self._mark_idle()  # kept alive, waiting for the next request
 
     def close_after_response(self, cycle: Any) -> None:
         """The cycle's close: lingering when its answer is complete but its body is not (nothing else reads it)."""
@@ -275,6 +326,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _linger(self) -> None:
         self._flush_head()
         self.lingering = True
+        self._mark_busy()
         self._cancel_timers()
         self._unset_keepalive_if_required()
         self.drained = 0

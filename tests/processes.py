@@ -105,6 +105,21 @@ def wait_for(condition: Callable[[], Any], timeout: float, interval: float = 0.2
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+async def until(condition: Callable[[], Any], timeout: float, interval: float = 0.01,
+                what: str = "condition") -> Any:
+    """wait_for's twin for a test that runs on an event loop: what it waits for happens on the same loop (a close
+    seen by the other end of a connection), which a fixed sleep gives only so many turns on a loaded machine."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
 def free_port() -> int:
     from deployments.runtimes.local.triton import pick_free_ports
 

@@ -127,6 +127,11 @@ def infer_tiny(portal: Portal, deployment: str) -> list[float]:
     return response.json()["outputs"][0]["data"]  # type: ignore[no-any-return]
 
 
+def log_count(portal: Portal, name: str, text: str) -> int:
+    path = portal.log(name)
+    return path.read_text(errors="replace").count(text) if path.exists() else 0
+
+
 def starting_pid(events: list[str]) -> int | None:
     for message in events:
         found = re.search(r"Triton for revision 1 is starting \(pid (\d+),", message)
@@ -221,7 +226,12 @@ def test_while_postgresql_is_down_the_portal_answers_503_and_recovers_by_itself(
             assert "cannot reach its database" in page.text and "Traceback" not in page.text
             health = portal.get("/healthz")
             assert health.status_code == 200 and health.json()["database"] == "unavailable"
-            time.sleep(3)  # beat ticks every second meanwhile: its tasks fail on the worker, neither dies
+            # Beat ticks every second meanwhile (the test settings): its tasks fail on the worker, and neither may
+            # die of it. Waited for in their logs, not assumed after a sleep (a loaded machine ticks late).
+            sent, received = log_count(portal, "beat", "Sending due task"), log_count(portal, "worker", "] received")
+            wait_for(lambda: log_count(portal, "beat", "Sending due task") >= sent + 3
+                     and log_count(portal, "worker", "] received") >= received + 3,
+                     60, interval=0.5, what="beat to send three due tasks and the worker to receive them")
             for name, process in portal.processes.items():
                 assert process.poll() is None, f"{name} exited while PostgreSQL was down:\n{portal.tail(name)}"
 

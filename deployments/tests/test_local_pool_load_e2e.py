@@ -22,6 +22,7 @@ from deployments.tests.conftest import make_ready_version
 from deployments.tests.pool_e2e import Asgi, ClosedLoop, _stop_pool_servers, deploy, infer, people, settle
 from deployments.tests.pool_grpc import InProcessGrpcGateway, auth, grpc_gateway, rows
 from tests.artifacts import tiny_onnx
+from tests.processes import wait_for
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
 __all__ = ["_stop_pool_servers", "grpc_gateway", "people"]  # fixtures (pool_e2e.py, pool_grpc.py)
@@ -68,7 +69,16 @@ def test_a_rollout_and_a_canary_in_a_pool_under_load_fail_no_request_of_it_or_of
              ClosedLoop(http_width, Asgi), ClosedLoop(grpc_width(charlie, "digits-c"), client)]
     for load in loads:
         load.thread.start()
-    time.sleep(1)
+
+    def each_answers(width: int, times: int = 3) -> None:
+        """Each of digits-a's loops is answered `width` `times` more from now: every phase has its traffic, on a
+        loaded machine too (a fixed second could give a loop no answer of a revision)."""
+        before = [load.outcomes.count(width) for load in loads[:3]]
+        wait_for(lambda: all(load.outcomes.count(width) >= n + times
+                             for load, n in zip(loads[:3], before, strict=True)),
+                 60, what=f"every loop to be answered {times} times by the revision of width {width}")
+
+    each_answers(3)
 
     # A rollout: version 2 loads beside version 1 in the same Triton, the route switches, version 1 is unloaded.
     make_ready_version(alice, data=tiny_onnx(out_features=4))
@@ -77,7 +87,7 @@ def test_a_rollout_and_a_canary_in_a_pool_under_load_fail_no_request_of_it_or_of
     assert patched.status_code == 200, patched.json()
     deployment = tick_until("digits-a", lambda d: d.serving_revision.number == 2 and d.drain_until is None
                             and not PoolLoad.objects.filter(deployment=d, revision__number=1).exists())
-    time.sleep(1)
+    each_answers(4)
 
     # A canary of version 3 beside it (half the requests), promoted; version 2 is unloaded after the drain.
     make_ready_version(alice, data=tiny_onnx(out_features=5))
@@ -86,12 +96,12 @@ def test_a_rollout_and_a_canary_in_a_pool_under_load_fail_no_request_of_it_or_of
         "rollout": {"strategy": "canary", "percent": 50, "max_p99_ratio": 1000.0}}, format="json")
     assert patched.status_code == 200, patched.json()
     tick_until("digits-a", lambda d: bool(d.canary_upstream_url))
-    time.sleep(1.5)
+    each_answers(5)  # the canary's half
     promoted = alice.client().post("/api/v1/deployments/digits-a/promote", format="json")
     assert promoted.status_code < 300, promoted.json()
     tick_until("digits-a", lambda d: d.drain_until is None and d.serving_revision.number == 3
                and list(PoolLoad.objects.filter(deployment=d).values_list("revision__number", flat=True)) == [3])
-    time.sleep(1)
+    each_answers(5)
     outcomes = [load.stop() for load in loads]
 
     failed = [o for o in sum(outcomes, []) if not isinstance(o, int)]

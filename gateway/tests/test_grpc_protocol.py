@@ -218,10 +218,10 @@ def test_it_refuses_malformed_protobuf_with_400(data: bytes) -> None:
 
 def test_a_message_of_a_million_tiny_fields_is_refused_quickly() -> None:
     data = gp._len_field(1, b"digits") + b"\x20\x01" * 1_000_000  # field 4 as varints: skipped, but counted
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: the check's own cost, not the waits of a loaded machine
     exc = refusal(data)
     assert exc.status == 400 and "fields" in exc.message
-    assert time.perf_counter() - started < 0.5
+    assert time.process_time() - started < 0.5
     inputs = b"".join(gp._len_field(5, gp._len_field(1, b"x")) for _ in range(gp.MAX_INPUTS + 1))
     assert "more than 1024 inputs" in refusal(gp._len_field(1, b"digits") + inputs).message
 

@@ -40,6 +40,7 @@ from gateway.protocol import (
 from gateway.tests.conftest import call, make_deployment, run
 from gateway.tests.fake_upstream import FakeUpstream, Request, echo, json_response
 from gateway.tests.infer_bodies import BINARY_HOSTILE, HOSTILE, OK, j, with_input
+from tests.processes import until
 
 
 def test_hostile_requests_are_refused_before_triton_sees_them(
@@ -142,7 +143,7 @@ def test_a_client_that_disconnects_while_sending_a_large_body_aborts_the_upstrea
                 token=people["alice"].token, headers={**headers, "Content-Length": str(len(body))},
                 disconnect="after_body")
             assert reply.status == 0  # nobody to answer
-            await asyncio.sleep(0.05)
+            await until(lambda: upstream.open_connections == 0, 10, what="the upstream connection to close")
             # The upstream saw half a request on a connection that was then closed: nothing came of it.
             assert upstream.requests == [] and upstream.connections == 1 and upstream.open_connections == 0
             assert app.pool.idle_count() == 0
@@ -151,11 +152,11 @@ def test_a_client_that_disconnects_while_sending_a_large_body_aborts_the_upstrea
 
 
 def test_the_depth_check_is_cheap_on_a_million_brackets() -> None:
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: the check's own cost, not the waits of a loaded machine
     assert json_too_deep(b"[" * 1_000_000, 64)
     assert json_too_deep(b"[" * 500_000 + b"]" * 500_000, 64)
     assert json_too_deep(b'"' + b'\\"' * 500_000 + b"[" * 100, 64) is False  # all inside one unterminated string
-    assert time.perf_counter() - started < 0.5
+    assert time.process_time() - started < 0.5
     assert not json_too_deep(b'{"a": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["}', 64)
     assert not json_too_deep(b"[" * 64 + b"]" * 64, 64)
     with pytest.raises(Refusal, match="not valid JSON"):
@@ -262,11 +263,11 @@ def test_a_body_in_utf16_or_utf32_is_not_read_past_the_depth_check() -> None:
 
 def test_the_depth_check_is_cheap_on_millions_of_strings() -> None:
     # The regex took a step per string (about 2 us each): a few MB of them held the event loop for seconds.
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time (0.15-0.2 s here): wall time was 0.44-0.74 s on a loaded machine
     for body in (b"[" * 65 + b'"",' * 2_000_000 + b'"\\"', b"[" * 65 + b'"\\"' * 2_000_000,
                  b'"[' * 2_000_000, b'"\\' * 2_000_000 + b"[" * 100):
         json_too_deep(body, 64)
-    assert time.perf_counter() - started < 1.0
+    assert time.process_time() - started < 1.0
 
 
 def _too_deep_by_regex(data: bytes, limit: int) -> bool:

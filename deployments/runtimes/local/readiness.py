@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from deployments.runtimes.local.serverlog import log_errors, summary_error, wait_log_written
-from deployments.runtimes.local.triton import ServerProcess, is_alive, reap
+from deployments.runtimes.local.triton import ServerProcess, exit_status_pending, is_alive, reap
 
 
 @dataclass(frozen=True)
@@ -74,9 +74,16 @@ def wait_ready(
     while True:
         waited = time.monotonic() - start
         result = probe(server, names, waited)
-        if result.ready or result.exit_code is not None or not is_alive(server.pid):
+        if result.ready or result.exit_code is not None:
+            return result
+        gone = not is_alive(server.pid)
+        # Gone, but its exit status not collected yet (probe waits 2 s for it, for the reconciler's ticks): the
+        # caller is told the code, so wait for it too, within the timeout.
+        if gone and not exit_status_pending(server.pid):
             return result
         if waited >= timeout:
+            if gone:
+                return result
             return dataclasses.replace(result, message=f"not ready after {timeout:g} s"
                                        + (f": {result.message}" if result.errors else ""))
         time.sleep(poll_interval)

@@ -330,6 +330,13 @@ def reap_children() -> None:
     serverlog.reap_keepers()
 
 
+def exit_status_pending(pid: int) -> bool:
+    """Whether `pid` is a server this process started whose exit status is not collected yet. One that `is_alive()`
+    already calls gone may still be exiting: its main thread is a zombie while the others end, and for a sandbox
+    the launcher passes the status on after the namespace is torn down (seconds on a loaded machine)."""
+    return pid in _children
+
+
 def reap(pid: int, wait: float = 0.0) -> int | None:
     """Collect the exit status of a server this process started (None if still running or not our child).
     `wait`: for a server known to be gone, how long its sandbox launcher may take to pass its status on."""
