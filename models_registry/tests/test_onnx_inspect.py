@@ -376,8 +376,11 @@ def test_model_py_is_parsed_never_run(tmp_path: Path) -> None:
         ({"model.py": b"class TritonPythonModel:\n    pass\n"}, "has no execute"),
         ({"model.py": MODEL_PY, "requirements.txt": b"--index-url http://evil/\nnumpy\n"}, "line 1"),
         ({"model.py": MODEL_PY, "requirements.txt": b"numpy\ngit+https://evil/x.git\n"}, "line 2"),
+        ({"model.py": MODEL_PY, "requirements.txt": b"numpy\nsetuptools>=99\n"},
+         r"line 2 \('setuptools>=99'\) is refused: 'setuptools' is a packaging tool"),
     ],
-    ids=["no-model-py", "two-folders", "syntax", "no-class", "nested-class", "no-execute", "option", "url"],
+    ids=["no-model-py", "two-folders", "syntax", "no-class", "nested-class", "no-execute", "option", "url",
+         "packaging-tool"],
 )
 def test_an_unusable_python_model_is_explained(tmp_path: Path, entries: dict[str, bytes], message: str) -> None:
     with pytest.raises(InspectionError, match=message):
