@@ -125,6 +125,7 @@ class ModelSerializer(ExactJSONTypes, serializers.ModelSerializer[Model]):
     name = NameField(help_text="Becomes Triton, Kubernetes and S3 names.")
     created_by = serializers.CharField(source="created_by.username", default=None, read_only=True, allow_null=True)
     latest_version = serializers.SerializerMethodField()
+    free_text_fields: ClassVar[frozenset[str]] = frozenset({"description"})  # lines of text are welcome there
 
     class Meta:
         model = Model
@@ -136,6 +137,7 @@ class ModelSerializer(ExactJSONTypes, serializers.ModelSerializer[Model]):
 
 
 class ModelUpdateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
+    free_text_fields: ClassVar[frozenset[str]] = frozenset({"description"})
     description = serializers.CharField(allow_blank=True, required=False)
 
 

@@ -193,11 +193,16 @@ class ExactJSONTypes:
     does (0 for a string, "5" or 5.0 for an integer, "yes" for a boolean), so that what the schema calls invalid is
     invalid. Form data is all text: DRF parses it as before.
 
+    A string field holds printable characters only (no NUL, control character, line break or invisible separator:
+    str.isprintable()), but those of `free_text_fields` (a description): names end up in logs, pages, Triton
+    configurations and Kubernetes objects, where a newline or an escape could forge a line or a field.
+
     Nested serializers are checked from the top, so they need not carry the mixin. The schema says the same once for
     every request body (`refuse_unknown_properties`). `refused_fields` names fields refused for a reason of their
     own ({name: message}), said instead of "unknown"."""
 
     refused_fields: ClassVar[dict[str, str]] = {}
+    free_text_fields: ClassVar[frozenset[str]] = frozenset()
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, Mapping):
@@ -218,11 +223,12 @@ MAX_UNKNOWN_NAMED = 20  # a body of a million unknown keys is answered with the 
 
 
 def _unknown_fields(serializer: Any, data: Mapping[str, Any]) -> dict[Any, Any]:
-    """{name: [message]} for each key of `data` that `serializer` does not take, and nested errors of the same
-    kind for its nested serializers (a list of them: keyed by index)."""
+    """{name: [message]} for each key of `data` that `serializer` does not take, or whose text is not printable, and
+    nested errors of the same kinds for its nested serializers (a list of them: keyed by index)."""
     fields = serializer.fields
     writable = sorted(name for name, field in fields.items() if not field.read_only)
     refused = getattr(serializer, "refused_fields", {})
+    free_text = getattr(serializer, "free_text_fields", frozenset())
     errors: dict[Any, Any] = {}
     for key in data:
         if len(errors) >= MAX_UNKNOWN_NAMED:
@@ -236,6 +242,11 @@ def _unknown_fields(serializer: Any, data: Mapping[str, Any]) -> dict[Any, Any]:
         value = data.get(name)
         if field.read_only or name in errors or value is None:
             continue
+        if isinstance(field, serializers.CharField) and isinstance(value, str) and name not in free_text:
+            bad = next((char for char in value if not char.isprintable()), None)
+            if bad is not None:
+                errors[name] = [UNPRINTABLE_MESSAGE.format(char=ascii(bad))]
+                continue
         if isinstance(field, serializers.ListSerializer) and isinstance(value, list):
             nested = {index: _unknown_fields(field.child, item) for index, item in enumerate(value)
                       if isinstance(item, Mapping)}
@@ -247,6 +258,10 @@ def _unknown_fields(serializer: Any, data: Mapping[str, Any]) -> dict[Any, Any]:
             if problem:
                 errors[name] = problem
     return errors
+
+
+UNPRINTABLE_MESSAGE = ("The character {char} is not allowed here: only printable characters (no NUL, control "
+                       "character, line break or invisible separator).")
 
 
 def _unknown_message(name: str, writable: list[str], read_only: bool) -> str:

@@ -171,3 +171,49 @@ def test_the_schema_says_every_request_objects_fields_are_all_it_takes() -> None
         assert components[name]["additionalProperties"] is False, name
     # Responses stay open: a client must accept fields added later.
     assert "additionalProperties" not in components["Deployment"]
+
+
+UNPRINTABLE = ["\x00", "\n", "\x1b[2K", "\u2028", "\x7f"]
+
+
+@pytest.mark.parametrize("char", UNPRINTABLE, ids=["nul", "newline", "escape", "line-separator", "delete"])
+def test_a_name_with_a_nul_or_control_character_is_a_400_naming_its_field(alice: Person, digits: ModelVersion,
+                                                                          char: str) -> None:
+    from rest_framework.test import APIClient
+
+    client = alice.client()
+    for body, field in [
+        ({"name": f"digits{char}prod"}, "name"),
+        ({"models": [{"model": f"digits{char}"}]}, "models[0].model"),
+        ({"placement": {"mode": "shared", "pool": f"shared{char}"}}, "placement.pool"),
+        ({"resources": {"gpu_type": f"a100{char}"}}, "resources.gpu_type"),
+        ({"resources": {"cpu": f"1{char}"}}, "resources.cpu"),
+    ]:
+        response = client.post("/api/v1/deployments/", {"name": "digits-prod", "models": [{"model": "digits"}],
+                                                         **body}, format="json")
+        assert response.status_code == 400, (field, response.content)
+        assert field in response.json()["error"]["fields"], (field, response.json())
+    assert not Deployment.objects.exists()
+    assert field_of(client.post("/api/v1/models/", {"name": f"m{char}"}, format="json")) == ["name"]
+    session = APIClient()
+    session.force_login(alice.user)
+    assert field_of(session.post("/api/v1/tokens/", {"name": f"ci{char}deploy"}, format="json")) == ["name"]
+    signature = {"inputs": [{"name": f"x{char}", "datatype": "FP32", "dims": [-1, 4]}],
+                 "outputs": [{"name": "y", "datatype": "FP32", "dims": [-1, 3]}]}
+    response = client.post("/api/v1/models/digits/versions/", {
+        "file": SimpleUploadedFile("model.onnx", tiny_onnx()), "signature": json.dumps(signature)},
+        format="multipart")
+    assert field_of(response) == ["signature"]
+    assert ModelVersion.objects.count() == 1  # digits' own
+
+
+def field_of(response: Any) -> list[str]:
+    assert response.status_code == 400, response.content
+    return list(response.json()["error"]["fields"])
+
+
+def test_a_description_keeps_its_lines(alice: Person) -> None:
+    response = alice.client().post("/api/v1/models/", {"name": "digits", "description": "8x8 digits\n\tsklearn"},
+                                   format="json")
+    assert response.status_code == 201, response.json()
+    assert Model.objects.get().description == "8x8 digits\n\tsklearn"

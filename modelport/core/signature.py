@@ -92,6 +92,11 @@ def _parse_tensor(raw: object, where: str) -> Tensor:
     name = raw.get("name")
     if not isinstance(name, str) or not name.strip():
         raise SignatureError(f"{where}.name must be a non-empty string")
+    if not name.isprintable():
+        # Tensor names go into Triton's configuration and its log, which a pool shares between teams, as
+        # onnx_inspect's check of the names inside a model says.
+        raise SignatureError(f"{where}.name {name[:100]!r} holds a character that is not printable (a NUL, a "
+                             "newline, a tab, an escape, a line separator): use printable characters")
     try:
         datatype = normalize_datatype(raw.get("datatype", raw.get("data_type")))
     except SignatureError as exc:
