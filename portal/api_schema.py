@@ -228,7 +228,7 @@ def _unknown_fields(serializer: Any, data: Mapping[str, Any]) -> dict[Any, Any]:
     fields = serializer.fields
     writable = sorted(name for name, field in fields.items() if not field.read_only)
     refused = getattr(serializer, "refused_fields", {})
-    free_text = getattr(serializer, "free_text_fields", frozenset())
+    free_text: frozenset[str] = getattr(serializer, "free_text_fields", frozenset())
     errors: dict[Any, Any] = {}
     for key in data:
         if len(errors) >= MAX_UNKNOWN_NAMED:
