@@ -242,7 +242,9 @@ def _unknown_fields(serializer: Any, data: Mapping[str, Any]) -> dict[Any, Any]:
         value = data.get(name)
         if field.read_only or name in errors or value is None:
             continue
-        if isinstance(field, serializers.CharField) and isinstance(value, str) and name not in free_text:
+        # (A name's own rule says what a name may hold: NameField's message, the same for every bad name.)
+        if (isinstance(field, serializers.CharField) and not isinstance(field, NameField) and isinstance(value, str)
+                and name not in free_text):
             bad = next((char for char in value if not char.isprintable()), None)
             if bad is not None:
                 errors[name] = [UNPRINTABLE_MESSAGE.format(char=ascii(bad))]
