@@ -40,7 +40,15 @@ from deployments.spec import (
 from modelport.core import quantity
 from models_registry.models import Format
 from portal.api_errors import request_object
-from portal.api_schema import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, JSON_PARSERS, ExactJSONTypes, NameField, error
+from portal.api_schema import (
+    IDEMPOTENCY_ERRORS,
+    IDEMPOTENCY_KEY,
+    JSON_PARSERS,
+    ExactJSONTypes,
+    NameField,
+    error,
+    takes_no_body,
+)
 
 OPERATOR_ONLY_EGRESS = ("only an operator can let a deployment open outgoing connections, in the admin console "
                         "(Deployments > allow egress)")
@@ -502,6 +510,7 @@ def _settings_of(entry: ModelEntry) -> dict[str, Any]:
 @extend_schema(summary="Stop a deployment", request=None, responses={
     202: DeploymentSerializer, 409: error("The deployment is stopped already.")})
 @api_view(["POST"])
+@takes_no_body
 def deployment_stop(request: Request, name: str) -> Response:
     deployment = get_deployment_for_user(request, name)
     actions.stop_deployment(deployment, request.user)
@@ -511,6 +520,7 @@ def deployment_stop(request: Request, name: str) -> Response:
 @extend_schema(summary="Start a stopped deployment, or retry a failed one", request=None, responses={
     202: DeploymentSerializer, 409: error("The deployment is running already.")})
 @api_view(["POST"])
+@takes_no_body
 def deployment_start(request: Request, name: str) -> Response:
     deployment = get_deployment_for_user(request, name)
     actions.start_deployment(deployment, request.user)
@@ -523,6 +533,7 @@ def deployment_start(request: Request, name: str) -> Response:
                    409: error("There is no canary, or it is still starting."),
                })
 @api_view(["POST"])
+@takes_no_body
 def deployment_promote(request: Request, name: str) -> Response:
     deployment = get_deployment_for_user(request, name)
     actions.promote_canary(deployment, request.user)
@@ -535,6 +546,7 @@ def deployment_promote(request: Request, name: str) -> Response:
                    409: error("There is no canary."),
                })
 @api_view(["POST"])
+@takes_no_body
 def deployment_rollback(request: Request, name: str) -> Response:
     deployment = get_deployment_for_user(request, name)
     actions.rollback_canary(deployment, request.user)

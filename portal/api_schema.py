@@ -11,7 +11,8 @@ walks them)."""
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterator, Mapping
+import functools
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import uritemplate
@@ -19,9 +20,11 @@ from django.http import QueryDict
 from drf_spectacular import openapi
 from drf_spectacular.plumbing import force_instance
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema_field
-from rest_framework import serializers
+from rest_framework import exceptions, serializers
 from rest_framework.fields import empty
 from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.request import Request
+from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
 from accounts.idempotency import KEY_PATTERN, MAX_KEY_LENGTH
@@ -219,6 +222,31 @@ class ExactJSONTypes:
         return super().to_internal_value(data)  # type: ignore[misc]
 
 
+class NoBodySerializer(ExactJSONTypes, serializers.Serializer[Any]):
+    """The body of an action that takes none (stop, start, promote, rollback, cancel): every field is unknown."""
+
+
+def takes_no_body(view: Callable[..., Response]) -> Callable[..., Response]:
+    """For an action whose schema has no request body (below @api_view): a body with fields is a 400 naming them,
+    as for every other body ({"force": true} to a stop would otherwise be dropped and the stop done as asked);
+    none, an empty one, {} or null is the action as usual."""
+
+    @functools.wraps(view)
+    def checked(request: Request, *args: Any, **kwargs: Any) -> Response:
+        try:
+            data = request.data
+        except exceptions.UnsupportedMediaType:
+            raise serializers.ValidationError("This request takes no body: send none.") from None
+        if isinstance(data, Mapping):
+            if data:
+                NoBodySerializer(data=data).is_valid(raise_exception=True)
+        elif data is not None:
+            raise serializers.ValidationError("This request takes no body: send none.")
+        return view(request, *args, **kwargs)
+
+    return checked
+
+
 MAX_UNKNOWN_NAMED = 20  # a body of a million unknown keys is answered with the first few, not a million messages
 
 
@@ -271,7 +299,9 @@ def _unknown_message(name: str, writable: list[str], read_only: bool) -> str:
         return f"'{name}' is set by the portal, not by a request: leave it out."
     close = difflib.get_close_matches(name, writable, n=1)
     hint = f" Did you mean '{close[0]}'?" if close else ""
-    return f"Unknown field '{name}'.{hint} The fields here are: {', '.join(writable) or 'none'}."
+    if not writable:
+        return f"Unknown field '{name}': this request takes no body."
+    return f"Unknown field '{name}'.{hint} The fields here are: {', '.join(writable)}."
 
 
 def _walk_objects(schema: Any, components: Mapping[str, Any], seen: set[str]) -> Iterator[dict[str, Any]]:

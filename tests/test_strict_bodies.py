@@ -217,3 +217,18 @@ def test_a_description_keeps_its_lines(alice: Person) -> None:
                                    format="json")
     assert response.status_code == 201, response.json()
     assert Model.objects.get().description == "8x8 digits\n\tsklearn"
+
+
+def test_an_action_that_takes_no_body_refuses_one_with_fields_and_does_nothing(alice: Person,
+                                                                              digits: ModelVersion) -> None:
+    assert create(alice).status_code == 201
+    client = alice.client()
+    response = client.post("/api/v1/deployments/digits-prod/stop", {"force": True}, format="json")
+    assert "this request takes no body" in refused(response, "force")
+    assert client.post("/api/v1/deployments/digits-prod/stop", "force=1",
+                       content_type="application/x-www-form-urlencoded").status_code == 400
+    assert client.post("/api/v1/deployments/digits-prod/stop", "force", content_type="text/plain").status_code == 400
+    assert Deployment.objects.get().desired_state == Deployment.Desired.RUNNING
+    # No body, an empty one or {}: the action as usual.
+    assert client.post("/api/v1/deployments/digits-prod/stop", {}, format="json").status_code == 202
+    assert client.post("/api/v1/deployments/digits-prod/start").status_code == 202
