@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from django.conf import settings
 from drf_spectacular.utils import (
@@ -34,7 +33,6 @@ from deployments.spec import (
     MAX_QUEUE_DELAY_MICROSECONDS,
     MAX_WARMUP_COUNT,
     WARMUP_DATA,
-    WARMUP_KEYS,
     DynamicBatching,
     InstanceGroup,
     Warmup,
@@ -42,7 +40,18 @@ from deployments.spec import (
 from modelport.core import quantity
 from models_registry.models import Format
 from portal.api_errors import request_object
-from portal.api_schema import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, JSON_PARSERS, ExactJSONTypes, NameField, error
+from portal.api_schema import (
+    IDEMPOTENCY_ERRORS,
+    IDEMPOTENCY_KEY,
+    JSON_PARSERS,
+    ExactJSONTypes,
+    NameField,
+    error,
+    takes_no_body,
+)
+
+OPERATOR_ONLY_EGRESS = ("only an operator can let a deployment open outgoing connections, in the admin console "
+                        "(Deployments > allow egress)")
 
 
 class DynamicBatchingSerializer(serializers.Serializer[Any]):
@@ -60,7 +69,8 @@ class InstanceGroupSerializer(serializers.Serializer[Any]):
 
 
 class WarmupSerializer(serializers.Serializer[Any]):
-    """Triton's warm-up of a model (deployments.spec.Warmup); a key it does not know is refused, not dropped."""
+    """Triton's warm-up of a model (deployments.spec.Warmup); a key it does not know is refused (ExactJSONTypes at
+    the top of the body), not dropped."""
 
     batch_size = serializers.IntegerField(min_value=1, max_value=1_000_000, default=1, help_text=(
         "The batch size of each warm-up request, at most the model's max_batch_size (1 when it does not batch)."))
@@ -69,14 +79,6 @@ class WarmupSerializer(serializers.Serializer[Any]):
     # DRF's metaclass takes declared fields off the class, so this does not hide Serializer.data; mypy cannot know.
     data = serializers.ChoiceField(choices=list(WARMUP_DATA), default="zero",  # type: ignore[assignment]
                                    help_text="Zeros or random values (text inputs always get zeros).")
-
-    def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, Mapping):
-            unknown = sorted(str(key) for key in data if key not in self.fields)
-            if unknown:
-                raise serializers.ValidationError(
-                    f"unknown warmup keys {unknown[:5]}: use {sorted(WARMUP_KEYS)}")
-        return super().to_internal_value(data)
 
 
 class ServedModelSerializer(serializers.Serializer[Any]):
@@ -124,6 +126,7 @@ class PlacementSerializer(ExactJSONTypes, serializers.Serializer[Any]):
 class DeploymentInputSerializer(ExactJSONTypes, serializers.Serializer[Any]):
     """The API's input, parsed and bounded; what it asks for is checked by deployments.planning."""
 
+    refused_fields: ClassVar[dict[str, str]] = {"allow_egress": OPERATOR_ONLY_EGRESS}
     name = NameField(help_text="Becomes the endpoint /serve/{name} and Kubernetes object names.")
     runtime = serializers.ChoiceField(choices=Deployment.Runtime.choices, default=Deployment.Runtime.LOCAL)
     models = ServedModelSerializer(many=True, allow_empty=False)
@@ -131,11 +134,6 @@ class DeploymentInputSerializer(ExactJSONTypes, serializers.Serializer[Any]):
     resources = ResourcesSerializer(required=False, default=dict)
     autoscaling = AutoscalingSerializer(required=False, allow_null=True, help_text="Kubernetes only: an HPA.")
     placement = PlacementSerializer(required=False, help_text="Where its models run: dedicated, or shared in a pool.")
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if isinstance(self.initial_data, dict) and "allow_egress" in self.initial_data:
-            raise serializers.ValidationError({"allow_egress": [OPERATOR_ONLY_EGRESS]})
-        return attrs
 
     def deploy_request(self) -> planning.DeployRequest:
         data = self.validated_data
@@ -179,8 +177,6 @@ def plan_input(team: Team, serializer: DeploymentInputSerializer, deployment: De
         raise serializers.ValidationError(exc.errors) from None
 
 
-OPERATOR_ONLY_EGRESS = ("only an operator can let a deployment open outgoing connections, in the admin console "
-                        "(Deployments > allow egress)")
 
 class RolloutSerializer(ExactJSONTypes, serializers.Serializer[Any]):
     """How a PATCH's new revision rolls out: at once (the default), or as a canary beside the serving revision."""
@@ -220,10 +216,15 @@ class RolloutSerializer(ExactJSONTypes, serializers.Serializer[Any]):
                               min_requests=data["min_requests"], auto_promote=data["auto_promote"])
 
 
-class DeploymentUpdateSerializer(serializers.Serializer[Any]):
-    """A PATCH's body (for the schema): the fields given replace the current revision's; the name and the runtime
-    cannot change."""
+class DeploymentUpdateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
+    """A PATCH's body: the fields given replace the current revision's; the name and the runtime cannot change."""
 
+    refused_fields: ClassVar[dict[str, str]] = {"allow_egress": OPERATOR_ONLY_EGRESS}
+    # Allowed so that a client may send back what it read or created with (the CLI sends its --runtime, so that a
+    # change is refused with the message below); a different value is refused.
+    name = NameField(required=False, help_text="The deployment's name, if given: it cannot change.")
+    runtime = serializers.ChoiceField(choices=Deployment.Runtime.choices, required=False,
+                                      help_text="The deployment's runtime, if given: it cannot change.")
     models = ServedModelSerializer(many=True, allow_empty=False, required=False)
     replicas = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS, required=False)
     resources = ResourcesSerializer(required=False)
@@ -450,8 +451,9 @@ def deployment_detail(request: Request, name: str) -> Response:
     if request.method == "PATCH":
         body = request_object(request)
         current = deployment.revision.spec if deployment.revision else None
-        if "allow_egress" in body:
-            raise serializers.ValidationError({"allow_egress": [OPERATOR_ONLY_EGRESS]})
+        # The body as given (its unknown fields, types, bounds and nested entries, named by their paths); the
+        # revision it makes is checked below, as a creation's input.
+        DeploymentUpdateSerializer(data=body).is_valid(raise_exception=True)
         if "name" in body and body["name"] != deployment.name or (
                 "runtime" in body and body["runtime"] != deployment.runtime):
             raise serializers.ValidationError("The name and runtime of a deployment cannot change: "
@@ -508,6 +510,7 @@ def _settings_of(entry: ModelEntry) -> dict[str, Any]:
 @extend_schema(summary="Stop a deployment", request=None, responses={
     202: DeploymentSerializer, 409: error("The deployment is stopped already.")})
 @api_view(["POST"])
+@takes_no_body
 def deployment_stop(request: Request, name: str) -> Response:
     deployment = get_deployment_for_user(request, name)
     actions.stop_deployment(deployment, request.user)
@@ -517,6 +520,7 @@ def deployment_stop(request: Request, name: str) -> Response:
 @extend_schema(summary="Start a stopped deployment, or retry a failed one", request=None, responses={
     202: DeploymentSerializer, 409: error("The deployment is running already.")})
 @api_view(["POST"])
+@takes_no_body
 def deployment_start(request: Request, name: str) -> Response:
     deployment = get_deployment_for_user(request, name)
     actions.start_deployment(deployment, request.user)
@@ -529,6 +533,7 @@ def deployment_start(request: Request, name: str) -> Response:
                    409: error("There is no canary, or it is still starting."),
                })
 @api_view(["POST"])
+@takes_no_body
 def deployment_promote(request: Request, name: str) -> Response:
     deployment = get_deployment_for_user(request, name)
     actions.promote_canary(deployment, request.user)
@@ -541,6 +546,7 @@ def deployment_promote(request: Request, name: str) -> Response:
                    409: error("There is no canary."),
                })
 @api_view(["POST"])
+@takes_no_body
 def deployment_rollback(request: Request, name: str) -> Response:
     deployment = get_deployment_for_user(request, name)
     actions.rollback_canary(deployment, request.user)

@@ -12,7 +12,8 @@ with the same requirements share one; a changed runtime env (an extra installed)
 
 Safety (docs/security.md): requirements.txt is uploaded, hence hostile. Each line must be a plain PEP 508
 requirement (a name, extras, version specifiers, a marker), parsed by modelport.core.requirements: no options
-(-r, -e, --index-url, --hash, ...), no URLs, no paths, so the uploader can choose neither the index nor a local file.
+(-r, -e, --index-url, --hash, ...), no URLs, no paths, so the uploader can choose neither the index nor a local file;
+nor pip, setuptools or wheel, which are the runtime env's and make the environment (PACKAGING_TOOLS there).
 pip installs wheels only (--only-binary=:all:): no setup.py of an sdist ever runs at build time. The index is the
 operator's (MODELPORT_PIP_INDEX_URL / MODELPORT_PIP_FIND_LINKS, else pip's own configuration), and every distribution
 the runtime env has is a constraint, so nothing it serves with is upgraded or downgraded.

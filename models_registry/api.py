@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from django.conf import settings
 from django.db import transaction
@@ -41,17 +41,23 @@ PIPELINE_FORMATS = [Format.ENSEMBLE.value]
 
 
 # The JSON a signature and a pipeline definition are, for the schema (modelport/core/signature.py and pipelines.py
-# parse them). Spellings that are read but not documented (lowercase datatypes, "shape", "data_type") are left out.
+# parse them). A tensor's older spellings ("data_type", "shape") are read, so they are in the schema, deprecated: one
+# spelling of each, as the parser requires, and no other key (lowercase datatypes are left out of the enum).
 _DIMS = {"type": "array", "items": {"type": "integer", "minimum": -1, "not": {"enum": [0]}},
          "description": "The full shape: positive sizes, -1 for a dynamic dimension."}
+_DATATYPE = {"type": "string", "enum": [*KSERVE_TO_TRITON, *TRITON_TO_KSERVE],
+             "description": "A KServe v2 datatype, or Triton's name for it."}
 _TENSOR = {
-    "type": "object", "required": ["name", "datatype", "dims"],
+    "type": "object", "required": ["name"], "additionalProperties": False,
     "properties": {
         "name": {"type": "string", "pattern": r"\S"},
-        "datatype": {"type": "string", "enum": [*KSERVE_TO_TRITON, *TRITON_TO_KSERVE],
-                     "description": "A KServe v2 datatype, or Triton's name for it."},
+        "datatype": _DATATYPE,
         "dims": _DIMS,
+        "data_type": {**_DATATYPE, "deprecated": True, "description": "The older spelling of datatype."},
+        "shape": {**_DIMS, "deprecated": True, "description": "The older spelling of dims."},
     },
+    "allOf": [{"oneOf": [{"required": ["datatype"]}, {"required": ["data_type"]}]},
+              {"oneOf": [{"required": ["dims"]}, {"required": ["shape"]}]}],
 }
 SIGNATURE_SCHEMA = {
     "type": "object", "additionalProperties": False, "required": ["inputs", "outputs"],
@@ -119,6 +125,7 @@ class ModelSerializer(ExactJSONTypes, serializers.ModelSerializer[Model]):
     name = NameField(help_text="Becomes Triton, Kubernetes and S3 names.")
     created_by = serializers.CharField(source="created_by.username", default=None, read_only=True, allow_null=True)
     latest_version = serializers.SerializerMethodField()
+    free_text_fields: ClassVar[frozenset[str]] = frozenset({"description"})  # lines of text are welcome there
 
     class Meta:
         model = Model
@@ -130,14 +137,8 @@ class ModelSerializer(ExactJSONTypes, serializers.ModelSerializer[Model]):
 
 
 class ModelUpdateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
-    refuses_unknown_fields = True  # the schema says so (portal/api_schema.py)
+    free_text_fields: ClassVar[frozenset[str]] = frozenset({"description"})
     description = serializers.CharField(allow_blank=True, required=False)
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        unknown = set(self.initial_data) - {"description"}
-        if unknown:
-            raise serializers.ValidationError(f"Only 'description' can be changed; got {sorted(unknown)}.")
-        return attrs
 
 
 class VersionCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
@@ -190,7 +191,10 @@ class VersionFromUploadSerializer(serializers.Serializer[Any]):
 
 
 class PipelineCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
-    refuses_unknown_fields = True  # the schema says so (portal/api_schema.py)
+    # A pipeline has no artifact: a field of a file's version is refused saying so, rather than as unknown.
+    refused_fields: ClassVar[dict[str, str]] = {
+        name: f"A pipeline is defined by 'definition' alone (no artifact, no signature): leave '{name}' out."
+        for name in ("file", "upload_id", "signature")}
     format = serializers.ChoiceField(choices=PIPELINE_FORMATS)
     definition = DefinitionField(
         help_text='{"inputs": [tensor], "outputs": [tensor], "steps": [{"model", "version", "input_map": '
@@ -199,13 +203,6 @@ class PipelineCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
                                               help_text="Default: the smallest of the steps'.")
     create_model = serializers.BooleanField(required=False, default=False,
                                             help_text="Create the model if it does not exist, with this version.")
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        extra = set(self.initial_data) - {"format", "definition", "max_batch_size", "create_model"}
-        if extra:
-            raise serializers.ValidationError(
-                f"A pipeline is defined by 'definition' alone (no artifact, no signature); unexpected {sorted(extra)}.")
-        return attrs
 
 
 def _step_lookup(team: Any) -> pipelines.Lookup:

@@ -10,17 +10,21 @@ walks them)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import difflib
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ClassVar
 
 import uritemplate
 from django.http import QueryDict
 from drf_spectacular import openapi
 from drf_spectacular.plumbing import force_instance
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema_field
-from rest_framework import serializers
+from rest_framework import exceptions, serializers
 from rest_framework.fields import empty
 from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.request import Request
+from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
 from accounts.idempotency import KEY_PATTERN, MAX_KEY_LENGTH
@@ -99,8 +103,6 @@ class AutoSchema(openapi.AutoSchema):
     def _map_basic_serializer(self, serializer: Any, direction: Any) -> dict[str, Any]:
         schema: dict[str, Any] = super()._map_basic_serializer(serializer, direction)
         serializer = force_instance(serializer)
-        if direction == "request" and getattr(serializer, "refuses_unknown_fields", False):
-            schema["additionalProperties"] = False
         if direction == "response":
             # DRF writes every field into a response except one with required=False and no default whose
             # attribute is missing: the others are always there, which the generated clients should know.
@@ -183,21 +185,169 @@ def add_links(result: dict[str, Any], generator: Any, **kwargs: Any) -> dict[str
 
 
 class ExactJSONTypes:
-    """A mixin for the serializer of a request body: a JSON value of another type than the schema's is refused
-    (400, naming the field) instead of coerced as DRF does (0 for a string, "5" or 5.0 for an integer, "yes" for a
-    boolean), so that what the schema calls invalid is invalid. Nested serializers are checked from the top. Form
-    data (multipart) is all text: DRF parses it as before."""
+    """The mixin of every request body's serializer: the body is what the schema says, exactly.
+
+    A field the serializer does not declare is refused (400, naming it by its path, "models[0].batchng"), at every
+    level of nested serializers, rather than dropped as DRF does: a misspelt setting ("replicaz": 2) that did
+    nothing while the request succeeded is a setting a CI job believes it has. Kubernetes' strict field validation
+    and OpenAI's API refuse them the same way. Form data (multipart) is checked too: its fields and files.
+
+    A JSON value of another type than the schema's is refused (400, naming the field) instead of coerced as DRF
+    does (0 for a string, "5" or 5.0 for an integer, "yes" for a boolean), so that what the schema calls invalid is
+    invalid. Form data is all text: DRF parses it as before.
+
+    A string field holds printable characters only (no NUL, control character, line break or invisible separator:
+    str.isprintable()), but those of `free_text_fields` (a description): names end up in logs, pages, Triton
+    configurations and Kubernetes objects, where a newline or an escape could forge a line or a field.
+
+    Nested serializers are checked from the top, so they need not carry the mixin. The schema says the same once for
+    every request body (`refuse_unknown_properties`). `refused_fields` names fields refused for a reason of their
+    own ({name: message}), said instead of "unknown"."""
+
+    refused_fields: ClassVar[dict[str, str]] = {}
+    free_text_fields: ClassVar[frozenset[str]] = frozenset()
 
     def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, Mapping) and not isinstance(data, QueryDict):
-            errors = _type_errors(self.fields, data)  # type: ignore[attr-defined]
-            # PostgreSQL stores no NUL character, in text or in JSON: DRF's string fields refuse it, and so must
-            # the JSON values (a signature, a warmup) that no string field sees.
-            errors.update({name: [NUL_MESSAGE] for name, value in data.items()
-                           if name not in errors and _holds_nul(value)})
+        if isinstance(data, Mapping):
+            errors = _unknown_fields(self, data)
+            if not isinstance(data, QueryDict):
+                for name, problem in _type_errors(self.fields, data).items():  # type: ignore[attr-defined]
+                    errors.setdefault(name, problem)
+                # PostgreSQL stores no NUL character, in text or in JSON: DRF's string fields refuse it, and so
+                # must the JSON values (a signature, a warmup) that no string field sees.
+                errors.update({name: [NUL_MESSAGE] for name, value in data.items()
+                               if name not in errors and _holds_nul(value)})
             if errors:
                 raise serializers.ValidationError(errors)
         return super().to_internal_value(data)  # type: ignore[misc]
+
+
+class NoBodySerializer(ExactJSONTypes, serializers.Serializer[Any]):
+    """The body of an action that takes none (stop, start, promote, rollback, cancel): every field is unknown."""
+
+
+def takes_no_body(view: Callable[..., Response]) -> Callable[..., Response]:
+    """For an action whose schema has no request body (below @api_view): a body with fields is a 400 naming them,
+    as for every other body ({"force": true} to a stop would otherwise be dropped and the stop done as asked);
+    none, an empty one, {} or null is the action as usual."""
+
+    @functools.wraps(view)
+    def checked(request: Request, *args: Any, **kwargs: Any) -> Response:
+        try:
+            data = request.data
+        except exceptions.UnsupportedMediaType:
+            raise serializers.ValidationError("This request takes no body: send none.") from None
+        if isinstance(data, Mapping):
+            if data:
+                NoBodySerializer(data=data).is_valid(raise_exception=True)
+        elif data is not None:
+            raise serializers.ValidationError("This request takes no body: send none.")
+        return view(request, *args, **kwargs)
+
+    return checked
+
+
+MAX_UNKNOWN_NAMED = 20  # a body of a million unknown keys is answered with the first few, not a million messages
+
+
+def _unknown_fields(serializer: Any, data: Mapping[str, Any]) -> dict[Any, Any]:
+    """{name: [message]} for each key of `data` that `serializer` does not take, or whose text is not printable, and
+    nested errors of the same kinds for its nested serializers (a list of them: keyed by index)."""
+    fields = serializer.fields
+    writable = sorted(name for name, field in fields.items() if not field.read_only)
+    refused = getattr(serializer, "refused_fields", {})
+    free_text: frozenset[str] = getattr(serializer, "free_text_fields", frozenset())
+    errors: dict[Any, Any] = {}
+    for key in data:
+        if len(errors) >= MAX_UNKNOWN_NAMED:
+            break
+        name = str(key)
+        if name in refused:
+            errors[name] = [refused[name]]
+        elif name not in fields or fields[name].read_only:
+            errors[name] = [_unknown_message(name, writable, name in fields)]
+    for name, field in fields.items():
+        value = data.get(name)
+        if field.read_only or name in errors or value is None:
+            continue
+        # (A name's own rule says what a name may hold: NameField's message, the same for every bad name.)
+        if (isinstance(field, serializers.CharField) and not isinstance(field, NameField) and isinstance(value, str)
+                and name not in free_text):
+            bad = next((char for char in value if not char.isprintable()), None)
+            if bad is not None:
+                errors[name] = [UNPRINTABLE_MESSAGE.format(char=ascii(bad))]
+                continue
+        if isinstance(field, serializers.ListSerializer) and isinstance(value, list):
+            nested = {index: _unknown_fields(field.child, item) for index, item in enumerate(value)
+                      if isinstance(item, Mapping)}
+            nested = {index: problem for index, problem in nested.items() if problem}
+            if nested:
+                errors[name] = nested
+        elif isinstance(field, serializers.Serializer) and isinstance(value, Mapping):
+            problem = _unknown_fields(field, value)
+            if problem:
+                errors[name] = problem
+    return errors
+
+
+UNPRINTABLE_MESSAGE = ("The character {char} is not allowed here: only printable characters (no NUL, control "
+                       "character, line break or invisible separator).")
+
+
+def _unknown_message(name: str, writable: list[str], read_only: bool) -> str:
+    if read_only:
+        return f"'{name}' is set by the portal, not by a request: leave it out."
+    close = difflib.get_close_matches(name, writable, n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    if not writable:
+        return f"Unknown field '{name}': this request takes no body."
+    return f"Unknown field '{name}'.{hint} The fields here are: {', '.join(writable)}."
+
+
+def _walk_objects(schema: Any, components: Mapping[str, Any], seen: set[str]) -> Iterator[dict[str, Any]]:
+    """Every object schema in `schema` and below, through $refs (each component once) and combinators."""
+    if isinstance(schema, list):
+        for item in schema:
+            yield from _walk_objects(item, components, seen)
+        return
+    if not isinstance(schema, dict):
+        return
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
+        name = ref.rsplit("/", 1)[1]
+        if name not in seen:
+            seen.add(name)
+            yield from _walk_objects(components.get(name), components, seen)
+        return
+    if "properties" in schema:
+        yield schema
+    for key in ("properties", "patternProperties"):
+        for value in (schema.get(key) or {}).values():
+            yield from _walk_objects(value, components, seen)
+    for key in ("items", "additionalProperties", "not"):
+        yield from _walk_objects(schema.get(key), components, seen)
+    for key in ("allOf", "anyOf", "oneOf"):
+        yield from _walk_objects(schema.get(key), components, seen)
+
+
+def request_body_objects(result: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every object schema with properties that a request body of `result` (an OpenAPI document) can hold."""
+    components = result.get("components", {}).get("schemas", {})
+    seen: set[str] = set()
+    for item in result.get("paths", {}).values():
+        for operation in item.values():
+            if isinstance(operation, dict):
+                for content in operation.get("requestBody", {}).get("content", {}).values():
+                    yield from _walk_objects(content.get("schema"), components, seen)
+
+
+def refuse_unknown_properties(result: dict[str, Any], generator: Any, **kwargs: Any) -> dict[str, Any]:
+    """A drf-spectacular postprocessing hook: every object of every request body says `additionalProperties:
+    false`, as ExactJSONTypes enforces (a field of no serializer's is refused). Request components are the
+    request's own (COMPONENT_SPLIT_REQUEST), so no response schema is changed."""
+    for schema in request_body_objects(result):
+        schema.setdefault("additionalProperties", False)
+    return result
 
 
 NUL_MESSAGE = "Null characters are not allowed."  # DRF's own words for a string field

@@ -531,7 +531,8 @@ SPECTACULAR_SETTINGS = {
     # The schema is exact (portal/api_schema.py, tests/test_schema_fuzz.py): separate request and response
     # components, so that read-only fields are not in request bodies and generated clients type both right.
     "COMPONENT_SPLIT_REQUEST": True,
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "portal.api_schema.add_links"],
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "portal.api_schema.add_links",
+                             "portal.api_schema.refuse_unknown_properties"],
     "ENUM_NAME_OVERRIDES": {"FormatEnum": "models_registry.models.Format",
                             "ArtifactFormatEnum": "models_registry.api.ARTIFACT_FORMATS",
                             "PipelineFormatEnum": "models_registry.api.PIPELINE_FORMATS",

@@ -21,7 +21,7 @@ from deployments.queries import get_deployment_for_user
 from deployments.revision_spec import ModelEntry
 from gateway.protocol import Refusal, check_infer_request
 from models_registry.models import ModelVersion
-from portal.api_schema import JSON_PARSERS, ExactJSONTypes, error
+from portal.api_schema import JSON_PARSERS, ExactJSONTypes, error, takes_no_body
 from tuning import actions
 from tuning.models import TuneRun
 
@@ -266,6 +266,7 @@ def tune_apply(request: Request, name: str, tune_id: int) -> Response:
 @extend_schema(summary="Cancel a queued or running tune", request=None, responses={
     202: TuneRunSerializer, 409: error("The tune is over already.")})
 @api_view(["POST"])
+@takes_no_body
 def tune_cancel(request: Request, name: str, tune_id: int) -> Response:
     tune = _tune_for_user(request, name, tune_id)
     actions.cancel_tune(tune, request.user)

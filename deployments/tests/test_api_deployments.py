@@ -79,7 +79,7 @@ def test_a_warmup_is_kept_typed_with_its_defaults_filled_in(alice: Person, digit
 
 
 @pytest.mark.parametrize(("warmup", "field", "words"), [
-    ({"batch_size": 2, "x": 1}, "models[0].warmup", "unknown warmup keys ['x']"),
+    ({"batch_size": 2, "x": 1}, "models[0].warmup.x", "Unknown field 'x'"),
     ({"count": 0}, "models[0].warmup.count", "greater than or equal to 1"),
     ({"count": 101}, "models[0].warmup.count", "less than or equal to 100"),
     ({"batch_size": "2"}, "models[0].warmup.batch_size", "integer"),

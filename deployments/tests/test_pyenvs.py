@@ -66,6 +66,20 @@ def test_plain_requirements_are_accepted(line: str) -> None:
     assert requirement_lines.parse_line(line).name
 
 
+@pytest.mark.parametrize("line", ["pip", "setuptools>=99", "wheel", "SetupTools", "pip==24.0",
+                                  "distribute", 'wheel; python_version >= "3"', "pip[test]"])
+def test_the_packaging_tools_are_refused_as_requirements(line: str) -> None:
+    """The runtime env's pip, setuptools and wheel make the environment: a model's own copy (or a version the
+    runtime env's constraints forbid) is refused at upload, saying so, not found out by a failed build."""
+    with pytest.raises(requirement_lines.RequirementError, match="is a packaging tool, not a dependency"):
+        requirement_lines.parse_line(line)
+
+
+@pytest.mark.parametrize("line", ["pipx", "wheel-inspect", "setuptools-scm", "virtualenv", "build", "pip-tools"])
+def test_packages_named_like_the_packaging_tools_are_accepted(line: str) -> None:
+    assert requirement_lines.parse_line(line).name == line
+
+
 def test_a_requirements_file_keeps_its_requirements_and_names_the_line_it_refuses() -> None:
     text = "# tools\nnumpy>=1.20  # arrays\n\ntabulate\n"
     assert requirement_lines.parse_requirements_txt(text) == ["numpy>=1.20", "tabulate"]

@@ -7,6 +7,7 @@ format modules, modelport/core/formats/python.py and torchscript.py.)
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,6 +35,22 @@ ONNX_TO_KSERVE: dict[int, str] = {TensorProto.DataType.Value(name): kserve
 # a custom operator: onnx.checker cannot check it and passes it, and the model fails only when Triton loads it.
 KNOWN_OP_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft"})
 _MAX_DOMAINS_NAMED = 5
+# The domain whose operators onnx.checker does not know: the ONNX standard's and ai.onnx.ml's it checks against its
+# own schemas ("No Op registered for ..."), onnxruntime's contrib domain it passes whatever the operator is called.
+ORT_CONTRIB_DOMAIN = "com.microsoft"
+_MAX_OPS_NAMED = 5
+
+
+@functools.cache
+def onnxruntime_operators(domain: str) -> frozenset[str]:
+    """The operators onnxruntime defines in `domain`: the schemas of its own registry (150 in com.microsoft in
+    onnxruntime 1.32), the version the runtime env serves ONNX models with (requirements.txt pins both).
+    Imported here only for a model that uses the domain: the import costs about 0.6 s once per process, reading
+    the schemas 0.03 s. A defined operator may still lack a kernel for an execution provider (64 of them have none
+    on the CPU), which only loading it on the deployment's hardware tells."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+    return frozenset(schema.name for schema in ort_state.get_all_operator_schema() if schema.domain == domain)
 
 @dataclass(frozen=True)
 class OnnxInspection:
@@ -119,6 +136,25 @@ def _custom_domain_problems(model: onnx.ModelProto) -> list[str]:
             "ones)"]
 
 
+def _unknown_contrib_op_problems(model: onnx.ModelProto) -> list[str]:
+    """Nodes of onnxruntime's contrib domain naming an operator onnxruntime does not define (a made-up or misspelt
+    com.microsoft op passes onnx.checker and fails only when Triton loads the model)."""
+    local = {(f.domain, f.name) for f in model.functions}
+    nodes = _nodes(model.graph) + [n for f in model.functions for n in f.node]
+    used = {node.op_type for node in nodes
+            if node.domain == ORT_CONTRIB_DOMAIN and (node.domain, node.op_type) not in local}
+    if not used:
+        return []
+    unknown = sorted(used - onnxruntime_operators(ORT_CONTRIB_DOMAIN))
+    if not unknown:
+        return []
+    named = ", ".join(repr(op[:100]) for op in unknown[:_MAX_OPS_NAMED])
+    more = f" and {len(unknown) - _MAX_OPS_NAMED} more" if len(unknown) > _MAX_OPS_NAMED else ""
+    return [f"the model uses operator(s) {named}{more} of the domain {ORT_CONTRIB_DOMAIN!r}, which onnxruntime does "
+            "not define and Triton would fail to load: export it with standard ONNX operators or com.microsoft "
+            "operators onnxruntime implements"]
+
+
 def _names(graph: onnx.GraphProto) -> Iterator[str]:
     for value in (*graph.input, *graph.output, *graph.value_info):
         yield value.name
@@ -199,6 +235,7 @@ def inspect_onnx(path: Path | str) -> OnnxInspection:
         problems.append("the model has no outputs")
 
     problems.extend(_custom_domain_problems(model))
+    problems.extend(_unknown_contrib_op_problems(model))
     problems.extend(_control_character_problems(model))
     external_problems = _external_data_problems(model, path.parent)
     problems.extend(external_problems)

@@ -24,6 +24,17 @@ _ARCHIVE_ENDINGS = (".whl", ".zip", ".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tbz
                     ".tar.lz", ".tar.lzma")
 
 
+# The tools that make and fill the environment, not dependencies of a model: pip installs it (the runtime env's
+# pip, run with --python), setuptools and wheel come from the runtime env behind it (its .pth), distribute is
+# setuptools' old fork. A model's own copy would be a second installer in its environment, or a setuptools whose
+# distutils-precedence.pth runs at every interpreter start of its Triton stub; and a version other than the runtime
+# env's ("setuptools>=99") only fails the build later, as a conflict with the runtime env's constraints, in the
+# build lane. Other build tools (build, virtualenv, hatchling, flit-core, setuptools-scm) are ordinary packages
+# here: pip installs wheels only and never builds, and they change nothing of the environment unless a model runs
+# them.
+PACKAGING_TOOLS = frozenset({"pip", "setuptools", "wheel", "distribute"})
+
+
 class RequirementError(ValueError):
     """A requirements.txt line that is not a plain requirement; the message names the line and what to fix."""
 
@@ -45,6 +56,10 @@ def parse_line(line: str) -> Requirement:
         raise RequirementError(f"not a valid requirement ({exc}); list packages such as 'numpy>=1.26'") from None
     if requirement.url:
         raise RequirementError("URLs are not accepted: the operator chooses the package index")
+    if canonicalize_name(requirement.name) in PACKAGING_TOOLS:
+        raise RequirementError(f"{requirement.name!r} is a packaging tool, not a dependency of the model: pip, "
+                               "setuptools and wheel are the runtime environment's own, already there for the "
+                               "model, and its environment is built with them; remove the line")
     # pip takes an argument that ends like an archive ("evil.tar.gz", "x===evil.tar.gz", "x==1+evil.tgz": a valid
     # name, an arbitrary-equality version, a local version label) for a file in its working directory, and builds
     # an sdist even with --only-binary=:all:. No package is named so, and '===' matches no real version of one.

@@ -73,12 +73,30 @@ def dims_compatible(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     return len(a) == len(b) and all(x == y or x == -1 or y == -1 for x, y in zip(a, b, strict=True))
 
 
+TENSOR_KEYS = ("name", "datatype", "dims")
+# Older spellings still read (deprecated in the API's schema): "data_type" for datatype, "shape" for dims, one
+# spelling of each.
+TENSOR_ALIASES = ("data_type", "shape")
+
+
 def _parse_tensor(raw: object, where: str) -> Tensor:
     if not isinstance(raw, dict):
         raise SignatureError(f"{where} must be an object with name, datatype and dims")
+    # A misspelt key ("dimz") is refused rather than ignored, as every field of an API body is.
+    unknown = sorted(str(key) for key in raw if key not in TENSOR_KEYS and key not in TENSOR_ALIASES)
+    if unknown:
+        raise SignatureError(f"{where} has unknown keys {unknown[:5]}: a tensor has {', '.join(TENSOR_KEYS)}")
+    for key, alias in zip(TENSOR_KEYS[1:], TENSOR_ALIASES, strict=True):
+        if key in raw and alias in raw:
+            raise SignatureError(f"{where} gives both {key!r} and {alias!r}: give {key!r} alone")
     name = raw.get("name")
     if not isinstance(name, str) or not name.strip():
         raise SignatureError(f"{where}.name must be a non-empty string")
+    if not name.isprintable():
+        # Tensor names go into Triton's configuration and its log, which a pool shares between teams, as
+        # onnx_inspect's check of the names inside a model says.
+        raise SignatureError(f"{where}.name {name[:100]!r} holds a character that is not printable (a NUL, a "
+                             "newline, a tab, an escape, a line separator): use printable characters")
     try:
         datatype = normalize_datatype(raw.get("datatype", raw.get("data_type")))
     except SignatureError as exc:

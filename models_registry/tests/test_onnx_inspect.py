@@ -125,10 +125,10 @@ def test_checker_errors_are_reported_as_problems(tmp_path: Path) -> None:
     assert "NoSuchOperator" in result.problems[0]
 
 
-def with_custom_op(domain: str, in_subgraph: bool = False) -> onnx.ModelProto:
+def with_custom_op(domain: str, in_subgraph: bool = False, op: str = "FancyMatMul") -> onnx.ModelProto:
     """matmul_model with its MatMul replaced by an operator of `domain` (optionally inside an If's branch)."""
     model = matmul_model(["batch", 4], ["batch", 3])
-    custom = helper.make_node("FancyMatMul", ["x", "W"], ["y"], domain=domain)
+    custom = helper.make_node(op, ["x", "W"], ["y"], domain=domain)
     if in_subgraph:
         branch = helper.make_graph([custom], "branch", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT,
                                                                                         ["batch", 3])])
@@ -150,13 +150,50 @@ def test_a_custom_operator_domain_is_a_problem_that_names_the_domain(tmp_path: P
 
 
 def test_onnxruntime_contrib_operators_and_the_models_own_functions_are_not_custom(tmp_path: Path) -> None:
-    contrib = inspect_onnx(saved(with_custom_op("com.microsoft"), tmp_path / "contrib.onnx"))
-    assert not [p for p in contrib.problems if "custom operators" in p]
+    contrib = inspect_onnx(saved(with_custom_op("com.microsoft", op="FusedMatMul"), tmp_path / "contrib.onnx"))
+    assert contrib.problems == []
     model = with_custom_op("local.functions")
     model.functions.append(helper.make_function("local.functions", "FancyMatMul", ["a", "b"], ["c"],
                                                 [helper.make_node("MatMul", ["a", "b"], ["c"])],
                                                 [helper.make_opsetid("", 17)]))
     assert inspect_onnx(saved(model, tmp_path / "function.onnx")).problems == []
+
+
+@pytest.mark.parametrize("in_subgraph", [False, True])
+def test_a_com_microsoft_operator_onnxruntime_does_not_define_is_a_problem_naming_it_and_the_domain(
+        tmp_path: Path, in_subgraph: bool) -> None:
+    """onnx.checker knows no com.microsoft schema and passes any operator name there; onnxruntime refuses the model
+    when Triton loads it (checked here: it cannot make a session of it)."""
+    import onnxruntime as ort
+
+    path = saved(with_custom_op("com.microsoft", in_subgraph), tmp_path / "m.onnx")
+    assert inspect_onnx(path).problems == [
+        "the model uses operator(s) 'FancyMatMul' of the domain 'com.microsoft', which onnxruntime does not define and "
+        "Triton would fail to load: export it with standard ONNX operators or com.microsoft operators onnxruntime "
+        "implements"]
+    with pytest.raises(Exception, match="FancyMatMul"):
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def test_a_com_microsoft_operator_onnxruntime_implements_passes_and_runs(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    path = saved(with_custom_op("com.microsoft", op="FusedMatMul"), tmp_path / "m.onnx")
+    assert inspect_onnx(path).problems == []
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    [y] = session.run(None, {"x": np.ones((2, 4), dtype=np.float32)})
+    assert y.tolist() == [[4.0] * 3] * 2
+
+
+def test_every_unknown_contrib_operator_is_counted_and_five_are_named(tmp_path: Path) -> None:
+    model = matmul_model(["batch", 4], ["batch", 4])
+    ops = [f"Made{i}" for i in range(7)]
+    model.graph.node[0].CopyFrom(helper.make_node(ops[0], ["x", "W"], ["t0"], domain="com.microsoft"))
+    model.graph.node.extend(helper.make_node(op, [f"t{i}"], [f"t{i + 1}" if i < 6 else "y"], domain="com.microsoft")
+                            for i, op in enumerate(ops[1:]))
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    [problem] = [p for p in inspect_onnx(saved(model, tmp_path / "m.onnx")).problems if "com.microsoft" in p]
+    assert "'Made0', 'Made1', 'Made2', 'Made3', 'Made4' and 2 more of the domain 'com.microsoft'" in problem
 
 
 @pytest.mark.parametrize("separator", ["\n", "\u2028", "\u0085"], ids=["newline", "line-separator", "next-line"])
@@ -339,8 +376,11 @@ def test_model_py_is_parsed_never_run(tmp_path: Path) -> None:
         ({"model.py": b"class TritonPythonModel:\n    pass\n"}, "has no execute"),
         ({"model.py": MODEL_PY, "requirements.txt": b"--index-url http://evil/\nnumpy\n"}, "line 1"),
         ({"model.py": MODEL_PY, "requirements.txt": b"numpy\ngit+https://evil/x.git\n"}, "line 2"),
+        ({"model.py": MODEL_PY, "requirements.txt": b"numpy\nsetuptools>=99\n"},
+         r"line 2 \('setuptools>=99'\) is refused: 'setuptools' is a packaging tool"),
     ],
-    ids=["no-model-py", "two-folders", "syntax", "no-class", "nested-class", "no-execute", "option", "url"],
+    ids=["no-model-py", "two-folders", "syntax", "no-class", "nested-class", "no-execute", "option", "url",
+         "packaging-tool"],
 )
 def test_an_unusable_python_model_is_explained(tmp_path: Path, entries: dict[str, bytes], message: str) -> None:
     with pytest.raises(InspectionError, match=message):
@@ -408,3 +448,20 @@ def test_an_onnx_upload_with_a_custom_operator_domain_is_invalid_and_names_it(
     version = ModelVersion.objects.get(model__name="fancy")
     assert version.status == "invalid"
     assert "'com.example.secret_ops' (operator 'FancyMatMul')" in version.error
+
+
+def test_an_onnx_upload_with_an_unknown_com_microsoft_operator_is_invalid_and_names_it(
+    alice: Any, eager_tasks: Any, tmp_path: Path
+) -> None:
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from models_registry.models import Model, ModelVersion
+
+    Model.objects.create(team=alice.team, name="fancy", created_by=alice.user)
+    data = saved(with_custom_op("com.microsoft"), tmp_path / "fancy.onnx").read_bytes()
+    response = alice.client().post("/api/v1/models/fancy/versions/",
+                                   {"file": SimpleUploadedFile("fancy.onnx", data)}, format="multipart")
+    assert response.status_code == 201, response.json()
+    version = ModelVersion.objects.get(model__name="fancy")
+    assert version.status == "invalid"
+    assert "'FancyMatMul' of the domain 'com.microsoft'" in version.error
