@@ -1,0 +1,152 @@
+"""What an inference request's body may cost the web process: a compressed body is inflated as it arrives, within a
+size and a ratio to what came over the wire, and off the event loop; large JSON is parsed in the gateway's own
+threads, a bounded number of bytes at a time (docs/security.md, "What a request body costs").
+
+Why (issue 30): a 260 KB deflate body inflated to 267 MB of `0,0,...` INT8 JSON on the event loop, and simdjson's
+parse of it held the GIL for seconds and took 4.8 GB (its tape and index are about 14 bytes per byte of JSON): eight
+of them held another team's requests for 7-11 s and grew the web process to 9.4 GB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from concurrent.futures import Executor
+from typing import Any
+
+from gateway.protocol import Refusal
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+# A compressed body may always inflate to this much, whatever its ratio (a small request compresses as it likes).
+FREE_INFLATE_BYTES = 1024 * 1024
+# Inflating at most this much output is done on the event loop (a quarter of a millisecond); more goes to a thread.
+# zlib lets go of the GIL while it inflates, so a thread's inflate holds nobody up.
+INLINE_INFLATE_BYTES = 256 * 1024
+
+
+class ClientGone(Exception):
+    """The client went away while sending its body."""
+
+
+def binary_advice() -> str:
+    return ("send large tensors in the binary tensor extension instead (a binary_data_size parameter per input and "
+            "the Inference-Header-Content-Length header; tritonclient: InferInput.set_data_from_numpy(array, "
+            "binary_data=True)), which the gateway streams without parsing")
+
+
+def json_too_large(size: int | None, limit: int) -> Refusal:
+    what = f"is {size} bytes" if size is not None else "is over the limit"
+    return Refusal(413, f"The request's JSON {what}; JSON is limited to {limit} bytes here "
+                        f"(GATEWAY_MAX_JSON_BYTES): {binary_advice()}.")
+
+
+class Inflater:
+    """A gzip or zlib stream inflated piece by piece: at no point may it have produced more than `limit` bytes, nor
+    more than `ratio` times the compressed bytes fed so far (past FREE_INFLATE_BYTES). A bomb is refused as soon as
+    its output outgrows what arrived, after inflating at most that much, never the whole of it."""
+
+    def __init__(self, limit: int, ratio: int, what_limit: Callable[[int], Refusal]) -> None:
+        self._zlib = zlib.decompressobj(wbits=47)  # gzip or zlib, told apart by their headers
+        self.limit = limit
+        self.ratio = ratio
+        self.what_limit = what_limit  # the refusal for inflating past `limit`
+        self.fed = 0
+        self.size = 0
+        self.pieces: list[bytes] = []
+
+    def room(self) -> int:
+        return min(self.limit, max(FREE_INFLATE_BYTES, self.ratio * self.fed)) - self.size
+
+    def feed(self, chunk: bytes) -> None:
+        """Inflate `chunk` (synchronous: call it in a thread when room() is large)."""
+        room = self.room()
+        try:
+            plain = self._zlib.decompress(chunk, room + 1)
+        except zlib.error as exc:
+            raise Refusal(400, f"The compressed request body is corrupt: {exc}.") from None
+        if len(plain) > room:
+            if self.size + len(plain) > self.limit:
+                raise self.what_limit(self.limit)
+            raise Refusal(413, f"The compressed request body inflates to over {self.ratio} times the {self.fed} "
+                               "bytes received (GATEWAY_MAX_INFLATE_RATIO); send it uncompressed, or "
+                               f"{binary_advice()}.")
+        self.size += len(plain)
+        if plain:
+            self.pieces.append(plain)
+
+    def result(self) -> bytes:
+        if not self._zlib.eof:
+            raise Refusal(400, "The compressed request body is corrupt or cut short.")
+        return b"".join(self.pieces)
+
+
+async def read_inflated(receive: Receive, inflater: Inflater, max_compressed: int, executor: Executor,
+                        first: bytes = b"", more: bool = True) -> bytes:
+    """The body's messages inflated as they arrive (each compressed piece dropped once inflated): `first` is what
+    was read of it already. The compressed bytes are bounded by `max_compressed` (GATEWAY_MAX_BODY_BYTES)."""
+    loop = asyncio.get_running_loop()
+    chunk = first
+    while True:
+        if chunk:
+            inflater.fed += len(chunk)
+            if inflater.fed > max_compressed:
+                raise Refusal(413, f"The request body is over the limit of {max_compressed} bytes.")
+            if inflater.room() <= INLINE_INFLATE_BYTES:
+                inflater.feed(chunk)
+            else:
+                await loop.run_in_executor(executor, inflater.feed, chunk)
+        if not more:
+            return inflater.result()
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        chunk = message.get("body", b"")
+        more = bool(message.get("more_body"))
+
+
+class ByteBudget:
+    """At most `capacity` bytes at once, first come first served: the JSON parsed in threads. simdjson holds the
+    GIL while it parses (about 1 ms per MB here) and takes about 14 bytes of memory per byte: with the bytes in
+    flight bounded, so is that memory, and the event loop gets the GIL back between one parse and the next."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, size: int) -> AsyncIterator[None]:
+        size = min(size, self.capacity)  # one larger than everything waits for all of it
+        if self._waiting or self.used + size > self.capacity:
+            granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            entry = (size, granted)
+            self._waiting.append(entry)
+            try:
+                await granted
+            except BaseException:
+                if granted.done() and not granted.cancelled():
+                    self._release(size)  # granted just as it was cancelled
+                else:
+                    self._waiting.remove(entry)
+                    self._wake()
+                raise
+        else:
+            self.used += size
+        try:
+            yield
+        finally:
+            self._release(size)
+
+    def _release(self, size: int) -> None:
+        self.used -= size
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiting and self.used + self._waiting[0][0] <= self.capacity:
+            size, granted = self._waiting.popleft()
+            self.used += size
+            granted.set_result(None)
