@@ -30,8 +30,8 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
 from accounts.tokens import parse_bearer
-from gateway import contract as contracts
 from gateway import bodies, json_body, pool_names, protocol, stats, upstream
+from gateway import contract as contracts
 from gateway.access import Access, Caller, Choice, Route, choose
 from gateway.cold_start import ColdStarts
 from gateway.protocol import Endpoint, Refusal

@@ -10,8 +10,9 @@ Measured in bench/json_path.py and docs/benchmarks.md ("The JSON fast path").
 
 What Triton answers stays what it would answer to the JSON (tests/test_json_answer_identity.py compares them on a
 real Triton): only the 'data' of FP32 inputs whose every leaf is a JSON number is moved, and only when no number lies
-near a float32 rounding boundary (_fp32); of integer inputs, only data of integers within the type's range. Triton reads a JSON number into a double with rapidjson's normal-precision
-algorithm, which is not correctly rounded (simdjson is): the doubles differ in their last bits, so FP64 tensors stay
+near a float32 rounding boundary (_fp32); of integer inputs, only data of integers within the type's range, which
+Triton reads exactly. Triton reads a JSON number into a double with rapidjson's normal-precision algorithm, which
+is not correctly rounded (simdjson is): the doubles differ in their last bits, so FP64 tensors stay
 JSON, and a float32 cast of the two agrees except next to a midpoint between two floats. Everything else in the
 request (ids, parameters, outputs, other inputs) is sent as parsed, and the answer (JSON unless the request asks for
 binary outputs, as before) is passed on untouched. What simdjson
