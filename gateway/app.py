@@ -14,7 +14,6 @@ The order of checks is the order of cost: the declared body size and the request
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import json
 import logging
@@ -87,8 +86,8 @@ class Gateway:
         self.max_pool_json = settings.GATEWAY_MAX_POOL_JSON_BYTES
         self.max_inflate_ratio = settings.GATEWAY_MAX_INFLATE_RATIO
         self.parse_budget = bodies.ByteBudget(max(settings.GATEWAY_JSON_PARSE_BYTES_IN_FLIGHT, self.max_json))
-        self.body_threads = concurrent.futures.ThreadPoolExecutor(settings.GATEWAY_BODY_THREADS,
-                                                                  thread_name_prefix="gateway-body")
+        self.body_threads = bodies.inflate_threads()
+        self.parsers = bodies.Parsers(settings.GATEWAY_JSON_PARSE_PROCESSES, self.body_threads)
         self.header_checks = json_body.HeaderChecks(self.max_depth, self.max_tensor)
         self.timeout = settings.GATEWAY_UPSTREAM_TIMEOUT_SECONDS
         self.flusher: asyncio.Task[None] | None = None
@@ -119,6 +118,7 @@ class Gateway:
         await self.limiter.close()
         self.pool.close()
         self.cold_starts.close()
+        self.parsers.close()
         self.body_threads.shutdown(wait=False, cancel_futures=True)
 
     async def _flush_forever(self) -> None:
@@ -443,12 +443,10 @@ class Gateway:
             return self.header_checks.check(json_part, binary)  # a binary request's header, as a client sends it again
         arguments = (json_part, binary, self.max_depth, self.max_tensor, self.transcode)
         if len(json_part) > THREAD_PARSE_BYTES:
-            # Large JSON: parsed in the gateway's own threads (not the default executor, where the access checks
-            # run), GATEWAY_JSON_PARSE_BYTES_IN_FLIGHT at a time: simdjson holds the GIL while it parses, so the
-            # loop waits for at most one parse at a time, and the parsers' memory is bounded.
+            # Large JSON: checked in the gateway's parser processes (simdjson holds the GIL while it parses, for
+            # seconds on a large body), GATEWAY_JSON_PARSE_BYTES_IN_FLIGHT at a time, so that their memory is bounded.
             async with self.parse_budget.hold(len(json_part)):
-                return await asyncio.get_running_loop().run_in_executor(
-                    self.body_threads, json_body.check_json, *arguments)
+                return await self.parsers.run(json_body.check_json, *arguments)
         return json_body.check_json(*arguments)
 
 

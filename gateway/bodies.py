@@ -1,6 +1,6 @@
 """What an inference request's body may cost the web process: a compressed body is inflated as it arrives, within a
-size and a ratio to what came over the wire, and off the event loop; large JSON is parsed in the gateway's own
-threads, a bounded number of bytes at a time (docs/security.md, "What a request body costs").
+size and a ratio to what came over the wire, and off the event loop; large JSON is checked in processes of the
+gateway's own, a bounded number of bytes at a time (docs/security.md, "What a request body costs").
 
 Why (issue 30): a 260 KB deflate body inflated to 267 MB of `0,0,...` INT8 JSON on the event loop, and simdjson's
 parse of it held the GIL for seconds and took 4.8 GB (its tape and index are about 14 bytes per byte of JSON): eight
@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import multiprocessing
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from concurrent.futures import Executor
-from typing import Any
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
 
 from gateway.protocol import Refusal
 
@@ -109,9 +111,9 @@ async def read_inflated(receive: Receive, inflater: Inflater, max_compressed: in
 
 
 class ByteBudget:
-    """At most `capacity` bytes at once, first come first served: the JSON parsed in threads. simdjson holds the
-    GIL while it parses (about 1 ms per MB here) and takes about 14 bytes of memory per byte: with the bytes in
-    flight bounded, so is that memory, and the event loop gets the GIL back between one parse and the next."""
+    """At most `capacity` bytes at once, first come first served: the JSON being checked off the event loop. Its
+    parse takes about 14 bytes of memory per byte (simdjson's tape and index): with the bytes in flight bounded, so
+    is that memory."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -150,3 +152,54 @@ class ByteBudget:
             size, granted = self._waiting.popleft()
             self.used += size
             granted.set_result(None)
+
+
+T = TypeVar("T")
+
+
+class Parsers:
+    """Where JSON too large for the event loop is checked: in `processes` processes of their own (spawned, not forked
+    from the threaded web process), or with 0 in threads, as before issue 30. simdjson holds the GIL while it parses:
+    16 MB of `0,0,...` took 0.5 s to parse and 0.75 s to check here, and in a thread the event loop, every other
+    team's requests with it, waited for each such parse in turn. In a process it waits for nothing; the body goes
+    there and the check's result comes back pickled (a few ms per 16 MB). A process that dies (killed for its memory)
+    costs its request a 503 and is replaced."""
+
+    def __init__(self, processes: int, threads: Executor) -> None:
+        self.processes = processes
+        self.threads = threads
+        self._pool: ProcessPoolExecutor | None = None
+
+    def _executor(self) -> Executor:
+        if not self.processes:
+            return self.threads
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    async def run(self, function: Callable[..., T], *arguments: Any) -> T:
+        executor = self._executor()
+        running = asyncio.get_running_loop().run_in_executor(executor, function, *arguments)
+        try:
+            # Shielded: the bytes stay counted (ByteBudget) until the parse has really ended.
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:
+            await asyncio.wait({running})
+            raise
+        except BrokenProcessPool:
+            if self._pool is executor:
+                self._pool = None
+                executor.shutdown(wait=False, cancel_futures=True)
+            raise Refusal(503, "The gateway's JSON checker stopped while checking this request; retry, or "
+                               f"{binary_advice()}.", {"Retry-After": "1"}) from None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def inflate_threads() -> ThreadPoolExecutor:
+    """The gateway's own threads for inflating (zlib lets go of the GIL) and, without parser processes, for parsing:
+    not the default executor, where the access checks' database lookups run."""
+    return ThreadPoolExecutor(2, thread_name_prefix="gateway-body")

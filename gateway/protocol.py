@@ -41,6 +41,10 @@ class Refusal(Exception):
         self.message = message
         self.headers = headers or {}
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Raised in a parser process (gateway/bodies.py) and pickled back: by its fields, not by Exception's args.
+        return type(self), (self.status, self.message, self.headers)
+
 
 # --- The request target ------------------------------------------------------------------------------------------
 

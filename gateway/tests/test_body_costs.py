@@ -234,3 +234,31 @@ def test_a_small_compressed_request_still_goes_through_plain(
             await app.close()
 
     run(scenario)
+
+
+def test_json_over_a_megabyte_is_checked_in_a_parser_process_with_the_same_answers(
+        people: dict[str, Person], gateway_app: Any, settings: Any) -> None:
+    """simdjson holds the GIL while it parses (0.5 s for 16 MB of zeros here): large JSON is checked in the
+    gateway's parser processes, and what they answer (a transcoded body, a refusal in words) is what the event loop
+    would have answered."""
+    settings.GATEWAY_MAX_BODY_BYTES = 8 * 1024**2
+    values = np.arange(300_000, dtype=np.int32)
+    good = j({"inputs": [{"name": "input", "shape": [300_000], "datatype": "INT32", "data": values.tolist()}]})
+    bad = j({"inputs": [{"name": "input", "shape": [300_001], "datatype": "INT32", "data": values.tolist()}]})
+    assert len(good) > 1024 * 1024
+
+    async def scenario() -> None:
+        async with FakeUpstream() as upstream:
+            await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url)
+            app = gateway_app()
+            ok = await call(app, "POST", URL, body=good, token=people["alice"].token)
+            refused = await call(app, "POST", URL, body=bad, token=people["alice"].token)
+            assert ok.status == 200 and refused.status == 400, refused.body[:300]
+            assert "has 300000 elements, but its shape [300001] needs 300001" in refused.json()["error"]
+            assert app.parsers._pool is not None  # it went to a process
+            sent = upstream.requests[0]
+            length = int(sent.headers[b"inference-header-content-length"])
+            assert sent.body[length:] == values.astype("<i4").tobytes()
+            await app.close()
+
+    run(scenario)
