@@ -53,8 +53,8 @@ FORWARD_REQUEST_HEADERS = {b"content-type", b"inference-header-content-length", 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 _TRANSCODED_HEADERS = {b"content-type", b"inference-header-content-length"}
 STREAM_THRESHOLD = 1024 * 1024  # bodies larger than this are streamed instead of read whole
-# JSON headers larger than this are parsed off the event loop: simdjson reads about 1 MB per millisecond here, so
-# this keeps the loop's pauses near a millisecond (bench/json_path.py).
+# A pool's answers larger than this are renamed off the event loop: simdjson reads about 1 MB per millisecond here,
+# so this keeps the loop's pauses near a millisecond (bench/json_path.py).
 THREAD_PARSE_BYTES = 1024 * 1024
 # A pool's answers other than inference ones (errors, metadata, config, statistics) are parsed to be renamed: this
 # bounds them (the statistics of a pool of a thousand models are a few MB).
@@ -82,7 +82,7 @@ class Gateway:
         self.max_depth = settings.GATEWAY_MAX_JSON_DEPTH
         self.transcode = settings.GATEWAY_TRANSCODE_JSON
         # What a body may cost (gateway/bodies.py, docs/security.md "What a request body costs").
-        self.max_json = settings.GATEWAY_MAX_JSON_BYTES
+        self.max_json = min(settings.GATEWAY_MAX_JSON_BYTES, self.max_body)
         self.max_pool_json = settings.GATEWAY_MAX_POOL_JSON_BYTES
         self.max_inflate_ratio = settings.GATEWAY_MAX_INFLATE_RATIO
         self.parse_budget = bodies.ByteBudget(max(settings.GATEWAY_JSON_PARSE_BYTES_IN_FLIGHT, self.max_json))
@@ -442,7 +442,7 @@ class Gateway:
         if binary is not None and len(json_part) <= json_body.CACHED_HEADER_BYTES:
             return self.header_checks.check(json_part, binary)  # a binary request's header, as a client sends it again
         arguments = (json_part, binary, self.max_depth, self.max_tensor, self.transcode)
-        if len(json_part) > THREAD_PARSE_BYTES:
+        if len(json_part) > bodies.INLINE_JSON_BYTES:
             # Large JSON: checked in the gateway's parser processes (simdjson holds the GIL while it parses, for
             # seconds on a large body), GATEWAY_JSON_PARSE_BYTES_IN_FLIGHT at a time, so that their memory is bounded.
             async with self.parse_budget.hold(len(json_part)):

@@ -489,7 +489,7 @@ GATEWAY_MAX_JSON_BYTES = env_int("GATEWAY_MAX_JSON_BYTES", 16 * 1024**2, minimum
 GATEWAY_MAX_POOL_JSON_BYTES = env_int("GATEWAY_MAX_POOL_JSON_BYTES", 2 * 1024**2, minimum=1024)
 # A compressed body may inflate to at most this many times the compressed bytes received (1 MB is always allowed).
 GATEWAY_MAX_INFLATE_RATIO = env_int("GATEWAY_MAX_INFLATE_RATIO", 32, minimum=1)
-# JSON over 1 MB is checked in this many processes of the web process's own (0: in threads of it, where simdjson's
+# JSON over 512 KB is checked in this many processes of the web process's own (0: in threads of it, where simdjson's
 # parse holds every other request up), at most GATEWAY_JSON_PARSE_BYTES_IN_FLIGHT of it at once (at least
 # GATEWAY_MAX_JSON_BYTES): the parsers' memory is about 14 times that.
 GATEWAY_JSON_PARSE_PROCESSES = env_int("GATEWAY_JSON_PARSE_PROCESSES", 2, minimum=0)
