@@ -28,6 +28,7 @@ FREE_INFLATE_BYTES = 1024 * 1024
 # Inflating at most this much output is done on the event loop (a quarter of a millisecond); more goes to a thread.
 # zlib lets go of the GIL while it inflates, so a thread's inflate holds nobody up.
 INLINE_INFLATE_BYTES = 256 * 1024
+DEFLATE_MAX_RATIO = 1032  # the most deflate can inflate one byte to (zlib's technical notes)
 
 
 # JSON up to this size is checked on the event loop: the CNN sample's 253 KB request in about 0.5 ms, the densest
@@ -91,28 +92,25 @@ class Inflater:
         return b"".join(self.pieces)
 
 
-async def read_inflated(receive: Receive, inflater: Inflater, max_compressed: int, executor: Executor,
-                        first: bytes = b"", more: bool = True) -> bytes:
-    """The body's messages inflated as they arrive (each compressed piece dropped once inflated): `first` is what
-    was read of it already. The compressed bytes are bounded by `max_compressed` (GATEWAY_MAX_BODY_BYTES)."""
+async def read_inflated(receive: Receive, inflater: Inflater, max_compressed: int, executor: Executor) -> bytes:
+    """The body's messages inflated as they arrive, each compressed piece dropped once inflated. The compressed
+    bytes are bounded by `max_compressed` (GATEWAY_MAX_BODY_BYTES)."""
     loop = asyncio.get_running_loop()
-    chunk = first
     while True:
-        if chunk:
-            inflater.fed += len(chunk)
-            if inflater.fed > max_compressed:
-                raise Refusal(413, f"The request body is over the limit of {max_compressed} bytes.")
-            if inflater.room() <= INLINE_INFLATE_BYTES:
-                inflater.feed(chunk)
-            else:
-                await loop.run_in_executor(executor, inflater.feed, chunk)
-        if not more:
-            return inflater.result()
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientGone()
         chunk = message.get("body", b"")
-        more = bool(message.get("more_body"))
+        if chunk:
+            inflater.fed += len(chunk)
+            if inflater.fed > max_compressed:
+                raise Refusal(413, f"The request body is over the limit of {max_compressed} bytes.")
+            if min(inflater.room(), DEFLATE_MAX_RATIO * len(chunk)) <= INLINE_INFLATE_BYTES:
+                inflater.feed(chunk)
+            else:
+                await loop.run_in_executor(executor, inflater.feed, chunk)
+        if not message.get("more_body"):
+            return inflater.result()
 
 
 class ByteBudget:
