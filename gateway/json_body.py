@@ -300,7 +300,8 @@ def _transcoded(request: dict[str, Any], outputs: tuple[str, ...] | None) -> Che
 
 def _binary(tensor: dict[str, Any]) -> bytes | None:
     data = tensor.get("data")
-    dtype = TRANSCODED.get(tensor.get("datatype"))  # type: ignore[arg-type]
+    datatype = tensor.get("datatype")
+    dtype = TRANSCODED.get(datatype) if isinstance(datatype, str) else None
     # Parameters that are not an object (null) are Triton's to judge, in the JSON it was sent.
     if dtype is None or not isinstance(data, UnparsedData) or not data.count:
         return None
