@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import zlib
 from typing import Any
 
@@ -262,3 +263,21 @@ def test_json_over_a_megabyte_is_checked_in_a_parser_process_with_the_same_answe
             await app.close()
 
     run(scenario)
+
+
+def test_a_parser_process_that_dies_costs_its_request_a_503_and_is_replaced() -> None:
+    """Killed for its memory, say: that request gets a 503 that says to retry, and the next one a new process."""
+    async def scenario() -> None:
+        threads = bodies.inflate_threads()
+        parsers = bodies.Parsers(1, threads)
+        try:
+            with pytest.raises(Refusal) as refused:
+                await parsers.run(os._exit, 1)
+            assert refused.value.status == 503 and "retry" in refused.value.message
+            assert refused.value.headers == {"Retry-After": "1"}
+            assert await parsers.run(len, b"abc") == 3
+        finally:
+            parsers.close()
+            threads.shutdown()
+
+    asyncio.run(scenario())
