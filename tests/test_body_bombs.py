@@ -12,6 +12,7 @@ code's run of this test stays within the machine's memory); the bounds are gener
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 import zlib
@@ -202,3 +203,32 @@ def _healthz(base: str) -> tuple[int, float]:
     except requests.RequestException:
         status = 0
     return status, time.monotonic() - started
+
+
+def _children(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found |= {int(child) for child in (task / "children").read_text().split()}
+    return found
+
+
+def test_the_parser_processes_do_not_outlive_a_killed_web_process(portal: Portal) -> None:
+    """Killed for its memory, the web process cannot shut its parser pool down, and bin/run-portal starts another:
+    each restart left two idle parsers of about 100 MB behind, until they asked Linux to be killed with it."""
+    body = int8_zeros(600_000)  # over 512 KB: checked in a parser process
+    reply = requests.post(f"{portal.base}/serve/mine/v2/models/digits/infer", data=body, timeout=60,
+                          headers={"Authorization": f"Bearer {portal.attacker_token}"})
+    assert reply.status_code == 502, reply.text[:300]  # checked, then its own unreachable Triton
+    parsers = processes.wait_for(lambda: {c for c in _children(portal.web_pid)
+                                          if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()}, 30,
+                                 what="the parser processes")
+    os.kill(portal.web_pid, signal.SIGKILL)
+    processes.wait_for(lambda: not any(Path(f"/proc/{c}").exists() and b"spawn_main" in _cmdline(c)
+                                       for c in parsers), 30, what="the parser processes to end")
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
