@@ -29,8 +29,8 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
 from accounts.tokens import parse_bearer
+from gateway import bodies, json_body, pool_names, protocol, stats, upstream
 from gateway import contract as contracts
-from gateway import json_body, pool_names, protocol, stats, upstream
 from gateway.access import Access, Caller, Choice, Route, choose
 from gateway.cold_start import ColdStarts
 from gateway.protocol import Endpoint, Refusal
@@ -53,8 +53,8 @@ FORWARD_REQUEST_HEADERS = {b"content-type", b"inference-header-content-length", 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 _TRANSCODED_HEADERS = {b"content-type", b"inference-header-content-length"}
 STREAM_THRESHOLD = 1024 * 1024  # bodies larger than this are streamed instead of read whole
-# JSON headers larger than this are parsed off the event loop: simdjson reads about 1 MB per millisecond here, so
-# this keeps the loop's pauses near a millisecond (bench/json_path.py).
+# A pool's answers larger than this are renamed off the event loop: simdjson reads about 1 MB per millisecond here,
+# so this keeps the loop's pauses near a millisecond (bench/json_path.py).
 THREAD_PARSE_BYTES = 1024 * 1024
 # A pool's answers other than inference ones (errors, metadata, config, statistics) are parsed to be renamed: this
 # bounds them (the statistics of a pool of a thousand models are a few MB).
@@ -81,6 +81,13 @@ class Gateway:
         self.max_tensor = settings.GATEWAY_MAX_TENSOR_BYTES
         self.max_depth = settings.GATEWAY_MAX_JSON_DEPTH
         self.transcode = settings.GATEWAY_TRANSCODE_JSON
+        # What a body may cost (gateway/bodies.py, docs/security.md "What a request body costs").
+        self.max_json = min(settings.GATEWAY_MAX_JSON_BYTES, self.max_body)
+        self.max_pool_json = settings.GATEWAY_MAX_POOL_JSON_BYTES
+        self.max_inflate_ratio = settings.GATEWAY_MAX_INFLATE_RATIO
+        self.parse_budget = bodies.ByteBudget(max(settings.GATEWAY_JSON_PARSE_BYTES_IN_FLIGHT, self.max_json))
+        self.body_threads = bodies.inflate_threads()
+        self.parsers = bodies.Parsers(settings.GATEWAY_JSON_PARSE_PROCESSES, self.body_threads)
         self.header_checks = json_body.HeaderChecks(self.max_depth, self.max_tensor)
         self.timeout = settings.GATEWAY_UPSTREAM_TIMEOUT_SECONDS
         self.flusher: asyncio.Task[None] | None = None
@@ -111,6 +118,8 @@ class Gateway:
         await self.limiter.close()
         self.pool.close()
         self.cold_starts.close()
+        self.parsers.close()
+        self.body_threads.shutdown(wait=False, cancel_futures=True)
 
     async def _flush_forever(self) -> None:
         while True:
@@ -238,7 +247,7 @@ class Gateway:
         response: Answer | None = None
         try:
             if endpoint.kind == "infer":
-                body, length, transcoded, requested = await self._infer_body(receive, headers, declared)
+                body, length, transcoded, requested = await self._infer_body(receive, headers, declared, pool_prefix)
             if transcoded is not None:
                 # A JSON request sent on as the binary tensor extension (gateway/json_body.py).
                 forward = [(k, v) for k, v in forward if k not in _TRANSCODED_HEADERS]
@@ -368,30 +377,54 @@ class Gateway:
             gone.cancel()
             await pieces.aclose()
 
-    async def _infer_body(self, receive: Receive, headers: dict[bytes, bytes], declared: int | None
+    async def _infer_body(self, receive: Receive, headers: dict[bytes, bytes], declared: int | None,
+                          pool_prefix: str = ""
                           ) -> tuple[bytes | AsyncIterator[bytes], int | None, int | None, tuple[str, ...] | None]:
         """The body of an inference request, checked (gateway/protocol.py) before anything reaches Triton:
         bytes, or for a large binary request the JSON header read and checked and the rest streamed; when a
         JSON request was transcoded to the binary tensor extension, the length of its new JSON header; and the
-        outputs it asks for (None: all of them)."""
+        outputs it asks for (None: all of them). What it may cost: gateway/bodies.py."""
         header_length = _header_length(headers)
         encoding = headers.get(b"content-encoding", b"identity").strip().lower()
         if encoding not in (b"identity", b"gzip", b"deflate"):
             raise GatewayError(415, "Content-Encoding must be gzip, deflate or none.")
+        # JSON has its own, lower cap, refused before a byte of it is read where the headers tell its size.
+        if header_length is not None and header_length > self.max_json:
+            raise bodies.json_too_large(header_length, self.max_json)
+        json_only = header_length is None
+        if json_only and encoding == b"identity" and declared is not None and declared > self.max_json:
+            raise bodies.json_too_large(declared, self.max_json)
         if encoding == b"identity" and header_length and declared is not None and declared > STREAM_THRESHOLD:
             # A large binary request: read only up to the end of its JSON header, stream the tensors after it.
             prefix = await _read_prefix(receive, header_length, self.max_body)
             checked = await self._check(prefix[:header_length], header_length, declared)
+            self._check_pool_json(pool_prefix, header_length)
             return _prepend(prefix, _stream_body(receive, declared - len(prefix))), declared, None, checked.outputs
-        body = await _read_body(receive, self.max_body)
-        if encoding != b"identity":
-            # Triton would inflate it without a limit; inflate it here within the body limit, and send it plain.
-            body = _inflate(body, self.max_body)
+        limit = self.max_json if json_only else self.max_body
+        if encoding == b"identity":
+            body = await _read_body(receive, limit, json_only)
+        else:
+            # Triton would inflate it without a limit; inflate it here as it comes, and send it plain.
+            inflater = bodies.Inflater(limit, self.max_inflate_ratio,
+                                       _json_inflates_too_large if json_only else _inflates_too_large)
+            body = await bodies.read_inflated(receive, inflater, self.max_body, self.body_threads)
         checked = await self._check(body[:header_length] if header_length is not None else body, header_length,
                                     len(body))
         if checked.body is not None:
+            self._check_pool_json(pool_prefix, checked.header_length)
             return checked.body, len(checked.body), checked.header_length, checked.outputs
+        self._check_pool_json(pool_prefix, len(body) if header_length is None else header_length)
         return body, len(body), None, checked.outputs
+
+    def _check_pool_json(self, pool_prefix: str, json_bytes: int) -> None:
+        """A shared pool's Triton parses the JSON it is sent into its own DOM (about 16 bytes per number, for all of
+        the pool's teams): only a little reaches it. FP32 and integer data was sent on as binary already
+        (gateway/json_body.py); what stays text is bounded here."""
+        if pool_prefix and json_bytes > self.max_pool_json:
+            raise GatewayError(413, f"The request sends {json_bytes} bytes of JSON for Triton to parse; a deployment "
+                                    f"in a shared pool takes at most {self.max_pool_json} "
+                                    "(GATEWAY_MAX_POOL_JSON_BYTES), beyond the FP32 and integer data the gateway "
+                                    f"converts itself: {bodies.binary_advice()}.")
 
     async def _check(self, json_part: bytes, header_length: int | None, total: int) -> json_body.Checked:
         if header_length is not None:
@@ -409,9 +442,11 @@ class Gateway:
         if binary is not None and len(json_part) <= json_body.CACHED_HEADER_BYTES:
             return self.header_checks.check(json_part, binary)  # a binary request's header, as a client sends it again
         arguments = (json_part, binary, self.max_depth, self.max_tensor, self.transcode)
-        if len(json_part) > THREAD_PARSE_BYTES:
-            # Large JSON tensors: parse off the event loop so that other requests keep flowing meanwhile.
-            return await asyncio.to_thread(json_body.check_json, *arguments)
+        if len(json_part) > bodies.INLINE_JSON_BYTES:
+            # Large JSON: checked in the gateway's parser processes (simdjson holds the GIL while it parses, for
+            # seconds on a large body), GATEWAY_JSON_PARSE_BYTES_IN_FLIGHT at a time, so that their memory is bounded.
+            async with self.parse_budget.hold(len(json_part)):
+                return await self.parsers.run(json_body.check_json, *arguments)
         return json_body.check_json(*arguments)
 
 
@@ -553,11 +588,10 @@ class _BodyTooLarge(Exception):
     pass
 
 
-class _ClientGone(Exception):
-    pass
+_ClientGone = bodies.ClientGone
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes:
+async def _read_body(receive: Receive, limit: int, json_only: bool = False) -> bytes:
     parts = []
     size = 0
     while True:
@@ -567,6 +601,8 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
+            if json_only:
+                raise bodies.json_too_large(None, limit)
             raise GatewayError(413, f"The request body is over the limit of {limit} bytes.")
         parts.append(chunk)
         if not message.get("more_body"):
@@ -620,17 +656,12 @@ async def _wait_for_disconnect(receive: Receive) -> None:
         pass
 
 
-def _inflate(body: bytes, limit: int) -> bytes:
-    inflater = zlib.decompressobj(wbits=47)  # gzip or zlib, told apart by their headers
-    try:
-        plain = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise GatewayError(400, f"The compressed request body is corrupt: {exc}.") from None
-    if len(plain) > limit or inflater.unconsumed_tail:
-        raise GatewayError(413, f"The request body inflates to over the limit of {limit} bytes.")
-    if not inflater.eof:
-        raise GatewayError(400, "The compressed request body is corrupt or cut short.")
-    return plain
+def _json_inflates_too_large(limit: int) -> Refusal:
+    return bodies.json_too_large(None, limit)
+
+
+def _inflates_too_large(limit: int) -> Refusal:
+    return GatewayError(413, f"The request body inflates to over the limit of {limit} bytes.")
 
 
 def _with_revision(send: Send, revision: int) -> Send:

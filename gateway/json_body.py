@@ -1,5 +1,5 @@
-"""The JSON fast path: an inference request's JSON checked without a Python object per number, and its FP32
-tensors handed to Triton in the binary tensor extension instead of as text.
+"""The JSON fast path: an inference request's JSON checked without a Python object per number, and its FP32 and
+integer tensors handed to Triton in the binary tensor extension instead of as text.
 
 Why: a KServe v2 JSON request of the CNN sample is 253 KB of numbers. `json.loads` built 12,288 floats to count them
 (2.41 ms of the gateway's CPU per request) and Triton then parsed the same text again (1.31 ms). Here pysimdjson
@@ -10,8 +10,9 @@ Measured in bench/json_path.py and docs/benchmarks.md ("The JSON fast path").
 
 What Triton answers stays what it would answer to the JSON (tests/test_json_answer_identity.py compares them on a
 real Triton): only the 'data' of FP32 inputs whose every leaf is a JSON number is moved, and only when no number lies
-near a float32 rounding boundary (_fp32). Triton reads a JSON number into a double with rapidjson's normal-precision
-algorithm, which is not correctly rounded (simdjson is): the doubles differ in their last bits, so FP64 tensors stay
+near a float32 rounding boundary (_fp32); of integer inputs, only data of integers within the type's range, which
+Triton reads exactly. Triton reads a JSON number into a double with rapidjson's normal-precision algorithm, which
+is not correctly rounded (simdjson is): the doubles differ in their last bits, so FP64 tensors stay
 JSON, and a float32 cast of the two agrees except next to a midpoint between two floats. Everything else in the
 request (ids, parameters, outputs, other inputs) is sent as parsed, and the answer (JSON unless the request asks for
 binary outputs, as before) is passed on untouched. What simdjson
@@ -33,10 +34,16 @@ from gateway import protocol
 from gateway.contract import requested_outputs
 from gateway.protocol import Refusal, UnparsedData
 
-# The datatypes whose JSON numbers are sent as binary (little-endian in the binary extension): FP32 only. FP64
+# The datatypes whose JSON numbers are sent as binary (little-endian in the binary extension). FP64 stays JSON: it
 # would carry simdjson's correctly rounded doubles where Triton's parser is off by a few units in the last place
-# (0.99999999999999994 is 1.0 to Triton), and the integer types are left to Triton's own range checks.
-TRANSCODED: dict[str, np.dtype[Any]] = {"FP32": np.dtype("<f4")}
+# (0.99999999999999994 is 1.0 to Triton). The integer types go as binary only when every leaf is a JSON integer within
+# the type's range (what Triton reads exactly); anything else is left to Triton's own checks, in the JSON it was sent.
+# Why the integers too: a shared pool's Triton parses JSON into a DOM of about 16 bytes per number for every team of
+# the pool (issue 30), and JSON that reaches a pool is capped (GATEWAY_MAX_POOL_JSON_BYTES).
+TRANSCODED: dict[str, np.dtype[Any]] = {"FP32": np.dtype("<f4"), "INT8": np.dtype("<i1"), "INT16": np.dtype("<i2"),
+                                        "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"), "UINT8": np.dtype("<u1"),
+                                        "UINT16": np.dtype("<u2"), "UINT32": np.dtype("<u4"),
+                                        "UINT64": np.dtype("<u8")}
 # How far (in units in the last place of the double) Triton's reading of a number may be from the correctly rounded
 # one. rapidjson's normal precision keeps 17 significant digits of a fraction, accumulates integer digits past 19
 # one multiply-add at a time (half a unit each, 309 digits at most before a double overflows), then scales by a
@@ -239,10 +246,23 @@ def _refuse_shrunk_objects(tape: Any, plain: dict[str, Any] | list[Any]) -> None
         _refuse_shrunk_objects(node, item)
 
 
+# simdjson keeps an array's length in 24 bits of its tape: len() of a longer one says 16,777,215.
+_SATURATED_LENGTH = 2**24 - 1
+
+
+def _length(array: Any) -> int:
+    """len() of a tape array, counted item by item where the tape's count saturates (a JSON body of 32 MB and more,
+    over the default GATEWAY_MAX_JSON_BYTES), so that no message names a wrong count and no check passes on one."""
+    size = len(array)
+    if size < _SATURATED_LENGTH:
+        return size
+    return sum(1 for _ in array)
+
+
 def _count(array: Any) -> int | None:
     """The leaf count of a tape array, by the rule of protocol's _count_elements (lists of lists all nested alike,
     judged by each list's first item), touching the lists and never the leaves."""
-    size = len(array)
+    size = _length(array)
     if not size or not isinstance(array[0], simdjson.Array):
         return size
     total = 0
@@ -280,11 +300,15 @@ def _transcoded(request: dict[str, Any], outputs: tuple[str, ...] | None) -> Che
 
 def _binary(tensor: dict[str, Any]) -> bytes | None:
     data = tensor.get("data")
+    datatype = tensor.get("datatype")
+    dtype = TRANSCODED.get(datatype) if isinstance(datatype, str) else None
     # Parameters that are not an object (null) are Triton's to judge, in the JSON it was sent.
-    if tensor.get("datatype") not in TRANSCODED or not isinstance(data, UnparsedData) or not data.count:
+    if dtype is None or not isinstance(data, UnparsedData) or not data.count:
         return None
     if not isinstance(tensor.get("parameters", {}), dict):
         return None
+    if dtype.kind != "f":
+        return _integers(data, dtype)
     try:
         buffer = data.array.as_buffer(of_type="d")  # every leaf a number, or TypeError
     except (TypeError, ValueError):
@@ -295,6 +319,23 @@ def _binary(tensor: dict[str, Any]) -> bytes | None:
         # so the two disagree; Triton judges such data in the JSON it was sent.
         return None
     return _fp32(doubles)
+
+
+def _integers(data: UnparsedData, dtype: np.dtype[Any]) -> bytes | None:
+    """The data as `dtype`, or None unless every leaf is a JSON integer within its range (simdjson refuses a
+    fraction, an exponent, a boolean or a string with TypeError, an integer past 64 bits with ValueError)."""
+    unsigned = dtype.kind == "u"
+    try:
+        buffer = data.array.as_buffer(of_type="u" if unsigned else "i")
+    except (TypeError, ValueError):
+        return None
+    values = np.frombuffer(buffer, dtype=np.uint64 if unsigned else np.int64)
+    if values.size != data.count:  # nested unevenly, as for floats (_binary)
+        return None
+    limits = np.iinfo(dtype)
+    if dtype.itemsize < 8 and (values.min() < limits.min or values.max() > limits.max):
+        return None  # out of range: Triton's to judge
+    return values.astype(dtype).tobytes()
 
 
 def _fp32(doubles: np.ndarray[Any, np.dtype[np.float64]]) -> bytes | None:

@@ -41,6 +41,10 @@ class Refusal(Exception):
         self.message = message
         self.headers = headers or {}
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Raised in a parser process (gateway/bodies.py) and pickled back: by its fields, not by Exception's args.
+        return type(self), (self.status, self.message, self.headers)
+
 
 # --- The request target ------------------------------------------------------------------------------------------
 
@@ -318,6 +322,8 @@ def check_infer_request(header: Any, binary_length: int | None, max_tensor_bytes
         for index, tensor in enumerate(outputs):
             if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
                 raise Refusal(400, f"outputs[{index}] must be an object with a string 'name'.")
+            if "\0" in tensor["name"]:
+                raise _nul_in_name("outputs", index, tensor["name"])
             parameters = tensor.get("parameters")
             if parameters is not None:
                 label = f"output {tensor['name'][:100]!r}"
@@ -333,6 +339,8 @@ def _check_input(index: int, tensor: Any, binary: bool, max_tensor_bytes: int) -
     name = tensor.get("name")
     if not isinstance(name, str):
         raise Refusal(400, f"inputs[{index}] needs a string 'name'.")
+    if "\0" in name:
+        raise _nul_in_name("inputs", index, name)
     shape = tensor.get("shape")
     if not isinstance(shape, list) or len(shape) > MAX_SHAPE_RANK:
         raise _bad_shape(name, shape)
@@ -383,6 +391,12 @@ def _check_input(index: int, tensor: Any, binary: bool, max_tensor_bytes: int) -
         raise Refusal(400, f"The 'data' of {_input(name)} has {count} elements, but its shape {shape} needs "
                            f"{elements}.")
     return 0
+
+
+def _nul_in_name(kind: str, index: int, name: str) -> Refusal:
+    # Triton reads a name up to its first NUL: {"name": "x\u0000anything"} would be answered as the tensor "x".
+    return Refusal(400, f"The name of {kind}[{index}], {name[:100]!r}, holds a NUL character (\\u0000); tensor "
+                        "names cannot: send the name as the model declares it.")
 
 
 def _input(name: str) -> str:

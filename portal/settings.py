@@ -496,6 +496,19 @@ GATEWAY_MAX_JSON_DEPTH = env_int("GATEWAY_MAX_JSON_DEPTH", 64, minimum=4)
 # JSON requests' FP32/FP64 tensors go to Triton in the binary tensor extension, which it reads without parsing text
 # (gateway/json_body.py; same answers); false: the JSON is forwarded as sent.
 GATEWAY_TRANSCODE_JSON = env_bool("GATEWAY_TRANSCODE_JSON", True)
+# What an inference request's body may cost the web process (gateway/bodies.py, docs/security.md "What a request
+# body costs"). JSON (a JSON body after inflating, or a binary request's JSON header) past this many bytes is refused
+# with 413 pointing at the binary tensor extension: parsing JSON takes about 14 bytes of memory per byte of it.
+GATEWAY_MAX_JSON_BYTES = env_int("GATEWAY_MAX_JSON_BYTES", 16 * 1024**2, minimum=1024)
+# JSON that a shared pool's Triton would parse itself (what the gateway did not transcode to binary) past this: 413.
+GATEWAY_MAX_POOL_JSON_BYTES = env_int("GATEWAY_MAX_POOL_JSON_BYTES", 2 * 1024**2, minimum=1024)
+# A compressed body may inflate to at most this many times the compressed bytes received (1 MB is always allowed).
+GATEWAY_MAX_INFLATE_RATIO = env_int("GATEWAY_MAX_INFLATE_RATIO", 32, minimum=1)
+# JSON over 512 KB is checked in this many processes of the web process's own (0: in threads of it, where simdjson's
+# parse holds every other request up), at most GATEWAY_JSON_PARSE_BYTES_IN_FLIGHT of it at once (at least
+# GATEWAY_MAX_JSON_BYTES): the parsers' memory is about 14 times that.
+GATEWAY_JSON_PARSE_PROCESSES = env_int("GATEWAY_JSON_PARSE_PROCESSES", 2, minimum=0)
+GATEWAY_JSON_PARSE_BYTES_IN_FLIGHT = env_int("GATEWAY_JSON_PARSE_BYTES_IN_FLIGHT", 32 * 1024**2, minimum=1024)
 # Request bodies on Django's paths are refused past this many bytes before Django reads (and spools) them; the
 # largest legitimate one is a multipart model upload. A tus PATCH may carry up to MAX_UPLOAD_SIZE.
 MAX_REQUEST_BODY_BYTES = env_int("MAX_REQUEST_BODY_BYTES", MAX_MULTIPART_UPLOAD_SIZE + 1024**2, minimum=1024)

@@ -121,3 +121,30 @@ def test_ctrl_c_stops_the_portal_and_says_which_tritons_keep_running_and_how_to_
     assert f"stopped Triton pid {pid} (acme/tiny, revision 1)" in stopped.stdout
     assert not is_alive(pid)
     assert "No local Triton server is running" in run(portal.env, "make", "--no-print-directory", "stop-triton").stdout
+
+
+def test_a_killed_web_server_is_started_again_alone_and_the_workers_and_beat_keep_running(
+        portal: RunningPortal) -> None:
+    """Issue 30: the web process killed (for its memory, by the kernel) took the worker and beat down with it. Now
+    bin/run-portal starts the web server again, with a backoff, and leaves every other process of the portal as it
+    was: same pids, still alive."""
+    portal.start()
+    run_dir = portal.var_dir / "run"
+    others = {p.stem: int(p.read_text()) for p in run_dir.glob("*.pid") if p.stem != "web"}
+    assert {"beat", "grpc", *(f"worker-{lane.name}" for lane in LANES)} <= set(others)
+    for round_ in range(2):  # twice: the second death is within WEB_STABLE_SECONDS, so it waits longer
+        web = int((run_dir / "web.pid").read_text())
+        os.killpg(web, signal.SIGKILL)
+        wait_for(lambda web=web: (run_dir / "web.pid").read_text().strip() not in ("", str(web)), 60,
+                 what="the web server to be started again")
+        wait_for(portal.answers, 60, what="the new web server to answer")
+        assert portal.text().count("exited (status 137): starting it again") == round_ + 1
+    assert "starting it again in 1 s" in portal.text() and "starting it again in 2 s" in portal.text()
+    for name, pid in others.items():
+        assert int((run_dir / f"{name}.pid").read_text()) == pid, name
+        os.kill(pid, 0)  # alive: raises ProcessLookupError otherwise
+    assert portal.process is not None and portal.process.poll() is None
+    stop = run(portal.env, "make", "--no-print-directory", "stop")
+    assert stop.returncode == 0, stop.stderr
+    assert wait_exit(portal.process, 30) is not None and portal.process.returncode == 0
+    assert not list(run_dir.glob("*.pid"))

@@ -63,9 +63,9 @@ def test_an_fp32_request_goes_on_as_binary_with_the_values_triton_reads() -> Non
     assert np.isinf(np.frombuffer(tensors, "<f4")[4])
 
 
-def test_only_fp32_is_sent_as_binary_and_fp64_and_the_other_inputs_stay_json() -> None:
+def test_fp32_and_integers_are_sent_as_binary_and_fp64_and_the_other_inputs_stay_json() -> None:
     """Triton's JSON parser is not correctly rounded (0.99999999999999994 is 1.0 to it): doubles parsed here would
-    not be the ones it reads, so FP64 is Triton's to read from the text."""
+    not be the ones it reads, so FP64 is Triton's to read from the text. Integers it reads exactly."""
     body = j({"inputs": [
         {"name": "d", "shape": [3], "datatype": "FP64", "data": [0.1, 1, -3.25]},
         {"name": "s", "shape": [2], "datatype": "BYTES", "data": ["a", "β"]},
@@ -73,12 +73,32 @@ def test_only_fp32_is_sent_as_binary_and_fp64_and_the_other_inputs_stay_json() -
         {"name": "h", "shape": [1], "datatype": "FP16", "data": [0.5]},
         {"name": "b", "shape": [1], "datatype": "FP32", "data": [True]},
         {"name": "f", "shape": [2], "datatype": "FP32", "data": [0.5, 2]},
+        {"name": "t", "shape": [1], "datatype": "BOOL", "data": [True]},
     ]})
     header, tensors = split(check(body))
-    assert [t.get("data") for t in header["inputs"]] == [[0.1, 1, -3.25], ["a", "β"], [1, 2], [0.5], [True], None]
+    assert [t.get("data") for t in header["inputs"]] == [[0.1, 1, -3.25], ["a", "β"], None, [0.5], [True], None,
+                                                         [True]]
+    assert header["inputs"][2]["parameters"] == {"binary_data_size": 16}
     assert header["inputs"][5]["parameters"] == {"binary_data_size": 8}
-    assert tensors == np.array([0.5, 2], dtype="<f4").tobytes()
+    assert tensors == np.array([1, 2], dtype="<i8").tobytes() + np.array([0.5, 2], dtype="<f4").tobytes()
     assert check(j({"inputs": [{"name": "d", "shape": [1], "datatype": "FP64", "data": [0.5]}]})) == Checked()
+
+
+@pytest.mark.parametrize("datatype", ["INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"])
+def test_integers_within_their_range_go_as_binary_and_the_rest_is_left_to_triton(datatype: str) -> None:
+    """What Triton reads exactly goes as binary: the smallest and largest value of the type, nested evenly. A number
+    out of range, a fraction, an exponent or a boolean stays JSON, for Triton's own checks and messages."""
+    limits = np.iinfo(np.dtype(datatype.lower()))
+    data = [[int(limits.min), 0], [1, int(limits.max)]]
+    header, tensors = split(check(j({"inputs": [{"name": "x", "shape": [2, 2], "datatype": datatype,
+                                                  "data": data}]})))
+    assert "data" not in header["inputs"][0]
+    assert tensors == np.array(data, dtype=np.dtype(datatype.lower()).newbyteorder("<")).tobytes()
+    for bad in (int(limits.max) + 1, int(limits.min) - 1, 1.5, True, "1"):
+        body = j({"inputs": [{"name": "x", "shape": [2], "datatype": datatype, "data": [1, bad]}]})
+        assert check(body) == Checked(), bad
+    assert check(b'{"inputs": [{"name": "x", "shape": [2], "datatype": "%s", "data": [1, 1e1]}]}'
+                 % datatype.encode()) == Checked()
 
 
 def _midpoint(low: float) -> float:
