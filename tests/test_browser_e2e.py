@@ -298,9 +298,16 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, gr
     assert page.get_attribute("link[rel=icon]", "href") == "/static/img/favicon.svg"
     shot(page, "dashboard-empty")
 
-    # 1. One click: the sample classifier is uploaded, inspected and deployed; Try it opens once it serves.
+    # 1. One click: the sample classifier is uploaded, inspected and deployed; Try it opens once it serves. The click
+    # lands at once on a page that follows each step the worker takes (it used to show nothing for 22 s).
     page.click("#sample-digits")
-    page.wait_for_url(f"{portal_url}/deployments/digits/")
+    page.wait_for_url(f"{portal_url}/samples/digits/", timeout=15_000)
+    page.wait_for_selector("#sample-steps")
+    assert "Model digits" in page.inner_text("#sample-steps")
+    assert "Deployment digits" in page.inner_text("#sample-steps")
+    shot(page, "sample-progress")
+    page.wait_for_url(f"{portal_url}/deployments/digits/", timeout=120_000)
+    assert "Created the sample models in your team and the deployment digits." in page.inner_text("main")
     page.wait_for_selector("body[data-js=ready]", state="attached")
     assert "in a moment" not in page.inner_text("main")
     wait_ready(page)
