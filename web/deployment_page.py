@@ -118,9 +118,23 @@ def canary_context(deployment: Deployment) -> dict[str, Any] | None:
     stable = figures.get(str(deployment.serving_revision.number))
     candidate = figures.get(str(deployment.canary_revision.number))
     total = sum(f["requests"] for f in (stable, candidate) if f)
-    return {"since": began, "serving": bool(deployment.canary_upstream_url),
+    return {"since": began, "serving": bool(deployment.canary_upstream_url), "judged": _judged_now(deployment),
+            "p99_needed": canary.p99_requests_needed(deployment),
             "stable": {"number": deployment.serving_revision.number, "percent": 100 - deployment.canary_percent,
                        "traffic": stable, "seen_percent": round(100 * stable["requests"] / total) if stable else None},
             "canary": {"number": deployment.canary_revision.number, "percent": deployment.canary_percent,
                        "traffic": candidate, "serving": bool(deployment.canary_upstream_url),
                        "seen_percent": round(100 * candidate["requests"] / total) if candidate else None}}
+
+
+def _judged_now(deployment: Deployment) -> str:
+    """What the guardrails judge on the figures the judge reads now (its window, since the canary serves), and what
+    they cannot judge yet: the page says it rather than let a quiet canary look as if it passed every rule."""
+    if deployment.canary_serving_since is None or deployment.canary_revision is None:
+        return ""
+    try:
+        from gateway.canary import window_figures
+    except ImportError:
+        return ""
+    canary_figures, stable_figures, serving_for = window_figures(deployment)
+    return canary.judged(deployment, canary_figures, stable_figures, serving_for)
