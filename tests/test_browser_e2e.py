@@ -496,6 +496,19 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, gr
     output = json.loads(wait_output(page, "labels"))
     labels = next(o for o in output["outputs"] if o["name"] == "labels")
     assert labels["data"][0] == str(SAMPLE_DIGIT_LABEL)
+    # The pipeline's snippets come first and its steps' are folded away: the page is no longer 8,600 px tall.
+    height = page.evaluate("document.documentElement.scrollHeight")
+    assert height < 3000, height
+    assert page.is_hidden("#snippet-curl-preprocess")
+    page.click("#pipeline-steps > summary")
+    assert page.is_visible("#snippet-curl-preprocess")
+    # Its curl snippet posts the sample PNG and answers the 7 as copied (it used to send an empty image: a 400).
+    curl = page.inner_text("#snippet-curl-digits-pipeline")
+    ran = subprocess.run(["bash", "-c", f"export MODELPORT_TOKEN={token}\n{curl}"], capture_output=True, text=True,
+                         timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    answer = json.loads(ran.stdout)
+    assert next(o for o in answer["outputs"] if o["name"] == "labels")["data"][0] == str(SAMPLE_DIGIT_LABEL), answer
     # Settings in effect say the pipeline batches in its steps; the log has the CPU-only GPU lines folded away.
     assert "each step batching with its own settings" in page.inner_text("#settings-digits-pipeline")
     page.wait_for_function("!document.getElementById('triton-log').textContent.includes('Loading')")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 from typing import Any
 
 import pytest
@@ -214,3 +215,44 @@ def test_a_sample_the_worker_cannot_make_says_why_and_stops_polling(alice: Perso
 
 def test_an_unknown_sample_has_no_progress_page(alice: Person) -> None:
     assert signed_in(alice).get("/samples/nope/").status_code == 404
+
+
+def test_the_pipeline_page_shows_the_pipeline_first_and_folds_its_steps_away(alice: Person, sample_worker: None,
+                                                                              tmp_path: Any) -> None:
+    """Four models' snippets in a row made the page 8,600 px tall, and its curl sent an empty image (400): the
+    pipeline's endpoint comes first, its steps behind a disclosure, and its curl posts the sample PNG."""
+    import html
+    import re
+    import subprocess
+
+    from models_registry.samples import sample_digit_png
+
+    client = signed_in(alice)
+    client.post("/samples/deploy/", {"sample": "pipeline"})
+    page = client.get("/deployments/digits-pipeline/").content.decode()
+    folded = page.index('<details id="pipeline-steps"')
+    assert page.index('id="endpoint-digits-pipeline"') < folded
+    for step in ("preprocess", "digits", "postprocess"):
+        assert page.index(f'id="endpoint-{step}"') > folded, step
+    assert page.count('<div class="endpoint"') == 4
+    curl = html.unescape(re.search(r'<pre id="snippet-curl-digits-pipeline" tabindex="0"><code>(.*?)</code>', page,
+                                   re.S).group(1))  # type: ignore[union-attr]
+    assert "/serve/digits-pipeline/v2/models/digits-pipeline/infer" in curl and '"data":[""]' not in curl
+    # Run as copied, with a shell function in curl's place that keeps the body it is given: the JSON header, then
+    # the PNG as one BYTES element (a 4-byte little-endian length and the bytes).
+    body = tmp_path / "body.bin"
+    ran = subprocess.run(["bash", "-c", f'curl() {{ cat > {body}; printf "%s\\n" "$@" > {body}.args; }}\n{curl}'],
+                         env={"MODELPORT_TOKEN": "t", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                         timeout=30)
+    assert ran.returncode == 0, ran.stderr
+    data, png = body.read_bytes(), sample_digit_png()
+    args = (tmp_path / "body.bin.args").read_text().splitlines()
+    header_length = int(next(a for a in args if a.startswith("Inference-Header-Content-Length:")).split(":")[1])
+    header = json.loads(data[:header_length])
+    assert header == {"inputs": [{"name": "image", "shape": [1, 1], "datatype": "BYTES",
+                                  "parameters": {"binary_data_size": len(png) + 4}}]}
+    assert data[header_length:] == len(png).to_bytes(4, "little") + png
+    # The Python snippet sends the same PNG (it used to send b"").
+    python = html.unescape(re.search(r'<pre id="snippet-python-digits-pipeline" tabindex="0"><code>(.*?)</code>',
+                                     page, re.S).group(1))  # type: ignore[union-attr]
+    assert "base64.b64decode(" in python and 'np.array([b""]' not in python
