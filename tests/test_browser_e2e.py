@@ -360,6 +360,9 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, gr
     page.wait_for_selector("#deploy-form")
     assert page.input_value("#id_canary_window_seconds") == "120"
     assert page.input_value("#id_canary_min_requests") == "100"
+    # The local runtime has no GPU: the instance kind does not offer one.
+    assert page.get_attribute("#id_m0-instance_kind option[value=gpu]", "disabled") is not None
+    assert page.input_value("#id_m0-instance_kind") == "cpu"
     page.fill("#id_m0-instance_count", "2")
     page.fill("#id_canary_percent", "20")
     page.fill("#id_canary_window_seconds", "300")
@@ -369,8 +372,11 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, gr
     page.wait_for_url(f"{portal_url}/deployments/digits/")
     page.wait_for_selector("#canary-panel")
     assert "2.0% errors" in page.inner_text("#canary-guardrails-note")
-    assert "over 300 s (at least 200 requests)" in page.inner_text("#canary-guardrails-note")
+    assert "over 300 s (errors judged from 200 canary requests" in page.inner_text("#canary-guardrails-note")
     page.wait_for_selector("#canary-promote", timeout=120_000)  # it serves
+    # Once it serves, what the guardrails judge on the figures so far (nothing yet: no requests).
+    page.wait_for_selector("#canary-judged")
+    assert "p99 not judged: 0 of the 200 requests needed" in page.inner_text("#canary-judged")
     assert "since the canary began serving" in page.inner_text("#canary-since")
     page.click("#canary-rollback")
     page.wait_for_function("!document.getElementById('canary-panel')", timeout=60_000)
@@ -496,12 +502,22 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, gr
     output = json.loads(wait_output(page, "labels"))
     labels = next(o for o in output["outputs"] if o["name"] == "labels")
     assert labels["data"][0] == str(SAMPLE_DIGIT_LABEL)
-    # The pipeline's snippets come first and its steps' are folded away: the page is no longer 8,600 px tall.
-    height = page.evaluate("document.documentElement.scrollHeight")
-    assert height < 3000, height
+    # The pipeline's curl comes first, its other snippets and its steps' folded away: Try it no longer sits below
+    # sixteen snippets, 8,600 px down the page (measured here: Try it at about 1,100 px, the whole page about 3,400
+    # once its charts and log have loaded, shorter than a single model's page with its four snippets open).
+    page.reload()
+    page.wait_for_selector("body[data-js=ready]", state="attached")
+    page.wait_for_function("!document.getElementById('triton-log').textContent.includes('Loading')")
+    metrics = page.evaluate("({height: document.documentElement.scrollHeight, tryIt: Math.round("
+                            "document.getElementById('try-it-section').getBoundingClientRect().top + scrollY)})")
+    print("pipeline page", metrics)
+    assert metrics["tryIt"] < 1500 and metrics["height"] < 4000, metrics
+    assert page.is_visible("#snippet-curl-digits-pipeline") and page.is_hidden("#snippet-python-digits-pipeline")
     assert page.is_hidden("#snippet-curl-preprocess")
     page.click("#pipeline-steps > summary")
     assert page.is_visible("#snippet-curl-preprocess")
+    page.click("#more-snippets-digits-pipeline > summary")
+    assert page.is_visible("#snippet-python-digits-pipeline")
     # Its curl snippet posts the sample PNG and answers the 7 as copied (it used to send an empty image: a 400).
     curl = page.inner_text("#snippet-curl-digits-pipeline")
     ran = subprocess.run(["bash", "-c", f"export MODELPORT_TOKEN={token}\n{curl}"], capture_output=True, text=True,
@@ -509,6 +525,12 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, gr
     assert ran.returncode == 0, ran.stderr
     answer = json.loads(ran.stdout)
     assert next(o for o in answer["outputs"] if o["name"] == "labels")["data"][0] == str(SAMPLE_DIGIT_LABEL), answer
+    # Its Python snippet sends the same PNG (it sent b"", a 400) and prints the 7 first.
+    python = page.inner_text("#snippet-python-digits-pipeline")
+    ran = subprocess.run([sys.executable, "-c", python], env={**os.environ, "MODELPORT_TOKEN": token},
+                         capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith(f"[[b'{SAMPLE_DIGIT_LABEL}'"), ran.stdout
     # Settings in effect say the pipeline batches in its steps; the log has the CPU-only GPU lines folded away.
     assert "each step batching with its own settings" in page.inner_text("#settings-digits-pipeline")
     page.wait_for_function("!document.getElementById('triton-log').textContent.includes('Loading')")

@@ -59,6 +59,9 @@ def served_models(deployment: Deployment, base_url: str) -> list[dict[str, Any]]
         served.append({
             "entry": entry,
             "step": entry.name in steps,
+            # A pipeline's page shows each model's curl and folds its other snippets away: four snippets of four
+            # models made it 8,600 px tall.
+            "fold_more": bool(steps),
             "signature": signature,
             "reshaped": any("declared" in t for t in signature["inputs"] + signature["outputs"]),
             "url": inference.infer_url(base_url, deployment.name, entry.name),

@@ -16,7 +16,11 @@ from __future__ import annotations
 import hashlib
 import io
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
 
 from accounts.models import Team
 from deployments import actions as deployment_actions
@@ -36,10 +40,11 @@ PIPELINE_MODEL = "digits-pipeline"
 # The models each sample makes, in the order the worker makes them (sample_artifacts' order, then the pipeline): the
 # progress page lists them without building the artifacts (which trains the classifier).
 MODELS = {"digits": ("digits",), "pipeline": ("preprocess", "digits", "postprocess", PIPELINE_MODEL)}
-# The audit actions of a click (written by the view) and of a failed run (by the task): the progress page shows a
-# failure newer than the latest click.
+# The audit actions of a click (written by the view) and of a run's end (by the task): the progress page shows a
+# failure newer than the latest click, and a click while a run has not ended joins it.
 STARTED = "sample.deploy"
 FAILED = "sample.fail"
+DONE = "sample.done"
 
 
 class SampleError(Exception):
@@ -117,6 +122,8 @@ class Progress:
     steps: list[Step]
     deployment: Deployment | None  # made: the page opens it
     error: str  # the run failed: why (the page stops polling and says it)
+    running: bool = False  # a click's run is under way (not failed, not past its time limit): a new click waits
+
 
 
 def progress(team: Team, which: str) -> Progress:
@@ -137,7 +144,16 @@ def progress(team: Team, which: str) -> Progress:
     deployment = _deployment(team, DEPLOYMENT_NAMES[which])
     steps.append(Step(f"Deployment {DEPLOYMENT_NAMES[which]}", "ready" if deployment else "pending",
                       "made: opening its page" if deployment else ""))
-    return Progress(steps, deployment, str(failure.detail.get("error", "")) if failure else "")
+    error = str(failure.detail.get("error", "")) if failure else ""
+    ended = failure is not None or entries.filter(action=DONE, id__gt=click.pk if click else 0).exists()
+    running = (click is not None and not ended
+               and click.time > timezone.now() - timedelta(seconds=run_limit_seconds()))
+    return Progress(steps, deployment, error, running)
+
+
+def run_limit_seconds() -> float:
+    """A run's time limit (web.tasks): up to four inspections (the pipeline's three models and its definition)."""
+    return 4 * settings.INSPECTION_TIME_LIMIT_SECONDS
 
 
 def _step(name: str, version: ModelVersion | None) -> Step:

@@ -12,8 +12,7 @@ from accounts.models import Team
 from audit.log import record as audit
 from web import samples
 
-# Up to four inspections (the pipeline's three models and its definition) and the plan.
-_LIMIT = 4 * settings.INSPECTION_TIME_LIMIT_SECONDS
+_LIMIT = samples.run_limit_seconds()
 
 
 @shared_task(acks_late=True, soft_time_limit=_LIMIT, time_limit=_LIMIT + settings.INSPECTION_KILL_GRACE_SECONDS)
@@ -25,7 +24,7 @@ def deploy_sample(team_id: int, user_id: int, which: str) -> None:
         return
     user = get_user_model().objects.filter(pk=user_id).first()
     try:
-        samples.deploy_sample(team, user, which)
+        made = samples.deploy_sample(team, user, which)
     except samples.SampleError as exc:
         audit(user, team, samples.FAILED, which, error=str(exc)[:2000])
     except SoftTimeLimitExceeded:
@@ -35,3 +34,5 @@ def deploy_sample(team_id: int, user_id: int, which: str) -> None:
         audit(user, team, samples.FAILED, which,
               error="The sample could not be made (an error in the portal; the worker's log has it).")
         raise
+    else:
+        audit(user, team, samples.DONE, which, deployment=made.deployment.name, created=made.created)

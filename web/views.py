@@ -121,8 +121,9 @@ def _dashboard_live(team: Team) -> dict[str, Any]:
     deployments = list(Deployment.objects.filter(team=team).exclude(desired_state=Deployment.Desired.DELETED)
                        .select_related("revision", "serving_revision"))
     traffic = traffic_by_deployment([d.pk for d in deployments])
-    rows = [{"deployment": d, "models": deployment_page.spec_models(d), "traffic": traffic.get(d.pk)}
-            for d in deployments]
+    where = placement.placement_words(deployments)
+    rows = [{"deployment": d, "models": deployment_page.spec_models(d), "traffic": traffic.get(d.pk),
+             "placement": where.get(d.pk, "")} for d in deployments]
     events = (Event.objects.filter(deployment__team=team).exclude(deployment__desired_state=Deployment.Desired.DELETED)
               .select_related("deployment")[:10])
     return {"rows": rows, "events": events, "traffic_minutes": TRAFFIC_WINDOW_MINUTES}
@@ -541,14 +542,18 @@ def sample_deploy(request: HttpRequest, team: Team) -> HttpResponse:
     if which not in samples.SAMPLES:
         return HttpResponseBadRequest(f"Unknown sample {which[:40]!r}: choose one of {', '.join(samples.SAMPLES)}.",
                                       content_type="text/plain")
-    existing = samples.progress(team, which).deployment
-    if existing is not None:
-        messages.info(request, f"{existing.name} was deployed already: here it is.")
-        return redirect("deployment-detail", name=existing.name)
     with transaction.atomic():
-        audit(request.user, team, samples.STARTED, which)
-        user_id = request.user.pk
-        transaction.on_commit(lambda: deploy_sample.delay(team.pk, user_id, which))
+        # One run per team and sample at a time: clicks while one runs join it rather than queue more inspections
+        # in the lane every team's uploads share (the team's row serialises two clicks at once).
+        Team.objects.select_for_update(no_key=True).filter(pk=team.pk).first()
+        progress = samples.progress(team, which)
+        if progress.deployment is None and not progress.running:
+            audit(request.user, team, samples.STARTED, which)
+            user_id = request.user.pk
+            transaction.on_commit(lambda: deploy_sample.delay(team.pk, user_id, which))
+    if progress.deployment is not None:
+        messages.info(request, f"{progress.deployment.name} was deployed already: here it is.")
+        return redirect("deployment-detail", name=progress.deployment.name)
     return redirect("sample-progress", which=which)
 
 

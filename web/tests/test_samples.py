@@ -256,3 +256,30 @@ def test_the_pipeline_page_shows_the_pipeline_first_and_folds_its_steps_away(ali
     python = html.unescape(re.search(r'<pre id="snippet-python-digits-pipeline" tabindex="0"><code>(.*?)</code>',
                                      page, re.S).group(1))  # type: ignore[union-attr]
     assert "base64.b64decode(" in python and 'np.array([b""]' not in python
+
+
+def test_clicks_while_a_sample_is_being_made_join_that_run_and_queue_nothing_more(
+        alice: Person, charlie: Person, django_capture_on_commit_callbacks: Any, settings: Any) -> None:
+    """Hostile: a team that clicks the button again and again while its sample is made must not fill the inspection
+    lane every team's uploads share (each run would upload and inspect the models once more). Another team's click
+    still starts its own run at once."""
+    from django.utils import timezone
+
+    from audit.models import AuditEntry
+
+    client = signed_in(alice)
+    with django_capture_on_commit_callbacks() as queued:
+        for _ in range(20):
+            response = client.post("/samples/deploy/", {"sample": "pipeline"})
+            assert response.status_code == 302 and response["Location"] == "/samples/pipeline/"
+    assert len(queued) == 1
+    assert AuditEntry.objects.filter(team=alice.team, action="sample.deploy").count() == 1
+    with django_capture_on_commit_callbacks() as theirs:
+        assert signed_in(charlie).post("/samples/deploy/", {"sample": "pipeline"}).status_code == 302
+    assert len(theirs) == 1
+    # A run that never finished (a worker killed mid-way) stops counting past its time limit: a click starts anew.
+    AuditEntry.objects.filter(team=alice.team, action="sample.deploy").update(
+        time=timezone.now() - timezone.timedelta(seconds=4 * settings.INSPECTION_TIME_LIMIT_SECONDS + 1))
+    with django_capture_on_commit_callbacks() as again:
+        client.post("/samples/deploy/", {"sample": "pipeline"})
+    assert len(again) == 1
