@@ -249,7 +249,10 @@ class ServedModelForm(forms.Form):
     instance_count = forms.IntegerField(label="Instances", initial=1, min_value=1, max_value=MAX_INSTANCE_COUNT,
                                         widget=forms.NumberInput(attrs={"min": 1, "max": MAX_INSTANCE_COUNT}),
                                         help_text="Copies of the model inside each server, run in parallel.")
-    instance_kind = forms.ChoiceField(label="Instance kind", choices=[("cpu", "CPU"), ("gpu", "GPU")])
+    # The page's script disables GPU while the form's runtime is the local one (which has none): the option used to
+    # be offered there, and answered "the local runtime has no GPU" only once sent.
+    instance_kind = forms.ChoiceField(label="Instance kind", choices=[("cpu", "CPU"), ("gpu", "GPU")],
+                                      widget=forms.Select(attrs={"data-gpu-option": "kubernetes"}))
 
     def __init__(self, *args: Any, model_name: str, versions: list[ModelVersion], current: ModelEntry | None = None,
                  **kwargs: Any) -> None:

@@ -150,6 +150,23 @@ def placement_view(deployment: Deployment) -> PlacementView:
                          message=load.message[:300] if load.state == PoolLoad.State.FAILED else "")
 
 
+def placement_words(deployments: list[Deployment]) -> dict[int, str]:
+    """The dashboard's Placement column: "dedicated", or "shared: POOL" with the load state of the revision shown
+    ("shared: gpu-a, loaded"); one query for every row's load."""
+    shown = {d.pk: d.serving_revision or d.revision for d in deployments}
+    states = {(load.deployment_id, load.revision_id): load.state for load in PoolLoad.objects.filter(
+        deployment_id__in=[pk for pk, r in shown.items() if r is not None and r.spec.placement.shared])}
+    words: dict[int, str] = {}
+    for pk, revision in shown.items():
+        if revision is None or not revision.spec.placement.shared:
+            words[pk] = "dedicated"
+            continue
+        placement = revision.spec.placement
+        view = PlacementView(shared=True, pool=placement.pool, state=states.get((pk, revision.pk), ""))
+        words[pk] = f"shared: {placement.pool}, {view.state_words.split(':')[0]}"
+    return words
+
+
 def duration_words(seconds: int) -> str:
     """600 -> "10 min", 90 -> "90 s", 7200 -> "2 h": the units the CLI's --idle-unload takes."""
     if seconds % 3600 == 0:

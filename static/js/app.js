@@ -104,6 +104,20 @@
       select.addEventListener("change", update);
       update();
     });
+    // GPU instances only where the runtime has GPUs: the local runtime has none (the API refuses 'gpu' there).
+    document.querySelectorAll("select[data-gpu-option]").forEach((kind) => {
+      const runtime = kind.form && kind.form.elements.namedItem("runtime");
+      const gpu = kind.querySelector('option[value="gpu"]');
+      if (!runtime || !gpu) return;
+      const update = () => {
+        const without = runtime.value !== kind.dataset.gpuOption;
+        gpu.disabled = without;
+        gpu.textContent = without ? "GPU (the Kubernetes runtime only)" : "GPU";
+        if (without && kind.value === "gpu" && !kind.disabled) kind.value = "cpu";
+      };
+      runtime.addEventListener("change", update);
+      update();
+    });
     // A pool and its idle time only for a shared deployment.
     document.querySelectorAll("[data-placement-radio]").forEach((box) => {
       const radios = document.querySelectorAll('input[type="radio"][name="' + box.dataset.placementRadio + '"]');
