@@ -578,6 +578,43 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, gr
     shot(phone, "deployment-phone")
 
 
+def echo_text_onnx(path: Path) -> None:
+    """An ONNX model that answers its text input as it came: STRING [-1, 1] in and out (BYTES to Triton)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["text"], ["echo"])], "echo",
+                              [helper.make_tensor_value_info("text", TensorProto.STRING, [None, 1])],
+                              [helper.make_tensor_value_info("echo", TensorProto.STRING, [None, 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    path.write_bytes(model.SerializeToString())
+
+
+def test_try_it_offers_a_text_box_for_a_text_input(browser: Any, alice_user: Person, portal_url: str,
+                                                    tmp_path: Path) -> None:
+    """A BYTES input that takes text had only a file picker: a text box writes the text into the request."""
+    echo_text_onnx(tmp_path / "echo.onnx")
+    page = sign_in(browser, portal_url, "alice")
+    upload(page, portal_url, "echo", tmp_path / "echo.onnx")
+    page.wait_for_selector("#upload-deploy:not([hidden])", timeout=60_000)
+    page.click("#upload-deploy")
+    page.wait_for_selector("#deploy-form")
+    page.fill("#id_name", "echo")
+    page.click("#deploy-submit")
+    page.wait_for_url(f"{portal_url}/deployments/echo/")
+    page.wait_for_selector("body[data-js=ready]", state="attached")
+    wait_ready(page)
+    page.wait_for_selector("#try-it:not([hidden])")
+    page.fill("#try-it-text-echo-text", "héllo, Triton")
+    request = json.loads(page.input_value("#try-it-input"))
+    assert request["inputs"][0]["data"] == ["héllo, Triton"]
+    page.click("#try-it-send")
+    output = json.loads(wait_output(page, "echo"))
+    assert output["outputs"][0]["data"] == ["héllo, Triton"], output
+
+
 def test_the_deploy_form_offers_a_shared_pool_with_what_fits(browser: Any, alice_user: Person, portal_url: str) -> None:
     from deployments.models import ModelMemory
     from deployments.pools import fingerprint

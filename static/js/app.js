@@ -241,6 +241,20 @@
     }
     modelSelect.addEventListener("change", showModel);
 
+    // A text box for a BYTES input that takes text: what is typed becomes each of its elements in the request below
+    // (JSON carries a BYTES element as a UTF-8 string), one line per input as the page writes it.
+    document.querySelectorAll("input.try-it-text").forEach((box) => {
+      box.addEventListener("input", () => {
+        let request;
+        try { request = JSON.parse(input.value); } catch (e) { return; } // hand-edited into invalid JSON: left alone
+        const tensor = (request.inputs || []).find((t) => t.name === box.dataset.input);
+        if (!tensor) return;
+        const count = (tensor.shape || [1]).reduce((a, b) => a * Math.max(b, 0), 1);
+        tensor.data = Array(count).fill(box.value);
+        input.value = '{"inputs": [\n' + request.inputs.map((t) => "  " + JSON.stringify(t)).join(",\n") + "\n]}";
+      });
+    });
+
     // "Use a sample digit": the sample PNG goes into the file input, as if the user had chosen it.
     document.querySelectorAll("button.sample-image").forEach((button) => {
       button.addEventListener("click", async () => {
