@@ -65,7 +65,11 @@ class PoolChoice:
 
     @property
     def label(self) -> str:
-        return f"{self.pool.name} ({self.who}): {self.fit_words}" + (f"; {self.isolation}" if self.isolation else "")
+        """The select's option: short, so that it is not cut off (the list below the select says it all)."""
+        copies = self.copies
+        fit = ("not measured yet" if self.need_bytes is None else "fits" if copies is None
+               else "full now" if copies == 0 else f"fits {copies} more")
+        return f"{self.pool.name} ({self.who}): {fit}"
 
 
 def versions_to_deploy(team: Team, version: ModelVersion) -> list[ModelVersion]:

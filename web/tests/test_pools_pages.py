@@ -291,3 +291,11 @@ def test_the_dashboard_says_where_each_deployment_runs(alice: Person, digits: Mo
     with django_assert_max_num_queries(9):  # one query for every row's load, not one per row
         content = client.get("/dashboard/live/").content.decode()
     assert '<td id="deployment-placement-digits-prod">shared: shared, loaded</td>' in content
+
+
+def test_the_pool_options_are_short_and_the_list_below_says_it_all(alice: Person, digits: ModelVersion) -> None:
+    """The select's text was cut off ("shared (every team, ONNX only): full now: needs 300 MiB, 124 MiB free unl")."""
+    content = signed_in(alice).get(NEW).content.decode()
+    option = re.search(r'<option value="shared"[^>]*>([^<]*)</option>', content)
+    assert option is not None and option.group(1) == "shared (every team, ONNX only): not measured yet"
+    assert "not measured yet: measured at its first load in a pool" in content.split('id="pool-fit-shared"')[1]
