@@ -79,36 +79,37 @@ def judged(deployment: Deployment, canary: Figures, stable: Figures, serving_for
     """Which guardrails these figures judge, on how many requests, and why the others are not judged (yet): the
     page shows it live and every automatic verdict carries it, so that a promotion on 25 requests says its p99 was
     never looked at rather than that it passed."""
-    window = deployment.canary_window_seconds
     needed = deployment.canary_min_requests
     if canary.requests >= needed:
         errors = f"error rate judged on {canary.requests} requests"
     else:
         errors = f"error rate not judged: {canary.requests} of the {needed} requests needed"
+    return f"{errors}; {_p99_judged(deployment, canary, stable, serving_for)}"
+
+
+def _p99_judged(deployment: Deployment, canary: Figures, stable: Figures, serving_for: float) -> str:
+    window = deployment.canary_window_seconds
     enough = p99_requests_needed(deployment)
     if canary.requests < enough:
-        p99 = f"p99 not judged: {canary.requests} of the {enough} requests needed"
-    elif stable.requests < enough:
-        p99 = f"p99 not judged: the stable revision has {stable.requests} of the {enough} requests needed"
-    elif serving_for < window:
-        p99 = f"p99 not judged: {serving_for:.0f} s of the whole {window} s window served"
-    elif canary.p99_ms is None or stable.p99_ms is None:
-        p99 = "p99 not judged: no latency figures"
-    else:
-        p99 = f"p99 judged on {canary.requests} canary and {stable.requests} stable requests"
-    return f"{errors}; {p99}"
+        return f"p99 not judged: {canary.requests} of the {enough} requests needed"
+    if stable.requests < enough:
+        return f"p99 not judged: the stable revision has {stable.requests} of the {enough} requests needed"
+    if serving_for < window:
+        return f"p99 not judged: {serving_for:.0f} s of the whole {window} s window served"
+    if canary.p99_ms is None or stable.p99_ms is None:
+        return "p99 not judged: no latency figures"
+    return f"p99 judged on {canary.requests} canary and {stable.requests} stable requests"
 
 
 def decide(deployment: Deployment, canary: Figures, stable: Figures, serving_for: float) -> Verdict:
     """The guardrails' verdict on the window's figures (a pure function of them: the tests feed it numbers)."""
     window = deployment.canary_window_seconds
     if canary.requests >= deployment.canary_min_requests:
-        what = judged(deployment, canary, stable, serving_for)
         if canary.error_rate > deployment.canary_max_error_rate:
             return Verdict("rollback", f"canary error rate {_percent(canary.error_rate)} > "
                                        f"{_percent(deployment.canary_max_error_rate)} over {window} s, stable "
                                        f"{_percent(stable.error_rate)} ({canary.errors} of {canary.requests} "
-                                       f"requests; {what.split('; ', 1)[1]})")
+                                       f"requests; {_p99_judged(deployment, canary, stable, serving_for)})")
         enough = p99_requests_needed(deployment)
         # Latency is judged on a whole window only: the first seconds of a canary are its warm-up, and a p99 of
         # them is the cold start, not the revision.
@@ -124,7 +125,7 @@ def decide(deployment: Deployment, canary: Figures, stable: Figures, serving_for
             return Verdict("promote", f"a clean window of {window} s: canary error rate "
                                       f"{_percent(canary.error_rate)} over {canary.requests} requests, p99 "
                                       f"{_p99(canary.p99_ms)}; stable {_percent(stable.error_rate)}, p99 "
-                                      f"{_p99(stable.p99_ms)}; {what}")
+                                      f"{_p99(stable.p99_ms)}; {judged(deployment, canary, stable, serving_for)}")
     return Verdict("wait")
 
 
