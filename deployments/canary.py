@@ -70,6 +70,37 @@ def _percent(rate: float) -> str:
     return f"{rate * 100:.1f}%"
 
 
+def p99_requests_needed(deployment: Deployment) -> int:
+    """Requests of each revision in the window before the p99 rule is judged (the form and the page say it)."""
+    return max(deployment.canary_min_requests, MIN_REQUESTS_FOR_P99)
+
+
+def judged(deployment: Deployment, canary: Figures, stable: Figures, serving_for: float) -> str:
+    """Which guardrails these figures judge, on how many requests, and why the others are not judged (yet): the
+    page shows it live and every automatic verdict carries it, so that a promotion on 25 requests says its p99 was
+    never looked at rather than that it passed."""
+    needed = deployment.canary_min_requests
+    if canary.requests >= needed:
+        errors = f"error rate judged on {canary.requests} requests"
+    else:
+        errors = f"error rate not judged: {canary.requests} of the {needed} requests needed"
+    return f"{errors}; {_p99_judged(deployment, canary, stable, serving_for)}"
+
+
+def _p99_judged(deployment: Deployment, canary: Figures, stable: Figures, serving_for: float) -> str:
+    window = deployment.canary_window_seconds
+    enough = p99_requests_needed(deployment)
+    if canary.requests < enough:
+        return f"p99 not judged: {canary.requests} of the {enough} requests needed"
+    if stable.requests < enough:
+        return f"p99 not judged: the stable revision has {stable.requests} of the {enough} requests needed"
+    if serving_for < window:
+        return f"p99 not judged: {serving_for:.0f} s of the whole {window} s window served"
+    if canary.p99_ms is None or stable.p99_ms is None:
+        return "p99 not judged: no latency figures"
+    return f"p99 judged on {canary.requests} canary and {stable.requests} stable requests"
+
+
 def decide(deployment: Deployment, canary: Figures, stable: Figures, serving_for: float) -> Verdict:
     """The guardrails' verdict on the window's figures (a pure function of them: the tests feed it numbers)."""
     window = deployment.canary_window_seconds
@@ -78,8 +109,8 @@ def decide(deployment: Deployment, canary: Figures, stable: Figures, serving_for
             return Verdict("rollback", f"canary error rate {_percent(canary.error_rate)} > "
                                        f"{_percent(deployment.canary_max_error_rate)} over {window} s, stable "
                                        f"{_percent(stable.error_rate)} ({canary.errors} of {canary.requests} "
-                                       "requests)")
-        enough = max(deployment.canary_min_requests, MIN_REQUESTS_FOR_P99)
+                                       f"requests; {_p99_judged(deployment, canary, stable, serving_for)})")
+        enough = p99_requests_needed(deployment)
         # Latency is judged on a whole window only: the first seconds of a canary are its warm-up, and a p99 of
         # them is the cold start, not the revision.
         if (serving_for >= window and canary.p99_ms is not None and stable.p99_ms is not None
@@ -88,12 +119,13 @@ def decide(deployment: Deployment, canary: Figures, stable: Figures, serving_for
                 and canary.p99_ms - stable.p99_ms > P99_SLACK_MS):
             return Verdict("rollback", f"canary p99 latency {canary.p99_ms:.1f} ms > "
                                        f"{deployment.canary_max_p99_ratio:g} x stable {stable.p99_ms:.1f} ms over "
-                                       f"{window} s")
+                                       f"{window} s ({canary.requests} canary and {stable.requests} stable "
+                                       "requests)")
         if deployment.canary_auto_promote and serving_for >= window:
             return Verdict("promote", f"a clean window of {window} s: canary error rate "
                                       f"{_percent(canary.error_rate)} over {canary.requests} requests, p99 "
                                       f"{_p99(canary.p99_ms)}; stable {_percent(stable.error_rate)}, p99 "
-                                      f"{_p99(stable.p99_ms)}")
+                                      f"{_p99(stable.p99_ms)}; {judged(deployment, canary, stable, serving_for)}")
     return Verdict("wait")
 
 

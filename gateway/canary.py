@@ -34,14 +34,7 @@ def judge(deployment_id: int) -> Verdict:
     if (deployment is None or deployment.canary_revision is None or deployment.serving_revision is None
             or not deployment.canary_upstream_url or deployment.canary_serving_since is None):
         return Verdict("wait")
-    window = timedelta(seconds=deployment.canary_window_seconds)
-    # Both revisions over the same interval: the window, and only since the canary serves. The stable revision's
-    # figures from before the canary (a quieter machine) are no yardstick for the canary's.
-    since = deployment.canary_serving_since
-    bucket_of_start = since - timedelta(seconds=since.timestamp() % BUCKET_SECONDS)
-    canary = figures(deployment.pk, deployment.canary_revision.number, window, after=bucket_of_start)
-    stable = figures(deployment.pk, deployment.serving_revision.number, window, after=bucket_of_start)
-    serving_for = (timezone.now() - since).total_seconds()
+    canary, stable, serving_for = window_figures(deployment)
     verdict = decide(deployment, canary, stable, serving_for)
     canary_number = deployment.canary_revision.number
     if verdict.action == "rollback":
@@ -49,6 +42,21 @@ def judge(deployment_id: int) -> Verdict:
     elif verdict.action == "promote":
         actions.promote_canary(deployment, None, reason=verdict.reason, expect_revision=canary_number)
     return verdict
+
+
+def window_figures(deployment: Deployment) -> tuple[Figures, Figures, float]:
+    """The canary's and the stable revision's figures the guardrails judge, and the seconds the canary has served (the
+    deployment page shows what they judge from the same)."""
+    assert deployment.canary_revision is not None and deployment.serving_revision is not None
+    assert deployment.canary_serving_since is not None
+    window = timedelta(seconds=deployment.canary_window_seconds)
+    # Both revisions over the same interval: the window, and only since the canary serves. The stable revision's
+    # figures from before the canary (a quieter machine) are no yardstick for the canary's.
+    since = deployment.canary_serving_since
+    bucket_of_start = since - timedelta(seconds=since.timestamp() % BUCKET_SECONDS)
+    canary = figures(deployment.pk, deployment.canary_revision.number, window, after=bucket_of_start)
+    stable = figures(deployment.pk, deployment.serving_revision.number, window, after=bucket_of_start)
+    return canary, stable, (timezone.now() - since).total_seconds()
 
 
 def serving_canaries() -> list[int]:

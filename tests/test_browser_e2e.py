@@ -298,9 +298,16 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, gr
     assert page.get_attribute("link[rel=icon]", "href") == "/static/img/favicon.svg"
     shot(page, "dashboard-empty")
 
-    # 1. One click: the sample classifier is uploaded, inspected and deployed; Try it opens once it serves.
+    # 1. One click: the sample classifier is uploaded, inspected and deployed; Try it opens once it serves. The click
+    # lands at once on a page that follows each step the worker takes (it used to show nothing for 22 s).
     page.click("#sample-digits")
-    page.wait_for_url(f"{portal_url}/deployments/digits/")
+    page.wait_for_url(f"{portal_url}/samples/digits/", timeout=15_000)
+    page.wait_for_selector("#sample-steps")
+    assert "Model digits" in page.inner_text("#sample-steps")
+    assert "Deployment digits" in page.inner_text("#sample-steps")
+    shot(page, "sample-progress")
+    page.wait_for_url(f"{portal_url}/deployments/digits/", timeout=120_000)
+    assert "Created the sample models in your team and the deployment digits." in page.inner_text("main")
     page.wait_for_selector("body[data-js=ready]", state="attached")
     assert "in a moment" not in page.inner_text("main")
     wait_ready(page)
@@ -353,6 +360,9 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, gr
     page.wait_for_selector("#deploy-form")
     assert page.input_value("#id_canary_window_seconds") == "120"
     assert page.input_value("#id_canary_min_requests") == "100"
+    # The local runtime has no GPU: the instance kind does not offer one.
+    assert page.get_attribute("#id_m0-instance_kind option[value=gpu]", "disabled") is not None
+    assert page.input_value("#id_m0-instance_kind") == "cpu"
     page.fill("#id_m0-instance_count", "2")
     page.fill("#id_canary_percent", "20")
     page.fill("#id_canary_window_seconds", "300")
@@ -362,8 +372,11 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, gr
     page.wait_for_url(f"{portal_url}/deployments/digits/")
     page.wait_for_selector("#canary-panel")
     assert "2.0% errors" in page.inner_text("#canary-guardrails-note")
-    assert "over 300 s (at least 200 requests)" in page.inner_text("#canary-guardrails-note")
+    assert "over 300 s (errors judged from 200 canary requests" in page.inner_text("#canary-guardrails-note")
     page.wait_for_selector("#canary-promote", timeout=120_000)  # it serves
+    # Once it serves, what the guardrails judge on the figures so far (nothing yet: no requests).
+    page.wait_for_selector("#canary-judged")
+    assert "p99 not judged: 0 of the 200 requests needed" in page.inner_text("#canary-judged")
     assert "since the canary began serving" in page.inner_text("#canary-since")
     page.click("#canary-rollback")
     page.wait_for_function("!document.getElementById('canary-panel')", timeout=60_000)
@@ -489,6 +502,35 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, gr
     output = json.loads(wait_output(page, "labels"))
     labels = next(o for o in output["outputs"] if o["name"] == "labels")
     assert labels["data"][0] == str(SAMPLE_DIGIT_LABEL)
+    # The pipeline's curl comes first, its other snippets and its steps' folded away: Try it no longer sits below
+    # sixteen snippets, 8,600 px down the page (measured here: Try it at about 1,100 px, the whole page about 3,400
+    # once its charts and log have loaded, shorter than a single model's page with its four snippets open).
+    page.reload()
+    page.wait_for_selector("body[data-js=ready]", state="attached")
+    page.wait_for_function("!document.getElementById('triton-log').textContent.includes('Loading')")
+    metrics = page.evaluate("({height: document.documentElement.scrollHeight, tryIt: Math.round("
+                            "document.getElementById('try-it-section').getBoundingClientRect().top + scrollY)})")
+    print("pipeline page", metrics)
+    assert metrics["tryIt"] < 1500 and metrics["height"] < 4000, metrics
+    assert page.is_visible("#snippet-curl-digits-pipeline") and page.is_hidden("#snippet-python-digits-pipeline")
+    assert page.is_hidden("#snippet-curl-preprocess")
+    page.click("#pipeline-steps > summary")
+    assert page.is_visible("#snippet-curl-preprocess")
+    page.click("#more-snippets-digits-pipeline > summary")
+    assert page.is_visible("#snippet-python-digits-pipeline")
+    # Its curl snippet posts the sample PNG and answers the 7 as copied (it used to send an empty image: a 400).
+    curl = page.inner_text("#snippet-curl-digits-pipeline")
+    ran = subprocess.run(["bash", "-c", f"export MODELPORT_TOKEN={token}\n{curl}"], capture_output=True, text=True,
+                         timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    answer = json.loads(ran.stdout)
+    assert next(o for o in answer["outputs"] if o["name"] == "labels")["data"][0] == str(SAMPLE_DIGIT_LABEL), answer
+    # Its Python snippet sends the same PNG (it sent b"", a 400) and prints the 7 first.
+    python = page.inner_text("#snippet-python-digits-pipeline")
+    ran = subprocess.run([sys.executable, "-c", python], env={**os.environ, "MODELPORT_TOKEN": token},
+                         capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith(f"[[b'{SAMPLE_DIGIT_LABEL}'"), ran.stdout
     # Settings in effect say the pipeline batches in its steps; the log has the CPU-only GPU lines folded away.
     assert "each step batching with its own settings" in page.inner_text("#settings-digits-pipeline")
     page.wait_for_function("!document.getElementById('triton-log').textContent.includes('Loading')")
@@ -536,6 +578,43 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, gr
     shot(phone, "deployment-phone")
 
 
+def echo_text_onnx(path: Path) -> None:
+    """An ONNX model that answers its text input as it came: STRING [-1, 1] in and out (BYTES to Triton)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["text"], ["echo"])], "echo",
+                              [helper.make_tensor_value_info("text", TensorProto.STRING, [None, 1])],
+                              [helper.make_tensor_value_info("echo", TensorProto.STRING, [None, 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    path.write_bytes(model.SerializeToString())
+
+
+def test_try_it_offers_a_text_box_for_a_text_input(browser: Any, alice_user: Person, portal_url: str,
+                                                    tmp_path: Path) -> None:
+    """A BYTES input that takes text had only a file picker: a text box writes the text into the request."""
+    echo_text_onnx(tmp_path / "echo.onnx")
+    page = sign_in(browser, portal_url, "alice")
+    upload(page, portal_url, "echo", tmp_path / "echo.onnx")
+    page.wait_for_selector("#upload-deploy:not([hidden])", timeout=60_000)
+    page.click("#upload-deploy")
+    page.wait_for_selector("#deploy-form")
+    page.fill("#id_name", "echo")
+    page.click("#deploy-submit")
+    page.wait_for_url(f"{portal_url}/deployments/echo/")
+    page.wait_for_selector("body[data-js=ready]", state="attached")
+    wait_ready(page)
+    page.wait_for_selector("#try-it:not([hidden])")
+    page.fill("#try-it-text-echo-text", "héllo, Triton")
+    request = json.loads(page.input_value("#try-it-input"))
+    assert request["inputs"][0]["data"] == ["héllo, Triton"]
+    page.click("#try-it-send")
+    output = json.loads(wait_output(page, "echo"))
+    assert output["outputs"][0]["data"] == ["héllo, Triton"], output
+
+
 def test_the_deploy_form_offers_a_shared_pool_with_what_fits(browser: Any, alice_user: Person, portal_url: str) -> None:
     from deployments.models import ModelMemory
     from deployments.pools import fingerprint
@@ -555,6 +634,12 @@ def test_the_deploy_form_offers_a_shared_pool_with_what_fits(browser: Any, alice
     # Half the 2 GiB pool is the team's to take (POOL_TEAM_SHARE): 3 copies of 300 MiB.
     assert "fits 3 more (300 MiB each)" in page.inner_text("#pool-fit-shared")
     assert "fits 3 more" in page.inner_text("#id_pool option[value=shared]")
+    # Each option's text fits in the select (the long ones were cut off: the list below says it all).
+    assert page.evaluate("(() => { const s = document.getElementById('id_pool');"
+                         " const c = document.createElement('canvas').getContext('2d');"
+                         " c.font = getComputedStyle(s).font;"
+                         " return Array.from(s.options).every(o => c.measureText(o.text).width < s.clientWidth - 40);"
+                         " })()")
     page.check("input[name=placement][value=dedicated]")
     page.wait_for_selector("#shared-fields", state="hidden")
 

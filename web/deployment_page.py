@@ -4,6 +4,7 @@ effect with the revision history. The views (web/views.py) render it; the live p
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 from typing import Any
 
@@ -12,7 +13,7 @@ from django.utils import timezone
 from deployments import canary
 from deployments.models import Deployment
 from deployments.revision_spec import ModelEntry
-from models_registry.samples import sample_inputs, takes_images
+from models_registry.samples import sample_digit_png, sample_inputs, takes_images
 from web import grpc_snippet, inference, placement, revisions
 from web.traffic import WINDOW_MINUTES as TRAFFIC_WINDOW_MINUTES
 from web.tune_panel import tune_context
@@ -29,6 +30,7 @@ def detail_context(deployment: Deployment, base_url: str) -> dict[str, Any]:
         **live_context(deployment), "served": served,
         "examples": {s["entry"].name: {"path": s["path"], "request": s["example"]} for s in served},
         "has_bytes_inputs": any(s["bytes_inputs"] for s in served),
+        "has_steps": any(s["step"] for s in served),
         "metrics_url": f"/api/v1/deployments/{deployment.name}/metrics/?minutes={TRAFFIC_WINDOW_MINUTES}",
         "traffic_minutes": TRAFFIC_WINDOW_MINUTES,
         **settings_context(deployment),
@@ -36,17 +38,30 @@ def detail_context(deployment: Deployment, base_url: str) -> dict[str, Any]:
 
 
 def served_models(deployment: Deployment, base_url: str) -> list[dict[str, Any]]:
-    """Per model of the revision asked for: the signature served, its URL, an example request and the snippets."""
+    """Per model of the revision asked for: the signature served, its URL, an example request and the snippets.
+    A pipeline comes first, and its steps (`step`: True) after it: the page folds them away, since a caller
+    calls the pipeline (four models' snippets in a row made a pipeline's page 8,600 px tall)."""
+    entries = spec_models(deployment)
+    steps = {step.model for entry in entries if entry.format == "ensemble" for step in entry.ensemble_steps}
     served: list[dict[str, Any]] = []
-    for entry in spec_models(deployment):
+    for entry in sorted(entries, key=lambda e: e.name in steps):  # stable: the pipelines first, in their order
         # What Triton serves and answers (a [batch] output comes back as [batch, 1]): the signature shown, and the
         # shapes of the example and the snippets.
         signature = inference.served_signature(entry)
         # The sample's held-out example where there is one: Try it, curl and both Python snippets send it.
         sample = sample_inputs(entry.signature.to_json())
         example = inference.with_data(inference.example_request(signature), sample)
+        images = takes_images(entry.signature.to_json())
+        # A model that takes images gets the sample PNG in its snippets: an empty BYTES element answers 400.
+        files = {signature["inputs"][0]["name"]: _sample_png()} if images else {}
+        curl = (inference.curl_image_snippet(base_url, deployment.name, entry.name, *next(iter(files.items())))
+                if files else inference.curl_snippet(base_url, deployment.name, entry.name, example))
         served.append({
             "entry": entry,
+            "step": entry.name in steps,
+            # A pipeline's page shows each model's curl and folds its other snippets away: four snippets of four
+            # models made it 8,600 px tall.
+            "fold_more": bool(steps),
             "signature": signature,
             "reshaped": any("declared" in t for t in signature["inputs"] + signature["outputs"]),
             "url": inference.infer_url(base_url, deployment.name, entry.name),
@@ -54,11 +69,11 @@ def served_models(deployment: Deployment, base_url: str) -> list[dict[str, Any]]
             "example": inference.request_json(example),
             "example_note": inference.example_note(signature),
             "bytes_inputs": [t["name"] for t in signature.get("inputs", []) if t.get("datatype") == "BYTES"],
-            "sample_image": takes_images(entry.signature.to_json()),
+            "sample_image": images,
             "snippets": [
-                ("curl", inference.curl_snippet(base_url, deployment.name, entry.name, example), "curl"),
+                ("curl", curl, "curl"),
                 ("Python (tritonclient)", inference.python_snippet(base_url, deployment.name, entry.name, signature,
-                                                                sample), "python"),
+                                                                sample, files), "python"),
                 ("modelport CLI", inference.cli_snippet(deployment.name, entry.name, base_url), "cli"),
             ],
         })
@@ -71,6 +86,11 @@ def served_models(deployment: Deployment, base_url: str) -> list[dict[str, Any]]
             snippets.insert(keys.index("python") + 1, ("Python (tritonclient.grpc)", grpc_snippet.python_grpc_snippet(
                 python, *grpc_address, deployment.name), "grpc"))
     return served
+
+
+@functools.lru_cache(maxsize=1)
+def _sample_png() -> bytes:
+    return sample_digit_png()
 
 
 def settings_context(deployment: Deployment) -> dict[str, Any]:
@@ -118,9 +138,23 @@ def canary_context(deployment: Deployment) -> dict[str, Any] | None:
     stable = figures.get(str(deployment.serving_revision.number))
     candidate = figures.get(str(deployment.canary_revision.number))
     total = sum(f["requests"] for f in (stable, candidate) if f)
-    return {"since": began, "serving": bool(deployment.canary_upstream_url),
+    return {"since": began, "serving": bool(deployment.canary_upstream_url), "judged": _judged_now(deployment),
+            "p99_needed": canary.p99_requests_needed(deployment),
             "stable": {"number": deployment.serving_revision.number, "percent": 100 - deployment.canary_percent,
                        "traffic": stable, "seen_percent": round(100 * stable["requests"] / total) if stable else None},
             "canary": {"number": deployment.canary_revision.number, "percent": deployment.canary_percent,
                        "traffic": candidate, "serving": bool(deployment.canary_upstream_url),
                        "seen_percent": round(100 * candidate["requests"] / total) if candidate else None}}
+
+
+def _judged_now(deployment: Deployment) -> str:
+    """What the guardrails judge on the figures the judge reads now (its window, since the canary serves), and what
+    they cannot judge yet: the page says it rather than let a quiet canary look as if it passed every rule."""
+    if deployment.canary_serving_since is None or deployment.canary_revision is None:
+        return ""
+    try:
+        from gateway.canary import window_figures
+    except ImportError:
+        return ""
+    canary_figures, stable_figures, serving_for = window_figures(deployment)
+    return canary.judged(deployment, canary_figures, stable_figures, serving_for)

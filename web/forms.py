@@ -160,7 +160,9 @@ class DeploymentForm(forms.Form):
         label="Roll back past this p99 ratio", required=False, min_value=1, max_value=1000,
         initial=canary.DEFAULT_MAX_P99_RATIO,
         help_text=(f"The canary's p99 latency over the current revision's (and {canary.P99_SLACK_MS:g} ms more), "
-                   f"judged on a whole window and at least {canary.MIN_REQUESTS_FOR_P99} requests of each."))
+                   f"judged only on a whole window and once each revision has at least "
+                   f"{canary.MIN_REQUESTS_FOR_P99} requests in it (or the minimum below, if larger): before that "
+                   "a promotion does not look at latency."))
     canary_window_seconds = forms.IntegerField(
         label="Window (seconds)", required=False, min_value=canary.MIN_WINDOW_SECONDS,
         max_value=canary.MAX_WINDOW_SECONDS, initial=canary.DEFAULT_WINDOW_SECONDS,
@@ -168,7 +170,8 @@ class DeploymentForm(forms.Form):
     canary_min_requests = forms.IntegerField(
         label="Minimum requests", required=False, min_value=1, max_value=1_000_000,
         initial=canary.DEFAULT_MIN_REQUESTS,
-        help_text="No verdict on fewer canary requests in the window.")
+        help_text=(f"No verdict on fewer canary requests in the window; the p99 ratio needs at least "
+                   f"{canary.MIN_REQUESTS_FOR_P99} of each revision."))
     canary_auto_promote = forms.BooleanField(
         label="Promote it automatically after a whole window within the guardrails", required=False)
 
@@ -246,7 +249,10 @@ class ServedModelForm(forms.Form):
     instance_count = forms.IntegerField(label="Instances", initial=1, min_value=1, max_value=MAX_INSTANCE_COUNT,
                                         widget=forms.NumberInput(attrs={"min": 1, "max": MAX_INSTANCE_COUNT}),
                                         help_text="Copies of the model inside each server, run in parallel.")
-    instance_kind = forms.ChoiceField(label="Instance kind", choices=[("cpu", "CPU"), ("gpu", "GPU")])
+    # The page's script disables GPU while the form's runtime is the local one (which has none): the option used to
+    # be offered there, and answered "the local runtime has no GPU" only once sent.
+    instance_kind = forms.ChoiceField(label="Instance kind", choices=[("cpu", "CPU"), ("gpu", "GPU")],
+                                      widget=forms.Select(attrs={"data-gpu-option": "kubernetes"}))
 
     def __init__(self, *args: Any, model_name: str, versions: list[ModelVersion], current: ModelEntry | None = None,
                  **kwargs: Any) -> None:

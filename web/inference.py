@@ -4,6 +4,7 @@ no Django."""
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 from typing import Any
@@ -76,10 +77,36 @@ def curl_snippet(base_url: str, deployment: str, model: str, body: dict[str, Any
     )
 
 
+def curl_image_snippet(base_url: str, deployment: str, model: str, input_name: str, png: bytes) -> str:
+    """For a model that takes encoded images (BYTES [-1, 1]): posts `png` itself, so that it runs as copied and
+    answers as Try it does. JSON cannot carry a file's raw bytes (Triton reads a JSON string's UTF-8 as the
+    element), so the body is Triton's binary tensor extension, as Try it sends a file: the JSON header, then the
+    element as a 4-byte little-endian length and the bytes. The image travels in the snippet as base64; POSIX
+    printf (octal escapes) and `base64 -d` rebuild it."""
+    size = len(png) + 4
+    header = json.dumps({"inputs": [{"name": input_name, "shape": [1, 1], "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": size}}]}, separators=(",", ":"))
+    length = "".join(f"\\{b:03o}" for b in len(png).to_bytes(4, "little"))
+    encoded = base64.b64encode(png).decode("ascii")
+    return (
+        f"# export MODELPORT_TOKEN=<an API token> first; {input_name}: the PNG below (a handwritten 7, base64), "
+        "sent as its raw bytes after the JSON header (Triton's binary tensor extension, as Try it sends a file)\n"
+        f"png='{encoded}'\n"
+        f"header='{header}'\n"
+        f"{{ printf '%s' \"$header\"; printf '{length}'; printf '%s' \"$png\" | base64 -d; }} |\n"
+        f"curl -sS -X POST {infer_url(base_url, deployment, model)} \\\n"
+        '  -H "Authorization: Bearer $MODELPORT_TOKEN" \\\n'
+        '  -H "Content-Type: application/octet-stream" \\\n'
+        '  -H "Inference-Header-Content-Length: ${#header}" \\\n'
+        "  --data-binary @-"
+    )
+
+
 def python_snippet(base_url: str, deployment: str, model: str, signature: dict[str, Any],
-                   data: dict[str, list[Any]] | None = None) -> str:
+                   data: dict[str, list[Any]] | None = None, files: dict[str, bytes] | None = None) -> str:
     """`data`: values for some inputs (the held-out example of a sample model, as Try it and curl send it), so
-    that every snippet of the page sends the same request and prints the same answer; other inputs send zeros."""
+    that every snippet of the page sends the same request and prints the same answer; other inputs send zeros.
+    `files`: a file's bytes for some BYTES inputs (the sample PNG of a model that takes images), as base64."""
     parts = urlsplit(base_url)
     url = f"{parts.netloc}{parts.path.rstrip('/')}/serve/{deployment}"
     ssl = ", ssl=True" if parts.scheme == "https" else ""
@@ -97,7 +124,15 @@ def python_snippet(base_url: str, deployment: str, model: str, signature: dict[s
         shape = example_shape(list(tensor.get("dims", [])))
         datatype = tensor.get("datatype", "FP32")
         lines.append(f'tensor = httpclient.InferInput("{tensor["name"]}", {shape}, "{datatype}")')
-        if datatype == "BYTES":
+        if datatype == "BYTES" and (file := (files or {}).get(tensor["name"])) is not None:
+            if "import base64" not in lines:
+                lines.insert(0, "import base64")
+            lines.append(f'# {tensor["name"]}: a file\'s bytes per element, here a PNG of a handwritten 7 (yours: '
+                         'open("digit.png", "rb").read())')
+            lines.append(f'image = base64.b64decode("{base64.b64encode(file).decode("ascii")}")')
+            lines.append(f'tensor.set_data_from_numpy(np.array([image] * {math.prod(shape)}, dtype=np.object_)'
+                         f'.reshape({shape}))')
+        elif datatype == "BYTES":
             lines.append(f'# {tensor["name"]}: bytes per element, e.g. a file\'s: open("digit.png", "rb").read()')
             lines.append(f'tensor.set_data_from_numpy(np.array([b""] * {math.prod(shape)}, dtype=np.object_)'
                          f'.reshape({shape}))')

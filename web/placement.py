@@ -65,7 +65,11 @@ class PoolChoice:
 
     @property
     def label(self) -> str:
-        return f"{self.pool.name} ({self.who}): {self.fit_words}" + (f"; {self.isolation}" if self.isolation else "")
+        """The select's option: short, so that it is not cut off (the list below the select says it all)."""
+        copies = self.copies
+        fit = ("not measured yet" if self.need_bytes is None else "fits" if copies is None
+               else "full now" if copies == 0 else f"fits {copies} more")
+        return f"{self.pool.name} ({self.who}): {fit}"
 
 
 def versions_to_deploy(team: Team, version: ModelVersion) -> list[ModelVersion]:
@@ -148,6 +152,23 @@ def placement_view(deployment: Deployment) -> PlacementView:
     return PlacementView(shared=True, pool=placement.pool, idle_unload_seconds=placement.idle_unload_seconds,
                          state=load.state, cold_start_seconds=load.cold_start_seconds, memory_bytes=load.memory_bytes,
                          message=load.message[:300] if load.state == PoolLoad.State.FAILED else "")
+
+
+def placement_words(deployments: list[Deployment]) -> dict[int, str]:
+    """The dashboard's Placement column: "dedicated", or "shared: POOL" with the load state of the revision shown
+    ("shared: gpu-a, loaded"); one query for every row's load."""
+    shown = {d.pk: d.serving_revision or d.revision for d in deployments}
+    states = {(load.deployment_id, load.revision_id): load.state for load in PoolLoad.objects.filter(
+        deployment_id__in=[pk for pk, r in shown.items() if r is not None and r.spec.placement.shared])}
+    words: dict[int, str] = {}
+    for pk, revision in shown.items():
+        if revision is None or not revision.spec.placement.shared:
+            words[pk] = "dedicated"
+            continue
+        placement = revision.spec.placement
+        view = PlacementView(shared=True, pool=placement.pool, state=states.get((pk, revision.pk), ""))
+        words[pk] = f"shared: {placement.pool}, {view.state_words.split(':')[0]}"
+    return words
 
 
 def duration_words(seconds: int) -> str:

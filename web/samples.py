@@ -3,6 +3,11 @@
 the path the deploy form takes. Clicking twice changes nothing: a sample version whose bytes (or, for the pipeline,
 whose definition) the team has already is reused, and an existing deployment of the sample's name is kept.
 
+Making them takes a while (the classifier is trained, each model inspected, the pipeline checked): the click queues
+web.tasks.deploy_sample and lands at once on a page that shows each step as the worker takes it (`progress`), then
+opens the deployment. Each step commits on its own so that the page can show it; a step that fails leaves what was
+made before it, which the next click reuses.
+
 This module joins the registry and the deployments, which is why it lives with the pages rather than in either app.
 """
 
@@ -11,9 +16,11 @@ from __future__ import annotations
 import hashlib
 import io
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
+from django.conf import settings
+from django.utils import timezone
 
 from accounts.models import Team
 from deployments import actions as deployment_actions
@@ -30,6 +37,14 @@ SAMPLES = ("digits", "pipeline")
 # The deployment each button makes, and the model it serves.
 DEPLOYMENT_NAMES = {"digits": "digits", "pipeline": "digits-pipeline"}
 PIPELINE_MODEL = "digits-pipeline"
+# The models each sample makes, in the order the worker makes them (sample_artifacts' order, then the pipeline): the
+# progress page lists them without building the artifacts (which trains the classifier).
+MODELS = {"digits": ("digits",), "pipeline": ("preprocess", "digits", "postprocess", PIPELINE_MODEL)}
+# The audit actions of a click (written by the view) and of a run's end (by the task): the progress page shows a
+# failure newer than the latest click, and a click while a run has not ended joins it.
+STARTED = "sample.deploy"
+FAILED = "sample.fail"
+DONE = "sample.done"
 
 
 class SampleError(Exception):
@@ -72,7 +87,6 @@ def _deployment(team: Team, name: str) -> Deployment | None:
             .first())
 
 
-@transaction.atomic
 def _deploy(team: Team, user: Any, which: str, name: str) -> SampleDeployment:
     versions = {artifact.name: _sample_version(team, user, artifact) for artifact in sample_artifacts(which)}
     served = "digits"
@@ -86,6 +100,72 @@ def _deploy(team: Team, user: Any, which: str, name: str) -> SampleDeployment:
         raise SampleError("The sample cannot be deployed here: " + _messages(exc.errors)) from None
     deployment = deployment_actions.create_deployment(team, user, name, plan)
     return SampleDeployment(deployment, created=True)
+
+
+# A step's state (the status badge's class, as a version's) and the word the page shows for it.
+STATE_WORDS = {"pending": "waiting", "validating": "inspecting", "ready": "done", "failed": "failed"}
+
+
+@dataclass(frozen=True)
+class Step:
+    label: str
+    state: str  # a key of STATE_WORDS
+    detail: str = ""
+
+    @property
+    def word(self) -> str:
+        return STATE_WORDS[self.state]
+
+
+@dataclass(frozen=True)
+class Progress:
+    steps: list[Step]
+    deployment: Deployment | None  # made: the page opens it
+    error: str  # the run failed: why (the page stops polling and says it)
+    running: bool = False  # a click's run is under way (not failed, not past its time limit): a new click waits
+
+
+
+def progress(team: Team, which: str) -> Progress:
+    """Where the latest click's run stands, from what it has committed: each model's newest version, the deployment,
+    and a failure recorded after the click."""
+    from audit.models import AuditEntry
+
+    entries = AuditEntry.objects.filter(team=team, target=which)
+    click = entries.filter(action=STARTED).order_by("-id").first()
+    failure = entries.filter(action=FAILED, id__gt=click.pk if click else 0).order_by("-id").first()
+    newest: dict[str, ModelVersion] = {}
+    for version in (ModelVersion.objects.filter(model__team=team, model__name__in=MODELS[which])
+                    .select_related("model").order_by("number")):
+        # A version an earlier run left unfinished is not this run's: this run reuses only ready ones.
+        if version.status == ModelVersion.Status.READY or click is None or version.created_at >= click.time:
+            newest[version.model.name] = version
+    steps = [_step(name, newest.get(name)) for name in MODELS[which]]
+    deployment = _deployment(team, DEPLOYMENT_NAMES[which])
+    steps.append(Step(f"Deployment {DEPLOYMENT_NAMES[which]}", "ready" if deployment else "pending",
+                      "made: opening its page" if deployment else ""))
+    error = str(failure.detail.get("error", "")) if failure else ""
+    ended = failure is not None or entries.filter(action=DONE, id__gt=click.pk if click else 0).exists()
+    running = (click is not None and not ended
+               and click.time > timezone.now() - timedelta(seconds=run_limit_seconds()))
+    return Progress(steps, deployment, error, running)
+
+
+def run_limit_seconds() -> float:
+    """A run's time limit (web.tasks): up to four inspections (the pipeline's three models and its definition)."""
+    return 4 * settings.INSPECTION_TIME_LIMIT_SECONDS
+
+
+def _step(name: str, version: ModelVersion | None) -> Step:
+    kind = "Pipeline" if name == PIPELINE_MODEL else "Model"
+    if version is None:
+        return Step(f"{kind} {name}", "pending")
+    label = f"{kind} {name}, version {version.number}"
+    if version.status == ModelVersion.Status.READY:
+        return Step(label, "ready", "inspected" if kind == "Model" else "its steps fit")
+    if version.status == ModelVersion.Status.VALIDATING:
+        return Step(label, "validating", "uploaded, being inspected")
+    return Step(label, "failed", version.error)
 
 
 def _sample_version(team: Team, user: Any, artifact: SampleArtifact) -> ModelVersion:

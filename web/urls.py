@@ -36,6 +36,7 @@ urlpatterns = [
          name="deployment-tune-cancel"),
     path("samples/deploy/", views.sample_deploy, name="sample-deploy"),
     path("samples/digit.png", views.sample_digit, name="sample-digit"),
+    path("samples/<str:which>/", views.sample_progress, name="sample-progress"),
     path("tokens/", views.tokens, name="tokens"),
     path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token-revoke"),
 ]

@@ -50,6 +50,7 @@ from web.forms import (
 )
 from web.logs import fold_gpu_noise
 from web.serving import serving
+from web.tasks import deploy_sample
 from web.traffic import WINDOW_MINUTES as TRAFFIC_WINDOW_MINUTES
 from web.traffic import traffic_by_deployment
 from web.tune_panel import initial_from, suggestion_for
@@ -120,8 +121,9 @@ def _dashboard_live(team: Team) -> dict[str, Any]:
     deployments = list(Deployment.objects.filter(team=team).exclude(desired_state=Deployment.Desired.DELETED)
                        .select_related("revision", "serving_revision"))
     traffic = traffic_by_deployment([d.pk for d in deployments])
-    rows = [{"deployment": d, "models": deployment_page.spec_models(d), "traffic": traffic.get(d.pk)}
-            for d in deployments]
+    where = placement.placement_words(deployments)
+    rows = [{"deployment": d, "models": deployment_page.spec_models(d), "traffic": traffic.get(d.pk),
+             "placement": where.get(d.pk, "")} for d in deployments]
     events = (Event.objects.filter(deployment__team=team).exclude(deployment__desired_state=Deployment.Desired.DELETED)
               .select_related("deployment")[:10])
     return {"rows": rows, "events": events, "traffic_minutes": TRAFFIC_WINDOW_MINUTES}
@@ -531,23 +533,43 @@ def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
 @require_POST
 @team_required
 def sample_deploy(request: HttpRequest, team: Team) -> HttpResponse:
-    """The empty dashboard's "Deploy the sample ..." buttons (web/samples.py); a second click lands on the same page."""
+    """The empty dashboard's "Deploy the sample ..." buttons (web/samples.py): the worker makes the sample, and the
+    click lands at once on its progress page; a click on a deployed sample lands on its deployment."""
     which = request.POST.get("sample", "")
     if which not in samples.SAMPLES:
         return HttpResponseBadRequest(f"Unknown sample {which[:40]!r}: choose one of {', '.join(samples.SAMPLES)}.",
                                       content_type="text/plain")
-    try:
-        result = samples.deploy_sample(team, request.user, which)
-    except samples.SampleError as exc:
-        messages.error(request, str(exc))
-        return redirect("dashboard")
-    name = result.deployment.name
-    if result.created:
+    with transaction.atomic():
+        # One run per team and sample at a time: clicks while one runs join it rather than queue more inspections
+        # in the lane every team's uploads share (the team's row serialises two clicks at once).
+        Team.objects.select_for_update(no_key=True).filter(pk=team.pk).first()
+        progress = samples.progress(team, which)
+        if progress.deployment is None and not progress.running:
+            audit(request.user, team, samples.STARTED, which)
+            user_id = request.user.pk
+            transaction.on_commit(lambda: deploy_sample.delay(team.pk, user_id, which))
+    if progress.deployment is not None:
+        messages.info(request, f"{progress.deployment.name} was deployed already: here it is.")
+        return redirect("deployment-detail", name=progress.deployment.name)
+    return redirect("sample-progress", which=which)
+
+
+@require_GET
+@team_required
+def sample_progress(request: HttpRequest, team: Team, which: str) -> HttpResponse:
+    """Each step of the sample's making as the worker commits it (the fragment polls itself), then its deployment."""
+    if which not in samples.SAMPLES:
+        raise Http404("No such sample.")
+    progress = samples.progress(team, which)
+    if progress.deployment is not None:
+        name = progress.deployment.name
         messages.success(request, f"Created the sample models in your team and the deployment {name}. Its status "
                                   "below follows the start; Try it opens when it serves.")
-    else:
-        messages.info(request, f"{name} was deployed already: here it is.")
-    return redirect("deployment-detail", name=name)
+        url = reverse("deployment-detail", args=[name])
+        return HttpResponseClientRedirect(url) if request.htmx else redirect(url)  # type: ignore[attr-defined]
+    template = "web/_sample_progress.html" if request.htmx else "web/sample_progress.html"  # type: ignore[attr-defined]
+    return render(request, template, {"which": which, "progress": progress,
+                                      "deployment_name": samples.DEPLOYMENT_NAMES[which]})
 
 
 @require_GET

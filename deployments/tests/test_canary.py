@@ -236,7 +236,8 @@ def test_a_canary_past_its_error_rate_is_rolled_back_with_the_figures(
     current = row(with_canary)
     assert current.canary_revision_id is None and current.serving_revision.number == 1
     assert ("Canary revision 2 rolled back automatically: canary error rate 12.0% > 5.0% over 30 s, stable 0.0% "
-            "(3 of 25 requests); revision 1 serves all requests.") in events(with_canary)
+            "(3 of 25 requests; p99 not judged: 25 of the 100 requests needed); revision 1 serves all "
+            "requests.") in events(with_canary)
     assert AuditEntry.objects.get(action="deployment.rollback").detail["reason"].startswith("canary error rate 12.0%")
     ticks_until(with_canary, lambda d: d.drain_until is None, clock)
     assert fake.servers[1].state == "stopped"
@@ -324,4 +325,29 @@ def test_the_verdict_is_a_function_of_the_figures() -> None:
     # A 2 ms p99 against 0.5 ms is four times slower and still noise.
     assert canary.decide(deployment, canary.Figures(100, 0, 2.0), canary.Figures(100, 0, 0.5), 10).action == "wait"
     assert canary.decide(deployment, canary.Figures(100, 6, 1.0), good, 10).reason == (
-        "canary error rate 6.0% > 5.0% over 60 s, stable 1.0% (6 of 100 requests)")
+        "canary error rate 6.0% > 5.0% over 60 s, stable 1.0% (6 of 100 requests; p99 not judged: 10 s of the whole "
+        "60 s window served)")
+
+
+def test_a_promotion_says_which_guardrails_it_judged_and_on_how_many_requests() -> None:
+    """What a newcomer saw: 'rolled back past 5.0% errors or 2x the stable p99 (at least 20 requests)', then promoted
+    at 2.4x the stable p99 after 25 requests, because a p99 is judged on 100 requests of each only; nothing said so."""
+    deployment = Deployment(canary_max_error_rate=0.05, canary_max_p99_ratio=2.0, canary_window_seconds=15,
+                            canary_min_requests=20, canary_auto_promote=True)
+    slow, stable = canary.Figures(25, 0, 24.0), canary.Figures(80, 0, 10.0)
+    verdict = canary.decide(deployment, slow, stable, 16)
+    assert verdict.action == "promote"
+    assert verdict.reason.endswith("; error rate judged on 25 requests; p99 not judged: 25 of the 100 requests "
+                                   "needed")
+    assert canary.judged(deployment, canary.Figures(120, 0, 24.0), stable, 16) == (
+        "error rate judged on 120 requests; p99 not judged: the stable revision has 80 of the 100 requests needed")
+    assert canary.judged(deployment, canary.Figures(10, 0, 4.0), stable, 5) == (
+        "error rate not judged: 10 of the 20 requests needed; p99 not judged: 10 of the 100 requests needed")
+    both = canary.Figures(150, 0, 11.0), canary.Figures(300, 0, 10.0)
+    assert canary.judged(deployment, *both, 9) == (
+        "error rate judged on 150 requests; p99 not judged: 9 s of the whole 15 s window served")
+    assert canary.decide(deployment, *both, 16).reason.endswith(
+        "error rate judged on 150 requests; p99 judged on 150 canary and 300 stable requests")
+    # Slower past the ratio with enough of both: the rollback names what it judged on.
+    assert canary.decide(deployment, canary.Figures(150, 0, 40.0), both[1], 16).reason == (
+        "canary p99 latency 40.0 ms > 2 x stable 10.0 ms over 15 s (150 canary and 300 stable requests)")

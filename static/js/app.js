@@ -104,6 +104,20 @@
       select.addEventListener("change", update);
       update();
     });
+    // GPU instances only where the runtime has GPUs: the local runtime has none (the API refuses 'gpu' there).
+    document.querySelectorAll("select[data-gpu-option]").forEach((kind) => {
+      const runtime = kind.form && kind.form.elements.namedItem("runtime");
+      const gpu = kind.querySelector('option[value="gpu"]');
+      if (!runtime || !gpu) return;
+      const update = () => {
+        const without = runtime.value !== kind.dataset.gpuOption;
+        gpu.disabled = without;
+        gpu.textContent = without ? "GPU (the Kubernetes runtime only)" : "GPU";
+        if (without && kind.value === "gpu" && !kind.disabled) kind.value = "cpu";
+      };
+      runtime.addEventListener("change", update);
+      update();
+    });
     // A pool and its idle time only for a shared deployment.
     document.querySelectorAll("[data-placement-radio]").forEach((box) => {
       const radios = document.querySelectorAll('input[type="radio"][name="' + box.dataset.placementRadio + '"]');
@@ -226,6 +240,20 @@
       document.querySelectorAll(".try-it-file, .try-it-note").forEach((box) => { box.hidden = box.dataset.model !== modelSelect.value; });
     }
     modelSelect.addEventListener("change", showModel);
+
+    // A text box for a BYTES input that takes text: what is typed becomes each of its elements in the request below
+    // (JSON carries a BYTES element as a UTF-8 string), one line per input as the page writes it.
+    document.querySelectorAll("input.try-it-text").forEach((box) => {
+      box.addEventListener("input", () => {
+        let request;
+        try { request = JSON.parse(input.value); } catch (e) { return; } // hand-edited into invalid JSON: left alone
+        const tensor = (request.inputs || []).find((t) => t.name === box.dataset.input);
+        if (!tensor) return;
+        const count = (tensor.shape || [1]).reduce((a, b) => a * Math.max(b, 0), 1);
+        tensor.data = Array(count).fill(box.value);
+        input.value = '{"inputs": [\n' + request.inputs.map((t) => "  " + JSON.stringify(t)).join(",\n") + "\n]}";
+      });
+    });
 
     // "Use a sample digit": the sample PNG goes into the file input, as if the user had chosen it.
     document.querySelectorAll("button.sample-image").forEach((button) => {

@@ -48,7 +48,8 @@ def test_the_edit_form_sets_the_canary_guardrails(alice: Person, digits: ModelVe
     assert (deployment.canary_max_error_rate, deployment.canary_max_p99_ratio, deployment.canary_window_seconds,
             deployment.canary_min_requests, deployment.canary_auto_promote) == (0.015, 3.0, 300, 500, True)
     page = client.get(f"/deployments/{deployment.name}/").content.decode()
-    assert "1.5% errors" in page and "3× the stable p99 over 300 s (at least 500 requests)" in page
+    assert "1.5% errors" in page and "3× the stable p99 over 300 s (errors judged from 500 canary requests" in page
+    assert "the p99 from 500 requests of each revision, over a whole window" in page
 
 
 def test_empty_guardrails_take_their_defaults(alice: Person, digits: ModelVersion) -> None:
@@ -117,6 +118,9 @@ def test_the_page_shows_both_revisions_side_by_side_with_promote_and_rollback(
                                     requests=requests, errors=errors, latency_histogram=histogram)
     page = signed_in(bob).get(f"/deployments/{deployment.name}/").content.decode()
     assert "Stable r1" in page and "75%" in page and "25%" in page
+    # What the guardrails judge on these figures, and what not yet (a promotion now would not look at the p99).
+    assert ("Judged now: error rate not judged: 40 of the 100 requests needed; p99 not judged: 40 of the 100 "
+            "requests needed.") in page
     assert "4 (10%)" in page  # the canary's errors
     assert 'id="canary-promote"' in page and 'id="canary-rollback"' in page
     assert signed_in(charlie).post(f"/deployments/{deployment.name}/promote/").status_code == 404
@@ -167,3 +171,32 @@ def test_both_revisions_are_counted_over_the_same_interval_since_the_canary_bega
     assert abs(ratio - 4) < 0.1
     page = response.content.decode()
     assert 'id="canary-since"' in page and "since the canary began serving" in page
+
+
+def test_the_form_and_the_page_say_the_p99_rule_needs_a_hundred_requests_of_each(
+        alice: Person, digits: ModelVersion) -> None:
+    """The page promised "2x the stable p99 ... (at least 20 requests)" and a canary was promoted at 2.4x after 25:
+    the p99 is judged on 100 requests of each only, which the form, the page and the event now say."""
+    client = signed_in(alice)
+    deployment = ready(client)
+    form = client.get(EDIT).content.decode()
+    assert "once each revision has at least 100 requests in it" in form
+    start_canary(client, canary_min_requests="20", canary_window_seconds="15", canary_auto_promote="on")
+    now = timezone.now()
+    Deployment.objects.filter(pk=deployment.pk).update(canary_upstream_url="http://127.0.0.1:10",
+                                                       canary_serving_since=now - timedelta(seconds=30))
+    fast, slow = [0] * len(LATENCY_BUCKETS_MS), [0] * len(LATENCY_BUCKETS_MS)
+    fast[6], slow[9] = 80, 25
+    RequestStats.objects.create(deployment=deployment, revision=1, bucket_start=now - timedelta(seconds=5),
+                                requests=80, errors=0, latency_histogram=fast)
+    RequestStats.objects.create(deployment=deployment, revision=2, bucket_start=now - timedelta(seconds=5),
+                                requests=25, errors=0, latency_histogram=slow)
+    page = client.get(f"/deployments/{deployment.name}/").content.decode()
+    assert "the p99 from 100 requests of each revision, over a whole window" in page
+    assert "Judged now: error rate judged on 25 requests; p99 not judged: 25 of the 100 requests needed." in page
+    from gateway.canary import judge
+
+    assert judge(deployment.pk).action == "promote"
+    event = Deployment.objects.get().events.order_by("-id").values_list("message", flat=True).first()
+    assert event is not None and "promoted automatically" in event
+    assert "error rate judged on 25 requests; p99 not judged: 25 of the 100 requests needed" in event

@@ -274,3 +274,28 @@ def test_the_planner_bounds_the_idle_time_for_callers_that_bypass_the_forms(alic
     with pytest.raises(planning.PlanError) as refused:
         planning.plan(alice.team, request)
     assert "between 0 (never unload) and 2592000 seconds" in refused.value.errors["placement.idle_unload_seconds"][0]
+
+
+def test_the_dashboard_says_where_each_deployment_runs(alice: Person, digits: ModelVersion,
+                                                       django_assert_max_num_queries: Any) -> None:
+    """The dashboard had no placement column: a shared deployment looked like a dedicated one until opened."""
+    client = signed_in(alice)
+    client.post(NEW, shared_form())
+    client.post(NEW, form_data(name="digits-own"))
+    shared = Deployment.objects.get(name="digits-prod")
+    content = client.get("/").content.decode()
+    assert '<th scope="col">Placement</th>' in content
+    assert '<td id="deployment-placement-digits-prod">shared: shared, not loaded yet</td>' in content
+    assert '<td id="deployment-placement-digits-own">dedicated</td>' in content
+    load(shared, state=PoolLoad.State.LOADED)
+    with django_assert_max_num_queries(9):  # one query for every row's load, not one per row
+        content = client.get("/dashboard/live/").content.decode()
+    assert '<td id="deployment-placement-digits-prod">shared: shared, loaded</td>' in content
+
+
+def test_the_pool_options_are_short_and_the_list_below_says_it_all(alice: Person, digits: ModelVersion) -> None:
+    """The select's text was cut off ("shared (every team, ONNX only): full now: needs 300 MiB, 124 MiB free unl")."""
+    content = signed_in(alice).get(NEW).content.decode()
+    option = re.search(r'<option value="shared"[^>]*>([^<]*)</option>', content)
+    assert option is not None and option.group(1) == "shared (every team, ONNX only): not measured yet"
+    assert "not measured yet: measured at its first load in a pool" in content.split('id="pool-fit-shared"')[1]

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 from typing import Any
 
+import pytest
 from PIL import Image
 
 from conftest import Person
@@ -22,6 +24,18 @@ from models_registry.samples import (
 from web.tests.conftest import signed_in
 
 
+@pytest.fixture
+def sample_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The click's task runs in this process when the click commits (the test's transaction never commits), as the
+    worker would run it; the other tasks (a reconcile tick, which would start Triton) are queued, never run."""
+    from django.db import transaction
+
+    from web import tasks
+
+    monkeypatch.setattr(transaction, "on_commit", lambda func, using=None, robust=False: func())
+    monkeypatch.setattr(tasks.deploy_sample, "delay", lambda *args: tasks.deploy_sample(*args))
+
+
 def test_the_empty_dashboard_offers_both_samples(alice: Person, bare_runtime_env: Any) -> None:
     content = signed_in(alice).get("/").content.decode()
     assert "Deploy the sample digits classifier" in content
@@ -30,9 +44,12 @@ def test_the_empty_dashboard_offers_both_samples(alice: Person, bare_runtime_env
     assert "local runtime serves ONNX, Python models and pipelines." in content
 
 
-def test_the_sample_classifier_is_created_in_alices_team_and_deployed(alice: Person, charlie: Person) -> None:
+def test_the_sample_classifier_is_created_in_alices_team_and_deployed(alice: Person, charlie: Person,
+                                                                     sample_worker: None) -> None:
     client = signed_in(alice)
     response = client.post("/samples/deploy/", {"sample": "digits"})
+    assert response.status_code == 302 and response["Location"] == "/samples/digits/"
+    response = client.get("/samples/digits/")  # the worker (here in-process) made it: the page opens it
     assert response.status_code == 302 and response["Location"] == "/deployments/digits/"
     version = ModelVersion.objects.get(model__team=alice.team, model__name="digits")
     assert version.status == ModelVersion.Status.READY and version.format == "onnx"
@@ -51,7 +68,7 @@ def test_the_sample_classifier_is_created_in_alices_team_and_deployed(alice: Per
     assert ", ".join(f"{float(v)}" for v in SAMPLE_DIGIT_PIXELS[:8]) in page
 
 
-def test_a_second_click_lands_on_the_same_deployment_and_creates_nothing(alice: Person) -> None:
+def test_a_second_click_lands_on_the_same_deployment_and_creates_nothing(alice: Person, sample_worker: None) -> None:
     client = signed_in(alice)
     client.post("/samples/deploy/", {"sample": "digits"})
     counts = (Model.objects.count(), ModelVersion.objects.count(), Deployment.objects.count())
@@ -61,7 +78,8 @@ def test_a_second_click_lands_on_the_same_deployment_and_creates_nothing(alice: 
     assert (Model.objects.count(), ModelVersion.objects.count(), Deployment.objects.count()) == counts
 
 
-def test_a_deleted_sample_deployment_is_deployed_again_from_the_same_versions(alice: Person) -> None:
+def test_a_deleted_sample_deployment_is_deployed_again_from_the_same_versions(alice: Person,
+                                                                             sample_worker: None) -> None:
     client = signed_in(alice)
     client.post("/samples/deploy/", {"sample": "digits"})
     Deployment.objects.filter(name="digits").delete()
@@ -70,10 +88,11 @@ def test_a_deleted_sample_deployment_is_deployed_again_from_the_same_versions(al
     assert Deployment.objects.filter(name="digits").count() == 1
 
 
-def test_the_sample_pipeline_brings_its_steps_and_offers_a_sample_digit(alice: Person) -> None:
+def test_the_sample_pipeline_brings_its_steps_and_offers_a_sample_digit(alice: Person, sample_worker: None) -> None:
     client = signed_in(alice)
     response = client.post("/samples/deploy/", {"sample": "pipeline"})
-    assert response.status_code == 302 and response["Location"] == "/deployments/digits-pipeline/"
+    assert response.status_code == 302 and response["Location"] == "/samples/pipeline/"
+    assert client.get("/samples/pipeline/")["Location"] == "/deployments/digits-pipeline/"
     versions = {v.model.name: v for v in ModelVersion.objects.select_related("model")}
     assert set(versions) == {"preprocess", "digits", "postprocess", "digits-pipeline"}
     assert all(v.status == ModelVersion.Status.READY for v in versions.values())
@@ -115,7 +134,8 @@ def test_the_sample_digit_is_a_png_of_the_held_out_seven(alice: Person) -> None:
     assert [int(v) for v in X[0]] == list(SAMPLE_DIGIT_PIXELS)
 
 
-def test_both_samples_stay_one_click_away_once_the_digits_sample_is_deployed(alice: Person) -> None:
+def test_both_samples_stay_one_click_away_once_the_digits_sample_is_deployed(alice: Person,
+                                                                              sample_worker: None) -> None:
     client = signed_in(alice)
     client.post("/samples/deploy/", {"sample": "digits"})
     content = client.get("/").content.decode()
@@ -127,3 +147,139 @@ def test_both_samples_stay_one_click_away_once_the_digits_sample_is_deployed(ali
     assert response.status_code == 302
     content = client.get("/").content.decode()
     assert "Open the sample image pipeline" in content and "Open the sample digits classifier" in content
+
+
+def test_the_click_lands_at_once_on_the_progress_page_and_the_worker_makes_the_sample(
+        alice: Person, charlie: Person, django_capture_on_commit_callbacks: Any) -> None:
+    """The click answers before anything is made (it used to make the models in the request, 22 s); the page then
+    shows each step as the worker commits it, and opens the deployment once it is made."""
+    from web.tasks import deploy_sample
+
+    client = signed_in(alice)
+    with django_capture_on_commit_callbacks() as queued:
+        response = client.post("/samples/deploy/", {"sample": "pipeline"})
+    assert response.status_code == 302 and response["Location"] == "/samples/pipeline/"
+    assert len(queued) == 1  # the worker's task, sent once the click commits
+    assert not Model.objects.exists() and not Deployment.objects.exists()
+    page = client.get("/samples/pipeline/").content.decode()
+    assert 'id="sample-progress" hx-get="/samples/pipeline/"' in page  # it polls
+    steps = [line.strip() for line in page.split('data-state="')[2:]]
+    assert [step.split('"', 1)[0] for step in steps] == ["pending"] * 5
+    assert "Model preprocess" in page and "Pipeline digits-pipeline" in page and "Deployment digits-pipeline" in page
+    assert client.get("/samples/pipeline/", headers={"HX-Request": "true"}).status_code == 200
+    # Charlie's team sees none of it, nor can it follow alice's run.
+    assert "Model preprocess</" not in signed_in(charlie).get("/samples/pipeline/").content.decode()
+
+    # The worker's task (run here): the models, each inspected, the pipeline, then the deployment.
+    deploy_sample(alice.team.pk, alice.user.pk, "pipeline")
+    assert Deployment.objects.filter(team=alice.team, name="digits-pipeline").exists()
+    polled = client.get("/samples/pipeline/", headers={"HX-Request": "true"})
+    assert polled.status_code == 200 and polled["HX-Redirect"] == "/deployments/digits-pipeline/"
+    page = client.get("/deployments/digits-pipeline/").content.decode()
+    assert "Created the sample models in your team and the deployment digits-pipeline." in page
+
+
+def test_the_progress_page_shows_each_model_as_the_worker_commits_it(alice: Person) -> None:
+    from web import samples
+
+    client = signed_in(alice)
+    client.post("/samples/deploy/", {"sample": "pipeline"})
+    [artifact] = [a for a in sample_artifacts("pipeline") if a.name == "preprocess"]
+    samples._sample_version(alice.team, alice.user, artifact)  # the worker's first step, committed
+    progress = samples.progress(alice.team, "pipeline")
+    assert [(s.label, s.word) for s in progress.steps] == [
+        ("Model preprocess, version 1", "done"), ("Model digits", "waiting"), ("Model postprocess", "waiting"),
+        ("Pipeline digits-pipeline", "waiting"), ("Deployment digits-pipeline", "waiting")]
+    assert samples.MODELS["pipeline"][:-1] == tuple(a.name for a in sample_artifacts("pipeline"))
+
+
+def test_a_sample_the_worker_cannot_make_says_why_and_stops_polling(alice: Person, monkeypatch: Any) -> None:
+    from web import samples
+    from web.tasks import deploy_sample
+
+    client = signed_in(alice)
+    client.post("/samples/deploy/", {"sample": "digits"})
+
+    def refuse(*args: Any) -> Any:
+        raise samples.SampleError("The sample cannot be deployed here: no ONNX backend.")
+
+    monkeypatch.setattr(samples, "_deploy", refuse)
+    deploy_sample(alice.team.pk, alice.user.pk, "digits")
+    page = client.get("/samples/digits/").content.decode()
+    assert "The sample cannot be deployed here: no ONNX backend." in page
+    assert "hx-get" not in page.split('id="sample-progress"', 1)[1].split(">", 1)[0]  # it stops polling
+    # A new click starts a new run: the old failure is not shown for it.
+    client.post("/samples/deploy/", {"sample": "digits"})
+    assert "no ONNX backend" not in client.get("/samples/digits/").content.decode()
+
+
+def test_an_unknown_sample_has_no_progress_page(alice: Person) -> None:
+    assert signed_in(alice).get("/samples/nope/").status_code == 404
+
+
+def test_the_pipeline_page_shows_the_pipeline_first_and_folds_its_steps_away(alice: Person, sample_worker: None,
+                                                                              tmp_path: Any) -> None:
+    """Four models' snippets in a row made the page 8,600 px tall, and its curl sent an empty image (400): the
+    pipeline's endpoint comes first, its steps behind a disclosure, and its curl posts the sample PNG."""
+    import html
+    import re
+    import subprocess
+
+    from models_registry.samples import sample_digit_png
+
+    client = signed_in(alice)
+    client.post("/samples/deploy/", {"sample": "pipeline"})
+    page = client.get("/deployments/digits-pipeline/").content.decode()
+    folded = page.index('<details id="pipeline-steps"')
+    assert page.index('id="endpoint-digits-pipeline"') < folded
+    for step in ("preprocess", "digits", "postprocess"):
+        assert page.index(f'id="endpoint-{step}"') > folded, step
+    assert page.count('<div class="endpoint"') == 4
+    curl = html.unescape(re.search(r'<pre id="snippet-curl-digits-pipeline" tabindex="0"><code>(.*?)</code>', page,
+                                   re.S).group(1))  # type: ignore[union-attr]
+    assert "/serve/digits-pipeline/v2/models/digits-pipeline/infer" in curl and '"data":[""]' not in curl
+    # Run as copied, with a shell function in curl's place that keeps the body it is given: the JSON header, then
+    # the PNG as one BYTES element (a 4-byte little-endian length and the bytes).
+    body = tmp_path / "body.bin"
+    ran = subprocess.run(["bash", "-c", f'curl() {{ cat > {body}; printf "%s\\n" "$@" > {body}.args; }}\n{curl}'],
+                         env={"MODELPORT_TOKEN": "t", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                         timeout=30)
+    assert ran.returncode == 0, ran.stderr
+    data, png = body.read_bytes(), sample_digit_png()
+    args = (tmp_path / "body.bin.args").read_text().splitlines()
+    header_length = int(next(a for a in args if a.startswith("Inference-Header-Content-Length:")).split(":")[1])
+    header = json.loads(data[:header_length])
+    assert header == {"inputs": [{"name": "image", "shape": [1, 1], "datatype": "BYTES",
+                                  "parameters": {"binary_data_size": len(png) + 4}}]}
+    assert data[header_length:] == len(png).to_bytes(4, "little") + png
+    # The Python snippet sends the same PNG (it used to send b"").
+    python = html.unescape(re.search(r'<pre id="snippet-python-digits-pipeline" tabindex="0"><code>(.*?)</code>',
+                                     page, re.S).group(1))  # type: ignore[union-attr]
+    assert "base64.b64decode(" in python and 'np.array([b""]' not in python
+
+
+def test_clicks_while_a_sample_is_being_made_join_that_run_and_queue_nothing_more(
+        alice: Person, charlie: Person, django_capture_on_commit_callbacks: Any, settings: Any) -> None:
+    """Hostile: a team that clicks the button again and again while its sample is made must not fill the inspection
+    lane every team's uploads share (each run would upload and inspect the models once more). Another team's click
+    still starts its own run at once."""
+    from django.utils import timezone
+
+    from audit.models import AuditEntry
+
+    client = signed_in(alice)
+    with django_capture_on_commit_callbacks() as queued:
+        for _ in range(20):
+            response = client.post("/samples/deploy/", {"sample": "pipeline"})
+            assert response.status_code == 302 and response["Location"] == "/samples/pipeline/"
+    assert len(queued) == 1
+    assert AuditEntry.objects.filter(team=alice.team, action="sample.deploy").count() == 1
+    with django_capture_on_commit_callbacks() as theirs:
+        assert signed_in(charlie).post("/samples/deploy/", {"sample": "pipeline"}).status_code == 302
+    assert len(theirs) == 1
+    # A run that never finished (a worker killed mid-way) stops counting past its time limit: a click starts anew.
+    AuditEntry.objects.filter(team=alice.team, action="sample.deploy").update(
+        time=timezone.now() - timezone.timedelta(seconds=4 * settings.INSPECTION_TIME_LIMIT_SECONDS + 1))
+    with django_capture_on_commit_callbacks() as again:
+        client.post("/samples/deploy/", {"sample": "pipeline"})
+    assert len(again) == 1
