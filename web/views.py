@@ -24,6 +24,7 @@ from accounts import actions as token_actions
 from accounts.context import SESSION_TEAM_KEY, current_team, is_team_admin
 from accounts.models import ApiToken, Membership, Team, max_token_lifetime_days
 from accounts.names import NAME_RE, NAME_RULE
+from audit.log import record as audit
 from deployments import actions as deployment_actions
 from deployments import planning
 from deployments.local_env import local_framework_status
