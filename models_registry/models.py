@@ -101,6 +101,9 @@ class ModelVersion(models.Model):
     # validated steps (models_registry.pipelines), a python model's requirements.txt lines (installed by the local
     # runtime when deployed), a SavedModel's SignatureDef, a trial's note.
     definition = models.JSONField(null=True, blank=True)
+    # The uploader's example request (a KServe v2 JSON inference request, checked against the signature; BYTES
+    # elements as {"b64": ...}): the trial call's request in place of zeros (modelport/core/example_request.py).
+    example_request = models.JSONField(null=True, blank=True)
     # Pipelines: the versions their steps call, so that none of them is deleted while a pipeline uses it.
     step_versions = models.ManyToManyField("self", symmetrical=False, related_name="pipelines", blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.VALIDATING)
@@ -127,6 +130,18 @@ class ModelVersion(models.Model):
     @property
     def parsed_definition(self) -> Definition | None:
         return formats.definition_from_json(self.format, self.definition)
+
+    @property
+    def has_example_request(self) -> bool:
+        return self.example_request is not None
+
+    @property
+    def notes(self) -> list[str]:
+        """What the uploader should know of an accepted version: a trial that did not pass (not run, or not
+        checked because the model raised on inputs of zeros), in the trial's own words."""
+        definition = self.definition if isinstance(self.definition, dict) else {}
+        trial = definition.get("trial_call") or definition.get("trial_run") or ""
+        return [str(trial)] if trial and not str(trial).startswith("passed") else []
 
     @property
     def requirements(self) -> list[str]:
