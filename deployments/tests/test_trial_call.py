@@ -81,7 +81,8 @@ def push(person: Person, data: bytes, example_request: dict[str, Any] | None = N
 def test_a_model_that_raises_on_zeros_without_an_example_is_answered_with_a_note_not_a_refusal() -> None:
     # The verdict alone (no Triton): Triton's answer when execute() raised on the empty bytes.
     error = ("Failed to process the request(s) for model 'model_0_0', message: UnidentifiedImageError: cannot "
-             "identify image file <_io.BytesIO object at 0x7f>\n\nAt:\n  /srv/var/runtime-env/PIL/Image.py(3730): open\n")
+             "identify image file <_io.BytesIO object at 0x7f>\n\nAt:\n"
+             "  /srv/var/runtime-env/PIL/Image.py(3730): open\n")
     outcome = verdict(signature_from_json(SIGNATURE), 2, 500, json.dumps({"error": error}).encode(), False)
     assert outcome.problems == []
     assert outcome.note.startswith("not checked: the model raised UnidentifiedImageError on inputs of zeros")

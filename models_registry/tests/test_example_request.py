@@ -1,5 +1,6 @@
 """A version's example request (issue 31): checked against the signature at upload, a 400 naming what is wrong;
-stored with the version for its trial call. The calls themselves, on a real Triton: deployments/tests/test_trial_call.py."""
+stored with the version for its trial call. The calls themselves, on a real Triton:
+deployments/tests/test_trial_call.py."""
 
 from __future__ import annotations
 
@@ -130,4 +131,5 @@ def test_a_json_upload_takes_the_example_request_as_an_object(alice: Person) -> 
         "example_request": {"inputs": [{"name": "nope", "datatype": "BYTES", "shape": [1, 1], "data": ["x"]}]},
     }, format="json")
     assert response.status_code == 400, response.json()
-    assert "'nope' is not an input of the signature" in json.dumps(response.json()["error"]["fields"]["example_request"])
+    fields = response.json()["error"]["fields"]
+    assert "'nope' is not an input of the signature" in json.dumps(fields["example_request"])
