@@ -135,6 +135,22 @@ class ModelVersion(models.Model):
     def has_example_request(self) -> bool:
         return self.example_request is not None
 
+    def example_data(self) -> dict[str, list[Any]]:
+        """The example request's data per input, as a JSON request can carry it (for Try it): BYTES elements as
+        text where they are printable UTF-8; an input with binary elements (an image) is left out."""
+        data: dict[str, list[Any]] = {}
+        inputs = self.example_request.get("inputs") if isinstance(self.example_request, dict) else None
+        for tensor in inputs if isinstance(inputs, list) else []:
+            values = tensor.get("data") if isinstance(tensor, dict) else None
+            if not isinstance(values, list) or not isinstance(tensor.get("name"), str):
+                continue
+            if tensor.get("datatype") == "BYTES":
+                values = [_text(v) for v in values]
+                if None in values:
+                    continue
+            data[tensor["name"]] = values
+        return data
+
     @property
     def notes(self) -> list[str]:
         """What the uploader should know of an accepted version: a trial that did not pass (not run, or not
@@ -177,6 +193,20 @@ class ModelVersion(models.Model):
 
 
 _NOT_ANNOTATED = object()
+
+
+def _text(element: Any) -> str | None:
+    """A BYTES element of a stored example request ({"b64": ...}) as printable text, or None."""
+    import base64
+    import binascii
+
+    if isinstance(element, str):
+        return element
+    try:
+        text = base64.b64decode(element["b64"], validate=True).decode()
+    except (TypeError, KeyError, binascii.Error, UnicodeDecodeError):
+        return None
+    return text if text.isprintable() else None
 
 
 def with_identical_to(versions: QuerySet[ModelVersion]) -> QuerySet[ModelVersion]:
