@@ -133,3 +133,25 @@ def test_a_json_upload_takes_the_example_request_as_an_object(alice: Person) -> 
     assert response.status_code == 400, response.json()
     fields = response.json()["error"]["fields"]
     assert "'nope' is not an input of the signature" in json.dumps(fields["example_request"])
+
+
+def test_an_onnx_upload_checks_its_example_request_against_the_signature_inspection_reads(alice: Person) -> None:
+    from deployments.tests.conftest import tiny_onnx
+    from models_registry.inspection import inspect_here
+
+    client = alice.client()
+    client.post("/api/v1/models/", {"name": "tiny"}, format="json")
+
+    def push(example: dict[str, Any]) -> ModelVersion:
+        response = client.post("/api/v1/models/tiny/versions/", {
+            "file": SimpleUploadedFile("model.onnx", tiny_onnx()), "example_request": json.dumps(example)},
+            format="multipart")
+        assert response.status_code == 201, response.json()  # no declared signature: checked at inspection
+        return inspect_here(ModelVersion.objects.get(model__name="tiny", number=response.json()["number"]).pk)
+
+    wrong = push({"inputs": [{"name": "nope", "datatype": "FP32", "shape": [1, 4], "data": [0, 0, 0, 0]}]})
+    assert wrong.status == "invalid"
+    assert wrong.error == "example_request: inputs[0].name: 'nope' is not an input of the signature (its inputs: 'x')."
+    right = push({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]})
+    assert right.status == "ready", right.error
+    assert right.example_data() == {"x": [1, 2, 3, 4]}
