@@ -220,7 +220,11 @@ def _example_request(value: Any, signature: Any) -> dict[str, Any] | None:
                 raise ExampleRequestError(f"The example request is not JSON ({exc}).") from None
         if signature is not None:
             return parse_example_request(value, signature, limit).to_json()
-        size = len(json.dumps(value))
+        text = json.dumps(value)
+        size = len(text)
+        if "\x00" in json.dumps(value, ensure_ascii=False):
+            # Stored as sent until inspection checks it: PostgreSQL stores no NUL in JSON (a 500, not a 400).
+            raise ExampleRequestError('Null characters are not allowed: send such BYTES as {"b64": "<base64>"}.')
         if size > limit:
             raise ExampleRequestError(f"The example request is {size:,} bytes as JSON; at most {limit:,}.")
         if not isinstance(value, dict) or not isinstance(value.get("inputs"), list):

@@ -155,3 +155,18 @@ def test_an_onnx_upload_checks_its_example_request_against_the_signature_inspect
     right = push({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]})
     assert right.status == "ready", right.error
     assert right.example_data() == {"x": [1, 2, 3, 4]}
+
+
+def test_a_null_character_in_an_example_request_kept_until_inspection_is_a_400(alice: Person) -> None:
+    """Without a declared signature the request is stored as sent until inspection: a NUL in it would be a 500 on
+    PostgreSQL, which stores none in JSON."""
+    from deployments.tests.conftest import tiny_onnx
+
+    client = alice.client()
+    client.post("/api/v1/models/", {"name": "tiny"}, format="json")
+    example = {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1, 1], "data": ["a\u0000b"]}]}
+    response = client.post("/api/v1/models/tiny/versions/", {
+        "file": SimpleUploadedFile("model.onnx", tiny_onnx()), "example_request": json.dumps(example)},
+        format="multipart")
+    assert response.status_code == 400, response.json()
+    assert "Null characters are not allowed" in response.json()["error"]["fields"]["example_request"][0]
