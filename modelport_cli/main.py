@@ -148,6 +148,8 @@ def wait_for_version(client: Client, model: str, version: dict[str, Any], args: 
                 # A note like the others (stderr stays the error line alone unless --verbose); --json has the field.
                 info(f"note: {model} version {number} is identical to version {body['identical_to']} (the same "
                      "bytes): nothing changed since")
+            for note in body.get("notes") or []:
+                info(f"note: {model} version {number}: {note}")
         # The bare number on stdout: VERSION=$(modelport push ...) in a CI script.
         print(number)
     return ExitCode.OK
@@ -164,6 +166,7 @@ def cmd_push(args: argparse.Namespace) -> int:
         raise CliError(f"{path}: no such file", ExitCode.USAGE)
     check_name(args.model, "model")
     signature = read_json_file(args.signature, "--signature") if args.signature else None
+    example = read_json_file(args.example_request, "--example-request") if args.example_request else None
     client = make_client(args)
 
     progress = None if args.json or not args.verbose_stderr else Progress(path.stat().st_size, f"uploading {path.name}")
@@ -181,6 +184,8 @@ def cmd_push(args: argparse.Namespace) -> int:
         body["signature"] = signature
     if args.max_batch_size is not None:
         body["max_batch_size"] = args.max_batch_size
+    if example is not None:
+        body["example_request"] = example
     version = create_version(client, args.model, body)
     state.forget(result.state_key)  # the portal consumed the upload; a re-run must upload again
     return wait_for_version(client, args.model, version, args)
@@ -911,6 +916,9 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--signature", metavar="FILE.json",
                       help='inputs and outputs: {"inputs": [{"name", "datatype", "dims"}], "outputs": [...]}')
     push.add_argument("--max-batch-size", type=_non_negative_int, metavar="N")
+    push.add_argument("--example-request", metavar="FILE.json", help=(
+        'a KServe v2 request for the model, {"inputs": [{"name", "datatype", "shape", "data"}]} (BYTES: a string '
+        'or {"b64": ...}): the trial call of a python model sends it instead of zeros'))
     push.add_argument("--no-wait", action="store_true", help="return once uploaded, without waiting for validation")
     push.add_argument("--timeout", type=_seconds, default=DEFAULT_PUSH_TIMEOUT, metavar="S",
                       help=f"how long to wait for validation (default {DEFAULT_PUSH_TIMEOUT:g})")

@@ -60,7 +60,8 @@ def _queue_inspection(version: ModelVersion) -> None:
 
 
 def _new_version(model: Model, user: Any, *, staged_key: str, filename: str, size: int, fmt: str,
-                 declared_format: str, signature: Signature | None, max_batch_size: int | None) -> ModelVersion:
+                 declared_format: str, signature: Signature | None, max_batch_size: int | None,
+                 example_request: dict[str, Any] | None = None) -> ModelVersion:
     version = ModelVersion.objects.create(
         model=model,
         number=model.next_version_number(),
@@ -71,6 +72,7 @@ def _new_version(model: Model, user: Any, *, staged_key: str, filename: str, siz
         size=size,
         declared_signature=signature.to_json() if signature else None,
         declared_max_batch_size=max_batch_size,
+        example_request=example_request,
         status=ModelVersion.Status.VALIDATING,
         created_by=user,
     )
@@ -80,7 +82,8 @@ def _new_version(model: Model, user: Any, *, staged_key: str, filename: str, siz
 
 
 def create_version_from_file(model: Model, user: Any, stream: IO[bytes], filename: str, *, declared_format: str = "",
-                             signature: Signature | None = None, max_batch_size: int | None = None) -> ModelVersion:
+                             signature: Signature | None = None, max_batch_size: int | None = None,
+                             example_request: dict[str, Any] | None = None) -> ModelVersion:
     """A small artifact sent in the request body: checked locally first, stored only if it passes."""
     with tempfile.TemporaryDirectory(prefix="modelport-upload-") as tmp:
         path = Path(tmp) / "artifact"
@@ -100,14 +103,15 @@ def create_version_from_file(model: Model, user: Any, stream: IO[bytes], filenam
             quota.check_room(model.team, size, disk=False)
             return _new_version(_save_new_model(model, user), user, staged_key=staged_key, filename=filename, size=size,
                                 fmt=check.format, declared_format=declared_format, signature=signature,
-                                max_batch_size=max_batch_size)
+                                max_batch_size=max_batch_size, example_request=example_request)
     except BaseException:
         store.delete(staged_key)
         raise
 
 
 def create_version_from_upload(model: Model, user: Any, upload: Upload, *, declared_format: str = "",
-                               signature: Signature | None = None, max_batch_size: int | None = None) -> ModelVersion:
+                               signature: Signature | None = None, max_batch_size: int | None = None,
+                               example_request: dict[str, Any] | None = None) -> ModelVersion:
     """A finished resumable upload becomes a version; the upload can be used once."""
     if not upload.is_complete:
         raise ArtifactRejected(f"The upload is not finished: {upload.offset} of {upload.length} bytes received.")
@@ -126,7 +130,8 @@ def create_version_from_upload(model: Model, user: Any, upload: Upload, *, decla
             raise Conflict("This upload was already used for a model version; upload the file again.")
         return _new_version(_save_new_model(model, user), user, staged_key=upload.key, filename=filename,
                             size=upload.length, fmt=fmt,
-                            declared_format=declared_format, signature=signature, max_batch_size=max_batch_size)
+                            declared_format=declared_format, signature=signature, max_batch_size=max_batch_size,
+                            example_request=example_request)
 
 
 def _discard_upload(upload: Upload) -> None:

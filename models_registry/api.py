@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar
 
 from django.conf import settings
@@ -25,6 +26,8 @@ from accounts.context import acting_user, current_team, is_team_admin
 from accounts.idempotency import idempotent
 from accounts.names import name_error
 from audit.log import record as audit
+from modelport.core.example_request import ExampleRequestError, parse_example_request
+from modelport.core.json_input import loads as json_loads
 from modelport.core.signature import KSERVE_TO_TRITON, TRITON_TO_KSERVE, SignatureError, parse_signature
 from models_registry import actions, pipelines
 from models_registry.models import Format, Model, ModelVersion, Upload, with_identical_to
@@ -99,6 +102,31 @@ class DefinitionField(BoundedJSONField):
     pass
 
 
+_EXAMPLE_INPUT = {
+    "type": "object", "additionalProperties": False, "required": ["name", "datatype", "shape", "data"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "datatype": _TENSOR["properties"]["datatype"],  # type: ignore[index]
+        "shape": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+        "data": {"type": "array", "description": 'The elements, flat or nested row-major; a BYTES element is a '
+                                                 'string or {"b64": "<base64>"}.'},
+        "parameters": {"type": "object"},
+    },
+}
+EXAMPLE_REQUEST_SCHEMA = {
+    "type": "object", "additionalProperties": False, "required": ["inputs"], "nullable": True,
+    "properties": {"id": {"type": "string"}, "parameters": {"type": "object"}, "outputs": {"type": "array"},
+                   "inputs": {"type": "array", "minItems": 1, "items": _EXAMPLE_INPUT}},
+    "description": "A KServe v2 JSON inference request for this version, checked against its signature (at most "
+                   "EXAMPLE_REQUEST_MAX_BYTES): the trial call of a python model sends it instead of zeros.",
+}
+
+
+@extend_schema_field(EXAMPLE_REQUEST_SCHEMA)
+class ExampleRequestField(BoundedJSONField):
+    pass
+
+
 class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
     model = serializers.CharField(source="model.name", read_only=True)
     created_by = serializers.CharField(source="created_by.username", default=None, read_only=True, allow_null=True)
@@ -109,6 +137,12 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
                                                                 "{} until the version is inspected.")
     definition = serializers.DictField(read_only=True, allow_null=True,
                                        help_text="A pipeline's definition; null for other formats.")
+    # Not the request itself: up to EXAMPLE_REQUEST_MAX_BYTES each would make a list of versions huge.
+    has_example_request = serializers.BooleanField(read_only=True, help_text=(
+        "Whether the version was uploaded with an example request (its trial call sent it instead of zeros)."))
+    notes = serializers.ListField(child=serializers.CharField(), read_only=True, help_text=(
+        "What to know of the version: a trial at inspection that did not run or could not check the model (a "
+        "python model that raised on inputs of zeros, naming the exception). [] when there is nothing to say."))
     identical_to = serializers.IntegerField(read_only=True, allow_null=True, help_text=(
         "The first earlier version of this model with the same bytes (the same sha256), or null: pushing the same "
         "file again makes a new version and says so here. Null until the version is inspected."))
@@ -116,7 +150,8 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
     class Meta:
         model = ModelVersion
         fields = ["model", "number", "format", "status", "error", "size", "sha256", "identical_to", "signature",
-                  "max_batch_size", "original_filename", "definition", "created_by", "created_at", "validated_at"]
+                  "max_batch_size", "original_filename", "definition", "has_example_request", "notes", "created_by",
+                  "created_at", "validated_at"]
         read_only_fields = fields
 
 
@@ -152,6 +187,7 @@ class VersionCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
     create_model = serializers.BooleanField(
         required=False, default=False,
         help_text="Create the model if it does not exist, with this version: a refused first version leaves no model.")
+    example_request = ExampleRequestField(required=False, allow_null=True)
 
     def validate_signature(self, value: Any) -> Any:
         if value in (None, "", {}):
@@ -165,7 +201,52 @@ class VersionCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
         if bool(attrs.get("file")) == bool(attrs.get("upload_id")):
             raise serializers.ValidationError("Send exactly one of 'file' (multipart) "
                                               "or 'upload_id' (a finished tus upload).")
+        attrs["example_request"] = _example_request(attrs.get("example_request"), attrs.get("signature"))
         return attrs
+
+
+def _holds_nul(value: Any) -> bool:
+    # Iterative: the depth is bounded already, but a wide request must not recurse either.
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str) and "\x00" in item:
+            return True
+        if isinstance(item, dict):
+            stack.extend([*item.keys(), *item.values()])
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _example_request(value: Any, signature: Any) -> dict[str, Any] | None:
+    """The example request as stored: checked against the declared signature here (a 400 naming what does not
+    fit); without one (a format that carries its own) bounded here and checked at inspection."""
+    if value in (None, "", {}):
+        return None
+    limit = settings.EXAMPLE_REQUEST_MAX_BYTES
+    try:
+        if isinstance(value, str):  # JSON text (a form field)
+            if len(value) > limit:
+                raise ExampleRequestError(f"The example request is {len(value):,} bytes; at most {limit:,}.")
+            try:
+                value = json_loads(value)
+            except ValueError as exc:
+                raise ExampleRequestError(f"The example request is not JSON ({exc}).") from None
+        if signature is not None:
+            return parse_example_request(value, signature, limit).to_json()
+        text = json.dumps(value)
+        size = len(text)
+        if _holds_nul(value):
+            # Stored as sent until inspection checks it: PostgreSQL stores no NUL in JSON (a 500, not a 400).
+            raise ExampleRequestError('Null characters are not allowed: send such BYTES as {"b64": "<base64>"}.')
+        if size > limit:
+            raise ExampleRequestError(f"The example request is {size:,} bytes as JSON; at most {limit:,}.")
+        if not isinstance(value, dict) or not isinstance(value.get("inputs"), list):
+            raise ExampleRequestError('The example request must be a KServe v2 inference request: {"inputs": [...]}.')
+        return value
+    except ExampleRequestError as exc:
+        raise serializers.ValidationError({"example_request": [str(exc)]}) from None
 
 
 class VersionFromFileSerializer(serializers.Serializer[Any]):
@@ -178,6 +259,9 @@ class VersionFromFileSerializer(serializers.Serializer[Any]):
                                                                  '"outputs": [...]}.')
     max_batch_size = VersionCreateSerializer().fields["max_batch_size"]
     create_model = VersionCreateSerializer().fields["create_model"]
+    example_request = serializers.CharField(required=False, allow_blank=True, help_text=(
+        "A KServe v2 JSON inference request as JSON text, checked against the signature: the trial call of a python "
+        'model sends it instead of zeros; a BYTES element is a string or {"b64": "<base64>"}.'))
 
 
 class VersionFromUploadSerializer(serializers.Serializer[Any]):
@@ -188,6 +272,7 @@ class VersionFromUploadSerializer(serializers.Serializer[Any]):
     signature = SignatureField(required=False, allow_null=True)
     max_batch_size = VersionCreateSerializer().fields["max_batch_size"]
     create_model = VersionCreateSerializer().fields["create_model"]
+    example_request = ExampleRequestField(required=False, allow_null=True)
 
 
 class PipelineCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
@@ -373,7 +458,7 @@ def versions_list(request: Request, name: str) -> Response:
     serializer.is_valid(raise_exception=True)
     data = serializer.validated_data
     options = {"declared_format": data.get("format") or "", "signature": data.get("signature"),
-               "max_batch_size": data.get("max_batch_size")}
+               "max_batch_size": data.get("max_batch_size"), "example_request": data.get("example_request")}
     try:
         if data.get("file"):
             version = actions.create_version_from_file(model, request.user, data["file"], data["file"].name, **options)

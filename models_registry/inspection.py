@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from modelport.core import formats
 from modelport.core.definitions import Definition, definition_to_json
+from modelport.core.example_request import ExampleRequest, ExampleRequestError, parse_example_request
 from modelport.core.formats.base import InspectionError
 from modelport.core.signature import Signature, signature_from_json
 from models_registry import dispatch, python_trial, trial
@@ -33,11 +34,12 @@ class Findings:
     definition: Definition | None = None
 
 
-def _trial_findings(path_format: str, path: Path, signature: Signature) -> dict[str, Any]:
+def _trial_findings(path_format: str, path: Path, signature: Signature,
+                    example: ExampleRequest | None) -> dict[str, Any]:
     """The run a format asked for (Inspected.needs_trial_run), with the operator's settings; ArtifactRejected when the
     model does not run as declared."""
     if path_format == formats.PYTHON:
-        return python_trial.python_findings(path, signature, has_requirements=False)
+        return python_trial.python_findings(path, signature, has_requirements=False, example=example)
     return trial.torchscript_findings(path, signature)
 
 
@@ -48,12 +50,13 @@ def _findings(version: ModelVersion, path_format: str, path: Path) -> Findings:
     try:
         inspected = inspect(path, declared, archive_limits())
     except InspectionError as exc:
-        raise ArtifactRejected(str(exc)) from None
+        raise ArtifactRejected(f"example_request: {exc}") from None
     signature, definition = inspected.signature, inspected.definition
+    example = _example(version, signature)
     if inspected.needs_trial_run:
         # The trial's note joins what inspection found, in the format's own definition.
-        definition = formats.definition_from_json(path_format, {**(definition_to_json(definition) or {}),
-                                                               **_trial_findings(path_format, path, signature)})
+        found = _trial_findings(path_format, path, signature, example)
+        definition = formats.definition_from_json(path_format, {**(definition_to_json(definition) or {}), **found})
     batchable = inspected.batchable
     hint = inspected.max_batch_size_hint or formats.DEFAULT_MAX_BATCH_SIZE
     requested = version.declared_max_batch_size
@@ -64,6 +67,19 @@ def _findings(version: ModelVersion, path_format: str, path: Path) -> Findings:
         )
     max_batch_size = requested if requested is not None else (hint if batchable else 0)
     return Findings(signature=signature, max_batch_size=max_batch_size, definition=definition)
+
+
+def _example(version: ModelVersion, signature: Signature) -> ExampleRequest | None:
+    """The version's example request against the signature inspection found (checked at upload against a declared
+    one; a format that reads its own signature is checked here); ArtifactRejected naming what does not fit."""
+    if version.example_request is None:
+        return None
+    from django.conf import settings
+
+    try:
+        return parse_example_request(version.example_request, signature, settings.EXAMPLE_REQUEST_MAX_BYTES)
+    except ExampleRequestError as exc:
+        raise ArtifactRejected(f"example_request: {exc}") from None
 
 
 def inspect_version(version_id: int) -> None:

@@ -101,6 +101,9 @@ class ModelVersion(models.Model):
     # validated steps (models_registry.pipelines), a python model's requirements.txt lines (installed by the local
     # runtime when deployed), a SavedModel's SignatureDef, a trial's note.
     definition = models.JSONField(null=True, blank=True)
+    # The uploader's example request (a KServe v2 JSON inference request, checked against the signature; BYTES
+    # elements as {"b64": ...}): the trial call's request in place of zeros (modelport/core/example_request.py).
+    example_request = models.JSONField(null=True, blank=True)
     # Pipelines: the versions their steps call, so that none of them is deleted while a pipeline uses it.
     step_versions = models.ManyToManyField("self", symmetrical=False, related_name="pipelines", blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.VALIDATING)
@@ -127,6 +130,34 @@ class ModelVersion(models.Model):
     @property
     def parsed_definition(self) -> Definition | None:
         return formats.definition_from_json(self.format, self.definition)
+
+    @property
+    def has_example_request(self) -> bool:
+        return self.example_request is not None
+
+    def example_data(self) -> dict[str, list[Any]]:
+        """The example request's data per input, as a JSON request can carry it (for Try it): BYTES elements as
+        text where they are printable UTF-8; an input with binary elements (an image) is left out."""
+        data: dict[str, list[Any]] = {}
+        inputs = self.example_request.get("inputs") if isinstance(self.example_request, dict) else None
+        for tensor in inputs if isinstance(inputs, list) else []:
+            values = tensor.get("data") if isinstance(tensor, dict) else None
+            if not isinstance(values, list) or not isinstance(tensor.get("name"), str):
+                continue
+            if tensor.get("datatype") == "BYTES":
+                values = [_text(v) for v in values]
+                if None in values:
+                    continue
+            data[tensor["name"]] = values
+        return data
+
+    @property
+    def notes(self) -> list[str]:
+        """What the uploader should know of an accepted version: a trial that did not pass (not run, or not
+        checked because the model raised on inputs of zeros), in the trial's own words."""
+        definition = self.definition if isinstance(self.definition, dict) else {}
+        trial = definition.get("trial_call") or definition.get("trial_run") or ""
+        return [str(trial)] if trial and not str(trial).startswith("passed") else []
 
     @property
     def requirements(self) -> list[str]:
@@ -162,6 +193,20 @@ class ModelVersion(models.Model):
 
 
 _NOT_ANNOTATED = object()
+
+
+def _text(element: Any) -> str | None:
+    """A BYTES element of a stored example request ({"b64": ...}) as printable text, or None."""
+    import base64
+    import binascii
+
+    if isinstance(element, str):
+        return element
+    try:
+        text = base64.b64decode(element["b64"], validate=True).decode()
+    except (TypeError, KeyError, binascii.Error, UnicodeDecodeError):
+        return None
+    return text if text.isprintable() else None
 
 
 def with_identical_to(versions: QuerySet[ModelVersion]) -> QuerySet[ModelVersion]:

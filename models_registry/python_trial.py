@@ -8,9 +8,15 @@ Why (issue 25): a python model returning its output under another name than its 
 ready, and Triton answered it with HTTP 200 and `"outputs": []`. TorchScript gets a trial run for the same reason
 (trial_run.py); a python model runs only inside Triton's python backend (pb_utils), so its trial is a real call.
 
+With the version's example request (an upload field, modelport/core/example_request.py) the call sends that
+instead of zeros, and the model must answer it. Without one, a model that fails on zeros (a step decoding images
+raises on empty bytes) is accepted, unchecked, with a note naming its exception: a model failing on made-up input
+says nothing about the model. An answer that contradicts the signature is refused either way.
+
 What it cannot check, and says so in the version's note: a model with requirements (its environment is built at
-deploy time, not at inspection), where this machine has no local Triton, or inputs the model refuses as invalid
-(INVALID_ARG: zeros are no image, say). The gateway still refuses, at serve time, any answer missing an output.
+deploy time, not at inspection), where this machine has no local Triton, or zeros the model refuses or fails on
+(INVALID_ARG, or an exception: zeros are no image, say). The gateway still refuses, at serve time, any answer
+missing an output.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from modelport.core.example_request import ExampleRequest
 from modelport.core.signature import Signature
 from modelport.core.trial_run import TRIAL_BATCH, TRIAL_DYNAMIC_SIZE, excerpt, trial_batch, trial_shape
 
@@ -54,8 +61,10 @@ def clip(text: str) -> str:
     return excerpt(text, _ERROR_MAX_CHARS)
 
 
-def python_findings(archive: Path, signature: Signature, has_requirements: bool) -> dict[str, Any]:
-    """For inspection: the trial call's note for the version's definition; ArtifactRejected when it failed."""
+def python_findings(archive: Path, signature: Signature, has_requirements: bool,
+                    example: ExampleRequest | None = None) -> dict[str, Any]:
+    """For inspection: the trial call's note for the version's definition; ArtifactRejected when it failed. The
+    call sends `example` (the version's example request) where there is one, zeros otherwise."""
     from django.conf import settings
 
     from models_registry.validation import ArtifactRejected
@@ -67,14 +76,16 @@ def python_findings(archive: Path, signature: Signature, has_requirements: bool)
     from models_registry.signals import python_trial_call
 
     responses: list[tuple[object, object]] = list(python_trial_call.send(
-        sender=None, archive=archive, signature=signature, timeout=float(settings.TRIAL_RUN_TIMEOUT_SECONDS)))
+        sender=None, archive=archive, signature=signature, timeout=float(settings.TRIAL_RUN_TIMEOUT_SECONDS),
+        example=example))
     answers = [answer for _, answer in responses if isinstance(answer, TrialCall)]
     if not answers:
         return {"trial_call": "not run: no runtime answers the trial call here"}
     outcome = answers[0]
     if outcome.problems:
+        fed = ("one call on the example request" if example is not None else
+               f"one call on zeros, batch {TRIAL_BATCH} where the first dimension is -1, other -1 dimensions "
+               f"{TRIAL_DYNAMIC_SIZE}")
         raise ArtifactRejected(
-            "The python model does not answer as its declared signature says (one call on zeros, batch "
-            f"{TRIAL_BATCH} where the first dimension is -1, other -1 dimensions {TRIAL_DYNAMIC_SIZE}): "
-            + "; ".join(outcome.problems))
+            f"The python model does not answer as its declared signature says ({fed}): " + "; ".join(outcome.problems))
     return {"trial_call": outcome.note}

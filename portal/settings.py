@@ -264,6 +264,9 @@ TRIAL_RUN_MEMORY_MB = env_int("TRIAL_RUN_MEMORY_MB", 4096, minimum=1024)
 # A python model without requirements is called once at inspection, in a sandboxed Triton of its own, and refused
 # when its answer does not match its signature (models_registry/python_trial.py). Off: accepted unchecked.
 PYTHON_TRIAL_CALL = env_bool("PYTHON_TRIAL_CALL", True)
+# A version's example request (an upload field, modelport/core/example_request.py): the trial call's request in place
+# of zeros, and a default request. Untrusted input: at most this many bytes of JSON, checked against the signature.
+EXAMPLE_REQUEST_MAX_BYTES = env_int("EXAMPLE_REQUEST_MAX_BYTES", 1024 * 1024, minimum=1024)
 # An inspection as a whole (hashing, reading the format, the trial run): past this many seconds Celery's soft limit
 # marks the version invalid, and INSPECTION_KILL_GRACE_SECONDS later its hard limit kills the worker's child process
 # (the inspection lane runs the prefork pool, portal/lanes.py). A version still validating after both (its child

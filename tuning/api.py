@@ -24,6 +24,7 @@ from models_registry.models import ModelVersion
 from portal.api_schema import JSON_PARSERS, ExactJSONTypes, error, takes_no_body
 from tuning import actions
 from tuning.models import TuneRun
+from web.inference import with_data
 
 MIN_BUDGET_SECONDS = 30
 MAX_BUDGET_SECONDS = 3600
@@ -176,6 +177,8 @@ def tune_create(request: Request, name: str) -> Response:
     assert entry.version_id is not None  # _entry_to_tune refused a model without one
     body = data["request"] if data["sample"] == "request" else example_request(served_signature(entry))
     if data["sample"] == "generated":
+        # The example request the version was uploaded with, where it fits (as Try it sends it), else zeros.
+        body = with_data(body, ModelVersion.objects.get(pk=entry.version_id).example_data())
         problem = generated_problem(body)
         if problem:
             raise serializers.ValidationError({"sample": [problem]})

@@ -13,6 +13,7 @@ from django.utils import timezone
 from deployments import canary
 from deployments.models import Deployment
 from deployments.revision_spec import ModelEntry
+from models_registry.models import ModelVersion
 from models_registry.samples import sample_digit_png, sample_inputs, takes_images
 from web import grpc_snippet, inference, placement, revisions
 from web.traffic import WINDOW_MINUTES as TRAFFIC_WINDOW_MINUTES
@@ -49,7 +50,8 @@ def served_models(deployment: Deployment, base_url: str) -> list[dict[str, Any]]
         # shapes of the example and the snippets.
         signature = inference.served_signature(entry)
         # The sample's held-out example where there is one: Try it, curl and both Python snippets send it.
-        sample = sample_inputs(entry.signature.to_json())
+        # Else the example request the version was uploaded with, where its data fits the example's shapes.
+        sample = sample_inputs(entry.signature.to_json()) or _uploaded_example(entry.version_id)
         example = inference.with_data(inference.example_request(signature), sample)
         images = takes_images(entry.signature.to_json())
         # A model that takes images gets the sample PNG in its snippets: an empty BYTES element answers 400.
@@ -91,6 +93,11 @@ def served_models(deployment: Deployment, base_url: str) -> list[dict[str, Any]]
 @functools.lru_cache(maxsize=1)
 def _sample_png() -> bytes:
     return sample_digit_png()
+
+
+def _uploaded_example(version_id: int | None) -> dict[str, list[Any]]:
+    version = ModelVersion.objects.filter(pk=version_id).only("example_request").first() if version_id else None
+    return version.example_data() if version is not None else {}
 
 
 def settings_context(deployment: Deployment) -> dict[str, Any]:

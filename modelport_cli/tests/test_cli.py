@@ -201,6 +201,33 @@ def test_push_uploads_creates_the_version_and_prints_its_number_once_ready(
     assert not json.loads((tmp_path / "cache" / "uploads.json").read_text()), "a used upload is not remembered"
 
 
+def test_push_sends_the_example_request_file_and_says_the_versions_notes(
+    portal: FakePortal, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    FakeTus(portal)
+    note = "not checked: the model raised UnidentifiedImageError on inputs of zeros"
+    versions_of(portal, "digits", [{"status": "ready", "error": "", "notes": [note]}])
+    example = {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1, 1], "data": [{"b64": "iVBORw0K"}]}]}
+    (tmp_path / "example.json").write_text(json.dumps(example))
+
+    code = main(["push", "digits", str(artifact(tmp_path, 500)), "--example-request", str(tmp_path / "example.json"),
+                 "--verbose"])
+
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    assert portal.seen("POST", "/api/v1/models/digits/versions/")[0].json()["example_request"] == example
+    assert f"note: digits version 4: {note}" in err
+
+
+def test_a_broken_example_request_file_is_a_usage_error(portal: FakePortal, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "example.json").write_text("{not json")
+
+    assert main(["push", "digits", str(artifact(tmp_path, 10)), "--example-request",
+                 str(tmp_path / "example.json")]) == 2
+    assert "is not valid JSON" in error_line(capsys)
+
+
 def test_push_of_the_same_bytes_again_says_which_version_they_are_identical_to(
     portal: FakePortal, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
