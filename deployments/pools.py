@@ -178,6 +178,35 @@ def estimate(spec: RevisionSpec, pool: Pool | None = None) -> int:
     return total
 
 
+def reservation(measured_bytes: int) -> int:
+    """What a pool reserves for one model that took `measured_bytes` at its peak (or is estimated to): the memory
+    limit of its own processes, and what it is charged (POOL_MODEL_MEMORY_HEADROOM over its peak, at least
+    POOL_MODEL_MEMORY_MIN: a python-backend stub with onnxruntime holds some 70 MB before its first request)."""
+    return max(int(measured_bytes * settings.POOL_MODEL_MEMORY_HEADROOM),
+               quantity_bytes(settings.POOL_MODEL_MEMORY_MIN))
+
+
+def reservations(spec: RevisionSpec, pool: Pool | None = None) -> dict[str, int]:
+    """Each model's reservation by name (pipelines run in Triton itself and reserve nothing), from its peak measured
+    on this machine, or for a version never measured its artifact's size times POOL_UNMEASURED_FACTOR."""
+    from models_registry.models import Blob
+
+    ids = [m.version_id for m in spec.models if m.version_id is not None]
+    found = dict(ModelMemory.objects.filter(version_id__in=ids, fingerprint=fingerprint(pool))
+                 .values_list("version_id", "memory_bytes"))
+    sizes = dict(Blob.objects.filter(sha256__in=[m.sha256 for m in spec.models if m.sha256])
+                 .values_list("sha256", "size"))
+    out = {}
+    for entry in spec.models:
+        if entry.is_pipeline:
+            continue
+        if entry.version_id is not None and entry.version_id in found:
+            out[entry.name] = reservation(found[entry.version_id])
+        else:
+            out[entry.name] = reservation(int(sizes.get(entry.sha256, 0) * settings.POOL_UNMEASURED_FACTOR))
+    return out
+
+
 def format_bytes(value: int) -> str:
     return f"{value / 2**20:.0f} MiB"
 
