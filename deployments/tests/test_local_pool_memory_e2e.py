@@ -164,3 +164,4 @@ def test_a_models_figure_is_its_own_peak_under_use_and_past_its_limit_it_loses_o
         assert PoolServer.objects.filter(state=PoolServer.State.RUNNING).get().pid == server.pid
     finally:
         gateway.close()
+

@@ -376,6 +376,7 @@ def _refresh_memory(load: PoolLoad, server: PoolServer) -> str:
     for entry in spec.models:
         if entry.is_pipeline:
             continue
+        pool_memory.adopt(server, repository(load.pool), prefix + entry.name)
         measured[entry.name] = pool_memory.measure(server, repository(load.pool), prefix + entry.name)
         reached = pool_memory.limit_reached(server, prefix + entry.name)
         if reached:
@@ -508,8 +509,9 @@ def load_revision(load_id: int, wait: bool = True) -> PoolLoad:
             model = name.removeprefix(prefix)
             if pool_memory.limit_reached(server, name):
                 # The kernel ended its process at its limit: Triton would keep that instance through a load of the
-                # same files (and restart its process under the old limit), so it goes first.
+                # same files, so it goes first.
                 _admin(server, name, "unload", 30)
+            error: str | None
             try:
                 # Before the load: the model's stubs wait for their cgroup before they run any of its code.
                 cgroup = pool_memory.prepare(server, name, reserved[model]) if model in reserved else None

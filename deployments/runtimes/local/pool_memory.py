@@ -144,6 +144,19 @@ def placing(server: PoolServer, repository: Path, name: str, directory: Path | N
         place(server, repository, name, directory)  # one that started at the very end
 
 
+def adopt(server: PoolServer, repository: Path, name: str) -> None:
+    """Move into its cgroup a stub Triton started for a loaded model outside a load (a python backend that starts a
+    dead model's process again), which waits for that: the health check and the idle-unload pass, every few seconds,
+    call this, well within POOL_STUB_PLACEMENT_SECONDS. (The Triton here does not restart a killed model process:
+    such a model fails its requests until it is loaded again, as before.)"""
+    directory = model_dir(server, name)
+    if directory is not None and directory.is_dir():
+        try:
+            place(server, repository, name, directory)
+        except OSError:
+            pass
+
+
 def measure(server: PoolServer, repository: Path, name: str) -> int:
     """The model's own peak memory: its cgroup's, else the sum of its stub processes' peak resident memory."""
     directory = model_dir(server, name)
