@@ -377,6 +377,7 @@ def _refresh_memory(load: PoolLoad, server: PoolServer) -> str:
         if entry.is_pipeline:
             continue
         pool_memory.adopt(server, repository(load.pool), prefix + entry.name)
+        pool_memory.fit_data_limit(server, prefix + entry.name)
         measured[entry.name] = pool_memory.measure(server, repository(load.pool), prefix + entry.name)
         reached = pool_memory.limit_reached(server, prefix + entry.name)
         if reached:
@@ -527,6 +528,7 @@ def load_revision(load_id: int, wait: bool = True) -> PoolLoad:
             done.append(name)
             if model in reserved:
                 measured[model] = pool_memory.measure(server, repository(pool), name)
+                pool_memory.fit_data_limit(server, name)
         # Charged what each model may take (its limit); more only where nothing limits it.
         total = max(sum(reserved.values()), sum(measured.values()))
         used, _ = pools.memory_used(pool)

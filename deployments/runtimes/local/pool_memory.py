@@ -9,7 +9,9 @@ first request). So:
 - Each loaded model's stub processes are moved into a memory cgroup of their own below the server's, limited to
   what the pool reserved for the model (pools.reservations): a model past it loses its own stub. The stub wrapper
   (modelport/core/sandbox/stub.py) waits for the move before any model code runs (MODELPORT_STUB_PLACEMENT_SECONDS);
-  each stub moved is made the kernel's first choice at an out-of-memory kill, before Triton.
+  each stub moved is made the kernel's first choice at an out-of-memory kill, before Triton. Once loaded, its data
+  segment is limited to what it maps plus what its cgroup has free, so one huge tensor fails as an error in the
+  request that asked for it.
 - A model's figure is its cgroup's peak (the kernel's count, its own processes' pages alone), read after the load
   and again whenever the pool's use is refreshed: what it holds after use, not what the tree gained at load. Without
   per-model cgroups, the peak resident memory (VmHWM) of its own stub processes.
@@ -90,33 +92,49 @@ def prepare(server: PoolServer, name: str, limit_bytes: int) -> Path | None:
 def place(server: PoolServer, repository: Path, name: str, directory: Path) -> int:
     """Move the model's stub processes that are not in its cgroup yet into it; how many were moved."""
     inside = set(cgroups.members([directory]))
-    limit = cgroups.limit_bytes(directory)
     moved = 0
     for pid in stub_pids(server, repository, name):
         if pid in inside:
             continue
-        _limit_process(pid, limit)  # before the move: the stub waits for the move, then runs the model
+        _kill_first(pid)  # before the move: the stub waits for the move, then runs the model
         if cgroups.move(pid, directory):
             moved += 1
     return moved
 
 
-# The address space a stub may take for its data beyond its memory limit: an idle onnxruntime stub has some 127 MB
-# of private data mapped for 70 MB resident (thread stacks, allocator reserves), measured here.
-DATA_SLACK_BYTES = 128 * 2**20
-
-
-def _limit_process(pid: int, limit: int) -> None:
-    """Two things the cgroup cannot do, set on the process (both survive its exec): an allocation far past the
-    model's limit (one huge tensor) fails as an error in the request that asked for it (RLIMIT_DATA) rather than
-    through the kernel's killer; and should the server's cgroup ever run out as a whole, the kernel chooses a stub
-    before Triton (oom_score_adj)."""
+def _kill_first(pid: int) -> None:
+    """Should the server's cgroup ever run out as a whole, the kernel chooses a stub before Triton (oom_score_adj,
+    kept across the stub's exec)."""
     try:
-        if limit:
-            resource.prlimit(pid, resource.RLIMIT_DATA, (limit + DATA_SLACK_BYTES, limit + DATA_SLACK_BYTES))
         Path(f"/proc/{pid}/oom_score_adj").write_text("1000")
     except OSError:
         pass
+
+
+# Beyond what the cgroup has free, the address space a stub may still map for data: small, so that one huge tensor
+# fails as an allocation error rather than through the kernel's killer.
+DATA_MARGIN_BYTES = 16 * 2**20
+
+
+def fit_data_limit(server: PoolServer, name: str) -> None:
+    """Limit each of the model's processes' data segment (RLIMIT_DATA) to what it maps now plus what its cgroup has
+    free: an allocation past the model's limit (one huge tensor) then fails as an error in the request that asked
+    for it, instead of the kernel ending the process. Set once the model has loaded (its thread stacks and
+    allocator reserves, which are mapped but mostly not resident, some 57 MB of an idle onnxruntime stub here, grow
+    with the cores), and again at each refresh as its use grows."""
+    directory = model_dir(server, name)
+    if directory is None or not directory.is_dir():
+        return
+    free = max(0, cgroups.limit_bytes(directory) - cgroups.usage_bytes(directory))
+    for pid in cgroups.members([directory]):
+        mapped = _status_bytes(pid, "VmData")
+        if not mapped:
+            continue
+        ceiling = mapped + free + DATA_MARGIN_BYTES
+        try:
+            resource.prlimit(pid, resource.RLIMIT_DATA, (ceiling, ceiling))
+        except (OSError, ValueError):
+            pass  # gone, or (unprivileged) not allowed to raise it again: the cgroup's limit holds anyway
 
 
 @contextmanager
@@ -191,9 +209,13 @@ def remove_unused(server: PoolServer, loaded: set[str]) -> None:
 
 
 def _vm_hwm(pid: int) -> int:
+    return _status_bytes(pid, "VmHWM")
+
+
+def _status_bytes(pid: int, field: str) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass

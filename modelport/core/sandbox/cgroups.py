@@ -283,6 +283,15 @@ def peak_bytes(directory: Path) -> int:
     return 0
 
 
+def usage_bytes(directory: Path) -> int:
+    for name in ("memory.usage_in_bytes", "memory.current"):  # v1, v2
+        try:
+            return int((directory / name).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return 0
+
+
 def limit_bytes(directory: Path) -> int:
     try:
         return int((directory / "memory.limit_in_bytes").read_text().strip())
