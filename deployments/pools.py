@@ -137,6 +137,15 @@ def measured(version: ModelVersion, pool: Pool | None = None) -> int | None:
     return row.memory_bytes if row is not None else None
 
 
+def copy_needs(version: ModelVersion, pool: Pool) -> int | None:
+    """What one more copy of `version` takes from `pool`: on the local runtime its reservation (its measured peak
+    with headroom: the memory limit a load gives it), on a cluster its measured figure; None: never measured."""
+    found = measured(version, pool)
+    if found is None or pool.runtime != Pool.Runtime.LOCAL:
+        return found
+    return reservation(found)
+
+
 @dataclass(frozen=True)
 class Fit:
     memory_bytes: int | None  # None: never measured on this machine
@@ -146,9 +155,9 @@ class Fit:
 
 
 def fit(pool: Pool, version: ModelVersion) -> Fit:
-    """Whether one more copy of `version` fits in `pool` now for its team, and how many, from its measured
-    memory (what the team may still load: its share, within what the pool has free; never the others' figures)."""
-    need = measured(version, pool)
+    """Whether one more copy of `version` fits in `pool` now for its team, and how many, from what a copy takes
+    (what the team may still load: its share, within what the pool has free; never the others' figures)."""
+    need = copy_needs(version, pool)
     free = room_for(pool, version.model.team_id)
     if need is None:
         return Fit(None, None, None, f"version {version.number} of {version.model.name!r} has not been measured on "

@@ -41,7 +41,8 @@ class PoolFitSerializer(serializers.Serializer[Any]):
     model = serializers.CharField()
     version = serializers.IntegerField()
     memory_bytes = serializers.IntegerField(allow_null=True, help_text=(
-        "What it took when it last loaded in a pool on this machine; null: never measured here yet."))
+        "What one more copy takes from the pool: on this machine its reservation (its peak measured under use with "
+        "POOL_MODEL_MEMORY_HEADROOM, at least POOL_MODEL_MEMORY_MIN); null: never measured here yet."))
     fits = serializers.BooleanField(allow_null=True, help_text="One more copy fits now (null: not measured yet).")
     copies = serializers.IntegerField(allow_null=True, help_text="How many more copies fit now (null: not measured).")
     message = serializers.CharField()
