@@ -137,6 +137,15 @@ def measured(version: ModelVersion, pool: Pool | None = None) -> int | None:
     return row.memory_bytes if row is not None else None
 
 
+def copy_needs(version: ModelVersion, pool: Pool) -> int | None:
+    """What one more copy of `version` takes from `pool`: on the local runtime its reservation (its measured peak
+    with headroom: the memory limit a load gives it), on a cluster its measured figure; None: never measured."""
+    found = measured(version, pool)
+    if found is None or pool.runtime != Pool.Runtime.LOCAL:
+        return found
+    return reservation(found)
+
+
 @dataclass(frozen=True)
 class Fit:
     memory_bytes: int | None  # None: never measured on this machine
@@ -146,9 +155,9 @@ class Fit:
 
 
 def fit(pool: Pool, version: ModelVersion) -> Fit:
-    """Whether one more copy of `version` fits in `pool` now for its team, and how many, from its measured
-    memory (what the team may still load: its share, within what the pool has free; never the others' figures)."""
-    need = measured(version, pool)
+    """Whether one more copy of `version` fits in `pool` now for its team, and how many, from what a copy takes
+    (what the team may still load: its share, within what the pool has free; never the others' figures)."""
+    need = copy_needs(version, pool)
     free = room_for(pool, version.model.team_id)
     if need is None:
         return Fit(None, None, None, f"version {version.number} of {version.model.name!r} has not been measured on "
@@ -176,6 +185,35 @@ def estimate(spec: RevisionSpec, pool: Pool | None = None) -> int:
         elif entry.sha256:
             total += int(sizes.get(entry.sha256, 0) * settings.POOL_UNMEASURED_FACTOR)
     return total
+
+
+def reservation(measured_bytes: int) -> int:
+    """What a pool reserves for one model that took `measured_bytes` at its peak (or is estimated to): the memory
+    limit of its own processes, and what it is charged (POOL_MODEL_MEMORY_HEADROOM over its peak, at least
+    POOL_MODEL_MEMORY_MIN: a python-backend stub with onnxruntime holds some 70 MB before its first request)."""
+    return max(int(measured_bytes * settings.POOL_MODEL_MEMORY_HEADROOM),
+               quantity_bytes(settings.POOL_MODEL_MEMORY_MIN))
+
+
+def reservations(spec: RevisionSpec, pool: Pool | None = None) -> dict[str, int]:
+    """Each model's reservation by name (pipelines run in Triton itself and reserve nothing), from its peak measured
+    on this machine, or for a version never measured its artifact's size times POOL_UNMEASURED_FACTOR."""
+    from models_registry.models import Blob
+
+    ids = [m.version_id for m in spec.models if m.version_id is not None]
+    found = dict(ModelMemory.objects.filter(version_id__in=ids, fingerprint=fingerprint(pool))
+                 .values_list("version_id", "memory_bytes"))
+    sizes = dict(Blob.objects.filter(sha256__in=[m.sha256 for m in spec.models if m.sha256])
+                 .values_list("sha256", "size"))
+    out = {}
+    for entry in spec.models:
+        if entry.is_pipeline:
+            continue
+        if entry.version_id is not None and entry.version_id in found:
+            out[entry.name] = reservation(found[entry.version_id])
+        else:
+            out[entry.name] = reservation(int(sizes.get(entry.sha256, 0) * settings.POOL_UNMEASURED_FACTOR))
+    return out
 
 
 def format_bytes(value: int) -> str:

@@ -14,6 +14,7 @@ from rest_framework.response import Response
 from accounts.context import current_team
 from deployments import pools
 from deployments.pool_models import GpuShare, Pool
+from deployments.runtimes.local import pool as local_pool
 from models_registry.models import ModelVersion
 from portal.api_errors import not_found
 from portal.api_schema import error
@@ -40,7 +41,8 @@ class PoolFitSerializer(serializers.Serializer[Any]):
     model = serializers.CharField()
     version = serializers.IntegerField()
     memory_bytes = serializers.IntegerField(allow_null=True, help_text=(
-        "What it took when it last loaded in a pool on this machine; null: never measured here yet."))
+        "What one more copy takes from the pool: on this machine its reservation (its peak measured under use with "
+        "POOL_MODEL_MEMORY_HEADROOM, at least POOL_MODEL_MEMORY_MIN); null: never measured here yet."))
     fits = serializers.BooleanField(allow_null=True, help_text="One more copy fits now (null: not measured yet).")
     copies = serializers.IntegerField(allow_null=True, help_text="How many more copies fit now (null: not measured).")
     message = serializers.CharField()
@@ -64,7 +66,8 @@ class PoolSerializer(serializers.Serializer[Any]):
         "SavedModels too)."))
     memory_budget_bytes = serializers.IntegerField()
     memory_used_bytes = serializers.IntegerField(help_text=(
-        "What your team's models loaded in it took when they loaded (other teams' use is not shown)."))
+        "What your team's models loaded in it take: each model's reservation (its memory limit there: its peak "
+        "measured under use with headroom), or more where a model holds more (other teams' use is not shown)."))
     models_loaded = serializers.IntegerField(help_text="Your team's models loaded in it.")
     memory_free_bytes = serializers.IntegerField(help_text=(
         "What your team may still load into it: its share of a pool open to every team (POOL_TEAM_SHARE), within "
@@ -86,6 +89,7 @@ def pools_list(request: Request) -> Response:
     version = _version(request, query.validated_data)
     out = []
     for pool in pools.usable_pools(team):  # type: ignore[arg-type]
+        local_pool.refresh_figures(pool)  # what the models hold now, not what they took at load
         used, models = pools.memory_used(pool, team.pk)  # type: ignore[union-attr]
         row: dict[str, Any] = {
             "name": pool.name, "runtime": pool.runtime, "teams": "all" if pool.open_to_all else "yours",

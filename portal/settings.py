@@ -358,6 +358,15 @@ POOL_UNMEASURED_FACTOR = env_float("POOL_UNMEASURED_FACTOR", 2.0, minimum=1)
 # A pool's Triton that no deployment has had models in (loaded, loading or idle) for this long is stopped; the next
 # deployment into the pool starts it again. 0: it runs until `make stop-triton`.
 POOL_EMPTY_SERVER_STOP_SECONDS = env_float("POOL_EMPTY_SERVER_STOP_SECONDS", 300.0, minimum=0)
+# Each model's memory in a local pool (issue 30; deployments/runtimes/local/pool_memory.py, docs/pools.md): a model's
+# processes run in a memory cgroup of their own, limited to its reservation (its measured peak times the headroom,
+# at least the minimum), which is what it is charged; past it the model loses its own process, never the pool's
+# Triton. An answer over POOL_MAX_OUTPUT_BYTES is refused in the model's process before Triton copies it (0: no
+# limit). A model's process waits this long for its cgroup before it refuses to run.
+POOL_MODEL_MEMORY_MIN = env_str("POOL_MODEL_MEMORY_MIN", "128Mi")
+POOL_MODEL_MEMORY_HEADROOM = env_float("POOL_MODEL_MEMORY_HEADROOM", 1.5, minimum=1)
+POOL_MAX_OUTPUT_BYTES = env_int("POOL_MAX_OUTPUT_BYTES", 16 * 2**20, minimum=0)
+POOL_STUB_PLACEMENT_SECONDS = env_float("POOL_STUB_PLACEMENT_SECONDS", 20.0, minimum=1)
 
 # --- Resource ceilings (deployments/ceilings.py, docs/security.md "Resource ceilings") --------------------------
 # What a team may ask for is the operator's to set: per deployment (each server or pod) and per team (the sum over

@@ -631,9 +631,9 @@ def test_the_deploy_form_offers_a_shared_pool_with_what_fits(browser: Any, alice
     page.check("input[name=placement][value=shared]")
     page.wait_for_selector("#shared-fields", state="visible")
     assert "Shared: loads on demand, costs less" in page.inner_text("#field-placement")
-    # Half the 2 GiB pool is the team's to take (POOL_TEAM_SHARE): 3 copies of 300 MiB.
-    assert "fits 3 more (300 MiB each)" in page.inner_text("#pool-fit-shared")
-    assert "fits 3 more" in page.inner_text("#id_pool option[value=shared]")
+    # Half the 2 GiB pool is the team's to take (POOL_TEAM_SHARE): 2 copies of 300 MiB reserved at 1.5 times.
+    assert "fits 2 more (450 MiB each)" in page.inner_text("#pool-fit-shared")
+    assert "fits 2 more" in page.inner_text("#id_pool option[value=shared]")
     # Each option's text fits in the select (the long ones were cut off: the list below says it all).
     assert page.evaluate("(() => { const s = document.getElementById('id_pool');"
                          " const c = document.createElement('canvas').getContext('2d');"

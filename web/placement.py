@@ -88,7 +88,7 @@ def pool_choices(team: Team, versions: Sequence[ModelVersion]) -> list[PoolChoic
     """The pools `team` may use (the built-in `shared` among them), each with what fits of `versions` together."""
     choices = []
     for pool in pools.usable_pools(team):
-        measured = [pools.measured(v, pool) for v in versions]  # a cluster pool's figures are its own
+        measured = [pools.copy_needs(v, pool) for v in versions]  # a cluster pool's figures are its own
         need = None if any(m is None for m in measured) else sum(m or 0 for m in measured)
         used, loaded = pools.memory_used(pool)
         choices.append(PoolChoice(pool=pool, used_bytes=used, models_loaded=loaded,

@@ -35,8 +35,9 @@ def test_what_fits_comes_from_the_measured_memory_of_the_version(alice: Person, 
         "message"]
     ModelMemory.objects.create(version=version, fingerprint=fingerprint(), memory_bytes=300 * 2**20)
     fit = alice.client().get("/api/v1/pools/?model=digits&version=1").json()[0]["fit"]
-    # Half of the 2 GiB pool is the team's share (POOL_TEAM_SHARE): 3 copies, not 6.
-    assert fit == {"model": "digits", "version": 1, "memory_bytes": 300 * 2**20, "fits": True, "copies": 3,
+    # Half of the 2 GiB pool is the team's share (POOL_TEAM_SHARE), and a copy reserves its peak times
+    # POOL_MODEL_MEMORY_HEADROOM (1.5): 2 copies of 450 MiB, not 6 of 300.
+    assert fit == {"model": "digits", "version": 1, "memory_bytes": 450 * 2**20, "fits": True, "copies": 2,
                    "message": fit["message"]}
     # Another team's model is as absent as one that does not exist; a bad query is a 400 saying what to fix.
     assert charlie.client().get("/api/v1/pools/?model=digits").status_code == 404
@@ -332,6 +333,7 @@ def test_a_version_never_measured_counts_at_its_artifacts_size_not_zero(alice: P
     from models_registry.models import Blob
 
     settings.POOL_UNMEASURED_FACTOR = 2.0
+    settings.POOL_MODEL_MEMORY_MIN, settings.POOL_MODEL_MEMORY_HEADROOM = "0", 1.0
     version = make_ready_version(alice)
     assert _deploy(alice, "digits-shared", {"mode": "shared"}).status_code == 201
     spec = Deployment.objects.get(name="digits-shared").revision.spec
@@ -339,6 +341,21 @@ def test_a_version_never_measured_counts_at_its_artifacts_size_not_zero(alice: P
     assert size > 0 and local_pool._estimate(spec) == 2 * size
     ModelMemory.objects.create(version=version, fingerprint=fingerprint(), memory_bytes=123)
     assert local_pool._estimate(spec) == 123
+
+
+def test_a_model_reserves_its_peak_with_headroom_and_at_least_the_minimum(alice: Person, settings: Any) -> None:
+    """What a local pool reserves (and limits a model's processes to) is its measured peak times
+    POOL_MODEL_MEMORY_HEADROOM, never under POOL_MODEL_MEMORY_MIN: a model never measured is not let in at its
+    artifact's few hundred bytes."""
+    from deployments.runtimes.local import pool as local_pool
+
+    settings.POOL_MODEL_MEMORY_MIN, settings.POOL_MODEL_MEMORY_HEADROOM = "128Mi", 1.5
+    version = make_ready_version(alice)
+    assert _deploy(alice, "digits-shared", {"mode": "shared"}).status_code == 201
+    spec = Deployment.objects.get(name="digits-shared").revision.spec
+    assert local_pool._estimate(spec) == 128 * MIB
+    ModelMemory.objects.create(version=version, fingerprint=fingerprint(), memory_bytes=300 * MIB)
+    assert local_pool._estimate(spec) == 450 * MIB
 
 
 def test_the_pools_list_shows_the_teams_own_use_never_the_other_teams(alice: Person, charlie: Person) -> None:

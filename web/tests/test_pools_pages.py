@@ -55,10 +55,10 @@ def test_the_deploy_form_offers_shared_against_dedicated_with_what_fits(alice: P
     assert "Shared: loads on demand, costs less" in content and "Dedicated: a Triton server of its own" in content
     # Dedicated unless the operator changed the default (DEPLOYMENT_DEFAULT_PLACEMENT).
     assert re.search(r'<input type="radio" name="placement" value="dedicated"[^>]* checked', content)
-    # The 2 GiB built-in pool, empty: alice's team may take half of it (POOL_TEAM_SHARE), 3 copies of 300 MiB; her
-    # own 1 GiB pool: all of it, 3 too. Charlie's is not there.
-    assert "fits 3 more (300 MiB each)" in content.split('id="pool-fit-shared"')[1].split("</li>")[0]
-    assert "fits 3 more (300 MiB each)" in content.split('id="pool-fit-acme-own"')[1].split("</li>")[0]
+    # The 2 GiB built-in pool, empty: alice's team may take half of it (POOL_TEAM_SHARE), 2 copies of 300 MiB
+    # reserved at 1.5 times (POOL_MODEL_MEMORY_HEADROOM); her own 1 GiB pool: all of it, 2 too. Charlie's is not there.
+    assert "fits 2 more (450 MiB each)" in content.split('id="pool-fit-shared"')[1].split("</li>")[0]
+    assert "fits 2 more (450 MiB each)" in content.split('id="pool-fit-acme-own"')[1].split("</li>")[0]
     assert "globex-own" not in content
 
 
@@ -88,7 +88,7 @@ def test_a_full_pool_says_what_it_needs_and_what_is_free(alice: Person, charlie:
     load(other, state=PoolLoad.State.LOADED, memory_bytes=2 * 2**30 - 100 * MiB)
     content = signed_in(alice).get(NEW).content.decode()
     fit = content.split('id="pool-fit-shared"')[1].split("</li>")[0]
-    assert "full now: needs 300 MiB, 100 MiB free" in fit and "1948 MiB of 2048 MiB used, 1 model loaded" in fit
+    assert "full now: needs 450 MiB, 100 MiB free" in fit and "1948 MiB of 2048 MiB used, 1 model loaded" in fit
 
 
 def test_the_pool_list_shows_another_teams_use_as_totals_only_never_its_models_or_deployments(
@@ -101,7 +101,7 @@ def test_the_pool_list_shows_another_teams_use_as_totals_only_never_its_models_o
     content = signed_in(alice).get(NEW).content.decode()
 
     fit = content.split('id="pool-fit-shared"')[1].split("</li>")[0]
-    assert "1548 MiB of 2048 MiB used, 1 model loaded" in fit and "fits 1 more (300 MiB each)" in fit
+    assert "1548 MiB of 2048 MiB used, 1 model loaded" in fit and "fits 1 more (450 MiB each)" in fit
     for secret in ("quasar", "globex", "charlie"):
         assert secret not in content, secret
     # And the edit form of alice's own shared deployment, which lists the pools too.
@@ -117,7 +117,7 @@ def test_what_fits_on_the_form_is_the_teams_share_as_the_api_says(alice: Person,
     load(mine, state=PoolLoad.State.LOADED, memory_bytes=900 * MiB)
     # The pool has 1148 MiB free, but a team may take 1024 MiB of it (POOL_TEAM_SHARE 0.5) and has 900 loaded.
     fit = signed_in(alice).get(NEW).content.decode().split('id="pool-fit-shared"')[1].split("</li>")[0]
-    assert "full now: needs 300 MiB, 124 MiB free" in fit
+    assert "full now: needs 450 MiB, 124 MiB free" in fit
     [listed] = [p for p in alice.client().get("/api/v1/pools/?model=digits").json() if p["name"] == "shared"]
     assert listed["memory_free_bytes"] == 124 * MiB and listed["fit"]["copies"] == 0
 

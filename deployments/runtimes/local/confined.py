@@ -10,7 +10,7 @@ import hashlib
 import logging
 import secrets
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -118,7 +118,8 @@ class Confined:
 
 def start_confined(spec: RevisionSpec, repository: Path, scratch_root: Path, log_path: Path, *,
                    egress: bool = False, label: str = "this server", model_control: str = "none",
-                   ports: Sequence[int] | None = None, pids_max: int | None = None) -> Confined:
+                   ports: Sequence[int] | None = None, pids_max: int | None = None,
+                   extra_env: Mapping[str, str] | None = None) -> Confined:
     """Start a Triton for `spec`'s rendered `repository` as every local deployment's Triton starts: refused where
     the sandbox is required and missing, else sandboxed where this kernel can, with the spec's resource limits, on
     free ports. Deployments (a TritonServer row records it) and tuning (tuning/runner.py: temporary servers)
@@ -152,6 +153,7 @@ def start_confined(spec: RevisionSpec, repository: Path, scratch_root: Path, log
         # Read by the python-backend stub wrapper (modelport/core/sandbox/stub.py).
         "MODELPORT_SANDBOX_NET": "egress" if egress else "none",
         "MODELPORT_SANDBOX_EGRESS_PORTS": ",".join(str(p) for p in options.egress_ports) if egress else "",
+        **(extra_env or {}),  # a pool's (deployments/runtimes/local/pool_memory.py)
     })
     confinement = None
     if caps.available:

@@ -5,9 +5,10 @@ mode, into which deployments' revisions are loaded under names unique to deploym
   (ensemble steps too), and moved into the pool's repository (var/pools/<pool>/repository), which the sandbox
   mounts read-only.
 - Loads go through Triton's repository API (an admin API: the server's own key). One pool's loads, unloads and
-  (re)starts take the pool's file lock, so that the memory measured around a load (the RSS change of the server's
-  process tree: Triton and every python-backend stub) is that load's alone, also across worker and gateway
-  processes.
+  (re)starts take the pool's file lock, also across worker and gateway processes.
+- Each model's processes run in a memory cgroup of their own, limited to its reservation (pools.reservations: its
+  measured peak with headroom), which is what its team is charged; its figure is that cgroup's peak, read after the
+  load and at each refresh (pool_memory.py): a model past its memory loses its own process, never the pool's Triton.
 - A load that would pass the pool's budget first evicts the least recently used models idle for
   POOL_EVICTION_MIN_IDLE_SECONDS, then is refused with a message naming what to unload.
 - A server that died is found by whoever looks next (a health check, a request): it is started again on the same
@@ -42,7 +43,7 @@ from deployments.render import render_repository
 from deployments.revision_spec import Resources, RevisionSpec
 from deployments.runtimes.artifacts import artifact_path
 from deployments.runtimes.base import Health, Launch, Observation, RuntimeUnavailable
-from deployments.runtimes.local import confined, serverlog
+from deployments.runtimes.local import confined, pool_memory, serverlog
 from deployments.runtimes.local import triton as local_triton
 from modelport.core.runtime_env import RuntimeEnvError
 from models_registry.validation import archive_limits
@@ -257,10 +258,13 @@ def _ensure_server(pool: Pool) -> PoolServer:
     limit = pool.memory_budget_bytes + pools.quantity_bytes(settings.POOL_PROCESS_OVERHEAD)
     spec = RevisionSpec(runtime="local", models=(), resources=Resources(memory=str(limit)))
     repository(pool).mkdir(parents=True, exist_ok=True)
+    caps = confined.sandbox_capabilities()
     try:
-        started_server = confined.start_confined(spec, repository(pool), pool_dir(pool) / "scratch", log_path,
-                                                 label=f"pool {pool.name!r}", model_control="explicit", ports=ports,
-                                                 pids_max=settings.POOL_PIDS_MAX)
+        started_server = confined.start_confined(
+            spec, repository(pool), pool_dir(pool) / "scratch", log_path, label=f"pool {pool.name!r}",
+            model_control="explicit", ports=ports, pids_max=settings.POOL_PIDS_MAX,
+            extra_env=pool_memory.server_environment(
+                caps.available and pool_memory.per_model_available(caps.cgroups.version)))
     except RuntimeEnvError as exc:
         raise RuntimeUnavailable(f"The local runtime cannot start Triton: {exc}") from None
     process = started_server.process
@@ -327,20 +331,6 @@ def _admin(server: PoolServer, name: str, action: str, timeout: float) -> str | 
         return f"the pool's Triton did not answer: {exc}"
 
 
-def process_rss(server: PoolServer) -> int:
-    """Resident memory of the server's whole process tree (Triton and its python-backend stubs), in bytes."""
-    total = 0
-    for pid in local_triton.server_pids(server.pid):
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-                    break
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
-
-
 def _stats(server: PoolServer) -> dict[str, int]:
     """Triton's last_inference (ms since the epoch) per loaded model name."""
     try:
@@ -372,7 +362,69 @@ def _refresh_last_used(pool: Pool, server: PoolServer) -> None:
 
 
 def _estimate(spec: RevisionSpec) -> int:
-    return pools.estimate(spec)
+    """What loading `spec` takes from the pool: its models' reservations (each one's memory limit)."""
+    return sum(pools.reservations(spec).values())
+
+
+def _refresh_memory(load: PoolLoad, server: PoolServer) -> str:
+    """Read each of the load's models' own peak (its cgroup's): kept as the version's figure, and its charge raised
+    to it where there is no per-model limit. A model whose process the kernel killed at its limit is remembered as
+    needing twice that; the reason to load it again is returned ("" if none)."""
+    spec = load.revision.spec
+    prefix = _prefix(load)
+    measured, reload = {}, ""
+    for entry in spec.models:
+        if entry.is_pipeline:
+            continue
+        pool_memory.adopt(server, repository(load.pool), prefix + entry.name)
+        pool_memory.fit_data_limit(server, prefix + entry.name)
+        measured[entry.name] = pool_memory.measure(server, repository(load.pool), prefix + entry.name)
+        reached = pool_memory.limit_reached(server, prefix + entry.name)
+        if reached:
+            measured[entry.name] = max(measured[entry.name], 2 * reached)
+            reload = (f"model {entry.name!r} passed its memory limit in the pool ({pools.format_bytes(reached)}) and "
+                      "its process was ended (no other model was touched): it is loaded again with more, if the "
+                      "pool has room")
+    _remember(spec, {name: value for name, value in measured.items() if value > 0})
+    total = sum(measured.values())
+    if total > load.memory_bytes and not reload:
+        PoolLoad.objects.filter(pk=load.pk, memory_bytes__lt=total).update(memory_bytes=total)
+    return reload
+
+
+def _note_memory(load: PoolLoad, server: PoolServer) -> None:
+    """_refresh_memory, and a revision whose model passed its limit marked to be loaded again (the next health check
+    or request loads it)."""
+    reason = _refresh_memory(load, server)
+    if reason and PoolLoad.objects.filter(pk=load.pk, state=PoolLoad.State.LOADED).update(
+            state=PoolLoad.State.LOADING, message=reason):
+        events.record(load.deployment, Event.Kind.WARNING, reason[0].upper() + reason[1:] + ".")
+
+
+def refresh_memory(pool: Pool, server: PoolServer) -> None:
+    """Refresh the figures of every revision loaded in `server` (GET /api/v1/pools/ shows them)."""
+    for load in PoolLoad.objects.filter(pool=pool, server=server, state=PoolLoad.State.LOADED).select_related(
+            "revision", "deployment", "pool"):
+        _note_memory(load, server)
+
+
+def refresh_figures(pool: Pool) -> None:
+    """Read the models' own peaks in the pool's running server into their figures (what GET /api/v1/pools/ shows):
+    figures only, no state changes (the health checks load a model past its limit again)."""
+    if pool.runtime != Pool.Runtime.LOCAL:
+        return
+    for server in PoolServer.objects.filter(pool=pool, state=PoolServer.State.RUNNING):
+        for load in PoolLoad.objects.filter(pool=pool, server=server, state=PoolLoad.State.LOADED).select_related(
+                "revision", "deployment", "pool"):
+            _refresh_memory(load, server)
+
+
+def _loaded_names(pool: Pool, server: PoolServer) -> set[str]:
+    names: set[str] = set()
+    for load in PoolLoad.objects.filter(pool=pool, server=server).exclude(state=PoolLoad.State.FAILED) \
+            .select_related("revision"):
+        names.update(load_order(load.revision.spec, _prefix(load)))
+    return names
 
 
 def _make_room(pool: Pool, load: PoolLoad, need: int) -> None:
@@ -444,24 +496,41 @@ def load_revision(load_id: int, wait: bool = True) -> PoolLoad:
         _wait_live(server, _prefix(load))
         prefix = _prefix(load)
         _refresh_last_used(pool, server)
+        refresh_memory(pool, server)
+        pool_memory.remove_unused(server, _loaded_names(pool, server))  # under the lock: no load is making one
+        reserved = pools.reservations(spec)
         try:
-            _make_room(pool, load, _estimate(spec))
+            _make_room(pool, load, sum(reserved.values()))
         except PoolFull as exc:
             return _fail(load, str(exc))
         started = time.monotonic()
         measured: dict[str, int] = {}
         done: list[str] = []
         for name in load_order(spec, prefix):
-            before = process_rss(server)
-            error = _admin(server, name, "load", settings.TRITON_READY_TIMEOUT_SECONDS)
+            model = name.removeprefix(prefix)
+            if pool_memory.limit_reached(server, name):
+                # The kernel ended its process at its limit: Triton would keep that instance through a load of the
+                # same files, so it goes first.
+                _admin(server, name, "unload", 30)
+            error: str | None
+            try:
+                # Before the load: the model's stubs wait for their cgroup before they run any of its code.
+                cgroup = pool_memory.prepare(server, name, reserved[model]) if model in reserved else None
+            except OSError as exc:
+                error = f"its memory cgroup could not be made ({exc.strerror or exc}): ask an operator"
+            else:
+                with pool_memory.placing(server, repository(pool), name, cgroup):
+                    error = _admin(server, name, "load", settings.TRITON_READY_TIMEOUT_SECONDS)
             if error is not None:
                 for loaded in reversed(done):
                     _admin(server, loaded, "unload", 30)
-                return _fail(load, f"model {name.removeprefix(prefix)!r} failed to load: "
-                                   f"{error.replace(prefix, '')}")
+                return _fail(load, f"model {model!r} failed to load: {error.replace(prefix, '')}")
             done.append(name)
-            measured[name.removeprefix(prefix)] = max(0, process_rss(server) - before)
-        total = sum(measured.values())
+            if model in reserved:
+                measured[model] = pool_memory.measure(server, repository(pool), name)
+                pool_memory.fit_data_limit(server, name)
+        # Charged what each model may take (its limit); more only where nothing limits it.
+        total = max(sum(reserved.values()), sum(measured.values()))
         used, _ = pools.memory_used(pool)
         mine, _ = pools.memory_used(pool, load.deployment.team_id)
         if used + total > pool.memory_budget_bytes or mine + total > pools.team_share(pool):
@@ -492,9 +561,13 @@ def _unsandboxed_code(server: PoolServer, spec: RevisionSpec) -> str | None:
 
 
 def _remember(spec: RevisionSpec, measured: Mapping[str, int]) -> None:
-    """Keep each version's measured memory for this machine ("fits N more" is computed from it)."""
+    """Keep each version's peak measured on this machine (its reservation and "fits N more" come from it): the most
+    it was seen to hold, at a load or after use, so a reading right after a load never lowers what use showed."""
     for entry in spec.models:
         if entry.version_id is None or entry.name not in measured:
+            continue
+        if ModelMemory.objects.filter(version_id=entry.version_id, fingerprint=pools.fingerprint(),
+                                                    memory_bytes__gte=measured[entry.name]).exists():
             continue
         ModelMemory.objects.update_or_create(version_id=entry.version_id, fingerprint=pools.fingerprint(),
                                              defaults={"memory_bytes": measured[entry.name],
@@ -513,6 +586,7 @@ def _unload_locked(load: PoolLoad, message: str, state: str = PoolLoad.State.UNL
         spec = load.revision.spec
         for name in reversed(load_order(spec, _prefix(load))):
             _admin(server, name, "unload", 30)
+            pool_memory.remove(server, name)
     PoolLoad.objects.filter(pk=load.pk).update(state=state, message=message, server=None)
 
 
@@ -530,6 +604,7 @@ def unload_idle() -> list[str]:
         if server is None:
             continue
         _refresh_last_used(pool, server)
+        refresh_memory(pool, server)
         now = timezone.now()
         for load in PoolLoad.objects.filter(pool=pool, state=PoolLoad.State.LOADED, idle_unload_seconds__gt=0) \
                 .select_related("revision", "deployment", "server", "pool"):
@@ -610,6 +685,9 @@ def check(launch: Launch) -> Health:
         return Health(False, "its models are no longer in the pool")
     server = live_server(load.pool)  # marks a dead server, its loads to be loaded again
     load.refresh_from_db()
+    if server is not None and load.state == PoolLoad.State.LOADED and load.server_id == server.pk:
+        _note_memory(load, server)  # its figure after use; a model past its limit is loaded again below
+        load.refresh_from_db()
     if load.state == PoolLoad.State.UNLOADED:
         return Health(True)  # idle: the next request loads it
     if load.state == PoolLoad.State.FAILED:

@@ -43,6 +43,35 @@ def threads_per_instance(config: dict[str, Any]) -> int:
     return int(threads) if threads else max(1, cpu_count() // instances)
 
 
+def max_output_bytes() -> int:
+    """The most bytes one response's outputs may hold (0: no limit). A pool's Triton sets it
+    (POOL_MAX_OUTPUT_BYTES): Triton copies an answer out of this process and, for a JSON request, writes it as text
+    through a DOM of some 16 bytes per number, in its own memory, which every team's models share."""
+    try:
+        return max(0, int(os.environ.get("MODELPORT_MAX_OUTPUT_BYTES", "0")))
+    except ValueError:
+        return 0
+
+
+def output_bytes(array: np.ndarray) -> int:
+    if array.dtype == np.object_:
+        return sum(len(v) if isinstance(v, (bytes, str)) else 8 for v in array.flat) + 4 * array.size
+    return int(array.nbytes)
+
+
+class OutputTooLarge(ValueError):
+    """An answer past max_output_bytes(): the caller's request asked for too much (a 400, not a 500)."""
+
+
+def out_of_memory(exc: Exception) -> bool:
+    """Whether a run failed for want of memory: in a pool a model's process may hold only its limit, and an
+    allocation past it fails (numpy's MemoryError, onnxruntime's "Failed to allocate memory", torch's
+    "DefaultCPUAllocator: can't allocate memory", a C++ std::bad_alloc in a kernel)."""
+    text = str(exc)
+    return isinstance(exc, MemoryError) or any(
+        mark in text for mark in ("Failed to allocate memory", "can't allocate memory", "std::bad_alloc"))
+
+
 class BatchedModel:
     """Base of a generated `TritonPythonModel`: subclasses set `artifact` and implement `load()` and `run()`."""
 
@@ -137,7 +166,12 @@ class BatchedModel:
             try:
                 return [(index, self._response(self.run(feed)))]
             except Exception as exc:  # noqa: BLE001 - any failure becomes this request's error response
-                return [(index, self._error(f"inference failed: {exc}", invalid_argument=self.invalid_argument(exc)))]
+                if out_of_memory(exc):
+                    return [(index, self._error(
+                        f"this request needs more memory than model '{self.model_name}' may hold (its memory "
+                        f"limit; {str(exc)[:200]}): ask for less per request", invalid_argument=True))]
+                return [(index, self._error(f"inference failed: {exc}", invalid_argument=(
+                    isinstance(exc, OutputTooLarge) or self.invalid_argument(exc))))]
 
         names = [name for name, _, _ in self.inputs]
         batch = {name: np.concatenate([feed[name] for _, feed in members], axis=0) for name in names}
@@ -161,13 +195,20 @@ class BatchedModel:
             try:
                 results.append((index, self._response({n: parts[position] for n, parts in per_output.items()})))
             except Exception as exc:  # noqa: BLE001
-                results.append((index, self._error(str(exc))))
+                results.append((index, self._error(str(exc), invalid_argument=isinstance(exc, OutputTooLarge))))
         return results
 
     def _response(self, outputs: dict[str, Any]) -> Any:
         tensors = []
+        limit, total = max_output_bytes(), 0
         for name, dtype, triton_type in self.outputs:
             array = np.asarray(outputs[name])
+            total += output_bytes(array)
+            if limit and total > limit:
+                # Refused here, before Triton copies it: the caller's own request fails, nobody else's.
+                raise OutputTooLarge(f"the answer holds more than {limit} bytes (output '{name}' has shape "
+                                 f"{list(array.shape)}), the most a model in a shared pool may answer "
+                                 "(POOL_MAX_OUTPUT_BYTES): ask for less per request")
             if array.dtype != dtype and not (dtype == np.object_ and array.dtype.kind in "OSU"):
                 raise ValueError(f"output '{name}' is {array.dtype}, but the signature says {triton_type}")
             if dtype == np.object_:

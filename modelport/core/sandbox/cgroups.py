@@ -184,9 +184,11 @@ def members(directories: list[Path]) -> list[int]:
 
 
 def remove(directories: list[Path], wait_seconds: float = 5.0) -> bool:
-    """Remove the cgroup directories once their processes are gone; False if some were still busy."""
+    """Remove the cgroup directories (and the child cgroups in them: a pool's per-model ones) once their processes
+    are gone; False if some were still busy."""
     deadline = time.monotonic() + wait_seconds
-    left = [d for d in directories if d.exists()]
+    # Children first: a cgroup with a child cgroup cannot be removed.
+    left = [child for d in directories if d.is_dir() for child in _children(d)] + [d for d in directories if d.exists()]
     while left:
         for directory in list(left):
             try:
@@ -200,3 +202,98 @@ def remove(directories: list[Path], wait_seconds: float = 5.0) -> bool:
             break
         time.sleep(0.05)
     return not left
+
+
+def _children(directory: Path) -> list[Path]:
+    """The child cgroups below `directory`, deepest first."""
+    found = []
+    try:
+        entries = sorted(e for e in directory.iterdir() if e.is_dir())
+    except OSError:
+        return []
+    for entry in entries:
+        found.extend(_children(entry))
+        found.append(entry)
+    return found
+
+
+# --- A child cgroup per python-backend model of a shared server (a pool's Triton) ---------------------------------
+#
+# The pool's Triton is its sandbox's PID 1: were its cgroup to reach its limit, the kernel could kill Triton, and
+# with it every team's models. Each model's stub processes go into a memory cgroup of their own below the server's,
+# limited to what the pool reserved for that model, so a model past its memory loses its own stub, never the server.
+# On cgroup v1 a cgroup may hold processes and have children; v2 forbids a cgroup with processes (the server's holds
+# Triton) from giving its children controllers, so there this is unavailable (model_cgroups_available()).
+
+
+def memory_directory(directories: list[Path]) -> Path | None:
+    """The server's memory cgroup among its directories (v1: the memory controller's; v2: the one)."""
+    for directory in directories:
+        if (directory / "memory.limit_in_bytes").exists() or (directory / "memory.max").exists():
+            return directory
+    return None
+
+
+def model_cgroups_available(directories: list[Path]) -> bool:
+    """Whether child memory cgroups with limits of their own can be made below the server's (v1 only)."""
+    memory = memory_directory(directories)
+    return memory is not None and (memory / "memory.limit_in_bytes").exists()
+
+
+def create_child(parent: Path, name: str, memory_bytes: int) -> Path:
+    """A child memory cgroup `name` below `parent` limited to `memory_bytes` (memory and swap alike), made afresh
+    so that its peak is this load's. OSError when the kernel refuses."""
+    child = parent / name
+    if child.is_dir():
+        try:
+            child.rmdir()  # a previous load's, empty: its peak would count for this one
+        except OSError:
+            pass  # still holds a process (an unload under way): keep it, with the new limit
+    child.mkdir(exist_ok=True)
+    _write_memory_limit(child, memory_bytes)
+    return child
+
+
+def _write_memory_limit(child: Path, memory_bytes: int) -> None:
+    limit, swap = child / "memory.limit_in_bytes", child / "memory.memsw.limit_in_bytes"
+    # memsw must stay >= the plain limit at every step: raise memsw first when growing, lower it last when shrinking.
+    current = int(limit.read_text().strip() or 0)
+    order = [swap, limit] if memory_bytes > current else [limit, swap]
+    for path in order:
+        if path.exists():
+            path.write_text(str(memory_bytes))
+
+
+def move(pid: int, directory: Path) -> bool:
+    """Move process `pid` (every thread of it) into the cgroup `directory`; False if it is gone."""
+    try:
+        (directory / "cgroup.procs").write_text(str(pid))
+        return True
+    except OSError:
+        return False
+
+
+def peak_bytes(directory: Path) -> int:
+    """The most memory the cgroup's processes held at once since it was made (0 when unknown)."""
+    for name in ("memory.max_usage_in_bytes", "memory.peak"):  # v1, v2 (Linux 5.19+)
+        try:
+            return int((directory / name).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return 0
+
+
+def usage_bytes(directory: Path) -> int:
+    for name in ("memory.usage_in_bytes", "memory.current"):  # v1, v2
+        try:
+            return int((directory / name).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return 0
+
+
+def limit_bytes(directory: Path) -> int:
+    try:
+        return int((directory / "memory.limit_in_bytes").read_text().strip())
+    except (OSError, ValueError):
+        return 0

@@ -11,6 +11,10 @@ talks to it through shared memory in /dev/shm, so the stub can go further than t
   access to) the server, whose domain is less restricted;
 - seccomp: no new namespaces, no ptrace, io_uring, keyrings, bpf, ... (kernel.seccomp_rules).
 
+In a pool's Triton (MODELPORT_STUB_PLACEMENT_SECONDS set) the wrapper first waits until the portal has moved it
+into its model's own memory cgroup (deployments/runtimes/local/pool_memory.py), so that no model code runs charged
+to the server's.
+
 Standard library only; runs with the runtime env's interpreter as `python -IS`.
 """
 
@@ -21,6 +25,7 @@ import os
 import socket
 import struct
 import sys
+import time
 
 import kernel  # the script that calls main() puts this directory first on sys.path
 
@@ -35,6 +40,13 @@ def main(real_stub: str) -> None:
         # Triton first runs the stub without arguments and expects status 1; anything else makes it try to
         # chmod the file (which is read-only here).
         sys.exit(1)
+    placement = os.environ.get("MODELPORT_STUB_PLACEMENT_SECONDS", "")
+    if placement:
+        try:
+            _wait_for_placement(float(placement))
+        except (OSError, ValueError) as exc:
+            sys.stderr.write(f"modelport sandbox: {exc}\n")
+            sys.exit(2)
     net = os.environ.get("MODELPORT_SANDBOX_NET", "none")
     writable = {os.environ.get("HOME", ""), os.environ.get("TMPDIR", ""), "/tmp", "/dev/shm"} - {""}
     try:
@@ -45,6 +57,26 @@ def main(real_stub: str) -> None:
         sys.stderr.write(f"modelport sandbox: could not confine the python model: {exc}\n")
         sys.exit(2)
     os.execv(real_stub, [real_stub, *sys.argv[1:]])
+
+
+def _wait_for_placement(seconds: float) -> None:
+    """Wait until this process is in a cgroup below the sandbox's own (its cgroup namespace's root, "/"): its model's
+    memory cgroup, which the portal moves it into. Never run the model charged to the whole server: OSError after
+    `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not _placed():
+        if time.monotonic() > deadline:
+            raise OSError(f"this model's process was not given its memory cgroup within {seconds:g} s")
+        time.sleep(0.02)
+
+
+def _placed() -> bool:
+    with open("/proc/self/cgroup") as handle:
+        for line in handle:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if "memory" in controllers.split(","):
+                return path.strip() not in ("", "/")
+    return False
 
 
 def confine(net: str, egress_ports: list[int], writable: set[str]) -> None:
