@@ -30,6 +30,7 @@ django.setup()
 
 from bench.stack import running_stack  # noqa: E402
 from models_registry.samples import make_resnet_onnx  # noqa: E402
+from tuning.search import REPEATS  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "tune_grid.json"
 DOCS = ROOT / "docs" / "benchmarks.md"
@@ -87,7 +88,8 @@ def summarise(args: argparse.Namespace, tune: dict[str, Any], tune_seconds: floa
         "machine": tune["machine"], "python": platform.python_version(), "p99_ms": args.p99_ms,
         "budget_s": args.budget, "concurrency": list(args.concurrency),
         "tune_seconds": round(tune_seconds, 1), "tune_status": tune["status"], "tune_partial": tune["partial"],
-        "tune_configs": len(tune["results"]), "tune_measurements": sum(len(r["points"]) for r in tune["results"]),
+        "tune_configs": len(tune["results"]),
+        "tune_measurements": sum(len(r["points"]) + len(r.get("repeats", [])) for r in tune["results"]),
         "recommended": recommended,
         "grid_seconds": grid["seconds"], "grid_configs": len(grid["results"]),
         "grid_measurements": len(points),
@@ -130,6 +132,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"(target: at least 0.9); the grid's own measurement of the recommended setting: "
         f"{r['ratio_grid_recommended_vs_grid_best']} of the best ({fmt(r['grid_of_recommended'])}). Two runs of one "
         "setting differ by this machine's noise as well.",
+        f"- The tune's decision (its close calls measured {REPEATS} more times each, interleaved): "
+        f"{(r['recommended'] or {}).get('note') or 'nothing to compare'}",
         f"- Load generator (tuning/loadgen.py, Python asyncio + aiohttp, closed loop, a subprocess per measurement): "
         f"{r['loadgen_cpu_us_per_request']} µs of its own CPU per request, start-up and warm-up included. "
         "Triton's perf_analyzer was not used: the PyPI build needs glibc 2.38 (this machine has less), and the "

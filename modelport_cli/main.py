@@ -807,12 +807,21 @@ def _print_tune(tune: dict[str, Any]) -> None:
     for row in tune.get("results") or []:
         mark = "*" if row.get("settings") == recommended else " "
         p50, p99 = row.get("p50_ms"), row.get("p99_ms")
-        note = f" ({row['error']})" if row.get("error") else "" if row.get("meets_target") else " (missed)"
+        # A miss says why (p99 over the target at each concurrency, errors, a server that did not start).
+        why = row.get("missed") or row.get("error") or ""
+        note = "" if row.get("meets_target") else f" (missed: {one_line(str(why))})" if why else " (missed)"
+        runs = row.get("samples") or []
+        if len(runs) > 1:  # re-measured: the throughput is the median of its runs
+            note = f" (median of {len(runs)} runs, spread {row.get('spread_pct')}%)" + note
+        if row.get("current"):
+            note = " (current)" + note
         print(f"{mark}{row.get('label', '')[:39]:<39} {row.get('throughput', 0):>9.1f} "
               f"{'-' if p50 is None else f'{p50:.1f}':>8} {'-' if p99 is None else f'{p99:.1f}':>8} "
               f"{row.get('concurrency') or '-':>7}{note}")
     print(one_line(str(tune.get("message") or "")))
-    if tune.get("applied_revision"):
+    if tune.get("applied_revision") and "changes" in tune and not tune["changes"]:
+        print(f"applied: nothing changes, revision {tune['applied_revision']} serves these settings already")
+    elif tune.get("applied_revision"):
         print(f"applied: revision {tune['applied_revision']} rolls out")
     for change in tune.get("changes") or []:
         before, after = change.get("before"), change.get("after")

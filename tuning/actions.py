@@ -84,7 +84,10 @@ def tuned_request(spec_request: planning.DeployRequest, model: str, settings: se
             # The tuned settings are chosen, no longer the model's defaults; the rest stays as the request has it.
             item = replace(
                 item, max_batch_size=settings.max_batch_size if settings.batching else item.max_batch_size,
-                dynamic_batching=DynamicBatching(max_queue_delay_microseconds=settings.queue_delay_us)
+                # The batching options a tune does not vary (preferred sizes, ordering) stay as they are: an Apply
+                # of the setting that serves (a tune that kept it) must change nothing.
+                dynamic_batching=replace(item.dynamic_batching if isinstance(item.dynamic_batching, DynamicBatching)
+                                         else DynamicBatching(), max_queue_delay_microseconds=settings.queue_delay_us)
                 if settings.batching else None,
                 instance_group=InstanceGroup(count=settings.instances, kind=item.instance_group.kind,
                                              gpus=item.instance_group.gpus),

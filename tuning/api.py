@@ -110,13 +110,19 @@ class TuneRunSerializer(serializers.ModelSerializer[TuneRun]):
     created_by = serializers.CharField(source="created_by.username", default=None, allow_null=True, read_only=True)
     machine = serializers.DictField(read_only=True, help_text="Where it was measured: hostname, cpu_model, cores, gpu.")
     results = serializers.ListField(child=serializers.DictField(), read_only=True, help_text=(
-        "Per setting measured: settings, label, throughput (req/s), p50_ms, p99_ms and concurrency of its best "
-        "point within the target, meets_target, errors, and every point measured."))
+        "Per setting measured: settings, label, current (the setting that serves now), throughput (req/s: the "
+        "median of its runs where it was re-measured as a close call), p50_ms, p99_ms and concurrency of its best "
+        "point within the target, meets_target, missed (why it missed the target: p99 or errors at each "
+        "concurrency measured, a server that did not start; '' when met), errors, samples (the throughput of each "
+        "run at that concurrency), spread_pct (their (max - min) / median, %), every point measured and the "
+        "repeats."))
     frontier = serializers.ListField(child=serializers.DictField(), read_only=True, help_text=(
         "The measured points no other beats on both throughput and p99: throughput, p99_ms, concurrency."))
     recommendation = serializers.DictField(read_only=True, allow_null=True, help_text=(
-        "The setting with the most throughput within the target (settings, label, throughput, p50_ms, p99_ms, "
-        "concurrency), or null."))
+        "The setting to apply (settings, label, throughput, p50_ms, p99_ms, concurrency, current, runs), or null: "
+        "the most throughput within the target, unless the current setting (or one closer to it) is within noise "
+        "of it. note says why in a sentence (\"within noise (3.1% apart, spread 8.0%)\" or clearly better); "
+        "within_noise, apart_pct, spread_pct and kept_current give the figures."))
 
     class Meta:
         model = TuneRun

@@ -19,7 +19,7 @@ import shutil
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -74,11 +74,20 @@ def entry_to_tune(spec: RevisionSpec, tune: TuneRun) -> ModelEntry:
 
 def apply_config(spec: RevisionSpec, entry: ModelEntry, config: search.Config) -> RevisionSpec:
     """`spec` with `config` for `entry`'s model (the other models as they are)."""
+    # The batching options a tune does not vary (preferred sizes, ordering) stay as the entry has them.
+    batching = replace(entry.dynamic_batching or DynamicBatching(), max_queue_delay_microseconds=config.queue_delay_us)
     tuned = replace(entry, instance_group=replace(entry.instance_group, count=config.instances),
-                    dynamic_batching=DynamicBatching(max_queue_delay_microseconds=config.queue_delay_us)
-                    if config.batching else None,
+                    dynamic_batching=batching if config.batching else None,
                     max_batch_size=config.max_batch_size if config.batching else entry.max_batch_size)
     return replace(spec, models=tuple(tuned if m is entry else m for m in spec.models))
+
+
+def current_config(entry: ModelEntry) -> search.Config:
+    """The setting `entry` serves with now, as a tune names settings (apply_config of it changes nothing)."""
+    if entry.dynamic_batching is None or entry.max_batch_size <= 0:
+        return search.Config(instances=entry.instance_group.count)
+    return search.Config(entry.instance_group.count, True, entry.max_batch_size,
+                         entry.dynamic_batching.max_queue_delay_microseconds)
 
 
 def next_in_line() -> int | None:
@@ -264,7 +273,7 @@ def _search(tune: TuneRun, loadgen: Measurer) -> search.Outcome:
         return search.search(measure, p99_target_ms=tune.p99_target_ms, budget_s=float(tune.budget_seconds),
                              cores=os.cpu_count() or 1, model_max_batch_size=model_max,
                              concurrency=(tune.concurrency_min, tune.concurrency_max), progress=progress,
-                             cancelled=cancelled)
+                             current=current_config(entry), cancelled=cancelled)
     finally:
         servers.close()
 
@@ -277,9 +286,13 @@ def _record(tune: TuneRun, outcome: search.Outcome) -> None:
     recommendation = None
     if outcome.recommendation is not None:
         best = next(r for r in outcome.results if r.config == outcome.recommendation)
+        point = best.best(target)
+        assert point is not None  # only a setting that met the target is recommended
+        # Its throughput is the median of its runs (the figure the decision compared); p50 and p99 of its best point.
         recommendation = {"settings": outcome.recommendation.to_json(), "label": outcome.recommendation.label(),
-                          **{k: v for k, v in asdict(best.best(target)).items()  # type: ignore[arg-type]
-                             if k in ("throughput", "p50_ms", "p99_ms", "concurrency")}}
+                          "throughput": best.score(target), "p50_ms": point.p50_ms, "p99_ms": point.p99_ms,
+                          "concurrency": point.concurrency, "current": best.current, "runs": len(best.samples(target)),
+                          **outcome.decision.to_json()}
     stopped = _stop_reason(tune.pk)
     if stopped is not None:
         status, message = TuneRun.Status.CANCELLED, stopped
@@ -289,8 +302,11 @@ def _record(tune: TuneRun, outcome: search.Outcome) -> None:
                    "the concurrency.") if results else "The budget ran out before any setting was measured."
     else:
         status = TuneRun.Status.DONE
-        message = (f"Recommended: {recommendation['label']}: {recommendation['throughput']:.0f} req/s at p99 "
-                   f"{recommendation['p99_ms']:.1f} ms." + (" Partial: the budget ran out." if outcome.partial else ""))
+        what = "Keep the current setting" if recommendation["current"] else "Recommended"
+        note = f" {outcome.decision.note}" if outcome.decision.note else ""
+        message = (f"{what}: {recommendation['label']}: {recommendation['throughput']:.0f} req/s at p99 "
+                   f"{recommendation['p99_ms']:.1f} ms.{note}" + (" Partial: the budget ran out." if outcome.partial
+                                                                 else ""))
     TuneRun.objects.filter(pk=tune.pk).update(results=results, frontier=frontier, recommendation=recommendation,
                                               partial=outcome.partial, configs_done=len(results),
                                               configs_planned=outcome.planned, eta_seconds=0)

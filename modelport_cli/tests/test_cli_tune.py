@@ -134,3 +134,42 @@ def test_the_portals_validation_is_exit_1_with_its_message(portal: FakePortal,
 def test_a_bad_duration_is_a_usage_error(portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["tune", "digits-prod", "--p99-ms", "20", "--budget", "soon"]) == ExitCode.USAGE
     assert not portal.seen()
+
+
+CURRENT = {"instances": 1, "batching": True, "max_batch_size": 8, "queue_delay_us": 0}
+KEPT: dict[str, Any] = {
+    **DONE,
+    "message": ("Keep the current setting: 1 inst, batch 8, delay 0 µs: 1000 req/s at p99 9.0 ms. 1 inst, batching "
+                "off measured 3.0% more than the current setting, within noise (3.0% apart, spread 5.0%): the "
+                "current setting is kept."),
+    "results": [{"settings": CURRENT, "label": "1 inst, batch 8, delay 0 µs", "throughput": 1000.0, "p50_ms": 4.0,
+                 "p99_ms": 9.0, "concurrency": 8, "meets_target": True, "error": "", "missed": "", "current": True,
+                 "samples": [1000.0, 960.0, 1010.0], "spread_pct": 5.0},
+                {"settings": {"instances": 1, "batching": False, "max_batch_size": 0, "queue_delay_us": 0},
+                 "label": "1 inst, batching off", "throughput": 1030.0, "p50_ms": 4.0, "p99_ms": 9.5,
+                 "concurrency": 8, "meets_target": True, "error": "", "missed": "", "current": False,
+                 "samples": [1060.0, 1010.0, 1030.0], "spread_pct": 4.9},
+                {"settings": {"instances": 2, "batching": False, "max_batch_size": 0, "queue_delay_us": 0},
+                 "label": "2 inst, batching off", "throughput": 0.0, "p50_ms": None, "p99_ms": None,
+                 "concurrency": None, "meets_target": False, "error": "", "current": False, "samples": [],
+                 "missed": "p99 ≤ 20 ms not met at any concurrency measured (16 clients: p99 31.0 ms; 8 clients: "
+                           "p99 24.5 ms)"}],
+    "recommendation": {"settings": CURRENT, "label": "1 inst, batch 8, delay 0 µs", "throughput": 1000.0,
+                       "p99_ms": 9.0, "current": True, "kept_current": True, "within_noise": True,
+                       "note": "within noise (3.0% apart, spread 5.0%)"},
+}
+
+
+def test_the_table_says_why_a_setting_missed_and_which_runs_were_compared(
+        portal: FakePortal, capsys: pytest.CaptureFixture[str]) -> None:
+    portal.on("POST", f"{BASE}/tune", Reply(202, {**KEPT, "status": "queued"}))
+    portal.on("GET", f"{BASE}/tunes/7/", Reply(200, KEPT))
+    portal.on("POST", f"{BASE}/tunes/7/apply", Reply(200, {**KEPT, "applied_revision": 1, "changes": []}))
+    assert main(["tune", "digits-prod", "--p99-ms", "20", "--budget", "60", "--apply"]) == ExitCode.OK
+    out = capsys.readouterr().out
+    assert "(current) (median of 3 runs, spread 5.0%)" in out
+    assert ("2 inst, batching off" in out and "(missed: p99 ≤ 20 ms not met at any concurrency measured (16 clients: "
+            "p99 31.0 ms; 8 clients: p99 24.5 ms))" in out)
+    assert "within noise (3.0% apart, spread 5.0%): the current setting is kept." in out
+    assert "applied: nothing changes, revision 1 serves these settings already" in out
+    assert "rolls out" not in out

@@ -272,3 +272,55 @@ def test_deleting_the_deployment_stops_its_tune(deployment: Deployment, syntheti
     assert runner.run(other.pk, loadgen) is None
     other.refresh_from_db()
     assert other.status == "cancelled" and "deployment was deleted" in other.message
+
+
+def test_a_tune_within_noise_of_what_serves_keeps_it_and_apply_changes_nothing(alice: Person,
+                                                                               deployment: Deployment,
+                                                                               synthetic: Synthetic) -> None:
+    """The newcomer's tune: every setting is as fast as the one that serves, and the first measurement of each other
+    one happens to come out 6% higher. The close calls are measured again, the tune keeps the current setting and
+    says it is within noise, and Apply rolls nothing out (before, it switched to whichever drew the luckiest run)."""
+    [entry] = deployment.revision.spec.models
+    current = runner.current_config(entry)
+    runs: dict[str, int] = {}
+
+    def loadgen(url: str, body: bytes, concurrency: int, duration: float, warmup: float) -> search.Measurement:
+        n = runs[url] = runs.get(url, 0) + 1
+        first = 1.0 if url == "http://fake/" + ",".join(str(v) for v in current.to_json().values()) else 1.06
+        factor = first if n == 1 else (0.96 if n % 2 == 0 else 1.04)
+        return search.Measurement(concurrency=concurrency, throughput=1000.0 * factor, p50_ms=5.0, p99_ms=10.0)
+
+    run = queued(deployment)
+    assert runner.run(run.pk, loadgen) is None
+    run.refresh_from_db()
+    assert run.status == "done", run.message
+    assert run.recommendation["settings"] == current.to_json()
+    assert run.recommendation["current"] and run.recommendation["kept_current"]
+    assert run.recommendation["within_noise"] and run.recommendation["runs"] == 1 + search.REPEATS
+    # The other setting: 1060, 960, 1040 (median 1040, spread 9.6%); the current: 1000, 960, 1040 (median 1000).
+    assert run.message.startswith(f"Keep the current setting: {current.label()}: 1000 req/s")
+    assert "measured 4.0% more than the current setting, within noise (4.0% apart, spread 9.6%)" in run.message
+    [row] = [r for r in run.results if r["current"]]
+    assert row["samples"] == [1000.0, 960.0, 1040.0] and row["throughput"] == 1000.0 and row["spread_pct"] == 8.0
+    response = alice.client().post(f"/api/v1/deployments/digits-prod/tunes/{run.pk}/apply")
+    assert response.status_code == 200, response.json()
+    assert response.json()["changes"] == [] and response.json()["applied_revision"] == 1
+    assert deployment.revisions.count() == 1
+
+
+def test_each_missed_setting_says_why_in_the_recorded_results(deployment: Deployment, synthetic: Synthetic) -> None:
+    run = queued(deployment, p99_target_ms=1.0)  # the synthetic model answers in 2 ms at best
+    assert runner.run(run.pk, fake_loadgen(synthetic)) is None
+    run.refresh_from_db()
+    assert run.recommendation is None and run.results
+    for row in run.results:
+        assert not row["meets_target"]
+        assert row["missed"].startswith("p99 ≤ 1 ms not met at any concurrency measured (32 clients: p99 "), row
+        assert row["missed"].count("clients: p99") == len(row["points"])
+
+
+def test_the_current_setting_is_what_a_tune_names_it(deployment: Deployment) -> None:
+    """Applying the current setting as a tune names it renders the very spec that serves."""
+    spec = deployment.revision.spec
+    [entry] = spec.models
+    assert runner.apply_config(spec, entry, runner.current_config(entry)) == spec
