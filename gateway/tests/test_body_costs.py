@@ -24,7 +24,7 @@ from gateway.protocol import Refusal
 from gateway.tests.conftest import call, make_deployment, run
 from gateway.tests.fake_upstream import FakeUpstream
 from gateway.tests.infer_bodies import OK, j
-from gateway.tests.test_pool_gateway import shared_deployment
+from gateway.tests.pool_support import shared_deployment
 
 URL = "/serve/digits-prod/v2/models/digits/infer"
 

@@ -11,29 +11,12 @@ from typing import Any
 from asgiref.sync import sync_to_async
 
 from conftest import Person
-from deployments.models import Deployment, PoolLoad, Revision
-from deployments.pools import shared_pool
+from deployments.models import Deployment, PoolLoad
 from gateway.tests.conftest import call, run
 from gateway.tests.fake_upstream import FakeUpstream, Request, echo, response
+from gateway.tests.pool_support import shared_deployment
 
 INFER = json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}).encode()
-SHARED = {"mode": "shared", "pool": "shared", "idle_unload_seconds": 600}
-
-
-def shared_deployment(person: Person, name: str, upstream_url: str, *, load: str | None = "loaded") -> Deployment:
-    """A deployment serving revision 1 from the pool `shared`; `load`: its PoolLoad's state, None for no row."""
-    deployment = Deployment.objects.create(team=person.team, name=name, upstream_url=upstream_url,
-                                           status=Deployment.Status.READY)
-    revision = Revision.objects.create(deployment=deployment, number=1, spec={
-        "spec_version": 2, "runtime": "local", "placement": SHARED,
-        "models": [{"name": "digits", "version": 1, "format": "onnx"}]})
-    Deployment.objects.filter(pk=deployment.pk).update(serving_revision=revision, revision=revision)
-    if load is not None:
-        PoolLoad.objects.create(pool=shared_pool(), revision=revision, deployment=deployment, state=load)
-    deployment.refresh_from_db()
-    return deployment
-
-
 def test_a_shared_revision_without_its_load_is_a_503_never_the_unmapped_pool(
         people: dict[str, Person], gateway_app: Any) -> None:
     """The row gone (an abandoned relaunch deleted it) while the route stays: the request must not reach the
