@@ -270,3 +270,35 @@ def test_past_the_wait_an_idle_cluster_revision_is_a_503_with_retry_after_and_it
             await app.close()
 
     run(scenario, timeout=20)
+
+
+def test_a_shared_deployments_readiness_is_its_own_models_never_the_pool_servers(
+        people: dict[str, Person], gateway_app: Any) -> None:
+    """The pool's Triton answers /v2/health/ready for every team's models (400 while another team's model loads,
+    issue 30): a shared deployment's readiness is its own models' ready, idle is ready without waking it, and a
+    revision still loading is not ready."""
+    def pool_triton_answer(request: Request) -> bytes:
+        if request.target == b"/v2/health/ready":
+            return response(400)  # a neighbour's model loading, as a strict pool server says
+        if request.target.endswith(b"-digits/ready"):
+            return response(200)
+        return response(404)
+
+    async def scenario() -> None:
+        async with FakeUpstream(pool_triton_answer) as pool_triton:
+            alice = people["alice"]
+            mine = await sync_to_async(shared_deployment)(alice, "mine", pool_triton.url)
+            await sync_to_async(shared_deployment)(alice, "idle", pool_triton.url, load=PoolLoad.State.UNLOADED)
+            await sync_to_async(shared_deployment)(alice, "starting", pool_triton.url, load=PoolLoad.State.LOADING)
+            app = gateway_app()
+            for method in ("GET", "HEAD"):
+                reply = await call(app, method, "/serve/mine/v2/health/ready", token=alice.token)
+                assert reply.status == 200 and reply.body == b"", reply.body
+            assert [r.target for r in pool_triton.requests] == [f"/v2/models/d{mine.pk}-r1-digits/ready".encode()] * 2
+            idle = await call(app, "GET", "/serve/idle/v2/health/ready", token=alice.token)
+            starting = await call(app, "GET", "/serve/starting/v2/health/ready", token=alice.token)
+            assert idle.status == 200 and starting.status == 400
+            assert len(pool_triton.requests) == 2  # the idle one was not woken, nor the pool asked for it
+            await app.close()
+
+    run(scenario)

@@ -547,10 +547,10 @@ def _finish_load(pool: Pool, load: PoolLoad, server: PoolServer, loaded: _Loaded
     spec = load.revision.spec
     total = sum(loaded.measured.values())
     if not alone:
-        # Another team's load ran beside it: the process tree's growth is both loads'. Counted at its estimate (its
-        # last measure alone, or its size times POOL_UNMEASURED_FACTOR) unless less, and not remembered: neither
+        # Another team's load (or an unload) ran beside it: the process tree's change is both's. Counted at its
+        # estimate (its last measure alone, or its size times POOL_UNMEASURED_FACTOR) and not remembered: neither
         # team's load fails for the other's memory, and the pool's cgroup bounds what they really take.
-        total = min(total, _estimate(spec))
+        total = _estimate(spec)
     used, _ = pools.memory_used(pool)
     mine, _ = pools.memory_used(pool, load.deployment.team_id)
     if used + total > pool.memory_budget_bytes or mine + total > pools.team_share(pool):
@@ -608,6 +608,13 @@ def _begin_in_flight(pool: Pool, load_id: int) -> int:
     return -1 if others else sequence + 1
 
 
+def _note_unload(pool: Pool) -> None:
+    """Under the pool's lock: an unload while loads are under way shrinks the process tree they measure."""
+    sequence, loading = _read_in_flight(pool)
+    if loading:
+        _write_in_flight(pool, sequence + 1, loading)
+
+
 def _end_in_flight(pool: Pool, load_id: int, sequence: int) -> bool:
     """Under the pool's lock: note a load ended; whether it ran alone (no other load began or was under way
     meanwhile), so that its measure is its own."""
@@ -653,6 +660,7 @@ def _unload_locked(load: PoolLoad, message: str, state: str = PoolLoad.State.UNL
         for name in reversed(load_order(spec, _prefix(load))):
             _admin(server, name, "unload", 30)
     PoolLoad.objects.filter(pk=load.pk).update(state=state, message=message, server=None)
+    _note_unload(load.pool)
 
 
 def unload(load: PoolLoad, message: str) -> None:
