@@ -4,10 +4,11 @@ mode, into which deployments' revisions are loaded under names unique to deploym
 - Files: a revision is rendered as for a dedicated server, its models renamed `d<deployment>-r<revision>-<model>`
   (ensemble steps too), and moved into the pool's repository (var/pools/<pool>/repository), which the sandbox
   mounts read-only.
-- Loads go through Triton's repository API (an admin API: the server's own key). One pool's loads, unloads and
-  (re)starts take the pool's file lock, so that the memory measured around a load (the RSS change of the server's
-  process tree: Triton and every python-backend stub) is that load's alone, also across worker and gateway
-  processes.
+- Loads go through Triton's repository API (an admin API: the server's own key). One pool's unloads, (re)starts and
+  the bookkeeping around each load (room, rows) take the pool's file lock, across worker and gateway processes;
+  while Triton loads, only the team's own lock is held (team_locked), so that one team's slow load never holds
+  another's (issue 30). The memory measured around a load (the RSS change of the server's process tree: Triton and
+  every python-backend stub) is kept only when no other load or unload ran beside it (_end_in_flight).
 - A load that would pass the pool's budget first evicts the least recently used models idle for
   POOL_EVICTION_MIN_IDLE_SECONDS, then is refused with a message naming what to unload.
 - A server that died is found by whoever looks next (a health check, a request): it is started again on the same
