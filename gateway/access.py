@@ -282,6 +282,7 @@ def _pooled(deployment_id: int,
 
     shared = {pk: number for pk, number, spec in revisions
               if pk is not None and number is not None and spec is not None and spec.placement.shared}
+    specs = {pk: spec for pk, _, spec in revisions if pk in shared}
     if not shared:
         return ()
     loads = {load["revision_id"]: load for load in
@@ -291,7 +292,9 @@ def _pooled(deployment_id: int,
         load = loads.get(pk)
         found.append(Pooled(revision=number, prefix=name_prefix(deployment_id, number),
                             load_id=load["pk"] if load is not None else None,
-                            loaded=load is not None and load["state"] == PoolLoad.State.LOADED))
+                            loaded=load is not None and load["state"] == PoolLoad.State.LOADED,
+                            idle=load is not None and load["state"] == PoolLoad.State.UNLOADED,
+                            models=_model_names(specs[pk])))
     return tuple(found)
 
 

@@ -182,6 +182,9 @@ class Gateway:
                     # Shared by its spec, with no load: never the unmapped way (other teams' models are there).
                     raise GatewayError(503, f"Deployment {route.name!r} has no models loaded in its pool (it is "
                                             "restarting); retry in a few seconds.", {"Retry-After": "5"})
+                if endpoint.kind == "health" and rest.endswith("/ready"):
+                    code = await self._pooled_ready(out, choice.upstream, pooled)
+                    return
                 if not pooled.loaded:
                     await self.cold_starts.hold(route, pooled, caller.team_id, self.access.routes)
                 raw_rest = pool_names.upstream_target(raw_rest, endpoint, pooled.prefix)
@@ -207,6 +210,33 @@ class Gateway:
             if route is not None:
                 self.collector.observe(route.deployment_id, route.team, route.name, _model_label(route, endpoint), code,
                                        time.perf_counter() - started, choice.revision if choice else 0)
+
+    async def _pooled_ready(self, send: Send, upstream_url: str, pooled: pool_names.Pooled) -> int:
+        """/v2/health/ready of a shared deployment: its own models' readiness in the pool (Triton's per-model ready),
+        never the pool server's, which another team's model loading or failed would make 400 (issue 30). An idle one
+        is ready without being woken: a request is held while it loads (pool_names.ready_answer)."""
+        ready: list[bool] = []
+        if pooled.loaded:
+            ready = list(await asyncio.gather(*(self._model_ready(upstream_url, name)
+                                                 for name in pool_names.ready_names(pooled))))
+        status = 200 if pool_names.ready_answer(pooled, ready) else 400  # Triton's answers, empty bodies
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+        return status
+
+    async def _model_ready(self, upstream_url: str, name: str) -> bool:
+        response = None
+        try:
+            async with asyncio.timeout(self.timeout):
+                response = await self.pool.request("GET", upstream_url, f"/v2/models/{name}/ready".encode("ascii"),
+                                                   [], None, None)
+                await response.read(64 * 1024)
+                return response.status == 200
+        except (TimeoutError, UpstreamError):
+            return False
+        finally:
+            if response is not None:
+                response.close()
 
     async def _caller(self, scope: Scope, headers: dict[bytes, bytes]) -> Caller:
         authorization = headers.get(b"authorization")

@@ -4,8 +4,9 @@ then refused with a 503 and Retry-After (UNAVAILABLE with `retry-after` over gRP
 a retry finds the revision loaded.
 
 Loads run in a small executor of their own (POOL_GATEWAY_LOAD_THREADS), never the one that looks callers and routes
-up, at most POOL_GATEWAY_LOADS_PER_TEAM at once per team, and never wait for the pool's lock: a load already under
-way in the pool is a 503 too. So no team's cold starts can stall another team's requests."""
+up, at most POOL_GATEWAY_LOADS_PER_TEAM at once per team (a team's further ones wait their turn, within the hold),
+and never behind another team's load: the pool loads each team's models beside the others' and holds its lock only
+for the bookkeeping around a load. So no team's cold starts can stall another team's requests or cold starts."""
 
 from __future__ import annotations
 
@@ -24,12 +25,15 @@ log = logging.getLogger(__name__)
 
 class ColdStarts:
     def __init__(self) -> None:
-        self.loading: dict[int, asyncio.Future[tuple[bool, str]]] = {}  # loads in flight, per pool load
+        self.loading: dict[int, asyncio.Future[tuple[bool, str]]] = {}  # loads in flight or queued, per pool load
         self.loading_team: dict[int, int] = {}  # and the team each is for
+        self.turns: dict[int, asyncio.Semaphore] = {}  # per team with loads here: POOL_GATEWAY_LOADS_PER_TEAM at once
         self.executor = ThreadPoolExecutor(max_workers=settings.POOL_GATEWAY_LOAD_THREADS,
                                            thread_name_prefix="pool-load")
 
     def close(self) -> None:
+        for task in list(self.loading.values()):
+            task.cancel()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     async def hold(self, route: Route, pooled: Pooled, team_id: int,
@@ -40,17 +44,17 @@ class ColdStarts:
                           {"Retry-After": "2"})
         task = self.loading.get(load_id)
         if task is None:
-            mine = sum(1 for team in self.loading_team.values() if team == team_id)
-            if mine >= settings.POOL_GATEWAY_LOADS_PER_TEAM:
-                raise Refusal(503, f"Your team has {mine} deployment(s) loading into a pool; retry "
-                                   f"{route.name!r} once they are loaded.", {"Retry-After": "2"})
-            task = asyncio.get_running_loop().run_in_executor(self.executor, _load_in_pool, load_id)
+            # A team's second idle model woken at once waits its turn within the hold (issue 31), rather than a 503
+            # that stock tritonclient does not retry; past the wait the request is a 503 and the load still comes.
+            task = asyncio.ensure_future(self._load(load_id, team_id))
             self.loading[load_id] = task
             self.loading_team[load_id] = team_id
 
             def done(_: object) -> None:
                 self.loading.pop(load_id, None)
                 self.loading_team.pop(load_id, None)
+                if team_id not in self.loading_team.values():
+                    self.turns.pop(team_id, None)
 
             task.add_done_callback(done)
         try:
@@ -66,6 +70,11 @@ class ColdStarts:
             raise Refusal(503, f"Deployment {route.name!r} could not load its models: {failure}",
                           {"Retry-After": "5"})
 
+    async def _load(self, load_id: int, team_id: int) -> tuple[bool, str]:
+        turn = self.turns.setdefault(team_id, asyncio.Semaphore(settings.POOL_GATEWAY_LOADS_PER_TEAM))
+        async with turn:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, _load_in_pool, load_id)
+
 
 def _load_in_pool(load_id: int) -> tuple[bool, str]:
     """Load a pool revision (deployments/runtimes/local/pool.py) in the load executor: (busy: the pool's lock was
@@ -80,7 +89,9 @@ def _load_in_pool(load_id: int) -> tuple[bool, str]:
     try:
         if PoolLoad.objects.filter(pk=load_id, pool__runtime=Pool.Runtime.KUBERNETES).exists():
             return False, _wake_on_cluster(load_id)
-        done = load_revision(load_id, wait=False)
+        # The pool's lock is held only for short steps now, and the team's while its other load runs: both are
+        # waited for within the hold's wait, another team's load never (deployments/runtimes/local/pool.py).
+        done = load_revision(load_id, wait=settings.POOL_COLD_START_WAIT_SECONDS)
     except PoolBusy:
         return True, ""
     except Exception as exc:  # the runtime cannot act (no runtime env, a Triton that will not start)

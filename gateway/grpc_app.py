@@ -61,6 +61,7 @@ DEPLOYMENT_KEY = "modelport-deployment"
 # Names the revision that answered (initial metadata of a unary call); sent by a client, pins one (as over HTTP).
 REVISION_KEY = "modelport-revision"
 MAX_DEPLOYMENT_NAME = 255
+MODEL_READY = "/inference.GRPCInferenceService/ModelReady"
 FLUSH_SECONDS = 5.0
 CHANNEL_IDLE_SECONDS = 120.0  # upstream channels unused this long are closed (old revisions' servers)
 MAX_CONCURRENT_STREAMS = 1000  # HTTP/2 streams (calls in flight) per client connection
@@ -237,6 +238,10 @@ class GrpcGateway:
                     request = await self._to_pool(route, pooled, caller, model, request)
             except Refusal as exc:
                 raise GrpcFailure.from_refusal(exc) from None
+            if pooled is not None and method.name == "ServerReady":
+                await context.send_initial_metadata(((REVISION_KEY, str(choice.revision)),))
+                status = 200
+                return await self._pooled_ready(choice.upstream, pooled, context)
             await context.send_initial_metadata(((REVISION_KEY, str(choice.revision)),))
             in_flight = stats.IN_FLIGHT.labels(route.team, route.name)
             in_flight.inc()
@@ -315,6 +320,26 @@ class GrpcGateway:
         if not pooled.loaded:
             await self.cold_starts.hold(route, pooled, caller.team_id, self.access.routes)
         return pool_names.grpc_request(request, pooled.prefix)
+
+    async def _pooled_ready(self, target: str, pooled: pool_names.Pooled, context: grpc.aio.ServicerContext) -> bytes:
+        """ServerReady of a shared deployment: its own models' ModelReady in the pool, never the pool server's,
+        which speaks for every team's models (the HTTP gateway's rule, pool_names.ready_answer)."""
+        ready: list[bool] = []
+        if pooled.loaded:
+            ready = list(await asyncio.gather(*(self._model_ready(target, name, context)
+                                                 for name in pool_names.ready_names(pooled))))
+        # ServerReadyResponse{ready: true} is field 1, varint 1; false is the empty message.
+        return b"\x08\x01" if pool_names.ready_answer(pooled, ready) else b""
+
+    async def _model_ready(self, target: str, name: str, context: grpc.aio.ServicerContext) -> bool:
+        request = pool_names.grpc_ready_request(name)
+        remaining = context.time_remaining()
+        timeout = self.timeout if remaining is None else min(self.timeout, max(remaining, 0.001))
+        try:
+            answer: bytes = await self.channels.unary_call(target, MODEL_READY)(request, timeout=timeout)
+        except grpc.aio.AioRpcError:
+            return False
+        return answer == b"\x08\x01"
 
     def _model(self, method: Method, request: bytes) -> str:
         """The model a request other than an inference names (for the statistics), after checking it."""

@@ -34,6 +34,23 @@ class Pooled:
     prefix: str
     load_id: int | None
     loaded: bool
+    idle: bool = False  # unloaded for being idle: a request loads it again (gateway/cold_start.py)
+    models: frozenset[str] = frozenset()  # the revision's own model names
+
+
+def ready_names(pooled: Pooled) -> list[str]:
+    """The pool's names of the revision's models, whose readiness is the deployment's (never the pool server's,
+    which speaks for every team's models)."""
+    return sorted(pooled.prefix + model for model in pooled.models)
+
+
+def ready_answer(pooled: Pooled, models_ready: list[bool]) -> bool:
+    """A shared deployment's readiness: every model of its revision ready in the pool, or idle (unloaded for being
+    unused: ready, for any request is held while it loads again, POOL_COLD_START_WAIT_SECONDS). Loading (a first
+    load, a restart) or failed is not ready."""
+    if pooled.idle:
+        return True
+    return pooled.loaded and bool(models_ready) and all(models_ready)
 
 
 def check_model(endpoint: Endpoint, models: frozenset[str], deployment: str) -> None:
@@ -126,6 +143,15 @@ def grpc_request(request: bytes, prefix: str) -> bytes:
     """A request naming a model (inference, ready, metadata, config, statistics) with the pool's name of it. An
     empty name (the statistics of every model) stays empty: the answer is filtered instead."""
     return grpc_protocol.rewrite_fields(request, {1: lambda name: prefix.encode() + name if name else name})
+
+
+def grpc_ready_request(name: str) -> bytes:
+    """ModelReadyRequest{name} (field 1), for a shared deployment's ServerReady (ready_answer)."""
+    data = name.encode()
+    length, size = b"", len(data)
+    while size > 0x7F:
+        length, size = length + bytes([0x80 | (size & 0x7F)]), size >> 7
+    return b"\x0a" + length + bytes([size]) + data
 
 
 def grpc_response(kind: str, response: bytes, prefix: str) -> bytes:

@@ -337,7 +337,8 @@ POOL_PROCESS_OVERHEAD = env_str("POOL_PROCESS_OVERHEAD", "512Mi")
 # How long the gateway holds the first request to an unloaded model while it loads, before a 503 with Retry-After.
 POOL_COLD_START_WAIT_SECONDS = env_float("POOL_COLD_START_WAIT_SECONDS", 10.0, minimum=0)
 # The gateway's cold starts run in an executor of their own this big (never the one for its route and token
-# lookups), and each team has at most this many of them in flight per gateway process (then 503, Retry-After).
+# lookups), and each team has at most this many of them in flight per gateway process (more wait their turn within
+# POOL_COLD_START_WAIT_SECONDS, then 503 with Retry-After).
 POOL_GATEWAY_LOAD_THREADS = env_int("POOL_GATEWAY_LOAD_THREADS", 2, minimum=1)
 POOL_GATEWAY_LOADS_PER_TEAM = env_int("POOL_GATEWAY_LOADS_PER_TEAM", 1, minimum=1)
 # Under memory pressure only models unused this long are evicted (least recently used first).
@@ -367,6 +368,9 @@ POOL_MODEL_MEMORY_MIN = env_str("POOL_MODEL_MEMORY_MIN", "128Mi")
 POOL_MODEL_MEMORY_HEADROOM = env_float("POOL_MODEL_MEMORY_HEADROOM", 1.5, minimum=1)
 POOL_MAX_OUTPUT_BYTES = env_int("POOL_MAX_OUTPUT_BYTES", 16 * 2**20, minimum=0)
 POOL_STUB_PLACEMENT_SECONDS = env_float("POOL_STUB_PLACEMENT_SECONDS", 20.0, minimum=1)
+# A shared revision is kept loaded, unused, at least this many times as long as its last load took (beside its own
+# idle_unload_seconds), so that a model that loads for 30 s is not unloaded and loaded again every few seconds.
+POOL_IDLE_UNLOAD_LOAD_FACTOR = env_float("POOL_IDLE_UNLOAD_LOAD_FACTOR", 10.0, minimum=0)
 
 # --- Resource ceilings (deployments/ceilings.py, docs/security.md "Resource ceilings") --------------------------
 # What a team may ask for is the operator's to set: per deployment (each server or pod) and per team (the sum over

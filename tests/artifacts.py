@@ -50,6 +50,23 @@ def constant_folding_bomb_onnx(side: int) -> bytes:
     return model.SerializeToString()
 
 
+def relu_chain_onnx(nodes: int) -> bytes:
+    """y = Relu(Relu(...Relu(x))), `nodes` deep: a few MB of standard operators whose session onnxruntime builds for
+    seconds (issue 30: 100k nodes, 2.4 MB, loaded in 30 s), computing nothing hostile at load or run."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    names = ["x", *(f"r{i}" for i in range(nodes - 1)), "y"]
+    chain = [helper.make_node("Relu", [names[i]], [names[i + 1]]) for i in range(nodes)]
+    graph = helper.make_graph(chain, "relus", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
 def onnx_with_unused_initializer(name: str) -> bytes:
     """y = x (Identity), with an initializer no node uses, named `name`: onnxruntime's warning names it on stderr."""
     from onnx import TensorProto, helper, numpy_helper

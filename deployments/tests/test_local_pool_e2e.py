@@ -95,6 +95,7 @@ def test_two_teams_models_of_one_name_share_one_triton_and_each_answers_its_own(
 def test_an_idle_model_is_unloaded_and_the_first_request_after_waits_for_its_load(
         people: dict[str, Person], gateway: Asgi, settings: Any) -> None:
     alice = people["alice"]
+    settings.POOL_IDLE_UNLOAD_LOAD_FACTOR = 0  # its idle_unload_seconds alone (test_local_pool_lock_hog_e2e.py)
     make_ready_version(alice)
     deploy(alice, "digits-idle", idle_unload_seconds=1)
     deployment = settle("digits-idle")

@@ -100,6 +100,7 @@ def test_two_teams_digits_in_one_pool_answer_over_grpc_with_their_own_names(
 def test_an_idle_model_over_grpc_holds_the_first_request_then_unavailable_with_retry_after(
         people: dict[str, Person], grpc_gateway: InProcessGrpcGateway, settings: Any) -> None:
     alice = people["alice"]
+    settings.POOL_IDLE_UNLOAD_LOAD_FACTOR = 0  # its idle_unload_seconds alone (test_local_pool_lock_hog_e2e.py)
     make_ready_version(alice)
     deploy(alice, "digits-idle", idle_unload_seconds=1)
     deployment = settle("digits-idle")

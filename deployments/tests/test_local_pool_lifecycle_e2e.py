@@ -47,6 +47,7 @@ def test_a_pool_triton_no_deployment_uses_is_stopped_after_a_while_and_started_b
     alice = people["alice"]
     make_ready_version(alice)
     settings.POOL_EMPTY_SERVER_STOP_SECONDS = 1.0
+    settings.POOL_IDLE_UNLOAD_LOAD_FACTOR = 0  # its idle_unload_seconds alone (test_local_pool_lock_hog_e2e.py)
     deploy(alice, "digits-idle", idle_unload_seconds=1)
     settle("digits-idle")
     [server] = PoolServer.objects.filter(state=PoolServer.State.RUNNING)

@@ -58,6 +58,7 @@ def tick_until(name: str, done: Callable[[Deployment], bool], seconds: float = 9
 def test_a_neighbours_load_unload_reload_and_failed_load_fail_no_request_under_load(
         people: dict[str, Person], grpc_gateway: InProcessGrpcGateway, settings: Any) -> None:
     alice = people["alice"]
+    settings.POOL_IDLE_UNLOAD_LOAD_FACTOR = 0  # its idle_unload_seconds alone (test_local_pool_lock_hog_e2e.py)
     Pool.objects.create(name="acme-own", memory_budget_bytes=2**31, team=alice.team, idle_unload_seconds=0)
     make_ready_version(alice)
     deploy(alice, "steady", pool="acme-own", idle_unload_seconds=0)

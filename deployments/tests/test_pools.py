@@ -437,3 +437,27 @@ def test_a_pooled_pipeline_calls_its_steps_by_their_pooled_names() -> None:
     assert pooled.models[1].step_references == (("t7-digits", 1),)
     assert spec.models[1].step_references == (("digits", 1),)  # the revision's own spec is untouched
     assert pools.load_order(spec, "t7-") == ["t7-digits", "t7-pipe"]
+
+
+def test_the_sweep_of_unused_model_cgroups_keeps_those_of_another_teams_load_under_way(
+        alice: Person, charlie: Person) -> None:
+    """Loads run outside the pool's lock: the sweep under it (pool_memory.remove_unused) must not take the cgroup
+    of a model another team is loading right now (its row says loading and has no server yet), which would leave
+    that model's stubs waiting for a cgroup that is gone."""
+    from deployments.models import PoolServer
+    from deployments.pools import shared_pool
+    from deployments.runtimes.local import pool as local_pool
+
+    make_ready_version(alice)
+    make_ready_version(charlie)
+    shared = shared_pool()
+    server = PoolServer.objects.create(pool=shared, pid=1, http_port=1, grpc_port=2, metrics_port=3,
+                                       log_path="x", admin_key="k")
+    mine = _shared_load(alice, "digits-mine", PoolLoad.State.LOADED)
+    PoolLoad.objects.filter(pk=mine.pk).update(server=server)
+    theirs = _shared_load(charlie, "digits-theirs")  # loading: no server yet
+    failed = _shared_load(charlie, "digits-failed", PoolLoad.State.FAILED)
+    kept = local_pool._loaded_names(shared, server)
+    assert any(n.startswith(local_pool._prefix(mine)) for n in kept)
+    assert any(n.startswith(local_pool._prefix(theirs)) for n in kept)
+    assert not any(n.startswith(local_pool._prefix(failed)) for n in kept)

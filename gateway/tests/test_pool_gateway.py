@@ -116,11 +116,12 @@ def test_a_binary_pool_answer_keeps_its_tensors_and_gets_its_header_length_told_
     run(scenario, timeout=60)
 
 
-def test_one_teams_cold_starts_are_capped_and_never_wait_for_the_pools_lock(
+def test_one_teams_cold_starts_are_capped_and_its_next_waits_its_turn_within_the_hold(
         people: dict[str, Person], gateway_app: Any, settings: Any, monkeypatch: Any) -> None:
-    """Slow loads of one team's idle deployments take at most its share of the gateway's own load threads (the
-    others get a 503 at once), another team still gets a load started, and a pool busy with another load is a 503
-    with Retry-After at once, not a request held behind it."""
+    """Slow loads of one team's idle deployments take at most its share of the gateway's own load threads: its second
+    waits its turn (held, then a 503 "loading" past the wait, never an immediate refusal stock tritonclient would
+    not retry, issue 31) and loads once the first is done; another team still gets a load started at once; and a
+    pool whose locks stay held past the wait is a 503 with Retry-After, not a request held behind it."""
     import threading
 
     from deployments.runtimes.local import pool as local_pool
@@ -128,9 +129,10 @@ def test_one_teams_cold_starts_are_capped_and_never_wait_for_the_pools_lock(
     settings.POOL_COLD_START_WAIT_SECONDS = 0.3
     release = threading.Event()
     started: list[int] = []
+    waits: list[bool | float] = []
 
-    def slow_load(load_id: int, wait: bool = True) -> PoolLoad:
-        assert not wait, "the gateway waited for the pool's lock"
+    def slow_load(load_id: int, wait: bool | float = True) -> PoolLoad:
+        waits.append(wait)
         started.append(load_id)
         release.wait(20)
         return PoolLoad.objects.get(pk=load_id)
@@ -140,8 +142,11 @@ def test_one_teams_cold_starts_are_capped_and_never_wait_for_the_pools_lock(
     async def scenario() -> None:
         async with FakeUpstream(echo) as pool_triton:
             alice, charlie = people["alice"], people["charlie"]
+            loads = {}
             for person, name in ((alice, "a1"), (alice, "a2"), (charlie, "c1")):
-                await sync_to_async(shared_deployment)(person, name, pool_triton.url, load=PoolLoad.State.UNLOADED)
+                deployment = await sync_to_async(shared_deployment)(person, name, pool_triton.url,
+                                                                    load=PoolLoad.State.UNLOADED)
+                loads[name] = await sync_to_async(lambda d=deployment: PoolLoad.objects.get(deployment=d).pk)()
             app = gateway_app()
 
             async def ask(person: Person, name: str) -> Any:
@@ -150,16 +155,23 @@ def test_one_teams_cold_starts_are_capped_and_never_wait_for_the_pools_lock(
             try:
                 first = await ask(alice, "a1")
                 assert first.status == 503 and b"loading its models" in first.body
-                capped = await ask(alice, "a2")
-                assert capped.status == 503 and b"Your team has 1" in capped.body and capped.headers[b"retry-after"]
+                queued = await ask(alice, "a2")
+                assert queued.status == 503 and b"loading its models" in queued.body, queued.body
+                assert queued.headers[b"retry-after"] == b"2"
                 other = await ask(charlie, "c1")
                 assert other.status == 503 and b"loading its models" in other.body
-                assert len(started) == 2 and pool_triton.requests == []
+                assert sorted(started) == sorted([loads["a1"], loads["c1"]]) and pool_triton.requests == []
+                # Every wait for the pool's locks is bounded by the hold's (never an unbounded block).
+                assert all(w is not True and w == settings.POOL_COLD_START_WAIT_SECONDS for w in waits), waits
             finally:
                 release.set()
-            await asyncio.sleep(0.5)
+            for _ in range(100):  # a2's turn comes once a1's load is done
+                if loads["a2"] in started:
+                    break
+                await asyncio.sleep(0.05)
+            assert loads["a2"] in started
 
-            def busy(load_id: int, wait: bool = True) -> PoolLoad:
+            def busy(load_id: int, wait: bool | float = True) -> PoolLoad:
                 raise local_pool.PoolBusy("pool 'shared' is loading or unloading another model")
 
             monkeypatch.setattr(local_pool, "load_revision", busy)
@@ -241,3 +253,35 @@ def test_past_the_wait_an_idle_cluster_revision_is_a_503_with_retry_after_and_it
             await app.close()
 
     run(scenario, timeout=20)
+
+
+def test_a_shared_deployments_readiness_is_its_own_models_never_the_pool_servers(
+        people: dict[str, Person], gateway_app: Any) -> None:
+    """The pool's Triton answers /v2/health/ready for every team's models (400 while another team's model loads,
+    issue 30): a shared deployment's readiness is its own models' ready, idle is ready without waking it, and a
+    revision still loading is not ready."""
+    def pool_triton_answer(request: Request) -> bytes:
+        if request.target == b"/v2/health/ready":
+            return response(400)  # a neighbour's model loading, as a strict pool server says
+        if request.target.endswith(b"-digits/ready"):
+            return response(200)
+        return response(404)
+
+    async def scenario() -> None:
+        async with FakeUpstream(pool_triton_answer) as pool_triton:
+            alice = people["alice"]
+            mine = await sync_to_async(shared_deployment)(alice, "mine", pool_triton.url)
+            await sync_to_async(shared_deployment)(alice, "idle", pool_triton.url, load=PoolLoad.State.UNLOADED)
+            await sync_to_async(shared_deployment)(alice, "starting", pool_triton.url, load=PoolLoad.State.LOADING)
+            app = gateway_app()
+            for method in ("GET", "HEAD"):
+                reply = await call(app, method, "/serve/mine/v2/health/ready", token=alice.token)
+                assert reply.status == 200 and reply.body == b"", reply.body
+            assert [r.target for r in pool_triton.requests] == [f"/v2/models/d{mine.pk}-r1-digits/ready".encode()] * 2
+            idle = await call(app, "GET", "/serve/idle/v2/health/ready", token=alice.token)
+            starting = await call(app, "GET", "/serve/starting/v2/health/ready", token=alice.token)
+            assert idle.status == 200 and starting.status == 400
+            assert len(pool_triton.requests) == 2  # the idle one was not woken, nor the pool asked for it
+            await app.close()
+
+    run(scenario)

@@ -99,3 +99,22 @@ def test_a_grpc_message_that_is_not_protobuf_is_a_400() -> None:
     with pytest.raises(Refusal) as raised:
         pool_names.grpc_request(b"\x0a\xff\xff\xff\x0f", "d3-r2-")  # a length far past the message
     assert raised.value.status == 400 and "not a valid protobuf" in raised.value.message
+
+
+def test_a_shared_deployments_readiness_is_its_models_and_idle_is_ready() -> None:
+    loaded = pool_names.Pooled(revision=2, prefix=PREFIX, load_id=1, loaded=True, models=frozenset({"b", "a"}))
+    assert pool_names.ready_names(loaded) == ["d7-r2-a", "d7-r2-b"]
+    assert pool_names.ready_answer(loaded, [True, True])
+    assert not pool_names.ready_answer(loaded, [True, False])
+    assert not pool_names.ready_answer(loaded, [])
+    idle = pool_names.Pooled(revision=2, prefix=PREFIX, load_id=1, loaded=False, idle=True, models=frozenset({"a"}))
+    assert pool_names.ready_answer(idle, [])  # a request wakes it, held while it loads
+    loading = pool_names.Pooled(revision=2, prefix=PREFIX, load_id=1, loaded=False, models=frozenset({"a"}))
+    assert not pool_names.ready_answer(loading, [])
+
+
+def test_the_grpc_ready_request_is_the_protobuf_message() -> None:
+    from tritonclient.grpc import service_pb2
+
+    for name in ("d7-r2-digits", "d7-r2-" + "m" * 300):
+        assert pool_names.grpc_ready_request(name) == service_pb2.ModelReadyRequest(name=name).SerializeToString()

@@ -4,11 +4,14 @@ mode, into which deployments' revisions are loaded under names unique to deploym
 - Files: a revision is rendered as for a dedicated server, its models renamed `d<deployment>-r<revision>-<model>`
   (ensemble steps too), and moved into the pool's repository (var/pools/<pool>/repository), which the sandbox
   mounts read-only.
-- Loads go through Triton's repository API (an admin API: the server's own key). One pool's loads, unloads and
-  (re)starts take the pool's file lock, also across worker and gateway processes.
+- Loads go through Triton's repository API (an admin API: the server's own key). One pool's unloads, (re)starts and
+  the bookkeeping around each load (room, rows, cgroups) take the pool's file lock, across worker and gateway
+  processes; while Triton loads, only the team's own lock is held (team_locked), so that one team's slow load never
+  holds another's (issue 30).
 - Each model's processes run in a memory cgroup of their own, limited to its reservation (pools.reservations: its
   measured peak with headroom), which is what its team is charged; its figure is that cgroup's peak, read after the
-  load and at each refresh (pool_memory.py): a model past its memory loses its own process, never the pool's Triton.
+  load and at each refresh (pool_memory.py): a model past its memory loses its own process, never the pool's Triton,
+  and loads side by side never count in each other's figures.
 - A load that would pass the pool's budget first evicts the least recently used models idle for
   POOL_EVICTION_MIN_IDLE_SECONDS, then is refused with a message naming what to unload.
 - A server that died is found by whoever looks next (a health check, a request): it is started again on the same
@@ -31,10 +34,12 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
 from deployments import events, local_env, pools, pyenvs
@@ -75,16 +80,37 @@ class PoolBusy(Exception):
 
 
 @contextmanager
-def locked(pool: Pool, wait: bool = True) -> Iterator[None]:
-    """The pool's lock, across processes: one load, unload or start at a time per pool. With wait=False, PoolBusy
-    at once when it is held: a request or a health check never queues behind another team's slow load."""
-    directory = pool_dir(pool)
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise PoolBusy(f"pool {pool.name!r} is loading or unloading another model; retry shortly") from None
+def locked(pool: Pool, wait: bool | float = True) -> Iterator[None]:
+    """The pool's lock, across processes: one start, unload, or step of a load's bookkeeping (room, state) at a time
+    per pool; never held while Triton loads a model (load_revision). wait=False: PoolBusy at once when it is held;
+    a number: PoolBusy once it was held that many seconds. A request or a health check never queues for long."""
+    with _flock(pool_dir(pool) / ".lock", wait,
+                f"pool {pool.name!r} is loading or unloading another model; retry shortly"):
+        yield
+
+
+@contextmanager
+def team_locked(pool: Pool, team_id: int, wait: bool | float = True) -> Iterator[None]:
+    """One team's loads into the pool, one at a time across processes, held while Triton loads: a team's slow loads
+    wait behind each other, never another team's (issue 30: a 100k-node ONNX loads for 30 s)."""
+    with _flock(pool_dir(pool) / f".lock-team-{team_id}", wait,
+                f"your team is loading another model into pool {pool.name!r}; retry shortly"):
+        yield
+
+
+@contextmanager
+def _flock(path: Path, wait: bool | float, busy: str) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        deadline = time.monotonic() + (0 if wait is False else float(wait))
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX if wait is True else fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise PoolBusy(busy) from None
+                time.sleep(0.05)  # flock has no timeout of its own
         try:
             yield
         finally:
@@ -421,8 +447,9 @@ def refresh_figures(pool: Pool) -> None:
 
 def _loaded_names(pool: Pool, server: PoolServer) -> set[str]:
     names: set[str] = set()
-    for load in PoolLoad.objects.filter(pool=pool, server=server).exclude(state=PoolLoad.State.FAILED) \
-            .select_related("revision"):
+    # A load under way has no server yet (its row says loading): its cgroups are kept too.
+    for load in PoolLoad.objects.filter(Q(server=server) | Q(state=PoolLoad.State.LOADING), pool=pool) \
+            .exclude(state=PoolLoad.State.FAILED).select_related("revision"):
         names.update(load_order(load.revision.spec, _prefix(load)))
     return names
 
@@ -476,75 +503,136 @@ def _full_message(pool: Pool, load: PoolLoad, need: int, used: int) -> str:
             + "choose a pool with room (GET /api/v1/pools/), or use placement mode 'dedicated'")
 
 
-def load_revision(load_id: int, wait: bool = True) -> PoolLoad:
+def load_revision(load_id: int, wait: bool | float = True) -> PoolLoad:
     """Load a revision's models into its pool's Triton (blocking for the seconds a load takes); idempotent. The row
-    says how it went: loaded, or failed with the reason. wait=False: PoolBusy while another holds the pool."""
+    says how it went: loaded, or failed with the reason. wait=False: PoolBusy while another load of the same team,
+    or a short step of another's, holds the pool (a number: once that many seconds passed so).
+
+    Triton loads the models without the pool's lock, under the team's (team_locked): Triton loads several models at
+    once (verified with this binary: two 6 s loads took 6.3 s side by side), so another team's slow load never holds
+    this one; the lock covers only the server, the room made and the state written before and after."""
     load = PoolLoad.objects.select_related("pool", "revision", "deployment").get(pk=load_id)
     pool = load.pool
     if pool.runtime != Pool.Runtime.LOCAL:
         # A cluster's pool loads through its agents (the reconciler's launch and observe), never here.
         raise PoolBusy(f"pool {pool.name!r} loads this deployment's models on its cluster; retry shortly")
-    with locked(pool, wait=wait):
-        load.refresh_from_db()
-        server = _ensure_server(pool)
-        if load.state == PoolLoad.State.LOADED and load.server_id == server.pk:
-            return load
-        spec = load.revision.spec
-        refusal = _unsandboxed_code(server, spec)
-        if refusal:
-            return _fail(load, refusal)
-        _wait_live(server, _prefix(load))
-        prefix = _prefix(load)
-        _refresh_last_used(pool, server)
-        refresh_memory(pool, server)
-        pool_memory.remove_unused(server, _loaded_names(pool, server))  # under the lock: no load is making one
-        reserved = pools.reservations(spec)
-        try:
-            _make_room(pool, load, sum(reserved.values()))
-        except PoolFull as exc:
-            return _fail(load, str(exc))
-        started = time.monotonic()
-        measured: dict[str, int] = {}
-        done: list[str] = []
-        for name in load_order(spec, prefix):
-            model = name.removeprefix(prefix)
-            if pool_memory.limit_reached(server, name):
-                # The kernel ended its process at its limit: Triton would keep that instance through a load of the
-                # same files, so it goes first.
-                _admin(server, name, "unload", 30)
-            error: str | None
-            try:
-                # Before the load: the model's stubs wait for their cgroup before they run any of its code.
-                cgroup = pool_memory.prepare(server, name, reserved[model]) if model in reserved else None
-            except OSError as exc:
-                error = f"its memory cgroup could not be made ({exc.strerror or exc}): ask an operator"
-            else:
-                with pool_memory.placing(server, repository(pool), name, cgroup):
-                    error = _admin(server, name, "load", settings.TRITON_READY_TIMEOUT_SECONDS)
-            if error is not None:
-                for loaded in reversed(done):
-                    _admin(server, loaded, "unload", 30)
-                return _fail(load, f"model {model!r} failed to load: {error.replace(prefix, '')}")
-            done.append(name)
-            if model in reserved:
-                measured[model] = pool_memory.measure(server, repository(pool), name)
-                pool_memory.fit_data_limit(server, name)
-        # Charged what each model may take (its limit); more only where nothing limits it.
-        total = max(sum(reserved.values()), sum(measured.values()))
-        used, _ = pools.memory_used(pool)
-        mine, _ = pools.memory_used(pool, load.deployment.team_id)
-        if used + total > pool.memory_budget_bytes or mine + total > pools.team_share(pool):
-            for name in reversed(done):
-                _admin(server, name, "unload", 30)
-            _remember(spec, measured)
-            return _fail(load, _full_message(pool, load, total, used))
-        _remember(spec, measured)
-        now = timezone.now()
-        PoolLoad.objects.filter(pk=load.pk).update(
-            state=PoolLoad.State.LOADED, server=server, message="", memory_bytes=total, loaded_at=now,
-            last_used_at=now, cold_start_seconds=time.monotonic() - started)
-        load.refresh_from_db()
+    with team_locked(pool, load.deployment.team_id, wait=wait):
+        with locked(pool, wait=wait):
+            started = _start_load(pool, load)
+        if isinstance(started, PoolLoad):
+            return started
+        loaded = _load_models(started.server, load, started.reserved)
+        with locked(pool):
+            return _finish_load(pool, load, started.server, loaded, started.reserved)
+
+
+@dataclass(frozen=True)
+class _Started:
+    server: PoolServer
+    reserved: dict[str, int]  # bytes per model (its own name): its cgroup's limit, what it is charged
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    measured: dict[str, int]  # bytes per model (its own name)
+    done: list[str]  # the pool names Triton loaded, in order
+    error: str | None
+    seconds: float
+
+
+def _start_load(pool: Pool, load: PoolLoad) -> PoolLoad | _Started:
+    """Under the pool's lock: the server, room for the revision, the row marked loading. The row when there is
+    nothing to load (loaded already, or failed)."""
+    load.refresh_from_db()
+    server = _ensure_server(pool)
+    if load.state == PoolLoad.State.LOADED and load.server_id == server.pk:
         return load
+    spec = load.revision.spec
+    refusal = _unsandboxed_code(server, spec)
+    if refusal:
+        return _fail(load, refusal)
+    _wait_live(server, _prefix(load))
+    _refresh_last_used(pool, server)
+    refresh_memory(pool, server)
+    # Under the lock, and keeping the cgroups of the loads other teams run meanwhile (their rows say loading).
+    pool_memory.remove_unused(server, _loaded_names(pool, server))
+    reserved = pools.reservations(spec)
+    try:
+        _make_room(pool, load, sum(reserved.values()))
+    except PoolFull as exc:
+        return _fail(load, str(exc))
+    # Loading from here: a stop, retire or abandon meanwhile changes the state, which _finish_load then sees.
+    PoolLoad.objects.filter(pk=load.pk).update(state=PoolLoad.State.LOADING, message="", server=None)
+    return _Started(server, reserved)
+
+
+def _load_models(server: PoolServer, load: PoolLoad, reserved: Mapping[str, int]) -> _Loaded:
+    """Triton's loads of the revision's models, steps first, each in its own cgroup and measured there (no lock of
+    the pool's held: each figure is the model's own peak, so loads side by side never count in each other's)."""
+    spec = load.revision.spec
+    prefix = _prefix(load)
+    pool = load.pool
+    started = time.monotonic()
+    measured: dict[str, int] = {}
+    done: list[str] = []
+    for name in load_order(spec, prefix):
+        model = name.removeprefix(prefix)
+        if pool_memory.limit_reached(server, name):
+            # The kernel ended its process at its limit: Triton would keep that instance through a load of the
+            # same files, so it goes first.
+            _admin(server, name, "unload", 30)
+        error: str | None
+        try:
+            # Before the load: the model's stubs wait for their cgroup before they run any of its code.
+            cgroup = pool_memory.prepare(server, name, reserved[model]) if model in reserved else None
+        except OSError as exc:
+            error = f"its memory cgroup could not be made ({exc.strerror or exc}): ask an operator"
+        else:
+            with pool_memory.placing(server, repository(pool), name, cgroup):
+                error = _admin(server, name, "load", settings.TRITON_READY_TIMEOUT_SECONDS)
+        if error is not None:
+            return _Loaded(measured, done, f"model {model!r} failed to load: {error.replace(prefix, '')}",
+                           time.monotonic() - started)
+        done.append(name)
+        if model in reserved:
+            measured[model] = pool_memory.measure(server, repository(pool), name)
+            pool_memory.fit_data_limit(server, name)
+    return _Loaded(measured, done, None, time.monotonic() - started)
+
+
+def _finish_load(pool: Pool, load: PoolLoad, server: PoolServer, loaded: _Loaded,
+                 reserved: Mapping[str, int]) -> PoolLoad:
+    """Under the pool's lock: the row loaded with what it took, or failed (its models unloaded again)."""
+    current = PoolLoad.objects.filter(pk=load.pk).first()
+    if current is None or current.state != PoolLoad.State.LOADING:
+        # Stopped, retired or abandoned while Triton loaded it: what was loaded goes again, the row stays as set.
+        for name in reversed(loaded.done):
+            _admin(server, name, "unload", 30)
+        if current is None:
+            load.state, load.message, load.server = PoolLoad.State.UNLOADED, "stopped while it loaded", None
+            return load
+        return current
+    if loaded.error is not None:
+        for name in reversed(loaded.done):
+            _admin(server, name, "unload", 30)
+        return _fail(load, loaded.error)
+    spec = load.revision.spec
+    # Charged what each model may take (its limit); more only where nothing limits it.
+    total = max(sum(reserved.values()), sum(loaded.measured.values()))
+    used, _ = pools.memory_used(pool)
+    mine, _ = pools.memory_used(pool, load.deployment.team_id)
+    if used + total > pool.memory_budget_bytes or mine + total > pools.team_share(pool):
+        for name in reversed(loaded.done):
+            _admin(server, name, "unload", 30)
+        _remember(spec, loaded.measured)
+        return _fail(load, _full_message(pool, load, total, used))
+    _remember(spec, loaded.measured)
+    now = timezone.now()
+    PoolLoad.objects.filter(pk=load.pk).update(
+        state=PoolLoad.State.LOADED, server=server, message="", memory_bytes=total, loaded_at=now,
+        last_used_at=now, cold_start_seconds=loaded.seconds)
+    load.refresh_from_db()
+    return load
 
 
 def _unsandboxed_code(server: PoolServer, spec: RevisionSpec) -> str | None:
@@ -596,6 +684,14 @@ def unload(load: PoolLoad, message: str) -> None:
         _unload_locked(load, message)
 
 
+def idle_unload_after(load: PoolLoad) -> float:
+    """Seconds unused after which a loaded revision is unloaded: its idle_unload_seconds, and at least
+    POOL_IDLE_UNLOAD_LOAD_FACTOR times what its last load took, so that a slow loader (a 100k-node ONNX loads for
+    30 s) set to unload after 1 s is not loaded again at every request, its team's load slot and the pool's CPU
+    taken from the others each time."""
+    return max(float(load.idle_unload_seconds), settings.POOL_IDLE_UNLOAD_LOAD_FACTOR * (load.cold_start_seconds or 0))
+
+
 def unload_idle() -> list[str]:
     """Unload every loaded revision unused for its idle_unload_seconds; a line per revision unloaded."""
     done = []
@@ -609,12 +705,12 @@ def unload_idle() -> list[str]:
         for load in PoolLoad.objects.filter(pool=pool, state=PoolLoad.State.LOADED, idle_unload_seconds__gt=0) \
                 .select_related("revision", "deployment", "server", "pool"):
             last = load.last_used_at or load.loaded_at or now
-            if now - last >= timedelta(seconds=load.idle_unload_seconds):
+            if now - last >= timedelta(seconds=idle_unload_after(load)):
                 with locked(pool):
                     current = PoolLoad.objects.select_related("revision", "server", "pool").get(pk=load.pk)
                     if current.state != PoolLoad.State.LOADED or current.last_used_at != load.last_used_at:
                         continue
-                    _unload_locked(current, f"unloaded after {load.idle_unload_seconds} s unused; the next "
+                    _unload_locked(current, f"unloaded after {idle_unload_after(load):g} s unused; the next "
                                             "request loads it again")
                 done.append(f"unloaded {load.deployment} r{load.revision.number} from pool {pool.name!r}")
     return done

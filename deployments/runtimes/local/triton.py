@@ -114,8 +114,10 @@ def start_server(
         # A deployment's repository is rendered complete and served as is: load everything at start, never poll
         # it. A pool's starts empty and is loaded model by model through the (admin) repository API.
         f"--model-control-mode={model_control}",
-        # Ready only when every model is; a model that fails to load stops the server with its error logged.
-        "--strict-readiness=true",
+        # A deployment's server: ready only when every model is; a model that fails to load stops the server with
+        # its error logged. A pool's: never, for one team's model loading or failed answers for every team's
+        # (issue 30); the gateway answers a shared deployment's readiness from its own models (gateway/app.py).
+        f"--strict-readiness={'false' if model_control == 'explicit' else 'true'}",
         "--exit-on-error=true",
         # config.pbtxt is rendered in full; Triton must not guess missing fields.
         "--disable-auto-complete-config",
