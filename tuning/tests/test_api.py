@@ -16,14 +16,6 @@ from models_registry.models import ModelVersion
 from tuning.models import TuneRun
 
 
-@pytest.fixture
-def deployment(alice: Person, digits: ModelVersion) -> Deployment:
-    response = alice.client().post("/api/v1/deployments/", {"name": "digits-prod", "models": [{"model": "digits"}]},
-                                   format="json")
-    assert response.status_code == 201, response.json()
-    return Deployment.objects.get(name="digits-prod")
-
-
 def tune(person: Person, name: str = "digits-prod", **body: Any) -> Any:
     payload = {"p99_ms": 20, "budget_seconds": 60, **body}
     return person.client().post(f"/api/v1/deployments/{name}/tune", payload, format="json")

@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
-
 from conftest import Person
 from deployments.models import Deployment
 from models_registry.models import ModelVersion
 from tuning.models import TuneRun
-
-
-@pytest.fixture
-def deployment(alice: Person, digits: ModelVersion) -> Deployment:
-    response = alice.client().post("/api/v1/deployments/", {"name": "digits-prod", "models": [{"model": "digits"}]},
-                                   format="json")
-    assert response.status_code == 201, response.json()
-    return Deployment.objects.get(name="digits-prod")
 
 
 def test_the_generated_request_is_the_versions_example_request(alice: Person, digits: ModelVersion,

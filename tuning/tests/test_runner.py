@@ -21,13 +21,6 @@ from tuning.models import TuneRun
 from tuning.tests.synthetic import Synthetic
 
 
-@pytest.fixture
-def deployment(alice: Person, digits: ModelVersion) -> Deployment:
-    alice.client().post("/api/v1/deployments/", {"name": "digits-prod", "models": [{"model": "digits"}]},
-                        format="json")
-    return Deployment.objects.get(name="digits-prod")
-
-
 def queued(deployment: Deployment, **fields: Any) -> TuneRun:
     values: dict[str, Any] = {"deployment": deployment, "team": deployment.team, "p99_target_ms": 20.0,
                               "model_version": ModelVersion.objects.get(model__name="digits", number=1),
