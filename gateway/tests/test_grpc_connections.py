@@ -5,14 +5,18 @@ tests/test_grpc_connection_cap.py."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import select
 import socket
 from collections.abc import Iterator
+from typing import Any
 
+import grpc
 import pytest
 
 from gateway.grpc_connections import Calls, Shedder, peer_of
+from gateway.tests.conftest import run
 
 
 class Listener:
@@ -169,3 +173,28 @@ def test_calls_forget_the_last_end_of_peers_no_longer_connected() -> None:
 ])
 def test_a_calls_peer_is_named_as_its_socket_names_it(grpc_peer: str | None, expected: tuple[str, int] | None) -> None:
     assert peer_of(grpc_peer) == expected
+
+
+def test_the_gateway_counts_each_call_under_the_peer_its_sweep_reads_off_the_socket(transactional_db: Any) -> None:
+    """The real gateway: a call is counted under `context.peer()`, and that names the same connection as the sweep's
+    getpeername() of the accepted socket (else no call would ever keep its connection open)."""
+    from gateway.grpc_app import GrpcGateway
+
+    async def scenario() -> None:
+        gateway = GrpcGateway()
+        port = await gateway.start("127.0.0.1:0")
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        try:
+            assert gateway.shedder is not None
+            await asyncio.to_thread(gateway.shedder.stop)  # its passes would race this test's own
+            assert await channel.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=5) == b"\x08\x01"
+            assert gateway.shedder.sweep() == []
+            connected = {peer for peer, _ in gateway.shedder.sockets.values() if peer is not None}
+            assert len(connected) == 1
+            assert set(gateway.calls.ended) == connected
+            assert gateway.calls.open == {}
+        finally:
+            await channel.close()
+            await gateway.stop(0)
+
+    run(scenario)
