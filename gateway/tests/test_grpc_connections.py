@@ -150,6 +150,18 @@ def test_a_descriptor_reused_for_another_socket_is_not_shut_down(listener: Liste
     assert closed(client)
 
 
+def test_calls_count_each_call_of_a_connection_until_the_last_ends() -> None:
+    calls = Calls()
+    first, second = calls.begin("ipv4:127.0.0.1:5000"), calls.begin("ipv4:127.0.0.1:5000")
+    assert first == second == ("127.0.0.1", 5000)
+    assert calls.open == {("127.0.0.1", 5000): 2}
+    calls.end(first)
+    assert calls.open == {("127.0.0.1", 5000): 1} and not calls.ended
+    calls.end(second)
+    assert calls.open == {} and list(calls.ended) == [("127.0.0.1", 5000)]
+    assert calls.begin("unix:/run/gateway.sock") is None and calls.open == {}
+
+
 def test_calls_forget_the_last_end_of_peers_no_longer_connected() -> None:
     calls = Calls()
     for port in (5000, 5001):
