@@ -137,6 +137,8 @@ def test_past_the_cap_the_oldest_idle_connections_make_way_and_another_teams_cal
     """The attacker fills the cap, then opens one more and (once a sweep has closed one for it, so that the first
     ones are known to be older) ten more. Another team's call on a new connection is answered, and the
     connections closed to bring the count back to the cap are the attacker's oldest: the ten later ones all stay.
+    Their order among the first ones is not asserted: connections first seen by the same sweep are ordered by their
+    socket's inode, which follows their creation only roughly.
     Before the change gRPC core closed every connection past the cap, the victim's included (UNAVAILABLE)."""
     first = [attacker_connection(i, gateway.port) for i in range(CAP + 1)]
     later: list[socket.socket] = []
@@ -146,10 +148,11 @@ def test_past_the_cap_the_oldest_idle_connections_make_way_and_another_teams_cal
         live, took, error = victim_call(gateway.port, gateway.victim)
         print(f"the victim's call took {took:.3f} s beside {CAP + 11} attacker connections")
         assert live, f"another team's call failed with the cap full of idle connections: {error}"
-        # Back at the cap: eleven of the first connections closed, and none of the later ones.
+        # Back at the cap: eleven of the first connections closed (twelve if a sweep counted the victim's while it
+        # was open, which is what the cap is for), and none of the later ones.
         processes.wait_for(lambda: len(closed_among(first)) >= 11, 10, interval=0.05,
                            what="the count back at the cap")
-        assert len(closed_among(first)) == 11
+        assert len(closed_among(first)) in (11, 12)
         assert closed_among(later) == [], "newer connections were closed before older idle ones"
     finally:
         for sock in (*first, *later):
