@@ -117,9 +117,10 @@ def attacker_connection(index: int, port: int) -> socket.socket:
 
 def is_closed(sock: socket.socket) -> bool:
     """The server closed it (what it sent before, its SETTINGS or a ping, is read and dropped); never waits."""
+    sock.setblocking(False)  # a socket with a timeout would wait that long for data before answering
     while True:
         try:
-            data = sock.recv(65536, socket.MSG_DONTWAIT)
+            data = sock.recv(65536)
         except BlockingIOError:
             return False
         except OSError:  # reset by the server

@@ -103,7 +103,7 @@ def test_a_connection_with_a_call_in_progress_is_never_shut_down(listener: Liste
 def test_every_connection_calling_past_the_cap_none_is_shut_down(listener: Listener) -> None:
     calls = Calls()
     shedder = sweeping(listener, cap=1, calls=calls)
-    clients = connect_seen(listener, shedder, 2)
+    clients = [listener.connect(), listener.connect()]
     for client in clients:
         calls.begin(listener.grpc_peer(client))
     assert shedder.sweep() == []
