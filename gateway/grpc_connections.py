@@ -7,7 +7,8 @@ are open, whatever the open ones are doing. Connections that make no call (half-
 deadline, handshaked ones until GATEWAY_GRPC_IDLE_SECONDS), opened from any number of addresses, kept every new
 client out.
 
-What this adds, in a thread of the gateway's process: every SWEEP_SECONDS it lists the process's descriptors and
+What this adds, in a thread of the gateway's process: every SWEEP_SECONDS (or four times a pass's duration, if
+longer) it lists the process's descriptors and
 finds the TCP connections accepted on the gateway's port (a socket bound to that port with a peer). While more than
 the cap are open, it shuts down (shutdown(2)) the connections idle longest: with no call in progress (the gateway's
 handlers count calls per peer address, `Calls`), ordered by the end of their last call, else by when a sweep first
@@ -35,12 +36,12 @@ import socket
 import stat
 import threading
 import time
-from collections import OrderedDict
 from urllib.parse import unquote
 
 log = logging.getLogger(__name__)
 
 SWEEP_SECONDS = 0.25
+IDLE_FACTOR = 4  # the wait after a pass is at least this many times the pass's duration
 LOG_EVERY_SECONDS = 10.0  # under a flood, one line per this many seconds, not one per sweep
 FD_DIR = "/proc/self/fd"
 
@@ -81,7 +82,7 @@ class Calls:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.open: dict[Peer, int] = {}
-        self.ended: OrderedDict[Peer, float] = OrderedDict()
+        self.ended: dict[Peer, float] = {}
         # context.peer() parsed, per string: the same for every call of a connection, and parsing costs microseconds
         # (ipaddress) that a dictionary look-up does not. Touched by the event loop's thread only.
         self.parsed: dict[str, Peer | None] = {}
@@ -109,7 +110,6 @@ class Calls:
             else:
                 self.open.pop(peer, None)
                 self.ended[peer] = time.monotonic()
-                self.ended.move_to_end(peer)
 
     def snapshot(self, connected: set[Peer]) -> tuple[dict[Peer, int], dict[Peer, float]]:
         """The calls in progress and the last ends; forgets the ends of peers no longer connected."""
@@ -148,11 +148,17 @@ class Shedder:
             self._thread.join(5)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while True:
+            started = time.monotonic()
             try:
                 self.sweep()
             except Exception:  # a failed pass must not end the cap: the next pass starts afresh
                 log.exception("gRPC gateway: the connection sweep failed")
+            # A pass lists and fstat()s every descriptor: 126 ms for 10,000 (10 ms for 1,000) measured on a 2-core
+            # machine at a load of 7. Waiting at least four times its duration keeps the sweep under a fifth of a
+            # core however many connections are held (the interval, and so the resolution of "oldest", grows).
+            if self._stop.wait(max(self.interval, IDLE_FACTOR * (time.monotonic() - started))):
+                return
 
     def sweep(self) -> list[Peer]:
         """One pass: the peers of the connections shut down to bring the count back to the cap."""

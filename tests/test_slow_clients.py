@@ -412,6 +412,8 @@ def test_grpc_closes_a_handshaked_connection_that_makes_no_call_after_the_idle_t
     idle, received = raw_http2.handshaked(grpc_port)
     with idle:
         rest, _ = _answer(idle, timeout=20)  # until the server closes it; a timeout here fails the test
-    assert time.monotonic() - opened > 1.5
+    took = time.monotonic() - opened
     kinds = [kind for kind, _ in raw_http2.frames(received + rest)[0]]
+    print(f"closed {took:.1f} s after it opened, having received frames of types {kinds}")
+    assert took > 1.5
     assert raw_http2.GOAWAY_TYPE in kinds, kinds
