@@ -168,21 +168,21 @@ class Shedder:
         for name in os.listdir(FD_DIR):
             fd = int(name)
             try:
-                inode = os.fstat(fd)
+                status = os.fstat(fd)
             except OSError:  # closed meanwhile (the listing's own descriptor, a connection core closed)
                 continue
-            if not stat.S_ISSOCK(inode.st_mode):
+            if not stat.S_ISSOCK(status.st_mode):
                 continue
-            known = self.sockets.get(inode.st_ino)
+            known = self.sockets.get(status.st_ino)
             if known is None:
                 sock = _duplicate(fd)
                 if sock is None:  # closed meanwhile, or no descriptor left for the duplicate: the next pass looks
                     continue
                 with sock:
                     known = (self._peer_of(sock), now)
-            seen[inode.st_ino] = known
+            seen[status.st_ino] = known
             if known[0] is not None:
-                connections.append((fd, inode.st_ino, known[0]))
+                connections.append((fd, status.st_ino, known[0]))
         self.sockets = seen
         busy, ended = self.calls.snapshot({peer for _, _, peer in connections})
         excess = len(connections) - self.cap
