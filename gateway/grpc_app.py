@@ -50,6 +50,7 @@ from gateway import grpc_protocol, pool_names, stats
 from gateway.access import Access, Caller, Choice, Route, choose
 from gateway.cold_start import ColdStarts
 from gateway.contract import Contract, missing_message, reword
+from gateway.grpc_connections import Calls, Shedder
 from gateway.grpc_protocol import Method
 from gateway.protocol import Refusal
 from gateway.ratelimit import RateLimiter, retry_after_header
@@ -155,6 +156,11 @@ class GrpcGateway:
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self.background: asyncio.Task[None] | None = None
+        # The connection cap that sheds the connections idle longest (gateway/grpc_connections.py); without it
+        # (not Linux) gRPC core's own cap, which refuses every new connection at the cap, is all there is.
+        self.calls = Calls()
+        self.shedder: Shedder | None = None
+        self.shedding = Shedder.available()
 
     # --- Process ---------------------------------------------------------------------------------------------
 
@@ -167,7 +173,7 @@ class GrpcGateway:
             ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
             # A second gateway on the same port must fail to start, not share the port unnoticed.
             ("grpc.so_reuseport", 0),
-            *slow_client_options(),
+            *slow_client_options(self.shedding),
         ])
         server.add_generic_rpc_handlers((_Handlers(self),))
         return server
@@ -177,12 +183,20 @@ class GrpcGateway:
         self.server = self.build_server()
         self.port = self.server.add_insecure_port(address)
         await self.server.start()
+        if self.shedding:
+            self.shedder = Shedder(self.port, connection_caps()[0], self.calls)
+            self.shedder.start()
+        else:
+            log.warning("gRPC gateway: no /proc/self/fd here, so at GATEWAY_GRPC_MAX_CONNECTIONS new connections "
+                        "are refused rather than taking the place of idle ones")
         self.background = asyncio.get_running_loop().create_task(self._housekeeping())
         return self.port
 
     async def stop(self, grace: float = 5.0) -> None:
         if self.server is not None:
             await self.server.stop(grace)
+        if self.shedder is not None:
+            await asyncio.to_thread(self.shedder.stop)
         if self.background is not None:
             self.background.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -579,7 +593,7 @@ class _Handlers(grpc.GenericRpcHandler):
     def __init__(self, gateway: GrpcGateway) -> None:
         self.gateway = gateway
         self.stream = grpc.stream_stream_rpc_method_handler(_stream_behaviour(gateway))
-        self.health = grpc.unary_unary_rpc_method_handler(gateway.health)
+        self.health = grpc.unary_unary_rpc_method_handler(_counted(gateway, gateway.health))
         self.known: dict[str, grpc.RpcMethodHandler] = {}
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
@@ -598,30 +612,62 @@ class _Handlers(grpc.GenericRpcHandler):
         return handler
 
 
+# Each handler counts its call as in progress on its connection, which the connection cap then never closes.
+
+def _counted(gateway: GrpcGateway, handler: Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]
+             ) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
+    async def behaviour(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        peer = gateway.calls.begin(context.peer())
+        try:
+            return await handler(request, context)
+        finally:
+            gateway.calls.end(peer)
+
+    return behaviour
+
+
 def _unary_behaviour(gateway: GrpcGateway, path: str) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
     async def behaviour(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        return await gateway.unary(path, request, context)
+        peer = gateway.calls.begin(context.peer())  # as _counted does, without a coroutine more per call
+        try:
+            return await gateway.unary(path, request, context)
+        finally:
+            gateway.calls.end(peer)
 
     return behaviour
 
 
 def _stream_behaviour(gateway: GrpcGateway) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[None]]:
     async def behaviour(request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        await gateway.stream(context)  # reads with context.read()
+        peer = gateway.calls.begin(context.peer())
+        try:
+            await gateway.stream(context)  # reads with context.read()
+        finally:
+            gateway.calls.end(peer)
 
     return behaviour
 
 
-def slow_client_options() -> list[tuple[str, int]]:
+def connection_caps() -> tuple[int, int]:
+    """The cap at which connections idle longest are closed (gateway/grpc_connections.py), and gRPC core's own,
+    twice it, at which new connections are refused: new connections are accepted between two sweeps up to that.
+    Both within the open-files limit (raised to its hard limit here)."""
+    configured = settings.GATEWAY_GRPC_MAX_CONNECTIONS
+    room = connection_cap(2 * configured, raise_open_files_limit())
+    return min(configured, max(1, room // 2)), room
+
+
+def slow_client_options(shedding: bool = True) -> list[tuple[str, int]]:
     """gRPC core's own bounds on connections (docs/security.md, "Slow clients"): grpcio has no hook per accepted
-    connection, so no count per client address; these bound what any client's connections hold."""
+    connection, so no count per client address; these bound what any client's connections hold. With `shedding`
+    (the sweep of gateway/grpc_connections.py runs), core's cap is the sweep's headroom; without, it is the cap."""
+    cap, room = connection_caps()
     return [
         # A connection that has not sent the HTTP/2 preface and its SETTINGS by then is closed (half-open
         # connections, half a preface); gRPC's default is 120 s.
         ("grpc.server_handshake_timeout_ms", _ms(settings.GATEWAY_GRPC_HANDSHAKE_TIMEOUT_SECONDS)),
         # Beyond this many open connections new ones are closed at once, before EMFILE fails everyone's calls.
-        ("grpc.max_allowed_incoming_connections",
-         connection_cap(settings.GATEWAY_GRPC_MAX_CONNECTIONS, raise_open_files_limit())),
+        ("grpc.max_allowed_incoming_connections", room if shedding else cap),
         # A connection without calls this long is sent GOAWAY (clients reconnect on their next call).
         ("grpc.max_connection_idle_ms", _ms(settings.GATEWAY_GRPC_IDLE_SECONDS)),
         # A peer that vanished (no FIN: a cut cable, a killed VM) is found by a ping unanswered within 20 s.

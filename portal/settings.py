@@ -623,8 +623,9 @@ WEB_MAX_CONNECTIONS = env_int("WEB_MAX_CONNECTIONS", 10000, minimum=1)
 WEB_LINGER_SECONDS = env_float("WEB_LINGER_SECONDS", 10.0, minimum=0)
 WEB_DRAIN_BYTES = env_int("WEB_DRAIN_BYTES", 64 * 1024**2, minimum=0)
 # The gRPC gateway: a connection that has not finished its HTTP/2 handshake (preface and settings) within this many
-# seconds is closed; one without calls for GATEWAY_GRPC_IDLE_SECONDS is sent GOAWAY (clients reconnect when needed);
-# at most GATEWAY_GRPC_MAX_CONNECTIONS at once.
+# seconds is closed; one without calls for GATEWAY_GRPC_IDLE_SECONDS is sent GOAWAY and closed (clients reconnect
+# when needed); past GATEWAY_GRPC_MAX_CONNECTIONS the connections idle longest are closed for new ones
+# (gateway/grpc_connections.py), and gRPC core refuses new connections at twice it.
 GATEWAY_GRPC_HANDSHAKE_TIMEOUT_SECONDS = env_float("GATEWAY_GRPC_HANDSHAKE_TIMEOUT_SECONDS", 10.0, minimum=0.1)
 GATEWAY_GRPC_IDLE_SECONDS = env_float("GATEWAY_GRPC_IDLE_SECONDS", 300.0, minimum=1)
 GATEWAY_GRPC_MAX_CONNECTIONS = env_int("GATEWAY_GRPC_MAX_CONNECTIONS", 10000, minimum=1)

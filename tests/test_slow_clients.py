@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from portal.open_files import raise_open_files_limit
-from tests import processes
+from tests import processes, raw_http2
 
 pytestmark = pytest.mark.worker
 
@@ -364,7 +364,8 @@ def test_an_attacker_refilling_the_cap_from_many_addresses_cannot_keep_a_victim_
 def grpc_port(tmp_path: Path) -> Iterator[int]:
     port = processes.free_port()
     log = tmp_path / "grpc.log"
-    gateway = processes.start_grpc_gateway(log, port, env={"GATEWAY_GRPC_HANDSHAKE_TIMEOUT_SECONDS": "2"})
+    gateway = processes.start_grpc_gateway(log, port, env={"GATEWAY_GRPC_HANDSHAKE_TIMEOUT_SECONDS": "2",
+                                                            "GATEWAY_GRPC_IDLE_SECONDS": "2"})
     try:
         processes.wait_for(lambda: _grpc_health(port) is not None, 60, what="the gRPC gateway")
         yield port
@@ -401,3 +402,18 @@ def test_grpc_closes_half_open_connections_after_the_handshake_timeout(grpc_port
     finally:
         silent.close()
         half_preface.close()
+
+
+def test_grpc_closes_a_handshaked_connection_that_makes_no_call_after_the_idle_timeout(grpc_port: int) -> None:
+    """A connection past the handshake that makes no call is sent GOAWAY at GATEWAY_GRPC_IDLE_SECONDS and then
+    closed by the server, though this client ignores the GOAWAY (a well-behaved one closes and reconnects on its
+    next call)."""
+    opened = time.monotonic()
+    idle, received = raw_http2.handshaked(grpc_port)
+    with idle:
+        rest, _ = _answer(idle, timeout=20)  # until the server closes it; a timeout here fails the test
+    took = time.monotonic() - opened
+    kinds = [kind for kind, _ in raw_http2.frames(received + rest)[0]]
+    print(f"closed {took:.1f} s after it opened, having received frames of types {kinds}")
+    assert took > 1.5
+    assert raw_http2.GOAWAY_TYPE in kinds, kinds
