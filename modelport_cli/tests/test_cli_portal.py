@@ -126,8 +126,11 @@ def test_a_pool_given_again_on_a_shared_deployment_is_not_refused(
 def test_more_instances_with_the_team_at_its_memory_ceiling_updates_the_deployment(
         cli: list[Any], capsys: pytest.CaptureFixture[str], settings: Any) -> None:
     """A CI re-run broke exactly when the team was full: the same body as a create asks for the memory again."""
-    settings.TEAM_MAX_MEMORY = "8Gi"  # two deployments of the default 4Gi (SANDBOX_DEFAULT_MEMORY)
-    settings.SANDBOX_DEFAULT_MEMORY = "4Gi"
+    # Two deployments of a tiny ONNX model at their derived 384Mi (256Mi for Triton, 128Mi per instance): 768Mi, and
+    # a third would not fit.
+    settings.TEAM_MAX_MEMORY = "1Gi"
+    settings.SANDBOX_SERVER_MEMORY = "256Mi"
+    settings.POOL_MODEL_MEMORY_MIN = "128Mi"
     assert main(DEPLOY) == 0
     assert main(["deploy", "other", "--model", "digits:1"]) == 0  # the team is full now
     capsys.readouterr()
