@@ -233,7 +233,7 @@ def machine_refusal(asked: Decimal, used: Decimal, limit: Limit, servers: int) -
         return ""
     free = max(limit.value - used, Decimal(0))
     per_server = (free / max(servers, 1)).to_integral_value(rounding=ROUND_FLOOR)
-    flag = f"modelport deploy NAME --memory {_show('memory', per_server)}" if per_server >= 2**20 else ""
+    flag = f"modelport deploy NAME --memory {_flag_size(per_server)}" if per_server >= 2**20 else ""
     lower = (f"lower resources.memory to at most {_show('memory', per_server)} per server for its {servers} servers"
              if servers > 1 else f"lower resources.memory to at most {_show('memory', per_server)}")
     if flag:
@@ -255,6 +255,12 @@ def _show(key: str, value: Decimal | int) -> str:
     return f"{value.normalize():f}"
 
 
+def _flag_size(value: Decimal) -> str:
+    """A memory figure as --memory takes it, never above `value` (what _show rounds may be)."""
+    mebibytes = int(value) // 2**20
+    return f"{mebibytes // 1024}Gi" if mebibytes % 1024 == 0 else f"{mebibytes}Mi"
+
+
 def _default_words(spec: RevisionSpec, field: str, text: str) -> str:
     """How a figure the revision did not give was chosen, for a refusal."""
     basis = spec.memory_basis
@@ -267,10 +273,10 @@ def _default_words(spec: RevisionSpec, field: str, text: str) -> str:
 
 def _lower_memory(team: Team, spec: RevisionSpec, deployment: Deployment | None, free: Decimal) -> str:
     """What to do when the team's memory is full: which deployment's memory to lower and how (the API's field, the
-    CLI's flag), and the team's largest holders."""
+    CLI's flag, with what is `free` per server), and the team's largest holders."""
     name = deployment.name if deployment is not None else "NAME"
-    size = _show("memory", free) if free >= 2**20 else "512Mi"
-    room = f"at most {_show('memory', free)}" if free >= 2**20 else "less memory"
+    size = _flag_size(free) if free >= 2**20 else "512Mi"
+    room = f"at most {size}" if free >= 2**20 else "less memory"
     held = []
     others = Deployment.objects.filter(team=team, runtime=spec.runtime, desired_state=Deployment.Desired.RUNNING)
     if deployment is not None:
@@ -315,7 +321,7 @@ def check(team: Team, spec: RevisionSpec, *, deployment: Deployment | None = Non
             less = "ask for less"
             if field == "memory" and limit.value is not None and limit.value >= 2**20:
                 less = (f"ask for less (resources.memory in the API, modelport deploy NAME --memory "
-                        f"{_show('memory', limit.value)})")
+                        f"{_flag_size(limit.value)})")
             over(key, field, asked, limit, f"a deployment of team {team.name} may ask for per server", less, subject)
     over("resources.gpu", "gpus", Decimal(resources.gpu), ceilings.gpus,
          f"the GPUs per replica team {team.name} may ask for")
@@ -338,7 +344,7 @@ def check(team: Team, spec: RevisionSpec, *, deployment: Deployment | None = Non
     for key, field, limit in totals:
         used, asked = getattr(others, field), getattr(wanted, field)
         if asked and limit.value is not None and used + asked > limit.value:
-            lower = (_lower_memory(team, spec, deployment, limit.value - used) if field == "memory"
+            lower = (_lower_memory(team, spec, deployment, (limit.value - used) / servers(spec)) if field == "memory"
                      else "stop or shrink another deployment")
             errors.setdefault(key, []).append(
                 f"{_show(field, asked)} more would make {_show(field, used + asked)} (the running and starting "

@@ -49,8 +49,8 @@ def basis_for(spec: RevisionSpec, versions: Iterable[ModelVersion]) -> MemoryBas
         if entry.is_pipeline:
             continue  # Triton runs a pipeline itself: no process of its own
         version = by_id.get(entry.version_id) if entry.version_id is not None else None
-        measured = version.measured_memory_bytes if version is not None else None
-        if measured:
+        if version is not None and version.measured_memory_bytes:
+            measured = version.measured_memory_bytes
             source = f"measured {_size(measured)} at {version.measured_memory_by or 'a run on this machine'}"
             shares.append(MemoryShare(entry.name, pools.reservation(measured), source))
         elif entry.format == formats.ONNX:
@@ -69,10 +69,8 @@ def words(spec: RevisionSpec) -> str:
     basis = spec.memory_basis
     if spec.resources.memory or basis is None:
         return ""
-    limit = spec.derived_memory()
     if basis.fallback is not None:
-        what = f"the default of {limit}" if limit else "no limit"
-        return f"{what} (SANDBOX_DEFAULT_MEMORY): {basis.fallback_reason}"
+        return f"SANDBOX_DEFAULT_MEMORY, since {basis.fallback_reason}"
     counts = {m.name: m.instance_group.count for m in spec.models}
     parts = [f"Triton's own {_size(basis.server_bytes)}"]
     for share in basis.models:
@@ -80,7 +78,7 @@ def words(spec: RevisionSpec) -> str:
         times = f"{count} × " if count != 1 else ""
         parts.append(f"{times}{_size(share.bytes_per_instance)} for {share.model!r} ({share.source}, with "
                      "headroom)")
-    return f"{limit}, derived: " + " + ".join(parts) + ", rounded up"
+    return " + ".join(parts) + ", rounded up"
 
 
 def _size(value: int) -> str:

@@ -133,7 +133,7 @@ def call_model(archive: Path, signature: Signature, *, timeout: float,
                              header_length)
         # The model's own processes' peak after a call: the version's first measured memory (issue 31), from which
         # a dedicated deployment's limit is derived (deployments/server_memory.py).
-        peak = pool_memory.model_peak(confined.process.pid, repository, MODEL_NAME)
+        peak = pool_memory.model_peaks(confined.process.pid, repository, [MODEL_NAME])[MODEL_NAME]
     except RenderError as exc:
         return TrialCall(True, [str(exc)], f"failed: {exc}")
     except (OSError, TimeoutError) as exc:

@@ -79,7 +79,8 @@ def memory_words(spec: RevisionSpec) -> str:
     if memory["source"] == "given":
         return f"memory limit {limit}, as given"
     if memory["source"] == "derived":
-        return f"memory limit {memory['basis']}; set Memory (or modelport deploy --memory) to give it another"
+        return (f"memory limit {limit}, derived from what its models were measured to take: {memory['basis']}; set "
+                "Memory (modelport deploy --memory) to give it another")
     return f"memory limit {limit}: {memory['basis']}"
 
 

@@ -177,3 +177,19 @@ def test_a_spec_keeps_its_memory_basis_and_an_older_one_has_none() -> None:
     assert RevisionSpec.from_json(older).memory_limit("4Gi") == "4Gi"  # as it was planned: the default
     fallback = RevisionSpec(runtime="local", models=(), memory_basis=MemoryBasis(256 * Mi, fallback=""))
     assert RevisionSpec.from_json(fallback.to_json()).memory_limit("4Gi") == ""  # SANDBOX_DEFAULT_MEMORY was none
+
+
+def test_the_pages_show_the_measured_figure_and_the_limit_derived_from_it(
+        alice: Person, digits: ModelVersion, machine: Any) -> None:
+    from web.tests.conftest import signed_in
+
+    record_memory(digits.pk, 100 * Mi, "its trial call at inspection")
+    assert create(alice, "shown").status_code == 201
+    browser = signed_in(alice)
+    page = browser.get("/deployments/shown/").content.decode()
+    # 256Mi + max(1.5 x 100Mi, 128Mi) = 406Mi, rounded up to 448Mi.
+    assert ("Memory limit 448Mi, derived from what its models were measured to take: Triton&#x27;s own 256 MiB + "
+            "150 MiB for &#x27;digits&#x27; (measured 100 MiB at its trial call at inspection, with headroom), "
+            "rounded up") in page
+    versions = browser.get("/models/digits/versions/").content.decode()
+    assert "Measured memory: 100.0\xa0MB per instance, at its trial call at inspection." in versions

@@ -149,6 +149,23 @@ def test_more_instances_with_the_team_at_its_memory_ceiling_updates_the_deployme
     assert "TEAM_MAX_MEMORY" in capsys.readouterr().err
 
 
+def test_status_shows_the_memory_limit_derived_and_how_and_a_full_team_is_told_the_flag(
+        cli: list[Any], capsys: pytest.CaptureFixture[str], settings: Any) -> None:
+    settings.TEAM_MAX_MEMORY = "512Mi"
+    settings.SANDBOX_SERVER_MEMORY = "256Mi"
+    settings.POOL_MODEL_MEMORY_MIN = "128Mi"
+    assert main(DEPLOY) == 0
+    capsys.readouterr()
+    assert main(["status", "digits-prod"]) == 0
+    out = capsys.readouterr().out
+    assert "memory:    384Mi (derived: Triton's own 256 MiB + 128 MiB for 'digits' (not measured yet" in out, out
+    # Too much for the team: the refusal names the flag that lowers it, with what is free.
+    assert main(["deploy", "other", "--model", "digits:1"]) == ExitCode.ERROR
+    err = capsys.readouterr().err
+    assert "give this deployment at most 128Mi (resources.memory in the API, modelport deploy NAME --memory 128Mi)" \
+        in err and "the largest: digits-prod 384Mi" in err, err
+
+
 def test_a_new_deployment_without_a_model_exits_2_saying_to_add_one(
         cli: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["deploy", "digits-new", "--idle-unload", "5m"])

@@ -188,10 +188,24 @@ def measure(server: PoolServer, repository: Path, name: str) -> int:
     return sum(_vm_hwm(pid) for pid in stub_pids(server, repository, name))
 
 
-def model_peak(server_pid: int, repository: Path, name: str) -> int:
-    """The peak resident memory of the processes serving model `name` in the Triton at `server_pid`, summed (0: none
-    found): what a dedicated server or the trial call measures a model by, its own processes beside Triton's."""
-    return sum(_vm_hwm(pid) for pid in model_pids(server_pid, repository, name))
+def model_peaks(server_pid: int, repository: Path, names: list[str]) -> dict[str, int]:
+    """The peak resident memory of the processes serving each model of `names` in the Triton at `server_pid`, summed
+    per model (0: none found): what a dedicated server or the trial call measures a model by, its own processes
+    beside Triton's. One listing of the server's processes for all of them (a health check calls this)."""
+    marks = {name: f"{repository}/{name}/".encode() for name in names}
+    peaks = dict.fromkeys(names, 0)
+    for pid in local_triton.server_pids(server_pid):
+        if pid == server_pid:
+            continue
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        for name, mark in marks.items():
+            if mark in command:
+                peaks[name] += _vm_hwm(pid)
+                break
+    return peaks
 
 
 def limit_reached(server: PoolServer, name: str) -> int:

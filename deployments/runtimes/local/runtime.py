@@ -82,12 +82,11 @@ def _measure(server: TritonServer) -> None:
     """Keep what each model's own processes took at their peak, per instance, as its version's measured memory
     (the most seen): the next dedicated deployment of it is limited from that (deployments/server_memory.py)."""
     revision = server.revision
-    for entry in revision.spec.models:
-        if entry.is_pipeline or entry.version_id is None:
-            continue
-        peak = pool_memory.model_peak(server.pid, repository_dir(revision), entry.name)
-        if peak:
-            record_memory(entry.version_id, peak // max(entry.instance_group.count, 1),
+    entries = [m for m in revision.spec.models if not m.is_pipeline and m.version_id is not None]
+    peaks = pool_memory.model_peaks(server.pid, repository_dir(revision), [m.name for m in entries])
+    for entry in entries:
+        if peaks[entry.name] and entry.version_id is not None:
+            record_memory(entry.version_id, peaks[entry.name] // max(entry.instance_group.count, 1),
                           "its use in a dedicated deployment on this machine")
 
 
@@ -123,7 +122,8 @@ def _memory_limit(server: TritonServer) -> str:
     spec = server.revision.spec
     limit = confined.limits_for(spec).memory_bytes
     given = spec.memory_limit(settings.SANDBOX_DEFAULT_MEMORY)
-    derived = ", derived from what its models were measured to take" if server_memory.words(spec) else ""
+    derived = (", derived from what its models were measured to take"
+               if server_memory.in_effect(spec)["source"] == "derived" else "")
     return f"{given}, {(limit or 0) / 2**20:.0f} MiB{derived}"
 
 
