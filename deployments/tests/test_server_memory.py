@@ -80,7 +80,7 @@ def test_a_measured_version_is_limited_from_its_figure_with_headroom_per_instanc
     # A trial server of a tune with more instances gets more: the counts are read from the spec itself.
     more = RevisionSpec.from_json({**spec.to_json(), "models": [
         {**spec.models[0].to_json(), "instance_group": {"count": 4, "kind": "cpu", "gpus": []}}]})
-    assert more.memory_limit("4Gi") == "1536Mi"
+    assert more.memory_limit("4Gi") == "1472Mi"  # 256Mi + 4 x 300Mi, rounded up
 
 
 def test_a_memory_given_is_kept_as_given(alice: Person, digits: ModelVersion, machine: Any) -> None:
