@@ -69,8 +69,8 @@ def unchanged(deployment: Deployment, plan: Plan) -> bool:
     current = deployment.revision
     if current is None:
         return False
-    return (dataclasses.replace(current.spec, memory_basis=None).to_json()
-            == dataclasses.replace(plan.spec, memory_basis=None).to_json())
+    return bool(dataclasses.replace(current.spec, memory_basis=None).to_json()
+                == dataclasses.replace(plan.spec, memory_basis=None).to_json())
 
 
 @transaction.atomic

@@ -300,7 +300,7 @@ class ResourcesOutSerializer(serializers.Serializer[Any]):
 class MemoryOutSerializer(serializers.Serializer[Any]):
     limit = serializers.CharField(allow_null=True, help_text=(
         'Each server\'s memory limit, a quantity ("384Mi"); null: none (Kubernetes: its default when absent).'))
-    source = serializers.ChoiceField(choices=["given", "derived", "default"], help_text=(
+    source = serializers.ChoiceField(choices=["given", "derived", "default"], help_text=(  # type: ignore[assignment]
         "given: resources.memory as asked. derived: a local dedicated deployment's, from what its models were "
         "measured to take (each version's measured_memory_bytes). default: the runtime's default."))
     basis = serializers.CharField(help_text="How the limit was reached; \"\" when it was given.")

@@ -28,7 +28,8 @@ def create(person: Person, name: str, **body: Any) -> Any:
 def spec_of(person: Person, name: str) -> RevisionSpec:
     deployment = Deployment.objects.get(team=person.team, name=name)
     assert deployment.revision is not None
-    return deployment.revision.spec
+    spec: RevisionSpec = deployment.revision.spec
+    return spec
 
 
 @pytest.fixture
