@@ -28,6 +28,7 @@ from deployments.queries import LIVE_SERVERS, POOL_LOADS, get_deployment_for_use
 from deployments.revision_spec import Autoscaling, ModelEntry, Resources, RevisionSpec
 from deployments.runtimes.local import runtime as local_runtime
 from deployments.runtimes.registry import runtime_for
+from deployments.server_memory import in_effect as memory_in_effect
 from deployments.spec import (
     MAX_INSTANCE_COUNT,
     MAX_QUEUE_DELAY_MICROSECONDS,
@@ -296,6 +297,15 @@ class ResourcesOutSerializer(serializers.Serializer[Any]):
     mig_profile = serializers.CharField(required=False)
 
 
+class MemoryOutSerializer(serializers.Serializer[Any]):
+    limit = serializers.CharField(allow_null=True, help_text=(
+        'Each server\'s memory limit, a quantity ("384Mi"); null: none (Kubernetes: its default when absent).'))
+    source = serializers.ChoiceField(choices=["given", "derived", "default"], help_text=(  # type: ignore[assignment]
+        "given: resources.memory as asked. derived: a local dedicated deployment's, from what its models were "
+        "measured to take (each version's measured_memory_bytes). default: the runtime's default."))
+    basis = serializers.CharField(help_text="How the limit was reached; \"\" when it was given.")
+
+
 class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
     revision = serializers.IntegerField(source="revision.number", default=None, allow_null=True, read_only=True,
                                         help_text="The revision asked for last.")
@@ -306,6 +316,9 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
     models = serializers.SerializerMethodField()
     replicas = serializers.SerializerMethodField()
     resources = serializers.SerializerMethodField()
+    memory = serializers.SerializerMethodField(help_text=(
+        "The memory limit its servers run under and how it was chosen (null for a shared deployment, whose "
+        "models run within their pool's budget)."))
     autoscaling = serializers.SerializerMethodField()
     canary = serializers.SerializerMethodField(help_text="The canary in progress, if any (null: none).")
     placement = serializers.SerializerMethodField()
@@ -317,7 +330,8 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
     class Meta:
         model = Deployment
         fields = ["name", "runtime", "desired_state", "status", "status_message", "revision", "serving_revision",
-                  "endpoint", "models", "replicas", "resources", "autoscaling", "canary", "placement", "allow_egress",
+                  "endpoint", "models", "replicas", "resources", "memory", "autoscaling", "canary", "placement",
+                  "allow_egress",
                   "sandboxed",
                   "created_by", "created_at", "updated_at"]
         read_only_fields = fields
@@ -367,6 +381,13 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
     def get_resources(self, obj: Deployment) -> dict[str, Any]:
         spec = self._spec(obj)
         return spec.resources.to_json() if spec else {}
+
+    @extend_schema_field(MemoryOutSerializer(allow_null=True))
+    def get_memory(self, obj: Deployment) -> dict[str, Any] | None:
+        spec = self._spec(obj)
+        if spec is None or spec.placement.shared:
+            return None
+        return memory_in_effect(spec)
 
     @extend_schema_field(AutoscalingSerializer(allow_null=True))
     def get_autoscaling(self, obj: Deployment) -> dict[str, Any] | None:

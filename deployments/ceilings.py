@@ -23,7 +23,6 @@ holds them too.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal
 
@@ -179,7 +178,7 @@ def usage(spec: RevisionSpec) -> Usage:
         return Usage()
     n = servers(spec)
     resources = spec.resources
-    memory = _quantity(resources.memory or default_memory(spec.runtime)) or Decimal(0)
+    memory = _quantity(spec.memory_limit(default_memory(spec.runtime))) or Decimal(0)
     cpu = _quantity(resources.cpu or default_cpu(spec.runtime)) or Decimal(0)
     gpus = max(resources.gpu, 1) if resources.mig_profile else resources.gpu
     return Usage(memory=memory * n, cpu=cpu * n, gpus=gpus * n, replicas=n)
@@ -234,8 +233,11 @@ def machine_refusal(asked: Decimal, used: Decimal, limit: Limit, servers: int) -
         return ""
     free = max(limit.value - used, Decimal(0))
     per_server = (free / max(servers, 1)).to_integral_value(rounding=ROUND_FLOOR)
+    flag = f"modelport deploy NAME --memory {_flag_size(per_server)}" if per_server >= 2**20 else ""
     lower = (f"lower resources.memory to at most {_show('memory', per_server)} per server for its {servers} servers"
              if servers > 1 else f"lower resources.memory to at most {_show('memory', per_server)}")
+    if flag:
+        lower += f" ({flag})"
     return (f"{_show('memory', asked)} more would make {_show('memory', used + asked)} of memory limits on this "
             f"machine (every team's running and starting deployments hold {_show('memory', used)}), more than it "
             f"admits (at most {_show('memory', limit.value)}, {limit.source}); {_show('memory', free)} is free: "
@@ -253,6 +255,42 @@ def _show(key: str, value: Decimal | int) -> str:
     return f"{value.normalize():f}"
 
 
+def _flag_size(value: Decimal) -> str:
+    """A memory figure as --memory takes it, never above `value` (what _show rounds may be)."""
+    mebibytes = int(value) // 2**20
+    return f"{mebibytes // 1024}Gi" if mebibytes % 1024 == 0 else f"{mebibytes}Mi"
+
+
+def _default_words(spec: RevisionSpec, field: str, text: str) -> str:
+    """How a figure the revision did not give was chosen, for a refusal."""
+    basis = spec.memory_basis
+    if field == "memory" and basis is not None:
+        if basis.fallback is None:
+            return f"The memory limit of {text} derived from what its models were measured to take"
+        return f"The default memory of {text} (SANDBOX_DEFAULT_MEMORY: {basis.fallback_reason})"
+    return f"The default {field} of {text}"
+
+
+def _lower_memory(team: Team, spec: RevisionSpec, deployment: Deployment | None, free: Decimal) -> str:
+    """What to do when the team's memory is full: which deployment's memory to lower and how (the API's field, the
+    CLI's flag, with what is `free` per server), and the team's largest holders."""
+    name = deployment.name if deployment is not None else "NAME"
+    size = _flag_size(free) if free >= 2**20 else "512Mi"
+    room = f"at most {size}" if free >= 2**20 else "less memory"
+    held = []
+    others = Deployment.objects.filter(team=team, runtime=spec.runtime, desired_state=Deployment.Desired.RUNNING)
+    if deployment is not None:
+        others = others.exclude(pk=deployment.pk)
+    for other in others.select_related("revision"):
+        if other.revision is not None:
+            held.append((usage(other.revision.spec).memory, other.name))
+    held.sort(key=lambda pair: (-pair[0], pair[1]))
+    largest = ", ".join(f"{n} {_show('memory', m)}" for m, n in held[:3] if m)
+    biggest = f" (the largest: {largest})" if largest else ""
+    return (f"give this deployment {room} (resources.memory in the API, modelport deploy {name} --memory {size}), "
+            f"stop or give less memory to another deployment{biggest}")
+
+
 def check(team: Team, spec: RevisionSpec, *, deployment: Deployment | None = None, canary: bool = False,
           starting: bool = False) -> dict[str, list[str]]:
     """Why `spec` asks for more than the team may have, keyed by the field to change (empty when it fits).
@@ -264,23 +302,27 @@ def check(team: Team, spec: RevisionSpec, *, deployment: Deployment | None = Non
     ceilings = for_team(team, spec.runtime)
     raise_it = RAISE_IT.format(team=team.name)
 
-    def over(key: str, field: str, asked: Decimal, limit: Limit, what: str) -> None:
+    def over(key: str, field: str, asked: Decimal, limit: Limit, what: str, less: str = "ask for less",
+             subject: str = "") -> None:
         if limit.value is not None and asked > limit.value:
             errors.setdefault(key, []).append(
-                f"{_show(field, asked)} is more than {what} (at most {_show(field, limit.value)}, {limit.source}): "
-                f"ask for less, or {raise_it}")
+                f"{subject or _show(field, asked)} is more than {what} (at most {_show(field, limit.value)}, "
+                f"{limit.source}): {less}, or {raise_it}")
 
     resources = spec.resources
-    per_server: list[tuple[str, str, Callable[[str], str], Limit]] = [
-        ("resources.memory", "memory", default_memory, ceilings.memory),
-        ("resources.cpu", "cpu", default_cpu, ceilings.cpu),
+    per_server: list[tuple[str, str, str, Limit]] = [
+        ("resources.memory", "memory", spec.memory_limit(default_memory(spec.runtime)), ceilings.memory),
+        ("resources.cpu", "cpu", resources.cpu or default_cpu(spec.runtime), ceilings.cpu),
     ]
-    for key, field, default, limit in per_server:
-        text = getattr(resources, field) or default(spec.runtime)
+    for key, field, text, limit in per_server:
         asked = _quantity(text)
         if asked is not None:
-            given = "" if getattr(resources, field) else f"the default {field} of {text} "
-            over(key, field, asked, limit, f"{given}a deployment of team {team.name} may ask for per server")
+            subject = "" if getattr(resources, field) else _default_words(spec, field, text)
+            less = "ask for less"
+            if field == "memory" and limit.value is not None and limit.value >= 2**20:
+                less = (f"ask for less (resources.memory in the API, modelport deploy NAME --memory "
+                        f"{_flag_size(limit.value)})")
+            over(key, field, asked, limit, f"a deployment of team {team.name} may ask for per server", less, subject)
     over("resources.gpu", "gpus", Decimal(resources.gpu), ceilings.gpus,
          f"the GPUs per replica team {team.name} may ask for")
     over("autoscaling.max_replicas" if spec.autoscaling else "replicas", "replicas", Decimal(servers(spec)),
@@ -302,10 +344,12 @@ def check(team: Team, spec: RevisionSpec, *, deployment: Deployment | None = Non
     for key, field, limit in totals:
         used, asked = getattr(others, field), getattr(wanted, field)
         if asked and limit.value is not None and used + asked > limit.value:
+            lower = (_lower_memory(team, spec, deployment, (limit.value - used) / servers(spec)) if field == "memory"
+                     else "stop or shrink another deployment")
             errors.setdefault(key, []).append(
                 f"{_show(field, asked)} more would make {_show(field, used + asked)} (the running and starting "
                 f"deployments hold {_show(field, used)}), more than {where} (at most {_show(field, limit.value)}, "
-                f"{limit.source}): stop or shrink another deployment, or {raise_it}")
+                f"{limit.source}): {lower}, or {raise_it}")
     # Every team's deployments on this machine, after the team's own: each team within its ceiling must not add up
     # to more than the machine has.
     everyone = machine_usage(spec.runtime, leaving_out=deployment.pk if deployment is not None else None)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from django.conf import settings
 
 from accounts.models import Team
-from deployments import ceilings, pools
+from deployments import ceilings, pools, server_memory
 from deployments.ceilings import MAX_GPUS, MAX_REPLICAS
 from deployments.models import Deployment
 from deployments.pool_models import SHARED_POOL
@@ -96,6 +96,8 @@ def plan(team: Team, request: DeployRequest, *, deployment: Deployment | None = 
     placement = _placement(team, request, errors)
     spec = RevisionSpec(runtime=request.runtime, models=tuple(entries), replicas=request.replicas,
                         resources=request.resources, autoscaling=request.autoscaling, placement=placement)
+    # A local dedicated server given no memory is limited from what its models were measured to take.
+    spec = replace(spec, memory_basis=server_memory.basis_for(spec, [version for _, _, version in served]))
     if entries and placement.shared and "placement" not in errors:
         _check_sharing(team, spec, errors)
     if entries:

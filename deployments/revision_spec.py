@@ -16,6 +16,9 @@ Versions of the stored JSON (`spec_version`):
   `dynamic_batching` may lack keys (hand-made in tests and fixtures).
 - 2: `spec_version: 2`; resources hold only what was given (`gpu` always).
 - 3: `spec_version: 3`; `placement` (issue 24): dedicated, or shared in a pool. Versions 1 and 2 are dedicated.
+  Since issue 31 a local dedicated revision that gives no resources.memory may carry `memory_basis`, what its
+  server's memory limit is derived from (deployments/server_memory.py). A reader that predates it drops the key and
+  limits the server to SANDBOX_DEFAULT_MEMORY, more than derived: safe, so the version stays 3.
 A reader meets a newer version only after a downgrade; it refuses it rather than dropping what it does not know.
 """
 
@@ -34,6 +37,8 @@ from deployments.model_entry import json_object
 from deployments.spec import RepositorySpec, ServedModel
 
 SPEC_VERSION = 3
+# A derived memory limit is rounded up to this: a figure measured to the byte promises nothing to the byte.
+MEMORY_STEP_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,56 @@ class Resources:
         return cls(cpu=str(data.get("cpu") or ""), memory=str(data.get("memory") or ""),
                    gpu=int(data.get("gpu") or 0), gpu_type=str(data.get("gpu_type") or ""),
                    mig_profile=str(data.get("mig_profile") or ""))
+
+
+@dataclass(frozen=True)
+class MemoryShare:
+    """One model's part of a derived memory limit: per instance, from a figure measured or estimated."""
+
+    model: str
+    bytes_per_instance: int
+    source: str  # "measured 110 MiB at its trial call at inspection", "estimated: never measured, 4 KiB ONNX file"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "bytes_per_instance": self.bytes_per_instance, "source": self.source}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MemoryShare:
+        data = json_object(data, "memory_basis.models[]")
+        return cls(model=str(data["model"]), bytes_per_instance=int(data["bytes_per_instance"]),
+                   source=str(data.get("source") or ""))
+
+
+@dataclass(frozen=True)
+class MemoryBasis:
+    """What the memory limit of a local dedicated server is derived from when its revision gives no
+    resources.memory (deployments/server_memory.py, issue 31): Triton's own memory, and each model's share times
+    its instances, the sum rounded up. Kept with the revision, so its limit does not change under a running server;
+    the instance counts are read from the spec itself, so a tune's trial server with more instances gets more.
+    `fallback`: a model had no figure at all (a framework's model never measured), so the server gets this limit
+    (SANDBOX_DEFAULT_MEMORY when planned; "" is none)."""
+
+    server_bytes: int
+    models: tuple[MemoryShare, ...] = ()
+    fallback: str | None = None
+    fallback_reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"server_bytes": self.server_bytes, "models": [m.to_json() for m in self.models]}
+        if self.fallback is not None:
+            data.update(fallback=self.fallback, fallback_reason=self.fallback_reason)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MemoryBasis:
+        data = json_object(data, "memory_basis")
+        shares = data.get("models") or []
+        if not isinstance(shares, list):
+            raise SpecError("memory_basis.models must be a list")
+        fallback = data.get("fallback")
+        return cls(server_bytes=int(data["server_bytes"]), models=tuple(MemoryShare.from_json(m) for m in shares),
+                   fallback=None if fallback is None else str(fallback),
+                   fallback_reason=str(data.get("fallback_reason") or ""))
 
 
 @dataclass(frozen=True)
@@ -122,6 +177,9 @@ class RevisionSpec:
     # A Triton image an operator chose for this revision (Kubernetes); "": the configured one.
     image: str = ""
     placement: Placement = DEDICATED
+    # A local dedicated revision without resources.memory: what its server's limit is derived from (None: before
+    # issue 31, another runtime, a pool, or a memory given).
+    memory_basis: MemoryBasis | None = None
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -129,6 +187,27 @@ class RevisionSpec:
 
     def entry(self, name: str) -> ModelEntry | None:
         return next((m for m in self.models if m.name == name), None)
+
+    def derived_memory(self) -> str | None:
+        """The server's memory limit derived from `memory_basis`, as a quantity ("384Mi"; "": none), or None."""
+        basis = self.memory_basis
+        if basis is None:
+            return None
+        if basis.fallback is not None:
+            return basis.fallback
+        counts = {m.name: m.instance_group.count for m in self.models}
+        total = basis.server_bytes + sum(share.bytes_per_instance * counts.get(share.model, 1)
+                                         for share in basis.models)
+        mebibytes = -(-total // MEMORY_STEP_BYTES) * MEMORY_STEP_BYTES // 2**20
+        return f"{mebibytes // 1024}Gi" if mebibytes % 1024 == 0 else f"{mebibytes}Mi"
+
+    def memory_limit(self, runtime_default: str) -> str:
+        """Each server's memory limit as a quantity: resources.memory as given, else the one derived from what its
+        models were measured to take, else `runtime_default` ("": none)."""
+        if self.resources.memory:
+            return self.resources.memory
+        derived = self.derived_memory()
+        return derived if derived is not None else runtime_default
 
     def repository(self, artifact_for: Callable[[ModelEntry], Path | None]) -> RepositorySpec:
         """The renderer's input; `artifact_for(entry)` gives the local file of an entry's stored artifact."""
@@ -148,6 +227,8 @@ class RevisionSpec:
             data["autoscaling"] = self.autoscaling.to_json()
         if self.image:
             data["image"] = self.image
+        if self.memory_basis is not None:
+            data["memory_basis"] = self.memory_basis.to_json()
         return data
 
     @classmethod
@@ -164,6 +245,7 @@ class RevisionSpec:
         if not isinstance(models, list):
             raise SpecError("spec.models must be a list")
         autoscaling = data.get("autoscaling")
+        basis = data.get("memory_basis")
         try:
             return cls(
                 runtime=str(data.get("runtime") or "local"),
@@ -173,6 +255,7 @@ class RevisionSpec:
                 autoscaling=Autoscaling.from_json(autoscaling) if autoscaling else None,
                 image=str(data.get("image") or ""),
                 placement=Placement.from_json(data.get("placement")),
+                memory_basis=MemoryBasis.from_json(basis) if basis else None,
             )
         except (TypeError, ValueError, KeyError) as exc:
             if isinstance(exc, SpecError):

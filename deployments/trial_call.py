@@ -4,6 +4,7 @@ local deployment's is, one call on the registry's request, stopped; and the verd
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -96,7 +97,7 @@ def call_model(archive: Path, signature: Signature, *, timeout: float,
     from deployments.render import RenderError, render_repository
     from deployments.revision_spec import ModelEntry, RevisionSpec
     from deployments.runtimes.base import RuntimeUnavailable
-    from deployments.runtimes.local import readiness
+    from deployments.runtimes.local import pool_memory, readiness
     from deployments.runtimes.local.confined import start_confined, stop_confined
     from modelport.core.definitions import PythonDefinition
     from models_registry.validation import archive_limits
@@ -130,6 +131,9 @@ def call_model(archive: Path, signature: Signature, *, timeout: float,
                              "failed: the model did not load")
         status, body = _post(f"{confined.process.http_url}/v2/models/{MODEL_NAME}/infer", payload, timeout,
                              header_length)
+        # The model's own processes' peak after a call: the version's first measured memory (issue 31), from which
+        # a dedicated deployment's limit is derived (deployments/server_memory.py).
+        peak = pool_memory.model_peaks(confined.process.pid, repository, [MODEL_NAME])[MODEL_NAME]
     except RenderError as exc:
         return TrialCall(True, [str(exc)], f"failed: {exc}")
     except (OSError, TimeoutError) as exc:
@@ -138,7 +142,7 @@ def call_model(archive: Path, signature: Signature, *, timeout: float,
         if confined is not None:
             stop_confined(confined)
         shutil.rmtree(workdir, ignore_errors=True)
-    return verdict(signature, batch, status, body, example is not None)
+    return dataclasses.replace(verdict(signature, batch, status, body, example is not None), memory_bytes=peak)
 
 
 def verdict(signature: Signature, batch: int | None, status: int, body: bytes, on_example: bool) -> TrialCall:

@@ -531,6 +531,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     if canary:
         print(f"canary:    revision {canary.get('revision')} for {canary.get('percent')}% ({canary.get('state')})")
     print(f"placement: {_describe_placement(deployment.get('placement') or {})}")
+    memory = deployment.get("memory")
+    if isinstance(memory, dict):
+        # How the limit was chosen (a derived one names its figures): what --memory would change.
+        print(f"memory:    {memory.get('limit') or 'no limit'} ({memory.get('source')}"
+              + (f": {memory.get('basis')}" if memory.get("basis") else "") + ")")
     print("models:")
     for model in deployment.get("models") or []:
         print("  " + _describe_served_model(model))

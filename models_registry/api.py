@@ -146,12 +146,18 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
     identical_to = serializers.IntegerField(read_only=True, allow_null=True, help_text=(
         "The first earlier version of this model with the same bytes (the same sha256), or null: pushing the same "
         "file again makes a new version and says so here. Null until the version is inspected."))
+    measured_memory_bytes = serializers.IntegerField(read_only=True, allow_null=True, help_text=(
+        "What the model's own processes took at their peak on this machine, per instance (the most seen: its python "
+        "trial call at inspection, its use in a pool or a dedicated deployment); null until measured. A dedicated "
+        "local deployment that gives no memory is limited from it."))
+    measured_memory_by = serializers.CharField(read_only=True, help_text=(
+        'Where measured_memory_bytes was measured, e.g. "its trial call at inspection"; "" until measured.'))
 
     class Meta:
         model = ModelVersion
         fields = ["model", "number", "format", "status", "error", "size", "sha256", "identical_to", "signature",
-                  "max_batch_size", "original_filename", "definition", "has_example_request", "notes", "created_by",
-                  "created_at", "validated_at"]
+                  "max_batch_size", "original_filename", "definition", "has_example_request", "notes",
+                  "measured_memory_bytes", "measured_memory_by", "created_by", "created_at", "validated_at"]
         read_only_fields = fields
 
 

@@ -32,15 +32,16 @@ class Findings:
     # Stored as the version's `definition` (modelport/core/definitions.py): a python model's requirements (installed
     # at deploy time), a SavedModel's SignatureDef, a trial's note.
     definition: Definition | None = None
+    memory_bytes: int = 0  # what the model's own processes took at its trial call (0: not measured)
 
 
 def _trial_findings(path_format: str, path: Path, signature: Signature,
-                    example: ExampleRequest | None) -> dict[str, Any]:
+                    example: ExampleRequest | None) -> python_trial.TrialFindings:
     """The run a format asked for (Inspected.needs_trial_run), with the operator's settings; ArtifactRejected when the
     model does not run as declared."""
     if path_format == formats.PYTHON:
-        return python_trial.python_findings(path, signature, has_requirements=False, example=example)
-    return trial.torchscript_findings(path, signature)
+        return python_trial.python_trial(path, signature, has_requirements=False, example=example)
+    return python_trial.TrialFindings(trial.torchscript_findings(path, signature))
 
 
 def _findings(version: ModelVersion, path_format: str, path: Path) -> Findings:
@@ -53,10 +54,13 @@ def _findings(version: ModelVersion, path_format: str, path: Path) -> Findings:
         raise ArtifactRejected(f"example_request: {exc}") from None
     signature, definition = inspected.signature, inspected.definition
     example = _example(version, signature)
+    memory = 0
     if inspected.needs_trial_run:
         # The trial's note joins what inspection found, in the format's own definition.
         found = _trial_findings(path_format, path, signature, example)
-        definition = formats.definition_from_json(path_format, {**(definition_to_json(definition) or {}), **found})
+        memory = found.memory_bytes
+        definition = formats.definition_from_json(path_format,
+                                                  {**(definition_to_json(definition) or {}), **found.definition})
     batchable = inspected.batchable
     hint = inspected.max_batch_size_hint or formats.DEFAULT_MAX_BATCH_SIZE
     requested = version.declared_max_batch_size
@@ -66,7 +70,7 @@ def _findings(version: ModelVersion, path_format: str, path: Path) -> Findings:
             "must be dynamic (-1). Send max_batch_size=0 for a model without one."
         )
     max_batch_size = requested if requested is not None else (hint if batchable else 0)
-    return Findings(signature=signature, max_batch_size=max_batch_size, definition=definition)
+    return Findings(signature=signature, max_batch_size=max_batch_size, definition=definition, memory_bytes=memory)
 
 
 def _example(version: ModelVersion, signature: Signature) -> ExampleRequest | None:
@@ -126,8 +130,16 @@ def inspect_version(version_id: int) -> None:
             status=ModelVersion.Status.READY,
             error="",
             validated_at=timezone.now(),
+            **_measured(findings.memory_bytes),
         )
     log.info("version %s ready (%s, %s bytes, updated=%s)", version, fmt, size, updated)
+
+
+def _measured(memory_bytes: int) -> dict[str, Any]:
+    """The version's measured memory from its trial call, where it was measured."""
+    if memory_bytes <= 0:
+        return {}
+    return {"measured_memory_bytes": memory_bytes, "measured_memory_by": "its trial call at inspection"}
 
 
 def inspect_here(version_id: int, wait_seconds: float = 60.0) -> ModelVersion:

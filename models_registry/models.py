@@ -5,7 +5,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models, transaction
-from django.db.models import F, OuterRef, QuerySet, Subquery
+from django.db.models import F, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from accounts.models import Team
@@ -104,6 +104,11 @@ class ModelVersion(models.Model):
     # The uploader's example request (a KServe v2 JSON inference request, checked against the signature; BYTES
     # elements as {"b64": ...}): the trial call's request in place of zeros (modelport/core/example_request.py).
     example_request = models.JSONField(null=True, blank=True)
+    # What the version's model was measured to take on this machine (issue 31), its own processes' peak: at its
+    # python trial call at inspection, at a load in a local pool, in a dedicated local Triton; the most seen. A
+    # dedicated local deployment that gives no memory is limited from it (deployments/server_memory.py).
+    measured_memory_bytes = models.BigIntegerField(null=True, blank=True)
+    measured_memory_by = models.CharField(max_length=200, blank=True)
     # Pipelines: the versions their steps call, so that none of them is deleted while a pipeline uses it.
     step_versions = models.ManyToManyField("self", symmetrical=False, related_name="pipelines", blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.VALIDATING)
@@ -193,6 +198,16 @@ class ModelVersion(models.Model):
 
 
 _NOT_ANNOTATED = object()
+
+
+def record_memory(version_id: int, measured_bytes: int, by: str) -> bool:
+    """Keep `measured_bytes` as the version's measured memory where it is the most seen yet (a reading right after
+    a load never lowers what use showed); whether it was kept."""
+    if measured_bytes <= 0:
+        return False
+    larger = Q(measured_memory_bytes__isnull=True) | Q(measured_memory_bytes__lt=measured_bytes)
+    return ModelVersion.objects.filter(larger, pk=version_id).update(
+        measured_memory_bytes=measured_bytes, measured_memory_by=by[:200]) == 1
 
 
 def _text(element: Any) -> str | None:

@@ -42,6 +42,16 @@ class TrialCall:
     ran: bool
     problems: list[str]
     note: str  # stored with the version: what was checked, or why not
+    memory_bytes: int = 0  # the peak of the model's own processes after the call (0: not measured)
+
+
+@dataclass(frozen=True)
+class TrialFindings:
+    """What a trial at inspection adds to the version: its note (into the definition), and what the model's own
+    processes took at their peak (0: not measured), kept as the version's measured memory."""
+
+    definition: dict[str, Any]
+    memory_bytes: int = 0
 
 
 def trial_request(signature: Signature) -> tuple[dict[str, Any], int | None]:
@@ -65,6 +75,12 @@ def python_findings(archive: Path, signature: Signature, has_requirements: bool,
                     example: ExampleRequest | None = None) -> dict[str, Any]:
     """For inspection: the trial call's note for the version's definition; ArtifactRejected when it failed. The
     call sends `example` (the version's example request) where there is one, zeros otherwise."""
+    return python_trial(archive, signature, has_requirements, example).definition
+
+
+def python_trial(archive: Path, signature: Signature, has_requirements: bool,
+                 example: ExampleRequest | None = None) -> TrialFindings:
+    """python_findings, with what the model took at its trial call."""
     from django.conf import settings
 
     from models_registry.validation import ArtifactRejected
@@ -72,7 +88,7 @@ def python_findings(archive: Path, signature: Signature, has_requirements: bool,
     # Not run (no note): switched off, or the model has requirements, whose environment is built when it is
     # deployed; the gateway then still refuses any answer missing an output.
     if not settings.PYTHON_TRIAL_CALL or has_requirements or not signature.inputs or not signature.outputs:
-        return {}
+        return TrialFindings({})
     from models_registry.signals import python_trial_call
 
     responses: list[tuple[object, object]] = list(python_trial_call.send(
@@ -80,7 +96,7 @@ def python_findings(archive: Path, signature: Signature, has_requirements: bool,
         example=example))
     answers = [answer for _, answer in responses if isinstance(answer, TrialCall)]
     if not answers:
-        return {"trial_call": "not run: no runtime answers the trial call here"}
+        return TrialFindings({"trial_call": "not run: no runtime answers the trial call here"})
     outcome = answers[0]
     if outcome.problems:
         fed = ("one call on the example request" if example is not None else
@@ -88,4 +104,4 @@ def python_findings(archive: Path, signature: Signature, has_requirements: bool,
                f"{TRIAL_DYNAMIC_SIZE}")
         raise ArtifactRejected(
             f"The python model does not answer as its declared signature says ({fed}): " + "; ".join(outcome.problems))
-    return {"trial_call": outcome.note}
+    return TrialFindings({"trial_call": outcome.note}, outcome.memory_bytes)

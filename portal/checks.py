@@ -74,7 +74,7 @@ def sandbox_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
         messages.append(Error("SANDBOX_ENABLED=false contradicts SANDBOX_REQUIRED=true (the default in production).",
                               hint="Set SANDBOX_REQUIRED=false to run python models unconfined, or unset "
                                    "SANDBOX_ENABLED.", id="modelport.E105"))
-    for name in ("SANDBOX_SHM_SIZE", "SANDBOX_DEFAULT_MEMORY"):
+    for name in ("SANDBOX_SHM_SIZE", "SANDBOX_DEFAULT_MEMORY", "SANDBOX_SERVER_MEMORY"):
         value = getattr(settings, name)
         if not value:
             continue

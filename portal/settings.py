@@ -316,7 +316,12 @@ SANDBOX_SHM_SIZE = env_str("SANDBOX_SHM_SIZE", "1Gi")
 # disk; a write past it fails with ENOSPC, and what it holds counts toward the memory limit.
 SANDBOX_SCRATCH_SIZE = env_str("SANDBOX_SCRATCH_SIZE", "1Gi")
 SANDBOX_PIDS_MAX = env_int("SANDBOX_PIDS_MAX", 1024, minimum=64)  # processes and threads
-# The memory limit of a revision that sets no resources.memory ("" for none).
+# A dedicated local deployment that sets no resources.memory is limited to what its models were measured to take
+# (deployments/server_memory.py: POOL_MODEL_MEMORY_HEADROOM over each instance's figure, at least
+# POOL_MODEL_MEMORY_MIN) plus SANDBOX_SERVER_MEMORY for Triton itself and its python backend's shared memory.
+# SANDBOX_DEFAULT_MEMORY ("" for none) where a model gives no figure: a python, TorchScript or SavedModel version
+# never measured on this machine (an ONNX one is estimated from its file).
+SANDBOX_SERVER_MEMORY = env_str("SANDBOX_SERVER_MEMORY", "256Mi")
 SANDBOX_DEFAULT_MEMORY = env_str("SANDBOX_DEFAULT_MEMORY", "4Gi")
 # Where an operator allowed a deployment egress (in the admin console), the TCP ports it may connect to.
 SANDBOX_EGRESS_PORTS = env_list("SANDBOX_EGRESS_PORTS", ["53", "80", "443"])

@@ -129,7 +129,9 @@ class DeploymentForm(forms.Form):
                           help_text='Cores, e.g. "2" or "500m"; empty: the default.')
     memory = forms.CharField(label="Memory per replica", required=False, max_length=quantity.MAX_LENGTH,
                              widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}),
-                             help_text='e.g. "4Gi" or "512Mi"; empty: the default.')
+                             help_text='e.g. "4Gi" or "512Mi"; empty: on the local runtime, derived from what '
+                                       "its models were measured to take (shown on the deployment's page), else "
+                                       "the default.")
 
     # Where its models run (issue 24): checked by deployments.planning like the API's placement.
     placement = forms.ChoiceField(

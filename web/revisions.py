@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from deployments import server_memory
 from deployments.revision_spec import ModelEntry, Placement, RevisionSpec
 from deployments.spec import DynamicBatching
 from modelport.core import formats
@@ -70,6 +71,19 @@ def placement_words(placement: Placement) -> str:
     return f"shared in pool {placement.pool}, " + (f"unloaded after {idle:,} s unused" if idle else "never unloaded")
 
 
+def memory_words(spec: RevisionSpec) -> str:
+    """A dedicated local server's memory limit and how it was chosen (issue 31: derived ones are shown with their
+    figures, so a user sees what to raise when a model outgrows it)."""
+    memory = server_memory.in_effect(spec)
+    limit = memory["limit"] or "none"
+    if memory["source"] == "given":
+        return f"memory limit {limit}, as given"
+    if memory["source"] == "derived":
+        return (f"memory limit {limit}, derived from what its models were measured to take: {memory['basis']}; set "
+                "Memory (modelport deploy --memory) to give it another")
+    return f"memory limit {limit}: {memory['basis']}"
+
+
 def deployment_words(spec: RevisionSpec | None, runtime: str) -> list[str]:
     """Settings of the whole deployment that a user chose (for the local runtime's single server, only where its
     models run when shared)."""
@@ -77,7 +91,7 @@ def deployment_words(spec: RevisionSpec | None, runtime: str) -> list[str]:
         return []
     shared = [placement_words(spec.placement)] if spec.placement.shared else []
     if runtime != "kubernetes":
-        return shared
+        return shared or [memory_words(spec)]
     words = [*shared, f"{spec.replicas} replica{'s' if spec.replicas != 1 else ''}"]
     resources = spec.resources
     if resources.gpu:

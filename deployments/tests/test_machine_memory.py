@@ -26,6 +26,15 @@ def create(person: Person, name: str, **body: Any) -> Any:
     return person.client().post("/api/v1/deployments/", payload, format="json")
 
 
+@pytest.fixture(autouse=True)
+def _a_tiny_model_is_limited_to_4gi(settings: Any) -> None:
+    """These tests count in the 4Gi every dedicated local deployment given no memory was limited to before issue 31:
+    with Triton's share at 4Gi less POOL_MODEL_MEMORY_MIN, a tiny ONNX model's derived limit is 4Gi again
+    (deployments/tests/test_server_memory.py tests the derivation itself)."""
+    settings.SANDBOX_SERVER_MEMORY = "3968Mi"
+    settings.POOL_MODEL_MEMORY_MIN = "128Mi"
+
+
 @pytest.fixture
 def machine(settings: Any) -> Any:
     """The machine the issue was found on: 23.5 GiB, 2 GiB of it kept for the portal: 21.5 GiB usable."""
@@ -42,7 +51,8 @@ def test_the_admission_refuses_what_does_not_fit_and_says_what_is_free() -> None
     refused = ceilings.machine_refusal(Decimal(5 * Gi), Decimal(16 * Gi), limit, 1)
     assert refused.startswith("5Gi more would make 21Gi of memory limits on this machine (every team's running and "
                               "starting deployments hold 16Gi), more than it admits (at most 20Gi, the machine); "
-                              "4Gi is free: lower resources.memory to at most 4Gi, stop or shrink another deployment")
+                              "4Gi is free: lower resources.memory to at most 4Gi (modelport deploy NAME --memory "
+                              "4Gi), stop or shrink another deployment")
     assert "DEPLOYMENT_MEMORY_OVERCOMMIT" in refused
     # Spread over servers, the figure to lower is per server; over a full machine, nothing is free.
     assert "to at most 1Gi per server for its 4 servers" in ceilings.machine_refusal(
@@ -135,7 +145,7 @@ def test_the_machine_admission_composes_with_the_teams_ceiling(
 def test_the_default_memory_counts_across_teams(
         alice: Person, charlie: Person, digits: ModelVersion, machine: Any) -> None:
     make_ready_version(charlie, "digits")
-    for name in ("a", "b", "c", "d", "e"):  # the default 4Gi each (SANDBOX_DEFAULT_MEMORY): 20Gi of 21.5Gi
+    for name in ("a", "b", "c", "d", "e"):  # the derived 4Gi each: 20Gi of 21.5Gi
         team_of = alice if name in "abc" else charlie
         assert create(team_of, name).status_code == 201, name
     sixth = create(charlie, "f")

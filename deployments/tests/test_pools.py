@@ -143,16 +143,17 @@ def test_shared_deployments_count_nothing_against_the_teams_memory_ceiling_their
         alice: Person, settings: Any) -> None:
     # A pool's Triton is the operator's, bounded by its budget: thirty small shared models must not be refused as
     # thirty servers of the default memory each (they were: the sixth of 4Gi passed the team's 21.5Gi).
-    settings.TEAM_MAX_MEMORY = "8Gi"
+    settings.TEAM_MAX_MEMORY = "768Mi"
+    settings.SANDBOX_SERVER_MEMORY, settings.POOL_MODEL_MEMORY_MIN = "256Mi", "128Mi"
     make_ready_version(alice)
     for index in range(6):
         response = _deploy(alice, f"shared-{index}", {"mode": "shared"})
         assert response.status_code == 201, response.json()
-    for name in ("own-1", "own-2"):  # the default 4Gi each: 8Gi of 8Gi, the shared ones holding none of it
+    for name in ("own-1", "own-2"):  # a derived 384Mi each: 768Mi of 768Mi, the shared ones holding none of it
         assert _deploy(alice, name, None).status_code == 201
     refused = _deploy(alice, "own-3", None)
     assert refused.status_code == 400
-    assert "4Gi more would make 12Gi (the running and starting deployments hold 8Gi)" in str(refused.json())
+    assert "384Mi more would make 1.1Gi (the running and starting deployments hold 768Mi)" in str(refused.json())
 
 def test_abandoning_a_relaunch_of_the_serving_revision_keeps_the_serving_load(alice: Person) -> None:
     """A failed relaunch of the revision that serves reuses the serving row (one per pool and revision): abandoning

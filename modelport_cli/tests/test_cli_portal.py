@@ -126,8 +126,11 @@ def test_a_pool_given_again_on_a_shared_deployment_is_not_refused(
 def test_more_instances_with_the_team_at_its_memory_ceiling_updates_the_deployment(
         cli: list[Any], capsys: pytest.CaptureFixture[str], settings: Any) -> None:
     """A CI re-run broke exactly when the team was full: the same body as a create asks for the memory again."""
-    settings.TEAM_MAX_MEMORY = "8Gi"  # two deployments of the default 4Gi (SANDBOX_DEFAULT_MEMORY)
-    settings.SANDBOX_DEFAULT_MEMORY = "4Gi"
+    # Two deployments of a tiny ONNX model at their derived 384Mi (256Mi for Triton, 128Mi per instance): 768Mi, and
+    # a third would not fit.
+    settings.TEAM_MAX_MEMORY = "1Gi"
+    settings.SANDBOX_SERVER_MEMORY = "256Mi"
+    settings.POOL_MODEL_MEMORY_MIN = "128Mi"
     assert main(DEPLOY) == 0
     assert main(["deploy", "other", "--model", "digits:1"]) == 0  # the team is full now
     capsys.readouterr()
@@ -144,6 +147,23 @@ def test_more_instances_with_the_team_at_its_memory_ceiling_updates_the_deployme
     # A new deployment does not fit, and says so in the portal's words.
     assert main(["deploy", "third", "--model", "digits:1"]) == ExitCode.ERROR
     assert "TEAM_MAX_MEMORY" in capsys.readouterr().err
+
+
+def test_status_shows_the_memory_limit_derived_and_how_and_a_full_team_is_told_the_flag(
+        cli: list[Any], capsys: pytest.CaptureFixture[str], settings: Any) -> None:
+    settings.TEAM_MAX_MEMORY = "512Mi"
+    settings.SANDBOX_SERVER_MEMORY = "256Mi"
+    settings.POOL_MODEL_MEMORY_MIN = "128Mi"
+    assert main(DEPLOY) == 0
+    capsys.readouterr()
+    assert main(["status", "digits-prod"]) == 0
+    out = capsys.readouterr().out
+    assert "memory:    384Mi (derived: Triton's own 256 MiB + 128 MiB for 'digits' (not measured yet" in out, out
+    # Too much for the team: the refusal names the flag that lowers it, with what is free.
+    assert main(["deploy", "other", "--model", "digits:1"]) == ExitCode.ERROR
+    err = capsys.readouterr().err
+    assert "give this deployment at most 128Mi (resources.memory in the API, modelport deploy NAME --memory 128Mi)" \
+        in err and "the largest: digits-prod 384Mi" in err, err
 
 
 def test_a_new_deployment_without_a_model_exits_2_saying_to_add_one(

@@ -79,8 +79,10 @@ def sandbox_refusal(spec: RevisionSpec) -> str | None:
 
 
 def limits_for(spec: RevisionSpec) -> cgroups.Limits:
-    """The revision's resources.memory / resources.cpu as cgroup limits (ValueError: not a valid quantity)."""
-    memory = spec.resources.memory or settings.SANDBOX_DEFAULT_MEMORY
+    """The revision's memory (resources.memory, else derived from its models' figures, else SANDBOX_DEFAULT_MEMORY)
+    and resources.cpu as cgroup limits (ValueError: not a valid quantity). The memory limit is what enforces a
+    derived figure: a model that takes more than it measured fails alone, at its own server's limit."""
+    memory = spec.memory_limit(settings.SANDBOX_DEFAULT_MEMORY)
     cpu = spec.resources.cpu
     return cgroups.Limits(sandbox.memory_bytes(str(memory)) if memory else None,
                           sandbox.cpu_millicores(str(cpu)) if cpu else None, settings.SANDBOX_PIDS_MAX)

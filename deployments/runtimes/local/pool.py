@@ -51,6 +51,7 @@ from deployments.runtimes.base import Health, Launch, Observation, RuntimeUnavai
 from deployments.runtimes.local import confined, pool_memory, serverlog
 from deployments.runtimes.local import triton as local_triton
 from modelport.core.runtime_env import RuntimeEnvError
+from models_registry.models import record_memory
 from models_registry.validation import archive_limits
 
 log = logging.getLogger(__name__)
@@ -654,6 +655,9 @@ def _remember(spec: RevisionSpec, measured: Mapping[str, int]) -> None:
     for entry in spec.models:
         if entry.version_id is None or entry.name not in measured:
             continue
+        # The version's own figure too, from which a dedicated deployment's memory limit is derived.
+        record_memory(entry.version_id, measured[entry.name] // max(entry.instance_group.count, 1),
+                      "its use in a pool on this machine")
         if ModelMemory.objects.filter(version_id=entry.version_id, fingerprint=pools.fingerprint(),
                                                     memory_bytes__gte=measured[entry.name]).exists():
             continue

@@ -66,12 +66,17 @@ def model_dir(server: PoolServer, name: str) -> Path | None:
 
 
 def stub_pids(server: PoolServer, repository: Path, name: str) -> list[int]:
-    """The processes of `server` serving model `name`: their command line names its directory in the repository
-    (Triton starts each stub with the model's path, through `bash -c "exec ..."` and the wrapper)."""
+    """The processes of `server` serving model `name`."""
+    return model_pids(server.pid, repository, name)
+
+
+def model_pids(server_pid: int, repository: Path, name: str) -> list[int]:
+    """The processes of the Triton at `server_pid` serving model `name`: their command line names its directory in
+    the repository (Triton starts each stub with the model's path, through `bash -c "exec ..."` and the wrapper)."""
     mark = f"{repository}/{name}/".encode()
     found = []
-    for pid in local_triton.server_pids(server.pid):
-        if pid == server.pid:
+    for pid in local_triton.server_pids(server_pid):
+        if pid == server_pid:
             continue
         try:
             if mark in Path(f"/proc/{pid}/cmdline").read_bytes():
@@ -181,6 +186,26 @@ def measure(server: PoolServer, repository: Path, name: str) -> int:
     if directory is not None and directory.is_dir():
         return cgroups.peak_bytes(directory)
     return sum(_vm_hwm(pid) for pid in stub_pids(server, repository, name))
+
+
+def model_peaks(server_pid: int, repository: Path, names: list[str]) -> dict[str, int]:
+    """The peak resident memory of the processes serving each model of `names` in the Triton at `server_pid`, summed
+    per model (0: none found): what a dedicated server or the trial call measures a model by, its own processes
+    beside Triton's. One listing of the server's processes for all of them (a health check calls this)."""
+    marks = {name: f"{repository}/{name}/".encode() for name in names}
+    peaks = dict.fromkeys(names, 0)
+    for pid in local_triton.server_pids(server_pid):
+        if pid == server_pid:
+            continue
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        for name, mark in marks.items():
+            if mark in command:
+                peaks[name] += _vm_hwm(pid)
+                break
+    return peaks
 
 
 def limit_reached(server: PoolServer, name: str) -> int:

@@ -16,17 +16,18 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from deployments import logtail
+from deployments import logtail, server_memory
 from deployments.models import Deployment, Revision, TritonServer
 from deployments.render import RenderError
 from deployments.revision_spec import RevisionSpec
 from deployments.runtimes.base import PREPARED, Health, Launch, Observation, Preparation, RuntimeUnavailable
-from deployments.runtimes.local import confined, pool, pyenv, readiness, serverlog
+from deployments.runtimes.local import confined, pool, pool_memory, pyenv, readiness, serverlog
 from deployments.runtimes.local import triton as local_triton
 from deployments.runtimes.local.files import deployment_dir, render, repository_dir
 from deployments.runtimes.local.policy import plan_errors, resource_errors
 from modelport.core.runtime_env import RuntimeEnvError
 from modelport.core.sandbox import cgroups
+from models_registry.models import record_memory
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,18 @@ def _process(server: TritonServer) -> local_triton.ServerProcess:
     )
 
 
+def _measure(server: TritonServer) -> None:
+    """Keep what each model's own processes took at their peak, per instance, as its version's measured memory
+    (the most seen): the next dedicated deployment of it is limited from that (deployments/server_memory.py)."""
+    revision = server.revision
+    entries = [m for m in revision.spec.models if not m.is_pipeline and m.version_id is not None]
+    peaks = pool_memory.model_peaks(server.pid, repository_dir(revision), [m.name for m in entries])
+    for entry in entries:
+        if peaks[entry.name] and entry.version_id is not None:
+            record_memory(entry.version_id, peaks[entry.name] // max(entry.instance_group.count, 1),
+                          "its use in a dedicated deployment on this machine")
+
+
 def _describe(server: TritonServer) -> Launch:
     confinement = "sandboxed" + (", egress allowed" if server.allow_egress else "") if server.sandboxed \
         else "not sandboxed"
@@ -105,10 +118,13 @@ def _oom_killed(server: TritonServer) -> bool:
 
 
 def _memory_limit(server: TritonServer) -> str:
-    """The memory limit the server runs under, as the revision gave it ("4Gi"), and in MiB."""
-    limit = confined.limits_for(server.revision.spec).memory_bytes
-    given = server.revision.spec.resources.memory or settings.SANDBOX_DEFAULT_MEMORY
-    return f"{given}, {(limit or 0) / 2**20:.0f} MiB"
+    """The memory limit the server runs under, as the revision gave it ("4Gi") or derived it, and in MiB."""
+    spec = server.revision.spec
+    limit = confined.limits_for(spec).memory_bytes
+    given = spec.memory_limit(settings.SANDBOX_DEFAULT_MEMORY)
+    derived = (", derived from what its models were measured to take"
+               if server_memory.in_effect(spec)["source"] == "derived" else "")
+    return f"{given}, {(limit or 0) / 2**20:.0f} MiB{derived}"
 
 
 def _memory_report(server: TritonServer) -> str:
@@ -116,7 +132,14 @@ def _memory_report(server: TritonServer) -> str:
     if not _oom_killed(server):
         return ""
     return (f"Out of memory: a process of this deployment needed more than its limit of {_memory_limit(server)} "
-            "and the kernel killed it. Raise resources.memory, or load less.")
+            f"and the kernel killed it. {_more_memory(server)}, or load less.")
+
+
+def _more_memory(server: TritonServer) -> str:
+    """How to give the deployment more memory: the API's field and the CLI's flag, with twice its limit."""
+    limit = confined.limits_for(server.revision.spec).memory_bytes or 2**30
+    return (f"Give it more memory: resources.memory in the API, or modelport deploy {server.deployment.name} "
+            f"--memory {2 * limit // 2**20}Mi")
 
 
 def _death_report(server: TritonServer) -> str:
@@ -176,6 +199,7 @@ class LocalRuntime:
         detail = "\n".join(result.errors[-5:])
         if result.ready:
             TritonServer.objects.filter(pk=server.pk).update(state=TritonServer.State.READY)
+            _measure(server)
             return Observation("ready", "ready")
         confinement = next((e for e in result.errors if e.startswith(serverlog.SANDBOX_ERROR_PREFIX)), None)
         if confinement:
@@ -205,13 +229,15 @@ class LocalRuntime:
             return Health(False, "no Triton process is serving it")
         killed = _oom_killed(server)
         if local_triton.is_alive(server.pid) and not killed:
+            _measure(server)
             return Health(True)
         report = _death_report(server)
         _stop(server)
         if killed:
             # Triton may outlive a python model's stub that the kernel killed at the limit, the model then answering
             # nothing: the deployment is not ready, and says why.
-            return Health(False, f"killed for memory (limit {_memory_limit(server)})", report)
+            return Health(False, f"killed for memory (limit {_memory_limit(server)}). {_more_memory(server)}",
+                          report)
         return Health(False, f"the Triton process (pid {server.pid}) died", report)
 
     def retire(self, deployment: Deployment, keep: Sequence[Launch]) -> list[str]:

@@ -1,0 +1,104 @@
+"""The memory limit of a local dedicated Triton whose revision gives no resources.memory (issue 31).
+
+Every such server used to be limited to, and counted against its team's and the machine's ceilings at,
+SANDBOX_DEFAULT_MEMORY (4Gi): a team fitted five tiny ONNX deployments on a 24 GiB machine where each used some
+110 MiB. The limit now comes from what its models were measured to take, by the rule a pool reserves memory with
+(pools.reservation: POOL_MODEL_MEMORY_HEADROOM over the figure, at least POOL_MODEL_MEMORY_MIN), per instance (each
+instance of a python-backend model is a stub process of its own), plus SANDBOX_SERVER_MEMORY for Triton itself:
+
+- a version's figure is its measured memory on this machine (ModelVersion.measured_memory_bytes: the peak of its own
+  processes at the python trial call at inspection, at a load in a local pool, in a dedicated Triton);
+- an ONNX version never measured is estimated from its file, as a pool estimates it (POOL_UNMEASURED_FACTOR times
+  its size): onnxruntime's memory follows the weights;
+- a python, TorchScript or SavedModel version never measured gives no estimate (its framework's size is not its
+  file's): the server then gets SANDBOX_DEFAULT_MEMORY, as before, and says so.
+
+The limit is the server's cgroup limit, so the figure is no promise a team can game: a model that measured small
+and then takes more fails alone, the kernel killing its process at the limit, and the deployment says "Out of
+memory" and how to give it more (resources.memory, `modelport deploy --memory`). A memory given is kept as given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.conf import settings
+
+from deployments import pools
+from deployments.revision_spec import MemoryBasis, MemoryShare, RevisionSpec
+from modelport.core import formats
+from models_registry.models import Blob, ModelVersion
+
+
+def applies(spec: RevisionSpec) -> bool:
+    """Whether the revision's server memory is derived: local, dedicated, no resources.memory given."""
+    return spec.runtime == "local" and not spec.placement.shared and not spec.resources.memory
+
+
+def basis_for(spec: RevisionSpec, versions: Iterable[ModelVersion]) -> MemoryBasis | None:
+    """What the server's limit is derived from (None where it is not derived)."""
+    if not applies(spec):
+        return None
+    by_id = {v.pk: v for v in versions}
+    sizes = dict(Blob.objects.filter(sha256__in=[m.sha256 for m in spec.models if m.sha256])
+                 .values_list("sha256", "size"))
+    server = pools.quantity_bytes(settings.SANDBOX_SERVER_MEMORY or "0")
+    shares = []
+    for entry in spec.models:
+        if entry.is_pipeline:
+            continue  # Triton runs a pipeline itself: no process of its own
+        version = by_id.get(entry.version_id) if entry.version_id is not None else None
+        if version is not None and version.measured_memory_bytes:
+            measured = version.measured_memory_bytes
+            source = f"measured {_size(measured)} at {version.measured_memory_by or 'a run on this machine'}"
+            shares.append(MemoryShare(entry.name, pools.reservation(measured), source))
+        elif entry.format == formats.ONNX:
+            size = sizes.get(entry.sha256, version.size if version is not None else 0)
+            shares.append(MemoryShare(entry.name, pools.reservation(int(size * settings.POOL_UNMEASURED_FACTOR)),
+                                      f"not measured yet: estimated from its {_size(size)} ONNX file"))
+        else:
+            return MemoryBasis(server_bytes=server, fallback=str(settings.SANDBOX_DEFAULT_MEMORY), fallback_reason=(
+                f"version {entry.version} of {entry.name!r} ({entry.format}) has not been measured on this machine "
+                "yet"))
+    return MemoryBasis(server_bytes=server, models=tuple(shares))
+
+
+def words(spec: RevisionSpec) -> str:
+    """How the server's memory limit was chosen, for the API and the pages ("" where nothing is to say)."""
+    basis = spec.memory_basis
+    if spec.resources.memory or basis is None:
+        return ""
+    if basis.fallback is not None:
+        return f"SANDBOX_DEFAULT_MEMORY, since {basis.fallback_reason}"
+    counts = {m.name: m.instance_group.count for m in spec.models}
+    parts = [f"Triton's own {_size(basis.server_bytes)}"]
+    for share in basis.models:
+        count = counts.get(share.model, 1)
+        times = f"{count} × " if count != 1 else ""
+        parts.append(f"{times}{_size(share.bytes_per_instance)} for {share.model!r} ({share.source}, with "
+                     "headroom)")
+    return " + ".join(parts) + ", rounded up"
+
+
+def _size(value: int) -> str:
+    if value < 2**20:
+        return f"{value / 2**10:.0f} KiB"
+    return f"{value / 2**20:.0f} MiB"
+
+
+def in_effect(spec: RevisionSpec) -> dict[str, Any]:
+    """The memory limit each server of a dedicated revision runs under, where it comes from and how it was reached
+    (the API's `memory`, the deployment page)."""
+    from deployments.ceilings import default_memory
+
+    if spec.resources.memory:
+        return {"limit": spec.resources.memory, "source": "given", "basis": ""}
+    basis = spec.memory_basis
+    if basis is not None:
+        return {"limit": spec.derived_memory() or None, "source": "derived" if basis.fallback is None else "default",
+                "basis": words(spec)}
+    default = default_memory(spec.runtime)
+    setting = "KUBERNETES_DEFAULT_MEMORY" if spec.runtime == "kubernetes" else "SANDBOX_DEFAULT_MEMORY"
+    return {"limit": default or None, "source": "default",
+            "basis": f"the {spec.runtime} runtime's default ({setting})"}
