@@ -76,7 +76,7 @@ def served_models(deployment: Deployment, base_url: str) -> list[dict[str, Any]]
                 ("curl", curl, "curl"),
                 ("Python (tritonclient)", inference.python_snippet(base_url, deployment.name, entry.name, signature,
                                                                 sample, files), "python"),
-                ("modelport CLI", inference.cli_snippet(deployment.name, entry.name, base_url), "cli"),
+                ("modelport CLI", inference.cli_snippet(deployment.name, entry.name, base_url, files), "cli"),
             ],
         })
         # gRPC (tritonclient.grpc): the Python snippet's twin, when the gRPC gateway runs.
