@@ -615,6 +615,53 @@ def test_try_it_offers_a_text_box_for_a_text_input(browser: Any, alice_user: Per
     assert output["outputs"][0]["data"] == ["héllo, Triton"], output
 
 
+def test_the_upload_form_takes_an_example_request_and_says_what_is_wrong_with_a_bad_one(
+        browser: Any, alice_user: Person, portal_url: str, tmp_path: Path) -> None:
+    """Issue 31, item 1: the API and the CLI took an example request, the upload page had no field for it. Through
+    the page: text that is no JSON is refused beside the field in the API's words, before any version exists; a
+    request of the wrong datatype is refused at inspection (an ONNX file carries its signature), beside the field
+    too; a good one imported from a file goes up with the version and shows on the model's page. No 500 anywhere."""
+    echo_text_onnx(tmp_path / "echo.onnx")
+    errors: list[str] = []
+    page = sign_in(browser, portal_url, "alice")
+    page.on("response", lambda response: errors.append(response.url) if response.status >= 500 else None)
+    upload_page = f"{portal_url}/models/upload/"
+    page.goto(upload_page)
+    page.wait_for_selector("body[data-js=ready]", state="attached")
+    assert page.is_hidden("#id_example_request")  # folded: most models need none
+    page.fill("#id_name", "echo")
+    page.set_input_files("#id_file", str(tmp_path / "echo.onnx"))
+    page.click("#example-request > summary")
+    page.fill("#id_example_request", "{not json")
+    page.click("#upload-submit")
+    page.wait_for_selector("#id_example_request_error", timeout=60_000)
+    assert page.inner_text("#id_example_request_error").startswith("The example request is not JSON (")
+    assert not ModelVersion.objects.filter(model__name="echo").exists()
+
+    wrong = {"inputs": [{"name": "text", "datatype": "FP32", "shape": [1, 1], "data": [1]}]}
+    page.fill("#id_example_request", json.dumps(wrong))
+    page.click("#upload-submit")
+    page.wait_for_selector("#id_example_request_error", timeout=60_000)
+    said = "inputs[0] ('text').datatype is 'FP32'; the signature declares BYTES."
+    assert page.inner_text("#id_example_request_error") == said
+    assert said in page.inner_text("#upload-error")
+    assert ModelVersion.objects.get(model__name="echo", number=1).status == "invalid"
+
+    good = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1, 1], "data": ["héllo"]}]}
+    (tmp_path / "example.json").write_text(json.dumps(good))
+    page.set_input_files("#example-request-import", str(tmp_path / "example.json"))
+    page.wait_for_function("document.getElementById('id_example_request').value.includes('héllo')")
+    page.click("#upload-submit")
+    page.wait_for_selector("#upload-deploy:not([hidden])", timeout=60_000)
+    assert "Uploaded with its example request, checked against the signature." in page.inner_text("#upload-signature")
+    version = ModelVersion.objects.get(model__name="echo", number=2)
+    assert version.status == "ready" and version.example_data() == {"text": ["héllo"]}
+    page.goto(f"{portal_url}/models/echo/")
+    assert (page.inner_text("#version-2-example")
+            == "Uploaded with an example request (text BYTES 1 × 1), checked against the signature.")
+    assert not errors, errors
+
+
 def test_the_deploy_form_offers_a_shared_pool_with_what_fits(browser: Any, alice_user: Person, portal_url: str) -> None:
     from deployments.models import ModelMemory
     from deployments.pools import fingerprint

@@ -69,3 +69,13 @@ def served_as(value: Any, max_batch_size: Any) -> str:
     declared = list(value or [])
     served = served_dims(declared, int(max_batch_size or 0) > 0)
     return dims(served) if served != declared else ""
+
+
+@register.filter
+def example_inputs(request: Any) -> str:
+    """A version's stored example request in a few words, its inputs and shapes ("image BYTES 1 × 1"): the request
+    itself may be a megabyte (an image in base64), too much for the versions table."""
+    inputs = request.get("inputs") if isinstance(request, dict) else None
+    words = [f"{t.get('name')} {t.get('datatype')} {dims(t.get('shape'))}"
+             for t in (inputs if isinstance(inputs, list) else []) if isinstance(t, dict)]
+    return ", ".join(words[:8]) + (f" and {len(words) - 8} more" if len(words) > 8 else "")
