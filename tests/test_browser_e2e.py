@@ -503,15 +503,16 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, gr
     labels = next(o for o in output["outputs"] if o["name"] == "labels")
     assert labels["data"][0] == str(SAMPLE_DIGIT_LABEL)
     # The pipeline's curl comes first, its other snippets and its steps' folded away: Try it no longer sits below
-    # sixteen snippets, 8,600 px down the page (measured here: Try it at about 1,100 px, the whole page about 3,400
-    # once its charts and log have loaded, shorter than a single model's page with its four snippets open).
+    # sixteen snippets, 8,600 px down the page. The whole page was still 3,385 px once its charts and log had
+    # loaded: the Try it box ten rows tall for one line, the Tune panel's three fields stacked, the events and the
+    # log each up to 22-24 rem. Now under 3,000 px.
     page.reload()
     page.wait_for_selector("body[data-js=ready]", state="attached")
     page.wait_for_function("!document.getElementById('triton-log').textContent.includes('Loading')")
-    metrics = page.evaluate("({height: document.documentElement.scrollHeight, tryIt: Math.round("
+    metrics = page.evaluate("({height: document.body.scrollHeight, tryIt: Math.round("
                             "document.getElementById('try-it-section').getBoundingClientRect().top + scrollY)})")
     print("pipeline page", metrics)
-    assert metrics["tryIt"] < 1500 and metrics["height"] < 4000, metrics
+    assert metrics["tryIt"] < 1500 and metrics["height"] < 3000, metrics
     assert page.is_visible("#snippet-curl-digits-pipeline") and page.is_hidden("#snippet-python-digits-pipeline")
     assert page.is_hidden("#snippet-curl-preprocess")
     page.click("#pipeline-steps > summary")
@@ -531,6 +532,21 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, gr
                          capture_output=True, text=True, timeout=60)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.startswith(f"[[b'{SAMPLE_DIGIT_LABEL}'"), ran.stdout
+    # Its CLI snippet writes the same PNG and sends it with --file (it read a req.json whose image was empty), run
+    # as shown in an empty folder, `modelport` being the CLI of this checkout.
+    cli = page.inner_text("#snippet-cli-digits-pipeline")
+    assert "--file image=digit-7.png" in cli and "req.json" not in cli
+    shell = tmp_path / "shell"
+    (shell / "bin").mkdir(parents=True)
+    (shell / "bin" / "modelport").write_text(f'#!/bin/sh\nexec {sys.executable} -m modelport_cli "$@"\n')
+    (shell / "bin" / "modelport").chmod(0o755)
+    ran = subprocess.run(["bash", "-euo", "pipefail", "-c", cli], cwd=shell, capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "MODELPORT_TOKEN": token,
+                                          "PATH": f"{shell / 'bin'}:{os.environ['PATH']}",
+                                          "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert ran.returncode == 0, ran.stderr
+    assert any(line.startswith(f'labels (BYTES [1x3]): ["{SAMPLE_DIGIT_LABEL}"')
+               for line in ran.stdout.splitlines()), ran.stdout
     # Settings in effect say the pipeline batches in its steps; the log has the CPU-only GPU lines folded away.
     assert "each step batching with its own settings" in page.inner_text("#settings-digits-pipeline")
     page.wait_for_function("!document.getElementById('triton-log').textContent.includes('Loading')")
