@@ -843,8 +843,8 @@ def cmd_infer(args: argparse.Namespace) -> int:
     path = f"/serve/{_segment(args.name)}/v2/models/{_segment(args.model)}/infer"
     # An inference changes nothing, so it is retried like a GET; it creates nothing to deduplicate.
     if files:
-        body, header_length = binary_request(request, files)
-        response = client.call("POST", path, data=body, idempotency_key=False, headers={
+        payload, header_length = binary_request(request, files)
+        response = client.call("POST", path, data=payload, idempotency_key=False, headers={
             "Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(header_length)})
     else:
         response = client.call("POST", path, json=request, idempotency_key=False)
