@@ -657,7 +657,7 @@ def test_the_upload_form_takes_an_example_request_and_says_what_is_wrong_with_a_
     wrong = {"inputs": [{"name": "text", "datatype": "FP32", "shape": [1, 1], "data": [1]}]}
     page.fill("#id_example_request", json.dumps(wrong))
     page.click("#upload-submit")
-    page.wait_for_selector("#id_example_request_error", timeout=60_000)
+    page.wait_for_selector("#id_example_request_error:has-text('FP32')", timeout=60_000)  # not the first one's
     said = "inputs[0] ('text').datatype is 'FP32'; the signature declares BYTES."
     assert page.inner_text("#id_example_request_error") == said
     assert said in page.inner_text("#upload-error")
