@@ -664,7 +664,7 @@ def test_the_upload_form_takes_an_example_request_and_says_what_is_wrong_with_a_
     assert ModelVersion.objects.get(model__name="echo", number=1).status == "invalid"
 
     good = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1, 1], "data": ["héllo"]}]}
-    (tmp_path / "example.json").write_text(json.dumps(good))
+    (tmp_path / "example.json").write_text(json.dumps(good, ensure_ascii=False), encoding="utf-8")
     page.set_input_files("#example-request-import", str(tmp_path / "example.json"))
     page.wait_for_function("document.getElementById('id_example_request').value.includes('héllo')")
     page.click("#upload-submit")
