@@ -74,8 +74,14 @@ def served_as(value: Any, max_batch_size: Any) -> str:
 @register.filter
 def example_inputs(request: Any) -> str:
     """A version's stored example request in a few words, its inputs and shapes ("image BYTES 1 × 1"): the request
-    itself may be a megabyte (an image in base64), too much for the versions table."""
+    itself may be a megabyte (an image in base64), too much for the versions table. Bounded, since it is the
+    uploader's JSON as sent until inspection checks it (a name of a megabyte)."""
     inputs = request.get("inputs") if isinstance(request, dict) else None
-    words = [f"{t.get('name')} {t.get('datatype')} {dims(t.get('shape'))}"
-             for t in (inputs if isinstance(inputs, list) else []) if isinstance(t, dict)]
-    return ", ".join(words[:8]) + (f" and {len(words) - 8} more" if len(words) > 8 else "")
+    tensors = [t for t in (inputs if isinstance(inputs, list) else []) if isinstance(t, dict)]
+    words = []
+    for tensor in tensors[:8]:
+        shape = tensor.get("shape")
+        fits = isinstance(shape, list) and len(shape) <= 8 and all(type(n) is int for n in shape)
+        words.append(f"{str(tensor.get('name'))[:64]} {str(tensor.get('datatype'))[:16]} "
+                     f"{dims(shape) if fits else '?'}")
+    return ", ".join(words) + (f" and {len(tensors) - 8} more" if len(tensors) > 8 else "")

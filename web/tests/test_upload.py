@@ -172,3 +172,19 @@ def test_a_bad_example_request_is_shown_beside_its_field_in_the_apis_words(alice
     assert response.status_code == 200
     assert response.context["form"].errors["example_request"][0].startswith("The example request is not JSON (")
     assert not Model.objects.exists()
+
+
+def test_the_model_page_names_an_unchecked_example_request_in_a_bounded_line(alice: Person) -> None:
+    """Hostile: an ONNX upload's example is kept as sent until inspection checks it (the file carries the
+    signature), so its input names may be anything the uploader sent: the page shows at most 64 characters of each,
+    escaped, and at most eight inputs."""
+    name = "<b>" + "n" * 10_000
+    example = {"inputs": [{"name": name, "datatype": "FP32", "shape": [1, 4], "data": [0, 0, 0, 0]}] * 12}
+    response = alice.client().post("/api/v1/models/digits/versions/", {
+        "file": SimpleUploadedFile("model.onnx", tiny_onnx()), "create_model": "true",
+        "example_request": json.dumps(example)}, format="multipart")
+    assert response.status_code == 201, response.json()
+    content = signed_in(alice).get("/models/digits/").content.decode()
+    line = re.search(r'<p class="muted small" id="version-1-example">(.*?)</p>', content).group(1)  # type: ignore[union-attr]
+    assert "<b>" not in line and "&lt;b&gt;" + "n" * 61 + " FP32 1 × 4" in line
+    assert len(line) < 1_000 and line.count("FP32") == 8 and "and 4 more" in line
