@@ -206,3 +206,15 @@ def test_the_try_it_box_is_as_tall_as_its_example() -> None:
     assert 6 <= example_rows(pixels) <= 10  # the 64 pixels wrap
     assert example_rows(inference.request_json({"inputs": [{"name": "x", "shape": [1, 9999], "datatype": "FP32",
                                                             "data": [0.0] * 9999}]})) == 10
+
+
+def test_the_log_is_folded_while_the_deployment_serves_and_open_otherwise(alice: Person,
+                                                                         deployment: Deployment) -> None:
+    """Open, its 24 rem were an eighth of a pipeline's page that serves; folded while it starts or fails, nobody
+    would see why."""
+    client = signed_in(alice)
+    assert '<details id="log-box" class="log-box" open>' in client.get(PAGE).content.decode()  # pending
+    deployment.set_status(Deployment.Status.READY, "Serving revision 1.")
+    assert '<details id="log-box" class="log-box">' in client.get(PAGE).content.decode()
+    deployment.set_status(Deployment.Status.FAILED, "Revision 1 failed to start: boom")
+    assert '<details id="log-box" class="log-box" open>' in client.get(PAGE).content.decode()
