@@ -99,6 +99,7 @@ class ApiToken(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        verbose_name = "API token"  # not Django's "api token" from the class name (the admin read "Api tokens")
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.user}, {self.team})"

@@ -292,6 +292,7 @@ class TritonServer(models.Model):
 
     class Meta:
         ordering = ["-started_at"]
+        verbose_name = "Triton server"  # the product's name, not Django's "triton server"
 
     def __str__(self) -> str:
         return f"pid {self.pid} ({self.deployment} r{self.revision.number})"

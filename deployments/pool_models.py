@@ -269,6 +269,8 @@ class ModelMemory(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["version", "fingerprint"], name="model_memory_unique")]
+        # Django's default plural of "model memory" is "model memorys" (it appends an s).
+        verbose_name = "model memory measurement"
 
     def __str__(self) -> str:
         return f"{self.version}: {self.memory_bytes} bytes"

@@ -79,10 +79,12 @@ class Client:
             raise NetworkError(describe_network_error(exc, method, url)) from exc
 
     def call(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
-             idempotency_key: bool | None = None, stream: bool = False) -> requests.Response:
+             idempotency_key: bool | None = None, stream: bool = False, data: bytes | None = None,
+             headers: dict[str, str] | None = None) -> requests.Response:
         """An API call that raises ApiError for a 4xx/5xx. POSTs carry an Idempotency-Key (unless told not to), so
-        that one retried after a lost answer is not applied twice; the same key is sent on every retry."""
-        headers: dict[str, str] = {}
+        that one retried after a lost answer is not applied twice; the same key is sent on every retry. `data`: a
+        body of bytes instead of `json`, with its `headers` (Content-Type)."""
+        headers = dict(headers or {})
         if idempotency_key is None:
             idempotency_key = method == "POST"
         if idempotency_key:
@@ -91,7 +93,8 @@ class Client:
         for attempt in range(len(RETRY_DELAYS) + 1):
             last = attempt == len(RETRY_DELAYS)
             try:
-                response = self.send(method, path, headers=headers, json=json, params=params, stream=stream)
+                response = self.send(method, path, headers=headers, data=data, json=json, params=params,
+                                     stream=stream)
             except NetworkError:
                 if not retry or last:
                     raise

@@ -837,14 +837,22 @@ def _print_tune(tune: dict[str, Any]) -> None:
 def cmd_infer(args: argparse.Namespace) -> int:
     check_name(args.name, "deployment")
     check_name(args.model, "model")
-    request = read_json_file(args.input, "--input")
+    if args.input is None and not args.file:
+        raise CliError("give --input FILE.json, or --file INPUT=PATH for a BYTES input (or both)", ExitCode.USAGE)
+    request: Any = read_json_file(args.input, "--input") if args.input is not None else {"inputs": []}
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
         raise CliError(f"--input {args.input}: expected KServe v2 JSON, "
                        '{"inputs": [{"name", "shape", "datatype", "data"}]}', ExitCode.USAGE)
+    files = [_file_input(value) for value in args.file or []]
     client = make_client(args)
     path = f"/serve/{_segment(args.name)}/v2/models/{_segment(args.model)}/infer"
     # An inference changes nothing, so it is retried like a GET; it creates nothing to deduplicate.
-    response = client.call("POST", path, json=request, idempotency_key=False)
+    if files:
+        payload, header_length = binary_request(request, files)
+        response = client.call("POST", path, data=payload, idempotency_key=False, headers={
+            "Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(header_length)})
+    else:
+        response = client.call("POST", path, json=request, idempotency_key=False)
     body = dict(response.json())
     if args.json:
         print_json(body)
@@ -853,6 +861,58 @@ def cmd_infer(args: argparse.Namespace) -> int:
         shape = "x".join(str(d) for d in output.get("shape") or [])
         print(f"{output.get('name')} ({output.get('datatype')} [{shape}]): {json.dumps(output.get('data'))}")
     return ExitCode.OK
+
+
+def _file_input(value: str) -> tuple[str, bytes]:
+    """--file INPUT=PATH: the input's name and the file's bytes."""
+    name, sep, filename = value.partition("=")
+    if not sep or not name or not filename:
+        raise CliError(f"--file {value!r}: expected INPUT=PATH, e.g. --file image=digit.png", ExitCode.USAGE)
+    try:
+        return name, Path(filename).read_bytes()
+    except OSError as exc:
+        raise CliError(f"--file {value}: {exc.strerror or exc}", ExitCode.USAGE) from None
+
+
+def binary_request(request: dict[str, Any], files: list[tuple[str, bytes]]) -> tuple[bytes, int]:
+    """The request with each file as a BYTES input whose every element is the file's bytes, and the length of its
+    JSON header. JSON cannot carry a file's raw bytes (Triton reads a JSON string's UTF-8 as the element, and a
+    PNG is not UTF-8), so the body is Triton's binary tensor extension, as the page's Try it sends a file: the JSON
+    header, then each such input's elements as a 4-byte little-endian length and the bytes. The input's shape is
+    the one --input gives it, else [1, 1]: one element, in a batch of one."""
+    given = {t.get("name"): t for t in request["inputs"] if isinstance(t, dict)}
+    by_name = dict(files)
+    if len(by_name) < len(files):
+        raise CliError("--file names an input twice", ExitCode.USAGE)
+    for name, tensor in given.items():
+        if name in by_name and tensor.get("datatype", "BYTES") != "BYTES":
+            raise CliError(f"--file {name}=...: --input gives {name} as {tensor.get('datatype')}; a file is sent "
+                           "to a BYTES input", ExitCode.USAGE)
+    header: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+
+    def attach(name: str, shape: Any) -> None:
+        if not isinstance(shape, list) or not all(type(n) is int and n >= 1 for n in shape):
+            raise CliError(f"--input gives {name} the shape {shape!r}: positive sizes are needed", ExitCode.USAGE)
+        count = 1
+        for size in shape:
+            count *= size
+        element = len(by_name[name]).to_bytes(4, "little") + by_name[name]
+        blobs.append(element * count)
+        header.append({"name": name, "shape": shape, "datatype": "BYTES",
+                       "parameters": {"binary_data_size": len(blobs[-1])}})
+
+    for tensor in request["inputs"]:
+        name = tensor.get("name") if isinstance(tensor, dict) else None
+        if name in by_name:
+            attach(name, tensor.get("shape", [1, 1]))
+        else:
+            header.append(tensor)
+    for name, _ in files:
+        if name not in given:
+            attach(name, [1, 1])
+    head = json.dumps({**request, "inputs": header}, separators=(",", ":")).encode()
+    return head + b"".join(blobs), len(head)
 
 
 # ----------------------------------------------------------------------------------------------------- parser
@@ -1035,7 +1095,10 @@ def build_parser() -> argparse.ArgumentParser:
     infer = add("infer", cmd_infer, "send one inference request (KServe v2 JSON) through the portal")
     infer.add_argument("name", metavar="NAME")
     infer.add_argument("model", metavar="MODEL")
-    infer.add_argument("--input", required=True, metavar="FILE.json")
+    infer.add_argument("--input", metavar="FILE.json", help="the request (KServe v2 JSON; '-' is stdin)")
+    infer.add_argument("--file", action="append", metavar="INPUT=PATH", help=(
+        "a file's bytes as the BYTES input INPUT (an image, say), sent as raw bytes; its shape is the one --input "
+        "gives INPUT, else [1, 1]; repeat for more inputs"))
     return parser
 
 

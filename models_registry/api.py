@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, ClassVar
 
 from django.conf import settings
@@ -26,8 +25,7 @@ from accounts.context import acting_user, current_team, is_team_admin
 from accounts.idempotency import idempotent
 from accounts.names import name_error
 from audit.log import record as audit
-from modelport.core.example_request import ExampleRequestError, parse_example_request
-from modelport.core.json_input import loads as json_loads
+from modelport.core.example_request import ExampleRequestError, example_to_store
 from modelport.core.signature import KSERVE_TO_TRITON, TRITON_TO_KSERVE, SignatureError, parse_signature
 from models_registry import actions, pipelines
 from models_registry.models import Format, Model, ModelVersion, Upload, with_identical_to
@@ -211,46 +209,11 @@ class VersionCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
         return attrs
 
 
-def _holds_nul(value: Any) -> bool:
-    # Iterative: the depth is bounded already, but a wide request must not recurse either.
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str) and "\x00" in item:
-            return True
-        if isinstance(item, dict):
-            stack.extend([*item.keys(), *item.values()])
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
-
-
 def _example_request(value: Any, signature: Any) -> dict[str, Any] | None:
-    """The example request as stored: checked against the declared signature here (a 400 naming what does not
-    fit); without one (a format that carries its own) bounded here and checked at inspection."""
-    if value in (None, "", {}):
-        return None
-    limit = settings.EXAMPLE_REQUEST_MAX_BYTES
+    """The example request as stored (modelport/core/example_request.py example_to_store), or a 400 naming what
+    does not fit."""
     try:
-        if isinstance(value, str):  # JSON text (a form field)
-            if len(value) > limit:
-                raise ExampleRequestError(f"The example request is {len(value):,} bytes; at most {limit:,}.")
-            try:
-                value = json_loads(value)
-            except ValueError as exc:
-                raise ExampleRequestError(f"The example request is not JSON ({exc}).") from None
-        if signature is not None:
-            return parse_example_request(value, signature, limit).to_json()
-        text = json.dumps(value)
-        size = len(text)
-        if _holds_nul(value):
-            # Stored as sent until inspection checks it: PostgreSQL stores no NUL in JSON (a 500, not a 400).
-            raise ExampleRequestError('Null characters are not allowed: send such BYTES as {"b64": "<base64>"}.')
-        if size > limit:
-            raise ExampleRequestError(f"The example request is {size:,} bytes as JSON; at most {limit:,}.")
-        if not isinstance(value, dict) or not isinstance(value.get("inputs"), list):
-            raise ExampleRequestError('The example request must be a KServe v2 inference request: {"inputs": [...]}.')
-        return value
+        return example_to_store(value, signature, settings.EXAMPLE_REQUEST_MAX_BYTES)
     except ExampleRequestError as exc:
         raise serializers.ValidationError({"example_request": [str(exc)]}) from None
 

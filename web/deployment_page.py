@@ -32,10 +32,18 @@ def detail_context(deployment: Deployment, base_url: str) -> dict[str, Any]:
         "examples": {s["entry"].name: {"path": s["path"], "request": s["example"]} for s in served},
         "has_bytes_inputs": any(s["bytes_inputs"] for s in served),
         "has_steps": any(s["step"] for s in served),
+        "example_rows": example_rows(served[0]["example"]) if served else 10,
         "metrics_url": f"/api/v1/deployments/{deployment.name}/metrics/?minutes={TRAFFIC_WINDOW_MINUTES}",
         "traffic_minutes": TRAFFIC_WINDOW_MINUTES,
         **settings_context(deployment),
     }
+
+
+def example_rows(example: str) -> int:
+    """The Try it box as tall as the first example, wrapped (about 72 characters a row at its width), from 3 to 10
+    rows: the pipeline's one line of an image took ten."""
+    wrapped = sum(-(-len(line) // 72) or 1 for line in example.splitlines())
+    return min(10, max(3, wrapped + 1))
 
 
 def served_models(deployment: Deployment, base_url: str) -> list[dict[str, Any]]:
@@ -76,7 +84,7 @@ def served_models(deployment: Deployment, base_url: str) -> list[dict[str, Any]]
                 ("curl", curl, "curl"),
                 ("Python (tritonclient)", inference.python_snippet(base_url, deployment.name, entry.name, signature,
                                                                 sample, files), "python"),
-                ("modelport CLI", inference.cli_snippet(deployment.name, entry.name, base_url), "cli"),
+                ("modelport CLI", inference.cli_snippet(deployment.name, entry.name, base_url, files), "cli"),
             ],
         })
         # gRPC (tritonclient.grpc): the Python snippet's twin, when the gRPC gateway runs.

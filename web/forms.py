@@ -25,6 +25,7 @@ from deployments.spec import (
     defaults_for,
 )
 from modelport.core import quantity
+from modelport.core.example_request import ExampleRequestError, example_to_store
 from modelport.core.signature import Signature, SignatureError, parse_signature
 from models_registry.models import Format, ModelVersion
 from web.placement import PoolChoice
@@ -33,6 +34,10 @@ from web.serving import serving
 # The slider covers the useful range; the number box beside it takes anything up to the API's limit.
 QUEUE_DELAY_SLIDER_MAX = 100_000
 MAX_PREFERRED_BATCH_SIZES = 32  # as the API's serializer
+EXAMPLE_REQUEST_HELP = (
+    'Optional: a request the model answers, as KServe v2 JSON: {"inputs": [{"name", "datatype", "shape", "data"}]}, '
+    'BYTES elements as text or {"b64": "<base64>"} (an image). A python model\'s trial call at upload sends it '
+    "instead of zeros (a model that decodes images cannot be judged on empty bytes); Try it starts from it.")
 
 
 class UploadForm(forms.Form):
@@ -51,6 +56,10 @@ class UploadForm(forms.Form):
                                 help_text='Needed for formats that carry none: {"inputs": [{"name", "datatype", '
                                           '"dims"}], "outputs": [...]}')
     file = forms.FileField(label="Model file")
+    example_request = forms.CharField(
+        label="Example request (JSON)", required=False,
+        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false", "autocomplete": "off"}),
+        help_text=EXAMPLE_REQUEST_HELP)
 
     def rollout(self) -> canary.Rollout | None:
         return rollout_from(self.cleaned_data)
@@ -70,6 +79,20 @@ class UploadForm(forms.Form):
             return parse_signature(raw)
         except SignatureError as exc:
             raise forms.ValidationError(str(exc)) from None
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        # Against the declared signature, as the API checks it (the same function, the same messages); after
+        # clean_signature, so that a broken signature is said once, beside its own field.
+        raw = (data.get("example_request") or "").strip()
+        data["example_request"] = None
+        if raw and "signature" not in self.errors:
+            try:
+                data["example_request"] = example_to_store(raw, data.get("signature"),
+                                                           settings.EXAMPLE_REQUEST_MAX_BYTES)
+            except ExampleRequestError as exc:
+                self.add_error("example_request", str(exc))
+        return data
 
 
 class TokenForm(forms.Form):

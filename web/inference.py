@@ -154,9 +154,25 @@ def _literal(values: list[Any]) -> str:
     return "[" + ", ".join(repr(int(v)) if isinstance(v, float) and v.is_integer() else repr(v) for v in values) + "]"
 
 
-def cli_snippet(deployment: str, model: str, base_url: str = "") -> str:
-    lines = ["# modelport reads MODELPORT_URL and MODELPORT_TOKEN; req.json: the request body (Download req.json)"]
+# The name Try it's "download it" link gives the sample PNG (web/views.py sample_digit): the same file either way.
+SAMPLE_IMAGE_FILE = "digit-7.png"
+
+
+def cli_snippet(deployment: str, model: str, base_url: str = "", files: dict[str, bytes] | None = None) -> str:
+    """`files`: a file's bytes for a BYTES input (the sample PNG of a model that takes images): the snippet writes
+    it to a file from base64, as the curl snippet carries it, and sends it with --file, so that it runs as copied;
+    else the request is req.json (Download req.json), in which an image could only be empty or text."""
+    if files:
+        name, data = next(iter(files.items()))
+        lines = [f"# modelport reads MODELPORT_URL and MODELPORT_TOKEN; {name}: a PNG file, here {SAMPLE_IMAGE_FILE} "
+                 "(a handwritten 7, the one Try it offers: the echo below writes it), or yours"]
+    else:
+        lines = ["# modelport reads MODELPORT_URL and MODELPORT_TOKEN; req.json: the request body (Download req.json)"]
     if base_url:
         lines.append(f"export MODELPORT_URL={base_url}")
-    lines.append(f"modelport infer {deployment} {model} --input req.json")
+    if files:
+        lines.append(f"echo '{base64.b64encode(data).decode('ascii')}' | base64 -d > {SAMPLE_IMAGE_FILE}")
+        lines.append(f"modelport infer {deployment} {model} --file {name}={SAMPLE_IMAGE_FILE}")
+    else:
+        lines.append(f"modelport infer {deployment} {model} --input req.json")
     return "\n".join(lines)

@@ -231,6 +231,7 @@ def upload(request: HttpRequest, team: Team) -> HttpResponse:
         # The script checks the name before a long upload: the model is only created with its first version.
         "name_pattern": NAME_RE.pattern.removeprefix("^").removesuffix("$").removesuffix(r"\Z"),
         "name_rule": NAME_RULE,
+        "example_max_bytes": settings.EXAMPLE_REQUEST_MAX_BYTES,
         **_serving_context(),
     })
 
@@ -273,7 +274,8 @@ def _create_version(request: HttpRequest, team: Team, form: UploadForm) -> Model
                      or registry_actions.create_model(team, request.user, data["name"]))
             return registry_actions.create_version_from_file(
                 model, request.user, file, file.name, declared_format=data["format"] or "",
-                signature=data["signature"], max_batch_size=data["max_batch_size"])
+                signature=data["signature"], max_batch_size=data["max_batch_size"],
+                example_request=data["example_request"])
     except ArtifactRejected as exc:
         form.add_error("signature" if "signature" in str(exc) else "file", str(exc))
     except registry_actions.Conflict as exc:

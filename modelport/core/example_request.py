@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from modelport.core import datatypes
-from modelport.core.json_input import TooDeep, check_depth
+from modelport.core.json_input import TooDeep, check_depth, loads
 from modelport.core.signature import Signature, Tensor
 
 _TOP_LEVEL = {"id", "parameters", "inputs", "outputs"}
@@ -118,6 +118,47 @@ def parse_example_request(value: Any, signature: Signature, max_bytes: int) -> E
         batch = next(iter(batches.values()))
     order = {t.name: n for n, t in enumerate(signature.inputs)}
     return ExampleRequest(inputs=tuple(sorted(inputs, key=lambda i: order[i.tensor.name])), batch=batch)
+
+
+def example_to_store(value: Any, signature: Signature | None, max_bytes: int) -> dict[str, Any] | None:
+    """The example request of an upload as the version stores it, None when there is none; `value` a JSON value or
+    JSON text (a form field). Checked against the declared `signature`; without one (a format that carries its
+    own) only bounded and shaped here, and checked at inspection against the signature read from the file. The
+    API and the upload page both take it through here, so that both say the same of the same request."""
+    if value in (None, "", {}):
+        return None
+    if isinstance(value, str):
+        if len(value) > max_bytes:
+            raise ExampleRequestError(f"The example request is {len(value):,} bytes; at most {max_bytes:,}.")
+        try:
+            value = loads(value)
+        except ValueError as exc:
+            raise ExampleRequestError(f"The example request is not JSON ({exc}).") from None
+    if signature is not None:
+        return parse_example_request(value, signature, max_bytes).to_json()
+    size = len(json.dumps(value))
+    if _holds_nul(value):
+        # Stored as sent until inspection checks it: PostgreSQL stores no NUL in JSON (a 500, not a 400).
+        raise ExampleRequestError('Null characters are not allowed: send such BYTES as {"b64": "<base64>"}.')
+    if size > max_bytes:
+        raise ExampleRequestError(f"The example request is {size:,} bytes as JSON; at most {max_bytes:,}.")
+    if not isinstance(value, dict) or not isinstance(value.get("inputs"), list):
+        raise ExampleRequestError('The example request must be a KServe v2 inference request: {"inputs": [...]}.')
+    return value
+
+
+def _holds_nul(value: Any) -> bool:
+    # Iterative: the depth is bounded already, but a wide request must not recurse either.
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str) and "\x00" in item:
+            return True
+        if isinstance(item, dict):
+            stack.extend([*item.keys(), *item.values()])
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def _input(raw: Any, where: str, declared: dict[str, Tensor], seen: set[str]) -> ExampleInput:

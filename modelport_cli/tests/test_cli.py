@@ -712,6 +712,64 @@ def test_infer_posts_the_input_file_to_the_gateway_and_prints_the_outputs(
     assert portal.seen("POST")[0].json() == request
 
 
+def test_infer_sends_a_file_as_the_raw_bytes_of_a_bytes_input(portal: FakePortal, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """An image cannot travel in JSON (Triton reads a JSON string's UTF-8, and a PNG is not UTF-8): --file sends it
+    with Triton's binary tensor extension, as the page's Try it does, one element in a batch of one."""
+    png = b"\x89PNG\r\n\x1a\n\x00\xff not UTF-8"
+    (tmp_path / "digit.png").write_bytes(png)
+    portal.on("POST", "/serve/pipe/v2/models/pipe/infer",
+              Reply(200, {"outputs": [{"name": "labels", "shape": [1, 1], "datatype": "BYTES", "data": ["7"]}]}))
+
+    assert main(["infer", "pipe", "pipe", "--file", f"image={tmp_path / 'digit.png'}"]) == 0
+
+    assert capsys.readouterr().out == 'labels (BYTES [1x1]): ["7"]\n'
+    [sent] = portal.seen("POST")
+    assert sent.headers["content-type"] == "application/octet-stream"
+    length = int(sent.headers["inference-header-content-length"])
+    assert json.loads(sent.body[:length]) == {"inputs": [
+        {"name": "image", "shape": [1, 1], "datatype": "BYTES", "parameters": {"binary_data_size": len(png) + 4}}]}
+    assert sent.body[length:] == len(png).to_bytes(4, "little") + png
+
+
+def test_infer_sends_a_file_beside_the_json_inputs_in_the_shape_input_gives(portal: FakePortal,
+                                                                            tmp_path: Path) -> None:
+    (tmp_path / "a.bin").write_bytes(b"abc")
+    request = {"inputs": [{"name": "scale", "shape": [2, 1], "datatype": "FP32", "data": [1.0, 2.0]},
+                          {"name": "image", "shape": [2, 1], "datatype": "BYTES", "data": ["", ""]}]}
+    (tmp_path / "req.json").write_text(json.dumps(request))
+    portal.on("POST", "/serve/pipe/v2/models/pipe/infer", Reply(200, {"outputs": []}))
+
+    assert main(["infer", "pipe", "pipe", "--input", str(tmp_path / "req.json"),
+                 "--file", f"image={tmp_path / 'a.bin'}"]) == 0
+
+    [sent] = portal.seen("POST")
+    length = int(sent.headers["inference-header-content-length"])
+    assert json.loads(sent.body[:length])["inputs"] == [
+        request["inputs"][0],
+        {"name": "image", "shape": [2, 1], "datatype": "BYTES", "parameters": {"binary_data_size": 14}}]
+    assert sent.body[length:] == (b"\x03\x00\x00\x00abc") * 2
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["infer", "pipe", "pipe"], "give --input FILE.json, or --file INPUT=PATH for a BYTES input (or both)"),
+    (["infer", "pipe", "pipe", "--file", "digit.png"], "--file 'digit.png': expected INPUT=PATH"),
+    (["infer", "pipe", "pipe", "--file", "image=nope.png"], "--file image=nope.png: No such file or directory"),
+    (["infer", "pipe", "pipe", "--input", "req.json", "--file", "scale=digit.png"],
+     "--file scale=...: --input gives scale as FP32; a file is sent to a BYTES input"),
+])
+def test_infer_refuses_a_file_it_cannot_send_before_anything_is_sent(
+        portal: FakePortal, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        argv: list[str], message: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "digit.png").write_bytes(b"png")
+    (tmp_path / "req.json").write_text(json.dumps(
+        {"inputs": [{"name": "scale", "shape": [1], "datatype": "FP32", "data": [1.0]}]}))
+    assert main(argv) == ExitCode.USAGE
+    assert error_line(capsys).startswith(f"error: {message}")
+    assert not portal.requests
+
+
 def test_an_error_of_the_gateway_is_one_line_too(portal: FakePortal, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "input.json").write_text(json.dumps({"inputs": []}))

@@ -503,6 +503,12 @@
       const log = $("triton-log");
       if (log && stick) log.scrollTop = log.scrollHeight;
     });
+    // Folded, the log has no height to scroll: opened, it starts at its latest lines.
+    const box = $("log-box");
+    if (box) box.addEventListener("toggle", () => {
+      const log = $("triton-log");
+      if (box.open && log && stick) log.scrollTop = log.scrollHeight;
+    });
   }
 
   // --- Live refreshes keep what the user chose --------------------------------------------------------------------

@@ -26,6 +26,8 @@
   const formatSelect = $("id_format");
   const batchInput = $("id_max_batch_size");
   const signatureText = $("id_signature");
+  const exampleText = $("id_example_request");
+  const EXAMPLE_MAX_BYTES = parseInt(form.dataset.exampleMaxBytes, 10) || 1024 * 1024;
   const dropZone = $("drop-zone");
   const fileNameOut = $("upload-file-name");
   const submitButton = $("upload-submit");
@@ -97,7 +99,7 @@
   // --- Field errors, beside their field (the same markup as Django's) ------------------------------------------
 
   const API_FIELDS = { name: "name", upload_id: "file", file: "file", format: "format", signature: "signature",
-                       max_batch_size: "max_batch_size" };
+                       max_batch_size: "max_batch_size", example_request: "example_request" };
 
   function clearErrors() {
     form.querySelectorAll(".errorlist").forEach((el) => el.remove());
@@ -118,6 +120,8 @@
       before = rowsBox;
       input = rowsBox.querySelector(".sig-name") || input;
     }
+    const folded = box.closest("details");
+    if (folded) folded.open = true; // the example request's box, folded by default
     const list = document.createElement("ul");
     list.className = "errorlist";
     list.id = "id_" + field + "_error";
@@ -438,6 +442,10 @@
       $("upload-result-status").textContent = "Format " + current.format + ", " + humanBytes(current.size) +
         (current.max_batch_size ? ", max batch size " + current.max_batch_size : ", no batching") + ". Signature:";
       $("upload-signature").replaceChildren(signatureTable(current.signature || {}));
+      const said = [];
+      if (current.has_example_request) said.push("Uploaded with its example request" + (current.format === "python" ? ", which the trial call sent instead of zeros." : ", checked against the signature."));
+      (current.notes || []).forEach((note) => said.push(note));
+      said.forEach((text) => { const p = document.createElement("p"); p.className = "muted small upload-note"; p.textContent = text; $("upload-signature").appendChild(p); });
       const deploy = $("upload-deploy");
       deploy.href = "/deployments/new/?model=" + encodeURIComponent(name) + "&version=" + current.number;
       deploy.hidden = false;
@@ -447,6 +455,9 @@
       const error = $("upload-error");
       error.textContent = current.error || "The file could not be used.";
       error.hidden = false;
+      // The example request is checked at inspection when the file carries the signature (ONNX): said beside it.
+      const prefix = "example_request: ";
+      if ((current.error || "").startsWith(prefix)) fieldError("example_request", [current.error.slice(prefix.length)]);
     }
   }
 
@@ -490,11 +501,11 @@
     pipelineBox.hidden = !on;
     pipelineChanged();
     // The drop zone is the file upload's: a pipeline has no file (leaving pipeline mode brings it back).
-    ["field-format", "field-max_batch_size", "signature-editor", "same-bytes", "format-warning", "drop-zone"].forEach((id) => {
+    ["field-format", "field-max_batch_size", "signature-editor", "same-bytes", "format-warning", "drop-zone", "example-request"].forEach((id) => {
       const box = $(id);
       if (box && on) box.hidden = true;
     });
-    if (!on) { $("field-format").hidden = false; $("field-max_batch_size").hidden = false; dropZone.hidden = false; showEditor(false); warnFormat(); }
+    if (!on) { $("field-format").hidden = false; $("field-max_batch_size").hidden = false; $("example-request").hidden = false; dropZone.hidden = false; showEditor(false); warnFormat(); }
     submitButton.textContent = on ? "Create the pipeline" : submitLabel;
     if (!on) preview.replaceChildren();
   }
@@ -622,6 +633,20 @@
     }
     fillRows(value);
     compareWithPrevious();
+  });
+
+  // --- The example request: a .json file read into its box ------------------------------------------------------
+
+  $("example-request-import").addEventListener("change", async (event) => {
+    const file = event.target.files[0];
+    if (!file) return;
+    clearErrors();
+    if (file.size > EXAMPLE_MAX_BYTES) {
+      // The API's words for the same text (modelport/core/example_request.py).
+      fieldError("example_request", ["The example request is " + file.size.toLocaleString("en-US") + " bytes; at most " + EXAMPLE_MAX_BYTES.toLocaleString("en-US") + "."]);
+      return;
+    }
+    exampleText.value = await file.text();
   });
 
   // --- The model's earlier versions: a changed signature, or the same bytes again, is said before uploading ------
@@ -797,6 +822,12 @@
       if (formatSelect.value) body.format = formatSelect.value;
       if (batchInput.value !== "") body.max_batch_size = Number(batchInput.value);
       if (signature) body.signature = signature;
+      const example = exampleText.value.trim();
+      if (example) {
+        // As parsed JSON; text that is not JSON goes as it is, for the API to say what is wrong with it (the
+        // checks and their words are the API's: modelport/core/example_request.py).
+        try { body.example_request = JSON.parse(example); } catch (e) { body.example_request = example; }
+      }
       let version;
       try {
         version = await api("POST", "/api/v1/models/" + encodeURIComponent(name) + "/versions/", body);

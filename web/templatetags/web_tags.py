@@ -69,3 +69,19 @@ def served_as(value: Any, max_batch_size: Any) -> str:
     declared = list(value or [])
     served = served_dims(declared, int(max_batch_size or 0) > 0)
     return dims(served) if served != declared else ""
+
+
+@register.filter
+def example_inputs(request: Any) -> str:
+    """A version's stored example request in a few words, its inputs and shapes ("image BYTES 1 × 1"): the request
+    itself may be a megabyte (an image in base64), too much for the versions table. Bounded, since it is the
+    uploader's JSON as sent until inspection checks it (a name of a megabyte)."""
+    inputs = request.get("inputs") if isinstance(request, dict) else None
+    tensors = [t for t in (inputs if isinstance(inputs, list) else []) if isinstance(t, dict)]
+    words = []
+    for tensor in tensors[:8]:
+        shape = tensor.get("shape")
+        fits = isinstance(shape, list) and len(shape) <= 8 and all(type(n) is int for n in shape)
+        words.append(f"{str(tensor.get('name'))[:64]} {str(tensor.get('datatype'))[:16]} "
+                     f"{dims(shape) if fits else '?'}")
+    return ", ".join(words) + (f" and {len(tensors) - 8} more" if len(tensors) > 8 else "")

@@ -226,3 +226,21 @@ def test_the_admin_is_branded_modelport_and_links_back_to_the_portal(operator: C
     assert "img/favicon.svg" in content
     assert "<title>Operators’ console | Modelport admin</title>" in content or "| Modelport admin</title>" in content
     assert ">Audit entries<" in content and "entrys" not in content
+
+
+def test_every_model_in_the_admin_index_reads_as_english(operator: Client) -> None:
+    """Django makes a plural by appending an s and a name from the class name: the index read "Model memorys" and
+    "Api tokens". Each name shown is checked: no consonant + "ys" plural, acronyms and products spelt as such."""
+    import re
+
+    from django.contrib import admin
+
+    content = operator.get("/admin/").content.decode()
+    assert ">Model memory measurements<" in content and "memorys" not in content
+    assert ">API tokens<" in content and "Api tokens" not in content
+    assert ">Triton servers<" in content
+    for model in admin.site._registry:
+        plural = str(model._meta.verbose_name_plural)
+        assert not re.search(r"[^aeiou]ys$", plural), plural
+        assert not re.search(r"\b(api|gpu|triton)\b", plural), plural  # spelt API, GPU, Triton
+        assert f">{plural[:1].upper()}{plural[1:]}<" in content, plural  # the name shown is this one

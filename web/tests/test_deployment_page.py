@@ -192,3 +192,29 @@ def test_the_page_of_a_model_with_huge_inputs_stays_small(alice: Person, deploym
     content = response.content.decode()
     assert 'class="try-it-note muted small" data-model="digits"' in content
     assert "Too large to prefill here: x (1 × 1099511627776 × 64 = 70,368,744,177,664 elements)" in content
+
+
+def test_the_try_it_box_is_as_tall_as_its_example() -> None:
+    """Ten rows for a pipeline's one line of an image were part of what made its page 3,385 px tall."""
+    from web.deployment_page import example_rows
+
+    image = inference.request_json({"inputs": [{"name": "image", "shape": [1, 1], "datatype": "BYTES",
+                                                "data": [""]}]})
+    pixels = inference.request_json({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32",
+                                                 "data": [16.0] * 64}]})
+    assert example_rows(image) == 4  # three lines and one to type in
+    assert 6 <= example_rows(pixels) <= 10  # the 64 pixels wrap
+    assert example_rows(inference.request_json({"inputs": [{"name": "x", "shape": [1, 9999], "datatype": "FP32",
+                                                            "data": [0.0] * 9999}]})) == 10
+
+
+def test_the_log_is_folded_while_the_deployment_serves_and_open_otherwise(alice: Person,
+                                                                         deployment: Deployment) -> None:
+    """Open, its 24 rem were an eighth of a pipeline's page that serves; folded while it starts or fails, nobody
+    would see why."""
+    client = signed_in(alice)
+    assert '<details id="log-box" class="log-box" open>' in client.get(PAGE).content.decode()  # pending
+    deployment.set_status(Deployment.Status.READY, "Serving revision 1.")
+    assert '<details id="log-box" class="log-box">' in client.get(PAGE).content.decode()
+    deployment.set_status(Deployment.Status.FAILED, "Revision 1 failed to start: boom")
+    assert '<details id="log-box" class="log-box" open>' in client.get(PAGE).content.decode()

@@ -220,7 +220,8 @@ def test_an_unknown_sample_has_no_progress_page(alice: Person) -> None:
 def test_the_pipeline_page_shows_the_pipeline_first_and_folds_its_steps_away(alice: Person, sample_worker: None,
                                                                               tmp_path: Any) -> None:
     """Four models' snippets in a row made the page 8,600 px tall, and its curl sent an empty image (400): the
-    pipeline's endpoint comes first, its steps behind a disclosure, and its curl posts the sample PNG."""
+    pipeline's endpoint comes first, its steps behind a disclosure, and its curl, Python and CLI snippets send the
+    sample PNG."""
     import html
     import re
     import subprocess
@@ -256,6 +257,34 @@ def test_the_pipeline_page_shows_the_pipeline_first_and_folds_its_steps_away(ali
     python = html.unescape(re.search(r'<pre id="snippet-python-digits-pipeline" tabindex="0"><code>(.*?)</code>',
                                      page, re.S).group(1))  # type: ignore[union-attr]
     assert "base64.b64decode(" in python and 'np.array([b""]' not in python
+    # The CLI snippet read req.json, where an image can only be empty or text: it writes the same PNG from base64
+    # and sends it with `modelport infer --file`. Run as copied in an empty folder, with the real CLI (`modelport`
+    # is `python -m modelport_cli` here) against a fake portal that keeps what it is sent.
+    import sys
+
+    from modelport_cli.tests.fake_portal import FakePortal, Reply
+    from tests.processes import ROOT
+
+    cli = html.unescape(re.search(r'<pre id="snippet-cli-digits-pipeline" tabindex="0"><code>(.*?)</code>', page,
+                                  re.S).group(1))  # type: ignore[union-attr]
+    assert "req.json" not in cli and "--file image=digit-7.png" in cli
+    assert not re.search(r'class="small download-request" data-model="digits-pipeline"', page)  # no req.json to get
+    answer = {"outputs": [{"name": "labels", "shape": [1, 3], "datatype": "BYTES", "data": ["7", "1", "9"]}]}
+    folder = tmp_path / "shell"
+    folder.mkdir()
+    with FakePortal() as portal:
+        portal.on("POST", "/serve/digits-pipeline/v2/models/digits-pipeline/infer", Reply(200, answer))
+        shim = f'modelport() {{ MODELPORT_URL={portal.url} {sys.executable} -m modelport_cli "$@"; }}\n'
+        ran = subprocess.run(["bash", "-euo", "pipefail", "-c", shim + cli], cwd=folder, capture_output=True,
+                             text=True, timeout=60,
+                             env={"MODELPORT_TOKEN": "t", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+        [sent] = portal.seen("POST")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == 'labels (BYTES [1x3]): ["7", "1", "9"]\n'
+    assert (folder / "digit-7.png").read_bytes() == png
+    header_length = int(sent.headers["inference-header-content-length"])
+    assert json.loads(sent.body[:header_length]) == header
+    assert sent.body[header_length:] == len(png).to_bytes(4, "little") + png
 
 
 def test_clicks_while_a_sample_is_being_made_join_that_run_and_queue_nothing_more(

@@ -126,3 +126,65 @@ def test_the_page_says_once_where_torchscript_is_served(alice: Person, bare_runt
     text = re.sub(r"<[^>]+>", " ", content)
     assert 'id="runtime-frameworks"' not in content
     assert not re.search(r"TorchScript[^.]*need", text.replace(note, ""))
+
+
+EXAMPLE = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+
+
+def test_an_example_request_uploads_without_javascript_and_shows_on_the_version_page(alice: Person) -> None:
+    """Item 1 of issue 31: the API and the CLI took an example request and the page had no field for it."""
+    response = post(alice, name="doubler", data=python_model_zip(), filename="model.zip",
+                    signature=json.dumps(PYTHON_SIGNATURE), example_request=json.dumps(EXAMPLE))
+    assert response.status_code == 302
+    version = ModelVersion.objects.get(model__name="doubler")
+    assert version.example_request == EXAMPLE
+    content = signed_in(alice).get("/models/doubler/").content.decode()
+    assert 'id="version-1-example"' in content
+    assert "Uploaded with an example request (x FP32 1 × 4)" in content
+
+
+def test_the_upload_page_offers_the_example_request_folded_with_a_file_import(alice: Person) -> None:
+    content = signed_in(alice).get("/models/upload/").content.decode()
+    for element_id in ["example-request", "example-request-import", "id_example_request"]:
+        assert f'id="{element_id}"' in content, element_id
+    assert '<details id="example-request" class="example-request">' in content  # folded: most models need none
+    assert 'data-example-max-bytes="1048576"' in content
+
+
+def test_a_bad_example_request_is_shown_beside_its_field_in_the_apis_words(alice: Person) -> None:
+    wrong = {"inputs": [{"name": "nope", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+    response = post(alice, name="doubler", data=python_model_zip(), filename="model.zip",
+                    signature=json.dumps(PYTHON_SIGNATURE), example_request=json.dumps(wrong))
+    assert response.status_code == 200
+    [shown] = response.context["form"].errors["example_request"]
+    assert shown == "inputs[0].name: 'nope' is not an input of the signature (its inputs: 'x')."
+    assert 'id="id_example_request_error"' in response.content.decode()
+    assert '<details id="example-request" class="example-request" open>' in response.content.decode()
+    assert not Model.objects.exists()
+    # The API's answer to the same request says the same.
+    api = alice.client().post("/api/v1/models/doubler/versions/", {
+        "file": SimpleUploadedFile("model.zip", python_model_zip()), "signature": json.dumps(PYTHON_SIGNATURE),
+        "create_model": "true", "example_request": json.dumps(wrong)}, format="multipart")
+    assert api.status_code == 400
+    assert api.json()["error"]["fields"]["example_request"] == [shown]
+    # Text that is no JSON at all, beside the field too, and nothing uploaded.
+    response = post(alice, example_request="{inputs: nope")
+    assert response.status_code == 200
+    assert response.context["form"].errors["example_request"][0].startswith("The example request is not JSON (")
+    assert not Model.objects.exists()
+
+
+def test_the_model_page_names_an_unchecked_example_request_in_a_bounded_line(alice: Person) -> None:
+    """Hostile: an ONNX upload's example is kept as sent until inspection checks it (the file carries the
+    signature), so its input names may be anything the uploader sent: the page shows at most 64 characters of each,
+    escaped, and at most eight inputs."""
+    name = "<b>" + "n" * 10_000
+    example = {"inputs": [{"name": name, "datatype": "FP32", "shape": [1, 4], "data": [0, 0, 0, 0]}] * 12}
+    response = alice.client().post("/api/v1/models/digits/versions/", {
+        "file": SimpleUploadedFile("model.onnx", tiny_onnx()), "create_model": "true",
+        "example_request": json.dumps(example)}, format="multipart")
+    assert response.status_code == 201, response.json()
+    content = signed_in(alice).get("/models/digits/").content.decode()
+    line = re.search(r'<p class="muted small" id="version-1-example">(.*?)</p>', content).group(1)  # type: ignore[union-attr]
+    assert "<b>" not in line and "&lt;b&gt;" + "n" * 61 + " FP32 1 × 4" in line
+    assert len(line) < 1_000 and line.count("FP32") == 8 and "and 4 more" in line
