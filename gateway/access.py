@@ -48,6 +48,7 @@ class Caller:
     user_id: int
     team_id: int
     token_id: int | None  # None: a browser session
+    team_name: str = ""  # what a 404 names: the team the request acts for (gateway/not_found.py)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,11 @@ class Route:
 
     def pooled_for(self, revision: int) -> Pooled | None:
         return next((p for p in self.pooled if p.revision == revision), None)
+
+    def models_of(self, revision: int) -> frozenset[str]:
+        """The models a revision (the serving one's number, a canary's) serves: its spec's, every model its Triton
+        loads (a pipeline's steps are entries of the spec too)."""
+        return frozenset(self.contracts.get(revision, ()))
 
 
 class TtlCache(Generic[K, V]):
@@ -218,7 +224,7 @@ def _load_token(raw: str) -> Caller | None:
     token = authenticate_token(raw)
     if token is None:
         return None
-    return Caller(user_id=token.user_id, team_id=token.team_id, token_id=token.pk)
+    return Caller(user_id=token.user_id, team_id=token.team_id, token_id=token.pk, team_name=token.team.name)
 
 
 def _load_session(session_key: str) -> Caller | None:
@@ -236,11 +242,11 @@ def _load_session(session_key: str) -> Caller | None:
     user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
     if user is None or not constant_time_compare(data.get(HASH_SESSION_KEY, ""), user.get_session_auth_hash()):
         return None
-    memberships = Membership.objects.filter(user=user).order_by("team__name")
+    memberships = Membership.objects.filter(user=user).select_related("team").order_by("team__name")
     chosen = memberships.filter(team_id=data.get(SESSION_TEAM_KEY)).first() or memberships.first()
     if chosen is None:
         return None
-    return Caller(user_id=user.pk, team_id=chosen.team_id, token_id=None)
+    return Caller(user_id=user.pk, team_id=chosen.team_id, token_id=None, team_name=chosen.team.name)
 
 
 def _load_route(key: tuple[int, str]) -> Route | None:
