@@ -14,7 +14,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, KeysView, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -51,6 +51,9 @@ class Caller:
     team_name: str = ""  # what a 404 names: the team the request acts for (gateway/not_found.py)
 
 
+_NO_CONTRACTS: Mapping[str, Contract] = {}
+
+
 @dataclass(frozen=True)
 class Route:
     deployment_id: int
@@ -80,10 +83,10 @@ class Route:
     def pooled_for(self, revision: int) -> Pooled | None:
         return next((p for p in self.pooled if p.revision == revision), None)
 
-    def models_of(self, revision: int) -> frozenset[str]:
+    def models_of(self, revision: int) -> KeysView[str]:
         """The models a revision (the serving one's number, a canary's) serves: its spec's, every model its Triton
-        loads (a pipeline's steps are entries of the spec too)."""
-        return frozenset(self.contracts.get(revision, ()))
+        loads (a pipeline's steps are entries of the spec too). A view, not a set made per request."""
+        return self.contracts.get(revision, _NO_CONTRACTS).keys()
 
 
 class TtlCache(Generic[K, V]):

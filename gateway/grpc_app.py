@@ -24,9 +24,10 @@ docs/benchmarks.md).
 Statuses: the HTTP gateway's refusals map to the gRPC codes users expect (grpc_protocol.grpc_code: 401
 UNAUTHENTICATED, 404 NOT_FOUND, 403 PERMISSION_DENIED, 400 INVALID_ARGUMENT, 413/429 RESOURCE_EXHAUSTED, 502/503
 UNAVAILABLE with a `retry-after` trailing metadata in seconds, 504 DEADLINE_EXCEEDED); Triton's own answers pass
-through with its code and message. In ModelStreamInfer a refused request is answered in the stream with an error
-message naming its model and id, as Triton answers its own per-request errors, and the stream goes on; a revoked
-token or a deleted deployment ends the stream.
+through with its code, in the HTTP gateway's words (gateway/contract.py). In ModelStreamInfer a refused request is
+answered in the stream with an error message naming its model and id, as Triton answers its own per-request errors
+(which get the same words, the request's id in front), and the stream goes on; a revoked token or a deleted
+deployment ends the stream.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ shared deployments alike.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from deployments.queries import deployment_not_found
 from gateway.protocol import Refusal
 
@@ -23,13 +25,13 @@ def no_deployment(name: str, team_name: str) -> Refusal:
     return Refusal(404, deployment_not_found(name[:MAX_NAME], team_name or None))
 
 
-def check_model(model: str, served: frozenset[str], deployment: str, team_name: str) -> None:
+def check_model(model: str, served: Collection[str], deployment: str, team_name: str) -> None:
     """A 404 unless `model` is empty (a request that names none) or one of `served`, the revision's models."""
     if model and model not in served:
         raise no_model(model, served, deployment, team_name)
 
 
-def no_model(model: str, served: frozenset[str], deployment: str, team_name: str) -> Refusal:
+def no_model(model: str, served: Collection[str], deployment: str, team_name: str) -> Refusal:
     names = sorted(served)
     listed = ", ".join(repr(n) for n in names[:MAX_LISTED_MODELS]) or "none"
     if len(names) > MAX_LISTED_MODELS:

@@ -353,7 +353,7 @@ def test_statistics_count_each_call_with_its_status_per_deployment_and_model(peo
             await asyncio.to_thread(deploy, people["alice"], "digits-prod", fake.target)
             await call(channel, "ModelInfer", infer_request([1], b"\0" * 4), meta(people["alice"]))
             await failure(channel, "ModelInfer", infer_request([1], b"\0" * 8), meta(people["alice"]))
-            await call(channel, "ModelInfer", infer_request([1], b"\0" * 4, model="made-up"), meta(people["alice"]))
+            await failure(channel, "ModelInfer", infer_request([1], b"\0" * 4, model="made-up"), meta(people["alice"]))
             await failure(channel, "ModelInfer", infer_request([1], b"\0" * 4), meta(people["charlie"]))
             await gateway._flush()
 
@@ -363,7 +363,7 @@ def test_statistics_count_each_call_with_its_status_per_deployment_and_model(peo
     assert sum(r.errors for r in rows) == 0  # a 400 is the client's mistake, not an error
 
     assert REQUESTS.labels("acme", "digits-prod", "digits", "400")._value.get() == before + 1
-    assert REQUESTS.labels("acme", "digits-prod", "(other)", "200")._value.get() >= 1
+    assert REQUESTS.labels("acme", "digits-prod", "(other)", "404")._value.get() >= 1  # a model it does not serve
 
 
 # --- ModelStreamInfer ---------------------------------------------------------------------------------------------
