@@ -135,7 +135,9 @@ def test_a_target_longer_than_triton_takes_is_414_not_a_dropped_connection(
                                token=people["alice"].token)
             assert reply.status == 414
             assert upstream.requests == []
-            fits = await call(app, "GET", "/serve/digits-prod/v2/models/" + "m" * 7000, token=people["alice"].token)
+            # A long target that fits (a query: a model name that long is no model of the deployment, a 404).
+            fits = await call(app, "GET", "/serve/digits-prod/v2/models/digits", query=b"x=" + b"a" * 7000,
+                              token=people["alice"].token)
             assert fits.status == 200 and len(upstream.requests) == 1
 
     run(scenario)
