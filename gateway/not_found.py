@@ -35,7 +35,9 @@ def no_model(model: str, served: Collection[str], deployment: str, team_name: st
     names = sorted(served)
     listed = ", ".join(repr(n) for n in names[:MAX_LISTED_MODELS]) or "none"
     if len(names) > MAX_LISTED_MODELS:
-        listed += (f" and {len(names) - MAX_LISTED_MODELS} more (GET /api/v1/deployments/{deployment}/ lists "
-                   "them)")
-    return Refusal(404, f"Deployment {deployment!r} in team {team_name!r} serves no model named "
-                        f"{model[:MAX_NAME]!r}. Its models: {listed}.")
+        listed += f" and {len(names) - MAX_LISTED_MODELS} more (GET /api/v1/deployments/{deployment}/ lists them)"
+    return Refusal(
+        404,
+        f"Deployment {deployment!r} in team {team_name!r} serves no model named "
+        f"{model[:MAX_NAME]!r}. Its models: {listed}.",
+    )

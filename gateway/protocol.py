@@ -454,7 +454,8 @@ def check_numbers(name: str, datatype: str, data: Any, arrays: tuple[type, ...] 
             if type(item) in _NUMBERS:
                 continue
             if isinstance(item, arrays):
-                stack.append((iter(enumerate(item)), (*place, index)))
+                nested: Any = item  # a list, or one of the parser's arrays
+                stack.append((iter(enumerate(nested)), (*place, index)))
                 break
             raise _not_a_number(name, datatype, (*place, index), item)
         else:

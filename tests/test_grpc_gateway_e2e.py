@@ -166,10 +166,10 @@ def test_tritonclient_grpc_through_the_gateway_gets_exactly_what_triton_gives(
     unary = status_of(lambda: gateway.infer("digits", [bad], headers=auth))
     assert unary[0] == "StatusCode.INVALID_ARGUMENT" and "max_batch_size" not in unary[1]
     for client, metadata in ((gateway, auth), (direct, None)):
-        answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
-        client.start_stream(callback=lambda result, error, into=answers: into.put((result, error)), headers=metadata)
+        streamed: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        client.start_stream(callback=lambda result, error, into=streamed: into.put((result, error)), headers=metadata)
         client.async_stream_infer("digits", [bad], request_id="wrong-shape")
-        result, error = answers.get(timeout=60)
+        result, error = streamed.get(timeout=60)
         client.stop_stream()
         assert result is None and error is not None
         if client is gateway:

@@ -37,14 +37,17 @@ def _gateway_settings(settings: Any) -> None:
 
 
 def test_an_unknown_deployment_is_the_apis_404_naming_the_team_for_tokens_and_sessions(
-        people: dict[str, Person], gateway_app: Any) -> None:
+    people: dict[str, Person], gateway_app: Any
+) -> None:
     alice, charlie = people["alice"], people["charlie"]
     make_deployment(alice, "digits-prod", "http://127.0.0.1:9")
     missing = api_404(alice, "ghost")
     theirs = api_404(charlie, "digits-prod")
     cookies = browser_cookies(alice)
-    assert missing == ("There is no deployment named 'ghost' in team 'acme', the team this request acts for. "
-                       "GET /api/v1/deployments/ lists the team's deployments.")
+    assert missing == (
+        "There is no deployment named 'ghost' in team 'acme', the team this request acts for. "
+        "GET /api/v1/deployments/ lists the team's deployments."
+    )
 
     async def scenario() -> None:
         app = gateway_app()
@@ -61,15 +64,24 @@ def test_an_unknown_deployment_is_the_apis_404_naming_the_team_for_tokens_and_se
 
 
 def test_a_model_a_dedicated_deployment_lacks_is_the_gateways_404_and_never_reaches_triton(
-        people: dict[str, Person], gateway_app: Any) -> None:
+    people: dict[str, Person], gateway_app: Any
+) -> None:
     async def scenario() -> None:
         async with FakeUpstream(echo) as triton:
             await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", triton.url, ("digits", "text"))
             app = gateway_app()
-            for method, path in [("GET", "/v2/models/nosuch"), ("GET", "/v2/models/nosuch/ready"),
-                                 ("POST", "/v2/models/nosuch/versions/1/infer")]:
-                reply = await call(app, method, f"/serve/digits-prod{path}", token=people["alice"].token,
-                                   body=b"{}" if method == "POST" else b"")
+            for method, path in [
+                ("GET", "/v2/models/nosuch"),
+                ("GET", "/v2/models/nosuch/ready"),
+                ("POST", "/v2/models/nosuch/versions/1/infer"),
+            ]:
+                reply = await call(
+                    app,
+                    method,
+                    f"/serve/digits-prod{path}",
+                    token=people["alice"].token,
+                    body=b"{}" if method == "POST" else b"",
+                )
                 assert reply.status == 404, (path, reply.body)
                 assert reply.json() == {"error": NO_MODEL.format(deployment="digits-prod", models="'digits', 'text'")}
             assert triton.requests == []
@@ -95,7 +107,8 @@ def test_a_shared_deployment_says_the_same_as_a_dedicated_one(people: dict[str, 
 
 
 def test_many_models_are_listed_up_to_ten_and_where_to_see_the_rest(
-        people: dict[str, Person], gateway_app: Any) -> None:
+    people: dict[str, Person], gateway_app: Any
+) -> None:
     names = tuple(f"m{n:02d}" for n in range(12))
 
     async def scenario() -> None:
@@ -104,8 +117,11 @@ def test_many_models_are_listed_up_to_ten_and_where_to_see_the_rest(
             app = gateway_app()
             reply = await call(app, "GET", "/serve/many/v2/models/nosuch", token=people["alice"].token)
             listed = ", ".join(f"'{n}'" for n in names[:10])
-            assert reply.json() == {"error": NO_MODEL.format(
-                deployment="many", models=f"{listed} and 2 more (GET /api/v1/deployments/many/ lists them)")}
+            assert reply.json() == {
+                "error": NO_MODEL.format(
+                    deployment="many", models=f"{listed} and 2 more (GET /api/v1/deployments/many/ lists them)"
+                )
+            }
             await app.close()
 
     run(scenario)
@@ -124,8 +140,9 @@ def test_grpc_says_the_same_with_not_found_in_unary_calls_and_in_a_stream(people
     theirs = api_404(people["charlie"], "digits-prod")
     no_model = NO_MODEL.format(deployment="digits-prod", models="'digits'")
 
-    async def failure(channel: grpc.aio.Channel, method: str, request: bytes,
-                      metadata: tuple[tuple[str, str], ...]) -> grpc.aio.AioRpcError:
+    async def failure(
+        channel: grpc.aio.Channel, method: str, request: bytes, metadata: tuple[tuple[str, str], ...]
+    ) -> grpc.aio.AioRpcError:
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await channel.unary_unary(PREFIX + method)(request, metadata=metadata, timeout=10)
         return raised.value
@@ -139,9 +156,10 @@ def test_grpc_says_the_same_with_not_found_in_unary_calls_and_in_a_stream(people
             assert (ghost.code(), ghost.details()) == (grpc.StatusCode.NOT_FOUND, missing)
             assert (other.code(), other.details()) == (grpc.StatusCode.NOT_FOUND, theirs)
             for method, request in [
-                    ("ModelInfer", infer_request([1], b"\0" * 4, model="nosuch")),
-                    ("ModelMetadata", pb.ModelMetadataRequest(name="nosuch").SerializeToString()),
-                    ("ModelConfig", pb.ModelConfigRequest(name="nosuch").SerializeToString())]:
+                ("ModelInfer", infer_request([1], b"\0" * 4, model="nosuch")),
+                ("ModelMetadata", pb.ModelMetadataRequest(name="nosuch").SerializeToString()),
+                ("ModelConfig", pb.ModelConfigRequest(name="nosuch").SerializeToString()),
+            ]:
                 exc = await failure(channel, method, request, meta(alice))
                 assert (exc.code(), exc.details()) == (grpc.StatusCode.NOT_FOUND, no_model), method
             stream = await open_stream(channel, meta(alice))
@@ -154,6 +172,7 @@ def test_grpc_says_the_same_with_not_found_in_unary_calls_and_in_a_stream(people
             assert await stream.code() == grpc.StatusCode.OK
             # Only the stream's second request reached Triton.
             assert [(c.method, pb.ModelInferRequest.FromString(c.request).id) for c in fake.calls] == [
-                ("ModelStreamInfer", "8")]
+                ("ModelStreamInfer", "8")
+            ]
 
     run(scenario)
