@@ -8,7 +8,7 @@ from django.http import HttpRequest
 
 from accounts.context import current_team
 from deployments.models import Deployment, TritonServer
-from portal.api_errors import not_found
+from portal.api_errors import not_found, not_found_message
 
 # The servers shown beside a deployment (its serializer reads `live_servers`).
 LIVE_SERVERS = Prefetch("servers", to_attr="live_servers", queryset=TritonServer.objects.filter(
@@ -25,6 +25,14 @@ def get_deployment_for_user(request: HttpRequest, name: str) -> Deployment:
                   .filter(team=current_team(request), name=name)
                   .exclude(desired_state=Deployment.Desired.DELETED).first())
     if deployment is None:
-        raise not_found("deployment", name, current_team(request),
-                        "GET /api/v1/deployments/ lists the team's deployments.")
+        raise not_found("deployment", name, current_team(request), LIST_DEPLOYMENTS)
     return deployment
+
+
+# What to do about a deployment that is not found, in the API's 404 and the gateway's (HTTP and gRPC).
+LIST_DEPLOYMENTS = "GET /api/v1/deployments/ lists the team's deployments."
+
+
+def deployment_not_found(name: str, team_name: str | None) -> str:
+    """The API's 404 message for a deployment, for callers that have no request (the gateway)."""
+    return not_found_message("deployment", name, team_name, LIST_DEPLOYMENTS)

@@ -14,7 +14,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, KeysView, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -48,6 +48,10 @@ class Caller:
     user_id: int
     team_id: int
     token_id: int | None  # None: a browser session
+    team_name: str = ""  # what a 404 names: the team the request acts for (gateway/not_found.py)
+
+
+_NO_CONTRACTS: Mapping[str, Contract] = {}
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,11 @@ class Route:
 
     def pooled_for(self, revision: int) -> Pooled | None:
         return next((p for p in self.pooled if p.revision == revision), None)
+
+    def models_of(self, revision: int) -> KeysView[str]:
+        """The models a revision (the serving one's number, a canary's) serves: its spec's, every model its Triton
+        loads (a pipeline's steps are entries of the spec too). A view, not a set made per request."""
+        return self.contracts.get(revision, _NO_CONTRACTS).keys()
 
 
 class TtlCache(Generic[K, V]):
@@ -218,7 +227,7 @@ def _load_token(raw: str) -> Caller | None:
     token = authenticate_token(raw)
     if token is None:
         return None
-    return Caller(user_id=token.user_id, team_id=token.team_id, token_id=token.pk)
+    return Caller(user_id=token.user_id, team_id=token.team_id, token_id=token.pk, team_name=token.team.name)
 
 
 def _load_session(session_key: str) -> Caller | None:
@@ -236,11 +245,11 @@ def _load_session(session_key: str) -> Caller | None:
     user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
     if user is None or not constant_time_compare(data.get(HASH_SESSION_KEY, ""), user.get_session_auth_hash()):
         return None
-    memberships = Membership.objects.filter(user=user).order_by("team__name")
+    memberships = Membership.objects.filter(user=user).select_related("team").order_by("team__name")
     chosen = memberships.filter(team_id=data.get(SESSION_TEAM_KEY)).first() or memberships.first()
     if chosen is None:
         return None
-    return Caller(user_id=user.pk, team_id=chosen.team_id, token_id=None)
+    return Caller(user_id=user.pk, team_id=chosen.team_id, token_id=None, team_name=chosen.team.name)
 
 
 def _load_route(key: tuple[int, str]) -> Route | None:

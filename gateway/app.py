@@ -29,7 +29,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
 from accounts.tokens import parse_bearer
-from gateway import bodies, json_body, pool_names, protocol, stats, upstream
+from gateway import bodies, json_body, not_found, pool_names, protocol, stats, upstream
 from gateway import contract as contracts
 from gateway.access import Access, Caller, Choice, Route, choose
 from gateway.cold_start import ColdStarts
@@ -163,7 +163,7 @@ class Gateway:
             caller = await self._caller(scope, headers)
             route = await self.access.routes.get((caller.team_id, name)) if name else None
             if route is None:
-                raise GatewayError(404, f"No deployment named {name!r}.")
+                raise not_found.no_deployment(name, caller.team_name)
             if not raw_rest.startswith(b"v2"):
                 raise GatewayError(404, f"Use /serve/{name}/v2/... (the KServe v2 protocol).")
             endpoint = protocol.classify(scope["method"], rest)
@@ -175,9 +175,10 @@ class Gateway:
             pinned = headers.get(b"modelport-revision")
             choice = choose(route, pinned.decode("latin-1") if pinned is not None else None)
             out = _with_revision(send, choice.revision)
+            # A dedicated deployment's Triton and a shared one's pool would each answer another way (not_found.py).
+            not_found.check_model(endpoint.model, route.models_of(choice.revision), route.name, route.team)
             pooled = route.pooled_for(choice.revision)
             if pooled is not None:
-                pool_names.check_model(endpoint, route.models, route.name)
                 if pooled.load_id is None:
                     # Shared by its spec, with no load: never the unmapped way (other teams' models are there).
                     raise GatewayError(503, f"Deployment {route.name!r} has no models loaded in its pool (it is "

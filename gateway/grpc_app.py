@@ -24,9 +24,10 @@ docs/benchmarks.md).
 Statuses: the HTTP gateway's refusals map to the gRPC codes users expect (grpc_protocol.grpc_code: 401
 UNAUTHENTICATED, 404 NOT_FOUND, 403 PERMISSION_DENIED, 400 INVALID_ARGUMENT, 413/429 RESOURCE_EXHAUSTED, 502/503
 UNAVAILABLE with a `retry-after` trailing metadata in seconds, 504 DEADLINE_EXCEEDED); Triton's own answers pass
-through with its code and message. In ModelStreamInfer a refused request is answered in the stream with an error
-message naming its model and id, as Triton answers its own per-request errors, and the stream goes on; a revoked
-token or a deleted deployment ends the stream.
+through with its code, in the HTTP gateway's words (gateway/contract.py). In ModelStreamInfer a refused request is
+answered in the stream with an error message naming its model and id, as Triton answers its own per-request errors
+(which get the same words, the request's id in front), and the stream goes on; a revoked token or a deleted
+deployment ends the stream.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
 from accounts.tokens import parse_bearer
-from gateway import grpc_protocol, pool_names, stats
+from gateway import grpc_protocol, not_found, pool_names, stats
 from gateway.access import Access, Caller, Choice, Route, choose
 from gateway.cold_start import ColdStarts
 from gateway.contract import Contract, missing_message, reword
@@ -247,6 +248,8 @@ class GrpcGateway:
                     model = self._model(method, request)
                 self._rate_limit(caller)
                 choice = choose(route, metadata.get(REVISION_KEY), grpc=True)
+                # The HTTP gateway's 404, for a dedicated deployment as for a shared one (gateway/not_found.py).
+                not_found.check_model(model, route.models_of(choice.revision), route.name, route.team)
                 pooled = route.pooled_for(choice.revision)
                 if pooled is not None and method.kind not in ("health", "server"):
                     request = await self._to_pool(route, pooled, caller, model, request)
@@ -322,15 +325,14 @@ class GrpcGateway:
                               "metadata (as in /serve/<deployment>/ over HTTP).", 400)
         route = await self.access.routes.get((caller.team_id, name)) if len(name) <= MAX_DEPLOYMENT_NAME else None
         if route is None:
-            raise GrpcFailure(grpc.StatusCode.NOT_FOUND, f"No deployment named {name[:100]!r}.", 404)
+            raise GrpcFailure.from_refusal(not_found.no_deployment(name, caller.team_name))
         return route
 
     async def _to_pool(self, route: Route, pooled: pool_names.Pooled, caller: Caller, model: str,
                        request: bytes) -> bytes:
-        """A request to a revision in a shared pool (issue 24): a model the deployment does not serve is not found
-        (whoever's it is in the pool), an idle-unloaded revision is loaded while the request is held, and the model
-        is named as the pool names it."""
-        pool_names.check_model_name(model, route.models, route.name)
+        """A request to a revision in a shared pool (issue 24), its model checked already (not_found.check_model,
+        whoever's a name is in the pool): an idle-unloaded revision is loaded while the request is held, and the
+        model is named as the pool names it."""
         if not pooled.loaded:
             await self.cold_starts.hold(route, pooled, caller.team_id, self.access.routes)
         return pool_names.grpc_request(request, pooled.prefix)
@@ -485,13 +487,14 @@ class _StreamRelay:
             raise GrpcFailure(grpc.StatusCode.UNAUTHENTICATED, "The API token is invalid, expired or revoked.", 401)
         route = await gateway.access.routes.get((caller.team_id, self.name))
         if route is None:
-            raise GrpcFailure(grpc.StatusCode.NOT_FOUND, f"No deployment named {self.name[:100]!r}.", 404)
+            raise GrpcFailure.from_refusal(not_found.no_deployment(self.name, caller.team_name))
         summary = grpc_protocol.InferSummary()
         try:
             summary = grpc_protocol.read_infer_request(message)
             grpc_protocol.check_infer_request(summary, gateway.max_tensor)
             gateway._rate_limit(caller)
             choice = choose(route, self.pinned, grpc=True)
+            not_found.check_model(summary.model, route.models_of(choice.revision), route.name, route.team)
             pooled = route.pooled_for(choice.revision)
             if pooled is not None:
                 # Held here while an idle revision loads: the stream's later requests wait behind it, in order.
@@ -549,7 +552,12 @@ class _StreamRelay:
                 if route.pooled:
                     response = pool_names.grpc_stream_response(response, route.deployment_id)
                 error = grpc_protocol.stream_error(response)
-                status = grpc_protocol.stream_error_status(error) if error else 200
+                status = 200
+                if error:
+                    status = grpc_protocol.stream_error_status(error)
+                    if entry is not None:
+                        status, response = _reworded_stream_error(
+                            status, error, route.contract(upstream.revision, entry.model), entry)
                 if entry is not None:
                     stats.IN_FLIGHT.labels(route.team, route.name).dec()
                     self.gateway.collector.observe(route.deployment_id, route.team, route.name,
@@ -709,6 +717,19 @@ def _check_answer(response: bytes, contract: Contract, requested: list[str]) -> 
     missing = [n for n in expected if n not in got]
     if missing:
         raise GrpcFailure(grpc.StatusCode.INTERNAL, missing_message(contract.model, missing, bool(requested)), 500)
+
+
+def _reworded_stream_error(status: int, error: str, contract: Contract | None,
+                           entry: _Pending) -> tuple[int, bytes]:
+    """Triton's error for one request of a stream in the words a unary call gets (gateway/contract.py: no operator
+    advice, the shape the model takes, a model's fault without its internals), written as the gateway's own
+    refusals in a stream are (naming the model and the request id). The request's id also stays in front of the
+    message, as Triton writes it: tritonclient hands a stream's error to the callback as the message alone, and a
+    client tells its answers apart by it."""
+    status, message = reword(status, error, contract)
+    if entry.request_id:
+        message = f"[request id: {entry.request_id}] {message}"
+    return status, grpc_protocol.stream_error_response(message, entry.model, entry.request_id)
 
 
 async def _abort(context: grpc.aio.ServicerContext, failure: GrpcFailure) -> NoReturn:

@@ -9,7 +9,9 @@ by walking the lists (never the numbers), and an FP32 tensor is copied out as on
 Measured in bench/json_path.py and docs/benchmarks.md ("The JSON fast path").
 
 What Triton answers stays what it would answer to the JSON (tests/test_json_answer_identity.py compares them on a
-real Triton): only the 'data' of FP32 inputs whose every leaf is a JSON number is moved, and only when no number lies
+real Triton), but for data of a number datatype holding a string, null, a boolean or an object, which Triton refuses
+with a 500 naming neither the input nor what it found: that is the gateway's 400 saying both (_check_numbers). Only
+the 'data' of FP32 inputs whose every leaf is a JSON number is moved, and only when no number lies
 near a float32 rounding boundary (_fp32); of integer inputs, only data of integers within the type's range, which
 Triton reads exactly. Triton reads a JSON number into a double with rapidjson's normal-precision algorithm, which
 is not correctly rounded (simdjson is): the doubles differ in their last bits, so FP64 tensors stay
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,13 +96,47 @@ def check_json(data: bytes, binary_length: int | None, max_depth: int, max_tenso
         request = protocol.parse_json_header(data, max_depth)
         _refuse_duplicate_keys_in(data)
         protocol.check_infer_request(request, binary_length, max_tensor_bytes)
+        _check_numbers(request, ())
         return Checked(outputs=requested_outputs(request))
     request = _request(document)
     protocol.check_infer_request(request, binary_length, max_tensor_bytes)
     outputs = requested_outputs(request)
     if not transcode or binary_length is not None:
+        _check_numbers(request, ())
         return Checked(outputs=outputs)
+    _check_numbers(request, TRANSCODED)  # the transcoded datatypes are checked as they are converted (_binary)
     return _transcoded(request, outputs)
+
+
+def _check_numbers(request: dict[str, Any], skipped: Container[str]) -> None:
+    """Refuse an input of a number datatype whose 'data' holds anything but numbers, with a message naming the
+    input, its datatype and what is there (protocol.check_numbers), rather than Triton's "attempt to access JSON
+    non-number as double". Data on simdjson's tape is tested by as_buffer, in C; only where it fails are the
+    leaves walked."""
+    for tensor in request["inputs"]:
+        datatype = tensor["datatype"]
+        data = tensor.get("data")
+        if datatype not in protocol.NUMBER_DATATYPES or datatype in skipped or data is None:
+            continue
+        if isinstance(data, UnparsedData):
+            if data.count:
+                try:
+                    data.array.as_buffer(of_type="d")
+                except (TypeError, ValueError):
+                    _refuse_non_numbers(tensor)
+        else:
+            protocol.check_numbers(tensor["name"], datatype, data, _ARRAYS)
+
+
+_ARRAYS = (list, simdjson.Array)
+
+
+def _refuse_non_numbers(tensor: dict[str, Any]) -> None:
+    """The 400 of protocol.check_numbers for a tensor whose data simdjson would not read as numbers; nothing when
+    every leaf is a number after all (an integer past 64 bits: Triton's to judge)."""
+    data = tensor["data"]
+    protocol.check_numbers(tensor["name"], tensor["datatype"], data.array if isinstance(data, UnparsedData) else data,
+                           _ARRAYS)
 
 
 # The JSON headers of binary requests whose passed checks are kept (HeaderChecks): how long, and how many.
@@ -308,10 +345,11 @@ def _binary(tensor: dict[str, Any]) -> bytes | None:
     if not isinstance(tensor.get("parameters", {}), dict):
         return None
     if dtype.kind != "f":
-        return _integers(data, dtype)
+        return _integers(tensor, data, dtype)
     try:
         buffer = data.array.as_buffer(of_type="d")  # every leaf a number, or TypeError
     except (TypeError, ValueError):
+        _refuse_non_numbers(tensor)
         return None
     doubles = np.frombuffer(buffer, dtype=np.float64)
     if doubles.size != data.count:
@@ -321,13 +359,15 @@ def _binary(tensor: dict[str, Any]) -> bytes | None:
     return _fp32(doubles)
 
 
-def _integers(data: UnparsedData, dtype: np.dtype[Any]) -> bytes | None:
+def _integers(tensor: dict[str, Any], data: UnparsedData, dtype: np.dtype[Any]) -> bytes | None:
     """The data as `dtype`, or None unless every leaf is a JSON integer within its range (simdjson refuses a
-    fraction, an exponent, a boolean or a string with TypeError, an integer past 64 bits with ValueError)."""
+    fraction, an exponent, a boolean or a string with TypeError, an integer past 64 bits with ValueError). A leaf
+    that is no number at all is refused (_refuse_non_numbers); fractions and integers out of range Triton judges."""
     unsigned = dtype.kind == "u"
     try:
         buffer = data.array.as_buffer(of_type="u" if unsigned else "i")
     except (TypeError, ValueError):
+        _refuse_non_numbers(tensor)
         return None
     values = np.frombuffer(buffer, dtype=np.uint64 if unsigned else np.int64)
     if values.size != data.count:  # nested unevenly, as for floats (_binary)

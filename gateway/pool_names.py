@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway import grpc_protocol
-from gateway.protocol import Endpoint, Refusal
+from gateway.protocol import Endpoint
 
 # How far into an inference answer its model_name is looked for. Triton writes `{"id":...,"model_name":...` first,
 # with no spaces (http_server.cc); only a request id the caller chose longer than this pushes it further, and then
@@ -51,16 +51,6 @@ def ready_answer(pooled: Pooled, models_ready: list[bool]) -> bool:
     if pooled.idle:
         return True
     return pooled.loaded and bool(models_ready) and all(models_ready)
-
-
-def check_model(endpoint: Endpoint, models: frozenset[str], deployment: str) -> None:
-    """A model the deployment does not serve is not found, whoever's it is in the pool."""
-    check_model_name(endpoint.model, models, deployment)
-
-
-def check_model_name(model: str, models: frozenset[str], deployment: str) -> None:
-    if model and model not in models:
-        raise Refusal(404, f"Deployment {deployment!r} serves no model named {model[:200]!r}.")
 
 
 def upstream_target(rest: bytes, endpoint: Endpoint, prefix: str) -> bytes:

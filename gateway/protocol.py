@@ -435,6 +435,52 @@ def _count_elements(data: Any) -> int | None:
     return total
 
 
+# The datatypes whose JSON 'data' Triton reads as numbers, and refuses anything else in ("Unable to parse 'data':
+# attempt to access JSON non-number as double", naming neither the input nor what it found). BYTES takes strings and
+# BOOL booleans: those Triton judges.
+NUMBER_DATATYPES = frozenset(DATATYPE_SIZES) - {"BYTES", "BOOL"}
+_NUMBERS = (int, float)  # exactly: a bool is an int to isinstance, and no number to Triton
+
+
+def check_numbers(name: str, datatype: str, data: Any, arrays: tuple[type, ...] = (list,)) -> None:
+    """A 400 naming the first leaf of `data` (lists of lists, or the `arrays` types) that is not a JSON number, for
+    an input of a NUMBER_DATATYPES datatype. Walks every leaf: callers run it on the error path, where a faster test
+    (simdjson's as_buffer) has failed, or on data that Python's json module built already."""
+    # Depth first, in order (an iterator per list open), so that the leaf named is the first one in row-major order.
+    stack: list[tuple[Any, tuple[int, ...]]] = [(iter(enumerate(data)), ())]
+    while stack:
+        items, place = stack[-1]
+        for index, item in items:
+            if type(item) in _NUMBERS:
+                continue
+            if isinstance(item, arrays):
+                nested: Any = item  # a list, or one of the parser's arrays
+                stack.append((iter(enumerate(nested)), (*place, index)))
+                break
+            raise _not_a_number(name, datatype, (*place, index), item)
+        else:
+            stack.pop()
+
+
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
+def _not_a_number(name: str, datatype: str, place: tuple[int, ...], item: Any) -> Refusal:
+    where = "data" + "".join(f"[{i}]" for i in place)
+    if isinstance(item, str):
+        found = f"the string {_excerpt(item)}"
+        if len(item) <= 60 and _JSON_NUMBER.fullmatch(item.strip()):
+            found += f" (send {item.strip()} as a number, without quotes)"
+    elif item is None or isinstance(item, bool):
+        found = json.dumps(item)
+    elif isinstance(item, (int, float)):  # a subclass of one (none JSON makes)
+        found = repr(item)
+    else:
+        found = "an object"
+    return Refusal(400, f"Input {name[:100]!r} is {datatype}: its 'data' must be JSON numbers, but {where} is "
+                        f"{found}.")
+
+
 def _check_optional(obj: Mapping[str, Any], key: str, kind: type, text: str) -> None:
     if key in obj and not isinstance(obj[key], kind):
         raise Refusal(400, f"'{key}' must be {text}, got {_excerpt(obj[key])}.")

@@ -26,6 +26,7 @@ from accounts.idempotency import idempotent
 from accounts.names import name_error
 from audit.log import record as audit
 from modelport.core.example_request import ExampleRequestError, example_to_store
+from modelport.core.formats import describe
 from modelport.core.signature import KSERVE_TO_TRITON, TRITON_TO_KSERVE, SignatureError, parse_signature
 from models_registry import actions, pipelines
 from models_registry.models import Format, Model, ModelVersion, Upload, with_identical_to
@@ -39,6 +40,10 @@ from portal.api_schema import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, JSON_PARSERS,
 # (SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"]).
 ARTIFACT_FORMATS = [f.value for f in Format if f != Format.ENSEMBLE]
 PIPELINE_FORMATS = [Format.ENSEMBLE.value]
+# A format that is none of them: what each name means, since an uploader guesses ("pytorch", "tensorflow").
+UNKNOWN_FORMAT = ('"{input}" is not a format name: send one of '
+                  + ", ".join(f"{f} for {describe(f)}" for f in ARTIFACT_FORMATS)
+                  + ", or leave 'format' out to have it detected from the file.")
 
 
 # The JSON a signature and a pipeline definition are, for the schema (modelport/core/signature.py and pipelines.py
@@ -184,7 +189,8 @@ class VersionCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
     file = serializers.FileField(required=False,
                                  help_text="The artifact, for small files (see MAX_MULTIPART_UPLOAD_SIZE).")
     upload_id = serializers.UUIDField(required=False, help_text="The id ending the URL of a finished tus upload.")
-    format = serializers.ChoiceField(choices=ARTIFACT_FORMATS, required=False, allow_blank=True)
+    format = serializers.ChoiceField(choices=ARTIFACT_FORMATS, required=False, allow_blank=True,
+                                     error_messages={"invalid_choice": UNKNOWN_FORMAT})
     signature = SignatureField(required=False, allow_null=True,
                                help_text='{"inputs": [{"name", "datatype", "dims"}], "outputs": [...]}')
     max_batch_size = serializers.IntegerField(required=False, min_value=0, max_value=1_000_000)

@@ -10,7 +10,7 @@ from django.conf import settings
 
 from modelport.core.archives import ArchiveError, ArchiveLimits, check_archive, is_archive
 from modelport.core.errors import ArtifactRejected
-from modelport.core.formats import FormatError, check_declared_format, detect_format
+from modelport.core.formats import FormatError, check_declared_format, detect_format, what_to_upload
 from modelport.core.formats.unrecognised import describe_unrecognised
 from modelport.core.signature import Signature
 from models_registry.models import FORMATS_NEEDING_SIGNATURE, Format
@@ -44,12 +44,12 @@ def quick_check(path: Path, filename: str, declared_format: str, declared_signat
         # What the file is instead: a declared format has been contradicted already, so the name is left out.
         found = describe_unrecognised(path, "" if declared_format else filename, archive_limits())
         if declared_format == Format.ONNX:
-            raise ArtifactRejected(f"The file is not a valid ONNX model: it is {found}.")
+            raise ArtifactRejected(f"The file is not a valid ONNX model: it is {found}. Upload "
+                                   f"{what_to_upload(declared_format)}.")
         if declared_format:
             raise ArtifactRejected(f"The file does not look like a {Format(declared_format).label} artifact: it is "
-                                   f"{found}.")
-        allowed = ", ".join(f.value for f in Format if f != Format.ENSEMBLE)
-        raise ArtifactRejected(f"The file is {found}. Formats accepted: {allowed}.")
+                                   f"{found}. Upload {what_to_upload(declared_format)}.")
+        raise ArtifactRejected(f"The file is {found}. Upload one of: {what_to_upload()}.")
     if declared_format:
         try:
             check_declared_format(declared_format, detected)

@@ -52,11 +52,15 @@ def not_found(what: str, name: str, team: object | None, hint: str = "") -> Http
     """A 404 that says what was missing and in which team (`team`: the request's, with a `name`): names are per
     team, and a token acts for the one team it was made in (the README's CI token for team 'ml' sees nothing of
     team 'default'). Naming the caller's own team tells nothing about another's."""
-    team_name = getattr(team, "name", None)
+    return Http404(not_found_message(what, name, getattr(team, "name", None), hint))
+
+
+def not_found_message(what: str, name: str, team_name: str | None, hint: str = "") -> str:
+    """not_found's words, for the gateway too (its 404s are `{"error": message}`, not an Http404)."""
     where = (f"in team {team_name!r}, the team this request acts for" if team_name
              else "here: this request acts for no team (join one, or use a token made in one)")
     message = f"There is no {what} named {name!r} {where}."
-    return Http404(f"{message} {hint}" if hint else message)
+    return f"{message} {hint}" if hint else message
 
 
 def error_body(code: str, message: str, fields: dict[str, list[str]] | None = None) -> dict[str, Any]:

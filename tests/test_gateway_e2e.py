@@ -82,6 +82,17 @@ def test_tritonclient_through_the_gateway_gets_exactly_what_triton_gives(
         for output in ("label", "probabilities"):
             assert np.array_equal(via.as_numpy(output), straight.as_numpy(output)), (binary, output)
 
+    # A model the deployment does not serve: the gateway's 404, the words a shared deployment gives too, where
+    # Triton itself would answer "Request for unknown model" (tritonclient shows either message).
+    with pytest.raises(InferenceServerException) as raised:
+        gateway.get_model_metadata("nosuch", headers=dict(auth))
+    assert raised.value.status() == "404"
+    assert raised.value.message() == ("Deployment 'digits-prod' in team 'acme' serves no model named 'nosuch'. Its "
+                                      "models: 'digits'.")
+    with pytest.raises(InferenceServerException) as raised:
+        direct.get_model_metadata("nosuch")
+    assert "unknown model" in raised.value.message()
+
     # Triton's own errors pass through with their status and message.
     wrong = httpclient.InferInput("nope", [1, 64], "FP32")
     wrong.set_data_from_numpy(X[:1].astype(np.float32))
@@ -94,9 +105,12 @@ def test_tritonclient_through_the_gateway_gets_exactly_what_triton_gives(
     url = f"{portal_url}/serve/digits-prod/v2/models/digits"
     charlie = requests.get(url, headers={"Authorization": f"Bearer {people['charlie'].token}"}, timeout=5)
     assert charlie.status_code == 404
+    listed = "GET /api/v1/deployments/ lists the team's deployments."
     assert requests.get(f"{portal_url}/serve/ghost/v2/models/digits", headers=auth, timeout=5).json() == {
-        "error": "No deployment named 'ghost'."}
-    assert charlie.json() == {"error": "No deployment named 'digits-prod'."}
+        "error": f"There is no deployment named 'ghost' in team 'acme', the team this request acts for. {listed}"}
+    assert charlie.json() == {
+        "error": f"There is no deployment named 'digits-prod' in team 'globex', the team this request acts for. "
+                 f"{listed}"}
     assert requests.get(url, timeout=5).status_code == 401
     assert requests.get(url, headers={"Authorization": "Bearer mp_x_y"}, timeout=5).status_code == 401
 
@@ -268,10 +282,16 @@ def test_hostile_requests_neither_crash_triton_nor_mix_up_anyones_answers(
     assert requests.post(url, json=huge, headers=headers, timeout=10).status_code == 413
     deep = requests.post(url, data=b"[" * 1_000_000, headers=headers, timeout=10)
     assert deep.status_code == 400 and "nests deeper" in deep.json()["error"]
-    # What only Triton can tell (the element types) it answers with a 500: the client gets a 400 and its message.
-    strings = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": ["a"] * 64}]}
+    # Strings for FP32 (Triton: a 500, "Unable to parse 'data': attempt to access JSON non-number as double"): the
+    # gateway's 400 names the input, its datatype and what was sent.
+    strings = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": ["0.5"] * 64}]}
     typed = requests.post(url, json=strings, headers=headers, timeout=10)
-    assert typed.status_code == 400 and "Unable to parse 'data'" in typed.json()["error"], typed.text
+    assert typed.status_code == 400, typed.text
+    assert typed.json() == {"error": "Input 'input' is FP32: its 'data' must be JSON numbers, but data[0] is the "
+                                     'string "0.5" (send 0.5 as a number, without quotes).'}
+    straight = requests.post(f"http://127.0.0.1:{serving('digits-prod').http_port}/v2/models/digits/infer",
+                             json=strings, timeout=10)
+    assert straight.status_code >= 400 and "Unable to parse 'data'" in straight.json()["error"], straight.text
     raw = requests.post(url, data=b"\0" * 10, headers={**headers, "Inference-Header-Content-Length": "0"}, timeout=10)
     assert raw.status_code == 400 and "raw_input" not in raw.json()["error"], raw.text
     assert "Expected 256, got 10" in raw.json()["error"]

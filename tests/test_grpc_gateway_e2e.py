@@ -152,8 +152,30 @@ def test_tritonclient_grpc_through_the_gateway_gets_exactly_what_triton_gives(
     wrong.set_data_from_numpy(X[:1])
     code, message = status_of(lambda: gateway.infer("digits", [wrong], headers=auth))
     assert code == "StatusCode.INVALID_ARGUMENT" and "nope" in message
-    code, message = status_of(lambda: gateway.get_model_config("ghost-model", headers=auth))
-    assert code == status_of(lambda: direct.get_model_config("ghost-model"))[0]
+    # A model the deployment does not serve: the HTTP gateway's 404 as NOT_FOUND, for a dedicated deployment as for
+    # a shared one (Triton's own words differ).
+    assert status_of(lambda: gateway.get_model_config("ghost-model", headers=auth)) == (
+        "StatusCode.NOT_FOUND", "Deployment 'digits-prod' in team 'acme' serves no model named 'ghost-model'. Its "
+        "models: 'digits'.")
+    assert "unknown model" in status_of(lambda: direct.get_model_config("ghost-model"))[1]
+
+    # In a stream, Triton's error for one request gets a unary call's words (without its advice to set
+    # max_batch_size to zero), the request's id kept in front: the client tells its answers apart by it.
+    bad = grpcclient.InferInput("input", [1, 63], "FP32")
+    bad.set_data_from_numpy(X[:1, :63].astype(np.float32))
+    unary = status_of(lambda: gateway.infer("digits", [bad], headers=auth))
+    assert unary[0] == "StatusCode.INVALID_ARGUMENT" and "max_batch_size" not in unary[1]
+    for client, metadata in ((gateway, auth), (direct, None)):
+        streamed: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        client.start_stream(callback=lambda result, error, into=streamed: into.put((result, error)), headers=metadata)
+        client.async_stream_infer("digits", [bad], request_id="wrong-shape")
+        result, error = streamed.get(timeout=60)
+        client.stop_stream()
+        assert result is None and error is not None
+        if client is gateway:
+            assert error.message() == f"[request id: wrong-shape] {unary[1]}"
+        else:
+            assert "max_batch_size" in error.message()  # what the gateway's stream passed on before
 
     # A shape whose byte size wraps around 64 bits kills the model's stub when sent to Triton directly (measured):
     # through the gateway it is refused, and the model answers as before.
@@ -170,7 +192,8 @@ def test_tritonclient_grpc_through_the_gateway_gets_exactly_what_triton_gives(
 
     # Another team's user, a missing or bad token, no deployment named: never a hint.
     assert status_of(lambda: gateway.is_model_ready("digits", headers=headers(charlie))) == (
-        "StatusCode.NOT_FOUND", "No deployment named 'digits-prod'.")
+        "StatusCode.NOT_FOUND", "There is no deployment named 'digits-prod' in team 'globex', the team this request "
+        "acts for. GET /api/v1/deployments/ lists the team's deployments.")
     assert status_of(lambda: gateway.is_model_ready("digits", headers={"modelport-deployment": "digits-prod"}))[0] \
         == "StatusCode.UNAUTHENTICATED"
     assert status_of(lambda: gateway.is_model_ready("digits", headers=headers("mp_x_y")))[0] == \
@@ -215,7 +238,8 @@ def test_tritonclient_grpc_through_the_gateway_gets_exactly_what_triton_gives(
     # METRICS_OPEN) and the per-deployment API, which counts gRPC calls (flushed every few seconds).
     metrics = requests.get(grpc_gateway.metrics_url, timeout=5).text
     assert 'modelport_gateway_requests_total{code="200",deployment="digits-prod",model="digits",team="acme"}' in metrics
-    assert ('modelport_gateway_requests_total{code="400",deployment="digits-prod",model="digits",team="acme"} 1.0'
+    # Three 400s: the unknown input, the wrong shape as a unary call and in the stream (its error counted as one).
+    assert ('modelport_gateway_requests_total{code="400",deployment="digits-prod",model="digits",team="acme"} 3.0'
             in metrics)
     stats = wait_for(lambda: (s := alice.client().get("/api/v1/deployments/digits-prod/metrics/").json())
                      ["requests"] > 0 and s, 30, what="gateway statistics")

@@ -8,7 +8,9 @@ One real Triton (the runtime env's), started once for the module with the digits
 portal renders them and an echo model that returns each input it gets; the gateway is the real ASGI app in this
 process, with the real access checks on the test database (gateway/tests/conftest.py), in front of that Triton.
 What is expected of an error is Triton's answer as the gateway documents passing it on: protocol.client_error
-(a parse failure is the client's 400, not a 500) applied to the direct answer.
+(a parse failure is the client's 400, not a 500) applied to the direct answer. Two refusals are the gateway's own
+words for what Triton refuses in its own (own_refusal): a model the deployment does not serve, and data of a number
+datatype holding something else; Triton must refuse each of them too.
 """
 
 from __future__ import annotations
@@ -299,6 +301,18 @@ def expected_from(status: int, headers: dict[str, str], body: bytes,
     return answer_form(status, headers, body)
 
 
+def own_refusal(status: int, body: bytes) -> bool:
+    """An answer in the gateway's own words to what Triton refuses in its own (issue 31): a model the deployment
+    does not serve (gateway/not_found.py), data of a number datatype that holds no number (protocol.check_numbers)."""
+    try:
+        message = json.loads(body)["error"]
+    except (ValueError, TypeError, KeyError):
+        return False
+    return isinstance(message, str) and (
+        (status == 404 and " serves no model named " in message)
+        or (status == 400 and "its 'data' must be JSON numbers" in message))
+
+
 def test_answers_through_the_gateway_are_those_triton_gives_directly(
     triton: lt.ServerProcess, people: dict[str, Person], gateway_app: Any, settings: Any
 ) -> None:
@@ -312,6 +326,8 @@ def test_answers_through_the_gateway_are_those_triton_gives_directly(
 
     served = contracts.contracts_for(Deployment.objects.get(name="identity").revision.spec)
     corpus = cases()
+
+    refused_here: set[str] = set()
 
     async def scenario() -> list[tuple[str, Any, Any]]:
         app = gateway_app()
@@ -331,6 +347,12 @@ def test_answers_through_the_gateway_are_those_triton_gives_directly(
                         model = path.split("/")[3] if path.startswith("/v2/models/") else ""
                         wanted = expected_from(response.status, {k.lower(): v for k, v in response.headers.items()},
                                                direct, served.get(model))
+                    if own_refusal(via.status, via.body):
+                        # Refused in the gateway's words where Triton has its own: Triton must refuse it too.
+                        refused_here.add(name)
+                        if response.status < 400:
+                            differences.append((name, got[:4], wanted[:4]))
+                        continue
                     if got != wanted:
                         differences.append((name, got[:4], wanted[:4]))
         finally:
@@ -340,6 +362,9 @@ def test_answers_through_the_gateway_are_those_triton_gives_directly(
     differences = run(scenario, timeout=240)
     assert differences == [], "\n\n".join(f"{n}\n  gateway: {str(g)[:600]}\n  direct:  {str(w)[:600]}"
                                           for n, g, w in differences)
+    assert refused_here == {"nasty: a model that is not there", "nasty: an encoded slash in the model name",
+                            "digits: a string among the numbers",
+                            "digits: a null among the numbers", "digits: booleans as FP32"}
     # The corpus reached Triton's own judgement, not only the happy path: successes and Triton's errors both.
     assert len(corpus) > 80
 

@@ -70,7 +70,7 @@ def _refusals(port: int, token: str) -> list[tuple[str, str, dict[str, str], byt
         ("a bad token", f"{base}/serve/digits{infer}", {"Authorization": "Bearer mp_nope"}, b"x" * 6 * MB, 401,
          "invalid"),
         ("another team's deployment", f"{base}/serve/theirs{infer}", {"Authorization": f"Bearer {token}"},
-         b"x" * 6 * MB, 404, "No deployment named 'theirs'"),
+         b"x" * 6 * MB, 404, "There is no deployment named 'theirs' in team"),
         ("a body over the gateway's limit", f"{base}/serve/theirs{infer}", {"Authorization": f"Bearer {token}"},
          b"x" * 12 * MB, 413, f"the limit is {GATEWAY_LIMIT} bytes"),
         ("a body over the API's limit", f"{base}/api/v1/models/", {"Authorization": f"Bearer {token}"},
@@ -108,7 +108,8 @@ def test_tritonclient_reads_the_gateways_refusal_of_a_large_request(web: int, al
     tensor = np.zeros((1, 1_500_000), dtype=np.float32)  # 6 MB of binary data
     for base, headers, phrase in [
         (f"127.0.0.1:{web}/serve/digits", {}, "Authentication required"),
-        (f"127.0.0.1:{web}/serve/theirs", {"Authorization": f"Bearer {alice.token}"}, "No deployment named"),
+        (f"127.0.0.1:{web}/serve/theirs", {"Authorization": f"Bearer {alice.token}"},
+         "There is no deployment named"),
     ]:
         client = httpclient.InferenceServerClient(base, network_timeout=30, connection_timeout=30)
         infer_input = httpclient.InferInput("input", list(tensor.shape), "FP32")

@@ -162,8 +162,10 @@ def test_another_teams_deployment_is_not_found_exactly_like_a_missing_one(people
             charlie = await failure(channel, "ModelReady", READY, meta(people["charlie"]))
             ghost = await failure(channel, "ModelReady", READY, meta(people["alice"], "ghost"))
             assert charlie.code() == ghost.code() == grpc.StatusCode.NOT_FOUND
-            assert charlie.details() == "No deployment named 'digits-prod'."
-            assert ghost.details() == "No deployment named 'ghost'."
+            assert charlie.details() == ("There is no deployment named 'digits-prod' in team 'globex', the team this "
+                                         "request acts for. GET /api/v1/deployments/ lists the team's deployments.")
+            assert ghost.details() == ("There is no deployment named 'ghost' in team 'acme', the team this request "
+                                       "acts for. GET /api/v1/deployments/ lists the team's deployments.")
             unnamed = await failure(channel, "ModelReady", READY, meta(people["alice"], None))
             assert unnamed.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "modelport-deployment" in (unnamed.details() or "")
@@ -287,10 +289,12 @@ def test_tritons_own_errors_pass_through_with_their_code_and_message(people: dic
             exc = await failure(channel, "ModelInfer", infer_request([1], b"\0" * 4), meta(people["alice"]))
             assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert exc.details() == "unexpected inference input 'nope'"
-            fake.answers["ModelConfig"] = (grpc.StatusCode.NOT_FOUND, "Request for unknown model: 'x' is not found")
-            exc = await failure(channel, "ModelConfig", pb.ModelConfigRequest(name="x").SerializeToString(),
+            # A model of the deployment that its Triton does not have (it failed to load): Triton's answer.
+            fake.answers["ModelConfig"] = (grpc.StatusCode.NOT_FOUND,
+                                           "Request for unknown model: 'digits' has no available versions")
+            exc = await failure(channel, "ModelConfig", pb.ModelConfigRequest(name="digits").SerializeToString(),
                                 meta(people["alice"]))
-            assert exc.code() == grpc.StatusCode.NOT_FOUND and "unknown model" in (exc.details() or "")
+            assert exc.code() == grpc.StatusCode.NOT_FOUND and "no available versions" in (exc.details() or "")
 
     run(scenario)
 
@@ -349,7 +353,7 @@ def test_statistics_count_each_call_with_its_status_per_deployment_and_model(peo
             await asyncio.to_thread(deploy, people["alice"], "digits-prod", fake.target)
             await call(channel, "ModelInfer", infer_request([1], b"\0" * 4), meta(people["alice"]))
             await failure(channel, "ModelInfer", infer_request([1], b"\0" * 8), meta(people["alice"]))
-            await call(channel, "ModelInfer", infer_request([1], b"\0" * 4, model="made-up"), meta(people["alice"]))
+            await failure(channel, "ModelInfer", infer_request([1], b"\0" * 4, model="made-up"), meta(people["alice"]))
             await failure(channel, "ModelInfer", infer_request([1], b"\0" * 4), meta(people["charlie"]))
             await gateway._flush()
 
@@ -359,7 +363,7 @@ def test_statistics_count_each_call_with_its_status_per_deployment_and_model(peo
     assert sum(r.errors for r in rows) == 0  # a 400 is the client's mistake, not an error
 
     assert REQUESTS.labels("acme", "digits-prod", "digits", "400")._value.get() == before + 1
-    assert REQUESTS.labels("acme", "digits-prod", "(other)", "200")._value.get() >= 1
+    assert REQUESTS.labels("acme", "digits-prod", "(other)", "404")._value.get() >= 1  # a model it does not serve
 
 
 # --- ModelStreamInfer ---------------------------------------------------------------------------------------------
@@ -612,5 +616,58 @@ def test_an_answer_missing_an_output_and_tritons_shape_errors_are_told_from_the_
             shape = await failure(channel, "ModelInfer", infer_request([2, 63], b"\0" * 504), alice)
             assert shape.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert (shape.details() or "").startswith("Input 'input' of model 'digits' takes shape [-1, 64]")
+
+    run(scenario)
+
+
+def test_tritons_errors_in_a_stream_get_the_words_of_a_unary_call_with_the_request_id_in_front(
+    people: dict[str, Person]
+) -> None:
+    """Issue 31: ModelStreamInfer passed Triton's errors on raw (its request id, its advice to set max_batch_size to
+    zero, a model's exception), where ModelInfer rewords them (gateway/contract.py)."""
+    from deployments.models import Revision
+    from gateway.tests.digits_contract import SHAPE_ERROR, SIGNATURE
+
+    def with_signature(person: Person, target: str) -> None:
+        deployment = deploy(person, "digits-prod", target)
+        Revision.objects.filter(deployment=deployment).update(spec={"models": [
+            {"name": "digits", "version": 1, "format": "onnx", "max_batch_size": 8, "signature": SIGNATURE.to_json()}]})
+
+    errors = {"shape": SHAPE_ERROR.replace("<id_unknown>", "shape"),
+              "fault": "[request id: fault] Failed to process the request(s) for model 'digits', message: "
+                       "TritonModelException: KeyError at 0x7f3a /home/team/model.py"}
+
+    async def answer(request: bytes) -> bytes:
+        parsed = pb.ModelInferRequest.FromString(request)
+        error = errors.get(parsed.id)
+        if error is None:
+            return pb.ModelStreamInferResponse(infer_response=pb.ModelInferResponse(
+                model_name=parsed.model_name, id=parsed.id)).SerializeToString()
+        return pb.ModelStreamInferResponse(error_message=error, infer_response=pb.ModelInferResponse(
+            id=parsed.id)).SerializeToString()
+
+    async def scenario() -> None:
+        async with stack() as (_, fake, channel):
+            await asyncio.to_thread(with_signature, people["alice"], fake.target)
+            alice = meta(people["alice"])
+            fake.answers["ModelInfer"] = (grpc.StatusCode.INVALID_ARGUMENT, SHAPE_ERROR)
+            unary = await failure(channel, "ModelInfer", infer_request([2, 63], b"\0" * 504), alice)
+            fake.stream_answer = answer
+            stream = await open_stream(channel, alice)
+            for request_id in ("shape", "fault", "fine"):
+                await stream.write(infer_request([2, 63], b"\0" * 504, request_id=request_id))
+            shape, fault, fine = [await next_answer(stream) for _ in range(3)]
+            await stream.done_writing()
+            assert await stream.code() == grpc.StatusCode.OK
+
+            assert shape.error_message == f"[request id: shape] {unary.details()}"
+            assert shape.error_message == (
+                "[request id: shape] Input 'input' of model 'digits' takes shape [-1, 64] (FP32; the first dimension "
+                "is the batch, 1 to 8 rows per request; -1 is any size); you sent [2, 63].")
+            assert (shape.infer_response.id, shape.infer_response.model_name) == ("shape", "digits")
+            assert fault.error_message == (
+                "[request id: fault] Model 'digits' failed on this request: the fault is in the model, not in the "
+                "request. Its team can try it on the deployment page and read the server's log there.")
+            assert not fine.error_message and fine.infer_response.id == "fine"
 
     run(scenario)

@@ -341,8 +341,13 @@ def test_tritons_500_for_a_client_mistake_reaches_the_client_as_400(people: dict
             await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url)
             app = gateway_app()
             url = "/serve/digits-prod/v2/models/digits/infer"
-            parse = await call(app, "POST", url, body=with_input(data=["parse"] * 64), token=people["alice"].token)
+            parse = await call(app, "POST", url, body=j({**OK, "id": "parse"}), token=people["alice"].token)
             assert parse.status == 400 and "Unable to parse 'data'" in parse.json()["error"]
+            # Strings for FP32, which Triton answered so, are the gateway's own 400 now, and never reach it.
+            strings = await call(app, "POST", url, body=with_input(data=["0.5"] * 64), token=people["alice"].token)
+            assert strings.status == 400 and strings.json() == {"error": (
+                "Input 'input' is FP32: its 'data' must be JSON numbers, but data[0] is the string \"0.5\" (send 0.5 "
+                "as a number, without quotes).")}
             raw = await call(app, "POST", url, body=b"raw bytes", token=people["alice"].token,
                              headers={"Inference-Header-Content-Length": "0"})
             assert raw.status == 400 and "raw_input" not in raw.json()["error"]

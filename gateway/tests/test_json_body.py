@@ -71,15 +71,14 @@ def test_fp32_and_integers_are_sent_as_binary_and_fp64_and_the_other_inputs_stay
         {"name": "s", "shape": [2], "datatype": "BYTES", "data": ["a", "β"]},
         {"name": "i", "shape": [2], "datatype": "INT64", "data": [1, 2]},
         {"name": "h", "shape": [1], "datatype": "FP16", "data": [0.5]},
-        {"name": "b", "shape": [1], "datatype": "FP32", "data": [True]},
         {"name": "f", "shape": [2], "datatype": "FP32", "data": [0.5, 2]},
         {"name": "t", "shape": [1], "datatype": "BOOL", "data": [True]},
     ]})
     header, tensors = split(check(body))
-    assert [t.get("data") for t in header["inputs"]] == [[0.1, 1, -3.25], ["a", "β"], None, [0.5], [True], None,
-                                                         [True]]
+    # (Booleans as FP32, once left here as JSON for Triton, are the gateway's 400 now: the test of no-number data.)
+    assert [t.get("data") for t in header["inputs"]] == [[0.1, 1, -3.25], ["a", "β"], None, [0.5], None, [True]]
     assert header["inputs"][2]["parameters"] == {"binary_data_size": 16}
-    assert header["inputs"][5]["parameters"] == {"binary_data_size": 8}
+    assert header["inputs"][4]["parameters"] == {"binary_data_size": 8}
     assert tensors == np.array([1, 2], dtype="<i8").tobytes() + np.array([0.5, 2], dtype="<f4").tobytes()
     assert check(j({"inputs": [{"name": "d", "shape": [1], "datatype": "FP64", "data": [0.5]}]})) == Checked()
 
@@ -87,16 +86,20 @@ def test_fp32_and_integers_are_sent_as_binary_and_fp64_and_the_other_inputs_stay
 @pytest.mark.parametrize("datatype", ["INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"])
 def test_integers_within_their_range_go_as_binary_and_the_rest_is_left_to_triton(datatype: str) -> None:
     """What Triton reads exactly goes as binary: the smallest and largest value of the type, nested evenly. A number
-    out of range, a fraction, an exponent or a boolean stays JSON, for Triton's own checks and messages."""
+    out of range, a fraction or an exponent stays JSON, for Triton's own checks and messages; what is no number at
+    all is refused here (test_data_that_is_no_number_is_refused_naming_the_input_its_datatype_and_what_is_there)."""
     limits = np.iinfo(np.dtype(datatype.lower()))
     data = [[int(limits.min), 0], [1, int(limits.max)]]
     header, tensors = split(check(j({"inputs": [{"name": "x", "shape": [2, 2], "datatype": datatype,
                                                   "data": data}]})))
     assert "data" not in header["inputs"][0]
     assert tensors == np.array(data, dtype=np.dtype(datatype.lower()).newbyteorder("<")).tobytes()
-    for bad in (int(limits.max) + 1, int(limits.min) - 1, 1.5, True, "1"):
+    for bad in (int(limits.max) + 1, int(limits.min) - 1, 1.5):
         body = j({"inputs": [{"name": "x", "shape": [2], "datatype": datatype, "data": [1, bad]}]})
         assert check(body) == Checked(), bad
+    for bad in (True, "1"):
+        with pytest.raises(Refusal, match=f"Input 'x' is {datatype}: its 'data' must be JSON numbers"):
+            check(j({"inputs": [{"name": "x", "shape": [2], "datatype": datatype, "data": [1, bad]}]}))
     assert check(b'{"inputs": [{"name": "x", "shape": [2], "datatype": "%s", "data": [1, 1e1]}]}'
                  % datatype.encode()) == Checked()
 
@@ -188,6 +191,46 @@ def test_what_only_triton_or_pythons_json_can_judge_goes_on_as_sent(body: bytes)
     except Refusal as exc:
         got = (exc.status, exc.message)
     assert got == expected
+
+
+NOT_A_NUMBER = "Input 'input' is {datatype}: its 'data' must be JSON numbers, but {where} is {found}."
+
+
+@pytest.mark.parametrize(("data", "where", "found"), [
+    (["0.5", 1.0], "data[0]", 'the string "0.5" (send 0.5 as a number, without quotes)'),
+    ([1, " -2e3 "], "data[1]", 'the string " -2e3 " (send -2e3 as a number, without quotes)'),
+    ([1.0, "abc"], "data[1]", 'the string "abc"'),
+    ([1.0, "NaN"], "data[1]", 'the string "NaN"'),  # not a JSON number: no advice to send it as one
+    ([None, 1.0], "data[0]", "null"),
+    ([1.0, True], "data[1]", "true"),
+    ([[1.0, 2.0], [3.0, {"v": 4}]], "data[1][1]", "an object"),
+    ([[1.0, "x"], ["y", 4.0]], "data[0][1]", 'the string "x"'),  # the first in row-major order
+    ([1.0, "x" * 100], "data[1]", 'the string "' + "x" * 56 + "..."),  # quoted back in part
+])
+@pytest.mark.parametrize("datatype", ["FP32", "FP64", "FP16", "BF16", "INT64", "UINT8"])
+def test_data_that_is_no_number_is_refused_naming_the_input_its_datatype_and_what_is_there(
+        datatype: str, data: list[Any], where: str, found: str) -> None:
+    """Triton refused these with a 500 in its own words ("Unable to parse 'data': attempt to access JSON non-number
+    as double"), naming neither the input nor what it found (issue 31). Whether the gateway transcodes or not, the
+    request is JSON-only or carries binary inputs beside, or only Python's json reads it (a NaN elsewhere)."""
+    shape = [2] if not isinstance(data[0], list) else [2, 2]
+    tensor = {"name": "input", "shape": shape, "datatype": datatype, "data": data}
+    binary = {"name": "b", "shape": [1], "datatype": "FP32", "parameters": {"binary_data_size": 4}}
+    nan = {"name": "n", "shape": [1], "datatype": "FP64", "data": [float("nan")]}
+    expected = NOT_A_NUMBER.format(datatype=datatype, where=where, found=found)
+    for body, binary_length, transcode in [
+            (j({"inputs": [tensor]}), None, True), (j({"inputs": [tensor]}), None, False),
+            (j({"inputs": [binary, tensor]}), 4, True), (json.dumps({"inputs": [nan, tensor]}).encode(), None, True)]:
+        with pytest.raises(Refusal) as raised:
+            check_json(body, binary_length, 64, LIMIT, transcode=transcode)
+        assert (raised.value.status, raised.value.message) == (400, expected), (body, binary_length, transcode)
+
+
+def test_bytes_and_bool_data_are_left_to_triton_and_numbers_pass_as_before() -> None:
+    assert check(j({"inputs": [{"name": "s", "shape": [2], "datatype": "BYTES", "data": [1, "a"]}]})) == Checked()
+    assert check(j({"inputs": [{"name": "b", "shape": [2], "datatype": "BOOL", "data": [1, "a"]}]})) == Checked()
+    assert check(j({"inputs": [{"name": "d", "shape": [2], "datatype": "FP64", "data": [1, -2.5e-3]}]})) == Checked()
+    assert check_json(j(OK), None, 64, LIMIT, transcode=False) == Checked()
 
 
 def test_a_mixed_request_is_checked_and_sent_as_it_came() -> None:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gateway import pool_names
+from gateway import not_found, pool_names
 from gateway.protocol import Endpoint, Refusal, classify
 
 PREFIX = "d7-r2-"
@@ -23,8 +23,10 @@ def test_a_model_path_is_mapped_to_the_pools_name() -> None:
 
 def test_a_model_the_deployment_does_not_serve_is_not_found_whoever_has_it() -> None:
     with pytest.raises(Refusal) as refused:
-        pool_names.check_model(Endpoint("model", "d3-r1-digits", "GET"), frozenset({"digits"}), "mine")
+        not_found.check_model("d3-r1-digits", frozenset({"digits"}), "mine", "acme")
     assert refused.value.status == 404
+    assert refused.value.message == ("Deployment 'mine' in team 'acme' serves no model named 'd3-r1-digits'. Its "
+                                     "models: 'digits'.")
 
 
 def test_answers_carry_the_users_names_and_only_the_revisions_statistics() -> None:

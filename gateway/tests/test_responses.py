@@ -34,7 +34,8 @@ def test_responses_small_large_chunked_and_over_the_limit(
 
     async def scenario() -> None:
         async with FakeUpstream(answer) as upstream:
-            await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url)
+            # A model per kind of answer: the gateway refuses a model its deployment does not serve.
+            await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url, tuple(answers))
             app = gateway_app()
             token = people["alice"].token
 
@@ -100,7 +101,8 @@ def test_bad_framing_from_upstream_is_a_502_and_a_missing_length_is_read_to_the_
 
     async def scenario() -> None:
         async with FakeUpstream(answer) as upstream:
-            await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url)
+            await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url,
+                                    ("two-lengths", "bad-length", "fine"))
             app = gateway_app()
             for model in ("two-lengths", "bad-length"):
                 reply = await call(app, "GET", f"/serve/digits-prod/v2/models/{model}", token=people["alice"].token)
@@ -159,7 +161,7 @@ def test_a_slow_upstream_is_a_504_and_its_connection_is_not_reused(
 
     async def scenario() -> None:
         async with FakeUpstream(answer) as upstream:
-            await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url)
+            await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url, ("slow", "fast"))
             app = gateway_app()
             slow = await call(app, "GET", "/serve/digits-prod/v2/models/slow", token=people["alice"].token)
             assert slow.status == 504 and "did not answer within 0.1 s" in slow.json()["error"]

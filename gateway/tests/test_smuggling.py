@@ -52,7 +52,8 @@ def test_a_smuggled_request_is_refused_and_every_later_caller_gets_their_own_ans
 
     async def scenario() -> None:
         async with FakeUpstream() as upstream:
-            await asyncio.to_thread(make_deployment, alice, "digits-prod", upstream.url)
+            await asyncio.to_thread(make_deployment, alice, "digits-prod", upstream.url,
+                                    tuple(f"m{n}" for n in range(30)))
             server, port, task = await serving(gateway_app())
             try:
                 exploit_status, exploit_body = await http(port, "GET", SMUGGLED, alice.token)
@@ -104,10 +105,11 @@ def test_spaces_and_control_characters_in_the_path_or_query_are_refused_raw_or_p
 
 
 def test_the_upstream_target_is_the_raw_path_not_the_decoded_one(people: dict[str, Person], gateway_app: Any) -> None:
-    """Triton does not percent-decode model names either: what the client encoded stays encoded."""
+    """Triton does not percent-decode model names either: what the client encoded stays encoded (a model of that
+    name, which no real one is: names are DNS labels, and any other is the gateway's 404)."""
     async def scenario() -> None:
         async with FakeUpstream() as upstream:
-            await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url)
+            await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url, ("dig%2Fits",))
             reply = await call(gateway_app(), "GET", "", raw_path=b"/serve/digits-prod/v2/models/dig%2Fits/config",
                                query=b"x=%41", token=people["alice"].token)
             assert reply.status == 200
@@ -133,7 +135,9 @@ def test_a_target_longer_than_triton_takes_is_414_not_a_dropped_connection(
                                token=people["alice"].token)
             assert reply.status == 414
             assert upstream.requests == []
-            fits = await call(app, "GET", "/serve/digits-prod/v2/models/" + "m" * 7000, token=people["alice"].token)
+            # A long target that fits (a query: a model name that long is no model of the deployment, a 404).
+            fits = await call(app, "GET", "/serve/digits-prod/v2/models/digits", query=b"x=" + b"a" * 7000,
+                              token=people["alice"].token)
             assert fits.status == 200 and len(upstream.requests) == 1
 
     run(scenario)

@@ -101,7 +101,9 @@ def test_another_teams_deployment_is_404_before_any_endpoint_check(people: dict[
         async with FakeUpstream() as upstream:
             await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url)
             reply = await call(gateway_app(), "GET", "/serve/digits-prod/v2/logging", token=people["charlie"].token)
-            assert reply.status == 404 and reply.json() == {"error": "No deployment named 'digits-prod'."}
+            assert reply.status == 404 and reply.json() == {"error": (
+                "There is no deployment named 'digits-prod' in team 'globex', the team this request acts for. "
+                "GET /api/v1/deployments/ lists the team's deployments.")}
             assert upstream.requests == []
 
     run(scenario)

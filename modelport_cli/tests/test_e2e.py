@@ -16,6 +16,7 @@ import pytest
 from django.conf import settings
 
 from conftest import Person, make_person
+from modelport_cli.errors import ExitCode
 from models_registry.models import Blob, ModelVersion
 from models_registry.samples import digits_holdout, make_digits_onnx, train_digits_classifier
 from tests import conftest as portal_fixtures
@@ -149,3 +150,18 @@ def test_infer_goes_through_the_gateway_and_returns_what_the_model_computes(
     assert inferred.returncode == 0, inferred.stderr
     outputs = {o["name"]: o for o in json.loads(inferred.stdout)["outputs"]}
     assert [int(v) for v in np.ravel(outputs["label"]["data"])] == list(train_digits_classifier().predict(X))
+
+    # A name the deployment or the token's team lacks is a wrong name on the command line, exit 2 as the README says,
+    # in the gateway's words (the API's for a deployment).
+    no_model = cli("infer", "digits-prod", "nosuch", "--input", str(request))
+    assert no_model.returncode == ExitCode.USAGE
+    assert error_line(no_model) == ("error: Deployment 'digits-prod' in team 'acme' serves no model named 'nosuch'. "
+                                    "Its models: 'digits'. (HTTP 404 from POST /serve/digits-prod/v2/models/nosuch/"
+                                    "infer)")
+    deployment = cli("infer", "ghost", "digits", "--input", str(request))
+    assert deployment.returncode == ExitCode.USAGE
+    assert error_line(deployment).startswith("error: There is no deployment named 'ghost' in team 'acme', the team "
+                                             "this request acts for. GET /api/v1/deployments/ lists")
+    unknown = cli("deploy", "digits-dev", "--model", "nosuch")
+    assert unknown.returncode == ExitCode.USAGE
+    assert error_line(unknown).startswith("error: --model nosuch: There is no model named 'nosuch' in team 'acme'")

@@ -146,7 +146,8 @@ def test_an_unsafe_archive_is_refused_while_detecting(tmp_path: Path) -> None:
 def test_a_declared_format_the_content_contradicts_is_refused() -> None:
     with pytest.raises(FormatError) as raised:
         check_declared_format("onnx", "torchscript")
-    assert str(raised.value) == "declared format 'onnx' but the file looks like a TorchScript archive"
+    assert str(raised.value) == ("declared format 'onnx' but the file looks like a TorchScript archive: declare "
+                                 "'torchscript' for it, or leave the format out (it is detected from the file)")
     with pytest.raises(FormatError, match="declared format 'tensorrt_plan' but the file looks like an ONNX model"):
         check_declared_format("tensorrt_plan", "onnx")
 
@@ -154,7 +155,7 @@ def test_a_declared_format_the_content_contradicts_is_refused() -> None:
 def test_a_matching_or_absent_declaration_is_accepted() -> None:
     check_declared_format("onnx", "onnx")
     check_declared_format("", "python")
-    with pytest.raises(FormatError, match="could not be recognised"):
+    with pytest.raises(FormatError, match="could not be recognised: upload one of: an ONNX model .the .onnx file.; "):
         check_declared_format("", None)
     with pytest.raises(FormatError, match="unknown format"):
         check_declared_format("pickle", None)

@@ -39,10 +39,20 @@ BAD_FILES = [
     pytest.param(CUT_ONNX, "model.onnx", "an ONNX file cut off after 60 bytes (its last field needs", id="cut-onnx"),
     pytest.param(os.urandom(256 * 1024), "model.bin", "named 'model.bin' but it is 256.0 KB of bytes with no header "
                                                       "of a format the portal reads", id="random"),
-    pytest.param(README_AND_CSV, "model.zip", "a zip archive with no model in it: no model.py (python), "
-                                              "saved_model.pb (SavedModel), data.pkl (TorchScript) or "
-                                              "model.tnnproto (TNN); it holds README.md, data.csv", id="readme-csv"),
+    pytest.param(README_AND_CSV, "model.zip", "a zip archive with no model in it: no model.py (a Triton python "
+                                              "model), saved_model.pb (a TensorFlow SavedModel), data.pkl (a "
+                                              "TorchScript archive) or a .tnnproto with its .tnnmodel (a TNN model); "
+                                              "it holds README.md, data.csv", id="readme-csv"),
 ]
+
+
+# What an uploader is told to send: the formats by name, with their files (never the stored names, issue 31).
+UPLOAD_ONE_OF = (
+    "Upload one of: an ONNX model (the .onnx file); a TorchScript archive (the .pt file that torch.jit.save writes, "
+    "not torch.save's); a TensorFlow SavedModel (its folder, saved_model.pb and variables/, in a .zip or .tar.gz); "
+    "a TensorRT plan (the .plan or .engine file); a Triton python model (model.py defining TritonPythonModel, with "
+    "an optional requirements.txt, in a .zip or .tar.gz); a TNN model (its .tnnproto and .tnnmodel files in a .zip "
+    "or .tar.gz).")
 
 
 @pytest.fixture
@@ -73,7 +83,7 @@ def test_a_bad_file_sent_in_the_request_says_what_it_is_and_nothing_is_stored(
 
     message = refusal(response)
     assert said in message
-    assert "Formats accepted: onnx, torchscript" in message
+    assert message.endswith(f". {UPLOAD_ONE_OF}")
     assert_nothing_stored()
 
 
@@ -99,6 +109,38 @@ def test_a_declared_onnx_that_is_cut_off_says_so_without_the_name(alice: Person,
 
     assert refusal(response).startswith("file: The file is not a valid ONNX model: it is an ONNX file cut off after 60 "
                                         "bytes")
+    assert refusal(response).endswith(". Upload an ONNX model: the .onnx file.")
+
+
+def test_a_declared_format_the_file_is_not_says_which_files_to_upload(alice: Person, digits: Model) -> None:
+    response = alice.client().post("/api/v1/models/digits/versions/",
+                                   {"file": SimpleUploadedFile("model.zip", README_AND_CSV), "format": "python"},
+                                   format="multipart")
+
+    assert refusal(response).endswith(
+        "Upload a Triton python model: model.py defining TritonPythonModel, with an optional requirements.txt, in a "
+        ".zip or .tar.gz.")
+
+
+def test_a_declared_format_the_file_contradicts_names_the_one_to_declare(alice: Person, digits: Model) -> None:
+    response = alice.client().post("/api/v1/models/digits/versions/",
+                                   {"file": SimpleUploadedFile("model.onnx", tiny_onnx()), "format": "torchscript"},
+                                   format="multipart")
+
+    assert refusal(response) == ("file: declared format 'torchscript' but the file looks like an ONNX model: declare "
+                                 "'onnx' for it, or leave the format out (it is detected from the file)")
+
+
+def test_a_format_name_that_is_none_lists_each_name_with_what_it_means(alice: Person, digits: Model) -> None:
+    response = alice.client().post("/api/v1/models/digits/versions/",
+                                   {"file": SimpleUploadedFile("model.pt", b"x"), "format": "pytorch"},
+                                   format="multipart")
+
+    assert response.json()["error"]["fields"] == {"format": [
+        '"pytorch" is not a format name: send one of onnx for an ONNX model, torchscript for a TorchScript archive, '
+        "tensorflow_savedmodel for a TensorFlow SavedModel, tensorrt_plan for a TensorRT plan, python for a Triton "
+        "python model, tnn for a TNN model, or leave 'format' out to have it detected from the file."]}
+    assert_nothing_stored()
 
 
 def test_fifty_megabytes_of_random_bytes_are_read_only_at_the_start(tmp_path: Path) -> None:

@@ -51,7 +51,7 @@ __all__ = [
     "DEFAULT_MAX_BATCH_SIZE", "DESCRIPTIONS", "ENSEMBLE", "FORMATS_NEEDING_SIGNATURE", "ONNX", "PYTHON", "REGISTRY",
     "SAVEDMODEL", "TENSORRT",
     "TNN", "TORCHSCRIPT", "Format", "FormatError", "LayoutError", "check_declared_format", "describe",
-    "definition_from_json", "detect_format", "get", "looks_like_onnx", "looks_like_tensorrt_plan",
+    "definition_from_json", "detect_format", "get", "looks_like_onnx", "looks_like_tensorrt_plan", "what_to_upload",
 ]
 
 
@@ -83,6 +83,15 @@ def describe(fmt: str | None) -> str:
     return DESCRIPTIONS.get(fmt or "", "a file of no supported model format")
 
 
+def what_to_upload(fmt: str | None = None) -> str:
+    """What to upload, in words a person reads: the files and their names for one format, or for every uploadable
+    one ("an ONNX model (the .onnx file); a TorchScript archive (...); ..."). Never the stored names (`onnx`,
+    `tensorflow_savedmodel`): an uploader who sent a file the portal does not recognise is told what to send."""
+    if fmt is not None and fmt in REGISTRY and REGISTRY[fmt].upload_as:
+        return f"{REGISTRY[fmt].description}: {REGISTRY[fmt].upload_as}"
+    return "; ".join(f"{f.description} ({f.upload_as})" for f in REGISTRY.values() if f.uploadable)
+
+
 def detect_format(path: Path, filename: str = "", *, limits: archives.ArchiveLimits | None = None) -> str | None:
     """The format of the file at `path` from its content, or None when it is none of the supported formats.
 
@@ -112,16 +121,18 @@ def check_declared_format(declared: str, detected: str | None) -> None:
         raise FormatError("a pipeline is defined by its steps, not uploaded as a file")
     if not declared:
         if detected is None:
-            supported = ", ".join(f.description for f in REGISTRY.values() if f.uploadable)
-            raise FormatError(f"the file's format could not be recognised: upload {supported}")
+            raise FormatError(f"the file's format could not be recognised: upload one of: {what_to_upload()}")
         return
     if declared not in DESCRIPTIONS:
         raise FormatError(f"unknown format {declared!r}")
     if detected == declared:
         return
     if detected is None:
-        raise FormatError(f"declared format {declared!r} but the file does not look like {describe(declared)}")
-    raise FormatError(f"declared format {declared!r} but the file looks like {describe(detected)}")
+        raise FormatError(f"declared format {declared!r} but the file does not look like {describe(declared)}: "
+                          f"upload {what_to_upload(declared)}")
+    # The stored name is what the uploader sends as the format: the one to send instead is named by it.
+    raise FormatError(f"declared format {declared!r} but the file looks like {describe(detected)}: declare "
+                      f"{detected!r} for it, or leave the format out (it is detected from the file)")
 
 
 # --- Archives --------------------------------------------------------------------------------------------------

@@ -96,6 +96,9 @@ class Format:
     short_label: str  # in a summary of settings ("TorchScript", "pipeline")
     plural: str  # in a sentence about what a runtime serves ("TensorFlow SavedModels")
     description: str  # finishes "the file looks like ..."
+    # What to upload, in a refusal's advice ("an ONNX model (the .onnx file)"): the files and their names, never the
+    # stored name; "" for a format that is not uploaded.
+    upload_as: str
     # The artifact carries no signature the portal can read: the uploader declares it.
     needs_signature: bool
     native: NativeBackend

@@ -14,6 +14,7 @@ FORMAT = register(Format(
     short_label="pipeline",
     plural="pipelines",
     description="a pipeline",
+    upload_as="",
     needs_signature=False,
     native=NativeBackend(platform="ensemble"),
     read_definition=PipelineDefinition.from_json,

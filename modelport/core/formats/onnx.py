@@ -124,6 +124,7 @@ FORMAT = register(Format(
     short_label="ONNX",
     plural="ONNX",
     description="an ONNX model",
+    upload_as="the .onnx file",
     needs_signature=False,
     native=NativeBackend(backend="onnxruntime"),
     local=LocalServing(wrapper=BACKENDS_DIR / "onnx_python_model.py", modules=(BATCHING_MODULE,)),

@@ -135,6 +135,7 @@ FORMAT = register(Format(
     short_label="Python",
     plural="Python models",
     description="a Triton python model",
+    upload_as="model.py defining TritonPythonModel, with an optional requirements.txt, in a .zip or .tar.gz",
     needs_signature=True,
     native=NativeBackend(backend="python"),
     detect_order=20,

@@ -51,6 +51,7 @@ FORMAT = register(Format(
     short_label="TensorFlow SavedModel",
     plural="TensorFlow SavedModels",
     description="a TensorFlow SavedModel",
+    upload_as="its folder, saved_model.pb and variables/, in a .zip or .tar.gz",
     needs_signature=False,
     native=NativeBackend(platform="tensorflow_savedmodel"),
     local=LocalServing(wrapper=BACKENDS_DIR / "savedmodel_python_model.py", modules=(BATCHING_MODULE,),

@@ -43,6 +43,7 @@ FORMAT = register(Format(
     short_label="TensorRT plan",
     plural="TensorRT plans",
     description="a TensorRT plan",
+    upload_as="the .plan or .engine file",
     needs_signature=True,
     native=NativeBackend(platform="tensorrt_plan"),
     local=LocalServing(refused=f"TensorRT plans cannot be served locally: {_LOCAL_NOTE} and no GPU; "

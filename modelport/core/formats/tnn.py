@@ -46,6 +46,7 @@ FORMAT = register(Format(
     short_label="TNN",
     plural="TNN models",
     description="a TNN model",
+    upload_as="its .tnnproto and .tnnmodel files in a .zip or .tar.gz",
     needs_signature=True,
     native=NativeBackend(custom=True),
     local=LocalServing(refused=f"TNN models cannot be served locally: {_LOCAL_NOTE}, not the TNN backend; "

@@ -119,6 +119,7 @@ FORMAT = register(Format(
     short_label="TorchScript",
     plural="TorchScript",
     description="a TorchScript archive",
+    upload_as="the .pt file that torch.jit.save writes, not torch.save's",
     needs_signature=True,
     native=NativeBackend(platform="pytorch_libtorch"),
     local=LocalServing(

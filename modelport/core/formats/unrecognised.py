@@ -30,7 +30,8 @@ _MAGIC: tuple[tuple[bytes, str], ...] = (
 # Pickle protocols 2 to 5 start with 0x80 and the protocol number: torch.save of a whole module before 1.6 wrote one.
 _PICKLE = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 # What each archive format looks for, as said to the uploader.
-_ARCHIVE_MARKERS = "no model.py (python), saved_model.pb (SavedModel), data.pkl (TorchScript) or model.tnnproto (TNN)"
+_ARCHIVE_MARKERS = ("no model.py (a Triton python model), saved_model.pb (a TensorFlow SavedModel), data.pkl (a "
+                    "TorchScript archive) or a .tnnproto with its .tnnmodel (a TNN model)")
 
 
 def describe_unrecognised(path: Path, filename: str = "", limits: archives.ArchiveLimits | None = None) -> str:
