@@ -655,12 +655,11 @@ def _load_again_with_more(load: PoolLoad, loaded: _Loaded) -> PoolLoad:
     POOL_EVICTION_MIN_RESIDENCY_SECONDS). The loop ends: each load's limit doubles the last, and one past the share
     fails with the pool-full message naming what it needs; a reservation that did not grow fails at once."""
     spec = load.revision.spec
-    before = pools.reservations(spec)
     _remember(spec, {model: pools.figure_past_limit(limit) for model, limit in loaded.past_limit.items()})
     after = pools.reservations(spec)
     model, limit = next(iter(loaded.past_limit.items()))
     cause = _past_limit_cause(model, limit)
-    if after.get(model, 0) <= before.get(model, 0):
+    if after.get(model, 0) <= limit:
         # Nothing remembered makes it grow (a model with no version): loading it again would end alike.
         return _fail(load, f"{cause}: {loaded.error}; deploy it with placement mode 'dedicated' and a memory limit "
                            "that holds it")
