@@ -1,7 +1,7 @@
 """A model never measured on this machine whose first load needs more than its first reservation, in a pool open to
-every team, on the real local runtime (issue 30): a chain of Relu nodes, a few hundred KB of standard ONNX, whose
-session onnxruntime builds with far more memory than its artifact's size times POOL_UNMEASURED_FACTOR (so it is
-reserved POOL_MODEL_MEMORY_MIN, 128 MiB). Its stub is ended at that limit while it loads ("Stub process is not
+every team, on the real local runtime (issue 30): the attacker's 2.4 MB chain of 100k Relu nodes, standard ONNX,
+whose session onnxruntime builds with far more memory than its artifact's size times POOL_UNMEASURED_FACTOR (so it
+is reserved POOL_MODEL_MEMORY_MIN, 128 MiB). Its stub is ended at that limit while it loads ("Stub process is not
 healthy"); it is loaded again with twice the limit while its team's share has room, and its deployment fails with
 the memory it needs and where to get it once it has none; another team's model answers all along.
 
@@ -28,9 +28,10 @@ pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
 __all__ = ["_stop_pool_servers", "people"]  # fixtures shared with the other pool tests (pool_e2e.py)
 
 MIB = 2**20
-# onnxruntime holds some NEED_MIB while it builds this chain's session here, measured (its stub's cgroup peak): more
-# than 256 MiB and well under 512 MiB, so that its load is ended at 128 and 256 MiB and fits at 512 MiB.
-NODES = 30_000
+# onnxruntime holds some 370 MB while it builds this chain's session here (a plain process's peak resident memory;
+# 167 MB for 30k nodes): more than 256 MiB and well under 512 MiB, so that its load is ended at 128 and 256 MiB and
+# fits at 512 MiB.
+NODES = 100_000
 PAST_LIMIT = "passed its memory limit in the pool"
 
 
@@ -71,16 +72,21 @@ def test_a_first_load_ended_at_its_limit_is_loaded_again_with_twice_the_limit_an
         answered = Counter(victim.stop())
 
     warnings = list(
-        Event.objects.filter(deployment=deployment, message__contains=PAST_LIMIT).values_list("message", flat=True)
+        Event.objects.filter(deployment=deployment, message__contains=PAST_LIMIT)
+        .order_by("pk")
+        .values_list("message", flat=True)
     )
+    # Ended at 128 MiB, then each load with twice the last limit (here 256 MiB, then 512 MiB, where it fits).
     assert warnings and "(128 MiB) while it loaded" in warnings[0], warnings
-    assert "loaded again with 256 MiB" in warnings[0], warnings
+    for step, warning in enumerate(warnings):
+        assert f"({128 << step} MiB) while it loaded" in warning, warnings
+        assert f"loaded again with {256 << step} MiB" in warning, warnings
     # Its figure is kept: the next load reserves what it needed, not the artifact's guess.
     figure = ModelMemory.objects.get(version=relus).memory_bytes
     assert figure > 128 * MIB, figure
     load = PoolLoad.objects.get(deployment=deployment)
     assert load.state == PoolLoad.State.LOADED and load.memory_bytes >= 256 * MIB, (load.state, load.memory_bytes)
-    assert pools.reservations(load.revision.spec) == {"digits": load.memory_bytes}
+    assert pools.reservations(load.revision.spec)["digits"] >= load.memory_bytes  # the next load starts there
     gateway = Asgi()
     try:
         status, answer = infer(gateway, charlie, "relus-c")
@@ -120,11 +126,13 @@ def test_a_model_that_cannot_fit_its_teams_share_fails_with_the_memory_it_needs_
     assert "this revision takes 512 MiB" in message and "POOL_TEAM_SHARE" in message, message
     assert "placement mode 'dedicated'" in message, message
     assert "acme" not in message and "digits-a" not in message, message  # nothing of the other team's
-    # Loaded twice, each time with twice the last limit, and no more.
+    # Loaded again once, with twice the limit; the next, with twice that, would pass the share: never tried.
     warnings = list(
-        Event.objects.filter(deployment=deployment, message__contains=PAST_LIMIT).values_list("message", flat=True)
+        Event.objects.filter(deployment=deployment, message__contains=PAST_LIMIT)
+        .order_by("pk")
+        .values_list("message", flat=True)
     )
-    assert len(warnings) == 2 and "(128 MiB)" in warnings[0] and "(256 MiB)" in warnings[1], warnings
+    assert len(warnings) == 1 and "(128 MiB)" in warnings[0] and "loaded again with 256 MiB" in warnings[0], warnings
     assert ModelMemory.objects.get(version=relus).memory_bytes > 256 * MIB
     # The other team's model kept its room and answered all along, from the same Triton.
     victim_load = PoolLoad.objects.get(deployment__name="digits-a")

@@ -380,9 +380,9 @@ def test_a_load_past_the_teams_share_or_the_budget_evicts_nobody(alice: Person, 
     settings.POOL_EVICTION_MIN_RESIDENCY_SECONDS = 0
     make_ready_version(alice)
     make_ready_version(charlie)
-    Pool.objects.filter(name="shared").update(memory_budget_bytes=1000 * MIB)
     own = _loaded(alice, "own-idle", 300 * MIB, idle_seconds=60, resident_seconds=3600)
     theirs = _loaded(charlie, "theirs", 300 * MIB, idle_seconds=60, resident_seconds=3600)
+    Pool.objects.filter(name="shared").update(memory_budget_bytes=1000 * MIB)  # the built-in pool, made by a deploy
     pool = Pool.objects.get(name="shared")
     new = PoolLoad.objects.select_related("deployment").get(pk=_shared_load(alice, "incoming").pk)
     with pytest.raises(local_pool.PoolFull) as refused:

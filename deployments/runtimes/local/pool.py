@@ -664,6 +664,10 @@ def _load_again_with_more(load: PoolLoad, loaded: _Loaded) -> PoolLoad:
         return _fail(load, f"{cause}: {loaded.error}; deploy it with placement mode 'dedicated' and a memory limit "
                            "that holds it")
     need = sum(after.values())
+    pool = load.pool
+    if need > min(pools.team_share(pool), pool.memory_budget_bytes):
+        # It would never fit (_make_room would refuse it): said now, not after an event promising another load.
+        return _fail(load, _needs_more(model, limit) + _full_message(pool, load, need, pools.memory_used(pool)[0]))
     reason = (f"{cause}: it is loaded again with {pools.format_bytes(after[model])}, if its team's share of the "
               f"pool has room ({pools.format_bytes(need)} for the revision)")
     if not PoolLoad.objects.filter(pk=load.pk, state=PoolLoad.State.LOADING).update(message=reason):
@@ -685,9 +689,14 @@ def _past_limits(server: PoolServer, load: PoolLoad) -> str:
     for entry in load.revision.spec.models:
         reached = 0 if entry.is_pipeline else pool_memory.limit_reached(server, prefix + entry.name)
         if reached:
-            return (f"model {entry.name!r} needs more memory than the {pools.format_bytes(reached)} its process was "
-                    "ended at in the pool: ")
+            return _needs_more(entry.name, reached)
     return ""
+
+
+def _needs_more(model: str, limit: int) -> str:
+    """The head of a refusal for a model whose process was ended at `limit`: what it needs is learnt, not guessed."""
+    return (f"model {model!r} needs more memory than the {pools.format_bytes(limit)} its process was ended at in "
+            "the pool: ")
 
 
 def _unsandboxed_code(server: PoolServer, spec: RevisionSpec) -> str | None:
