@@ -1,8 +1,8 @@
 """Shared pool against dedicated servers (issue 24): N small ONNX models (tests/artifacts.tiny_onnx, each its own
 model) deployed through the API and the real reconciler on the local runtime, once each on a Triton of its own and
-once all in the pool `shared`, on this machine.
+once all in one pool's Triton, on this machine.
 
-    .venv/bin/python bench/shared_pool.py [--models 30] [--dedicated 30] [--hot 5] [--duration 10]
+    .venv/bin/python bench/shared_pool.py [--models 30] [--dedicated 30] [--hot 5] [--duration 10] [--output PATH]
 
 Measures, for each placement: the memory of every Triton and python-backend stub process (the sum of their PSS,
 and of their RSS, from /proc), the time to deploy all N (POSTs, then reconciler ticks until every one is ready),
@@ -10,7 +10,14 @@ the throughput of a closed-loop load over the `--hot` models at once (tuning/loa
 straight at Triton: the gateway is the same in both placements), and for the pool the cold start of an idle model
 (its load and the first answer). In the pool every model but the hot ones is unloaded as idle before the memory is
 read, as the beat would. `--dedicated` below `--models` starts fewer dedicated servers (a loaded machine) and scales
-their memory to N from the measured mean: the output says so. Writes bench/results/shared_pool.json.
+their memory to N from the measured mean: the output says so. Writes bench/results/shared_pool.json (--output: a
+trial run's figures elsewhere).
+
+The pool is the benchmark team's own, `bench`, its budget sized for the N models loaded at once: each model in a
+local pool reserves at least POOL_MODEL_MEMORY_MIN (its cgroup's limit, what it is charged), so the built-in pool
+`shared` at its default budget holds 16 loaded, 8 of one team (POOL_TEAM_SHARE). A budget is what loads are
+admitted against, not memory held: the figures measured are the processes' own, which the budget does not change
+(docs/benchmarks.md, "Shared pools").
 
 A fresh SQLite database and var directory in a temporary directory (DATABASE_URL and S3_* from the environment are
 ignored); everything is stopped and removed at the end. Needs the runtime env.
@@ -43,12 +50,14 @@ def main() -> int:
     parser.add_argument("--hot", type=int, default=5)
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--work-dir", type=Path, default=None)
+    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "shared_pool.json",
+                        help="where the figures are written (a trial run's elsewhere than the committed ones)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="shared-pool-", dir=args.work_dir))
     for name in ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL", "S3_BUCKET", "S3_ENDPOINT_URL"):
         os.environ.pop(name, None)
     os.environ.update({"MODELPORT_VAR_DIR": str(work / "var"), "DJANGO_SETTINGS_MODULE": "portal.settings",
-                       "POOL_SHARED_IDLE_UNLOAD_SECONDS": "0", "GATEWAY_RATE_LIMIT_PER_SECOND": "0",
+                       "GATEWAY_RATE_LIMIT_PER_SECOND": "0",
                        # The idle models go after their 1 s, not ten times their load (which a busy machine stretches).
                        "POOL_IDLE_UNLOAD_LOAD_FACTOR": "0",
                        "SECRET_KEY": secrets.token_urlsafe(32)})  # this run's own database only
@@ -59,8 +68,8 @@ def main() -> int:
         result = run(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    out = ROOT / "bench" / "results" / "shared_pool.json"
-    out.parent.mkdir(exist_ok=True)
+    out = args.output
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0
@@ -80,6 +89,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     dedicated_count = min(args.dedicated if args.dedicated is not None else args.models, args.models)
     load_before = os.getloadavg()
     result: dict[str, Any] = {"models": args.models, "hot": args.hot, "load_average_before": load_before}
+    pool = bench_pool(person, args.models)
+    result["pool"] = {"name": pool.name, "memory_budget_bytes": pool.memory_budget_bytes}
     result["shared"] = placement(person, "shared", args.models, args, work)
     result["dedicated"] = placement(person, "dedicated", dedicated_count, args, work)
     result["load_average_after"] = os.getloadavg()
@@ -98,6 +109,20 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return result
 
 
+POOL = "bench"
+
+
+def bench_pool(person: Any, models: int) -> Any:
+    """The team's own pool, sized for `models` tiny models loaded at once: each reserves POOL_MODEL_MEMORY_MIN (its
+    peak, some 75 MB, times the headroom is less), and a pool of one team has no share rule. As an operator would
+    size a pool for what it is to hold; the built-in pool keeps its default budget."""
+    from deployments import pools
+    from deployments.models import Pool
+
+    return Pool.objects.create(name=POOL, runtime=Pool.Runtime.LOCAL, team=person.team, idle_unload_seconds=1,
+                               memory_budget_bytes=models * pools.reservation(0))
+
+
 def placement(person: Any, mode: str, count: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from deployments import actions, reconcile
     from deployments.models import Deployment, PoolLoad
@@ -109,7 +134,7 @@ def placement(person: Any, mode: str, count: int, args: argparse.Namespace, work
     for index, name in enumerate(names):
         body: dict[str, Any] = {"name": name, "models": [{"model": f"m{index}"}], "placement": {"mode": mode}}
         if mode == "shared":
-            body["placement"]["idle_unload_seconds"] = 1
+            body["placement"].update(pool=POOL, idle_unload_seconds=1)
         else:  # a tiny model's Triton: a cgroup of 512 MiB each, so that N fit the team's ceiling on the machine
             body["resources"] = {"memory": "512Mi"}
         response = client.post("/api/v1/deployments/", body, format="json")
@@ -160,9 +185,9 @@ def placement(person: Any, mode: str, count: int, args: argparse.Namespace, work
                 break
     if mode == "shared":
         # Stopping unloads the models; the pool's Triton stays up for the next load: not after a benchmark.
-        from deployments.pools import shared_pool
+        from deployments.models import Pool
 
-        local_pool.stop_servers(shared_pool())
+        local_pool.stop_servers(Pool.objects.get(name=POOL))
     return out
 
 

@@ -9,6 +9,7 @@ TorchScript and SavedModels may share a process only with their own team's model
 from __future__ import annotations
 
 import hashlib
+import math
 import platform
 from dataclasses import dataclass, replace
 
@@ -193,6 +194,14 @@ def reservation(measured_bytes: int) -> int:
     POOL_MODEL_MEMORY_MIN: a python-backend stub with onnxruntime holds some 70 MB before its first request)."""
     return max(int(measured_bytes * settings.POOL_MODEL_MEMORY_HEADROOM),
                quantity_bytes(settings.POOL_MODEL_MEMORY_MIN))
+
+
+def figure_past_limit(limit_bytes: int) -> int:
+    """The figure to remember for a model whose process the kernel ended at its memory limit `limit_bytes`, at a
+    load or under use: the peak whose reservation is twice that limit. It needed more than the limit, and how much
+    more no reading tells (its peak is the limit); doubling reaches any need in a few loads, each within its team's
+    share, and the next reading once it fits replaces the guess with its real peak where that is higher."""
+    return math.ceil(2 * limit_bytes / settings.POOL_MODEL_MEMORY_HEADROOM)
 
 
 def reservations(spec: RevisionSpec, pool: Pool | None = None) -> dict[str, int]:

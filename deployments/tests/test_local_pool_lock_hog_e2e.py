@@ -32,8 +32,9 @@ HOG_NODES = 100_000
 @pytest.fixture(autouse=True)
 def _room_for_the_hog(settings: Any) -> None:
     """The 100k-node model's stub holds far more than its 2.5 MB artifact's reservation while onnxruntime builds it:
-    never measured here, it would be killed at its cgroup's limit (POOL_MODEL_MEMORY_MIN) before its first load
-    ends. The reservation is raised so that what is tested is the lock, not the memory limit."""
+    never measured here, it would be ended at its cgroup's limit (POOL_MODEL_MEMORY_MIN) and loaded again with twice
+    the limit, a few times (test_local_pool_first_load_e2e.py). The reservation is raised so that what is tested is
+    the lock, in one load, not the memory limit."""
     settings.POOL_MODEL_MEMORY_MIN = "768Mi"
 
 

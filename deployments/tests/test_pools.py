@@ -359,6 +359,40 @@ def test_a_model_reserves_its_peak_with_headroom_and_at_least_the_minimum(alice:
     assert local_pool._estimate(spec) == 450 * MIB
 
 
+@pytest.mark.parametrize("headroom", [1.0, 1.5, 1.7])
+def test_a_model_ended_at_its_limit_is_reserved_twice_that_limit_next(settings: Any, headroom: float) -> None:
+    """The figure remembered for a model whose process passed its limit (at a load or under use) makes its next
+    reservation twice that limit, whatever the headroom: a first load that needs more doubles each time."""
+    from deployments.pools import figure_past_limit, reservation
+
+    settings.POOL_MODEL_MEMORY_MIN, settings.POOL_MODEL_MEMORY_HEADROOM = "128Mi", headroom
+    for limit in (128 * MIB, 256 * MIB, 300 * MIB + 7, 5 * 2**30):
+        assert 2 * limit <= reservation(figure_past_limit(limit)) <= 2 * limit + 2
+
+
+def test_a_load_past_the_teams_share_or_the_budget_evicts_nobody(alice: Person, charlie: Person,
+                                                                 settings: Any) -> None:
+    """A revision that needs more than its team may ever hold (a model loaded again with twice its limit, say) is
+    refused at once: no idle model of its own team nor of another is unloaded for a load that cannot fit anyway."""
+    from deployments.runtimes.local import pool as local_pool
+
+    settings.POOL_TEAM_SHARE = 0.5
+    settings.POOL_EVICTION_MIN_IDLE_SECONDS = 0
+    settings.POOL_EVICTION_MIN_RESIDENCY_SECONDS = 0
+    make_ready_version(alice)
+    make_ready_version(charlie)
+    own = _loaded(alice, "own-idle", 300 * MIB, idle_seconds=60, resident_seconds=3600)
+    theirs = _loaded(charlie, "theirs", 300 * MIB, idle_seconds=60, resident_seconds=3600)
+    Pool.objects.filter(name="shared").update(memory_budget_bytes=1000 * MIB)  # the built-in pool, made by a deploy
+    pool = Pool.objects.get(name="shared")
+    new = PoolLoad.objects.select_related("deployment").get(pk=_shared_load(alice, "incoming").pk)
+    with pytest.raises(local_pool.PoolFull) as refused:
+        local_pool._make_room(pool, new, 501 * MIB)
+    assert "takes 501 MiB" in str(refused.value) and "POOL_TEAM_SHARE" in str(refused.value)
+    assert PoolLoad.objects.get(pk=own.pk).state == PoolLoad.State.LOADED
+    assert PoolLoad.objects.get(pk=theirs.pk).state == PoolLoad.State.LOADED
+
+
 def test_the_pools_list_shows_the_teams_own_use_never_the_other_teams(alice: Person, charlie: Person) -> None:
     make_ready_version(charlie)
     _loaded(charlie, "theirs", 700 * MIB, idle_seconds=0, resident_seconds=0)

@@ -11,7 +11,9 @@ mode, into which deployments' revisions are loaded under names unique to deploym
 - Each model's processes run in a memory cgroup of their own, limited to its reservation (pools.reservations: its
   measured peak with headroom), which is what its team is charged; its figure is that cgroup's peak, read after the
   load and at each refresh (pool_memory.py): a model past its memory loses its own process, never the pool's Triton,
-  and loads side by side never count in each other's figures.
+  and loads side by side never count in each other's figures. A model whose process its limit ended, at a load (a
+  model never measured that needs more than its first reservation) or under use, is loaded again at the next pass
+  with twice that limit while its team's share has room; past it its deployment fails naming what it needs.
 - A load that would pass the pool's budget first evicts the least recently used models idle for
   POOL_EVICTION_MIN_IDLE_SECONDS, then is refused with a message naming what to unload.
 - A server that died is found by whoever looks next (a health check, a request): it is started again on the same
@@ -34,7 +36,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -396,7 +398,7 @@ def _estimate(spec: RevisionSpec) -> int:
 def _refresh_memory(load: PoolLoad, server: PoolServer) -> str:
     """Read each of the load's models' own peak (its cgroup's): kept as the version's figure, and its charge raised
     to it where there is no per-model limit. A model whose process the kernel killed at its limit is remembered as
-    needing twice that; the reason to load it again is returned ("" if none)."""
+    needing twice that (pools.figure_past_limit); the reason to load it again is returned ("" if none)."""
     spec = load.revision.spec
     prefix = _prefix(load)
     measured, reload = {}, ""
@@ -408,7 +410,7 @@ def _refresh_memory(load: PoolLoad, server: PoolServer) -> str:
         measured[entry.name] = pool_memory.measure(server, repository(load.pool), prefix + entry.name)
         reached = pool_memory.limit_reached(server, prefix + entry.name)
         if reached:
-            measured[entry.name] = max(measured[entry.name], 2 * reached)
+            measured[entry.name] = max(measured[entry.name], pools.figure_past_limit(reached))
             reload = (f"model {entry.name!r} passed its memory limit in the pool ({pools.format_bytes(reached)}) and "
                       "its process was ended (no other model was touched): it is loaded again with more, if the "
                       "pool has room")
@@ -468,6 +470,9 @@ def _make_room(pool: Pool, load: PoolLoad, need: int) -> None:
     resident_before = now - timedelta(seconds=settings.POOL_EVICTION_MIN_RESIDENCY_SECONDS)
     others = idle.exclude(deployment__team_id=team_id).filter(loaded_at__lt=resident_before)
     share = pools.team_share(pool)
+    if need > min(share, pool.memory_budget_bytes):
+        # Never fits, whatever is evicted: nobody's idle models are unloaded for it.
+        raise PoolFull(_full_message(pool, load, need, pools.memory_used(pool)[0]))
 
     def fits() -> bool:
         return (pools.memory_used(pool, team_id)[0] + need <= share
@@ -539,6 +544,7 @@ class _Loaded:
     done: list[str]  # the pool names Triton loaded, in order
     error: str | None
     seconds: float
+    past_limit: dict[str, int] = field(default_factory=dict)  # the model whose process its limit ended, and that limit
 
 
 def _start_load(pool: Pool, load: PoolLoad) -> PoolLoad | _Started:
@@ -561,7 +567,7 @@ def _start_load(pool: Pool, load: PoolLoad) -> PoolLoad | _Started:
     try:
         _make_room(pool, load, sum(reserved.values()))
     except PoolFull as exc:
-        return _fail(load, str(exc))
+        return _fail(load, _past_limits(server, load) + str(exc))
     # Loading from here: a stop, retire or abandon meanwhile changes the state, which _finish_load then sees.
     PoolLoad.objects.filter(pk=load.pk).update(state=PoolLoad.State.LOADING, message="", server=None)
     return _Started(server, reserved)
@@ -587,13 +593,16 @@ def _load_models(server: PoolServer, load: PoolLoad, reserved: Mapping[str, int]
             # Before the load: the model's stubs wait for their cgroup before they run any of its code.
             cgroup = pool_memory.prepare(server, name, reserved[model]) if model in reserved else None
         except OSError as exc:
-            error = f"its memory cgroup could not be made ({exc.strerror or exc}): ask an operator"
+            error, cgroup = f"its memory cgroup could not be made ({exc.strerror or exc}): ask an operator", None
         else:
             with pool_memory.placing(server, repository(pool), name, cgroup):
                 error = _admin(server, name, "load", settings.TRITON_READY_TIMEOUT_SECONDS)
         if error is not None:
+            # Its process ended at its cgroup's limit while it loaded (the kernel's count, whatever Triton says:
+            # "Stub process is not healthy"): it needs more than its reservation, not another upload.
+            reached = pool_memory.limit_reached(server, name) if cgroup is not None else 0
             return _Loaded(measured, done, f"model {model!r} failed to load: {error.replace(prefix, '')}",
-                           time.monotonic() - started)
+                           time.monotonic() - started, {model: reached} if reached else {})
         done.append(name)
         if model in reserved:
             measured[model] = pool_memory.measure(server, repository(pool), name)
@@ -616,6 +625,8 @@ def _finish_load(pool: Pool, load: PoolLoad, server: PoolServer, loaded: _Loaded
     if loaded.error is not None:
         for name in reversed(loaded.done):
             _admin(server, name, "unload", 30)
+        if loaded.past_limit:
+            return _load_again_with_more(load, loaded)
         return _fail(load, loaded.error)
     spec = load.revision.spec
     # Charged what each model may take (its limit); more only where nothing limits it.
@@ -634,6 +645,59 @@ def _finish_load(pool: Pool, load: PoolLoad, server: PoolServer, loaded: _Loaded
         last_used_at=now, cold_start_seconds=loaded.seconds)
     load.refresh_from_db()
     return load
+
+
+def _load_again_with_more(load: PoolLoad, loaded: _Loaded) -> PoolLoad:
+    """A load whose model's process the kernel ended at its limit (a model never measured that needs more than its
+    first reservation, or one that grew): its figure remembered as needing twice that limit, and the row left loading,
+    so that the next pass (a tick's observe or health check, a held request) loads it again with the doubled
+    reservation, through the room rule of every load (_make_room: within its team's share, then the pool's budget;
+    another team's loaded models are never touched for it, nor its idle ones evicted before they have been resident
+    POOL_EVICTION_MIN_RESIDENCY_SECONDS). The loop ends: each load's limit doubles the last, and one past the share
+    fails with the pool-full message naming what it needs; a reservation that did not grow fails at once."""
+    spec = load.revision.spec
+    _remember(spec, {model: pools.figure_past_limit(limit) for model, limit in loaded.past_limit.items()})
+    after = pools.reservations(spec)
+    model, limit = next(iter(loaded.past_limit.items()))
+    cause = _past_limit_cause(model, limit)
+    if after.get(model, 0) <= limit:
+        # Nothing remembered makes it grow (a model with no version): loading it again would end alike.
+        return _fail(load, f"{cause}: {loaded.error}; deploy it with placement mode 'dedicated' and a memory limit "
+                           "that holds it")
+    need = sum(after.values())
+    pool = load.pool
+    if need > min(pools.team_share(pool), pool.memory_budget_bytes):
+        # It would never fit (_make_room would refuse it): said now, not after an event promising another load.
+        return _fail(load, _needs_more(model, limit) + _full_message(pool, load, need, pools.memory_used(pool)[0]))
+    reason = (f"{cause}: it is loaded again with {pools.format_bytes(after[model])}, if its team's share of the "
+              f"pool has room ({pools.format_bytes(need)} for the revision)")
+    if not PoolLoad.objects.filter(pk=load.pk, state=PoolLoad.State.LOADING).update(message=reason):
+        return PoolLoad.objects.get(pk=load.pk)
+    events.record(load.deployment, Event.Kind.WARNING, reason[0].upper() + reason[1:] + ".")
+    load.refresh_from_db()
+    return load
+
+
+def _past_limit_cause(model: str, limit: int) -> str:
+    return (f"model {model!r} passed its memory limit in the pool ({pools.format_bytes(limit)}) while it loaded, "
+            "and its process was ended (no other model was touched)")
+
+
+def _past_limits(server: PoolServer, load: PoolLoad) -> str:
+    """Why a revision needs what it asks, where a model of it passed its limit in its last load ("" if none), as
+    the head of a refusal: the memory it needs is then a figure learnt the hard way, not a guess."""
+    prefix = _prefix(load)
+    for entry in load.revision.spec.models:
+        reached = 0 if entry.is_pipeline else pool_memory.limit_reached(server, prefix + entry.name)
+        if reached:
+            return _needs_more(entry.name, reached)
+    return ""
+
+
+def _needs_more(model: str, limit: int) -> str:
+    """The head of a refusal for a model whose process was ended at `limit`: what it needs is learnt, not guessed."""
+    return (f"model {model!r} needs more memory than the {pools.format_bytes(limit)} its process was ended at in "
+            "the pool: ")
 
 
 def _unsandboxed_code(server: PoolServer, spec: RevisionSpec) -> str | None:
@@ -758,6 +822,8 @@ def observe(launch: Launch) -> Observation:
         return Observation("failed", str(exc))
     if load.state == PoolLoad.State.FAILED:
         return Observation("failed", load.message)
+    if load.state == PoolLoad.State.LOADING:
+        return Observation("starting", load.message)  # to be loaded again with more memory: the next tick does
     if load.server is None or load.server.url != launch.url:
         return Observation("failed", "the pool's Triton restarted on other ports: start the deployment again")
     return Observation("ready", f"loaded in pool {load.pool.name!r} in {load.cold_start_seconds or 0:.1f} s")
@@ -801,6 +867,8 @@ def check(launch: Launch) -> Health:
             return Health(False, str(exc))
         if load.state == PoolLoad.State.FAILED:
             return Health(False, load.message)
+        if load.state == PoolLoad.State.LOADING:
+            return Health(True)  # to be loaded again with more memory: the next tick (or request) does
         server = load.server
     if server is None or server.url != launch.url:
         return Health(False, "the pool's Triton restarted on other ports")
