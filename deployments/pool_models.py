@@ -245,6 +245,10 @@ class PoolLoad(models.Model):
     message = models.TextField(blank=True)
     idle_unload_seconds = models.PositiveIntegerField(default=0)
     memory_bytes = models.BigIntegerField(default=0)  # measured at its last load
+    # While a load of it is under way (Triton loading, no pool lock held): what it reserved, counted against the
+    # pool's budget and its team's share beside the loaded ones, so that two teams' loads side by side never
+    # together pass the budget. 0 otherwise.
+    reserved_bytes = models.BigIntegerField(default=0)
     loaded_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     cold_start_seconds = models.FloatField(null=True, blank=True)  # the last load's time

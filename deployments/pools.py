@@ -108,13 +108,19 @@ def sharing_refusal(pool: Pool, spec: RevisionSpec) -> list[tuple[str, str]]:
     return found
 
 
-def memory_used(pool: Pool, team_id: int | None = None) -> tuple[int, int]:
-    """(bytes, models) the pool's loaded revisions take (with team_id: that team's only), as measured when each
-    loaded."""
-    loaded = PoolLoad.objects.filter(pool=pool, state=PoolLoad.State.LOADED)
+def memory_used(pool: Pool, team_id: int | None = None, exclude: int | None = None) -> tuple[int, int]:
+    """(bytes, models) the pool's loaded revisions take (with team_id: that team's only), as charged when each
+    loaded, and what the loads under way reserved (their models not counted: not loaded yet). exclude: a load's
+    own row, not counted (the load asking)."""
+    rows = PoolLoad.objects.filter(pool=pool)
     if team_id is not None:
-        loaded = loaded.filter(deployment__team_id=team_id)
+        rows = rows.filter(deployment__team_id=team_id)
+    if exclude is not None:
+        rows = rows.exclude(pk=exclude)
+    loaded = rows.filter(state=PoolLoad.State.LOADED)
     total = loaded.aggregate(total=Sum("memory_bytes"))["total"] or 0
+    loading = rows.filter(state=PoolLoad.State.LOADING, reserved_bytes__gt=0)
+    total += loading.aggregate(total=Sum("reserved_bytes"))["total"] or 0
     models = sum(len(load.revision.spec.models) for load in loaded.select_related("revision"))
     return int(total), models
 

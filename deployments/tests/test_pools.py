@@ -393,6 +393,42 @@ def test_a_load_past_the_teams_share_or_the_budget_evicts_nobody(alice: Person, 
     assert PoolLoad.objects.get(pk=theirs.pk).state == PoolLoad.State.LOADED
 
 
+def test_another_teams_load_under_way_holds_its_reservation_so_two_loads_never_pass_the_budget(
+        alice: Person, charlie: Person, settings: Any) -> None:
+    """Triton loads a revision with only its team's lock held, so two teams' loads run side by side: what the one
+    under way reserved counts against the pool's budget (not its models: not loaded yet) until its attempt ends,
+    and a load of the other team that would pass the budget with it is refused instead of overcommitting the
+    pool's memory (where the kernel would end some team's model process). A load never counts against itself."""
+    from deployments.pools import memory_used
+    from deployments.runtimes.local import pool as local_pool
+
+    settings.POOL_TEAM_SHARE = 1.0
+    make_ready_version(alice)
+    make_ready_version(charlie)
+    theirs = _shared_load(charlie, "theirs-loading")
+    Pool.objects.filter(name="shared").update(memory_budget_bytes=1000 * MIB)  # the built-in pool, made by a deploy
+    pool = Pool.objects.get(name="shared")
+    PoolLoad.objects.filter(pk=theirs.pk).update(reserved_bytes=600 * MIB)
+    asked = _shared_load(alice, "asked-only")  # asked for, no load under way: counts nothing
+    mine = PoolLoad.objects.select_related("deployment").get(pk=_shared_load(alice, "incoming").pk)
+
+    assert memory_used(pool) == (600 * MIB, 0)
+    assert memory_used(pool, alice.team.pk) == (0, 0)
+    assert memory_used(pool, charlie.team.pk, exclude=theirs.pk) == (0, 0)
+    with pytest.raises(local_pool.PoolFull) as refused:
+        local_pool._make_room(pool, mine, 500 * MIB)
+    assert "has 400 MiB free" in str(refused.value) and "takes 500 MiB" in str(refused.value)
+    local_pool._make_room(pool, mine, 400 * MIB)  # what is left fits
+
+    # The attempt over (loaded, failed or dead: load_revision clears it), its room is free again.
+    PoolLoad.objects.filter(pk=theirs.pk).update(reserved_bytes=0)
+    local_pool._make_room(pool, mine, 500 * MIB)
+    # A reservation left by an earlier attempt of the asking load itself is not counted against it.
+    PoolLoad.objects.filter(pk=mine.pk).update(reserved_bytes=900 * MIB)
+    local_pool._make_room(pool, mine, 900 * MIB)
+    assert PoolLoad.objects.get(pk=asked.pk).reserved_bytes == 0
+
+
 def test_the_pools_list_shows_the_teams_own_use_never_the_other_teams(alice: Person, charlie: Person) -> None:
     make_ready_version(charlie)
     _loaded(charlie, "theirs", 700 * MIB, idle_seconds=0, resident_seconds=0)

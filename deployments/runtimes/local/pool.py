@@ -475,22 +475,22 @@ def _make_room(pool: Pool, load: PoolLoad, need: int) -> None:
         raise PoolFull(_full_message(pool, load, need, pools.memory_used(pool)[0]))
 
     def fits() -> bool:
-        return (pools.memory_used(pool, team_id)[0] + need <= share
-                and pools.memory_used(pool)[0] + need <= pool.memory_budget_bytes)
+        return (pools.memory_used(pool, team_id, exclude=load.pk)[0] + need <= share
+                and pools.memory_used(pool, exclude=load.pk)[0] + need <= pool.memory_budget_bytes)
 
     message = "evicted: the pool needed its memory for another model (least recently used first)"
     for victim in own:
         if fits():
             return
         _unload_locked(victim, message)
-    if pools.memory_used(pool, team_id)[0] + need > share:
-        raise PoolFull(_full_message(pool, load, need, pools.memory_used(pool)[0]))
+    if pools.memory_used(pool, team_id, exclude=load.pk)[0] + need > share:
+        raise PoolFull(_full_message(pool, load, need, pools.memory_used(pool, exclude=load.pk)[0]))
     for victim in others:
         if fits():
             return
         _unload_locked(victim, message)
     if not fits():
-        raise PoolFull(_full_message(pool, load, need, pools.memory_used(pool)[0]))
+        raise PoolFull(_full_message(pool, load, need, pools.memory_used(pool, exclude=load.pk)[0]))
 
 
 def _full_message(pool: Pool, load: PoolLoad, need: int, used: int) -> str:
@@ -499,7 +499,7 @@ def _full_message(pool: Pool, load: PoolLoad, need: int, used: int) -> str:
     mine = (PoolLoad.objects.filter(pool=pool, state=PoolLoad.State.LOADED, deployment__team_id=team_id)
             .exclude(pk=load.pk).select_related("deployment", "revision"))
     own = ", ".join(f"{m.deployment.name} r{m.revision.number} ({pools.format_bytes(m.memory_bytes)})" for m in mine)
-    mine_used = pools.memory_used(pool, team_id)[0]
+    mine_used = pools.memory_used(pool, team_id, exclude=load.pk)[0]
     share = (f" (your team may use {pools.format_bytes(pools.team_share(pool))} of it, POOL_TEAM_SHARE, and uses "
              f"{pools.format_bytes(mine_used)})" if pool.open_to_all else "")
     return (f"pool {pool.name!r} has {pools.format_bytes(max(0, pool.memory_budget_bytes - used))} free of its "
@@ -527,9 +527,14 @@ def load_revision(load_id: int, wait: bool | float = True) -> PoolLoad:
             started = _start_load(pool, load)
         if isinstance(started, PoolLoad):
             return started
-        loaded = _load_models(started.server, load, started.reserved)
-        with locked(pool):
-            return _finish_load(pool, load, started.server, loaded, started.reserved)
+        try:
+            loaded = _load_models(started.server, load, started.reserved)
+            with locked(pool):
+                return _finish_load(pool, load, started.server, loaded, started.reserved)
+        finally:
+            # The reservation _start_load wrote ends with this attempt, whatever became of it (a process that dies
+            # mid-load leaves it until the row's next attempt, which writes it again: room held, never overcommitted).
+            PoolLoad.objects.filter(pk=load.pk).update(reserved_bytes=0)
 
 
 @dataclass(frozen=True)
@@ -569,7 +574,8 @@ def _start_load(pool: Pool, load: PoolLoad) -> PoolLoad | _Started:
     except PoolFull as exc:
         return _fail(load, _past_limits(server, load) + str(exc))
     # Loading from here: a stop, retire or abandon meanwhile changes the state, which _finish_load then sees.
-    PoolLoad.objects.filter(pk=load.pk).update(state=PoolLoad.State.LOADING, message="", server=None)
+    PoolLoad.objects.filter(pk=load.pk).update(state=PoolLoad.State.LOADING, message="", server=None,
+                                               reserved_bytes=sum(reserved.values()))
     return _Started(server, reserved)
 
 
@@ -631,8 +637,8 @@ def _finish_load(pool: Pool, load: PoolLoad, server: PoolServer, loaded: _Loaded
     spec = load.revision.spec
     # Charged what each model may take (its limit); more only where nothing limits it.
     total = max(sum(reserved.values()), sum(loaded.measured.values()))
-    used, _ = pools.memory_used(pool)
-    mine, _ = pools.memory_used(pool, load.deployment.team_id)
+    used, _ = pools.memory_used(pool, exclude=load.pk)
+    mine, _ = pools.memory_used(pool, load.deployment.team_id, exclude=load.pk)
     if used + total > pool.memory_budget_bytes or mine + total > pools.team_share(pool):
         for name in reversed(loaded.done):
             _admin(server, name, "unload", 30)
