@@ -89,7 +89,7 @@ def report_usage(directory: str, model: str, instance: str) -> None:
         with open(tmp, "w") as handle:
             handle.write(str(peak_resident_bytes()))
         os.replace(tmp, os.path.join(folder, safe))
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a directory setting no path can be
         pass
 
 
