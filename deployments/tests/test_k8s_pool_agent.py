@@ -345,7 +345,8 @@ def _confined_agent(tmp_path: Path, server: _Server) -> pool_agent.Agent:
                             usage_dir=tmp_path / "usage")
 
 
-def test_each_models_limit_is_written_before_its_load_and_removed_with_it(tmp_path: Path, server: _Server) -> None:
+def test_each_models_limit_is_written_before_its_load_and_removed_with_it(
+        tmp_path: Path, server: _Server, monkeypatch: pytest.MonkeyPatch) -> None:
     """The stub wrapper of Triton's container (pool_stub.py) reads the limit when Triton starts the model's process,
     during the load: the file is there before the load is asked, and goes with the revision."""
     seen: dict[str, str] = {}
@@ -361,16 +362,30 @@ def test_each_models_limit_is_written_before_its_load_and_removed_with_it(tmp_pa
              "memory_limits": {"d3-r1-digits": 200 * 2**20, "d3-r1-head": 128 * 2**20}}
     _write(tmp_path, entry)
     agent = _confined_agent(tmp_path, server)
-    pool_agent.Triton.action = action  # type: ignore[method-assign]
-    try:
-        agent.converge()
-    finally:
-        pool_agent.Triton.action = original  # type: ignore[method-assign]
+    monkeypatch.setattr(pool_agent.Triton, "action", action)
+    agent.converge()
     assert agent.status()["loaded"] == ["d3-r1"]
     assert seen == {"d3-r1-digits": f"{200 * 2**20}\n", "d3-r1-head": f"{128 * 2**20}\n"}
     (tmp_path / "desired" / "d3-r1.json").unlink()
     agent.converge()
     assert list((tmp_path / "limits").iterdir()) == []
+
+
+def test_a_python_backend_model_its_entry_gives_no_limit_is_refused_before_triton_is_asked(
+        tmp_path: Path, server: _Server) -> None:
+    """The wrapper would refuse to start its process (never unconfined), and Triton wait for the dead stub until the
+    load times out, holding every other load of the agent: the agent refuses it first. A model in Triton's own
+    process (a pipeline, a GPU model's native backend) needs none."""
+    python = b'name: "d3-r1-digits"\nbackend: "python"\n'
+    _write(tmp_path, _entry(server, "d3-r1", {"d3-r1-digits/config.pbtxt": python, "d3-r1-digits/1/model.onnx": MODEL}))
+    _write(tmp_path, _entry(server, "d4-r1", {"d4-r1-digits/config.pbtxt": CONFIG, "d4-r1-digits/1/model.onnx": MODEL},
+                            models=["d4-r1-digits"]))
+    agent = _confined_agent(tmp_path, server)
+    agent.converge()
+    assert "gives it no memory limit" in agent.status()["failed"]["d3-r1"]
+    assert agent.status()["loaded"] == ["d4-r1"]
+    assert server.calls == [("load", "d4-r1-digits")]  # Triton was never asked for d3-r1's model
+    assert not (tmp_path / "models" / "d3-r1-digits").exists()
 
 
 @pytest.mark.parametrize(("limits", "words"), [

@@ -303,8 +303,9 @@ def test_in_a_real_triton_one_teams_huge_answer_fails_its_own_request_and_the_ne
     each model's limit from its entry, the pool's repository as the worker renders it (the generated python model
     for ONNX). The ConstantOfShape model asked for 6x10^7 floats (240 MB, past its 256 MiB limit with its stub) and
     for 5x10^6 (20 MB, past POOL_MAX_OUTPUT_BYTES) gets 400s from its own process, Triton keeps its pid, and
-    another team's model answers 200 in between; a model the entry gives no limit never loads; each model's figure
-    is its own processes' peak."""
+    another team's model answers 200 in between; each model's figure is its own processes' peak. (A model given no
+    limit: the wrapper refuses it, test_anything_amiss_..., and the agent before it asks Triton, which would wait
+    for the dead stub until its load times out: test_k8s_pool_agent.py.)"""
     import json
     import urllib.error
     import urllib.request
@@ -331,17 +332,16 @@ def test_in_a_real_triton_one_teams_huge_answer_fails_its_own_request_and_the_ne
         dynamic_batching=None,
     )
     digits = local_triton.onnx_model("d4-r1-digits", local_triton.matmul_onnx(tmp_path / "m.onnx"))
-    unlimited = local_triton.onnx_model("d5-r1-digits", local_triton.matmul_onnx(tmp_path / "u.onnx"))
     models = (tmp_path / "models").resolve()
     models.mkdir()
-    for model in (shaper, digits, unlimited):
+    for model in (shaper, digits):
         rendered = tmp_path / f"rendered-{model.name}"
         render_repository(
             RepositorySpec(models=(model,)), "kubernetes", rendered, fold_constants=False, python_models=True
         )
         assert 'backend: "python"' in (rendered / model.name / "config.pbtxt").read_text()
         (rendered / model.name).rename(models / model.name)
-    # The agent's part, as its entries say: a limit for the shaper and the neighbour, none for the third.
+    # The agent's part, as their entries say.
     agent = pool_agent.Agent(
         tmp_path / "desired",
         models,
@@ -406,11 +406,9 @@ def test_in_a_real_triton_one_teams_huge_answer_fails_its_own_request_and_the_ne
         time.sleep(0.2)
     assert client.action("d3-r1-shaper", "load") is None, tail()
     assert client.action("d4-r1-digits", "load") is None, tail()
-    assert client.action("d5-r1-digits", "load") is not None  # no limit given: it never runs unconfined
-    assert "could not confine" in tail()
     server_pid = triton.pid  # sh exec'd tritonserver: the same process
 
-    def post(model: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
+    def post(model: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         request = urllib.request.Request(
             f"{url}/v2/models/{model}/infer",
             data=json.dumps(body).encode(),
@@ -423,13 +421,13 @@ def test_in_a_real_triton_one_teams_huge_answer_fails_its_own_request_and_the_ne
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"{}")
 
-    def ask(count: int) -> tuple[int, dict[str, object]]:
+    def ask(count: int) -> tuple[int, dict[str, Any]]:
         return post("d3-r1-shaper", {"inputs": [{"name": "n", "shape": [1], "datatype": "INT64", "data": [count]}]})
 
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     victim = {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": x.ravel().tolist()}]}
     status, answer = ask(3)
-    assert status == 200 and answer["outputs"][0]["data"] == [1.0, 1.0, 1.0], answer  # type: ignore[index]
+    assert status == 200 and answer["outputs"][0]["data"] == [1.0, 1.0, 1.0], answer
     victims, messages = [], {}
     for count in (60_000_000, 5_000_000) * 3:
         status, answer = ask(count)
@@ -438,7 +436,7 @@ def test_in_a_real_triton_one_teams_huge_answer_fails_its_own_request_and_the_ne
         code, reply = post("d4-r1-digits", victim)
         victims.append(code)
         assert code == 200, reply
-        got = np.array(reply["outputs"][0]["data"]).reshape(2, 3)  # type: ignore[index]
+        got = np.array(reply["outputs"][0]["data"]).reshape(2, 3)
         assert np.allclose(got, x @ local_triton.W, atol=1e-5)
     assert victims == [200] * 6
     # 240 MB does not fit in its 256 MiB with its stub: the allocation failed in its process; 20 MB did, and the

@@ -76,6 +76,7 @@ REVISION_RE = re.compile(r"d[0-9]{1,12}-r[0-9]{1,9}")
 MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}")
 MAX_ENTRY_BYTES = 512 * 1024  # an entry's JSON (a Secret holds 1 MiB in all)
 MAX_MESSAGE = 500
+PYTHON_BACKEND_RE = re.compile(r'^\s*backend\s*:\s*"python"', re.MULTILINE)
 MAX_USAGE_FILES = 64  # a model's instances (Triton's instance_group count is within the portal's ceilings)
 USAGE_FILE_BYTES = 32
 MEMORY_REPORT_FRACTION = 0.1  # a model's figure that grew by a tenth is worth a status line
@@ -391,6 +392,25 @@ class Agent:
                 total, found = total + value, True
         return total if found else None
 
+    def _check_limits(self, key: str, entry: dict[str, Any]) -> None:
+        """Refuse, before Triton is asked, a model that runs in processes of its own (the python backend) and that
+        its entry gives no limit (an entry written before limits were): the wrapper would refuse to start its
+        process, and Triton wait for the dead stub until the load times out, holding this agent's every other load."""
+        if self.limits_dir is None:
+            return
+        for name in entry["models"]:
+            if name in entry.get("memory_limits", {}):
+                continue
+            try:
+                with (self.repository / name / "config.pbtxt").open("rb") as handle:
+                    config = handle.read(MAX_ENTRY_BYTES).decode("utf-8", "replace")
+            except OSError:
+                continue  # no config of its own (Triton refuses it anyway)
+            if PYTHON_BACKEND_RE.search(config):
+                raise Refused(f"model {name[len(key) + 1:]!r} runs in processes of its own and its entry gives it no "
+                              "memory limit: the worker writes one at the revision's next change (a rollout, or its "
+                              "URLs' renewal)")
+
     def _write_limits(self, key: str, entry: dict[str, Any]) -> None:
         """Each model's memory limit where the stub wrapper reads it (replaced whole: a stub never reads half)."""
         if self.limits_dir is None:
@@ -431,6 +451,7 @@ class Agent:
         for directory in entry.get("directories", []):
             (self.repository / directory).mkdir(parents=True, exist_ok=True)
         self._write_limits(key, entry)
+        self._check_limits(key, entry)
         done: list[str] = []
         self.memory.pop(key, None)
         for name in entry["models"]:
