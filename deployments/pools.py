@@ -84,8 +84,11 @@ def fingerprint(pool: Pool | None = None) -> str:
     A cluster pool's is its own (its name, GPU share and Triton image): its figures come from its pods' agents, and
     those of a team's own pool, written next to the team's code, never count for another pool."""
     if pool is not None and pool.runtime == Pool.Runtime.KUBERNETES:
+        # "own-processes": since each model runs in stub processes of its own there, its figure is their peak, no
+        # longer Triton's statistic (which the figures of the pools before counted).
         text = "|".join(("kubernetes", pool.name, pool.gpu_share, pool.gpu_type, pool.mig_profile,
-                         str(settings.KUBERNETES_TRITON_IMAGE)))
+                         str(settings.KUBERNETES_POOL_TRITON_IMAGE or settings.KUBERNETES_TRITON_IMAGE),
+                         "own-processes"))
     else:
         text = "|".join((platform.machine(), platform.node(), str(settings.MODELPORT_RUNTIME_ENV)))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -145,12 +148,10 @@ def measured(version: ModelVersion, pool: Pool | None = None) -> int | None:
 
 
 def copy_needs(version: ModelVersion, pool: Pool) -> int | None:
-    """What one more copy of `version` takes from `pool`: on the local runtime its reservation (its measured peak
-    with headroom: the memory limit a load gives it), on a cluster its measured figure; None: never measured."""
+    """What one more copy of `version` takes from `pool`: its reservation (its measured peak with headroom: the
+    memory limit a load gives it, on either runtime); None: never measured."""
     found = measured(version, pool)
-    if found is None or pool.runtime != Pool.Runtime.LOCAL:
-        return found
-    return reservation(found)
+    return None if found is None else reservation(found)
 
 
 @dataclass(frozen=True)
@@ -229,6 +230,22 @@ def reservations(spec: RevisionSpec, pool: Pool | None = None) -> dict[str, int]
         else:
             out[entry.name] = reservation(int(sizes.get(entry.sha256, 0) * settings.POOL_UNMEASURED_FACTOR))
     return out
+
+
+def process_limits(spec: RevisionSpec, pool: Pool) -> dict[str, int]:
+    """Each model's memory limit per process in a cluster pool (what the stub wrapper limits each of its processes
+    to, deployments/runtimes/kubernetes/pool_stub.py): its reservation shared by its instances, each one's at least
+    POOL_MODEL_MEMORY_MIN (what one stub holds idle). Pipelines run in Triton itself and have none."""
+    minimum = quantity_bytes(settings.POOL_MODEL_MEMORY_MIN)
+    counts = {entry.name: max(1, entry.instance_group.count) for entry in spec.models}
+    return {name: max(reserved // counts[name], minimum) for name, reserved in reservations(spec, pool).items()}
+
+
+def cluster_charge(spec: RevisionSpec, pool: Pool) -> int:
+    """What loading `spec` takes from a cluster pool: every process's limit (so that the limits together stay
+    within the budget, and the pod's own memory limit, the budget plus overhead, is not what runs out)."""
+    counts = {entry.name: max(1, entry.instance_group.count) for entry in spec.models}
+    return sum(limit * counts[name] for name, limit in process_limits(spec, pool).items())
 
 
 def format_bytes(value: int) -> str:

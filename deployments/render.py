@@ -7,7 +7,9 @@ deterministic: the same spec and artifacts give a byte-identical tree (tests com
 Layout: `<model>/config.pbtxt` and `<model>/<version>/` holding `model.onnx`, `model.pt`, `model.savedmodel/`,
 `model.plan`, `model.py` (+ helper files), `model.tnnproto` + `model.tnnmodel`, or nothing (ensembles).
 On the local target ONNX, TorchScript and SavedModels are served by generated python-backend models: the
-wrapper from modelport/core/backends/ as `model.py` beside the artifact, with the modules it imports. Which backend
+wrapper from modelport/core/backends/ as `model.py` beside the artifact, with the modules it imports; on a cluster
+too when the repository is a pool's (`python_models`), so that each model runs in processes of its own, which the
+pool confines to its memory limit (deployments/runtimes/kubernetes/pool_stub.py), never inside Triton's. Which backend
 serves a format on each target, and how its artifact is laid out, is the format's own module's to say
 (modelport/core/formats/); this module builds the config and the tree around it.
 """
@@ -56,8 +58,17 @@ class RenderError(ValueError):
 ORT_GRAPH_LEVEL_DISABLE_ALL = 2
 
 
+def python_wrapped(m: ServedModel, target: Target, python_models: bool = False) -> bool:
+    """Whether `m` is served by its format's generated python-backend model: always on the local target, and on a
+    cluster with `python_models` (a pool's Triton) when it runs on the CPU (the generated models run onnxruntime,
+    torch and TensorFlow on the CPU only; a GPU model keeps its native backend, docs/security.md says so)."""
+    if formats.get(m.format).local.wrapper is None:
+        return False
+    return target == "local" or (python_models and m.instance_group.kind != "gpu")
+
+
 def build_model_config(m: ServedModel, target: Target, *, tnn_backend_name: str = "tnn",
-                       fold_constants: bool = True) -> mc.ModelConfig:
+                       fold_constants: bool = True, python_models: bool = False) -> mc.ModelConfig:
     """Triton's ModelConfig message for `m` on `target` (assumes `m` passed validation).
 
     `fold_constants=False` (a shared Triton): an ONNX model served by the onnxruntime backend is built with no
@@ -70,8 +81,9 @@ def build_model_config(m: ServedModel, target: Target, *, tnn_backend_name: str 
     fmt = formats.get(m.format)
     if fmt.native.custom:
         config.backend = tnn_backend_name
-    elif target == "local" and fmt.local.wrapper is not None:
-        # The local tritonserver has only the python backend: a generated python model runs the file.
+    elif python_wrapped(m, target, python_models):
+        # The local tritonserver has only the python backend, and a pool's models run in processes of their own:
+        # a generated python model runs the file.
         config.backend = "python"
     else:
         if fmt.native.platform:
@@ -123,10 +135,11 @@ def build_model_config(m: ServedModel, target: Target, *, tnn_backend_name: str 
 
 
 def render_config(m: ServedModel, target: Target, *, tnn_backend_name: str = "tnn",
-                  fold_constants: bool = True) -> str:
-    """config.pbtxt text for `m` (`fold_constants`: see build_model_config)."""
+                  fold_constants: bool = True, python_models: bool = False) -> str:
+    """config.pbtxt text for `m` (`fold_constants`, `python_models`: see build_model_config, python_wrapped)."""
     text: str = text_format.MessageToString(build_model_config(m, target, tnn_backend_name=tnn_backend_name,
-                                                                fold_constants=fold_constants))
+                                                                fold_constants=fold_constants,
+                                                                python_models=python_models))
     return text
 
 
@@ -139,14 +152,22 @@ def render_repository(
     local_frameworks: Collection[str] = frozenset(),
     archive_limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS,
     fold_constants: bool = True,
+    python_models: bool = False,
 ) -> None:
     """Write the repository for `spec` to `out_dir`, replacing what was there (`fold_constants`: see
-    build_model_config; False for a Triton shared by several deployments).
+    build_model_config; False for a Triton shared by several deployments; `python_models`: python_wrapped, True
+    for a cluster pool's).
 
     The tree is built in a sibling directory and swapped in at the end, so a server pointed at `out_dir` never
     sees half a repository. Raises RenderError for an invalid spec or an unusable artifact.
     """
     errors = validate_repository(spec, target, local_frameworks=local_frameworks)
+    if python_models and target != "local":
+        for m in spec.models:
+            check = formats.get(m.format).local.signature_problem
+            if python_wrapped(m, target, python_models) and check is not None and (problem := check(m.signature)):
+                errors.setdefault(f"{m.name}.signature", []).append(
+                    f"in a shared pool, where each model runs in processes of its own: {problem}")
     if errors:
         raise RenderError(errors)
     out_dir = Path(out_dir)
@@ -158,10 +179,12 @@ def render_repository(
             version_dir = model_dir / str(m.version)
             version_dir.mkdir(parents=True)
             (model_dir / "config.pbtxt").write_text(
-                render_config(m, target, tnn_backend_name=tnn_backend_name, fold_constants=fold_constants),
+                render_config(m, target, tnn_backend_name=tnn_backend_name, fold_constants=fold_constants,
+                              python_models=python_models),
                 encoding="utf-8",
             )
-            _write_artifact(m, target, version_dir, scratch=staging / f".extract-{m.name}", limits=archive_limits)
+            _write_artifact(m, target, version_dir, scratch=staging / f".extract-{m.name}", limits=archive_limits,
+                            python_models=python_models)
         _swap_in(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -219,12 +242,14 @@ def _add_warmup(config: mc.ModelConfig, m: ServedModel) -> None:
         sample.inputs[entry.name].CopyFrom(data)
 
 
-def _write_artifact(m: ServedModel, target: Target, version_dir: Path, *, scratch: Path, limits: ArchiveLimits) -> None:
+def _write_artifact(m: ServedModel, target: Target, version_dir: Path, *, scratch: Path, limits: ArchiveLimits,
+                    python_models: bool = False) -> None:
     fmt = formats.get(m.format)  # validate_served_model refuses unknown formats
     if fmt.write_artifact is None:
         return  # Triton needs the version directory, empty for an ensemble.
     assert m.artifact_path is not None  # validated
-    if target == "local" and fmt.local.wrapper is not None:
+    if python_wrapped(m, target, python_models):
+        assert fmt.local.wrapper is not None
         shutil.copyfile(fmt.local.wrapper, version_dir / "model.py")
         for module in fmt.local.modules:
             shutil.copyfile(module, version_dir / module.name)

@@ -467,6 +467,10 @@ KUBERNETES_S3_SECRET_ACCESS_KEY = env_secret("KUBERNETES_S3_SECRET_ACCESS_KEY", 
 KUBERNETES_REPOSITORY_URL_SECONDS = env_int("KUBERNETES_REPOSITORY_URL_SECONDS", 24 * 3600, minimum=3600)
 # The init container's image (it runs `python3`); empty: the Triton image, which has it.
 KUBERNETES_FETCH_IMAGE = env_str("KUBERNETES_FETCH_IMAGE")
+# The Triton image of a cluster pool's pods: it serves every model through Modelport's generated python-backend models
+# (each in processes of its own, confined to its memory limit), so it needs onnxruntime and numpy<2 for its python3
+# (platform/docker/triton-pool.Dockerfile). Empty: KUBERNETES_TRITON_IMAGE, whose python has no onnxruntime.
+KUBERNETES_POOL_TRITON_IMAGE = env_str("KUBERNETES_POOL_TRITON_IMAGE")
 # The namespace of the pools open to every team on the cluster (docs/pools.md); a team's own pool runs in its namespace.
 KUBERNETES_POOL_NAMESPACE = env_str("KUBERNETES_POOL_NAMESPACE", "modelport-pools")
 # Triton's pods may connect to DNS (in this namespace) and to these destinations only, e.g.

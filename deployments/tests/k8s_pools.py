@@ -30,6 +30,9 @@ def kube_runtime(kube: FakeKube, cfg: KubernetesConfig, settings: Any) -> None:
     settings.KUBERNETES_KUBECONFIG = cfg.kubeconfig
     settings.KUBERNETES_S3_BUCKET, settings.KUBERNETES_S3_ENDPOINT_URL = cfg.s3_bucket, ""
     settings.KUBERNETES_TRITON_EGRESS = ["52.216.0.0/15:443"]
+    # A revision counts at its models' memory limits (pools.cluster_charge): with no headroom and no minimum, at
+    # their figures, as these tests reckon; test_k8s_pool_confinement.py tests the charge with the real defaults.
+    settings.POOL_MODEL_MEMORY_HEADROOM, settings.POOL_MODEL_MEMORY_MIN = 1.0, "0"
     kube.on_apply = fake_kube.rollout_succeeds
 
 

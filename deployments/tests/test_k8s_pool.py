@@ -77,12 +77,15 @@ def test_the_pools_triton_holds_no_s3_key_and_only_the_agent_sees_the_urls() -> 
                                                 "readOnlyRootFilesystem": True, "runAsNonRoot": True}
     assert "--model-control-mode=explicit" in triton["args"]
     assert any(arg.startswith("--http-restricted-api=model-repository") for arg in triton["args"])
-    assert {m["name"] for m in triton["volumeMounts"]} == {"dshm", "tmp", "repository"}
-    assert next(m for m in triton["volumeMounts"] if m["name"] == "repository")["readOnly"] is True
+    assert {m["name"] for m in triton["volumeMounts"]} == {"dshm", "tmp", "repository", "agent", "limits", "usage",
+                                                           "backends"}
+    assert "loads" not in {m["name"] for m in triton["volumeMounts"]}
+    for name in ("repository", "agent", "limits"):  # what it loads, its start script, its models' limits
+        assert next(m for m in triton["volumeMounts"] if m["name"] == name)["readOnly"] is True
     assert "loads" in {m["name"] for m in agent["volumeMounts"]}
     # The pod joins the Service only once its agent has loaded what the others serve.
     assert agent["readinessProbe"]["exec"]["command"] == ["cat", pool_manifests.AGENT_READY_FILE]
-    assert agent["command"][-2:] == ["--ready-file", pool_manifests.AGENT_READY_FILE]
+    assert agent["command"][agent["command"].index("--ready-file") + 1] == pool_manifests.AGENT_READY_FILE
     assert not any("AWS" in e["name"] or "S3" in e["name"] for e in triton["env"] + agent["env"])
     policy = pool_manifests.pool_network_policy(_target(), NS, CONFIG)
     assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
@@ -162,11 +165,14 @@ def test_a_shared_deployment_loads_in_the_pool_through_its_agents(
 
 
 @pytest.mark.kube
-def test_a_pooled_onnx_model_is_rendered_with_no_graph_optimization_so_it_cannot_fold_constants_at_load(
+def test_a_pooled_onnx_model_is_rendered_as_its_own_processes_model_which_cannot_fold_constants_at_load(
         alice: Person, digits: ModelVersion, kube: FakeKube, kube_runtime: None, cfg: KubernetesConfig,
         gpu_pool: Pool) -> None:
-    """A ~300-byte graph (ConstantOfShape [6000, 6000] -> MatMul) folded at load holds the pool's agent for tens of
-    seconds: the config.pbtxt uploaded for the pool's Triton sets onnxruntime's ORT_DISABLE_ALL (level 2)."""
+    """A pool's ONNX model runs in stub processes of its own, never in Triton's (docs/security.md): the repository
+    uploaded for the pool's Triton serves it through the generated python model (the local runtime's), whose
+    sessions never fold constants (a ~300-byte graph, ConstantOfShape [6000, 6000] -> MatMul, folded at load held
+    the pool's agent for tens of seconds), and which refuses answers over POOL_MAX_OUTPUT_BYTES in its own
+    process."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
@@ -177,12 +183,16 @@ def test_a_pooled_onnx_model_is_rendered_with_no_graph_optimization_so_it_cannot
     reconcile.reconcile(deployment.pk)
     s3 = s3repo.client(cfg)
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=cfg.s3_bucket).get("Contents", [])
-            if o["Key"].endswith(f"d{deployment.pk}-r1-digits/config.pbtxt")]
-    assert len(keys) == 1, keys
-    text = s3.get_object(Bucket=cfg.s3_bucket, Key=keys[0])["Body"].read().decode()
+            if f"d{deployment.pk}-r1-digits/" in o["Key"]]
+    [config_key] = [key for key in keys if key.endswith("/config.pbtxt")]
+    text = s3.get_object(Bucket=cfg.s3_bucket, Key=config_key)["Body"].read().decode()
     config = text_format.Parse(text, mc.ModelConfig())
-    assert config.backend == "onnxruntime"
-    assert config.optimization.graph.level == 2
+    assert config.backend == "python" and not config.platform
+    assert {key.rsplit("/", 1)[-1] for key in keys if "/1/" in key} >= {"model.py", "triton_batching.py",
+                                                                         "model.onnx"}
+    model_py = next(key for key in keys if key.endswith("/1/model.py"))
+    source = s3.get_object(Bucket=cfg.s3_bucket, Key=model_py)["Body"].read().decode()
+    assert 'disabled_optimizers=["ConstantFolding"]' in source
 
 
 @pytest.mark.kube

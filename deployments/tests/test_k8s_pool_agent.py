@@ -336,6 +336,123 @@ def test_it_runs_as_a_plain_script_beside_fetch_repository(tmp_path: Path, serve
                               "memory": {}}
 
 
+# --- Confinement: each model's limit for the stub wrapper, each model's own figure -----------------------------------
+
+
+def _confined_agent(tmp_path: Path, server: _Server) -> pool_agent.Agent:
+    return pool_agent.Agent(tmp_path / "desired", tmp_path / "models", pool_agent.Triton(server.url, KEY),
+                            max_file_bytes=2**20, max_revision_bytes=2**30, limits_dir=tmp_path / "limits",
+                            usage_dir=tmp_path / "usage")
+
+
+def test_each_models_limit_is_written_before_its_load_and_removed_with_it(
+        tmp_path: Path, server: _Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stub wrapper of Triton's container (pool_stub.py) reads the limit when Triton starts the model's process,
+    during the load: the file is there before the load is asked, and goes with the revision."""
+    seen: dict[str, str] = {}
+    original = pool_agent.Triton.action
+
+    def action(triton: pool_agent.Triton, name: str, what: str) -> str | None:
+        if what == "load":
+            path = tmp_path / "limits" / name
+            seen[name] = path.read_text() if path.is_file() else "missing"
+        return original(triton, name, what)
+
+    entry = {**_entry(server, "d3-r1", {"d3-r1-digits/1/model.onnx": MODEL}, models=["d3-r1-digits", "d3-r1-head"]),
+             "memory_limits": {"d3-r1-digits": 200 * 2**20, "d3-r1-head": 128 * 2**20}}
+    _write(tmp_path, entry)
+    agent = _confined_agent(tmp_path, server)
+    monkeypatch.setattr(pool_agent.Triton, "action", action)
+    agent.converge()
+    assert agent.status()["loaded"] == ["d3-r1"]
+    assert seen == {"d3-r1-digits": f"{200 * 2**20}\n", "d3-r1-head": f"{128 * 2**20}\n"}
+    (tmp_path / "desired" / "d3-r1.json").unlink()
+    agent.converge()
+    assert list((tmp_path / "limits").iterdir()) == []
+
+
+def test_a_python_backend_model_its_entry_gives_no_limit_is_refused_before_triton_is_asked(
+        tmp_path: Path, server: _Server) -> None:
+    """The wrapper would refuse to start its process (never unconfined), and Triton wait for the dead stub until the
+    load times out, holding every other load of the agent: the agent refuses it first. A model in Triton's own
+    process (a pipeline, a GPU model's native backend) needs none."""
+    python = b'name: "d3-r1-digits"\nbackend: "python"\n'
+    _write(tmp_path, _entry(server, "d3-r1", {"d3-r1-digits/config.pbtxt": python, "d3-r1-digits/1/model.onnx": MODEL}))
+    _write(tmp_path, _entry(server, "d4-r1", {"d4-r1-digits/config.pbtxt": CONFIG, "d4-r1-digits/1/model.onnx": MODEL},
+                            models=["d4-r1-digits"]))
+    agent = _confined_agent(tmp_path, server)
+    agent.converge()
+    assert "gives it no memory limit" in agent.status()["failed"]["d3-r1"]
+    assert agent.status()["loaded"] == ["d4-r1"]
+    assert server.calls == [("load", "d4-r1-digits")]  # Triton was never asked for d3-r1's model
+    assert not (tmp_path / "models" / "d3-r1-digits").exists()
+
+
+@pytest.mark.parametrize(("limits", "words"), [
+    ({"d3-r1-digits": 2**31}, "within the pool's"),  # past the pool's budget
+    ({"d3-r1-digits": 0}, "not a number of bytes"),
+    ({"d3-r1-digits": -5}, "not a number of bytes"),
+    ({"d3-r1-digits": True}, "not a number of bytes"),
+    ({"d3-r1-digits": "100"}, "not a number of bytes"),
+    ({"d4-r1-theirs": 100}, "not one of its models"),  # another revision's model: never its limit to set
+    (["d3-r1-digits"], "not an object"),
+])
+def test_an_entrys_odd_memory_limits_are_refused_before_anything_is_written(
+        tmp_path: Path, server: _Server, limits: Any, words: str) -> None:
+    _write(tmp_path, {**_entry(server, "d3-r1", {"d3-r1-digits/1/model.onnx": MODEL}), "memory_limits": limits})
+    agent = _confined_agent(tmp_path, server)
+    agent.converge()
+    assert words in agent.status()["failed"]["d3-r1"]
+    assert server.calls == [] and not (tmp_path / "limits").exists()
+
+
+def test_a_models_figure_is_its_own_processes_peak_and_follows_its_use(
+        tmp_path: Path, server: _Server, capsys: pytest.CaptureFixture[str]) -> None:
+    """What the generated models write (triton_batching.report_usage: each instance's VmHWM) is the figure, summed
+    over the model's instances, in place of Triton's statistic; it is read again at each pass and reported when it
+    grew by a tenth, and another model's files never count in it."""
+    entry = {**_entry(server, "d3-r1", {"d3-r1-digits/1/model.onnx": MODEL}, models=["d3-r1-digits", "d3-r1-head"]),
+             "memory_limits": {"d3-r1-digits": 2**29, "d3-r1-head": 2**29}}
+    _write(tmp_path, entry)
+    server.stats = {"d3-r1-digits": {"memory_usage": [{"byte_size": 999}]},
+                    "d3-r1-head": {"memory_usage": [{"byte_size": 5 * 2**20}]}}
+    usage = tmp_path / "usage"
+    (usage / "d3-r1-digits").mkdir(parents=True)
+    (usage / "d3-r1-digits" / "d3-r1-digits_0").write_text(str(70 * 2**20))
+    (usage / "d3-r1-digits" / "d3-r1-digits_1").write_text(str(72 * 2**20))
+    (usage / "d3-r1-digits" / ".d3-r1-digits_2.tmp").write_text(str(2**40))  # half written: never read
+    agent = _confined_agent(tmp_path, server)
+    agent.converge()
+    # The head writes nothing (it runs in Triton's process): Triton's figure for it.
+    assert agent.status()["memory"] == {"d3-r1": {"digits": 142 * 2**20, "head": 5 * 2**20}}
+    capsys.readouterr()
+    (usage / "d3-r1-digits" / "d3-r1-digits_0").write_text(str(75 * 2**20))
+    assert not agent.converge()  # 5 MiB more of 142: not worth a line
+    (usage / "d3-r1-digits" / "d3-r1-digits_0").write_text(str(400 * 2**20))  # its arena grew under use
+    assert agent.converge()
+    status = pool_agent.parse_status(capsys.readouterr().out)
+    assert status is not None and status["memory"]["d3-r1"]["digits"] == 472 * 2**20
+    (usage / "d3-r1-digits" / "d3-r1-digits_0").write_text(str(10 * 2**20))  # a restarted instance: the peak stays
+    agent.converge()
+    assert agent.status()["memory"]["d3-r1"]["digits"] == 472 * 2**20
+
+
+@pytest.mark.parametrize("junk", ["", "-1", "12x", "9" * 40, "\x00\xff"])
+def test_a_usage_file_that_is_no_figure_is_not_believed(tmp_path: Path, server: _Server, junk: str) -> None:
+    """The usage directory is writable from Triton's container (where a team's own pool runs its code): each file is
+    read bounded, and what is not a non-negative integer counts nothing."""
+    _write(tmp_path, {**_entry(server, "d3-r1", {"d3-r1-digits/1/model.onnx": MODEL}),
+                      "memory_limits": {"d3-r1-digits": 2**29}})
+    folder = tmp_path / "usage" / "d3-r1-digits"
+    folder.mkdir(parents=True)
+    (folder / "bad").write_text(junk)
+    (folder / "good").write_text(str(80 * 2**20))
+    agent = _confined_agent(tmp_path, server)
+    agent.converge()
+    assert agent.status()["memory"] == {"d3-r1": {"digits": 80 * 2**20}}
+    assert agent.usage_bytes("d3-r1-nothing") is None
+
+
 def test_the_worker_reads_only_a_well_formed_last_status_line() -> None:
     text = (pool_agent.STATUS_PREFIX + '{"loaded": ["d1-r1"], "failed": {}}\n'
             "modelport-pool-agent: d1-r1: unloaded\n"

@@ -297,6 +297,23 @@ def test_the_local_repository_serves_onnx_with_the_generated_python_model(artifa
     assert sorted(p.name for p in (tmp_path / "k8s/resnet/3").iterdir()) == ["model.onnx"]
 
 
+def test_a_cluster_pools_repository_serves_cpu_models_through_the_generated_python_model(
+        artifacts: Path, tmp_path: Path) -> None:
+    """In a pool's Triton each model runs in processes of its own (deployments/runtimes/kubernetes/pool_stub.py
+    limits them): the local runtime's generated model, on the CPU; a GPU model keeps its native backend."""
+    from deployments.spec import InstanceGroup
+
+    cpu = served("resnet", "onnx", artifacts / "model.onnx")
+    gpu = served("resnet_gpu", "onnx", artifacts / "model.onnx", instance_group=InstanceGroup(kind="gpu"))
+    render_repository(RepositorySpec(models=(cpu, gpu)), "kubernetes", tmp_path / "pool", python_models=True,
+                      fold_constants=False)
+    assert (tmp_path / "pool/resnet/3/model.py").read_bytes() == ONNX_WRAPPER.read_bytes()
+    assert (tmp_path / "pool/resnet/3/triton_batching.py").read_bytes() == BATCHING_MODULE.read_bytes()
+    assert 'backend: "python"' in (tmp_path / "pool/resnet/config.pbtxt").read_text()
+    assert sorted(p.name for p in (tmp_path / "pool/resnet_gpu/3").iterdir()) == ["model.onnx"]
+    assert 'backend: "onnxruntime"' in (tmp_path / "pool/resnet_gpu/config.pbtxt").read_text()
+
+
 def test_rendering_twice_gives_identical_trees(full_spec: RepositorySpec, tmp_path: Path) -> None:
     render_repository(full_spec, "kubernetes", tmp_path / "first")
     render_repository(full_spec, "kubernetes", tmp_path / "second")
@@ -371,7 +388,8 @@ def test_the_generated_models_import_nothing_from_the_portal(wrapper: str) -> No
     """They run in the runtime env (numpy<2, the frameworks), where the portal's packages are not installed."""
     import ast
 
-    allowed = {"__future__", "argparse", "json", "os", "sys", "pathlib", "typing", "numpy", "onnxruntime", "torch",
+    allowed = {"__future__", "argparse", "json", "os", "sys", "time", "pathlib", "typing", "numpy", "onnxruntime",
+               "torch",
                "tensorflow", "triton_python_backend_utils", "triton_batching", "torchscript_io"}
     tree = ast.parse((BACKENDS_DIR / wrapper).read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)

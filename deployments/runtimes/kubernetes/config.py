@@ -117,6 +117,10 @@ class KubernetesConfig:
     response_cache_bytes: int = 64 * 1024**2
     # Where the pools open to every team run (a team's own pool runs in the team's namespace).
     pool_namespace: str = "modelport-pools"
+    # A pool's Triton image (empty: `image`): it must have onnxruntime for the generated models (docs/pools.md).
+    pool_image: str = ""
+    # The most bytes one answer of a pool's model may hold (POOL_MAX_OUTPUT_BYTES; 0: no bound).
+    pool_max_output_bytes: int = 16 * 2**20
 
     @classmethod
     def from_settings(cls, settings: Any) -> KubernetesConfig:
@@ -157,6 +161,8 @@ class KubernetesConfig:
             unschedulable_grace_seconds=settings.KUBERNETES_UNSCHEDULABLE_GRACE_SECONDS,
             response_cache_bytes=settings.TRITON_RESPONSE_CACHE_BYTES,
             pool_namespace=settings.KUBERNETES_POOL_NAMESPACE,
+            pool_image=settings.KUBERNETES_POOL_TRITON_IMAGE,
+            pool_max_output_bytes=settings.POOL_MAX_OUTPUT_BYTES,
         )
 
     def namespace_for(self, team: str) -> str:
@@ -227,6 +233,10 @@ class KubernetesConfig:
     @property
     def init_image(self) -> str:
         return self.fetch_image or self.image
+
+    @property
+    def pool_triton_image(self) -> str:
+        return self.pool_image or self.image
 
     def repository_url(self, key_prefix: str) -> str:
         """Where a revision's repository lives, in Triton's S3 syntax (recorded on the revision and in an

@@ -30,9 +30,15 @@ from this container's log (the only thing that writes to it):
 
 (the sha256 of each refused entry's bytes as mounted, so that the worker never reads an old refusal as the
 current entry's; each loaded revision's last inference, in ms since the epoch, from Triton's statistics, so that
-the worker unloads an idle one; and what each model's load took, from the `memory_usage` Triton's statistics
-report where its backend fills them in). A line is printed too when a revision's last use moved on by
---usage-report-seconds, not at every request.
+the worker unloads an idle one; and each model's memory: the peak resident memory its own processes report in
+--usage-dir, summed over its instances, or where a model reports none, the `memory_usage` Triton's statistics give
+at load). A line is printed too when a revision's last use moved on by USAGE_REPORT_SECONDS, or a model's memory
+grew by MEMORY_REPORT_FRACTION, not at every request.
+
+Confinement (docs/security.md): an entry gives each model's memory limit (`memory_limits`, bytes per process); the
+agent writes it to --limits-dir/<model> before the load, where the stub wrapper of Triton's container
+(pool_stub.py) reads it and limits the model's process to it before any model code runs. Only this container can
+write that directory; a model with no limit there does not load.
 
 An entry marked `"unloaded": true` is one the worker found idle: the agent unloads its models and removes its files
 (the next load fetches them again, every sha256 checked again, so the repository emptyDir holds only what is
@@ -70,6 +76,10 @@ REVISION_RE = re.compile(r"d[0-9]{1,12}-r[0-9]{1,9}")
 MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}")
 MAX_ENTRY_BYTES = 512 * 1024  # an entry's JSON (a Secret holds 1 MiB in all)
 MAX_MESSAGE = 500
+PYTHON_BACKEND_RE = re.compile(r'^\s*backend\s*:\s*"python"', re.MULTILINE)
+MAX_USAGE_FILES = 64  # a model's instances (Triton's instance_group count is within the portal's ceilings)
+USAGE_FILE_BYTES = 32
+MEMORY_REPORT_FRACTION = 0.1  # a model's figure that grew by a tenth is worth a status line
 TRITON_TIMEOUT_SECONDS = 600.0  # a load of a big model
 USAGE_REPORT_SECONDS = 10.0
 
@@ -163,6 +173,15 @@ def parse_entry(key: str, raw: bytes, max_file_bytes: int, max_revision_bytes: i
         raise Refused("its directories are not a list")
     for directory in directories:
         _own_path(directory, key)
+    limits = entry.get("memory_limits", {})
+    if not isinstance(limits, dict):
+        raise Refused("its memory limits are not an object")
+    for model, limit in limits.items():
+        if model not in models:
+            raise Refused(f"it gives a memory limit for {model!r}, which is not one of its models")
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 0 < limit <= max_revision_bytes:
+            raise Refused(f"the memory limit of {model!r} is not a number of bytes within the pool's "
+                          f"{max_revision_bytes}")
     return entry
 
 
@@ -250,8 +269,10 @@ class Triton:
 
 class Agent:
     def __init__(self, desired: Path, repository: Path, triton: Triton, *, max_file_bytes: int,
-                 max_revision_bytes: int) -> None:
+                 max_revision_bytes: int, limits_dir: Path | None = None, usage_dir: Path | None = None) -> None:
         self.desired = desired
+        self.limits_dir = limits_dir
+        self.usage_dir = usage_dir
         self.repository = repository
         self.triton = triton
         self.max_file_bytes = max_file_bytes
@@ -262,7 +283,8 @@ class Agent:
         self.triton_down = False  # Triton did not answer at the last pass (reported once, not at every pass)
         self.last_used: dict[str, int] = {}  # revision -> its models' last inference (ms since the epoch)
         self.reported_use: dict[str, int] = {}  # what the last status line said of it
-        self.memory: dict[str, dict[str, int]] = {}  # revision -> {model (its own name): bytes} measured at load
+        self.memory: dict[str, dict[str, int]] = {}  # revision -> {model (its own name): bytes}, its peak
+        self.reported_memory: dict[str, dict[str, int]] = {}  # what the last status line said of it
 
     def adopt(self) -> None:
         """After a restart of this container: the revisions whose models Triton still has ready are loaded."""
@@ -324,10 +346,83 @@ class Agent:
                 continue
             self.failed.pop(key, None)
             self._failed_entry.pop(key, None)
-        if self._note_use() or changed:
+        grew = self._note_memory()
+        if self._note_use() or grew or changed:
             self.report()
             changed = True
         return changed
+
+    def _note_memory(self) -> bool:
+        """Read again the peaks the loaded models' processes report; whether one grew by MEMORY_REPORT_FRACTION
+        since the last status line (the worker keeps the most seen: a model's reservation follows its use)."""
+        grew = False
+        for key, names in self.loaded.items():
+            for name in names:
+                figure = self.usage_bytes(name)
+                if figure is None:
+                    continue
+                model = name[len(key) + 1:]
+                figures = self.memory.setdefault(key, {})
+                figures[model] = max(figures.get(model, 0), figure)
+                said = self.reported_memory.get(key, {}).get(model, 0)
+                if figures[model] > said * (1 + MEMORY_REPORT_FRACTION):
+                    grew = True
+        return grew
+
+    def usage_bytes(self, name: str) -> int | None:
+        """The peak resident memory model `name`'s processes report (the sum of its instances'), None when none
+        does (a model that runs in Triton's own process, or no usage directory). What a model's process writes is
+        read bounded: at most MAX_USAGE_FILES files of USAGE_FILE_BYTES, each a non-negative integer."""
+        if self.usage_dir is None:
+            return None
+        folder = self.usage_dir / name
+        try:
+            paths = sorted(p for p in folder.iterdir() if not p.name.startswith("."))[:MAX_USAGE_FILES]
+        except OSError:
+            return None
+        total, found = 0, False
+        for path in paths:
+            try:
+                with path.open("rb") as handle:
+                    text = handle.read(USAGE_FILE_BYTES + 1)
+                value = int(text.decode("ascii")) if len(text) <= USAGE_FILE_BYTES else -1
+            except (OSError, UnicodeDecodeError, ValueError):
+                continue
+            if value >= 0:
+                total, found = total + value, True
+        return total if found else None
+
+    def _check_limits(self, key: str, entry: dict[str, Any]) -> None:
+        """Refuse, before Triton is asked, a model that runs in processes of its own (the python backend) and that
+        its entry gives no limit (an entry written before limits were): the wrapper would refuse to start its
+        process, and Triton wait for the dead stub until the load times out, holding this agent's every other load."""
+        if self.limits_dir is None:
+            return
+        for name in entry["models"]:
+            if name in entry.get("memory_limits", {}):
+                continue
+            try:
+                with (self.repository / name / "config.pbtxt").open("rb") as handle:
+                    config = handle.read(MAX_ENTRY_BYTES).decode("utf-8", "replace")
+            except OSError:
+                continue  # no config of its own (Triton refuses it anyway)
+            if PYTHON_BACKEND_RE.search(config):
+                raise Refused(f"model {name[len(key) + 1:]!r} runs in processes of its own and its entry gives it no "
+                              "memory limit: the worker writes one at the revision's next change (a rollout, or its "
+                              "URLs' renewal)")
+
+    def _write_limits(self, key: str, entry: dict[str, Any]) -> None:
+        """Each model's memory limit where the stub wrapper reads it (replaced whole: a stub never reads half)."""
+        if self.limits_dir is None:
+            return
+        try:
+            self.limits_dir.mkdir(parents=True, exist_ok=True)
+            for name, limit in entry.get("memory_limits", {}).items():
+                tmp = self.limits_dir / f".{name}.tmp"
+                tmp.write_text(f"{limit}\n")
+                os.replace(tmp, self.limits_dir / name)
+        except OSError as exc:
+            raise Refused(f"its memory limits cannot be written: {exc}") from None
 
     def _note_use(self) -> bool:
         """Read each loaded revision's last inference; whether one moved on by USAGE_REPORT_SECONDS since the last
@@ -355,6 +450,8 @@ class Agent:
             raise Refused(str(exc)) from None
         for directory in entry.get("directories", []):
             (self.repository / directory).mkdir(parents=True, exist_ok=True)
+        self._write_limits(key, entry)
+        self._check_limits(key, entry)
         done: list[str] = []
         self.memory.pop(key, None)
         for name in entry["models"]:
@@ -367,7 +464,13 @@ class Agent:
             done.append(name)
         self.loaded[key] = done
         stats = self.triton.model_stats()
-        measured = {name[len(key) + 1:]: size for name in done for size in [stats.get(name, (0, None))[1]] if size}
+        measured = {}
+        for name in done:
+            # Its own processes' peak where it runs in processes of its own, else what Triton's statistics say.
+            own = self.usage_bytes(name)
+            size = own if own is not None else stats.get(name, (0, None))[1]
+            if size:
+                measured[name[len(key) + 1:]] = size
         if measured:
             self.memory[key] = measured
         log(f"{key}: loaded {len(done)} model(s), every sha256 verified")
@@ -382,6 +485,10 @@ class Agent:
         log(f"{key}: unloaded")
 
     def _remove_files(self, key: str) -> None:
+        if self.limits_dir is not None and self.limits_dir.is_dir():
+            for path in self.limits_dir.iterdir():
+                if path.name.startswith(key + "-"):
+                    path.unlink(missing_ok=True)
         if not self.repository.is_dir():
             return
         for path in self.repository.iterdir():
@@ -401,6 +508,7 @@ class Agent:
 
     def report(self) -> None:
         self.reported_use = dict(self.last_used)
+        self.reported_memory = {key: dict(figures) for key, figures in self.memory.items()}
         print(STATUS_PREFIX + json.dumps(self.status(), sort_keys=True), flush=True)
 
 
@@ -431,10 +539,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ready-file", type=Path, help=(
         "written once the first pass is done (every listed revision loaded or refused): the container's readiness "
         "probe, so that a new pod takes requests only once it has what the others serve"))
+    parser.add_argument("--limits-dir", type=Path, help=(
+        "where each model's memory limit is written for the stub wrapper of Triton's container (pool_stub.py)"))
+    parser.add_argument("--usage-dir", type=Path, help="where the models' processes report their peak memory")
     parser.add_argument("--once", action="store_true", help="one pass, then exit (tests)")
     args = parser.parse_args(argv)
     agent = Agent(args.desired, args.repository, Triton(args.triton, os.environ.get(ADMIN_KEY_ENV, "")),
-                  max_file_bytes=args.max_file_bytes, max_revision_bytes=args.max_revision_bytes)
+                  max_file_bytes=args.max_file_bytes, max_revision_bytes=args.max_revision_bytes,
+                  limits_dir=args.limits_dir, usage_dir=args.usage_dir)
     if args.once:
         agent.converge()
         agent.report()

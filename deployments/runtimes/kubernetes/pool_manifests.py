@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -26,6 +27,7 @@ from typing import Any
 
 from deployments.runtimes.kubernetes import manifests, pool_agent
 from deployments.runtimes.kubernetes.config import KubernetesConfig
+from modelport.core.quantity import QuantityError, parse_quantity
 
 APP_NAME = "triton-pool"
 LABEL_POOL = "modelport.io/pool"
@@ -34,7 +36,15 @@ LOADS_DIR = "/etc/modelport/loads"
 AGENT_DIR = "/etc/modelport/agent"
 AGENT_STATE_DIR = "/run/modelport"
 AGENT_READY_FILE = f"{AGENT_STATE_DIR}/ready"
-AGENT_SCRIPTS = (Path(__file__).with_name("pool_agent.py"), Path(__file__).with_name("fetch_repository.py"))
+# The agent's code, and what Triton's container runs from the same ConfigMap: its start script, which puts the stub
+# wrapper in the python backend's place (pool_triton.sh, pool_stub.py).
+AGENT_SCRIPTS = tuple(Path(__file__).with_name(name) for name in (
+    "pool_agent.py", "fetch_repository.py", "pool_stub.py", "pool_triton.sh"))
+# Each model's memory limit, one file per model written by the agent (read-only in Triton's container), and each
+# model instance's peak resident memory, written by the generated models (read-only in the agent's).
+LIMITS_DIR = "/run/modelport-limits"
+USAGE_DIR = "/run/modelport-usage"
+BACKEND_DIR = "/run/modelport-backends"  # the backend directory pool_triton.sh assembles
 ADMIN_KEY_ENV = pool_agent.ADMIN_KEY_ENV
 ADMIN_KEY_FIELD = "admin-key"
 HPA_CPU_UTILIZATION = 80
@@ -143,16 +153,17 @@ def pool_deployment(target: PoolTarget, namespace: str, config: KubernetesConfig
         requests[resource] = limits[resource] = count
     triton: dict[str, Any] = {
         "name": manifests.CONTAINER,
-        "image": config.image,
+        "image": config.pool_triton_image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["tritonserver"],
+        # The start script runs tritonserver with these arguments, every model's stub confined (pool_stub.py).
+        "command": ["sh", f"{AGENT_DIR}/pool_triton.sh"],
         "args": triton_args(target),
         "ports": [
             {"name": "http", "containerPort": manifests.HTTP_PORT, "protocol": "TCP"},
             {"name": "grpc", "containerPort": manifests.GRPC_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": manifests.METRICS_PORT, "protocol": "TCP"},
         ],
-        "env": [{"name": "HOME", "value": "/tmp"}, key_env],
+        "env": [{"name": "HOME", "value": "/tmp"}, key_env, *confinement_env(config)],
         "resources": {"requests": requests, "limits": limits},
         "startupProbe": _probe("/v2/health/live", manifests.STARTUP_PERIOD_SECONDS, 30),
         "readinessProbe": _probe("/v2/health/ready", 5, 3),
@@ -164,6 +175,11 @@ def pool_deployment(target: PoolTarget, namespace: str, config: KubernetesConfig
             {"name": "tmp", "mountPath": "/tmp"},
             # Read-only: what is loaded is what the agent verified.
             {"name": "repository", "mountPath": manifests.REPOSITORY_DIR, "readOnly": True},
+            {"name": "agent", "mountPath": AGENT_DIR, "readOnly": True},
+            # Read-only: a model's limit is the agent's to write, never its own.
+            {"name": "limits", "mountPath": LIMITS_DIR, "readOnly": True},
+            {"name": "usage", "mountPath": USAGE_DIR},
+            {"name": "backends", "mountPath": BACKEND_DIR},
         ],
     }
     agent: dict[str, Any] = {
@@ -174,7 +190,8 @@ def pool_deployment(target: PoolTarget, namespace: str, config: KubernetesConfig
         "command": ["python3", "-I", f"{AGENT_DIR}/pool_agent.py", "--desired", LOADS_DIR,
                     "--repository", manifests.REPOSITORY_DIR, "--triton", f"http://127.0.0.1:{manifests.HTTP_PORT}",
                     "--max-revision-bytes", str(target.memory_budget_bytes),
-                    "--max-file-bytes", str(target.memory_budget_bytes), "--ready-file", AGENT_READY_FILE],
+                    "--max-file-bytes", str(target.memory_budget_bytes), "--ready-file", AGENT_READY_FILE,
+                    "--limits-dir", LIMITS_DIR, "--usage-dir", USAGE_DIR],
         "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}, key_env],
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
         # A pod is Ready (in the Service) only once its agent has loaded what the loads Secret listed when it
@@ -187,6 +204,8 @@ def pool_deployment(target: PoolTarget, namespace: str, config: KubernetesConfig
             {"name": "repository", "mountPath": manifests.REPOSITORY_DIR},
             {"name": "loads", "mountPath": LOADS_DIR, "readOnly": True},
             {"name": "agent", "mountPath": AGENT_DIR, "readOnly": True},
+            {"name": "limits", "mountPath": LIMITS_DIR},
+            {"name": "usage", "mountPath": USAGE_DIR, "readOnly": True},
         ],
     }
     pod_spec: dict[str, Any] = {
@@ -205,6 +224,9 @@ def pool_deployment(target: PoolTarget, namespace: str, config: KubernetesConfig
             {"name": "loads", "secret": {"secretName": loads_secret_name(target), "defaultMode": 0o440}},
             {"name": "agent", "configMap": {"name": agent_config_map_name(target), "defaultMode": 0o444}},
             {"name": "agent-state", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+            {"name": "limits", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+            {"name": "usage", "emptyDir": {"medium": "Memory", "sizeLimit": "4Mi"}},
+            {"name": "backends", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         ],
     }
     if config.image_pull_secrets:
@@ -228,6 +250,26 @@ def pool_deployment(target: PoolTarget, namespace: str, config: KubernetesConfig
         },
     })
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(target, namespace), "spec": spec}
+
+
+def confinement_env(config: KubernetesConfig) -> list[dict[str, str]]:
+    """What Triton's container passes to every model's stub: where its limit is (pool_stub.py), where it reports its
+    peak, the answer bound, and the cores a model's threads share (the pod's CPU request: a framework starting a
+    thread per core of the node would map a stack per thread past its memory limit, and fight over the CPU)."""
+    return [
+        {"name": "MODELPORT_MODEL_LIMITS_DIR", "value": LIMITS_DIR},
+        {"name": "MODELPORT_REPOSITORY", "value": manifests.REPOSITORY_DIR},
+        {"name": "MODELPORT_USAGE_DIR", "value": USAGE_DIR},
+        {"name": "MODELPORT_MAX_OUTPUT_BYTES", "value": str(config.pool_max_output_bytes)},
+        {"name": "MODELPORT_CPUS", "value": str(_cores(config.default_cpu))},
+    ]
+
+
+def _cores(quantity: str) -> int:
+    try:
+        return max(1, math.ceil(parse_quantity(quantity)))
+    except QuantityError:
+        return 1
 
 
 _OVERHEAD_BYTES = 512 * 1024**2  # Triton itself and the agent's share of the pod, above the models' budget
@@ -306,10 +348,12 @@ def loads_secret(target: PoolTarget, namespace: str, entries: Mapping[str, Mappi
 
 
 def load_entry(revision_key: str, models: list[str], files: list[dict[str, Any]], directories: list[str],
-               expires_at: str) -> dict[str, Any]:
-    """One revision's entry: its model names in load order, and its files with presigned URLs."""
+               expires_at: str, memory_limits: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """One revision's entry: its model names in load order, its files with presigned URLs, and the memory limit of
+    each process of each model that runs in processes of its own (pool_stub.py)."""
     return {"format": 1, "revision": revision_key, "models": models, "files": files,
-            "directories": sorted(directories), "expires_at": expires_at}
+            "directories": sorted(directories), "expires_at": expires_at,
+            "memory_limits": dict(sorted((memory_limits or {}).items()))}
 
 
 def build(target: PoolTarget, namespace: str, config: KubernetesConfig) -> list[dict[str, Any]]:

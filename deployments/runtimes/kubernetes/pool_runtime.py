@@ -161,7 +161,7 @@ def _over_budget(pool: Pool, load: PoolLoad, revision: Revision) -> str:
     team's share and the pool's budget, so that one team cannot fill the pods' memory (the pod is OOM-killed with
     every team's models in it) nor their repository emptyDir. Past either, idle revisions are evicted first (the
     least recently used; _make_room), as in a local pool."""
-    need = pools.estimate(revision.spec, pool)
+    need = pools.cluster_charge(revision.spec, pool)
     PoolLoad.objects.filter(pk=load.pk).update(memory_bytes=need)
     team_id = revision.deployment.team_id
     share = pools.team_share(pool)
@@ -291,8 +291,9 @@ def _entry(rt: KubernetesRuntime, revision: Revision) -> dict[str, Any]:
         raise RuntimeUnavailable(f"The model repository of revision {revision.number} cannot be read from S3 "
                                  f"(bucket {cfg.s3_bucket!r}): {exc}") from None
     expires_at = (rt.now() + timedelta(seconds=cfg.repository_url_seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    limits = {prefix + name: limit for name, limit in pools.process_limits(revision.spec, _pool_of(revision)).items()}
     return pool_manifests.load_entry(key, pools.load_order(revision.spec, prefix), files, list(repository.directories),
-                                     expires_at)
+                                     expires_at, memory_limits=limits)
 
 
 def _idle_now(load_id: int) -> Callable[[], bool]:
@@ -551,6 +552,8 @@ def _unload_idle_in(rt: KubernetesRuntime, kube: Kube, pool: Pool, namespace: st
     for load in PoolLoad.objects.filter(pool=pool, state=PoolLoad.State.LOADED).select_related("revision",
                                                                                                 "deployment"):
         key = revision_key(load.deployment_id, load.revision.number)
+        load.pool = pool
+        remember_memory(load, statuses)  # what it grew to under use
         seen = last_used(statuses, key, now)
         if seen is not None and (load.last_used_at is None or seen > load.last_used_at):
             PoolLoad.objects.filter(pk=load.pk).update(last_used_at=seen)
@@ -571,9 +574,11 @@ def _unload_idle_in(rt: KubernetesRuntime, kube: Kube, pool: Pool, namespace: st
 
 def remember_memory(load: PoolLoad, statuses: list[tuple[str, dict[str, Any] | None]]) -> None:
     """Keep what the pods' agents measured of the revision's models (ModelMemory under the pool's fingerprint, so
-    that "fits N more" and the budget use it) and count it on the row. The status line is written next to a team's
-    code: only figures of this pool's running pods that list the revision loaded, for its own models, each a
-    positive integer within the pool's budget, are taken, and of several pods the largest."""
+    that "fits N more", the budget and each process's limit at the next load use it) and count it on the row: the
+    most seen, at each load and at each periodic pass (a model's peak under use, its own processes', grows after its
+    load). The status line is written next to a team's code: only figures of this pool's running pods that list the
+    revision loaded, for its own models, each a positive integer within the pool's budget, are taken, and of several
+    pods the largest."""
     key = revision_key(load.deployment_id, load.revision.number)
     spec = load.revision.spec
     models = {entry.name: entry for entry in spec.models}
@@ -587,13 +592,18 @@ def remember_memory(load: PoolLoad, statuses: list[tuple[str, dict[str, Any] | N
                     and 0 < value <= load.pool.memory_budget_bytes):
                 seen[model] = max(seen.get(model, 0), value)
     fingerprint = pools.fingerprint(load.pool)
+    ids = [models[model].version_id for model in seen if models[model].version_id is not None]
+    known = dict(ModelMemory.objects.filter(version_id__in=ids, fingerprint=fingerprint)
+                 .values_list("version_id", "memory_bytes"))
+    changed = False
     for model, value in seen.items():
         version_id = models[model].version_id
-        if version_id is not None:
+        if version_id is not None and value > known.get(version_id, 0):
             ModelMemory.objects.update_or_create(version_id=version_id, fingerprint=fingerprint,
                                                  defaults={"memory_bytes": value, "measured_at": timezone.now()})
-    if seen:
-        PoolLoad.objects.filter(pk=load.pk).update(memory_bytes=pools.estimate(spec, load.pool))
+            changed = True
+    if changed or (seen and not load.memory_bytes):
+        PoolLoad.objects.filter(pk=load.pk).update(memory_bytes=pools.cluster_charge(spec, load.pool))
 
 
 def wake(load_id: int) -> str:

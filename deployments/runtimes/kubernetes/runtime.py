@@ -245,10 +245,11 @@ class KubernetesRuntime:
         scratch.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="k8s-repository-", dir=scratch) as tmp:
             out = Path(tmp) / "repository"
-            # A pool's Triton (team or open) is shared by several deployments: no constant folding at load.
+            # A pool's Triton (team or open) is shared by several deployments: no constant folding at load, and each
+            # model in processes of its own, confined to its memory (pool_stub.py), through a generated python model.
             shared = (spec_to_render or revision.spec).placement.shared
             render_repository(spec, "kubernetes", out, tnn_backend_name=self.cfg.tnn_backend_name,
-                              archive_limits=archive_limits(), fold_constants=not shared)
+                              archive_limits=archive_limits(), fold_constants=not shared, python_models=shared)
             return s3repo.upload_repository(s3, bucket, prefix, out)
 
     def access_secret(self, revision: Revision, namespace: str, owner_uid: str | None = None,

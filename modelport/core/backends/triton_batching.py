@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -29,10 +30,18 @@ def config_dims(tensor_config: dict[str, Any]) -> list[int]:
 
 
 def cpu_count() -> int:
+    """The cores this process may use: its affinity, within MODELPORT_CPUS where the server sets it (a cluster
+    pool's pod: its CPU request, since a pod's affinity is the whole node's and each thread maps a stack within the
+    model's memory limit)."""
     try:
-        return len(os.sched_getaffinity(0))
+        found = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        found = os.cpu_count() or 1
+    try:
+        share = int(os.environ.get("MODELPORT_CPUS", "0"))
+    except ValueError:
+        share = 0
+    return max(1, min(found, share) if share > 0 else found)
 
 
 def threads_per_instance(config: dict[str, Any]) -> int:
@@ -51,6 +60,37 @@ def max_output_bytes() -> int:
         return max(0, int(os.environ.get("MODELPORT_MAX_OUTPUT_BYTES", "0")))
     except ValueError:
         return 0
+
+
+USAGE_EVERY_SECONDS = 1.0  # how often a model instance writes its peak while it serves: a file write per second
+
+
+def peak_resident_bytes() -> int:
+    """This process's peak resident memory (VmHWM): what the kernel counted of its own pages, never a neighbour's."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def report_usage(directory: str, model: str, instance: str) -> None:
+    """Write this instance's peak to `<directory>/<model>/<instance>` (a cluster pool's MODELPORT_USAGE_DIR, which
+    the pod's agent reads: the model's figure is the sum of its instances'), replaced whole so a reader never sees
+    half a number. A failure to write is no failure of the model: its figure is then the agent's fallback."""
+    safe = "".join(c if c.isalnum() or c in "_.-" else "_" for c in instance)[:200] or "instance"
+    try:
+        folder = os.path.join(directory, model)
+        os.makedirs(folder, exist_ok=True)
+        tmp = os.path.join(folder, f".{safe}.tmp")
+        with open(tmp, "w") as handle:
+            handle.write(str(peak_resident_bytes()))
+        os.replace(tmp, os.path.join(folder, safe))
+    except (OSError, ValueError):  # ValueError: a directory setting no path can be
+        pass
 
 
 def output_bytes(array: np.ndarray) -> int:
@@ -93,6 +133,19 @@ class BatchedModel:
         }
         self.load(os.path.join(args["model_repository"], args["model_version"], self.artifact),
                   threads_per_instance(config))
+        self.instance_name = str(args.get("model_instance_name") or self.model_name)
+        self.usage_dir = os.environ.get("MODELPORT_USAGE_DIR", "")
+        self._usage_at = float("-inf")
+        self._report_usage()
+
+    def _report_usage(self) -> None:
+        """In a cluster pool, write this instance's peak after the load and, while it serves, at most every
+        USAGE_EVERY_SECONDS: what it grew to under use (onnxruntime's arena grows at the first request)."""
+        now = time.monotonic()
+        if not self.usage_dir or now - self._usage_at < USAGE_EVERY_SECONDS:
+            return
+        self._usage_at = now
+        report_usage(self.usage_dir, self.model_name, self.instance_name)
 
     # --- what a subclass provides ---------------------------------------------------------------------------
 
@@ -134,6 +187,7 @@ class BatchedModel:
         for members in groups.values():
             for index, response in self._run_group(members):
                 responses[index] = response
+        self._report_usage()
         return responses
 
     def _read_request(self, request: Any) -> dict[str, np.ndarray]:
