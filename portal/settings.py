@@ -80,7 +80,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "portal.null_bytes.RefuseNulMiddleware",  # before anything queries the database with the path or query
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "portal.static_files.StaticFilesMiddleware",  # whitenoise's, streaming asynchronously under ASGI
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
