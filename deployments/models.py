@@ -226,7 +226,9 @@ class RevisionSpecField(models.JSONField):
 
 
 class Revision(models.Model):
-    """An immutable snapshot of a deployment's spec; every change of spec makes a new one."""
+    """A snapshot of a deployment's spec; every change of what it serves makes a new one. Its one field changed in
+    place is a shared revision's idle time (placement.idle_unload_seconds, actions.update_deployment): how long a
+    pool keeps the models loaded unused, which changes nothing of the model repository it serves."""
 
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="revisions")
     number = models.PositiveIntegerField()

@@ -201,6 +201,20 @@ def test_the_settings_form_keeps_the_placement_and_changes_only_what_is_given(al
     assert "placement shared in pool shared, unloaded after 120 s unused → dedicated" in history
 
 
+def test_a_new_idle_time_alone_on_the_settings_page_is_saved_in_place(alice: Person, digits: ModelVersion) -> None:
+    deployment = deploy(alice, placement={"mode": "shared", "idle_unload_seconds": 120})
+    edit = f"/deployments/{deployment.name}/edit/"
+
+    response = signed_in(alice).post(edit, shared_form(idle_unload_seconds="30"), follow=True)
+
+    assert response.status_code == 200
+    assert (f"Saved: {deployment.name} now unloads its models after 30 s unused (0: never), in place: nothing was "
+            "loaded again and no new revision was made.") in response.content.decode()
+    deployment.refresh_from_db()
+    assert deployment.revisions.count() == 1
+    assert deployment.revision.spec.placement == Placement(mode="shared", pool="shared", idle_unload_seconds=30)
+
+
 def test_the_deployment_page_shows_the_pool_loaded_or_idle_and_the_cold_start(alice: Person, charlie: Person,
                                                                              digits: ModelVersion) -> None:
     deployment = deploy(alice, placement={"mode": "shared", "idle_unload_seconds": 600})
