@@ -256,6 +256,11 @@ class Event(models.Model):
     time = models.DateTimeField(default=timezone.now, db_index=True)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.INFO)
     message = models.TextField()
+    # An event that comes again and again (a shared model unloaded while idle, loaded again for a request): one row
+    # per run of them, counted, its time the latest (deployments/events.py, record_repeated). "" for the others.
+    reason = models.CharField(max_length=32, blank=True)
+    count = models.PositiveIntegerField(default=1)
+    first_time = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-time", "-id"]
