@@ -1,8 +1,8 @@
 """What streams through the real web server (uvicorn with portal/web_server.py's protocol serving portal.asgi) does
 so without Django's "StreamingHttpResponse must consume synchronous iterators in order to serve them
 asynchronously" warning (issue 31): static files (whitenoise's FileResponse, whose synchronous iterator Django read
-whole in a thread, warning each time; portal/static_files.py), and a streamed answer of the gateway (Server-Sent
-Events of a generate_stream, from a scripted upstream on a real socket in place of a decoupled Triton model)."""
+whole in a thread, warning each time; portal/static_files.py), and an answer the gateway streams (an inference
+answer over its 1 MiB threshold, sent chunked by a scripted upstream on a real socket in place of Triton)."""
 
 from __future__ import annotations
 
@@ -26,13 +26,15 @@ pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 WARNING = "must consume synchronous iterators"
 ROOT = Path(__file__).resolve().parent.parent
-PIECES = [b'data: {"model_name":"digits","text_output":"%d"}\n\n' % n for n in range(3)]
+# An answer of 3 MiB in pieces, over the gateway's STREAM_THRESHOLD (1 MiB): streamed on as it arrives.
+PIECES = [b'{"model_name":"digits","model_version":"1","outputs":[{"name":"y","datatype":"FP32","shape":[1,'
+          b'%d],"data":[' % (3 * 2**19), *(b"0.0," * 2**18 for _ in range(3)), b"0.0]}]}"]
 
 
 def _stream(request: fake_upstream.Request) -> bytes:
-    if request.target.endswith(b"/generate_stream"):
+    if request.target.endswith(b"/infer"):
         return fake_upstream.chunked(200, PIECES).replace(
-            b"Transfer-Encoding", b"Content-Type: text/event-stream\r\nTransfer-Encoding", 1)
+            b"Transfer-Encoding", b"Content-Type: application/json\r\nTransfer-Encoding", 1)
     return fake_upstream.json_response({"error": "not here"}, 404)
 
 
@@ -86,10 +88,10 @@ def test_static_files_and_a_streamed_answer_are_served_without_the_synchronous_i
         htmx = requests.get(f"{base}/static/django_htmx/htmx-2.js", timeout=30)
         assert htmx.status_code == 200 and htmx.content == expected
 
-        with requests.post(f"{base}/serve/streamer/v2/models/digits/generate_stream", json={"text_input": "hi"},
+        body = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}]}
+        with requests.post(f"{base}/serve/streamer/v2/models/digits/infer", json=body,
                            headers={"Authorization": f"Bearer {alice.token}"}, stream=True, timeout=30) as streamed:
-            assert streamed.status_code == 200, streamed.text
-            assert streamed.headers["Content-Type"].startswith("text/event-stream")
+            assert streamed.status_code == 200, streamed.text[:500]
             assert streamed.raw.read() == b"".join(PIECES)
     finally:
         processes.kill(web)

@@ -36,7 +36,9 @@ def test_a_new_idle_time_alone_makes_no_revision_and_reloads_nothing(alice: Pers
 
     assert patched.status_code == 200, patched.json()
     assert patched.json()["revision"] == 1
-    assert patched.json()["placement"] == {"mode": "shared", "pool": "shared", "idle_unload_seconds": 60}
+    placement = patched.json()["placement"]
+    assert (placement["mode"], placement["pool"], placement["idle_unload_seconds"]) == ("shared", "shared", 60)
+    assert placement["state"] == "loaded"  # still: nothing was unloaded or loaded for it
     deployment.refresh_from_db()
     assert deployment.revisions.count() == 1 and deployment.serving_revision_id == deployment.revision_id
     assert deployment.revision.spec.placement.idle_unload_seconds == 60

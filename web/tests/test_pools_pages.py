@@ -24,7 +24,7 @@ from models_registry.tests.pipeline_versions import ready_version
 from tests.artifacts import PYTHON_SIGNATURE, python_model_zip
 from web import overview, revisions
 from web.tests.conftest import deploy, signed_in
-from web.tests.deploy_forms import NEW, form_data
+from web.tests.deploy_forms import NEW, as_post, form_data
 
 MiB = 2**20
 
@@ -204,8 +204,11 @@ def test_the_settings_form_keeps_the_placement_and_changes_only_what_is_given(al
 def test_a_new_idle_time_alone_on_the_settings_page_is_saved_in_place(alice: Person, digits: ModelVersion) -> None:
     deployment = deploy(alice, placement={"mode": "shared", "idle_unload_seconds": 120})
     edit = f"/deployments/{deployment.name}/edit/"
+    shown = signed_in(alice).get(edit).context
+    data = as_post(shown["form"], shown["model_forms"])  # what a browser sends back, the idle time changed only
+    data["idle_unload_seconds"] = "30"
 
-    response = signed_in(alice).post(edit, shared_form(idle_unload_seconds="30"), follow=True)
+    response = signed_in(alice).post(edit, data, follow=True)
 
     assert response.status_code == 200
     assert (f"Saved: {deployment.name} now unloads its models after 30 s unused (0: never), in place: nothing was "
