@@ -109,7 +109,7 @@ def timer_only(deployment: Deployment, plan: Plan) -> bool:
     wanted = plan.spec.placement.idle_unload_seconds
     same = replace(plan.spec, placement=replace(plan.spec.placement,
                                                 idle_unload_seconds=current.spec.placement.idle_unload_seconds))
-    return wanted != current.spec.placement.idle_unload_seconds and same.to_json() == current.spec.to_json()
+    return bool(wanted != current.spec.placement.idle_unload_seconds and same.to_json() == current.spec.to_json())
 
 
 def _set_idle_unload(deployment: Deployment, user: Any, seconds: int) -> None:
