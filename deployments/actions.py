@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +15,7 @@ from accounts.models import Team
 from audit.log import record as audit
 from deployments import ceilings
 from deployments.events import record
-from deployments.models import NO_CANARY, Deployment, Event, Revision
+from deployments.models import NO_CANARY, Deployment, Event, PoolLoad, Revision
 from deployments.planning import Plan
 from portal.api_errors import Conflict as Conflict  # re-exported: the callers of these actions catch it from here
 from portal.api_errors import Invalid
@@ -69,8 +69,8 @@ def unchanged(deployment: Deployment, plan: Plan) -> bool:
     current = deployment.revision
     if current is None:
         return False
-    return bool(dataclasses.replace(current.spec, memory_basis=None).to_json()
-                == dataclasses.replace(plan.spec, memory_basis=None).to_json())
+    return bool(replace(current.spec, memory_basis=None).to_json()
+                == replace(plan.spec, memory_basis=None).to_json())
 
 
 @transaction.atomic
@@ -81,7 +81,8 @@ def update_deployment(deployment: Deployment, user: Any, plan: Plan, canary: Rol
 
     A plan that changes nothing makes no revision and rolls nothing out (None), however it was asked for (the
     API's PATCH, the edit page, the CLI, a tune's Apply): a CI job that deploys the same settings again must not
-    restart what serves. A canary of nothing is refused (Invalid): there would be nothing to compare."""
+    restart what serves. A canary of nothing is refused (Invalid): there would be nothing to compare. Nor does a
+    plan that changes only a shared deployment's idle time (None too): it is set in place (timer_only)."""
     if plan.spec.runtime != deployment.runtime:
         raise Conflict("The runtime of a deployment cannot change: create a new deployment.")
     locked = (Deployment.objects.select_for_update(of=("self",)).select_related("revision", "canary_revision")
@@ -92,9 +93,46 @@ def update_deployment(deployment: Deployment, user: Any, plan: Plan, canary: Rol
         return None
     if locked.canary_revision_id is not None:
         raise Conflict(_canary_in_progress(locked))
+    if timer_only(locked, plan):
+        if canary is not None:
+            raise Invalid("rollout", "only the idle time changes, which is set in place with no new revision: "
+                                     "there is nothing to compare in a canary, so send it without a rollout")
+        _set_idle_unload(locked, user, plan.spec.placement.idle_unload_seconds)
+        return None
     if canary is not None:
         return _start_canary(locked, user, plan, canary)
     return _roll_out(deployment, user, plan)
+
+
+def timer_only(deployment: Deployment, plan: Plan) -> bool:
+    """Whether `plan` differs from the deployment's revision only in its idle time (placement.idle_unload_seconds):
+    how long a pool keeps the models loaded while unused, not what it serves. A revision is for what changes the
+    model repository served (issue 31: a new idle time made one, and loaded the models again for nothing)."""
+    current = deployment.revision
+    if current is None or not (current.spec.placement.shared and plan.spec.placement.shared):
+        return False
+    wanted = plan.spec.placement.idle_unload_seconds
+    same = replace(plan.spec, placement=replace(plan.spec.placement,
+                                                idle_unload_seconds=current.spec.placement.idle_unload_seconds))
+    return bool(wanted != current.spec.placement.idle_unload_seconds and same.to_json() == current.spec.to_json())
+
+
+def _set_idle_unload(deployment: Deployment, user: Any, seconds: int) -> None:
+    """The revision's idle time changed in place, and its loads' (the pools' idle passes read them next time):
+    nothing reloads, no revision is made. The one field of a revision that changes after it was made: it is a
+    setting of how the pool treats the models, not of what they are."""
+    revision = deployment.revision
+    assert revision is not None  # timer_only said so
+    before = revision.spec.placement.idle_unload_seconds
+    revision.spec = replace(revision.spec, placement=replace(revision.spec.placement, idle_unload_seconds=seconds))
+    revision.save(update_fields=["spec"])
+    PoolLoad.objects.filter(revision=revision).update(idle_unload_seconds=seconds)
+    never = " (0: never unload)" if seconds == 0 else ""
+    record(deployment, Event.Kind.INFO, f"Idle time set to {seconds} s{never} (it was {before} s) by "
+                                        f"{user.get_username()}, on revision {revision.number} in place: nothing "
+                                        "was loaded again.")
+    audit(user, deployment.team, "deployment.update", deployment.name, revision=revision.number,
+          idle_unload_seconds=seconds)
 
 
 def _roll_out(deployment: Deployment, user: Any, plan: Plan) -> Revision:

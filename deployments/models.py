@@ -226,7 +226,9 @@ class RevisionSpecField(models.JSONField):
 
 
 class Revision(models.Model):
-    """An immutable snapshot of a deployment's spec; every change of spec makes a new one."""
+    """A snapshot of a deployment's spec; every change of what it serves makes a new one. Its one field changed in
+    place is a shared revision's idle time (placement.idle_unload_seconds, actions.update_deployment): how long a
+    pool keeps the models loaded unused, which changes nothing of the model repository it serves."""
 
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="revisions")
     number = models.PositiveIntegerField()
@@ -254,6 +256,11 @@ class Event(models.Model):
     time = models.DateTimeField(default=timezone.now, db_index=True)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.INFO)
     message = models.TextField()
+    # An event that comes again and again (a shared model unloaded while idle, loaded again for a request): one row
+    # per run of them, counted, its time the latest (deployments/events.py, record_repeated). "" for the others.
+    reason = models.CharField(max_length=32, blank=True)
+    count = models.PositiveIntegerField(default=1)
+    first_time = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-time", "-id"]

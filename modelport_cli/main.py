@@ -403,10 +403,13 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             return _report_deploy(client, args, created, "created")
         found = dict(client.get(path))  # created in between (another job of the same pipeline): update it
     deployment = _send_deployment(client, args, "PATCH", path, _update_body(args, found))
-    # The portal makes no revision of the settings in effect already: nothing rolls out, and a script can tell.
+    # The portal makes no revision of the settings in effect already: nothing rolls out, and a script can tell. Nor
+    # of a new idle time alone, which it sets in place.
     unchanged = deployment.get("revision") == found.get("revision")
-    return _report_deploy(client, args, deployment,
-                          "unchanged (these are the settings in effect already)" if unchanged else "updated")
+    idle = [(d.get("placement") or {}).get("idle_unload_seconds") for d in (found, deployment)]
+    action = ("updated in place (the idle time: nothing reloads)" if unchanged and idle[0] != idle[1] else
+              "unchanged (these are the settings in effect already)" if unchanged else "updated")
+    return _report_deploy(client, args, deployment, action)
 
 
 def _create(client: Client, args: argparse.Namespace, missing: str) -> dict[str, Any] | None:

@@ -80,7 +80,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "portal.null_bytes.RefuseNulMiddleware",  # before anything queries the database with the path or query
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "portal.static_files.StaticFilesMiddleware",  # whitenoise's, streaming asynchronously under ASGI
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -251,6 +251,10 @@ LOG_TAIL_MAX_BYTES = env_int("LOG_TAIL_MAX_BYTES", 1024**2, minimum=4096)
 LOG_LINE_MAX_BYTES = env_int("LOG_LINE_MAX_BYTES", 16 * 1024, minimum=256)
 LOG_MAX_LINES = env_int("LOG_MAX_LINES", 5000, minimum=1)
 LOG_EXCERPT_MAX_CHARS = env_int("LOG_EXCERPT_MAX_CHARS", 4000, minimum=200)
+# An event that repeats (a shared model unloaded while idle, loaded again by a request) updates the deployment's
+# row of its run rather than adding one, for runs begun within this many seconds (deployments/events.py); 0: a row
+# each time.
+EVENT_REPEAT_WINDOW_SECONDS = env_int("EVENT_REPEAT_WINDOW_SECONDS", 3600, minimum=0)
 TRITON_LOG_MAX_BYTES = env_int("TRITON_LOG_MAX_BYTES", 64 * 1024**2, minimum=1024**2)
 # Frameworks the runtime env should carry beyond ONNX ("torch", "tensorflow"): `make run`/`make runtime-env` install
 # them, and the `runtime_extras` check warns when the env lacks one. What serves is detected from the env itself

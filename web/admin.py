@@ -175,7 +175,7 @@ class EventAdmin(admin.ModelAdmin):
     search_fields = ["message", "deployment__name"]
     list_select_related = ["deployment__team"]
     date_hierarchy = "time"
-    readonly_fields = ["deployment", "time", "kind", "message"]
+    readonly_fields = ["deployment", "time", "kind", "message", "reason", "count", "first_time"]
 
     @admin.display(description="message")
     def short_message(self, obj: Event) -> str:

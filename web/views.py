@@ -391,15 +391,21 @@ def deployment_edit(request: HttpRequest, team: Team, name: str) -> HttpResponse
                                            versions=versions.get(entry.name, []), initial=initial_for_entry(entry)))
 
     changed = True
+    idle_set: int | None = None
 
     def update(plan: planning.Plan) -> Deployment:
-        nonlocal changed
+        nonlocal changed, idle_set
         rollout = form.rollout()
+        if deployment_actions.timer_only(deployment, plan):
+            idle_set = plan.spec.placement.idle_unload_seconds
         changed = deployment_actions.update_deployment(deployment, request.user, plan, canary=rollout) is not None
         return deployment
 
     if request.method == "POST" and _plan_and_run(team, form, model_forms, spec, update, deployment):
-        if not changed:
+        if idle_set is not None and not changed:
+            messages.success(request, f"Saved: {deployment.name} now unloads its models after {idle_set} s unused "
+                                      "(0: never), in place: nothing was loaded again and no new revision was made.")
+        elif not changed:
             messages.info(request, f"Nothing changed: {deployment.name} keeps serving these settings, and no new "
                                    "revision was made.")
         elif form.cleaned_data.get("canary_percent"):

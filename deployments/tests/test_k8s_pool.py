@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -483,6 +484,10 @@ def test_a_cluster_revision_unused_for_its_idle_time_is_marked_unloaded_for_the_
     assert pool_runtime.unload_idle(runtime) == [f"unloaded {deployment} r1 from pool 'gpu'"]
     load.refresh_from_db()
     assert load.state == PoolLoad.State.UNLOADED and "60 s unused" in load.message
+    [told] = deployment.events.filter(reason="pool.idle_unloaded")
+    unused = re.fullmatch(r"Unloaded from pool 'gpu': unused for (\d+) s \(it unloads after 60 s unused\)\. The "
+                          r"next request loads it again\.", told.message)
+    assert unused is not None and int(unused[1]) >= 61, told.message
     entry = loads(kube)[f"{key}.json"]
     assert entry["unloaded"] is True and entry["models"] == [f"{key}-digits"]
     agents_report(kube)
@@ -518,6 +523,12 @@ def test_a_request_wakes_an_idle_cluster_revision_and_its_cold_start_is_recorded
     load.refresh_from_db()
     assert load.state == PoolLoad.State.LOADED and load.woken_at is None
     assert load.cold_start_seconds is not None and load.cold_start_seconds >= 0
+    # Both are the deployment's events, the load's time as measured from the wake.
+    [unloaded] = deployment.events.filter(reason="pool.idle_unloaded")
+    assert re.search(r"unused for 1[2-9][0-9] s", unloaded.message), unloaded.message
+    [woken] = deployment.events.filter(reason="pool.loaded_on_demand")
+    assert woken.message == f"Loaded again in pool 'gpu' by a request, in {load.cold_start_seconds:.1f} s (the " \
+                            "request waited for it)."
     assert pool_runtime.wait_loaded(load.pk, 0) == (True, "")
 
 
@@ -633,6 +644,10 @@ def test_a_load_past_the_budget_evicts_the_least_recently_used_idle_revision_fir
     assert third.status == Deployment.Status.READY, third.status_message
     evicted = PoolLoad.objects.get(deployment=old)
     assert evicted.state == PoolLoad.State.UNLOADED and evicted.message.startswith("evicted")
+    [told] = old.events.filter(reason="pool.evicted")
+    unused = re.match(r"Unloaded from pool 'gpu' to make room for another model: unused for (\d+) s", told.message)
+    assert unused is not None and int(unused[1]) >= 600, told.message
+    assert "third" not in told.message and not recent.events.filter(reason="pool.evicted").exists()
     assert PoolLoad.objects.get(deployment=recent).state == PoolLoad.State.LOADED
     entries = loads(kube)
     assert entries[f"d{old.pk}-r1.json"]["unloaded"] is True

@@ -114,6 +114,12 @@ def test_an_idle_model_is_unloaded_and_the_first_request_after_waits_for_its_loa
     assert PoolLoad.objects.get(pk=load.pk).state == PoolLoad.State.LOADED
     # Held no longer than the wait it promises (a small ONNX model's cold start, which a loaded machine slows).
     assert held < settings.POOL_COLD_START_WAIT_SECONDS, held
+    # Both are the deployment's events, newest first, the load with the time it took.
+    cold = PoolLoad.objects.get(pk=load.pk).cold_start_seconds
+    assert cold is not None
+    told = [e["message"] for e in alice.client().get("/api/v1/deployments/digits-idle/events/").json()[:2]]
+    assert told[0] == f"Loaded again in pool 'shared' by a request, in {cold:.1f} s (the request waited for it)."
+    assert told[1].startswith("Unloaded from pool 'shared': unused for ") and "after 1 s unused" in told[1]
 
     # A wait shorter than the load: 503 with Retry-After, and the load goes on for the retry.
     time.sleep(1.5)
@@ -163,5 +169,8 @@ def test_a_pool_triton_that_dies_is_started_again_with_its_models_loaded(
     assert PoolLoad.objects.get(deployment=deployment).state == PoolLoad.State.LOADED
     status, answer = infer(gateway, alice, "digits-k")
     assert status == 200, answer
-    assert deployment.events.filter(message__contains="died").exists()
+    died = deployment.events.get(message__contains="died")
+    assert "started again" not in died.message and "loaded again at its next health check" in died.message
+    assert deployment.events.filter(
+        message__startswith=f"Loaded again in pool 'shared', into its Triton started again (pid {again.pid})").exists()
     assert np.asarray(answer["outputs"][0]["data"]).size == 6

@@ -126,7 +126,10 @@ def test_stop_triton_lists_and_stops_a_pool_triton_and_its_models_load_again_at_
     assert PoolServer.objects.get(pk=server.pk).state == PoolServer.State.STOPPED
     load = PoolLoad.objects.get(deployment=deployment)
     assert load.state == PoolLoad.State.LOADING and "stop-triton" in load.message
-    assert deployment.events.filter(message__contains="was stopped (make stop-triton)").exists()
+    # What happened, and what will (once the portal runs again), not that it "is started again": nothing runs.
+    [told] = deployment.events.filter(message__contains="make stop-triton")
+    assert "was stopped by an operator (make stop-triton)" in told.message, told.message
+    assert "once the portal runs again" in told.message and "started again" not in told.message
     after = io.StringIO()
     call_command("local_tritons", stdout=after)
     assert "pool" not in after.getvalue()
@@ -136,5 +139,7 @@ def test_stop_triton_lists_and_stops_a_pool_triton_and_its_models_load_again_at_
                "loaded again")
     [again] = PoolServer.objects.filter(state=PoolServer.State.RUNNING)
     assert again.http_port == server.http_port
+    assert deployment.events.filter(
+        message__startswith=f"Loaded again in pool 'shared', into its Triton started again (pid {again.pid})").exists()
     status, answer = infer(gateway, alice, "digits-s")
     assert status == 200 and answer["model_name"] == "digits", answer

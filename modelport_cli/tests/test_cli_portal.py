@@ -103,9 +103,11 @@ def test_idle_unload_alone_on_a_shared_deployment_changes_only_the_idle_time(
     code = main(["deploy", "digits-prod", "--idle-unload", "5m"])
 
     assert code == 0, capsys.readouterr().err
+    assert "revision 1 updated in place (the idle time: nothing reloads)" in capsys.readouterr().out
     after = shown(capsys)
     assert after["placement"] == {**before["placement"], "idle_unload_seconds": 300}
-    assert after["revision"] == before["revision"] + 2
+    # Set in place: an idle time changes nothing of what is served, so no revision (nor a reload) is made for it.
+    assert after["revision"] == before["revision"]
     unchanged = ("models", "resources", "replicas", "runtime", "autoscaling")
     assert {key: after[key] for key in unchanged} == {key: before[key] for key in unchanged}
 

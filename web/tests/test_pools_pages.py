@@ -24,7 +24,7 @@ from models_registry.tests.pipeline_versions import ready_version
 from tests.artifacts import PYTHON_SIGNATURE, python_model_zip
 from web import overview, revisions
 from web.tests.conftest import deploy, signed_in
-from web.tests.deploy_forms import NEW, form_data
+from web.tests.deploy_forms import NEW, as_post, form_data
 
 MiB = 2**20
 
@@ -199,6 +199,23 @@ def test_the_settings_form_keeps_the_placement_and_changes_only_what_is_given(al
     assert not deployment.revision.spec.placement.shared
     history = signed_in(alice).get(f"/deployments/{deployment.name}/").content.decode()
     assert "placement shared in pool shared, unloaded after 120 s unused → dedicated" in history
+
+
+def test_a_new_idle_time_alone_on_the_settings_page_is_saved_in_place(alice: Person, digits: ModelVersion) -> None:
+    deployment = deploy(alice, placement={"mode": "shared", "idle_unload_seconds": 120})
+    edit = f"/deployments/{deployment.name}/edit/"
+    shown = signed_in(alice).get(edit).context
+    data = as_post(shown["form"], shown["model_forms"])  # what a browser sends back, the idle time changed only
+    data["idle_unload_seconds"] = "30"
+
+    response = signed_in(alice).post(edit, data, follow=True)
+
+    assert response.status_code == 200
+    assert (f"Saved: {deployment.name} now unloads its models after 30 s unused (0: never), in place: nothing was "
+            "loaded again and no new revision was made.") in response.content.decode()
+    deployment.refresh_from_db()
+    assert deployment.revisions.count() == 1
+    assert deployment.revision.spec.placement == Placement(mode="shared", pool="shared", idle_unload_seconds=30)
 
 
 def test_the_deployment_page_shows_the_pool_loaded_or_idle_and_the_cold_start(alice: Person, charlie: Person,

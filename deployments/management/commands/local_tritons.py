@@ -109,6 +109,6 @@ def _forget_pool_servers(pids: list[int]) -> None:
     from deployments.runtimes.local import pool
 
     try:
-        pool.mark_stopped(pids, "was stopped (make stop-triton)")
+        pool.mark_stopped(pids, "was stopped by an operator (make stop-triton)")
     except DatabaseError:
         pass

@@ -28,7 +28,7 @@ from django.conf import settings
 from django.db.models import Sum
 from django.utils import timezone
 
-from deployments import logtail, pools
+from deployments import logtail, pool_events, pools
 from deployments.models import Deployment, ModelMemory, Pool, PoolLoad, Revision
 from deployments.pool_models import SHARING_STRATEGIES, SHARING_STRATEGY_LABEL, GpuShare
 from deployments.revision_spec import RevisionSpec
@@ -193,17 +193,20 @@ def _make_room(pool: Pool, load: PoolLoad, team_id: int, need: int, fits: Callab
     idle = (PoolLoad.objects.filter(pool=pool, state=PoolLoad.State.LOADED,
                                     last_used_at__lt=now - timedelta(seconds=settings.POOL_EVICTION_MIN_IDLE_SECONDS))
             .exclude(pk=load.pk).order_by("last_used_at"))
-    own = list(idle.filter(deployment__team_id=team_id))
-    others = list(idle.exclude(deployment__team_id=team_id).filter(
+    own = list(idle.filter(deployment__team_id=team_id).select_related("deployment"))
+    others = list(idle.exclude(deployment__team_id=team_id).select_related("deployment").filter(
         loaded_at__lt=now - timedelta(seconds=settings.POOL_EVICTION_MIN_RESIDENCY_SECONDS)))
     for victim in own + others:
         if fits():
             return True
         if victim in others and _held(pool, load, team_id) + need > pools.team_share(pool):
             return False  # past the team's share: another team's idle models are never evicted for it
-        PoolLoad.objects.filter(pk=victim.pk, state=PoolLoad.State.LOADED, last_used_at=victim.last_used_at).update(
-            state=PoolLoad.State.UNLOADED,
-            message="evicted: the pool needed its memory for another model (least recently used first)")
+        if PoolLoad.objects.filter(pk=victim.pk, state=PoolLoad.State.LOADED,
+                                   last_used_at=victim.last_used_at).update(
+                state=PoolLoad.State.UNLOADED,
+                message="evicted: the pool needed its memory for another model (least recently used first)"):
+            pool_events.evicted(victim.deployment, pool.name, (now - victim.last_used_at).total_seconds()
+                                if victim.last_used_at is not None else 0.0)
     return fits()
 
 
@@ -567,6 +570,8 @@ def _unload_idle_in(rt: KubernetesRuntime, kube: Kube, pool: Pool, namespace: st
                 state=PoolLoad.State.UNLOADED, message=f"unloaded after {load.idle_unload_seconds} s unused; the "
                                                        "next request loads it again"):
             continue
+        pool_events.idle_unloaded(load.deployment, pool.name, (now - last).total_seconds(),
+                                  load.idle_unload_seconds, load.idle_unload_seconds)
         _set_entry(kube, target, namespace, key, _entry(rt, load.revision), idle=_idle_now(load.pk))
         done.append(f"unloaded {load.deployment} r{load.revision.number} from pool {pool.name!r}")
     return done
@@ -645,10 +650,13 @@ def settle_woken(rt: KubernetesRuntime, kube: Kube, load: PoolLoad, namespace: s
         return False
     remember_memory(load, statuses)
     now = timezone.now()
-    woken = load.woken_at or now
-    return bool(PoolLoad.objects.filter(pk=load.pk, state=PoolLoad.State.LOADING).update(
-        state=PoolLoad.State.LOADED, message="", loaded_at=now, last_used_at=now, woken_at=None,
-        cold_start_seconds=max(0.0, (now - woken).total_seconds())))
+    seconds = max(0.0, (now - (load.woken_at or now)).total_seconds())
+    if not PoolLoad.objects.filter(pk=load.pk, state=PoolLoad.State.LOADING).update(
+            state=PoolLoad.State.LOADED, message="", loaded_at=now, last_used_at=now, woken_at=None,
+            cold_start_seconds=seconds):
+        return False
+    pool_events.loaded_on_demand(load.deployment, pool.name, seconds)
+    return True
 
 
 def _loads_data(kube: Kube, target: pool_manifests.PoolTarget, namespace: str) -> dict[str, str]:

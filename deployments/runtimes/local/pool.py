@@ -44,7 +44,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from deployments import events, local_env, pools, pyenvs
+from deployments import events, local_env, pool_events, pools, pyenvs
 from deployments.models import Deployment, Event, ModelMemory, Pool, PoolLoad, PoolServer, Revision
 from deployments.render import render_repository
 from deployments.revision_spec import Resources, RevisionSpec
@@ -185,15 +185,22 @@ def live_server(pool: Pool) -> PoolServer | None:
     return None
 
 
-def _mark_dead(server: PoolServer, what: str = "died") -> None:
+# What comes after a pool's Triton stopped, for its deployments' events: said as what will happen, never as done (a
+# Triton is started again only by the next look, and after `make stop-triton` none looks until the portal runs).
+AT_NEXT_LOOK = ("this deployment's models are loaded again at its next health check or request, in a new Triton of "
+                "the pool")
+ONCE_THE_PORTAL_RUNS = ("this deployment's models are loaded again once the portal runs again (make run), at its "
+                        "next health check or request, in a new Triton of the pool")
+
+
+def _mark_dead(server: PoolServer, what: str = "died", then: str = AT_NEXT_LOOK) -> None:
     PoolServer.objects.filter(pk=server.pk).update(state=PoolServer.State.STOPPED, stopped_at=timezone.now())
     _clean_up(server)
     for load in PoolLoad.objects.filter(server=server, state=PoolLoad.State.LOADED).select_related("deployment"):
         PoolLoad.objects.filter(pk=load.pk).update(state=PoolLoad.State.LOADING, server=None,
-                                                   message=f"the pool's Triton {what}; loading again")
+                                                   message=f"the pool's Triton {what}; to be loaded again")
         events.record(load.deployment, Event.Kind.WARNING,
-                      f"The Triton of pool {server.pool.name!r} (pid {server.pid}) {what}: it is started again and "
-                      "this deployment's models loaded again.")
+                      f"The Triton of pool {server.pool.name!r} (pid {server.pid}) {what}: {then}.")
 
 
 def stop_servers(pool: Pool, what: str = "was stopped") -> int:
@@ -207,11 +214,12 @@ def stop_servers(pool: Pool, what: str = "was stopped") -> int:
 
 
 def mark_stopped(pids: Sequence[int], what: str) -> None:
-    """Record that the pool Tritons at `pids` were stopped by hand (`make stop-triton`): their loaded revisions are
-    loaded again at the next need, each deployment told why."""
+    """Record that the pool Tritons at `pids` were stopped by hand (`make stop-triton`, which runs only while the
+    portal is stopped): their loaded revisions are loaded again once the portal runs and looks, each deployment
+    told so (and told again once they are)."""
     for server in PoolServer.objects.filter(state=PoolServer.State.RUNNING, pid__in=list(pids)).select_related("pool"):
         if not local_triton.is_alive(server.pid):
-            _mark_dead(server, what)
+            _mark_dead(server, what, ONCE_THE_PORTAL_RUNS)
 
 
 def _in_use(pool: Pool) -> bool:
@@ -478,19 +486,24 @@ def _make_room(pool: Pool, load: PoolLoad, need: int) -> None:
         return (pools.memory_used(pool, team_id, exclude=load.pk)[0] + need <= share
                 and pools.memory_used(pool, exclude=load.pk)[0] + need <= pool.memory_budget_bytes)
 
-    message = "evicted: the pool needed its memory for another model (least recently used first)"
     for victim in own:
         if fits():
             return
-        _unload_locked(victim, message)
+        _evict(victim, pool, now)
     if pools.memory_used(pool, team_id, exclude=load.pk)[0] + need > share:
         raise PoolFull(_full_message(pool, load, need, pools.memory_used(pool, exclude=load.pk)[0]))
     for victim in others:
         if fits():
             return
-        _unload_locked(victim, message)
+        _evict(victim, pool, now)
     if not fits():
         raise PoolFull(_full_message(pool, load, need, pools.memory_used(pool, exclude=load.pk)[0]))
+
+
+def _evict(victim: PoolLoad, pool: Pool, now: datetime) -> None:
+    _unload_locked(victim, "evicted: the pool needed its memory for another model (least recently used first)")
+    unused = (now - victim.last_used_at).total_seconds() if victim.last_used_at is not None else 0.0
+    pool_events.evicted(victim.deployment, pool.name, unused)
 
 
 def _full_message(pool: Pool, load: PoolLoad, need: int, used: int) -> str:
@@ -530,17 +543,36 @@ def load_revision(load_id: int, wait: bool | float = True) -> PoolLoad:
         try:
             loaded = _load_models(started.server, load, started.reserved)
             with locked(pool):
-                return _finish_load(pool, load, started.server, loaded, started.reserved)
+                done = _finish_load(pool, load, started.server, loaded, started.reserved)
         finally:
             # The reservation _start_load wrote ends with this attempt, whatever became of it (a process that dies
             # mid-load leaves it until the row's next attempt, which writes it again: room held, never overcommitted).
             PoolLoad.objects.filter(pk=load.pk).update(reserved_bytes=0)
+    if done.state == PoolLoad.State.LOADED:
+        _tell_loaded(done, started)
+    return done
+
+
+def _tell_loaded(load: PoolLoad, started: _Started) -> None:
+    """The deployment's event for a load that was not its first: woken by a request (it had been unloaded while
+    idle or evicted; only the gateway's cold starts load such a row, a launch marks its row loading first), or
+    loaded again in a Triton other than the one it was in (the pool's Triton stopped or died)."""
+    seconds = load.cold_start_seconds or 0.0
+    if started.woken:
+        pool_events.loaded_on_demand(load.deployment, load.pool.name, seconds)
+    elif started.loaded_before is not None:
+        restarted = started.server.started_at > started.loaded_before
+        pool_events.loaded_again(load.deployment, load.pool.name, seconds,
+                                 started.server.pid if restarted else None)
 
 
 @dataclass(frozen=True)
 class _Started:
     server: PoolServer
     reserved: dict[str, int]  # bytes per model (its own name): its cgroup's limit, what it is charged
+    woken: bool = False  # it was unloaded (idle or evicted): a request loads it
+    # When it last loaded, when that was into another server than this one (loaded again after a stop), else None.
+    loaded_before: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -559,6 +591,8 @@ def _start_load(pool: Pool, load: PoolLoad) -> PoolLoad | _Started:
     server = _ensure_server(pool)
     if load.state == PoolLoad.State.LOADED and load.server_id == server.pk:
         return load
+    woken = load.state == PoolLoad.State.UNLOADED
+    loaded_before = load.loaded_at if not woken and load.server_id != server.pk else None
     spec = load.revision.spec
     refusal = _unsandboxed_code(server, spec)
     if refusal:
@@ -576,7 +610,7 @@ def _start_load(pool: Pool, load: PoolLoad) -> PoolLoad | _Started:
     # Loading from here: a stop, retire or abandon meanwhile changes the state, which _finish_load then sees.
     PoolLoad.objects.filter(pk=load.pk).update(state=PoolLoad.State.LOADING, message="", server=None,
                                                reserved_bytes=sum(reserved.values()))
-    return _Started(server, reserved)
+    return _Started(server, reserved, woken, loaded_before)
 
 
 def _load_models(server: PoolServer, load: PoolLoad, reserved: Mapping[str, int]) -> _Loaded:
@@ -779,13 +813,15 @@ def unload_idle() -> list[str]:
         for load in PoolLoad.objects.filter(pool=pool, state=PoolLoad.State.LOADED, idle_unload_seconds__gt=0) \
                 .select_related("revision", "deployment", "server", "pool"):
             last = load.last_used_at or load.loaded_at or now
-            if now - last >= timedelta(seconds=idle_unload_after(load)):
+            after = idle_unload_after(load)
+            if now - last >= timedelta(seconds=after):
                 with locked(pool):
                     current = PoolLoad.objects.select_related("revision", "server", "pool").get(pk=load.pk)
                     if current.state != PoolLoad.State.LOADED or current.last_used_at != load.last_used_at:
                         continue
-                    _unload_locked(current, f"unloaded after {idle_unload_after(load):g} s unused; the next "
-                                            "request loads it again")
+                    _unload_locked(current, f"unloaded after {after:g} s unused; the next request loads it again")
+                pool_events.idle_unloaded(load.deployment, pool.name, (now - last).total_seconds(), after,
+                                          load.idle_unload_seconds)
                 done.append(f"unloaded {load.deployment} r{load.revision.number} from pool {pool.name!r}")
     return done
 
