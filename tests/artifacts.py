@@ -50,6 +50,23 @@ def constant_folding_bomb_onnx(side: int) -> bytes:
     return model.SerializeToString()
 
 
+def constant_of_shape_onnx() -> bytes:
+    """y = ConstantOfShape(n): about a hundred bytes of one standard operator that answer as many floats as the
+    caller asks for."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    n = helper.make_tensor_value_info("n", TensorProto.INT64, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["count"])
+    node = helper.make_node("ConstantOfShape", ["n"], ["y"],
+                            value=helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0]))
+    model = helper.make_model(helper.make_graph([node], "shaper", [n], [y]),
+                              opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
 def relu_chain_onnx(nodes: int) -> bytes:
     """y = Relu(Relu(...Relu(x))), `nodes` deep: a few MB of standard operators whose session onnxruntime builds for
     seconds (issue 30: 100k nodes, 2.4 MB, loaded in 30 s), computing nothing hostile at load or run."""

@@ -318,9 +318,9 @@ def test_in_a_real_triton_one_teams_huge_answer_fails_its_own_request_and_the_ne
     from deployments.runtimes.local import triton as lt
     from deployments.spec import RepositorySpec
     from deployments.tests import local_triton
-    from deployments.tests.test_local_pool_memory_e2e import constant_of_shape_onnx
     from modelport.core.runtime_env import server_environment
     from modelport.core.signature import Signature, Tensor
+    from tests.artifacts import constant_of_shape_onnx
 
     env = local_triton.runtime_env()
     (tmp_path / "shaper.onnx").write_bytes(constant_of_shape_onnx())

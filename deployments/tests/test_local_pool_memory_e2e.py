@@ -21,27 +21,10 @@ from deployments.runtimes.local import pool_memory
 from deployments.runtimes.local import triton as local_triton
 from deployments.tests.conftest import make_ready_version
 from deployments.tests.pool_e2e import Asgi, ClosedLoop, _stop_pool_servers, deploy, infer, people, settle
-from tests.artifacts import tiny_onnx
+from tests.artifacts import constant_of_shape_onnx, tiny_onnx
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
 __all__ = ["_stop_pool_servers", "people"]  # fixtures shared with the other pool tests
-
-
-def constant_of_shape_onnx() -> bytes:
-    """y = ConstantOfShape(n): about a hundred bytes of one standard operator that answer as many floats as the
-    caller asks for."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    n = helper.make_tensor_value_info("n", TensorProto.INT64, [1])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["count"])
-    node = helper.make_node("ConstantOfShape", ["n"], ["y"],
-                            value=helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0]))
-    model = helper.make_model(helper.make_graph([node], "shaper", [n], [y]),
-                              opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
 
 
 def ask(gateway: Asgi, person: Person, deployment: str, count: int) -> tuple[int, Any]:
