@@ -132,6 +132,14 @@ def python_snippet(base_url: str, deployment: str, model: str, signature: dict[s
             lines.append(f'image = base64.b64decode("{base64.b64encode(file).decode("ascii")}")')
             lines.append(f'tensor.set_data_from_numpy(np.array([image] * {math.prod(shape)}, dtype=np.object_)'
                          f'.reshape({shape}))')
+        elif (datatype == "BYTES" and (texts := (data or {}).get(tensor["name"])) is not None
+              and len(texts) == math.prod(shape) and all(isinstance(v, str) for v in texts)):
+            # The version's example request (text per element), as Try it and curl send it: an empty element can
+            # be what the model refuses.
+            lines.append(f'# {tensor["name"]}: bytes per element, here the example request\'s text (a file\'s: '
+                         'open("digit.png", "rb").read())')
+            lines.append(f"tensor.set_data_from_numpy(np.array({[v.encode() for v in texts]!r}, dtype=np.object_)"
+                         f".reshape({shape}))")
         elif datatype == "BYTES":
             lines.append(f'# {tensor["name"]}: bytes per element, e.g. a file\'s: open("digit.png", "rb").read()')
             lines.append(f'tensor.set_data_from_numpy(np.array([b""] * {math.prod(shape)}, dtype=np.object_)'
@@ -168,6 +176,9 @@ def cli_snippet(deployment: str, model: str, base_url: str = "", files: dict[str
                  "(a handwritten 7, the one Try it offers: the echo below writes it), or yours"]
     else:
         lines = ["# modelport reads MODELPORT_URL and MODELPORT_TOKEN; req.json: the request body (Download req.json)"]
+    # `make run` puts no `modelport` on the PATH: the command comes with the CLI's package (README, "Use the CLI").
+    lines.append("# the modelport command: `pip install .` in Modelport's checkout (from there without installing: "
+                 "`.venv/bin/python -m modelport_cli` in its place)")
     if base_url:
         lines.append(f"export MODELPORT_URL={base_url}")
     if files:

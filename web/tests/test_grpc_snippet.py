@@ -109,3 +109,23 @@ def test_both_python_snippets_send_the_held_out_example_that_try_it_and_curl_sen
     assert tensor._get_binary_data() == expected.tobytes()
     [tensor] = sent_by(grpc, grpcclient, monkeypatch)
     assert tensor._get_content() == expected.tobytes()
+
+
+def test_both_python_snippets_send_the_versions_example_text_for_a_bytes_input(monkeypatch: Any) -> None:
+    """A text model uploaded with an example request ("hello world"): the Python snippets send that text, as Try it
+    and curl do, not an empty element the model may refuse."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    words = {"inputs": [{"name": "text", "datatype": "BYTES", "dims": [-1, 1]}],
+             "outputs": [{"name": "upper", "datatype": "BYTES", "dims": [-1, 1]}]}
+    http = inference.python_snippet("http://models.example.com", "words", "words", words, {"text": ["hello world"]})
+    grpc = grpc_snippet.python_grpc_snippet(http, "models.example.com:8001", False, "words")
+    assert 'b""' not in http
+    [tensor] = sent_by(http, httpclient, monkeypatch)
+    assert tensor.name() == "text" and tensor.shape() == [1, 1] and tensor.datatype() == "BYTES"
+    assert b"hello world" in tensor._get_binary_data()
+    [tensor] = sent_by(grpc, grpcclient, monkeypatch)
+    assert b"hello world" in tensor._get_content()
+    # Without an example the element stays empty (the comment says what to put there).
+    assert 'b""' in inference.python_snippet("http://models.example.com", "words", "words", words)
