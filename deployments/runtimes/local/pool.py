@@ -943,17 +943,17 @@ def teardown(deployment: Deployment) -> None:
         remove_files(pool, deployment.pk)
 
 
-def logs(deployment: Deployment, lines: int) -> str:
-    """The lines Triton wrote in the pool's log that name this deployment's models (never another deployment's).
+def logs(deployment: Deployment, lines: int, revision: Revision) -> str:
+    """The lines Triton wrote in the pool's log that name this revision's models (never another deployment's).
     Lines the models' processes print are left out: another team's model chooses their words (onnxruntime's
     warnings quote its tensor names), and could name this deployment's models in them."""
-    spec = deployment.revision.spec if deployment.revision else None
-    if spec is None or not spec.placement.shared:
+    spec = revision.spec
+    if not spec.placement.shared:
         return ""
     server = PoolServer.objects.filter(pool__name=spec.placement.pool).order_by("-started_at").first()
     if server is None:
         return ""
-    mine = re.compile(rf"(?<![A-Za-z0-9_-])d{deployment.pk}-r[0-9]+-")
+    mine = re.compile(rf"(?<![A-Za-z0-9_-]){re.escape(pools.name_prefix(deployment.pk, revision.number))}")
     text = serverlog.tail_log(Path(server.log_path), 5000, **confined.log_limits())
     return "\n".join([line for line in text.split("\n")
                       if serverlog.is_triton_line(line) and mine.search(line)][-lines:])
