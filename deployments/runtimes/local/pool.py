@@ -39,6 +39,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Q
@@ -941,6 +942,17 @@ def teardown(deployment: Deployment) -> None:
     stop(deployment)
     for pool in pools_used | set(Pool.objects.filter(runtime=Pool.Runtime.LOCAL)):
         remove_files(pool, deployment.pk)
+
+
+def server_isolation(pool_name: str) -> dict[str, Any] | None:
+    """Whether the running Triton of the pool runs sandboxed, as runtime.isolation answers for a deployment's own
+    (None: the pool runs none). A pool's Triton never opens outgoing connections (start_confined's default)."""
+    server = (PoolServer.objects.filter(pool__name=pool_name, pool__runtime=Pool.Runtime.LOCAL,
+                                        state=PoolServer.State.RUNNING).order_by("-started_at").first())
+    if server is None:
+        return None
+    return {"sandboxed": server.sandboxed, "egress": False,
+            "note": f"the Triton of pool {pool_name!r}, shared with other deployments"}
 
 
 def logs(deployment: Deployment, lines: int, revision: Revision) -> str:

@@ -33,7 +33,13 @@ log = logging.getLogger(__name__)
 
 
 def isolation(deployment: Deployment) -> dict[str, Any]:
-    """What the deployment page shows: does its Triton run sandboxed ({"sandboxed": None} when none runs)."""
+    """What the deployment page shows: does its Triton run sandboxed ({"sandboxed": None} when none runs). A shared
+    deployment's Triton is its pool's: a deployment of its own has none, and "–" read as "not known"."""
+    revision = deployment.serving_revision or deployment.revision
+    if revision is not None and revision.spec.placement.shared:
+        shared = pool.server_isolation(revision.spec.placement.pool)
+        if shared is not None:
+            return shared
     server = (TritonServer.objects.filter(deployment=deployment, state__in=[TritonServer.State.STARTING,
                                                                               TritonServer.State.READY])
               .order_by("-started_at").first())
