@@ -1121,6 +1121,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stdout_to_devnull() -> None:
+    """The standard recipe for a closed pipe (docs.python.org, signal: "Note on SIGPIPE")."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (captured, say): nothing will flush to the pipe
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -1138,3 +1149,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader closed stdout (`modelport infer ... | head -1`): it has what it wanted, so no traceback and no
+        # error line. Python flushes stdout once more at exit, which would raise again: point it at devnull first.
+        # 141 is what a shell reports for a command killed by SIGPIPE (128 + 13), as 130 above is for SIGINT.
+        _stdout_to_devnull()
+        return 141
