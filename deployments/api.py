@@ -19,7 +19,7 @@ from rest_framework.response import Response
 from accounts.context import current_team
 from accounts.idempotency import idempotent
 from accounts.models import Team
-from deployments import actions, canary, planning
+from deployments import actions, canary, log_revision, planning
 from deployments.ceilings import MAX_GPUS, MAX_REPLICAS
 from deployments.model_entry import DEFAULT
 from deployments.models import Deployment, Event, PoolLoad
@@ -586,6 +586,13 @@ class LogSerializer(serializers.Serializer[Any]):
     log = serializers.CharField(help_text="The last lines of Triton's log: at most LOG_TAIL_MAX_BYTES (1 MiB) of it "
                                           "read from its end, each line cut at LOG_LINE_MAX_BYTES with a marker "
                                           "'… (N bytes cut)'.")
+    revision = serializers.IntegerField(allow_null=True, help_text=(
+        "The revision whose log this is (null: the deployment has no revision yet)."))
+    revision_role = serializers.ChoiceField(choices=["serving", "canary", "starting", "retired"], help_text=(
+        "What that revision is: serving (the stable one, the default), canary, starting (not serving yet) or "
+        "retired (no longer serving)."))
+    canary_revision = serializers.IntegerField(allow_null=True, help_text=(
+        "The canary's revision while there is one (its log: ?revision=<it>), else null."))
 
 
 class LogQuerySerializer(serializers.Serializer[Any]):
@@ -598,6 +605,12 @@ class LogQuerySerializer(serializers.Serializer[Any]):
             help_text=f"How many lines, 1 to {most} (LOG_MAX_LINES); 200 if not given.",
             error_messages={"invalid": "must be an integer", "max_value": f"at most {most} lines: ask for fewer",
                             "min_value": "at least 1 line"})
+        self.fields["revision"] = serializers.IntegerField(
+            required=False, min_value=1, max_value=2**31 - 1,
+            help_text="Whose log: the number of a revision of the deployment (its canary's, say); the serving "
+                      "revision's if not given.",
+            error_messages={"invalid": "must be an integer", "min_value": "a revision number is at least 1",
+                            "max_value": "no such revision"})
 
 
 @extend_schema(summary="The tail of a deployment's Triton log", parameters=[LogQuerySerializer],
@@ -608,5 +621,12 @@ def deployment_logs(request: Request, name: str) -> Response:
     query = LogQuerySerializer(data=request.query_params)
     query.is_valid(raise_exception=True)
     lines = int(query.validated_data["lines"])
-    return Response({"log": runtime_for(deployment).logs(deployment, lines)})
+    try:
+        choice = log_revision.choose(deployment, query.validated_data.get("revision"))
+    except log_revision.UnknownRevision as exc:
+        raise serializers.ValidationError({"revision": [str(exc)]}) from None
+    log = runtime_for(deployment).logs(deployment, lines, choice.revision) if choice.revision else ""
+    canary = deployment.canary_revision
+    return Response({"log": log, "revision": choice.revision.number if choice.revision else None,
+                     "revision_role": choice.role, "canary_revision": canary.number if canary else None})
 

@@ -621,8 +621,9 @@ def _describe_served_model(model: dict[str, Any]) -> str:
 def cmd_logs(args: argparse.Namespace) -> int:
     check_name(args.name, "deployment")
     client = make_client(args)
-    params = {"lines": args.lines} if args.lines is not None else None
-    response = client.call("GET", f"/api/v1/deployments/{_segment(args.name)}/logs/", params=params, stream=True)
+    params = {key: value for key, value in (("lines", args.lines), ("revision", args.revision)) if value is not None}
+    response = client.call("GET", f"/api/v1/deployments/{_segment(args.name)}/logs/", params=params or None,
+                           stream=True)
     try:
         body = dict(json.loads(read_at_most(response, MAX_LOG_ANSWER_BYTES)))
     except ValueError:
@@ -632,6 +633,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     else:
         # What a model wrote, printed to a terminal: no escape sequence of it reaches the terminal.
         log = _TERMINAL_CONTROL_RE.sub("\ufffd", str(body.get("log") or ""))
+        _say_whose_log(args.name, body)
         if not args.all:
             log, folded = fold_gpu_noise(log)
             if folded:
@@ -639,6 +641,18 @@ def cmd_logs(args: argparse.Namespace) -> int:
                      "are left out; --all shows them")
         sys.stdout.write(log if log.endswith("\n") or not log else log + "\n")
     return ExitCode.OK
+
+
+_LOG_ROLES = {"serving": "serving", "canary": "canary", "starting": "not serving yet", "retired": "no longer serving"}
+
+
+def _say_whose_log(name: str, body: dict[str, Any]) -> None:
+    """On stderr (stdout is the log alone): whose log this is, and how to get the canary's while there is one."""
+    number, canary = body.get("revision"), body.get("canary_revision")
+    if isinstance(number, int):
+        info(f"the log of revision {number} ({_LOG_ROLES.get(str(body.get('revision_role')), 'its role unknown')})")
+    if isinstance(canary, int) and canary != number:
+        info(f"the canary, revision {canary}, writes its own: modelport logs {name} --revision {canary}")
 
 
 # The deployment page's fold (web/logs.py; a test keeps the two equal): lines a Triton on a machine without a GPU
@@ -1062,6 +1076,8 @@ def build_parser() -> argparse.ArgumentParser:
     logs = add("logs", cmd_logs, "print the Triton log of a deployment")
     logs.add_argument("name", metavar="NAME")
     logs.add_argument("--lines", type=_positive_int, metavar="N")
+    logs.add_argument("--revision", type=_positive_int, metavar="N", help=(
+        "the log of revision N (the canary's, say); the serving revision's if not given"))
     logs.add_argument("--all", action="store_true", help=(
         "also the CUDA, NVML and DCGM lines every Triton prints on a machine without a GPU (left out by default, "
         "as on the deployment's page)"))
@@ -1105,6 +1121,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stdout_to_devnull() -> None:
+    """The standard recipe for a closed pipe (docs.python.org, signal: "Note on SIGPIPE")."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (captured, say): nothing will flush to the pipe
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -1122,3 +1149,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader closed stdout (`modelport infer ... | head -1`): it has what it wanted, so no traceback and no
+        # error line. Python flushes stdout once more at exit, which would raise again: point it at devnull first.
+        # 141 is what a shell reports for a command killed by SIGPIPE (128 + 13), as 130 above is for SIGINT.
+        _stdout_to_devnull()
+        return 141

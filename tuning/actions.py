@@ -153,7 +153,7 @@ def apply_tune(tune: TuneRun, user: Any, rollout: canary.Rollout | None = None, 
     revision = deployment_actions.update_deployment(deployment, user, plan, canary=rollout)
     assert deployment.revision is not None  # _tuned_plan refused a deployment without one
     number = revision.number if revision is not None else deployment.revision.number
-    TuneRun.objects.filter(pk=tune.pk).update(applied_revision=number)
+    TuneRun.objects.filter(pk=tune.pk).update(applied_revision=number, applied_unchanged=revision is None)
     if changes and revision is not None:
         record(deployment, Event.Kind.INFO, f"Tune {tune.pk} applied as revision {number}: "
                                             + "; ".join(c.text() for c in changes) + ".")

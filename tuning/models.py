@@ -54,6 +54,9 @@ class TuneRun(models.Model):
     recommendation = models.JSONField(null=True, blank=True)  # search.Config.to_json() with its figures
     partial = models.BooleanField(default=False)
     applied_revision = models.PositiveIntegerField(null=True, blank=True)
+    # The recommendation was what `applied_revision` served already: applying it made no revision, and the page
+    # must not say it did.
+    applied_unchanged = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-created_at", "-id"]

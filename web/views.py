@@ -26,7 +26,7 @@ from accounts.models import ApiToken, Membership, Team, max_token_lifetime_days
 from accounts.names import NAME_RE, NAME_RULE
 from audit.log import record as audit
 from deployments import actions as deployment_actions
-from deployments import planning
+from deployments import log_revision, planning
 from deployments.local_env import local_framework_status
 from deployments.models import Deployment, Event
 from deployments.revision_spec import Resources, RevisionSpec
@@ -449,13 +449,17 @@ def deployment_live(request: HttpRequest, team: Team, name: str) -> HttpResponse
 @team_required
 def deployment_logs(request: HttpRequest, team: Team, name: str) -> HttpResponse:
     deployment = _get_deployment(team, name)
+    # The serving revision's log, never the newest server's (a rolled-back canary's, say); the panel says whose.
+    choice = log_revision.choose(deployment)
     try:
-        log = runtime_for(deployment).logs(deployment, LOG_LINES)
+        log = runtime_for(deployment).logs(deployment, LOG_LINES, choice.revision) if choice.revision else ""
     except Exception as exc:  # a display aid: a runtime that cannot answer must not break the page
         log = f"(the log cannot be read: {exc})"
     folded = fold_gpu_noise(log)
     return render(request, "web/_deployment_logs.html", {"deployment": deployment, "log": folded.text,
-                                                         "gpu_noise": folded.gpu_noise})
+                                                         "gpu_noise": folded.gpu_noise,
+                                                         "log_of": choice.label(),
+                                                         "canary": deployment.canary_revision})
 
 
 def _state_change(action: Callable[[Deployment, Any], object], done: str) -> Callable[..., HttpResponse]:

@@ -112,5 +112,6 @@ class Runtime(Protocol):
     def teardown(self, deployment: Deployment) -> None:
         """Remove everything the deployment left: servers, files, cluster objects."""
 
-    def logs(self, deployment: Deployment, lines: int) -> str:
-        """The tail of Triton's log."""
+    def logs(self, deployment: Deployment, lines: int, revision: Revision | None = None) -> str:
+        """The tail of the Triton log of `revision` (deployments/log_revision.py chooses; None: the serving
+        revision's, or the one being launched before any serves)."""

@@ -80,6 +80,8 @@ def test_another_teams_model_writes_no_line_into_a_deployments_log(people: dict[
     server = PoolServer.objects.get(state=PoolServer.State.RUNNING)
     with open(server.log_path) as handle:
         assert "evil.example" in handle.read()  # it is in the pool's log
-    log = local_pool.logs(Deployment.objects.get(pk=victim.pk), 500)
+    victim = Deployment.objects.select_related("serving_revision").get(pk=victim.pk)
+    assert victim.serving_revision is not None
+    log = local_pool.logs(victim, 500, victim.serving_revision)
     assert "evil.example" not in log, log
     assert f"d{victim.pk}-r1-digits" in log  # the deployment's own lines are still there

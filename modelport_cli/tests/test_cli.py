@@ -628,6 +628,21 @@ def test_logs_prints_the_log_and_asks_for_the_lines_wanted(portal: FakePortal,
     assert portal.seen("GET")[0].query == {"lines": ["50"]}
 
 
+
+def test_logs_says_whose_log_it_is_and_asks_for_a_revision_by_number(portal: FakePortal,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    portal.on("GET", "/api/v1/deployments/digits-prod/logs/",
+              Reply(200, {"log": "I0101 serving", "revision": 1, "revision_role": "serving", "canary_revision": 2}))
+
+    assert main(["logs", "digits-prod", "--verbose"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "I0101 serving\n"  # stdout stays the log alone
+    assert "the log of revision 1 (serving)" in err
+    assert "modelport logs digits-prod --revision 2" in err
+
+    assert main(["logs", "digits-prod", "--revision", "2", "--lines", "5"]) == 0
+    assert portal.seen("GET")[-1].query == {"lines": ["5"], "revision": ["2"]}
+
 CPU_ONLY_LOG = """W0101 pinned memory pool init failed: CUDA driver version is insufficient
 E0101 Failed to initialize NVML
 I0101 loading: digits:1

@@ -91,6 +91,22 @@ def test_a_finished_tune_shows_chart_table_and_apply_that_makes_a_revision(alice
     assert "Applied as revision 2." in client.get(PAGE).content.decode()
 
 
+def test_applying_what_serves_already_says_nothing_changed_not_applied_as_a_revision(alice: Person,
+                                                                                   deployment: Deployment) -> None:
+    first, second = finished(deployment), finished(deployment)
+    client = signed_in(alice)
+    client.post(f"{PAGE}tunes/{first.pk}/apply/", {"narrow": "on"})
+    assert Revision.objects.filter(deployment=deployment).count() == 2
+    Deployment.objects.filter(pk=deployment.pk).update(status="ready", serving_revision=Revision.objects.get(number=2))
+
+    applied = client.post(f"{PAGE}tunes/{second.pk}/apply/", {"narrow": "on"}, follow=True).content.decode()
+
+    assert Revision.objects.filter(deployment=deployment).count() == 2  # nothing to roll out
+    assert "nothing to roll out" in applied
+    content = client.get(PAGE).content.decode()
+    assert "Applied: nothing changed, revision 2 serves these settings already." in content
+    assert "Applied as revision" not in content
+
 def test_apply_as_a_canary_from_the_panel(alice: Person, deployment: Deployment) -> None:
     Deployment.objects.filter(pk=deployment.pk).update(status="ready", serving_revision=deployment.revision,
                                                        upstream_url="http://127.0.0.1:9")

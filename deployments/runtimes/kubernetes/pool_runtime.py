@@ -726,12 +726,14 @@ def shared_log_lines(agent_text: str, triton_text: str, deployment_id: int) -> l
     return found
 
 
-def logs(rt: KubernetesRuntime, deployment: Deployment, lines: int) -> str:
-    """The lines of the pool's pods that concern this deployment (shared_log_lines), never another team's: the
-    agent's, then Triton's, per pod, at most `lines` of each pod and LOG_TAIL_MAX_BYTES read in all."""
-    spec = deployment.revision.spec if deployment.revision else None
-    if spec is None or not spec.placement.shared:
+def logs(rt: KubernetesRuntime, deployment: Deployment, lines: int, revision: Revision) -> str:
+    """The lines of the pool's pods that concern this revision of the deployment (shared_log_lines), never another
+    team's: the agent's, then Triton's, per pod, at most `lines` of each pod and LOG_TAIL_MAX_BYTES read in all."""
+    spec = revision.spec
+    if not spec.placement.shared:
         return ""
+    # Its models' names (d1-r2-digits) and the agent's lines about it (modelport-pool-agent: d1-r2: ...).
+    this_revision = re.compile(rf"(?<![A-Za-z0-9_-])d{deployment.pk}-r{revision.number}[-:]")
     pool = Pool.objects.select_related("team").filter(name=spec.placement.pool,
                                                       runtime=Pool.Runtime.KUBERNETES).first()
     if pool is None:
@@ -754,7 +756,8 @@ def logs(rt: KubernetesRuntime, deployment: Deployment, lines: int) -> str:
                 data = b""
             texts.append(logtail.tail_text(data, max(lines * 20, 1000), max_bytes=budget,
                                            line_max=settings.LOG_LINE_MAX_BYTES))
-        mine = shared_log_lines(texts[0], texts[1], deployment.pk)[-lines:]
+        mine = [line for line in shared_log_lines(texts[0], texts[1], deployment.pk)
+                if this_revision.search(line)][-lines:]
         if mine:
             parts.append(f"==> pod/{name} <==\n" + "\n".join(mine) + "\n" if len(pods) > 1 else
                          "\n".join(mine) + "\n")

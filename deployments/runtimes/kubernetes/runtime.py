@@ -637,17 +637,21 @@ class KubernetesRuntime:
             raise self._unreachable(exc) from None
         return renewed
 
-    def logs(self, deployment: Deployment, lines: int) -> str:
+    def logs(self, deployment: Deployment, lines: int, revision: Revision | None = None) -> str:
         problem = self.cfg.cluster_problem()
         if problem:
             return f"No logs: {problem}\n"
+        revision = revision or deployment.serving_revision or deployment.revision
+        if revision is None:
+            return ""
         try:
-            if deployment.revision is not None and deployment.revision.spec.placement.shared:
-                return pool_runtime.logs(self, deployment, lines)
+            if revision.spec.placement.shared:
+                return pool_runtime.logs(self, deployment, lines, revision)
             namespace = self._namespace(deployment)
             kube = self.kube()
-            pods = kube.list("v1", "Pod", namespace,
-                             manifests.managed_selector(deployment.team.name, deployment.name)).get("items", [])
+            # That revision's pods only: a canary's (or a rolled-back one's) say nothing about what serves.
+            selector = manifests.revision_selector(deployment.team.name, deployment.name, revision.number)
+            pods = kube.list("v1", "Pod", namespace, selector).get("items", [])
             pods.sort(key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]), reverse=True)
             pods = pods[:MAX_LOG_PODS]
             # The answer stays within LOG_TAIL_MAX_BYTES however many pods there are.

@@ -39,6 +39,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Q
@@ -943,17 +944,28 @@ def teardown(deployment: Deployment) -> None:
         remove_files(pool, deployment.pk)
 
 
-def logs(deployment: Deployment, lines: int) -> str:
-    """The lines Triton wrote in the pool's log that name this deployment's models (never another deployment's).
+def server_isolation(pool_name: str) -> dict[str, Any] | None:
+    """Whether the running Triton of the pool runs sandboxed, as runtime.isolation answers for a deployment's own
+    (None: the pool runs none). A pool's Triton never opens outgoing connections (start_confined's default)."""
+    server = (PoolServer.objects.filter(pool__name=pool_name, pool__runtime=Pool.Runtime.LOCAL,
+                                        state=PoolServer.State.RUNNING).order_by("-started_at").first())
+    if server is None:
+        return None
+    return {"sandboxed": server.sandboxed, "egress": False,
+            "note": f"the Triton of pool {pool_name!r}, shared with other deployments"}
+
+
+def logs(deployment: Deployment, lines: int, revision: Revision) -> str:
+    """The lines Triton wrote in the pool's log that name this revision's models (never another deployment's).
     Lines the models' processes print are left out: another team's model chooses their words (onnxruntime's
     warnings quote its tensor names), and could name this deployment's models in them."""
-    spec = deployment.revision.spec if deployment.revision else None
-    if spec is None or not spec.placement.shared:
+    spec = revision.spec
+    if not spec.placement.shared:
         return ""
     server = PoolServer.objects.filter(pool__name=spec.placement.pool).order_by("-started_at").first()
     if server is None:
         return ""
-    mine = re.compile(rf"(?<![A-Za-z0-9_-])d{deployment.pk}-r[0-9]+-")
+    mine = re.compile(rf"(?<![A-Za-z0-9_-]){re.escape(pools.name_prefix(deployment.pk, revision.number))}")
     text = serverlog.tail_log(Path(server.log_path), 5000, **confined.log_limits())
     return "\n".join([line for line in text.split("\n")
                       if serverlog.is_triton_line(line) and mine.search(line)][-lines:])

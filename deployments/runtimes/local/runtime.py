@@ -33,7 +33,13 @@ log = logging.getLogger(__name__)
 
 
 def isolation(deployment: Deployment) -> dict[str, Any]:
-    """What the deployment page shows: does its Triton run sandboxed ({"sandboxed": None} when none runs)."""
+    """What the deployment page shows: does its Triton run sandboxed ({"sandboxed": None} when none runs). A shared
+    deployment's Triton is its pool's: a deployment of its own has none, and "–" read as "not known"."""
+    revision = deployment.serving_revision or deployment.revision
+    if revision is not None and revision.spec.placement.shared:
+        shared = pool.server_isolation(revision.spec.placement.pool)
+        if shared is not None:
+            return shared
     server = (TritonServer.objects.filter(deployment=deployment, state__in=[TritonServer.State.STARTING,
                                                                               TritonServer.State.READY])
               .order_by("-started_at").first())
@@ -259,8 +265,13 @@ class LocalRuntime:
         pool.teardown(deployment)
         shutil.rmtree(deployment_dir(deployment), ignore_errors=True)
 
-    def logs(self, deployment: Deployment, lines: int) -> str:
-        if deployment.revision is not None and deployment.revision.spec.placement.shared:
-            return pool.logs(deployment, lines)
-        server = TritonServer.objects.filter(deployment=deployment).order_by("-started_at").first()
+    def logs(self, deployment: Deployment, lines: int, revision: Revision | None = None) -> str:
+        revision = revision or deployment.serving_revision or deployment.revision
+        if revision is None:
+            return ""
+        if revision.spec.placement.shared:
+            return pool.logs(deployment, lines, revision)
+        # That revision's newest server: a canary rolled back (or a failed rollout) started after the server that
+        # serves, and its log says nothing about what serves.
+        server = TritonServer.objects.filter(deployment=deployment, revision=revision).order_by("-started_at").first()
         return serverlog.tail_log(Path(server.log_path), lines, **confined.log_limits()) if server else ""
