@@ -160,7 +160,8 @@ def test_status_shows_the_memory_limit_derived_and_how_and_a_full_team_is_told_t
     capsys.readouterr()
     assert main(["status", "digits-prod"]) == 0
     out = capsys.readouterr().out
-    assert "memory:    384Mi (derived: Triton's own 256 MiB + 128 MiB for 'digits' (not measured yet" in out, out
+    assert "memory:    384Mi (derived: Triton's own 256 MiB + 128 MiB for 'digits' (not measured when planned" \
+        in out, out
     # Too much for the team: the refusal names the flag that lowers it, with what is free.
     assert main(["deploy", "other", "--model", "digits:1"]) == ExitCode.ERROR
     err = capsys.readouterr().err
