@@ -303,7 +303,12 @@ class MemoryOutSerializer(serializers.Serializer[Any]):
     source = serializers.ChoiceField(choices=["given", "derived", "default"], help_text=(  # type: ignore[assignment]
         "given: resources.memory as asked. derived: a local dedicated deployment's, from what its models were "
         "measured to take (each version's measured_memory_bytes). default: the runtime's default."))
-    basis = serializers.CharField(help_text="How the limit was reached; \"\" when it was given.")
+    basis = serializers.CharField(help_text=(
+        "How the limit was reached when the revision was planned (\"\" when it was given), and, where its models were "
+        "measured since, what a new revision would take and how to ask for it."))
+    derived_now = serializers.CharField(allow_null=True, help_text=(
+        "The limit a revision planned now would derive from what its models were measured to take since this one "
+        "was planned, where that differs from `limit` (give it as resources.memory to take it); null otherwise."))
 
 
 class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
@@ -387,7 +392,8 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
         spec = self._spec(obj)
         if spec is None or spec.placement.shared:
             return None
-        return memory_in_effect(spec)
+        assert obj.revision is not None  # a spec comes from it
+        return memory_in_effect(spec, obj.revision.versions.all(), obj.name)
 
     @extend_schema_field(AutoscalingSerializer(allow_null=True))
     def get_autoscaling(self, obj: Deployment) -> dict[str, Any] | None:
@@ -446,7 +452,7 @@ def deployments_list(request: Request) -> Response:
                         status=status.HTTP_201_CREATED)
     deployments = (Deployment.objects.filter(team=team).exclude(desired_state=Deployment.Desired.DELETED)
                    .select_related("revision", "serving_revision", "canary_revision", "created_by")
-                   .prefetch_related(LIVE_SERVERS, POOL_LOADS))
+                   .prefetch_related(LIVE_SERVERS, POOL_LOADS, "revision__versions"))
     return Response(DeploymentSerializer(deployments, many=True).data)
 
 

@@ -21,6 +21,7 @@ memory" and how to give it more (resources.memory, `modelport deploy --memory`).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
@@ -41,8 +42,7 @@ def basis_for(spec: RevisionSpec, versions: Iterable[ModelVersion]) -> MemoryBas
     if not applies(spec):
         return None
     by_id = {v.pk: v for v in versions}
-    sizes = dict(Blob.objects.filter(sha256__in=[m.sha256 for m in spec.models if m.sha256])
-                 .values_list("sha256", "size"))
+    sizes: dict[str, int] | None = None  # read only where an ONNX version needs an estimate
     server = pools.quantity_bytes(settings.SANDBOX_SERVER_MEMORY or "0")
     shares = []
     for entry in spec.models:
@@ -54,6 +54,9 @@ def basis_for(spec: RevisionSpec, versions: Iterable[ModelVersion]) -> MemoryBas
             source = f"measured {_size(measured)} at {version.measured_memory_by or 'a run on this machine'}"
             shares.append(MemoryShare(entry.name, pools.reservation(measured), source))
         elif entry.format == formats.ONNX:
+            if sizes is None:
+                sizes = dict(Blob.objects.filter(sha256__in=[m.sha256 for m in spec.models if m.sha256])
+                             .values_list("sha256", "size"))
             size = sizes.get(entry.sha256, version.size if version is not None else 0)
             shares.append(MemoryShare(entry.name, pools.reservation(int(size * settings.POOL_UNMEASURED_FACTOR)),
                                       f"not measured yet: estimated from its {_size(size)} ONNX file"))
@@ -64,21 +67,57 @@ def basis_for(spec: RevisionSpec, versions: Iterable[ModelVersion]) -> MemoryBas
     return MemoryBasis(server_bytes=server, models=tuple(shares))
 
 
-def words(spec: RevisionSpec) -> str:
-    """How the server's memory limit was chosen, for the API and the pages ("" where nothing is to say)."""
+# A basis keeps what planning said as it stood (a refusal at planning says it so: deployments.ceilings); shown later,
+# with the revision, it is said of the planning time, since a model measured since would make the present false.
+_PLANNED_WORDS = (("has not been measured on this machine yet", "had not been measured on this machine"),
+                  ("not measured yet: estimated", "not measured when planned: estimated"))
+
+
+def _as_planned(text: str) -> str:
+    for old, new in _PLANNED_WORDS:
+        text = text.replace(old, new)
+    return text
+
+
+def derived_now(spec: RevisionSpec, versions: Iterable[ModelVersion]) -> str | None:
+    """The limit a revision planned now with the same settings would derive, where its models were measured since
+    it was planned and that changes it ("640Mi"); None otherwise. The revision keeps its own (a running server's
+    limit never changes under it, and deploying the same settings again makes no revision): this says what a new
+    one would take."""
+    planned = spec.memory_basis
+    if planned is None or not applies(spec):
+        return None
+    versions = list(versions)
+    if not any(v.measured_memory_bytes for v in versions):
+        return None  # nothing measured at all: nothing can have been measured since
+    now = basis_for(spec, versions)
+    if now is None or now.fallback is not None:
+        return None  # not every model that needs a figure has one yet
+    if planned.fallback is None and [s.source for s in now.models] == [_as_planned(s.source) for s in planned.models]:
+        return None  # the same figures as planned (a setting changed since is no measurement)
+    limit = replace(spec, memory_basis=now).derived_memory()
+    return limit if limit != spec.derived_memory() else None
+
+
+def words(spec: RevisionSpec, now: str | None = None, name: str = "NAME") -> str:
+    """How the server's memory limit was chosen when its revision was planned, for the API and the pages ("" where
+    nothing is to say); with `now` (derived_now), what a new revision would take and how to ask for it."""
     basis = spec.memory_basis
     if spec.resources.memory or basis is None:
         return ""
+    since = (f"; measured since: a new revision would take {now} (resources.memory in the API, modelport deploy "
+             f"{name} --memory {now})" if now else "")
     if basis.fallback is not None:
-        return f"SANDBOX_DEFAULT_MEMORY, since {basis.fallback_reason}"
+        return (f"SANDBOX_DEFAULT_MEMORY, since {_as_planned(basis.fallback_reason)} when this revision was "
+                f"planned{since}")
     counts = {m.name: m.instance_group.count for m in spec.models}
     parts = [f"Triton's own {_size(basis.server_bytes)}"]
     for share in basis.models:
         count = counts.get(share.model, 1)
         times = f"{count} × " if count != 1 else ""
-        parts.append(f"{times}{_size(share.bytes_per_instance)} for {share.model!r} ({share.source}, with "
-                     "headroom)")
-    return " + ".join(parts) + ", rounded up"
+        parts.append(f"{times}{_size(share.bytes_per_instance)} for {share.model!r} ({_as_planned(share.source)}, "
+                     "with headroom)")
+    return " + ".join(parts) + ", rounded up" + since
 
 
 def _size(value: int) -> str:
@@ -87,18 +126,22 @@ def _size(value: int) -> str:
     return f"{value / 2**20:.0f} MiB"
 
 
-def in_effect(spec: RevisionSpec) -> dict[str, Any]:
+def in_effect(spec: RevisionSpec, versions: Iterable[ModelVersion] | None = None,
+              name: str = "NAME") -> dict[str, Any]:
     """The memory limit each server of a dedicated revision runs under, where it comes from and how it was reached
-    (the API's `memory`, the deployment page)."""
+    (the API's `memory`, the deployment page). With the revision's `versions` (their figures now), also the limit a
+    new revision would derive where they were measured since (`derived_now`), told in the basis with the command
+    of deployment `name` that takes it."""
     from deployments.ceilings import default_memory
 
     if spec.resources.memory:
-        return {"limit": spec.resources.memory, "source": "given", "basis": ""}
+        return {"limit": spec.resources.memory, "source": "given", "basis": "", "derived_now": None}
     basis = spec.memory_basis
     if basis is not None:
+        now = derived_now(spec, versions) if versions is not None else None
         return {"limit": spec.derived_memory() or None, "source": "derived" if basis.fallback is None else "default",
-                "basis": words(spec)}
+                "basis": words(spec, now, name), "derived_now": now}
     default = default_memory(spec.runtime)
     setting = "KUBERNETES_DEFAULT_MEMORY" if spec.runtime == "kubernetes" else "SANDBOX_DEFAULT_MEMORY"
     return {"limit": default or None, "source": "default",
-            "basis": f"the {spec.runtime} runtime's default ({setting})"}
+            "basis": f"the {spec.runtime} runtime's default ({setting})", "derived_now": None}

@@ -115,7 +115,8 @@ def settings_context(deployment: Deployment) -> dict[str, Any]:
     return {
         "settings_revision": shown,
         "settings": revisions.settings_in_effect(spec),
-        "deployment_settings": revisions.deployment_words(spec, deployment.runtime),
+        "deployment_settings": revisions.deployment_words(spec, deployment.runtime,
+                                                          shown.versions.all() if shown else None, deployment.name),
         "history": revisions.history(list(deployment.revisions.select_related("created_by"))[:50]),
     }
 

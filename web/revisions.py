@@ -3,12 +3,14 @@ revision to the next. Plain functions over the spec a Revision stores (deploymen
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from deployments import server_memory
 from deployments.revision_spec import ModelEntry, Placement, RevisionSpec
 from deployments.spec import DynamicBatching
 from modelport.core import formats
+from models_registry.models import ModelVersion
 
 FORMAT_NAMES = {fmt.name: fmt.short_label for fmt in formats.REGISTRY.values()}
 
@@ -71,10 +73,11 @@ def placement_words(placement: Placement) -> str:
     return f"shared in pool {placement.pool}, " + (f"unloaded after {idle:,} s unused" if idle else "never unloaded")
 
 
-def memory_words(spec: RevisionSpec) -> str:
+def memory_words(spec: RevisionSpec, versions: Iterable[ModelVersion] | None = None, name: str = "NAME") -> str:
     """A dedicated local server's memory limit and how it was chosen (issue 31: derived ones are shown with their
-    figures, so a user sees what to raise when a model outgrows it)."""
-    memory = server_memory.in_effect(spec)
+    figures, so a user sees what to raise when a model outgrows it); with the revision's `versions`, what a new
+    revision of deployment `name` would take where they were measured since."""
+    memory = server_memory.in_effect(spec, versions, name)
     limit = memory["limit"] or "none"
     if memory["source"] == "given":
         return f"memory limit {limit}, as given"
@@ -84,14 +87,15 @@ def memory_words(spec: RevisionSpec) -> str:
     return f"memory limit {limit}: {memory['basis']}"
 
 
-def deployment_words(spec: RevisionSpec | None, runtime: str) -> list[str]:
+def deployment_words(spec: RevisionSpec | None, runtime: str, versions: Iterable[ModelVersion] | None = None,
+                     name: str = "NAME") -> list[str]:
     """Settings of the whole deployment that a user chose (for the local runtime's single server, only where its
-    models run when shared)."""
+    models run when shared; `versions` and `name`: see memory_words)."""
     if spec is None:
         return []
     shared = [placement_words(spec.placement)] if spec.placement.shared else []
     if runtime != "kubernetes":
-        return shared or [memory_words(spec)]
+        return shared or [memory_words(spec, versions, name)]
     words = [*shared, f"{spec.replicas} replica{'s' if spec.replicas != 1 else ''}"]
     resources = spec.resources
     if resources.gpu:

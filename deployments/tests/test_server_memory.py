@@ -54,7 +54,8 @@ def test_a_tiny_onnx_deployment_without_memory_gets_a_small_limit_and_shows_how_
     assert spec_of(alice, "small").memory_limit("4Gi") == "384Mi"
     memory = alice.client().get("/api/v1/deployments/small/").json()["memory"]
     assert memory["limit"] == "384Mi" and memory["source"] == "derived"
-    assert "Triton's own 256 MiB" in memory["basis"] and "not measured yet: estimated from its" in memory["basis"]
+    assert "Triton's own 256 MiB" in memory["basis"]
+    assert "not measured when planned: estimated from its" in memory["basis"]
     assert response.json()["resources"] == {"gpu": 0}  # nothing was given: the request's own fields stay as asked
 
 
@@ -89,7 +90,7 @@ def test_a_memory_given_is_kept_as_given(alice: Person, digits: ModelVersion, ma
     spec = spec_of(alice, "given")
     assert spec.memory_basis is None and spec.memory_limit("4Gi") == "3Gi"
     assert alice.client().get("/api/v1/deployments/given/").json()["memory"] == {
-        "limit": "3Gi", "source": "given", "basis": ""}
+        "limit": "3Gi", "source": "given", "basis": "", "derived_now": None}
 
 
 def test_a_python_version_never_measured_gets_the_default_and_says_why(
@@ -103,8 +104,35 @@ def test_a_python_version_never_measured_gets_the_default_and_says_why(
     assert spec_of(alice, "code").memory_limit("1Gi") == "4Gi"  # SANDBOX_DEFAULT_MEMORY when it was planned
     memory = response.json()["memory"]
     assert memory["source"] == "default" and memory["limit"] == "4Gi"
-    assert "SANDBOX_DEFAULT_MEMORY" in memory["basis"] and "has not been measured on this machine yet" in \
+    assert "SANDBOX_DEFAULT_MEMORY" in memory["basis"] and "had not been measured on this machine when" in \
         memory["basis"]
+    assert memory["derived_now"] is None and "measured since" not in memory["basis"]
+
+
+def test_a_version_measured_after_planning_is_told_with_what_a_new_revision_would_take(
+        alice: Person, machine: Any) -> None:
+    from tests.sandbox_helpers import VECTOR, model_source, python_version
+    from web.tests.conftest import signed_in
+
+    version = python_version(alice, "legit", {"model.py": model_source("legit_model")}, VECTOR)
+    assert create(alice, "code", models=[{"model": "legit"}]).status_code == 201
+    # The server measures its model as it serves: the revision keeps the default it was planned with.
+    assert record_memory(version.pk, 100 * Mi, "its use in a dedicated deployment")
+    memory = alice.client().get("/api/v1/deployments/code/").json()["memory"]
+    assert memory["limit"] == "4Gi" and memory["source"] == "default"
+    # 256Mi + 1.5 x 100Mi = 406Mi, rounded up to 448Mi: the rule planning uses.
+    assert memory["derived_now"] == "448Mi"
+    assert memory["basis"] == (
+        "SANDBOX_DEFAULT_MEMORY, since version 1 of 'legit' (python) had not been measured on this machine when this "
+        "revision was planned; measured since: a new revision would take 448Mi (resources.memory in the API, "
+        "modelport deploy code --memory 448Mi)"), memory["basis"]
+    assert [d["memory"]["derived_now"] for d in alice.client().get("/api/v1/deployments/").json()] == ["448Mi"]
+    page = signed_in(alice).get("/deployments/code/").content.decode()
+    assert "measured since: a new revision would take 448Mi" in page and "modelport deploy code --memory 448Mi" in page
+    # What the suggestion says to do takes it, and then nothing more is suggested.
+    taken = alice.client().patch("/api/v1/deployments/code/", {"resources": {"memory": "448Mi"}}, format="json")
+    assert taken.status_code == 200, taken.json()
+    assert taken.json()["memory"] == {"limit": "448Mi", "source": "given", "basis": "", "derived_now": None}
 
 
 def test_a_full_team_is_told_which_deployment_to_lower_and_how(
@@ -143,11 +171,18 @@ def test_deploying_the_same_settings_after_a_measurement_makes_no_new_revision(
     again = alice.client().patch("/api/v1/deployments/same/", {"models": [{"model": "digits"}]}, format="json")
     assert again.status_code == 200, again.json()
     assert Deployment.objects.get(name="same").revision_id == before
+    # Its estimate was measured since: what a new revision would take is said (256Mi + 1.5 x 300Mi, rounded up).
+    memory = again.json()["memory"]
+    assert memory["limit"] == "384Mi" and memory["derived_now"] == "768Mi"
+    assert "not measured when planned: estimated from its" in memory["basis"]
+    assert memory["basis"].endswith("; measured since: a new revision would take 768Mi (resources.memory in the API, "
+                                    "modelport deploy same --memory 768Mi)"), memory["basis"]
     # A change asked for plans again, with the figure measured since.
     changed = alice.client().patch("/api/v1/deployments/same/", {"models": [
         {"model": "digits", "instance_group": {"count": 2}}]}, format="json")
     assert changed.status_code == 200
     assert spec_of(alice, "same").memory_limit("4Gi") == "1216Mi"  # 256Mi + 2 x 450Mi, rounded up
+    assert changed.json()["memory"]["derived_now"] is None  # planned from the figure: nothing measured since
 
 
 def test_a_version_keeps_the_most_it_was_seen_to_take(alice: Person, digits: ModelVersion) -> None:
@@ -192,5 +227,7 @@ def test_the_pages_show_the_measured_figure_and_the_limit_derived_from_it(
     assert ("Memory limit 448Mi, derived from what its models were measured to take: Triton&#x27;s own 256 MiB + "
             "150 MiB for &#x27;digits&#x27; (measured 100 MiB at its trial call at inspection, with headroom), "
             "rounded up") in page
+    assert "measured since" not in page  # measured when planned, and not since
+    assert alice.client().get("/api/v1/deployments/shown/").json()["memory"]["derived_now"] is None
     versions = browser.get("/models/digits/versions/").content.decode()
     assert "Measured memory: 100.0\xa0MB per instance, at its trial call at inspection." in versions

@@ -160,12 +160,22 @@ def test_status_shows_the_memory_limit_derived_and_how_and_a_full_team_is_told_t
     capsys.readouterr()
     assert main(["status", "digits-prod"]) == 0
     out = capsys.readouterr().out
-    assert "memory:    384Mi (derived: Triton's own 256 MiB + 128 MiB for 'digits' (not measured yet" in out, out
+    assert "memory:    384Mi (derived: Triton's own 256 MiB + 128 MiB for 'digits' (not measured when planned" \
+        in out, out
     # Too much for the team: the refusal names the flag that lowers it, with what is free.
     assert main(["deploy", "other", "--model", "digits:1"]) == ExitCode.ERROR
     err = capsys.readouterr().err
     assert "give this deployment at most 128Mi (resources.memory in the API, modelport deploy NAME --memory 128Mi)" \
         in err and "the largest: digits-prod 384Mi" in err, err
+    # Measured since it was planned: status says what a new revision would take, and the command that takes it.
+    from models_registry.models import ModelVersion, record_memory
+
+    version = ModelVersion.objects.get(model__name="digits", number=1)
+    assert record_memory(version.pk, 300 * 2**20, "its use in a dedicated deployment")
+    assert main(["status", "digits-prod"]) == 0
+    out = capsys.readouterr().out
+    assert "measured since: a new revision would take 768Mi (resources.memory in the API, modelport deploy " \
+        "digits-prod --memory 768Mi))" in out, out
 
 
 def test_a_new_deployment_without_a_model_exits_2_saying_to_add_one(
