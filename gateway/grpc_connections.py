@@ -14,7 +14,11 @@ the cap are open, it shuts down (shutdown(2)) the connections idle longest: with
 handlers count calls per peer address, `Calls`), ordered by the end of their last call, else by when a sweep first
 saw them (so "oldest" has the sweep's resolution). gRPC core then reads the end of the stream and closes the
 connection itself, as when a client goes away; its client sees the connection close (a tritonclient channel
-reconnects on its next call). Everything is checked on a duplicate of the descriptor, which is also what is shut
+reconnects on its next call). A pass only reads: each descriptor's link (its socket's inode) and the kernel's TCP
+table (/proc/self/net/tcp{,6}: the inodes with the gateway's port as their local one, and their peers); it never
+duplicates a descriptor of core's, since a duplicate held while core closes its own would keep that socket in
+core's epoll set after core had let it go (its events then reach whatever core reuses the slot for). Only a
+connection being shut down is duplicated, and checked on the duplicate (inode and peer), which is what is shut
 down: a descriptor that core closed and reused meanwhile is never touched.
 
 Core's cap stays, at twice this one (within the open-files limit), against EMFILE: new connections between two
@@ -33,7 +37,7 @@ import ipaddress
 import logging
 import os
 import socket
-import stat
+import sys
 import threading
 import time
 from urllib.parse import unquote
@@ -129,6 +133,8 @@ class Shedder:
         self.interval = interval
         # Each socket's inode: its peer (None: not a connection to the gateway's port) and when a sweep first saw it.
         self.sockets: dict[int, tuple[Peer | None, float]] = {}
+        # Inodes of connections shut down, until they are gone from the kernel's table: not counted again meanwhile.
+        self.shut: dict[int, float] = {}
         self.shed_total = 0
         self._logged = -LOG_EVERY_SECONDS
         self._stop = threading.Event()
@@ -163,26 +169,28 @@ class Shedder:
     def sweep(self) -> list[Peer]:
         """One pass: the peers of the connections shut down to bring the count back to the cap."""
         now = time.monotonic()
+        table = tcp_connections(self.port)
+        self.shut = {inode: when for inode, when in self.shut.items() if inode in table}
         seen: dict[int, tuple[Peer | None, float]] = {}
         connections: list[tuple[int, int, Peer]] = []  # (descriptor, inode, peer)
         for name in os.listdir(FD_DIR):
-            fd = int(name)
+            # The descriptor's link names its socket's inode: nothing here opens, duplicates or closes a
+            # descriptor of core's (a duplicate held while core closes its own keeps the socket in core's epoll
+            # set after core has let go of it).
             try:
-                status = os.fstat(fd)
+                target = os.readlink(f"{FD_DIR}/{name}")
             except OSError:  # closed meanwhile (the listing's own descriptor, a connection core closed)
                 continue
-            if not stat.S_ISSOCK(status.st_mode):
+            if not target.startswith("socket:["):
                 continue
-            known = self.sockets.get(status.st_ino)
-            if known is None:
-                sock = _duplicate(fd)
-                if sock is None:  # closed meanwhile, or no descriptor left for the duplicate: the next pass looks
-                    continue
-                with sock:
-                    known = (self._peer_of(sock), now)
-            seen[status.st_ino] = known
-            if known[0] is not None:
-                connections.append((fd, status.st_ino, known[0]))
+            inode = int(target[len("socket:["):-1])
+            peer = table.get(inode)
+            if peer is None or inode in self.shut:
+                continue
+            known = self.sockets.get(inode)
+            first = known[1] if known is not None and known[0] == peer else now
+            seen[inode] = (peer, first)
+            connections.append((int(name), inode, peer))
         self.sockets = seen
         busy, ended = self.calls.snapshot({peer for _, _, peer in connections})
         excess = len(connections) - self.cap
@@ -191,11 +199,11 @@ class Shedder:
         idle = [(max(seen[inode][1], ended.get(peer, 0.0)), inode, fd, peer) for fd, inode, peer in connections
                 if peer not in busy]
         shed = []
-        for since, inode, fd, peer in heapq.nsmallest(excess, idle):
+        for _since, inode, fd, peer in heapq.nsmallest(excess, idle):
             if self._shut_down(fd, inode, peer):
                 shed.append(peer)
                 # Core closes it within moments: until then the next sweep must not count it again.
-                seen[inode] = (None, since)
+                self.shut[inode] = now
         self.shed_total += len(shed)
         if shed and now - self._logged >= LOG_EVERY_SECONDS:
             self._logged = now
@@ -226,6 +234,40 @@ class Shedder:
             except OSError:
                 return False
         return True
+
+
+TCP_TABLES = ("/proc/self/net/tcp", "/proc/self/net/tcp6")
+_LISTEN = "0A"
+
+
+def tcp_connections(port: int) -> dict[int, Peer]:
+    """The kernel's table of this network namespace's TCP sockets: {inode: peer} of the connections whose local port
+    is `port` (the gateway's: accepted there), listening sockets and those without an inode (TIME_WAIT) left out."""
+    found: dict[int, Peer] = {}
+    for path in TCP_TABLES:
+        try:
+            with open(path) as table:
+                next(table, None)  # the header
+                for line in table:
+                    fields = line.split()
+                    if len(fields) < 10 or fields[3] == _LISTEN:
+                        continue
+                    local, remote, inode = fields[1], fields[2], int(fields[9])
+                    if inode == 0 or int(local.rpartition(":")[2], 16) != port:
+                        continue
+                    found[inode] = _table_address(remote)
+        except (OSError, ValueError):
+            continue  # no IPv6 here, or a table being rewritten: the next pass reads it again
+    return found
+
+
+def _table_address(text: str) -> Peer:
+    """An address of /proc/net/tcp{,6} ("0100007F:1F90": the address as 32-bit words in host order, the port in
+    hex) as getpeername() names it, normalised."""
+    address, _, port = text.partition(":")
+    raw = b"".join(int(address[i:i + 8], 16).to_bytes(4, sys.byteorder) for i in range(0, len(address), 8))
+    host = str(ipaddress.IPv4Address(raw) if len(raw) == 4 else ipaddress.IPv6Address(raw))
+    return normal_peer(host, int(port, 16))
 
 
 def _duplicate(fd: int) -> socket.socket | None:
