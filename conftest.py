@@ -19,10 +19,10 @@ pytest_plugins = ["tests.markers", "pytester"]
 
 def pytest_configure(config: pytest.Config) -> None:
     """The run's var/ (portal/settings_test.py) exists before pytest-django creates the test database in it: settings
-    create nothing at import (portal/var_dir.py)."""
+    create nothing at import (infra/var_dir.py)."""
     import gc
 
-    from portal.var_dir import ensure_dirs
+    from infra.var_dir import ensure_dirs
 
     ensure_dirs()
     # Collecting imports the project's modules and their libraries: the heap only grows, and the cyclic collector's

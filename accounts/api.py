@@ -22,8 +22,8 @@ from accounts.context import acting_user, current_membership, current_team
 from accounts.idempotency import REPLAY_ATTRIBUTE, idempotent
 from accounts.models import TOKEN_SCOPES, ApiToken, Membership, TokenLifetimeError, max_token_lifetime_days
 from accounts.permissions import CanManageTokens
-from portal.api_errors import error_body
-from portal.api_schema import IDEMPOTENCY_KEY, JSON_PARSERS, ExactJSONTypes, error
+from infra.api_errors import error_body
+from infra.api_schema import IDEMPOTENCY_KEY, JSON_PARSERS, ExactJSONTypes, error
 
 SCOPES_FIELD_HELP = "What the token may do beyond the normal API: " + "; ".join(
     f"'{name}': {meaning}" for name, meaning in TOKEN_SCOPES.items()

@@ -17,12 +17,10 @@ from rest_framework.response import Response
 
 from accounts.context import acting_user
 from accounts.models import IdempotencyRecord
-from portal.api_errors import error_body
+from infra.api_errors import error_body
+from infra.api_schema import KEY_PATTERN, MAX_KEY_LENGTH
 
 KEEP_FOR = timedelta(hours=24)
-MAX_KEY_LENGTH = 255
-# Visible ASCII, as HTTP header values are on the wire: anything else (a NUL, which PostgreSQL cannot store) is a 400.
-KEY_PATTERN = r"^[!-~]*$"
 # A view whose response holds a secret (a new API token) sets this attribute on the response to what a retry
 # gets instead, (status, body): the record then keeps that, never the secret.
 REPLAY_ATTRIBUTE = "idempotent_replay"

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from accounts.names import validate_name
+from infra.names import validate_name
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User

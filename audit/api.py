@@ -9,7 +9,7 @@ from rest_framework.response import Response
 from accounts.context import current_team
 from accounts.permissions import IsTeamAdmin
 from audit.models import AuditEntry
-from portal.api_schema import error
+from infra.api_schema import error
 
 
 class AuditEntrySerializer(serializers.ModelSerializer[AuditEntry]):

@@ -17,8 +17,8 @@ from deployments import ceilings
 from deployments.events import record
 from deployments.models import NO_CANARY, Deployment, Event, PoolLoad, Revision
 from deployments.planning import Plan
-from portal.api_errors import Conflict as Conflict  # re-exported: the callers of these actions catch it from here
-from portal.api_errors import Invalid
+from infra.api_errors import Conflict as Conflict  # re-exported: the callers of these actions catch it from here
+from infra.api_errors import Invalid
 
 if TYPE_CHECKING:
     from deployments.canary import Rollout

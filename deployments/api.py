@@ -38,10 +38,8 @@ from deployments.spec import (
     InstanceGroup,
     Warmup,
 )
-from modelport.core import quantity
-from models_registry.models import Format
-from portal.api_errors import request_object
-from portal.api_schema import (
+from infra.api_errors import request_object
+from infra.api_schema import (
     IDEMPOTENCY_ERRORS,
     IDEMPOTENCY_KEY,
     JSON_PARSERS,
@@ -50,6 +48,8 @@ from portal.api_schema import (
     error,
     takes_no_body,
 )
+from modelport.core import quantity
+from models_registry.models import Format
 
 OPERATOR_ONLY_EGRESS = ("only an operator can let a deployment open outgoing connections, in the admin console "
                         "(Deployments > allow egress)")

@@ -80,3 +80,14 @@ def served_signature(entry: ModelEntry) -> dict[str, Any]:
             tensors.append({**tensor, "dims": shown, **({"declared": dims} if shown != dims else {})})
         served[kind] = tensors
     return served
+
+
+def with_data(request: dict[str, Any], data: dict[str, list[Any]]) -> dict[str, Any]:
+    """The request with the given inputs' data in place of the zeros (a sample image for the sample models)."""
+    inputs = []
+    for tensor in request["inputs"]:
+        values = data.get(tensor["name"])
+        inputs.append({**tensor, "data": list(values)}
+                      if values is not None and len(values) == math.prod(tensor["shape"])
+                      else tensor)
+    return {**request, "inputs": inputs}

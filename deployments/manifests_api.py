@@ -17,8 +17,8 @@ from deployments.models import Deployment
 from deployments.queries import get_deployment_for_user
 from deployments.runtimes.kubernetes.manifests import ManifestError
 from deployments.runtimes.kubernetes.runtime import export_manifests
-from portal.api_errors import ConflictError
-from portal.api_schema import error
+from infra.api_errors import ConflictError
+from infra.api_schema import error
 
 
 class YAMLRenderer(BaseRenderer):

@@ -11,10 +11,10 @@ from django.db.models.query_utils import DeferredAttribute
 from django.utils import timezone
 
 from accounts.models import Team
-from accounts.names import validate_name
 from deployments import logtail
 from deployments.launch import Launch, LaunchEncoder
 from deployments.revision_spec import RevisionSpec, SpecEncoder
+from infra.names import validate_name
 from models_registry.models import ModelVersion
 
 # What ends a canary: its revision, route and launch (the guardrails stay as they were set, for the record). Here

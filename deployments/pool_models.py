@@ -18,7 +18,7 @@ from django.db import models
 from django.utils import timezone
 
 from accounts.models import Team
-from accounts.names import validate_name
+from infra.names import validate_name
 
 SHARED_POOL = "shared"  # the built-in pool on the local runtime, open to every team
 _MIG_PROFILE_RE = re.compile(r"[1-7]g\.[0-9]{1,3}gb(\+me)?")

@@ -15,9 +15,9 @@ from accounts.context import current_team
 from deployments import pools
 from deployments.pool_models import GpuShare, Pool
 from deployments.runtimes.local import pool as local_pool
+from infra.api_errors import not_found
+from infra.api_schema import error
 from models_registry.models import ModelVersion
-from portal.api_errors import not_found
-from portal.api_schema import error
 
 
 class PoolQuerySerializer(serializers.Serializer[Any]):

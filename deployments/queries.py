@@ -8,7 +8,7 @@ from django.http import HttpRequest
 
 from accounts.context import current_team
 from deployments.models import Deployment, TritonServer
-from portal.api_errors import not_found, not_found_message
+from infra.api_errors import not_found, not_found_message
 
 # The servers shown beside a deployment (its serializer reads `live_servers`).
 LIVE_SERVERS = Prefetch("servers", to_attr="live_servers", queryset=TritonServer.objects.filter(

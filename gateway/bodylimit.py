@@ -86,7 +86,7 @@ def _too_large(size: int | None, limit: int) -> str:
 
 
 async def _refuse(send: Send, status: int, message: str) -> None:
-    # The API's error shape (portal/api_errors.py), which the pages' scripts and the CLI show as well.
+    # The API's error shape (infra/api_errors.py), which the pages' scripts and the CLI show as well.
     body = json.dumps({"error": {"code": "too_large" if status == 413 else "bad_request", "message": message,
                                  "fields": {}}}).encode()
     await send({"type": "http.response.start", "status": status,

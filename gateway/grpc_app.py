@@ -55,7 +55,7 @@ from gateway.grpc_connections import Calls, Shedder
 from gateway.grpc_protocol import Method
 from gateway.protocol import Refusal
 from gateway.ratelimit import RateLimiter, retry_after_header
-from portal.open_files import connection_cap, raise_open_files_limit
+from infra.open_files import connection_cap, raise_open_files_limit
 
 log = logging.getLogger(__name__)
 

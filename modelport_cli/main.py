@@ -46,7 +46,7 @@ def _segment(name: str) -> str:
     return quote(name, safe="")
 
 
-# The portal's naming rule (accounts/names.py; a test keeps the two equal): models and deployments become Triton,
+# The portal's naming rule (infra/names.py; a test keeps the two equal): models and deployments become Triton,
 # Kubernetes and S3 names. Checked here so that a bad name is a usage error before anything is uploaded.
 NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 NAME_RULE = ("use 1 to 63 characters: lowercase letters a-z, digits and hyphens, starting and ending with a letter "

@@ -15,13 +15,13 @@ from django.utils import timezone
 
 from accounts.models import Team
 from audit.log import record as audit
+from infra.api_errors import Conflict
 from modelport.core.signature import Signature
 from models_registry import quota
 from models_registry.models import Blob, Format, Model, ModelVersion, Upload
 from models_registry.pipelines import Lookup, Pipeline, StepVersion
 from models_registry.storage import best_effort, get_store
 from models_registry.validation import ArtifactRejected, quick_check
-from portal.api_errors import Conflict
 
 
 def create_model(team: Team, user: Any, name: str, description: str = "") -> Model:

@@ -23,8 +23,11 @@ from rest_framework.response import Response
 
 from accounts.context import acting_user, current_team, is_team_admin
 from accounts.idempotency import idempotent
-from accounts.names import name_error
 from audit.log import record as audit
+from infra.api_errors import PayloadTooLarge, not_found, request_object
+from infra.api_json import BoundedJSONField, BoundedJSONParser
+from infra.api_schema import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, JSON_PARSERS, ExactJSONTypes, NameField, error
+from infra.names import name_error
 from modelport.core.example_request import ExampleRequestError, example_to_store
 from modelport.core.formats import describe
 from modelport.core.signature import KSERVE_TO_TRITON, TRITON_TO_KSERVE, SignatureError, parse_signature
@@ -32,9 +35,6 @@ from models_registry import actions, pipelines
 from models_registry.models import Format, Model, ModelVersion, Upload, with_identical_to
 from models_registry.quota import NoRoom
 from models_registry.validation import ArtifactRejected
-from portal.api_errors import PayloadTooLarge, not_found, request_object
-from portal.api_json import BoundedJSONField, BoundedJSONParser
-from portal.api_schema import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, JSON_PARSERS, ExactJSONTypes, NameField, error
 
 # The formats a version can be declared as: artifacts (any but a pipeline), pipelines. Named in the schema
 # (SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"]).

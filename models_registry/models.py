@@ -9,7 +9,7 @@ from django.db.models import F, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from accounts.models import Team
-from accounts.names import validate_name
+from infra.names import validate_name
 from modelport.core import formats
 from modelport.core.definitions import Definition, PipelineDefinition, PythonDefinition
 from modelport.core.signature import Signature, signature_from_json

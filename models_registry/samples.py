@@ -561,21 +561,6 @@ def sample_digit_png() -> bytes:
     return digits_png(np.asarray(SAMPLE_DIGIT_PIXELS, dtype=np.float32))[0]
 
 
-def sample_inputs(signature: dict[str, Any]) -> dict[str, list[float]]:
-    """Data for Try it when the inputs are those of the digits classifier: the held-out 7 instead of zeros."""
-    if [(t.get("name"), t.get("datatype"), list(t.get("dims", []))) for t in signature.get("inputs", [])] == [
-            ("input", "FP32", [-1, 64])]:
-        return {"input": [float(v) for v in SAMPLE_DIGIT_PIXELS]}
-    return {}
-
-
-def takes_images(signature: dict[str, Any]) -> bool:
-    """Whether the model takes encoded images, one per row (the pipeline, its preprocess step): a sample PNG of a
-    digit is offered for its Try it."""
-    return [(t.get("name"), t.get("datatype"), list(t.get("dims", []))) for t in signature.get("inputs", [])] == [
-        ("image", "BYTES", [-1, 1])]
-
-
 # --- a sample directory ----------------------------------------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ from django.db import transaction
 from models_registry import dispatch, inspection, uploads
 
 
-# The limits hold in the inspection lane's prefork pool (portal/lanes.py): the soft one raises here, the hard one
+# The limits hold in the inspection lane's prefork pool (infra/lanes.py): the soft one raises here, the hard one
 # kills the child that did not stop (a loop in C), and the sweep then marks the version invalid.
 @shared_task(acks_late=True, soft_time_limit=settings.INSPECTION_TIME_LIMIT_SECONDS,
              time_limit=settings.INSPECTION_TIME_LIMIT_SECONDS + settings.INSPECTION_KILL_GRACE_SECONDS)

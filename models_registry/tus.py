@@ -15,6 +15,7 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from accounts.context import current_team
+from infra.api_errors import error_response
 from models_registry import quota
 from models_registry.models import Upload
 from models_registry.uploads import (
@@ -30,7 +31,6 @@ from models_registry.uploads import (
     stall_text,
     terminate,
 )
-from portal.api_errors import error_response
 
 TUS_VERSION = "1.0.0"
 TUS_EXTENSIONS = "creation,termination,checksum,expiration"

@@ -4,13 +4,13 @@ import os
 
 from django.core.asgi import get_asgi_application
 
-from portal.open_files import raise_open_files_limit
-from portal.var_dir import prepare_process
+from infra.open_files import raise_open_files_limit
+from infra.var_dir import prepare_process
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 # Up to the hard limit, so that the web server's connection caps bind before EMFILE does (portal/web_server.py).
 raise_open_files_limit()
-# var/ before whitenoise looks for STATIC_ROOT; no start without a secret key (portal/var_dir.py).
+# var/ before whitenoise looks for STATIC_ROOT; no start without a secret key (infra/var_dir.py).
 prepare_process()
 django_application = get_asgi_application()
 

@@ -8,7 +8,7 @@ import os
 from celery import Celery, signals
 from kombu import Queue as KombuQueue
 
-from portal.queues import DEFAULT, ROUTES, Queue
+from infra.queues import DEFAULT, ROUTES, Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
@@ -24,7 +24,7 @@ app.conf.update(
     task_serializer="json",
     accept_content=["json"],
     timezone="UTC",
-    # The queues of portal/queues.py: a worker without -Q consumes them all.
+    # The queues of infra/queues.py: a worker without -Q consumes them all.
     task_queues=[KombuQueue(name, routing_key=name) for name in Queue],
     task_default_queue=DEFAULT,
     task_routes=ROUTES,
@@ -36,10 +36,10 @@ app.autodiscover_tasks()
 @signals.beat_init.connect
 def _prepare_process(**kwargs: object) -> None:
     """var/ and the secret key are checked when a worker or beat starts, not when the settings are imported."""
-    from portal.var_dir import prepare_process
+    from infra.var_dir import prepare_process
 
     prepare_process()
 
 
-# SIGTERM handling for the worker and its pool (why: portal/worker_shutdown.py).
-import portal.worker_shutdown  # noqa: E402,F401
+# SIGTERM handling for the worker and its pool (why: infra/worker_shutdown.py).
+import infra.worker_shutdown  # noqa: E402,F401

@@ -4,7 +4,7 @@ read (quantities, egress rules) that only a domain module can validate.
 They run with `manage.py check` and before `migrate` (which `make run`, docker-compose's migrate service and the
 Kubernetes init container run before every start), so an error stops a deployment before it serves; each message
 has an id (modelport.E1xx errors, W1xx warnings) and a hint saying what to change. A value that cannot be parsed at
-all (a bool that is not one, a URL of the wrong scheme) still fails when the settings are imported (portal/env.py).
+all (a bool that is not one, a URL of the wrong scheme) still fails when the settings are imported (infra/env.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 
-from portal.var_dir import SECRET_KEY_HINT
+from infra.var_dir import SECRET_KEY_HINT
 
 MAX_PRESIGNED_URL_SECONDS = 7 * 24 * 3600  # S3's limit for presigned URLs
 _LOCAL_HOSTS = {"127.0.0.1", "localhost", "[::1]", "::1", "testserver"}
@@ -135,7 +135,7 @@ def kubernetes_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
 
 @register()
 def limits(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """Limits that contradict each other: each is valid on its own (portal/env.py bounds it), not together."""
+    """Limits that contradict each other: each is valid on its own (infra/env.py bounds it), not together."""
     messages: list[CheckMessage] = []
     if settings.MAX_REQUEST_BODY_BYTES < settings.MAX_MULTIPART_UPLOAD_SIZE:
         messages.append(Warning(

@@ -15,7 +15,7 @@ from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
 
-from portal.api_errors import error_response
+from infra.api_errors import error_response
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ import dj_database_url
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
-from portal.env import env_bool, env_float, env_int, env_list, env_secret, env_str
-from portal.schedule import beat_schedule
+from infra.env import env_bool, env_float, env_int, env_list, env_secret, env_str
+from infra.schedule import beat_schedule
 
 # Django's generic classes take their type arguments at run time too (`admin.ModelAdmin[Pool]`), as django-stubs
 # types them: the typed apps (mypy's strict overrides in pyproject.toml) subclass them with their model.
@@ -79,7 +79,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "portal.null_bytes.RefuseNulMiddleware",  # before anything queries the database with the path or query
+    "infra.null_bytes.RefuseNulMiddleware",  # before anything queries the database with the path or query
     "portal.static_files.StaticFilesMiddleware",  # whitenoise's, streaming asynchronously under ASGI
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -123,7 +123,7 @@ if _database_url:
 else:
     DATABASES = {
         "default": {
-            "ENGINE": "portal.sqlite3",  # Django's, creating var/ when it first connects
+            "ENGINE": "infra.sqlite3",  # Django's, creating var/ when it first connects
             "NAME": str(VAR_DIR / "modelport.sqlite3"),
             # A web server, a worker and beat share this file: wait for locks instead of failing at once.
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},
@@ -208,8 +208,8 @@ CELERY_BROKER_URL = env_secret("CELERY_BROKER_URL", "filesystem://")
 if not CELERY_BROKER_URL.startswith(("filesystem://", "redis://", "rediss://", "memory://")):
     raise ImproperlyConfigured("CELERY_BROKER_URL must be filesystem://, redis:// or rediss://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
-    CELERY_BROKER_TRANSPORT = "portal.kombu_filesystem:Transport"  # writes messages atomically
-    # The transport's channel creates these folders when it opens (portal/kombu_filesystem.py).
+    CELERY_BROKER_TRANSPORT = "infra.kombu_filesystem:Transport"  # writes messages atomically
+    # The transport's channel creates these folders when it opens (infra/kombu_filesystem.py).
     _queue_dir, _processed_dir = VAR_DIR / "celery" / "queue", VAR_DIR / "celery" / "processed"
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
         "data_folder_in": str(_queue_dir),
@@ -223,7 +223,7 @@ else:
     # the longest task (an inspection with its trial run, the render of a large model), or Redis hands a running task
     # to a second worker. Reconcile ticks need no redelivery: beat queues them again from the database.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 1800, minimum=5)}
-# Each lane of workers names its pool with -P (portal/lanes.py): prefork where time limits must hold (inspection),
+# Each lane of workers names its pool with -P (infra/lanes.py): prefork where time limits must hold (inspection),
 # threads elsewhere. Celery reads this setting before -P, so it is set only when the operator asks for one pool
 # everywhere (and then inspection time limits hold only if it is prefork).
 if env_str("CELERY_WORKER_POOL"):
@@ -273,7 +273,7 @@ PYTHON_TRIAL_CALL = env_bool("PYTHON_TRIAL_CALL", True)
 EXAMPLE_REQUEST_MAX_BYTES = env_int("EXAMPLE_REQUEST_MAX_BYTES", 1024 * 1024, minimum=1024)
 # An inspection as a whole (hashing, reading the format, the trial run): past this many seconds Celery's soft limit
 # marks the version invalid, and INSPECTION_KILL_GRACE_SECONDS later its hard limit kills the worker's child process
-# (the inspection lane runs the prefork pool, portal/lanes.py). A version still validating after both (its child
+# (the inspection lane runs the prefork pool, infra/lanes.py). A version still validating after both (its child
 # was killed) is marked invalid by the periodic dispatch. Below CELERY_VISIBILITY_TIMEOUT, so that Redis never hands
 # a running inspection to a second worker.
 INSPECTION_TIME_LIMIT_SECONDS = env_float("INSPECTION_TIME_LIMIT_SECONDS", 300.0, minimum=5)
@@ -554,10 +554,10 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["accounts.permissions.IsTeamMember"],
-    "DEFAULT_SCHEMA_CLASS": "portal.api_schema.AutoSchema",
-    "EXCEPTION_HANDLER": "portal.api_errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "infra.api_schema.AutoSchema",
+    "EXCEPTION_HANDLER": "infra.api_errors.exception_handler",
     # DRF's own three, with JSON nesting bounded (modelport/core/json_input.py).
-    "DEFAULT_PARSER_CLASSES": ["portal.api_json.BoundedJSONParser", "rest_framework.parsers.FormParser",
+    "DEFAULT_PARSER_CLASSES": ["infra.api_json.BoundedJSONParser", "rest_framework.parsers.FormParser",
                                "rest_framework.parsers.MultiPartParser"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
@@ -570,11 +570,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    # The schema is exact (portal/api_schema.py, tests/test_schema_fuzz.py): separate request and response
+    # The schema is exact (infra/api_schema.py, tests/test_schema_fuzz.py): separate request and response
     # components, so that read-only fields are not in request bodies and generated clients type both right.
     "COMPONENT_SPLIT_REQUEST": True,
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "portal.api_schema.add_links",
-                             "portal.api_schema.refuse_unknown_properties"],
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "infra.api_schema.add_links",
+                             "infra.api_schema.refuse_unknown_properties"],
     "ENUM_NAME_OVERRIDES": {"FormatEnum": "models_registry.models.Format",
                             "ArtifactFormatEnum": "models_registry.api.ARTIFACT_FORMATS",
                             "PipelineFormatEnum": "models_registry.api.PIPELINE_FORMATS",

@@ -73,5 +73,5 @@ urlpatterns = [
 
 # A JSON error on the API, a plain page elsewhere, 503 while the database is unreachable; never a traceback.
 handler500 = "portal.errors.server_error"
-# A JSON 404 for API paths that match no URL (portal/api_errors.py), the 404 page elsewhere.
-handler404 = "portal.api_errors.page_not_found"
+# A JSON 404 for API paths that match no URL (infra/api_errors.py), the 404 page elsewhere.
+handler404 = "infra.api_errors.page_not_found"

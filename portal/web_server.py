@@ -13,7 +13,7 @@ other caller 503. What this adds, per connection, with one timer at a time:
   application's `receive()` sees `http.disconnect`;
 - at most WEB_MAX_CONNECTIONS_PER_CLIENT open connections per client address (an IPv6 client's /64): past it a
   new connection is answered 429 at once and closed, before any of it is read;
-- at most WEB_MAX_CONNECTIONS in all (never more than the descriptors allow, portal/open_files.py): at it a new
+- at most WEB_MAX_CONNECTIONS in all (never more than the descriptors allow, infra/open_files.py): at it a new
   connection takes the place of the connection idle longest (no request head complete yet, or kept alive after
   its response), which is closed (408 when it had sent part of a head); only when every connection has a request
   in progress is the new one answered 503 and closed. Without this, half-sent heads from a few dozen addresses,
@@ -46,7 +46,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from portal.open_files import connection_cap, raise_open_files_limit
+from infra.open_files import connection_cap, raise_open_files_limit
 
 
 @dataclass

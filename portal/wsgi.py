@@ -4,9 +4,9 @@ import os
 
 from django.core.wsgi import get_wsgi_application
 
-from portal.var_dir import prepare_process
+from infra.var_dir import prepare_process
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-# var/ before whitenoise looks for STATIC_ROOT; no start without a secret key (portal/var_dir.py).
+# var/ before whitenoise looks for STATIC_ROOT; no start without a secret key (infra/var_dir.py).
 prepare_process()
 application = get_wsgi_application()

@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
-from portal.lanes import Lane
+from infra.lanes import Lane
 from tests.markers import require
 
 ROOT = Path(__file__).resolve().parent.parent

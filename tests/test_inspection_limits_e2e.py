@@ -1,4 +1,4 @@
-"""The inspection's hard time limit (issue 21) in a real prefork worker of the inspection lane (portal/lanes.py): an
+"""The inspection's hard time limit (issue 21) in a real prefork worker of the inspection lane (infra/lanes.py): an
 inspection the soft limit cannot stop is killed, the lane goes on inspecting, and the periodic sweep then marks the
 version invalid with the reason.
 
@@ -28,10 +28,10 @@ from google.protobuf.internal.encoder import _VarintBytes
 from onnx import TensorProto, helper
 
 from conftest import Person, make_person
+from infra.lanes import lane
 from models_registry import dispatch
 from models_registry.models import ModelVersion
 from models_registry.tasks import dispatch_inspections
-from portal.lanes import lane
 from tests import processes
 from tests.artifacts import tiny_onnx
 

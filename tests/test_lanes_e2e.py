@@ -1,5 +1,5 @@
 """Worker starvation (issue 21): another team's stop is answered within seconds while one team's uploads spin in
-inspection until their time limit and its tune measures, with the worker lanes `make run` starts (portal/lanes.py:
+inspection until their time limit and its tune measures, with the worker lanes `make run` starts (infra/lanes.py:
 real Celery worker processes, one per lane). The same scenario against the old layout (one worker, two threads, every
 queue) fails: the tune holds one thread, a spinning inspection the other, and the stop waits for the inspection to
 reach its time limit (strict xfail, so a regression to one shared worker shows).
@@ -29,9 +29,9 @@ from conftest import Person, make_person
 from deployments.models import Deployment
 from deployments.runtimes.local import triton as local_triton
 from deployments.tests.conftest import make_ready_version
+from infra.lanes import LANES, Lane
+from infra.queues import Queue
 from models_registry.models import ModelVersion
-from portal.lanes import LANES, Lane
-from portal.queues import Queue
 from tests import processes
 from tuning.api import MIN_P99_MS
 from tuning.models import TuneRun

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from deployments.runtimes.local.triton import is_alive
-from portal.lanes import LANES
+from infra.lanes import LANES
 from tests.artifacts import tiny_onnx
 from tests.faults import wait_exit
 from tests.processes import ROOT, free_port, wait_for
@@ -58,7 +58,7 @@ def test_it_keeps_its_files_under_the_var_dir_refuses_a_second_portal_and_stops_
     wait_for(lambda: (portal.var_dir / "log" / "beat.log").exists()
              and list(portal.var_dir.glob("celerybeat-schedule*")),
              30, what="beat to write its schedule")
-    for lane in LANES:  # one worker per lane (portal/lanes.py)
+    for lane in LANES:  # one worker per lane (infra/lanes.py)
         log = portal.var_dir / "log" / f"worker-{lane.name}.log"
         wait_for(lambda log=log: log.exists() and " ready." in log.read_text(), 60, what=f"the {lane.name} worker")
     assert sorted(p.name for p in (portal.var_dir / "run").glob("*.pid")) == sorted(

@@ -145,7 +145,7 @@ FUZZ_SETTINGS = settings(
 )
 
 
-# A name no request body takes (portal/api_schema.py ExactJSONTypes).
+# A name no request body takes (infra/api_schema.py ExactJSONTypes).
 UNKNOWN_FIELD = "zz_no_such_field"
 
 
@@ -181,7 +181,7 @@ def test_every_operation_answers_as_its_schema_says(case: Any, world: World) -> 
 
 def test_sequences_that_follow_the_schemas_links_answer_as_it_says(world: World) -> None:
     """The stateful phase: create something, then read, change, stop, delete it through the links the schema
-    declares (portal/api_schema.py LINKS) and the ones schemathesis infers; every answer checked as above."""
+    declares (infra/api_schema.py LINKS) and the ones schemathesis infers; every answer checked as above."""
     from django.db import transaction
     from schemathesis.generation.stateful import run_state_machine_as_test
 

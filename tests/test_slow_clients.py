@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from portal.open_files import raise_open_files_limit
+from infra.open_files import raise_open_files_limit
 from tests import processes, raw_http2
 
 pytestmark = pytest.mark.worker

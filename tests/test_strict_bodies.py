@@ -1,6 +1,6 @@
 """Every API body is what the schema says, exactly (issue 30): a field no serializer declares is a 400 naming it by
 its path, at every level, in multipart forms too, rather than dropped while the request succeeds ("replicaz": 2 was a
-201 with one replica). The one check is portal/api_schema.py's ExactJSONTypes; the schema says
+201 with one replica). The one check is infra/api_schema.py's ExactJSONTypes; the schema says
 `additionalProperties: false` on every object a request body holds (the postprocessing hook beside it), and the fuzz
 run (tests/test_schema_fuzz.py) holds the two to each other. docs/security.md, "Strict request bodies"."""
 
@@ -158,7 +158,7 @@ def test_thousands_of_unknown_fields_are_answered_with_the_first_few(alice: Pers
 
 
 def test_the_schema_says_every_request_objects_fields_are_all_it_takes() -> None:
-    from portal.api_schema import request_body_objects
+    from infra.api_schema import request_body_objects
 
     schema = SchemaGenerator().get_schema(request=None, public=True)
     objects = list(request_body_objects(schema))

@@ -15,8 +15,8 @@ from deployments import canary, planning
 from deployments.events import record
 from deployments.models import Deployment, Event, Revision
 from deployments.spec import DynamicBatching, InstanceGroup
+from infra.api_errors import Conflict
 from models_registry.models import ModelVersion
-from portal.api_errors import Conflict
 from tuning import search
 from tuning.changes import Change, narrowing, spec_changes
 from tuning.models import TuneRun

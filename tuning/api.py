@@ -15,16 +15,15 @@ from rest_framework.response import Response
 
 from deployments import planning
 from deployments.api import RolloutSerializer
-from deployments.examples import example_request, served_signature
+from deployments.examples import example_request, served_signature, with_data
 from deployments.models import Deployment
 from deployments.queries import get_deployment_for_user
 from deployments.revision_spec import ModelEntry
 from gateway.protocol import Refusal, check_infer_request
+from infra.api_schema import JSON_PARSERS, ExactJSONTypes, error, takes_no_body
 from models_registry.models import ModelVersion
-from portal.api_schema import JSON_PARSERS, ExactJSONTypes, error, takes_no_body
 from tuning import actions
 from tuning.models import TuneRun
-from web.inference import with_data
 
 MIN_BUDGET_SECONDS = 30
 MAX_BUDGET_SECONDS = 3600

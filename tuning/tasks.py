@@ -1,4 +1,4 @@
-"""The tune's Celery task, on its own queue ("tune", portal/queues.py): a tune runs for up to its budget (an hour at
+"""The tune's Celery task, on its own queue ("tune", infra/queues.py): a tune runs for up to its budget (an hour at
 most), so it must never hold back a rollout's ticks or an inspection.
 
 acks_late is off for this task (the project's default is on): a tune outlives the broker's visibility timeout, and a

@@ -14,8 +14,9 @@ from deployments import canary
 from deployments.models import Deployment
 from deployments.revision_spec import ModelEntry
 from models_registry.models import ModelVersion
-from models_registry.samples import sample_digit_png, sample_inputs, takes_images
+from models_registry.samples import sample_digit_png
 from web import grpc_snippet, inference, placement, revisions
+from web.sample_data import sample_inputs, takes_images
 from web.traffic import WINDOW_MINUTES as TRAFFIC_WINDOW_MINUTES
 from web.tune_panel import tune_context
 

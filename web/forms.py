@@ -11,7 +11,6 @@ from django import forms
 from django.conf import settings
 
 from accounts.models import SCOPE_TOKENS, max_token_lifetime_days
-from accounts.names import NAME_RULE, name_error
 from deployments import canary, planning
 from deployments.ceilings import MAX_GPUS, MAX_REPLICAS
 from deployments.models import Deployment
@@ -24,6 +23,7 @@ from deployments.spec import (
     InstanceGroup,
     defaults_for,
 )
+from infra.names import NAME_RULE, name_error
 from modelport.core import quantity
 from modelport.core.example_request import ExampleRequestError, example_to_store
 from modelport.core.signature import Signature, SignatureError, parse_signature

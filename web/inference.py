@@ -16,6 +16,7 @@ from deployments.examples import example_note as example_note
 from deployments.examples import example_request as example_request
 from deployments.examples import example_shape as example_shape
 from deployments.examples import served_signature as served_signature
+from deployments.examples import with_data as with_data
 from modelport.core import datatypes
 
 
@@ -34,17 +35,6 @@ def example_request_json(signature: dict[str, Any]) -> str:
 def request_json(request: dict[str, Any]) -> str:
     inputs = [json.dumps(tensor) for tensor in request["inputs"]]
     return '{"inputs": [\n' + ",\n".join(f"  {line}" for line in inputs) + "\n]}"
-
-
-def with_data(request: dict[str, Any], data: dict[str, list[Any]]) -> dict[str, Any]:
-    """The request with the given inputs' data in place of the zeros (a sample image for the sample models)."""
-    inputs = []
-    for tensor in request["inputs"]:
-        values = data.get(tensor["name"])
-        inputs.append({**tensor, "data": list(values)}
-                      if values is not None and len(values) == math.prod(tensor["shape"])
-                      else tensor)
-    return {**request, "inputs": inputs}
 
 
 # A request body this short goes inline into the curl snippet, so that it runs as copied; a longer one (an image's

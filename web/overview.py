@@ -19,7 +19,7 @@ from deployments import pools as pool_rules
 from deployments.models import Deployment, Event, Pool, PoolLoad, PoolServer, TritonServer
 from deployments.runtimes.local import triton as local_triton
 from gateway.models import RequestStats
-from portal.queues import Queue
+from infra.queues import Queue
 
 log = logging.getLogger(__name__)
 

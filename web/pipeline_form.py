@@ -12,7 +12,7 @@ from typing import Any
 from django.db import transaction
 
 from accounts.models import Team
-from accounts.names import name_error
+from infra.names import name_error
 from models_registry import actions as registry_actions
 from models_registry import pipelines
 from models_registry.models import Model, ModelVersion

@@ -27,11 +27,11 @@ from deployments import actions as deployment_actions
 from deployments import planning
 from deployments.model_entry import ModelEntry
 from deployments.models import Deployment
+from infra.api_errors import Conflict
 from models_registry import actions as registry_actions
 from models_registry import inspection, pipelines
 from models_registry.models import Format, Model, ModelVersion
 from models_registry.samples import SampleArtifact, digits_pipeline_definition, sample_artifacts
-from portal.api_errors import Conflict
 
 SAMPLES = ("digits", "pipeline")
 # The deployment each button makes, and the model it serves.
@@ -222,7 +222,7 @@ def _pipeline_version(team: Team, user: Any, steps: dict[str, ModelVersion]) -> 
 
 
 def _messages(errors: Any) -> str:
-    from portal.api_errors import _flatten
+    from infra.api_errors import _flatten
 
     return "; ".join(f"{key}: {' '.join(messages)}" if key != "non_field_errors" else " ".join(messages)
                      for key, messages in _flatten(errors).items())

@@ -8,8 +8,8 @@ from django import forms
 
 from deployments import planning
 from deployments.models import Deployment
+from infra.api_errors import Conflict
 from models_registry.models import ModelVersion
-from portal.api_errors import Conflict
 from tuning import actions
 from tuning.api import MAX_BUDGET_SECONDS, MAX_CONCURRENCY, MAX_P99_MS, MIN_BUDGET_SECONDS, MIN_P99_MS
 from tuning.changes import Change

@@ -9,8 +9,8 @@ from django.views.decorators.http import require_POST
 
 from accounts.models import Team
 from deployments import canary, planning
+from infra.api_errors import Conflict, Invalid
 from models_registry.models import ModelVersion
-from portal.api_errors import Conflict, Invalid
 from tuning import actions
 from tuning.api import generated_problem
 from tuning.models import TuneRun

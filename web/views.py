@@ -23,7 +23,6 @@ from django_htmx.http import HttpResponseClientRedirect
 from accounts import actions as token_actions
 from accounts.context import SESSION_TEAM_KEY, current_team, is_team_admin
 from accounts.models import ApiToken, Membership, Team, max_token_lifetime_days
-from accounts.names import NAME_RE, NAME_RULE
 from audit.log import record as audit
 from deployments import actions as deployment_actions
 from deployments import log_revision, planning
@@ -31,12 +30,13 @@ from deployments.local_env import local_framework_status
 from deployments.models import Deployment, Event
 from deployments.revision_spec import Resources, RevisionSpec
 from deployments.runtimes.registry import runtime_for
+from infra.api_errors import Invalid
+from infra.names import NAME_RE, NAME_RULE
 from modelport.core import datatypes, formats
 from models_registry import actions as registry_actions
 from models_registry.models import FORMATS_NEEDING_SIGNATURE, Format, Model, ModelVersion, with_identical_to
 from models_registry.pipelines import pipeline_graph
 from models_registry.validation import ArtifactRejected
-from portal.api_errors import Invalid
 from web import deployment_page, new_token, pipeline_form, placement, samples
 from web.forms import (
     DeploymentForm,

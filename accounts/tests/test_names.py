@@ -9,12 +9,12 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from accounts.models import Team
-from accounts.names import name_error
 from conftest import Person
 from deployments.runtimes.kubernetes import manifests
 from deployments.spec import validate_served_model
 from deployments.tests.manifests import CONFIG, model, target
 from deployments.tests.values import model as served_model
+from infra.names import name_error
 from models_registry.models import Model
 
 

@@ -13,7 +13,7 @@ from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
 from accounts import checks
-from portal.env import env_bool, env_int, env_secret
+from infra.env import env_bool, env_int, env_secret
 from tests.fresh_settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]

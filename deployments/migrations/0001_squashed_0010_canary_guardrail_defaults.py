@@ -3,7 +3,7 @@
 # what 0001_initial through 0010_canary_guardrail_defaults left, so a database migrated with those (they are listed
 # in `replaces`) counts this one as applied and goes on from here. deployments/tests/test_migrations.py checks both.
 
-import accounts.names
+import infra.names
 import deployments.models
 import deployments.revision_spec
 import django.db.models.deletion
@@ -41,7 +41,7 @@ class Migration(migrations.Migration):
             name='Deployment',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=63, validators=[accounts.names.validate_name])),
+                ('name', models.CharField(max_length=63, validators=[infra.names.validate_name])),
                 ('runtime', models.CharField(choices=[('local', 'Local Triton process'), ('kubernetes', 'Kubernetes cluster')], default='local', max_length=16)),
                 ('desired_state', models.CharField(choices=[('running', 'Running'), ('stopped', 'Stopped'), ('deleted', 'Deleted')], default='running', max_length=16)),
                 ('status', models.CharField(choices=[('pending', 'Pending'), ('rendering', 'Rendering'), ('building', 'Building'), ('starting', 'Starting'), ('ready', 'Ready'), ('failed', 'Failed'), ('stopping', 'Stopping'), ('stopped', 'Stopped')], default='pending', max_length=16)),
@@ -93,7 +93,7 @@ class Migration(migrations.Migration):
             name='Pool',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=63, unique=True, validators=[accounts.names.validate_name])),
+                ('name', models.CharField(max_length=63, unique=True, validators=[infra.names.validate_name])),
                 ('runtime', models.CharField(choices=[('local', 'Local Triton process'), ('kubernetes', 'Kubernetes cluster')], default='local', max_length=16)),
                 ('memory_budget_bytes', models.BigIntegerField(help_text='What the models loaded in it may take together, as measured when each loads.')),
                 ('idle_unload_seconds', models.PositiveIntegerField(default=600, help_text='A model unused this long is unloaded (its next request loads it again); 0: never unload.')),

@@ -1,5 +1,5 @@
-"""Reconciliation, inspection, builds and tunes run on queues of their own (portal/queues.py), each consumed by a
-lane of worker processes of its own (portal/lanes.py); every way Modelport starts workers (bin/run-portal,
+"""Reconciliation, inspection, builds and tunes run on queues of their own (infra/queues.py), each consumed by a
+lane of worker processes of its own (infra/lanes.py); every way Modelport starts workers (bin/run-portal,
 docker-compose, the Kubernetes manifests) starts exactly those lanes, so that nothing is queued where no worker
 listens and no stop waits behind a team's slow work."""
 
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
+from infra.lanes import LANES, Lane, lane, main
+from infra.queues import Queue
 from portal.celery import app
-from portal.lanes import LANES, Lane, lane, main
-from portal.queues import Queue
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,7 +81,7 @@ def test_the_kubernetes_manifests_start_one_worker_deployment_per_lane() -> None
 
 def test_run_portal_reads_its_lanes_from_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     script = (ROOT / "bin" / "run-portal").read_text()
-    assert '$PY -m portal.lanes "$lane"' in script and "$($PY -m portal.lanes)" in script
+    assert '$PY -m infra.lanes "$lane"' in script and "$($PY -m infra.lanes)" in script
     assert main([]) == 0 and capsys.readouterr().out.split() == [each.name for each in LANES]
     assert main(["inspection"]) == 0
     assert capsys.readouterr().out.split() == lane("inspection").worker_args()

@@ -557,7 +557,7 @@ def test_an_invalid_name_exits_2_before_anything_is_sent(
 
 
 def test_the_clis_name_rule_is_the_portals() -> None:
-    from accounts.names import NAME_RE
+    from infra.names import NAME_RE
 
     assert main_module.NAME_RE.pattern == NAME_RE.pattern
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from modelport.core.savedmodel_inspect import (
+from modelport.core.formats.savedmodel_inspect import (
     SavedModelProto,
 )
 

@@ -14,8 +14,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from modelport.core.formats.onnx_inspect import inspect_onnx
 from modelport.core.formats.python import inspect_python_archive
-from modelport.core.onnx_inspect import inspect_onnx
 from modelport.core.signature import parse_signature
 from models_registry.samples import (
     DIGITS_SIGNATURE,
@@ -199,7 +199,7 @@ def _runtime_python() -> Path:
 @pytest.mark.frameworks
 def test_with_the_frameworks_the_cnn_is_also_written_as_torchscript_and_as_a_savedmodel(tmp_path: Path) -> None:
     from modelport.core.formats import detect_format
-    from modelport.core.savedmodel_inspect import inspect_savedmodel_archive
+    from modelport.core.formats.savedmodel_inspect import inspect_savedmodel_archive
 
     samples = write_samples(tmp_path, runtime_python=_runtime_python(), frameworks={"torch": "x", "tensorflow": "y"})
     listed = json.loads((tmp_path / "samples.json").read_text())

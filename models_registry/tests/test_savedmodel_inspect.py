@@ -16,8 +16,8 @@ import pytest
 
 from conftest import Person
 from modelport.core.definitions import SavedModelDefinition
-from modelport.core.onnx_inspect import InspectionError
-from modelport.core.savedmodel_inspect import (
+from modelport.core.formats.onnx_inspect import InspectionError
+from modelport.core.formats.savedmodel_inspect import (
     inspect_savedmodel_archive,
     parse_saved_model,
     read_signature,
@@ -154,7 +154,7 @@ def test_it_reads_the_savedmodel_of_a_zip_of_its_folder_and_of_a_tar_gz(tmp_path
 def test_a_saved_model_pb_above_the_limit_is_refused_without_reading_it_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("modelport.core.savedmodel_inspect.SAVED_MODEL_PB_MAX_BYTES", 1000)
+    monkeypatch.setattr("modelport.core.formats.savedmodel_inspect.SAVED_MODEL_PB_MAX_BYTES", 1000)
     with pytest.raises(InspectionError, match="larger than 1000 bytes"):
         inspect_savedmodel_archive(archive(tmp_path, {"saved_model.pb": TINY_PB}))
 

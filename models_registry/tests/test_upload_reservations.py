@@ -16,10 +16,10 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 
 from conftest import Person
+from infra.schedule import beat_schedule
 from models_registry import quota, tasks
 from models_registry.models import Upload
 from models_registry.tests.live_portal import Answer, Live, b64, live_portal, read_answer, request_head
-from portal.schedule import beat_schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 GiB = 1024**3

@@ -1,11 +1,11 @@
-"""The guarded uvicorn protocol's plain parts (portal/web_server.py, portal/open_files.py); its behaviour on real
+"""The guarded uvicorn protocol's plain parts (portal/web_server.py, infra/open_files.py); its behaviour on real
 sockets is tested in tests/test_slow_clients.py."""
 
 from __future__ import annotations
 
 import resource
 
-from portal.open_files import RESERVED_DESCRIPTORS, connection_cap, raise_open_files_limit
+from infra.open_files import RESERVED_DESCRIPTORS, connection_cap, raise_open_files_limit
 from portal.web_server import UVICORN_HTTP, address_key, plain_response
 from tests.processes import ROOT
 

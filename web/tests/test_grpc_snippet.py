@@ -92,7 +92,8 @@ def test_both_python_snippets_send_the_held_out_example_that_try_it_and_curl_sen
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    from models_registry.samples import SAMPLE_DIGIT_PIXELS, sample_inputs
+    from models_registry.samples import SAMPLE_DIGIT_PIXELS
+    from web.sample_data import sample_inputs
 
     data = sample_inputs(DIGITS)
     request = inference.with_data(inference.example_request(DIGITS), data)

@@ -9,7 +9,7 @@ from django.db import transaction
 
 from accounts import actions
 from accounts.models import TOKEN_SCOPES, Membership, Team, max_token_lifetime_days
-from accounts.names import name_error
+from infra.names import name_error
 
 
 class Command(BaseCommand):

@@ -101,7 +101,7 @@ def cut_off_onnx(path: Path) -> tuple[int, int] | None:
 
 def inspect(path: Path, declared: Signature | None, limits: archives.ArchiveLimits) -> Inspected:
     """The signature from the graph; a declared one must agree with it. Raises InspectionError."""
-    from modelport.core.onnx_inspect import InspectionError, inspect_onnx, validate_declared_signature
+    from modelport.core.formats.onnx_inspect import InspectionError, inspect_onnx, validate_declared_signature
 
     result = inspect_onnx(path)
     if result.problems:

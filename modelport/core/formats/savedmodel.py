@@ -1,6 +1,6 @@
 """TensorFlow SavedModel: `saved_model.pb` (or `.pbtxt`) at the top of an archive or in its one folder; served by
 the TensorFlow backend on Kubernetes and by a python-backend wrapper locally (with TensorFlow in the runtime env).
-Inspection reads the signature from saved_model.pb without TensorFlow (modelport.core.savedmodel_inspect)."""
+Inspection reads the signature from saved_model.pb without TensorFlow (modelport.core.formats.savedmodel_inspect)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def detect_archive(listing: ArchiveListing) -> bool:
 
 
 def inspect(path: Path, declared: Signature | None, limits: archives.ArchiveLimits) -> Inspected:
-    from modelport.core.savedmodel_inspect import savedmodel_findings
+    from modelport.core.formats.savedmodel_inspect import savedmodel_findings
 
     signature, definition = savedmodel_findings(path, declared, limits)
     return Inspected(signature=signature, batchable=signature.has_batch_dim, definition=definition)

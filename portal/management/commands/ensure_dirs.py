@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from portal.var_dir import ensure_dirs, ensure_secret_key
+from infra.var_dir import ensure_dirs, ensure_secret_key
 
 
 class Command(BaseCommand):

@@ -1,5 +1,5 @@
 """Settings create nothing when imported; `manage.py ensure_dirs`, the processes at their start and the broker's
-channel create what they need (portal/var_dir.py)."""
+channel create what they need (infra/var_dir.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 
-from portal import var_dir
+from infra import var_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,7 +85,7 @@ def test_the_filesystem_broker_creates_its_folders_when_it_opens(tmp_path: Path)
     folders = {"data_folder_in": tmp_path / "celery" / "queue", "data_folder_out": tmp_path / "celery" / "queue",
                "processed_folder": tmp_path / "celery" / "processed", "control_folder": tmp_path / "celery" / "control"}
     options = {name: str(path) for name, path in folders.items()}
-    with Connection("filesystem://", transport="portal.kombu_filesystem:Transport",
+    with Connection("filesystem://", transport="infra.kombu_filesystem:Transport",
                     transport_options=options) as connection:
         queue = connection.SimpleQueue("probe")
         queue.put({"n": 1})

@@ -2,7 +2,7 @@
 
 `manage.py ensure_dirs` (bin/run-portal and `make run` call it) runs both functions; the web server (portal/asgi.py,
 portal/wsgi.py) and the Celery worker and beat (portal/celery.py) create the folders they need; storage creates its
-own on first write, and the filesystem broker's channel its queue folders (portal/kombu_filesystem.py)."""
+own on first write, and the filesystem broker's channel its queue folders (infra/kombu_filesystem.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from portal.env import env_secret
+from infra.env import env_secret
 
 SECRET_KEY_HINT = ("Set SECRET_KEY (or SECRET_KEY_FILE) to 50+ random characters; in development, "
                    "`manage.py ensure_dirs` (which `make run` runs) writes one to var/secret_key, or to "

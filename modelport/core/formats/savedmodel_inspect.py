@@ -29,7 +29,7 @@ from modelport.core.datatypes import TF_TO_KSERVE
 from modelport.core.definitions import SavedModelDefinition
 from modelport.core.errors import ArtifactRejected
 from modelport.core.formats.base import InspectionError, archive_names, read_archive_entry
-from modelport.core.onnx_inspect import validate_declared_signature
+from modelport.core.formats.onnx_inspect import validate_declared_signature
 from modelport.core.signature import Signature, SignatureError, parse_signature
 
 SAVED_MODEL_PB_MAX_BYTES = 256 * 1024 * 1024

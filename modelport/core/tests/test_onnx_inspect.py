@@ -11,13 +11,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from modelport.core.formats.python import inspect_python_archive
-from modelport.core.formats.torchscript import inspect_torchscript_archive
-from modelport.core.onnx_inspect import (
+from modelport.core.formats.onnx_inspect import (
     InspectionError,
     inspect_onnx,
     validate_declared_signature,
 )
+from modelport.core.formats.python import inspect_python_archive
+from modelport.core.formats.torchscript import inspect_torchscript_archive
 from modelport.core.signature import Signature, Tensor, parse_signature
 from models_registry.samples import DIGITS_SIGNATURE, build_digits_onnx
 

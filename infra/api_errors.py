@@ -38,7 +38,7 @@ class PayloadTooLarge(exceptions.APIException):
 
 
 class ErrorSerializer(serializers.Serializer[Any]):
-    """The body of every API error: the one error component of the OpenAPI schema (portal/api_schema.py)."""
+    """The body of every API error: the one error component of the OpenAPI schema (infra/api_schema.py)."""
 
     error = inline_serializer("ErrorDetail", {  # inline: "fields" is a name a Serializer class cannot declare
         "code": serializers.CharField(help_text="A stable machine-readable code, e.g. 'invalid', 'not_found'."),

@@ -1,4 +1,4 @@
-"""The Celery queues, in one place, and the lanes (worker processes) that consume them (portal/lanes.py).
+"""The Celery queues, in one place, and the lanes (worker processes) that consume them (infra/lanes.py).
 
 Work that keeps deployments alive (reconcile ticks: start, stop, rollout, health) has a queue and worker processes
 of its own, so that nothing a team can make slow (an inspection that spins until its time limit, a pip build, an

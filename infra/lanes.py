@@ -1,5 +1,5 @@
 """The worker lanes: which worker processes consume which queues, with which pool. One table for bin/run-portal
-(`python -m portal.lanes NAME` prints a lane's worker arguments), docker-compose.yml and the Kubernetes manifests
+(`python -m infra.lanes NAME` prints a lane's worker arguments), docker-compose.yml and the Kubernetes manifests
 (tests check that both say the same).
 
 Why each lane is as it is:
@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from portal.queues import Queue
+from infra.queues import Queue
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from urllib.parse import unquote_to_bytes
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 
-from portal.api_errors import error_response
+from infra.api_errors import error_response
 
 MESSAGE = "The request path or query string contains a NUL character (%00), which no name or value here can hold."
 

@@ -6,7 +6,7 @@ children, the pool replaced them before the main process noticed the shutdown, a
 for the task-queue lock that an idle replacement held while it waited for work, for ever (seen for 30 minutes in
 "Warm shutdown"; the next `make run` then shared the broker with it). So:
 
-- with the filesystem broker, the children of a prefork pool (the inspection lane, portal/lanes.py: the pool
+- with the filesystem broker, the children of a prefork pool (the inspection lane, infra/lanes.py: the pool
   where time limits hold) ignore SIGTERM and SIGINT: a signal to the whole group reaches the main process alone,
   whose warm shutdown ends the idle children and waits for a running inspection (bounded by its hard time limit,
   or the supervisor's grace period and SIGKILL); the other lanes run the threads pool, with no children at all;

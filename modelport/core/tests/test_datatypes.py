@@ -8,8 +8,8 @@ from onnx import TensorProto
 from tritonclient.grpc import model_config_pb2 as mc
 
 from modelport.core import datatypes
-from modelport.core.onnx_inspect import ONNX_TO_KSERVE
-from modelport.core.savedmodel_inspect import _TF_DATATYPES
+from modelport.core.formats.onnx_inspect import ONNX_TO_KSERVE
+from modelport.core.formats.savedmodel_inspect import _TF_DATATYPES
 
 
 def test_each_name_is_unique_in_every_column() -> None:

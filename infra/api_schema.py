@@ -27,11 +27,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
-from accounts.idempotency import KEY_PATTERN, MAX_KEY_LENGTH
-from accounts.names import NAME_RE, NAME_RULE, RESERVED_NAMES, name_error
-from portal.api_errors import ErrorSerializer
+from infra.api_errors import ErrorSerializer
+from infra.names import NAME_RE, NAME_RULE, RESERVED_NAMES, name_error
 
-# The naming rule (accounts/names.py) as a JSON Schema pattern: anchored, since JSON Schema patterns search.
+# The naming rule (infra/names.py) as a JSON Schema pattern: anchored, since JSON Schema patterns search.
 NAME_SCHEMA: dict[str, Any] = {
     "type": "string", "pattern": f"^{NAME_RE.pattern}$", "minLength": 1, "maxLength": 63,
     "description": f"A name: {NAME_RULE}. Not {' or '.join(repr(n) for n in sorted(RESERVED_NAMES))}.",
@@ -45,14 +44,20 @@ PATH_PARAMETERS: dict[str, dict[str, Any]] = {
 }
 
 
+# The Idempotency-Key header (accounts/idempotency.py checks it): its schema here, below every app's API.
+MAX_KEY_LENGTH = 255
+# Visible ASCII, as HTTP header values are on the wire: anything else (a NUL, which PostgreSQL cannot store) is a 400.
+KEY_PATTERN = r"^[!-~]*$"
+
+
 def error(description: str) -> OpenApiResponse:
-    """An error response of one operation, with the one error body (portal/api_errors.py)."""
+    """An error response of one operation, with the one error body (infra/api_errors.py)."""
     return OpenApiResponse(ErrorSerializer, description=description)
 
 
 @extend_schema_field(NAME_SCHEMA)
 class NameField(serializers.CharField):
-    """A name in a request body, checked by the one naming rule (accounts/names.py), whose message is the same for
+    """A name in a request body, checked by the one naming rule (infra/names.py), whose message is the same for
     every bad name, the empty one included (rather than DRF's own "may not be blank" or "too long")."""
 
     def __init__(self, **kwargs: Any) -> None:
@@ -138,7 +143,7 @@ class AutoSchema(openapi.AutoSchema):
         }
         if uritemplate.variables(self.path):
             errors[404] = "Nothing of that name in your team (another team's objects do not exist for you)."
-        # A NUL in the path or query is refused before any view (portal/null_bytes.py).
+        # A NUL in the path or query is refused before any view (infra/null_bytes.py).
         invalid = ["a NUL character in the path or query"]
         reads_body = self.method in _BODY_METHODS and self._get_request_body() is not None
         if reads_body:
