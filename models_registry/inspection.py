@@ -51,7 +51,7 @@ def _findings(version: ModelVersion, path_format: str, path: Path) -> Findings:
     try:
         inspected = inspect(path, declared, archive_limits())
     except InspectionError as exc:
-        raise ArtifactRejected(f"example_request: {exc}") from None
+        raise ArtifactRejected(str(exc)) from None
     signature, definition = inspected.signature, inspected.definition
     example = _example(version, signature)
     memory = 0
