@@ -4,8 +4,8 @@ Configuration: MODELPORT_URL and MODELPORT_TOKEN, or --url and --token. Every co
 --verbose. Results go to stdout. On failure one line `error: <reason>` goes to stderr, and it is the only line
 there: progress and notes go to stderr only with --verbose, or when stderr is a terminal. The exit code says
 what failed:
-  1 the portal refused or could not be reached   2 wrong command line, input file (--example-request one that
-  3 the model is invalid                            does not fit) or name (nothing of that name in the token's
+  1 the portal refused or could not be reached   2 wrong command line, input file or name (an --example-request
+  3 the model is invalid                            that does not fit; nothing of that name in the token's
   4 the deployment failed                          team: the portal answered 404)
   5 timed out waiting
 """
