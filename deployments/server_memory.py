@@ -33,7 +33,6 @@ from deployments.revision_spec import MemoryBasis, MemoryShare, RevisionSpec
 from modelport.core import formats
 from models_registry.models import Blob, ModelVersion
 
-
 # The formats a version never measured is estimated for, as a pool estimates it, and what its artifact is called.
 # A python model's stub is what POOL_MODEL_MEMORY_MIN is sized for (a python version with requirements has no
 # trial call to measure it, and without this the sample image pipeline's first revision took 4Gi); TorchScript
