@@ -7,13 +7,14 @@ SANDBOX_DEFAULT_MEMORY (4Gi): a team fitted five tiny ONNX deployments on a 24 G
 instance of a python-backend model is a stub process of its own), plus SANDBOX_SERVER_MEMORY for Triton itself:
 
 - a version's figure is its measured memory on this machine (ModelVersion.measured_memory_bytes: the peak of its own
-  processes at the python trial call at inspection, at a load in a local pool, in a dedicated Triton);
+  processes at the python trial call at inspection, of a TorchScript trial run's sandbox, at a load in a local
+  pool, in a dedicated Triton);
 - an ONNX or python version never measured is estimated from its file, as a pool estimates it
   (POOL_UNMEASURED_FACTOR times its size, at least POOL_MODEL_MEMORY_MIN): onnxruntime's memory follows the
   weights, and a python model's stub is what the minimum is sized for (a python version with requirements is never
   called at inspection, so it is measured only once it serves);
-- a TorchScript or SavedModel version never measured gives no estimate (its framework's size is not its file's):
-  the server then gets SANDBOX_DEFAULT_MEMORY, as before, and says so.
+- a TorchScript version never measured (its trial run did not run confined) or a SavedModel one gives no estimate
+  (its framework's size is not its file's): the server then gets SANDBOX_DEFAULT_MEMORY, as before, and says so.
 
 The limit is the server's cgroup limit, so the figure is no promise a team can game: a model that measured small
 and then takes more fails alone, the kernel killing its process at the limit, and the deployment says "Out of
@@ -36,7 +37,8 @@ from models_registry.models import Blob, ModelVersion
 # The formats a version never measured is estimated for, as a pool estimates it, and what its artifact is called.
 # A python model's stub is what POOL_MODEL_MEMORY_MIN is sized for (a python version with requirements has no
 # trial call to measure it, and without this the sample image pipeline's first revision took 4Gi); TorchScript
-# and SavedModel load torch or TensorFlow, hundreds of MiB that their file does not show: they keep the default.
+# (measured at its trial run where that runs confined) and SavedModel load torch or TensorFlow, hundreds of MiB
+# that their file does not show: unmeasured, they keep the default.
 _ESTIMATED = {formats.ONNX: "ONNX file", formats.PYTHON: "python archive"}
 
 
