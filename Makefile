@@ -8,13 +8,19 @@ PORT ?= 8000
 
 .PHONY: run test test-fast lint typecheck venv runtime-env browser-deps bench samples clean
 
-venv: $(VENV)/.installed
+venv: $(VENV)/.installed $(VENV)/bin/modelport
 # The portal's requirements and what tests, linters and benchmarks add (requirements-dev.txt includes
 # requirements.txt); the image in platform/ installs requirements.txt alone.
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -r requirements-dev.txt
+	touch $@
+# The `modelport` CLI the deployment page's snippets use, editable from this checkout (its dependencies are in
+# requirements.txt already): .venv/bin/modelport, or `modelport` after `source .venv/bin/activate`. A target of
+# its own, so that a venv made before it gets the command at the next `make run`.
+$(VENV)/bin/modelport: pyproject.toml $(VENV)/.installed
+	$(VENV)/bin/pip install --quiet --no-deps -e .
 	touch $@
 
 # The local Triton runtime's own environment (tritonserver from nvidia-pytriton, numpy<2, onnxruntime), plus the

@@ -7,11 +7,14 @@ SANDBOX_DEFAULT_MEMORY (4Gi): a team fitted five tiny ONNX deployments on a 24 G
 instance of a python-backend model is a stub process of its own), plus SANDBOX_SERVER_MEMORY for Triton itself:
 
 - a version's figure is its measured memory on this machine (ModelVersion.measured_memory_bytes: the peak of its own
-  processes at the python trial call at inspection, at a load in a local pool, in a dedicated Triton);
-- an ONNX version never measured is estimated from its file, as a pool estimates it (POOL_UNMEASURED_FACTOR times
-  its size): onnxruntime's memory follows the weights;
-- a python, TorchScript or SavedModel version never measured gives no estimate (its framework's size is not its
-  file's): the server then gets SANDBOX_DEFAULT_MEMORY, as before, and says so.
+  processes at the python trial call at inspection, of a TorchScript trial run's sandbox, at a load in a local
+  pool, in a dedicated Triton);
+- an ONNX or python version never measured is estimated from its file, as a pool estimates it
+  (POOL_UNMEASURED_FACTOR times its size, at least POOL_MODEL_MEMORY_MIN): onnxruntime's memory follows the
+  weights, and a python model's stub is what the minimum is sized for (a python version with requirements is never
+  called at inspection, so it is measured only once it serves);
+- a TorchScript version never measured (its trial run did not run confined) or a SavedModel one gives no estimate
+  (its framework's size is not its file's): the server then gets SANDBOX_DEFAULT_MEMORY, as before, and says so.
 
 The limit is the server's cgroup limit, so the figure is no promise a team can game: a model that measured small
 and then takes more fails alone, the kernel killing its process at the limit, and the deployment says "Out of
@@ -30,6 +33,13 @@ from deployments import pools
 from deployments.revision_spec import MemoryBasis, MemoryShare, RevisionSpec
 from modelport.core import formats
 from models_registry.models import Blob, ModelVersion
+
+# The formats a version never measured is estimated for, as a pool estimates it, and what its artifact is called.
+# A python model's stub is what POOL_MODEL_MEMORY_MIN is sized for (a python version with requirements has no
+# trial call to measure it, and without this the sample image pipeline's first revision took 4Gi); TorchScript
+# (measured at its trial run where that runs confined) and SavedModel load torch or TensorFlow, hundreds of MiB
+# that their file does not show: unmeasured, they keep the default.
+_ESTIMATED = {formats.ONNX: "ONNX file", formats.PYTHON: "python archive"}
 
 
 def applies(spec: RevisionSpec) -> bool:
@@ -53,13 +63,13 @@ def basis_for(spec: RevisionSpec, versions: Iterable[ModelVersion]) -> MemoryBas
             measured = version.measured_memory_bytes
             source = f"measured {_size(measured)} at {version.measured_memory_by or 'a run on this machine'}"
             shares.append(MemoryShare(entry.name, pools.reservation(measured), source))
-        elif entry.format == formats.ONNX:
+        elif entry.format in _ESTIMATED:
             if sizes is None:
                 sizes = dict(Blob.objects.filter(sha256__in=[m.sha256 for m in spec.models if m.sha256])
                              .values_list("sha256", "size"))
             size = sizes.get(entry.sha256, version.size if version is not None else 0)
             shares.append(MemoryShare(entry.name, pools.reservation(int(size * settings.POOL_UNMEASURED_FACTOR)),
-                                      f"not measured yet: estimated from its {_size(size)} ONNX file"))
+                                      f"not measured yet: estimated from its {_size(size)} {_ESTIMATED[entry.format]}"))
         else:
             return MemoryBasis(server_bytes=server, fallback=str(settings.SANDBOX_DEFAULT_MEMORY), fallback_reason=(
                 f"version {entry.version} of {entry.name!r} ({entry.format}) has not been measured on this machine "

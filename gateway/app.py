@@ -29,7 +29,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
 from accounts.tokens import parse_bearer
-from gateway import bodies, json_body, not_found, pool_names, protocol, stats, upstream
+from gateway import answer_params, bodies, json_body, not_found, pool_names, protocol, stats, upstream
 from gateway import contract as contracts
 from gateway.access import Access, Caller, Choice, Route, choose
 from gateway.cold_start import ColdStarts
@@ -495,10 +495,28 @@ def _checked(status: int, headers: list[tuple[bytes, bytes]], payload: bytes, co
             return status, headers, payload  # not what Triton writes: nothing to judge it by
     better = _checked_answer(status, headers, plain, contract, requested)
     if better is None:
+        if status == 200 and encoding is None:
+            return status, *_said_once(headers, payload)
         return status, headers, payload
     kept = [(k, v) for k, v in headers
             if k not in (b"content-type", b"inference-header-content-length", b"content-encoding")]
     return better[0], [*kept, (b"content-type", b"application/json")], better[1]
+
+
+def _said_once(headers: list[tuple[bytes, bytes]], payload: bytes) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The answer with its "parameters" keys each said once (gateway/answer_params.py): as it came unless one
+    repeats. A compressed answer is passed on as it came."""
+    given = dict(headers).get(b"inference-header-content-length")
+    header_length = int(given) if given is not None and given.isdigit() and len(given) <= 18 else None
+    if given is not None and header_length is None:
+        return headers, payload  # not what Triton writes: where its JSON ends is unknown
+    fixed = answer_params.without_repeated_keys(payload, header_length)
+    if fixed is None:
+        return headers, payload
+    payload, header_length = fixed
+    if header_length is not None:
+        headers = [(k, b"%d" % header_length if k == b"inference-header-content-length" else v) for k, v in headers]
+    return headers, payload
 
 
 def _inflate_answer(payload: bytes, encoding: bytes) -> bytes:

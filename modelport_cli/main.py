@@ -4,9 +4,10 @@ Configuration: MODELPORT_URL and MODELPORT_TOKEN, or --url and --token. Every co
 --verbose. Results go to stdout. On failure one line `error: <reason>` goes to stderr, and it is the only line
 there: progress and notes go to stderr only with --verbose, or when stderr is a terminal. The exit code says
 what failed:
-  1 the portal refused or could not be reached   2 wrong command line, input file or name (nothing of that
-  3 the model is invalid                            name in the token's team: the portal answered 404)
-  4 the deployment failed                          5 timed out waiting
+  1 the portal refused or could not be reached   2 wrong command line, input file or name (an --example-request
+  3 the model is invalid                            that does not fit; nothing of that name in the token's
+  4 the deployment failed                          team: the portal answered 404)
+  5 timed out waiting
 """
 
 from __future__ import annotations
@@ -99,14 +100,27 @@ def poll(fetch: Callable[[], dict[str, Any]], finished: Callable[[dict[str, Any]
         interval = min(interval * 1.5, MAX_POLL_INTERVAL)
 
 
+# The version field that holds --example-request, and the prefix of a version's error that is about it: the
+# example is the user's input file, not the model, so a refusal naming it is exit 2, as the README's table says.
+_EXAMPLE_FIELD = "example_request"
+
+
+def _is_about_the_example(error: str) -> bool:
+    return error.startswith(f"{_EXAMPLE_FIELD}:")
+
+
 def create_version(client: Client, model: str, body: dict[str, Any]) -> dict[str, Any]:
     """POST a version. A 400 here means the portal rejected the model itself (not an ONNX file, a signature that
-    does not parse, ...): that is exit code 3, the same as a version that ends up invalid after inspection."""
+    does not parse, ...): that is exit code 3, the same as a version that ends up invalid after inspection; a 400
+    naming only the example request is the input file's fault, exit 2."""
     try:
         return dict(client.call("POST", f"/api/v1/models/{_segment(model)}/versions/", json=body).json())
     except ApiError as exc:
         if exc.status != 400:
             raise
+        if exc.fields and set(exc.fields) == {_EXAMPLE_FIELD}:
+            reason = " ".join(exc.fields[_EXAMPLE_FIELD])
+            raise CliError(f"--example-request: the portal refused it: {reason}", ExitCode.USAGE) from None
         # "upload_id: The file is not ..." reads as jargon; the other field names tell the user what to fix.
         parts = [" ".join(msgs) if name in ("upload_id", "file") else f"{name}: {' '.join(msgs)}"
                  for name, msgs in exc.fields.items()]
@@ -122,7 +136,12 @@ def wait_for_version(client: Client, model: str, version: dict[str, Any], args: 
         if body.get("status") == "invalid":
             if args.json:
                 print_json(body)
-            raise CliError(f"{model} version {number} is invalid: {body.get('error') or 'no reason given'}",
+            error = str(body.get("error") or "")
+            if _is_about_the_example(error):
+                # Checked at inspection against the signature the model itself declares (an upload without one).
+                raise CliError(f"--example-request: {model} version {number} refused it: "
+                               f"{error.removeprefix(f'{_EXAMPLE_FIELD}:').strip()}", ExitCode.USAGE)
+            raise CliError(f"{model} version {number} is invalid: {error or 'no reason given'}",
                            ExitCode.INVALID_MODEL)
         return body.get("status") == "ready"
 

@@ -41,7 +41,7 @@ def _trial_findings(path_format: str, path: Path, signature: Signature,
     model does not run as declared."""
     if path_format == formats.PYTHON:
         return python_trial.python_trial(path, signature, has_requirements=False, example=example)
-    return python_trial.TrialFindings(trial.torchscript_findings(path, signature))
+    return python_trial.TrialFindings(*trial.torchscript_findings(path, signature))
 
 
 def _findings(version: ModelVersion, path_format: str, path: Path) -> Findings:
@@ -51,7 +51,7 @@ def _findings(version: ModelVersion, path_format: str, path: Path) -> Findings:
     try:
         inspected = inspect(path, declared, archive_limits())
     except InspectionError as exc:
-        raise ArtifactRejected(f"example_request: {exc}") from None
+        raise ArtifactRejected(str(exc)) from None
     signature, definition = inspected.signature, inspected.definition
     example = _example(version, signature)
     memory = 0

@@ -24,6 +24,7 @@ class TrialOutcome:
     ran: bool
     problems: list[str]
     note: str  # stored with the version: what was checked, or why not
+    memory_bytes: int = 0  # the most the sandboxed run held at once (0: not measured), the version's figure
 
 
 def check_torchscript(path: Path, signature: Signature) -> TrialOutcome:
@@ -50,20 +51,22 @@ def check_torchscript(path: Path, signature: Signature) -> TrialOutcome:
         return TrialOutcome(False, [], f"not run: this machine cannot sandbox uploaded code ({caps.reason}), so the "
                                        "declared signature is unchecked")
     try:
-        problems = trial_run(path, signature, runtime_env=env, timeout=settings.TRIAL_RUN_TIMEOUT_SECONDS,
-                             memory_bytes=settings.TRIAL_RUN_MEMORY_MB * 2**20, confinement=confinement)
+        run = trial_run(path, signature, runtime_env=env, timeout=settings.TRIAL_RUN_TIMEOUT_SECONDS,
+                        memory_bytes=settings.TRIAL_RUN_MEMORY_MB * 2**20, confinement=confinement)
     except TrialRunFailed as exc:
         # A Triton image's libtorch backend may serve what the local wrapper cannot: accepted, but unchecked.
         return TrialOutcome(False, [], f"not run: {exc}")
     except SandboxError as exc:
         return TrialOutcome(False, [], f"not run: the sandbox could not be built ({excerpt(exc)})")
-    if problems:
-        return TrialOutcome(True, problems, "failed: " + "; ".join(problems))
-    return TrialOutcome(True, [], "passed: one call on zeros matched the declared signature")
+    if run.problems:
+        return TrialOutcome(True, run.problems, "failed: " + "; ".join(run.problems))
+    return TrialOutcome(True, [], "passed: one call on zeros matched the declared signature", run.peak_bytes)
 
 
-def torchscript_findings(path: Path, declared: Signature) -> dict[str, Any]:
-    """For inspection: the trial run's note for the version's definition; ArtifactRejected when it failed."""
+def torchscript_findings(path: Path, declared: Signature) -> tuple[dict[str, Any], int]:
+    """For inspection: the trial run's note for the version's definition, and what the run was measured to take
+    (0: not measured; a TorchScript version had no figure and got SANDBOX_DEFAULT_MEMORY, deployments/
+    server_memory.py); ArtifactRejected when it failed."""
     outcome = check_torchscript(path, declared)
     if outcome.problems:
         raise ArtifactRejected(
@@ -71,4 +74,4 @@ def torchscript_findings(path: Path, declared: Signature) -> dict[str, Any]:
             f"{TRIAL_BATCH} where the first dimension is -1, other -1 dimensions {TRIAL_DYNAMIC_SIZE}): "
             + "; ".join(outcome.problems)
         )
-    return {"trial_run": outcome.note}
+    return {"trial_run": outcome.note}, outcome.memory_bytes

@@ -323,8 +323,8 @@ SANDBOX_PIDS_MAX = env_int("SANDBOX_PIDS_MAX", 1024, minimum=64)  # processes an
 # A dedicated local deployment that sets no resources.memory is limited to what its models were measured to take
 # (deployments/server_memory.py: POOL_MODEL_MEMORY_HEADROOM over each instance's figure, at least
 # POOL_MODEL_MEMORY_MIN) plus SANDBOX_SERVER_MEMORY for Triton itself and its python backend's shared memory.
-# SANDBOX_DEFAULT_MEMORY ("" for none) where a model gives no figure: a python, TorchScript or SavedModel version
-# never measured on this machine (an ONNX one is estimated from its file).
+# SANDBOX_DEFAULT_MEMORY ("" for none) where a model gives no figure: a TorchScript or SavedModel version never
+# measured on this machine (an ONNX or python one is estimated from its file).
 SANDBOX_SERVER_MEMORY = env_str("SANDBOX_SERVER_MEMORY", "256Mi")
 SANDBOX_DEFAULT_MEMORY = env_str("SANDBOX_DEFAULT_MEMORY", "4Gi")
 # Where an operator allowed a deployment egress (in the admin console), the TCP ports it may connect to.

@@ -96,3 +96,36 @@ def test_a_model_that_measured_small_and_takes_more_is_killed_at_its_limit_and_s
     # It took the memory from nobody: what it held stayed within its limit.
     version.refresh_from_db()
     assert version.measured_memory_bytes is not None and version.measured_memory_bytes < limit
+
+
+def test_the_sample_pipelines_python_step_never_measured_loads_and_answers_within_its_estimate(
+        alice: Person, eager_tasks: Any, derived: Any) -> None:
+    """Its requirements (numpy, pillow) skip the trial call, so it is never measured before it serves: estimated
+    from its archive at POOL_MODEL_MEMORY_MIN (it was SANDBOX_DEFAULT_MEMORY, 4Gi), which a real stub with Pillow
+    decoding a PNG fits in; its server then measures it."""
+    import io
+    import zipfile
+
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    from models_registry.samples import PREPROCESS_SIGNATURE, build_preprocess_zip, sample_digit_png
+
+    archive = zipfile.ZipFile(io.BytesIO(build_preprocess_zip()))
+    files = {name: archive.read(name) for name in archive.namelist()}
+    version = python_version(alice, "preprocess", files, PREPROCESS_SIGNATURE.to_json())
+    assert not version.measured_memory_bytes
+    deployment = deploy(alice, "decode", [{"model": "preprocess"}])
+    server = ready(deployment)
+    assert _memory_limit(deployment) == 384 * Mi  # 256Mi for Triton + POOL_MODEL_MEMORY_MIN for the stub
+    client = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+    try:
+        image = httpclient.InferInput("image", [1, 1], "BYTES")
+        image.set_data_from_numpy(np.array([[sample_digit_png()]], dtype=object))
+        features = client.infer("preprocess", [image]).as_numpy("input")
+    finally:
+        client.close()
+    assert features is not None and features.shape == (1, 64)
+    reconcile.reconcile(deployment.pk)
+    version.refresh_from_db()
+    assert version.measured_memory_bytes is not None and version.measured_memory_bytes < 128 * Mi

@@ -166,9 +166,11 @@ def cli_snippet(deployment: str, model: str, base_url: str = "", files: dict[str
                  "(a handwritten 7, the one Try it offers: the echo below writes it), or yours"]
     else:
         lines = ["# modelport reads MODELPORT_URL and MODELPORT_TOKEN; req.json: the request body (Download req.json)"]
-    # `make run` puts no `modelport` on the PATH: the command comes with the CLI's package (README, "Use the CLI").
-    lines.append("# the modelport command: `pip install .` in Modelport's checkout (from there without installing: "
-                 "`.venv/bin/python -m modelport_cli` in its place)")
+    # `make run` installs the command in the checkout's venv (the Makefile's venv target), not on the PATH: the
+    # snippet says where it is, and how to get it elsewhere (README, "Use the CLI").
+    lines.append("# the modelport command: `make run` (or `make venv`) installs it in Modelport's checkout as "
+                 "`.venv/bin/modelport`; `source .venv/bin/activate` there puts it on the PATH (elsewhere: "
+                 "`pip install <checkout>`)")
     if base_url:
         lines.append(f"export MODELPORT_URL={base_url}")
     if files:

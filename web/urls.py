@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.contrib.auth import views as auth_views
 from django.urls import path
+from django.views.generic import RedirectView
 
 from accounts.signin import throttled
 from web import tune_views, views
@@ -15,6 +16,8 @@ urlpatterns = [
     path("models/", views.models_list, name="models"),
     # Before <name>/: a model named "upload" is reached through the API (and the admin) only.
     path("models/upload/", views.upload, name="upload"),
+    # Where a newcomer types it; temporary, so that the page may move without browsers remembering this.
+    path("upload/", RedirectView.as_view(pattern_name="upload", query_string=True)),
     path("models/upload/pipeline/", views.pipeline_new, name="pipeline-new"),
     path("models/<str:name>/", views.model_detail, name="model-detail"),
     path("models/<str:name>/versions/", views.model_versions, name="model-versions"),

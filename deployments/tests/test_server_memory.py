@@ -6,6 +6,7 @@ is kept; the ceiling's refusal says which deployment's memory to lower, and how.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -93,20 +94,35 @@ def test_a_memory_given_is_kept_as_given(alice: Person, digits: ModelVersion, ma
         "limit": "3Gi", "source": "given", "basis": "", "derived_now": None}
 
 
-def test_a_python_version_never_measured_gets_the_default_and_says_why(
-        alice: Person, machine: Any) -> None:
+def test_a_python_version_never_measured_is_estimated_from_its_archive(alice: Person, machine: Any) -> None:
     from tests.sandbox_helpers import VECTOR, model_source, python_version
 
-    python_version(alice, "legit", {"model.py": model_source("legit_model")}, VECTOR)  # no trial call here
+    # No trial call here (as for a python model with requirements): never measured, and it used to get 4Gi.
+    version = python_version(alice, "legit", {"model.py": model_source("legit_model")}, VECTOR)
+    assert not version.measured_memory_bytes
     response = alice.client().post("/api/v1/deployments/", {"name": "code", "models": [{"model": "legit"}]},
                                    format="json")
     assert response.status_code == 201, response.json()
-    assert spec_of(alice, "code").memory_limit("1Gi") == "4Gi"  # SANDBOX_DEFAULT_MEMORY when it was planned
+    assert spec_of(alice, "code").memory_limit("1Gi") == "384Mi"  # 256Mi + POOL_MODEL_MEMORY_MIN
     memory = response.json()["memory"]
-    assert memory["source"] == "default" and memory["limit"] == "4Gi"
-    assert "SANDBOX_DEFAULT_MEMORY" in memory["basis"] and "had not been measured on this machine when" in \
-        memory["basis"]
+    assert memory["source"] == "derived" and memory["limit"] == "384Mi"
+    assert f"128 MiB for 'legit' (not measured when planned: estimated from its {version.size / 2**10:.0f} KiB " \
+           "python archive, with headroom)" in memory["basis"], memory["basis"]
     assert memory["derived_now"] is None and "measured since" not in memory["basis"]
+
+
+def test_a_torchscript_or_savedmodel_version_never_measured_gets_the_default_and_says_why(machine: Any) -> None:
+    from deployments.revision_spec import ModelEntry
+    from modelport.core.signature import parse_signature
+    from tests.sandbox_helpers import VECTOR
+
+    for fmt in ("torchscript", "savedmodel"):
+        entry = ModelEntry(name="cnn", version=1, format=fmt, signature=parse_signature(VECTOR), max_batch_size=8)
+        spec = RevisionSpec(runtime="local", models=(entry,))
+        basis = server_memory.basis_for(spec, [])
+        assert basis is not None and basis.fallback == "4Gi"
+        assert basis.fallback_reason == f"version 1 of 'cnn' ({fmt}) has not been measured on this machine yet"
+        assert "SANDBOX_DEFAULT_MEMORY" in server_memory.words(replace(spec, memory_basis=basis))
 
 
 def test_a_version_measured_after_planning_is_told_with_what_a_new_revision_would_take(
@@ -119,13 +135,13 @@ def test_a_version_measured_after_planning_is_told_with_what_a_new_revision_woul
     # The server measures its model as it serves: the revision keeps the default it was planned with.
     assert record_memory(version.pk, 100 * Mi, "its use in a dedicated deployment")
     memory = alice.client().get("/api/v1/deployments/code/").json()["memory"]
-    assert memory["limit"] == "4Gi" and memory["source"] == "default"
+    assert memory["limit"] == "384Mi" and memory["source"] == "derived"  # estimated from its archive when planned
     # 256Mi + 1.5 x 100Mi = 406Mi, rounded up to 448Mi: the rule planning uses.
     assert memory["derived_now"] == "448Mi"
     assert memory["basis"] == (
-        "SANDBOX_DEFAULT_MEMORY, since version 1 of 'legit' (python) had not been measured on this machine when this "
-        "revision was planned; measured since: a new revision would take 448Mi (resources.memory in the API, "
-        "modelport deploy code --memory 448Mi)"), memory["basis"]
+        f"Triton's own 256 MiB + 128 MiB for 'legit' (not measured when planned: estimated from its "
+        f"{version.size / 2**10:.0f} KiB python archive, with headroom), rounded up; measured since: a new revision "
+        "would take 448Mi (resources.memory in the API, modelport deploy code --memory 448Mi)"), memory["basis"]
     assert [d["memory"]["derived_now"] for d in alice.client().get("/api/v1/deployments/").json()] == ["448Mi"]
     page = signed_in(alice).get("/deployments/code/").content.decode()
     assert "measured since: a new revision would take 448Mi" in page and "modelport deploy code --memory 448Mi" in page

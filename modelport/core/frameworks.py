@@ -177,6 +177,7 @@ class ScriptResult:
     timed_out: bool = False
     oom_killed: bool = False  # the kernel killed it at its cgroup's memory limit
     sandboxed: bool = False
+    peak_bytes: int = 0  # the most memory its sandbox's cgroup held at once (0: not confined, or no cgroup)
 
     @property
     def out_of_memory(self) -> bool:
@@ -270,12 +271,12 @@ def run_in_runtime_env(
         with open(stderr_path, "wb") as stderr:
             if confinement is None:
                 returncode = _run_unconfined(command, stderr, scratch, env, timeout)
-                timed_out, oom = returncode is None, False
+                timed_out, oom, peak = returncode is None, False, 0
             else:
-                returncode, timed_out, oom = _run_confined(command, stderr, scratch, work, env, timeout, memory_bytes,
-                                                           confinement)
+                returncode, timed_out, oom, peak = _run_confined(command, stderr, scratch, work, env, timeout,
+                                                                 memory_bytes, confinement)
         return ScriptResult(returncode=returncode, result=_read_result(result_path), stderr=_tail(stderr_path),
-                            timed_out=timed_out, oom_killed=oom, sandboxed=confinement is not None)
+                            timed_out=timed_out, oom_killed=oom, sandboxed=confinement is not None, peak_bytes=peak)
 
 
 def _result_file(work: Path, options: sandbox.Options) -> Path:
@@ -304,7 +305,7 @@ def _run_unconfined(command: list[str], stderr: Any, home: Path, env: RuntimeEnv
 
 
 def _run_confined(command: list[str], stderr: Any, scratch: Path, work: Path, env: RuntimeEnv,
-                  timeout: float, memory_bytes: int, confinement: Confinement) -> tuple[int | None, bool, bool]:
+                  timeout: float, memory_bytes: int, confinement: Confinement) -> tuple[int | None, bool, bool, int]:
     # The scratch is a tmpfs of SANDBOX_SCRATCH_SIZE, as a Triton's is: on the worker's disk, files of up to
     # RLIMIT_FSIZE each, as many as it liked, filled the disk until the time limit. The result comes back through
     # the one file bound beside it.
@@ -319,7 +320,7 @@ def _run_confined(command: list[str], stderr: Any, scratch: Path, work: Path, en
     })
     finished = sandbox.run(spec, confinement.caps, confinement.options, argv=command, env=environment,
                            cwd=str(scratch), log=stderr, timeout=timeout)
-    return finished.returncode, finished.timed_out, finished.oom_kills > 0
+    return finished.returncode, finished.timed_out, finished.oom_kills > 0, finished.peak_bytes
 
 
 def _read_result(path: Path) -> Any:

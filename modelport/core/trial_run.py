@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from modelport.core.frameworks import Confinement, run_in_runtime_env
+from modelport.core.frameworks import Confinement, ScriptResult, run_in_runtime_env
 from modelport.core.runtime_env import RuntimeEnv
 from modelport.core.signature import KSERVE_TO_NUMPY, Signature
 
@@ -159,17 +159,29 @@ def judge(signature: Signature, plan: TrialPlan, result: object) -> list[str]:
     return problems
 
 
+@dataclass(frozen=True)
+class TrialRunResult:
+    problems: list[str]  # [] when it ran as declared
+    # The most memory the run's sandbox held at once (the process that loaded torch and the model and called it;
+    # 0 unconfined or without a cgroup): what its version is measured to take.
+    peak_bytes: int = 0
+
+
 def trial_run(
     path: Path, signature: Signature, *, runtime_env: RuntimeEnv, timeout: float, memory_bytes: int,
     confinement: Confinement | None = None,
-) -> list[str]:
-    """Problems found by running the TorchScript file at `path` on zeros in `runtime_env` ([] when it runs as
-    declared), sandboxed by `confinement` (None: unconfined). Raises
-    TrialRunFailed for a signature that cannot be tried."""
+) -> TrialRunResult:
+    """What running the TorchScript file at `path` on zeros in `runtime_env` found, sandboxed by `confinement`
+    (None: unconfined). Raises TrialRunFailed for a signature that cannot be tried."""
     plan = plan_for(signature)
     outcome = run_in_runtime_env(runtime_env, PROBE_SCRIPT, [plan.to_json()], artifact=Path(path),
                                  modules=PROBE_MODULES, timeout=timeout, memory_bytes=memory_bytes,
                                  confinement=confinement)
+    return TrialRunResult(_problems(signature, plan, outcome, timeout, memory_bytes), outcome.peak_bytes)
+
+
+def _problems(signature: Signature, plan: TrialPlan, outcome: ScriptResult, timeout: float,
+              memory_bytes: int) -> list[str]:
     if outcome.timed_out:
         return [f"the trial run on zeros did not finish within {timeout:g} s"]
     if outcome.out_of_cpu_time:

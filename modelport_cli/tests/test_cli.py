@@ -228,6 +228,46 @@ def test_a_broken_example_request_file_is_a_usage_error(portal: FakePortal, tmp_
     assert "is not valid JSON" in error_line(capsys)
 
 
+def test_an_example_request_the_portal_refuses_is_a_usage_error(portal: FakePortal, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    FakeTus(portal)
+    portal.on("POST", "/api/v1/models/digits/versions/", api_error(400, "Invalid input.", "invalid", fields={
+        "example_request": ["inputs[0].name: 'nope' is not an input of the signature (its inputs: 'x')."]}))
+    (tmp_path / "example.json").write_text(json.dumps({"inputs": [{"name": "nope"}]}))
+
+    assert main(["push", "digits", str(artifact(tmp_path, 10)), "--example-request",
+                 str(tmp_path / "example.json")]) == ExitCode.USAGE
+    assert error_line(capsys) == ("error: --example-request: the portal refused it: inputs[0].name: 'nope' is not an "
+                                  "input of the signature (its inputs: 'x').")
+
+
+def test_an_example_request_that_does_not_fit_the_signature_inspection_read_is_a_usage_error(
+    portal: FakePortal, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    FakeTus(portal)
+    versions_of(portal, "digits", [{"status": "invalid", "error": "example_request: inputs[0].name: 'nope' is not "
+                                    "an input of the signature (its inputs: 'x')."}])
+    (tmp_path / "example.json").write_text(json.dumps({"inputs": [{"name": "nope"}]}))
+
+    assert main(["push", "digits", str(artifact(tmp_path, 10)), "--example-request",
+                 str(tmp_path / "example.json")]) == ExitCode.USAGE
+    assert "--example-request: digits version 4 refused it: inputs[0].name: 'nope'" in error_line(capsys)
+
+
+def test_a_model_refused_beside_its_example_is_still_an_invalid_model(portal: FakePortal, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    FakeTus(portal)
+    portal.on("POST", "/api/v1/models/digits/versions/", api_error(400, "Invalid input.", "invalid", fields={
+        "signature": ["not JSON"], "example_request": ["needs a signature"]}))
+    (tmp_path / "example.json").write_text(json.dumps({"inputs": []}))
+    assert main(["push", "digits", str(artifact(tmp_path, 10)), "--example-request",
+                 str(tmp_path / "example.json")]) == ExitCode.INVALID_MODEL
+    capsys.readouterr()
+    versions_of(portal, "digits", [{"status": "invalid", "error": "onnx.checker found problems: bad"}])
+    assert main(["push", "digits", str(artifact(tmp_path, 10))]) == ExitCode.INVALID_MODEL
+    assert "digits version 4 is invalid: onnx.checker found problems: bad" in error_line(capsys)
+
+
 def test_push_of_the_same_bytes_again_says_which_version_they_are_identical_to(
     portal: FakePortal, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -232,6 +232,44 @@ def test_a_torchscript_upload_is_ready_after_its_trial_run_or_invalid_with_the_r
         "(-1: any size)")
 
 
+@pytest.mark.frameworks("torch")
+def test_a_torchscript_upload_is_measured_at_its_trial_run_and_its_deployment_limited_from_that(
+    alice: Person, eager_tasks: Any, torchscript_files: Path, settings: Any
+) -> None:
+    """Issue 31: no trial call measured a TorchScript version, so its dedicated deployment got SANDBOX_DEFAULT_MEMORY
+    (4Gi). The sandboxed trial run loads torch and the model and calls it: its cgroup's peak is the figure."""
+    from deployments.runtimes.local import confined as local_confined
+
+    caps = local_confined.sandbox_capabilities()
+    if not caps.available or caps.cgroups.version == 0:
+        pytest.skip(f"no sandbox with cgroups here: {caps.reason or caps.cgroups.note}")
+    settings.SANDBOX_SERVER_MEMORY, settings.POOL_MODEL_MEMORY_MIN = "256Mi", "128Mi"
+    settings.POOL_MODEL_MEMORY_HEADROOM, settings.SANDBOX_DEFAULT_MEMORY = 1.5, "4Gi"
+    settings.TEAM_MAX_MEMORY = settings.DEPLOYMENT_MAX_MEMORY = ""
+    Model.objects.create(team=alice.team, name="doubler", created_by=alice.user)
+    client = alice.client()
+    response = client.post("/api/v1/models/doubler/versions/", {
+        "file": SimpleUploadedFile("doubler.pt", (torchscript_files / "doubler.pt").read_bytes()),
+        "signature": json.dumps(DOUBLER.to_json())}, format="multipart")
+    assert response.status_code == 201, response.json()
+    version = ModelVersion.objects.get()
+    assert version.status == "ready", version.error
+    # torch alone is some hundred MiB; the run is limited to TRIAL_RUN_MEMORY_MB.
+    assert version.measured_memory_bytes is not None
+    assert 50 * 2**20 < version.measured_memory_bytes < settings.TRIAL_RUN_MEMORY_MB * 2**20
+    assert version.measured_memory_by == "its trial call at inspection"
+    # What a dedicated deployment of it is limited from (planning it here would start a Triton): its figure.
+    from deployments import server_memory
+    from deployments.revision_spec import ModelEntry, RevisionSpec
+
+    entry = ModelEntry(name="doubler", version=1, format="torchscript", signature=DOUBLER, max_batch_size=8,
+                       version_id=version.pk)
+    basis = server_memory.basis_for(RevisionSpec(runtime="local", models=(entry,)), [version])
+    assert basis is not None and basis.fallback is None, basis
+    (share,) = basis.models
+    assert share.source.startswith("measured ") and share.source.endswith(" at its trial call at inspection")
+
+
 # --- Containment: the trial run executes uploaded code ------------------------------------------------------------
 
 # forward() plants a file in var/ through a shared mapping (unless `plant` is ""), maps a file of the portal's (as

@@ -111,6 +111,21 @@ def test_the_sample_pipeline_brings_its_steps_and_offers_a_sample_digit(alice: P
     assert ModelVersion.objects.count() == 4
 
 
+def test_the_sample_pipelines_first_revision_counts_what_its_steps_are_estimated_to_take(
+        alice: Person, sample_worker: None, settings: Any) -> None:
+    """Its python steps have requirements, so no trial call measures them: the first revision counted 4Gi
+    (SANDBOX_DEFAULT_MEMORY) against the team. Each step is now estimated from its file, as a pool estimates it."""
+    settings.SANDBOX_SERVER_MEMORY, settings.POOL_MODEL_MEMORY_MIN = "256Mi", "128Mi"
+    settings.SANDBOX_DEFAULT_MEMORY = "4Gi"
+    signed_in(alice).post("/samples/deploy/", {"sample": "pipeline"})
+    assert not ModelVersion.objects.filter(model__name="preprocess").get().measured_memory_bytes
+    memory = alice.client().get("/api/v1/deployments/digits-pipeline/").json()["memory"]
+    # Triton's 256Mi + 128Mi (POOL_MODEL_MEMORY_MIN) for each of the three steps; the pipeline itself runs in Triton.
+    assert (memory["limit"], memory["source"]) == ("640Mi", "derived"), memory
+    assert "'preprocess' (not measured when planned: estimated from its" in memory["basis"]
+    assert "python archive, with headroom)" in memory["basis"]
+
+
 def test_an_unknown_sample_is_a_400_that_names_the_choices(alice: Person) -> None:
     response = signed_in(alice).post("/samples/deploy/", {"sample": "../../etc/passwd" * 10})
     assert response.status_code == 400

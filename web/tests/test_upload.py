@@ -188,3 +188,10 @@ def test_the_model_page_names_an_unchecked_example_request_in_a_bounded_line(ali
     line = re.search(r'<p class="muted small" id="version-1-example">(.*?)</p>', content).group(1)  # type: ignore[union-attr]
     assert "<b>" not in line and "&lt;b&gt;" + "n" * 61 + " FP32 1 × 4" in line
     assert len(line) < 1_000 and line.count("FP32") == 8 and "and 4 more" in line
+
+
+def test_the_short_upload_address_leads_to_the_upload_page(alice: Person) -> None:
+    response = signed_in(alice).get("/upload/?model=digits")
+    assert response.status_code == 302
+    assert response["Location"] == "/models/upload/?model=digits"
+    assert signed_in(alice).get(response["Location"]).status_code == 200

@@ -346,6 +346,14 @@ class Finished:
     returncode: int | None  # None: killed at the time limit
     timed_out: bool
     oom_kills: int = 0  # processes the kernel killed at the cgroup's memory limit (0 without cgroups)
+    # The most memory the run's cgroup held at once (0 without one): a trial run's figure for the version. Not
+    # part of the outcome's equality, since it differs from run to run.
+    peak_bytes: int = field(default=0, compare=False)
+
+
+def _peak(directories: list[Path]) -> int:
+    memory = cgroups.memory_directory(directories)
+    return cgroups.peak_bytes(memory) if memory is not None else 0
 
 
 def run(spec: Spec, caps: Capabilities, options: Options, *, argv: list[str], env: dict[str, str], cwd: str, log: Any,
@@ -360,10 +368,10 @@ def run(spec: Spec, caps: Capabilities, options: Options, *, argv: list[str], en
     try:
         try:
             status = started.process.wait(timeout)  # the launcher exits with the program's status
-            return Finished(status, False, cgroups.oom_kills(directories))
+            return Finished(status, False, cgroups.oom_kills(directories), _peak(directories))
         except subprocess.TimeoutExpired:
             _kill(started)
-            return Finished(None, True, cgroups.oom_kills(directories))
+            return Finished(None, True, cgroups.oom_kills(directories), _peak(directories))
         except BaseException:
             _kill(started)
             raise

@@ -448,6 +448,8 @@ def test_an_onnx_upload_with_a_custom_operator_domain_is_invalid_and_names_it(
     version = ModelVersion.objects.get(model__name="fancy")
     assert version.status == "invalid"
     assert "'com.example.secret_ops' (operator 'FancyMatMul')" in version.error
+    # The model is what was refused: the error does not name a field the upload did not send (example_request).
+    assert version.error.startswith("onnx.checker found problems: "), version.error
 
 
 def test_an_onnx_upload_with_an_unknown_com_microsoft_operator_is_invalid_and_names_it(
