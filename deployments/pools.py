@@ -17,7 +17,9 @@ from django.conf import settings
 from django.db.models import Q, Sum
 
 from accounts.models import Team
+from deployments import pool_policy
 from deployments.pool_models import SHARED_POOL, ModelMemory, Pool, PoolLoad
+from deployments.pool_policy import format_bytes as format_bytes
 from deployments.revision_spec import ModelEntry, RevisionSpec
 from modelport.core import formats
 from modelport.core.definitions import PipelineDefinition
@@ -248,8 +250,15 @@ def cluster_charge(spec: RevisionSpec, pool: Pool) -> int:
     return sum(limit * counts[name] for name, limit in process_limits(spec, pool).items())
 
 
-def format_bytes(value: int) -> str:
-    return f"{value / 2**20:.0f} MiB"
+def budget_of(pool: Pool) -> pool_policy.Budget:
+    """The pool's budget and a team's share of it, as the policy (deployments/pool_policy.py) counts them."""
+    return pool_policy.Budget(pool=pool.name, budget_bytes=pool.memory_budget_bytes, team_share_bytes=team_share(pool),
+                              open_to_all=pool.open_to_all)
+
+
+def eviction_rules() -> pool_policy.Eviction:
+    return pool_policy.Eviction(min_idle_seconds=settings.POOL_EVICTION_MIN_IDLE_SECONDS,
+                                min_residency_seconds=settings.POOL_EVICTION_MIN_RESIDENCY_SECONDS)
 
 
 def quantity_bytes(text: str) -> int:

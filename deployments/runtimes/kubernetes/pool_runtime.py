@@ -25,10 +25,9 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from django.conf import settings
-from django.db.models import Sum
 from django.utils import timezone
 
-from deployments import logtail, pool_events, pools
+from deployments import logtail, pool_events, pool_policy, pools
 from deployments.models import Deployment, ModelMemory, Pool, PoolLoad, Revision
 from deployments.pool_models import SHARING_STRATEGIES, SHARING_STRATEGY_LABEL, GpuShare
 from deployments.revision_spec import RevisionSpec
@@ -145,13 +144,15 @@ def launch(rt: KubernetesRuntime, revision: Revision) -> Launch:
     return launch
 
 
-def _held(pool: Pool, load: PoolLoad, team_id: int | None = None) -> int:
-    """What the pool's other loading and loaded revisions count (with team_id: that team's only)."""
-    held = (PoolLoad.objects.filter(pool=pool, state__in=[PoolLoad.State.LOADING, PoolLoad.State.LOADED])
-            .exclude(pk=load.pk))
-    if team_id is not None:
-        held = held.filter(deployment__team_id=team_id)
-    return int(held.aggregate(total=Sum("memory_bytes"))["total"] or 0)
+def _held(pool: Pool, load: PoolLoad) -> list[pool_policy.Held]:
+    """The pool's other loading and loaded revisions, each at what its models' process limits add up to."""
+    rows = (PoolLoad.objects.filter(pool=pool, state__in=[PoolLoad.State.LOADING, PoolLoad.State.LOADED])
+            .exclude(pk=load.pk).select_related("deployment", "revision"))
+    return [pool_policy.Held(
+        load_id=row.pk, team_id=row.deployment.team_id,
+        state=pool_policy.LOADED if row.state == PoolLoad.State.LOADED else pool_policy.LOADING,
+        charge=row.memory_bytes, last_used_at=row.last_used_at, loaded_at=row.loaded_at,
+        name=f"{row.deployment.name} r{row.revision.number}") for row in rows]
 
 
 def _over_budget(pool: Pool, load: PoolLoad, revision: Revision) -> str:
@@ -159,55 +160,31 @@ def _over_budget(pool: Pool, load: PoolLoad, revision: Revision) -> str:
     loaded, at what its models took when they last loaded in this pool (the agents' figures, ModelMemory under the
     pool's fingerprint) or, never measured there, at its artifacts' size times POOL_UNMEASURED_FACTOR, against the
     team's share and the pool's budget, so that one team cannot fill the pods' memory (the pod is OOM-killed with
-    every team's models in it) nor their repository emptyDir. Past either, idle revisions are evicted first (the
-    least recently used; _make_room), as in a local pool."""
+    every team's models in it) nor their repository emptyDir. The rule, and which idle revisions are evicted for
+    it, is deployments/pool_policy.py's, as in a local pool. An eviction is a conditional update of the victim's
+    row (a use recorded meanwhile keeps it, and the policy is asked again without it); its entry is marked
+    unloaded by sync_marks (the launch's, or the next periodic pass when a request woke the load)."""
     need = pools.cluster_charge(revision.spec, pool)
     PoolLoad.objects.filter(pk=load.pk).update(memory_bytes=need)
     team_id = revision.deployment.team_id
-    share = pools.team_share(pool)
-
-    def fits() -> bool:
-        return (_held(pool, load) + need <= pool.memory_budget_bytes
-                and _held(pool, load, team_id) + need <= share)
-
-    if fits() or _make_room(pool, load, team_id, need, fits):
-        return ""
-    used, mine = _held(pool, load), _held(pool, load, team_id)
-    what = (f"your team's share of it ({pools.format_bytes(share)}, POOL_TEAM_SHARE) has "
-            f"{pools.format_bytes(max(0, share - mine))} free" if mine + need > share else
-            f"it has {pools.format_bytes(max(0, pool.memory_budget_bytes - used))} free of its "
-            f"{pools.format_bytes(pool.memory_budget_bytes)} budget")
-    return (f"pool {pool.name!r} cannot take this revision: it counts {pools.format_bytes(need)} (what its models "
-            "took when they last loaded in this pool, or their size times POOL_UNMEASURED_FACTOR) and "
-            f"{what}: stop one of your deployments in it, choose a pool with room (GET /api/v1/pools/), or use "
-            "placement mode 'dedicated'")
-
-
-def _make_room(pool: Pool, load: PoolLoad, team_id: int, need: int, fits: Callable[[], bool]) -> bool:
-    """Evict idle revisions until the load fits; whether it does. The team's own revisions unused for
-    POOL_EVICTION_MIN_IDLE_SECONDS go first (least recently used first), then, for the budget only, other teams'
-    idle ones loaded POOL_EVICTION_MIN_RESIDENCY_SECONDS, so that one team's loads cannot churn the others out.
-    An eviction is a conditional update of the victim's row (a use recorded meanwhile keeps it); its entry is marked
-    unloaded by sync_marks (the launch's, or the next periodic pass when a request woke the load)."""
-    now = timezone.now()
-    idle = (PoolLoad.objects.filter(pool=pool, state=PoolLoad.State.LOADED,
-                                    last_used_at__lt=now - timedelta(seconds=settings.POOL_EVICTION_MIN_IDLE_SECONDS))
-            .exclude(pk=load.pk).order_by("last_used_at"))
-    own = list(idle.filter(deployment__team_id=team_id).select_related("deployment"))
-    others = list(idle.exclude(deployment__team_id=team_id).select_related("deployment").filter(
-        loaded_at__lt=now - timedelta(seconds=settings.POOL_EVICTION_MIN_RESIDENCY_SECONDS)))
-    for victim in own + others:
-        if fits():
-            return True
-        if victim in others and _held(pool, load, team_id) + need > pools.team_share(pool):
-            return False  # past the team's share: another team's idle models are never evicted for it
-        if PoolLoad.objects.filter(pk=victim.pk, state=PoolLoad.State.LOADED,
-                                   last_used_at=victim.last_used_at).update(
-                state=PoolLoad.State.UNLOADED,
-                message="evicted: the pool needed its memory for another model (least recently used first)"):
-            pool_events.evicted(victim.deployment, pool.name, (now - victim.last_used_at).total_seconds()
-                                if victim.last_used_at is not None else 0.0)
-    return fits()
+    budget, rules, now = pools.budget_of(pool), pools.eviction_rules(), timezone.now()
+    spared: set[int] = set()
+    while True:
+        held = _held(pool, load)
+        room = pool_policy.make_room(budget, held, team_id, need, now, rules, spared)
+        if not room.fits:
+            return pool_policy.refusal(budget, held, team_id, need)
+        if not room.evict:
+            return ""
+        for victim in sorted(PoolLoad.objects.filter(pk__in=room.evict).select_related("deployment"),
+                             key=lambda v: room.evict.index(v.pk)):
+            if PoolLoad.objects.filter(pk=victim.pk, state=PoolLoad.State.LOADED,
+                                       last_used_at=victim.last_used_at).update(
+                    state=PoolLoad.State.UNLOADED,
+                    message="evicted: the pool needed its memory for another model (least recently used first)"):
+                pool_events.evicted(victim.deployment, pool.name, (now - victim.last_used_at).total_seconds()
+                                    if victim.last_used_at is not None else 0.0)
+        spared.update(room.evict)
 
 
 def sync_marks(rt: KubernetesRuntime, kube: Kube, pool: Pool, namespace: str) -> None:

@@ -45,7 +45,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from deployments import events, local_env, pool_events, pools, pyenvs
+from deployments import events, local_env, pool_events, pool_policy, pools, pyenvs
 from deployments.models import Deployment, Event, ModelMemory, Pool, PoolLoad, PoolServer, Revision
 from deployments.render import render_repository
 from deployments.revision_spec import Resources, RevisionSpec
@@ -466,39 +466,37 @@ def _loaded_names(pool: Pool, server: PoolServer) -> set[str]:
     return names
 
 
+def _held(pool: Pool, load: PoolLoad) -> list[pool_policy.Held]:
+    """The pool's other loads as the policy counts them: a loaded one at what it was charged when it loaded, one
+    under way at what its attempt reserved (its models not loaded yet; nothing while no attempt runs)."""
+    rows = (PoolLoad.objects.filter(pool=pool, state__in=[PoolLoad.State.LOADING, PoolLoad.State.LOADED])
+            .exclude(pk=load.pk).select_related("deployment", "revision"))
+    return [pool_policy.Held(
+        load_id=row.pk, team_id=row.deployment.team_id,
+        state=pool_policy.LOADED if row.state == PoolLoad.State.LOADED else pool_policy.LOADING,
+        charge=row.memory_bytes if row.state == PoolLoad.State.LOADED else row.reserved_bytes,
+        last_used_at=row.last_used_at, loaded_at=row.loaded_at,
+        name=f"{row.deployment.name} r{row.revision.number}") for row in rows]
+
+
 def _make_room(pool: Pool, load: PoolLoad, need: int) -> None:
-    """Make `need` more bytes fit, within the team's share and the pool's budget, or PoolFull. The requesting
-    team's own idle revisions go first (least recently used first); another team's only once they have been
-    loaded POOL_EVICTION_MIN_RESIDENCY_SECONDS, so that one team's big loads cannot churn the others' out."""
+    """Make `need` more bytes fit, or PoolFull: the rule is deployments/pool_policy.py's (the cluster pool's too);
+    this unloads the idle victims it names, under the pool's lock."""
     team_id = load.deployment.team_id
-    now = timezone.now()
-    idle_before = now - timedelta(seconds=settings.POOL_EVICTION_MIN_IDLE_SECONDS)
-    idle = (PoolLoad.objects.filter(pool=pool, state=PoolLoad.State.LOADED, last_used_at__lt=idle_before)
-            .exclude(pk=load.pk).select_related("revision", "deployment", "server").order_by("last_used_at"))
-    own = idle.filter(deployment__team_id=team_id)
-    resident_before = now - timedelta(seconds=settings.POOL_EVICTION_MIN_RESIDENCY_SECONDS)
-    others = idle.exclude(deployment__team_id=team_id).filter(loaded_at__lt=resident_before)
-    share = pools.team_share(pool)
-    if need > min(share, pool.memory_budget_bytes):
-        # Never fits, whatever is evicted: nobody's idle models are unloaded for it.
-        raise PoolFull(_full_message(pool, load, need, pools.memory_used(pool)[0]))
-
-    def fits() -> bool:
-        return (pools.memory_used(pool, team_id, exclude=load.pk)[0] + need <= share
-                and pools.memory_used(pool, exclude=load.pk)[0] + need <= pool.memory_budget_bytes)
-
-    for victim in own:
-        if fits():
+    budget, rules, now = pools.budget_of(pool), pools.eviction_rules(), timezone.now()
+    spared: set[int] = set()
+    while True:
+        held = _held(pool, load)
+        room = pool_policy.make_room(budget, held, team_id, need, now, rules, spared)
+        if not room.fits:
+            raise PoolFull(pool_policy.refusal(budget, held, team_id, need))
+        if not room.evict:
             return
-        _evict(victim, pool, now)
-    if pools.memory_used(pool, team_id, exclude=load.pk)[0] + need > share:
-        raise PoolFull(_full_message(pool, load, need, pools.memory_used(pool, exclude=load.pk)[0]))
-    for victim in others:
-        if fits():
-            return
-        _evict(victim, pool, now)
-    if not fits():
-        raise PoolFull(_full_message(pool, load, need, pools.memory_used(pool, exclude=load.pk)[0]))
+        victims = PoolLoad.objects.filter(pk__in=room.evict, state=PoolLoad.State.LOADED) \
+            .select_related("revision", "deployment", "server")
+        for victim in sorted(victims, key=lambda v: room.evict.index(v.pk)):
+            _evict(victim, pool, now)
+        spared.update(room.evict)  # unloaded now, or not loaded any more: never named again
 
 
 def _evict(victim: PoolLoad, pool: Pool, now: datetime) -> None:
@@ -507,20 +505,9 @@ def _evict(victim: PoolLoad, pool: Pool, now: datetime) -> None:
     pool_events.evicted(victim.deployment, pool.name, unused)
 
 
-def _full_message(pool: Pool, load: PoolLoad, need: int, used: int) -> str:
-    """Why it does not fit, naming the team's own loaded deployments (never another team's)."""
-    team_id = load.deployment.team_id
-    mine = (PoolLoad.objects.filter(pool=pool, state=PoolLoad.State.LOADED, deployment__team_id=team_id)
-            .exclude(pk=load.pk).select_related("deployment", "revision"))
-    own = ", ".join(f"{m.deployment.name} r{m.revision.number} ({pools.format_bytes(m.memory_bytes)})" for m in mine)
-    mine_used = pools.memory_used(pool, team_id, exclude=load.pk)[0]
-    share = (f" (your team may use {pools.format_bytes(pools.team_share(pool))} of it, POOL_TEAM_SHARE, and uses "
-             f"{pools.format_bytes(mine_used)})" if pool.open_to_all else "")
-    return (f"pool {pool.name!r} has {pools.format_bytes(max(0, pool.memory_budget_bytes - used))} free of its "
-            f"{pools.format_bytes(pool.memory_budget_bytes)} budget{share} and this revision takes "
-            f"{pools.format_bytes(need)}: "
-            + (f"stop one of your deployments loaded in it ({own}), " if own else "")
-            + "choose a pool with room (GET /api/v1/pools/), or use placement mode 'dedicated'")
+def _full_message(pool: Pool, load: PoolLoad, need: int, head: str = "") -> str:
+    """Why it does not fit (deployments/pool_policy.py's words), naming the team's own loaded deployments."""
+    return pool_policy.refusal(pools.budget_of(pool), _held(pool, load), load.deployment.team_id, need, head)
 
 
 def load_revision(load_id: int, wait: bool | float = True) -> PoolLoad:
@@ -672,13 +659,11 @@ def _finish_load(pool: Pool, load: PoolLoad, server: PoolServer, loaded: _Loaded
     spec = load.revision.spec
     # Charged what each model may take (its limit); more only where nothing limits it.
     total = max(sum(reserved.values()), sum(loaded.measured.values()))
-    used, _ = pools.memory_used(pool, exclude=load.pk)
-    mine, _ = pools.memory_used(pool, load.deployment.team_id, exclude=load.pk)
-    if used + total > pool.memory_budget_bytes or mine + total > pools.team_share(pool):
+    if not pool_policy.fits(pools.budget_of(pool), _held(pool, load), load.deployment.team_id, total):
         for name in reversed(loaded.done):
             _admin(server, name, "unload", 30)
         _remember(spec, loaded.measured)
-        return _fail(load, _full_message(pool, load, total, used))
+        return _fail(load, _full_message(pool, load, total))
     _remember(spec, loaded.measured)
     now = timezone.now()
     PoolLoad.objects.filter(pk=load.pk).update(
@@ -707,9 +692,9 @@ def _load_again_with_more(load: PoolLoad, loaded: _Loaded) -> PoolLoad:
                            "that holds it")
     need = sum(after.values())
     pool = load.pool
-    if need > min(pools.team_share(pool), pool.memory_budget_bytes):
+    if pool_policy.never_fits(pools.budget_of(pool), need):
         # It would never fit (_make_room would refuse it): said now, not after an event promising another load.
-        return _fail(load, _needs_more(model, limit) + _full_message(pool, load, need, pools.memory_used(pool)[0]))
+        return _fail(load, _full_message(pool, load, need, _needs_more(model, limit)))
     reason = (f"{cause}: it is loaded again with {pools.format_bytes(after[model])}, if its team's share of the "
               f"pool has room ({pools.format_bytes(need)} for the revision)")
     if not PoolLoad.objects.filter(pk=load.pk, state=PoolLoad.State.LOADING).update(message=reason):
