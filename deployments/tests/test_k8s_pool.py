@@ -337,12 +337,13 @@ def test_the_pools_list_shows_the_share_class_and_its_isolation(alice: Person, g
 def test_the_health_check_renews_an_entrys_urls_at_half_life(
         alice: Person, digits: ModelVersion, kube: FakeKube, kube_runtime: None, gpu_pool: Pool, settings: Any,
         url_clock: Any) -> None:
+    from deployments.runtimes.kubernetes.pool_runtime import KubernetesPoolRuntime
     from deployments.runtimes.kubernetes.runtime import KubernetesRuntime
 
     deployment = tick(deploy(alice), kube)
     key = f"d{deployment.pk}-r1.json"
     first = loads(kube)[key]
-    runtime = KubernetesRuntime(now=url_clock)
+    runtime = KubernetesPoolRuntime(KubernetesRuntime(now=url_clock))
     launch = deployment.serving_launch
     assert launch is not None
     assert runtime.check(deployment, launch).ok

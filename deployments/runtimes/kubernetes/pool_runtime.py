@@ -1,7 +1,7 @@
 """Shared revisions on the Kubernetes runtime (issue 24): a pool's Triton Deployment, and its loads Secret.
 
-The reconciler's steps for a shared revision, called by KubernetesRuntime as the local runtime calls
-deployments/runtimes/local/pool.py:
+The reconciler's steps for a shared revision (KubernetesPoolRuntime, the pool launcher the registry puts beside
+KubernetesRuntime, whose connection and repositories it uses; runtimes/placed.py), as in a local pool:
 
 - prepare: the revision's models are rendered renamed `d<deployment>-r<revision>-<model>` (as in a local pool)
   and uploaded to S3 under the revision's prefix, with the manifest of their sizes and sha256;
@@ -22,7 +22,7 @@ import re
 import secrets
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
@@ -31,39 +31,28 @@ from deployments import logtail, pool_events, pool_policy, pools
 from deployments.models import Deployment, ModelMemory, Pool, PoolLoad, Revision
 from deployments.pool_models import SHARING_STRATEGIES, SHARING_STRATEGY_LABEL, GpuShare
 from deployments.revision_spec import RevisionSpec
-from deployments.runtimes.base import Health, Launch, Observation, RuntimeUnavailable
+from deployments.runtimes.base import (
+    POOL_REF_PREFIX,
+    PREPARED,
+    Health,
+    Launch,
+    Observation,
+    Preparation,
+    RuntimeUnavailable,
+    Wake,
+    is_pool_launch,
+)
 from deployments.runtimes.kubernetes import manifests, pool_agent, pool_manifests, pool_restarts, s3repo
 from deployments.runtimes.kubernetes import status as k8s_status
 from deployments.runtimes.kubernetes.config import KubernetesConfig, NamespaceRefused
 from deployments.runtimes.kubernetes.kube import Kube, KubeError, Unreachable, explain
+from deployments.runtimes.kubernetes.runtime import KubernetesRuntime
 
-
-class KubernetesRuntime(Protocol):
-    """What these steps use of deployments.runtimes.kubernetes.runtime.KubernetesRuntime (which calls them)."""
-
-    cfg: KubernetesConfig
-
-    def now(self) -> datetime: ...
-
-    def kube(self) -> Kube: ...
-
-    def upload(self, revision: Revision, spec: RevisionSpec) -> s3repo.RepositoryManifest: ...
-
-    def repository_key(self, revision: Revision) -> str: ...
-
-    def _unreachable(self, exc: Unreachable) -> RuntimeUnavailable: ...
-
-    def _ensure_namespace(self, kube: Kube, namespace: str, team: str) -> None: ...
-
-REF_PREFIX = "pool:"
+REF_PREFIX = POOL_REF_PREFIX
 AGENT_LOG_LINES = 200
 AGENT_LOG_BYTES = 256 * 1024
 MAX_SECRET_BYTES = 900 * 1024
 MAX_POOL_NAME = 63 - len("pool-") - len("-agent")  # the Service's name is a DNS label; the ConfigMap's the longest
-
-
-def is_pool_launch(launch: Launch) -> bool:
-    return isinstance(launch.ref, str) and launch.ref.startswith(REF_PREFIX)
 
 
 def target_for(pool: Pool, cfg: KubernetesConfig) -> pool_manifests.PoolTarget:
@@ -140,7 +129,7 @@ def launch(rt: KubernetesRuntime, revision: Revision) -> Launch:
         _set_entry(kube, target, namespace, revision_key(revision.deployment_id, revision.number),
                    _entry(rt, revision), idle=_idle_now(load.pk))
     except Unreachable as exc:
-        raise rt._unreachable(exc) from None
+        raise rt.unreachable(exc) from None
     return launch
 
 
@@ -212,7 +201,7 @@ def apply_pool(rt: KubernetesRuntime, kube: Kube, pool: Pool, namespace: str,
                   ("v1", "Secret", pool_manifests.loads_secret_name(target))]
         existing = check_ownership(kube, names, target, namespace)
         what = f"read or create the namespace {namespace}"
-        rt._ensure_namespace(kube, namespace, target.team or pool.name)
+        rt.ensure_namespace(kube, namespace, target.team or pool.name)
         if ("Secret", pool_manifests.admin_secret_name(target)) not in existing:
             what = f"create the admin key Secret of pool {pool.name!r}"
             kube.apply(pool_manifests.admin_secret(target, namespace, secrets.token_urlsafe(32)))
@@ -754,7 +743,7 @@ def _remove(rt: KubernetesRuntime, load: PoolLoad) -> None:
             _set_entry(rt.kube(), target_for(pool, rt.cfg), namespace,
                        revision_key(load.deployment_id, load.revision.number), None)
         except Unreachable as exc:
-            raise rt._unreachable(exc) from None
+            raise rt.unreachable(exc) from None
     PoolLoad.objects.filter(pk=load.pk).delete()
 
 
@@ -789,3 +778,90 @@ def retire(rt: KubernetesRuntime, deployment: Deployment, keep: Sequence[Launch]
 def stop(rt: KubernetesRuntime, deployment: Deployment) -> None:
     for load in _kubernetes_loads(deployment):
         _remove(rt, load)
+
+
+# --- The pool launcher (registry.py puts it behind one Runtime with KubernetesRuntime: runtimes/placed.py) --------
+
+
+class KubernetesPoolRuntime:
+    """The cluster's revisions placed in a pool, through `cluster`'s connection, S3 and clock."""
+
+    def __init__(self, cluster: KubernetesRuntime | None = None) -> None:
+        self.cluster = cluster or KubernetesRuntime()
+
+    @property
+    def ready_timeout_seconds(self) -> float:
+        return self.cluster.ready_timeout_seconds
+
+    @property
+    def poll_seconds(self) -> float:
+        return self.cluster.poll_seconds
+
+    def check_plan(self, spec: RevisionSpec) -> dict[str, list[str]]:
+        return self.cluster.check_plan(spec)
+
+    def prepare(self, revision: Revision) -> Preparation:
+        problems = self.cluster.cfg.problems()
+        if problems:
+            raise RuntimeUnavailable(" ".join(problems))
+        prepare(self.cluster, revision)
+        return PREPARED
+
+    def launch(self, revision: Revision) -> Launch:
+        return launch(self.cluster, revision)
+
+    def observe(self, launch: Launch) -> Observation:
+        return observe(self.cluster, launch)
+
+    def abandon(self, launch: Launch) -> None:
+        abandon(self.cluster, launch)
+
+    def check(self, deployment: Deployment, launch: Launch) -> Health:
+        problem = self.cluster.cfg.cluster_problem()
+        if problem:
+            return Health(False, problem)
+        return check(self.cluster, launch)
+
+    def retire(self, deployment: Deployment, keep: Sequence[Launch]) -> list[str]:
+        # What a shared revision left in S3 goes with the dedicated ones' (KubernetesRuntime.retire).
+        return [] if self.cluster.cfg.cluster_problem() else retire(self.cluster, deployment, keep)
+
+    def stop(self, deployment: Deployment) -> None:
+        if not self.cluster.cfg.cluster_problem():  # no cluster: nothing of it can be running
+            stop(self.cluster, deployment)
+
+    def teardown(self, deployment: Deployment) -> None:
+        self.stop(deployment)  # its entries in pools; a pool's own objects are never removed here
+
+    def logs(self, deployment: Deployment, lines: int, revision: Revision | None = None) -> str:
+        problem = self.cluster.cfg.cluster_problem()
+        if problem:
+            return f"No logs: {problem}\n"
+        revision = revision or deployment.serving_revision or deployment.revision
+        if revision is None:
+            return ""
+        try:
+            return logs(self.cluster, deployment, lines, revision)
+        except Unreachable as exc:
+            return f"No logs: {self.cluster.unreachable(exc)}\n"
+        except (KubeError, RuntimeUnavailable) as exc:
+            return f"No logs: {exc}\n"
+
+    def wake(self, load_id: int, wait_seconds: float) -> Wake:
+        """Ask for the load and wait for the worker to see it loaded: only the row changes here (the gateway holds
+        no Kubernetes credentials). It waits a second longer than `wait_seconds`, the held request's, so that the
+        hold's own wait normally answers first (503, Retry-After), the load going on."""
+        refusal = wake(load_id)
+        if refusal:
+            return Wake(failure=refusal)
+        loaded, failure = wait_loaded(load_id, wait_seconds + 1)
+        return Wake(failure=failure, loading=not loaded and not failure)
+
+    def unload_idle(self) -> list[str]:
+        if self.cluster.cfg.cluster_problem():
+            return []
+        # Idle entries marked unloaded, and revisions a held request woke loaded again.
+        return unload_idle(self.cluster)
+
+    def sweep_orphans(self) -> list[str]:
+        return []

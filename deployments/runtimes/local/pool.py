@@ -50,7 +50,17 @@ from deployments.models import Deployment, Event, ModelMemory, Pool, PoolLoad, P
 from deployments.render import render_repository
 from deployments.revision_spec import Resources, RevisionSpec
 from deployments.runtimes.artifacts import artifact_path
-from deployments.runtimes.base import Health, Launch, Observation, RuntimeUnavailable
+from deployments.runtimes.base import (
+    POOL_REF_PREFIX,
+    PREPARED,
+    Health,
+    Launch,
+    Observation,
+    Preparation,
+    RuntimeUnavailable,
+    Wake,
+    is_pool_launch,
+)
 from deployments.runtimes.local import confined, pool_memory, serverlog
 from deployments.runtimes.local import triton as local_triton
 from modelport.core.runtime_env import RuntimeEnvError
@@ -59,16 +69,12 @@ from models_registry.validation import archive_limits
 
 log = logging.getLogger(__name__)
 
-REF_PREFIX = "pool:"
+REF_PREFIX = POOL_REF_PREFIX
 LIVE_WAIT_SECONDS = 30.0
 
 
 class PoolFull(Exception):
     """A load that would pass the pool's budget; the message names what to unload or where to go."""
-
-
-def is_pool_launch(launch: Launch) -> bool:
-    return isinstance(launch.ref, str) and launch.ref.startswith(REF_PREFIX)
 
 
 def pool_dir(pool: Pool) -> Path:
@@ -954,3 +960,68 @@ def logs(deployment: Deployment, lines: int, revision: Revision) -> str:
     text = serverlog.tail_log(Path(server.log_path), 5000, **confined.log_limits())
     return "\n".join([line for line in text.split("\n")
                       if serverlog.is_triton_line(line) and mine.search(line)][-lines:])
+
+
+# --- The pool launcher (registry.py puts it behind one Runtime with LocalRuntime: runtimes/placed.py) -------------
+
+
+class LocalPoolRuntime:
+    """The local runtime's revisions placed in a pool: their models loaded into the pool's shared Triton."""
+
+    poll_seconds = 1.0
+
+    @property
+    def ready_timeout_seconds(self) -> float:
+        return float(settings.TRITON_READY_TIMEOUT_SECONDS)
+
+    def check_plan(self, spec: RevisionSpec) -> dict[str, list[str]]:
+        from deployments.runtimes.local.policy import plan_errors
+
+        return plan_errors(spec)
+
+    def prepare(self, revision: Revision) -> Preparation:
+        prepare(revision)
+        return PREPARED
+
+    def launch(self, revision: Revision) -> Launch:
+        try:
+            return launch(revision)
+        except RuntimeEnvError as exc:
+            raise RuntimeUnavailable(f"The local runtime cannot start Triton: {exc}") from None
+
+    def observe(self, launch: Launch) -> Observation:
+        return observe(launch)
+
+    def abandon(self, launch: Launch) -> None:
+        abandon(launch)
+
+    def check(self, deployment: Deployment, launch: Launch) -> Health:
+        return check(launch)
+
+    def retire(self, deployment: Deployment, keep: Sequence[Launch]) -> list[str]:
+        return retire(deployment, keep)
+
+    def stop(self, deployment: Deployment) -> None:
+        stop(deployment)
+
+    def teardown(self, deployment: Deployment) -> None:
+        teardown(deployment)
+
+    def logs(self, deployment: Deployment, lines: int, revision: Revision | None = None) -> str:
+        revision = revision or deployment.serving_revision or deployment.revision
+        return logs(deployment, lines, revision) if revision is not None else ""
+
+    def wake(self, load_id: int, wait_seconds: float) -> Wake:
+        """Load the revision again here (the gateway's load executor): the pool's lock and the team's are waited
+        for up to `wait_seconds`, another team's load never (load_revision)."""
+        try:
+            done = load_revision(load_id, wait=wait_seconds)
+        except PoolBusy:
+            return Wake(busy=True)
+        return Wake(failure="" if done.state == PoolLoad.State.LOADED else done.message)
+
+    def unload_idle(self) -> list[str]:
+        return unload_idle() + stop_empty_servers()
+
+    def sweep_orphans(self) -> list[str]:
+        return []  # a pool's Tritons are swept with the dedicated ones (LocalRuntime.sweep_orphans)
