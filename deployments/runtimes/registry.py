@@ -1,8 +1,9 @@
 """Which Runtime serves a deployment: a name (Deployment.runtime) to a factory.
 
 Each runtime is two launchers behind one Runtime (runtimes/placed.py): its dedicated servers and its pool launcher,
-chosen here once, so that neither forks on a revision's placement. The factories import their implementation when first called, so that importing the registry (the reconciler, the
-API) loads neither the Kubernetes client nor the sandbox; base.py, the protocol, imports no implementation at all.
+chosen here once, so that neither forks on a revision's placement. The factories import their implementation when
+first called, so that importing the registry (the reconciler, the API) loads neither the Kubernetes client nor the
+sandbox; base.py, the protocol, imports no implementation at all.
 Tests put a fake runtime in place with `monkeypatch.setitem(FACTORIES, "local", lambda: fake)`.
 """
 

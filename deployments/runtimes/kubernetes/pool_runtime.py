@@ -27,7 +27,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from deployments import logtail, pool_events, pool_policy, pools
+from deployments import logtail, pool_events, pool_names, pool_policy, pools
 from deployments.models import Deployment, ModelMemory, Pool, PoolLoad, Revision
 from deployments.pool_models import SHARING_STRATEGIES, SHARING_STRATEGY_LABEL, GpuShare
 from deployments.revision_spec import RevisionSpec
@@ -92,8 +92,7 @@ def _pool_of(revision: Revision) -> Pool:
     return pool
 
 
-def revision_key(deployment_id: int, revision_number: int) -> str:
-    return pools.name_prefix(deployment_id, revision_number).rstrip("-")
+revision_key = pool_names.revision_key
 
 
 # --- Preparing and launching --------------------------------------------------------------------------------------
@@ -102,8 +101,8 @@ def revision_key(deployment_id: int, revision_number: int) -> str:
 def prepare(rt: KubernetesRuntime, revision: Revision) -> None:
     """Render the revision's models renamed for the pool and upload them (idempotent)."""
     _pool_of(revision)
-    prefix = pools.name_prefix(revision.deployment_id, revision.number)
-    rt.upload(revision, pools.pooled_spec(revision.spec, prefix))
+    prefix = pool_names.name_prefix(revision.deployment_id, revision.number)
+    rt.upload(revision, pool_names.pooled_spec(revision.spec, prefix))
 
 
 def launch(rt: KubernetesRuntime, revision: Revision) -> Launch:
@@ -248,8 +247,8 @@ def _entry(rt: KubernetesRuntime, revision: Revision) -> dict[str, Any]:
     from botocore.exceptions import BotoCoreError, ClientError
 
     key = revision_key(revision.deployment_id, revision.number)
-    prefix = pools.name_prefix(revision.deployment_id, revision.number)
-    spec = pools.pooled_spec(revision.spec, prefix)
+    prefix = pool_names.name_prefix(revision.deployment_id, revision.number)
+    spec = pool_names.pooled_spec(revision.spec, prefix)
     cfg = rt.cfg
     s3_prefix = rt.repository_key(revision)
     try:
@@ -261,8 +260,8 @@ def _entry(rt: KubernetesRuntime, revision: Revision) -> dict[str, Any]:
                                  f"(bucket {cfg.s3_bucket!r}): {exc}") from None
     expires_at = (rt.now() + timedelta(seconds=cfg.repository_url_seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
     limits = {prefix + name: limit for name, limit in pools.process_limits(revision.spec, _pool_of(revision)).items()}
-    return pool_manifests.load_entry(key, pools.load_order(revision.spec, prefix), files, list(repository.directories),
-                                     expires_at, memory_limits=limits)
+    return pool_manifests.load_entry(key, pool_names.load_order(revision.spec, prefix), files,
+                                     list(repository.directories), expires_at, memory_limits=limits)
 
 
 def _idle_now(load_id: int) -> Callable[[], bool]:
@@ -670,15 +669,13 @@ def wait_loaded(load_id: int, seconds: float, poll: float = 0.25) -> tuple[bool,
 # --- A shared deployment's log -------------------------------------------------------------------------------------
 
 MAX_LOG_PODS = 3
-_POOL_NAME_RE = re.compile(r"(?<![A-Za-z0-9_-])d([0-9]{1,12})-r[0-9]{1,9}(?![0-9])")
 
 
 def _only_mine(line: str, deployment_id: int) -> bool:
     """Whether the line names this deployment's revisions or models and no other deployment's: a line of Triton's
     or the agent's about another team's model may quote what that team chose (an error, a tensor name), and so
     name this deployment's models to put words in its log."""
-    named = {int(found) for found in _POOL_NAME_RE.findall(line)}
-    return named == {deployment_id}
+    return pool_names.deployments_named(line) == {deployment_id}
 
 
 def shared_log_lines(agent_text: str, triton_text: str, deployment_id: int) -> list[str]:

@@ -28,7 +28,6 @@ import fcntl
 import json
 import logging
 import os
-import re
 import shutil
 import socket
 import time
@@ -45,7 +44,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from deployments import events, local_env, pool_events, pool_policy, pools, pyenvs
+from deployments import events, local_env, pool_events, pool_names, pool_policy, pools, pyenvs
 from deployments.models import Deployment, Event, ModelMemory, Pool, PoolLoad, PoolServer, Revision
 from deployments.render import render_repository
 from deployments.revision_spec import Resources, RevisionSpec
@@ -129,13 +128,13 @@ def _flock(path: Path, wait: bool | float, busy: str) -> Iterator[None]:
 
 # --- Names ---------------------------------------------------------------------------------------------------------
 
-# The renaming is the runtimes' common ground (deployments/pools.py): the Kubernetes pool renames alike.
-pooled_spec = pools.pooled_spec
-load_order = pools.load_order
+# The renaming is the runtimes' common ground (deployments/pool_names.py): the Kubernetes pool renames alike.
+pooled_spec = pool_names.pooled_spec
+load_order = pool_names.load_order
 
 
 def _prefix(load: PoolLoad) -> str:
-    return pools.name_prefix(load.deployment_id, load.revision.number)
+    return pool_names.name_prefix(load.deployment_id, load.revision.number)
 
 
 # --- Files ---------------------------------------------------------------------------------------------------------
@@ -144,11 +143,12 @@ def _prefix(load: PoolLoad) -> str:
 def prepare(revision: Revision) -> None:
     """Render the revision's models into its pool's repository (idempotent)."""
     pool = Pool.objects.get(name=revision.spec.placement.pool)
-    prefix = pools.name_prefix(revision.deployment_id, revision.number)
-    marker = pool_dir(pool) / "rendered" / prefix.rstrip("-")
+    prefix = pool_names.name_prefix(revision.deployment_id, revision.number)
+    key = pool_names.revision_key(revision.deployment_id, revision.number)
+    marker = pool_dir(pool) / "rendered" / key
     if marker.exists():
         return
-    staging = pool_dir(pool) / "staging" / prefix.rstrip("-")
+    staging = pool_dir(pool) / "staging" / key
     shutil.rmtree(staging, ignore_errors=True)
     spec = pooled_spec(revision.spec, prefix)
     render_repository(spec.repository(lambda entry: artifact_path(entry.sha256)), "local", staging / "repository",
@@ -168,7 +168,7 @@ def prepare(revision: Revision) -> None:
 
 def remove_files(pool: Pool, deployment_id: int, revision_number: int | None = None) -> None:
     """Remove a revision's (or, with None, every revision's) models of a deployment from the pool's repository."""
-    pattern = re.compile(rf"^d{deployment_id}-r{revision_number if revision_number is not None else r'[0-9]+'}-")
+    pattern = pool_names.files_of(deployment_id, revision_number)
     for directory in (repository(pool), pool_dir(pool) / "rendered"):
         if not directory.is_dir():
             continue
@@ -956,7 +956,7 @@ def logs(deployment: Deployment, lines: int, revision: Revision) -> str:
     server = PoolServer.objects.filter(pool__name=spec.placement.pool).order_by("-started_at").first()
     if server is None:
         return ""
-    mine = re.compile(rf"(?<![A-Za-z0-9_-]){re.escape(pools.name_prefix(deployment.pk, revision.number))}")
+    mine = pool_names.names_in(pool_names.name_prefix(deployment.pk, revision.number))
     text = serverlog.tail_log(Path(server.log_path), 5000, **confined.log_limits())
     return "\n".join([line for line in text.split("\n")
                       if serverlog.is_triton_line(line) and mine.search(line)][-lines:])
