@@ -132,9 +132,9 @@ def reconcile_all() -> int:
 @shared_task
 def refresh_repository_access() -> int:
     """Periodic: renew the presigned URLs that Triton's pods on Kubernetes fetch their repository with."""
-    from deployments.runtimes.kubernetes.runtime import refresh_repository_access as refresh
+    from deployments.runtimes.registry import runtimes
 
-    return refresh()
+    return sum(runtime.refresh_access() for runtime in runtimes())
 
 
 @shared_task

@@ -129,6 +129,10 @@ class Runtime(Protocol):
     def sweep_orphans(self) -> list[str]:
         """Periodic: stop the servers this runtime started that no row knows any more; a line per server."""
 
+    def refresh_access(self) -> int:
+        """Periodic: renew what its servers fetch their repositories with before it expires (a cluster's presigned
+        URLs); how many were renewed."""
+
 
 # --- Shared pools (issue 32) ------------------------------------------------------------------------------------
 # A runtime serves a revision placed in a pool through its pool launcher, and a dedicated one through its own

@@ -80,3 +80,6 @@ class Placed:
 
     def sweep_orphans(self) -> list[str]:
         return self.pooled.sweep_orphans() + self.dedicated.sweep_orphans()
+
+    def refresh_access(self) -> int:
+        return self.pooled.refresh_access() + self.dedicated.refresh_access()

@@ -177,3 +177,7 @@ class FakeRuntime:
     def sweep_orphans(self) -> list[str]:
         self._call("sweep_orphans")
         return []
+
+    def refresh_access(self) -> int:
+        self._call("refresh_access")
+        return 0

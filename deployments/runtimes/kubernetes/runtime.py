@@ -669,6 +669,9 @@ class KubernetesRuntime:
     def sweep_orphans(self) -> list[str]:
         return []  # what a deployment leaves on the cluster is removed by its retire and teardown
 
+    def refresh_access(self) -> int:
+        return refresh_repository_access(self)
+
 
 def _pod_log(kube: Kube, namespace: str, pod: str, container: str, lines: int, max_bytes: int, *,
              previous: bool = False) -> str:
@@ -679,11 +682,11 @@ def _pod_log(kube: Kube, namespace: str, pod: str, container: str, lines: int, m
     return logtail.tail_text(data, lines, max_bytes=max_bytes, line_max=settings.LOG_LINE_MAX_BYTES)
 
 
-def refresh_repository_access() -> int:
-    """Periodic (Celery beat): renew the presigned URLs of every running Kubernetes deployment, failed ones
-    included (a failed rollout leaves the previous revision serving, and its pods may restart). Returns how many
-    access Secrets were renewed."""
-    runtime = KubernetesRuntime()
+def refresh_repository_access(runtime: KubernetesRuntime | None = None) -> int:
+    """Periodic (Celery beat, through Runtime.refresh_access): renew the presigned URLs of every running Kubernetes
+    deployment, failed ones included (a failed rollout leaves the previous revision serving, and its pods may
+    restart). Returns how many access Secrets were renewed."""
+    runtime = runtime or KubernetesRuntime()
     if runtime.cfg.cluster_problem() or runtime.cfg.s3_problem():
         return 0
     renewed = 0

@@ -1025,3 +1025,6 @@ class LocalPoolRuntime:
 
     def sweep_orphans(self) -> list[str]:
         return []  # a pool's Tritons are swept with the dedicated ones (LocalRuntime.sweep_orphans)
+
+    def refresh_access(self) -> int:
+        return 0

@@ -271,3 +271,6 @@ class LocalRuntime:
     def sweep_orphans(self) -> list[str]:
         """The Tritons of this var/ no row knows, dedicated and pools' alike (local/sweeps.py)."""
         return sweeps.sweep_orphans()
+
+    def refresh_access(self) -> int:
+        return 0  # its servers read their repositories from this machine's disk
