@@ -192,7 +192,7 @@ def placement(person: Any, mode: str, count: int, args: argparse.Namespace, work
 
 
 def _served_name(deployment: Any, index: int) -> str:
-    from deployments.pools import name_prefix
+    from deployments.pool_names import name_prefix
 
     spec = deployment.serving_revision.spec
     return (name_prefix(deployment.pk, deployment.serving_revision.number)

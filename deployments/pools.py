@@ -1,7 +1,8 @@
 """Shared servers (issue 24): which pools a team may use, who may share a process, and what fits.
 
 Plain rules over the rows of deployments/pool_models.py; the local runtime's pool servers are in
-deployments/runtimes/local/pool.py. A pool open to every team runs only what cannot execute code (ONNX, whose
+deployments/runtimes/local/pool.py, the names of a revision's models in a pool in deployments/pool_names.py, and
+what fits in deployments/pool_policy.py. A pool open to every team runs only what cannot execute code (ONNX, whose
 operator domains inspection has checked are onnxruntime's own, and pipelines of such models); python models,
 TorchScript and SavedModels may share a process only with their own team's models (docs/security.md).
 """
@@ -11,16 +12,17 @@ from __future__ import annotations
 import hashlib
 import math
 import platform
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db.models import Q, Sum
 
 from accounts.models import Team
+from deployments import pool_policy
 from deployments.pool_models import SHARED_POOL, ModelMemory, Pool, PoolLoad
-from deployments.revision_spec import ModelEntry, RevisionSpec
+from deployments.pool_policy import format_bytes as format_bytes
+from deployments.revision_spec import RevisionSpec
 from modelport.core import formats
-from modelport.core.definitions import PipelineDefinition
 from modelport.core.quantity import parse_quantity
 from models_registry.models import ModelVersion
 
@@ -48,35 +50,6 @@ def pool_for(team: Team, name: str) -> Pool | None:
     if name == SHARED_POOL:
         shared_pool()
     return Pool.objects.filter(Q(team__isnull=True) | Q(team=team), name=name).first()
-
-
-def loaded_name(deployment_id: int, revision_number: int, model: str) -> str:
-    """The model's name inside a pool's Triton: unique to the deployment and revision, so that two teams' `digits`
-    never collide, and a rollout loads the new revision beside the old."""
-    return f"{name_prefix(deployment_id, revision_number)}{model}"
-
-
-def name_prefix(deployment_id: int, revision_number: int) -> str:
-    return f"d{deployment_id}-r{revision_number}-"
-
-
-def pooled_spec(spec: RevisionSpec, prefix: str) -> RevisionSpec:
-    """`spec` with every model (and every ensemble step it names) renamed with `prefix`."""
-    return replace(spec, models=tuple(_renamed(entry, prefix) for entry in spec.models))
-
-
-def _renamed(entry: ModelEntry, prefix: str) -> ModelEntry:
-    definition = entry.definition
-    if isinstance(definition, PipelineDefinition):
-        definition = replace(definition, steps=tuple(replace(step, model=prefix + step.model)
-                                                     for step in definition.steps))
-    return replace(entry, name=prefix + entry.name, definition=definition)
-
-
-def load_order(spec: RevisionSpec, prefix: str) -> list[str]:
-    """The pool names of the revision's models, steps before the pipelines that use them."""
-    plain = sorted(prefix + m.name for m in spec.models if not m.is_pipeline)
-    return plain + sorted(prefix + m.name for m in spec.models if m.is_pipeline)
 
 
 def fingerprint(pool: Pool | None = None) -> str:
@@ -248,8 +221,15 @@ def cluster_charge(spec: RevisionSpec, pool: Pool) -> int:
     return sum(limit * counts[name] for name, limit in process_limits(spec, pool).items())
 
 
-def format_bytes(value: int) -> str:
-    return f"{value / 2**20:.0f} MiB"
+def budget_of(pool: Pool) -> pool_policy.Budget:
+    """The pool's budget and a team's share of it, as the policy (deployments/pool_policy.py) counts them."""
+    return pool_policy.Budget(pool=pool.name, budget_bytes=pool.memory_budget_bytes, team_share_bytes=team_share(pool),
+                              open_to_all=pool.open_to_all)
+
+
+def eviction_rules() -> pool_policy.Eviction:
+    return pool_policy.Eviction(min_idle_seconds=settings.POOL_EVICTION_MIN_IDLE_SECONDS,
+                                min_residency_seconds=settings.POOL_EVICTION_MIN_RESIDENCY_SECONDS)
 
 
 def quantity_bytes(text: str) -> int:

@@ -132,32 +132,26 @@ def reconcile_all() -> int:
 @shared_task
 def refresh_repository_access() -> int:
     """Periodic: renew the presigned URLs that Triton's pods on Kubernetes fetch their repository with."""
-    from deployments.runtimes.kubernetes.runtime import refresh_repository_access as refresh
+    from deployments.runtimes.registry import runtimes
 
-    return refresh()
+    return sum(runtime.refresh_access() for runtime in runtimes())
 
 
 @shared_task
 def sweep_orphan_servers() -> int:
-    """Periodic: stop local Tritons of this var/ that the database does not know (see runtimes.local.sweeps)."""
-    from deployments.runtimes.local.sweeps import sweep_orphans
+    """Periodic: stop the servers each runtime started that no row knows (a local Triton of this var/ a worker
+    spawned just before it died, say)."""
+    from deployments.runtimes.registry import runtimes
 
-    return len(sweep_orphans())
+    return sum(len(runtime.sweep_orphans()) for runtime in runtimes())
 
 
 @shared_task
 def unload_idle_pool_models() -> int:
-    """Periodic: unload the pool models unused for their idle_unload_seconds (deployments/runtimes/local/pool.py,
-    and on a cluster deployments/runtimes/kubernetes/pool_runtime.py); the next request loads them again. Then stop
-    the pool Tritons that have had no deployment's models for POOL_EMPTY_SERVER_STOP_SECONDS. Returns how many
-    revisions were unloaded or loaded again and servers stopped."""
-    from deployments.runtimes.kubernetes.pool_runtime import unload_idle as unload_idle_on_clusters
-    from deployments.runtimes.kubernetes.runtime import KubernetesRuntime
-    from deployments.runtimes.local.pool import stop_empty_servers, unload_idle
+    """Periodic: in each runtime's pools, unload the models unused for their idle_unload_seconds (the next request
+    loads them again), load those a held request woke, and stop the pool servers that have had no deployment's
+    models for POOL_EMPTY_SERVER_STOP_SECONDS. Returns how many revisions were unloaded or loaded again and servers
+    stopped."""
+    from deployments.runtimes.registry import runtimes
 
-    done = len(unload_idle()) + len(stop_empty_servers())
-    runtime = KubernetesRuntime()
-    if not runtime.cfg.cluster_problem():
-        # Cluster pools: idle entries marked unloaded, and revisions a held request woke loaded again.
-        done += len(unload_idle_on_clusters(runtime))
-    return done
+    return sum(len(runtime.unload_idle()) for runtime in runtimes())

@@ -287,7 +287,7 @@ def _pooled(deployment_id: int,
     query, only when shared). A shared revision whose load row is missing is still pooled (load_id None): the
     gateway must never take it for a dedicated one, whose requests go to the upstream unmapped."""
     from deployments.models import PoolLoad
-    from deployments.pools import name_prefix
+    from deployments.pool_names import name_prefix
 
     shared = {pk: number for pk, number, spec in revisions
               if pk is not None and number is not None and spec is not None and spec.placement.shared}

@@ -77,40 +77,27 @@ class ColdStarts:
 
 
 def _load_in_pool(load_id: int) -> tuple[bool, str]:
-    """Load a pool revision (deployments/runtimes/local/pool.py) in the load executor: (busy: the pool's lock was
-    held, "" when loaded, else why not). A cluster pool's revision is asked for (its row) and waited for while the
-    worker has its pods' agents load it (deployments/runtimes/kubernetes/pool_runtime.py)."""
+    """Wake a pool revision through its pool's runtime (Runtime.wake: a local pool loads it here, a cluster pool's
+    row is asked for and waited for while the worker has its pods' agents load it), in the load executor: (busy:
+    the pool was busy with another load, "" when loaded, else why not)."""
     from django.db import close_old_connections
 
-    from deployments.models import Pool, PoolLoad
-    from deployments.runtimes.local.pool import PoolBusy, load_revision
+    from deployments.models import PoolLoad
+    from deployments.runtimes.registry import runtime_named
 
     close_old_connections()
     try:
-        if PoolLoad.objects.filter(pk=load_id, pool__runtime=Pool.Runtime.KUBERNETES).exists():
-            return False, _wake_on_cluster(load_id)
-        # The pool's lock is held only for short steps now, and the team's while its other load runs: both are
-        # waited for within the hold's wait, another team's load never (deployments/runtimes/local/pool.py).
-        done = load_revision(load_id, wait=settings.POOL_COLD_START_WAIT_SECONDS)
-    except PoolBusy:
-        return True, ""
+        runtime = PoolLoad.objects.filter(pk=load_id).values_list("pool__runtime", flat=True).first()
+        if runtime is None:
+            return False, "its models are no longer in the pool"
+        # A local pool's lock is held only for short steps, and the team's while its other load runs: both are
+        # waited for within the hold's wait, another team's load never.
+        woke = runtime_named(runtime).wake(load_id, settings.POOL_COLD_START_WAIT_SECONDS)
     except Exception as exc:  # the runtime cannot act (no runtime env, a Triton that will not start)
         log.warning("cold start of pool load %s failed: %s", load_id, exc)
         return False, str(exc)
     finally:
         close_old_connections()
-    return False, "" if done.state == "loaded" else done.message
-
-
-def _wake_on_cluster(load_id: int) -> str:
-    """"" once loaded, else why not. It waits a second longer than the held request, so that the hold's own wait
-    normally answers first (503, Retry-After), the load going on: the worker's next passes finish it."""
-    from deployments.runtimes.kubernetes.pool_runtime import wait_loaded, wake
-
-    refusal = wake(load_id)
-    if refusal:
-        return refusal
-    loaded, failure = wait_loaded(load_id, settings.POOL_COLD_START_WAIT_SECONDS + 1)
-    if not loaded and not failure:
-        return "it is still loading in its pool (it was idle); retry in a few seconds"
-    return failure
+    if woke.loading:
+        return False, "it is still loading in its pool (it was idle); retry in a few seconds"
+    return woke.busy, woke.failure

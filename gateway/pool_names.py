@@ -3,7 +3,9 @@
 answers back (`model_name` of an inference, `name` of metadata and config, a config's ensemble steps, statistics),
 so that a caller sees what a dedicated deployment shows and nothing of the pool's other models.
 
-Plain functions over bytes: the HTTP gateway (gateway/app.py) and the gRPC one call them.
+Plain functions over bytes: the HTTP gateway (gateway/app.py) and the gRPC one call them. The names themselves, how
+they are made and taken off, are deployments/pool_names.py's (the runtimes' pools load the models under them); here
+is only where they sit in Triton's answers, over HTTP and gRPC.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from deployments import pool_names
 from gateway import grpc_protocol
 from gateway.protocol import Endpoint
 
@@ -96,14 +99,14 @@ def rewrite_response(endpoint: Endpoint, body: bytes, header_length: int | None,
 
 
 def _strip(name: Any, prefix: str) -> Any:
-    return name.removeprefix(prefix) if isinstance(name, str) else name
+    return pool_names.own_name(name, prefix) if isinstance(name, str) else name
 
 
 def _renamed(endpoint: Endpoint, data: Any, prefix: str) -> Any:
     if not isinstance(data, dict):
         return data
     if isinstance(data.get("error"), str):
-        data["error"] = data["error"].replace(prefix, "")
+        data["error"] = pool_names.without_names(data["error"], prefix)
     if endpoint.kind == "infer" and "model_name" in data:
         data["model_name"] = _strip(data["model_name"], prefix)
     if endpoint.kind in ("model", "config") and "name" in data:
@@ -166,7 +169,7 @@ def grpc_response(kind: str, response: bytes, prefix: str) -> bytes:
 def grpc_stream_response(response: bytes, deployment_id: int) -> bytes:
     """A ModelStreamInferResponse from the pool: one stream may carry the serving and the canary revision's
     answers (both in the same Triton), so any of this deployment's revision prefixes is taken off."""
-    pattern = re.compile(rb"d%d-r[0-9]+-" % deployment_id)
+    pattern = pool_names.any_revision(deployment_id)
 
     def strip(name: bytes) -> bytes:
         return pattern.sub(b"", name, count=1) if pattern.match(name) else name
@@ -179,7 +182,7 @@ def grpc_stream_response(response: bytes, deployment_id: int) -> bytes:
 
 def grpc_message(details: str, prefix: str) -> str:
     """Triton's error message with the user's names."""
-    return details.replace(prefix, "")
+    return pool_names.without_names(details, prefix)
 
 
 def _stripper(prefix: str) -> Callable[[bytes], bytes]:

@@ -115,3 +115,41 @@ class Runtime(Protocol):
     def logs(self, deployment: Deployment, lines: int, revision: Revision | None = None) -> str:
         """The tail of the Triton log of `revision` (deployments/log_revision.py chooses; None: the serving
         revision's, or the one being launched before any serves)."""
+
+    # --- Shared pools: waking and idle unloading (issue 32; deployments/runtimes/placed.py) ------------------------
+
+    def wake(self, load_id: int, wait_seconds: float) -> Wake:
+        """A request arrived for a shared revision unloaded while idle (its PoolLoad `load_id`): load it again,
+        waiting at most about `wait_seconds` (the gateway's load executor calls this, never an event loop)."""
+
+    def unload_idle(self) -> list[str]:
+        """Periodic: unload the pool models unused for their idle time, finish the loads requests woke, stop pool
+        servers left empty; a line per thing done."""
+
+    def sweep_orphans(self) -> list[str]:
+        """Periodic: stop the servers this runtime started that no row knows any more; a line per server."""
+
+    def refresh_access(self) -> int:
+        """Periodic: renew what its servers fetch their repositories with before it expires (a cluster's presigned
+        URLs); how many were renewed."""
+
+
+# --- Shared pools (issue 32) ------------------------------------------------------------------------------------
+# A runtime serves a revision placed in a pool through its pool launcher, and a dedicated one through its own
+# (runtimes/placed.py puts the two behind one Runtime); a launch in a pool says so in its ref.
+
+POOL_REF_PREFIX = "pool:"
+
+
+def is_pool_launch(launch: Launch) -> bool:
+    return isinstance(launch.ref, str) and launch.ref.startswith(POOL_REF_PREFIX)
+
+
+@dataclass(frozen=True)
+class Wake:
+    """How a wake went: `busy`, the pool was busy loading something else (retry shortly); `failure`, why it did not
+    load ("" when it is loaded, or when it is still loading with nothing gone wrong: `loading`)."""
+
+    busy: bool = False
+    failure: str = ""
+    loading: bool = False

@@ -1,7 +1,9 @@
 """Which Runtime serves a deployment: a name (Deployment.runtime) to a factory.
 
-The factories import their implementation when first called, so that importing the registry (the reconciler, the
-API) loads neither the Kubernetes client nor the sandbox; base.py, the protocol, imports no implementation at all.
+Each runtime is two launchers behind one Runtime (runtimes/placed.py): its dedicated servers and its pool launcher,
+chosen here once, so that neither forks on a revision's placement. The factories import their implementation when
+first called, so that importing the registry (the reconciler, the API) loads neither the Kubernetes client nor the
+sandbox; base.py, the protocol, imports no implementation at all.
 Tests put a fake runtime in place with `monkeypatch.setitem(FACTORIES, "local", lambda: fake)`.
 """
 
@@ -11,18 +13,22 @@ from collections.abc import Callable
 
 from deployments.models import Deployment
 from deployments.runtimes.base import Runtime
+from deployments.runtimes.placed import Placed
 
 
 def _local() -> Runtime:
+    from deployments.runtimes.local.pool import LocalPoolRuntime
     from deployments.runtimes.local.runtime import LocalRuntime
 
-    return LocalRuntime()
+    return Placed(LocalRuntime(), LocalPoolRuntime())
 
 
 def _kubernetes() -> Runtime:
+    from deployments.runtimes.kubernetes.pool_runtime import KubernetesPoolRuntime
     from deployments.runtimes.kubernetes.runtime import KubernetesRuntime
 
-    return KubernetesRuntime()
+    cluster = KubernetesRuntime()
+    return Placed(cluster, KubernetesPoolRuntime(cluster))
 
 
 FACTORIES: dict[str, Callable[[], Runtime]] = {
@@ -41,3 +47,8 @@ def runtime_named(name: str) -> Runtime:
 
 def runtime_for(deployment: Deployment) -> Runtime:
     return runtime_named(deployment.runtime)
+
+
+def runtimes() -> list[Runtime]:
+    """Every runtime, for the periodic passes (idle unloads, orphan sweeps)."""
+    return [runtime_named(name) for name in FACTORIES]

@@ -21,6 +21,7 @@ from deployments.runtimes.base import (
     Preparation,
     PreparationFailed,
     RuntimeUnavailable,
+    Wake,
 )
 
 State = Literal["starting", "ready", "dead", "stopped"]
@@ -164,3 +165,19 @@ class FakeRuntime:
 
     def logs(self, deployment: Deployment, lines: int) -> str:
         return ""
+
+    def wake(self, load_id: int, wait_seconds: float) -> Wake:
+        self._call(f"wake {load_id}")
+        return Wake(failure="the fake runtime loads nothing into a pool")
+
+    def unload_idle(self) -> list[str]:
+        self._call("unload_idle")
+        return []
+
+    def sweep_orphans(self) -> list[str]:
+        self._call("sweep_orphans")
+        return []
+
+    def refresh_access(self) -> int:
+        self._call("refresh_access")
+        return 0

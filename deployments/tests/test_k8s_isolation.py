@@ -26,7 +26,9 @@ from deployments.models import Deployment, Pool, Revision
 from deployments.runtimes.base import Launch, RuntimeUnavailable
 from deployments.runtimes.kubernetes import manifests
 from deployments.runtimes.kubernetes.config import KubernetesConfig
+from deployments.runtimes.kubernetes.pool_runtime import KubernetesPoolRuntime
 from deployments.runtimes.kubernetes.runtime import KubernetesRuntime
+from deployments.runtimes.placed import Placed
 from deployments.tests import fake_kube
 from deployments.tests.conftest import UrlClock, make_ready_version
 from deployments.tests.fake_kube import FakeKube
@@ -311,10 +313,11 @@ def whole_life(alice: Person, kube: FakeKube, runtime: KubernetesRuntime, url_cl
     Pool.objects.create(name="own", runtime=Pool.Runtime.KUBERNETES, memory_budget_bytes=2**30, team=alice.team,
                         min_replicas=2, max_replicas=3)
     shared = create(alice, name="digits-shared", placement={"mode": "shared", "pool": "own"})
-    pooled = runtime.launch(shared.revision)  # type: ignore[arg-type]
-    assert runtime.observe(pooled).state == "starting"  # no agent has said it loaded yet
-    runtime.check(shared, pooled)
-    runtime.teardown(shared)
+    placed = Placed(runtime, KubernetesPoolRuntime(runtime))  # as the registry puts them: its pool launcher beside
+    pooled = placed.launch(shared.revision)  # type: ignore[arg-type]
+    assert placed.observe(pooled).state == "starting"  # no agent has said it loaded yet
+    placed.check(shared, pooled)
+    placed.teardown(shared)
     # The team's quota objects stay: they hold the team's other deployments too; and so does the team's pool.
     assert not [p for p in kube.objects if f"/namespaces/{NS}/" in p and "/pods/" not in p
                 and not p.endswith(f"/{manifests.QUOTA_NAME}") and "/pool-own" not in p]

@@ -337,12 +337,13 @@ def test_the_pools_list_shows_the_share_class_and_its_isolation(alice: Person, g
 def test_the_health_check_renews_an_entrys_urls_at_half_life(
         alice: Person, digits: ModelVersion, kube: FakeKube, kube_runtime: None, gpu_pool: Pool, settings: Any,
         url_clock: Any) -> None:
+    from deployments.runtimes.kubernetes.pool_runtime import KubernetesPoolRuntime
     from deployments.runtimes.kubernetes.runtime import KubernetesRuntime
 
     deployment = tick(deploy(alice), kube)
     key = f"d{deployment.pk}-r1.json"
     first = loads(kube)[key]
-    runtime = KubernetesRuntime(now=url_clock)
+    runtime = KubernetesPoolRuntime(KubernetesRuntime(now=url_clock))
     launch = deployment.serving_launch
     assert launch is not None
     assert runtime.check(deployment, launch).ok
@@ -467,6 +468,7 @@ def test_a_cluster_revision_unused_for_its_idle_time_is_marked_unloaded_for_the_
     from django.utils import timezone
 
     from deployments.runtimes.kubernetes.runtime import KubernetesRuntime
+    from deployments.runtimes.registry import runtime_for
 
     deployment, load = idle_deployment(alice, kube)
     key = f"d{deployment.pk}-r1"
@@ -493,7 +495,7 @@ def test_a_cluster_revision_unused_for_its_idle_time_is_marked_unloaded_for_the_
     agents_report(kube)
     # Idle is healthy (the next request loads it), and a renewal of its URLs keeps the mark.
     row = Deployment.objects.get(pk=deployment.pk)
-    assert row.serving_launch is not None and runtime.check(row, row.serving_launch).ok
+    assert row.serving_launch is not None and runtime_for(row).check(row, row.serving_launch).ok
     assert loads(kube)[f"{key}.json"]["unloaded"] is True
 
 
@@ -538,8 +540,9 @@ def test_a_woken_revision_the_agent_refuses_fails_and_the_held_request_hears_why
         settings: Any) -> None:
     from django.utils import timezone
 
+    from deployments.runtimes.base import Wake
     from deployments.runtimes.kubernetes.runtime import KubernetesRuntime
-    from gateway.cold_start import _wake_on_cluster
+    from deployments.runtimes.registry import runtime_for
 
     deployment, load = idle_deployment(alice, kube)
     key = f"d{deployment.pk}-r1"
@@ -549,13 +552,14 @@ def test_a_woken_revision_the_agent_refuses_fails_and_the_held_request_hears_why
     agents_report(kube)
     settings.POOL_COLD_START_WAIT_SECONDS = 0
     # Past the wait the held request hears that it is still loading; the load goes on for the retry.
-    assert _wake_on_cluster(load.pk) == "it is still loading in its pool (it was idle); retry in a few seconds"
+    # (the gateway's cold start wakes it through the interface, gateway/cold_start.py, and says so)
+    assert runtime_for(deployment).wake(load.pk, 0) == Wake(loading=True)
     pool_runtime.unload_idle(runtime)
     agents_report(kube, failed={key: f"model '{key}-digits' failed to load: out of memory"})
     pool_runtime.unload_idle(runtime)
     load.refresh_from_db()
     assert load.state == PoolLoad.State.FAILED and "out of memory" in load.message and key not in load.message
-    assert _wake_on_cluster(load.pk) == load.message
+    assert runtime_for(deployment).wake(load.pk, 0) == Wake(failure=load.message)
 
 
 @pytest.mark.kube
@@ -573,6 +577,28 @@ def test_a_wake_past_the_teams_share_is_refused_without_asking_the_agents(
     assert "cannot take this revision" in refusal
     assert PoolLoad.objects.get(pk=load.pk).state == PoolLoad.State.UNLOADED
     assert loads(kube)[f"d{deployment.pk}-r1.json"]["unloaded"] is True
+
+
+@pytest.mark.kube
+def test_a_wake_that_could_never_fit_evicts_none_of_the_teams_idle_revisions(
+        alice: Person, digits: ModelVersion, kube: FakeKube, kube_runtime: None, gpu_pool: Pool) -> None:
+    """The rule of a local pool (deployments/pool_policy.py, both runtimes'): a revision that needs more than its
+    team's share or the pool's budget is refused before anything is evicted. The cluster pool's own rule used to
+    unload the team's idle revisions one by one first, and then refuse it all the same."""
+    from django.utils import timezone
+
+    deployment, load = idle_deployment(alice, kube)
+    other = tick(deploy(alice, "other"), kube)
+    assert other.status == Deployment.Status.READY, other.status_message
+    idle = PoolLoad.objects.get(deployment=other)
+    PoolLoad.objects.filter(pk=load.pk).update(state=PoolLoad.State.UNLOADED)
+    PoolLoad.objects.filter(pk=idle.pk).update(last_used_at=timezone.now() - timedelta(seconds=600),
+                                               loaded_at=timezone.now() - timedelta(seconds=3600))
+    Pool.objects.filter(pk=gpu_pool.pk).update(memory_budget_bytes=idle.memory_bytes - 1)
+    refusal = pool_runtime.wake(load.pk)
+    assert "cannot take this revision" in refusal
+    assert PoolLoad.objects.get(pk=idle.pk).state == PoolLoad.State.LOADED
+    assert not other.events.filter(reason="pool.evicted").exists()
 
 
 # --- Measured memory ----------------------------------------------------------------------------------------------

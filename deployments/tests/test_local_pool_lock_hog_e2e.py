@@ -58,7 +58,7 @@ def idle_unloaded(*names: str) -> None:
 def loading_in_triton(load: PoolLoad) -> bool:
     """Whether the pool's Triton has begun loading the revision (its log's line), whatever the portal's rows say."""
     server = PoolServer.objects.get(state=PoolServer.State.RUNNING)
-    prefix = local_pool.pools.name_prefix(load.deployment_id, load.revision.number)
+    prefix = local_pool.pool_names.name_prefix(load.deployment_id, load.revision.number)
     return f"loading: {prefix}digits" in Path(server.log_path).read_text(errors="replace")
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from conftest import Person
 from deployments.models import Deployment, ModelMemory, Pool, PoolLoad
-from deployments.pools import fingerprint, loaded_name
+from deployments.pool_names import loaded_name
+from deployments.pools import fingerprint
 from deployments.revision_spec import RevisionSpec
 from deployments.tests.conftest import make_ready_version
 from models_registry.tests.pipeline_versions import ready_version
@@ -492,7 +493,7 @@ def test_the_pools_list_names_none_of_another_teams_models_or_deployments_in_a_p
 
 
 def test_a_pooled_pipeline_calls_its_steps_by_their_pooled_names() -> None:
-    from deployments import pools
+    from deployments import pool_names
     from deployments.model_entry import ModelEntry
     from deployments.revision_spec import RevisionSpec
     from modelport.core.definitions import EnsembleStep, PipelineDefinition
@@ -503,11 +504,11 @@ def test_a_pooled_pipeline_calls_its_steps_by_their_pooled_names() -> None:
         ModelEntry(name="digits", version=1, format="onnx", signature=Signature()),
         ModelEntry(name="pipe", version=1, format="ensemble", signature=Signature(),
                    definition=PipelineDefinition(signature=Signature(), steps=(step,)))))
-    pooled = pools.pooled_spec(spec, "t7-")
+    pooled = pool_names.pooled_spec(spec, "t7-")
     assert pooled.model_names == ("t7-digits", "t7-pipe")
     assert pooled.models[1].step_references == (("t7-digits", 1),)
     assert spec.models[1].step_references == (("digits", 1),)  # the revision's own spec is untouched
-    assert pools.load_order(spec, "t7-") == ["t7-digits", "t7-pipe"]
+    assert pool_names.load_order(spec, "t7-") == ["t7-digits", "t7-pipe"]
 
 
 def test_the_sweep_of_unused_model_cgroups_keeps_those_of_another_teams_load_under_way(

@@ -27,7 +27,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from deployments import events, pools
+from deployments import events, pool_names, pools
 from deployments.models import Event, Pool, PoolLoad, PoolPod
 from deployments.runtimes.kubernetes import manifests, pool_agent, pool_manifests
 from deployments.runtimes.kubernetes.kube import Kube, KubeError
@@ -178,7 +178,7 @@ def _claim(row: PoolPod, pool: Pool, count: int, *, gone: bool, message: str) ->
 
 
 def _key(load: PoolLoad) -> str:
-    return pools.name_prefix(load.deployment_id, load.revision.number).rstrip("-")
+    return pool_names.revision_key(load.deployment_id, load.revision.number)
 
 
 def _back_in_every_pod(row: PoolPod, statuses: Statuses) -> set[int]:

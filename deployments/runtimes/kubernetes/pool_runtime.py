@@ -1,7 +1,7 @@
 """Shared revisions on the Kubernetes runtime (issue 24): a pool's Triton Deployment, and its loads Secret.
 
-The reconciler's steps for a shared revision, called by KubernetesRuntime as the local runtime calls
-deployments/runtimes/local/pool.py:
+The reconciler's steps for a shared revision (KubernetesPoolRuntime, the pool launcher the registry puts beside
+KubernetesRuntime, whose connection and repositories it uses; runtimes/placed.py), as in a local pool:
 
 - prepare: the revision's models are rendered renamed `d<deployment>-r<revision>-<model>` (as in a local pool)
   and uploaded to S3 under the revision's prefix, with the manifest of their sizes and sha256;
@@ -22,49 +22,37 @@ import re
 import secrets
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from django.conf import settings
-from django.db.models import Sum
 from django.utils import timezone
 
-from deployments import logtail, pool_events, pools
+from deployments import logtail, pool_events, pool_names, pool_policy, pools
 from deployments.models import Deployment, ModelMemory, Pool, PoolLoad, Revision
 from deployments.pool_models import SHARING_STRATEGIES, SHARING_STRATEGY_LABEL, GpuShare
 from deployments.revision_spec import RevisionSpec
-from deployments.runtimes.base import Health, Launch, Observation, RuntimeUnavailable
+from deployments.runtimes.base import (
+    POOL_REF_PREFIX,
+    PREPARED,
+    Health,
+    Launch,
+    Observation,
+    Preparation,
+    RuntimeUnavailable,
+    Wake,
+    is_pool_launch,
+)
 from deployments.runtimes.kubernetes import manifests, pool_agent, pool_manifests, pool_restarts, s3repo
 from deployments.runtimes.kubernetes import status as k8s_status
 from deployments.runtimes.kubernetes.config import KubernetesConfig, NamespaceRefused
 from deployments.runtimes.kubernetes.kube import Kube, KubeError, Unreachable, explain
+from deployments.runtimes.kubernetes.runtime import KubernetesRuntime
 
-
-class KubernetesRuntime(Protocol):
-    """What these steps use of deployments.runtimes.kubernetes.runtime.KubernetesRuntime (which calls them)."""
-
-    cfg: KubernetesConfig
-
-    def now(self) -> datetime: ...
-
-    def kube(self) -> Kube: ...
-
-    def upload(self, revision: Revision, spec: RevisionSpec) -> s3repo.RepositoryManifest: ...
-
-    def repository_key(self, revision: Revision) -> str: ...
-
-    def _unreachable(self, exc: Unreachable) -> RuntimeUnavailable: ...
-
-    def _ensure_namespace(self, kube: Kube, namespace: str, team: str) -> None: ...
-
-REF_PREFIX = "pool:"
+REF_PREFIX = POOL_REF_PREFIX
 AGENT_LOG_LINES = 200
 AGENT_LOG_BYTES = 256 * 1024
 MAX_SECRET_BYTES = 900 * 1024
 MAX_POOL_NAME = 63 - len("pool-") - len("-agent")  # the Service's name is a DNS label; the ConfigMap's the longest
-
-
-def is_pool_launch(launch: Launch) -> bool:
-    return isinstance(launch.ref, str) and launch.ref.startswith(REF_PREFIX)
 
 
 def target_for(pool: Pool, cfg: KubernetesConfig) -> pool_manifests.PoolTarget:
@@ -104,8 +92,7 @@ def _pool_of(revision: Revision) -> Pool:
     return pool
 
 
-def revision_key(deployment_id: int, revision_number: int) -> str:
-    return pools.name_prefix(deployment_id, revision_number).rstrip("-")
+revision_key = pool_names.revision_key
 
 
 # --- Preparing and launching --------------------------------------------------------------------------------------
@@ -114,8 +101,8 @@ def revision_key(deployment_id: int, revision_number: int) -> str:
 def prepare(rt: KubernetesRuntime, revision: Revision) -> None:
     """Render the revision's models renamed for the pool and upload them (idempotent)."""
     _pool_of(revision)
-    prefix = pools.name_prefix(revision.deployment_id, revision.number)
-    rt.upload(revision, pools.pooled_spec(revision.spec, prefix))
+    prefix = pool_names.name_prefix(revision.deployment_id, revision.number)
+    rt.upload(revision, pool_names.pooled_spec(revision.spec, prefix))
 
 
 def launch(rt: KubernetesRuntime, revision: Revision) -> Launch:
@@ -141,17 +128,19 @@ def launch(rt: KubernetesRuntime, revision: Revision) -> Launch:
         _set_entry(kube, target, namespace, revision_key(revision.deployment_id, revision.number),
                    _entry(rt, revision), idle=_idle_now(load.pk))
     except Unreachable as exc:
-        raise rt._unreachable(exc) from None
+        raise rt.unreachable(exc) from None
     return launch
 
 
-def _held(pool: Pool, load: PoolLoad, team_id: int | None = None) -> int:
-    """What the pool's other loading and loaded revisions count (with team_id: that team's only)."""
-    held = (PoolLoad.objects.filter(pool=pool, state__in=[PoolLoad.State.LOADING, PoolLoad.State.LOADED])
-            .exclude(pk=load.pk))
-    if team_id is not None:
-        held = held.filter(deployment__team_id=team_id)
-    return int(held.aggregate(total=Sum("memory_bytes"))["total"] or 0)
+def _held(pool: Pool, load: PoolLoad) -> list[pool_policy.Held]:
+    """The pool's other loading and loaded revisions, each at what its models' process limits add up to."""
+    rows = (PoolLoad.objects.filter(pool=pool, state__in=[PoolLoad.State.LOADING, PoolLoad.State.LOADED])
+            .exclude(pk=load.pk).select_related("deployment", "revision"))
+    return [pool_policy.Held(
+        load_id=row.pk, team_id=row.deployment.team_id,
+        state=pool_policy.LOADED if row.state == PoolLoad.State.LOADED else pool_policy.LOADING,
+        charge=row.memory_bytes, last_used_at=row.last_used_at, loaded_at=row.loaded_at,
+        name=f"{row.deployment.name} r{row.revision.number}") for row in rows]
 
 
 def _over_budget(pool: Pool, load: PoolLoad, revision: Revision) -> str:
@@ -159,55 +148,31 @@ def _over_budget(pool: Pool, load: PoolLoad, revision: Revision) -> str:
     loaded, at what its models took when they last loaded in this pool (the agents' figures, ModelMemory under the
     pool's fingerprint) or, never measured there, at its artifacts' size times POOL_UNMEASURED_FACTOR, against the
     team's share and the pool's budget, so that one team cannot fill the pods' memory (the pod is OOM-killed with
-    every team's models in it) nor their repository emptyDir. Past either, idle revisions are evicted first (the
-    least recently used; _make_room), as in a local pool."""
+    every team's models in it) nor their repository emptyDir. The rule, and which idle revisions are evicted for
+    it, is deployments/pool_policy.py's, as in a local pool. An eviction is a conditional update of the victim's
+    row (a use recorded meanwhile keeps it, and the policy is asked again without it); its entry is marked
+    unloaded by sync_marks (the launch's, or the next periodic pass when a request woke the load)."""
     need = pools.cluster_charge(revision.spec, pool)
     PoolLoad.objects.filter(pk=load.pk).update(memory_bytes=need)
     team_id = revision.deployment.team_id
-    share = pools.team_share(pool)
-
-    def fits() -> bool:
-        return (_held(pool, load) + need <= pool.memory_budget_bytes
-                and _held(pool, load, team_id) + need <= share)
-
-    if fits() or _make_room(pool, load, team_id, need, fits):
-        return ""
-    used, mine = _held(pool, load), _held(pool, load, team_id)
-    what = (f"your team's share of it ({pools.format_bytes(share)}, POOL_TEAM_SHARE) has "
-            f"{pools.format_bytes(max(0, share - mine))} free" if mine + need > share else
-            f"it has {pools.format_bytes(max(0, pool.memory_budget_bytes - used))} free of its "
-            f"{pools.format_bytes(pool.memory_budget_bytes)} budget")
-    return (f"pool {pool.name!r} cannot take this revision: it counts {pools.format_bytes(need)} (what its models "
-            "took when they last loaded in this pool, or their size times POOL_UNMEASURED_FACTOR) and "
-            f"{what}: stop one of your deployments in it, choose a pool with room (GET /api/v1/pools/), or use "
-            "placement mode 'dedicated'")
-
-
-def _make_room(pool: Pool, load: PoolLoad, team_id: int, need: int, fits: Callable[[], bool]) -> bool:
-    """Evict idle revisions until the load fits; whether it does. The team's own revisions unused for
-    POOL_EVICTION_MIN_IDLE_SECONDS go first (least recently used first), then, for the budget only, other teams'
-    idle ones loaded POOL_EVICTION_MIN_RESIDENCY_SECONDS, so that one team's loads cannot churn the others out.
-    An eviction is a conditional update of the victim's row (a use recorded meanwhile keeps it); its entry is marked
-    unloaded by sync_marks (the launch's, or the next periodic pass when a request woke the load)."""
-    now = timezone.now()
-    idle = (PoolLoad.objects.filter(pool=pool, state=PoolLoad.State.LOADED,
-                                    last_used_at__lt=now - timedelta(seconds=settings.POOL_EVICTION_MIN_IDLE_SECONDS))
-            .exclude(pk=load.pk).order_by("last_used_at"))
-    own = list(idle.filter(deployment__team_id=team_id).select_related("deployment"))
-    others = list(idle.exclude(deployment__team_id=team_id).select_related("deployment").filter(
-        loaded_at__lt=now - timedelta(seconds=settings.POOL_EVICTION_MIN_RESIDENCY_SECONDS)))
-    for victim in own + others:
-        if fits():
-            return True
-        if victim in others and _held(pool, load, team_id) + need > pools.team_share(pool):
-            return False  # past the team's share: another team's idle models are never evicted for it
-        if PoolLoad.objects.filter(pk=victim.pk, state=PoolLoad.State.LOADED,
-                                   last_used_at=victim.last_used_at).update(
-                state=PoolLoad.State.UNLOADED,
-                message="evicted: the pool needed its memory for another model (least recently used first)"):
-            pool_events.evicted(victim.deployment, pool.name, (now - victim.last_used_at).total_seconds()
-                                if victim.last_used_at is not None else 0.0)
-    return fits()
+    budget, rules, now = pools.budget_of(pool), pools.eviction_rules(), timezone.now()
+    spared: set[int] = set()
+    while True:
+        held = _held(pool, load)
+        room = pool_policy.make_room(budget, held, team_id, need, now, rules, spared)
+        if not room.fits:
+            return pool_policy.refusal(budget, held, team_id, need)
+        if not room.evict:
+            return ""
+        for victim in sorted(PoolLoad.objects.filter(pk__in=room.evict).select_related("deployment"),
+                             key=lambda v: room.evict.index(v.pk)):
+            if PoolLoad.objects.filter(pk=victim.pk, state=PoolLoad.State.LOADED,
+                                       last_used_at=victim.last_used_at).update(
+                    state=PoolLoad.State.UNLOADED,
+                    message="evicted: the pool needed its memory for another model (least recently used first)"):
+                pool_events.evicted(victim.deployment, pool.name, (now - victim.last_used_at).total_seconds()
+                                    if victim.last_used_at is not None else 0.0)
+        spared.update(room.evict)
 
 
 def sync_marks(rt: KubernetesRuntime, kube: Kube, pool: Pool, namespace: str) -> None:
@@ -235,7 +200,7 @@ def apply_pool(rt: KubernetesRuntime, kube: Kube, pool: Pool, namespace: str,
                   ("v1", "Secret", pool_manifests.loads_secret_name(target))]
         existing = check_ownership(kube, names, target, namespace)
         what = f"read or create the namespace {namespace}"
-        rt._ensure_namespace(kube, namespace, target.team or pool.name)
+        rt.ensure_namespace(kube, namespace, target.team or pool.name)
         if ("Secret", pool_manifests.admin_secret_name(target)) not in existing:
             what = f"create the admin key Secret of pool {pool.name!r}"
             kube.apply(pool_manifests.admin_secret(target, namespace, secrets.token_urlsafe(32)))
@@ -282,8 +247,8 @@ def _entry(rt: KubernetesRuntime, revision: Revision) -> dict[str, Any]:
     from botocore.exceptions import BotoCoreError, ClientError
 
     key = revision_key(revision.deployment_id, revision.number)
-    prefix = pools.name_prefix(revision.deployment_id, revision.number)
-    spec = pools.pooled_spec(revision.spec, prefix)
+    prefix = pool_names.name_prefix(revision.deployment_id, revision.number)
+    spec = pool_names.pooled_spec(revision.spec, prefix)
     cfg = rt.cfg
     s3_prefix = rt.repository_key(revision)
     try:
@@ -295,8 +260,8 @@ def _entry(rt: KubernetesRuntime, revision: Revision) -> dict[str, Any]:
                                  f"(bucket {cfg.s3_bucket!r}): {exc}") from None
     expires_at = (rt.now() + timedelta(seconds=cfg.repository_url_seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
     limits = {prefix + name: limit for name, limit in pools.process_limits(revision.spec, _pool_of(revision)).items()}
-    return pool_manifests.load_entry(key, pools.load_order(revision.spec, prefix), files, list(repository.directories),
-                                     expires_at, memory_limits=limits)
+    return pool_manifests.load_entry(key, pool_names.load_order(revision.spec, prefix), files,
+                                     list(repository.directories), expires_at, memory_limits=limits)
 
 
 def _idle_now(load_id: int) -> Callable[[], bool]:
@@ -704,15 +669,13 @@ def wait_loaded(load_id: int, seconds: float, poll: float = 0.25) -> tuple[bool,
 # --- A shared deployment's log -------------------------------------------------------------------------------------
 
 MAX_LOG_PODS = 3
-_POOL_NAME_RE = re.compile(r"(?<![A-Za-z0-9_-])d([0-9]{1,12})-r[0-9]{1,9}(?![0-9])")
 
 
 def _only_mine(line: str, deployment_id: int) -> bool:
     """Whether the line names this deployment's revisions or models and no other deployment's: a line of Triton's
     or the agent's about another team's model may quote what that team chose (an error, a tensor name), and so
     name this deployment's models to put words in its log."""
-    named = {int(found) for found in _POOL_NAME_RE.findall(line)}
-    return named == {deployment_id}
+    return pool_names.deployments_named(line) == {deployment_id}
 
 
 def shared_log_lines(agent_text: str, triton_text: str, deployment_id: int) -> list[str]:
@@ -777,7 +740,7 @@ def _remove(rt: KubernetesRuntime, load: PoolLoad) -> None:
             _set_entry(rt.kube(), target_for(pool, rt.cfg), namespace,
                        revision_key(load.deployment_id, load.revision.number), None)
         except Unreachable as exc:
-            raise rt._unreachable(exc) from None
+            raise rt.unreachable(exc) from None
     PoolLoad.objects.filter(pk=load.pk).delete()
 
 
@@ -812,3 +775,93 @@ def retire(rt: KubernetesRuntime, deployment: Deployment, keep: Sequence[Launch]
 def stop(rt: KubernetesRuntime, deployment: Deployment) -> None:
     for load in _kubernetes_loads(deployment):
         _remove(rt, load)
+
+
+# --- The pool launcher (registry.py puts it behind one Runtime with KubernetesRuntime: runtimes/placed.py) --------
+
+
+class KubernetesPoolRuntime:
+    """The cluster's revisions placed in a pool, through `cluster`'s connection, S3 and clock."""
+
+    def __init__(self, cluster: KubernetesRuntime | None = None) -> None:
+        self.cluster = cluster or KubernetesRuntime()
+
+    @property
+    def ready_timeout_seconds(self) -> float:
+        return self.cluster.ready_timeout_seconds
+
+    @property
+    def poll_seconds(self) -> float:
+        return self.cluster.poll_seconds
+
+    def check_plan(self, spec: RevisionSpec) -> dict[str, list[str]]:
+        return self.cluster.check_plan(spec)
+
+    def prepare(self, revision: Revision) -> Preparation:
+        problems = self.cluster.cfg.problems()
+        if problems:
+            raise RuntimeUnavailable(" ".join(problems))
+        prepare(self.cluster, revision)
+        return PREPARED
+
+    def launch(self, revision: Revision) -> Launch:
+        return launch(self.cluster, revision)
+
+    def observe(self, launch: Launch) -> Observation:
+        return observe(self.cluster, launch)
+
+    def abandon(self, launch: Launch) -> None:
+        abandon(self.cluster, launch)
+
+    def check(self, deployment: Deployment, launch: Launch) -> Health:
+        problem = self.cluster.cfg.cluster_problem()
+        if problem:
+            return Health(False, problem)
+        return check(self.cluster, launch)
+
+    def retire(self, deployment: Deployment, keep: Sequence[Launch]) -> list[str]:
+        # What a shared revision left in S3 goes with the dedicated ones' (KubernetesRuntime.retire).
+        return [] if self.cluster.cfg.cluster_problem() else retire(self.cluster, deployment, keep)
+
+    def stop(self, deployment: Deployment) -> None:
+        if not self.cluster.cfg.cluster_problem():  # no cluster: nothing of it can be running
+            stop(self.cluster, deployment)
+
+    def teardown(self, deployment: Deployment) -> None:
+        self.stop(deployment)  # its entries in pools; a pool's own objects are never removed here
+
+    def logs(self, deployment: Deployment, lines: int, revision: Revision | None = None) -> str:
+        problem = self.cluster.cfg.cluster_problem()
+        if problem:
+            return f"No logs: {problem}\n"
+        revision = revision or deployment.serving_revision or deployment.revision
+        if revision is None:
+            return ""
+        try:
+            return logs(self.cluster, deployment, lines, revision)
+        except Unreachable as exc:
+            return f"No logs: {self.cluster.unreachable(exc)}\n"
+        except (KubeError, RuntimeUnavailable) as exc:
+            return f"No logs: {exc}\n"
+
+    def wake(self, load_id: int, wait_seconds: float) -> Wake:
+        """Ask for the load and wait for the worker to see it loaded: only the row changes here (the gateway holds
+        no Kubernetes credentials). It waits a second longer than `wait_seconds`, the held request's, so that the
+        hold's own wait normally answers first (503, Retry-After), the load going on."""
+        refusal = wake(load_id)
+        if refusal:
+            return Wake(failure=refusal)
+        loaded, failure = wait_loaded(load_id, wait_seconds + 1)
+        return Wake(failure=failure, loading=not loaded and not failure)
+
+    def unload_idle(self) -> list[str]:
+        if self.cluster.cfg.cluster_problem():
+            return []
+        # Idle entries marked unloaded, and revisions a held request woke loaded again.
+        return unload_idle(self.cluster)
+
+    def sweep_orphans(self) -> list[str]:
+        return []
+
+    def refresh_access(self) -> int:
+        return 0  # a pool entry's URLs are renewed at half-life by its revision's health check (check)

@@ -30,8 +30,8 @@ from deployments.models import Deployment, Revision
 from deployments.render import RenderError, render_repository
 from deployments.revision_spec import RevisionSpec
 from deployments.runtimes.artifacts import artifact_path
-from deployments.runtimes.base import PREPARED, Health, Launch, Observation, Preparation, RuntimeUnavailable
-from deployments.runtimes.kubernetes import manifests, pool_runtime, s3repo
+from deployments.runtimes.base import PREPARED, Health, Launch, Observation, Preparation, RuntimeUnavailable, Wake
+from deployments.runtimes.kubernetes import manifests, s3repo
 from deployments.runtimes.kubernetes import status as k8s_status
 from deployments.runtimes.kubernetes.config import KubernetesConfig, NamespaceRefused
 from deployments.runtimes.kubernetes.kube import ConfigError, Kube, KubeError, Unreachable, explain
@@ -149,6 +149,9 @@ def _parse_iso(value: Any) -> datetime | None:
 
 
 class KubernetesRuntime:
+    """Dedicated revisions on a cluster, and the cluster's connection and repositories, which the pool launcher
+    (pool_runtime.KubernetesPoolRuntime; runtimes/placed.py) uses too."""
+
     poll_seconds = POLL_SECONDS
 
     def __init__(self, cfg: KubernetesConfig | None = None, now: Callable[[], datetime] = timezone.now) -> None:
@@ -174,7 +177,7 @@ class KubernetesRuntime:
                 raise RuntimeUnavailable(f"{exc}. Set KUBECONFIG to a working kubeconfig file.") from None
         return self._kube
 
-    def _unreachable(self, exc: Unreachable) -> RuntimeUnavailable:
+    def unreachable(self, exc: Unreachable) -> RuntimeUnavailable:
         return RuntimeUnavailable(
             f"The Kubernetes API server is not reachable ({exc}): check that the cluster is up and that KUBECONFIG "
             "(or the in-cluster service account) points at it.")
@@ -195,9 +198,6 @@ class KubernetesRuntime:
         problems = self.cfg.problems()
         if problems:
             raise RuntimeUnavailable(" ".join(problems))
-        if revision.spec.placement.shared:
-            pool_runtime.prepare(self, revision)
-            return PREPARED
         target = target_for(revision, self.cfg)
         errors = manifests.check(target, self.cfg)
         if errors:
@@ -285,8 +285,6 @@ class KubernetesRuntime:
         return secret
 
     def launch(self, revision: Revision) -> Launch:
-        if revision.spec.placement.shared:
-            return pool_runtime.launch(self, revision)
         kube = self.kube()
         deployment = revision.deployment
         namespace = self._namespace(deployment)
@@ -294,7 +292,7 @@ class KubernetesRuntime:
         try:
             applied = self._apply(kube, revision, namespace, target)
         except Unreachable as exc:
-            raise self._unreachable(exc) from None
+            raise self.unreachable(exc) from None
         replicas = applied["spec"].get("replicas", target.replicas)
         return Launch(
             revision_id=revision.pk,
@@ -322,7 +320,7 @@ class KubernetesRuntime:
                        *((obj["apiVersion"], obj["kind"], obj["metadata"]["name"]) for obj in objects[1:])],
                 target, namespace)
             what = f"read or create the namespace {namespace}"
-            self._ensure_namespace(kube, namespace, target.team)
+            self.ensure_namespace(kube, namespace, target.team)
             what = f"apply the ResourceQuota and LimitRange of the namespace {namespace}"
             for obj in manifests.ceiling_objects(namespace, target.team, team_ceilings(revision.deployment.team)):
                 kube.apply(obj)
@@ -384,7 +382,7 @@ class KubernetesRuntime:
             existing[kind] = found
         return existing
 
-    def _ensure_namespace(self, kube: Kube, namespace: str, team: str) -> None:
+    def ensure_namespace(self, kube: Kube, namespace: str, team: str) -> None:
         try:
             exists = kube.get("v1", "Namespace", None, namespace) is not None
         except KubeError as exc:
@@ -401,8 +399,6 @@ class KubernetesRuntime:
         kube.apply(manifests.namespace_object(namespace))
 
     def observe(self, launch: Launch) -> Observation:
-        if pool_runtime.is_pool_launch(launch):
-            return pool_runtime.observe(self, launch)
         revision = Revision.objects.select_related("deployment__team").get(pk=launch.revision_id)
         namespace, name = str(launch.ref).split("/", 1)
         selector = manifests.revision_selector(revision.deployment.team.name, name, revision.number)
@@ -443,8 +439,6 @@ class KubernetesRuntime:
 
     def abandon(self, launch: Launch) -> None:
         """The revision did not become ready: go back to the serving revision, or scale to zero."""
-        if pool_runtime.is_pool_launch(launch):
-            return pool_runtime.abandon(self, launch)
         revision = Revision.objects.select_related("deployment__team", "deployment__serving_revision").get(
             pk=launch.revision_id)
         deployment = Deployment.objects.select_related("team", "serving_revision").get(pk=revision.deployment_id)
@@ -465,8 +459,6 @@ class KubernetesRuntime:
         problem = self.cfg.cluster_problem()
         if problem:
             return Health(False, problem)
-        if pool_runtime.is_pool_launch(launch):
-            return pool_runtime.check(self, launch)
         namespace = self._namespace(deployment)
         name = _instance_of(launch) or deployment.name
         try:
@@ -515,7 +507,6 @@ class KubernetesRuntime:
         messages: list[str] = []
         team = deployment.team.name
         if not self.cfg.cluster_problem():
-            messages += pool_runtime.retire(self, deployment, keep)
             namespace = self._namespace(deployment)
             try:
                 kube = self.kube()
@@ -554,7 +545,6 @@ class KubernetesRuntime:
     def stop(self, deployment: Deployment) -> None:
         if self.cfg.cluster_problem():
             return  # no cluster: nothing of it can be running
-        pool_runtime.stop(self, deployment)
         for instance in instances(deployment):  # its own Deployment and its canary's
             try:
                 # Unchecked: a refused namespace still gets the team's own objects (found by label) stopped.
@@ -563,14 +553,13 @@ class KubernetesRuntime:
                 if exc.status != 404:
                     raise RuntimeUnavailable(explain(exc, f"scale {instance} to zero")) from None
             except Unreachable as exc:
-                raise self._unreachable(exc) from None
+                raise self.unreachable(exc) from None
 
     def teardown(self, deployment: Deployment) -> None:
         """Delete every object labelled for the deployment, then its repositories in S3."""
         team, namespace = deployment.team.name, self.cfg.team_namespace(deployment.team.name)  # unchecked, as stop
         if not self.cfg.cluster_problem():
             selector = manifests.managed_selector(team, deployment.name)
-            pool_runtime.stop(self, deployment)  # its entries in pools; a pool's own objects are never removed here
             try:
                 kube = self.kube()
                 for api_version, kind in MANAGED_KINDS:
@@ -580,7 +569,7 @@ class KubernetesRuntime:
                 if exc.status != 404:  # 404: the namespace is gone, and everything with it
                     raise RuntimeUnavailable(explain(exc, f"delete the objects of {deployment.name}")) from None
             except Unreachable as exc:
-                raise self._unreachable(exc) from None
+                raise self.unreachable(exc) from None
         if self.cfg.s3_configured:
             from botocore.exceptions import BotoCoreError, ClientError
 
@@ -634,7 +623,7 @@ class KubernetesRuntime:
             what = f"renew the access Secrets of {namespace}/{deployment.name}"
             raise RuntimeUnavailable(explain(exc, what)) from None
         except Unreachable as exc:
-            raise self._unreachable(exc) from None
+            raise self.unreachable(exc) from None
         return renewed
 
     def logs(self, deployment: Deployment, lines: int, revision: Revision | None = None) -> str:
@@ -645,8 +634,6 @@ class KubernetesRuntime:
         if revision is None:
             return ""
         try:
-            if revision.spec.placement.shared:
-                return pool_runtime.logs(self, deployment, lines, revision)
             namespace = self._namespace(deployment)
             kube = self.kube()
             # That revision's pods only: a canary's (or a rolled-back one's) say nothing about what serves.
@@ -668,9 +655,22 @@ class KubernetesRuntime:
                 parts.append(f"==> pod/{pod_name} <==\n{text}")
             return "\n".join(parts)
         except Unreachable as exc:
-            return f"No logs: {self._unreachable(exc)}\n"
+            return f"No logs: {self.unreachable(exc)}\n"
         except (KubeError, RuntimeUnavailable) as exc:
             return f"No logs: {exc}\n"
+
+
+    def wake(self, load_id: int, wait_seconds: float) -> Wake:
+        return Wake(failure="its revision is not in a pool")  # placed.py sends a pool's wakes to the pool launcher
+
+    def unload_idle(self) -> list[str]:
+        return []
+
+    def sweep_orphans(self) -> list[str]:
+        return []  # what a deployment leaves on the cluster is removed by its retire and teardown
+
+    def refresh_access(self) -> int:
+        return refresh_repository_access(self)
 
 
 def _pod_log(kube: Kube, namespace: str, pod: str, container: str, lines: int, max_bytes: int, *,
@@ -682,11 +682,11 @@ def _pod_log(kube: Kube, namespace: str, pod: str, container: str, lines: int, m
     return logtail.tail_text(data, lines, max_bytes=max_bytes, line_max=settings.LOG_LINE_MAX_BYTES)
 
 
-def refresh_repository_access() -> int:
-    """Periodic (Celery beat): renew the presigned URLs of every running Kubernetes deployment, failed ones
-    included (a failed rollout leaves the previous revision serving, and its pods may restart). Returns how many
-    access Secrets were renewed."""
-    runtime = KubernetesRuntime()
+def refresh_repository_access(runtime: KubernetesRuntime | None = None) -> int:
+    """Periodic (Celery beat, through Runtime.refresh_access): renew the presigned URLs of every running Kubernetes
+    deployment, failed ones included (a failed rollout leaves the previous revision serving, and its pods may
+    restart). Returns how many access Secrets were renewed."""
+    runtime = runtime or KubernetesRuntime()
     if runtime.cfg.cluster_problem() or runtime.cfg.s3_problem():
         return 0
     renewed = 0

@@ -28,7 +28,6 @@ import fcntl
 import json
 import logging
 import os
-import re
 import shutil
 import socket
 import time
@@ -45,12 +44,22 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from deployments import events, local_env, pool_events, pools, pyenvs
+from deployments import events, local_env, pool_events, pool_names, pool_policy, pools, pyenvs
 from deployments.models import Deployment, Event, ModelMemory, Pool, PoolLoad, PoolServer, Revision
 from deployments.render import render_repository
 from deployments.revision_spec import Resources, RevisionSpec
 from deployments.runtimes.artifacts import artifact_path
-from deployments.runtimes.base import Health, Launch, Observation, RuntimeUnavailable
+from deployments.runtimes.base import (
+    POOL_REF_PREFIX,
+    PREPARED,
+    Health,
+    Launch,
+    Observation,
+    Preparation,
+    RuntimeUnavailable,
+    Wake,
+    is_pool_launch,
+)
 from deployments.runtimes.local import confined, pool_memory, serverlog
 from deployments.runtimes.local import triton as local_triton
 from modelport.core.runtime_env import RuntimeEnvError
@@ -59,16 +68,12 @@ from models_registry.validation import archive_limits
 
 log = logging.getLogger(__name__)
 
-REF_PREFIX = "pool:"
+REF_PREFIX = POOL_REF_PREFIX
 LIVE_WAIT_SECONDS = 30.0
 
 
 class PoolFull(Exception):
     """A load that would pass the pool's budget; the message names what to unload or where to go."""
-
-
-def is_pool_launch(launch: Launch) -> bool:
-    return isinstance(launch.ref, str) and launch.ref.startswith(REF_PREFIX)
 
 
 def pool_dir(pool: Pool) -> Path:
@@ -123,13 +128,13 @@ def _flock(path: Path, wait: bool | float, busy: str) -> Iterator[None]:
 
 # --- Names ---------------------------------------------------------------------------------------------------------
 
-# The renaming is the runtimes' common ground (deployments/pools.py): the Kubernetes pool renames alike.
-pooled_spec = pools.pooled_spec
-load_order = pools.load_order
+# The renaming is the runtimes' common ground (deployments/pool_names.py): the Kubernetes pool renames alike.
+pooled_spec = pool_names.pooled_spec
+load_order = pool_names.load_order
 
 
 def _prefix(load: PoolLoad) -> str:
-    return pools.name_prefix(load.deployment_id, load.revision.number)
+    return pool_names.name_prefix(load.deployment_id, load.revision.number)
 
 
 # --- Files ---------------------------------------------------------------------------------------------------------
@@ -138,11 +143,12 @@ def _prefix(load: PoolLoad) -> str:
 def prepare(revision: Revision) -> None:
     """Render the revision's models into its pool's repository (idempotent)."""
     pool = Pool.objects.get(name=revision.spec.placement.pool)
-    prefix = pools.name_prefix(revision.deployment_id, revision.number)
-    marker = pool_dir(pool) / "rendered" / prefix.rstrip("-")
+    prefix = pool_names.name_prefix(revision.deployment_id, revision.number)
+    key = pool_names.revision_key(revision.deployment_id, revision.number)
+    marker = pool_dir(pool) / "rendered" / key
     if marker.exists():
         return
-    staging = pool_dir(pool) / "staging" / prefix.rstrip("-")
+    staging = pool_dir(pool) / "staging" / key
     shutil.rmtree(staging, ignore_errors=True)
     spec = pooled_spec(revision.spec, prefix)
     render_repository(spec.repository(lambda entry: artifact_path(entry.sha256)), "local", staging / "repository",
@@ -162,7 +168,7 @@ def prepare(revision: Revision) -> None:
 
 def remove_files(pool: Pool, deployment_id: int, revision_number: int | None = None) -> None:
     """Remove a revision's (or, with None, every revision's) models of a deployment from the pool's repository."""
-    pattern = re.compile(rf"^d{deployment_id}-r{revision_number if revision_number is not None else r'[0-9]+'}-")
+    pattern = pool_names.files_of(deployment_id, revision_number)
     for directory in (repository(pool), pool_dir(pool) / "rendered"):
         if not directory.is_dir():
             continue
@@ -466,39 +472,37 @@ def _loaded_names(pool: Pool, server: PoolServer) -> set[str]:
     return names
 
 
+def _held(pool: Pool, load: PoolLoad) -> list[pool_policy.Held]:
+    """The pool's other loads as the policy counts them: a loaded one at what it was charged when it loaded, one
+    under way at what its attempt reserved (its models not loaded yet; nothing while no attempt runs)."""
+    rows = (PoolLoad.objects.filter(pool=pool, state__in=[PoolLoad.State.LOADING, PoolLoad.State.LOADED])
+            .exclude(pk=load.pk).select_related("deployment", "revision"))
+    return [pool_policy.Held(
+        load_id=row.pk, team_id=row.deployment.team_id,
+        state=pool_policy.LOADED if row.state == PoolLoad.State.LOADED else pool_policy.LOADING,
+        charge=row.memory_bytes if row.state == PoolLoad.State.LOADED else row.reserved_bytes,
+        last_used_at=row.last_used_at, loaded_at=row.loaded_at,
+        name=f"{row.deployment.name} r{row.revision.number}") for row in rows]
+
+
 def _make_room(pool: Pool, load: PoolLoad, need: int) -> None:
-    """Make `need` more bytes fit, within the team's share and the pool's budget, or PoolFull. The requesting
-    team's own idle revisions go first (least recently used first); another team's only once they have been
-    loaded POOL_EVICTION_MIN_RESIDENCY_SECONDS, so that one team's big loads cannot churn the others' out."""
+    """Make `need` more bytes fit, or PoolFull: the rule is deployments/pool_policy.py's (the cluster pool's too);
+    this unloads the idle victims it names, under the pool's lock."""
     team_id = load.deployment.team_id
-    now = timezone.now()
-    idle_before = now - timedelta(seconds=settings.POOL_EVICTION_MIN_IDLE_SECONDS)
-    idle = (PoolLoad.objects.filter(pool=pool, state=PoolLoad.State.LOADED, last_used_at__lt=idle_before)
-            .exclude(pk=load.pk).select_related("revision", "deployment", "server").order_by("last_used_at"))
-    own = idle.filter(deployment__team_id=team_id)
-    resident_before = now - timedelta(seconds=settings.POOL_EVICTION_MIN_RESIDENCY_SECONDS)
-    others = idle.exclude(deployment__team_id=team_id).filter(loaded_at__lt=resident_before)
-    share = pools.team_share(pool)
-    if need > min(share, pool.memory_budget_bytes):
-        # Never fits, whatever is evicted: nobody's idle models are unloaded for it.
-        raise PoolFull(_full_message(pool, load, need, pools.memory_used(pool)[0]))
-
-    def fits() -> bool:
-        return (pools.memory_used(pool, team_id, exclude=load.pk)[0] + need <= share
-                and pools.memory_used(pool, exclude=load.pk)[0] + need <= pool.memory_budget_bytes)
-
-    for victim in own:
-        if fits():
+    budget, rules, now = pools.budget_of(pool), pools.eviction_rules(), timezone.now()
+    spared: set[int] = set()
+    while True:
+        held = _held(pool, load)
+        room = pool_policy.make_room(budget, held, team_id, need, now, rules, spared)
+        if not room.fits:
+            raise PoolFull(pool_policy.refusal(budget, held, team_id, need))
+        if not room.evict:
             return
-        _evict(victim, pool, now)
-    if pools.memory_used(pool, team_id, exclude=load.pk)[0] + need > share:
-        raise PoolFull(_full_message(pool, load, need, pools.memory_used(pool, exclude=load.pk)[0]))
-    for victim in others:
-        if fits():
-            return
-        _evict(victim, pool, now)
-    if not fits():
-        raise PoolFull(_full_message(pool, load, need, pools.memory_used(pool, exclude=load.pk)[0]))
+        victims = PoolLoad.objects.filter(pk__in=room.evict, state=PoolLoad.State.LOADED) \
+            .select_related("revision", "deployment", "server")
+        for victim in sorted(victims, key=lambda v: room.evict.index(v.pk)):
+            _evict(victim, pool, now)
+        spared.update(room.evict)  # unloaded now, or not loaded any more: never named again
 
 
 def _evict(victim: PoolLoad, pool: Pool, now: datetime) -> None:
@@ -507,20 +511,9 @@ def _evict(victim: PoolLoad, pool: Pool, now: datetime) -> None:
     pool_events.evicted(victim.deployment, pool.name, unused)
 
 
-def _full_message(pool: Pool, load: PoolLoad, need: int, used: int) -> str:
-    """Why it does not fit, naming the team's own loaded deployments (never another team's)."""
-    team_id = load.deployment.team_id
-    mine = (PoolLoad.objects.filter(pool=pool, state=PoolLoad.State.LOADED, deployment__team_id=team_id)
-            .exclude(pk=load.pk).select_related("deployment", "revision"))
-    own = ", ".join(f"{m.deployment.name} r{m.revision.number} ({pools.format_bytes(m.memory_bytes)})" for m in mine)
-    mine_used = pools.memory_used(pool, team_id, exclude=load.pk)[0]
-    share = (f" (your team may use {pools.format_bytes(pools.team_share(pool))} of it, POOL_TEAM_SHARE, and uses "
-             f"{pools.format_bytes(mine_used)})" if pool.open_to_all else "")
-    return (f"pool {pool.name!r} has {pools.format_bytes(max(0, pool.memory_budget_bytes - used))} free of its "
-            f"{pools.format_bytes(pool.memory_budget_bytes)} budget{share} and this revision takes "
-            f"{pools.format_bytes(need)}: "
-            + (f"stop one of your deployments loaded in it ({own}), " if own else "")
-            + "choose a pool with room (GET /api/v1/pools/), or use placement mode 'dedicated'")
+def _full_message(pool: Pool, load: PoolLoad, need: int, head: str = "") -> str:
+    """Why it does not fit (deployments/pool_policy.py's words), naming the team's own loaded deployments."""
+    return pool_policy.refusal(pools.budget_of(pool), _held(pool, load), load.deployment.team_id, need, head)
 
 
 def load_revision(load_id: int, wait: bool | float = True) -> PoolLoad:
@@ -672,13 +665,11 @@ def _finish_load(pool: Pool, load: PoolLoad, server: PoolServer, loaded: _Loaded
     spec = load.revision.spec
     # Charged what each model may take (its limit); more only where nothing limits it.
     total = max(sum(reserved.values()), sum(loaded.measured.values()))
-    used, _ = pools.memory_used(pool, exclude=load.pk)
-    mine, _ = pools.memory_used(pool, load.deployment.team_id, exclude=load.pk)
-    if used + total > pool.memory_budget_bytes or mine + total > pools.team_share(pool):
+    if not pool_policy.fits(pools.budget_of(pool), _held(pool, load), load.deployment.team_id, total):
         for name in reversed(loaded.done):
             _admin(server, name, "unload", 30)
         _remember(spec, loaded.measured)
-        return _fail(load, _full_message(pool, load, total, used))
+        return _fail(load, _full_message(pool, load, total))
     _remember(spec, loaded.measured)
     now = timezone.now()
     PoolLoad.objects.filter(pk=load.pk).update(
@@ -707,9 +698,9 @@ def _load_again_with_more(load: PoolLoad, loaded: _Loaded) -> PoolLoad:
                            "that holds it")
     need = sum(after.values())
     pool = load.pool
-    if need > min(pools.team_share(pool), pool.memory_budget_bytes):
+    if pool_policy.never_fits(pools.budget_of(pool), need):
         # It would never fit (_make_room would refuse it): said now, not after an event promising another load.
-        return _fail(load, _needs_more(model, limit) + _full_message(pool, load, need, pools.memory_used(pool)[0]))
+        return _fail(load, _full_message(pool, load, need, _needs_more(model, limit)))
     reason = (f"{cause}: it is loaded again with {pools.format_bytes(after[model])}, if its team's share of the "
               f"pool has room ({pools.format_bytes(need)} for the revision)")
     if not PoolLoad.objects.filter(pk=load.pk, state=PoolLoad.State.LOADING).update(message=reason):
@@ -965,7 +956,75 @@ def logs(deployment: Deployment, lines: int, revision: Revision) -> str:
     server = PoolServer.objects.filter(pool__name=spec.placement.pool).order_by("-started_at").first()
     if server is None:
         return ""
-    mine = re.compile(rf"(?<![A-Za-z0-9_-]){re.escape(pools.name_prefix(deployment.pk, revision.number))}")
+    mine = pool_names.names_in(pool_names.name_prefix(deployment.pk, revision.number))
     text = serverlog.tail_log(Path(server.log_path), 5000, **confined.log_limits())
     return "\n".join([line for line in text.split("\n")
                       if serverlog.is_triton_line(line) and mine.search(line)][-lines:])
+
+
+# --- The pool launcher (registry.py puts it behind one Runtime with LocalRuntime: runtimes/placed.py) -------------
+
+
+class LocalPoolRuntime:
+    """The local runtime's revisions placed in a pool: their models loaded into the pool's shared Triton."""
+
+    poll_seconds = 1.0
+
+    @property
+    def ready_timeout_seconds(self) -> float:
+        return float(settings.TRITON_READY_TIMEOUT_SECONDS)
+
+    def check_plan(self, spec: RevisionSpec) -> dict[str, list[str]]:
+        from deployments.runtimes.local.policy import plan_errors
+
+        return plan_errors(spec)
+
+    def prepare(self, revision: Revision) -> Preparation:
+        prepare(revision)
+        return PREPARED
+
+    def launch(self, revision: Revision) -> Launch:
+        try:
+            return launch(revision)
+        except RuntimeEnvError as exc:
+            raise RuntimeUnavailable(f"The local runtime cannot start Triton: {exc}") from None
+
+    def observe(self, launch: Launch) -> Observation:
+        return observe(launch)
+
+    def abandon(self, launch: Launch) -> None:
+        abandon(launch)
+
+    def check(self, deployment: Deployment, launch: Launch) -> Health:
+        return check(launch)
+
+    def retire(self, deployment: Deployment, keep: Sequence[Launch]) -> list[str]:
+        return retire(deployment, keep)
+
+    def stop(self, deployment: Deployment) -> None:
+        stop(deployment)
+
+    def teardown(self, deployment: Deployment) -> None:
+        teardown(deployment)
+
+    def logs(self, deployment: Deployment, lines: int, revision: Revision | None = None) -> str:
+        revision = revision or deployment.serving_revision or deployment.revision
+        return logs(deployment, lines, revision) if revision is not None else ""
+
+    def wake(self, load_id: int, wait_seconds: float) -> Wake:
+        """Load the revision again here (the gateway's load executor): the pool's lock and the team's are waited
+        for up to `wait_seconds`, another team's load never (load_revision)."""
+        try:
+            done = load_revision(load_id, wait=wait_seconds)
+        except PoolBusy:
+            return Wake(busy=True)
+        return Wake(failure="" if done.state == PoolLoad.State.LOADED else done.message)
+
+    def unload_idle(self) -> list[str]:
+        return unload_idle() + stop_empty_servers()
+
+    def sweep_orphans(self) -> list[str]:
+        return []  # a pool's Tritons are swept with the dedicated ones (LocalRuntime.sweep_orphans)
+
+    def refresh_access(self) -> int:
+        return 0

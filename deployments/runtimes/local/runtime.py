@@ -20,8 +20,8 @@ from deployments import logtail, server_memory
 from deployments.models import Deployment, Revision, TritonServer
 from deployments.render import RenderError
 from deployments.revision_spec import RevisionSpec
-from deployments.runtimes.base import PREPARED, Health, Launch, Observation, Preparation, RuntimeUnavailable
-from deployments.runtimes.local import confined, pool, pool_memory, pyenv, readiness, serverlog
+from deployments.runtimes.base import Health, Launch, Observation, Preparation, RuntimeUnavailable, Wake
+from deployments.runtimes.local import confined, pool, pool_memory, pyenv, readiness, serverlog, sweeps
 from deployments.runtimes.local import triton as local_triton
 from deployments.runtimes.local.files import deployment_dir, render, repository_dir
 from deployments.runtimes.local.policy import plan_errors, resource_errors
@@ -166,7 +166,8 @@ def running_servers(deployment: Deployment) -> list[TritonServer]:
 
 
 class LocalRuntime:
-    """One tritonserver process per revision on this machine; a rollout starts the new one beside the old."""
+    """One tritonserver process per revision on this machine; a rollout starts the new one beside the old. A
+    revision placed in a pool is the pool launcher's (local/pool.py, LocalPoolRuntime; runtimes/placed.py)."""
 
     poll_seconds = 1.0
 
@@ -178,9 +179,6 @@ class LocalRuntime:
         return plan_errors(spec)
 
     def prepare(self, revision: Revision) -> Preparation:
-        if revision.spec.placement.shared:
-            pool.prepare(revision)
-            return PREPARED
         errors = resource_errors(revision.spec.resources)
         if errors:
             raise RenderError(errors)
@@ -189,15 +187,11 @@ class LocalRuntime:
 
     def launch(self, revision: Revision) -> Launch:
         try:
-            if revision.spec.placement.shared:
-                return pool.launch(revision)
             return _describe(_launch(revision))
         except RuntimeEnvError as exc:
             raise RuntimeUnavailable(f"The local runtime cannot start Triton: {exc}") from None
 
     def observe(self, launch: Launch) -> Observation:
-        if pool.is_pool_launch(launch):
-            return pool.observe(launch)
         server = TritonServer.objects.select_related("revision").filter(pk=launch.ref).first()
         if server is None or server.state == TritonServer.State.STOPPED:
             return Observation("failed", "its Triton process was stopped")
@@ -221,15 +215,11 @@ class LocalRuntime:
         return Observation("starting", result.message, detail)
 
     def abandon(self, launch: Launch) -> None:
-        if pool.is_pool_launch(launch):
-            return pool.abandon(launch)
         server = TritonServer.objects.filter(pk=launch.ref).first()
         if server is not None and server.state != TritonServer.State.STOPPED:
             _stop(server)
 
     def check(self, deployment: Deployment, launch: Launch) -> Health:
-        if pool.is_pool_launch(launch):
-            return pool.check(launch)
         server = TritonServer.objects.select_related("revision").filter(pk=launch.ref).first()
         if server is None or server.state != TritonServer.State.READY:
             return Health(False, "no Triton process is serving it")
@@ -248,7 +238,7 @@ class LocalRuntime:
 
     def retire(self, deployment: Deployment, keep: Sequence[Launch]) -> list[str]:
         kept = {launch.ref for launch in keep}
-        stopped = pool.retire(deployment, keep)
+        stopped = []
         for server in running_servers(deployment):
             if server.pk not in kept:
                 _stop(server)
@@ -256,22 +246,31 @@ class LocalRuntime:
         return stopped
 
     def stop(self, deployment: Deployment) -> None:
-        pool.stop(deployment)
         for server in running_servers(deployment):
             _stop(server)
 
     def teardown(self, deployment: Deployment) -> None:
         self.stop(deployment)
-        pool.teardown(deployment)
         shutil.rmtree(deployment_dir(deployment), ignore_errors=True)
 
     def logs(self, deployment: Deployment, lines: int, revision: Revision | None = None) -> str:
         revision = revision or deployment.serving_revision or deployment.revision
         if revision is None:
             return ""
-        if revision.spec.placement.shared:
-            return pool.logs(deployment, lines, revision)
         # That revision's newest server: a canary rolled back (or a failed rollout) started after the server that
         # serves, and its log says nothing about what serves.
         server = TritonServer.objects.filter(deployment=deployment, revision=revision).order_by("-started_at").first()
         return serverlog.tail_log(Path(server.log_path), lines, **confined.log_limits()) if server else ""
+
+    def wake(self, load_id: int, wait_seconds: float) -> Wake:
+        return Wake(failure="its revision is not in a pool")  # placed.py sends a pool's wakes to LocalPoolRuntime
+
+    def unload_idle(self) -> list[str]:
+        return []  # a server of its own is never unloaded for being idle
+
+    def sweep_orphans(self) -> list[str]:
+        """The Tritons of this var/ no row knows, dedicated and pools' alike (local/sweeps.py)."""
+        return sweeps.sweep_orphans()
+
+    def refresh_access(self) -> int:
+        return 0  # its servers read their repositories from this machine's disk
