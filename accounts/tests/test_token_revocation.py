@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 from accounts import actions
 from accounts.models import ApiToken
 from audit.models import AuditEntry
-from conftest import Person
+from tests.support.people import Person
 
 
 def bearer(raw: str) -> APIClient:

@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from accounts.models import ApiToken, Membership, Team, hash_token
 from audit.models import AuditEntry
-from conftest import Person
+from tests.support.people import Person
 
 
 def test_a_token_is_stored_hashed_with_only_a_prefix_in_clear(alice: Person) -> None:

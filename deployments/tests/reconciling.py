@@ -11,12 +11,12 @@ from typing import Any
 
 from django.utils import timezone
 
-from conftest import Person
 from deployments import actions, planning, reconcile
 from deployments.model_entry import ModelEntry
 from deployments.models import Deployment, Event
 from deployments.spec import DynamicBatching
 from deployments.tests.fake_runtime import FakeRuntime
+from tests.support.people import Person
 
 S = Deployment.Status
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from deployments.revision_spec import ModelEntry
 from gateway.contract import contract_for, missing_outputs, requested_outputs, reword
-from gateway.tests.conftest import call, run
 from gateway.tests.digits_contract import SHAPE_ERROR, SIGNATURE
 from gateway.tests.fake_upstream import FakeUpstream, Request, chunked, json_response, response
+from tests.support.gateway_calls import call, run
+from tests.support.people import Person
 
 DIGITS = contract_for(ModelEntry(name="digits", version=1, format="onnx", signature=SIGNATURE, max_batch_size=8))
 

@@ -15,16 +15,16 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from conftest import Person
-from gateway.tests.conftest import make_deployment, run
 from gateway.tests.grpc_fake_upstream import FakeTriton
 from gateway.tests.grpc_support import PREFIX, infer_request, meta, next_answer, open_stream, stack
+from tests.support.gateway_calls import make_deployment, run
+from tests.support.people import Person
 
 MB = 1024 * 1024
 
 
 @pytest.fixture(autouse=True)
-def _gateway_settings(settings: Any) -> None:
+def _grpc_gateway_settings(settings: Any) -> None:
     settings.GATEWAY_CACHE_TTL_SECONDS = 0.5
     settings.GATEWAY_RATE_LIMIT_PER_SECOND = 1000
     settings.GATEWAY_RATE_LIMIT_BURST = 1000

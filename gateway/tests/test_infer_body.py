@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import Person
 from gateway.json_body import check_json
 from gateway.protocol import (
     _DEPTH_STEP,
@@ -37,10 +36,11 @@ from gateway.protocol import (
     json_too_deep,
     parse_json_header,
 )
-from gateway.tests.conftest import call, make_deployment, run
 from gateway.tests.fake_upstream import FakeUpstream, Request, echo, json_response
 from gateway.tests.infer_bodies import BINARY_HOSTILE, HOSTILE, OK, j, with_input
 from tests.processes import until
+from tests.support.gateway_calls import call, make_deployment, run
+from tests.support.people import Person
 
 
 def test_hostile_requests_are_refused_before_triton_sees_them(
