@@ -17,6 +17,7 @@ import requests
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from accounts import actions
 from accounts.models import ApiToken
 from deployments.models import Deployment
 from tests.deploying import deploy, push, serving, wait_status
@@ -122,7 +123,7 @@ def test_tritonclient_through_the_gateway_gets_exactly_what_triton_gives(
     assert stats["p50_ms"] is not None and stats["series"]
 
     # Revoking a token takes effect within a second.
-    ApiToken.objects.get(user=alice.user).revoke()
+    actions.revoke_token(ApiToken.objects.get(user=alice.user), by=alice.user, via="session")
     time.sleep(1.0)
     assert requests.get(f"{url}/ready", headers=auth, timeout=5).status_code == 401
 

@@ -22,6 +22,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
+from accounts import actions
 from accounts.models import ApiToken
 from deployments.models import Deployment
 from tests.deploying import deploy, push, serving, wait_status
@@ -230,14 +231,14 @@ def test_tritonclient_grpc_through_the_gateway_gets_exactly_what_triton_gives(
     assert stats["p50_ms"] is not None
 
     # Revoking a token takes effect within the cache window, for calls and for an open stream.
-    _, raw = ApiToken.issue(alice.user, alice.team, name="short-lived")
+    _, raw = actions.issue_token(alice.user, alice.team, name="short-lived", by=alice.user, via="session")
     answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
     streaming = grpcclient.InferenceServerClient(grpc_gateway.address)
     streaming.start_stream(callback=lambda result, error: answers.put((result, error)), headers=headers(raw))
     streaming.async_stream_infer("digits", digits_input(X[:1]), request_id="before")
     assert answers.get(timeout=30)[1] is None
     assert gateway.is_server_ready(headers=headers(raw))
-    ApiToken.objects.get(prefix=raw.split("_")[1]).revoke()
+    actions.revoke_token(ApiToken.objects.get(prefix=raw.split("_")[1]), by=alice.user, via="session")
     time.sleep(1.0)
     assert status_of(lambda: gateway.is_server_ready(headers=headers(raw)))[0] == "StatusCode.UNAUTHENTICATED"
     streaming.async_stream_infer("digits", digits_input(X[:1]), request_id="after")
