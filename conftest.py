@@ -3,15 +3,16 @@ alice (owner, team admin of "acme"), bob (member of "acme"), charlie (another te
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from rest_framework.test import APIClient
+
+from tests.support.people import Person, make_person
 
 # tests/markers.py: a test that starts Triton, a worker or a browser without its marker fails, naming the marker.
 pytest_plugins = ["tests.markers", "pytester"]
@@ -148,30 +149,6 @@ def _close_for_a_dead_thread(wrapper: Any) -> None:
         wrapper.dec_thread_sharing()
 
 
-@dataclass
-class Person:
-    user: Any
-    team: Any
-    token: str
-
-    def client(self) -> APIClient:
-        client = APIClient()
-        client.credentials(HTTP_AUTHORIZATION=f"Bearer {self.token}")
-        return client
-
-
-def make_person(username: str, team_name: str, role: str = "member") -> Person:
-    from django.contrib.auth import get_user_model
-
-    from accounts.models import ApiToken, Membership, Team
-
-    user = get_user_model().objects.create_user(username=username, password="password")
-    team, _ = Team.objects.get_or_create(name=team_name)
-    Membership.objects.create(user=user, team=team, role=role)
-    _, raw = ApiToken.issue(user, team, name="test")
-    return Person(user=user, team=team, token=raw)
-
-
 @pytest.fixture
 def alice(db: Any) -> Person:
     return make_person("alice", "acme", role="admin")
@@ -185,6 +162,91 @@ def bob(alice: Person) -> Person:
 @pytest.fixture
 def charlie(db: Any) -> Person:
     return make_person("charlie", "globex", role="admin")
+
+
+# --- For tests whose code runs in other threads or processes, which see only committed rows: `transactional_db` --
+
+
+@pytest.fixture
+def alice_tx(transactional_db: Any) -> Person:
+    return make_person("alice", "acme", role="admin")
+
+
+@pytest.fixture
+def people(transactional_db: Any) -> dict[str, Person]:
+    """alice, bob and charlie of the access tests, committed."""
+    return {"alice": make_person("alice", "acme", role="admin"), "bob": make_person("bob", "acme"),
+            "charlie": make_person("charlie", "globex", role="admin")}
+
+
+@pytest.fixture
+def gateway_app(settings: Any) -> Any:
+    """A fresh Gateway (its caches and pool) in front of a Django stand-in that says where a request went."""
+    settings.GATEWAY_CACHE_TTL_SECONDS = 0.5
+
+    def build() -> Any:
+        from gateway.app import Gateway
+
+        async def django(scope: Any, receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": 299, "headers": []})
+            await send({"type": "http.response.body", "body": b"django"})
+
+        return Gateway(django)
+
+    return build
+
+
+@pytest.fixture
+def celery_processes(transactional_db: Any, tmp_path: Path) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    """A real Celery worker and beat, on the test database and the configured broker (files under var/test, or
+    Redis in CI). Yields a dict so that a test can kill and replace the worker."""
+    from tests import processes
+
+    processes.purge_broker()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    running = {
+        "worker": processes.start_worker(logs / "worker.log"),
+        "beat": processes.start_beat(logs / "beat.log", tmp_path / "beat-schedule"),
+    }
+    try:
+        yield running
+    finally:
+        for process in running.values():
+            processes.kill(process)
+        processes.stop_leftover_servers()
+        for name in ("worker.log", "beat.log"):
+            path = logs / name
+            if path.exists():
+                print(f"--- {name} (last lines) ---\n" + "\n".join(path.read_text(errors="replace").splitlines()[-40:]))
+
+
+@pytest.fixture
+def portal_url(celery_processes: Any, tmp_path: Path) -> Iterator[str]:
+    """The whole portal over real HTTP (uvicorn + Django + gateway), with the worker and beat of celery_processes."""
+    import urllib.request
+
+    from tests import processes
+
+    port = processes.free_port()
+    web = processes.start_web(tmp_path / "logs" / "web.log", port)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=1) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    try:
+        processes.wait_for(up, 30, what="the web server")
+        yield url
+    finally:
+        processes.kill(web)
+        log = tmp_path / "logs" / "web.log"
+        if log.exists():
+            print("--- web.log (last lines) ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
 
 
 @pytest.fixture
@@ -248,6 +310,32 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def digits(alice: Person) -> Any:
     """alice's model "digits" with one ready ONNX version (through the real upload and inspection): the version.
     The one fixture of that name for every app's tests (models_registry's API tests mean the model, and say so)."""
-    from deployments.tests.conftest import make_ready_version
+    from tests.support.versions import make_ready_version
 
     return make_ready_version(alice, "digits")
+
+
+@pytest.fixture
+def deployment(alice: Person, digits: Any) -> Any:
+    """alice's "digits-prod" of `digits`, created as the API creates it (tests/support/deploying.py): pending, since
+    the reconciler's on_commit never fires inside a test transaction."""
+    from tests.support.deploying import deploy
+
+    return deploy(alice)
+
+
+@pytest.fixture
+def pipeline_steps(alice: Person) -> Any:
+    """alice's ready versions that a digits pipeline chains (models_registry/tests/pipeline_versions.py)."""
+    from models_registry.tests.pipeline_versions import digits_steps
+
+    return digits_steps(alice)
+
+
+@pytest.fixture
+def live() -> Iterator[Any]:
+    """The portal's ASGI app on a real socket in this process (models_registry/tests/live_portal.py)."""
+    from models_registry.tests.live_portal import live_portal
+
+    with live_portal() as portal:
+        yield portal

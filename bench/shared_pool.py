@@ -78,9 +78,9 @@ def main() -> int:
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from django.core.management import call_command
 
-    from conftest import make_person
-    from deployments.tests.conftest import make_ready_version
     from tests.artifacts import tiny_onnx
+    from tests.support.people import make_person
+    from tests.support.versions import make_ready_version
 
     call_command("migrate", verbosity=0)
     person = make_person("bench", "bench", role="admin")

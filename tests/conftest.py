@@ -1,72 +1,17 @@
+"""The end-to-end tests' fixtures: the gRPC gateway over a real socket, the schema tests' world (the portal over
+real HTTP with its worker and beat is in the root conftest.py: the CLI's end-to-end tests use it too)."""
+
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 
 from tests import processes
+from tests.processes import GrpcGatewayProcess
 from tests.schema_world import World
-
-
-@pytest.fixture
-def celery_processes(transactional_db: Any, tmp_path: Path) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
-    """A real Celery worker and beat, on the test database and the configured broker (files under var/test, or
-    Redis in CI). Yields a dict so that a test can kill and replace the worker."""
-    processes.purge_broker()
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    running = {
-        "worker": processes.start_worker(logs / "worker.log"),
-        "beat": processes.start_beat(logs / "beat.log", tmp_path / "beat-schedule"),
-    }
-    try:
-        yield running
-    finally:
-        for process in running.values():
-            processes.kill(process)
-        _stop_leftover_servers()
-        for name in ("worker.log", "beat.log"):
-            path = logs / name
-            if path.exists():
-                print(f"--- {name} (last lines) ---\n" + "\n".join(path.read_text(errors="replace").splitlines()[-40:]))
-
-
-@pytest.fixture
-def portal_url(celery_processes: Any, tmp_path: Path) -> Iterator[str]:
-    """The whole portal over real HTTP (uvicorn + Django + gateway), with the worker and beat of celery_processes."""
-    import urllib.request
-
-    port = processes.free_port()
-    web = processes.start_web(tmp_path / "logs" / "web.log", port)
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        try:
-            with urllib.request.urlopen(f"{url}/healthz", timeout=1) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
-
-    try:
-        processes.wait_for(up, 30, what="the web server")
-        yield url
-    finally:
-        processes.kill(web)
-        log = tmp_path / "logs" / "web.log"
-        if log.exists():
-            print("--- web.log (last lines) ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
-
-
-@dataclass(frozen=True)
-class GrpcGatewayProcess:
-    address: str  # host:port for tritonclient.grpc
-    metrics_url: str  # its own Prometheus /metrics
 
 
 @pytest.fixture
@@ -94,41 +39,42 @@ def grpc_gateway(portal_url: str, tmp_path: Path) -> Iterator[GrpcGatewayProcess
             print("--- grpc.log (last lines) ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
 
 
-def _stop_leftover_servers() -> None:
-    """A failed test must not leave Triton processes behind for the next one."""
-    from deployments.models import Pool, TritonServer
-    from deployments.runtimes.local import pool
-    from deployments.runtimes.local.runtime import clean_up
-    from deployments.runtimes.local.triton import stop_server
-
-    for server in TritonServer.objects.exclude(state=TritonServer.State.STOPPED):
-        stop_server(server.pid, grace_seconds=2)
-        clean_up(server)  # its sandbox's cgroups (they outlive this run's var/ otherwise) and scratch directory
-    for shared in Pool.objects.all():  # the pools' Tritons, which the orphan sweep keeps while their row says running
-        pool.stop_servers(shared)
-    # A worker killed between spawning Triton and recording it leaves a process no row knows: find it by the
-    # repository path, which lies under this test run's own var/.
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmdline = (proc / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"tritonserver" in cmdline and any(str(where).encode() in cmdline
-                                                  for where in (settings.DEPLOYMENTS_DIR, settings.POOLS_DIR)):
-                stop_server(int(proc.name), grace_seconds=2)
-    # The cgroups their sandboxes left (named after this run's var/, which goes away with the run).
-    from django.test import override_settings
-
-    from deployments.runtimes.local.sweeps import sweep_orphans
-
-    with override_settings(TRITON_ORPHAN_GRACE_SECONDS=0):
-        sweep_orphans()
-    shutil.rmtree(Path(settings.DEPLOYMENTS_DIR), ignore_errors=True)
-    shutil.rmtree(Path(settings.POOLS_DIR), ignore_errors=True)
-
-
 @pytest.fixture
 def world(db: Any) -> World:
     """The schema tests' world (tests/schema_world.py)."""
     return World()
+
+
+@pytest.fixture(scope="session")
+def digits_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The digits sample model (models_registry/samples.py), built once per run."""
+    from models_registry.samples import make_digits_onnx
+
+    path = tmp_path_factory.mktemp("samples") / "digits.onnx"
+    make_digits_onnx(path)
+    return path
+
+
+@pytest.fixture
+def no_triton_left() -> Iterator[None]:
+    """No Triton of the test outlives it (a module's mark)."""
+    from tests.sandbox_helpers import stop_everything
+
+    yield
+    stop_everything()
+
+
+@pytest.fixture
+def sandboxed() -> Iterator[None]:
+    """The sandbox must work here (the test fails, naming why, where it cannot), and no Triton outlives the test (a
+    module's mark)."""
+    from deployments.runtimes.local import confined as local_confined
+    from tests.sandbox_helpers import stop_everything
+
+    local_confined.sandbox_capabilities.cache_clear()
+    caps = local_confined.sandbox_capabilities()
+    if not caps.available:
+        pytest.fail(f"the sandbox is not available here: {caps.reason}")
+    yield
+    stop_everything()
+    local_confined.sandbox_capabilities.cache_clear()

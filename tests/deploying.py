@@ -8,10 +8,10 @@ from typing import Any
 
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from conftest import Person
 from deployments.models import Deployment, TritonServer
 from models_registry.models import ModelVersion
 from tests.processes import wait_for
+from tests.support.people import Person
 
 
 def push(person: Person, path: Path, name: str = "digits") -> ModelVersion:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +150,43 @@ def start_grpc_gateway(log_path: Path, port: int, metrics_port: int = 0,
     log = open(log_path, "ab")  # noqa: SIM115 - kept open for the process' lifetime
     return subprocess.Popen(command, cwd=ROOT, env={**process_env(), **(env or {})}, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@dataclass(frozen=True)
+class GrpcGatewayProcess:
+    address: str  # host:port for tritonclient.grpc
+    metrics_url: str  # its own Prometheus /metrics
+
+
+def stop_leftover_servers() -> None:
+    """A failed test must not leave Triton processes behind for the next one."""
+    from deployments.models import Pool, TritonServer
+    from deployments.runtimes.local import pool
+    from deployments.runtimes.local.runtime import clean_up
+    from deployments.runtimes.local.triton import stop_server
+
+    for server in TritonServer.objects.exclude(state=TritonServer.State.STOPPED):
+        stop_server(server.pid, grace_seconds=2)
+        clean_up(server)  # its sandbox's cgroups (they outlive this run's var/ otherwise) and scratch directory
+    for shared in Pool.objects.all():  # the pools' Tritons, which the orphan sweep keeps while their row says running
+        pool.stop_servers(shared)
+    # A worker killed between spawning Triton and recording it leaves a process no row knows: find it by the
+    # repository path, which lies under this test run's own var/.
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"tritonserver" in cmdline and any(str(where).encode() in cmdline
+                                                  for where in (settings.DEPLOYMENTS_DIR, settings.POOLS_DIR)):
+                stop_server(int(proc.name), grace_seconds=2)
+    # The cgroups their sandboxes left (named after this run's var/, which goes away with the run).
+    from django.test import override_settings
+
+    from deployments.runtimes.local.sweeps import sweep_orphans
+
+    with override_settings(TRITON_ORPHAN_GRACE_SECONDS=0):
+        sweep_orphans()
+    shutil.rmtree(Path(settings.DEPLOYMENTS_DIR), ignore_errors=True)
+    shutil.rmtree(Path(settings.POOLS_DIR), ignore_errors=True)

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from deployments.models import Deployment, TritonServer
 from deployments.runtimes.local.triton import is_alive, server_pids
 from models_registry.models import Model, ModelVersion
+from tests.support.people import Person
 
 MODELS = Path(__file__).resolve().parent / "sandbox_models"
 
@@ -141,9 +141,9 @@ def admin_change(client: Any, deployment: Deployment, **changes: Any) -> Any:
 
 def stop_everything() -> None:
     """After a test: no Triton of this test run's var/ left, nor its sandboxes' cgroups."""
-    from tests.conftest import _stop_leftover_servers
+    from tests.processes import stop_leftover_servers
 
-    _stop_leftover_servers()
+    stop_leftover_servers()
 
 
 def gone(server: TritonServer) -> bool:

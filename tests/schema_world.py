@@ -5,7 +5,7 @@ access test of the fast suite share one world (the `world` fixture, tests/confte
 
 from __future__ import annotations
 
-from conftest import Person, make_person
+from tests.support.people import Person, make_person
 
 # alice's token for the run, made in World with this value. It may manage tokens, so that the token endpoints are
 # reached beyond their 403.
@@ -27,8 +27,8 @@ class World:
         from django.utils import timezone
 
         from accounts.models import ApiToken, hash_token
-        from deployments.tests.conftest import make_ready_version
         from models_registry.models import Upload
+        from tests.support.versions import make_ready_version
 
         self.alice = make_person("alice", "acme", role="admin")
         self.charlie = make_person("charlie", "globex", role="admin")

@@ -12,10 +12,10 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import call_command
 from drf_spectacular.generators import SchemaGenerator
 
-from conftest import Person
 from deployments.models import Deployment
 from models_registry.models import Model, Upload
 from tests.artifacts import tiny_onnx
+from tests.support.people import Person
 
 
 @pytest.fixture(scope="module")

@@ -10,17 +10,16 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import django_htmx
 import pytest
 import requests
 
-from conftest import Person, make_person
 from gateway.tests import fake_upstream
-from gateway.tests.conftest import make_deployment
 from portal import static_files
 from tests import processes
+from tests.support.gateway_calls import make_deployment
+from tests.support.people import Person
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -55,14 +54,9 @@ def upstream() -> Iterator[str]:
         loop.close()
 
 
-@pytest.fixture
-def alice(transactional_db: Any) -> Person:
-    return make_person("alice", "acme", role="admin")
-
-
 def test_static_files_and_a_streamed_answer_are_served_without_the_synchronous_iterator_warning(
-        tmp_path: Path, alice: Person, upstream: str) -> None:
-    make_deployment(alice, "streamer", upstream)
+        tmp_path: Path, alice_tx: Person, upstream: str) -> None:
+    make_deployment(alice_tx, "streamer", upstream)
     log = tmp_path / "web.log"
     port = processes.free_port()
     # Every warning, not once per place: the first static file would otherwise hide what the others do.
@@ -90,7 +84,7 @@ def test_static_files_and_a_streamed_answer_are_served_without_the_synchronous_i
 
         body = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}]}
         with requests.post(f"{base}/serve/streamer/v2/models/digits/infer", json=body,
-                           headers={"Authorization": f"Bearer {alice.token}"}, stream=True, timeout=30) as streamed:
+                           headers={"Authorization": f"Bearer {alice_tx.token}"}, stream=True, timeout=30) as streamed:
             assert streamed.status_code == 200, streamed.text[:500]
             assert streamed.raw.read() == b"".join(PIECES)
     finally:

@@ -24,15 +24,15 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import Person, make_person
 from deployments.render import render_repository
 from deployments.runtimes.local import backends, readiness, serverlog
 from deployments.runtimes.local import triton as lt
 from deployments.spec import RepositorySpec, ServedModel
-from gateway.tests.conftest import make_deployment
 from gateway.tests.infer_bodies import OK, j
 from modelport.core.runtime_env import find_runtime_env
 from tests import processes
+from tests.support.gateway_calls import make_deployment
+from tests.support.people import Person, make_person
 
 pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -54,7 +54,7 @@ def int8_zeros(count: int) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def digits_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from models_registry.samples import make_digits_onnx
 
     if not RUNTIME_ENV.is_dir():
@@ -83,11 +83,11 @@ def rss(pid: int) -> int:
 
 
 @pytest.fixture
-def portal(tmp_path: Path, triton: str) -> Iterator[Portal]:
+def bombed(tmp_path: Path, digits_triton: str) -> Iterator[Portal]:
     attacker: Person = make_person("mallory", "evil", role="admin")
     victim: Person = make_person("charlie", "globex", role="admin")
     make_deployment(attacker, "mine", "http://127.0.0.1:9")  # its own; the bombs never need to reach a Triton
-    make_deployment(victim, "digits-prod", triton)
+    make_deployment(victim, "digits-prod", digits_triton)
     port = processes.free_port()
     log = tmp_path / "web.log"
     web = processes.start_web(log, port)
@@ -124,27 +124,27 @@ class Attack:
                 f"{sorted({s for s, _ in self.bombs})}; web process peak RSS {self.peak_rss / 1024**2:.0f} MB")
 
 
-def attack(portal: Portal, payload: bytes, headers: dict[str, str]) -> Attack:
+def attack(bombed: Portal, payload: bytes, headers: dict[str, str]) -> Attack:
     """ATTACKERS clients sending `payload` to the attacker's own deployment back to back, while the victim sends
     /healthz and an inference to its own in turn for ATTACK_SECONDS, and the web process's memory is sampled."""
-    infer = f"{portal.base}/serve/digits-prod/v2/models/digits/infer"
-    auth = {"Authorization": f"Bearer {portal.victim_token}"}
+    infer = f"{bombed.base}/serve/digits-prod/v2/models/digits/infer"
+    auth = {"Authorization": f"Bearer {bombed.victim_token}"}
     processes.wait_for(lambda: requests.post(infer, data=j(OK), headers=auth, timeout=30).status_code == 200, 60,
                        what="the victim's first inference")
     stop = threading.Event()
-    peak = [rss(portal.web_pid)]
+    peak = [rss(bombed.web_pid)]
 
     def watch_memory() -> None:
         while not stop.is_set():
-            peak[0] = max(peak[0], rss(portal.web_pid))
+            peak[0] = max(peak[0], rss(bombed.web_pid))
             time.sleep(0.05)
 
     def send_bombs() -> list[tuple[int, str]]:
         answers = []
         with requests.Session() as session:
             while not stop.is_set():
-                reply = session.post(f"{portal.base}/serve/mine/v2/models/digits/infer", data=payload, timeout=120,
-                                     headers={"Authorization": f"Bearer {portal.attacker_token}", **headers})
+                reply = session.post(f"{bombed.base}/serve/mine/v2/models/digits/infer", data=payload, timeout=120,
+                                     headers={"Authorization": f"Bearer {bombed.attacker_token}", **headers})
                 answers.append((reply.status_code, reply.text[:400]))
         return answers
 
@@ -156,7 +156,7 @@ def attack(portal: Portal, payload: bytes, headers: dict[str, str]) -> Attack:
         ends = time.monotonic() + ATTACK_SECONDS
         try:
             while time.monotonic() < ends:
-                status, took = _healthz(portal.base)
+                status, took = _healthz(bombed.base)
                 waits.append(("healthz", status, took))
                 started = time.monotonic()
                 answer = requests.post(infer, data=j(OK), headers=auth, timeout=60)
@@ -170,10 +170,10 @@ def attack(portal: Portal, payload: bytes, headers: dict[str, str]) -> Attack:
     return result
 
 
-def test_deflate_bombs_from_one_team_leave_the_others_answered_and_the_web_process_bounded(portal: Portal) -> None:
+def test_deflate_bombs_from_one_team_leave_the_others_answered_and_the_web_process_bounded(bombed: Portal) -> None:
     payload = zlib.compress(int8_zeros(BOMB_ELEMENTS), 9)
     assert len(payload) < 200_000
-    result = attack(portal, payload, {"Content-Encoding": "deflate"})
+    result = attack(bombed, payload, {"Content-Encoding": "deflate"})
     assert all(status == 200 for _, status, _ in result.waits), result.summary()
     assert result.worst < VICTIM_BOUND_SECONDS, result.summary()
     assert result.peak_rss < MEMORY_BOUND_BYTES, result.summary()
@@ -182,13 +182,13 @@ def test_deflate_bombs_from_one_team_leave_the_others_answered_and_the_web_proce
     assert len(result.bombs) > 4 * ATTACKERS, result.summary()  # refused early: each one cheap
 
 
-def test_the_largest_json_bodies_at_once_leave_the_others_answered(portal: Portal) -> None:
+def test_the_largest_json_bodies_at_once_leave_the_others_answered(bombed: Portal) -> None:
     """No compression: JSON as large as GATEWAY_MAX_JSON_BYTES allows, `0,0,...` (the costliest JSON to parse per
     byte), from several clients at once. simdjson holds the GIL while it parses (0.5 s for one here): parsed in a
     thread of the web process, each parse held the event loop; in the gateway's parser processes nothing does."""
     payload = int8_zeros(8 * 1024**2 - 64)
     assert len(payload) <= 16 * 1024**2
-    result = attack(portal, payload, {})
+    result = attack(bombed, payload, {})
     assert all(status == 200 for _, status, _ in result.waits), result.summary()
     assert result.worst < VICTIM_BOUND_SECONDS, result.summary()
     assert result.peak_rss < MEMORY_BOUND_BYTES, result.summary()
@@ -212,17 +212,17 @@ def _children(pid: int) -> set[int]:
     return found
 
 
-def test_the_parser_processes_do_not_outlive_a_killed_web_process(portal: Portal) -> None:
+def test_the_parser_processes_do_not_outlive_a_killed_web_process(bombed: Portal) -> None:
     """Killed for its memory, the web process cannot shut its parser pool down, and bin/run-portal starts another:
     each restart left two idle parsers of about 100 MB behind, until they asked Linux to be killed with it."""
     body = int8_zeros(600_000)  # over 512 KB: checked in a parser process
-    reply = requests.post(f"{portal.base}/serve/mine/v2/models/digits/infer", data=body, timeout=60,
-                          headers={"Authorization": f"Bearer {portal.attacker_token}"})
+    reply = requests.post(f"{bombed.base}/serve/mine/v2/models/digits/infer", data=body, timeout=60,
+                          headers={"Authorization": f"Bearer {bombed.attacker_token}"})
     assert reply.status_code == 502, reply.text[:300]  # checked, then its own unreachable Triton
-    parsers = processes.wait_for(lambda: {c for c in _children(portal.web_pid)
+    parsers = processes.wait_for(lambda: {c for c in _children(bombed.web_pid)
                                           if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()}, 30,
                                  what="the parser processes")
-    os.kill(portal.web_pid, signal.SIGKILL)
+    os.kill(bombed.web_pid, signal.SIGKILL)
     processes.wait_for(lambda: not any(Path(f"/proc/{c}").exists() and b"spawn_main" in _cmdline(c)
                                        for c in parsers), 30, what="the parser processes to end")
 

@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import Person, make_person
 from deployments.models import Deployment
 from models_registry.models import ModelVersion
 from tests.markers import require
+from tests.support.people import Person, make_person
 
 pytestmark = [pytest.mark.browser, pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -190,7 +190,7 @@ def test_an_upload_interrupted_half_way_resumes(browser: Any, alice_user: Person
 
 
 def test_another_teams_user_cannot_reach_the_deployment_page(browser: Any, alice_user: Person, portal_url: str) -> None:
-    from deployments.tests.conftest import make_ready_version
+    from tests.support.versions import make_ready_version
 
     make_ready_version(alice_user)
     response = alice_user.client().post("/api/v1/deployments/",
@@ -682,7 +682,7 @@ def test_the_upload_form_takes_an_example_request_and_says_what_is_wrong_with_a_
 def test_the_deploy_form_offers_a_shared_pool_with_what_fits(browser: Any, alice_user: Person, portal_url: str) -> None:
     from deployments.models import ModelMemory
     from deployments.pools import fingerprint
-    from deployments.tests.conftest import make_ready_version
+    from tests.support.versions import make_ready_version
 
     version = make_ready_version(alice_user)
     ModelMemory.objects.create(version=version, fingerprint=fingerprint(), memory_bytes=300 * 2**20)
@@ -788,7 +788,7 @@ def test_tune_apply_lists_its_changes_and_asks_before_narrowing(browser: Any, al
     checkbox (the browser holds the form back without it, and the portal refuses it without it too); after Apply the
     deployment's new revision serves the tuned settings."""
     from deployments.models import Revision
-    from deployments.tests.conftest import make_ready_version
+    from tests.support.versions import make_ready_version
 
     make_ready_version(alice_user)
     response = alice_user.client().post("/api/v1/deployments/",

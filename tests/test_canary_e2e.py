@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import requests
 
-from conftest import Person, make_person
 from deployments.models import Event
 from tests.processes import wait_for
 from tests.sandbox_helpers import python_version
+from tests.support.people import Person, make_person
 
 pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -45,7 +45,7 @@ NAME = "answer-prod"
 
 
 @pytest.fixture
-def alice(transactional_db: Any, monkeypatch: pytest.MonkeyPatch) -> Person:
+def alice_fast_checks(transactional_db: Any, monkeypatch: pytest.MonkeyPatch) -> Person:
     monkeypatch.setenv("CANARY_CHECK_SECONDS", "1")  # read by beat, started after this fixture
     return make_person("alice", "acme", role="admin")
 
@@ -118,22 +118,23 @@ class Load:
 
 
 def test_a_canary_takes_its_share_is_promoted_and_rolled_back_without_losing_a_request_and_errors_roll_it_back(
-        alice: Person, portal_url: str) -> None:
+        alice_fast_checks: Person, portal_url: str) -> None:
     for value in (1, 2, 3, -1):
-        python_version(alice, "answer", {"model.py": ANSWER_MODEL.format(value=value).encode()}, SIGNATURE)
-    created = alice.client().post("/api/v1/deployments/", {"name": NAME, "models": [{"model": "answer", "version": 1}]},
-                                  format="json")
+        python_version(alice_fast_checks, "answer", {"model.py": ANSWER_MODEL.format(value=value).encode()}, SIGNATURE)
+    created = alice_fast_checks.client().post("/api/v1/deployments/",
+                                              {"name": NAME, "models": [{"model": "answer", "version": 1}]},
+                                              format="json")
     assert created.status_code == 201, created.json()
-    wait_for(lambda: api(alice, "get", f"{NAME}/")["status"] == "ready", 120, what="revision 1 to serve")
+    wait_for(lambda: api(alice_fast_checks, "get", f"{NAME}/")["status"] == "ready", 120, what="revision 1 to serve")
 
     # 1. A 20% canary: 2,000 closed-loop requests, each answered by the revision its header names.
     # (Guardrails out of the way of what this tests: a cold python model's first answers may be slower.)
     lenient = {"max_p99_ratio": 1000.0}
-    api(alice, "patch", f"{NAME}/", {"models": [{"model": "answer", "version": 2}],
+    api(alice_fast_checks, "patch", f"{NAME}/", {"models": [{"model": "answer", "version": 2}],
                                      "rollout": {"strategy": "canary", "percent": 20, **lenient}})
-    wait_canary(alice, "serving")
+    wait_canary(alice_fast_checks, "serving")
     time.sleep(1)  # the gateway's route cache (GATEWAY_CACHE_TTL_SECONDS) has the canary's route
-    answers = Load(portal_url, alice.token).run(2000)
+    answers = Load(portal_url, alice_fast_checks.token).run(2000)
     assert len(answers) == 2000 and all(status == 200 for _, status, _, _ in answers)
     values = Counter(value for _, _, value, _ in answers)
     assert set(values) == {1, 2}
@@ -142,26 +143,26 @@ def test_a_canary_takes_its_share_is_promoted_and_rolled_back_without_losing_a_r
     assert 0.17 <= share <= 0.23, values
 
     # 2. Promote under load: no request fails, and then every answer is revision 2's.
-    load = Load(portal_url, alice.token)
+    load = Load(portal_url, alice_fast_checks.token)
     workers = load.start()
     time.sleep(2)
-    api(alice, "post", f"{NAME}/promote")
+    api(alice_fast_checks, "post", f"{NAME}/promote")
     promoted_at = time.monotonic()
     time.sleep(4)  # past the route cache and the drain (ROLLOUT_DRAIN_SECONDS), the old Triton is stopped
     answers = load.finish(workers)
     assert answers and all(status == 200 for _, status, _, _ in answers), Counter(s for _, s, _, _ in answers)
     assert {value for at, _, value, _ in answers if at > promoted_at + 1} == {2}
-    body = api(alice, "get", f"{NAME}/")
+    body = api(alice_fast_checks, "get", f"{NAME}/")
     assert body["serving_revision"] == 2 and body["canary"] is None
 
     # 3. A canary of revision 3 (answers 3), rolled back under load: no request fails, then only 2s.
-    api(alice, "patch", f"{NAME}/", {"models": [{"model": "answer", "version": 3}],
+    api(alice_fast_checks, "patch", f"{NAME}/", {"models": [{"model": "answer", "version": 3}],
                                      "rollout": {"strategy": "canary", "percent": 50, **lenient}})
-    wait_canary(alice, "serving")
-    load = Load(portal_url, alice.token)
+    wait_canary(alice_fast_checks, "serving")
+    load = Load(portal_url, alice_fast_checks.token)
     workers = load.start()
     time.sleep(3)
-    api(alice, "post", f"{NAME}/rollback")
+    api(alice_fast_checks, "post", f"{NAME}/rollback")
     rolled_back_at = time.monotonic()
     time.sleep(4)
     answers = load.finish(workers)
@@ -170,15 +171,15 @@ def test_a_canary_takes_its_share_is_promoted_and_rolled_back_without_losing_a_r
     assert {value for at, _, value, _ in answers if at > rolled_back_at + 1} == {2}
 
     # 4. A canary that answers errors (revision 4: version 4 raises) is rolled back by its guardrails.
-    api(alice, "patch", f"{NAME}/", {"models": [{"model": "answer", "version": 4}],
+    api(alice_fast_checks, "patch", f"{NAME}/", {"models": [{"model": "answer", "version": 4}],
                                      "rollout": {"strategy": "canary", "percent": 30, "window_seconds": 10,
                                                  "min_requests": 10}})
-    wait_canary(alice, "serving")
-    load = Load(portal_url, alice.token, threads=2)
+    wait_canary(alice_fast_checks, "serving")
+    load = Load(portal_url, alice_fast_checks.token, threads=2)
     workers = load.start()
     serving_at = time.monotonic()
     try:
-        wait_canary(alice, None, timeout=40)
+        wait_canary(alice_fast_checks, None, timeout=40)
     finally:
         answers = load.finish(workers)
     took = time.monotonic() - serving_at
@@ -189,5 +190,5 @@ def test_a_canary_takes_its_share_is_promoted_and_rolled_back_without_losing_a_r
     assert failed and all(status >= 500 for status in failed), failed
     event = Event.objects.filter(message__startswith="Canary revision 4 rolled back automatically").get()
     assert "canary error rate 100.0% > 5.0% over 10 s, stable 0.0%" in event.message
-    body = api(alice, "get", f"{NAME}/")
+    body = api(alice_fast_checks, "get", f"{NAME}/")
     assert body["serving_revision"] == 2 and body["canary"] is None

@@ -15,27 +15,15 @@ import pytest
 import tritonclient.http as httpclient
 from django.conf import settings
 
-from conftest import Person, make_person
 from deployments.models import Deployment, Event, TritonServer
 from deployments.runtimes.local.triton import is_alive
 from models_registry.models import Blob
-from models_registry.samples import digits_holdout, make_digits_onnx, train_digits_classifier
+from models_registry.samples import digits_holdout, train_digits_classifier
 from tests.deploying import deploy, push, serving, status_of, wait_status
 from tests.processes import start_worker, wait_for
+from tests.support.people import Person
 
 pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def alice_tx(transactional_db: Any) -> Person:
-    return make_person("alice", "acme", role="admin")
-
-
-@pytest.fixture(scope="module")
-def digits_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("samples") / "digits.onnx"
-    make_digits_onnx(path)
-    return path
 
 
 def test_digits_deploy_serves_exactly_what_onnxruntime_computes_with_real_batches(

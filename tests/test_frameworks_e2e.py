@@ -18,7 +18,6 @@ import tritonclient.http as httpclient
 from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from conftest import Person, make_person
 from deployments.runtimes.local import readiness
 from deployments.runtimes.local import triton as local_triton
 from models_registry.models import ModelVersion
@@ -33,6 +32,7 @@ from models_registry.samples import (
 )
 from tests.deploying import deploy, serving, wait_status
 from tests.processes import wait_for
+from tests.support.people import Person, make_person
 
 pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.frameworks,
               pytest.mark.django_db(transaction=True)]

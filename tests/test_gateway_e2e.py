@@ -17,35 +17,22 @@ import requests
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from accounts import actions
 from accounts.models import ApiToken
-from conftest import Person, make_person
 from deployments.models import Deployment
 from tests.deploying import deploy, push, serving, wait_status
 from tests.processes import wait_for
+from tests.support.people import Person
 
 pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
-def people(transactional_db: Any) -> dict[str, Person]:
-    return {"alice": make_person("alice", "acme", role="admin"), "charlie": make_person("charlie", "globex")}
-
-
-@pytest.fixture
-def gateway_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+def http_gateway_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GATEWAY_MAX_BODY_BYTES", str(2 * 1024 * 1024))
     monkeypatch.setenv("GATEWAY_UPSTREAM_TIMEOUT_SECONDS", "3")
     monkeypatch.setenv("GATEWAY_RATE_LIMIT_PER_SECOND", "30")
     monkeypatch.setenv("GATEWAY_RATE_LIMIT_BURST", "30")
-
-
-@pytest.fixture(scope="module")
-def digits_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from models_registry.samples import make_digits_onnx
-
-    path = tmp_path_factory.mktemp("samples") / "digits.onnx"
-    make_digits_onnx(path)
-    return path
 
 
 def client_for(portal_url: str, name: str) -> httpclient.InferenceServerClient:
@@ -59,7 +46,7 @@ def digits_inputs(rows: np.ndarray, binary: bool) -> list[httpclient.InferInput]
 
 
 def test_tritonclient_through_the_gateway_gets_exactly_what_triton_gives(
-    gateway_settings: None, people: dict[str, Person], portal_url: str, digits_onnx: Path
+    http_gateway_settings: None, people: dict[str, Person], portal_url: str, digits_onnx: Path
 ) -> None:
     from models_registry.samples import digits_holdout
 
@@ -136,13 +123,13 @@ def test_tritonclient_through_the_gateway_gets_exactly_what_triton_gives(
     assert stats["p50_ms"] is not None and stats["series"]
 
     # Revoking a token takes effect within a second.
-    ApiToken.objects.get(user=alice.user).revoke()
+    actions.revoke_token(ApiToken.objects.get(user=alice.user), by=alice.user, via="session")
     time.sleep(1.0)
     assert requests.get(f"{url}/ready", headers=auth, timeout=5).status_code == 401
 
 
 def test_a_stopped_or_unreachable_deployment_answers_503_or_502_and_a_slow_one_504(
-    gateway_settings: None, people: dict[str, Person], portal_url: str, digits_onnx: Path, tmp_path: Path
+    http_gateway_settings: None, people: dict[str, Person], portal_url: str, digits_onnx: Path, tmp_path: Path
 ) -> None:
     from tests.artifacts import sleepy_python_model_zip
 

@@ -27,10 +27,10 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
-from conftest import Person, make_person
-from gateway.tests.conftest import make_deployment
 from tests import processes
 from tests.raw_http2 import handshaked
+from tests.support.gateway_calls import make_deployment
+from tests.support.people import Person, make_person
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -60,7 +60,7 @@ def fake_triton() -> Iterator[str]:
 
 
 @pytest.fixture
-def gateway(transactional_db: Any, tmp_path: Path) -> Iterator[Gateway]:
+def capped_grpc_gateway(transactional_db: Any, tmp_path: Path) -> Iterator[Gateway]:
     """The gateway with a cap that a dozen addresses fill, and deadlines long enough that only the cap can close an
     attacker's connection while a test runs (the handshake deadline and the idle timeout are tested in
     tests/test_slow_clients.py)."""
@@ -134,19 +134,19 @@ def closed_among(socks: list[socket.socket]) -> list[int]:
 
 
 def test_past_the_cap_the_oldest_idle_connections_make_way_and_another_teams_call_is_served(
-        gateway: Gateway) -> None:
+        capped_grpc_gateway: Gateway) -> None:
     """The attacker fills the cap, then opens one more and (once a sweep has closed one for it, so that the first
     ones are known to be older) ten more. Another team's call on a new connection is answered, and the
     connections closed to bring the count back to the cap are the attacker's oldest: the ten later ones all stay.
     Their order among the first ones is not asserted: connections first seen by the same sweep are ordered by their
     socket's inode, which follows their creation only roughly.
     Before the change gRPC core closed every connection past the cap, the victim's included (UNAVAILABLE)."""
-    first = [attacker_connection(i, gateway.port) for i in range(CAP + 1)]
+    first = [attacker_connection(i, capped_grpc_gateway.port) for i in range(CAP + 1)]
     later: list[socket.socket] = []
     try:
         processes.wait_for(lambda: closed_among(first), 10, interval=0.05, what="a connection closed past the cap")
-        later = [attacker_connection(CAP + 1 + i, gateway.port) for i in range(10)]
-        live, took, error = victim_call(gateway.port, gateway.victim)
+        later = [attacker_connection(CAP + 1 + i, capped_grpc_gateway.port) for i in range(10)]
+        live, took, error = victim_call(capped_grpc_gateway.port, capped_grpc_gateway.victim)
         print(f"the victim's call took {took:.3f} s beside {CAP + 11} attacker connections")
         assert live, f"another team's call failed with the cap full of idle connections: {error}"
         # Back at the cap: eleven of the first connections closed (twelve if a sweep counted the victim's while it
@@ -160,11 +160,11 @@ def test_past_the_cap_the_oldest_idle_connections_make_way_and_another_teams_cal
             sock.close()
 
 
-def test_an_attacker_refilling_the_cap_cannot_keep_another_teams_calls_out(gateway: Gateway) -> None:
+def test_an_attacker_refilling_the_cap_cannot_keep_another_teams_calls_out(capped_grpc_gateway: Gateway) -> None:
     """The attacker keeps the cap full: each connection the gateway closes is opened again at once, from the same
     address and of the same kind. Meanwhile another team makes calls on new connections, one after the other,
     until the attacker has reopened 30 connections: every call is answered."""
-    held = [attacker_connection(i, gateway.port) for i in range(CAP)]
+    held = [attacker_connection(i, capped_grpc_gateway.port) for i in range(CAP)]
     stop = threading.Event()
     reopened = 0
 
@@ -177,7 +177,7 @@ def test_an_attacker_refilling_the_cap_cannot_keep_another_teams_calls_out(gatew
                 if is_closed(sock):
                     sock.close()
                     with contextlib.suppress(OSError):
-                        held[i] = attacker_connection(i, gateway.port)
+                        held[i] = attacker_connection(i, capped_grpc_gateway.port)
                         reopened += 1
             time.sleep(0.01)
 
@@ -187,7 +187,7 @@ def test_an_attacker_refilling_the_cap_cannot_keep_another_teams_calls_out(gatew
     try:
         deadline = time.monotonic() + 120
         while (len(answers) < 30 or reopened < 30) and time.monotonic() < deadline:
-            answers.append(victim_call(gateway.port, gateway.victim))
+            answers.append(victim_call(capped_grpc_gateway.port, capped_grpc_gateway.victim))
     finally:
         stop.set()
         attacker.join(15)

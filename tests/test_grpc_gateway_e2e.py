@@ -22,12 +22,12 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
+from accounts import actions
 from accounts.models import ApiToken
-from conftest import Person, make_person
 from deployments.models import Deployment
-from tests.conftest import GrpcGatewayProcess
 from tests.deploying import deploy, push, serving, wait_status
-from tests.processes import wait_for
+from tests.processes import GrpcGatewayProcess, wait_for
+from tests.support.people import Person
 
 pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -35,26 +35,11 @@ ROWS = 16384  # 4 MiB of FP32 in one tensor
 
 
 @pytest.fixture
-def people(transactional_db: Any) -> dict[str, Person]:
-    return {"alice": make_person("alice", "acme", role="admin"), "bob": make_person("bob", "acme"),
-            "charlie": make_person("charlie", "globex")}
-
-
-@pytest.fixture
-def gateway_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+def grpc_gateway_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GATEWAY_MAX_BODY_BYTES", str(16 * 1024 * 1024))
     monkeypatch.setenv("GATEWAY_MAX_TENSOR_BYTES", str(16 * 1024 * 1024))
     monkeypatch.setenv("GATEWAY_RATE_LIMIT_PER_SECOND", "100")
     monkeypatch.setenv("GATEWAY_RATE_LIMIT_BURST", "100")
-
-
-@pytest.fixture(scope="module")
-def digits_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from models_registry.samples import make_digits_onnx
-
-    path = tmp_path_factory.mktemp("samples") / "digits.onnx"
-    make_digits_onnx(path)
-    return path
 
 
 def headers(person: Person | str, deployment: str = "digits-prod") -> dict[str, str]:
@@ -93,7 +78,7 @@ def stream_all(client: grpcclient.InferenceServerClient, batches: list[np.ndarra
 
 
 def test_tritonclient_grpc_through_the_gateway_gets_exactly_what_triton_gives(
-    gateway_settings: None, people: dict[str, Person], portal_url: str, grpc_gateway: GrpcGatewayProcess,
+    grpc_gateway_settings: None, people: dict[str, Person], portal_url: str, grpc_gateway: GrpcGatewayProcess,
     digits_onnx: Path
 ) -> None:
     from models_registry.samples import digits_holdout
@@ -246,14 +231,14 @@ def test_tritonclient_grpc_through_the_gateway_gets_exactly_what_triton_gives(
     assert stats["p50_ms"] is not None
 
     # Revoking a token takes effect within the cache window, for calls and for an open stream.
-    _, raw = ApiToken.issue(alice.user, alice.team, name="short-lived")
+    _, raw = actions.issue_token(alice.user, alice.team, name="short-lived", by=alice.user, via="session")
     answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
     streaming = grpcclient.InferenceServerClient(grpc_gateway.address)
     streaming.start_stream(callback=lambda result, error: answers.put((result, error)), headers=headers(raw))
     streaming.async_stream_infer("digits", digits_input(X[:1]), request_id="before")
     assert answers.get(timeout=30)[1] is None
     assert gateway.is_server_ready(headers=headers(raw))
-    ApiToken.objects.get(prefix=raw.split("_")[1]).revoke()
+    actions.revoke_token(ApiToken.objects.get(prefix=raw.split("_")[1]), by=alice.user, via="session")
     time.sleep(1.0)
     assert status_of(lambda: gateway.is_server_ready(headers=headers(raw)))[0] == "StatusCode.UNAUTHENTICATED"
     streaming.async_stream_infer("digits", digits_input(X[:1]), request_id="after")

@@ -12,14 +12,14 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from rest_framework.test import APIClient
 
-from conftest import Person
 from deployments.models import Deployment, Revision
-from deployments.tests.conftest import make_ready_version
 from modelport.core.json_input import MAX_DEPTH, TooDeep, check_depth, loads
 from modelport.core.signature import SignatureError, parse_signature
 from models_registry.models import Model, ModelVersion
 from tests.artifacts import python_model_zip
-from web.tests.conftest import deploy, signed_in
+from tests.support.deploying import deploy
+from tests.support.people import Person, signed_in
+from tests.support.versions import make_ready_version
 
 TEN_THOUSAND_OPEN = "[" * 10_000
 TEN_THOUSAND_CLOSED = "[" * 10_000 + "]" * 10_000  # valid JSON, too deep for Python's parser

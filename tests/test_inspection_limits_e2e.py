@@ -27,13 +27,13 @@ from django.utils import timezone
 from google.protobuf.internal.encoder import _VarintBytes
 from onnx import TensorProto, helper
 
-from conftest import Person, make_person
 from infra.lanes import lane
 from models_registry import dispatch
 from models_registry.models import ModelVersion
 from models_registry.tasks import dispatch_inspections
 from tests import processes
 from tests.artifacts import tiny_onnx
+from tests.support.people import Person, make_person
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 

@@ -28,7 +28,6 @@ import aiohttp
 import numpy as np
 import pytest
 
-from conftest import Person
 from deployments.render import render_repository
 from deployments.runtimes.local import backends, readiness, serverlog
 from deployments.runtimes.local import triton as lt
@@ -36,17 +35,13 @@ from deployments.spec import RepositorySpec, ServedModel
 from gateway import contract as contracts
 from gateway import protocol
 from gateway.protocol import Refusal
-from gateway.tests import conftest as gateway_fixtures
-from gateway.tests.conftest import call, make_deployment, run
 from gateway.tests.infer_bodies import OK, j
 from modelport.core.runtime_env import find_runtime_env
 from tests.nasty_inputs import PASSED_TO_TRITON
+from tests.support.gateway_calls import call, make_deployment, run
+from tests.support.people import Person
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
-
-# The gateway tests' fixtures: the real Gateway app, and alice of acme on the test database.
-people = gateway_fixtures.people
-gateway_app = gateway_fixtures.gateway_app
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUNTIME_ENV = Path(os.environ.get("MODELPORT_RUNTIME_ENV", str(REPO_ROOT / "var" / "runtime-env")))
@@ -87,7 +82,7 @@ def echo_config() -> str:
 
 
 @pytest.fixture(scope="module")
-def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lt.ServerProcess]:
+def identity_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lt.ServerProcess]:
     from models_registry.samples import make_digits_onnx, make_resnet_onnx
 
     if not RUNTIME_ENV.is_dir():
@@ -314,14 +309,15 @@ def own_refusal(status: int, body: bytes) -> bool:
 
 
 def test_answers_through_the_gateway_are_those_triton_gives_directly(
-    triton: lt.ServerProcess, people: dict[str, Person], gateway_app: Any, settings: Any
+    identity_triton: lt.ServerProcess, people: dict[str, Person], gateway_app: Any, settings: Any
 ) -> None:
     settings.GATEWAY_TRANSCODE_JSON = True
     settings.GATEWAY_MAX_BODY_BYTES = 8 * 1024 * 1024
     settings.GATEWAY_RATE_LIMIT_PER_SECOND = 10_000
     settings.GATEWAY_RATE_LIMIT_BURST = 10_000
     alice = people["alice"]
-    make_deployment(alice, "identity", f"http://{triton.host}:{triton.http_port}", ("digits", "resnet", "echo"))
+    make_deployment(alice, "identity", f"http://{identity_triton.host}:{identity_triton.http_port}",
+                    ("digits", "resnet", "echo"))
     from deployments.models import Deployment
 
     served = contracts.contracts_for(Deployment.objects.get(name="identity").revision.spec)
@@ -341,7 +337,7 @@ def test_answers_through_the_gateway_are_those_triton_gives_directly(
                                      headers=headers)
                     got = answer_form(via.status, {k.decode(): v.decode("latin-1") for k, v in via.headers.items()},
                                       via.body)
-                    url = f"http://{triton.host}:{triton.http_port}{path}"
+                    url = f"http://{identity_triton.host}:{identity_triton.http_port}{path}"
                     async with session.post(url, data=body, headers=headers) as response:
                         direct = await response.read()
                         model = path.split("/")[3] if path.startswith("/v2/models/") else ""

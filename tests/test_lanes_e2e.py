@@ -25,14 +25,14 @@ import pytest
 from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from conftest import Person, make_person
 from deployments.models import Deployment
 from deployments.runtimes.local import triton as local_triton
-from deployments.tests.conftest import make_ready_version
 from infra.lanes import LANES, Lane
 from infra.queues import Queue
 from models_registry.models import ModelVersion
 from tests import processes
+from tests.support.people import Person, make_person
+from tests.support.versions import make_ready_version
 from tuning.api import MIN_P99_MS
 from tuning.models import TuneRun
 

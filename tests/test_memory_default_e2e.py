@@ -11,30 +11,23 @@ models were measured to take (deployments/server_memory.py), and that limit is i
 from __future__ import annotations
 
 import urllib.error
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import Person
 from deployments import reconcile
 from deployments.models import Deployment
 from deployments.runtimes.local import confined as local_confined
-from deployments.tests.conftest import make_ready_version
 from modelport.core.sandbox import cgroups
 from models_registry.models import ModelVersion
-from tests.sandbox_helpers import VECTOR, deploy, gone, infer, model_source, python_version, ready, stop_everything
+from tests.sandbox_helpers import VECTOR, deploy, gone, infer, model_source, python_version, ready
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
-pytestmark = [pytest.mark.triton, pytest.mark.django_db]
+pytestmark = [pytest.mark.triton, pytest.mark.django_db, pytest.mark.usefixtures("no_triton_left")]
 
 Mi = 2**20
-
-
-@pytest.fixture(autouse=True)
-def _no_triton_left() -> Iterator[None]:
-    yield
-    stop_everything()
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,29 +19,15 @@ import pytest
 import requests
 import tritonclient.http as httpclient
 
-from conftest import Person, make_person
 from deployments.runtimes.local.triton import is_alive
 from gateway.tests.infer_bodies import BINARY_HOSTILE, HOSTILE, OK
 from models_registry.models import Upload
-from models_registry.tests.live_portal import Live, b64, live_portal, read_answer, settled
+from models_registry.tests.live_portal import Live, b64, read_answer, settled
 from tests.deploying import deploy, push, serving, wait_status
 from tests.nasty_inputs import PASSED_TO_TRITON, j
+from tests.support.people import Person, make_person
 
 TIMEOUT = 15  # seconds: a request that takes longer is a hang
-
-
-@pytest.fixture
-def people(transactional_db: Any) -> dict[str, Person]:
-    return {"alice": make_person("alice", "acme", role="admin"), "charlie": make_person("charlie", "globex")}
-
-
-@pytest.fixture(scope="module")
-def digits_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from models_registry.samples import make_digits_onnx
-
-    path = tmp_path_factory.mktemp("samples") / "digits.onnx"
-    make_digits_onnx(path)
-    return path
 
 
 def raw_exchange(port: int, request: bytes) -> tuple[int, bytes]:
@@ -130,12 +115,6 @@ def test_nasty_requests_to_the_gateway_get_4xx_and_leave_the_same_triton_serving
 # --- tus ------------------------------------------------------------------------------------------------------
 
 TUS = {"Tus-Resumable": "1.0.0"}
-
-
-@pytest.fixture
-def live() -> Iterator[Live]:
-    with live_portal() as portal:
-        yield portal
 
 
 def tus_request(live: Live, method: str, path: str, headers: dict[str, str], body: bytes = b"") -> Any:

@@ -7,9 +7,9 @@ from typing import Any
 
 from rest_framework.test import APIClient
 
-from conftest import Person
-from deployments.tests.conftest import make_ready_version
 from models_registry.models import Model
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
 
 def message(response: Any) -> str:

@@ -9,7 +9,6 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +17,6 @@ import tritonclient.http as httpclient
 from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from conftest import Person, make_person
 from models_registry.models import ModelVersion
 from models_registry.samples import (
     digits_holdout,
@@ -31,15 +29,11 @@ from models_registry.samples import (
 )
 from tests.deploying import deploy, push, serving, wait_status
 from tests.processes import wait_for
+from tests.support.people import Person
 
 pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 THREADS = 16
-
-
-@pytest.fixture
-def alice_tx(transactional_db: Any) -> Person:
-    return make_person("alice", "acme", role="admin")
 
 
 @pytest.fixture(scope="module")

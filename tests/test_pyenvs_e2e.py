@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +15,6 @@ import tritonclient.http as httpclient
 from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from conftest import Person, make_person
 from deployments import pyenvs
 from deployments.models import Deployment, Event
 from deployments.runtimes.local.pyenv import python_env_for, runtime_env
@@ -24,6 +22,7 @@ from models_registry.models import ModelVersion
 from tests.artifacts import PYTHON_SIGNATURE, python_model_zip
 from tests.deploying import deploy, serving, status_of, wait_status
 from tests.processes import wait_for
+from tests.support.people import Person
 
 pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -57,11 +56,6 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", (x * self.factor).astype(np.float32))]))
         return responses
 '''
-
-
-@pytest.fixture
-def alice_tx(transactional_db: Any) -> Person:
-    return make_person("alice", "acme", role="admin")
 
 
 def push_python_model(person: Person, name: str, requirements: bytes) -> ModelVersion:

@@ -21,9 +21,9 @@ import requests
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import Person, make_person
-from gateway.tests.conftest import make_deployment
 from tests import processes
+from tests.support.gateway_calls import make_deployment
+from tests.support.people import Person, make_person
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -33,13 +33,13 @@ API_LIMIT = 1 * MB
 
 
 @pytest.fixture
-def alice(transactional_db: Any) -> Person:
+def alice_and_theirs(transactional_db: Any) -> Person:
     make_deployment(make_person("charlie", "globex", role="admin"), "theirs", "http://127.0.0.1:9")
     return make_person("alice", "acme", role="admin")
 
 
 @pytest.fixture
-def web(tmp_path: Path, alice: Person) -> Iterator[int]:
+def web(tmp_path: Path, alice_and_theirs: Person) -> Iterator[int]:
     port = processes.free_port()
     log = tmp_path / "web.log"
     process = processes.start_web(log, port, {"GATEWAY_MAX_BODY_BYTES": str(GATEWAY_LIMIT),
@@ -78,10 +78,10 @@ def _refusals(port: int, token: str) -> list[tuple[str, str, dict[str, str], byt
     ]
 
 
-def test_urllib_reads_each_refusal_of_a_body_it_is_still_sending(web: int, alice: Person) -> None:
+def test_urllib_reads_each_refusal_of_a_body_it_is_still_sending(web: int, alice_and_theirs: Person) -> None:
     # urllib sends `Connection: close`: the connection ends after the answer, the case that lost it before.
     got = []
-    for what, url, headers, body, _, _ in _refusals(web, alice.token):
+    for what, url, headers, body, _, _ in _refusals(web, alice_and_theirs.token):
         request = urllib.request.Request(url, data=body, method="POST",
                                          headers={"Content-Type": "application/octet-stream", **headers})
         try:
@@ -89,14 +89,14 @@ def test_urllib_reads_each_refusal_of_a_body_it_is_still_sending(web: int, alice
                 got.append((what, reply.status, reply.read()[:200]))
         except urllib.error.HTTPError as exc:
             got.append((what, exc.code, exc.read()[:300]))
-    assert [(what, status) for what, status, _ in got] == [(r[0], r[4]) for r in _refusals(web, alice.token)]
-    for (_, _, answer), refusal in zip(got, _refusals(web, alice.token), strict=True):
+    assert [(what, status) for what, status, _ in got] == [(r[0], r[4]) for r in _refusals(web, alice_and_theirs.token)]
+    for (_, _, answer), refusal in zip(got, _refusals(web, alice_and_theirs.token), strict=True):
         assert refusal[5].encode() in answer
 
 
-def test_requests_reads_each_refusal_and_keeps_its_connection(web: int, alice: Person) -> None:
+def test_requests_reads_each_refusal_and_keeps_its_connection(web: int, alice_and_theirs: Person) -> None:
     with requests.Session() as session:
-        for what, url, headers, body, status, phrase in _refusals(web, alice.token):
+        for what, url, headers, body, status, phrase in _refusals(web, alice_and_theirs.token):
             reply = session.post(url, data=body, headers=headers, timeout=30)
             assert (what, reply.status_code) == (what, status)
             assert phrase in reply.text
@@ -104,11 +104,11 @@ def test_requests_reads_each_refusal_and_keeps_its_connection(web: int, alice: P
         assert session.get(f"http://127.0.0.1:{web}/healthz", timeout=5).status_code == 200
 
 
-def test_tritonclient_reads_the_gateways_refusal_of_a_large_request(web: int, alice: Person) -> None:
+def test_tritonclient_reads_the_gateways_refusal_of_a_large_request(web: int, alice_and_theirs: Person) -> None:
     tensor = np.zeros((1, 1_500_000), dtype=np.float32)  # 6 MB of binary data
     for base, headers, phrase in [
         (f"127.0.0.1:{web}/serve/digits", {}, "Authentication required"),
-        (f"127.0.0.1:{web}/serve/theirs", {"Authorization": f"Bearer {alice.token}"},
+        (f"127.0.0.1:{web}/serve/theirs", {"Authorization": f"Bearer {alice_and_theirs.token}"},
          "There is no deployment named"),
     ]:
         client = httpclient.InferenceServerClient(base, network_timeout=30, connection_timeout=30)

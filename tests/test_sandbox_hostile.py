@@ -26,7 +26,6 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from audit.models import AuditEntry
-from conftest import Person
 from deployments import reconcile
 from deployments.models import Deployment, TritonServer
 from deployments.runtimes.local import confined as local_confined
@@ -48,10 +47,10 @@ from tests.sandbox_helpers import (
     python_version,
     ready,
     shm_regions,
-    stop_everything,
 )
+from tests.support.people import Person
 
-pytestmark = [pytest.mark.triton, pytest.mark.django_db]
+pytestmark = [pytest.mark.triton, pytest.mark.django_db, pytest.mark.usefixtures("no_triton_left")]
 
 PLANTED = "MODELPORT_PLANTED_SECRET"
 REPORT = {"inputs": [{"name": "probe", "datatype": "BYTES", "dims": [1]}],
@@ -67,12 +66,6 @@ WORK_UNSANDBOXED = {
     "server_admin_key", "server_tcp_table", "server_tcp6_table", "server_unix_table", "server_mountinfo",
     "server_mounts", "own_mountinfo", "proc_net_tcp",
 }
-
-
-@pytest.fixture(autouse=True)
-def _no_triton_left() -> Iterator[None]:
-    yield
-    stop_everything()
 
 
 @pytest.fixture
@@ -104,7 +97,7 @@ def planted(monkeypatch: pytest.MonkeyPatch) -> str:
 
 def victim(charlie: Person) -> TritonServer:
     """Another team's running deployment: the hostile model goes after its repository, port and shared memory."""
-    from deployments.tests.conftest import make_ready_version
+    from tests.support.versions import make_ready_version
 
     make_ready_version(charlie, name="victim", data=tiny_onnx())
     return ready(deploy(charlie, "victim", [{"model": "victim"}]))

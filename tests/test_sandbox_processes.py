@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from conftest import Person
 from deployments import tasks
 from deployments.models import Deployment, TritonServer
 from deployments.revision_spec import RevisionSpec
@@ -28,7 +27,6 @@ from deployments.runtimes.local import files as local_files
 from deployments.runtimes.local import pyenv as local_pyenv
 from deployments.runtimes.local import sweeps as local_sweeps
 from deployments.runtimes.local import triton as local_triton
-from deployments.tests.conftest import make_ready_version
 from modelport.core import sandbox
 from tests.artifacts import tiny_onnx
 from tests.sandbox_helpers import (
@@ -42,21 +40,11 @@ from tests.sandbox_helpers import (
     processes_named,
     python_version,
     ready,
-    stop_everything,
 )
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
-pytestmark = [pytest.mark.triton, pytest.mark.django_db]
-
-
-@pytest.fixture(autouse=True)
-def _sandboxed() -> Iterator[None]:
-    local_confined.sandbox_capabilities.cache_clear()
-    caps = local_confined.sandbox_capabilities()
-    if not caps.available:
-        pytest.fail(f"the sandbox is not available here: {caps.reason}")
-    yield
-    stop_everything()
-    local_confined.sandbox_capabilities.cache_clear()
+pytestmark = [pytest.mark.triton, pytest.mark.django_db, pytest.mark.usefixtures("sandboxed")]
 
 
 @pytest.fixture

@@ -6,32 +6,20 @@ tritonserver."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import Person
 from deployments.runtimes.local import confined as local_confined
-from tests.sandbox_helpers import deploy, infer, model_source, output, python_version, ready, stop_everything
+from tests.sandbox_helpers import deploy, infer, model_source, output, python_version, ready
+from tests.support.people import Person
 
-pytestmark = [pytest.mark.triton, pytest.mark.django_db]
+pytestmark = [pytest.mark.triton, pytest.mark.django_db, pytest.mark.usefixtures("sandboxed")]
 
 REPORT = {"inputs": [{"name": "probe", "datatype": "BYTES", "dims": [1]}],
           "outputs": [{"name": "report", "datatype": "BYTES", "dims": [1]}]}
 MiB = 2**20
-
-
-@pytest.fixture(autouse=True)
-def _sandboxed() -> Iterator[None]:
-    local_confined.sandbox_capabilities.cache_clear()
-    caps = local_confined.sandbox_capabilities()
-    if not caps.available:
-        pytest.fail(f"the sandbox is not available here: {caps.reason}")
-    yield
-    stop_everything()
-    local_confined.sandbox_capabilities.cache_clear()
 
 
 def _ask(server: Any, command: str) -> dict[str, Any]:

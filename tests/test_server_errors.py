@@ -15,9 +15,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.http import HttpRequest, HttpResponse
 from django.test import Client
 
-from conftest import Person
 from tests.fresh_settings import load_settings
-from web.tests.conftest import signed_in
+from tests.support.people import Person, signed_in
 
 ROOT = Path(__file__).resolve().parent.parent
 

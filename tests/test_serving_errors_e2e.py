@@ -16,11 +16,11 @@ import pytest
 import requests
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from conftest import Person, make_person
 from modelport.core.signature import signature_from_json
 from models_registry.models import ModelVersion
 from tests.deploying import deploy, wait_status
 from tests.processes import wait_for
+from tests.support.people import Person
 
 pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -49,11 +49,6 @@ def model_zip(path: Path, output_name: str) -> Path:
 
 
 @pytest.fixture
-def alice(transactional_db: Any) -> Person:
-    return make_person("alice", "acme", role="admin")
-
-
-@pytest.fixture
 def no_trial_in_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker inspects without the trial call, so that the wrong model can be served and the gateway's own
     check seen (requested before portal_url, so that the worker starts with it)."""
@@ -76,9 +71,9 @@ def test_the_trial_call_refuses_a_python_model_answering_under_another_name(tmp_
 
 
 def test_an_answer_missing_an_output_is_an_error_naming_it_and_a_wrong_shape_says_the_shape(
-    no_trial_in_the_worker: None, alice: Person, portal_url: str, tmp_path: Path
+    no_trial_in_the_worker: None, alice_tx: Person, portal_url: str, tmp_path: Path
 ) -> None:
-    client = alice.client()
+    client = alice_tx.client()
     client.post("/api/v1/models/", {"name": "doubler"}, format="json")
     response = client.post("/api/v1/models/doubler/versions/", {
         "file": SimpleUploadedFile("doubler.zip", model_zip(tmp_path / "doubler.zip", "z").read_bytes()),
@@ -87,10 +82,10 @@ def test_an_answer_missing_an_output_is_an_error_naming_it_and_a_wrong_shape_say
     wait_for(lambda: client.get("/api/v1/models/doubler/versions/1/").json()["status"] != "validating", 60,
              what="the worker to inspect the model")
     assert ModelVersion.objects.get(model__name="doubler").status == "ready"  # the trial call is off in the worker
-    deploy(alice, "doubler", [{"model": "doubler", "max_batch_size": 8}])
-    wait_status(alice, "doubler", "ready", timeout=120)
+    deploy(alice_tx, "doubler", [{"model": "doubler", "max_batch_size": 8}])
+    wait_status(alice_tx, "doubler", "ready", timeout=120)
     url = f"{portal_url}/serve/doubler/v2/models/doubler/infer"
-    auth = {"Authorization": f"Bearer {alice.token}"}
+    auth = {"Authorization": f"Bearer {alice_tx.token}"}
 
     def infer(shape: list[int]) -> requests.Response:
         count = shape[0] * shape[1]

@@ -13,11 +13,11 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from drf_spectacular.generators import SchemaGenerator
 
-from conftest import Person
 from deployments.models import Deployment
-from deployments.tests.conftest import post_deployment as create
 from models_registry.models import Model, ModelVersion
 from tests.artifacts import tiny_onnx
+from tests.support.deploying import post_deployment as create
+from tests.support.people import Person
 
 
 def refused(response: Any, field: str) -> str:

@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.conf import settings
 
-from conftest import Person, make_person
 from deployments.models import Deployment
 from deployments.runtimes.local import triton as local_triton
-from deployments.tests.conftest import make_ready_version
 from models_registry.samples import make_resnet_onnx
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 from tuning import runner
 from tuning.models import TuneRun
 
@@ -24,11 +23,6 @@ pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
 
 BUDGET_SECONDS = 90
 P99_TARGET_MS = 150.0
-
-
-@pytest.fixture
-def alice_tx(transactional_db: Any) -> Person:
-    return make_person("alice", "acme", role="admin")
 
 
 def test_a_tune_of_the_cnn_sample_meets_its_target_within_its_budget(alice_tx: Person, tmp_path: Path) -> None:

@@ -8,17 +8,12 @@ from typing import Any
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from conftest import Person, make_person
 from portal.celery import app
 from tests.artifacts import tiny_onnx
 from tests.processes import wait_for
+from tests.support.people import Person
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def alice_tx(transactional_db: Any) -> Person:
-    return make_person("alice", "acme", role="admin")
 
 
 def test_a_real_worker_inspects_an_upload_and_the_version_becomes_ready(alice_tx: Person,

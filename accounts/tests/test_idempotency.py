@@ -7,8 +7,8 @@ import uuid
 from rest_framework.test import APIClient
 
 from accounts.models import ApiToken, IdempotencyRecord
-from conftest import Person
 from models_registry.models import Model
+from tests.support.people import Person
 
 
 def test_a_retried_create_with_the_same_key_creates_once_and_replays_the_response(alice: Person) -> None:

@@ -9,13 +9,13 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from accounts.models import Team
-from conftest import Person
 from deployments.runtimes.kubernetes import manifests
 from deployments.spec import validate_served_model
 from deployments.tests.manifests import CONFIG, model, target
 from deployments.tests.values import model as served_model
 from infra.names import name_error
 from models_registry.models import Model
+from tests.support.people import Person
 
 
 @pytest.mark.parametrize("name", ["digits\n", "digits\r\n", "\ndigits", "digits\n\n", "a\nb", "digits\x00", "digits "])

@@ -13,7 +13,7 @@ import pytest
 from django.test import Client, RequestFactory
 
 from accounts import signin
-from conftest import Person
+from tests.support.people import Person
 
 LIMIT_PER_PAIR = 3  # an account at one address, or from one recognised browser
 LIMIT_PER_ADDRESS = 6

@@ -12,7 +12,7 @@ import pytest
 from django.test import Client
 
 from accounts import signin
-from conftest import Person
+from tests.support.people import Person
 
 ATTACKER = "203.0.113.66"
 VICTIM = "198.51.100.20"

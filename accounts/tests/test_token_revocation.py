@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 from accounts import actions
 from accounts.models import ApiToken
 from audit.models import AuditEntry
-from conftest import Person
+from tests.support.people import Person
 
 
 def bearer(raw: str) -> APIClient:
@@ -185,3 +185,26 @@ def test_a_token_revoked_while_it_creates_a_token_gets_401(alice: Person, chain:
     assert refused.status_code == 401
     assert refused.json()["error"]["message"] == "The API token is invalid, expired or revoked."
     assert ApiToken.objects.count() == before
+
+
+def test_tokens_are_issued_and_revoked_only_through_accounts_actions() -> None:
+    """The API, the tokens page, the admin and create_api_token all issue and revoke through accounts/actions.py, so
+    every token has its one "token.create" row and every revocation its "token.revoke" rows. A module that called
+    ApiToken.issue() or revoke() itself would change tokens with no audit row (tests set up with the model alone)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    allowed = {"accounts/models.py", "accounts/actions.py"}
+    calls, read = {}, 0
+    for app in ("accounts", "audit", "models_registry", "deployments", "gateway", "tuning", "web", "portal"):
+        for path in sorted((root / app).rglob("*.py")):
+            where = str(path.relative_to(root))
+            if "/tests/" in where or "/migrations/" in where or where in allowed:
+                continue
+            read += 1
+            text = path.read_text()
+            found = [call for call in ("ApiToken.issue(", ".revoke(") if call in text]
+            if found:
+                calls[where] = found
+    assert read > 100
+    assert calls == {}, "issue and revoke with accounts.actions.issue_token / revoke_token: " + repr(calls)

@@ -9,9 +9,10 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from accounts import actions
 from accounts.models import ApiToken, Membership, Team, hash_token
 from audit.models import AuditEntry
-from conftest import Person
+from tests.support.people import Person
 
 
 def test_a_token_is_stored_hashed_with_only_a_prefix_in_clear(alice: Person) -> None:
@@ -44,7 +45,7 @@ def test_it_answers_401_for_a_bad_token(alice: Person) -> None:
 
 
 def test_a_revoked_token_stops_working(alice: Person) -> None:
-    ApiToken.objects.get(user=alice.user).revoke()
+    actions.revoke_token(ApiToken.objects.get(user=alice.user), by=alice.user, via="session")
     assert alice.client().get("/api/v1/models/").status_code == 401
 
 

@@ -5,8 +5,8 @@ from typing import Any
 from rest_framework.test import APIClient
 
 from audit.models import AuditEntry
-from conftest import Person
 from models_registry.models import ModelVersion
+from tests.support.people import Person
 
 
 def test_api_actions_are_written_to_the_audit_log(alice: Person, digits: ModelVersion) -> None:

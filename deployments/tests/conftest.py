@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -9,18 +8,14 @@ import pytest
 from django.utils import timezone
 from moto import mock_aws
 
-from conftest import Person
-from deployments.models import Deployment, Revision
-from deployments.revision_spec import RevisionSpec
 from deployments.runtimes import registry
 from deployments.runtimes.kubernetes import s3repo
 from deployments.runtimes.kubernetes.config import KubernetesConfig
 from deployments.tests.fake_kube import FakeKube
 from deployments.tests.fake_runtime import FakeRuntime
 from deployments.tests.reconciling import Clock
-from models_registry.models import Model, ModelVersion
-from tests.artifacts import tiny_onnx
 from tests.markers import require
+from tests.support.clocks import UrlClock
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -37,47 +32,14 @@ def _kubernetes_schemas_read_once() -> Iterator[None]:
         patch.setattr(utils, "schema_contents", lru_cache(maxsize=None)(utils.schema_contents))
         yield
 
-def make_ready_version(person: Person, name: str = "digits", data: bytes | None = None, **fields: Any) -> ModelVersion:
-    """A ready ONNX version through the real upload path (the inspection runs in-process, or in the live worker of a
-    test that has one, whichever claims it first)."""
-    from django.core.files.uploadedfile import SimpleUploadedFile
 
-    from models_registry import actions
-    from models_registry.inspection import inspect_here
-
-    model = (Model.objects.filter(team=person.team, name=name).first()
-             or Model.objects.create(team=person.team, name=name))
-    upload = SimpleUploadedFile("model.onnx", data or tiny_onnx())
-    version = actions.create_version_from_file(model, person.user, upload, "model.onnx", **fields)
-    version = inspect_here(version.pk)
-    assert version.status == "ready", version.error
-    return version
-
-
-def huge_input(deployment: Deployment) -> None:
-    """The served model declares an input too large for the Try-it example (a python model declares its own)."""
-    revision = deployment.revision
-    assert revision is not None
-    spec = revision.spec.to_json()
-    spec["models"][0]["signature"]["inputs"][0]["dims"] = [-1, 2**62]  # the first: the batch
-    Revision.objects.filter(pk=revision.pk).update(spec=RevisionSpec.from_json(spec))
-
-
-def post_deployment(person: Person, **body: Any) -> Any:
-    """POST /api/v1/deployments/ of alice's "digits" as "digits-prod", with `body` over those defaults."""
-    payload = {"name": "digits-prod", "models": [{"model": "digits"}], **body}
-    return person.client().post("/api/v1/deployments/", payload, format="json")
-
-
-def settle(deployment_id: int, ticks: int = 10) -> None:
-    """Tick the reconciler as the worker would, one tick right after the other (the runtimes here answer at once,
-    so the waits between ticks are left out), until it wants no next one."""
-    from deployments import reconcile
-
-    for _ in range(ticks):
-        if reconcile.reconcile(deployment_id) is None:
-            return
-    raise AssertionError(f"deployment {deployment_id} is not at rest after {ticks} ticks")
+@pytest.fixture
+def tiny_models_limited_to_4gi(settings: Any) -> None:
+    """For tests that count in the 4Gi every dedicated local deployment given no memory was limited to before issue
+    31: with Triton's share at 4Gi less POOL_MODEL_MEMORY_MIN, a tiny ONNX model's derived limit is 4Gi again
+    (deployments/tests/test_server_memory.py tests the derivation itself). Used as a module's mark."""
+    settings.SANDBOX_SERVER_MEMORY = "3968Mi"
+    settings.POOL_MODEL_MEMORY_MIN = "128Mi"
 
 
 # --- The reconciler's tests: `clock` is the time timezone.now reads, `fake` the runtime (fake_runtime.py) ----------
@@ -109,16 +71,6 @@ def kube() -> Iterator[FakeKube]:
     server = FakeKube().start()
     yield server
     server.stop()
-
-
-class UrlClock:
-    """The time the runtime measures URL expiry with, and botocore signs URLs with: tests move it."""
-
-    def __init__(self) -> None:
-        self.time = datetime.now(UTC).replace(microsecond=0)
-
-    def __call__(self) -> datetime:
-        return self.time
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from deployments import reconcile
 from deployments.models import Deployment, Pool
 from deployments.pool_models import GpuShare
@@ -19,6 +18,7 @@ from deployments.runtimes.kubernetes import pool_agent, pool_manifests
 from deployments.runtimes.kubernetes.config import KubernetesConfig
 from deployments.tests import fake_kube
 from deployments.tests.fake_kube import FakeKube
+from tests.support.people import Person
 
 NS = "modelport-pools"
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from conftest import Person, make_person
 from deployments import reconcile
 from deployments.models import Deployment, PoolServer
 from deployments.runtimes.local import triton as local_triton
+from tests.support.people import Person, make_person
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from conftest import Person
+from tests.support.people import Person
 
 
 class InProcessGrpcGateway:

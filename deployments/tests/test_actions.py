@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 
 from audit.models import AuditEntry
-from conftest import Person
 from deployments import actions, canary, planning
 from deployments.model_entry import ModelEntry
 from deployments.models import Deployment
 from deployments.revision_spec import DynamicBatching
 from infra.api_errors import Conflict, Invalid
 from models_registry.models import ModelVersion
+from tests.support.people import Person
 
 
 def plan(person: Person, delay: int = 0) -> planning.Plan:

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from audit.models import AuditEntry
-from conftest import Person
 from deployments.models import Deployment, Event
-from deployments.tests.conftest import make_ready_version
 from models_registry.models import ModelVersion
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
 
 @pytest.fixture

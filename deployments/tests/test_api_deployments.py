@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from deployments.models import Deployment, Event, Revision
-from deployments.tests.conftest import make_ready_version
-from deployments.tests.conftest import post_deployment as create
 from models_registry.models import ModelVersion
+from tests.support.deploying import post_deployment as create
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
 
 def test_alice_deploys_with_defaults_fitted_to_the_model(alice: Person, digits: ModelVersion) -> None:
@@ -113,8 +113,8 @@ def test_it_refuses_replicas_on_the_local_runtime(alice: Person, digits: ModelVe
 
 
 def test_it_refuses_batching_for_a_model_without_a_batch_dimension(alice: Person) -> None:
-    from deployments.tests.conftest import make_ready_version
     from tests.artifacts import tiny_onnx
+    from tests.support.versions import make_ready_version
 
     make_ready_version(alice, "fixed", tiny_onnx(batch=False))
     response = create(alice, models=[{"model": "fixed", "max_batch_size": 4}])
@@ -218,7 +218,7 @@ def test_a_savedmodel_deploys_locally_only_when_the_runtime_env_has_tensorflow(
     import zipfile
 
     from models_registry.tests.savedmodels import saved_model
-    from web.tests.conftest import fake_runtime_env
+    from tests.support.deploying import fake_runtime_env
 
     pb = saved_model({"serving_default": {"inputs": {"x": {"dtype": 1, "dims": [-1, 4]}},
                                           "outputs": {"y": {"dtype": 1, "dims": [-1, 3]}}}})

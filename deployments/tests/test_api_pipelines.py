@@ -12,7 +12,6 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from conftest import Person
 from deployments.models import Deployment
 from deployments.render import render_repository
 from deployments.runtimes.artifacts import artifact_path
@@ -20,6 +19,7 @@ from models_registry.models import ModelVersion
 from models_registry.samples import digits_pipeline_definition
 from models_registry.tests.pipeline_versions import create_pipeline, digits_steps, ready_version
 from tests.artifacts import PYTHON_SIGNATURE, python_model_zip
+from tests.support.people import Person
 
 NO_BATCHING = None
 

@@ -13,7 +13,6 @@ import pytest
 from django.utils import timezone
 
 from audit.models import AuditEntry
-from conftest import Person
 from deployments import actions, canary, planning
 from deployments.models import Deployment
 from deployments.tests.fake_runtime import FakeRuntime
@@ -21,6 +20,7 @@ from deployments.tests.reconciling import Clock, events, request, serving, tick,
 from gateway import canary as gateway_canary
 from gateway import tasks as gateway_tasks
 from gateway.models import LATENCY_BUCKETS_MS, RequestStats
+from tests.support.people import Person
 
 S = Deployment.Status
 

@@ -13,30 +13,22 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from accounts.models import Team, TeamQuota
-from conftest import Person
 from deployments import ceilings, planning
 from deployments.model_entry import ModelEntry
 from deployments.models import Deployment
 from deployments.revision_spec import Autoscaling, Resources
 from deployments.spec import InstanceGroup
-from deployments.tests.conftest import make_ready_version
 from models_registry.models import ModelVersion
-from web.tests.conftest import signed_in
+from tests.support.people import Person, signed_in
+from tests.support.versions import make_ready_version
 from web.tests.deploy_forms import NEW, form_data
+
+pytestmark = pytest.mark.usefixtures("tiny_models_limited_to_4gi")
 
 
 def create(person: Person, name: str = "digits-prod", **body: Any) -> Any:
     payload = {"name": name, "models": [{"model": "digits"}], **body}
     return person.client().post("/api/v1/deployments/", payload, format="json")
-
-
-@pytest.fixture(autouse=True)
-def _a_tiny_model_is_limited_to_4gi(settings: Any) -> None:
-    """These tests count in the 4Gi every dedicated local deployment given no memory was limited to before issue 31:
-    with Triton's share at 4Gi less POOL_MODEL_MEMORY_MIN, a tiny ONNX model's derived limit is 4Gi again
-    (deployments/tests/test_server_memory.py tests the derivation itself)."""
-    settings.SANDBOX_SERVER_MEMORY = "3968Mi"
-    settings.POOL_MODEL_MEMORY_MIN = "128Mi"
 
 
 def more_than_this_machine() -> str:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import Person
 from deployments.models import Deployment, Revision, TritonServer
+from tests.support.people import Person
 
 
 def serving(person: Person, name: str, runtime: str, upstream_url: str) -> Deployment:

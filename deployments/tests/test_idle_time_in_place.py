@@ -6,12 +6,13 @@ the CLI in modelport_cli/tests/test_cli_portal.py."""
 from __future__ import annotations
 
 from audit.models import AuditEntry
-from conftest import Person
 from deployments.models import Deployment, PoolLoad
 from deployments.pools import shared_pool
-from deployments.tests.conftest import make_ready_version, post_deployment
 from deployments.tests.fake_runtime import FakeRuntime
 from deployments.tests.reconciling import Clock, S, tick, ticks_until
+from tests.support.deploying import post_deployment
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
 PATH = "/api/v1/deployments/digits-prod/"
 

@@ -11,10 +11,10 @@ import pytest
 import yaml
 from django.core.management import CommandError, call_command
 
-from conftest import Person
 from deployments.models import Deployment
-from deployments.tests.conftest import make_ready_version
 from models_registry.models import ModelVersion
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
 KUBERNETES_VERSIONS = ("1.31", "1.33")
 AUTOSCALING = {"min_replicas": 2, "max_replicas": 5, "metric": "queue_time", "target": 2000}

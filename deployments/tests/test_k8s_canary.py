@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from deployments import canary, reconcile
 from deployments.models import Deployment, Event
 from deployments.runtimes.kubernetes.runtime import KubernetesRuntime
@@ -17,6 +16,7 @@ from deployments.tests import fake_kube
 from deployments.tests.fake_kube import FakeKube
 from deployments.tests.k8s_pools import kube_runtime
 from models_registry.models import ModelVersion
+from tests.support.people import Person
 
 pytestmark = pytest.mark.kube  # every test here talks to the fake Kubernetes API server
 

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from accounts.models import TeamQuota
-from conftest import Person
 from deployments.models import Deployment
 from deployments.runtimes.kubernetes import manifests
 from deployments.runtimes.kubernetes.config import KubernetesConfig
@@ -21,6 +20,7 @@ from deployments.tests import fake_kube
 from deployments.tests.fake_kube import FakeKube
 from deployments.tests.manifests import validate_everywhere
 from models_registry.models import ModelVersion
+from tests.support.people import Person
 
 NS = "modelport-acme"
 

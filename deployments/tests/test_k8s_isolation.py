@@ -20,7 +20,6 @@ import pytest
 import yaml
 
 from accounts.models import TeamQuota
-from conftest import Person
 from deployments import reconcile, tasks
 from deployments.models import Deployment, Pool, Revision
 from deployments.runtimes.base import Launch, RuntimeUnavailable
@@ -30,9 +29,11 @@ from deployments.runtimes.kubernetes.pool_runtime import KubernetesPoolRuntime
 from deployments.runtimes.kubernetes.runtime import KubernetesRuntime
 from deployments.runtimes.placed import Placed
 from deployments.tests import fake_kube
-from deployments.tests.conftest import UrlClock, make_ready_version
 from deployments.tests.fake_kube import FakeKube
 from models_registry.models import ModelVersion
+from tests.support.clocks import UrlClock
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
 pytestmark = pytest.mark.kube  # every test here talks to the fake Kubernetes API server
 

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 from django.core.exceptions import ValidationError
 
-from conftest import Person
 from deployments import reconcile
 from deployments.models import Deployment, Pool, PoolLoad
 from deployments.pool_models import GpuShare
@@ -30,6 +29,7 @@ from deployments.tests.fake_kube import FakeKube
 from deployments.tests.k8s_pools import NS, agents_report, deploy, gpu_pool, kube_runtime, tick
 from deployments.tests.manifests import validate_everywhere
 from models_registry.models import ModelVersion
+from tests.support.people import Person
 
 __all__ = ["gpu_pool", "kube_runtime"]  # fixtures of k8s_pools.py, used here
 
@@ -248,7 +248,7 @@ def test_an_agents_refusal_of_an_earlier_entry_of_the_same_key_does_not_fail_the
 def test_stop_and_delete_remove_only_the_deployments_own_entries(
         alice: Person, charlie: Person, digits: ModelVersion, kube: FakeKube, kube_runtime: None,
         gpu_pool: Pool) -> None:
-    from deployments.tests.conftest import make_ready_version
+    from tests.support.versions import make_ready_version
 
     make_ready_version(charlie)
     theirs = tick(deploy(charlie), kube)
@@ -363,7 +363,7 @@ def test_one_team_cannot_fill_a_cluster_pool_its_share_is_counted_before_the_age
     """Loads on a cluster are not measured: each counts at its models' size times POOL_UNMEASURED_FACTOR against
     the team's share (POOL_TEAM_SHARE) and the budget, so that one team's many deployments cannot get the pods
     OOM-killed with every other team's models in them."""
-    from deployments.tests.conftest import make_ready_version
+    from tests.support.versions import make_ready_version
 
     settings.POOL_UNMEASURED_FACTOR = 2.0
     need = 2 * digits.size
@@ -691,7 +691,7 @@ def test_a_load_past_the_budget_evicts_the_least_recently_used_idle_revision_fir
 def test_a_shared_deployments_log_holds_only_its_own_lines_of_the_pools_pods(
         alice: Person, charlie: Person, digits: ModelVersion, kube: FakeKube, kube_runtime: None,
         gpu_pool: Pool) -> None:
-    from deployments.tests.conftest import make_ready_version
+    from tests.support.versions import make_ready_version
 
     mine = tick(deploy(alice), kube)
     make_ready_version(charlie)

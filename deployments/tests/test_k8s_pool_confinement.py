@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from deployments import pools
 from deployments.model_entry import InstanceGroup
 from deployments.models import Deployment, ModelMemory, Pool, PoolLoad
@@ -23,6 +22,7 @@ from deployments.runtimes.kubernetes import pool_manifests, pool_runtime
 from deployments.tests.fake_kube import FakeKube
 from deployments.tests.k8s_pools import NS, agents_report, deploy, gpu_pool, kube_runtime, tick
 from models_registry.models import ModelVersion
+from tests.support.people import Person
 
 __all__ = ["gpu_pool", "kube_runtime"]  # fixtures of k8s_pools.py, used here
 pytestmark = pytest.mark.kube
@@ -93,7 +93,7 @@ def test_one_team_cannot_fill_a_cluster_pool_with_models_of_a_few_bytes(
     the limits of all the pool's models stay within its budget (the pod's memory limit, the budget plus overhead,
     is then not what runs out), and one team's within its share. Counted at their files' size (as before), any
     number of tiny models fitted, each then allowed 128 MiB."""
-    from deployments.tests.conftest import make_ready_version
+    from tests.support.versions import make_ready_version
 
     Pool.objects.create(
         name="gpu", runtime=Pool.Runtime.KUBERNETES, memory_budget_bytes=1024 * MiB, idle_unload_seconds=0

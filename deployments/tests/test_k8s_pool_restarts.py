@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from deployments.models import Deployment, Event, Pool, PoolLoad, PoolPod
 from deployments.runtimes.kubernetes import pool_agent, pool_manifests, pool_restarts, pool_runtime
 from deployments.tests import fake_kube
 from deployments.tests.fake_kube import FakeKube
 from deployments.tests.k8s_pools import NS, agents_report, deploy, gpu_pool, kube_runtime, tick
 from models_registry.models import ModelVersion
+from tests.support.people import Person
 
 __all__ = ["gpu_pool", "kube_runtime"]  # fixtures of the pool tests, used here too
 
@@ -89,7 +89,7 @@ def key_of(deployment: Deployment) -> str:
 def two_teams(alice: Person, charlie: Person, digits: ModelVersion, kube: FakeKube, kube_runtime: None,
               gpu_pool: Pool) -> tuple[Deployment, Deployment]:
     """alice's and charlie's deployments, ready in the open pool `gpu`, its one pod seen by a first pass."""
-    from deployments.tests.conftest import make_ready_version
+    from tests.support.versions import make_ready_version
 
     make_ready_version(charlie)
     mine, theirs = tick(deploy(alice), kube), tick(deploy(charlie), kube)

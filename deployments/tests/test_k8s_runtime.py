@@ -20,7 +20,6 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from conftest import Person
 from deployments import reconcile
 from deployments.models import Deployment, Event, Revision
 from deployments.runtimes.base import Launch, Observation, RuntimeUnavailable
@@ -30,6 +29,7 @@ from deployments.runtimes.kubernetes.runtime import KubernetesRuntime, target_fo
 from deployments.tests import fake_kube
 from deployments.tests.fake_kube import FakeKube
 from models_registry.models import ModelVersion
+from tests.support.people import Person
 
 NS = "modelport-acme"
 DEPLOYMENT_PATH = f"/apis/apps/v1/namespaces/{NS}/deployments/digits"

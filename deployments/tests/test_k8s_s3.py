@@ -28,7 +28,6 @@ import numpy as np
 import pytest
 from moto.server import ThreadedMotoServer
 
-from conftest import Person
 from deployments.models import Deployment, Event, Revision
 from deployments.render import render_repository
 from deployments.runtimes.kubernetes import manifests, s3repo
@@ -37,11 +36,12 @@ from deployments.runtimes.local import backends, readiness, serverlog
 from deployments.runtimes.local import triton as lt
 from deployments.spec import RepositorySpec
 from deployments.tests import fake_kube
-from deployments.tests.conftest import settle
 from deployments.tests.fake_kube import FakeKube
 from deployments.tests.local_triton import pipeline_spec, runtime_env
 from modelport.core.runtime_env import RuntimeEnv
 from models_registry.models import ModelVersion
+from tests.support.deploying import settle
+from tests.support.people import Person
 
 pytestmark = pytest.mark.s3
 

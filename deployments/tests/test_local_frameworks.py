@@ -106,7 +106,7 @@ def start(env: RuntimeEnv, models: tuple[ServedModel, ...], workdir: Path) -> lt
 
 
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def framework_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env = runtime_env()
     folder = tmp_path_factory.mktemp("framework-artifacts")
     make_resnet_onnx(folder / "resnet.onnx")
@@ -120,16 +120,16 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(artifacts: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[lt.ServerProcess]:
+def fw_server(framework_artifacts: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[lt.ServerProcess]:
     env = runtime_env()
     models = (
-        served("resnet_onnx", "onnx", artifacts / "resnet.onnx", RESNET_SIGNATURE),
-        served("resnet_pt", "torchscript", artifacts / "resnet.pt", RESNET_SIGNATURE),
-        served("resnet_tf", "tensorflow_savedmodel", artifacts / "resnet.savedmodel.zip", RESNET_SIGNATURE,
+        served("resnet_onnx", "onnx", framework_artifacts / "resnet.onnx", RESNET_SIGNATURE),
+        served("resnet_pt", "torchscript", framework_artifacts / "resnet.pt", RESNET_SIGNATURE),
+        served("resnet_tf", "tensorflow_savedmodel", framework_artifacts / "resnet.savedmodel.zip", RESNET_SIGNATURE,
                definition=SavedModelDefinition(signature_def="serving_default")),
-        served("lookup_pt", "torchscript", artifacts / "lookup.pt", LOOKUP_SIG,
+        served("lookup_pt", "torchscript", framework_artifacts / "lookup.pt", LOOKUP_SIG,
                dynamic_batching=DynamicBatching(max_queue_delay_microseconds=50_000)),
-        served("lookup_tf", "tensorflow_savedmodel", artifacts / "lookup.savedmodel.zip", TF_LOOKUP_SIG,
+        served("lookup_tf", "tensorflow_savedmodel", framework_artifacts / "lookup.savedmodel.zip", TF_LOOKUP_SIG,
                dynamic_batching=DynamicBatching(max_queue_delay_microseconds=50_000)),
     )
     process = start(env, models, tmp_path_factory.mktemp("triton-frameworks"))
@@ -147,11 +147,11 @@ def images_payload(images: np.ndarray) -> dict[str, object]:
     return infer_payload("input", images)
 
 
-def test_the_cnn_scores_the_same_as_onnx_torchscript_and_savedmodel(server: lt.ServerProcess) -> None:
+def test_the_cnn_scores_the_same_as_onnx_torchscript_and_savedmodel(fw_server: lt.ServerProcess) -> None:
     images = resnet_inputs(5, seed=11)
     expected = resnet_onnx_scores(images)
     requests = [(model, images_payload(images)) for model in ("resnet_onnx", "resnet_pt", "resnet_tf")]
-    answers = asyncio.run(post_all(server, requests, workers=1))
+    answers = asyncio.run(post_all(fw_server, requests, workers=1))
     scores = {}
     for (model, _), (status, answer) in zip(requests, answers, strict=True):
         assert status == 200, answer
@@ -161,17 +161,17 @@ def test_the_cnn_scores_the_same_as_onnx_torchscript_and_savedmodel(server: lt.S
 
 
 @pytest.mark.parametrize("model", ["resnet_pt", "resnet_tf"])
-def test_concurrent_requests_are_batched_and_each_gets_its_own_scores(server: lt.ServerProcess, model: str) -> None:
+def test_concurrent_requests_are_batched_and_each_gets_its_own_scores(fw_server: lt.ServerProcess, model: str) -> None:
     images = resnet_inputs(48, seed=3)
     expected = resnet_onnx_scores(images)
-    before = batch_counts(server, model)
+    before = batch_counts(fw_server, model)
     requests = [(model, images_payload(images[i : i + 1])) for i in range(len(images))]
-    answers = asyncio.run(post_all(server, requests, workers=16))
+    answers = asyncio.run(post_all(fw_server, requests, workers=16))
 
     for i, (status, answer) in enumerate(answers):
         assert status == 200, answer
         assert np.allclose(output_of(answer, "logits"), expected[i : i + 1], rtol=RESNET_RTOL, atol=RESNET_ATOL)
-    after = batch_counts(server, model)
+    after = batch_counts(fw_server, model)
     new_batches = {size: after[size] - before.get(size, 0) for size in after if after[size] > before.get(size, 0)}
     print(f"{model} executions per batch size under 16 concurrent clients: {new_batches}")
     assert max(new_batches) > 1
@@ -180,12 +180,12 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_scores(server: lt
 @pytest.mark.parametrize(("model", "input_name", "status_of_bad"), [("lookup_pt", "positions", 500),
                                                                      ("lookup_tf", "ids", 400)])
 def test_a_request_that_fails_inside_a_batch_gets_its_own_error_and_the_others_their_rows(
-    server: lt.ServerProcess, model: str, input_name: str, status_of_bad: int
+    fw_server: lt.ServerProcess, model: str, input_name: str, status_of_bad: int
 ) -> None:
-    before = batch_counts(server, model)
+    before = batch_counts(fw_server, model)
     ids = [[3], [7], [12], [0], [9], [1], [5], [2]]  # 12 is outside the 10-row table
     requests = [(model, infer_payload(input_name, np.array([i], dtype=np.int64), "INT64")) for i in ids]
-    answers = asyncio.run(post_all(server, requests, workers=len(requests)))
+    answers = asyncio.run(post_all(fw_server, requests, workers=len(requests)))
 
     for (index,), (status, answer) in zip(ids, answers, strict=True):
         if index == 12:
@@ -197,18 +197,18 @@ def test_a_request_that_fails_inside_a_batch_gets_its_own_error_and_the_others_t
             if model == "lookup_pt":
                 (echo,) = [o for o in answer["outputs"] if o["name"] == "echo"]
                 assert echo["data"] == [index]
-    after = batch_counts(server, model)
+    after = batch_counts(fw_server, model)
     # The requests arrived together and were batched, so the good ones really shared a run with the bad one.
     assert any(size > 1 and after[size] > before.get(size, 0) for size in after)
 
 
 def test_a_torchscript_model_whose_forward_does_not_fit_the_signature_fails_to_load_with_the_reason(
-    artifacts: Path, tmp_path: Path
+    framework_artifacts: Path, tmp_path: Path
 ) -> None:
     env = runtime_env()
     two_inputs = Signature(inputs=(Tensor("a", "FP32", (-1, 3, 64, 64)), Tensor("b", "FP32", (-1, 3, 64, 64))),
                            outputs=RESNET_SIGNATURE.outputs)
-    process = start(env, (served("wrong_pt", "torchscript", artifacts / "resnet.pt", two_inputs),), tmp_path)
+    process = start(env, (served("wrong_pt", "torchscript", framework_artifacts / "resnet.pt", two_inputs),), tmp_path)
     try:
         result = readiness.wait_ready(process, ["wrong_pt"], timeout=120)
         assert not result.ready

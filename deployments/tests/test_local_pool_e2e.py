@@ -15,15 +15,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import Person
 from deployments import reconcile
 from deployments.models import Deployment, ModelMemory, Pool, PoolLoad, PoolServer
 from deployments.pools import shared_pool
 from deployments.runtimes.local import pool as local_pool
 from deployments.runtimes.local import triton as local_triton
-from deployments.tests.conftest import make_ready_version
 from deployments.tests.pool_e2e import Asgi, _stop_pool_servers, deploy, gateway, infer, people, settle, tick_until
 from tests.artifacts import tiny_onnx
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
 __all__ = ["_stop_pool_servers", "gateway", "people"]  # fixtures (deployments/tests/pool_e2e.py)

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 from django.conf import settings as django_settings
 
-from conftest import Person
 from deployments import pools
 from deployments.models import Event, ModelMemory, PoolLoad, PoolServer
 from deployments.runtimes.local import triton as local_triton
-from deployments.tests.conftest import make_ready_version
 from deployments.tests.pool_e2e import Asgi, ClosedLoop, _stop_pool_servers, deploy, infer, people, settle
 from models_registry.models import Blob, ModelVersion
 from tests.artifacts import relu_chain_onnx, tiny_onnx
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
 __all__ = ["_stop_pool_servers", "people"]  # fixtures shared with the other pool tests (pool_e2e.py)

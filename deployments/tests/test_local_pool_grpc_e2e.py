@@ -16,13 +16,13 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
-from conftest import Person
 from deployments.models import PoolLoad
 from deployments.runtimes.local import pool as local_pool
-from deployments.tests.conftest import make_ready_version
 from deployments.tests.pool_e2e import _stop_pool_servers, deploy, people, settle
 from deployments.tests.pool_grpc import InProcessGrpcGateway, auth, grpc_gateway, rows
 from tests.artifacts import tiny_onnx
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
 __all__ = ["_stop_pool_servers", "grpc_gateway", "people"]  # fixtures (pool_e2e.py, pool_grpc.py)

@@ -8,28 +8,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
-from conftest import Person, make_person
 from deployments.models import Deployment, PoolLoad, PoolServer
 from deployments.runtimes.local import pool as local_pool
 from deployments.runtimes.local import triton as local_triton
-from deployments.tests.conftest import make_ready_version
 from deployments.tests.pool_e2e import Asgi, deploy, infer, settle
 from tests.artifacts import constant_folding_bomb_onnx, onnx_with_unused_initializer, tiny_onnx
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
-def people(transactional_db: Any) -> dict[str, Person]:
-    return {"alice": make_person("alice", "acme", role="admin"), "charlie": make_person("charlie", "globex")}
-
-
-@pytest.fixture
-def gateway() -> Iterator[Asgi]:
+def asgi_gateway() -> Iterator[Asgi]:
     asgi = Asgi()
     yield asgi
     asgi.close()
@@ -43,7 +37,7 @@ def _stop_pool_servers() -> Iterator[None]:
 
 
 def test_a_tiny_model_whose_load_would_compute_for_long_loads_at_once_and_its_neighbour_after_it(
-        people: dict[str, Person], gateway: Asgi) -> None:
+        people: dict[str, Person], asgi_gateway: Asgi) -> None:
     """onnxruntime folds constants when it builds a session: a 300-byte graph (ConstantOfShape [6000, 6000], then
     MatMul of it with itself) is about 430 GFLOP and 430 MB computed at load, while the load holds the pool's lock
     and every other team's cold start is refused busy. Loaded in a pool, the graph is built, never evaluated."""
@@ -62,7 +56,7 @@ def test_a_tiny_model_whose_load_would_compute_for_long_loads_at_once_and_its_ne
     deploy(alice, "digits-a", idle_unload_seconds=0)
     settle("digits-a", seconds=60)
     assert time.monotonic() - started < 45
-    status, answer = infer(gateway, alice, "digits-a")  # the neighbour's model answers as ever
+    status, answer = infer(asgi_gateway, alice, "digits-a")  # the neighbour's model answers as ever
     assert status == 200 and answer["outputs"][0]["shape"] == [2, 3], answer
 
 

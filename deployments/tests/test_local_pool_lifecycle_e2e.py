@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from conftest import Person
 from deployments import reconcile, tasks
 from deployments.models import Deployment, PoolLoad, PoolServer
 from deployments.runtimes.local import pool as local_pool
 from deployments.runtimes.local import sweeps as local_sweeps
 from deployments.runtimes.local import triton as local_triton
-from deployments.tests.conftest import make_ready_version
 from deployments.tests.pool_e2e import Asgi, _stop_pool_servers, deploy, gateway, infer, people, settle, tick_until
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
 __all__ = ["_stop_pool_servers", "gateway", "people"]  # fixtures shared with the other pool tests

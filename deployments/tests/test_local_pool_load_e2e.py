@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from conftest import Person
 from deployments import reconcile
 from deployments.models import Deployment, PoolLoad
-from deployments.tests.conftest import make_ready_version
 from deployments.tests.pool_e2e import Asgi, ClosedLoop, _stop_pool_servers, deploy, infer, people, settle
 from deployments.tests.pool_grpc import InProcessGrpcGateway, auth, grpc_gateway, rows
 from tests.artifacts import tiny_onnx
 from tests.processes import wait_for
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
 __all__ = ["_stop_pool_servers", "grpc_gateway", "people"]  # fixtures (pool_e2e.py, pool_grpc.py)

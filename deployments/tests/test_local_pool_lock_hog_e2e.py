@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from deployments.models import PoolLoad, PoolServer
 from deployments.runtimes.local import pool as local_pool
-from deployments.tests.conftest import make_ready_version
 from deployments.tests.pool_e2e import Asgi, _stop_pool_servers, deploy, gateway, infer, people, settle
 from deployments.tests.pool_grpc import InProcessGrpcGateway, auth, grpc_gateway
 from tests.artifacts import relu_chain_onnx, tiny_onnx
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
 __all__ = ["_stop_pool_servers", "gateway", "grpc_gateway", "people"]  # fixtures (pool_e2e.py, pool_grpc.py)

@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from deployments import reconcile
 from deployments.models import Deployment, Event, ModelMemory, PoolLoad, PoolServer
 from deployments.runtimes.local import pool as local_pool
 from deployments.runtimes.local import pool_memory
 from deployments.runtimes.local import triton as local_triton
-from deployments.tests.conftest import make_ready_version
 from deployments.tests.pool_e2e import Asgi, ClosedLoop, _stop_pool_servers, deploy, infer, people, settle
 from tests.artifacts import constant_of_shape_onnx, tiny_onnx
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
 __all__ = ["_stop_pool_servers", "people"]  # fixtures shared with the other pool tests

@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 import tritonclient.grpc as grpcclient
 
-from conftest import Person
 from deployments import reconcile
 from deployments.models import Deployment, Pool, PoolLoad, PoolServer
 from deployments.runtimes.local import pool as local_pool
-from deployments.tests.conftest import make_ready_version
 from deployments.tests.pool_e2e import Asgi, ClosedLoop, _stop_pool_servers, deploy, infer, people, settle
 from deployments.tests.pool_grpc import InProcessGrpcGateway, auth, grpc_gateway, rows
 from models_registry.tests.pipeline_versions import ready_version
 from tests.artifacts import PYTHON_SIGNATURE, python_model_zip
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
 __all__ = ["_stop_pool_servers", "grpc_gateway", "people"]  # fixtures shared with the other pool tests

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from deployments import pyenvs, reconcile, tasks
 from deployments.models import Deployment, Revision, TritonServer
 from deployments.runtimes.base import PREPARED, Preparation, PreparationFailed
@@ -24,6 +23,7 @@ from deployments.tests.fake_pip import FakePip
 from modelport.core.runtime_env import RuntimeEnv
 from models_registry.tests.pipeline_versions import ready_version
 from tests.artifacts import PYTHON_SIGNATURE, python_model_zip
+from tests.support.people import Person
 
 
 @pytest.fixture

@@ -145,7 +145,7 @@ def test_the_server_environment_puts_the_runtime_env_first_and_drops_the_portals
 # --- A real tritonserver ----------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lt.ServerProcess]:
+def triton_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lt.ServerProcess]:
     env = runtime_env()
     workdir = tmp_path_factory.mktemp("triton")
     artifacts = workdir / "artifacts"
@@ -195,29 +195,29 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lt.ServerProces
 
 
 @pytest.mark.triton
-def test_the_server_answers_like_onnxruntime_in_process(server: lt.ServerProcess, tmp_path: Path) -> None:
+def test_the_server_answers_like_onnxruntime_in_process(triton_server: lt.ServerProcess, tmp_path: Path) -> None:
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
     session = ort.InferenceSession(str(matmul_onnx(tmp_path / "m.onnx")), providers=["CPUExecutionProvider"])
     expected = session.run(["y"], {"x": x})[0]
-    assert np.allclose(infer(server, "matmul", {"x": x}, "y"), expected, atol=1e-5)
+    assert np.allclose(infer(triton_server, "matmul", {"x": x}, "y"), expected, atol=1e-5)
 
 
 @pytest.mark.triton
-def test_a_model_without_batching_runs_each_request_on_its_own(server: lt.ServerProcess) -> None:
+def test_a_model_without_batching_runs_each_request_on_its_own(triton_server: lt.ServerProcess) -> None:
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
-    assert np.allclose(infer(server, "fixed_mm", {"x": x}, "y"), x @ W, atol=1e-5)
+    assert np.allclose(infer(triton_server, "fixed_mm", {"x": x}, "y"), x @ W, atol=1e-5)
 
 
 @pytest.mark.triton
-def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server: lt.ServerProcess) -> None:
-    before = batch_counts(server, "matmul")
+def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(triton_server: lt.ServerProcess) -> None:
+    before = batch_counts(triton_server, "matmul")
     inputs = [np.full((1, 4), i, dtype=np.float32) for i in range(128)]
-    answers = asyncio.run(post_all(server, [("matmul", infer_payload("x", x)) for x in inputs], workers=16))
+    answers = asyncio.run(post_all(triton_server, [("matmul", infer_payload("x", x)) for x in inputs], workers=16))
 
     for x, (status, answer) in zip(inputs, answers, strict=True):
         assert status == 200, answer
         assert np.allclose(output_of(answer, "y"), x @ W, atol=1e-4)
-    after = batch_counts(server, "matmul")
+    after = batch_counts(triton_server, "matmul")
     new_batches = {size: after[size] - before.get(size, 0) for size in after if after[size] > before.get(size, 0)}
     print(f"matmul executions per batch size under 16 concurrent clients: {new_batches}")
     assert max(new_batches) > 1
@@ -225,13 +225,13 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server: lt
 
 @pytest.mark.triton
 def test_a_request_with_a_wrong_shape_fails_alone_while_concurrent_good_requests_succeed(
-    server: lt.ServerProcess,
+    triton_server: lt.ServerProcess,
 ) -> None:
     good = np.ones((1, 4), dtype=np.float32)
     wrong = np.ones((1, 5), dtype=np.float32)
     requests = [("loose_mm", infer_payload("x", good))] * 6 + [("loose_mm", infer_payload("x", wrong))]
     requests += [("loose_mm", infer_payload("x", good))] * 6 + [("matmul", infer_payload("x", wrong))]
-    answers = asyncio.run(post_all(server, requests, workers=len(requests)))
+    answers = asyncio.run(post_all(triton_server, requests, workers=len(requests)))
 
     bad_loose, bad_core = answers[6], answers[13]
     # Triton itself rejects a shape that contradicts config.pbtxt; the python model rejects one only the ONNX
@@ -246,11 +246,11 @@ def test_a_request_with_a_wrong_shape_fails_alone_while_concurrent_good_requests
 
 
 @pytest.mark.triton
-def test_a_request_that_fails_inside_a_batch_does_not_fail_the_others(server: lt.ServerProcess) -> None:
-    before = batch_counts(server, "lookup")
+def test_a_request_that_fails_inside_a_batch_does_not_fail_the_others(triton_server: lt.ServerProcess) -> None:
+    before = batch_counts(triton_server, "lookup")
     ids = [[3], [7], [12], [0], [9], [1], [5], [2]]  # 12 is outside the 10-row table: onnxruntime fails on it
     requests = [("lookup", infer_payload("ids", np.array([i], dtype=np.int64), "INT64")) for i in ids]
-    answers = asyncio.run(post_all(server, requests, workers=len(requests)))
+    answers = asyncio.run(post_all(triton_server, requests, workers=len(requests)))
 
     for (index,), (status, answer) in zip(ids, answers, strict=True):
         if index == 12:
@@ -258,23 +258,23 @@ def test_a_request_that_fails_inside_a_batch_does_not_fail_the_others(server: lt
         else:
             assert status == 200, answer
             assert np.allclose(output_of(answer, "rows"), TABLE[index].reshape(1, 1, 2))
-    after = batch_counts(server, "lookup")
+    after = batch_counts(triton_server, "lookup")
     # The requests arrived together and were batched, so the good ones really shared a run with the bad one.
     assert any(size > 1 and after[size] > before.get(size, 0) for size in after)
 
 
 @pytest.mark.triton
-def test_an_ensemble_of_an_onnx_and_a_python_step_answers(server: lt.ServerProcess) -> None:
+def test_an_ensemble_of_an_onnx_and_a_python_step_answers(triton_server: lt.ServerProcess) -> None:
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
-    assert np.allclose(infer(server, "pipeline", {"x": x}, "y"), (x + 1) * 2)
+    assert np.allclose(infer(triton_server, "pipeline", {"x": x}, "y"), (x + 1) * 2)
 
 
 @pytest.mark.triton
-def test_the_response_cache_answers_a_repeated_request(server: lt.ServerProcess) -> None:
+def test_the_response_cache_answers_a_repeated_request(triton_server: lt.ServerProcess) -> None:
     x = np.full((1, 4), 42, dtype=np.float32)
-    infer(server, "add_one", {"x": x}, "y")
-    assert np.allclose(infer(server, "add_one", {"x": x}, "y"), x + 1)
-    stats = readiness.model_stats(server, "add_one")
+    infer(triton_server, "add_one", {"x": x}, "y")
+    assert np.allclose(infer(triton_server, "add_one", {"x": x}, "y"), x + 1)
+    stats = readiness.model_stats(triton_server, "add_one")
     assert int(stats["inference_stats"]["cache_hit"]["count"]) >= 1  # type: ignore[index]
 
 

@@ -8,15 +8,15 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-from conftest import Person
 from deployments.models import Deployment, Event, TritonServer
 from deployments.runtimes.local import confined as local_confined
 from deployments.runtimes.local import runtime as local_runtime
-from deployments.tests.conftest import post_deployment as create
 from deployments.tests.fake_runtime import FakeRuntime
 from deployments.tests.reconciling import create as create_deployment
 from deployments.tests.reconciling import tick
 from models_registry.models import ModelVersion
+from tests.support.deploying import post_deployment as create
+from tests.support.people import Person
 
 MiB = 1024**2
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import Person
 from deployments.models import Deployment, Revision, TritonServer
-from deployments.tests.conftest import post_deployment as create
 from models_registry.models import ModelVersion
+from tests.support.deploying import post_deployment as create
+from tests.support.people import Person
 
 STABLE_LOG = "I0101 00:00:00.000000 1 server.cc:1] revision 1 serving\n"
 CANARY_LOG = "E0101 00:00:01.000000 1 main.cc:1] failed to stop server: Internal - Exit timeout expired\n"

@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 
 from accounts.models import TeamQuota
-from conftest import Person
 from deployments import ceilings
 from deployments.models import Deployment
-from deployments.tests.conftest import make_ready_version
 from models_registry.models import ModelVersion
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
+
+pytestmark = pytest.mark.usefixtures("tiny_models_limited_to_4gi")
 
 Gi = 2**30
 Mi = 2**20
@@ -24,15 +26,6 @@ Mi = 2**20
 def create(person: Person, name: str, **body: Any) -> Any:
     payload = {"name": name, "models": [{"model": "digits"}], **body}
     return person.client().post("/api/v1/deployments/", payload, format="json")
-
-
-@pytest.fixture(autouse=True)
-def _a_tiny_model_is_limited_to_4gi(settings: Any) -> None:
-    """These tests count in the 4Gi every dedicated local deployment given no memory was limited to before issue 31:
-    with Triton's share at 4Gi less POOL_MODEL_MEMORY_MIN, a tiny ONNX model's derived limit is 4Gi again
-    (deployments/tests/test_server_memory.py tests the derivation itself)."""
-    settings.SANDBOX_SERVER_MEMORY = "3968Mi"
-    settings.POOL_MODEL_MEMORY_MIN = "128Mi"
 
 
 @pytest.fixture

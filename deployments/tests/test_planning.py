@@ -7,7 +7,6 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import Person
 from deployments import planning
 from deployments.model_entry import ModelEntry
 from deployments.models import Deployment
@@ -15,7 +14,7 @@ from deployments.revision_spec import Autoscaling, Resources
 from deployments.spec import DynamicBatching, InstanceGroup
 from modelport.core.definitions import PythonDefinition
 from models_registry.models import ModelVersion
-from web.tests.conftest import signed_in
+from tests.support.people import Person, signed_in
 from web.tests.deploy_forms import NEW, form_data
 
 

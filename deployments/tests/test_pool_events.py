@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from conftest import Person
 from deployments import events, pool_events
 from deployments.models import Deployment, Event, Pool, PoolLoad, PoolServer
 from deployments.pools import shared_pool
 from deployments.runtimes.local import pool as local_pool
-from deployments.tests.conftest import make_ready_version
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
 
 def _shared(person: Person, name: str, idle: int = 60) -> Deployment:

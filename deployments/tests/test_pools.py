@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from deployments.models import Deployment, ModelMemory, Pool, PoolLoad
 from deployments.pool_names import loaded_name
 from deployments.pools import fingerprint
 from deployments.revision_spec import RevisionSpec
-from deployments.tests.conftest import make_ready_version
 from models_registry.tests.pipeline_versions import ready_version
 from tests.artifacts import PYTHON_SIGNATURE, python_model_zip
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
 
 def test_every_team_sees_the_built_in_shared_pool_and_its_own_pools_only(alice: Person, charlie: Person) -> None:

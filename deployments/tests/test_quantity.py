@@ -8,14 +8,13 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from deployments.models import Deployment
 from deployments.revision_spec import RevisionSpec
 from deployments.runtimes.kubernetes import manifests
 from deployments.runtimes.kubernetes.config import KubernetesConfig
 from modelport.core.quantity import CPU, MEMORY, QuantityError, check_quantity, parse_quantity
 from models_registry.models import ModelVersion
-from web.tests.conftest import signed_in
+from tests.support.people import Person, signed_in
 from web.tests.deploy_forms import NEW, form_data
 
 

@@ -16,15 +16,15 @@ import pytest
 from django.utils import timezone
 
 from audit.models import AuditEntry
-from conftest import Person
 from deployments import tasks
 from deployments.models import Deployment, Event, Revision
-from deployments.tests.conftest import make_ready_version
 from models_registry.models import ModelVersion
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
 
 @pytest.fixture
-def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+def enqueued(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     """The reconcile tasks handed to the broker, as (deployment id,) tuples."""
     calls: list[tuple[Any, ...]] = []
     monkeypatch.setattr(tasks.reconcile_deployment, "apply_async", lambda args, **options: calls.append(tuple(args)))
@@ -68,10 +68,10 @@ def worker_runs_the_queued_task(monkeypatch: pytest.MonkeyPatch, deployment: Dep
                                   {"resources": {}}, {"resources": {"gpu": 0}}, {"autoscaling": None},
                                   {"models": [{"model": "digits"}]}, {"models": [{"model": "digits", "version": 1}]}])
 def test_a_patch_that_changes_nothing_makes_no_revision_and_queues_nothing(
-        alice: Person, digits: ModelVersion, sent: list[Any], committing: Committer, body: Any) -> None:
+        alice: Person, digits: ModelVersion, enqueued: list[Any], committing: Committer, body: Any) -> None:
     deployment = create(alice, committing)
-    assert len(sent) == 1
-    sent.clear()
+    assert len(enqueued) == 1
+    enqueued.clear()
     Deployment.objects.filter(pk=deployment.pk).update(reconcile_due_at=None)  # the worker took the first task
     kwargs = {"format": "json"} if body is not None else {"content_type": "application/json"}
     body_after = patch(alice, committing, body if body is not None else "", **kwargs)
@@ -79,10 +79,10 @@ def test_a_patch_that_changes_nothing_makes_no_revision_and_queues_nothing(
     assert Revision.objects.filter(deployment=deployment).count() == 1
     assert not Event.objects.filter(message__contains="Revision 2").exists()
     assert not AuditEntry.objects.filter(action="deployment.update").exists()
-    assert sent == []
+    assert enqueued == []
 
 
-def test_a_patch_with_a_change_still_makes_a_revision(alice: Person, digits: ModelVersion, sent: list[Any],
+def test_a_patch_with_a_change_still_makes_a_revision(alice: Person, digits: ModelVersion, enqueued: list[Any],
                                                       committing: Committer) -> None:
     create(alice, committing)
     assert patch(alice, committing, {"models": [{"model": "digits", "max_batch_size": 4}]},
@@ -91,7 +91,7 @@ def test_a_patch_with_a_change_still_makes_a_revision(alice: Person, digits: Mod
                  format="json")["revision"] == 2
 
 
-def test_a_newer_version_counts_as_a_change(alice: Person, digits: ModelVersion, sent: list[Any],
+def test_a_newer_version_counts_as_a_change(alice: Person, digits: ModelVersion, enqueued: list[Any],
                                             committing: Committer) -> None:
     create(alice, committing)
     make_ready_version(alice, "digits")
@@ -99,7 +99,7 @@ def test_a_newer_version_counts_as_a_change(alice: Person, digits: ModelVersion,
 
 
 def test_a_burst_of_changes_queues_one_reconcile_until_the_worker_takes_it(
-        alice: Person, digits: ModelVersion, sent: list[Any], committing: Committer,
+        alice: Person, digits: ModelVersion, enqueued: list[Any], committing: Committer,
         monkeypatch: pytest.MonkeyPatch) -> None:
     deployment = create(alice, committing)
     for delay in range(1, 11):
@@ -107,30 +107,30 @@ def test_a_burst_of_changes_queues_one_reconcile_until_the_worker_takes_it(
               {"models": [{"model": "digits", "dynamic_batching": {"max_queue_delay_microseconds": delay}}]},
               format="json")
     assert Revision.objects.filter(deployment=deployment).count() == 11
-    assert sent == [(deployment.pk,)]  # one task for the creation and all 10 changes
+    assert enqueued == [(deployment.pk,)]  # one task for the creation and all 10 changes
     worker_runs_the_queued_task(monkeypatch, deployment)
     patch(alice, committing, {"models": [{"model": "digits", "max_batch_size": 2}]}, format="json")
-    assert sent == [(deployment.pk,), (deployment.pk,)]  # a change after the worker started queues the next run
+    assert enqueued == [(deployment.pk,), (deployment.pk,)]  # a change after the worker started queues the next run
 
 
-def test_each_deployment_has_its_own_queued_reconcile(alice: Person, digits: ModelVersion, sent: list[Any],
+def test_each_deployment_has_its_own_queued_reconcile(alice: Person, digits: ModelVersion, enqueued: list[Any],
                                                       committing: Committer) -> None:
     first = create(alice, committing)
     create(alice, committing, name="digits-canary")
-    assert sent == [(first.pk,), (Deployment.objects.get(name="digits-canary").pk,)]
+    assert enqueued == [(first.pk,), (Deployment.objects.get(name="digits-canary").pk,)]
 
 
 def test_the_periodic_reconcile_queues_again_what_the_broker_lost(
-        alice: Person, digits: ModelVersion, sent: list[Any], committing: Committer,
+        alice: Person, digits: ModelVersion, enqueued: list[Any], committing: Committer,
         monkeypatch: pytest.MonkeyPatch) -> None:
     deployment = create(alice, committing)
-    sent.clear()
+    enqueued.clear()
     tasks.reconcile_all()
-    assert sent == []  # the first task still waits: nothing more to send
+    assert enqueued == []  # the first task still waits: nothing more to send
     Deployment.objects.filter(pk=deployment.pk).update(
         reconcile_due_at=timezone.now() - tasks.QUEUED_FOR_AT_MOST - timedelta(seconds=1))
     assert tasks.reconcile_all() == 1  # lost with a Redis restart: queued again from the database
-    assert sent == [(deployment.pk,)]
+    assert enqueued == [(deployment.pk,)]
 
 
 def test_a_change_made_while_the_broker_is_down_is_saved_and_picked_up_later(
@@ -141,7 +141,7 @@ def test_a_change_made_while_the_broker_is_down_is_saved_and_picked_up_later(
     monkeypatch.setattr(tasks.reconcile_deployment, "apply_async", broker_down)
     deployment = create(alice, committing)  # 201, not a 500 after the commit
     assert deployment.revision is not None and deployment.reconcile_due_at is None
-    sent: list[Any] = []
-    monkeypatch.setattr(tasks.reconcile_deployment, "apply_async", lambda args, **options: sent.append(tuple(args)))
+    enqueued: list[Any] = []
+    monkeypatch.setattr(tasks.reconcile_deployment, "apply_async", lambda args, **options: enqueued.append(tuple(args)))
     assert tasks.reconcile_all() == 1
-    assert sent == [(deployment.pk,)]
+    assert enqueued == [(deployment.pk,)]

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from deployments import actions, reconcile, tasks
 from deployments.models import Deployment, Event
 from deployments.runtimes.base import Launch
@@ -27,6 +26,7 @@ from deployments.tests.reconciling import (
     ticks_until,
 )
 from models_registry.models import ModelVersion
+from tests.support.people import Person
 
 S = Deployment.Status
 
@@ -377,7 +377,7 @@ def test_the_launch_columns_read_and_write_launches_as_the_json_they_always_held
 
 
 @pytest.fixture
-def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, dict[str, Any]]]:
+def reconciles_sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, dict[str, Any]]]:
     """What would go to the broker: (deployment id, options)."""
     calls: list[tuple[int, dict[str, Any]]] = []
     monkeypatch.setattr(tasks.reconcile_deployment, "apply_async",
@@ -387,28 +387,28 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, dict[str, Any]]]:
 
 def test_each_tick_queues_the_next_one_with_the_wait_it_asked_for(
         alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock,
-        sent: list[tuple[int, dict[str, Any]]]) -> None:
+        reconciles_sent: list[tuple[int, dict[str, Any]]]) -> None:
     deployment = create(alice)
     tasks.reconcile_deployment(deployment.pk)  # renders
-    tasks.reconcile_deployment(sent[-1][0], **sent[-1][1]["kwargs"])  # launches
-    assert [options.get("countdown") for _, options in sent] == [None, fake.poll_seconds]
+    tasks.reconcile_deployment(reconciles_sent[-1][0], **reconciles_sent[-1][1]["kwargs"])  # launches
+    assert [options.get("countdown") for _, options in reconciles_sent] == [None, fake.poll_seconds]
     assert Deployment.objects.get(pk=deployment.pk).reconcile_due_at == clock.now + timedelta(seconds=1)
     # A follow-up due in a second does not hold back what a user asks for now; a second request now is coalesced.
     assert tasks.queue_reconcile(deployment.pk) is True
     assert tasks.queue_reconcile(deployment.pk) is False
-    assert len(sent) == 3
+    assert len(reconciles_sent) == 3
 
 
 def test_a_task_clears_only_its_own_mark(
         alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock,
-        sent: list[tuple[int, dict[str, Any]]], monkeypatch: pytest.MonkeyPatch) -> None:
+        reconciles_sent: list[tuple[int, dict[str, Any]]], monkeypatch: pytest.MonkeyPatch) -> None:
     deployment = create(alice)
     assert tasks.queue_reconcile(deployment.pk, countdown=10)
     early = clock.now.isoformat()
     monkeypatch.setattr(reconcile, "reconcile", lambda deployment_id, queue_build: None)
     tasks.reconcile_deployment(deployment.pk, due=early)  # an older task: the one due in 10 s still waits
     assert Deployment.objects.get(pk=deployment.pk).reconcile_due_at == clock.now + timedelta(seconds=10)
-    tasks.reconcile_deployment(deployment.pk, **sent[-1][1]["kwargs"])
+    tasks.reconcile_deployment(deployment.pk, **reconciles_sent[-1][1]["kwargs"])
     assert Deployment.objects.get(pk=deployment.pk).reconcile_due_at is None
 
 

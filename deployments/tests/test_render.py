@@ -61,9 +61,9 @@ def served(name: str, fmt: str, artifact: Path | None, **changes: object) -> Ser
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
-def golden_models(artifacts: Path) -> dict[str, tuple[ServedModel, str]]:
+def golden_models(artifacts_dir: Path) -> dict[str, tuple[ServedModel, str]]:
     """Each golden file's model and target."""
-    onnx = artifacts / "model.onnx"
+    onnx = artifacts_dir / "model.onnx"
     return {
         "onnx_local_batched": (
             served(
@@ -127,7 +127,7 @@ def golden_models(artifacts: Path) -> dict[str, tuple[ServedModel, str]]:
 
 
 @pytest.fixture
-def artifacts(tmp_path: Path) -> Path:
+def artifacts_dir(tmp_path: Path) -> Path:
     folder = tmp_path / "artifacts"
     folder.mkdir()
     (folder / "model.onnx").write_bytes(b"onnx bytes: the renderer copies, it does not parse")
@@ -135,8 +135,8 @@ def artifacts(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("golden_name", sorted(golden_models(Path("unused"))))
-def test_rendered_configs_match_the_golden_files_byte_for_byte(golden_name: str, artifacts: Path) -> None:
-    m, target = golden_models(artifacts)[golden_name]
+def test_rendered_configs_match_the_golden_files_byte_for_byte(golden_name: str, artifacts_dir: Path) -> None:
+    m, target = golden_models(artifacts_dir)[golden_name]
     rendered = render_config(m, target, tnn_backend_name="tnn")  # type: ignore[arg-type]
     golden = GOLDEN / f"{golden_name}.pbtxt"
     if UPDATE_GOLDEN:
@@ -183,20 +183,20 @@ def test_kubernetes_platforms_and_backends_per_format() -> None:
     assert (gpu_group.kind, list(gpu_group.gpus)) == (mc.ModelInstanceGroup.KIND_GPU, [0, 1])
 
 
-def test_the_tnn_backend_name_is_configurable(artifacts: Path) -> None:
-    m, _ = golden_models(artifacts)["tnn_kubernetes"]
+def test_the_tnn_backend_name_is_configurable(artifacts_dir: Path) -> None:
+    m, _ = golden_models(artifacts_dir)["tnn_kubernetes"]
     assert 'backend: "tnn_custom"' in render_config(m, "kubernetes", tnn_backend_name="tnn_custom")
 
 
 def test_a_shared_tritons_onnx_models_are_built_with_no_graph_optimization_so_no_constant_folding_at_load(
-        artifacts: Path) -> None:
+        artifacts_dir: Path) -> None:
     """onnxruntime_backend: level 2 is ORT_DISABLE_ALL, -1 only ORT_ENABLE_BASIC (constant folding included)."""
-    m, _ = golden_models(artifacts)["onnx_kubernetes"]
+    m, _ = golden_models(artifacts_dir)["onnx_kubernetes"]
     shared = text_format.Parse(render_config(m, "kubernetes", fold_constants=False), mc.ModelConfig())
     assert shared.optimization.graph.level == 2
     own = text_format.Parse(render_config(m, "kubernetes"), mc.ModelConfig())
     assert not own.HasField("optimization")  # a dedicated Triton keeps onnxruntime's default optimizations
-    torch, _ = golden_models(artifacts)["torchscript_kubernetes_gpu"]
+    torch, _ = golden_models(artifacts_dir)["torchscript_kubernetes_gpu"]
     assert "optimization" not in render_config(torch, "kubernetes", fold_constants=False)
 
 
@@ -221,23 +221,24 @@ def _tar_gz(path: Path, files: dict[str, bytes]) -> Path:
 
 
 @pytest.fixture
-def full_spec(artifacts: Path) -> RepositorySpec:
+def full_spec(artifacts_dir: Path) -> RepositorySpec:
     """One model of every format, with real archives for the formats that arrive as archives."""
     savedmodel = _zip(
-        artifacts / "savedmodel.zip",
+        artifacts_dir / "savedmodel.zip",
         {"export/saved_model.pb": b"pb", "export/variables/variables.index": b"idx", "export/fingerprint.pb": b"fp"},
     )
     python = _zip(
-        artifacts / "python.zip",
+        artifacts_dir / "python.zip",
         {"model.py": b"class TritonPythonModel: ...\n", "helpers/text.py": b"X = 1\n", "requirements.txt": b"regex\n"},
     )
-    tnn = _tar_gz(artifacts / "tnn.tar.gz", {"net/mobilenet.tnnproto": b"proto", "net/mobilenet.tnnmodel": b"weights"})
-    plan = artifacts / "model.plan"
+    tnn = _tar_gz(artifacts_dir / "tnn.tar.gz",
+                  {"net/mobilenet.tnnproto": b"proto", "net/mobilenet.tnnmodel": b"weights"})
+    plan = artifacts_dir / "model.plan"
     plan.write_bytes(b"plan")
     return RepositorySpec(
         models=(
-            served("resnet", "onnx", artifacts / "model.onnx"),
-            served("resnet_pt", "torchscript", artifacts / "model.onnx"),
+            served("resnet", "onnx", artifacts_dir / "model.onnx"),
+            served("resnet_pt", "torchscript", artifacts_dir / "model.onnx"),
             served("resnet_tf", "tensorflow_savedmodel", savedmodel),
             served("resnet_trt", "tensorrt_plan", plan),
             served("resnet_tnn", "tnn", tnn),
@@ -287,24 +288,24 @@ def test_the_kubernetes_repository_has_one_directory_per_model_with_its_version_
     assert not any(p.name.startswith(".") for p in out.rglob("*"))
 
 
-def test_the_local_repository_serves_onnx_with_the_generated_python_model(artifacts: Path, tmp_path: Path) -> None:
-    spec = RepositorySpec(models=(served("resnet", "onnx", artifacts / "model.onnx"),))
+def test_the_local_repository_serves_onnx_with_the_generated_python_model(artifacts_dir: Path, tmp_path: Path) -> None:
+    spec = RepositorySpec(models=(served("resnet", "onnx", artifacts_dir / "model.onnx"),))
     render_repository(spec, "local", tmp_path / "local")
     render_repository(spec, "kubernetes", tmp_path / "k8s")
     assert (tmp_path / "local/resnet/3/model.py").read_bytes() == ONNX_WRAPPER.read_bytes()
     assert (tmp_path / "local/resnet/3/triton_batching.py").read_bytes() == BATCHING_MODULE.read_bytes()
-    assert (tmp_path / "local/resnet/3/model.onnx").read_bytes() == (artifacts / "model.onnx").read_bytes()
+    assert (tmp_path / "local/resnet/3/model.onnx").read_bytes() == (artifacts_dir / "model.onnx").read_bytes()
     assert sorted(p.name for p in (tmp_path / "k8s/resnet/3").iterdir()) == ["model.onnx"]
 
 
 def test_a_cluster_pools_repository_serves_cpu_models_through_the_generated_python_model(
-        artifacts: Path, tmp_path: Path) -> None:
+        artifacts_dir: Path, tmp_path: Path) -> None:
     """In a pool's Triton each model runs in processes of its own (deployments/runtimes/kubernetes/pool_stub.py
     limits them): the local runtime's generated model, on the CPU; a GPU model keeps its native backend."""
     from deployments.spec import InstanceGroup
 
-    cpu = served("resnet", "onnx", artifacts / "model.onnx")
-    gpu = served("resnet_gpu", "onnx", artifacts / "model.onnx", instance_group=InstanceGroup(kind="gpu"))
+    cpu = served("resnet", "onnx", artifacts_dir / "model.onnx")
+    gpu = served("resnet_gpu", "onnx", artifacts_dir / "model.onnx", instance_group=InstanceGroup(kind="gpu"))
     render_repository(RepositorySpec(models=(cpu, gpu)), "kubernetes", tmp_path / "pool", python_models=True,
                       fold_constants=False)
     assert (tmp_path / "pool/resnet/3/model.py").read_bytes() == ONNX_WRAPPER.read_bytes()
@@ -321,22 +322,22 @@ def test_rendering_twice_gives_identical_trees(full_spec: RepositorySpec, tmp_pa
     assert repository_digest(tmp_path / "first") == repository_digest(tmp_path / "second")
 
 
-def test_rendering_again_replaces_the_previous_repository(artifacts: Path, tmp_path: Path) -> None:
+def test_rendering_again_replaces_the_previous_repository(artifacts_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "repo"
-    render_repository(RepositorySpec(models=(served("old", "onnx", artifacts / "model.onnx"),)), "local", out)
-    render_repository(RepositorySpec(models=(served("new", "onnx", artifacts / "model.onnx"),)), "local", out)
+    render_repository(RepositorySpec(models=(served("old", "onnx", artifacts_dir / "model.onnx"),)), "local", out)
+    render_repository(RepositorySpec(models=(served("new", "onnx", artifacts_dir / "model.onnx"),)), "local", out)
     assert sorted(p.name for p in out.iterdir()) == ["new"]
 
 
-def test_a_changed_spec_changes_the_digest(artifacts: Path, tmp_path: Path) -> None:
-    m = served("resnet", "onnx", artifacts / "model.onnx")
+def test_a_changed_spec_changes_the_digest(artifacts_dir: Path, tmp_path: Path) -> None:
+    m = served("resnet", "onnx", artifacts_dir / "model.onnx")
     render_repository(RepositorySpec(models=(m,)), "local", tmp_path / "a")
     render_repository(RepositorySpec(models=(dataclasses.replace(m, max_batch_size=8),)), "local", tmp_path / "b")
     assert repository_digest(tmp_path / "a") != repository_digest(tmp_path / "b")
 
 
-def test_it_refuses_to_render_an_invalid_spec_with_field_errors(artifacts: Path, tmp_path: Path) -> None:
-    spec = RepositorySpec(models=(served("resnet_trt", "tensorrt_plan", artifacts / "model.onnx"),))
+def test_it_refuses_to_render_an_invalid_spec_with_field_errors(artifacts_dir: Path, tmp_path: Path) -> None:
+    spec = RepositorySpec(models=(served("resnet_trt", "tensorrt_plan", artifacts_dir / "model.onnx"),))
     with pytest.raises(RenderError) as excinfo:
         render_repository(spec, "local", tmp_path / "repo")
     assert list(excinfo.value.errors) == ["resnet_trt.format"]
@@ -398,8 +399,8 @@ def test_the_generated_models_import_nothing_from_the_portal(wrapper: str) -> No
     assert imported <= allowed, imported - allowed
 
 
-def test_it_rejects_an_archive_that_climbs_out_of_its_directory(artifacts: Path, tmp_path: Path) -> None:
-    evil = _zip(artifacts / "evil.zip", {"model.py": b"", "../../escaped.py": b"boom"})
+def test_it_rejects_an_archive_that_climbs_out_of_its_directory(artifacts_dir: Path, tmp_path: Path) -> None:
+    evil = _zip(artifacts_dir / "evil.zip", {"model.py": b"", "../../escaped.py": b"boom"})
     spec = RepositorySpec(
         models=(served("tok", "python", evil, signature=TEXT, max_batch_size=0, dynamic_batching=None),)
     )
@@ -410,8 +411,8 @@ def test_it_rejects_an_archive_that_climbs_out_of_its_directory(artifacts: Path,
     assert list((tmp_path / "out").iterdir()) == []  # the staging directory was cleaned up
 
 
-def test_a_python_archive_without_model_py_is_refused(artifacts: Path, tmp_path: Path) -> None:
-    archive = _zip(artifacts / "nomodel.zip", {"a/model.py": b"", "b/other.py": b""})
+def test_a_python_archive_without_model_py_is_refused(artifacts_dir: Path, tmp_path: Path) -> None:
+    archive = _zip(artifacts_dir / "nomodel.zip", {"a/model.py": b"", "b/other.py": b""})
     spec = RepositorySpec(
         models=(served("tok", "python", archive, signature=TEXT, max_batch_size=0, dynamic_batching=None),)
     )
@@ -419,8 +420,8 @@ def test_a_python_archive_without_model_py_is_refused(artifacts: Path, tmp_path:
         render_repository(spec, "local", tmp_path / "repo")
 
 
-def test_a_python_archive_of_a_single_folder_is_flattened(artifacts: Path, tmp_path: Path) -> None:
-    archive = _zip(artifacts / "folder.zip", {"mymodel/model.py": b"code", "mymodel/util.py": b"util"})
+def test_a_python_archive_of_a_single_folder_is_flattened(artifacts_dir: Path, tmp_path: Path) -> None:
+    archive = _zip(artifacts_dir / "folder.zip", {"mymodel/model.py": b"code", "mymodel/util.py": b"util"})
     spec = RepositorySpec(
         models=(served("tok", "python", archive, signature=TEXT, max_batch_size=0, dynamic_batching=None),)
     )
@@ -428,7 +429,7 @@ def test_a_python_archive_of_a_single_folder_is_flattened(artifacts: Path, tmp_p
     assert sorted(p.name for p in (tmp_path / "repo/tok/3").iterdir()) == ["model.py", "util.py"]
 
 
-def test_a_tnn_archive_needs_exactly_one_proto_and_one_model(artifacts: Path, tmp_path: Path) -> None:
-    archive = _tar_gz(artifacts / "two.tar.gz", {"a.tnnproto": b"", "b.tnnproto": b"", "a.tnnmodel": b""})
+def test_a_tnn_archive_needs_exactly_one_proto_and_one_model(artifacts_dir: Path, tmp_path: Path) -> None:
+    archive = _tar_gz(artifacts_dir / "two.tar.gz", {"a.tnnproto": b"", "b.tnnproto": b"", "a.tnnmodel": b""})
     with pytest.raises(RenderError, match="one .tnnproto and one .tnnmodel, found 2 and 1"):
         render_repository(RepositorySpec(models=(served("t", "tnn", archive),)), "kubernetes", tmp_path / "repo")

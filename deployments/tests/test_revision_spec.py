@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from deployments.models import Deployment, Revision
 from deployments.revision_spec import SPEC_VERSION, Autoscaling, ModelEntry, Resources, RevisionSpec, SpecError
 from deployments.spec import DynamicBatching, EnsembleStep, InstanceGroup, ServedModel, Warmup
 from modelport.core.definitions import PipelineDefinition
+from tests.support.people import Person
 
 SIGNATURE = {"inputs": [{"name": "input", "datatype": "FP32", "dims": [-1, 64]}],
              "outputs": [{"name": "label", "datatype": "INT64", "dims": [-1]}]}

@@ -16,7 +16,6 @@ import pytest
 from django.test import Client
 
 from audit.models import AuditEntry
-from conftest import Person
 from deployments.launch import Launch
 from deployments.models import Deployment, Event, TritonServer
 from deployments.revision_spec import RevisionSpec
@@ -27,6 +26,7 @@ from deployments.runtimes.local import runtime as local
 from modelport.core import sandbox
 from modelport.core.sandbox import cgroups, kernel
 from tests.sandbox_helpers import admin_change
+from tests.support.people import Person
 
 # --- Quantities ---------------------------------------------------------------------------------------------------
 
@@ -366,7 +366,7 @@ def test_in_production_without_a_sandbox_python_models_are_refused_with_what_to_
 def test_without_a_sandbox_onnx_models_still_deploy_and_the_opt_out_lets_python_models_run(
     alice: Person, python_model: None, no_sandbox: None, settings: Any
 ) -> None:
-    from deployments.tests.conftest import make_ready_version
+    from tests.support.versions import make_ready_version
 
     settings.SANDBOX_REQUIRED = True
     make_ready_version(alice, "digits")
@@ -491,7 +491,7 @@ def _server(deployment: Deployment, **fields: Any) -> TritonServer:
 
 
 def test_the_deployment_page_and_the_api_say_whether_it_runs_sandboxed(alice: Person, digits: Any) -> None:
-    from web.tests.conftest import signed_in
+    from tests.support.people import signed_in
 
     assert alice.client().post("/api/v1/deployments/", {"name": "digits", "models": [{"model": "digits"}]},
                                format="json").status_code == 201
@@ -555,7 +555,7 @@ def test_start_up_checks_warn_when_the_sandbox_is_off_missing_or_weaker(settings
 
 def test_the_deploy_form_shows_the_refusal_beside_the_runtime(alice: Person, python_model: None, no_sandbox: None,
                                                              settings: Any) -> None:
-    from web.tests.conftest import signed_in
+    from tests.support.people import signed_in
     from web.tests.deploy_forms import errors_of, form_data
 
     settings.SANDBOX_REQUIRED = True

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from deployments import server_memory
 from deployments.models import Deployment
 from deployments.revision_spec import MemoryBasis, MemoryShare, RevisionSpec
 from models_registry.models import ModelVersion, record_memory
+from tests.support.people import Person
 
 Gi = 2**30
 Mi = 2**20
@@ -34,7 +34,7 @@ def spec_of(person: Person, name: str) -> RevisionSpec:
 
 
 @pytest.fixture
-def machine(settings: Any) -> Any:
+def default_machine(settings: Any) -> Any:
     """The machine the issue was found on: 23.5 GiB, 2 GiB kept for the portal; the default derivation settings."""
     settings.MACHINE_MEMORY_BYTES = 47 * Gi // 2
     settings.LOCAL_MEMORY_RESERVE = "2Gi"
@@ -48,7 +48,7 @@ def machine(settings: Any) -> Any:
 
 
 def test_a_tiny_onnx_deployment_without_memory_gets_a_small_limit_and_shows_how_it_was_reached(
-        alice: Person, digits: ModelVersion, machine: Any) -> None:
+        alice: Person, digits: ModelVersion, default_machine: Any) -> None:
     response = create(alice, "small")
     assert response.status_code == 201, response.json()
     # Never measured: estimated from its file (a few hundred bytes), at least POOL_MODEL_MEMORY_MIN, beside Triton's.
@@ -61,7 +61,7 @@ def test_a_tiny_onnx_deployment_without_memory_gets_a_small_limit_and_shows_how_
 
 
 def test_a_team_now_fits_many_small_deployments_where_it_fitted_five(
-        alice: Person, digits: ModelVersion, machine: Any) -> None:
+        alice: Person, digits: ModelVersion, default_machine: Any) -> None:
     for index in range(12):  # five fitted at 4Gi each on the 21.5 GiB this machine admits
         response = create(alice, f"small-{index}")
         assert response.status_code == 201, (index, response.json())
@@ -71,7 +71,7 @@ def test_a_team_now_fits_many_small_deployments_where_it_fitted_five(
 
 
 def test_a_measured_version_is_limited_from_its_figure_with_headroom_per_instance(
-        alice: Person, digits: ModelVersion, machine: Any) -> None:
+        alice: Person, digits: ModelVersion, default_machine: Any) -> None:
     assert record_memory(digits.pk, 200 * Mi, "its trial call at inspection")
     body = {"models": [{"model": "digits", "instance_group": {"count": 2}}]}
     assert create(alice, "measured", **body).status_code == 201
@@ -86,7 +86,7 @@ def test_a_measured_version_is_limited_from_its_figure_with_headroom_per_instanc
     assert more.memory_limit("4Gi") == "1472Mi"  # 256Mi + 4 x 300Mi, rounded up
 
 
-def test_a_memory_given_is_kept_as_given(alice: Person, digits: ModelVersion, machine: Any) -> None:
+def test_a_memory_given_is_kept_as_given(alice: Person, digits: ModelVersion, default_machine: Any) -> None:
     assert create(alice, "given", resources={"memory": "3Gi"}).status_code == 201
     spec = spec_of(alice, "given")
     assert spec.memory_basis is None and spec.memory_limit("4Gi") == "3Gi"
@@ -94,7 +94,7 @@ def test_a_memory_given_is_kept_as_given(alice: Person, digits: ModelVersion, ma
         "limit": "3Gi", "source": "given", "basis": "", "derived_now": None}
 
 
-def test_a_python_version_never_measured_is_estimated_from_its_archive(alice: Person, machine: Any) -> None:
+def test_a_python_version_never_measured_is_estimated_from_its_archive(alice: Person, default_machine: Any) -> None:
     from tests.sandbox_helpers import VECTOR, model_source, python_version
 
     # No trial call here (as for a python model with requirements): never measured, and it used to get 4Gi.
@@ -111,7 +111,7 @@ def test_a_python_version_never_measured_is_estimated_from_its_archive(alice: Pe
     assert memory["derived_now"] is None and "measured since" not in memory["basis"]
 
 
-def test_a_torchscript_or_savedmodel_version_never_measured_gets_the_default_and_says_why(machine: Any) -> None:
+def test_a_torchscript_or_savedmodel_version_never_measured_gets_the_default_and_says_why(default_machine: Any) -> None:
     from deployments.revision_spec import ModelEntry
     from modelport.core.signature import parse_signature
     from tests.sandbox_helpers import VECTOR
@@ -126,9 +126,9 @@ def test_a_torchscript_or_savedmodel_version_never_measured_gets_the_default_and
 
 
 def test_a_version_measured_after_planning_is_told_with_what_a_new_revision_would_take(
-        alice: Person, machine: Any) -> None:
+        alice: Person, default_machine: Any) -> None:
     from tests.sandbox_helpers import VECTOR, model_source, python_version
-    from web.tests.conftest import signed_in
+    from tests.support.people import signed_in
 
     version = python_version(alice, "legit", {"model.py": model_source("legit_model")}, VECTOR)
     assert create(alice, "code", models=[{"model": "legit"}]).status_code == 201
@@ -152,8 +152,8 @@ def test_a_version_measured_after_planning_is_told_with_what_a_new_revision_woul
 
 
 def test_a_full_team_is_told_which_deployment_to_lower_and_how(
-        alice: Person, digits: ModelVersion, machine: Any) -> None:
-    machine.TEAM_MAX_MEMORY = "1Gi"
+        alice: Person, digits: ModelVersion, default_machine: Any) -> None:
+    default_machine.TEAM_MAX_MEMORY = "1Gi"
     assert create(alice, "a", resources={"memory": "512Mi"}).status_code == 201
     assert create(alice, "b").status_code == 201  # 384Mi: 896Mi of 1Gi
     refused = create(alice, "c")
@@ -170,8 +170,8 @@ def test_a_full_team_is_told_which_deployment_to_lower_and_how(
 
 
 def test_a_derived_limit_over_the_deployment_ceiling_says_it_was_derived(
-        alice: Person, digits: ModelVersion, machine: Any) -> None:
-    machine.DEPLOYMENT_MAX_MEMORY = "256Mi"
+        alice: Person, digits: ModelVersion, default_machine: Any) -> None:
+    default_machine.DEPLOYMENT_MAX_MEMORY = "256Mi"
     [message] = create(alice, "over").json()["error"]["fields"]["resources.memory"]
     assert message.startswith("The memory limit of 384Mi derived from what its models were measured to take is more "
                               "than a deployment of team acme may ask for per server (at most 256Mi, "
@@ -180,7 +180,7 @@ def test_a_derived_limit_over_the_deployment_ceiling_says_it_was_derived(
 
 
 def test_deploying_the_same_settings_after_a_measurement_makes_no_new_revision(
-        alice: Person, digits: ModelVersion, machine: Any) -> None:
+        alice: Person, digits: ModelVersion, default_machine: Any) -> None:
     assert create(alice, "same").status_code == 201
     before = Deployment.objects.get(name="same").revision_id
     record_memory(digits.pk, 300 * Mi, "its use in a dedicated deployment on this machine")
@@ -211,7 +211,8 @@ def test_a_version_keeps_the_most_it_was_seen_to_take(alice: Person, digits: Mod
     assert version["measured_memory_by"] == "its use in a pool on this machine"
 
 
-def test_a_shared_or_kubernetes_deployment_derives_nothing(alice: Person, digits: ModelVersion, machine: Any) -> None:
+def test_a_shared_or_kubernetes_deployment_derives_nothing(alice: Person, digits: ModelVersion,
+                                                            default_machine: Any) -> None:
     assert create(alice, "pooled", placement={"mode": "shared"}).status_code == 201
     assert spec_of(alice, "pooled").memory_basis is None
     assert alice.client().get("/api/v1/deployments/pooled/").json()["memory"] is None
@@ -232,8 +233,8 @@ def test_a_spec_keeps_its_memory_basis_and_an_older_one_has_none() -> None:
 
 
 def test_the_pages_show_the_measured_figure_and_the_limit_derived_from_it(
-        alice: Person, digits: ModelVersion, machine: Any) -> None:
-    from web.tests.conftest import signed_in
+        alice: Person, digits: ModelVersion, default_machine: Any) -> None:
+    from tests.support.people import signed_in
 
     record_memory(digits.pk, 100 * Mi, "its trial call at inspection")
     assert create(alice, "shown").status_code == 201

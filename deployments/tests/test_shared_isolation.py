@@ -3,12 +3,11 @@ of its own, and the header said "Sandboxed –" while its events said the pool's
 
 from __future__ import annotations
 
-from conftest import Person
 from deployments.models import Deployment, PoolServer
 from deployments.pools import shared_pool
-from deployments.tests.conftest import post_deployment
 from models_registry.models import ModelVersion
-from web.tests.conftest import signed_in
+from tests.support.deploying import post_deployment
+from tests.support.people import Person, signed_in
 
 
 def pool_server(sandboxed: bool) -> PoolServer:

@@ -16,12 +16,12 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
-from conftest import Person
 from deployments.trial_call import verdict
 from modelport.core.example_request import parse_example_request
 from modelport.core.signature import signature_from_json
 from models_registry.inspection import inspect_here
 from models_registry.models import ModelVersion
+from tests.support.people import Person
 
 SIGNATURE = {"inputs": [{"name": "image", "datatype": "BYTES", "dims": [-1, 1]}],
              "outputs": [{"name": "size", "datatype": "INT64", "dims": [-1, 2]}]}

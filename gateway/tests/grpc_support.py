@@ -11,8 +11,8 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from conftest import Person
 from gateway.tests.grpc_fake_upstream import FakeTriton
+from tests.support.people import Person
 
 PREFIX = "/inference.GRPCInferenceService/"
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from conftest import Person
 from deployments.models import Deployment, PoolLoad, Revision
 from deployments.pools import shared_pool
+from tests.support.people import Person
 
 SHARED = {"mode": "shared", "pool": "shared", "idle_unload_seconds": 600}
 

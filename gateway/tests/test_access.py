@@ -12,11 +12,11 @@ import pytest
 from django.db import OperationalError
 
 from accounts.models import ApiToken
-from conftest import Person
 from gateway import access
 from gateway.access import Budget, TtlCache
-from gateway.tests.conftest import browser_cookies, call, make_deployment, run
 from gateway.tests.fake_upstream import FakeUpstream
+from tests.support.gateway_calls import call, make_deployment, run
+from tests.support.people import Person, browser_cookies
 
 INFER = b'{"inputs": [{"name": "input", "shape": [1], "datatype": "FP32", "data": [1]}]}'
 

@@ -10,11 +10,11 @@ import re
 import time
 from typing import Any
 
-from conftest import Person
 from gateway.answer_params import without_repeated_keys
-from gateway.tests.conftest import call, run
+from gateway.tests.digits_contract import digits_deployment, digits_request
 from gateway.tests.fake_upstream import FakeUpstream, Request, response
-from gateway.tests.test_contract import _deployment, _request
+from tests.support.gateway_calls import call, run
+from tests.support.people import Person
 
 # What the pipeline answers, with the ensemble's parameters as this Triton writes them: the first without a repeat.
 OUTPUTS = b'"outputs":[{"name":"label","datatype":"INT64","shape":[1,1],"data":[3]},' \
@@ -73,21 +73,21 @@ def test_the_gateway_passes_a_pipelines_answer_with_each_parameter_once(people: 
 
     async def scenario() -> None:
         async with FakeUpstream(answer) as upstream:
-            await asyncio.to_thread(_deployment, people["alice"], upstream.url)
+            await asyncio.to_thread(digits_deployment, people["alice"], upstream.url)
             app = gateway_app()
             url = "/serve/digits-prod/v2/models/digits/infer"
             token = people["alice"].token
 
-            repeated = await call(app, "POST", url, body=_request(id="repeated"), token=token)
+            repeated = await call(app, "POST", url, body=digits_request(id="repeated"), token=token)
             assert repeated.status == 200
             assert all(len({k for k, _ in pairs}) == len(pairs) for pairs in pairs_of(repeated.body)), repeated.body
             assert repeated.json()["parameters"] == {"sequence_id": 0, "sequence_start": False, "sequence_end": False}
             assert repeated.headers[b"content-length"] == str(len(repeated.body)).encode()
 
-            plain = await call(app, "POST", url, body=_request(id="plain"), token=token)
+            plain = await call(app, "POST", url, body=digits_request(id="plain"), token=token)
             assert plain.body == PLAIN  # byte for byte
 
-            binary = await call(app, "POST", url, token=token, body=_request(
+            binary = await call(app, "POST", url, token=token, body=digits_request(
                 id="binary", outputs=[{"name": "label", "parameters": {"binary_data": True}}]))
             length = int(binary.headers[b"inference-header-content-length"])
             assert binary.body[length:] == b"\x03" + b"\x00" * 7

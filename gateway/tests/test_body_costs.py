@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 from asgiref.sync import sync_to_async
 
-from conftest import Person
 from gateway import bodies
 from gateway.json_body import check_json
 from gateway.protocol import Refusal
-from gateway.tests.conftest import call, make_deployment, run
 from gateway.tests.fake_upstream import FakeUpstream
 from gateway.tests.infer_bodies import OK, j
 from gateway.tests.pool_support import shared_deployment
+from tests.support.gateway_calls import call, make_deployment, run
+from tests.support.people import Person
 
 URL = "/serve/digits-prod/v2/models/digits/infer"
 

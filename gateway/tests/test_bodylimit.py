@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gateway.bodylimit import BodyLimit
-from gateway.tests.conftest import call, run
+from tests.support.gateway_calls import call, run
 
 
 class Recorder:

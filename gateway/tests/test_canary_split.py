@@ -9,12 +9,12 @@ import asyncio
 import math
 from typing import Any
 
-from conftest import Person
 from deployments.models import Deployment, Revision
 from gateway.access import Route, choose
 from gateway.protocol import Refusal
-from gateway.tests.conftest import call, make_deployment, run
 from gateway.tests.fake_upstream import FakeUpstream, Request, json_response
+from tests.support.gateway_calls import call, make_deployment, run
+from tests.support.people import Person
 
 
 def answering(number: int) -> Any:

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from deployments.revision_spec import ModelEntry
 from gateway.contract import contract_for, missing_outputs, requested_outputs, reword
-from gateway.tests.conftest import call, run
-from gateway.tests.digits_contract import SHAPE_ERROR, SIGNATURE
+from gateway.tests.digits_contract import SHAPE_ERROR, SIGNATURE, digits_deployment, digits_request
 from gateway.tests.fake_upstream import FakeUpstream, Request, chunked, json_response, response
+from tests.support.gateway_calls import call, run
+from tests.support.people import Person
 
 DIGITS = contract_for(ModelEntry(name="digits", version=1, format="onnx", signature=SIGNATURE, max_batch_size=8))
 
@@ -81,22 +81,6 @@ def test_missing_outputs_are_found_without_parsing_the_tensors() -> None:
     assert requested_outputs({"inputs": []}) is None and requested_outputs(["not", "a", "dict"]) is None
 
 
-def _deployment(person: Person, upstream_url: str) -> None:
-    from deployments.models import Deployment, Revision
-
-    deployment = Deployment.objects.create(team=person.team, name="digits-prod", upstream_url=upstream_url,
-                                           status=Deployment.Status.READY)
-    entry = {"name": "digits", "version": 1, "format": "onnx", "max_batch_size": 8,
-             "signature": SIGNATURE.to_json()}
-    revision = Revision.objects.create(deployment=deployment, number=1, spec={"models": [entry]})
-    Deployment.objects.filter(pk=deployment.pk).update(serving_revision=revision, revision=revision)
-
-
-def _request(**extra: Any) -> bytes:
-    return json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": [0.0] * 64}],
-                       **extra}).encode()
-
-
 def test_the_gateway_refuses_an_answer_missing_an_output_and_rewords_tritons_errors(
     people: dict[str, Person], gateway_app: Any
 ) -> None:
@@ -129,40 +113,40 @@ def test_the_gateway_refuses_an_answer_missing_an_output_and_rewords_tritons_err
 
     async def scenario() -> None:
         async with FakeUpstream(answer) as upstream:
-            await asyncio.to_thread(_deployment, people["alice"], upstream.url)
+            await asyncio.to_thread(digits_deployment, people["alice"], upstream.url)
             app = gateway_app()
             url = "/serve/digits-prod/v2/models/digits/infer"
             token = people["alice"].token
 
-            empty = await call(app, "POST", url, body=_request(id="empty"), token=token)
+            empty = await call(app, "POST", url, body=digits_request(id="empty"), token=token)
             assert empty.status == 500
             error = empty.json()["error"]
             assert "'probabilities', 'label'" in error and "declared in its signature" in error
 
-            in_chunks = await call(app, "POST", url, body=_request(id="chunked"), token=token)
+            in_chunks = await call(app, "POST", url, body=digits_request(id="chunked"), token=token)
             assert in_chunks.status == 500
             assert "without its output 'probabilities', 'label'" in in_chunks.json()["error"]
 
-            zipped = await call(app, "POST", url, body=_request(id="gzip"), token=token)
+            zipped = await call(app, "POST", url, body=digits_request(id="gzip"), token=token)
             assert zipped.status == 500 and b"content-encoding" not in zipped.headers
             assert "without its output 'probabilities', 'label'" in zipped.json()["error"]
-            zipped_ok = await call(app, "POST", url, body=_request(id="gzip-ok"), token=token)
+            zipped_ok = await call(app, "POST", url, body=digits_request(id="gzip-ok"), token=token)
             assert zipped_ok.status == 200 and zipped_ok.headers[b"content-encoding"] == b"gzip"  # passed on as it came
             assert len(json.loads(gzip.decompress(zipped_ok.body))["outputs"]) == 2
 
-            ok = await call(app, "POST", url, body=_request(id="ok"), token=token)
+            ok = await call(app, "POST", url, body=digits_request(id="ok"), token=token)
             assert ok.status == 200 and len(ok.json()["outputs"]) == 2
 
-            binary = await call(app, "POST", url, token=token, body=_request(
+            binary = await call(app, "POST", url, token=token, body=digits_request(
                 id="binary", outputs=[{"name": "label", "parameters": {"binary_data": True}}]))
             assert binary.status == 200 and binary.body.endswith(b"\x03" + b"\x00" * 7)
-            asked = await call(app, "POST", url, token=token, body=_request(
+            asked = await call(app, "POST", url, token=token, body=digits_request(
                 id="binary", outputs=[{"name": "probabilities"}]))
             assert asked.status == 500 and "'probabilities' (asked for in the request)" in asked.json()["error"]
             assert asked.headers[b"content-type"] == b"application/json"
             assert b"inference-header-content-length" not in asked.headers
 
-            shape = await call(app, "POST", url, body=_request(id="shape"), token=token)
+            shape = await call(app, "POST", url, body=digits_request(id="shape"), token=token)
             assert shape.status == 400
             assert shape.json()["error"].startswith("Input 'input' of model 'digits' takes shape [-1, 64]")
 

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from gateway.grpc_connections import Calls, Shedder, peer_of
-from gateway.tests.conftest import run
+from tests.support.gateway_calls import run
 
 
 class Listener:

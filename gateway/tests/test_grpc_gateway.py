@@ -15,16 +15,16 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from conftest import Person
-from gateway.tests.conftest import make_deployment, run
 from gateway.tests.grpc_fake_upstream import FakeTriton
 from gateway.tests.grpc_support import PREFIX, infer_request, meta, next_answer, open_stream, stack
+from tests.support.gateway_calls import make_deployment, run
+from tests.support.people import Person
 
 MB = 1024 * 1024
 
 
 @pytest.fixture(autouse=True)
-def _gateway_settings(settings: Any) -> None:
+def _grpc_gateway_settings(settings: Any) -> None:
     settings.GATEWAY_CACHE_TTL_SECONDS = 0.5
     settings.GATEWAY_RATE_LIMIT_PER_SECOND = 1000
     settings.GATEWAY_RATE_LIMIT_BURST = 1000
@@ -176,13 +176,15 @@ def test_another_teams_deployment_is_not_found_exactly_like_a_missing_one(people
 
 
 def test_a_revoked_token_is_refused_within_the_cache_window(people: dict[str, Person]) -> None:
+    from accounts import actions
     from accounts.models import ApiToken
 
     async def scenario() -> None:
         async with stack() as (_, fake, channel):
             await asyncio.to_thread(deploy, people["alice"], "digits-prod", fake.target)
             await call(channel, "ModelReady", READY, meta(people["alice"]))
-            await asyncio.to_thread(lambda: ApiToken.objects.get(user=people["alice"].user).revoke())
+            await asyncio.to_thread(lambda: actions.revoke_token(ApiToken.objects.get(user=people["alice"].user),
+                                                                      by=people["alice"].user, via="session"))
             await asyncio.sleep(0.6)
             exc = await failure(channel, "ModelReady", READY, meta(people["alice"]))
             assert exc.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -406,6 +408,7 @@ def test_a_stream_is_refused_up_front_without_a_token_or_for_another_team(people
 
 
 def test_revoking_the_token_ends_an_open_stream_within_the_cache_window(people: dict[str, Person]) -> None:
+    from accounts import actions
     from accounts.models import ApiToken
 
     async def scenario() -> None:
@@ -414,7 +417,8 @@ def test_revoking_the_token_ends_an_open_stream_within_the_cache_window(people: 
             stream = await open_stream(channel, meta(people["alice"]))
             await stream.write(infer_request([1], b"\0" * 4, request_id="1"))
             await next_answer(stream)
-            await asyncio.to_thread(lambda: ApiToken.objects.get(user=people["alice"].user).revoke())
+            await asyncio.to_thread(lambda: actions.revoke_token(ApiToken.objects.get(user=people["alice"].user),
+                                                                      by=people["alice"].user, via="session"))
             await asyncio.sleep(0.6)
             with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
                 await stream.write(infer_request([1], b"\0" * 4, request_id="2"))

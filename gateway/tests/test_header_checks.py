@@ -9,13 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import Person
 from gateway import json_body
 from gateway.json_body import CACHED_HEADER_BYTES, Checked, HeaderChecks
 from gateway.protocol import Refusal
-from gateway.tests.conftest import call, make_deployment, run
 from gateway.tests.fake_upstream import FakeUpstream
 from gateway.tests.infer_bodies import j
+from tests.support.gateway_calls import call, make_deployment, run
+from tests.support.people import Person
 
 LIMIT = 256 * 1024**2
 HEADER = j({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32",

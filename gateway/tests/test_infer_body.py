@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import Person
 from gateway.json_body import check_json
 from gateway.protocol import (
     _DEPTH_STEP,
@@ -37,10 +36,11 @@ from gateway.protocol import (
     json_too_deep,
     parse_json_header,
 )
-from gateway.tests.conftest import call, make_deployment, run
 from gateway.tests.fake_upstream import FakeUpstream, Request, echo, json_response
 from gateway.tests.infer_bodies import BINARY_HOSTILE, HOSTILE, OK, j, with_input
 from tests.processes import until
+from tests.support.gateway_calls import call, make_deployment, run
+from tests.support.people import Person
 
 
 def test_hostile_requests_are_refused_before_triton_sees_them(
@@ -181,7 +181,7 @@ def test_the_bounded_bracket_count_decides_as_the_full_count_does() -> None:
     for limit in (4, 5, 63, 64, 65, _FIND_OPENERS_MAX, _FIND_OPENERS_MAX + 1, 1000):
         for size in (0, 1, 10, 200, 5000):
             for _ in range(20):
-                data = bytes(rng.choice(alphabet) for _ in range(size))
+                data = bytes(rng.choices(alphabet, k=size))
                 assert _few_openers(data, limit) == (_openers(data) <= limit), (limit, data)
         for count in (limit - 1, limit, limit + 1):
             for data in (b"[" * count, b"{" * count, b"[{" * (count // 2) + b"[" * (count % 2),
@@ -201,7 +201,7 @@ def test_a_body_with_no_backslash_gets_the_depth_steps_the_regex_gives() -> None
     for alphabet in (b'[]{}"a1,: ', b'[[[]]]{}"', b'[]"', b'[{]}"Y_y\x7f ', b"[]{}Yy_ ", b'[["""]'):
         for size in (4096, 5000, 16000, 40000):  # the larger ones past the bracket positions' bound
             for _ in range(30):
-                data = bytes(rng.choice(alphabet) for _ in range(size))
+                data = bytes(rng.choices(alphabet, k=size))
                 assert _depth_steps(data).tobytes() == _steps_by_regex(data), data[:200]
                 for limit in (0, 3, 64):
                     assert json_too_deep(data, limit) == _too_deep_by_regex(data, limit)

@@ -11,13 +11,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import Person
 from gateway import json_body
 from gateway.json_body import Checked, check_json
 from gateway.protocol import Refusal, check_infer_request, parse_json_header
-from gateway.tests.conftest import call, make_deployment, run
 from gateway.tests.fake_upstream import FakeUpstream
 from gateway.tests.infer_bodies import HOSTILE, OK, j
+from tests.support.gateway_calls import call, make_deployment, run
+from tests.support.people import Person
 
 LIMIT = 256 * 1024**2
 

@@ -10,10 +10,10 @@ import pytest
 from django.test import Client
 from prometheus_client import generate_latest
 
-from conftest import Person
 from gateway import metrics_server, stats
-from gateway.tests.conftest import call, make_deployment, run
 from gateway.tests.fake_upstream import FakeUpstream
+from tests.support.gateway_calls import call, make_deployment, run
+from tests.support.people import Person
 
 TOKEN = "t" * 12 + "Xy7#pQ2$wE9!"
 

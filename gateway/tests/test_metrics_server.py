@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from gateway import metrics_server
-from gateway.tests.conftest import run
+from tests.support.gateway_calls import run
 
 
 async def fetch(port: int, request: bytes) -> bytes:

@@ -14,11 +14,11 @@ import pytest
 from asgiref.sync import sync_to_async
 from tritonclient.grpc import service_pb2 as pb
 
-from conftest import Person
-from gateway.tests.conftest import browser_cookies, call, make_deployment, run
 from gateway.tests.fake_upstream import FakeUpstream, echo
 from gateway.tests.grpc_support import PREFIX, infer_request, meta, next_answer, open_stream, stack
 from gateway.tests.pool_support import shared_deployment
+from tests.support.gateway_calls import call, make_deployment, run
+from tests.support.people import Person, browser_cookies
 
 NO_MODEL = "Deployment '{deployment}' in team 'acme' serves no model named 'nosuch'. Its models: {models}."
 
@@ -30,7 +30,7 @@ def api_404(person: Person, name: str) -> str:
 
 
 @pytest.fixture(autouse=True)
-def _gateway_settings(settings: Any) -> None:
+def _generous_rate_limits(settings: Any) -> None:
     settings.GATEWAY_CACHE_TTL_SECONDS = 0.5
     settings.GATEWAY_RATE_LIMIT_PER_SECOND = 1000
     settings.GATEWAY_RATE_LIMIT_BURST = 1000

@@ -10,11 +10,11 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from conftest import Person
 from deployments.models import Deployment, PoolLoad
-from gateway.tests.conftest import call, run
 from gateway.tests.fake_upstream import FakeUpstream, Request, echo, response
 from gateway.tests.pool_support import shared_deployment
+from tests.support.gateway_calls import call, run
+from tests.support.people import Person
 
 INFER = json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}).encode()
 def test_a_shared_revision_without_its_load_is_a_503_never_the_unmapped_pool(

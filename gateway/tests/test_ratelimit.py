@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from accounts.models import ApiToken
-from conftest import Person
 from gateway.ratelimit import RateLimiter
-from gateway.tests.conftest import browser_cookies, call, make_deployment, run
 from gateway.tests.fake_upstream import FakeUpstream
+from tests.support.gateway_calls import call, make_deployment, run
+from tests.support.people import Person, browser_cookies
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/5")
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from conftest import Person
-from gateway.tests.conftest import call, make_deployment, run
 from gateway.tests.fake_upstream import FakeUpstream, Request, chunked, echo, response
 from tests.processes import until
+from tests.support.gateway_calls import call, make_deployment, run
+from tests.support.people import Person
 
 MIB = 1024 * 1024
 

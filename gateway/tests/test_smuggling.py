@@ -14,10 +14,10 @@ from typing import Any
 
 import uvicorn
 
-from conftest import Person
 from deployments.runtimes.local.triton import pick_free_ports
-from gateway.tests.conftest import call, make_deployment, run
 from gateway.tests.fake_upstream import FakeUpstream
+from tests.support.gateway_calls import call, make_deployment, run
+from tests.support.people import Person
 
 SMUGGLED = ("/serve/digits-prod/v2/models/digits%20HTTP/1.1%0D%0AHost:%20x%0D%0A%0D%0A"
             "GET%20/v2/logging%20HTTP/1.1%0D%0AX-Pad:%20y")

@@ -7,10 +7,10 @@ import asyncio
 import secrets
 from typing import Any
 
-from conftest import Person
 from gateway import stats
-from gateway.tests.conftest import call, make_deployment, run
 from gateway.tests.fake_upstream import FakeUpstream
+from tests.support.gateway_calls import call, make_deployment, run
+from tests.support.people import Person
 
 
 def model_labels(deployment: str) -> set[str]:

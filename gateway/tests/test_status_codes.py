@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from conftest import Person
-from deployments.tests.conftest import make_ready_version
 from gateway import stats
 from gateway.models import RequestStats
 from gateway.stats import summarize
-from web.tests.conftest import deploy
+from tests.support.deploying import deploy
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
 
 def test_codes_are_counted_per_bucket_and_merged_into_one_row(alice: Person) -> None:

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from gateway.protocol import Refusal, classify
-from gateway.tests.conftest import call, make_deployment, run
 from gateway.tests.fake_upstream import FakeUpstream
+from tests.support.gateway_calls import call, make_deployment, run
+from tests.support.people import Person
 
 # What tritonclient.http.InferenceServerClient calls for the inference surface (its _client.py builds these).
 ALLOWED = [

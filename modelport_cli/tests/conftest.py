@@ -10,9 +10,7 @@ import pytest
 from modelport_cli import client as client_module
 from modelport_cli import main as main_module
 from modelport_cli import tus
-from modelport_cli.tests.fake_portal import FakePortal
-
-TOKEN = "mp_test_token"
+from modelport_cli.tests.fake_portal import TOKEN, FakePortal
 
 
 @pytest.fixture

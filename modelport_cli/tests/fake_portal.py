@@ -18,6 +18,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+TOKEN = "mp_test_token"  # the token the CLI under test is given (conftest.py)
+
 
 @dataclass
 class Seen:

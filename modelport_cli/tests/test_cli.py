@@ -21,8 +21,8 @@ from modelport_cli.client import Client
 from modelport_cli.errors import CliError, ExitCode
 from modelport_cli.main import main
 from modelport_cli.output import Progress
-from modelport_cli.tests.conftest import TOKEN
 from modelport_cli.tests.fake_portal import (
+    TOKEN,
     TUNED,
     FakePortal,
     FakeTus,

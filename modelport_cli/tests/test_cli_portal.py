@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from deployments import tasks
 from deployments.models import Deployment
-from deployments.tests.conftest import make_ready_version
 from modelport_cli import client as client_module
 from modelport_cli.errors import ExitCode
 from modelport_cli.main import main
+from tests.support.people import Person
+from tests.support.versions import make_ready_version
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -9,31 +9,20 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 from django.conf import settings
 
-from conftest import Person, make_person
 from modelport_cli.errors import ExitCode
 from models_registry.models import Blob, ModelVersion
 from models_registry.samples import digits_holdout, make_digits_onnx, train_digits_classifier
-from tests import conftest as portal_fixtures
 from tests.processes import wait_for
+from tests.support.people import Person
 
 pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
-# The fixtures that start the portal live in tests/conftest.py, which pytest applies only under tests/.
-celery_processes = portal_fixtures.celery_processes
-portal_url = portal_fixtures.portal_url
-
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def alice_tx(transactional_db: Any) -> Person:
-    return make_person("alice", "acme", role="admin")
 
 
 class Cli:

@@ -8,7 +8,6 @@ from typing import Any
 
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from conftest import Person
 from modelport.core.signature import Signature, parse_signature
 from models_registry import actions
 from models_registry.inspection import inspect_here
@@ -20,6 +19,7 @@ from models_registry.samples import (
     build_postprocess_zip,
     build_preprocess_zip,
 )
+from tests.support.people import Person
 
 
 @lru_cache(maxsize=1)

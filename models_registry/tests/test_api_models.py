@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import re
 
-from conftest import Person
 from models_registry.models import Model
+from tests.support.people import Person
 
 
 def test_alice_creates_a_model_in_her_team(alice: Person) -> None:

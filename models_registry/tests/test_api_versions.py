@@ -12,15 +12,10 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection, transaction
 from django.test import Client
 
-from conftest import Person
 from models_registry.models import Blob, Model, ModelVersion
 from models_registry.tests.storage_checks import assert_nothing_stored, stored_files
 from tests.artifacts import PYTHON_SIGNATURE, python_model_zip, tiny_onnx
-
-
-@pytest.fixture
-def digits(alice: Person) -> Model:
-    return Model.objects.create(team=alice.team, name="digits", created_by=alice.user)
+from tests.support.people import Person
 
 
 def upload(person: Person, data: bytes, filename: str = "model.onnx", **fields: Any) -> Any:
@@ -28,7 +23,7 @@ def upload(person: Person, data: bytes, filename: str = "model.onnx", **fields: 
     return person.client().post("/api/v1/models/digits/versions/", payload, format="multipart")
 
 
-def test_an_onnx_upload_becomes_a_ready_version_with_its_signature(alice: Person, digits: Model,
+def test_an_onnx_upload_becomes_a_ready_version_with_its_signature(alice: Person, digits_model: Model,
                                                                    eager_tasks: Any) -> None:
     response = upload(alice, tiny_onnx())
     assert response.status_code == 201
@@ -50,14 +45,14 @@ def test_an_onnx_upload_becomes_a_ready_version_with_its_signature(alice: Person
     assert detail["size"] == len(tiny_onnx())
 
 
-def test_version_numbers_increase(alice: Person, digits: Model, eager_tasks: Any) -> None:
+def test_version_numbers_increase(alice: Person, digits_model: Model, eager_tasks: Any) -> None:
     numbers = [upload(alice, tiny_onnx(out_features=n)).json()["number"] for n in (1, 2, 3)]
     assert numbers == [1, 2, 3]
     listed = alice.client().get("/api/v1/models/digits/versions/").json()
     assert [v["number"] for v in listed] == [3, 2, 1]
 
 
-def test_identical_content_is_stored_once(alice: Person, digits: Model, eager_tasks: Any) -> None:
+def test_identical_content_is_stored_once(alice: Person, digits_model: Model, eager_tasks: Any) -> None:
     upload(alice, tiny_onnx())
     upload(alice, tiny_onnx())
     assert ModelVersion.objects.filter(status="ready").count() == 2
@@ -65,28 +60,28 @@ def test_identical_content_is_stored_once(alice: Person, digits: Model, eager_ta
     assert len(stored_files()) == 1
 
 
-def test_the_format_is_detected_when_not_declared_and_checked_when_declared(alice: Person, digits: Model) -> None:
+def test_the_format_is_detected_when_not_declared_and_checked_when_declared(alice: Person, digits_model: Model) -> None:
     response = upload(alice, tiny_onnx(), format="torchscript")
     assert response.status_code == 400
     assert "declared format 'torchscript'" in response.json()["error"]["message"]
     assert_nothing_stored()
 
 
-def test_it_rejects_a_corrupt_onnx_file(alice: Person, digits: Model) -> None:
+def test_it_rejects_a_corrupt_onnx_file(alice: Person, digits_model: Model) -> None:
     response = upload(alice, b"\x08\x07garbage" * 100, format="onnx")
     assert response.status_code == 400
     assert "not a valid ONNX model" in response.json()["error"]["message"]
     assert_nothing_stored()
 
 
-def test_it_rejects_a_file_of_unknown_format(alice: Person, digits: Model) -> None:
+def test_it_rejects_a_file_of_unknown_format(alice: Person, digits_model: Model) -> None:
     response = upload(alice, b"hello world", filename="notes.txt")
     assert response.status_code == 400
     assert "The file is named 'notes.txt' but it is text, not a model" in response.json()["error"]["message"]
     assert_nothing_stored()
 
 
-def test_it_rejects_zip_slip(alice: Person, digits: Model) -> None:
+def test_it_rejects_zip_slip(alice: Person, digits_model: Model) -> None:
     data = python_model_zip({"../../evil.py": b"print('owned')"})
     response = upload(alice, data, filename="model.zip", format="python", signature=json.dumps(PYTHON_SIGNATURE))
     assert response.status_code == 400
@@ -94,7 +89,7 @@ def test_it_rejects_zip_slip(alice: Person, digits: Model) -> None:
     assert_nothing_stored()
 
 
-def test_it_rejects_symlinks_in_archives(alice: Person, digits: Model) -> None:
+def test_it_rejects_symlinks_in_archives(alice: Person, digits_model: Model) -> None:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         info = tarfile.TarInfo("model.py")
@@ -111,7 +106,7 @@ def test_it_rejects_symlinks_in_archives(alice: Person, digits: Model) -> None:
     assert_nothing_stored()
 
 
-def test_it_rejects_zip_bombs(alice: Person, digits: Model, settings: Any) -> None:
+def test_it_rejects_zip_bombs(alice: Person, digits_model: Model, settings: Any) -> None:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("model.py", "class TritonPythonModel: pass\n")
@@ -122,14 +117,14 @@ def test_it_rejects_zip_bombs(alice: Person, digits: Model, settings: Any) -> No
     assert_nothing_stored()
 
 
-def test_a_python_model_needs_a_signature(alice: Person, digits: Model) -> None:
+def test_a_python_model_needs_a_signature(alice: Person, digits_model: Model) -> None:
     response = upload(alice, python_model_zip(), filename="model.zip")
     assert response.status_code == 400
     assert "carries no readable signature" in response.json()["error"]["message"]
     assert_nothing_stored()
 
 
-def test_a_python_model_with_a_signature_is_accepted(alice: Person, digits: Model, eager_tasks: Any) -> None:
+def test_a_python_model_with_a_signature_is_accepted(alice: Person, digits_model: Model, eager_tasks: Any) -> None:
     response = upload(alice, python_model_zip(), filename="model.zip", signature=json.dumps(PYTHON_SIGNATURE))
     assert response.status_code == 201, response.json()
     version = ModelVersion.objects.get()
@@ -138,7 +133,7 @@ def test_a_python_model_with_a_signature_is_accepted(alice: Person, digits: Mode
     assert version.signature["outputs"][0]["datatype"] == "FP32"  # TYPE_FP32 accepted, KServe name stored
 
 
-def test_it_rejects_a_bad_signature_with_a_field_message(alice: Person, digits: Model) -> None:
+def test_it_rejects_a_bad_signature_with_a_field_message(alice: Person, digits_model: Model) -> None:
     bad = {"inputs": [{"name": "x", "datatype": "FLOAT99", "dims": [-1, 4]}],
            "outputs": [{"name": "y", "datatype": "FP32", "dims": [4]}]}
     response = upload(alice, python_model_zip(), filename="model.zip", signature=json.dumps(bad))
@@ -147,7 +142,7 @@ def test_it_rejects_a_bad_signature_with_a_field_message(alice: Person, digits: 
     assert_nothing_stored()
 
 
-def test_a_max_batch_size_without_a_batch_dimension_makes_the_version_invalid(alice: Person, digits: Model,
+def test_a_max_batch_size_without_a_batch_dimension_makes_the_version_invalid(alice: Person, digits_model: Model,
                                                                               eager_tasks: Any) -> None:
     response = upload(alice, tiny_onnx(batch=False), max_batch_size="8")
     assert response.status_code == 201
@@ -157,7 +152,7 @@ def test_a_max_batch_size_without_a_batch_dimension_makes_the_version_invalid(al
     assert stored_files() == []
 
 
-def test_it_answers_413_over_the_size_limit(alice: Person, digits: Model, settings: Any) -> None:
+def test_it_answers_413_over_the_size_limit(alice: Person, digits_model: Model, settings: Any) -> None:
     settings.MAX_MULTIPART_UPLOAD_SIZE = 100
     response = upload(alice, tiny_onnx())
     assert response.status_code == 413
@@ -165,19 +160,19 @@ def test_it_answers_413_over_the_size_limit(alice: Person, digits: Model, settin
     assert_nothing_stored()
 
 
-def test_it_needs_a_file_or_an_upload_id(alice: Person, digits: Model) -> None:
+def test_it_needs_a_file_or_an_upload_id(alice: Person, digits_model: Model) -> None:
     response = alice.client().post("/api/v1/models/digits/versions/", {}, format="multipart")
     assert response.status_code == 400
     assert "exactly one of 'file'" in response.json()["error"]["message"]
 
 
-def test_a_json_body_that_is_not_an_object_is_a_400(alice: Person, digits: Model) -> None:
+def test_a_json_body_that_is_not_an_object_is_a_400(alice: Person, digits_model: Model) -> None:
     response = alice.client().post("/api/v1/models/digits/versions/", [{"upload_id": "x"}], format="json")
     assert response.status_code == 400
     assert response.json()["error"]["message"] == "The request body must be a JSON object."
 
 
-def test_charlie_cannot_upload_to_or_read_another_teams_model(alice: Person, charlie: Person, digits: Model,
+def test_charlie_cannot_upload_to_or_read_another_teams_model(alice: Person, charlie: Person, digits_model: Model,
                                                               eager_tasks: Any) -> None:
     upload(alice, tiny_onnx())
     assert upload(charlie, tiny_onnx()).status_code == 404
@@ -186,7 +181,7 @@ def test_charlie_cannot_upload_to_or_read_another_teams_model(alice: Person, cha
     assert ModelVersion.objects.count() == 1
 
 
-def test_deleting_a_version_removes_its_bytes_when_no_other_version_shares_them(alice: Person, digits: Model,
+def test_deleting_a_version_removes_its_bytes_when_no_other_version_shares_them(alice: Person, digits_model: Model,
                                                                                 eager_tasks: Any) -> None:
     upload(alice, tiny_onnx())
     upload(alice, tiny_onnx())
@@ -198,7 +193,7 @@ def test_deleting_a_version_removes_its_bytes_when_no_other_version_shares_them(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_uploads_never_get_the_same_number(alice: Person, digits: Model) -> None:
+def test_concurrent_uploads_never_get_the_same_number(alice: Person, digits_model: Model) -> None:
     if connection.vendor != "postgresql":
         pytest.skip("needs a database with row locks and real concurrency (CI runs this on PostgreSQL)")
     numbers: list[int] = []
@@ -207,7 +202,7 @@ def test_concurrent_uploads_never_get_the_same_number(alice: Person, digits: Mod
     def reserve() -> None:
         try:
             with transaction.atomic():
-                numbers.append(Model.objects.get(pk=digits.pk).next_version_number())
+                numbers.append(Model.objects.get(pk=digits_model.pk).next_version_number())
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
         finally:
@@ -281,21 +276,22 @@ def test_create_model_checks_the_name_and_the_flag(alice: Person, name: str, val
     assert not Model.objects.exists()
 
 
-def test_create_model_uses_a_model_that_exists_already(alice: Person, digits: Model) -> None:
+def test_create_model_uses_a_model_that_exists_already(alice: Person, digits_model: Model) -> None:
     payload = {"file": SimpleUploadedFile("model.onnx", tiny_onnx()), "create_model": "true"}
     assert alice.client().post("/api/v1/models/digits/versions/", payload, format="multipart").status_code == 201
     assert Model.objects.get().versions.count() == 1
 
 
-def test_create_model_makes_a_model_in_the_callers_team_only(alice: Person, charlie: Person, digits: Model) -> None:
+def test_create_model_makes_a_model_in_the_callers_team_only(alice: Person, charlie: Person,
+                                                             digits_model: Model) -> None:
     payload = {"file": SimpleUploadedFile("model.onnx", tiny_onnx()), "create_model": "true"}
     assert charlie.client().post("/api/v1/models/digits/versions/", payload, format="multipart").status_code == 201
     assert Model.objects.get(team=charlie.team, name="digits").versions.count() == 1
-    assert digits.versions.count() == 0
+    assert digits_model.versions.count() == 0
 
 
 def test_pushing_the_same_bytes_again_says_which_version_they_are_identical_to(
-        alice: Person, digits: Model, eager_tasks: Any) -> None:
+        alice: Person, digits_model: Model, eager_tasks: Any) -> None:
     upload(alice, tiny_onnx())
     upload(alice, tiny_onnx(out_features=5))
     upload(alice, tiny_onnx())
@@ -313,11 +309,11 @@ def test_pushing_the_same_bytes_again_says_which_version_they_are_identical_to(
 
 
 def test_the_same_bytes_in_another_teams_model_are_not_identical_to_anything(
-        alice: Person, charlie: Person, digits: Model, eager_tasks: Any) -> None:
+        alice: Person, charlie: Person, digits_model: Model, eager_tasks: Any) -> None:
     upload(alice, tiny_onnx())
     theirs = Model.objects.create(team=charlie.team, name="digits", created_by=charlie.user)
     payload = {"file": SimpleUploadedFile("model.onnx", tiny_onnx())}
     assert charlie.client().post("/api/v1/models/digits/versions/", payload, format="multipart").status_code == 201
 
     assert charlie.client().get("/api/v1/models/digits/versions/1/").json()["identical_to"] is None
-    assert theirs.versions.get().sha256 == ModelVersion.objects.filter(model=digits).get().sha256
+    assert theirs.versions.get().sha256 == ModelVersion.objects.filter(model=digits_model).get().sha256

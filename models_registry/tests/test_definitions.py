@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from deployments.model_entry import ModelEntry, SpecError
 from modelport.core import formats
 from modelport.core.definitions import (
@@ -19,6 +18,7 @@ from modelport.core.definitions import (
     TorchScriptDefinition,
 )
 from models_registry.samples import digits_pipeline_definition
+from tests.support.people import Person
 
 STORED: list[tuple[str, dict[str, Any]]] = [
     ("ensemble", digits_pipeline_definition()),

@@ -12,14 +12,14 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
 
-from conftest import Person
 from models_registry import dispatch, tasks
 from models_registry.models import ModelVersion
 from tests.artifacts import tiny_onnx
+from tests.support.people import Person
 
 
 @pytest.fixture
-def sent(monkeypatch: pytest.MonkeyPatch, settings: Any) -> list[int]:
+def inspections(monkeypatch: pytest.MonkeyPatch, settings: Any) -> list[int]:
     """The inspections queued to the broker (none runs: the test drives them)."""
     settings.INSPECTION_MAX_ACTIVE_PER_TEAM = 2
     queued: list[int] = []
@@ -56,48 +56,48 @@ def upload(person: Person, committed: Committer, model: str, count: int) -> list
 
 
 def test_a_team_s_many_uploads_take_two_slots_and_another_team_s_upload_is_queued_at_once(
-        alice: Person, charlie: Person, sent: list[int], committed: Committer) -> None:
+        alice: Person, charlie: Person, inspections: list[int], committed: Committer) -> None:
     alices = upload(alice, committed, "flood", 5)
-    assert sent == alices[:2]  # the other three wait in the database
+    assert inspections == alices[:2]  # the other three wait in the database
     assert ModelVersion.objects.filter(pk__in=alices[2:], inspection_queued_at__isnull=True).count() == 3
     [charlies] = upload(charlie, committed, "one", 1)
-    assert sent == [*alices[:2], charlies]  # behind two of alice's, not five
+    assert inspections == [*alices[:2], charlies]  # behind two of alice's, not five
 
 
 def test_an_inspection_that_ends_hands_its_slot_to_the_team_s_oldest_waiting_upload(
-        alice: Person, sent: list[int], committed: Committer) -> None:
+        alice: Person, inspections: list[int], committed: Committer) -> None:
     alices = upload(alice, committed, "flood", 4)
     ModelVersion.objects.filter(pk=alices[0]).update(status=ModelVersion.Status.READY)
     committed(dispatch.finished, alices[0], tasks.send_inspection)
-    assert sent == alices[:3]
+    assert inspections == alices[:3]
     # still validating (its task ran late): no slot is freed twice
     committed(dispatch.finished, alices[1], tasks.send_inspection)
-    assert sent == alices[:3]
+    assert inspections == alices[:3]
 
 
-def test_a_real_inspection_task_takes_and_releases_the_slot(alice: Person, sent: list[int],
+def test_a_real_inspection_task_takes_and_releases_the_slot(alice: Person, inspections: list[int],
                                                             committed: Committer) -> None:
     alices = upload(alice, committed, "flood", 3)
     committed(tasks.inspect_version, alices[0])  # the task body, in this process
     first = ModelVersion.objects.get(pk=alices[0])
     assert first.status == "ready" and first.inspection_started_at is not None
-    assert sent == alices  # its slot went to the third
+    assert inspections == alices  # its slot went to the third
 
 
-def test_a_deleted_or_inspected_version_s_task_passes_its_slot_on(alice: Person, sent: list[int],
+def test_a_deleted_or_inspected_version_s_task_passes_its_slot_on(alice: Person, inspections: list[int],
                                                                   committed: Committer) -> None:
     alices = upload(alice, committed, "flood", 4)
     assert committed(alice.client().delete, "/api/v1/models/flood/versions/1/").status_code == 204
-    assert sent == alices[:3]  # deleting a validating version frees its slot
+    assert inspections == alices[:3]  # deleting a validating version frees its slot
     committed(tasks.inspect_version, alices[0])  # its task, still queued, finds nothing and frees nothing twice
-    assert sent == alices[:3]
+    assert inspections == alices[:3]
     ModelVersion.objects.filter(pk=alices[1]).update(status=ModelVersion.Status.READY)  # inspected meanwhile
     committed(tasks.inspect_version, alices[1])
-    assert sent == alices
+    assert inspections == alices
 
 
 def test_the_sweep_marks_what_the_hard_limit_killed_invalid_and_queues_the_next(
-        alice: Person, sent: list[int], committed: Committer, settings: Any) -> None:
+        alice: Person, inspections: list[int], committed: Committer, settings: Any) -> None:
     alices = upload(alice, committed, "flood", 3)
     long_ago = timezone.now() - timedelta(seconds=settings.INSPECTION_TIME_LIMIT_SECONDS
                                           + settings.INSPECTION_KILL_GRACE_SECONDS + 31)
@@ -108,19 +108,20 @@ def test_the_sweep_marks_what_the_hard_limit_killed_invalid_and_queues_the_next(
     assert killed.status == "invalid"
     assert killed.error.startswith(f"The inspection did not finish within {settings.INSPECTION_TIME_LIMIT_SECONDS:g} s")
     assert ModelVersion.objects.get(pk=alices[1]).status == "validating"
-    assert sent == alices
+    assert inspections == alices
 
 
-def test_the_sweep_queues_again_what_the_broker_lost(alice: Person, sent: list[int], committed: Committer) -> None:
+def test_the_sweep_queues_again_what_the_broker_lost(alice: Person, inspections: list[int],
+                                                     committed: Committer) -> None:
     alices = upload(alice, committed, "flood", 2)
     ModelVersion.objects.filter(pk=alices[0]).update(
         inspection_queued_at=timezone.now() - dispatch.QUEUED_LOST_AFTER - timedelta(seconds=1))
     assert committed(tasks.dispatch_inspections) == 1
-    assert sent == [*alices, alices[0]]
+    assert inspections == [*alices, alices[0]]
 
 
 def test_a_broker_that_is_down_gives_the_slot_back_for_the_sweep(
-        alice: Person, sent: list[int], committed: Committer,
+        alice: Person, inspections: list[int], committed: Committer,
         monkeypatch: pytest.MonkeyPatch) -> None:
     def down(version_id: int) -> None:
         raise ConnectionRefusedError("no broker")
@@ -128,12 +129,12 @@ def test_a_broker_that_is_down_gives_the_slot_back_for_the_sweep(
     monkeypatch.setattr(tasks, "send_inspection", down)
     [version] = upload(alice, committed, "flood", 1)
     assert ModelVersion.objects.get(pk=version).inspection_queued_at is None
-    monkeypatch.setattr(tasks, "send_inspection", lambda version_id: sent.append(version_id))
-    assert committed(tasks.dispatch_inspections) == 1 and sent == [version]
+    monkeypatch.setattr(tasks, "send_inspection", lambda version_id: inspections.append(version_id))
+    assert committed(tasks.dispatch_inspections) == 1 and inspections == [version]
 
 
 def test_a_version_whose_inspection_runs_cannot_be_deleted_so_its_slot_stays_taken(
-        alice: Person, sent: list[int], committed: Committer) -> None:
+        alice: Person, inspections: list[int], committed: Committer) -> None:
     """Issue 21 (8): deleting the row freed the slot while its task and trial run went on, so a team could run any
     number of inspections at once by deleting each as it started."""
     alices = upload(alice, committed, "flood", 3)
@@ -145,17 +146,17 @@ def test_a_version_whose_inspection_runs_cannot_be_deleted_so_its_slot_stays_tak
     assert "Version 1 is being inspected" in message and "once its inspection ends" in message
     assert committed(client.delete, "/api/v1/models/flood/").status_code == 409  # nor with its model
     assert ModelVersion.objects.filter(pk=alices[0], status="validating").exists()
-    assert sent == alices[:2]  # the slot is still taken: the third waits
+    assert inspections == alices[:2]  # the slot is still taken: the third waits
     # The inspection ends (the claimed task's body): its slot goes to the third, the version may go.
     from models_registry import inspection
     inspection.inspect_version(alices[0])
     committed(dispatch.finished, alices[0], tasks.send_inspection)
-    assert sent == alices
+    assert inspections == alices
     assert committed(client.delete, "/api/v1/models/flood/versions/1/").status_code == 204
 
 
 def test_an_inspection_delivered_twice_runs_once_and_the_second_leaves_the_first_alone(
-        alice: Person, sent: list[int], committed: Committer) -> None:
+        alice: Person, inspections: list[int], committed: Committer) -> None:
     """A message delivered twice (or a sample inspected in the web process while the worker takes its queued task):
     the second ran beside the first, found the bytes the first had just moved to their blob, and marked a good upload
     invalid (CI caught it as "The uploaded bytes are missing from storage")."""
@@ -173,7 +174,7 @@ def test_an_inspection_delivered_twice_runs_once_and_the_second_leaves_the_first
 
 
 def test_inspect_here_waits_for_the_inspection_a_worker_claimed_first(
-        alice: Person, sent: list[int], committed: Committer, monkeypatch: pytest.MonkeyPatch) -> None:
+        alice: Person, inspections: list[int], committed: Committer, monkeypatch: pytest.MonkeyPatch) -> None:
     from models_registry import inspection
 
     [pk] = upload(alice, committed, "claimed", 1)
@@ -191,7 +192,7 @@ def test_inspect_here_waits_for_the_inspection_a_worker_claimed_first(
     assert len(waits) == 3  # it waited for the worker rather than inspect (and race) itself
 
 
-def test_inspect_here_inspects_an_unclaimed_version_itself(alice: Person, sent: list[int],
+def test_inspect_here_inspects_an_unclaimed_version_itself(alice: Person, inspections: list[int],
                                                            committed: Committer) -> None:
     from models_registry import inspection
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from conftest import Person
 from modelport.core.example_request import ExampleRequestError, parse_example_request
 from modelport.core.signature import Signature, Tensor
 from models_registry.models import ModelVersion
+from tests.support.people import Person
 
 IMAGES = Signature(inputs=(Tensor("image", "BYTES", (-1, 1)),), outputs=(Tensor("size", "INT64", (-1, 2)),))
 SIGNATURE_JSON = json.dumps(IMAGES.to_json())
@@ -136,8 +136,8 @@ def test_a_json_upload_takes_the_example_request_as_an_object(alice: Person) -> 
 
 
 def test_an_onnx_upload_checks_its_example_request_against_the_signature_inspection_reads(alice: Person) -> None:
-    from deployments.tests.conftest import tiny_onnx
     from models_registry.inspection import inspect_here
+    from tests.artifacts import tiny_onnx
 
     client = alice.client()
     client.post("/api/v1/models/", {"name": "tiny"}, format="json")
@@ -160,7 +160,7 @@ def test_an_onnx_upload_checks_its_example_request_against_the_signature_inspect
 def test_a_null_character_in_an_example_request_kept_until_inspection_is_a_400(alice: Person) -> None:
     """Without a declared signature the request is stored as sent until inspection: a NUL in it would be a 500 on
     PostgreSQL, which stores none in JSON."""
-    from deployments.tests.conftest import tiny_onnx
+    from tests.artifacts import tiny_onnx
 
     client = alice.client()
     client.post("/api/v1/models/", {"name": "tiny"}, format="json")

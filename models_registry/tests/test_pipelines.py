@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from django.template.loader import render_to_string
 
-from conftest import Person
 from models_registry.models import Model, ModelVersion
 from models_registry.pipelines import pipeline_graph
 from models_registry.samples import (
@@ -25,6 +24,7 @@ from models_registry.tests.pipeline_versions import (
     ready_version,
 )
 from tests.artifacts import python_model_zip
+from tests.support.people import Person
 
 
 @pytest.fixture
@@ -43,16 +43,11 @@ def refused(response: Any, field: str) -> str:
     return str(error["fields"][field][0])
 
 
-@pytest.fixture
-def steps(alice: Person) -> dict[str, ModelVersion]:
-    return digits_steps(alice)
-
-
 # --- valid pipelines --------------------------------------------------------------------------------------------
 
 
 def test_a_valid_pipeline_is_a_ready_version_at_once_with_its_signature_and_steps(
-    alice: Person, steps: dict[str, ModelVersion], definition: dict[str, Any]
+    alice: Person, pipeline_steps: dict[str, ModelVersion], definition: dict[str, Any]
 ) -> None:
     response = create_pipeline(alice, definition)
     assert response.status_code == 201, response.json()
@@ -63,12 +58,12 @@ def test_a_valid_pipeline_is_a_ready_version_at_once_with_its_signature_and_step
     version = ModelVersion.objects.get(format="ensemble")
     assert version.max_batch_size == 64  # the smallest of the steps'
     assert version.blob_id is None and version.size == 0 and version.validated_at is not None
-    assert set(version.step_versions.all()) == set(steps.values())
+    assert set(version.step_versions.all()) == set(pipeline_steps.values())
     assert body["signature"]["inputs"] == [{"name": "image", "datatype": "BYTES", "dims": [-1, 1]}]
 
 
 def test_a_step_without_a_version_gets_the_latest_ready_one_written_down(
-    alice: Person, steps: dict[str, ModelVersion], definition: dict[str, Any]
+    alice: Person, pipeline_steps: dict[str, ModelVersion], definition: dict[str, Any]
 ) -> None:
     ready_version(alice, "digits", digits_bytes(), "digits.onnx")  # version 2
     del definition["steps"][1]["version"]
@@ -88,7 +83,8 @@ def test_the_pipeline_batches_no_more_than_its_smallest_step(alice: Person, defi
 # --- invalid pipelines, one rule each ---------------------------------------------------------------------------
 
 
-def test_it_refuses_a_step_input_fed_by_no_tensor(alice: Person, steps: Any, definition: dict[str, Any]) -> None:
+def test_it_refuses_a_step_input_fed_by_no_tensor(alice: Person, pipeline_steps: Any,
+                                                  definition: dict[str, Any]) -> None:
     definition["steps"][1]["input_map"] = {"input": "pixels"}
     message = refused(create_pipeline(alice, definition), "definition.steps[1].input_map.input")
     assert message == ("step 2 (digits): input 'input' is mapped to tensor 'pixels', which is neither a pipeline "
@@ -96,7 +92,7 @@ def test_it_refuses_a_step_input_fed_by_no_tensor(alice: Person, steps: Any, def
     assert not ModelVersion.objects.filter(format="ensemble").exists()
 
 
-def test_it_refuses_a_step_input_left_unmapped(alice: Person, steps: Any, definition: dict[str, Any]) -> None:
+def test_it_refuses_a_step_input_left_unmapped(alice: Person, pipeline_steps: Any, definition: dict[str, Any]) -> None:
     definition["steps"][1]["input_map"] = {}
     message = refused(create_pipeline(alice, definition), "definition.steps[1].input_map")
     assert "step 2 (digits): input_map must be a non-empty object" in message
@@ -108,14 +104,14 @@ def test_it_refuses_a_step_input_left_unmapped(alice: Person, steps: Any, defini
     assert "step 1 (preprocess): input 'image' of 'preprocess' is not fed" in response.json()["error"]["message"]
 
 
-def test_it_refuses_a_data_type_mismatch(alice: Person, steps: Any, definition: dict[str, Any]) -> None:
+def test_it_refuses_a_data_type_mismatch(alice: Person, pipeline_steps: Any, definition: dict[str, Any]) -> None:
     # The classifier fed the encoded image directly.
     definition["steps"][1]["input_map"] = {"input": "image"}
     message = refused(create_pipeline(alice, definition), "definition.steps[1].input_map.input")
     assert message == "step 2 (digits): input 'input' is FP32 but pipeline input 'image' is BYTES"
 
 
-def test_it_refuses_an_incompatible_shape(alice: Person, steps: Any, definition: dict[str, Any]) -> None:
+def test_it_refuses_an_incompatible_shape(alice: Person, pipeline_steps: Any, definition: dict[str, Any]) -> None:
     definition["inputs"] = [{"name": "features", "datatype": "FP32", "dims": [-1, 32]}]
     definition["steps"] = definition["steps"][1:]
     message = refused(create_pipeline(alice, definition), "definition.steps[0].input_map.input")
@@ -123,13 +119,14 @@ def test_it_refuses_an_incompatible_shape(alice: Person, steps: Any, definition:
                        "but pipeline input 'features' has shape [-1, 32]")
 
 
-def test_it_refuses_a_pipeline_output_no_step_produces(alice: Person, steps: Any, definition: dict[str, Any]) -> None:
+def test_it_refuses_a_pipeline_output_no_step_produces(alice: Person, pipeline_steps: Any,
+                                                       definition: dict[str, Any]) -> None:
     definition["outputs"].append({"name": "top", "datatype": "FP32", "dims": [-1, 1]})
     message = refused(create_pipeline(alice, definition), "definition.outputs[2]")
     assert message == "pipeline output 'top' is not produced by any step: map a step output to it"
 
 
-def test_it_refuses_a_pipeline_output_declared_unlike_its_producer(alice: Person, steps: Any,
+def test_it_refuses_a_pipeline_output_declared_unlike_its_producer(alice: Person, pipeline_steps: Any,
                                                                    definition: dict[str, Any]) -> None:
     definition["outputs"][0]["datatype"] = "INT64"
     message = refused(create_pipeline(alice, definition), "definition.outputs[0]")
@@ -137,7 +134,7 @@ def test_it_refuses_a_pipeline_output_declared_unlike_its_producer(alice: Person
                        "(postprocess) is BYTES [-1, 3]")
 
 
-def test_it_refuses_cycles(alice: Person, steps: Any) -> None:
+def test_it_refuses_cycles(alice: Person, pipeline_steps: Any) -> None:
     widen = {"inputs": [{"name": "x", "datatype": "FP32", "dims": [-1, 10]}],
              "outputs": [{"name": "y", "datatype": "FP32", "dims": [-1, 64]}]}
     ready_version(alice, "widen", python_model_zip(), "widen.zip", widen)
@@ -155,7 +152,7 @@ def test_it_refuses_cycles(alice: Person, steps: Any) -> None:
                        "(each feeds the next through its outputs)")
 
 
-def test_it_refuses_steps_listed_before_the_step_that_feeds_them(alice: Person, steps: Any,
+def test_it_refuses_steps_listed_before_the_step_that_feeds_them(alice: Person, pipeline_steps: Any,
                                                                  definition: dict[str, Any]) -> None:
     definition["steps"] = [definition["steps"][1], definition["steps"][0], definition["steps"][2]]
     message = refused(create_pipeline(alice, definition), "definition.steps[0].input_map.input")
@@ -163,7 +160,7 @@ def test_it_refuses_steps_listed_before_the_step_that_feeds_them(alice: Person, 
                        "which comes later: list the steps in the order they run")
 
 
-def test_it_refuses_a_tensor_written_twice_or_over_a_pipeline_input(alice: Person, steps: Any,
+def test_it_refuses_a_tensor_written_twice_or_over_a_pipeline_input(alice: Person, pipeline_steps: Any,
                                                                     definition: dict[str, Any]) -> None:
     definition["steps"][1]["output_map"] = {"probabilities": "features"}
     message = refused(create_pipeline(alice, definition), "definition.steps[1].output_map")
@@ -174,7 +171,7 @@ def test_it_refuses_a_tensor_written_twice_or_over_a_pipeline_input(alice: Perso
     assert message == "step 2 (digits): output 'probabilities' is mapped to 'image', which is a pipeline input"
 
 
-def test_it_refuses_versions_that_do_not_exist(alice: Person, steps: Any, definition: dict[str, Any]) -> None:
+def test_it_refuses_versions_that_do_not_exist(alice: Person, pipeline_steps: Any, definition: dict[str, Any]) -> None:
     definition["steps"][1]["version"] = 7
     assert refused(create_pipeline(alice, definition), "definition.steps[1].version") == (
         "step 2 (digits): model 'digits' has no version 7")
@@ -183,8 +180,8 @@ def test_it_refuses_versions_that_do_not_exist(alice: Person, steps: Any, defini
         "step 2 (ghost): no model named 'ghost' in your team")
 
 
-def test_it_refuses_versions_that_are_not_ready(alice: Person, steps: Any, definition: dict[str, Any]) -> None:
-    digits = steps["digits"]
+def test_it_refuses_versions_that_are_not_ready(alice: Person, pipeline_steps: Any, definition: dict[str, Any]) -> None:
+    digits = pipeline_steps["digits"]
     ModelVersion.objects.create(model=digits.model, number=2, format="onnx", status="invalid", error="bad bytes")
     definition["steps"][1]["version"] = 2
     message = refused(create_pipeline(alice, definition), "definition.steps[1].version")
@@ -197,7 +194,7 @@ def test_it_refuses_another_teams_versions(alice: Person, charlie: Person, defin
     assert message == "step 1 (preprocess): no model named 'preprocess' in your team"
 
 
-def test_it_refuses_mixed_batching(alice: Person, steps: Any, definition: dict[str, Any]) -> None:
+def test_it_refuses_mixed_batching(alice: Person, pipeline_steps: Any, definition: dict[str, Any]) -> None:
     unbatched = {"inputs": [{"name": "image", "datatype": "BYTES", "dims": [1]}],
                  "outputs": [{"name": "input", "datatype": "FP32", "dims": [1, 64]}]}
     ready_version(alice, "preprocess", build_preprocess_zip(), "preprocess.zip", unbatched)  # version 2, no batching
@@ -209,7 +206,7 @@ def test_it_refuses_mixed_batching(alice: Person, steps: Any, definition: dict[s
 
 
 def test_it_refuses_a_pipeline_without_the_batch_dimension_when_its_steps_batch(
-    alice: Person, steps: Any, definition: dict[str, Any]
+    alice: Person, pipeline_steps: Any, definition: dict[str, Any]
 ) -> None:
     definition["outputs"][1]["dims"] = [1, 3]
     # [1, 3] is compatible with the step's [-1, 3] but the pipeline would not batch.
@@ -218,7 +215,7 @@ def test_it_refuses_a_pipeline_without_the_batch_dimension_when_its_steps_batch(
                        "'scores' has not")
 
 
-def test_it_refuses_a_badly_formed_definition(alice: Person, steps: Any, definition: dict[str, Any]) -> None:
+def test_it_refuses_a_badly_formed_definition(alice: Person, pipeline_steps: Any, definition: dict[str, Any]) -> None:
     assert refused(create_pipeline(alice, {**definition, "steps": []}), "definition.steps") == (
         "a pipeline needs a non-empty list of steps")
     assert "unknown keys ['extra']" in refused(create_pipeline(alice, {**definition, "extra": 1}), "definition")
@@ -232,7 +229,7 @@ def test_it_refuses_a_badly_formed_definition(alice: Person, steps: Any, definit
     assert "no artifact, no signature" in response.json()["error"]["message"]
 
 
-def test_a_pipeline_cannot_call_itself_or_another_pipeline(alice: Person, steps: Any,
+def test_a_pipeline_cannot_call_itself_or_another_pipeline(alice: Person, pipeline_steps: Any,
                                                            definition: dict[str, Any]) -> None:
     assert create_pipeline(alice, definition).status_code == 201
     nested = copy.deepcopy(definition)
@@ -244,7 +241,7 @@ def test_a_pipeline_cannot_call_itself_or_another_pipeline(alice: Person, steps:
     assert message == "step 1 (digits-pipeline): a pipeline cannot call its own model 'digits-pipeline'"
 
 
-def test_charlie_cannot_create_a_pipeline_in_alices_model(alice: Person, charlie: Person, steps: Any,
+def test_charlie_cannot_create_a_pipeline_in_alices_model(alice: Person, charlie: Person, pipeline_steps: Any,
                                                           definition: dict[str, Any]) -> None:
     Model.objects.create(team=alice.team, name="digits-pipeline")
     response = charlie.client().post("/api/v1/models/digits-pipeline/versions/",
@@ -256,7 +253,7 @@ def test_charlie_cannot_create_a_pipeline_in_alices_model(alice: Person, charlie
 
 
 def test_a_step_version_cannot_be_deleted_while_a_pipeline_uses_it(
-    alice: Person, steps: dict[str, ModelVersion], definition: dict[str, Any]
+    alice: Person, pipeline_steps: dict[str, ModelVersion], definition: dict[str, Any]
 ) -> None:
     assert create_pipeline(alice, definition).status_code == 201
     client = alice.client()
@@ -265,7 +262,7 @@ def test_a_step_version_cannot_be_deleted_while_a_pipeline_uses_it(
     assert response.json()["error"]["message"] == (
         "Version 1 of 'digits' is a step of pipeline version(s) digits-pipeline:1: delete those first.")
     assert client.delete("/api/v1/models/postprocess/").status_code == 409
-    assert ModelVersion.objects.filter(pk=steps["digits"].pk).exists()
+    assert ModelVersion.objects.filter(pk=pipeline_steps["digits"].pk).exists()
     assert client.delete("/api/v1/models/digits-pipeline/versions/1/").status_code == 204
     assert client.delete("/api/v1/models/digits/versions/1/").status_code == 204
     assert client.delete("/api/v1/models/postprocess/").status_code == 204
@@ -299,7 +296,7 @@ def test_the_diagram_partial_draws_every_step_and_tensor_as_svg() -> None:
 
 
 def test_a_pipeline_can_create_its_model_and_a_refused_one_leaves_none(
-    alice: Person, steps: dict[str, ModelVersion], definition: dict[str, Any]
+    alice: Person, pipeline_steps: dict[str, ModelVersion], definition: dict[str, Any]
 ) -> None:
     client = alice.client()
     broken = {**definition, "outputs": [{"name": "nowhere", "datatype": "FP32", "dims": [-1, 1]}]}

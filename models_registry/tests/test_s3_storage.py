@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from models_registry.models import Blob, Model, ModelVersion, Upload
 from models_registry.storage import S3_PART_SIZE, S3Store, get_store
 from tests.artifacts import tiny_onnx
+from tests.support.people import Person
 
 pytestmark = pytest.mark.s3
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from modelport.core.definitions import SavedModelDefinition
 from modelport.core.formats.onnx_inspect import InspectionError
 from modelport.core.formats.savedmodel_inspect import (
@@ -25,6 +24,7 @@ from modelport.core.formats.savedmodel_inspect import (
 from modelport.core.signature import Tensor
 from models_registry.models import Model, ModelVersion
 from models_registry.tests.savedmodels import saved_model, varint
+from tests.support.people import Person
 
 TINY_PB = (Path(__file__).parent / "data" / "tiny_saved_model.pb").read_bytes()
 

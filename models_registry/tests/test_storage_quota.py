@@ -14,11 +14,11 @@ from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
 
-from conftest import Person
 from models_registry import quota, tasks
 from models_registry.models import Model, ModelVersion, TeamStorageQuota, Upload
 from models_registry.tests.tus_client import TUS, create, patch, path_of
 from tests.artifacts import tiny_onnx
+from tests.support.people import Person
 
 GiB = 1024**3
 

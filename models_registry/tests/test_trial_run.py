@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from conftest import Person
 from modelport.core.signature import Signature, Tensor, parse_signature
 from modelport.core.trial_run import TrialRunFailed, judge, plan_for
 from models_registry.models import Model, ModelVersion
 from models_registry.trial import check_torchscript
+from tests.support.people import Person
 
 CNN = Signature(inputs=(Tensor("input", "FP32", (-1, 3, -1, -1)),), outputs=(Tensor("logits", "FP32", (-1, 10)),))
 FIXED = Signature(inputs=(Tensor("x", "INT64", (2, 5)),), outputs=(Tensor("y", "FP64", (2,)),))

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from conftest import Person
 from models_registry.models import Model, ModelVersion, Upload
 from models_registry.tests.tus_client import TUS, create, patch, path_of
 from tests.artifacts import tiny_onnx
+from tests.support.people import Person
 
 
 def test_options_advertises_the_protocol(alice: Person) -> None:

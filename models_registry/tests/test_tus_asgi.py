@@ -7,25 +7,18 @@ import base64
 import hashlib
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.conf import settings
 
-from conftest import Person
 from models_registry.models import Upload
-from models_registry.tests.live_portal import Live, b64, chunked, live_portal, read_answer, request_head, settled
+from models_registry.tests.live_portal import Live, b64, chunked, read_answer, request_head, settled
+from tests.support.people import Person
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TUS = {"HTTP_TUS_RESUMABLE": "1.0.0"}
-
-
-@pytest.fixture
-def live() -> Iterator[Live]:
-    with live_portal() as portal:
-        yield portal
 
 
 def create(person: Person, length: int) -> Upload:

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from conftest import Person
 from modelport.core.formats.unrecognised import describe_unrecognised
 from models_registry.models import Model, ModelVersion, Upload
 from models_registry.tests.storage_checks import assert_nothing_stored
 from tests.artifacts import tiny_onnx
+from tests.support.people import Person
 
 
 def zipped(files: dict[str, str]) -> bytes:
@@ -55,11 +55,6 @@ UPLOAD_ONE_OF = (
     "or .tar.gz).")
 
 
-@pytest.fixture
-def digits(alice: Person) -> Model:
-    return Model.objects.create(team=alice.team, name="digits", created_by=alice.user)
-
-
 def tus_upload(person: Person, data: bytes) -> str:
     tus = {"HTTP_TUS_RESUMABLE": "1.0.0"}
     created = person.client().post("/api/v1/uploads/", HTTP_UPLOAD_LENGTH=str(len(data)), **tus)
@@ -77,7 +72,7 @@ def refusal(response: Any) -> str:
 
 @pytest.mark.parametrize(("data", "filename", "said"), BAD_FILES)
 def test_a_bad_file_sent_in_the_request_says_what_it_is_and_nothing_is_stored(
-        alice: Person, digits: Model, data: bytes, filename: str, said: str) -> None:
+        alice: Person, digits_model: Model, data: bytes, filename: str, said: str) -> None:
     response = alice.client().post("/api/v1/models/digits/versions/",
                                    {"file": SimpleUploadedFile(filename, data)}, format="multipart")
 
@@ -89,7 +84,7 @@ def test_a_bad_file_sent_in_the_request_says_what_it_is_and_nothing_is_stored(
 
 @pytest.mark.parametrize(("data", "filename", "said"), BAD_FILES)
 def test_a_bad_tus_upload_says_what_it_is_and_its_bytes_are_deleted(
-        alice: Person, digits: Model, data: bytes, filename: str, said: str) -> None:
+        alice: Person, digits_model: Model, data: bytes, filename: str, said: str) -> None:
     upload_id = tus_upload(alice, data)
     Upload.objects.filter(pk=upload_id).update(metadata={"filename": filename})
 
@@ -102,7 +97,7 @@ def test_a_bad_tus_upload_says_what_it_is_and_its_bytes_are_deleted(
     assert again.status_code in (400, 404) and not ModelVersion.objects.exists()
 
 
-def test_a_declared_onnx_that_is_cut_off_says_so_without_the_name(alice: Person, digits: Model) -> None:
+def test_a_declared_onnx_that_is_cut_off_says_so_without_the_name(alice: Person, digits_model: Model) -> None:
     response = alice.client().post("/api/v1/models/digits/versions/",
                                    {"file": SimpleUploadedFile("model.onnx", CUT_ONNX), "format": "onnx"},
                                    format="multipart")
@@ -112,7 +107,7 @@ def test_a_declared_onnx_that_is_cut_off_says_so_without_the_name(alice: Person,
     assert refusal(response).endswith(". Upload an ONNX model: the .onnx file.")
 
 
-def test_a_declared_format_the_file_is_not_says_which_files_to_upload(alice: Person, digits: Model) -> None:
+def test_a_declared_format_the_file_is_not_says_which_files_to_upload(alice: Person, digits_model: Model) -> None:
     response = alice.client().post("/api/v1/models/digits/versions/",
                                    {"file": SimpleUploadedFile("model.zip", README_AND_CSV), "format": "python"},
                                    format="multipart")
@@ -122,7 +117,7 @@ def test_a_declared_format_the_file_is_not_says_which_files_to_upload(alice: Per
         ".zip or .tar.gz.")
 
 
-def test_a_declared_format_the_file_contradicts_names_the_one_to_declare(alice: Person, digits: Model) -> None:
+def test_a_declared_format_the_file_contradicts_names_the_one_to_declare(alice: Person, digits_model: Model) -> None:
     response = alice.client().post("/api/v1/models/digits/versions/",
                                    {"file": SimpleUploadedFile("model.onnx", tiny_onnx()), "format": "torchscript"},
                                    format="multipart")
@@ -131,7 +126,7 @@ def test_a_declared_format_the_file_contradicts_names_the_one_to_declare(alice: 
                                  "'onnx' for it, or leave the format out (it is detected from the file)")
 
 
-def test_a_format_name_that_is_none_lists_each_name_with_what_it_means(alice: Person, digits: Model) -> None:
+def test_a_format_name_that_is_none_lists_each_name_with_what_it_means(alice: Person, digits_model: Model) -> None:
     response = alice.client().post("/api/v1/models/digits/versions/",
                                    {"file": SimpleUploadedFile("model.pt", b"x"), "format": "pytorch"},
                                    format="multipart")

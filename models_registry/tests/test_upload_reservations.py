@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -15,20 +14,14 @@ import pytest
 from django.conf import settings as django_settings
 from django.utils import timezone
 
-from conftest import Person
 from infra.schedule import beat_schedule
 from models_registry import quota, tasks
 from models_registry.models import Upload
-from models_registry.tests.live_portal import Answer, Live, b64, live_portal, read_answer, request_head
+from models_registry.tests.live_portal import Answer, Live, b64, read_answer, request_head
+from tests.support.people import Person
 
 pytestmark = pytest.mark.django_db(transaction=True)
 GiB = 1024**3
-
-
-@pytest.fixture
-def live() -> Iterator[Live]:
-    with live_portal() as portal:
-        yield portal
 
 
 def _send(live: Live, method: str, path: str, person: Person, body: bytes = b"", **headers: str) -> Answer:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import Person
+from tests.support.people import Person
 
 TUS = {"HTTP_TUS_RESUMABLE": "1.0.0"}
 

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from audit.models import AuditEntry
-from conftest import Person
 from deployments.models import Deployment, Event, Revision
-from deployments.tests.conftest import huge_input
 from models_registry.models import ModelVersion
+from tests.support.deploying import huge_input
+from tests.support.people import Person
 from tuning.models import TuneRun
 
 

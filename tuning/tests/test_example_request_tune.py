@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from conftest import Person
 from deployments.models import Deployment
 from models_registry.models import ModelVersion
+from tests.support.people import Person
 from tuning.models import TuneRun
 
 

@@ -29,7 +29,7 @@ class Answer(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def server() -> Iterator[str]:
+def answering_server() -> Iterator[str]:
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -37,8 +37,8 @@ def server() -> Iterator[str]:
     httpd.shutdown()
 
 
-def test_it_measures_throughput_latency_and_its_own_cpu(server: str) -> None:
-    point = run_loadgen(f"{server}/v2/models/m/infer", b'{"inputs": []}', 2, 1.0, 0.2)
+def test_it_measures_throughput_latency_and_its_own_cpu(answering_server: str) -> None:
+    point = run_loadgen(f"{answering_server}/v2/models/m/infer", b'{"inputs": []}', 2, 1.0, 0.2)
     assert point.concurrency == 2
     assert point.requests > 0 and point.throughput > 0 and point.errors == 0
     assert point.p50_ms is not None and point.p99_ms is not None and point.p99_ms >= point.p50_ms
@@ -46,8 +46,8 @@ def test_it_measures_throughput_latency_and_its_own_cpu(server: str) -> None:
     assert point.seconds >= 1.2
 
 
-def test_error_answers_are_counted_not_measured(server: str) -> None:
-    point = run_loadgen(f"{server}/broken", b"{}", 1, 0.5, 0.1)
+def test_error_answers_are_counted_not_measured(answering_server: str) -> None:
+    point = run_loadgen(f"{answering_server}/broken", b"{}", 1, 0.5, 0.1)
     assert point.errors > 0 and point.requests == 0 and not point.meets(1000.0)
 
 

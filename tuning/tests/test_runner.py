@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from conftest import Person
 from deployments.models import Deployment, Event
 from models_registry.models import ModelVersion
+from tests.support.people import Person
 from tuning import runner, search, tasks
 from tuning.models import TuneRun
 from tuning.tests.synthetic import Synthetic

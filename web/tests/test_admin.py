@@ -13,11 +13,11 @@ from django.utils.html import escape
 
 from accounts.models import ApiToken
 from audit.models import AuditEntry
-from conftest import Person
 from deployments.models import Deployment, Event, Revision, TritonServer
 from models_registry.models import Blob, Model, ModelVersion, Upload
+from tests.support.deploying import deploy
+from tests.support.people import Person
 from web import overview
-from web.tests.conftest import deploy
 
 
 @pytest.fixture
@@ -129,7 +129,7 @@ def test_the_admin_index_links_to_the_overview(operator: Client) -> None:
 def test_the_overview_shows_servers_gpus_queue_workers_and_failures(operator: Client, alice: Person, charlie: Person,
                                                                     deployment: Deployment,
                                                                     no_worker_ping: None) -> None:
-    from deployments.tests.conftest import make_ready_version
+    from tests.support.versions import make_ready_version
 
     _server(deployment)
     make_ready_version(charlie, "faces")

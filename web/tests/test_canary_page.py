@@ -9,11 +9,10 @@ from typing import Any
 
 from django.utils import timezone
 
-from conftest import Person
 from deployments.models import Deployment
 from gateway.models import LATENCY_BUCKETS_MS, RequestStats
 from models_registry.models import ModelVersion
-from web.tests.conftest import signed_in
+from tests.support.people import Person, signed_in
 from web.tests.deploy_forms import EDIT, NEW, as_post, form_data
 
 

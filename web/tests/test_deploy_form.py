@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from conftest import Person
 from deployments.model_entry import ModelEntry
 from deployments.models import Deployment
-from deployments.tests.conftest import make_ready_version
 from models_registry.models import Model, ModelVersion
 from tests.artifacts import tiny_onnx
-from web.tests.conftest import fake_runtime_env, signed_in
+from tests.support.deploying import fake_runtime_env
+from tests.support.people import Person, signed_in
+from tests.support.versions import make_ready_version
 from web.tests.deploy_forms import EDIT, NEW, as_post, errors_of, form_data
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 
-from conftest import Person
 from deployments import reconcile
 from deployments.models import Deployment, Event
+from tests.support.people import Person, signed_in
 from web import inference
-from web.tests.conftest import signed_in
 
 PAGE = "/deployments/digits-prod/"
 

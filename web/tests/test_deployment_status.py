@@ -8,16 +8,16 @@ import json
 import shlex
 import subprocess
 
-from conftest import Person
 from deployments import actions
 from deployments.models import Deployment, TritonServer
 from deployments.planning import Plan
 from deployments.render import build_model_config, served_dims
 from deployments.revision_spec import ModelEntry, RevisionSpec
 from deployments.spec import ServedModel
+from tests.support.deploying import deploy
+from tests.support.people import Person, signed_in
 from web import inference, revisions
 from web.logs import fold_gpu_noise
-from web.tests.conftest import deploy, signed_in
 
 PAGE = "/deployments/digits-prod/"
 

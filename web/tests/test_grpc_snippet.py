@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import Person
 from deployments.models import Deployment
+from tests.support.people import Person, signed_in
 from web import grpc_snippet, inference
-from web.tests.conftest import signed_in
 
 SIGNATURE = {
     "inputs": [{"name": "image", "datatype": "BYTES", "dims": [-1, 1]},

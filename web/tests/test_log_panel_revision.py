@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import Person
 from deployments.models import Deployment, Revision, TritonServer
 from models_registry.models import ModelVersion
-from web.tests.conftest import deploy, signed_in
+from tests.support.deploying import deploy
+from tests.support.people import Person, signed_in
 
 
 def server(deployment: Deployment, revision: Revision, log: Path, text: str) -> None:

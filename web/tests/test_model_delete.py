@@ -8,10 +8,9 @@ from typing import Any
 from django.conf import settings
 
 from audit.models import AuditEntry
-from conftest import Person
 from deployments.models import Deployment
 from models_registry.models import Blob, Model, ModelVersion
-from web.tests.conftest import signed_in
+from tests.support.people import Person, signed_in
 
 PAGE = "/models/digits/"
 

@@ -14,11 +14,11 @@ from django.test.utils import CaptureQueriesContext
 
 from accounts.context import SESSION_TEAM_KEY
 from accounts.models import ApiToken, Membership
-from conftest import Person
 from deployments.models import Deployment, Event
-from deployments.tests.conftest import make_ready_version
 from models_registry.models import Model, ModelVersion
-from web.tests.conftest import deploy, signed_in
+from tests.support.deploying import deploy
+from tests.support.people import Person, signed_in
+from tests.support.versions import make_ready_version
 
 ALICES_PAGES = [
     "/",

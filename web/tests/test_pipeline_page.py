@@ -9,21 +9,14 @@ from typing import Any
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from conftest import Person
 from models_registry.models import Model, ModelVersion
 from models_registry.pipelines import pipeline_graph
 from models_registry.samples import digits_pipeline_definition
-from models_registry.tests.pipeline_versions import digits_steps
-from web.tests.conftest import signed_in
+from tests.support.people import Person, signed_in
 
 URL = "/models/upload/pipeline/"
 IO = {"inputs": [{"name": "x", "datatype": "FP32", "dims": [-1, 4]}],
       "outputs": [{"name": "y", "datatype": "FP32", "dims": [-1, 3]}]}
-
-
-@pytest.fixture
-def steps(alice: Person) -> dict[str, ModelVersion]:
-    return digits_steps(alice)
 
 
 def post(person: Person, definition: Any, name: str = "digits-pipeline", **extra: str) -> Any:
@@ -41,7 +34,7 @@ def test_the_upload_page_offers_pipelines_and_says_what_the_local_runtime_serves
     assert 'id="signature-import"' in content and "import a <code>.signature.json</code> file" in content
 
 
-def test_a_valid_definition_is_drawn_and_nothing_is_saved(alice: Person, steps: Any) -> None:
+def test_a_valid_definition_is_drawn_and_nothing_is_saved(alice: Person, pipeline_steps: Any) -> None:
     response = post(alice, digits_pipeline_definition())
     assert response.status_code == 200
     content = response.content.decode()
@@ -52,7 +45,7 @@ def test_a_valid_definition_is_drawn_and_nothing_is_saved(alice: Person, steps: 
     assert not Model.objects.filter(name="digits-pipeline").exists()
 
 
-def test_saving_creates_the_model_and_its_pipeline_version(alice: Person, steps: Any) -> None:
+def test_saving_creates_the_model_and_its_pipeline_version(alice: Person, pipeline_steps: Any) -> None:
     response = post(alice, digits_pipeline_definition(), save="1")
     assert response.status_code == 201
     version = ModelVersion.objects.get(model__name="digits-pipeline")
@@ -65,7 +58,7 @@ def test_saving_creates_the_model_and_its_pipeline_version(alice: Person, steps:
     assert ModelVersion.objects.filter(model__name="digits-pipeline").count() == 2
 
 
-def test_problems_sit_under_the_step_and_tensor_they_concern(alice: Person, steps: Any) -> None:
+def test_problems_sit_under_the_step_and_tensor_they_concern(alice: Person, pipeline_steps: Any) -> None:
     definition = digits_pipeline_definition()
     definition["steps"][1]["input_map"] = {"input": "no-such-tensor"}
     definition["steps"][2]["model"] = "missing"
@@ -105,7 +98,7 @@ def test_hostile_or_broken_definitions_are_a_400_with_the_reason(alice: Person, 
     assert not Model.objects.exists()
 
 
-def test_a_bad_name_and_another_teams_steps_are_refused(alice: Person, charlie: Person, steps: Any) -> None:
+def test_a_bad_name_and_another_teams_steps_are_refused(alice: Person, charlie: Person, pipeline_steps: Any) -> None:
     response = post(alice, digits_pipeline_definition(), name="Digits Pipeline", save="1")
     assert response.status_code == 400 and "is not a valid name" in response.content.decode()
     # charlie's team has no "preprocess": alice's models do not exist for him.
@@ -114,7 +107,7 @@ def test_a_bad_name_and_another_teams_steps_are_refused(alice: Person, charlie: 
     assert not Model.objects.filter(team=charlie.team).exists()
 
 
-def test_the_upload_form_without_javascript_recognises_a_definition(alice: Person, steps: Any) -> None:
+def test_the_upload_form_without_javascript_recognises_a_definition(alice: Person, pipeline_steps: Any) -> None:
     client = signed_in(alice)
     upload = SimpleUploadedFile("digits-pipeline.json", json.dumps(digits_pipeline_definition()).encode())
     response = client.post("/models/upload/", {"name": "digits-pipeline", "file": upload})

@@ -12,18 +12,18 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from conftest import Person
 from deployments import planning
 from deployments.model_entry import ModelEntry
 from deployments.models import Deployment, ModelMemory, Pool, PoolLoad, PoolServer
 from deployments.pools import fingerprint
 from deployments.revision_spec import Placement
-from deployments.tests.conftest import make_ready_version
 from models_registry.models import ModelVersion
 from models_registry.tests.pipeline_versions import ready_version
 from tests.artifacts import PYTHON_SIGNATURE, python_model_zip
+from tests.support.deploying import deploy
+from tests.support.people import Person, signed_in
+from tests.support.versions import make_ready_version
 from web import overview, revisions
-from web.tests.conftest import deploy, signed_in
 from web.tests.deploy_forms import NEW, as_post, form_data
 
 MiB = 2**20

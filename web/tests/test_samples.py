@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from conftest import Person
 from deployments.models import Deployment
 from models_registry.models import Model, ModelVersion
 from models_registry.samples import (
@@ -21,7 +20,7 @@ from models_registry.samples import (
     digits_pipeline_definition,
     sample_artifacts,
 )
-from web.tests.conftest import signed_in
+from tests.support.people import Person, signed_in
 
 
 @pytest.fixture

@@ -10,9 +10,8 @@ from django.utils import timezone
 from accounts.models import ApiToken, hash_token
 from accounts.tokens import authenticate_token
 from audit.models import AuditEntry
-from conftest import Person
+from tests.support.people import Person, signed_in
 from web import new_token
-from web.tests.conftest import signed_in
 
 
 def test_a_new_token_is_shown_once(alice: Person) -> None:

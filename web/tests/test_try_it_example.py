@@ -6,10 +6,9 @@ from __future__ import annotations
 import base64
 import json
 
-from conftest import Person
 from deployments.models import Deployment
 from models_registry.models import ModelVersion
-from web.tests.conftest import signed_in
+from tests.support.people import Person, signed_in
 
 PAGE = "/deployments/digits-prod/"
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import Person
 from deployments.models import Deployment, Revision
-from deployments.tests.conftest import huge_input
 from models_registry.models import ModelVersion
+from tests.support.deploying import huge_input
+from tests.support.people import Person, signed_in
 from tuning.models import TuneRun
-from web.tests.conftest import signed_in
 from web.tune_chart import frontier_svg
 
 PAGE = "/deployments/digits-prod/"

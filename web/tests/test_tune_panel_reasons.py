@@ -3,12 +3,11 @@ the rows are what tuning.search records, the message what the runner writes."""
 
 from __future__ import annotations
 
-from conftest import Person
 from deployments.models import Deployment
 from models_registry.models import ModelVersion
+from tests.support.people import Person, signed_in
 from tuning.models import TuneRun
 from tuning.search import Config, ConfigResult, Measurement
-from web.tests.conftest import signed_in
 
 
 def test_the_panel_shows_why_a_setting_missed_and_that_the_current_one_was_kept(alice: Person,

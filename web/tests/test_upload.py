@@ -9,10 +9,10 @@ from typing import Any
 
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from conftest import Person
 from models_registry.models import Model, ModelVersion
 from tests.artifacts import PYTHON_SIGNATURE, python_model_zip, tiny_onnx
-from web.tests.conftest import fake_runtime_env, signed_in
+from tests.support.deploying import fake_runtime_env
+from tests.support.people import Person, signed_in
 
 
 def post(person: Person, name: str = "digits", data: bytes | None = None, filename: str = "model.onnx",

@@ -1,9 +1,5 @@
-"""Helpers for the gateway's fast tests: the real Gateway ASGI app, the real access checks on the test database,
-and a scripted upstream on a real socket (fake_upstream.py) in place of Triton.
-
-The gateway looks callers and routes up in worker threads, which see only committed rows: these tests use
-`transactional_db`.
-"""
+"""Requests through the real Gateway ASGI app as uvicorn would present them, and the deployments they reach (rows
+only: the upstream is whatever URL the test gives, a scripted one on a real socket or a Triton)."""
 
 from __future__ import annotations
 
@@ -13,9 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
-import pytest
-
-from conftest import Person, make_person
+from tests.support.people import Person
 
 
 @dataclass
@@ -83,12 +77,6 @@ def run(scenario: Callable[[], Awaitable[Any]], timeout: float = 20) -> Any:
     return asyncio.run(asyncio.wait_for(scenario(), timeout))
 
 
-@pytest.fixture
-def people(transactional_db: Any) -> dict[str, Person]:
-    return {"alice": make_person("alice", "acme", role="admin"), "bob": make_person("bob", "acme"),
-            "charlie": make_person("charlie", "globex", role="admin")}
-
-
 def make_deployment(person: Person, name: str, upstream_url: str, models: tuple[str, ...] = ("digits",)) -> Any:
     from deployments.models import Deployment, Revision
 
@@ -98,29 +86,3 @@ def make_deployment(person: Person, name: str, upstream_url: str, models: tuple[
                                        spec={"models": [{"name": m, "version": 1, "format": "onnx"} for m in models]})
     Deployment.objects.filter(pk=deployment.pk).update(serving_revision=revision, revision=revision)
     return deployment
-
-
-@pytest.fixture
-def gateway_app(settings: Any) -> Callable[[], Any]:
-    """A fresh Gateway (its caches and pool) in front of a Django stand-in that says where a request went."""
-    settings.GATEWAY_CACHE_TTL_SECONDS = 0.5
-
-    def build() -> Any:
-        from gateway.app import Gateway
-
-        async def django(scope: Any, receive: Any, send: Any) -> None:
-            await send({"type": "http.response.start", "status": 299, "headers": []})
-            await send({"type": "http.response.body", "body": b"django"})
-
-        return Gateway(django)
-
-    return build
-
-
-def browser_cookies(person: Person) -> str:
-    from django.conf import settings
-    from django.test import Client
-
-    client = Client()
-    client.force_login(person.user)
-    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}; csrftoken=abc123"
