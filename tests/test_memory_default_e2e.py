@@ -20,10 +20,10 @@ import pytest
 from conftest import Person
 from deployments import reconcile
 from deployments.models import Deployment
-from deployments.runtimes.local import confined as local_confined
 from deployments.tests.conftest import make_ready_version
 from modelport.core.sandbox import cgroups
 from models_registry.models import ModelVersion
+from portal import sandbox_settings
 from tests.sandbox_helpers import VECTOR, deploy, gone, infer, model_source, python_version, ready, stop_everything
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db]
@@ -40,7 +40,7 @@ def _no_triton_left() -> Iterator[None]:
 @pytest.fixture
 def derived(settings: Any) -> Any:
     """The shipped derivation settings, with cgroups to enforce them."""
-    caps = local_confined.sandbox_capabilities()
+    caps = sandbox_settings.sandbox_capabilities()
     if not caps.available or caps.cgroups.version == 0:
         pytest.skip(f"no sandbox with cgroups here: {caps.reason or caps.cgroups.note}")
     settings.SANDBOX_SERVER_MEMORY = "256Mi"

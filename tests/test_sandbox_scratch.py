@@ -14,6 +14,7 @@ import pytest
 
 from conftest import Person
 from deployments.runtimes.local import confined as local_confined
+from portal import sandbox_settings
 from tests.sandbox_helpers import deploy, infer, model_source, output, python_version, ready, stop_everything
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db]
@@ -25,13 +26,13 @@ MiB = 2**20
 
 @pytest.fixture(autouse=True)
 def _sandboxed() -> Iterator[None]:
-    local_confined.sandbox_capabilities.cache_clear()
-    caps = local_confined.sandbox_capabilities()
+    sandbox_settings.sandbox_capabilities.cache_clear()
+    caps = sandbox_settings.sandbox_capabilities()
     if not caps.available:
         pytest.fail(f"the sandbox is not available here: {caps.reason}")
     yield
     stop_everything()
-    local_confined.sandbox_capabilities.cache_clear()
+    sandbox_settings.sandbox_capabilities.cache_clear()
 
 
 def _ask(server: Any, command: str) -> dict[str, Any]:

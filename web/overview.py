@@ -68,10 +68,10 @@ def pools() -> list[dict[str, Any]]:
 
 def sandbox() -> Probe:
     """Whether this process can sandbox the local Tritons, and what is weaker than designed here."""
-    from deployments.runtimes.local.confined import sandbox_capabilities
+    from portal import sandbox_settings
 
     try:
-        caps = sandbox_capabilities()
+        caps = sandbox_settings.sandbox_capabilities()
     except Exception as exc:  # the check itself failing is what the operator must see
         log.warning("sandbox check: %s", exc)
         return Probe(False, f"the check failed: {exc}")

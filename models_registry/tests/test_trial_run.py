@@ -315,10 +315,10 @@ def test_a_torchscript_upload_cannot_read_or_write_the_portals_files_nor_echo_th
 def test_where_the_sandbox_cannot_be_built_the_model_never_runs_unless_the_operator_opted_out(
     torchscript_files: Path, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from deployments.runtimes.local import confined as local_confined
     from modelport.core import sandbox
+    from portal import sandbox_settings
 
-    monkeypatch.setattr(local_confined, "sandbox_capabilities",
+    monkeypatch.setattr(sandbox_settings, "sandbox_capabilities",
                         lambda: sandbox.Capabilities(False, "no user namespaces"))
     settings.SANDBOX_REQUIRED = True
     outcome = check_torchscript(torchscript_files / "doubler.pt", DOUBLER)
