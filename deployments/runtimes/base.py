@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from deployments.launch import Launch as Launch  # where the runtimes and the reconciler have always found it
-from deployments.models import Deployment, Revision
+from deployments.models import Deployment, Pool, Revision
 from deployments.revision_spec import RevisionSpec
 
 
@@ -121,6 +121,10 @@ class Answers(Protocol):
 
     def stop_process(self, pid: int) -> None:
         """Stop a server process that temporary_processes found."""
+
+    def refresh_pool_figures(self, shared: Pool) -> None:
+        """Read what the models loaded in the `shared` pool's running server hold now into their figures (GET
+        /api/v1/pools/ shows them); figures only, no state changes."""
 
 
 # --- The reconciler's -----------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from deployments.models import Deployment, Revision
+from deployments.models import Deployment, Pool, Revision
 from deployments.render import RenderError
 from deployments.revision_spec import RevisionSpec
 from deployments.runtimes.base import (
@@ -192,3 +192,9 @@ class FakeRuntime:
 
     def stop_process(self, pid: int) -> None:
         pass
+
+    def refresh_pool_figures(self, shared: Pool) -> None:
+        # The pools' rows are the real local runtime's, also beside this fake (tests write them as it would).
+        from deployments.runtimes.local import pool as local_pool
+
+        local_pool.refresh_figures(shared)

@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from accounts.models import Team
 from deployments import ceilings, logtail
-from deployments.models import Deployment, Revision
+from deployments.models import Deployment, Pool, Revision
 from deployments.render import RenderError, render_repository
 from deployments.revision_spec import RevisionSpec
 from deployments.runtimes.artifacts import artifact_path
@@ -705,6 +705,9 @@ class KubernetesRuntime:
 
     def stop_process(self, pid: int) -> None:
         raise RuntimeUnavailable(f"The Kubernetes runtime runs no process on this machine (pid {pid}).")
+
+    def refresh_pool_figures(self, shared: Pool) -> None:
+        pass  # a cluster pool's figures are not read from here
 
 
 def _pod_log(kube: Kube, namespace: str, pod: str, container: str, lines: int, max_bytes: int, *,

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from deployments import logtail, server_memory
-from deployments.models import Deployment, Revision, TritonServer
+from deployments.models import Deployment, Pool, Revision, TritonServer
 from deployments.render import RenderError
 from deployments.revision_spec import RevisionSpec
 from deployments.runtimes.base import (
@@ -319,3 +319,6 @@ class LocalRuntime:
 
     def stop_process(self, pid: int) -> None:
         local_triton.stop_server(pid, grace_seconds=settings.TRITON_STOP_GRACE_SECONDS)
+
+    def refresh_pool_figures(self, shared: Pool) -> None:
+        pool.refresh_figures(shared)
