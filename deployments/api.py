@@ -26,7 +26,6 @@ from deployments.models import Deployment, Event, PoolLoad
 from deployments.planning import MAX_IDLE_UNLOAD_SECONDS
 from deployments.queries import LIVE_SERVERS, POOL_LOADS, get_deployment_for_user
 from deployments.revision_spec import Autoscaling, ModelEntry, Resources, RevisionSpec
-from deployments.runtimes.local import runtime as local_runtime
 from deployments.runtimes.registry import runtime_for
 from deployments.server_memory import in_effect as memory_in_effect
 from deployments.spec import (
@@ -408,11 +407,11 @@ class DeploymentSerializer(serializers.ModelSerializer[Deployment]):
         return data
 
     def get_sandboxed(self, obj: Deployment) -> bool | None:
-        if obj.runtime != Deployment.Runtime.LOCAL:
-            return None
-        live = getattr(obj, "live_servers", None)  # prefetched by the views (LIVE_SERVERS)
+        # None where its runtime sandboxes nothing of its own (a cluster's pods), or no server runs.
+        live = getattr(obj, "live_servers", None)  # the local servers, prefetched by the views (LIVE_SERVERS)
         if live is None:
-            sandboxed: bool | None = local_runtime.isolation(obj)["sandboxed"]
+            isolation = runtime_for(obj).isolation(obj)
+            sandboxed: bool | None = isolation["sandboxed"] if isolation is not None else None
             return sandboxed
         return live[0].sandboxed if live else None
 

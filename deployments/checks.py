@@ -41,13 +41,13 @@ def runtime_extras(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
 
 @register()
 def sandbox_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    from deployments.runtimes.local.confined import sandbox_capabilities
+    from infra import sandbox_settings
 
     if not settings.SANDBOX_ENABLED:
         return [Warning("SANDBOX_ENABLED is false: local Tritons run unconfined, with the portal's privileges.",
                         hint="Unset SANDBOX_ENABLED unless you are debugging the sandbox itself.",
                         id="modelport.W020")]
-    caps = sandbox_capabilities()
+    caps = sandbox_settings.sandbox_capabilities()
     if not caps.available:
         consequence = ("python models are refused (SANDBOX_REQUIRED)" if settings.SANDBOX_REQUIRED else
                        "python models run unconfined (SANDBOX_REQUIRED is false)")

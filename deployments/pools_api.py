@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from accounts.context import current_team
 from deployments import pools
 from deployments.pool_models import GpuShare, Pool
-from deployments.runtimes.local import pool as local_pool
+from deployments.runtimes.registry import runtime_named
 from infra.api_errors import not_found
 from infra.api_schema import error
 from models_registry.models import ModelVersion
@@ -89,7 +89,7 @@ def pools_list(request: Request) -> Response:
     version = _version(request, query.validated_data)
     out = []
     for pool in pools.usable_pools(team):  # type: ignore[arg-type]
-        local_pool.refresh_figures(pool)  # what the models hold now, not what they took at load
+        runtime_named(pool.runtime).refresh_pool_figures(pool)  # what the models hold now, not what they took at load
         used, models = pools.memory_used(pool, team.pk)  # type: ignore[union-attr]
         row: dict[str, Any] = {
             "name": pool.name, "runtime": pool.runtime, "teams": "all" if pool.open_to_all else "yours",

@@ -68,9 +68,9 @@ def queue_reconcile(deployment_id: int, countdown: float = 0.0, **options: Any) 
 @worker_ready.connect
 def check_the_sandbox(**kwargs: Any) -> None:
     """The worker starts the local Tritons: say at start-up whether it can sandbox them (and why not)."""
-    from deployments.runtimes.local.confined import sandbox_capabilities
+    from infra import sandbox_settings
 
-    sandbox_capabilities()  # logs what it found, a warning when anything is missing
+    sandbox_settings.sandbox_capabilities()  # logs what it found, a warning when anything is missing
 
 
 @shared_task(bind=True, acks_late=True)

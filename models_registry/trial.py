@@ -11,6 +11,7 @@ from typing import Any
 
 from django.conf import settings
 
+from infra import sandbox_settings
 from modelport.core import frameworks
 from modelport.core.errors import ArtifactRejected
 from modelport.core.runtime_env import RuntimeEnvError, find_runtime_env
@@ -29,9 +30,6 @@ class TrialOutcome:
 
 def check_torchscript(path: Path, signature: Signature) -> TrialOutcome:
     """The trial run with the configured runtime env and limits, in the sandbox."""
-    # The sandbox's settings are the local runtime's: the trial run is confined like the Tritons it serves with.
-    from deployments.runtimes.local import confined
-
     try:
         env = find_runtime_env(Path(settings.MODELPORT_RUNTIME_ENV))
     except RuntimeEnvError:
@@ -39,11 +37,13 @@ def check_torchscript(path: Path, signature: Signature) -> TrialOutcome:
     if env is None or "torch" not in frameworks.detect(env.site_packages):
         return TrialOutcome(False, [],
                             "not run: the runtime env has no PyTorch, so the declared signature is unchecked")
-    caps = confined.sandbox_capabilities()
+    # The trial run is confined as the local Tritons are, by the same settings.
+    caps = sandbox_settings.sandbox_capabilities()
     confinement = None
     if caps.available:
         confinement = frameworks.Confinement(
-            caps, confined.sandbox_options(), name=confined.sandbox_name(f"trial-{secrets.token_hex(6)}"),
+            caps, sandbox_settings.sandbox_options(),
+            name=sandbox_settings.sandbox_name(f"trial-{secrets.token_hex(6)}"),
             pids_max=settings.SANDBOX_PIDS_MAX,
         )
     elif settings.SANDBOX_REQUIRED:

@@ -68,13 +68,13 @@ def no_triton_left() -> Iterator[None]:
 def sandboxed() -> Iterator[None]:
     """The sandbox must work here (the test fails, naming why, where it cannot), and no Triton outlives the test (a
     module's mark)."""
-    from deployments.runtimes.local import confined as local_confined
+    from infra import sandbox_settings
     from tests.sandbox_helpers import stop_everything
 
-    local_confined.sandbox_capabilities.cache_clear()
-    caps = local_confined.sandbox_capabilities()
+    sandbox_settings.sandbox_capabilities.cache_clear()
+    caps = sandbox_settings.sandbox_capabilities()
     if not caps.available:
         pytest.fail(f"the sandbox is not available here: {caps.reason}")
     yield
     stop_everything()
-    local_confined.sandbox_capabilities.cache_clear()
+    sandbox_settings.sandbox_capabilities.cache_clear()

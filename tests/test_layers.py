@@ -88,6 +88,13 @@ def test_the_checkout_keeps_its_layers() -> None:
     # A runtime answers; the reconciler and the tasks act.
     ("deployments.runtimes.local.runtime", "from deployments import tasks",
      "deployments.runtimes.local.runtime -> deployments.tasks"),
+    # The pages, the API and tuning ask the runtime protocol, through the registry; they import no runtime.
+    ("web.overview", "from deployments.runtimes.local import triton",
+     "web.overview -> deployments.runtimes.local.triton"),
+    ("tuning.runner", "from deployments.runtimes.local import confined",
+     "tuning.runner -> deployments.runtimes.local.confined"),
+    ("deployments.api", "from deployments.runtimes.kubernetes import config",
+     "deployments.api -> deployments.runtimes.kubernetes.config"),
 ])
 def test_an_import_up_the_layers_breaks_the_contract(tmp_path: Path, module: str, line: str, broken: str) -> None:
     root = _copy(tmp_path)

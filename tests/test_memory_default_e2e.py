@@ -18,7 +18,7 @@ import pytest
 
 from deployments import reconcile
 from deployments.models import Deployment
-from deployments.runtimes.local import confined as local_confined
+from infra import sandbox_settings
 from modelport.core.sandbox import cgroups
 from models_registry.models import ModelVersion
 from tests.sandbox_helpers import VECTOR, deploy, gone, infer, model_source, python_version, ready
@@ -33,7 +33,7 @@ Mi = 2**20
 @pytest.fixture
 def derived(settings: Any) -> Any:
     """The shipped derivation settings, with cgroups to enforce them."""
-    caps = local_confined.sandbox_capabilities()
+    caps = sandbox_settings.sandbox_capabilities()
     if not caps.available or caps.cgroups.version == 0:
         pytest.skip(f"no sandbox with cgroups here: {caps.reason or caps.cgroups.note}")
     settings.SANDBOX_SERVER_MEMORY = "256Mi"

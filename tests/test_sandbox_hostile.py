@@ -30,6 +30,7 @@ from deployments import reconcile
 from deployments.models import Deployment, TritonServer
 from deployments.runtimes.local import confined as local_confined
 from deployments.runtimes.local import files as local_files
+from infra import sandbox_settings
 from tests.artifacts import tiny_onnx
 from tests.sandbox_helpers import (
     VECTOR,
@@ -72,20 +73,20 @@ WORK_UNSANDBOXED = {
 def sandbox_required() -> Iterator[None]:
     """The sandbox must work on the machine running these tests: a CI runner that cannot build it fails here (and
     says why) rather than passing the escape tests vacuously."""
-    local_confined.sandbox_capabilities.cache_clear()
-    caps = local_confined.sandbox_capabilities()
+    sandbox_settings.sandbox_capabilities.cache_clear()
+    caps = sandbox_settings.sandbox_capabilities()
     if not caps.available:
         pytest.fail(f"the sandbox is not available here: {caps.reason}")
     yield
-    local_confined.sandbox_capabilities.cache_clear()
+    sandbox_settings.sandbox_capabilities.cache_clear()
 
 
 @pytest.fixture
 def unsandboxed(settings: Any) -> Iterator[None]:
     settings.SANDBOX_ENABLED = False
-    local_confined.sandbox_capabilities.cache_clear()
+    sandbox_settings.sandbox_capabilities.cache_clear()
     yield
-    local_confined.sandbox_capabilities.cache_clear()
+    sandbox_settings.sandbox_capabilities.cache_clear()
 
 
 @pytest.fixture
@@ -254,8 +255,8 @@ def test_a_legitimate_python_model_works_in_the_sandbox(alice: Person, eager_tas
 def test_a_model_that_takes_more_memory_than_its_limit_is_killed_and_the_deployment_says_why(
     alice: Person, eager_tasks: Any, sandbox_required: None,
 ) -> None:
-    if local_confined.sandbox_capabilities().cgroups.version == 0:
-        pytest.skip(f"no cgroups here: {local_confined.sandbox_capabilities().cgroups.note}")
+    if sandbox_settings.sandbox_capabilities().cgroups.version == 0:
+        pytest.skip(f"no cgroups here: {sandbox_settings.sandbox_capabilities().cgroups.note}")
     files = {"model.py": model_source("greedy_model"), "greed.json": b'{"megabytes": 700}'}
     python_version(alice, "greedy", files, VECTOR)
     started = time.monotonic()
@@ -272,8 +273,8 @@ def test_a_model_that_takes_more_memory_than_its_limit_is_killed_and_the_deploym
 def test_a_model_killed_for_memory_after_it_served_does_not_leave_the_deployment_ready(
     alice: Person, eager_tasks: Any, sandbox_required: None,
 ) -> None:
-    if local_confined.sandbox_capabilities().cgroups.version == 0:
-        pytest.skip(f"no cgroups here: {local_confined.sandbox_capabilities().cgroups.note}")
+    if sandbox_settings.sandbox_capabilities().cgroups.version == 0:
+        pytest.skip(f"no cgroups here: {sandbox_settings.sandbox_capabilities().cgroups.note}")
     files = {"model.py": model_source("hungry_model"), "hunger.json": b'{"megabytes": 700}'}
     python_version(alice, "hungry", files, VECTOR)
     deployment = deploy(alice, "hungry", [{"model": "hungry"}], resources={"memory": "300Mi"})

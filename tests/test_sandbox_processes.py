@@ -27,6 +27,7 @@ from deployments.runtimes.local import files as local_files
 from deployments.runtimes.local import pyenv as local_pyenv
 from deployments.runtimes.local import sweeps as local_sweeps
 from deployments.runtimes.local import triton as local_triton
+from infra import sandbox_settings
 from modelport.core import sandbox
 from tests.artifacts import tiny_onnx
 from tests.sandbox_helpers import (
@@ -122,12 +123,12 @@ def test_the_orphan_sweep_stops_a_triton_no_row_knows_and_nothing_else(
     repository.parent.mkdir(parents=True)
     (repository.parent.parent / "scratch").mkdir()
     shutil.copytree(local_files.repository_dir(known.revision), repository)
-    caps, options = local_confined.sandbox_capabilities(), local_confined.sandbox_options()
+    caps, options = sandbox_settings.sandbox_capabilities(), sandbox_settings.sandbox_options()
     scratch = repository.parent.parent / "scratch" / "orphan"
     sandbox.prepare_scratch(scratch, options)
     backend = backends.build_backend_dir(env, Path(settings.VAR_DIR), sandboxed=True)
     spec = sandbox.Spec(read_only=(repository, backend, env.root, env.base_prefix), scratch=scratch, tcp_ports=(),
-                        egress=False, name=f"mp-{local_confined.var_tag()}-orphan",
+                        egress=False, name=f"mp-{sandbox_settings.var_tag()}-orphan",
                         limits=local_confined.limits_for(RevisionSpec(runtime="local", models=())))
     orphan = local_triton.start_server(repository, repository.parent / "triton.log", env, backend,
                                        env=sandbox.environment([env.bin_dir], scratch, {}),
@@ -185,7 +186,7 @@ def test_tritons_admin_apis_need_the_servers_own_key_and_statistics_stay_open(al
 
 def test_resources_become_the_sandboxs_cgroup_limits_and_every_process_is_in_them(alice: Person, eager_tasks: Any,
                                                                                   token: str) -> None:
-    if local_confined.sandbox_capabilities().cgroups.version != 1:
+    if sandbox_settings.sandbox_capabilities().cgroups.version != 1:
         pytest.skip("this test reads cgroup v1 files (CI's machine); v2 is covered by the fast tests")
     detaching(alice, token)
     server = ready(deploy(alice, "detacher", [{"model": "detacher"}], resources={"memory": "768Mi", "cpu": "250m"}))

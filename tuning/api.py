@@ -19,6 +19,7 @@ from deployments.examples import example_request, served_signature, with_data
 from deployments.models import Deployment
 from deployments.queries import get_deployment_for_user
 from deployments.revision_spec import ModelEntry
+from deployments.runtimes import registry
 from gateway.protocol import Refusal, check_infer_request
 from infra.api_schema import JSON_PARSERS, ExactJSONTypes, error, takes_no_body
 from models_registry.models import ModelVersion
@@ -175,9 +176,8 @@ def tune_create(request: Request, name: str) -> Response:
     serializer = TuneInputSerializer(data=request.data)
     serializer.is_valid(raise_exception=True)
     data = serializer.validated_data
-    if deployment.runtime != Deployment.Runtime.LOCAL:
-        raise serializers.ValidationError({"runtime": [
-            "a tune measures temporary Tritons on this machine: only local deployments can be tuned"]})
+    if not registry.can_tune(deployment):
+        raise serializers.ValidationError({"runtime": [registry.CANNOT_TUNE]})
     entry = _entry_to_tune(deployment, data.get("model"))
     assert entry.version_id is not None  # _entry_to_tune refused a model without one
     body = data["request"] if data["sample"] == "request" else example_request(served_signature(entry))

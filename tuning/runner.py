@@ -1,6 +1,6 @@
 """Running a tune in a worker: claim this machine (one running tune per host), then let tuning.search drive
 temporary Tritons of the deployment's revision with candidate settings, each rendered into a repository of its own
-and started through the local runtime's sandboxed launcher (deployments.runtimes.local.confined.start_confined, the
+and started through the deployment's runtime (Runtime.start_temporary: the local runtime's sandboxed launcher, the
 code path of every deployment), on free ports, stopped in `finally`. The deployment's own server is not touched.
 
 Temporary servers live under VAR_DIR/tuning/<tune id>/, outside DEPLOYMENTS_DIR, so that the orphan sweep of
@@ -33,11 +33,8 @@ from deployments import logtail
 from deployments.events import record
 from deployments.models import Deployment, Event, bounded_message
 from deployments.revision_spec import ModelEntry, RevisionSpec
-from deployments.runtimes.base import RuntimeUnavailable
-from deployments.runtimes.local import confined as local_confined
-from deployments.runtimes.local import readiness
-from deployments.runtimes.local import triton as local_triton
-from deployments.runtimes.local.files import render_spec
+from deployments.runtimes.base import RuntimeUnavailable, TemporaryServer, TemporaryServerFailed
+from deployments.runtimes.registry import runtime_for, runtime_named
 from deployments.spec import DynamicBatching, defaults_for
 from tuning import search
 from tuning.measure import run_loadgen
@@ -148,34 +145,30 @@ class Servers:
         self.tune, self.spec, self.entry = tune, spec, entry
         self.root = Path(settings.VAR_DIR) / "tuning" / str(tune.pk)
         self.config: search.Config | None = None
-        self.confined: local_confined.Confined | None = None
+        self.runtime = runtime_for(tune.deployment)
+        self.server: TemporaryServer | None = None
         self.count = 0
 
     def url_for(self, config: search.Config) -> str:
-        if config != self.config or self.confined is None:
+        if config != self.config or self.server is None:
             self.stop()
             self.count += 1
             spec = apply_config(self.spec, self.entry, config)
-            workdir = self.root / f"c{self.count}"
+            workdir = self.root / f"c{self.count}"  # its repository: workdir/repository, as _tune_id reads it
             shutil.rmtree(workdir, ignore_errors=True)
-            repository = workdir / "repository"
-            render_spec(spec, repository)
-            self.confined = local_confined.start_confined(spec, repository, workdir / "scratch",
-                                                          workdir / "triton.log", label=f"tune {self.tune.pk}")
-            self.config = config
-            ready = readiness.wait_ready(self.confined.process, spec.model_names,
-                                            timeout=float(settings.TRITON_READY_TIMEOUT_SECONDS))
-            if not ready.ready:
-                self.stop()
+            try:
+                self.server = self.runtime.start_temporary(spec, workdir, label=f"tune {self.tune.pk}")
+            except TemporaryServerFailed as exc:
                 # Triton's error line may carry what the model wrote: a short excerpt of it.
-                raise search.MeasureFailed(f"its Triton did not start: {logtail.excerpt(ready.message, 1000)}")
-        assert self.confined is not None
-        return f"{self.confined.process.http_url}/v2/models/{self.entry.name}/infer"
+                raise search.MeasureFailed(f"its Triton did not start: {logtail.excerpt(str(exc), 1000)}") from None
+            self.config = config
+        assert self.server is not None
+        return f"{self.server.http_url}/v2/models/{self.entry.name}/infer"
 
     def stop(self) -> None:
-        if self.confined is not None:
-            local_confined.stop_confined(self.confined)
-            self.confined = None
+        if self.server is not None:
+            self.runtime.stop_temporary(self.server)
+            self.server = None
             self.config = None
 
     def close(self) -> None:
@@ -346,12 +339,14 @@ def sweep_servers() -> list[str]:
     running = set(TuneRun.objects.filter(status=TuneRun.Status.RUNNING).values_list("pk", flat=True))
     grace = float(settings.TRITON_ORPHAN_GRACE_SECONDS)
     prefix = f"{root}/"
-    for pid in local_triton.find_servers(prefix):
+    # The temporary Tritons of this machine are the local runtime's (the one whose can_tune is true).
+    runtime = runtime_named(Deployment.Runtime.LOCAL)
+    for pid, age in runtime.temporary_processes(root):
         tune_id = _tune_id(pid, prefix)
         # Young servers are left alone: a tune claimed after `running` was read may just have started one.
-        if tune_id in running or local_triton.process_age(pid) < grace:
+        if tune_id in running or age < grace:
             continue
-        local_triton.stop_server(pid, grace_seconds=settings.TRITON_STOP_GRACE_SECONDS)
+        runtime.stop_process(pid)
         done.append(f"stopped the temporary Triton (pid {pid}) of tune {tune_id}, which no longer runs")
         log.warning("Stopped the temporary Triton (pid %s) of tune %s, which no longer runs.", pid, tune_id)
     if root.is_dir():
@@ -359,7 +354,7 @@ def sweep_servers() -> list[str]:
         for directory in root.iterdir():
             name = directory.name
             if name.isascii() and name.isdigit() and int(name) not in running and _mtime(directory) < cutoff \
-                    and not local_triton.find_servers(f"{directory}/"):
+                    and not runtime.temporary_processes(directory):
                 shutil.rmtree(directory, ignore_errors=True)
                 done.append(f"removed {directory}")
     return done

@@ -17,7 +17,7 @@ from django.urls import URLPattern, URLResolver, path
 from audit.log import record as audit
 from deployments import actions
 from deployments.models import Deployment, Event, Revision, TritonServer
-from deployments.runtimes.local import triton as local_triton
+from deployments.runtimes.registry import runtime_named
 from models_registry import quota
 from models_registry.models import Blob, Model, ModelVersion, TeamStorageQuota, Upload
 from web import overview
@@ -202,7 +202,7 @@ class TritonServerAdmin(admin.ModelAdmin):
 
     @admin.display(description="alive", boolean=True)
     def alive(self, obj: TritonServer) -> bool:
-        return local_triton.is_alive(obj.pid)
+        return runtime_named(Deployment.Runtime.LOCAL).server_alive(obj.pid)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -13,6 +13,7 @@ from django.utils import timezone
 from deployments import canary
 from deployments.models import Deployment
 from deployments.revision_spec import ModelEntry
+from deployments.runtimes.registry import runtime_for
 from models_registry.models import ModelVersion
 from models_registry.samples import sample_digit_png
 from web import grpc_snippet, inference, placement, revisions
@@ -123,9 +124,7 @@ def settings_context(deployment: Deployment) -> dict[str, Any]:
 
 
 def live_context(deployment: Deployment) -> dict[str, Any]:
-    from deployments.runtimes.local import runtime as local
-
-    isolation = local.isolation(deployment) if deployment.runtime == Deployment.Runtime.LOCAL else None
+    isolation = runtime_for(deployment).isolation(deployment)
     return {"deployment": deployment, "events": deployment.events.all()[:30], "isolation": isolation,
             "canary": canary_context(deployment), "placement": placement.placement_view(deployment),
             **tune_context(deployment)}

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from deployments import pools as pool_rules
 from deployments.models import Deployment, Event, Pool, PoolLoad, PoolServer, TritonServer
-from deployments.runtimes.local import triton as local_triton
+from deployments.runtimes.registry import runtime_named
 from gateway.models import RequestStats
 from infra.queues import Queue
 
@@ -37,7 +37,8 @@ class Probe:
 def triton_servers() -> list[dict[str, Any]]:
     servers = (TritonServer.objects.filter(state__in=[TritonServer.State.STARTING, TritonServer.State.READY])
                .select_related("deployment__team", "revision"))
-    return [{"server": s, "alive": local_triton.is_alive(s.pid)} for s in servers]
+    local = runtime_named(Deployment.Runtime.LOCAL)  # the TritonServer rows are its processes
+    return [{"server": s, "alive": local.server_alive(s.pid)} for s in servers]
 
 
 # The revisions listed per pool: enough to see who fills it, bounded so that the page stays fast however many
@@ -49,6 +50,7 @@ def pools() -> list[dict[str, Any]]:
     """Each pool with its budget, what its loaded models took, its Triton process and the revisions in it."""
     servers = {s.pool_id: s for s in PoolServer.objects.filter(state=PoolServer.State.RUNNING).order_by("started_at")}
     rows = []
+    local = runtime_named(Deployment.Runtime.LOCAL)  # a pool's Triton is its process
     for pool in Pool.objects.select_related("team").order_by("name"):
         used, models = pool_rules.memory_used(pool)
         loads = list(PoolLoad.objects.filter(pool=pool).exclude(deployment__desired_state=Deployment.Desired.DELETED)
@@ -59,7 +61,7 @@ def pools() -> list[dict[str, Any]]:
         rows.append({
             "pool": pool, "models": models, "used": pool_rules.format_bytes(used),
             "budget": pool_rules.format_bytes(budget), "percent": round(100 * used / budget) if budget else 0,
-            "server": server, "alive": local_triton.is_alive(server.pid) if server else False,
+            "server": server, "alive": local.server_alive(server.pid) if server else False,
             "loads": [{"load": load, "memory": pool_rules.format_bytes(load.memory_bytes) if load.memory_bytes else ""}
                       for load in loads],
         })
@@ -68,10 +70,10 @@ def pools() -> list[dict[str, Any]]:
 
 def sandbox() -> Probe:
     """Whether this process can sandbox the local Tritons, and what is weaker than designed here."""
-    from deployments.runtimes.local.confined import sandbox_capabilities
+    from infra import sandbox_settings
 
     try:
-        caps = sandbox_capabilities()
+        caps = sandbox_settings.sandbox_capabilities()
     except Exception as exc:  # the check itself failing is what the operator must see
         log.warning("sandbox check: %s", exc)
         return Probe(False, f"the check failed: {exc}")

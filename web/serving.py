@@ -1,16 +1,15 @@
 """What this portal can serve, in words for the upload page, the dashboard and the deploy form: which formats the
 local runtime serves, and whether a Kubernetes cluster is configured. Read from the rules the deploy path applies
-(deployments.spec.local_format_error, the Kubernetes config's own problem list), so the pages cannot promise what a
+(deployments.spec.local_format_error, the Kubernetes runtime's own problem list), so the pages cannot promise what a
 deployment would then refuse."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.conf import settings
-
 from deployments.local_env import local_frameworks
-from deployments.runtimes.kubernetes.config import KubernetesConfig
+from deployments.models import Deployment
+from deployments.runtimes.registry import runtime_named
 from deployments.spec import local_format_error
 from modelport.core import formats
 from models_registry.models import Format
@@ -44,7 +43,7 @@ def serving() -> Serving:
     installed = local_frameworks()
     formats = [f.value for f in Format]
     local = tuple(f for f in formats if local_format_error(f, local_frameworks=installed) is None)
-    problems = KubernetesConfig.from_settings(settings).problems()
+    problems = runtime_named(Deployment.Runtime.KUBERNETES).configuration_problems()
     return Serving(local=local, not_local=tuple(f for f in formats if f not in local and f != Format.ENSEMBLE),
                    kubernetes_problem=problems[0] if problems else None)
 

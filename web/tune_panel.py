@@ -8,6 +8,7 @@ from django import forms
 
 from deployments import planning
 from deployments.models import Deployment
+from deployments.runtimes import registry
 from infra.api_errors import Conflict
 from models_registry.models import ModelVersion
 from tuning import actions
@@ -42,7 +43,7 @@ def tune_context(deployment: Deployment) -> dict[str, Any]:
     changes, problem = _apply_preview(tune)
     return {"tune": tune, "tune_chart": chart, "tune_form": form, "tune_changes": changes,
             "tune_narrows": any(c.narrows for c in changes), "tune_apply_problem": problem,
-            "can_tune": deployment.runtime == Deployment.Runtime.LOCAL and deployment.revision_id is not None}
+            "can_tune": deployment.revision_id is not None and registry.can_tune(deployment)}
 
 
 def _apply_preview(tune: TuneRun | None) -> tuple[list[Change], str]:

@@ -9,6 +9,7 @@ from django.views.decorators.http import require_POST
 
 from accounts.models import Team
 from deployments import canary, planning
+from deployments.runtimes import registry
 from infra.api_errors import Conflict, Invalid
 from models_registry.models import ModelVersion
 from tuning import actions
@@ -29,7 +30,7 @@ def deployment_tune(request: HttpRequest, team: Team, name: str) -> HttpResponse
     if not form.is_valid():
         messages.error(request, "Not tuned: " + "; ".join(f"{form.fields[k].label}: {' '.join(str(m) for m in v)}"
                                                           for k, v in form.errors.items()))
-    elif deployment.runtime != deployment.Runtime.LOCAL or entry is None:
+    elif not registry.can_tune(deployment) or entry is None:
         messages.error(request, "Not tuned: only a local deployment serving a model (not only a pipeline) can be "
                                 "tuned on this machine.")
     elif problem := generated_problem(body := inference.example_request(inference.served_signature(entry))):

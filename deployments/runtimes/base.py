@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
 from deployments.launch import Launch as Launch  # where the runtimes and the reconciler have always found it
-from deployments.models import Deployment, Revision
+from deployments.models import Deployment, Pool, Revision
 from deployments.revision_spec import RevisionSpec
 
 
@@ -74,7 +75,65 @@ class RuntimeUnavailable(Exception):
     The message says what to set or fix; the reconciler shows it as the deployment's status."""
 
 
-class Runtime(Protocol):
+# --- What the pages, the API and the tuner ask a runtime (issue 32) -------------------------------------------------
+# Nothing outside the registry, the tasks and the management commands imports a runtime's modules (the contract
+# "runtimes-behind-the-registry" in pyproject.toml): they ask these, through runtimes/registry.py.
+
+
+@dataclass(frozen=True)
+class TemporaryServer:
+    """A server of a spec outside any deployment (a tune's candidate setting), started by start_temporary on this
+    machine; `handle` is the runtime's own, for stop_temporary."""
+
+    http_url: str
+    handle: object
+
+
+class TemporaryServerFailed(Exception):
+    """A temporary server started but never became ready: the message says why (Triton's own error line)."""
+
+
+class Answers(Protocol):
+    @property
+    def can_tune(self) -> bool:
+        """Whether this runtime starts temporary servers on this machine, which a tune measures."""
+
+    def configuration_problems(self) -> list[str]:
+        """Why no deployment can use this runtime here (a setting missing); empty when one can."""
+
+    def isolation(self, deployment: Deployment) -> dict[str, Any] | None:
+        """What the deployment page says of its server's confinement: {"sandboxed": bool | None, "note": str,
+        "egress": bool}; None where the runtime does not sandbox (a cluster's pods are its own)."""
+
+    def server_alive(self, pid: int) -> bool:
+        """Whether the server process `pid` (a TritonServer's, a PoolServer's) still runs on this machine."""
+
+    def start_temporary(self, spec: RevisionSpec, workdir: Path, label: str) -> TemporaryServer:
+        """Render `spec` under `workdir` and start a server of it, confined as a deployment's is; returns once it is
+        ready. RuntimeUnavailable: it cannot start here; TemporaryServerFailed: it started and never got ready."""
+
+    def stop_temporary(self, server: TemporaryServer) -> None:
+        """Stop a server start_temporary started, and remove what it left outside its workdir."""
+
+    def temporary_processes(self, root: Path) -> list[tuple[int, float]]:
+        """(pid, age in seconds) of each temporary server running here whose repository lies under `root`: what a
+        sweep finds after a worker was killed mid-tune."""
+
+    def stop_process(self, pid: int) -> None:
+        """Stop a server process that temporary_processes found."""
+
+    def refresh_pool_figures(self, shared: Pool) -> None:
+        """Read what the models loaded in the `shared` pool's running server hold now into their figures (GET
+        /api/v1/pools/ shows them); figures only, no state changes."""
+
+
+# --- The reconciler's -----------------------------------------------------------------------------------------------
+
+
+class Launcher(Protocol):
+    """What serves revisions: a runtime's dedicated launcher and its pool launcher are each one (runtimes/placed.py
+    puts the two behind one Runtime)."""
+
     @property
     def ready_timeout_seconds(self) -> float:
         """How long a launch may take to become ready; the reconciler records the deadline and fails it past that."""
@@ -132,6 +191,10 @@ class Runtime(Protocol):
     def refresh_access(self) -> int:
         """Periodic: renew what its servers fetch their repositories with before it expires (a cluster's presigned
         URLs); how many were renewed."""
+
+
+class Runtime(Launcher, Answers, Protocol):
+    """What the registry hands out: the launchers' operations, and what the pages, the API and the tuner ask."""
 
 
 # --- Shared pools (issue 32) ------------------------------------------------------------------------------------

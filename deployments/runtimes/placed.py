@@ -6,27 +6,40 @@ per runtime; here alone does a call choose between them, so neither launcher for
 - a launch's calls (observe, abandon, check) by its ref (base.is_pool_launch);
 - a deployment's (retire, stop, teardown) go to both, the pool's first: a deployment may have revisions of each
   while it moves between a pool and a server of its own;
-- waking goes to the pool launcher; the periodic passes to both.
+- waking goes to the pool launcher; the periodic passes to both;
+- what the pages, the API and the tuner ask (base.Answers) to the runtime itself, its dedicated launcher.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
-from deployments.models import Deployment, Revision
+from deployments.models import Deployment, Pool, Revision
 from deployments.revision_spec import RevisionSpec
-from deployments.runtimes.base import Health, Launch, Observation, Preparation, Runtime, Wake, is_pool_launch
+from deployments.runtimes.base import (
+    Health,
+    Launch,
+    Launcher,
+    Observation,
+    Preparation,
+    Runtime,
+    TemporaryServer,
+    Wake,
+    is_pool_launch,
+)
 
 
 class Placed:
-    def __init__(self, dedicated: Runtime, pooled: Runtime) -> None:
+    def __init__(self, dedicated: Runtime, pooled: Launcher) -> None:
         self.dedicated = dedicated
         self.pooled = pooled
 
-    def _for_spec(self, spec: RevisionSpec) -> Runtime:
+    def _for_spec(self, spec: RevisionSpec) -> Launcher:
         return self.pooled if spec.placement.shared else self.dedicated
 
-    def _for_launch(self, launch: Launch) -> Runtime:
+    def _for_launch(self, launch: Launch) -> Launcher:
         return self.pooled if is_pool_launch(launch) else self.dedicated
 
     @property
@@ -83,3 +96,33 @@ class Placed:
 
     def refresh_access(self) -> int:
         return self.pooled.refresh_access() + self.dedicated.refresh_access()
+
+    # --- base.Answers: the runtime's own, whatever the placement -----------------------------------------------
+
+    @property
+    def can_tune(self) -> bool:
+        return self.dedicated.can_tune
+
+    def configuration_problems(self) -> list[str]:
+        return self.dedicated.configuration_problems()
+
+    def isolation(self, deployment: Deployment) -> dict[str, Any] | None:
+        return self.dedicated.isolation(deployment)
+
+    def server_alive(self, pid: int) -> bool:
+        return self.dedicated.server_alive(pid)
+
+    def start_temporary(self, spec: RevisionSpec, workdir: Path, label: str) -> TemporaryServer:
+        return self.dedicated.start_temporary(spec, workdir, label)
+
+    def stop_temporary(self, server: TemporaryServer) -> None:
+        self.dedicated.stop_temporary(server)
+
+    def temporary_processes(self, root: Path) -> list[tuple[int, float]]:
+        return self.dedicated.temporary_processes(root)
+
+    def stop_process(self, pid: int) -> None:
+        self.dedicated.stop_process(pid)
+
+    def refresh_pool_figures(self, shared: Pool) -> None:
+        self.dedicated.refresh_pool_figures(shared)

@@ -52,3 +52,12 @@ def runtime_for(deployment: Deployment) -> Runtime:
 def runtimes() -> list[Runtime]:
     """Every runtime, for the periodic passes (idle unloads, orphan sweeps)."""
     return [runtime_named(name) for name in FACTORIES]
+
+
+def can_tune(deployment: Deployment) -> bool:
+    """Whether a tune can measure the deployment: its runtime starts temporary servers on this machine (the local
+    one does, the Kubernetes one does not). The API, the page's tune panel and its form all ask this."""
+    return runtime_for(deployment).can_tune
+
+
+CANNOT_TUNE = "a tune measures temporary Tritons on this machine: only local deployments can be tuned"

@@ -8,9 +8,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
-from deployments.models import Deployment, Revision
+from deployments.models import Deployment, Pool, Revision
 from deployments.render import RenderError
 from deployments.revision_spec import RevisionSpec
 from deployments.runtimes.base import (
@@ -21,6 +22,7 @@ from deployments.runtimes.base import (
     Preparation,
     PreparationFailed,
     RuntimeUnavailable,
+    TemporaryServer,
     Wake,
 )
 
@@ -181,3 +183,35 @@ class FakeRuntime:
     def refresh_access(self) -> int:
         self._call("refresh_access")
         return 0
+
+    # --- What the pages, the API and the tuner ask (base.Answers): it stands in for the local runtime -------------
+
+    can_tune: bool = True
+
+    def configuration_problems(self) -> list[str]:
+        return []
+
+    def isolation(self, deployment: Deployment) -> dict[str, Any] | None:
+        # Its servers are no processes: whether they would run sandboxed is not known.
+        return {"sandboxed": None, "note": "", "egress": deployment.allow_egress}
+
+    def server_alive(self, pid: int) -> bool:
+        return False  # none of its servers is a process of this machine
+
+    def start_temporary(self, spec: RevisionSpec, workdir: Path, label: str) -> TemporaryServer:
+        raise RuntimeUnavailable(f"the fake runtime starts no temporary server ({label})")
+
+    def stop_temporary(self, server: TemporaryServer) -> None:
+        pass
+
+    def temporary_processes(self, root: Path) -> list[tuple[int, float]]:
+        return []
+
+    def stop_process(self, pid: int) -> None:
+        pass
+
+    def refresh_pool_figures(self, shared: Pool) -> None:
+        # The pools' rows are the real local runtime's, also beside this fake (tests write them as it would).
+        from deployments.runtimes.local import pool as local_pool
+
+        local_pool.refresh_figures(shared)

@@ -234,11 +234,12 @@ def test_a_pool_triton_is_never_started_unsandboxed_where_the_sandbox_is_require
     from deployments.runtimes.base import RuntimeUnavailable
     from deployments.runtimes.local import confined as local_confined
     from deployments.runtimes.local import pool as local_pool
+    from infra import sandbox_settings
     from modelport.core.sandbox import Capabilities
 
     settings.POOLS_DIR = tmp_path
     settings.SANDBOX_REQUIRED = True
-    monkeypatch.setattr(local_confined, "sandbox_capabilities", lambda: Capabilities(False, "no user namespaces"))
+    monkeypatch.setattr(sandbox_settings, "sandbox_capabilities", lambda: Capabilities(False, "no user namespaces"))
 
     def start(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("started a pool's Triton with no sandbox")

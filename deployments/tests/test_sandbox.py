@@ -23,6 +23,7 @@ from deployments.runtimes.base import RuntimeUnavailable
 from deployments.runtimes.local import backends, serverlog
 from deployments.runtimes.local import confined as local_confined
 from deployments.runtimes.local import runtime as local
+from infra import sandbox_settings
 from modelport.core import sandbox
 from modelport.core.sandbox import cgroups, kernel
 from tests.sandbox_helpers import admin_change
@@ -339,7 +340,7 @@ def test_the_generated_stub_answers_tritons_probe_and_refuses_to_run_unconfined(
 @pytest.fixture
 def no_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
     disabled = "user namespaces are disabled (sysctl user.max_user_namespaces = 0)"
-    monkeypatch.setattr(local_confined, "sandbox_capabilities", lambda: sandbox.Capabilities(False, disabled))
+    monkeypatch.setattr(sandbox_settings, "sandbox_capabilities", lambda: sandbox.Capabilities(False, disabled))
 
 
 @pytest.fixture
@@ -400,7 +401,7 @@ def test_the_runtime_refuses_too_when_the_sandbox_went_away_after_the_deployment
     response = alice.client().post("/api/v1/deployments/", {"name": "doubler", "models": [{"model": "doubler"}]},
                                    format="json")
     assert response.status_code == 201
-    monkeypatch.setattr(local_confined, "sandbox_capabilities",
+    monkeypatch.setattr(sandbox_settings, "sandbox_capabilities",
                         lambda: sandbox.Capabilities(False, "Landlock is disabled"))
     deployment = Deployment.objects.get(name="doubler")
     with pytest.raises(RuntimeUnavailable, match=r"cannot sandbox uploaded code \(Landlock is disabled\)"):
@@ -522,12 +523,12 @@ def test_the_operators_overview_shows_the_machines_sandbox_and_each_servers(
     operator = get_user_model().objects.create_superuser("olivia", "olivia@example.com", "password")
     client = Client()
     client.force_login(operator)
-    monkeypatch.setattr(local_confined, "sandbox_capabilities",
+    monkeypatch.setattr(sandbox_settings, "sandbox_capabilities",
                         lambda: sandbox.Capabilities(False, "user namespaces are disabled"))
     content = client.get("/admin/overview/").content.decode()
     assert "<strong>not available</strong>: user namespaces are disabled. Python models run unconfined" in content
     assert '<td class="sandboxed"><strong>no</strong> <span class="help">(no Landlock)</span></td>' in content
-    monkeypatch.setattr(local_confined, "sandbox_capabilities",
+    monkeypatch.setattr(sandbox_settings, "sandbox_capabilities",
                         lambda: sandbox.Capabilities(True, landlock_abi=7, cgroups=cgroups.Layout(1, {})))
     assert "available (Landlock ABI 7, cgroup v1)" in client.get("/admin/overview/").content.decode()
 
@@ -540,16 +541,16 @@ def test_start_up_checks_warn_when_the_sandbox_is_off_missing_or_weaker(settings
     assert [m.id for m in sandbox_check()] == ["modelport.W020"]
     settings.SANDBOX_ENABLED = True
     settings.SANDBOX_REQUIRED = True
-    monkeypatch.setattr(local_confined, "sandbox_capabilities",
+    monkeypatch.setattr(sandbox_settings, "sandbox_capabilities",
                         lambda: sandbox.Capabilities(False, "no user namespaces"))
     (message,) = sandbox_check()
     assert message.id == "modelport.W021"
     assert message.msg == ("This machine cannot sandbox the local Tritons: no user namespaces; "
                            "python models are refused (SANDBOX_REQUIRED).")
-    monkeypatch.setattr(local_confined, "sandbox_capabilities",
+    monkeypatch.setattr(sandbox_settings, "sandbox_capabilities",
                         lambda: sandbox.Capabilities(True, notes=("no Landlock",)))
     assert [(m.id, m.msg) for m in sandbox_check()] == [("modelport.W022", "The sandbox is weaker here: no Landlock.")]
-    monkeypatch.setattr(local_confined, "sandbox_capabilities", lambda: sandbox.Capabilities(True, landlock_abi=7))
+    monkeypatch.setattr(sandbox_settings, "sandbox_capabilities", lambda: sandbox.Capabilities(True, landlock_abi=7))
     assert sandbox_check() == []
 
 

@@ -238,9 +238,9 @@ def test_a_torchscript_upload_is_measured_at_its_trial_run_and_its_deployment_li
 ) -> None:
     """Issue 31: no trial call measured a TorchScript version, so its dedicated deployment got SANDBOX_DEFAULT_MEMORY
     (4Gi). The sandboxed trial run loads torch and the model and calls it: its cgroup's peak is the figure."""
-    from deployments.runtimes.local import confined as local_confined
+    from infra import sandbox_settings
 
-    caps = local_confined.sandbox_capabilities()
+    caps = sandbox_settings.sandbox_capabilities()
     if not caps.available or caps.cgroups.version == 0:
         pytest.skip(f"no sandbox with cgroups here: {caps.reason or caps.cgroups.note}")
     settings.SANDBOX_SERVER_MEMORY, settings.POOL_MODEL_MEMORY_MIN = "256Mi", "128Mi"
@@ -353,10 +353,10 @@ def test_a_torchscript_upload_cannot_read_or_write_the_portals_files_nor_echo_th
 def test_where_the_sandbox_cannot_be_built_the_model_never_runs_unless_the_operator_opted_out(
     torchscript_files: Path, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from deployments.runtimes.local import confined as local_confined
+    from infra import sandbox_settings
     from modelport.core import sandbox
 
-    monkeypatch.setattr(local_confined, "sandbox_capabilities",
+    monkeypatch.setattr(sandbox_settings, "sandbox_capabilities",
                         lambda: sandbox.Capabilities(False, "no user namespaces"))
     settings.SANDBOX_REQUIRED = True
     outcome = check_torchscript(torchscript_files / "doubler.pt", DOUBLER)

@@ -14,6 +14,7 @@ import pytest
 from django.utils import timezone
 
 from deployments.models import Deployment, Event
+from deployments.runtimes.local import triton as local_triton
 from models_registry.models import ModelVersion
 from tests.support.people import Person
 from tuning import runner, search, tasks
@@ -208,11 +209,11 @@ def test_the_sweep_stops_temporary_tritons_of_tunes_that_no_longer_run(
     for tune_id in set(servers.values()):
         (tmp_path / "tuning" / str(tune_id) / "c1" / "repository").mkdir(parents=True)
     stopped: list[int] = []
-    monkeypatch.setattr(runner.local_triton, "find_servers", lambda p: sorted(
+    monkeypatch.setattr(local_triton, "find_servers", lambda p: sorted(
         pid for pid, tune_id in servers.items() if pid not in stopped and f"{prefix}{tune_id}/".startswith(p)))
     monkeypatch.setattr(runner, "_tune_id", lambda pid, p: servers[pid] if p == prefix else None)
-    monkeypatch.setattr(runner.local_triton, "process_age", lambda pid: 5.0 if pid == 104 else 3600.0)
-    monkeypatch.setattr(runner.local_triton, "stop_server", lambda pid, grace_seconds: stopped.append(pid) or True)
+    monkeypatch.setattr(local_triton, "process_age", lambda pid: 5.0 if pid == 104 else 3600.0)
+    monkeypatch.setattr(local_triton, "stop_server", lambda pid, grace_seconds: stopped.append(pid) or True)
     monkeypatch.setattr(runner, "_mtime", lambda path: 0.0)
 
     done = runner.sweep_servers()

@@ -26,11 +26,20 @@ from django.utils import timezone
 
 from accounts.models import Team
 from deployments import ceilings, logtail
-from deployments.models import Deployment, Revision
+from deployments.models import Deployment, Pool, Revision
 from deployments.render import RenderError, render_repository
 from deployments.revision_spec import RevisionSpec
 from deployments.runtimes.artifacts import artifact_path
-from deployments.runtimes.base import PREPARED, Health, Launch, Observation, Preparation, RuntimeUnavailable, Wake
+from deployments.runtimes.base import (
+    PREPARED,
+    Health,
+    Launch,
+    Observation,
+    Preparation,
+    RuntimeUnavailable,
+    TemporaryServer,
+    Wake,
+)
 from deployments.runtimes.kubernetes import manifests, s3repo
 from deployments.runtimes.kubernetes import status as k8s_status
 from deployments.runtimes.kubernetes.config import KubernetesConfig, NamespaceRefused
@@ -658,6 +667,35 @@ class KubernetesRuntime:
             return f"No logs: {self.unreachable(exc)}\n"
         except (KubeError, RuntimeUnavailable) as exc:
             return f"No logs: {exc}\n"
+
+    # --- What the pages, the API and the tuner ask (base.Answers) ------------------------------------------------
+
+    can_tune = False  # a tune measures temporary Tritons on this machine; a cluster's pods are not started for one
+
+    def configuration_problems(self) -> list[str]:
+        return self.cfg.problems()
+
+    def isolation(self, deployment: Deployment) -> dict[str, Any] | None:
+        return None  # the cluster confines its pods (docs/kubernetes.md); no local sandbox to speak of
+
+    def server_alive(self, pid: int) -> bool:
+        return False  # no server of this runtime is a process on this machine
+
+    def start_temporary(self, spec: RevisionSpec, workdir: Path, label: str) -> TemporaryServer:
+        raise RuntimeUnavailable(f"The Kubernetes runtime starts no temporary server ({label}): a tune measures "
+                                 "temporary Tritons on this machine.")
+
+    def stop_temporary(self, server: TemporaryServer) -> None:
+        raise RuntimeUnavailable("The Kubernetes runtime starts no temporary server.")
+
+    def temporary_processes(self, root: Path) -> list[tuple[int, float]]:
+        return []
+
+    def stop_process(self, pid: int) -> None:
+        raise RuntimeUnavailable(f"The Kubernetes runtime runs no process on this machine (pid {pid}).")
+
+    def refresh_pool_figures(self, shared: Pool) -> None:
+        pass  # a cluster pool's figures are not read from here
 
 
     def wake(self, load_id: int, wait_seconds: float) -> Wake:

@@ -1,18 +1,15 @@
 """Starting a tritonserver confined as every local one is (a deployment's own, a pool's, a tune's, an inspection's
-trial call): the sandbox settings and what this kernel offers, the refusal of uploaded code where the sandbox is
-required and missing, the revision's resource limits as cgroup limits, the sandbox's names and scratch, and the
-bounds on reading and keeping its logs."""
+trial call): the refusal of uploaded code where the sandbox is required and missing, the revision's resource limits
+as cgroup limits, the sandbox's scratch, and the bounds on reading and keeping its logs. The sandbox's settings and
+what this kernel offers are portal.sandbox_settings'."""
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import logging
 import secrets
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 from django.conf import settings
@@ -24,35 +21,15 @@ from deployments.runtimes.base import RuntimeUnavailable
 from deployments.runtimes.local import backends, pyenv, serverlog
 from deployments.runtimes.local import triton as local_triton
 from deployments.runtimes.local.files import deployment_dir
+from infra import sandbox_settings
 from modelport.core import formats, sandbox
 from modelport.core import requirements as requirement_lines
 from modelport.core.sandbox import cgroups
-
-log = logging.getLogger(__name__)
 
 # How long a stop waits for a killed server's processes to leave its cgroups before removing them: the kernel takes
 # them out as each one finishes exiting, which on a loaded machine (CI) took longer than the instant after the kill.
 # The wait ends as soon as they are empty; a cgroup still busy after it is left to the orphan sweep.
 CGROUP_EXIT_WAIT_SECONDS = 5.0
-
-
-def sandbox_options() -> sandbox.Options:
-    return sandbox.Options(
-        uid=settings.SANDBOX_UID, gid=settings.SANDBOX_GID, shm_bytes=sandbox.memory_bytes(settings.SANDBOX_SHM_SIZE),
-        scratch_bytes=sandbox.scratch_bytes(settings.SANDBOX_SCRATCH_SIZE),
-        pids_max=settings.SANDBOX_PIDS_MAX, egress_ports=tuple(int(p) for p in settings.SANDBOX_EGRESS_PORTS),
-        cgroup_parent=settings.SANDBOX_CGROUP_PARENT,
-    )
-
-
-@lru_cache(maxsize=1)
-def sandbox_capabilities() -> sandbox.Capabilities:
-    """What this machine's kernel offers, checked once per process by building a throw-away sandbox."""
-    if not settings.SANDBOX_ENABLED:
-        return sandbox.Capabilities(False, "SANDBOX_ENABLED is false")
-    caps = sandbox.check(sandbox_options())
-    (log.info if caps.available and not caps.notes else log.warning)("Triton sandbox: %s", caps.describe())
-    return caps
 
 
 # Formats whose artifact is code when served: a python model (pipeline steps included) is a model.py; a TorchScript
@@ -70,7 +47,7 @@ def sandbox_refusal(spec: RevisionSpec) -> str | None:
     """Why the local runtime refuses this revision on this machine (fail closed), or None."""
     if not settings.SANDBOX_REQUIRED or not runs_uploaded_code(spec):
         return None
-    caps = sandbox_capabilities()
+    caps = sandbox_settings.sandbox_capabilities()
     if caps.available:
         return None
     return (f"This machine cannot sandbox uploaded code ({caps.reason}), and python, TorchScript and SavedModel "
@@ -91,16 +68,6 @@ def limits_for(spec: RevisionSpec) -> cgroups.Limits:
 def _with_pids(limits: cgroups.Limits, pids_max: int | None) -> cgroups.Limits:
     # A pool's Triton runs many models, each python one with a stub of its own threads: it gets its own pids limit.
     return dataclasses.replace(limits, pids=pids_max) if pids_max else limits
-
-
-def var_tag() -> str:
-    """Short and stable per VAR_DIR: names this var/'s cgroups, so that sweeping never touches another's."""
-    return hashlib.sha256(str(settings.VAR_DIR).encode()).hexdigest()[:8]
-
-
-def sandbox_name(suffix: str) -> str:
-    """A sandbox's cgroup and host name, this var/'s prefix first: the sweep removes it once it is empty and old."""
-    return f"mp-{var_tag()}-{suffix}"
 
 
 def scratch_dir(server: TritonServer) -> Path:
@@ -143,8 +110,8 @@ def start_confined(spec: RevisionSpec, repository: Path, scratch_root: Path, log
         # The stub's embedded interpreter ignores PYTHONPATH but takes its prefix from the first python3 on PATH:
         # the environment's, whose site-packages comes first and adds the runtime env's behind it (its .pth file).
         bin_dirs, virtual_env = [penv.env_dir / "bin", env.bin_dir], penv.env_dir
-    caps = sandbox_capabilities()
-    options = sandbox_options()
+    caps = sandbox_settings.sandbox_capabilities()
+    options = sandbox_settings.sandbox_options()
     backend_dir = backends.build_backend_dir(env, Path(settings.VAR_DIR), sandboxed=caps.available)
     wants_cache = any(m.response_cache for m in spec.models)
     sandbox_id = secrets.token_hex(8)
@@ -162,7 +129,7 @@ def start_confined(spec: RevisionSpec, repository: Path, scratch_root: Path, log
         box = sandbox.Spec(
             read_only=(repository, backend_dir, env.root, env.base_prefix,
                        *((penv.env_dir,) if penv is not None else ())), scratch=scratch,
-            tcp_ports=(), egress=egress, name=f"mp-{var_tag()}-{sandbox_id}",
+            tcp_ports=(), egress=egress, name=sandbox_settings.sandbox_name(sandbox_id),
             limits=_with_pids(limits_for(spec), pids_max),
             scratch_tmpfs=True,
         )

@@ -62,6 +62,7 @@ from deployments.runtimes.base import (
 )
 from deployments.runtimes.local import confined, pool_memory, serverlog
 from deployments.runtimes.local import triton as local_triton
+from infra import sandbox_settings
 from modelport.core.runtime_env import RuntimeEnvError
 from models_registry.models import record_memory
 from models_registry.validation import archive_limits
@@ -293,16 +294,16 @@ def _ensure_server(pool: Pool) -> PoolServer:
     started = timezone.now()
     log_path = pool_dir(pool) / f"triton-{started:%Y%m%dT%H%M%S%f}.log"
     confined.prune_logs(pool_dir(pool))
-    if settings.SANDBOX_REQUIRED and not confined.sandbox_capabilities().available:
+    if settings.SANDBOX_REQUIRED and not sandbox_settings.sandbox_capabilities().available:
         # start_confined's own rule sees a spec with no models and would not refuse: a pool's models come later.
         raise RuntimeUnavailable(
-            f"This machine cannot sandbox uploaded code ({confined.sandbox_capabilities().reason}), so the "
+            f"This machine cannot sandbox uploaded code ({sandbox_settings.sandbox_capabilities().reason}), so the "
             f"Triton of pool {pool.name!r} is not started unsandboxed (SANDBOX_REQUIRED): deploy with placement "
             "mode 'dedicated' on Kubernetes, or ask an operator to make the sandbox work (docs/security.md).")
     limit = pool.memory_budget_bytes + pools.quantity_bytes(settings.POOL_PROCESS_OVERHEAD)
     spec = RevisionSpec(runtime="local", models=(), resources=Resources(memory=str(limit)))
     repository(pool).mkdir(parents=True, exist_ok=True)
-    caps = confined.sandbox_capabilities()
+    caps = sandbox_settings.sandbox_capabilities()
     try:
         started_server = confined.start_confined(
             spec, repository(pool), pool_dir(pool) / "scratch", log_path, label=f"pool {pool.name!r}",

@@ -17,13 +17,22 @@ from django.conf import settings
 from django.utils import timezone
 
 from deployments import logtail, server_memory
-from deployments.models import Deployment, Revision, TritonServer
+from deployments.models import Deployment, Pool, Revision, TritonServer
 from deployments.render import RenderError
 from deployments.revision_spec import RevisionSpec
-from deployments.runtimes.base import Health, Launch, Observation, Preparation, RuntimeUnavailable, Wake
+from deployments.runtimes.base import (
+    Health,
+    Launch,
+    Observation,
+    Preparation,
+    RuntimeUnavailable,
+    TemporaryServer,
+    TemporaryServerFailed,
+    Wake,
+)
 from deployments.runtimes.local import confined, pool, pool_memory, pyenv, readiness, serverlog, sweeps
 from deployments.runtimes.local import triton as local_triton
-from deployments.runtimes.local.files import deployment_dir, render, repository_dir
+from deployments.runtimes.local.files import deployment_dir, render, render_spec, repository_dir
 from deployments.runtimes.local.policy import plan_errors, resource_errors
 from modelport.core.runtime_env import RuntimeEnvError
 from modelport.core.sandbox import cgroups
@@ -274,3 +283,41 @@ class LocalRuntime:
 
     def refresh_access(self) -> int:
         return 0  # its servers read their repositories from this machine's disk
+
+    # --- What the pages, the API and the tuner ask (base.Answers) ------------------------------------------------
+
+    can_tune = True  # a tune's temporary Tritons run on this machine, as the deployment's own does
+
+    def configuration_problems(self) -> list[str]:
+        return []
+
+    def isolation(self, deployment: Deployment) -> dict[str, Any] | None:
+        return isolation(deployment)
+
+    def server_alive(self, pid: int) -> bool:
+        return local_triton.is_alive(pid)
+
+    def start_temporary(self, spec: RevisionSpec, workdir: Path, label: str) -> TemporaryServer:
+        # Through the sandboxed launcher every deployment's Triton starts with (confined.start_confined).
+        repository = workdir / "repository"
+        render_spec(spec, repository)
+        started = confined.start_confined(spec, repository, workdir / "scratch", workdir / "triton.log", label=label)
+        ready = readiness.wait_ready(started.process, spec.model_names,
+                                     timeout=float(settings.TRITON_READY_TIMEOUT_SECONDS))
+        if not ready.ready:
+            confined.stop_confined(started)
+            raise TemporaryServerFailed(ready.message)
+        return TemporaryServer(http_url=started.process.http_url, handle=started)
+
+    def stop_temporary(self, server: TemporaryServer) -> None:
+        assert isinstance(server.handle, confined.Confined)
+        confined.stop_confined(server.handle)
+
+    def temporary_processes(self, root: Path) -> list[tuple[int, float]]:
+        return [(pid, local_triton.process_age(pid)) for pid in local_triton.find_servers(f"{root}/")]
+
+    def stop_process(self, pid: int) -> None:
+        local_triton.stop_server(pid, grace_seconds=settings.TRITON_STOP_GRACE_SECONDS)
+
+    def refresh_pool_figures(self, shared: Pool) -> None:
+        pool.refresh_figures(shared)

@@ -15,6 +15,7 @@ from deployments.models import Deployment, PoolServer, TritonServer
 from deployments.runtimes.local import confined, pyenv
 from deployments.runtimes.local import triton as local_triton
 from deployments.runtimes.local.files import repository_dir
+from infra import sandbox_settings
 from modelport.core import requirements as requirement_lines
 from modelport.core.runtime_env import RuntimeEnvError
 from modelport.core.sandbox import cgroups
@@ -53,9 +54,9 @@ def sweep_orphans() -> list[str]:
             done.append(f"removed the scratch directory {scratch}")
     done += collect_python_envs()
     known_cgroups = {directory for row in live for directory in row["cgroups"]}
-    layout = confined.sandbox_capabilities().cgroups
+    layout = sandbox_settings.sandbox_capabilities().cgroups
     for parent in layout.parents.values():
-        for directory in parent.glob(f"mp-{confined.var_tag()}-*"):
+        for directory in parent.glob(f"mp-{sandbox_settings.var_tag()}-*"):
             # Old enough too: a launcher joins its cgroup a moment after it is made, before any row knows it.
             if str(directory) not in known_cgroups and _mtime(directory) < cutoff \
                     and not cgroups.members([directory]) and cgroups.remove([directory], wait_seconds=0):
@@ -99,8 +100,8 @@ def _cgroups_of(pid: int) -> list[Path]:
     except OSError:
         return []
     names = {line.rsplit("/", 1)[-1] for line in text.splitlines()}
-    prefix = f"mp-{confined.var_tag()}-"
-    return [parent / name for parent in confined.sandbox_capabilities().cgroups.parents.values()
+    prefix = f"mp-{sandbox_settings.var_tag()}-"
+    return [parent / name for parent in sandbox_settings.sandbox_capabilities().cgroups.parents.values()
             for name in sorted(names) if name.startswith(prefix) and (parent / name).is_dir()]
 
 
