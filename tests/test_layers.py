@@ -115,3 +115,48 @@ def test_an_import_circle_is_found_even_through_a_third_module_and_inside_a_func
                 "def _late() -> None:\n    from deployments.runtimes.local import runtime  # noqa: F401")
     assert "deployments.runtimes.local.confined -> deployments.runtimes.local.runtime -> " \
            "deployments.runtimes.local.pool -> deployments.runtimes.local.confined" in _circles(root)
+
+
+# Folder by folder, as the layers contract orders them (its top-level names; "web : portal" share a rank): an arrow
+# runs back up when a module imports one of a folder higher up. The contract's ignore_imports let an app's API
+# modules, admin and management commands reach up (they are the top layer, spread over the apps); this counts every
+# import, those included, so that a folder holds one layer.
+_BACK_ARROWS = """
+import tomllib
+import grimp
+
+config = tomllib.load(open("pyproject.toml", "rb"))["tool"]["importlinter"]
+layers = next(c for c in config["contracts"] if c["id"] == "layers")["layers"]
+rank = {}
+for height, layer in enumerate(reversed(layers)):
+    for name in layer.replace("|", ":").split(":"):
+        rank.setdefault(name.strip().split(".")[0], height)
+graph = grimp.build_graph(*config["root_packages"], cache_dir=None)
+for importer in sorted(graph.modules):
+    parts = importer.split(".")
+    if "tests" in parts or "conftest" in parts or parts[-1].startswith("test_"):
+        continue
+    for imported in sorted(graph.find_modules_directly_imported_by(importer)):
+        if "tests" in imported.split("."):
+            continue
+        low, high = importer.split(".")[0], imported.split(".")[0]
+        if low in rank and high in rank and rank[high] > rank[low]:
+            print(importer, "->", imported)
+"""
+
+
+def _back_arrows(root: Path) -> list[str]:
+    result = subprocess.run([sys.executable, "-c", _BACK_ARROWS], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                            capture_output=True, text=True, timeout=120, check=True)
+    return result.stdout.splitlines()
+
+
+def test_no_folder_imports_one_above_it() -> None:
+    assert _back_arrows(ROOT) == []
+
+
+def test_an_api_module_importing_the_pages_is_an_arrow_back_up(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    # The layers contract lets an API module import anything; the folder count does not.
+    _add_import(root, "tuning.api", "from web import inference  # noqa: F401")
+    assert "tuning.api -> web.inference" in _back_arrows(root)
