@@ -15,8 +15,8 @@ from rest_framework.request import Request
 
 from deployments.models import Deployment
 from deployments.queries import get_deployment_for_user
-from deployments.runtimes.kubernetes.manifests import ManifestError
-from deployments.runtimes.kubernetes.runtime import export_manifests
+from deployments.runtimes.base import ManifestsRefused
+from deployments.runtimes.registry import kubernetes_manifests
 from infra.api_errors import ConflictError
 from infra.api_schema import error
 
@@ -57,8 +57,8 @@ def deployment_manifests(request: Request, name: str) -> HttpResponse:
                             "Kubernetes objects the operator's Modelport manages for every deployment in it, so it "
                             "has no manifests of its own. Use placement mode 'dedicated' for a GitOps export.")
     try:
-        text = export_manifests(deployment)
-    except ManifestError as exc:
+        text = kubernetes_manifests(deployment)
+    except ManifestsRefused as exc:
         raise ConflictError(f"Revision {deployment.revision.number} cannot run on Kubernetes "
                             f"as configured: {exc}") from None
     response = HttpResponse(text, content_type="application/yaml; charset=utf-8")

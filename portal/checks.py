@@ -17,7 +17,6 @@ from django.core.exceptions import ImproperlyConfigured
 
 from infra.var_dir import SECRET_KEY_HINT
 
-MAX_PRESIGNED_URL_SECONDS = 7 * 24 * 3600  # S3's limit for presigned URLs
 _LOCAL_HOSTS = {"127.0.0.1", "localhost", "[::1]", "::1", "testserver"}
 
 
@@ -97,40 +96,10 @@ def sandbox_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
 
 @register()
 def kubernetes_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """Quantities and egress rules go into every Triton pod: a typo is reported here, not in each rollout. With a
-    cluster configured, what its rollouts would lack (S3 for the repositories, egress to reach it) is a warning."""
-    from deployments.runtimes.kubernetes.config import KubernetesConfig, parse_egress
-    from modelport.core.quantity import CPU, MEMORY, QuantityError, check_quantity
+    """The Kubernetes runtime's settings, checked by the runtime (deployments/runtimes/kubernetes/checks.py)."""
+    from deployments.runtimes.registry import settings_checks
 
-    messages: list[CheckMessage] = []
-    for name, bounds in (("KUBERNETES_DEFAULT_CPU", CPU), ("KUBERNETES_DEFAULT_MEMORY", MEMORY),
-                         ("KUBERNETES_SHM_SIZE", MEMORY), ("KUBERNETES_TMP_SIZE", MEMORY)):
-        try:
-            check_quantity(getattr(settings, name), bounds)
-        except QuantityError as exc:
-            messages.append(Error(f"{name}: {exc}", hint="Write a Kubernetes quantity (CPU: 500m, 2; memory: 4Gi).",
-                                  id="modelport.E110"))
-    bad_egress = False
-    for entry in settings.KUBERNETES_TRITON_EGRESS:
-        try:
-            parse_egress(entry)
-        except ValueError as exc:
-            bad_egress = True
-            messages.append(Error(f"KUBERNETES_TRITON_EGRESS: {exc}", hint="See docs/kubernetes.md, Egress.",
-                                  id="modelport.E111"))
-    if settings.KUBERNETES_REPOSITORY_URL_SECONDS > MAX_PRESIGNED_URL_SECONDS:
-        messages.append(Error(f"KUBERNETES_REPOSITORY_URL_SECONDS is {settings.KUBERNETES_REPOSITORY_URL_SECONDS}, "
-                              "above S3's limit for presigned URLs (604800, 7 days).",
-                              hint="Set it to at most 604800.", id="modelport.E112"))
-    if messages or bad_egress:
-        return messages
-    config = KubernetesConfig.from_settings(settings)
-    if config.cluster_configured:
-        for problem in (config.s3_problem(), config.egress_problem()):
-            if problem:
-                messages.append(Warning(f"A Kubernetes cluster is configured but its rollouts would fail: {problem}",
-                                        id="modelport.W113"))
-    return messages
+    return settings_checks()
 
 
 @register()

@@ -80,6 +80,10 @@ class RuntimeUnavailable(Exception):
 # "runtimes-behind-the-registry" in pyproject.toml): they ask these, through runtimes/registry.py.
 
 
+class ManifestsRefused(Exception):
+    """A revision that cannot be turned into the configured cluster's manifests: the message says what it lacks."""
+
+
 @dataclass(frozen=True)
 class TemporaryServer:
     """A server of a spec outside any deployment (a tune's candidate setting), started by start_temporary on this

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from django.core.checks import CheckMessage
+
 from deployments.models import Deployment
-from deployments.runtimes.base import Runtime
+from deployments.runtimes.base import ManifestsRefused, Runtime
 from deployments.runtimes.placed import Placed
 
 
@@ -61,3 +63,22 @@ def can_tune(deployment: Deployment) -> bool:
 
 
 CANNOT_TUNE = "a tune measures temporary Tritons on this machine: only local deployments can be tuned"
+
+
+def settings_checks() -> list[CheckMessage]:
+    """The runtimes' checks of their own settings (a Kubernetes quantity or egress rule that does not parse)."""
+    from deployments.runtimes.kubernetes.checks import kubernetes_settings
+
+    return kubernetes_settings()
+
+
+def kubernetes_manifests(deployment: Deployment) -> str:
+    """The YAML of the deployment's current revision on the configured cluster, for GitOps. Raises
+    ManifestsRefused (runtimes/base.py) with what the revision lacks there."""
+    from deployments.runtimes.kubernetes.manifests import ManifestError
+    from deployments.runtimes.kubernetes.runtime import export_manifests
+
+    try:
+        return export_manifests(deployment)
+    except ManifestError as exc:
+        raise ManifestsRefused(str(exc)) from None
