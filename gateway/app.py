@@ -29,12 +29,12 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
 from accounts.tokens import parse_bearer
-from gateway import answer_params, bodies, json_body, not_found, pool_names, protocol, stats, upstream
+from gateway import admission, answer_params, bodies, json_body, not_found, pool_names, protocol, stats, upstream
 from gateway import contract as contracts
-from gateway.access import Access, Caller, Choice, Route, choose
+from gateway.access import Access, Caller, Choice, Route
 from gateway.cold_start import ColdStarts
 from gateway.protocol import Endpoint, Refusal
-from gateway.ratelimit import RateLimiter, retry_after_header
+from gateway.ratelimit import RateLimiter
 from gateway.upstream import ResponseTooLarge, UpstreamError
 
 log = logging.getLogger(__name__)
@@ -167,17 +167,13 @@ class Gateway:
             if not raw_rest.startswith(b"v2"):
                 raise GatewayError(404, f"Use /serve/{name}/v2/... (the KServe v2 protocol).")
             endpoint = protocol.classify(scope["method"], rest)
-            # Per user and team, whichever token or session they come with: minting tokens does not multiply it.
-            wait = self.limiter.check((caller.user_id, caller.team_id))
-            if wait:
-                raise GatewayError(429, "Too many requests from you in this team; slow down.",
-                                   {"Retry-After": retry_after_header(wait)})
             pinned = headers.get(b"modelport-revision")
-            choice = choose(route, pinned.decode("latin-1") if pinned is not None else None)
-            out = _with_revision(send, choice.revision)
-            # A dedicated deployment's Triton and a shared one's pool would each answer another way (not_found.py).
-            not_found.check_model(endpoint.model, route.models_of(choice.revision), route.name, route.team)
-            pooled = route.pooled_for(choice.revision)
+            admitted = admission.admit(self.limiter, caller, route, endpoint.model,
+                                       pinned.decode("latin-1") if pinned is not None else None)
+            choice = admitted.choice
+            if choice is not None:
+                out = _with_revision(send, choice.revision)  # a refusal after the choice names it too
+            choice, pooled = admitted.taken()
             if pooled is not None:
                 if pooled.load_id is None:
                     # Shared by its spec, with no load: never the unmapped way (other teams' models are there).
@@ -186,14 +182,13 @@ class Gateway:
                 if endpoint.kind == "health" and rest.endswith("/ready"):
                     code = await self._pooled_ready(out, choice.upstream, pooled)
                     return
-                if not pooled.loaded:
-                    await self.cold_starts.hold(route, pooled, caller.team_id, self.access.routes)
+                await admission.cold_start(self.cold_starts, self.access.routes, route, pooled, caller)
                 raw_rest = pool_names.upstream_target(raw_rest, endpoint, pooled.prefix)
             target = raw_rest if not query else raw_rest + b"?" + query
             in_flight = self.collector.in_flight(route.team, route.name)
             in_flight.inc()
             try:
-                contract = route.contract(choice.revision, endpoint.model) if endpoint.kind == "infer" else None
+                contract = admission.contract(route, choice, endpoint.model, endpoint.kind)
                 code = await self._proxy(scope, receive, out, headers, declared, choice.upstream,
                                          b"/" + target, endpoint, contract,
                                          pooled.prefix if pooled is not None else "")

@@ -47,14 +47,14 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
 from accounts.tokens import parse_bearer
-from gateway import grpc_protocol, not_found, pool_names, stats
-from gateway.access import Access, Caller, Choice, Route, choose
+from gateway import admission, grpc_protocol, not_found, pool_names, stats
+from gateway.access import Access, Caller, Choice, Route
 from gateway.cold_start import ColdStarts
 from gateway.contract import Contract, missing_message, reword
 from gateway.grpc_connections import Calls, Shedder
 from gateway.grpc_protocol import Method
 from gateway.protocol import Refusal
-from gateway.ratelimit import RateLimiter, retry_after_header
+from gateway.ratelimit import RateLimiter
 from infra.open_files import connection_cap, raise_open_files_limit
 
 log = logging.getLogger(__name__)
@@ -246,11 +246,9 @@ class GrpcGateway:
                     grpc_protocol.check_infer_request(summary, self.max_tensor)
                 else:
                     model = self._model(method, request)
-                self._rate_limit(caller)
-                choice = choose(route, metadata.get(REVISION_KEY), grpc=True)
-                # The HTTP gateway's 404, for a dedicated deployment as for a shared one (gateway/not_found.py).
-                not_found.check_model(model, route.models_of(choice.revision), route.name, route.team)
-                pooled = route.pooled_for(choice.revision)
+                # The HTTP gateway's 429 and 404, for a dedicated deployment as for a shared one.
+                choice, pooled = admission.admit(self.limiter, caller, route, model, metadata.get(REVISION_KEY),
+                                                 grpc=True).taken()
                 if pooled is not None and method.kind not in ("health", "server"):
                     request = await self._to_pool(route, pooled, caller, model, request)
             except Refusal as exc:
@@ -264,7 +262,7 @@ class GrpcGateway:
             in_flight.inc()
             prefix = pooled.prefix if pooled is not None else ""
             try:
-                contract = route.contract(choice.revision, model) if method.kind == "infer" else None
+                contract = admission.contract(route, choice, model, method.kind)
                 response = await self._forward(choice.upstream, path, request, context, contract, prefix)
             finally:
                 in_flight.dec()
@@ -333,8 +331,7 @@ class GrpcGateway:
         """A request to a revision in a shared pool (issue 24), its model checked already (not_found.check_model,
         whoever's a name is in the pool): an idle-unloaded revision is loaded while the request is held, and the
         model is named as the pool names it."""
-        if not pooled.loaded:
-            await self.cold_starts.hold(route, pooled, caller.team_id, self.access.routes)
+        await admission.cold_start(self.cold_starts, self.access.routes, route, pooled, caller)
         return pool_names.grpc_request(request, pooled.prefix)
 
     async def _pooled_ready(self, target: str, pooled: pool_names.Pooled, context: grpc.aio.ServicerContext) -> bytes:
@@ -365,13 +362,6 @@ class GrpcGateway:
         if not name and method.kind != "stats":
             raise Refusal(400, f"{method.name} needs the model's name.")
         return name
-
-    def _rate_limit(self, caller: Caller) -> None:
-        # Per user and team, shared with the HTTP gateway: the same bucket whichever protocol a program speaks.
-        wait = self.limiter.check((caller.user_id, caller.team_id))
-        if wait:
-            raise Refusal(429, "Too many requests from you in this team; slow down.",
-                          {"Retry-After": retry_after_header(wait)})
 
     async def _forward(self, target: str, path: str, request: bytes, context: grpc.aio.ServicerContext,
                        contract: Contract | None = None, pool_prefix: str = "") -> bytes:
@@ -492,10 +482,8 @@ class _StreamRelay:
         try:
             summary = grpc_protocol.read_infer_request(message)
             grpc_protocol.check_infer_request(summary, gateway.max_tensor)
-            gateway._rate_limit(caller)
-            choice = choose(route, self.pinned, grpc=True)
-            not_found.check_model(summary.model, route.models_of(choice.revision), route.name, route.team)
-            pooled = route.pooled_for(choice.revision)
+            choice, pooled = admission.admit(gateway.limiter, caller, route, summary.model, self.pinned,
+                                             grpc=True).taken()
             if pooled is not None:
                 # Held here while an idle revision loads: the stream's later requests wait behind it, in order.
                 message = await gateway._to_pool(route, pooled, caller, summary.model, message)
