@@ -8,6 +8,8 @@ class DeploymentsConfig(AppConfig):
     def ready(self) -> None:
         from deployments import (
             checks,  # noqa: F401 - registers the system checks
-            trial_call,  # noqa: F401 - answers the registry's python_trial_call
             usage,  # noqa: F401 - answers the registry's version_users
         )
+        from deployments.runtimes import registry
+
+        registry.connect_receivers()  # the local runtime answers the registry's python_trial_call

@@ -2,7 +2,7 @@
 Triton of its own started as every local deployment's is (sandboxed), and the answer's outputs compared with the
 signature: names, datatypes and shapes. This module holds what the registry knows (the request, the verdict's
 shape, when to call); the call itself needs a Triton, which deployments own: the registry asks for it through its
-`python_trial_call` signal (models_registry/signals.py), answered by deployments/trial_call.py.
+`python_trial_call` signal (models_registry/signals.py), answered by deployments/runtimes/local/trial_call.py.
 
 Why (issue 25): a python model returning its output under another name than its signature's was accepted, became
 ready, and Triton answered it with HTTP 200 and `"outputs": []`. TorchScript gets a trial run for the same reason

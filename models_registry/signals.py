@@ -9,5 +9,6 @@ from django.dispatch import Signal
 version_users = Signal()
 
 # Call this python model once (keyword arguments: archive, signature, timeout) and judge the answer: a TrialCall
-# (models_registry/python_trial.py); deployments/trial_call.py answers with a sandboxed Triton of the model's own.
+# (models_registry/python_trial.py); deployments/runtimes/local/trial_call.py answers with a sandboxed Triton of
+# the model's own.
 python_trial_call = Signal()

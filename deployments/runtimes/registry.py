@@ -82,3 +82,9 @@ def kubernetes_manifests(deployment: Deployment) -> str:
         return export_manifests(deployment)
     except ManifestError as exc:
         raise ManifestsRefused(str(exc)) from None
+
+
+def connect_receivers() -> None:
+    """Connect what the runtimes answer for the apps below (the model registry's python_trial_call: a sandboxed Triton
+    of the model's own, the local runtime's work)."""
+    from deployments.runtimes.local import trial_call  # noqa: F401 - its receiver connects on import

@@ -16,7 +16,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
-from deployments.trial_call import verdict
+from deployments.runtimes.local.trial_call import verdict
 from modelport.core.example_request import parse_example_request
 from modelport.core.signature import signature_from_json
 from models_registry.inspection import inspect_here
