@@ -33,6 +33,7 @@ from accounts.models import Team, TeamQuota
 from deployments.models import Deployment
 from deployments.revision_spec import RevisionSpec
 from modelport.core import quantity
+from modelport.core.sandbox import MIN_MEMORY_BYTES
 
 MAX_REPLICAS = 100  # the planner's own bounds, whatever an operator sets
 MAX_GPUS = 16
@@ -275,8 +276,6 @@ def _lower_memory(team: Team, spec: RevisionSpec, deployment: Deployment | None,
     """What to do when the team's memory is full: which deployment's memory to lower and how (the API's field, the
     CLI's flag, with what is `free` per server), and the team's largest holders."""
     name = deployment.name if deployment is not None else "NAME"
-    size = _flag_size(free) if free >= 2**20 else "512Mi"
-    room = f"at most {size}" if free >= 2**20 else "less memory"
     held = []
     others = Deployment.objects.filter(team=team, runtime=spec.runtime, desired_state=Deployment.Desired.RUNNING)
     if deployment is not None:
@@ -287,8 +286,14 @@ def _lower_memory(team: Team, spec: RevisionSpec, deployment: Deployment | None,
     held.sort(key=lambda pair: (-pair[0], pair[1]))
     largest = ", ".join(f"{n} {_show('memory', m)}" for m, n in held[:3] if m)
     biggest = f" (the largest: {largest})" if largest else ""
-    return (f"give this deployment {room} (resources.memory in the API, modelport deploy {name} --memory {size}), "
-            f"stop or give less memory to another deployment{biggest}")
+    others_first = f"stop or give less memory to another deployment{biggest}"
+    if free < MIN_MEMORY_BYTES:
+        # Less is free than any server can be given (a smaller --memory would be refused too): room is made only by
+        # the others, and "give this deployment less" would name a figure above what it asks.
+        return f"the team has {_show('memory', max(free, Decimal(0)))} free, less than any server takes: {others_first}"
+    size = _flag_size(free)
+    return (f"give this deployment at most {size} (resources.memory in the API, modelport deploy {name} --memory "
+            f"{size}), {others_first}")
 
 
 def check(team: Team, spec: RevisionSpec, *, deployment: Deployment | None = None, canary: bool = False,

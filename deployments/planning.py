@@ -144,7 +144,8 @@ def _placement(team: Team, request: DeployRequest, errors: _Errors) -> Placement
     if mode == "dedicated":
         if asked.pool or asked.idle_unload_seconds is not None:
             errors.add("placement.mode", "a pool and idle_unload_seconds are for placement mode 'shared'; a "
-                                         "dedicated deployment has a Triton of its own")
+                                         "dedicated deployment has a Triton of its own (to move it into a pool, "
+                                         "set placement.mode 'shared': modelport deploy NAME --shared)")
         return DEDICATED
     name = asked.pool or SHARED_POOL
     pool = pools.pool_for(team, name)

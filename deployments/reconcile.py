@@ -231,8 +231,10 @@ def _check(deployment: Deployment, runtime: Runtime, target: Revision) -> float 
         return _drain_left(deployment)
     if deployment.advance(S.STARTING, f"Restarting: {health.message}.", upstream_url="", grpc_upstream="",
                           serving_launch=None):
-        record(deployment, Event.Kind.ERROR, f"Revision {target.number} stopped serving: {health.message}; "
-               "restarting it." + (f" Last log lines:\n{health.detail}" if health.detail else ""))
+        record(deployment, Event.Kind.INFO if health.expected else Event.Kind.ERROR,
+               f"Revision {target.number} stopped serving: {health.message}; "
+               + ("starting it again." if health.expected else "restarting it.")
+               + (f" Last log lines:\n{health.detail}" if health.detail else ""))
     return NOW
 
 

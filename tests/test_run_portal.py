@@ -120,6 +120,8 @@ def test_ctrl_c_stops_the_portal_and_says_which_tritons_keep_running_and_how_to_
     assert stopped.returncode == 0, stopped.stderr
     assert f"stopped Triton pid {pid} (acme/tiny, revision 1)" in stopped.stdout
     assert not is_alive(pid)
+    # The next health check says it was stopped on purpose, not that it died (deployments/tests/test_operator_stop.py).
+    assert list(launched.var_dir.rglob("*.stopped-by-operator"))
     stopped_none = run(launched.env, "make", "--no-print-directory", "stop-triton").stdout
     assert "No local Triton server is running" in stopped_none
 

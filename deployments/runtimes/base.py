@@ -55,6 +55,9 @@ class Health:
     # The runtime could not tell (an API server that refuses or does not answer): the deployment keeps its route,
     # nothing is restarted, and `message` says why it could not tell, for the deployment's status.
     unknown: bool = False
+    # An operator stopped it on purpose (`make stop-triton`): it is started again like a dead one, told as news, not
+    # as an error.
+    expected: bool = False
 
     @classmethod
     def cannot_tell(cls, reason: str) -> Health:

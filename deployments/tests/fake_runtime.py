@@ -143,6 +143,8 @@ class FakeRuntime:
         server = self.server(launch)
         if server.state == "ready":
             return Health(True)
+        if server.state == "stopped by an operator":  # make stop-triton
+            return Health(False, f"fake server {server.ref} was stopped by an operator", expected=True)
         return Health(False, f"fake server {server.ref} died", "E: killed")
 
     def retire(self, deployment: Deployment, keep: Sequence[Launch]) -> list[str]:

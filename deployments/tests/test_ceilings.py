@@ -102,6 +102,20 @@ def test_a_teams_deployments_together_fit_its_total(alice: Person, digits: Model
     assert grow.status_code == 400 and "TEAM_MAX_MEMORY" in grow.json()["error"]["fields"]["resources.memory"][0]
 
 
+def test_a_full_team_is_told_to_make_room_elsewhere_not_to_ask_for_more(alice: Person, digits: ModelVersion,
+                                                                        settings: Any) -> None:
+    """A newcomer's walk (issue 31): with the team exactly full, the refusal said "give this deployment less memory
+    (... --memory 512Mi)", more than the 384Mi it asked. Nothing a server can be given fits: room comes from others."""
+    settings.TEAM_MAX_MEMORY = "4Gi"
+    assert create(alice, "one", resources={"memory": "4Gi"}).status_code == 201
+    response = create(alice, "two", resources={"memory": "384Mi"})
+    assert response.status_code == 400
+    [message] = response.json()["error"]["fields"]["resources.memory"]
+    assert "--memory" not in message and "give this deployment" not in message
+    assert "the team has 0Mi free, less than any server takes: stop or give less memory to another deployment" \
+        " (the largest: one 4Gi)" in message
+
+
 def test_a_stopped_deployment_holds_nothing_until_it_is_started(
         alice: Person, digits: ModelVersion, settings: Any) -> None:
     settings.TEAM_MAX_MEMORY = "8Gi"

@@ -112,6 +112,8 @@ def test_a_python_model_in_its_teams_pool_may_list_what_the_runtime_env_has_and_
 @pytest.mark.parametrize(("placement", "field", "words"), [
     ({"mode": "shared", "pool": "nope"}, "placement.pool", "GET /api/v1/pools/"),
     ({"mode": "dedicated", "pool": "shared"}, "placement.mode", "for placement mode 'shared'"),
+    # A newcomer's walk: --idle-unload on a dedicated deployment is refused saying how to move it into a pool.
+    ({"mode": "dedicated", "idle_unload_seconds": 300}, "placement.mode", "modelport deploy NAME --shared"),
     ({"mode": "everywhere"}, "placement.mode", "not a valid choice"),
     ({"mode": "shared", "idle_unload_seconds": -1}, "placement.idle_unload_seconds", "greater than or equal"),
 ])

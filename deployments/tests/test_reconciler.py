@@ -122,6 +122,20 @@ def test_a_dead_server_is_restarted_with_an_event_and_no_route_meanwhile(
     assert row.grpc_upstream == fake.servers[1].grpc_target
 
 
+def test_a_server_an_operator_stopped_is_started_again_as_news_not_an_error(
+        alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
+    """A newcomer's walk (issue 31): after `make stop-triton` every deployment got an error event at the next start,
+    as if its Triton had crashed, filling the admin's "Errors in the last 24 hours"."""
+    deployment = serving(alice, fake, clock)
+    fake.servers[0].state = "stopped by an operator"
+    tick(deployment)
+    [told] = Event.objects.filter(deployment=deployment, message__contains="stopped by an operator")
+    assert told.kind == Event.Kind.INFO
+    assert told.message == "Revision 1 stopped serving: fake server 1 was stopped by an operator; starting it again."
+    ticks_until(deployment, ready, clock)
+    assert not Event.objects.filter(deployment=deployment, kind=Event.Kind.ERROR).exists()
+
+
 def test_a_health_check_that_cannot_tell_keeps_the_route_and_says_why_once(
         alice: Person, digits: ModelVersion, fake: FakeRuntime, clock: Clock) -> None:
     deployment = serving(alice, fake, clock)

@@ -91,6 +91,8 @@ class Command(BaseCommand):
                 self.stdout.write(f"stopped Triton pid {triton.pid} ({name}, revision {triton.revision})")
             else:
                 self.stdout.write(f"Triton pid {triton.pid} ({name}, revision {triton.revision})")
+        if options["stop"] and tritons:
+            _note_dedicated_stopped([t.pid for t in tritons])
         stopped = []
         for shared in running_pool_tritons(Path(settings.POOLS_DIR).resolve()):
             if options["stop"]:
@@ -101,6 +103,17 @@ class Command(BaseCommand):
                 self.stdout.write(f"Triton pid {shared.pid} (pool {shared.pool!r})")
         if stopped:
             _forget_pool_servers(stopped)
+
+
+def _note_dedicated_stopped(pids: list[int]) -> None:
+    """Tell each dedicated server's deployment, at the next health check, that an operator stopped it (not a crash),
+    when the database answers; else that check reports it died."""
+    from deployments.runtimes.local.runtime import mark_stopped_by_operator
+
+    try:
+        mark_stopped_by_operator(pids)
+    except (DatabaseError, OSError):
+        pass
 
 
 def _forget_pool_servers(pids: list[int]) -> None:

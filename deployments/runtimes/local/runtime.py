@@ -174,6 +174,27 @@ def running_servers(deployment: Deployment) -> list[TritonServer]:
     )
 
 
+# `make stop-triton` (the local_tritons command) leaves this beside a stopped server's log, so that the next health
+# check tells the deployment it was stopped on purpose instead of reporting a crash.
+_OPERATOR_STOP = ".stopped-by-operator"
+
+
+def mark_stopped_by_operator(pids: Sequence[int]) -> None:
+    """Note that the dedicated Tritons at `pids` were stopped by hand; their rows stay as they were (the portal may
+    be stopped, and the next health check starts them again)."""
+    for log_path in TritonServer.objects.filter(pid__in=list(pids)).exclude(
+            state=TritonServer.State.STOPPED).values_list("log_path", flat=True):
+        Path(log_path + _OPERATOR_STOP).touch()
+
+
+def _stopped_by_operator(server: TritonServer) -> bool:
+    marker = Path(server.log_path + _OPERATOR_STOP)
+    if not marker.exists():
+        return False
+    marker.unlink(missing_ok=True)
+    return not local_triton.is_alive(server.pid)
+
+
 class LocalRuntime:
     """One tritonserver process per revision on this machine; a rollout starts the new one beside the old. A
     revision placed in a pool is the pool launcher's (local/pool.py, LocalPoolRuntime; runtimes/placed.py)."""
@@ -236,6 +257,10 @@ class LocalRuntime:
         if local_triton.is_alive(server.pid) and not killed:
             _measure(server)
             return Health(True)
+        if _stopped_by_operator(server):
+            _stop(server)
+            return Health(False, f"its Triton (pid {server.pid}) was stopped by an operator (make stop-triton)",
+                          expected=True)
         report = _death_report(server)
         _stop(server)
         if killed:
