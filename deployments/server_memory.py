@@ -131,6 +131,8 @@ def words(spec: RevisionSpec, now: str | None = None, name: str = "NAME") -> str
 
 
 def _size(value: int) -> str:
+    if value < 2**10:
+        return f"{value} bytes"  # a 97-byte ONNX file is not "0 KiB"
     if value < 2**20:
         return f"{value / 2**10:.0f} KiB"
     return f"{value / 2**20:.0f} MiB"

@@ -734,7 +734,7 @@ def bad_files(folder: Path) -> list[tuple[str, Path, str]]:
     return [
         ("text", text, "named 'model.onnx' but it is text, not a model (it starts with 'hello, not a model')"),
         ("cut", cut, f"an ONNX file cut off after {len(whole) // 2:,} bytes"),
-        ("noise", noise, "named 'model.onnx' but it is 3.0 MB of bytes with no header of a format the portal reads"),
+        ("noise", noise, "named 'model.onnx' but it is 3.0 MB with no header of a format the portal reads"),
         ("data", data, "a zip archive with no model in it: no model.py (a Triton python model)"),
     ]
 

@@ -37,7 +37,7 @@ BAD_FILES = [
     pytest.param(TEXT, "model.onnx", "named 'model.onnx' but it is text, not a model (it starts with 'I am the "
                                      "model, trust me')", id="text-named-onnx"),
     pytest.param(CUT_ONNX, "model.onnx", "an ONNX file cut off after 60 bytes (its last field needs", id="cut-onnx"),
-    pytest.param(os.urandom(256 * 1024), "model.bin", "named 'model.bin' but it is 256.0 KB of bytes with no header "
+    pytest.param(os.urandom(256 * 1024), "model.bin", "named 'model.bin' but it is 256.0 KB with no header "
                                                       "of a format the portal reads", id="random"),
     pytest.param(README_AND_CSV, "model.zip", "a zip archive with no model in it: no model.py (a Triton python "
                                               "model), saved_model.pb (a TensorFlow SavedModel), data.pkl (a "
@@ -145,7 +145,7 @@ def test_fifty_megabytes_of_random_bytes_are_read_only_at_the_start(tmp_path: Pa
         out.truncate(50 * 1024 * 1024)  # sparse: the rest is never read
 
     assert describe_unrecognised(path, "weights.onnx") == (
-        "named 'weights.onnx' but it is 50.0 MB of bytes with no header of a format the portal reads (not an ONNX "
+        "named 'weights.onnx' but it is 50.0 MB with no header of a format the portal reads (not an ONNX "
         "ModelProto, a TensorRT plan, a zip or a tar archive)")
 
 

@@ -58,7 +58,7 @@ def describe_unrecognised(path: Path, filename: str = "", limits: archives.Archi
     if head.startswith(_PICKLE):
         return _but(named, "a Python pickle (torch.save of a module?): push TorchScript (torch.jit.save) or ONNX "
                            "instead")
-    return _but(named, f"{_size(size)} of bytes with no header of a format the portal reads (not an ONNX "
+    return _but(named, f"{_size(size)} with no header of a format the portal reads (not an ONNX "
                        "ModelProto, a TensorRT plan, a zip or a tar archive)")
 
 
