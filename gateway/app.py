@@ -29,10 +29,11 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
 from accounts.tokens import parse_bearer
-from gateway import admission, answer_params, bodies, json_body, not_found, pool_names, protocol, stats, upstream
+from gateway import admission, answer_params, bodies, not_found, pool_names, protocol, stats, upstream
 from gateway import contract as contracts
 from gateway.access import Access, Caller, Choice, Route
 from gateway.cold_start import ColdStarts
+from gateway.fastpath import json_body
 from gateway.protocol import Endpoint, Refusal
 from gateway.ratelimit import RateLimiter
 from gateway.upstream import ResponseTooLarge, UpstreamError
@@ -275,7 +276,7 @@ class Gateway:
             if endpoint.kind == "infer":
                 body, length, transcoded, requested = await self._infer_body(receive, headers, declared, pool_prefix)
             if transcoded is not None:
-                # A JSON request sent on as the binary tensor extension (gateway/json_body.py).
+                # A JSON request sent on as the binary tensor extension (gateway/fastpath/json_body.py).
                 forward = [(k, v) for k, v in forward if k not in _TRANSCODED_HEADERS]
                 forward += [(b"content-type", b"application/octet-stream"),
                             (b"inference-header-content-length", b"%d" % transcoded)]
@@ -445,7 +446,7 @@ class Gateway:
     def _check_pool_json(self, pool_prefix: str, json_bytes: int) -> None:
         """A shared pool's Triton parses the JSON it is sent into its own DOM (about 16 bytes per number, for all of
         the pool's teams): only a little reaches it. FP32 and integer data was sent on as binary already
-        (gateway/json_body.py); what stays text is bounded here."""
+        (gateway/fastpath/json_body.py); what stays text is bounded here."""
         if pool_prefix and json_bytes > self.max_pool_json:
             raise GatewayError(413, f"The request sends {json_bytes} bytes of JSON for Triton to parse; a deployment "
                                     f"in a shared pool takes at most {self.max_pool_json} "
