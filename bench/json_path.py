@@ -1,7 +1,7 @@
 """The gateway's CPU per KServe v2 JSON request on its body check, before and after the JSON fast path: the CNN
 sample's request (1x3x64x64 FP32 written out by json.dumps, about 253 KB, what bench/serving sends as
 e-gateway-json) through the old check (json.loads and gateway/protocol.py), the fast check alone, and the fast
-check with the transcoding to the binary tensor extension (gateway/json_body.py). CPU time (process_time) per
+check with the transcoding to the binary tensor extension (gateway/fastpath/json_body.py). CPU time (process_time) per
 request, the median of --repeat runs of --requests each, all in one process so that the ratios share the load.
 
     .venv/bin/python bench/json_path.py                 # ~20 s
@@ -24,7 +24,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gateway import json_body, protocol  # noqa: E402
+from gateway import protocol  # noqa: E402
+from gateway.fastpath import json_body  # noqa: E402
 
 MAX_TENSOR = 256 * 1024**2
 

@@ -29,10 +29,11 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
 from accounts.tokens import parse_bearer
-from gateway import admission, answer_params, bodies, json_body, not_found, pool_names, protocol, stats, upstream
+from gateway import admission, answer_params, bodies, not_found, pool_names, protocol, stats, upstream
 from gateway import contract as contracts
 from gateway.access import Access, Caller, Choice, Route
 from gateway.cold_start import ColdStarts
+from gateway.fastpath import json_body, reference
 from gateway.protocol import Endpoint, Refusal
 from gateway.ratelimit import RateLimiter
 from gateway.upstream import ResponseTooLarge, UpstreamError
@@ -80,7 +81,11 @@ class Gateway:
         self.max_response = settings.GATEWAY_MAX_RESPONSE_BYTES
         self.max_tensor = settings.GATEWAY_MAX_TENSOR_BYTES
         self.max_depth = settings.GATEWAY_MAX_JSON_DEPTH
-        self.transcode = settings.GATEWAY_TRANSCODE_JSON
+        # The JSON fast path (gateway/fastpath/), or with GATEWAY_JSON_FAST_PATH off its plain reference: json.loads,
+        # nothing transcoded, no header kept.
+        self.fast_path = settings.GATEWAY_JSON_FAST_PATH
+        self.check_json = json_body.check_json if self.fast_path else reference.check_json
+        self.transcode = settings.GATEWAY_TRANSCODE_JSON and self.fast_path
         # What a body may cost (gateway/bodies.py, docs/security.md "What a request body costs").
         self.max_json = min(settings.GATEWAY_MAX_JSON_BYTES, self.max_body)
         self.max_pool_json = settings.GATEWAY_MAX_POOL_JSON_BYTES
@@ -275,7 +280,7 @@ class Gateway:
             if endpoint.kind == "infer":
                 body, length, transcoded, requested = await self._infer_body(receive, headers, declared, pool_prefix)
             if transcoded is not None:
-                # A JSON request sent on as the binary tensor extension (gateway/json_body.py).
+                # A JSON request sent on as the binary tensor extension (gateway/fastpath/json_body.py).
                 forward = [(k, v) for k, v in forward if k not in _TRANSCODED_HEADERS]
                 forward += [(b"content-type", b"application/octet-stream"),
                             (b"inference-header-content-length", b"%d" % transcoded)]
@@ -445,7 +450,7 @@ class Gateway:
     def _check_pool_json(self, pool_prefix: str, json_bytes: int) -> None:
         """A shared pool's Triton parses the JSON it is sent into its own DOM (about 16 bytes per number, for all of
         the pool's teams): only a little reaches it. FP32 and integer data was sent on as binary already
-        (gateway/json_body.py); what stays text is bounded here."""
+        (gateway/fastpath/json_body.py); what stays text is bounded here."""
         if pool_prefix and json_bytes > self.max_pool_json:
             raise GatewayError(413, f"The request sends {json_bytes} bytes of JSON for Triton to parse; a deployment "
                                     f"in a shared pool takes at most {self.max_pool_json} "
@@ -465,15 +470,15 @@ class Gateway:
         elif total == 0:
             raise GatewayError(400, "The request body is empty: send a KServe v2 inference request (JSON).")
         binary = total - header_length if header_length is not None else None
-        if binary is not None and len(json_part) <= json_body.CACHED_HEADER_BYTES:
+        if binary is not None and len(json_part) <= json_body.CACHED_HEADER_BYTES and self.fast_path:
             return self.header_checks.check(json_part, binary)  # a binary request's header, as a client sends it again
         arguments = (json_part, binary, self.max_depth, self.max_tensor, self.transcode)
         if len(json_part) > bodies.INLINE_JSON_BYTES:
             # Large JSON: checked in the gateway's parser processes (simdjson holds the GIL while it parses, for
             # seconds on a large body), GATEWAY_JSON_PARSE_BYTES_IN_FLIGHT at a time, so that their memory is bounded.
             async with self.parse_budget.hold(len(json_part)):
-                return await self.parsers.run(json_body.check_json, *arguments)
-        return json_body.check_json(*arguments)
+                return await self.parsers.run(self.check_json, *arguments)
+        return self.check_json(*arguments)
 
 
 def _checked(status: int, headers: list[tuple[bytes, bytes]], payload: bytes, contract: contracts.Contract | None,

@@ -523,8 +523,11 @@ GATEWAY_MAX_TENSOR_BYTES = env_int("GATEWAY_MAX_TENSOR_BYTES", 256 * 1024**2, mi
 # Deeper JSON is refused before it reaches Triton, whose parser overflows its stack on ~300,000 levels.
 GATEWAY_MAX_JSON_DEPTH = env_int("GATEWAY_MAX_JSON_DEPTH", 64, minimum=4)
 # JSON requests' FP32/FP64 tensors go to Triton in the binary tensor extension, which it reads without parsing text
-# (gateway/json_body.py; same answers); false: the JSON is forwarded as sent.
+# (gateway/fastpath/json_body.py; same answers); false: the JSON is forwarded as sent.
 GATEWAY_TRANSCODE_JSON = env_bool("GATEWAY_TRANSCODE_JSON", True)
+# The JSON fast path (gateway/fastpath/: numpy depth check, simdjson, transcoding); false: its plain reference
+# (gateway/fastpath/reference.py: a regex depth check, json.loads, JSON forwarded as sent), same answers, more CPU.
+GATEWAY_JSON_FAST_PATH = env_bool("GATEWAY_JSON_FAST_PATH", True)
 # What an inference request's body may cost the web process (gateway/bodies.py, docs/security.md "What a request
 # body costs"). JSON (a JSON body after inflating, or a binary request's JSON header) past this many bytes is refused
 # with 413 pointing at the binary tensor extension: parsing JSON takes about 14 bytes of memory per byte of it.

@@ -1,8 +1,8 @@
 """Issue 23's proof that the JSON fast path changes no answer: every request of the nasty corpus that the gateway lets
 through, the samples' requests, and a request per datatype (BYTES, BOOL, the INT and UINT types, FP16, BF16, FP32,
 FP64, with hostile numbers) and requests mixing JSON and binary tensors, sent once through the gateway (transcoding
-on, gateway/json_body.py) and once straight to the same Triton. Same status, same Content-Type, and the same JSON:
-the same keys in the same order, numbers that parse to the same values, binary parts byte for byte.
+on, gateway/fastpath/json_body.py) and once straight to the same Triton. Same status, same Content-Type, and the same
+JSON: the same keys in the same order, numbers that parse to the same values, binary parts byte for byte.
 
 One real Triton (the runtime env's), started once for the module with the digits and CNN samples rendered as the
 portal renders them and an echo model that returns each input it gets; the gateway is the real ASGI app in this
@@ -366,7 +366,7 @@ def test_answers_through_the_gateway_are_those_triton_gives_directly(
 
 
 def test_the_corpus_covers_every_datatype_and_the_transcoded_ones_are_transcoded() -> None:
-    from gateway.json_body import TRANSCODED, check_json
+    from gateway.fastpath.json_body import TRANSCODED, check_json
 
     corpus = cases()
     sent = {t["datatype"] for _, _, body, h in corpus if not h
@@ -378,7 +378,7 @@ def test_the_corpus_covers_every_datatype_and_the_transcoded_ones_are_transcoded
             if not headers and check_json(body, None, 64, 1 << 30, transcode=True).body is not None:
                 transcoded.append(name)
     # The fast path was taken where it may be (so the comparison above covers it), and not where Triton's reading of
-    # the text could differ from the correctly rounded one (gateway/json_body.py, NEAR_ULPS).
+    # the text could differ from the correctly rounded one (gateway/fastpath/json_body.py, NEAR_ULPS).
     assert {"echo: FP32 random over 60 decades", "resnet: two images, 4-D nested", "digits: the held-out rows",
             "echo: FP32 nested 2x3", "nasty: numbers too big for FP32"} <= set(transcoded)
     assert not {"echo: FP32 a hair above rounding ties, in 60 digits", "echo: FP64 hard numbers",

@@ -18,7 +18,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from gateway import bodies
-from gateway.json_body import check_json
+from gateway.fastpath.json_body import check_json
 from gateway.protocol import Refusal
 from gateway.tests.fake_upstream import FakeUpstream
 from gateway.tests.infer_bodies import OK, j

@@ -1,5 +1,6 @@
-"""The passed checks of binary requests' JSON headers, kept by their bytes (gateway/json_body.py's HeaderChecks):
-the same header is checked once, anything else (another binary length, another byte, a refusal) as before."""
+"""The passed checks of binary requests' JSON headers, kept by their bytes (gateway/fastpath/json_body.py's
+HeaderChecks): the same header is checked once, anything else (another binary length, another byte, a refusal) as
+before."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway import json_body
-from gateway.json_body import CACHED_HEADER_BYTES, Checked, HeaderChecks
+from gateway.fastpath import json_body
+from gateway.fastpath.json_body import CACHED_HEADER_BYTES, Checked, HeaderChecks
 from gateway.protocol import Refusal
 from gateway.tests.fake_upstream import FakeUpstream
 from gateway.tests.infer_bodies import j

@@ -18,24 +18,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway.json_body import check_json
-from gateway.protocol import (
-    _DEPTH_STEP,
+from gateway.fastpath import reference
+from gateway.fastpath.depth import (
     _FIND_OPENERS_MAX,
-    _JSON_STRING,
     _MAX_BRACKET_POSITIONS,
     _MAX_QUOTE_POSITIONS,
-    _NOT_BRACKETS,
-    Refusal,
     _depth_steps,
     _few_openers,
     _openers,
     _without_escapes,
-    check_infer_request,
-    client_error,
     json_too_deep,
-    parse_json_header,
 )
+from gateway.fastpath.json_body import check_json
+from gateway.protocol import Refusal, check_infer_request, client_error, parse_json_header
 from gateway.tests.fake_upstream import FakeUpstream, Request, echo, json_response
 from gateway.tests.infer_bodies import BINARY_HOSTILE, HOSTILE, OK, j, with_input
 from tests.processes import until
@@ -189,11 +184,6 @@ def test_the_bounded_bracket_count_decides_as_the_full_count_does() -> None:
                 assert _few_openers(data, limit) == (count <= limit), (limit, count)
 
 
-def _steps_by_regex(data: bytes) -> bytes:
-    """The brackets' +1 / -1 outside strings as the general path finds them: strings blanked, the rest dropped."""
-    return _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS).translate(_DEPTH_STEP)
-
-
 def test_a_body_with_no_backslash_gets_the_depth_steps_the_regex_gives() -> None:
     # Nested tensor data ([[[...]]], as tolist() writes it) has more brackets than the limit, so the depth check
     # walks them: without a backslash every quote opens or closes a string, and numpy finds the same steps.
@@ -202,9 +192,9 @@ def test_a_body_with_no_backslash_gets_the_depth_steps_the_regex_gives() -> None
         for size in (4096, 5000, 16000, 40000):  # the larger ones past the bracket positions' bound
             for _ in range(30):
                 data = bytes(rng.choices(alphabet, k=size))
-                assert _depth_steps(data).tobytes() == _steps_by_regex(data), data[:200]
+                assert _depth_steps(data).tobytes() == reference.depth_steps(data), data[:200]
                 for limit in (0, 3, 64):
-                    assert json_too_deep(data, limit) == _too_deep_by_regex(data, limit)
+                    assert json_too_deep(data, limit) == reference.too_deep(data, limit)
     nested = json.dumps({"inputs": [{"name": "x[", "shape": [1, 3, 64, 64], "datatype": "FP32",
                                      "data": np.zeros((1, 3, 64, 64)).tolist()}]}).encode()
     assert not json_too_deep(nested, 64) and json_too_deep(nested, 4)
@@ -213,13 +203,13 @@ def test_a_body_with_no_backslash_gets_the_depth_steps_the_regex_gives() -> None
     crowded = b"y" * (_MAX_BRACKET_POSITIONS + 1)
     for data in (b"[" * 65 + crowded + b"]" * 65, b"[" * 64 + crowded + b"]" * 64,
                  b'"[' * (_MAX_BRACKET_POSITIONS + 1) + b"[" * 65 + b'"' + b"]" * 65):
-        assert _depth_steps(data).tobytes() == _steps_by_regex(data)
-        assert json_too_deep(data, 64) == _too_deep_by_regex(data, 64)
+        assert _depth_steps(data).tobytes() == reference.depth_steps(data)
+        assert json_too_deep(data, 64) == reference.too_deep(data, 64)
     for quotes in (_MAX_QUOTE_POSITIONS, _MAX_QUOTE_POSITIONS + 1, _MAX_QUOTE_POSITIONS + 2):
         strings = b'"a' * quotes + b"[" * 65 + b'"' + b"]" * 65
         for data in (strings, b"[" * 65 + strings + b"]" * 65, b"[" * 64 + b'""' * quotes + b"]" * 64):
-            assert _depth_steps(data).tobytes() == _steps_by_regex(data)
-            assert json_too_deep(data, 64) == _too_deep_by_regex(data, 64)
+            assert _depth_steps(data).tobytes() == reference.depth_steps(data)
+            assert json_too_deep(data, 64) == reference.too_deep(data, 64)
 
 
 def _random_json(rng: random.Random, depth: int) -> Any:
@@ -241,8 +231,8 @@ def test_json_with_escapes_gets_the_depth_the_regex_gives() -> None:
         depth = rng.randint(55, 75)
         document = json.dumps(_random_json(rng, depth)).encode()
         for data in (document + b" " * 4096, b" " * 4096 + document):
-            assert json_too_deep(data, 64) == _too_deep_by_regex(data, 64) == (depth > 64), depth
-            assert _depth_steps(_without_escapes(data)).tobytes() == _steps_by_regex(data)
+            assert json_too_deep(data, 64) == reference.too_deep(data, 64) == (depth > 64), depth
+            assert _depth_steps(_without_escapes(data)).tobytes() == reference.depth_steps(data)
 
 
 def test_a_body_in_utf16_or_utf32_is_not_read_past_the_depth_check() -> None:
@@ -268,11 +258,6 @@ def test_the_depth_check_is_cheap_on_millions_of_strings() -> None:
                  b'"[' * 2_000_000, b'"\\' * 2_000_000 + b"[" * 100):
         json_too_deep(body, 64)
     assert time.process_time() - started < 1.0
-
-
-def _too_deep_by_regex(data: bytes, limit: int) -> bool:
-    depth = np.cumsum(np.frombuffer(_steps_by_regex(data), dtype=np.int8), dtype=np.int64)
-    return bool(len(depth)) and bool(depth.max() > limit or depth.min() < 0 or depth[-1] != 0)
 
 
 def test_the_binary_sizes_must_add_up_and_match_each_shape() -> None:

@@ -1,6 +1,7 @@
-"""The JSON fast path (gateway/json_body.py): the checks and messages of gateway/protocol.py on simdjson's tape, and
-FP32 tensors sent on in the binary tensor extension with the values Triton would have read from the text (on a real
-Triton: tests/test_json_answer_identity.py)."""
+"""The JSON fast path (gateway/fastpath/json_body.py): the checks and messages of gateway/protocol.py on simdjson's
+tape (the same as its plain reference's, gateway/fastpath/reference.py), and FP32 tensors sent on in the binary
+tensor extension with the values Triton would have read from the text (on a real Triton:
+tests/test_json_answer_identity.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway import json_body
-from gateway.json_body import Checked, check_json
-from gateway.protocol import Refusal, check_infer_request, parse_json_header
+from gateway.fastpath import json_body, reference
+from gateway.fastpath.json_body import Checked, check_json
+from gateway.protocol import Refusal
 from gateway.tests.fake_upstream import FakeUpstream
 from gateway.tests.infer_bodies import HOSTILE, OK, j
 from tests.support.gateway_calls import call, make_deployment, run
@@ -32,8 +33,9 @@ def split(checked: Checked) -> tuple[dict[str, Any], bytes]:
 
 
 def old_refusal(body: bytes) -> tuple[int, str]:
+    """The refusal of the plain path (gateway/fastpath/reference.py: json.loads, nothing transcoded)."""
     with pytest.raises(Refusal) as raised:
-        check_infer_request(parse_json_header(body, 64), None, LIMIT)
+        reference.check_json(body, None, 64, LIMIT)
     return raised.value.status, raised.value.message
 
 
@@ -182,8 +184,7 @@ def test_fp32_values_written_out_are_never_near_a_boundary() -> None:
 ])
 def test_what_only_triton_or_pythons_json_can_judge_goes_on_as_sent(body: bytes) -> None:
     try:
-        check_infer_request(parse_json_header(body, 64), None, LIMIT)
-        expected: Any = ("passes", None)
+        expected: Any = ("passes", None) if reference.check_json(body, None, 64, LIMIT) == Checked() else "outputs"
     except Refusal as exc:
         expected = (exc.status, exc.message)
     try:

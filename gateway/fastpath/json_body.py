@@ -35,6 +35,7 @@ import simdjson
 
 from gateway import protocol
 from gateway.contract import requested_outputs
+from gateway.fastpath.depth import json_too_deep
 from gateway.protocol import Refusal, UnparsedData
 
 # The datatypes whose JSON numbers are sent as binary (little-endian in the binary extension). FP64 stays JSON: it
@@ -86,7 +87,7 @@ def check_json(data: bytes, binary_length: int | None, max_depth: int, max_tenso
                transcode: bool) -> Checked:
     """Check the JSON part of an inference request (gateway/protocol.py's checks and messages); `binary_length`
     is the length of the binary part after it (None: a JSON-only request, which may be transcoded)."""
-    if protocol.json_too_deep(data, max_depth):
+    if json_too_deep(data, max_depth):
         raise Refusal(400, f"The request JSON nests deeper than {max_depth} levels (or its brackets do not match).")
     try:
         document = None if data.startswith(_BOM) else _parse(data)
