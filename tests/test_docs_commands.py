@@ -67,6 +67,9 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/benchmarks.md",
      ".venv/bin/python -m bench.serving.run --peers-only --workloads 2 --no-plots   # 485 s here"):
         "a benchmark of minutes with the peers' environments (make bench creates them)",
+    ("docs/benchmarks.md", ".venv/bin/python bench/shared_pool.py --models 10 --dedicated 10 --hot 3 --duration 8 "
+                           "--output OUT.json"):
+        "a benchmark of minutes, the serving one with the bench env (make bench creates it), run before and after",
     ("docs/benchmarks.md", ".venv/bin/python bench/json_path.py --nested        # ~20 s"):
         "a benchmark: its figures are CPU times of this machine, not a result to check",
     ("docs/benchmarks.md", ".venv/bin/python bench/json_path.py          # ~20 s: the CNN request through the old "
