@@ -24,6 +24,9 @@ OUTPUTS = b'"outputs":['
 # A parameter's value is a scalar (bool, number, string); a string holding "}" ends the first try early: a few more
 # closing braces are tried before the object is left as it came.
 _TRIES = 8
+# A model's python backend may set its own response parameters: at most this much of them is parsed (on the event
+# loop every team's requests share); a larger object is passed on as it came.
+MAX_OBJECT_BYTES = 64 * 1024
 
 
 def without_repeated_keys(payload: bytes, header_length: int | None) -> tuple[bytes, int | None] | None:
@@ -67,6 +70,7 @@ def _object_at(payload: bytes, opening: int, end: int) -> tuple[list[tuple[str, 
     """The flat object that opens at `opening`, as its (key, value) pairs in order, and the offset just past it; None
     where it is not one (a nested object, a string value holding many braces, bytes that are no JSON)."""
     closing = opening
+    end = min(end, opening + MAX_OBJECT_BYTES)
     for _ in range(_TRIES):
         closing = payload.find(b"}", closing + 1, end)
         if closing < 0:
