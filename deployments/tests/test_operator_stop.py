@@ -50,3 +50,13 @@ def test_the_mark_names_only_the_servers_it_stopped(alice: Person, digits: Model
     _serving(tmp_path)
     local_runtime.mark_stopped_by_operator([GONE_PID + 1])
     assert not list(tmp_path.glob("*.stopped-by-operator"))
+
+
+def test_a_mark_for_an_earlier_server_of_the_same_log_is_no_excuse(alice: Person, digits: ModelVersion,
+                                                                   tmp_path: Path) -> None:
+    """The revision's Triton started again writes the same log: if it dies, it died."""
+    create(alice)
+    deployment, _, launch = _serving(tmp_path)
+    (tmp_path / "triton.log.stopped-by-operator").write_text(str(GONE_PID - 1))
+    health = local_runtime.LocalRuntime().check(deployment, launch)
+    assert not health.expected and health.message == f"the Triton process (pid {GONE_PID}) died"

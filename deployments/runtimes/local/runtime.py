@@ -182,17 +182,21 @@ _OPERATOR_STOP = ".stopped-by-operator"
 def mark_stopped_by_operator(pids: Sequence[int]) -> None:
     """Note that the dedicated Tritons at `pids` were stopped by hand; their rows stay as they were (the portal may
     be stopped, and the next health check starts them again)."""
-    for log_path in TritonServer.objects.filter(pid__in=list(pids)).exclude(
-            state=TritonServer.State.STOPPED).values_list("log_path", flat=True):
-        Path(log_path + _OPERATOR_STOP).touch()
+    for log_path, pid in TritonServer.objects.filter(pid__in=list(pids)).exclude(
+            state=TritonServer.State.STOPPED).values_list("log_path", "pid"):
+        Path(log_path + _OPERATOR_STOP).write_text(str(pid))
 
 
 def _stopped_by_operator(server: TritonServer) -> bool:
+    """Whether `server` is the one an operator stopped: the mark names its pid, so that a later server writing the
+    same log (its revision started again) is not taken for it when it dies."""
     marker = Path(server.log_path + _OPERATOR_STOP)
-    if not marker.exists():
+    try:
+        stopped = marker.read_text()
+    except OSError:
         return False
     marker.unlink(missing_ok=True)
-    return not local_triton.is_alive(server.pid)
+    return stopped == str(server.pid) and not local_triton.is_alive(server.pid)
 
 
 class LocalRuntime:
