@@ -46,6 +46,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from gateway.fastpath.body_pieces import BodyPieces
 from infra.open_files import connection_cap, raise_open_files_limit
 
 
@@ -57,6 +58,9 @@ class Limits:
     total: int
     linger_seconds: float = 10.0
     drain_bytes: int = 64 * 1024**2
+    # Not a limit: whether a body is kept as its pieces (gateway/fastpath/body_pieces.py) or in uvicorn's own
+    # bytearray, the fast path's switch (GATEWAY_JSON_FAST_PATH) for an operator bisecting a problem.
+    body_pieces: bool = True
 
 
 @dataclass
@@ -83,7 +87,8 @@ def limits_from_settings() -> Limits:
     return Limits(header_timeout=settings.WEB_HEADER_TIMEOUT_SECONDS, body_timeout=settings.WEB_BODY_TIMEOUT_SECONDS,
                   per_client=settings.WEB_MAX_CONNECTIONS_PER_CLIENT,
                   total=connection_cap(settings.WEB_MAX_CONNECTIONS, raise_open_files_limit()),
-                  linger_seconds=settings.WEB_LINGER_SECONDS, drain_bytes=settings.WEB_DRAIN_BYTES)
+                  linger_seconds=settings.WEB_LINGER_SECONDS, drain_bytes=settings.WEB_DRAIN_BYTES,
+                  body_pieces=settings.GATEWAY_JSON_FAST_PATH)
 
 
 def address_key(client: tuple[str, int] | None) -> str | None:
@@ -117,6 +122,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             shared = _shared[server_state] = _Shared(limits_from_settings())
         self.shared = shared
         self.limits = shared.limits
+        self.body_pieces = shared.limits.body_pieces
         self.address: str | None = None
         self.counted = False
         self.awaiting_head = True  # between a request's end (or the connection's start) and the next one's headers
@@ -277,9 +283,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if self.drained > self.limits.drain_bytes:
                 self._linger()
                 return
-        if cycle is not None and type(cycle.body) is not _BodyPieces:
-            # uvicorn's empty bytearray, new with each receive(): what it does with it, _BodyPieces does too.
-            cycle.body = _BodyPieces(cycle.body)  # type: ignore[assignment]
+        if cycle is not None and self.body_pieces and type(cycle.body) is not BodyPieces:
+            # uvicorn's empty bytearray, new with each receive(): what it does with it, BodyPieces does too.
+            cycle.body = BodyPieces(cycle.body)  # type: ignore[assignment]
         super().on_body(body)
 
     def on_message_complete(self) -> None:
@@ -361,49 +367,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         cycle.disconnected = True
         cycle.message_event.set()
         self.transport.close()
-
-
-class _BodyPieces:
-    """What uvicorn's cycle keeps of a request's body until the application's next receive(), in place of its
-    bytearray: uvicorn appends each piece the parser hands over to a bytearray (`+=`, a copy) and gives the
-    application `bytes()` of it (a second copy), which for the CNN sample's 253 KB JSON request (one read, one
-    piece) were two copies of the whole body per request. Here the pieces are kept as they came, and one piece is
-    handed over as it is; several are joined once. The same `+=`, `len()` and `bytes()` that uvicorn uses.
-
-    Past MAX_PIECES they go into one bytearray, as uvicorn keeps them, and every later piece is appended there: a
-    client that trickles its body a few bytes per read (chunked encoding of one byte a chunk, say) would otherwise
-    cost a bytes object (about 40 bytes) per piece up to uvicorn's 64 KB mark, 2.7 MB per connection, or a join of
-    everything so far every few pieces; past the mark it costs what uvicorn's own buffer costs."""
-
-    MAX_PIECES = 64
-    __slots__ = ("buffer", "pieces", "size")
-
-    def __init__(self, before: bytes | bytearray = b"") -> None:
-        self.pieces: list[bytes] = [bytes(before)] if before else []
-        self.buffer: bytearray | None = None
-        self.size = len(before)
-
-    def __iadd__(self, piece: bytes) -> _BodyPieces:
-        self.size += len(piece)
-        if self.buffer is not None:
-            self.buffer += piece
-            return self
-        self.pieces.append(piece)
-        if len(self.pieces) > self.MAX_PIECES:
-            self.buffer = bytearray().join(self.pieces)
-            self.pieces = []
-        return self
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __bytes__(self) -> bytes:
-        if self.buffer is not None:
-            return bytes(self.buffer)
-        pieces = self.pieces
-        if len(pieces) == 1 and type(pieces[0]) is bytes:
-            return pieces[0]
-        return b"".join(pieces)
 
 
 def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:

@@ -12,7 +12,8 @@ from typing import Any
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from portal.web_server import GuardedHttpToolsProtocol, _BodyPieces
+from gateway.fastpath.body_pieces import BodyPieces
+from portal.web_server import GuardedHttpToolsProtocol
 
 Message = MutableMapping[str, Any]
 App = Callable[[Message, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
@@ -210,6 +211,18 @@ def test_a_body_that_arrives_in_one_piece_reaches_the_application_as_those_bytes
     assert bodies == [BODY] and type(bodies[0]) is bytes
 
 
+def test_with_the_fast_path_off_uvicorns_own_buffer_gives_the_application_the_same_bodies(settings: Any) -> None:
+    """GATEWAY_JSON_FAST_PATH=false (an operator bisecting) leaves uvicorn's bytearray in place: the reference."""
+    cases = [[POST + BODY], [POST] + [BODY[at:at + 7000] for at in range(0, len(BODY), 7000)],
+             [POST] + [BODY[at:at + 1] for at in range(0, 3000)] + [BODY[3000:]]]
+    for yield_between in (False, True):
+        fast = [_bodies(pieces, yield_between) for pieces in cases]
+        settings.GATEWAY_JSON_FAST_PATH = False
+        plain = [_bodies(pieces, yield_between) for pieces in cases]
+        settings.GATEWAY_JSON_FAST_PATH = True
+        assert [[bytes(body) for body in bodies] for bodies in plain] == fast
+
+
 def test_a_body_in_many_pieces_reaches_the_application_whole_and_in_order_as_bytes() -> None:
     pieces = [POST] + [BODY[at:at + 7000] for at in range(0, len(BODY), 7000)]
     for yield_between in (False, True):  # every piece before the first receive(), or a receive() after each
@@ -220,10 +233,10 @@ def test_a_body_in_many_pieces_reaches_the_application_whole_and_in_order_as_byt
 
 def test_a_body_trickled_a_byte_per_read_is_kept_in_a_bounded_number_of_pieces() -> None:
     """A hostile client's one-byte reads must not cost a Python object each while the application is not reading."""
-    kept = _BodyPieces()
+    kept = BodyPieces()
     for byte in BODY[:5000]:
         kept += bytes([byte])
-        assert len(kept.pieces) <= _BodyPieces.MAX_PIECES
+        assert len(kept.pieces) <= BodyPieces.MAX_PIECES
     assert kept.buffer is not None and not kept.pieces  # one buffer from then on, as uvicorn's, no join per piece
     assert len(kept) == 5000 and bytes(kept) == BODY[:5000]
     pieces = [POST] + [BODY[at:at + 1] for at in range(0, 3000)] + [BODY[3000:]]
