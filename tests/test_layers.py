@@ -95,6 +95,9 @@ def test_the_checkout_keeps_its_layers() -> None:
      "tuning.runner -> deployments.runtimes.local.confined"),
     ("deployments.api", "from deployments.runtimes.kubernetes import config",
      "deployments.api -> deployments.runtimes.kubernetes.config"),
+    # The gateway wakes a pooled revision through the runtime's wake, not the pool's module.
+    ("gateway.cold_start", "from deployments.runtimes.local import pool",
+     "gateway.cold_start -> deployments.runtimes.local.pool"),
 ])
 def test_an_import_up_the_layers_breaks_the_contract(tmp_path: Path, module: str, line: str, broken: str) -> None:
     root = _copy(tmp_path)
@@ -102,6 +105,13 @@ def test_an_import_up_the_layers_breaks_the_contract(tmp_path: Path, module: str
     result = _lint(root)
     assert result.returncode == 1, result.stdout + result.stderr
     assert broken in result.stdout, result.stdout
+
+
+def test_the_runtime_contract_names_who_may_import_a_runtime_and_exempts_no_import() -> None:
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (contract,) = [c for c in contracts if c["id"] == "runtimes-behind-the-registry"]
+    assert contract["type"] == "protected" and "ignore_imports" not in contract
+    assert contract["protected_modules"] == ["deployments.runtimes.local", "deployments.runtimes.kubernetes"]
 
 
 def test_no_two_modules_of_the_checkout_import_each_other() -> None:
