@@ -61,8 +61,11 @@ test: venv runtime-env $(RUNTIME_ENV)/.extra-torch $(RUNTIME_ENV)/.extra-tensorf
 	$(PY) -m pytest
 
 # tests/test_schema_fuzz.py holds fuzz tests only; left out, not collected: schemathesis builds its cases at collection.
+# Bytecode is written even where the environment says not to (PYTHONDONTWRITEBYTECODE, set on this machine): compiling
+# the project and rewriting the tests' asserts again took 6 of the fast suite's seconds of CPU in every run after the
+# first (docs/benchmarks.md, "The fast test suite").
 test-fast: venv
-	$(PY) -m pytest -m "not triton and not worker and not browser and not s3 and not kube and not frameworks and not faults and not fuzz" \
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -m "not triton and not worker and not browser and not s3 and not kube and not frameworks and not faults and not fuzz and not slow" \
 		--ignore=tests/test_schema_fuzz.py
 
 # The API fuzzed against its OpenAPI schema alone, deeper than in `make test`: make fuzz FUZZ_EXAMPLES=500 FUZZ_SEED=$RANDOM

@@ -16,6 +16,16 @@ import pytest
 _running: list[pytest.Item] = []  # a stack: pytester runs a session inside a test
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files tests/slow_files.py names are marked `slow`: `make test-fast` leaves them out."""
+    from tests.slow_files import is_slow
+
+    for item in items:
+        if is_slow(item.nodeid):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
     _running.append(item)

@@ -70,6 +70,9 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/benchmarks.md", ".venv/bin/python bench/shared_pool.py --models 10 --dedicated 10 --hot 3 --duration 8 "
                            "--output OUT.json"):
         "a benchmark of minutes, the serving one with the bench env (make bench creates it), run before and after",
+    ("docs/benchmarks.md", ".venv/bin/python -m bench.serving.run --quick --no-plots --output OUT.json    # in each "
+                           "tree, one after the other"):
+        "the whole serving smoke benchmark, ten minutes with the peers' and bench environments, run before and after",
     ("docs/benchmarks.md", ".venv/bin/python bench/json_path.py --nested        # ~20 s"):
         "a benchmark: its figures are CPU times of this machine, not a result to check",
     ("docs/benchmarks.md", ".venv/bin/python bench/json_path.py          # ~20 s: the CNN request through the old "

@@ -71,3 +71,27 @@ def test_an_unmarked_browser_is_refused_and_the_marked_one_allowed(pytester: pyt
     """)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*test_unmarked drives a real browser but is not marked @pytest.mark.browser*"])
+
+
+def test_the_slow_files_exist_and_the_fast_suite_leaves_them_out() -> None:
+    from pathlib import Path
+
+    from tests.slow_files import SLOW_FILES
+
+    root = Path(__file__).resolve().parent.parent
+    assert list(SLOW_FILES) == sorted(set(SLOW_FILES))
+    assert [name for name in SLOW_FILES if not (root / name).is_file() or not Path(name).name.startswith("test_")] == []
+    makefile = (root / "Makefile").read_text().splitlines()
+    fast = next(line for line in makefile if "-m pytest -m" in line and "fuzz" in line)
+    assert "and not slow" in fast
+
+
+def test_a_listed_files_tests_are_marked_slow_and_no_other(request: pytest.FixtureRequest) -> None:
+    from tests.slow_files import is_slow
+
+    assert is_slow("tests/test_layers.py::test_the_checkout_keeps_its_layers")
+    assert is_slow("web/tests/test_admin.py::test_x[a::b]")
+    assert not is_slow("tests/test_markers.py::test_a_listed_files_tests_are_marked_slow_and_no_other")
+    assert not is_slow("tests/test_layers.py.bak::test_x") and not is_slow("layers.py::test_x")
+    # In this run, whatever it collected: the marker follows the list.
+    assert all((item.get_closest_marker("slow") is not None) == is_slow(item.nodeid) for item in request.session.items)
