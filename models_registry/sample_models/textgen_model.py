@@ -1,0 +1,129 @@
+"""Triton python-backend model `textgen`, the sample text generator: a decoupled model (`model_transaction_policy
+{ decoupled: true }`) that streams the pieces textgen.py generates, one response per piece. Zipped as model.py with
+textgen.py and the weights textgen.npz.
+
+The contract is the one Triton's OpenAI frontend uses for models other than vLLM's: `text_input` (BYTES [-1, 1]),
+optional `max_tokens` (INT32), `temperature` (FP32), `top_p` (FP32), `stream` (BOOL: false sends the whole text as
+one response), `stop` (BYTES [-1, -1], up to 4 strings) and `seed` (INT64); output `text_output` (BYTES [-1, 1]).
+
+All the requests of one execute() (dynamic batching) are generated together, one character for every stream per
+step, their pieces interleaved. Cancellation (the client went away) is checked before each piece is sent.
+The config parameter `piece_interval_ms` (the operator's, not a request's) paces the pieces, for demos and tests
+that need a stream to last.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from textgen import BadRequest, CharModel, Params, Stream, load_counts, make_params, new_stream, step
+
+WEIGHTS_FILE = "textgen.npz"
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _first(request: Any, name: str) -> Any:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return None
+    values = tensor.as_numpy().reshape(-1)
+    if values.size != 1:
+        raise BadRequest(f"{name} takes one value per request, got {values.size}")
+    return values[0]
+
+
+def _text(value: Any, name: str) -> str:
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest(f"{name} must be UTF-8 text") from None
+
+
+def read_request(request: Any) -> tuple[str, Params, bool]:
+    """The prompt, the checked settings and whether to stream; raises BadRequest naming what to fix."""
+    prompt = _first(request, "text_input")
+    if prompt is None:
+        raise BadRequest("text_input is required: the text to continue")
+    stop_tensor = pb_utils.get_input_tensor_by_name(request, "stop")
+    stops = [] if stop_tensor is None else [_text(s, "stop") for s in stop_tensor.as_numpy().reshape(-1)]
+    max_tokens, temperature, top_p, seed, stream = (
+        _first(request, n) for n in ("max_tokens", "temperature", "top_p", "seed", "stream"))
+    params = make_params(
+        max_tokens=None if max_tokens is None else int(max_tokens),
+        temperature=None if temperature is None else float(temperature),
+        top_p=None if top_p is None else float(top_p),
+        stop=[s for s in stops if s],  # an empty stop string would end every stream at once: ignore it
+        seed=None if seed is None else int(seed),
+    )
+    return _text(prompt, "text_input"), params, True if stream is None else bool(stream)
+
+
+def _piece_response(text: str) -> Any:
+    return pb_utils.InferenceResponse([pb_utils.Tensor("text_output", np.array([[text.encode()]], dtype=np.object_))])
+
+
+class _Live:
+    def __init__(self, request: Any, sender: Any, stream: Stream, streaming: bool) -> None:
+        self.request, self.sender, self.stream, self.streaming = request, sender, stream, streaming
+        self.pieces = 0
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, Any]) -> None:
+        self.model = CharModel(load_counts((Path(__file__).resolve().parent / WEIGHTS_FILE).read_bytes()))
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        interval = parameters.get("piece_interval_ms", {}).get("string_value", "0")
+        self.piece_interval = float(interval) / 1000.0
+        self.logger = pb_utils.Logger
+
+    def execute(self, requests: list[Any]) -> None:
+        live: list[_Live] = []
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                prompt, params, streaming = read_request(request)
+            except BadRequest as exc:
+                # The caller's mistake: INVALID_ARG is a 400 naming what to fix.
+                error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+                sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=FINAL)
+                continue
+            live.append(_Live(request, sender, new_stream(prompt, params), streaming))
+        try:
+            self._generate(live)
+        except Exception as exc:
+            # Every sender must end, or its client waits for ever; what went wrong stays in the server's log.
+            self.logger.log_error(f"textgen failed: {exc!r}")
+            for entry in live:
+                if not entry.stream.done:
+                    error = pb_utils.TritonError("the text generator failed", pb_utils.TritonError.INTERNAL)
+                    entry.sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=FINAL)
+        return None
+
+    def _generate(self, live: list[_Live]) -> None:
+        while live:
+            pieces = step(self.model, [entry.stream for entry in live])
+            still: list[_Live] = []
+            for entry, piece in zip(live, pieces, strict=True):
+                if piece is not None:
+                    if entry.request.is_cancelled():
+                        entry.stream.done = True
+                        self.logger.log_info(f"textgen: stream cancelled after {entry.pieces} pieces")
+                        entry.sender.send(flags=FINAL)
+                        continue
+                    if entry.streaming:
+                        entry.sender.send(_piece_response(piece))
+                    entry.pieces += 1
+                if not entry.stream.done:
+                    still.append(entry)
+                elif entry.streaming:
+                    entry.sender.send(flags=FINAL)
+                else:
+                    entry.sender.send(_piece_response(entry.stream.text), flags=FINAL)
+            live = still
+            if self.piece_interval and any(p is not None for p in pieces):
+                time.sleep(self.piece_interval)
