@@ -1,0 +1,186 @@
+"""The sample text generator in a real tritonserver, as a decoupled model: /generate_stream answers Server-Sent
+Events, one per piece, that join to the text the generator makes in-process; several streams are generated in one
+execute(); a client that goes away ends its stream in the model.
+
+The model's config.pbtxt is written here (the portal renders it once a version can be declared decoupled)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import zipfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from deployments.runtimes.local import backends, readiness, serverlog
+from deployments.runtimes.local import triton as lt
+from deployments.tests.local_triton import batch_counts, runtime_env
+from models_registry.sample_models import textgen
+from models_registry.samples import TEXTGEN_OPTIONAL_INPUTS, TEXTGEN_SIGNATURE, build_textgen_zip, train_textgen
+
+PACED_INTERVAL_MS = 20
+
+
+def textgen_config(name: str, piece_interval_ms: int = 0) -> str:
+    config = mc.ModelConfig(name=name, backend="python", max_batch_size=32)
+    for tensor in TEXTGEN_SIGNATURE.inputs:
+        config.input.append(mc.ModelInput(name=tensor.name, data_type=getattr(mc, tensor.triton_type),
+                                          dims=list(tensor.dims[1:]), optional=tensor.name in TEXTGEN_OPTIONAL_INPUTS))
+    for tensor in TEXTGEN_SIGNATURE.outputs:
+        config.output.append(mc.ModelOutput(name=tensor.name, data_type=getattr(mc, tensor.triton_type),
+                                            dims=list(tensor.dims[1:])))
+    config.model_transaction_policy.decoupled = True
+    config.dynamic_batching.max_queue_delay_microseconds = 5_000
+    config.instance_group.append(mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=1))
+    if piece_interval_ms:
+        config.parameters["piece_interval_ms"].string_value = str(piece_interval_ms)
+    return text_format.MessageToString(config)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lt.ServerProcess]:
+    env = runtime_env()
+    workdir = tmp_path_factory.mktemp("textgen")
+    archive = workdir / "textgen.zip"
+    archive.write_bytes(build_textgen_zip())
+    for name, interval in (("textgen", 0), ("textgen_paced", PACED_INTERVAL_MS)):
+        model_dir = workdir / "repo" / name
+        (model_dir / "1").mkdir(parents=True)
+        (model_dir / "config.pbtxt").write_text(textgen_config(name, interval))
+        with zipfile.ZipFile(archive) as zf:
+            zf.extractall(model_dir / "1")
+    backend_dir = backends.build_backend_dir(env, workdir / "var")
+    process = lt.start_server(workdir / "repo", workdir / "var" / "triton.log", env, backend_dir)
+    try:
+        result = readiness.wait_ready(process, ["textgen", "textgen_paced"], timeout=120)
+        assert result.ready, f"{result.message}\n{serverlog.tail_log(process.log_path, 60)}"
+        yield process
+    finally:
+        lt.stop_server(process.pid, grace_seconds=10)
+    assert lt.group_pids(process.pid) == []
+
+
+@pytest.fixture(scope="module")
+def model() -> textgen.CharModel:
+    return textgen.CharModel(textgen.load_counts(train_textgen().weights))
+
+
+def post(server: lt.ServerProcess, path: str, body: dict[str, Any]) -> http.client.HTTPResponse:
+    connection = http.client.HTTPConnection(server.host, server.http_port, timeout=60)
+    connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    return connection.getresponse()
+
+
+def events(response: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
+    """The JSON of each `data:` line of a Server-Sent Events answer, as it arrives."""
+    while line := response.readline():
+        if line.startswith(b"data:"):
+            yield json.loads(line[len(b"data:"):])
+
+
+def stream_pieces(server: lt.ServerProcess, body: dict[str, Any], model_name: str = "textgen") -> list[str]:
+    response = post(server, f"/v2/models/{model_name}/generate_stream", body)
+    assert response.status == 200, response.read()
+    pieces = []
+    for event in events(response):
+        assert "error" not in event, event
+        pieces.append(event["text_output"])
+    return pieces
+
+
+@pytest.mark.triton
+def test_generate_stream_sends_one_event_per_piece_and_they_join_to_the_generators_text(
+        server: lt.ServerProcess, model: textgen.CharModel) -> None:
+    body = {"text_input": "First Citizen:\n", "max_tokens": 20, "seed": 11, "temperature": 0.8, "top_p": 0.95}
+    pieces = stream_pieces(server, body)
+    assert len(pieces) == 20 and all(pieces)
+    expected = list(textgen.generate(model, "First Citizen:\n",
+                                     textgen.make_params(max_tokens=20, seed=11, temperature=0.8, top_p=0.95)))
+    assert pieces == expected
+    text = "".join(pieces)
+    assert len(text.split()) >= 10  # words, not characters one by one
+
+
+@pytest.mark.triton
+def test_the_pieces_arrive_as_they_are_generated(server: lt.ServerProcess) -> None:
+    response = post(server, "/v2/models/textgen_paced/generate_stream", {"text_input": "MENENIUS:\n", "max_tokens": 10})
+    arrivals = []
+    for _ in events(response):
+        arrivals.append(time.monotonic())
+    assert len(arrivals) == 10
+    # Paced 20 ms apart by the model: streamed, not collected and sent at the end.
+    assert arrivals[-1] - arrivals[0] > 9 * PACED_INTERVAL_MS / 1000 * 0.8
+
+
+@pytest.mark.triton
+def test_stop_strings_and_stream_false_through_generate(server: lt.ServerProcess, model: textgen.CharModel) -> None:
+    body = {"text_input": "First Citizen:\n", "max_tokens": 200, "seed": 5, "stop": ["\n"], "stream": False}
+    response = post(server, "/v2/models/textgen/generate", body)
+    answer = json.loads(response.read())
+    assert response.status == 200, answer
+    expected = "".join(textgen.generate(model, "First Citizen:\n",
+                                        textgen.make_params(max_tokens=200, seed=5, stop=["\n"])))
+    assert answer["text_output"] == expected and "\n" not in expected and expected
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize(("body", "message"), [
+    ({"text_input": "x", "max_tokens": 0}, "max_tokens must be between 1 and 1024"),
+    ({"text_input": "x", "temperature": 7.5}, "temperature must be between 0 and 2"),
+    ({"text_input": "x", "top_p": 0}, "top_p must be greater than 0"),
+    ({"text_input": "x", "stop": ["a", "b", "c", "d", "e"]}, "at most 4 stop strings"),
+])
+def test_bad_settings_are_a_400_saying_what_to_fix(server: lt.ServerProcess, body: dict[str, Any],
+                                                  message: str) -> None:
+    response = post(server, "/v2/models/textgen/generate", {**body, "stream": False})
+    answer = json.loads(response.read())
+    assert response.status == 400 and message in answer["error"], answer
+
+
+@pytest.mark.triton
+def test_concurrent_streams_are_generated_together_and_each_gets_its_own_text(
+        server: lt.ServerProcess, model: textgen.CharModel) -> None:
+    before = sum(count for size, count in batch_counts(server, "textgen").items() if size > 1)
+    prompts = [("First Citizen:\n", i) for i in range(8)] + [("CORIOLANUS:\n", i) for i in range(8)]
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        got = list(pool.map(
+            lambda p: stream_pieces(server, {"text_input": p[0], "max_tokens": 40, "seed": p[1]}), prompts))
+    for (prompt, seed), pieces in zip(prompts, got, strict=True):
+        assert pieces == list(textgen.generate(model, prompt, textgen.make_params(max_tokens=40, seed=seed)))
+    assert len({"".join(p) for p in got}) == len(prompts)
+    after = sum(count for size, count in batch_counts(server, "textgen").items() if size > 1)
+    assert after > before, batch_counts(server, "textgen")  # several requests shared an execute()
+
+
+@pytest.mark.triton
+def test_a_client_that_goes_away_ends_its_stream_in_the_model(server: lt.ServerProcess) -> None:
+    # 1,024 pieces 20 ms apart would hold the model's one instance for 20 s.
+    connection = http.client.HTTPConnection(server.host, server.http_port, timeout=60)
+    body = {"text_input": "First Citizen:\n", "max_tokens": 1024}
+    connection.request("POST", "/v2/models/textgen_paced/generate_stream", json.dumps(body),
+                       {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    received = events(response)
+    for _ in range(3):
+        next(received)
+    started = time.monotonic()
+    response.close()
+    connection.close()
+    deadline = started + 15
+    cancelled = None
+    while time.monotonic() < deadline and cancelled is None:
+        cancelled = next((line for line in serverlog.tail_log(server.log_path, 200).splitlines()
+                          if "textgen: stream cancelled after" in line), None)
+        time.sleep(0.1)
+    assert cancelled is not None, serverlog.tail_log(server.log_path, 40)
+    pieces = int(cancelled.rsplit("after ", 1)[1].split()[0])
+    assert 3 <= pieces < 200
+    # The instance is free again: a short stream is answered at once, not after the abandoned one's 20 s.
+    assert len(stream_pieces(server, {"text_input": "x", "max_tokens": 3}, "textgen_paced")) == 3
+    assert time.monotonic() - started < 10
