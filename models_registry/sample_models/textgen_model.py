@@ -6,15 +6,19 @@ The contract is the one Triton's OpenAI frontend uses for models other than vLLM
 optional `max_tokens` (INT32), `temperature` (FP32), `top_p` (FP32), `stream` (BOOL: false sends the whole text as
 one response), `stop` (BYTES [-1, -1], up to 4 strings) and `seed` (INT64); output `text_output` (BYTES [-1, 1]).
 
-All the requests of one execute() (dynamic batching) are generated together, one character for every stream per
-step, their pieces interleaved. Cancellation (the client went away) is checked before each piece is sent.
-The config parameter `piece_interval_ms` (the operator's, not a request's) paces the pieces, for demos and tests
-that need a stream to last.
+Continuous batching: execute() only checks its requests and hands them to one generating thread, which steps every
+live stream together (one character each per step, their pieces interleaved) and takes in new streams between steps.
+Generating inside execute() would make a stream that arrives during a long one wait for all of that batch to end.
+Cancellation (the client went away) is checked before each piece is sent.
+The config parameter `step_interval_ms` (the operator's, not a request's) pauses after every step, for demos and
+tests that need a stream to last.
 """
 
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -68,21 +72,36 @@ def _piece_response(text: str) -> Any:
 
 
 class _Live:
-    def __init__(self, request: Any, sender: Any, stream: Stream, streaming: bool) -> None:
-        self.request, self.sender, self.stream, self.streaming = request, sender, stream, streaming
+    def __init__(self, sender: Any, stream: Stream, streaming: bool) -> None:
+        self.sender, self.stream, self.streaming = sender, stream, streaming
         self.pieces = 0
+        self.ended = False  # the final response is sent: the sender takes nothing more
+
+    def end(self, response: Any = None) -> None:
+        self.ended = True
+        if response is None:
+            self.sender.send(flags=FINAL)
+        else:
+            self.sender.send(response, flags=FINAL)
+
+    def fail(self, message: str) -> None:
+        if not self.ended:
+            self.end(pb_utils.InferenceResponse(
+                output_tensors=[], error=pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL)))
 
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         self.model = CharModel(load_counts((Path(__file__).resolve().parent / WEIGHTS_FILE).read_bytes()))
         parameters = json.loads(args["model_config"]).get("parameters", {})
-        interval = parameters.get("piece_interval_ms", {}).get("string_value", "0")
-        self.piece_interval = float(interval) / 1000.0
+        self.step_interval = float(parameters.get("step_interval_ms", {}).get("string_value", "0")) / 1000.0
         self.logger = pb_utils.Logger
+        self.arrivals: queue.SimpleQueue[_Live] = queue.SimpleQueue()
+        self.stopping = threading.Event()
+        self.generator = threading.Thread(target=self._run, name="textgen", daemon=True)
+        self.generator.start()
 
     def execute(self, requests: list[Any]) -> None:
-        live: list[_Live] = []
         for request in requests:
             sender = request.get_response_sender()
             try:
@@ -92,38 +111,51 @@ class TritonPythonModel:
                 error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
                 sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=FINAL)
                 continue
-            live.append(_Live(request, sender, new_stream(prompt, params), streaming))
-        try:
-            self._generate(live)
-        except Exception as exc:
-            # Every sender must end, or its client waits for ever; what went wrong stays in the server's log.
-            self.logger.log_error(f"textgen failed: {exc!r}")
-            for entry in live:
-                if not entry.stream.done:
-                    error = pb_utils.TritonError("the text generator failed", pb_utils.TritonError.INTERNAL)
-                    entry.sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=FINAL)
+            self.arrivals.put(_Live(sender, new_stream(prompt, params), streaming))
         return None
 
-    def _generate(self, live: list[_Live]) -> None:
-        while live:
-            pieces = step(self.model, [entry.stream for entry in live])
-            still: list[_Live] = []
-            for entry, piece in zip(live, pieces, strict=True):
-                if piece is not None:
-                    if entry.request.is_cancelled():
-                        entry.stream.done = True
-                        self.logger.log_info(f"textgen: stream cancelled after {entry.pieces} pieces")
-                        entry.sender.send(flags=FINAL)
-                        continue
-                    if entry.streaming:
-                        entry.sender.send(_piece_response(piece))
-                    entry.pieces += 1
-                if not entry.stream.done:
-                    still.append(entry)
-                elif entry.streaming:
-                    entry.sender.send(flags=FINAL)
-                else:
-                    entry.sender.send(_piece_response(entry.stream.text), flags=FINAL)
-            live = still
-            if self.piece_interval and any(p is not None for p in pieces):
-                time.sleep(self.piece_interval)
+    def finalize(self) -> None:
+        self.stopping.set()
+        self.generator.join(timeout=10)
+
+    def _run(self) -> None:
+        live: list[_Live] = []
+        while not self.stopping.is_set():
+            if not live:
+                try:  # idle: wait for a stream, waking now and then to notice finalize()
+                    live.append(self.arrivals.get(timeout=0.2))
+                except queue.Empty:
+                    continue
+            while not self.arrivals.empty():
+                live.append(self.arrivals.get_nowait())
+            try:
+                live = self._step(live)
+            except Exception as exc:
+                # Every sender must end, or its client waits for ever; what went wrong stays in the server's log.
+                self.logger.log_error(f"textgen failed: {exc!r}")
+                for entry in live:
+                    entry.fail("the text generator failed")
+                live = []
+            if self.step_interval:
+                time.sleep(self.step_interval)
+        for entry in live:
+            entry.fail("the model is being unloaded")
+
+    def _step(self, live: list[_Live]) -> list[_Live]:
+        """One character for every live stream; the streams still live afterwards."""
+        pieces = step(self.model, [entry.stream for entry in live])
+        still: list[_Live] = []
+        for entry, piece in zip(live, pieces, strict=True):
+            if piece is not None:
+                if entry.sender.is_cancelled():
+                    self.logger.log_info(f"textgen: stream cancelled after {entry.pieces} pieces")
+                    entry.end()
+                    continue
+                if entry.streaming:
+                    entry.sender.send(_piece_response(piece))
+                entry.pieces += 1
+            if not entry.stream.done:
+                still.append(entry)
+            else:
+                entry.end(None if entry.streaming else _piece_response(entry.stream.text))
+        return still
