@@ -25,6 +25,11 @@ The reference pipeline `digits-pipeline` (docs/pipelines.md) chains three of the
 - postprocess.zip: a python-backend model giving the top 3 labels (BYTES) and their probabilities.
 digits-pipeline.json is its definition, for POST /api/v1/models/digits-pipeline/versions/. `digits_png()` renders
 8x8 digits as the PNG images the pipeline takes (tests, the UI's Try it).
+textgen.zip is the streaming text generator: a decoupled python-backend model (sample_models/textgen_model.py) around
+a character 5-gram (sample_models/textgen.py) trained here, in about half a second, on a public-domain text the
+repository ships (sample_models/text/coriolanus.txt); its contract is that of Triton's OpenAI frontend (text_input ->
+text_output pieces). Written by make_sample_models; a one-click sample once a version can be declared decoupled.
+
 scikit-learn and skl2onnx are imported inside functions: they take a second to import.
 """
 
