@@ -1,6 +1,6 @@
 """The sample text generator in a real tritonserver, as a decoupled model: /generate_stream answers Server-Sent
 Events, one per piece, that join to the text the generator makes in-process; several streams are generated in one
-step (continuous batching); a client that goes away ends its stream in the model.
+step (continuous batching); a client that goes away ends its stream in the model; and it runs in the sandbox.
 
 The model's config.pbtxt is written here (the portal renders it once a version can be declared decoupled)."""
 
@@ -12,15 +12,19 @@ import time
 import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from deployments.runtimes.local import backends, readiness, serverlog
+from deployments.model_entry import ModelEntry
+from deployments.revision_spec import RevisionSpec
+from deployments.runtimes.local import backends, confined, readiness, serverlog
 from deployments.runtimes.local import triton as lt
 from deployments.tests.local_triton import runtime_env
+from infra import sandbox_settings
 from models_registry.sample_models import textgen
 from models_registry.samples import TEXTGEN_OPTIONAL_INPUTS, TEXTGEN_SIGNATURE, build_textgen_zip, train_textgen
 
@@ -43,10 +47,8 @@ def textgen_config(name: str, step_interval_ms: int = 0) -> str:
     return text_format.MessageToString(config)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lt.ServerProcess]:
-    env = runtime_env()
-    workdir = tmp_path_factory.mktemp("textgen")
+def write_repository(workdir: Path) -> Path:
+    """textgen (no pacing) and textgen_paced (5 ms steps), each the sample's archive extracted under 1/."""
     archive = workdir / "textgen.zip"
     archive.write_bytes(build_textgen_zip())
     for name, interval in (("textgen", 0), ("textgen_paced", STEP_INTERVAL_MS)):
@@ -55,8 +57,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lt.ServerProces
         (model_dir / "config.pbtxt").write_text(textgen_config(name, interval))
         with zipfile.ZipFile(archive) as zf:
             zf.extractall(model_dir / "1")
+    return workdir / "repo"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lt.ServerProcess]:
+    env = runtime_env()
+    workdir = tmp_path_factory.mktemp("textgen")
+    repository = write_repository(workdir)
     backend_dir = backends.build_backend_dir(env, workdir / "var")
-    process = lt.start_server(workdir / "repo", workdir / "var" / "triton.log", env, backend_dir)
+    process = lt.start_server(repository, workdir / "var" / "triton.log", env, backend_dir)
     try:
         result = readiness.wait_ready(process, ["textgen", "textgen_paced"], timeout=120)
         assert result.ready, f"{result.message}\n{serverlog.tail_log(process.log_path, 60)}"
@@ -191,3 +201,24 @@ def test_a_client_that_goes_away_ends_its_stream_in_the_model(server: lt.ServerP
     # The model still answers.
     assert len(stream_pieces(server, {"text_input": "x", "max_tokens": 3}, "textgen_paced")) == 3
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.triton
+def test_it_streams_inside_the_sandbox_every_local_deployment_runs_in(
+        tmp_path: Path, model: textgen.CharModel) -> None:
+    runtime_env()
+    capabilities = sandbox_settings.sandbox_capabilities()
+    if not capabilities.available:
+        pytest.skip(f"no sandbox on this machine: {capabilities.reason}")
+    repository = write_repository(tmp_path)
+    entry = ModelEntry(name="textgen", version=1, format="python", signature=TEXTGEN_SIGNATURE, max_batch_size=32)
+    spec = RevisionSpec(runtime="local", models=(entry,))
+    started = confined.start_confined(spec, repository, tmp_path / "scratch", tmp_path / "triton.log")
+    try:
+        result = readiness.wait_ready(started.process, ["textgen"], timeout=120)
+        assert result.ready, f"{result.message}\n{serverlog.tail_log(started.process.log_path, 60)}"
+        assert started.process.sandboxed
+        pieces = stream_pieces(started.process, {"text_input": "VOLUMNIA:\n", "max_tokens": 12, "seed": 4})
+        assert pieces == list(textgen.generate(model, "VOLUMNIA:\n", textgen.make_params(max_tokens=12, seed=4)))
+    finally:
+        confined.stop_confined(started)
