@@ -530,6 +530,17 @@ TEXTGEN_SIGNATURE = Signature(
 )
 TEXTGEN_OPTIONAL_INPUTS = ("max_tokens", "temperature", "top_p", "stream", "stop", "seed")
 TEXTGEN_TEXT = SAMPLE_CODE_DIR / "text" / "coriolanus.txt"
+# The version's example request (modelport/core/example_request.py gives every input): the trial call at
+# inspection sends it instead of zeros, which the model refuses (max_tokens 0, top_p 0).
+TEXTGEN_EXAMPLE_REQUEST: dict[str, Any] = {"inputs": [
+    {"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": ["First Citizen:\n"]},
+    {"name": "max_tokens", "datatype": "INT32", "shape": [1, 1], "data": [8]},
+    {"name": "temperature", "datatype": "FP32", "shape": [1, 1], "data": [0.8]},
+    {"name": "top_p", "datatype": "FP32", "shape": [1, 1], "data": [0.95]},
+    {"name": "stream", "datatype": "BOOL", "shape": [1, 1], "data": [True]},
+    {"name": "stop", "datatype": "BYTES", "shape": [1, 1], "data": ["\n\n"]},
+    {"name": "seed", "datatype": "INT64", "shape": [1, 1], "data": [1]},
+]}
 
 
 @dataclass(frozen=True)
@@ -569,7 +580,8 @@ def build_textgen_zip() -> bytes:
         "model.py": (SAMPLE_CODE_DIR / "textgen_model.py").read_bytes(),
         "textgen.py": (SAMPLE_CODE_DIR / "textgen.py").read_bytes(),
         "textgen.npz": train_textgen().weights,
-        "requirements.txt": b"numpy\n",
+        # No requirements.txt: numpy is the one it needs, and every python backend has it (the stub imports it);
+        # a model with requirements gets no trial call at inspection (models_registry/python_trial.py).
     })
 
 
@@ -584,7 +596,6 @@ def make_textgen_zip(path: Path | str) -> SampleModel:
     trained = train_textgen()
     details = {
         "signature_file": "textgen.signature.json",
-        "requirements": "numpy",
         "decoupled": True,
         "model": f"character {textgen.ORDER}-gram, Witten-Bell interpolated, trained on "
                  f"{TEXTGEN_TEXT.relative_to(SAMPLE_CODE_DIR.parent)} (Shakespeare, public domain) minus its last "

@@ -12,10 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from modelport.core.example_request import parse_example_request
 from modelport.core.formats.python import inspect_python_archive
 from modelport.core.signature import parse_signature
 from models_registry.sample_models import textgen
 from models_registry.samples import (
+    TEXTGEN_EXAMPLE_REQUEST,
+    TEXTGEN_OPTIONAL_INPUTS,
     TEXTGEN_SIGNATURE,
     TEXTGEN_TEXT,
     build_textgen_zip,
@@ -193,11 +196,20 @@ def test_the_archive_is_reproducible_and_inspects_as_a_python_model(tmp_path: Pa
     assert build_textgen_zip() == build_textgen_zip()
     sample = make_textgen_zip(tmp_path / "textgen.zip")
     info = inspect_python_archive(tmp_path / "textgen.zip")
-    assert info.files == ["model.py", "requirements.txt", "textgen.npz", "textgen.py"]
-    assert info.requirements == ["numpy"]
+    assert info.files == ["model.py", "textgen.npz", "textgen.py"]
+    assert not info.has_requirements  # numpy is every python backend's: nothing to build, and a trial call
     assert parse_signature((tmp_path / "textgen.signature.json").read_text()) == TEXTGEN_SIGNATURE == sample.signature
     assert sample.details["decoupled"] is True
     with zipfile.ZipFile(tmp_path / "textgen.zip") as archive:
         weights = archive.read("textgen.npz")
     model = textgen.CharModel(textgen.load_counts(weights))
     assert len(list(textgen.generate(model, "First", params(max_tokens=3, seed=0)))) == 3
+
+
+def test_its_example_request_fits_its_signature_and_asks_for_what_the_model_honours() -> None:
+    example = parse_example_request(TEXTGEN_EXAMPLE_REQUEST, TEXTGEN_SIGNATURE, 64 * 1024)
+    assert example.batch == 1
+    values = {i.tensor.name: i.data for i in example.inputs}
+    textgen.make_params(max_tokens=values["max_tokens"][0], temperature=values["temperature"][0],
+                        top_p=values["top_p"][0], stop=[s.decode() for s in values["stop"]], seed=values["seed"][0])
+    assert set(TEXTGEN_OPTIONAL_INPUTS) == {t.name for t in TEXTGEN_SIGNATURE.inputs} - {"text_input"}
