@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import queue
 import time
 import zipfile
 from collections.abc import Iterator
@@ -222,3 +223,56 @@ def test_it_streams_inside_the_sandbox_every_local_deployment_runs_in(
         assert pieces == list(textgen.generate(model, "VOLUMNIA:\n", textgen.make_params(max_tokens=12, seed=4)))
     finally:
         confined.stop_confined(started)
+
+
+def grpc_stream(server: lt.ServerProcess, inputs: dict[str, tuple[str, Any]]) -> list[Any]:
+    """What ModelStreamInfer answers one request, final response included: (text or None, is final, error)."""
+    import numpy as np
+    import tritonclient.grpc as triton_grpc
+
+    answers: queue.Queue[tuple[str | None, bool, Any]] = queue.Queue()
+
+    def collect(result: Any, error: Any) -> None:
+        if error is not None:
+            answers.put((None, True, error))
+            return
+        response = result.get_response()
+        final = response.parameters["triton_final_response"].bool_param
+        output = result.as_numpy("text_output") if response.outputs else None
+        answers.put((None if output is None else output.reshape(-1)[0].decode(), final, None))
+
+    tensors = []
+    for name, (datatype, value) in inputs.items():
+        tensor = triton_grpc.InferInput(name, [1, 1], datatype)
+        tensor.set_data_from_numpy(np.array([[value]], dtype={"BYTES": np.object_, "INT32": np.int32,
+                                                               "INT64": np.int64, "FP32": np.float32}[datatype]))
+        tensors.append(tensor)
+    client = triton_grpc.InferenceServerClient(f"{server.host}:{server.grpc_port}")
+    try:
+        client.start_stream(callback=collect)
+        client.async_stream_infer("textgen", tensors, enable_empty_final_response=True)
+        got = []
+        while not (got and got[-1][1]):
+            got.append(answers.get(timeout=30))
+        client.stop_stream()
+        return got
+    finally:
+        client.close()
+
+
+@pytest.mark.triton
+def test_grpc_model_stream_infer_streams_the_pieces_then_an_empty_final_response(
+        server: lt.ServerProcess, model: textgen.CharModel) -> None:
+    got = grpc_stream(server, {"text_input": ("BYTES", b"BRUTUS:\n"), "max_tokens": ("INT32", 15),
+                               "seed": ("INT64", 9)})
+    *pieces, final = got
+    assert final == (None, True, None)  # the final flag comes alone, after the last piece
+    assert [text for text, _, _ in pieces] == list(
+        textgen.generate(model, "BRUTUS:\n", textgen.make_params(max_tokens=15, seed=9)))
+    assert not any(is_final for _, is_final, _ in pieces)
+
+
+@pytest.mark.triton
+def test_a_prompt_that_is_not_utf8_is_refused_saying_so(server: lt.ServerProcess) -> None:
+    ((text, final, error),) = grpc_stream(server, {"text_input": ("BYTES", b"\xff\xfe not text")})
+    assert text is None and final and "text_input must be UTF-8 text" in str(error)
