@@ -195,10 +195,11 @@ def make_params(max_tokens: int | None = None, temperature: float | None = None,
     max_tokens = defaults.max_tokens if max_tokens is None else int(max_tokens)
     if not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
         raise BadRequest(f"max_tokens must be between 1 and {MAX_TOKENS_LIMIT}, got {max_tokens}")
-    temperature = defaults.temperature if temperature is None else float(temperature)
+    # Rounded to float32, as the model's FP32 inputs carry them: the same settings sample the same text in-process.
+    temperature = defaults.temperature if temperature is None else float(np.float32(temperature))
     if not 0.0 <= temperature <= MAX_TEMPERATURE:  # NaN fails both comparisons
         raise BadRequest(f"temperature must be between 0 and {MAX_TEMPERATURE}, got {temperature}")
-    top_p = defaults.top_p if top_p is None else float(top_p)
+    top_p = defaults.top_p if top_p is None else float(np.float32(top_p))
     if not 0.0 < top_p <= 1.0:
         raise BadRequest(f"top_p must be greater than 0 and at most 1, got {top_p}")
     stops = tuple(stop)
