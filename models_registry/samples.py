@@ -25,6 +25,11 @@ The reference pipeline `digits-pipeline` (docs/pipelines.md) chains three of the
 - postprocess.zip: a python-backend model giving the top 3 labels (BYTES) and their probabilities.
 digits-pipeline.json is its definition, for POST /api/v1/models/digits-pipeline/versions/. `digits_png()` renders
 8x8 digits as the PNG images the pipeline takes (tests, the UI's Try it).
+textgen.zip is the streaming text generator: a decoupled python-backend model (sample_models/textgen_model.py) around
+a character 5-gram (sample_models/textgen.py) trained here, in about half a second, on a public-domain text the
+repository ships (sample_models/text/coriolanus.txt); its contract is that of Triton's OpenAI frontend (text_input ->
+text_output pieces). Written by make_sample_models; a one-click sample once a version can be declared decoupled.
+
 scikit-learn and skl2onnx are imported inside functions: they take a second to import.
 """
 
@@ -507,6 +512,103 @@ def make_digits_pipeline_json(path: Path | str) -> SampleModel:
                     details, fmt="ensemble")
 
 
+# --- the text generator ---------------------------------------------------------------------------------------
+
+# A decoupled (streaming) python model: its signature is the contract of Triton's OpenAI frontend for models other
+# than vLLM's. Every input but text_input is optional (the model's defaults: textgen.Params).
+TEXTGEN_SIGNATURE = Signature(
+    inputs=(
+        Tensor("text_input", "BYTES", (-1, 1)),
+        Tensor("max_tokens", "INT32", (-1, 1)),
+        Tensor("temperature", "FP32", (-1, 1)),
+        Tensor("top_p", "FP32", (-1, 1)),
+        Tensor("stream", "BOOL", (-1, 1)),
+        Tensor("stop", "BYTES", (-1, -1)),
+        Tensor("seed", "INT64", (-1, 1)),
+    ),
+    outputs=(Tensor("text_output", "BYTES", (-1, 1)),),
+)
+TEXTGEN_OPTIONAL_INPUTS = ("max_tokens", "temperature", "top_p", "stream", "stop", "seed")
+TEXTGEN_TEXT = SAMPLE_CODE_DIR / "text" / "coriolanus.txt"
+# The version's example request (modelport/core/example_request.py gives every input): the trial call at
+# inspection sends it instead of zeros, which the model refuses (max_tokens 0, top_p 0).
+TEXTGEN_EXAMPLE_REQUEST: dict[str, Any] = {"inputs": [
+    {"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": ["First Citizen:\n"]},
+    {"name": "max_tokens", "datatype": "INT32", "shape": [1, 1], "data": [8]},
+    {"name": "temperature", "datatype": "FP32", "shape": [1, 1], "data": [0.8]},
+    {"name": "top_p", "datatype": "FP32", "shape": [1, 1], "data": [0.95]},
+    {"name": "stream", "datatype": "BOOL", "shape": [1, 1], "data": [True]},
+    {"name": "stop", "datatype": "BYTES", "shape": [1, 1], "data": ["\n\n"]},
+    {"name": "seed", "datatype": "INT64", "shape": [1, 1], "data": [1]},
+]}
+
+
+@dataclass(frozen=True)
+class TrainedTextgen:
+    weights: bytes  # textgen.npz
+    seconds: float  # CPU time of training, saving and loading back
+    held_out_bits_per_char: float
+    unigram_bits_per_char: float
+    uniform_bits_per_char: float
+
+
+@lru_cache(maxsize=1)
+def train_textgen() -> TrainedTextgen:
+    """The character model trained on the first 90% of TEXTGEN_TEXT (about half a second) and how well it predicts
+    the other 10%, in bits per character, beside the baselines it must beat."""
+    import math
+    import time
+
+    from models_registry.sample_models import textgen
+
+    started = time.process_time()
+    training, held_out = textgen.split_text(TEXTGEN_TEXT.read_text(encoding="utf-8"))
+    counts = textgen.train(training)
+    weights = textgen.save(counts)
+    model = textgen.CharModel(textgen.load_counts(weights))
+    seconds = time.process_time() - started
+    model_bits, scored = model.log2_likelihood(held_out)
+    unigram_bits, _ = textgen.unigram_log2_likelihood(counts, held_out)
+    return TrainedTextgen(weights, seconds, -model_bits / scored, -unigram_bits / scored,
+                          math.log2(len(counts.vocab)))
+
+
+def build_textgen_zip() -> bytes:
+    """model.py (decoupled), textgen.py and the weights textgen.npz, trained here from the text the repository
+    ships: nothing is downloaded."""
+    return _python_zip({
+        "model.py": (SAMPLE_CODE_DIR / "textgen_model.py").read_bytes(),
+        "textgen.py": (SAMPLE_CODE_DIR / "textgen.py").read_bytes(),
+        "textgen.npz": train_textgen().weights,
+        # No requirements.txt: numpy is the one it needs, and every python backend has it (the stub imports it);
+        # a model with requirements gets no trial call at inspection (models_registry/python_trial.py).
+    })
+
+
+def make_textgen_zip(path: Path | str) -> SampleModel:
+    """textgen.zip and textgen.signature.json beside it. Not a one-click sample yet: serving it needs the version's
+    decoupled setting (`model_transaction_policy { decoupled: true }`)."""
+    from models_registry.sample_models import textgen
+
+    path = Path(path)
+    path.write_bytes(build_textgen_zip())
+    _signature_file(path.with_name("textgen.signature.json"), TEXTGEN_SIGNATURE)
+    trained = train_textgen()
+    details = {
+        "signature_file": "textgen.signature.json",
+        "decoupled": True,
+        "model": f"character {textgen.ORDER}-gram, Witten-Bell interpolated, trained on "
+                 f"{TEXTGEN_TEXT.relative_to(SAMPLE_CODE_DIR.parent)} (Shakespeare, public domain) minus its last "
+                 f"{textgen.HOLDOUT_FRACTION:.0%}",
+        "held_out_bits_per_char": round(trained.held_out_bits_per_char, 3),
+        "unigram_bits_per_char": round(trained.unigram_bits_per_char, 3),
+        "optional_inputs": ", ".join(TEXTGEN_OPTIONAL_INPUTS),
+        "output": f"text_output: one piece (a word, or up to {textgen.PIECE_MAX_CHARS} characters) per response",
+    }
+    return _written(path, "textgen", TEXTGEN_SIGNATURE, "Streaming text generator (python backend, decoupled)",
+                    details, fmt="python")
+
+
 # --- the samples the portal deploys with one click (web/samples.py) -------------------------------------------
 
 # The first held-out image (digits_holdout()[0], a 7; a test keeps the two equal), so that Try it and the sample
@@ -580,8 +682,8 @@ def _readme(samples: list[SampleModel]) -> str:
 
 def write_samples(directory: Path | str, *, runtime_python: Path | None = None,
                   frameworks: Collection[str] = ()) -> list[SampleModel]:
-    """Write digits.onnx, resnet.onnx, preprocess.zip and postprocess.zip (with their signature files),
-    digits-pipeline.json, samples.json and README.md into `directory` (created if needed); and resnet.pt /
+    """Write digits.onnx, resnet.onnx, preprocess.zip, postprocess.zip and textgen.zip (with their signature
+    files), digits-pipeline.json, samples.json and README.md into `directory` (created if needed); and resnet.pt /
     resnet.savedmodel.zip for the `frameworks` ("torch", "tensorflow") that the runtime env at `runtime_python`
     has."""
     directory = Path(directory)
@@ -592,6 +694,7 @@ def write_samples(directory: Path | str, *, runtime_python: Path | None = None,
         make_preprocess_zip(directory / "preprocess.zip"),
         make_postprocess_zip(directory / "postprocess.zip"),
         make_digits_pipeline_json(directory / "digits-pipeline.json"),
+        make_textgen_zip(directory / "textgen.zip"),
     ]
     if runtime_python is not None:
         samples += make_resnet_framework_models(directory, runtime_python, frameworks)

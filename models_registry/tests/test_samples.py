@@ -88,7 +88,7 @@ def test_write_samples_lists_what_it_wrote_with_signatures(tmp_path: Path) -> No
     samples = write_samples(tmp_path / "samples")
     listed = json.loads((tmp_path / "samples/samples.json").read_text())
     assert [entry["filename"] for entry in listed] == [
-        "digits.onnx", "resnet.onnx", "preprocess.zip", "postprocess.zip", "digits-pipeline.json"]
+        "digits.onnx", "resnet.onnx", "preprocess.zip", "postprocess.zip", "digits-pipeline.json", "textgen.zip"]
     assert listed[0]["signature"] == DIGITS_SIGNATURE.to_json()
     assert listed[1]["signature"] == RESNET_SIGNATURE.to_json()
     readme = (tmp_path / "samples/README.md").read_text()

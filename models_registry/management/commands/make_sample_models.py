@@ -7,7 +7,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 
 class Command(BaseCommand):
-    help = ("Write the sample models (digits.onnx, resnet.onnx, preprocess.zip, postprocess.zip) and the pipeline "
+    help = ("Write the sample models (digits.onnx, resnet.onnx, preprocess.zip, postprocess.zip, the streaming text "
+            "generator textgen.zip) and the pipeline "
             "digits-pipeline.json, with samples.json and README.md, into DIR; and the CNN as resnet.pt and "
             "resnet.savedmodel.zip when the runtime env has PyTorch / TensorFlow.")
 
