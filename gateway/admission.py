@@ -16,7 +16,7 @@ from gateway import contract as contracts
 from gateway import not_found, pool_names
 from gateway.access import Caller, Choice, Route, TtlCache, choose
 from gateway.cold_start import ColdStarts
-from gateway.protocol import Refusal
+from gateway.protocol import GENERATE_KINDS, Refusal
 from gateway.ratelimit import RateLimiter, retry_after_header
 
 TOO_MANY = "Too many requests from you in this team; slow down."
@@ -71,5 +71,18 @@ async def cold_start(cold_starts: ColdStarts, routes: TtlCache[tuple[int, str], 
 
 
 def contract(route: Route, choice: Choice, model: str, kind: str) -> contracts.Contract | None:
-    """The model's signature an inference's answer is checked against (gateway/contract.py); none for the rest."""
-    return route.contract(choice.revision, model) if kind == "infer" else None
+    """The model's signature an inference's answer is checked against (gateway/contract.py), for the generate
+    endpoints the one its errors are reworded with; none for the rest. A streaming (decoupled) model is refused on
+    /infer (HTTP's and gRPC's unary ModelInfer) here, in words, where Triton would answer with its own."""
+    if kind == "infer":
+        found = route.contract(choice.revision, model)
+        if found is not None and found.decoupled:
+            raise Refusal(400, decoupled_refusal(model))
+        return found
+    return route.contract(choice.revision, model) if kind in GENERATE_KINDS else None
+
+
+def decoupled_refusal(model: str) -> str:
+    return (f"Model '{model}' streams its answer (a decoupled model), so it has no single answer for /infer: use "
+            f"POST .../v2/models/{model}/generate_stream (Server-Sent Events, one per piece) or gRPC's "
+            "ModelStreamInfer.")
