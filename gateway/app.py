@@ -95,6 +95,7 @@ class Gateway:
         self.parsers = bodies.Parsers(settings.GATEWAY_JSON_PARSE_PROCESSES, self.body_threads)
         self.header_checks = json_body.HeaderChecks(self.max_depth, self.max_tensor)
         self.timeout = settings.GATEWAY_UPSTREAM_TIMEOUT_SECONDS
+        self.streams = admission.StreamSlots(settings.GATEWAY_MAX_STREAMS_PER_TEAM)
         self.stream_limits = events.Limits(max_event_bytes=self.max_response,
                                            idle_seconds=settings.GATEWAY_STREAM_IDLE_SECONDS)
         self.flusher: asyncio.Task[None] | None = None
@@ -196,9 +197,14 @@ class Gateway:
             in_flight.inc()
             try:
                 contract = admission.contract(route, choice, endpoint.model, endpoint.kind)
-                code = await self._proxy(scope, receive, out, headers, declared, choice.upstream,
-                                         b"/" + target, endpoint, contract,
-                                         pooled.prefix if pooled is not None else "")
+                prefix = pooled.prefix if pooled is not None else ""
+                if endpoint.kind != "generate_stream":
+                    code = await self._proxy(scope, receive, out, headers, declared, choice.upstream,
+                                             b"/" + target, endpoint, contract, prefix)
+                else:
+                    with self.streams.hold(caller.team_id, caller.team_name):
+                        code = await self._proxy(scope, receive, out, headers, declared, choice.upstream,
+                                                 b"/" + target, endpoint, contract, prefix)
             finally:
                 in_flight.dec()
         except Refusal as exc:

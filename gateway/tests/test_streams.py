@@ -155,3 +155,41 @@ def test_a_generate_request_is_forwarded_as_json_and_refused_when_it_is_no_json_
             assert len(upstream.requests) == 1
 
     run(scenario)
+
+
+def test_a_team_past_its_open_streams_gets_a_429_naming_the_limit_and_other_teams_stream_on(
+    people: dict[str, Person], gateway_app: Any, settings: Any
+) -> None:
+    settings.GATEWAY_MAX_STREAMS_PER_TEAM = 2
+    open_stream = sse([event("a")], end=False)  # a model that keeps thinking: the stream stays open
+
+    async def scenario() -> None:
+        async with FakeUpstream(lambda r: open_stream) as upstream:
+            await asyncio.to_thread(streaming_deployment, people["alice"], upstream.url)
+            await asyncio.to_thread(streaming_deployment, people["charlie"], upstream.url)  # globex's own "chat"
+            app = gateway_app()
+            body = b'{"text_input": "a"}'
+            alice, charlie = people["alice"].token, people["charlie"].token
+            held = [asyncio.ensure_future(call(app, "POST", STREAM, token=alice, body=body)) for _ in range(2)]
+            await asyncio.to_thread(wait_for, lambda: len(upstream.requests) == 2, 5, what="two streams to open")
+            refused = await call(app, "POST", STREAM, token=alice, body=body)
+            assert refused.status == 429 and refused.headers[b"retry-after"] == b"1"
+            assert refused.json()["error"] == (
+                "Team 'acme' has 2 streams open, the most it may have (GATEWAY_MAX_STREAMS_PER_TEAM=2): close one, or "
+                "retry when one ends.")
+            assert len(upstream.requests) == 2  # refused before Triton
+            # Another team is not touched by acme's streams.
+            other = await call(app, "POST", "/serve/chat/v2/models/chat/generate_stream", token=charlie, body=body,
+                               disconnect="after_start")
+            assert other.status == 200
+            # A stream that ends gives its slot back.
+            held[0].cancel()
+            await asyncio.gather(held[0], return_exceptions=True)
+            again = await call(app, "POST", STREAM, token=alice, body=body, disconnect="after_start")
+            assert again.status == 200
+            assert app.streams.open == {people["alice"].team.pk: 1}
+            held[1].cancel()
+            await asyncio.gather(held[1], return_exceptions=True)
+            assert app.streams.open == {}
+
+    run(scenario)
