@@ -193,3 +193,28 @@ def test_a_team_past_its_open_streams_gets_a_429_naming_the_limit_and_other_team
             assert app.streams.open == {}
 
     run(scenario)
+
+
+def test_a_pooled_models_stream_reaches_it_by_its_pool_name_and_comes_back_with_the_callers_names(
+    people: dict[str, Person], gateway_app: Any
+) -> None:
+    from gateway.tests.pool_support import shared_deployment
+
+    answers: dict[str, bytes] = {}
+
+    async def scenario() -> None:
+        async with FakeUpstream(lambda r: answers["stream"]) as pool_triton:
+            deployment = await asyncio.to_thread(shared_deployment, people["alice"], "mine", pool_triton.url)
+            pooled = f"d{deployment.pk}-r1-digits"
+            named = b'data: {"model_name":"%s","model_version":"1","text_output":"a"}\n\n' % pooled.encode()
+            failed = b'data: {"error":"model %s failed"}\n\n' % pooled.encode()
+            answers["stream"] = sse([named, named, failed])
+            reply = await call(gateway_app(), "POST", "/serve/mine/v2/models/digits/generate_stream",
+                               token=people["alice"].token, body=b'{"text_input": "a"}')
+            assert reply.status == 200 and reply.complete
+            assert pool_triton.requests[0].target == b"/v2/models/%s/generate_stream" % pooled.encode()
+            first, second, error = sse_events(reply.body)
+            assert json.loads(first.removeprefix(b"data: "))["model_name"] == "digits" and first == second
+            assert error.startswith(b"event: error\n") and pooled.encode() not in reply.body
+
+    run(scenario)
