@@ -209,6 +209,7 @@ def test_the_upload_pages_decoupled_checkbox_declares_a_streaming_python_model_a
                     signature=json.dumps(PYTHON_SIGNATURE), decoupled="on")
     assert response.status_code == 302
     assert ModelVersion.objects.get(model__name="doubler").decoupled is True
+    assert 'id="version-1-streams"' in signed_in(alice).get("/models/doubler/").content.decode()
 
     refused = post(alice, name="digits", decoupled="on")
     assert refused.status_code == 200
