@@ -317,9 +317,7 @@ class Gateway:
                     # An inference answer of any size: only its first bytes are renamed, the rest goes as it comes.
                     response = await _renamed_head(response, pool_prefix, self.max_response, self.timeout)
                     size = response.content_length
-                if streaming:
-                    pass
-                elif size is not None and size <= STREAM_THRESHOLD:
+                if not streaming and size is not None and size <= STREAM_THRESHOLD:
                     # Small responses (the common case) go out in one message.
                     payload = await response.read(self.max_response)
                     status = response.status
@@ -333,7 +331,7 @@ class Gateway:
                                 "headers": [*response_headers, (b"content-length", b"%d" % len(payload))]})
                     await send({"type": "http.response.body", "body": payload})
                     return status
-                elif size is not None and size > self.max_response:
+                if not streaming and size is not None and size > self.max_response:
                     raise ResponseTooLarge(f"{size} bytes")
             if streaming:
                 return await events.relay(response, receive, send, self.stream_limits, contract, pool_prefix)
