@@ -101,6 +101,9 @@ class ModelEntry:
     definition: Definition | None = None
     # An asked entry's settings left to the model's defaults (planning fills them in); a planned entry has none.
     defaults: frozenset[DefaultedSetting] = frozenset()
+    # The version streams (a decoupled python model, models_registry.models.ModelVersion.decoupled): rendered with
+    # Triton's decoupled transaction policy, and answered by the gateway on /generate_stream, not /infer.
+    decoupled: bool = False
 
     @classmethod
     def asked(cls, name: str, *, version: int | None = None, max_batch_size: int | None = None,
@@ -180,6 +183,8 @@ class ModelEntry:
             "response_cache": self.response_cache,
             "warmup": self.warmup.to_json() if self.warmup is not None else None,
             "definition": definition_to_json(self.definition),
+            # Written only when set: the specs of every model that does not stream keep the JSON they always had.
+            **({"decoupled": True} if self.decoupled else {}),
         }
 
     @classmethod
@@ -210,6 +215,7 @@ class ModelEntry:
                 response_cache=bool(data.get("response_cache", False)),
                 warmup=Warmup.from_json(data["warmup"]) if data.get("warmup") is not None else None,
                 definition=formats.definition_from_json(str(data["format"]), data.get("definition")),
+                decoupled=data.get("decoupled") is True,
             )
         except (TypeError, ValueError, KeyError) as exc:
             raise SpecError(f"{where} ({name}): {exc}") from None

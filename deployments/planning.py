@@ -223,7 +223,7 @@ def _entry(version: ModelVersion, options: ModelEntry) -> ModelEntry:
         sha256=version.sha256, signature=version.parsed_signature, max_batch_size=max_batch_size,
         dynamic_batching=batching, instance_group=options.instance_group,
         response_cache=options.response_cache, warmup=options.warmup,
-        definition=version.parsed_definition,
+        definition=version.parsed_definition, decoupled=version.decoupled,
     )
 
 

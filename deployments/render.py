@@ -126,6 +126,9 @@ def build_model_config(m: ServedModel, target: Target, *, tnn_backend_name: str 
 
     if m.response_cache:
         config.response_cache.enable = True
+    if m.decoupled:
+        # Any number of responses per request, each sent as the model makes it (issue 33).
+        config.model_transaction_policy.decoupled = True
 
     if m.warmup is not None:
         _add_warmup(config, m)

@@ -10,13 +10,15 @@ shape (an HTTP error body, a gRPC status, an error message in a ModelStreamInfer
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gateway import contract as contracts
 from gateway import not_found, pool_names
 from gateway.access import Caller, Choice, Route, TtlCache, choose
 from gateway.cold_start import ColdStarts
-from gateway.protocol import Refusal
+from gateway.protocol import GENERATE_KINDS, Refusal
 from gateway.ratelimit import RateLimiter, retry_after_header
 
 TOO_MANY = "Too many requests from you in this team; slow down."
@@ -70,6 +72,46 @@ async def cold_start(cold_starts: ColdStarts, routes: TtlCache[tuple[int, str], 
         await cold_starts.hold(route, pooled, caller.team_id, routes)
 
 
+class StreamSlots:
+    """The streams each team has open in this process, at most `limit` (0: no limit): a stream holds a connection,
+    a Triton slot and gateway memory for as long as its model and caller let it, so one team's streams must not take
+    all of them. Counted per web process, as the in-flight gauge is (several processes allow as many each)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open: dict[int, int] = {}
+
+    @contextlib.contextmanager
+    def hold(self, team_id: int, team: str) -> Iterator[None]:
+        held = self.open.get(team_id, 0)
+        if self.limit and held >= self.limit:
+            raise Refusal(429, f"Team '{team}' has {held} streams open, the most it may have "
+                               f"(GATEWAY_MAX_STREAMS_PER_TEAM={self.limit}): close one, or retry when one ends.",
+                          {"Retry-After": "1"})
+        self.open[team_id] = held + 1
+        try:
+            yield
+        finally:
+            left = self.open[team_id] - 1
+            if left:
+                self.open[team_id] = left
+            else:
+                del self.open[team_id]  # no entry kept per team that ever streamed
+
+
 def contract(route: Route, choice: Choice, model: str, kind: str) -> contracts.Contract | None:
-    """The model's signature an inference's answer is checked against (gateway/contract.py); none for the rest."""
-    return route.contract(choice.revision, model) if kind == "infer" else None
+    """The model's signature an inference's answer is checked against (gateway/contract.py), for the generate
+    endpoints the one its errors are reworded with; none for the rest. A streaming (decoupled) model is refused on
+    /infer (HTTP's and gRPC's unary ModelInfer) here, in words, where Triton would answer with its own."""
+    if kind == "infer":
+        found = route.contract(choice.revision, model)
+        if found is not None and found.decoupled:
+            raise Refusal(400, decoupled_refusal(model))
+        return found
+    return route.contract(choice.revision, model) if kind in GENERATE_KINDS else None
+
+
+def decoupled_refusal(model: str) -> str:
+    return (f"Model '{model}' streams its answer (a decoupled model), so it has no single answer for /infer: use "
+            f"POST .../v2/models/{model}/generate_stream (Server-Sent Events, one per piece) or gRPC's "
+            "ModelStreamInfer.")

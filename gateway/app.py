@@ -29,7 +29,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
 from accounts.tokens import parse_bearer
-from gateway import admission, answer_params, bodies, not_found, pool_names, protocol, stats, upstream
+from gateway import admission, answer_params, bodies, events, not_found, pool_names, protocol, stats, upstream
 from gateway import contract as contracts
 from gateway.access import Access, Caller, Choice, Route
 from gateway.cold_start import ColdStarts
@@ -95,6 +95,9 @@ class Gateway:
         self.parsers = bodies.Parsers(settings.GATEWAY_JSON_PARSE_PROCESSES, self.body_threads)
         self.header_checks = json_body.HeaderChecks(self.max_depth, self.max_tensor)
         self.timeout = settings.GATEWAY_UPSTREAM_TIMEOUT_SECONDS
+        self.streams = admission.StreamSlots(settings.GATEWAY_MAX_STREAMS_PER_TEAM)
+        self.stream_limits = events.Limits(max_event_bytes=self.max_response,
+                                           idle_seconds=settings.GATEWAY_STREAM_IDLE_SECONDS)
         self.flusher: asyncio.Task[None] | None = None
         self.cold_starts = ColdStarts()  # held first requests to idle-unloaded pool revisions
 
@@ -194,9 +197,14 @@ class Gateway:
             in_flight.inc()
             try:
                 contract = admission.contract(route, choice, endpoint.model, endpoint.kind)
-                code = await self._proxy(scope, receive, out, headers, declared, choice.upstream,
-                                         b"/" + target, endpoint, contract,
-                                         pooled.prefix if pooled is not None else "")
+                prefix = pooled.prefix if pooled is not None else ""
+                if endpoint.kind != "generate_stream":
+                    code = await self._proxy(scope, receive, out, headers, declared, choice.upstream,
+                                             b"/" + target, endpoint, contract, prefix)
+                else:
+                    with self.streams.hold(caller.team_id, caller.team_name):
+                        code = await self._proxy(scope, receive, out, headers, declared, choice.upstream,
+                                                 b"/" + target, endpoint, contract, prefix)
             finally:
                 in_flight.dec()
         except Refusal as exc:
@@ -276,9 +284,16 @@ class Gateway:
         # A HEAD goes to Triton as a GET (Triton answers HEAD with a 405 and a body); the body is dropped here.
         upstream_method = "GET" if method == "HEAD" else method
         response: Answer | None = None
+        streaming = False
         try:
             if endpoint.kind == "infer":
                 body, length, transcoded, requested = await self._infer_body(receive, headers, declared, pool_prefix)
+            elif endpoint.kind in protocol.GENERATE_KINDS:
+                body = await self._generate_body(receive, headers, declared)
+                length = len(body)
+                # Plain JSON in, and answers as Triton writes them: events are read one by one (never compressed).
+                forward = [(k, v) for k, v in forward if k not in (b"content-type", b"accept-encoding")]
+                forward.append((b"content-type", b"application/json"))
             if transcoded is not None:
                 # A JSON request sent on as the binary tensor extension (gateway/fastpath/json_body.py).
                 forward = [(k, v) for k, v in forward if k not in _TRANSCODED_HEADERS]
@@ -293,14 +308,16 @@ class Gateway:
                                 "headers": [*response.headers, (b"content-length", b"%d" % len(payload))]})
                     await send({"type": "http.response.body", "body": b""})
                     return response.status
-                if pool_prefix and (endpoint.kind != "infer" or response.status >= 400):
+                if endpoint.kind == "generate_stream" and response.status == 200 and _is_event_stream(response):
+                    streaming = True  # relayed below, each event as it comes: the deadline covered the head only
+                elif pool_prefix and (endpoint.kind not in _ANSWER_KINDS or response.status >= 400):
                     # Errors, metadata, config, statistics: small, read within a bound and renamed whole.
                     return await self._send_renamed(response, send, endpoint, pool_prefix, (contract, requested))
-                if pool_prefix:
+                elif pool_prefix:
                     # An inference answer of any size: only its first bytes are renamed, the rest goes as it comes.
                     response = await _renamed_head(response, pool_prefix, self.max_response, self.timeout)
                     size = response.content_length
-                if size is not None and size <= STREAM_THRESHOLD:
+                if not streaming and size is not None and size <= STREAM_THRESHOLD:
                     # Small responses (the common case) go out in one message.
                     payload = await response.read(self.max_response)
                     status = response.status
@@ -308,14 +325,22 @@ class Gateway:
                     if endpoint.kind == "infer":
                         status, response_headers, payload = _checked(status, response_headers, payload, contract,
                                                                      requested)
+                    elif endpoint.kind == "generate":
+                        status, response_headers, payload = _generated(status, response_headers, payload, contract)
                     await send({"type": "http.response.start", "status": status,
                                 "headers": [*response_headers, (b"content-length", b"%d" % len(payload))]})
                     await send({"type": "http.response.body", "body": payload})
                     return status
-                if size is not None and size > self.max_response:
+                if not streaming and size is not None and size > self.max_response:
                     raise ResponseTooLarge(f"{size} bytes")
+            if streaming:
+                return await events.relay(response, receive, send, self.stream_limits, contract, pool_prefix)
             # A large or streamed response: the deadline covered its head; now each read has its own.
-            checking = (contract, requested) if endpoint.kind == "infer" else None
+            checking: _Judge | None = None
+            if endpoint.kind == "infer":
+                checking = lambda s, h, p: _checked(s, h, p, contract, requested)  # noqa: E731
+            elif endpoint.kind in protocol.GENERATE_KINDS:
+                checking = lambda s, h, p: _generated(s, h, p, contract)  # noqa: E731
             return await self._stream_response(response, receive, send, checking)
         except ResponseTooLarge:
             raise GatewayError(502, f"Triton's answer is over the gateway's limit of {self.max_response} bytes "
@@ -354,13 +379,15 @@ class Gateway:
             headers.append((b"inference-header-content-length", b"%d" % length))
         if endpoint.kind == "infer":  # after the renaming: the caller's names, the caller's words
             status, headers, payload = _checked(status, headers, payload, *checking)
+        elif endpoint.kind in protocol.GENERATE_KINDS:
+            status, headers, payload = _generated(status, headers, payload, checking[0])
         await send({"type": "http.response.start", "status": status,
                     "headers": [*headers, (b"content-length", b"%d" % len(payload))]})
         await send({"type": "http.response.body", "body": payload})
         return status
 
     async def _stream_response(self, response: Answer, receive: Receive, send: Send,
-                               checking: tuple[contracts.Contract | None, tuple[str, ...] | None] | None = None) -> int:
+                               checking: _Judge | None = None) -> int:
         """Relay a large or chunked response piece by piece, within GATEWAY_MAX_RESPONSE_BYTES. A chunked one
         that ends within STREAM_THRESHOLD is sent whole, so that its size can still be refused with a 502."""
         pieces = response.iter_body(self.max_response, idle_timeout=self.timeout)
@@ -376,7 +403,7 @@ class Gateway:
                 payload = b"".join(buffered)
                 status, headers = response.status, response.headers
                 if checking is not None:  # Triton answers chunked too: a whole small answer is checked alike
-                    status, headers, payload = _checked(status, headers, payload, *checking)
+                    status, headers, payload = checking(status, headers, payload)
                 await send({"type": "http.response.start", "status": status,
                             "headers": [*headers, (b"content-length", b"%d" % len(payload))]})
                 await send({"type": "http.response.body", "body": payload})
@@ -447,6 +474,18 @@ class Gateway:
         self._check_pool_json(pool_prefix, len(body) if header_length is None else header_length)
         return body, len(body), None, checked.outputs
 
+    async def _generate_body(self, receive: Receive, headers: dict[bytes, bytes], declared: int | None) -> bytes:
+        """The body of a generate request (a JSON object of input names to values), read within the JSON limit and
+        checked for depth: Triton parses it whole, as it does an inference request's JSON."""
+        encoding = headers.get(b"content-encoding", b"identity").strip().lower()
+        if encoding != b"identity":
+            raise GatewayError(415, "A generate request is plain JSON: send it without Content-Encoding.")
+        if declared is not None and declared > self.max_json:
+            raise bodies.json_too_large(declared, self.max_json)
+        body = await _read_body(receive, self.max_json, json_only=True)
+        protocol.check_generate_request(body, self.max_depth)
+        return body
+
     def _check_pool_json(self, pool_prefix: str, json_bytes: int) -> None:
         """A shared pool's Triton parses the JSON it is sent into its own DOM (about 16 bytes per number, for all of
         the pool's teams): only a little reaches it. FP32 and integer data was sent on as binary already
@@ -501,6 +540,46 @@ def _checked(status: int, headers: list[tuple[bytes, bytes]], payload: bytes, co
     kept = [(k, v) for k, v in headers
             if k not in (b"content-type", b"inference-header-content-length", b"content-encoding")]
     return better[0], [*kept, (b"content-type", b"application/json")], better[1]
+
+
+# Triton answers a generate request to a model that sent several responses with HTTP 200 and this error.
+_GENERATE_MANY = "generate expects model to produce exactly 1 response"
+
+
+def _generated(status: int, headers: list[tuple[bytes, bytes]], payload: bytes,
+               contract: contracts.Contract | None) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """A whole answer to a generate request, as the caller gets it. Triton answers its own failures to build one
+    answer with HTTP 200 and an error object: a model that sent several pieces is the caller's choice of endpoint
+    (400 naming generate_stream), a model's failure a 500 in the words an inference's gets (gateway/contract.py)."""
+    if status == 200 and not payload.startswith(b'{"error":'):
+        return status, headers, payload
+    if status == 200:
+        try:
+            message = json.loads(payload)["error"]
+        except (ValueError, TypeError, KeyError):
+            return status, headers, payload
+        if not isinstance(message, str):
+            return status, headers, payload
+        model = contract.model if contract is not None else "the model"
+        if message.startswith(_GENERATE_MANY):
+            status, message = 400, (f"Model '{model}' answered with more than one response (it streams): use "
+                                    f"POST .../v2/models/{model}/generate_stream for its pieces as Server-Sent "
+                                    "Events, or gRPC's ModelStreamInfer.")
+        else:
+            status, message = contracts.reword(500, message, contract)
+        payload = json.dumps({"error": message}).encode()
+    else:
+        better = _checked_answer(status, headers, payload, contract, None)
+        if better is None:
+            return status, headers, payload
+        status, payload = better
+    kept = [(k, v) for k, v in headers if k not in (b"content-type", b"content-encoding")]
+    return status, [*kept, (b"content-type", b"application/json")], payload
+
+
+_Judge = Callable[[int, list[tuple[bytes, bytes]], bytes], tuple[int, list[tuple[bytes, bytes]], bytes]]
+# The answers of the inference endpoints, whose first bytes name the model (renamed in a pool as they pass).
+_ANSWER_KINDS = frozenset({"infer", "generate"})
 
 
 def _said_once(headers: list[tuple[bytes, bytes]], payload: bytes) -> tuple[list[tuple[bytes, bytes]], bytes]:
@@ -727,6 +806,10 @@ def _with_revision(send: Send, revision: int) -> Send:
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
     return {k.lower(): v for k, v in scope["headers"]}
+
+
+def _is_event_stream(response: Answer) -> bool:
+    return dict(response.headers).get(b"content-type", b"").startswith(b"text/event-stream")
 
 
 def _has(headers: list[tuple[bytes, bytes]], name: bytes) -> bool:

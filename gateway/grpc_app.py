@@ -251,6 +251,8 @@ class GrpcGateway:
                                                  grpc=True).taken()
                 if pooled is not None and method.kind not in ("health", "server"):
                     request = await self._to_pool(route, pooled, caller, model, request)
+                # A streaming model's ModelInfer is refused here, in words naming ModelStreamInfer (issue 33).
+                contract = admission.contract(route, choice, model, method.kind)
             except Refusal as exc:
                 raise GrpcFailure.from_refusal(exc) from None
             if pooled is not None and method.name == "ServerReady":
@@ -262,7 +264,6 @@ class GrpcGateway:
             in_flight.inc()
             prefix = pooled.prefix if pooled is not None else ""
             try:
-                contract = admission.contract(route, choice, model, method.kind)
                 response = await self._forward(choice.upstream, path, request, context, contract, prefix)
             finally:
                 in_flight.dec()

@@ -107,7 +107,7 @@ def _renamed(endpoint: Endpoint, data: Any, prefix: str) -> Any:
         return data
     if isinstance(data.get("error"), str):
         data["error"] = pool_names.without_names(data["error"], prefix)
-    if endpoint.kind == "infer" and "model_name" in data:
+    if endpoint.kind in ("infer", "generate", "generate_stream") and "model_name" in data:
         data["model_name"] = _strip(data["model_name"], prefix)
     if endpoint.kind in ("model", "config") and "name" in data:
         data["name"] = _strip(data["name"], prefix)

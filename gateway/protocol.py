@@ -29,7 +29,11 @@ from modelport.core import datatypes
 # Bytes per element; BYTES elements are variable (each one a 4-byte length and its bytes in binary form).
 DATATYPE_SIZES: dict[str, int] = datatypes.SIZES
 ALLOWED_SURFACE = ("GET /v2, /v2/health/live, /v2/health/ready, /v2/models/stats and /v2/models/{model}"
-                   "[/versions/{n}][/ready|/config|/stats]; POST /v2/models/{model}[/versions/{n}]/infer")
+                   "[/versions/{n}][/ready|/config|/stats]; POST /v2/models/{model}[/versions/{n}]/infer, "
+                   "/generate and /generate_stream")
+# Triton's generate extension: a JSON object of input names to values, answered with one JSON object (`generate`) or
+# as Server-Sent Events, one per response a decoupled model sends (`generate_stream`; issue 33).
+GENERATE_KINDS = frozenset({"generate", "generate_stream"})
 MAX_SHAPE_RANK = 64
 
 
@@ -71,7 +75,7 @@ def check_target(raw_path: bytes, decoded_path: str, query_string: bytes) -> Non
 
 @dataclass(frozen=True)
 class Endpoint:
-    kind: str  # "server", "health", "model", "ready", "config", "stats", "infer"
+    kind: str  # "server", "health", "model", "ready", "config", "stats", "infer", "generate", "generate_stream"
     model: str  # the model named in the path, "" for server-wide endpoints
     method: str  # the one method it takes (HEAD is served as GET)
 
@@ -116,8 +120,8 @@ def _match(parts: list[str]) -> Endpoint | None:
         return Endpoint("model", model, "GET")
     if len(tail) == 1 and tail[0] in ("ready", "config", "stats"):
         return Endpoint(tail[0], model, "GET")
-    if len(tail) == 1 and tail[0] == "infer":
-        return Endpoint("infer", model, "POST")
+    if len(tail) == 1 and tail[0] in ("infer", "generate", "generate_stream"):
+        return Endpoint(tail[0], model, "POST")
     return None
 
 
@@ -141,6 +145,17 @@ def parse_json_header(data: bytes, max_depth: int) -> Any:
         return json.loads(data.decode("utf-8-sig", "surrogatepass"))
     except (ValueError, RecursionError) as exc:
         raise Refusal(400, f"The request body is not valid JSON: {exc}.") from None
+
+
+def check_generate_request(data: bytes, max_depth: int) -> None:
+    """A generate request is a JSON object (input names to values, "parameters"): Triton reads it into its own
+    DOM, so its depth is bounded as an inference request's is (its size was bounded as it was read)."""
+    if not data:
+        raise Refusal(400, "The request body is empty: send a JSON object of the model's input names to their values, "
+                           'e.g. {"text_input": "hello"}.')
+    if not isinstance(parse_json_header(data, max_depth), dict):
+        raise Refusal(400, "A generate request must be a JSON object of the model's input names to their values, "
+                           'e.g. {"text_input": "hello"}.')
 
 
 def check_infer_request(header: Any, binary_length: int | None, max_tensor_bytes: int) -> None:

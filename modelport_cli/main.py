@@ -205,6 +205,8 @@ def cmd_push(args: argparse.Namespace) -> int:
         body["max_batch_size"] = args.max_batch_size
     if example is not None:
         body["example_request"] = example
+    if args.decoupled:
+        body["decoupled"] = True
     version = create_version(client, args.model, body)
     state.forget(result.state_key)  # the portal consumed the upload; a re-run must upload again
     return wait_for_version(client, args.model, version, args)
@@ -1029,6 +1031,9 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--example-request", metavar="FILE.json", help=(
         'a KServe v2 request for the model, {"inputs": [{"name", "datatype", "shape", "data"}]} (BYTES: a string '
         'or {"b64": ...}): the trial call of a python model sends it instead of zeros'))
+    push.add_argument("--decoupled", action="store_true", help=(
+        "a python model that streams its answer in pieces (Triton's decoupled mode): served by /generate_stream "
+        "and gRPC's stream, not /infer"))
     push.add_argument("--no-wait", action="store_true", help="return once uploaded, without waiting for validation")
     push.add_argument("--timeout", type=_seconds, default=DEFAULT_PUSH_TIMEOUT, metavar="S",
                       help=f"how long to wait for validation (default {DEFAULT_PUSH_TIMEOUT:g})")

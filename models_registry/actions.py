@@ -16,6 +16,7 @@ from django.utils import timezone
 from accounts.models import Team
 from audit.log import record as audit
 from infra.api_errors import Conflict
+from modelport.core import formats
 from modelport.core.signature import Signature
 from models_registry import quota
 from models_registry.models import Blob, Format, Model, ModelVersion, Upload
@@ -59,9 +60,21 @@ def _queue_inspection(version: ModelVersion) -> None:
     _dispatch_after_commit(version.model.team_id)
 
 
+class NotStreamable(ArtifactRejected):
+    """decoupled=true on a model that is not a python one: the API names the field."""
+
+
+def check_streamable(fmt: str, decoupled: bool) -> None:
+    """Only a python model can stream (Triton's decoupled mode is the python backend's, and ours renders every other
+    format as a one-answer model): decoupled=true on another format is refused, naming it."""
+    if decoupled and fmt and fmt != formats.PYTHON:
+        raise NotStreamable(f"decoupled=true is for python models only (a model.py that sends its pieces with "
+                            f"a response sender); this is a {formats.get(fmt).label} model: leave decoupled out.")
+
+
 def _new_version(model: Model, user: Any, *, staged_key: str, filename: str, size: int, fmt: str,
                  declared_format: str, signature: Signature | None, max_batch_size: int | None,
-                 example_request: dict[str, Any] | None = None) -> ModelVersion:
+                 example_request: dict[str, Any] | None = None, decoupled: bool = False) -> ModelVersion:
     version = ModelVersion.objects.create(
         model=model,
         number=model.next_version_number(),
@@ -73,6 +86,7 @@ def _new_version(model: Model, user: Any, *, staged_key: str, filename: str, siz
         declared_signature=signature.to_json() if signature else None,
         declared_max_batch_size=max_batch_size,
         example_request=example_request,
+        decoupled=decoupled,
         status=ModelVersion.Status.VALIDATING,
         created_by=user,
     )
@@ -83,13 +97,15 @@ def _new_version(model: Model, user: Any, *, staged_key: str, filename: str, siz
 
 def create_version_from_file(model: Model, user: Any, stream: IO[bytes], filename: str, *, declared_format: str = "",
                              signature: Signature | None = None, max_batch_size: int | None = None,
-                             example_request: dict[str, Any] | None = None) -> ModelVersion:
+                             example_request: dict[str, Any] | None = None, decoupled: bool = False) -> ModelVersion:
     """A small artifact sent in the request body: checked locally first, stored only if it passes."""
+    check_streamable(declared_format, decoupled)
     with tempfile.TemporaryDirectory(prefix="modelport-upload-") as tmp:
         path = Path(tmp) / "artifact"
         with open(path, "wb") as out:
             shutil.copyfileobj(stream, out, 1024 * 1024)
         check = quick_check(path, filename, declared_format, signature)
+        check_streamable(check.format, decoupled)
         quota.check_room(model.team, path.stat().st_size)
         staged_key = f"staging/{uuid.uuid4()}"
         store = get_store()
@@ -103,7 +119,8 @@ def create_version_from_file(model: Model, user: Any, stream: IO[bytes], filenam
             quota.check_room(model.team, size, disk=False)
             return _new_version(_save_new_model(model, user), user, staged_key=staged_key, filename=filename, size=size,
                                 fmt=check.format, declared_format=declared_format, signature=signature,
-                                max_batch_size=max_batch_size, example_request=example_request)
+                                max_batch_size=max_batch_size, example_request=example_request,
+                                decoupled=decoupled)
     except BaseException:
         store.delete(staged_key)
         raise
@@ -111,8 +128,9 @@ def create_version_from_file(model: Model, user: Any, stream: IO[bytes], filenam
 
 def create_version_from_upload(model: Model, user: Any, upload: Upload, *, declared_format: str = "",
                                signature: Signature | None = None, max_batch_size: int | None = None,
-                               example_request: dict[str, Any] | None = None) -> ModelVersion:
+                               example_request: dict[str, Any] | None = None, decoupled: bool = False) -> ModelVersion:
     """A finished resumable upload becomes a version; the upload can be used once."""
+    check_streamable(declared_format, decoupled)
     if not upload.is_complete:
         raise ArtifactRejected(f"The upload is not finished: {upload.offset} of {upload.length} bytes received.")
     store = get_store()
@@ -124,6 +142,7 @@ def create_version_from_upload(model: Model, user: Any, upload: Upload, *, decla
     except ArtifactRejected:
         _discard_upload(upload)
         raise
+    check_streamable(fmt, decoupled)  # the upload is kept: the same one can be sent again without the flag
     with transaction.atomic():
         claimed, _ = Upload.objects.filter(pk=upload.pk, completed_at__isnull=False).delete()
         if claimed != 1:
@@ -131,7 +150,7 @@ def create_version_from_upload(model: Model, user: Any, upload: Upload, *, decla
         return _new_version(_save_new_model(model, user), user, staged_key=upload.key, filename=filename,
                             size=upload.length, fmt=fmt,
                             declared_format=declared_format, signature=signature, max_batch_size=max_batch_size,
-                            example_request=example_request)
+                            example_request=example_request, decoupled=decoupled)
 
 
 def _discard_upload(upload: Upload) -> None:

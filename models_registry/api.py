@@ -130,6 +130,12 @@ class ExampleRequestField(BoundedJSONField):
     pass
 
 
+DECOUPLED_IN = ("A streaming python model (Triton's decoupled mode): it may send any number of responses per request, "
+                "served by /generate_stream and gRPC's ModelStreamInfer, not /infer. Python models only.")
+DECOUPLED_OUT = ("Whether the version streams (uploaded with decoupled=true): deployed, it answers "
+                 "/v2/models/<model>/generate_stream and gRPC's ModelStreamInfer; /infer refuses it.")
+
+
 class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
     model = serializers.CharField(source="model.name", read_only=True)
     created_by = serializers.CharField(source="created_by.username", default=None, read_only=True, allow_null=True)
@@ -155,12 +161,14 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
         "local deployment that gives no memory is limited from it."))
     measured_memory_by = serializers.CharField(read_only=True, help_text=(
         'Where measured_memory_bytes was measured, e.g. "its trial call at inspection"; "" until measured.'))
+    decoupled = serializers.BooleanField(read_only=True, help_text=DECOUPLED_OUT)
 
     class Meta:
         model = ModelVersion
         fields = ["model", "number", "format", "status", "error", "size", "sha256", "identical_to", "signature",
                   "max_batch_size", "original_filename", "definition", "has_example_request", "notes",
-                  "measured_memory_bytes", "measured_memory_by", "created_by", "created_at", "validated_at"]
+                  "measured_memory_bytes", "measured_memory_by", "decoupled", "created_by", "created_at",
+                  "validated_at"]
         read_only_fields = fields
 
 
@@ -198,6 +206,7 @@ class VersionCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
         required=False, default=False,
         help_text="Create the model if it does not exist, with this version: a refused first version leaves no model.")
     example_request = ExampleRequestField(required=False, allow_null=True)
+    decoupled = serializers.BooleanField(required=False, default=False, help_text=DECOUPLED_IN)
 
     def validate_signature(self, value: Any) -> Any:
         if value in (None, "", {}):
@@ -212,6 +221,10 @@ class VersionCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
             raise serializers.ValidationError("Send exactly one of 'file' (multipart) "
                                               "or 'upload_id' (a finished tus upload).")
         attrs["example_request"] = _example_request(attrs.get("example_request"), attrs.get("signature"))
+        try:
+            actions.check_streamable(attrs.get("format") or "", attrs.get("decoupled", False))
+        except actions.NotStreamable as exc:
+            raise serializers.ValidationError({"decoupled": [str(exc)]}) from None
         return attrs
 
 
@@ -237,6 +250,7 @@ class VersionFromFileSerializer(serializers.Serializer[Any]):
     example_request = serializers.CharField(required=False, allow_blank=True, help_text=(
         "A KServe v2 JSON inference request as JSON text, checked against the signature: the trial call of a python "
         'model sends it instead of zeros; a BYTES element is a string or {"b64": "<base64>"}.'))
+    decoupled = serializers.BooleanField(required=False, default=False, help_text=DECOUPLED_IN)
 
 
 class VersionFromUploadSerializer(serializers.Serializer[Any]):
@@ -248,6 +262,7 @@ class VersionFromUploadSerializer(serializers.Serializer[Any]):
     max_batch_size = VersionCreateSerializer().fields["max_batch_size"]
     create_model = VersionCreateSerializer().fields["create_model"]
     example_request = ExampleRequestField(required=False, allow_null=True)
+    decoupled = serializers.BooleanField(required=False, default=False, help_text=DECOUPLED_IN)
 
 
 class PipelineCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
@@ -433,7 +448,8 @@ def versions_list(request: Request, name: str) -> Response:
     serializer.is_valid(raise_exception=True)
     data = serializer.validated_data
     options = {"declared_format": data.get("format") or "", "signature": data.get("signature"),
-               "max_batch_size": data.get("max_batch_size"), "example_request": data.get("example_request")}
+               "max_batch_size": data.get("max_batch_size"), "example_request": data.get("example_request"),
+               "decoupled": data.get("decoupled", False)}
     try:
         if data.get("file"):
             version = actions.create_version_from_file(model, request.user, data["file"], data["file"].name, **options)
@@ -445,6 +461,8 @@ def versions_list(request: Request, name: str) -> Response:
             version = actions.create_version_from_upload(model, request.user, tus_upload, **options)
     except NoRoom as exc:
         raise PayloadTooLarge(str(exc)) from None
+    except actions.NotStreamable as exc:
+        raise ValidationError({"decoupled": [str(exc)]}) from None
     except ArtifactRejected as exc:
         raise ValidationError({"file" if data.get("file") else "upload_id": [str(exc)]}) from None
     return Response(VersionSerializer(version).data, status=status.HTTP_201_CREATED)

@@ -36,11 +36,12 @@ class Findings:
 
 
 def _trial_findings(path_format: str, path: Path, signature: Signature,
-                    example: ExampleRequest | None) -> python_trial.TrialFindings:
+                    example: ExampleRequest | None, decoupled: bool = False) -> python_trial.TrialFindings:
     """The run a format asked for (Inspected.needs_trial_run), with the operator's settings; ArtifactRejected when the
-    model does not run as declared."""
+    model does not run as declared (a streaming one: any of its pieces)."""
     if path_format == formats.PYTHON:
-        return python_trial.python_trial(path, signature, has_requirements=False, example=example)
+        return python_trial.python_trial(path, signature, has_requirements=False, example=example,
+                                         decoupled=decoupled)
     return python_trial.TrialFindings(*trial.torchscript_findings(path, signature))
 
 
@@ -57,7 +58,7 @@ def _findings(version: ModelVersion, path_format: str, path: Path) -> Findings:
     memory = 0
     if inspected.needs_trial_run:
         # The trial's note joins what inspection found, in the format's own definition.
-        found = _trial_findings(path_format, path, signature, example)
+        found = _trial_findings(path_format, path, signature, example, version.decoupled)
         memory = found.memory_bytes
         definition = formats.definition_from_json(path_format,
                                                   {**(definition_to_json(definition) or {}), **found.definition})

@@ -109,6 +109,10 @@ class ModelVersion(models.Model):
     # dedicated local deployment that gives no memory is limited from it (deployments/server_memory.py).
     measured_memory_bytes = models.BigIntegerField(null=True, blank=True)
     measured_memory_by = models.CharField(max_length=200, blank=True)
+    # A streaming (decoupled) python model (issue 33): it answers a request with any number of responses, rendered with
+    # `model_transaction_policy { decoupled: true }`, served by /generate_stream and gRPC's stream, refused on /infer.
+    # Declared at upload (only python models can be), never detected: Triton cannot tell from model.py.
+    decoupled = models.BooleanField(default=False)
     # Pipelines: the versions their steps call, so that none of them is deleted while a pipeline uses it.
     step_versions = models.ManyToManyField("self", symmetrical=False, related_name="pipelines", blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.VALIDATING)

@@ -79,7 +79,7 @@ def python_findings(archive: Path, signature: Signature, has_requirements: bool,
 
 
 def python_trial(archive: Path, signature: Signature, has_requirements: bool,
-                 example: ExampleRequest | None = None) -> TrialFindings:
+                 example: ExampleRequest | None = None, decoupled: bool = False) -> TrialFindings:
     """python_findings, with what the model took at its trial call."""
     from django.conf import settings
 
@@ -93,7 +93,7 @@ def python_trial(archive: Path, signature: Signature, has_requirements: bool,
 
     responses: list[tuple[object, object]] = list(python_trial_call.send(
         sender=None, archive=archive, signature=signature, timeout=float(settings.TRIAL_RUN_TIMEOUT_SECONDS),
-        example=example))
+        example=example, decoupled=decoupled))
     answers = [answer for _, answer in responses if isinstance(answer, TrialCall)]
     if not answers:
         return TrialFindings({"trial_call": "not run: no runtime answers the trial call here"})
@@ -102,6 +102,8 @@ def python_trial(archive: Path, signature: Signature, has_requirements: bool,
         fed = ("one call on the example request" if example is not None else
                f"one call on zeros, batch {TRIAL_BATCH} where the first dimension is -1, other -1 dimensions "
                f"{TRIAL_DYNAMIC_SIZE}")
+        if decoupled:
+            fed = "streamed, " + fed
         raise ArtifactRejected(
             f"The python model does not answer as its declared signature says ({fed}): " + "; ".join(outcome.problems))
     return TrialFindings({"trial_call": outcome.note}, outcome.memory_bytes)

@@ -518,6 +518,12 @@ GATEWAY_RATE_LIMIT_BURST = env_int("GATEWAY_RATE_LIMIT_BURST", 5000, minimum=1)
 GATEWAY_MAX_UPSTREAM_CONNECTIONS = env_int("GATEWAY_MAX_UPSTREAM_CONNECTIONS", 256, minimum=1)
 # Triton's answer is streamed through; one over this many bytes is cut off with a 502 (memory stays bounded).
 GATEWAY_MAX_RESPONSE_BYTES = env_int("GATEWAY_MAX_RESPONSE_BYTES", 256 * 1024**2, minimum=1024)
+# A stream (/generate_stream, issue 33) whose model sends nothing for this long is ended with an error event: a silent
+# model holds the connection, a Triton slot and the caller's wait for nothing.
+GATEWAY_STREAM_IDLE_SECONDS = env_float("GATEWAY_STREAM_IDLE_SECONDS", 60.0, minimum=0.1)
+# Streams a team may have open at once in each web process (429 past it; other teams' streams are not touched); 0: no
+# limit.
+GATEWAY_MAX_STREAMS_PER_TEAM = env_int("GATEWAY_MAX_STREAMS_PER_TEAM", 64, minimum=0)
 # An inference input's element count x datatype size may not exceed this (Triton allocates it before reading).
 GATEWAY_MAX_TENSOR_BYTES = env_int("GATEWAY_MAX_TENSOR_BYTES", 256 * 1024**2, minimum=1)
 # Deeper JSON is refused before it reaches Triton, whose parser overflows its stack on ~300,000 levels.

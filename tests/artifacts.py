@@ -151,3 +151,62 @@ def sleepy_python_model_zip() -> bytes:
     with zipfile.ZipFile(buffer, "w") as archive:
         archive.writestr("model.py", SLEEPY_MODEL)
     return buffer.getvalue()
+
+
+STREAMING_MODEL = '''
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+OUTPUT = "text_output"
+
+
+class TritonPythonModel:
+    """A decoupled model: for each request, pieces sent one by one through its response sender. The text asks:
+    "one" a single piece; "fail" raises after the first; "big" sends a piece of 2 MB; "slow" waits 3 s before its
+    second; "misnamed"/"mistyped" (the OUTPUT below) break the signature; anything else 5 pieces 0.2 s apart. It logs
+    "stream-test: cancelled" when Triton tells it the caller went away."""
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().reshape(-1)[0]
+            text = text.decode() if isinstance(text, bytes) else str(text)
+            # Raising leaves the request to the python backend, which ends it with the exception as an error.
+            self.stream(request, sender, text)
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+
+    def stream(self, request, sender, text):
+        count = 1 if text in ("one", "big") else 5
+        for index in range(count):
+            if request.is_cancelled():
+                pb_utils.Logger.log_info(f"stream-test: cancelled after {index} pieces")
+                return
+            if text == "fail" and index == 1:
+                raise RuntimeError("the model failed after its first piece")
+            if text == "slow" and index == 1:
+                time.sleep(3)
+            piece = b"x" * (2 * 1024 * 1024) if text == "big" else f"piece {index}".encode()
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(OUTPUT, np.array([piece], dtype=object))]))
+            time.sleep(0.2)
+'''
+
+STREAMING_SIGNATURE = {
+    "inputs": [{"name": "text_input", "datatype": "BYTES", "dims": [1]}],
+    "outputs": [{"name": "text_output", "datatype": "BYTES", "dims": [-1]}],
+}
+
+
+def streaming_python_model_zip(broken: str = "") -> bytes:
+    """STREAMING_MODEL; `broken` "misnamed" sends its pieces under another output name, "mistyped" as FP32."""
+    source = STREAMING_MODEL
+    if broken == "misnamed":
+        source = source.replace('OUTPUT = "text_output"', 'OUTPUT = "text"')
+    elif broken == "mistyped":
+        source = source.replace("np.array([piece], dtype=object)", "np.array([1.0], dtype=np.float32)")
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("model.py", source)
+    return buffer.getvalue()

@@ -264,6 +264,26 @@ def test_a_refused_first_upload_leaves_no_model(browser: Any, alice_user: Person
     assert not Model.objects.filter(name="notes").exists()
 
 
+def test_the_streams_checkbox_is_sent_and_its_refusal_on_an_onnx_file_shown_beside_it(
+    browser: Any, alice_user: Person, portal_url: str, digits_onnx: Path
+) -> None:
+    """Issue 33: the page's script sends the checkbox as the API's decoupled=true, and the API's 400 for a format
+    that cannot stream lands beside the checkbox, with no model left behind."""
+    from models_registry.models import Model
+
+    page = sign_in(browser, portal_url, "alice")
+    page.goto(f"{portal_url}/models/upload/")
+    page.wait_for_selector("body[data-js=ready]", state="attached")
+    page.fill("#id_name", "digits")
+    page.set_input_files("#id_file", str(digits_onnx))
+    page.check("#id_decoupled")
+    page.click("#upload-submit")
+    page.wait_for_selector("#id_decoupled_error", timeout=60_000)
+    shown = page.inner_text("#id_decoupled_error")
+    assert "decoupled=true is for python models only" in shown and "ONNX" in shown
+    assert not Model.objects.filter(name="digits").exists()
+
+
 # --- The first ten minutes of a new user (issue 14) -----------------------------------------------------------
 
 NO_HORIZONTAL_OVERFLOW = "document.documentElement.scrollWidth <= window.innerWidth"

@@ -60,6 +60,10 @@ class UploadForm(forms.Form):
         label="Example request (JSON)", required=False,
         widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false", "autocomplete": "off"}),
         help_text=EXAMPLE_REQUEST_HELP)
+    decoupled = forms.BooleanField(
+        label="Streams its answer (decoupled)", required=False,
+        help_text="A python model that sends its answer in pieces (Triton's decoupled mode): served by "
+                  "/generate_stream and gRPC's stream, not /infer. Python models only.")
 
     def rollout(self) -> canary.Rollout | None:
         return rollout_from(self.cleaned_data)

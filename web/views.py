@@ -275,7 +275,9 @@ def _create_version(request: HttpRequest, team: Team, form: UploadForm) -> Model
             return registry_actions.create_version_from_file(
                 model, request.user, file, file.name, declared_format=data["format"] or "",
                 signature=data["signature"], max_batch_size=data["max_batch_size"],
-                example_request=data["example_request"])
+                example_request=data["example_request"], decoupled=data["decoupled"])
+    except registry_actions.NotStreamable as exc:
+        form.add_error("decoupled", str(exc))
     except ArtifactRejected as exc:
         form.add_error("signature" if "signature" in str(exc) else "file", str(exc))
     except registry_actions.Conflict as exc:

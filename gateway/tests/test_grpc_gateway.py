@@ -262,6 +262,28 @@ def test_an_inference_request_that_would_crash_triton_is_refused_and_not_forward
     run(scenario)
 
 
+def test_model_infer_on_a_streaming_model_is_invalid_argument_naming_the_stream_and_is_not_forwarded(
+    people: dict[str, Person]
+) -> None:
+    from deployments.models import Deployment, Revision
+
+    def streaming(target: str) -> None:
+        deployment = deploy(people["alice"], "digits-prod", target)
+        Revision.objects.filter(deployment=deployment).update(spec={"models": [
+            {"name": "digits", "version": 1, "format": "python", "decoupled": True}]})
+        Deployment.objects.filter(pk=deployment.pk).update(status=Deployment.Status.READY)
+
+    async def scenario() -> None:
+        async with stack() as (_, fake, channel):
+            await asyncio.to_thread(streaming, fake.target)
+            refused = await failure(channel, "ModelInfer", infer_request([1, 4], b"\0" * 16), meta(people["alice"]))
+            assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "ModelStreamInfer" in (refused.details() or "") and "generate_stream" in (refused.details() or "")
+            assert fake.calls == []
+
+    run(scenario)
+
+
 def test_messages_over_the_body_limit_are_refused_even_when_compressed(people: dict[str, Person]) -> None:
     async def scenario() -> None:
         async with stack() as (_, fake, channel):

@@ -30,6 +30,10 @@ ALLOWED = [
     ("POST", "/v2/models/digits/infer"),  # infer
     ("POST", "/v2/models/digits/versions/1/infer"),
     ("HEAD", "/v2/health/ready"),
+    # Triton's generate extension (issue 33): one JSON answer, or Server-Sent Events from a streaming model.
+    ("POST", "/v2/models/digits/generate"),
+    ("POST", "/v2/models/digits/generate_stream"),
+    ("POST", "/v2/models/digits/versions/1/generate_stream"),
 ]
 # Triton's admin endpoints (tritonclient's repository, logging, trace and shared-memory calls) and other paths.
 REFUSED = [
@@ -41,7 +45,7 @@ REFUSED = [
     ("GET", "/v2/systemsharedmemory/status"), ("POST", "/v2/systemsharedmemory/region/r/register"),
     ("POST", "/v2/systemsharedmemory/unregister"), ("GET", "/v2/cudasharedmemory/status"),
     ("POST", "/v2/cudasharedmemory/region/r/register"),
-    ("POST", "/v2/models/digits/generate"), ("POST", "/v2/models/digits/generate_stream"),
+    ("POST", "/v2/models/digits/generate/x"), ("GET", "/v2/models/digits/versions/1/generate_stream/x"),
     ("GET", "/v2/models/digits/versions/x/config"), ("GET", "/v2/models/digits/versions"),
     ("GET", "/v2/models/../logging"), ("GET", "/v2/models//ready"), ("GET", "/v2/models/digits/"),
     ("GET", "/v2/health"), ("GET", "/v2/health/live/x"), ("GET", "/v2/models"),
@@ -52,7 +56,8 @@ REFUSED = [
 def test_the_inference_surface_is_classified_with_its_model(method: str, path: str) -> None:
     endpoint = classify(method, path)
     assert endpoint.model in ("", "digits")
-    assert endpoint.kind in ("server", "health", "model", "ready", "config", "stats", "infer")
+    assert endpoint.kind in ("server", "health", "model", "ready", "config", "stats", "infer", "generate",
+                             "generate_stream")
 
 
 @pytest.mark.parametrize(("method", "path"), REFUSED)

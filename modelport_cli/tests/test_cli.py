@@ -219,6 +219,20 @@ def test_push_sends_the_example_request_file_and_says_the_versions_notes(
     assert f"note: digits version 4: {note}" in err
 
 
+def test_push_decoupled_declares_a_streaming_model_and_says_nothing_of_it_otherwise(
+    portal: FakePortal, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    FakeTus(portal)
+    versions_of(portal, "digits", [{"status": "ready", "error": "", "decoupled": True}])
+
+    assert main(["push", "digits", str(artifact(tmp_path, 500)), "--decoupled"]) == 0
+    assert main(["push", "digits", str(artifact(tmp_path, 500))]) == 0
+
+    first, second = portal.seen("POST", "/api/v1/models/digits/versions/")
+    assert first.json()["decoupled"] is True
+    assert "decoupled" not in second.json()
+
+
 def test_a_broken_example_request_file_is_a_usage_error(portal: FakePortal, tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "example.json").write_text("{not json")

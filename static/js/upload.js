@@ -99,7 +99,8 @@
   // --- Field errors, beside their field (the same markup as Django's) ------------------------------------------
 
   const API_FIELDS = { name: "name", upload_id: "file", file: "file", format: "format", signature: "signature",
-                       max_batch_size: "max_batch_size", example_request: "example_request" };
+                       max_batch_size: "max_batch_size", example_request: "example_request",
+                       decoupled: "decoupled" };
 
   function clearErrors() {
     form.querySelectorAll(".errorlist").forEach((el) => el.remove());
@@ -822,6 +823,7 @@
       if (formatSelect.value) body.format = formatSelect.value;
       if (batchInput.value !== "") body.max_batch_size = Number(batchInput.value);
       if (signature) body.signature = signature;
+      if ($("id_decoupled").checked) body.decoupled = true;
       const example = exampleText.value.trim();
       if (example) {
         // As parsed JSON; text that is not JSON goes as it is, for the API to say what is wrong with it (the

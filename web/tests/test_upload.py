@@ -195,3 +195,24 @@ def test_the_short_upload_address_leads_to_the_upload_page(alice: Person) -> Non
     assert response.status_code == 302
     assert response["Location"] == "/models/upload/?model=digits"
     assert signed_in(alice).get(response["Location"]).status_code == 200
+
+
+def test_the_upload_pages_decoupled_checkbox_declares_a_streaming_python_model_and_refuses_it_on_onnx(
+    alice: Person
+) -> None:
+    """Issue 33: the API's decoupled=true and the CLI's --decoupled, on the page (its script sends the checkbox as the
+    API's field; without JavaScript the form does)."""
+    content = signed_in(alice).get("/models/upload/").content.decode()
+    assert 'id="id_decoupled"' in content and 'type="checkbox"' in content
+
+    response = post(alice, name="doubler", data=python_model_zip(), filename="model.zip",
+                    signature=json.dumps(PYTHON_SIGNATURE), decoupled="on")
+    assert response.status_code == 302
+    assert ModelVersion.objects.get(model__name="doubler").decoupled is True
+    assert 'id="version-1-streams"' in signed_in(alice).get("/models/doubler/").content.decode()
+
+    refused = post(alice, name="digits", decoupled="on")
+    assert refused.status_code == 200
+    [shown] = refused.context["form"].errors["decoupled"]
+    assert shown.startswith("decoupled=true is for python models only") and "ONNX" in shown
+    assert not Model.objects.filter(name="digits").exists()

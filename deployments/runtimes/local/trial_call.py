@@ -16,6 +16,7 @@ from typing import Any
 
 from django.dispatch import receiver
 
+from deployments.runtimes.local import trial_stream
 from modelport.core.example_request import ExampleRequest
 from modelport.core.signature import Signature, Tensor
 from modelport.core.trial_run import TRIAL_BATCH
@@ -31,8 +32,8 @@ _EXCEPTION = re.compile(r"([A-Za-z_][A-Za-z0-9_.]{0,99}): ")
 
 @receiver(python_trial_call)
 def _answer(sender: object, *, archive: Path, signature: Signature, timeout: float,
-            example: ExampleRequest | None = None, **kwargs: Any) -> TrialCall:
-    return call_model(archive, signature, timeout=timeout, example=example)
+            example: ExampleRequest | None = None, decoupled: bool = False, **kwargs: Any) -> TrialCall:
+    return call_model(archive, signature, timeout=timeout, example=example, decoupled=decoupled)
 
 
 def judge(signature: Signature, batch: int | None, answer: object) -> list[str]:
@@ -88,9 +89,9 @@ def _post(url: str, body: bytes, timeout: float, header_length: int | None = Non
 
 
 def call_model(archive: Path, signature: Signature, *, timeout: float,
-               example: ExampleRequest | None = None) -> TrialCall:
+               example: ExampleRequest | None = None, decoupled: bool = False) -> TrialCall:
     """Start a sandboxed Triton serving the archive, call it once (on `example`, or zeros), stop it, and judge the
-    answer."""
+    answer; a streaming (decoupled) model's every piece (deployments/runtimes/local/trial_stream.py)."""
     from django.conf import settings
 
     from deployments import pyenvs
@@ -103,15 +104,18 @@ def call_model(archive: Path, signature: Signature, *, timeout: float,
     from models_registry.validation import archive_limits
 
     header_length: int | None = None
+    streamed: list[trial_stream.TrialInput] = []
     if example is not None:
         payload, header_length = example.triton_body()
         batch = example.batch
+        streamed = [trial_stream.TrialInput(i.tensor.name, i.tensor.datatype, i.shape, i.data) for i in example.inputs]
     else:
         request, batch = trial_request(signature)
         payload = json.dumps(request).encode()
+        streamed = [trial_stream.TrialInput(i["name"], i["datatype"], i["shape"], i["data"]) for i in request["inputs"]]
     entry = ModelEntry(name=MODEL_NAME, version=1, format="python", signature=signature, sha256="trial",
                        max_batch_size=max(TRIAL_BATCH, batch) if batch is not None else 0,
-                       definition=PythonDefinition())
+                       definition=PythonDefinition(), decoupled=decoupled)
     spec = RevisionSpec(runtime="local", models=(entry,))
     Path(settings.VAR_DIR).mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="trial-", dir=settings.VAR_DIR))
@@ -129,8 +133,12 @@ def call_model(archive: Path, signature: Signature, *, timeout: float,
         if not ready.ready:
             return TrialCall(True, [f"the model did not load: {clip(ready.message or 'no reason given')}"],
                              "failed: the model did not load")
-        status, body = _post(f"{confined.process.http_url}/v2/models/{MODEL_NAME}/infer", payload, timeout,
-                             header_length)
+        if decoupled:
+            pieces = trial_stream.stream_call(f"{confined.process.host}:{confined.process.grpc_port}", MODEL_NAME,
+                                              streamed, timeout)
+        else:
+            status, body = _post(f"{confined.process.http_url}/v2/models/{MODEL_NAME}/infer", payload, timeout,
+                                 header_length)
         # The model's own processes' peak after a call: the version's first measured memory (issue 31), from which
         # a dedicated deployment's limit is derived (deployments/server_memory.py).
         peak = pool_memory.model_peaks(confined.process.pid, repository, [MODEL_NAME])[MODEL_NAME]
@@ -142,7 +150,31 @@ def call_model(archive: Path, signature: Signature, *, timeout: float,
         if confined is not None:
             stop_confined(confined)
         shutil.rmtree(workdir, ignore_errors=True)
-    return dataclasses.replace(verdict(signature, batch, status, body, example is not None), memory_bytes=peak)
+    if decoupled:
+        outcome = stream_verdict(signature, batch, pieces, example is not None)
+    else:
+        outcome = verdict(signature, batch, status, body, example is not None)
+    return dataclasses.replace(outcome, memory_bytes=peak)
+
+
+def stream_verdict(signature: Signature, batch: int | None, streamed: trial_stream.Streamed,
+                   on_example: bool) -> TrialCall:
+    """A streaming model's trial outcome: every piece judged as a unary answer is, and an error that ended the stream
+    treated as a unary call's 500 is (on zeros accepted unchecked with a note, on the example request refused)."""
+    fed = "the example request" if on_example else "zeros"
+    for index, piece in enumerate(streamed.pieces):
+        problems = judge(signature, batch, piece)
+        if problems:
+            problems = [f"piece {index + 1} of the stream: {problem}" for problem in problems]
+            return TrialCall(True, problems, "failed: " + "; ".join(problems))
+    if streamed.error is not None:
+        body = json.dumps({"error": streamed.error}).encode()
+        return verdict(signature, batch, 500, body, on_example)
+    if not streamed.pieces:
+        problem = f"the streamed trial call on {fed} ended without a single piece (a response with outputs)"
+        return TrialCall(True, [problem], "failed: " + problem)
+    return TrialCall(True, [], f"passed: one streamed call on {fed}: each of its {len(streamed.pieces)} pieces "
+                               "matched the declared signature")
 
 
 def verdict(signature: Signature, batch: int | None, status: int, body: bytes, on_example: bool) -> TrialCall:

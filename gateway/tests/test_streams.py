@@ -1,0 +1,220 @@
+"""The gateway's relay of a streaming model's Server-Sent Events (gateway/events.py) against a scripted upstream, for
+what a real Triton does not do on demand: a piece without end, a connection cut in the middle, a model silent while
+its caller leaves. The real Triton's streams are tests/test_streaming_e2e.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from deployments.models import Deployment, Revision
+from gateway.tests.fake_upstream import FakeUpstream, Request, chunked
+from tests.processes import wait_for
+from tests.support.gateway_calls import call, run
+from tests.support.people import Person
+
+STREAM = "/serve/chat/v2/models/chat/generate_stream"
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def event(text: str) -> bytes:
+    return b"data: " + json.dumps({"model_name": "chat", "model_version": "1", "text_output": text}).encode() + b"\n\n"
+
+
+def streaming_deployment(person: Person, upstream_url: str, decoupled: bool = True) -> None:
+    deployment = Deployment.objects.create(team=person.team, name="chat", upstream_url=upstream_url,
+                                           status=Deployment.Status.READY)
+    entry: dict[str, Any] = {"name": "chat", "version": 1, "format": "python", "decoupled": decoupled}
+    revision = Revision.objects.create(deployment=deployment, number=1, spec={"models": [entry]})
+    Deployment.objects.filter(pk=deployment.pk).update(serving_revision=revision, revision=revision)
+
+
+def sse(pieces: list[bytes], end: bool = True) -> bytes:
+    """Triton's answer to /generate_stream: the head, each event a chunk, the last chunk (unless `end` is false)."""
+    return SSE_HEAD + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + (b"0\r\n\r\n" if end else b"")
+
+
+def sse_events(body: bytes) -> list[bytes]:
+    return [e for e in body.split(b"\n\n") if e]
+
+
+def test_a_piece_over_the_answer_limit_ends_the_stream_with_an_error_event_and_is_never_passed_on(
+    people: dict[str, Person], gateway_app: Any, settings: Any
+) -> None:
+    settings.GATEWAY_MAX_RESPONSE_BYTES = 64 * 1024
+    huge = b"data: " + b"x" * (4 * 1024 * 1024) + b"\n\n"
+
+    async def scenario() -> None:
+        async with FakeUpstream(lambda r: sse([event("one"), huge, event("after")])) as upstream:
+            await asyncio.to_thread(streaming_deployment, people["alice"], upstream.url)
+            reply = await call(gateway_app(), "POST", STREAM, token=people["alice"].token, body=b'{"text_input": "a"}')
+            assert reply.status == 200 and reply.complete
+            first, error = sse_events(reply.body)
+            assert json.loads(first.removeprefix(b"data: "))["text_output"] == "one"
+            assert error.startswith(b"event: error\ndata: ")
+            assert "GATEWAY_MAX_RESPONSE_BYTES" in json.loads(error.split(b"data: ", 1)[1])["error"]
+            # Not a byte of the huge piece went on, and the client got no more than the limit's worth in one message.
+            assert b"xxxx" not in reply.body
+            assert max(len(m.get("body", b"")) for m in reply.messages) < 64 * 1024
+
+    run(scenario)
+
+
+def test_each_event_goes_on_as_it_comes_and_a_cut_stream_ends_with_an_error_event(
+    people: dict[str, Person], gateway_app: Any
+) -> None:
+    # Head and two events, then the connection closes in the middle of the chunked body.
+    cut = sse([event("a"), event("b")], end=False)
+
+    async def scenario() -> None:
+        async with FakeUpstream(lambda r: cut + b"40\r\npartial") as upstream:
+            await asyncio.to_thread(streaming_deployment, people["alice"], upstream.url)
+            original = upstream._serve
+
+            async def close_after(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                task = asyncio.ensure_future(original(reader, writer))
+                await asyncio.sleep(0.2)
+                writer.close()
+                task.cancel()
+
+            upstream.server.close()  # type: ignore[union-attr]
+            upstream.server = await asyncio.start_server(close_after, "127.0.0.1", 0)
+            await asyncio.to_thread(Deployment.objects.filter(name="chat").update, upstream_url=upstream.url)
+            await asyncio.sleep(0.6)  # the gateway's route cache
+            reply = await call(gateway_app(), "POST", STREAM, token=people["alice"].token, body=b'{"text_input": "a"}')
+            assert reply.status == 200 and reply.complete
+            headers = reply.headers
+            assert headers[b"cache-control"] == b"no-cache" and headers[b"x-accel-buffering"] == b"no"
+            assert b"content-length" not in headers
+            events = sse_events(reply.body)
+            # One body message per event as Triton sent it: nothing held back to be sent with the next.
+            bodies = [m["body"] for m in reply.messages if m["type"] == "http.response.body" and m["body"]]
+            assert bodies[:2] == [event("a"), event("b")]
+            assert events[-1].startswith(b"event: error\n") and b"broke the connection" in events[-1]
+
+    run(scenario)
+
+
+def test_a_caller_that_leaves_while_the_model_is_silent_closes_the_connection_to_triton_at_once(
+    people: dict[str, Person], gateway_app: Any
+) -> None:
+    first = sse([event("a")], end=False)  # then nothing: the model thinks
+
+    async def scenario() -> None:
+        async with FakeUpstream(lambda r: first) as upstream:
+            await asyncio.to_thread(streaming_deployment, people["alice"], upstream.url)
+            reply = await call(gateway_app(), "POST", STREAM, token=people["alice"].token, body=b'{"text_input": "a"}',
+                               disconnect="after_start")
+            assert reply.status == 200
+            # Triton cancels a request whose connection closes: the gateway's is closed, not kept for the next caller.
+            await asyncio.to_thread(wait_for, lambda: upstream.open_connections == 0, 5,
+                                    what="the gateway to close its upstream connection")
+
+    run(scenario)
+
+
+def test_infer_on_a_streaming_model_is_a_400_naming_the_ways_to_stream_and_never_reaches_triton(
+    people: dict[str, Person], gateway_app: Any
+) -> None:
+    async def scenario() -> None:
+        async with FakeUpstream() as upstream:
+            await asyncio.to_thread(streaming_deployment, people["alice"], upstream.url)
+            body = b'{"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["a"]}]}'
+            reply = await call(gateway_app(), "POST", "/serve/chat/v2/models/chat/infer", token=people["alice"].token,
+                               body=body)
+            assert reply.status == 400
+            assert reply.json()["error"] == (
+                "Model 'chat' streams its answer (a decoupled model), so it has no single answer for /infer: use POST "
+                ".../v2/models/chat/generate_stream (Server-Sent Events, one per piece) or gRPC's ModelStreamInfer.")
+            assert upstream.requests == []
+
+    run(scenario)
+
+
+def test_a_generate_request_is_forwarded_as_json_and_refused_when_it_is_no_json_object(
+    people: dict[str, Person], gateway_app: Any
+) -> None:
+    def answer(request: Request) -> bytes:
+        assert request.headers[b"content-type"] == b"application/json"
+        assert b"accept-encoding" not in request.headers  # events are read one by one: never compressed
+        return chunked(200, [b'{"model_name":"chat","model_version":"1","text_output":"hi"}'])
+
+    async def scenario() -> None:
+        async with FakeUpstream(answer) as upstream:
+            await asyncio.to_thread(streaming_deployment, people["alice"], upstream.url, False)
+            app = gateway_app()
+            path = "/serve/chat/v2/models/chat/generate"
+            token = people["alice"].token
+            reply = await call(app, "POST", path, token=token, body=b'{"text_input": "a"}',
+                               headers={"Content-Type": "text/plain", "Accept-Encoding": "gzip"})
+            assert reply.status == 200 and reply.json()["text_output"] == "hi"
+            for bad in (b"[1]", b"", b"{" * 100 + b"}" * 100):
+                refused = await call(app, "POST", path, token=token, body=bad)
+                assert refused.status == 400, bad
+            assert len(upstream.requests) == 1
+
+    run(scenario)
+
+
+def test_a_team_past_its_open_streams_gets_a_429_naming_the_limit_and_other_teams_stream_on(
+    people: dict[str, Person], gateway_app: Any, settings: Any
+) -> None:
+    settings.GATEWAY_MAX_STREAMS_PER_TEAM = 2
+    open_stream = sse([event("a")], end=False)  # a model that keeps thinking: the stream stays open
+
+    async def scenario() -> None:
+        async with FakeUpstream(lambda r: open_stream) as upstream:
+            await asyncio.to_thread(streaming_deployment, people["alice"], upstream.url)
+            await asyncio.to_thread(streaming_deployment, people["charlie"], upstream.url)  # globex's own "chat"
+            app = gateway_app()
+            body = b'{"text_input": "a"}'
+            alice, charlie = people["alice"].token, people["charlie"].token
+            held = [asyncio.ensure_future(call(app, "POST", STREAM, token=alice, body=body)) for _ in range(2)]
+            await asyncio.to_thread(wait_for, lambda: len(upstream.requests) == 2, 5, what="two streams to open")
+            refused = await call(app, "POST", STREAM, token=alice, body=body)
+            assert refused.status == 429 and refused.headers[b"retry-after"] == b"1"
+            assert refused.json()["error"] == (
+                "Team 'acme' has 2 streams open, the most it may have (GATEWAY_MAX_STREAMS_PER_TEAM=2): close one, or "
+                "retry when one ends.")
+            assert len(upstream.requests) == 2  # refused before Triton
+            # Another team is not touched by acme's streams.
+            other = await call(app, "POST", "/serve/chat/v2/models/chat/generate_stream", token=charlie, body=body,
+                               disconnect="after_start")
+            assert other.status == 200
+            # A stream that ends gives its slot back.
+            held[0].cancel()
+            await asyncio.gather(held[0], return_exceptions=True)
+            again = await call(app, "POST", STREAM, token=alice, body=body, disconnect="after_start")
+            assert again.status == 200
+            assert app.streams.open == {people["alice"].team.pk: 1}
+            held[1].cancel()
+            await asyncio.gather(held[1], return_exceptions=True)
+            assert app.streams.open == {}
+
+    run(scenario)
+
+
+def test_a_pooled_models_stream_reaches_it_by_its_pool_name_and_comes_back_with_the_callers_names(
+    people: dict[str, Person], gateway_app: Any
+) -> None:
+    from gateway.tests.pool_support import shared_deployment
+
+    answers: dict[str, bytes] = {}
+
+    async def scenario() -> None:
+        async with FakeUpstream(lambda r: answers["stream"]) as pool_triton:
+            deployment = await asyncio.to_thread(shared_deployment, people["alice"], "mine", pool_triton.url)
+            pooled = f"d{deployment.pk}-r1-digits"
+            named = b'data: {"model_name":"%s","model_version":"1","text_output":"a"}\n\n' % pooled.encode()
+            failed = b'data: {"error":"model %s failed"}\n\n' % pooled.encode()
+            answers["stream"] = sse([named, named, failed])
+            reply = await call(gateway_app(), "POST", "/serve/mine/v2/models/digits/generate_stream",
+                               token=people["alice"].token, body=b'{"text_input": "a"}')
+            assert reply.status == 200 and reply.complete
+            assert pool_triton.requests[0].target == b"/v2/models/%s/generate_stream" % pooled.encode()
+            first, second, error = sse_events(reply.body)
+            assert json.loads(first.removeprefix(b"data: "))["model_name"] == "digits" and first == second
+            assert error.startswith(b"event: error\n") and pooled.encode() not in reply.body
+
+    run(scenario)
