@@ -27,7 +27,7 @@ from deployments.runtimes.local import triton as lt
 from deployments.tests.local_triton import runtime_env
 from infra import sandbox_settings
 from models_registry.sample_models import textgen
-from models_registry.samples import TEXTGEN_OPTIONAL_INPUTS, TEXTGEN_SIGNATURE, build_textgen_zip, train_textgen
+from models_registry.samples import TEXTGEN_OPTIONAL_INPUTS, TEXTGEN_SIGNATURE, build_textgen_zip
 
 STEP_INTERVAL_MS = 5
 
@@ -77,11 +77,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lt.ServerProces
     assert lt.group_pids(process.pid) == []
 
 
-@pytest.fixture(scope="module")
-def model() -> textgen.CharModel:
-    return textgen.CharModel(textgen.load_counts(train_textgen().weights))
-
-
 def post(server: lt.ServerProcess, path: str, body: dict[str, Any]) -> http.client.HTTPResponse:
     connection = http.client.HTTPConnection(server.host, server.http_port, timeout=60)
     connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
@@ -107,11 +102,11 @@ def stream_pieces(server: lt.ServerProcess, body: dict[str, Any], model_name: st
 
 @pytest.mark.triton
 def test_generate_stream_sends_one_event_per_piece_and_they_join_to_the_generators_text(
-        server: lt.ServerProcess, model: textgen.CharModel) -> None:
+        server: lt.ServerProcess, textgen_model: textgen.CharModel) -> None:
     body = {"text_input": "First Citizen:\n", "max_tokens": 20, "seed": 11, "temperature": 0.8, "top_p": 0.95}
     pieces = stream_pieces(server, body)
     assert len(pieces) == 20 and all(pieces)
-    expected = list(textgen.generate(model, "First Citizen:\n",
+    expected = list(textgen.generate(textgen_model, "First Citizen:\n",
                                      textgen.make_params(max_tokens=20, seed=11, temperature=0.8, top_p=0.95)))
     assert pieces == expected
     text = "".join(pieces)
@@ -130,12 +125,13 @@ def test_the_pieces_arrive_as_they_are_generated(server: lt.ServerProcess) -> No
 
 
 @pytest.mark.triton
-def test_stop_strings_and_stream_false_through_generate(server: lt.ServerProcess, model: textgen.CharModel) -> None:
+def test_stop_strings_and_stream_false_through_generate(server: lt.ServerProcess,
+                                                        textgen_model: textgen.CharModel) -> None:
     body = {"text_input": "First Citizen:\n", "max_tokens": 200, "seed": 5, "stop": ["\n"], "stream": False}
     response = post(server, "/v2/models/textgen/generate", body)
     answer = json.loads(response.read())
     assert response.status == 200, answer
-    expected = "".join(textgen.generate(model, "First Citizen:\n",
+    expected = "".join(textgen.generate(textgen_model, "First Citizen:\n",
                                         textgen.make_params(max_tokens=200, seed=5, stop=["\n"])))
     assert answer["text_output"] == expected and "\n" not in expected and expected
 
@@ -156,7 +152,7 @@ def test_bad_settings_are_a_400_saying_what_to_fix(server: lt.ServerProcess, bod
 
 @pytest.mark.triton
 def test_concurrent_streams_are_generated_together_and_each_gets_its_own_text(
-        server: lt.ServerProcess, model: textgen.CharModel) -> None:
+        server: lt.ServerProcess, textgen_model: textgen.CharModel) -> None:
     def timed(prompt_and_seed: tuple[str, int]) -> tuple[list[str], float]:
         started = time.monotonic()
         body = {"text_input": prompt_and_seed[0], "max_tokens": 20, "seed": prompt_and_seed[1]}
@@ -169,7 +165,7 @@ def test_concurrent_streams_are_generated_together_and_each_gets_its_own_text(
         got = list(pool.map(timed, prompts))
     together = time.monotonic() - started
     for (prompt, seed), (pieces, _) in zip(prompts, got, strict=True):
-        assert pieces == list(textgen.generate(model, prompt, textgen.make_params(max_tokens=20, seed=seed)))
+        assert pieces == list(textgen.generate(textgen_model, prompt, textgen.make_params(max_tokens=20, seed=seed)))
     assert len({"".join(pieces) for pieces, _ in got}) == len(prompts)
     # One after the other, 16 streams would take 16 times as long as one; stepped together, about as long as the
     # longest of them (5 ms steps; streams of 20 pieces differ in characters, hence in steps).
@@ -206,7 +202,7 @@ def test_a_client_that_goes_away_ends_its_stream_in_the_model(server: lt.ServerP
 
 @pytest.mark.triton
 def test_it_streams_inside_the_sandbox_every_local_deployment_runs_in(
-        tmp_path: Path, model: textgen.CharModel) -> None:
+        tmp_path: Path, textgen_model: textgen.CharModel) -> None:
     runtime_env()
     capabilities = sandbox_settings.sandbox_capabilities()
     if not capabilities.available:
@@ -220,7 +216,8 @@ def test_it_streams_inside_the_sandbox_every_local_deployment_runs_in(
         assert result.ready, f"{result.message}\n{serverlog.tail_log(started.process.log_path, 60)}"
         assert started.process.sandboxed
         pieces = stream_pieces(started.process, {"text_input": "VOLUMNIA:\n", "max_tokens": 12, "seed": 4})
-        assert pieces == list(textgen.generate(model, "VOLUMNIA:\n", textgen.make_params(max_tokens=12, seed=4)))
+        expected = textgen.generate(textgen_model, "VOLUMNIA:\n", textgen.make_params(max_tokens=12, seed=4))
+        assert pieces == list(expected)
     finally:
         confined.stop_confined(started)
 
@@ -262,13 +259,13 @@ def grpc_stream(server: lt.ServerProcess, inputs: dict[str, tuple[str, Any]]) ->
 
 @pytest.mark.triton
 def test_grpc_model_stream_infer_streams_the_pieces_then_an_empty_final_response(
-        server: lt.ServerProcess, model: textgen.CharModel) -> None:
+        server: lt.ServerProcess, textgen_model: textgen.CharModel) -> None:
     got = grpc_stream(server, {"text_input": ("BYTES", b"BRUTUS:\n"), "max_tokens": ("INT32", 15),
                                "seed": ("INT64", 9)})
     *pieces, final = got
     assert final == (None, True, None)  # the final flag comes alone, after the last piece
     assert [text for text, _, _ in pieces] == list(
-        textgen.generate(model, "BRUTUS:\n", textgen.make_params(max_tokens=15, seed=9)))
+        textgen.generate(textgen_model, "BRUTUS:\n", textgen.make_params(max_tokens=15, seed=9)))
     assert not any(is_final for _, is_final, _ in pieces)
 
 
