@@ -39,7 +39,6 @@ SLOW_FILES = (
     "tests/test_layers.py",
     "tests/test_nasty_inputs.py",
     "tests/test_run_portal_ports.py",
-    "tests/test_test_support.py",
     "tuning/tests/test_measure.py",
     "web/tests/test_admin.py",
     "web/tests/test_canary_page.py",
