@@ -112,8 +112,11 @@ async def _pass(pieces: AsyncGenerator[bytes, None], send: Send, headers: list[t
     code = 200
     try:
         async for piece in pieces:
+            # What is held has no event's end in it (it was sent on): an end is in the new piece, or straddles the
+            # two. Only that much is searched, so that an event trickled in small reads costs no rescan per read.
+            searched = max(0, len(held) - len(_END) + 1)
             held += piece
-            end = held.rfind(_END)
+            end = held.rfind(_END, searched)
             if end < 0:
                 if len(held) > limits.max_event_bytes:
                     raise _too_large(limits)
