@@ -289,7 +289,7 @@ class Gateway:
             if endpoint.kind == "infer":
                 body, length, transcoded, requested = await self._infer_body(receive, headers, declared, pool_prefix)
             elif endpoint.kind in protocol.GENERATE_KINDS:
-                body = await self._generate_body(receive, headers, declared)
+                body = await self._generate_body(receive, headers, declared, pool_prefix)
                 length = len(body)
                 # Plain JSON in, and answers as Triton writes them: events are read one by one (never compressed).
                 forward = [(k, v) for k, v in forward if k not in (b"content-type", b"accept-encoding")]
@@ -474,16 +474,23 @@ class Gateway:
         self._check_pool_json(pool_prefix, len(body) if header_length is None else header_length)
         return body, len(body), None, checked.outputs
 
-    async def _generate_body(self, receive: Receive, headers: dict[bytes, bytes], declared: int | None) -> bytes:
+    async def _generate_body(self, receive: Receive, headers: dict[bytes, bytes], declared: int | None,
+                             pool_prefix: str) -> bytes:
         """The body of a generate request (a JSON object of input names to values), read within the JSON limit and
-        checked for depth: Triton parses it whole, as it does an inference request's JSON."""
+        checked for depth: Triton parses it whole, as it does an inference request's JSON, so a shared pool's Triton
+        gets as little of it as of an inference's, and a large one is parsed off the event loop as theirs are."""
         encoding = headers.get(b"content-encoding", b"identity").strip().lower()
         if encoding != b"identity":
             raise GatewayError(415, "A generate request is plain JSON: send it without Content-Encoding.")
         if declared is not None and declared > self.max_json:
             raise bodies.json_too_large(declared, self.max_json)
         body = await _read_body(receive, self.max_json, json_only=True)
-        protocol.check_generate_request(body, self.max_depth)
+        self._check_pool_json(pool_prefix, len(body))
+        if len(body) > bodies.INLINE_JSON_BYTES:
+            async with self.parse_budget.hold(len(body)):
+                await self.parsers.run(protocol.check_generate_request, body, self.max_depth)
+        else:
+            protocol.check_generate_request(body, self.max_depth)
         return body
 
     def _check_pool_json(self, pool_prefix: str, json_bytes: int) -> None:

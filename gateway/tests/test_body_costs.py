@@ -281,3 +281,23 @@ def test_a_parser_process_that_dies_costs_its_request_a_503_and_is_replaced() ->
             threads.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_a_generate_request_for_a_shared_pool_is_bounded_as_an_inferences_json_is(
+        people: dict[str, Person], gateway_app: Any, settings: Any) -> None:
+    """A generate request is JSON the pool's Triton parses whole for every team of the pool: the same bound."""
+    settings.GATEWAY_MAX_POOL_JSON_BYTES = 64 * 1024
+    body = j({"text_input": "x" * (100 * 1024)})
+
+    async def scenario() -> None:
+        async with FakeUpstream() as pool_triton:
+            await sync_to_async(shared_deployment)(people["alice"], "mine", pool_triton.url)
+            app = gateway_app()
+            for endpoint in ("generate", "generate_stream"):
+                refused = await call(app, "POST", f"/serve/mine/v2/models/digits/{endpoint}", body=body,
+                                     token=people["alice"].token)
+                assert refused.status == 413, refused.body[:300]
+                assert "GATEWAY_MAX_POOL_JSON_BYTES" in refused.json()["error"]
+            assert pool_triton.requests == []
+
+    asyncio.run(scenario())
