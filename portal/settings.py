@@ -524,6 +524,15 @@ GATEWAY_STREAM_IDLE_SECONDS = env_float("GATEWAY_STREAM_IDLE_SECONDS", 60.0, min
 # Streams a team may have open at once in each web process (429 past it; other teams' streams are not touched); 0: no
 # limit.
 GATEWAY_MAX_STREAMS_PER_TEAM = env_int("GATEWAY_MAX_STREAMS_PER_TEAM", 64, minimum=0)
+# A stream's total length (HTTP's /generate_stream and the OpenAI API's streamed answers, gRPC's decoupled
+# ModelStreamInfer): past either bound it is ended with an error, so that a model that never stops, or a caller that
+# never hangs up, cannot hold a connection, a Triton slot and a stream slot for ever.
+GATEWAY_MAX_STREAM_SECONDS = env_float("GATEWAY_MAX_STREAM_SECONDS", 600.0, minimum=1.0)
+GATEWAY_MAX_STREAM_BYTES = env_int("GATEWAY_MAX_STREAM_BYTES", 64 * 1024**2, minimum=1024)
+# A caller that reads a stream slower than the model writes it is given this long for each piece to leave (the web
+# server's send buffer is the only buffering, a few tens of KiB); past it the stream is ended and counted as a slow
+# reader, never buffered further in the gateway.
+GATEWAY_STREAM_SEND_SECONDS = env_float("GATEWAY_STREAM_SEND_SECONDS", 30.0, minimum=0.1)
 # An inference input's element count x datatype size may not exceed this (Triton allocates it before reading).
 GATEWAY_MAX_TENSOR_BYTES = env_int("GATEWAY_MAX_TENSOR_BYTES", 256 * 1024**2, minimum=1)
 # Deeper JSON is refused before it reaches Triton, whose parser overflows its stack on ~300,000 levels.
