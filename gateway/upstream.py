@@ -36,6 +36,13 @@ _UNSAFE_TARGET_BYTE = re.compile(rb"[\x00-\x20\x7f-\xff]")
 COALESCE_BYTES = 64 * 1024
 
 
+def _chunk_size(line: bytes) -> int:
+    match = _CHUNK_SIZE.fullmatch(line)
+    if match is None:
+        raise UpstreamError(f"bad chunk size line from upstream: {line[:100]!r}")
+    return int(match.group(1), 16)
+
+
 class UpstreamError(Exception):
     """The upstream could not be reached, or broke the connection or the protocol."""
 
@@ -125,17 +132,25 @@ class Response:
                     yield piece
             elif self.chunked:
                 while True:
+                    small = None
+                    # A small chunk (a stream's piece is one) is read with its size line and CRLF under one timeout:
+                    # a timeout per read was three per piece, a third of the relay's CPU per piece
+                    # (docs/benchmarks.md, "Streaming"). A chunk this small taking the idle time to arrive is an idle
+                    # upstream.
                     async with asyncio.timeout(idle_timeout):
-                        line = await reader.readuntil(b"\r\n")
-                    match = _CHUNK_SIZE.fullmatch(line)
-                    if match is None:
-                        raise UpstreamError(f"bad chunk size line from upstream: {line[:100]!r}")
-                    size = int(match.group(1), 16)
+                        size = _chunk_size(await reader.readuntil(b"\r\n"))
+                        if 0 < size <= READ_SIZE and received + size <= limit:
+                            small = await reader.readexactly(size + 2)
                     if size == 0:
                         break
                     received += size
                     if received > limit:
                         raise ResponseTooLarge(f"the response is over {limit} bytes")
+                    if small is not None:
+                        if small[-2:] != b"\r\n":
+                            raise UpstreamError("a chunk from upstream is longer than its size")
+                        yield small[:-2]
+                        continue
                     while size:
                         async with asyncio.timeout(idle_timeout):
                             piece = await reader.read(min(size, READ_SIZE))

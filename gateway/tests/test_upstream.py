@@ -380,3 +380,60 @@ def test_it_never_writes_a_target_with_spaces_or_control_characters() -> None:
                 await pool.request("GET", "http://127.0.0.1:9", target, [], None, None)
 
     run(scenario)
+
+
+def test_small_and_large_chunks_read_back_as_sent_and_the_connection_is_kept() -> None:
+    # A small chunk is read in one piece with its CRLF; one over READ_SIZE in reads of it: both must give the bytes.
+    large = bytes(range(256)) * 400  # 102,400 bytes: over READ_SIZE
+    raw = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n"
+           + b"%x\r\n" % len(large) + large + b"\r\n3;ext=1\r\nend\r\n0\r\n\r\n")
+
+    async def scenario() -> None:
+        async with FakeUpstream(lambda request: raw) as upstream:
+            pool = Pool()
+            answer = await pool.request("GET", upstream.url, b"/v2", [], None, None)
+            body = b"".join([piece async for piece in answer.iter_body(LIMIT, idle_timeout=5)])
+            assert body == b"first" + large + b"end"
+            assert pool.idle_count() == 1
+
+    run(scenario)
+
+
+def test_a_small_chunk_over_the_limit_is_refused_before_it_is_read() -> None:
+    raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n400\r\n" + b"x" * 1024 + b"\r\n0\r\n\r\n"
+
+    async def scenario() -> None:
+        async with FakeUpstream(lambda request: raw) as upstream:
+            pool = Pool()
+            answer = await pool.request("GET", upstream.url, b"/v2", [], None, None)
+            with pytest.raises(ResponseTooLarge):
+                async for _ in answer.iter_body(1000, idle_timeout=5):
+                    pass
+            assert pool.idle_count() == 0 and answer._conn is None
+
+    run(scenario)
+
+
+def test_a_small_chunk_trickled_for_longer_than_the_idle_timeout_times_out_and_drops_the_connection() -> None:
+    # A byte every 50 ms never leaves a 0.3 s gap, but a piece of 40 bytes taking 2 s is an upstream holding the
+    # stream open for nothing: the idle timeout covers a small chunk whole.
+    async def scenario() -> None:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n28\r\n")
+            for _ in range(40):
+                writer.write(b"x")
+                await writer.drain()
+                await asyncio.sleep(0.05)
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        pool = Pool()
+        answer = await pool.request("GET", url, b"/v2", [], None, None)
+        with pytest.raises(TimeoutError):
+            async for _ in answer.iter_body(LIMIT, idle_timeout=0.3):
+                pass
+        assert pool.idle_count() == 0 and answer._conn is None
+        server.close()
+
+    run(scenario)
