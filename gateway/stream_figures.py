@@ -1,0 +1,175 @@
+"""A stream's figures (issue 33): time to first piece (TTFT: from the request's arrival at the gateway to the first
+piece handed to the caller's connection), time between pieces (ITL), pieces, streams in flight, and how each stream
+ended (complete, cancelled by the caller, or ended by a bound, by reason).
+
+One `StreamFigures` per stream, whatever carries it (HTTP's /generate_stream relay, the OpenAI-compatible API's
+streamed answers, gRPC's decoupled ModelStreamInfer): `piece(nbytes)` after each piece is handed on, `ended(reason)`
+once at the end. It is on the event loop every team shares, once per piece, so a piece costs a clock read, a
+bisect into a list kept for the stream's life and one Prometheus observation, and allocates nothing; the
+per-deployment time buckets (the stats API, the page) get the stream's counts when the collector takes them
+(`fold`, every flush) and at its end, not per piece.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from gateway.models import LATENCY_BUCKETS_MS
+
+# How a stream ended: the first two are no bound's doing; the rest are the bounds of docs/security.md's "Stream
+# bounds", and the upstream's failures. A fixed set: they label a Prometheus series.
+COMPLETE = "complete"
+CANCELLED = "cancelled"  # the caller went away (counted 499)
+IDLE = "idle"  # GATEWAY_STREAM_IDLE_SECONDS
+LENGTH_SECONDS = "length_seconds"  # GATEWAY_MAX_STREAM_SECONDS
+LENGTH_BYTES = "length_bytes"  # GATEWAY_MAX_STREAM_BYTES
+SLOW_READER = "slow_reader"  # GATEWAY_STREAM_SEND_SECONDS
+TOO_LARGE = "too_large"  # a piece over GATEWAY_MAX_RESPONSE_BYTES
+MODEL_ERROR = "model_error"  # the model's error event ended it
+UPSTREAM = "upstream"  # Triton broke the connection or cut a piece
+BOUNDS = (IDLE, LENGTH_SECONDS, LENGTH_BYTES, SLOW_READER, TOO_LARGE)
+REASONS = (COMPLETE, CANCELLED, *BOUNDS, MODEL_ERROR, UPSTREAM)
+
+_BOUNDS_S = tuple(b / 1000.0 for b in LATENCY_BUCKETS_MS)  # the stored buckets, in seconds (inf stays inf)
+_PROM_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
+_LABELS = ["team", "deployment", "revision"]
+
+FIRST_PIECE = Histogram("modelport_gateway_stream_first_piece_seconds",
+                        "Time to first piece: from a stream request's arrival to its first piece sent", _LABELS,
+                        buckets=_PROM_BUCKETS)
+PIECE_GAP = Histogram("modelport_gateway_stream_piece_gap_seconds", "Time between two pieces of a stream sent",
+                      _LABELS, buckets=_PROM_BUCKETS)
+PIECES = Counter("modelport_gateway_stream_pieces_total", "Pieces of streams sent", _LABELS)
+STREAMS_IN_FLIGHT = Gauge("modelport_gateway_streams_in_flight", "Streams open through the gateway", _LABELS)
+STREAMS_ENDED = Counter("modelport_gateway_streams_ended_total",
+                        "Streams ended, by how: complete, cancelled (the caller went away) or a bound's reason",
+                        [*_LABELS, "reason"])
+
+
+class _Children:
+    """One stream's Prometheus children (labels() takes a lock and builds a key: done once per label set)."""
+
+    __slots__ = ("first", "gap", "pieces", "in_flight", "ended")
+
+    def __init__(self, team: str, deployment: str, revision: str) -> None:
+        self.first = FIRST_PIECE.labels(team, deployment, revision)
+        self.gap = PIECE_GAP.labels(team, deployment, revision)
+        self.pieces = PIECES.labels(team, deployment, revision)
+        self.in_flight = STREAMS_IN_FLIGHT.labels(team, deployment, revision)
+        self.ended: dict[str, Any] = {}
+
+    def ended_counter(self, labels: tuple[str, str, str], reason: str) -> Any:
+        counter = self.ended.get(reason)
+        if counter is None:
+            counter = self.ended[reason] = STREAMS_ENDED.labels(*labels, reason)
+        return counter
+
+
+class StreamSink(Protocol):
+    """Where a stream's counts go (gateway.stats.StatsCollector)."""
+
+    def stream_ended(self, figures: StreamFigures) -> None: ...
+
+
+class StreamCounts:
+    """What a stream adds to a time bucket: kept per stream between two folds, added to the bucket at each."""
+
+    __slots__ = ("streams", "pieces", "seconds", "first", "gaps", "ends")
+
+    def __init__(self) -> None:
+        self.streams = 0  # streams ended
+        self.pieces = 0
+        self.seconds = 0.0  # stream-seconds open (their sum over a window / the window: the mean in flight)
+        self.first = [0] * len(LATENCY_BUCKETS_MS)  # TTFT, counts per LATENCY_BUCKETS_MS entry
+        self.gaps = [0] * len(LATENCY_BUCKETS_MS)  # ITL, the same
+        self.ends: dict[str, int] = {}
+
+    def add(self, other: StreamCounts) -> None:
+        self.streams += other.streams
+        self.pieces += other.pieces
+        self.seconds += other.seconds
+        for index, count in enumerate(other.first):
+            if count:
+                self.first[index] += count
+        for index, count in enumerate(other.gaps):
+            if count:
+                self.gaps[index] += count
+        for reason, count in other.ends.items():
+            self.ends[reason] = self.ends.get(reason, 0) + count
+
+
+class StreamFigures:
+    """One stream's measurement; `clock` is time.perf_counter (the gateway's request clock) unless a test fakes
+    it. `arrived`: when the request reached the gateway, on that clock."""
+
+    __slots__ = ("sink", "deployment_id", "revision", "labels", "clock", "arrived", "last", "folded_at", "counts",
+                 "reason", "_children", "_gap", "_first")
+
+    def __init__(self, sink: StreamSink | None, deployment_id: int, team: str, deployment: str, revision: int,
+                 arrived: float, clock: Callable[[], float] = time.perf_counter,
+                 children: _Children | None = None) -> None:
+        self.sink = sink
+        self.deployment_id = deployment_id
+        self.revision = revision
+        self.labels = (team, deployment, str(revision))
+        self.clock = clock
+        self.arrived = arrived
+        self.last: float | None = None  # when the last piece went
+        self.folded_at = clock()
+        self.counts = StreamCounts()
+        self.reason: str | None = None
+        self._children = children if children is not None else _Children(*self.labels)
+        self._gap = self._children.gap.observe
+        self._first = self._children.first.observe
+        self._children.in_flight.inc()
+
+    @property
+    def pieces(self) -> int:
+        """Pieces sent since the last fold (all of them when nothing took the counts yet)."""
+        return self.counts.pieces
+
+    def piece(self, nbytes: int = 0, now: float | None = None) -> None:
+        """A piece was handed to the caller's connection (`now`: when, on the clock, if the caller read it).
+        `nbytes` is for the caller's own byte bound; the figures count pieces."""
+        if now is None:
+            now = self.clock()
+        last = self.last
+        counts = self.counts
+        if last is None:
+            first = now - self.arrived
+            counts.first[bisect.bisect_left(_BOUNDS_S, first)] += 1
+            self._first(first)
+        else:
+            gap = now - last
+            counts.gaps[bisect.bisect_left(_BOUNDS_S, gap)] += 1
+            self._gap(gap)
+        self.last = now
+        counts.pieces += 1
+
+    def fold(self, now: float | None = None) -> StreamCounts:
+        """The counts since the last fold (the stream's seconds up to `now` included), and a fresh start."""
+        if now is None:
+            now = self.clock()
+        taken, self.counts = self.counts, StreamCounts()
+        taken.seconds += now - self.folded_at
+        self.folded_at = now
+        if taken.pieces:
+            self._children.pieces.inc(taken.pieces)
+        return taken
+
+    def ended(self, reason: str) -> None:
+        """The stream is over (once; later calls are ignored): counted by `reason` (one of REASONS)."""
+        if self.reason is not None:
+            return
+        self.reason = reason
+        self._children.in_flight.dec()
+        self._children.ended_counter(self.labels, reason).inc()
+        self.counts.streams += 1
+        self.counts.ends[reason] = self.counts.ends.get(reason, 0) + 1
+        if self.sink is not None:
+            self.sink.stream_ended(self)
