@@ -150,13 +150,20 @@ async def relay(response: Events, receive: Receive, send: Send, limits: Limits,
     except OSError:
         ended[0] = figures_of.CANCELLED
         return 499  # a server that does raise on sending to a closed connection
+    except asyncio.CancelledError:
+        ended[0] = figures_of.CANCELLED  # the server cancelled the request (its caller went away)
+        raise
     finally:
+        if figures is not None:
+            figures.ended(ended[0])  # first: what follows awaits, and a cancelled request may not get past it
         gone.cancel()
         passing.cancel()
-        await pieces.aclose()
-        response.close()  # a no-op after a complete read; otherwise the connection is dropped, not pooled
-        if figures is not None:
-            figures.ended(ended[0])
+        try:
+            await pieces.aclose()
+        except RuntimeError:
+            pass  # still being read by the cancelled `passing`, which has not finished yet
+        finally:
+            response.close()  # a no-op after a complete read; otherwise the connection is dropped, not pooled
 
 
 async def _stop(task: asyncio.Future[Any]) -> None:
