@@ -215,9 +215,9 @@ async def _pass(pieces: AsyncGenerator[bytes, None], send: Send, headers: list[t
                 raise _StreamFailed(f"The stream would send more than {limits.max_bytes} bytes, the gateway's limit "
                                     "(GATEWAY_MAX_STREAM_BYTES): it was ended. Ask for a shorter answer.", 502,
                                     figures_of.LENGTH_BYTES)
-            sending.since = clock()
+            # One clock read: when the piece is handed to the web server (its TTFT or gap), and the watch's start.
+            sending.since = now = clock()
             await send({"type": "http.response.body", "body": out, "more_body": True})
-            now = clock()
             sending.since = 0.0
             if figures is not None:
                 figures.piece(len(out), now)

@@ -18,7 +18,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from accounts.tokens import parse_bearer
 from gateway.models import LATENCY_BUCKETS_MS
-from gateway.stream_figures import BOUNDS, CANCELLED, StreamCounts, StreamFigures, _Children
+from gateway.stream_figures import BOUNDS, CANCELLED, StreamCounts, StreamFigures
 
 if TYPE_CHECKING:
     from gateway.models import RequestStats
@@ -85,16 +85,12 @@ class StatsCollector:
         self.counters: dict[tuple[str, str, str, int], Any] = {}
         self.histograms: dict[tuple[str, str, str], Any] = {}
         self.gauges: dict[tuple[str, str], Any] = {}
-        self.stream_children: dict[tuple[str, str, int], _Children] = {}
         self.live: set[StreamFigures] = set()  # streams open, whose counts each take() folds in
 
     def stream(self, deployment_id: int, team: str, name: str, revision: int, arrived: float) -> StreamFigures:
         """The figures of a stream of deployment `name` of `team` answered by `revision`, which arrived at
         `arrived` (time.perf_counter()); it is counted in flight until its `ended()`."""
-        children = self.stream_children.get((team, name, revision))
-        if children is None:
-            children = self.stream_children[(team, name, revision)] = _Children(team, name, str(revision))
-        figures = StreamFigures(self, deployment_id, team, name, revision, arrived, children=children)
+        figures = StreamFigures(self, deployment_id, team, name, revision, arrived)
         self.live.add(figures)
         return figures
 

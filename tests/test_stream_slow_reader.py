@@ -125,6 +125,7 @@ def test_a_client_that_stops_reading_holds_no_more_than_the_send_buffers_and_its
         held = _plateau(answer)
         assert held < 16 * 1024**2, held
         grown = _rss_kib(web.pid) - rss_before
+        print(f"upstream bytes taken while the client read nothing: {held}; web process RSS grew {grown} KiB")
         assert grown < 64 * 1024, f"the web process grew by {grown} KiB"
         # Then, GATEWAY_STREAM_SEND_SECONDS after the piece it could not send, the stream is ended: the connection
         # is reset (aborted: closed, it would wait for the client to read), the upstream's closed, and it is counted.
