@@ -224,7 +224,7 @@ def summarize(rows: list[RequestStats], window: timedelta) -> dict[str, Any]:
     total = [0] * len(LATENCY_BUCKETS_MS)
     requests = errors = 0
     codes: dict[str, int] = {}
-    by_bucket: dict[Any, tuple[int, int, list[int]]] = {}
+    by_bucket: dict[Any, tuple[int, int, list[int], dict[str, int]]] = {}
     for row in sorted(rows, key=lambda r: r.bucket_start):
         codes = merge_codes(codes, row.codes)
         histogram = row.latency_histogram or [0] * len(LATENCY_BUCKETS_MS)
@@ -235,15 +235,17 @@ def summarize(rows: list[RequestStats], window: timedelta) -> dict[str, Any]:
         if seen is not None:
             histogram = [a + b for a, b in zip(seen[2], histogram, strict=False)]
         by_bucket[row.bucket_start] = ((seen[0] if seen else 0) + row.requests, (seen[1] if seen else 0) + row.errors,
-                                       histogram)
+                                       histogram, merge_codes(seen[3] if seen else None, row.codes))
     series = [{
         "time": start.isoformat(),
         "requests": count,
         "errors": failed,
+        "error_rate": round(failed / count, 4) if count else None,
+        "codes": dict(sorted(bucket_codes.items())),
         "requests_per_second": round(count / BUCKET_SECONDS, 3),
         "p50_ms": _round(percentile_ms(histogram, 0.50)),
         "p99_ms": _round(percentile_ms(histogram, 0.99)),
-    } for start, (count, failed, histogram) in by_bucket.items()]
+    } for start, (count, failed, histogram, bucket_codes) in by_bucket.items()]
     return {
         "window_seconds": int(window.total_seconds()),
         "requests": requests,
