@@ -22,7 +22,7 @@ import pytest
 import requests
 
 from gateway.tests import fake_upstream
-from gateway.tests.test_streams import SSE_HEAD, event, streaming_deployment
+from gateway.tests.stream_support import SSE_HEAD, event, streaming_deployment
 from tests import processes
 from tests.support.people import Person
 

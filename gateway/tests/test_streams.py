@@ -9,26 +9,14 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from deployments.models import Deployment, Revision
+from deployments.models import Deployment
 from gateway.tests.fake_upstream import FakeUpstream, Request, chunked
+from gateway.tests.stream_support import SSE_HEAD, event, streaming_deployment
 from tests.processes import wait_for
 from tests.support.gateway_calls import call, run
 from tests.support.people import Person
 
 STREAM = "/serve/chat/v2/models/chat/generate_stream"
-SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n"
-
-
-def event(text: str) -> bytes:
-    return b"data: " + json.dumps({"model_name": "chat", "model_version": "1", "text_output": text}).encode() + b"\n\n"
-
-
-def streaming_deployment(person: Person, upstream_url: str, decoupled: bool = True) -> None:
-    deployment = Deployment.objects.create(team=person.team, name="chat", upstream_url=upstream_url,
-                                           status=Deployment.Status.READY)
-    entry: dict[str, Any] = {"name": "chat", "version": 1, "format": "python", "decoupled": decoupled}
-    revision = Revision.objects.create(deployment=deployment, number=1, spec={"models": [entry]})
-    Deployment.objects.filter(pk=deployment.pk).update(serving_revision=revision, revision=revision)
 
 
 def sse(pieces: list[bytes], end: bool = True) -> bytes:
@@ -378,7 +366,7 @@ def test_a_streams_figures_are_counted_per_deployment_and_revision_and_reach_the
 
     go = asyncio.Event()
 
-    async def paced(request: Request) -> AsyncIterator[bytes]:
+    def paced(request: Request) -> AsyncIterator[bytes]:
         async def pieces() -> AsyncIterator[bytes]:
             yield SSE_HEAD
             await go.wait()  # the model thinks until the test has seen the stream in flight
@@ -409,8 +397,9 @@ def test_a_streams_figures_are_counted_per_deployment_and_revision_and_reach_the
             buckets = app.collector.take()
             (counts,) = [b.streams for b in buckets.values() if b.streams.streams]
             assert counts.pieces == 4 and counts.ends == {"complete": 1} and sum(counts.gaps) == 3
-            assert stats.percentile_ms(counts.first, 0.5) >= 50  # from the arrival, the model's 50 ms included
-            assert 15 <= stats.percentile_ms(counts.gaps, 0.5) < 200
+            first, gap = stats.percentile_ms(counts.first, 0.5), stats.percentile_ms(counts.gaps, 0.5)
+            assert first is not None and first >= 50  # from the arrival, the model's 50 ms included
+            assert gap is not None and 15 <= gap < 200
             await asyncio.to_thread(stats.flush, buckets)
 
     run(scenario)
