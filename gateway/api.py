@@ -18,7 +18,8 @@ from rest_framework.response import Response
 
 from deployments.queries import get_deployment_for_user
 from gateway.models import RequestStats
-from gateway.stats import by_revision, scrape_refusal, summarize
+from gateway.stats import by_revision, scrape_refusal, stream_summary, summarize
+from gateway.stream_figures import BOUNDS
 
 # The answer's schema. Inline: a Serializer class cannot declare a field named "errors".
 _NULL_WITHOUT_REQUESTS = "Null without requests."
@@ -32,6 +33,29 @@ BUCKET = inline_serializer("Bucket", {
     "p50_ms": serializers.FloatField(allow_null=True, help_text=_NULL_WITHOUT_REQUESTS),
     "p99_ms": serializers.FloatField(allow_null=True, help_text=_NULL_WITHOUT_REQUESTS),
 })
+_NULL_WITHOUT_PIECES = "Null without pieces in the window."
+_NULL_WITHOUT_GAPS = "Null without two pieces of one stream in the window."
+STREAM_METRICS = inline_serializer("StreamMetrics", {
+    "streams": serializers.IntegerField(help_text="Streams (generate_stream) that ended in the window."),
+    "pieces": serializers.IntegerField(help_text="Pieces (events) sent to callers in the window."),
+    "pieces_per_second": serializers.FloatField(),
+    "in_flight": serializers.FloatField(help_text="The mean number of streams open over the window."),
+    "ttft_p50_ms": serializers.FloatField(allow_null=True, help_text=(
+        "Time to first piece: from the request's arrival at the gateway to its first piece sent. "
+        + _NULL_WITHOUT_PIECES)),
+    "ttft_p95_ms": serializers.FloatField(allow_null=True, help_text=_NULL_WITHOUT_PIECES),
+    "ttft_p99_ms": serializers.FloatField(allow_null=True, help_text=_NULL_WITHOUT_PIECES),
+    "itl_p50_ms": serializers.FloatField(allow_null=True, help_text="Time between two pieces of a stream sent. "
+                                                                     + _NULL_WITHOUT_GAPS),
+    "itl_p95_ms": serializers.FloatField(allow_null=True, help_text=_NULL_WITHOUT_GAPS),
+    "itl_p99_ms": serializers.FloatField(allow_null=True, help_text=_NULL_WITHOUT_GAPS),
+    "cancelled": serializers.IntegerField(help_text="Streams whose caller went away before their end (499)."),
+    "ended_by": inline_serializer("StreamEndings", {
+        reason: serializers.IntegerField() for reason in BOUNDS
+    }, help_text=("Streams the gateway ended by a bound, by reason: idle (GATEWAY_STREAM_IDLE_SECONDS), "
+                  "length_seconds (GATEWAY_MAX_STREAM_SECONDS), length_bytes (GATEWAY_MAX_STREAM_BYTES), "
+                  "slow_reader (GATEWAY_STREAM_SEND_SECONDS), too_large (a piece over GATEWAY_MAX_RESPONSE_BYTES).")),
+})
 REVISION_METRICS = inline_serializer("RevisionMetrics", {
     "requests": serializers.IntegerField(),
     "errors": serializers.IntegerField(help_text="Answers with a status of 500 or more, or 429."),
@@ -39,6 +63,7 @@ REVISION_METRICS = inline_serializer("RevisionMetrics", {
     "requests_per_second": serializers.FloatField(),
     "p50_ms": serializers.FloatField(allow_null=True, help_text=_NULL_WITHOUT_REQUESTS),
     "p99_ms": serializers.FloatField(allow_null=True, help_text=_NULL_WITHOUT_REQUESTS),
+    "streams": STREAM_METRICS,
 })
 METRICS = inline_serializer("Metrics", {
     "window_seconds": serializers.IntegerField(),
@@ -52,6 +77,7 @@ METRICS = inline_serializer("Metrics", {
     "p99_ms": serializers.FloatField(allow_null=True, help_text=_NULL_WITHOUT_REQUESTS),
     "bucket_seconds": serializers.IntegerField(),
     "series": serializers.ListField(child=BUCKET, help_text="The buckets with requests, oldest first."),
+    "streams": STREAM_METRICS,
     "revisions": serializers.DictField(child=REVISION_METRICS, help_text=(
         "Per revision number that answered (the stable one and a canary apart)."
     )),
@@ -73,7 +99,8 @@ def deployment_metrics(request: Request, name: str) -> Response:
         raise ValidationError({"minutes": ["must be between 1 and 1440"]})
     window = timedelta(minutes=minutes)
     rows = list(RequestStats.objects.filter(deployment=deployment, bucket_start__gte=timezone.now() - window))
-    return Response({**summarize(rows, window), "revisions": by_revision(rows, window)})
+    return Response({**summarize(rows, window), "streams": stream_summary(rows, window),
+                     "revisions": by_revision(rows, window)})
 
 
 def prometheus_metrics(request: HttpRequest) -> HttpResponse:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -36,6 +37,7 @@ from gateway.cold_start import ColdStarts
 from gateway.fastpath import json_body, reference
 from gateway.protocol import Endpoint, Refusal
 from gateway.ratelimit import RateLimiter
+from gateway.stream_figures import StreamFigures
 from gateway.upstream import ResponseTooLarge, UpstreamError
 
 log = logging.getLogger(__name__)
@@ -97,7 +99,10 @@ class Gateway:
         self.timeout = settings.GATEWAY_UPSTREAM_TIMEOUT_SECONDS
         self.streams = admission.StreamSlots(settings.GATEWAY_MAX_STREAMS_PER_TEAM)
         self.stream_limits = events.Limits(max_event_bytes=self.max_response,
-                                           idle_seconds=settings.GATEWAY_STREAM_IDLE_SECONDS)
+                                           idle_seconds=settings.GATEWAY_STREAM_IDLE_SECONDS,
+                                           max_seconds=settings.GATEWAY_MAX_STREAM_SECONDS,
+                                           max_bytes=settings.GATEWAY_MAX_STREAM_BYTES,
+                                           send_seconds=settings.GATEWAY_STREAM_SEND_SECONDS)
         self.flusher: asyncio.Task[None] | None = None
         self.cold_starts = ColdStarts()  # held first requests to idle-unloaded pool revisions
 
@@ -203,8 +208,10 @@ class Gateway:
                                              b"/" + target, endpoint, contract, prefix)
                 else:
                     with self.streams.hold(caller.team_id, caller.team_name):
+                        figures = functools.partial(self.collector.stream, route.deployment_id, route.team,
+                                                    route.name, choice.revision, started)
                         code = await self._proxy(scope, receive, out, headers, declared, choice.upstream,
-                                                 b"/" + target, endpoint, contract, prefix)
+                                                 b"/" + target, endpoint, contract, prefix, figures)
             finally:
                 in_flight.dec()
         except Refusal as exc:
@@ -273,7 +280,9 @@ class Gateway:
 
     async def _proxy(self, scope: Scope, receive: Receive, send: Send, headers: dict[bytes, bytes],
                      declared: int | None, upstream_url: str, target: bytes, endpoint: Endpoint,
-                     contract: contracts.Contract | None = None, pool_prefix: str = "") -> int:
+                     contract: contracts.Contract | None = None, pool_prefix: str = "",
+                     figures: Callable[[], StreamFigures] | None = None) -> int:
+        """`figures`: a stream's figures, made when Triton's answer is a stream (gateway/stream_figures.py)."""
         method = scope["method"]
         forward = [(k, v) for k, v in headers.items() if k in FORWARD_REQUEST_HEADERS
                    and not (pool_prefix and k == b"accept-encoding")]  # a pool's answers are renamed: uncompressed
@@ -334,7 +343,8 @@ class Gateway:
                 if not streaming and size is not None and size > self.max_response:
                     raise ResponseTooLarge(f"{size} bytes")
             if streaming:
-                return await events.relay(response, receive, send, self.stream_limits, contract, pool_prefix)
+                return await events.relay(response, receive, send, self.stream_limits, contract, pool_prefix,
+                                          figures() if figures is not None else None)
             # A large or streamed response: the deadline covered its head; now each read has its own.
             checking: _Judge | None = None
             if endpoint.kind == "infer":

@@ -14,7 +14,13 @@ So the relay:
 - turns an error, Triton's or its own (an event too large, no event within GATEWAY_STREAM_IDLE_SECONDS, Triton gone),
   into `event: error` with `data: {"error": "<what went wrong>"}` and ends the stream properly, never cut;
 - closes its Triton connection as soon as the caller disconnects, even while the model is silent, so that Triton
-  cancels the request.
+  cancels the request;
+- ends a stream open GATEWAY_MAX_STREAM_SECONDS, or that would send past GATEWAY_MAX_STREAM_BYTES, with the error
+  event, and one whose caller has not taken a piece for GATEWAY_STREAM_SEND_SECONDS (a slow reader) without one (it
+  would not be read either): the web server's `send` waits while its transport's buffer is past its high-water
+  mark (uvicorn's flow control), so nothing is held past that buffer and the piece being sent; each ending closes
+  the Triton connection (Triton cancels) and frees the stream's slot;
+- counts each stream's figures and how it ended (gateway/stream_figures.py).
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import sys
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -31,6 +39,8 @@ from typing import Any, Protocol
 from deployments import pool_names as pool_model_names
 from gateway import contract as contracts
 from gateway import pool_names
+from gateway import stream_figures as figures_of
+from gateway.stream_figures import StreamFigures
 from gateway.upstream import UpstreamError
 
 log = logging.getLogger(__name__)
@@ -54,6 +64,9 @@ _UNBOUNDED = sys.maxsize
 class Limits:
     max_event_bytes: int  # one event (one piece of the answer), as it is held until it is complete
     idle_seconds: float  # the longest gap between two reads from Triton
+    max_seconds: float = math.inf  # a stream's whole length, GATEWAY_MAX_STREAM_SECONDS
+    max_bytes: int = _UNBOUNDED  # what a stream may send in all, GATEWAY_MAX_STREAM_BYTES
+    send_seconds: float = math.inf  # the longest one piece may wait for the caller to take it
 
 
 class Events(Protocol):
@@ -68,10 +81,20 @@ class Events(Protocol):
 
 
 class _StreamFailed(Exception):
-    def __init__(self, message: str, code: int) -> None:
+    def __init__(self, message: str, code: int, reason: str) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        self.reason = reason
+
+
+class _Sending:
+    """When the piece being sent was handed to the web server (0.0: none is waiting), for the relay's watch."""
+
+    __slots__ = ("since",)
+
+    def __init__(self) -> None:
+        self.since = 0.0
 
 
 def error_event(message: str) -> bytes:
@@ -79,37 +102,97 @@ def error_event(message: str) -> bytes:
 
 
 async def relay(response: Events, receive: Receive, send: Send, limits: Limits,
-                contract: contracts.Contract | None, pool_prefix: str = "") -> int:
+                contract: contracts.Contract | None, pool_prefix: str = "",
+                figures: StreamFigures | None = None) -> int:
     """Relay Triton's 200 event stream to the caller; the status to count it by (499: the caller went away, 502 or
-    504: the stream ended with the gateway's error event)."""
+    504: the stream ended with the gateway's error event, 408: a slow reader's stream was ended). `figures`, when
+    given, are counted piece by piece and ended with how the stream ended."""
     pieces = response.iter_body(_UNBOUNDED, idle_timeout=limits.idle_seconds)
     headers = [(k, v) for k, v in response.headers if k not in _REPLACED] + STREAM_HEADERS
+    sending = _Sending()
+    ended: list[str] = [figures_of.COMPLETE]
     gone = asyncio.ensure_future(_wait_for_disconnect(receive))
-    passing = asyncio.ensure_future(_pass(pieces, send, headers, limits, contract, pool_prefix))
+    passing = asyncio.ensure_future(_pass(pieces, send, headers, limits, contract, pool_prefix, figures, sending,
+                                          ended))
+    started = time.perf_counter()
+    deadline = started + limits.max_seconds
     try:
-        await asyncio.wait((passing, gone), return_when=asyncio.FIRST_COMPLETED)
-        if not passing.done():
-            # The caller went away: stop reading now, even while the model is silent between pieces; closing the
-            # connection (below) is what makes Triton cancel the request.
-            passing.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await passing
-            return 499
-        return passing.result()
+        while True:
+            # One wake-up per send_seconds at most while pieces flow, none per piece: the watch looks at when the
+            # piece being sent was handed over, and at the stream's deadline.
+            now = time.perf_counter()
+            wake = min(deadline, (sending.since or now) + limits.send_seconds)
+            await asyncio.wait((passing, gone), timeout=max(0.0, wake - now) if wake != math.inf else None,
+                               return_when=asyncio.FIRST_COMPLETED)
+            if passing.done():
+                return passing.result()
+            if gone.done():
+                # The caller went away: stop reading now, even while the model is silent between pieces; closing
+                # the connection (below) is what makes Triton cancel the request.
+                ended[0] = figures_of.CANCELLED
+                await _stop(passing)
+                return 499
+            now = time.perf_counter()
+            if sending.since and now - sending.since >= limits.send_seconds:
+                # The caller has not taken a piece for send_seconds: what it has not read stays in the web
+                # server's send buffer (bounded by its flow control); the stream is ended without an error event,
+                # which it would not read either, and its connection is closed when this returns.
+                ended[0] = figures_of.SLOW_READER
+                await _stop(passing)
+                log.info("a stream's caller read nothing for %g s: ended", limits.send_seconds)
+                return 408
+            if now >= deadline:
+                ended[0] = figures_of.LENGTH_SECONDS
+                await _stop(passing)
+                return await _fail_within(send, limits, (
+                    f"The stream was open for {limits.max_seconds:g} s, the gateway's limit "
+                    "(GATEWAY_MAX_STREAM_SECONDS): it was ended. Ask for a shorter answer."), 504)
     except OSError:
+        ended[0] = figures_of.CANCELLED
         return 499  # a server that does raise on sending to a closed connection
+    except asyncio.CancelledError:
+        ended[0] = figures_of.CANCELLED  # the server cancelled the request (its caller went away)
+        raise
     finally:
+        if figures is not None:
+            figures.ended(ended[0])  # first: what follows awaits, and a cancelled request may not get past it
         gone.cancel()
         passing.cancel()
-        await pieces.aclose()
-        response.close()  # a no-op after a complete read; otherwise the connection is dropped, not pooled
+        try:
+            await pieces.aclose()
+        except RuntimeError:
+            pass  # still being read by the cancelled `passing`, which has not finished yet
+        finally:
+            response.close()  # a no-op after a complete read; otherwise the connection is dropped, not pooled
+
+
+async def _stop(task: asyncio.Future[Any]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+
+
+async def _fail_within(send: Send, limits: Limits, message: str, code: int) -> int:
+    """The error event, if the caller takes it within send_seconds (a stream ended while a piece was waiting to be
+    taken has the rest of that piece's time)."""
+    try:
+        async with asyncio.timeout(None if limits.send_seconds == math.inf else limits.send_seconds):
+            await _fail(send, message)
+    except TimeoutError:
+        pass
+    return code
 
 
 async def _pass(pieces: AsyncGenerator[bytes, None], send: Send, headers: list[tuple[bytes, bytes]], limits: Limits,
-                contract: contracts.Contract | None, prefix: str) -> int:
+                contract: contracts.Contract | None, prefix: str, figures: StreamFigures | None, sending: _Sending,
+                ended: list[str]) -> int:
+    clock = time.perf_counter
+    sending.since = clock()
     await send({"type": "http.response.start", "status": 200, "headers": headers})
+    sending.since = 0.0
     held = bytearray()  # the start of an event whose end has not come yet
     code = 200
+    sent = 0
     try:
         async for piece in pieces:
             # What is held has no event's end in it (it was sent on): an end is in the new piece, or straddles the
@@ -127,31 +210,56 @@ async def _pass(pieces: AsyncGenerator[bytes, None], send: Send, headers: list[t
                                                       and _largest(complete) > limits.max_event_bytes):
                 raise _too_large(limits)
             out, failed = _outgoing(complete, contract, prefix)
+            sent += len(out)
+            if sent > limits.max_bytes:
+                raise _StreamFailed(f"The stream would send more than {limits.max_bytes} bytes, the gateway's limit "
+                                    "(GATEWAY_MAX_STREAM_BYTES): it was ended. Ask for a shorter answer.", 502,
+                                    figures_of.LENGTH_BYTES)
+            # One clock read: when the piece is handed to the web server (its TTFT or gap), and the watch's start.
+            sending.since = now = clock()
             await send({"type": "http.response.body", "body": out, "more_body": True})
+            sending.since = 0.0
+            if figures is not None:
+                figures.piece(len(out), now)
             if failed:
                 code = 500  # the model's error ended the stream (Triton sends nothing after it)
+                ended[0] = figures_of.MODEL_ERROR
         if held.strip():
             # Triton ends every event: bytes after the last one are no event a client could read.
-            raise _StreamFailed("The stream ended in the middle of a piece (Triton closed it).", 502)
+            raise _StreamFailed("The stream ended in the middle of a piece (Triton closed it).", 502,
+                                figures_of.UPSTREAM)
     except _StreamFailed as exc:
-        await _fail(send, exc.message)
+        ended[0] = exc.reason
+        await _sent_fail(send, sending, exc.message)
         return exc.code
     except TimeoutError:
-        await _fail(send, f"The model sent nothing for {limits.idle_seconds:g} s (GATEWAY_STREAM_IDLE_SECONDS); the "
-                          "stream was ended.")
+        ended[0] = figures_of.IDLE
+        await _sent_fail(send, sending, f"The model sent nothing for {limits.idle_seconds:g} s "
+                                        "(GATEWAY_STREAM_IDLE_SECONDS); the stream was ended.")
         return 504
     except UpstreamError as exc:
         log.info("a stream from upstream failed: %s", exc)
-        await _fail(send, "Triton broke the connection in the middle of the stream; the deployment may be "
-                          "restarting. Retry shortly.")
+        ended[0] = figures_of.UPSTREAM
+        await _sent_fail(send, sending, "Triton broke the connection in the middle of the stream; the deployment "
+                                        "may be restarting. Retry shortly.")
         return 502
+    sending.since = clock()
     await send({"type": "http.response.body", "body": b""})
+    sending.since = 0.0
     return code
+
+
+async def _sent_fail(send: Send, sending: _Sending, message: str) -> None:
+    """The error event, watched as a piece is (a caller that does not take it is a slow reader)."""
+    sending.since = time.perf_counter()
+    await _fail(send, message)
+    sending.since = 0.0
 
 
 def _too_large(limits: Limits) -> _StreamFailed:
     return _StreamFailed(f"A piece of the answer is over the gateway's limit of {limits.max_event_bytes} bytes "
-                         "(GATEWAY_MAX_RESPONSE_BYTES): the stream was ended. Send smaller pieces.", 502)
+                         "(GATEWAY_MAX_RESPONSE_BYTES): the stream was ended. Send smaller pieces.", 502,
+                         figures_of.TOO_LARGE)
 
 
 async def _fail(send: Send, message: str) -> None:

@@ -25,6 +25,15 @@ class RequestStats(models.Model):
     latency_histogram = models.JSONField(default=list)  # counts per LATENCY_BUCKETS_MS entry
     # Responses per HTTP status code, {"200": 97, "400": 2, "502": 1}: what the errors were, for the traffic panel.
     codes = models.JSONField(default=dict, blank=True)
+    # Streams (issue 33, gateway/stream_figures.py): ended in the bucket, pieces sent, stream-seconds open (over a
+    # window, / the window's seconds: the mean number open), time to first piece and between pieces (counts per
+    # LATENCY_BUCKETS_MS entry), and {reason: streams} for how they ended.
+    streams = models.PositiveIntegerField(default=0)
+    stream_pieces = models.PositiveBigIntegerField(default=0)
+    stream_seconds = models.FloatField(default=0)
+    first_piece_histogram = models.JSONField(default=list, blank=True)
+    piece_gap_histogram = models.JSONField(default=list, blank=True)
+    stream_ends = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["deployment", "bucket_start"]

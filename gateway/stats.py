@@ -18,6 +18,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from accounts.tokens import parse_bearer
 from gateway.models import LATENCY_BUCKETS_MS
+from gateway.stream_figures import BOUNDS, CANCELLED, StreamCounts, StreamFigures
 
 if TYPE_CHECKING:
     from gateway.models import RequestStats
@@ -73,6 +74,7 @@ class _Bucket:
     latency_sum_ms: float = 0.0
     histogram: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS_MS))
     codes: dict[str, int] = field(default_factory=dict)
+    streams: StreamCounts = field(default_factory=StreamCounts)
 
 
 class StatsCollector:
@@ -83,6 +85,23 @@ class StatsCollector:
         self.counters: dict[tuple[str, str, str, int], Any] = {}
         self.histograms: dict[tuple[str, str, str], Any] = {}
         self.gauges: dict[tuple[str, str], Any] = {}
+        self.live: set[StreamFigures] = set()  # streams open, whose counts each take() folds in
+
+    def stream(self, deployment_id: int, team: str, name: str, revision: int, arrived: float) -> StreamFigures:
+        """The figures of a stream of deployment `name` of `team` answered by `revision`, which arrived at
+        `arrived` (time.perf_counter()); it is counted in flight until its `ended()`."""
+        figures = StreamFigures(self, deployment_id, team, name, revision, arrived)
+        self.live.add(figures)
+        return figures
+
+    def stream_ended(self, figures: StreamFigures) -> None:
+        self.live.discard(figures)
+        self._add_stream(figures)
+
+    def _add_stream(self, figures: StreamFigures) -> None:
+        now = time.time()
+        start = datetime.fromtimestamp(now - now % BUCKET_SECONDS, UTC)
+        self.pending[(figures.deployment_id, figures.revision, start)].streams.add(figures.fold())
 
     def in_flight(self, team: str, name: str) -> Any:
         """The in-flight gauge of deployment `name` of `team` (its child, kept like the counters')."""
@@ -115,6 +134,8 @@ class StatsCollector:
         bucket.histogram[bisect.bisect_left(LATENCY_BUCKETS_MS, ms)] += 1
 
     def take(self) -> dict[tuple[int, int, datetime], _Bucket]:
+        for figures in self.live:
+            self._add_stream(figures)  # a long stream's pieces so far, and its seconds open
         taken, self.pending = self.pending, defaultdict(_Bucket)
         return taken
 
@@ -140,17 +161,41 @@ def flush(buckets: dict[tuple[int, int, datetime], _Bucket]) -> None:
                         RequestStats.objects.create(deployment_id=deployment_id, revision=revision, bucket_start=start,
                                                     requests=bucket.requests,
                                                     errors=bucket.errors, latency_sum_ms=bucket.latency_sum_ms,
-                                                    latency_histogram=bucket.histogram, codes=bucket.codes)
+                                                    latency_histogram=bucket.histogram, codes=bucket.codes,
+                                                    **_stream_fields(bucket.streams))
                     else:
                         merged = [a + b for a, b in zip(row.latency_histogram or [0] * len(bucket.histogram),
                                                         bucket.histogram, strict=False)]
                         RequestStats.objects.filter(pk=row.pk).update(
                             requests=F("requests") + bucket.requests, errors=F("errors") + bucket.errors,
                             latency_sum_ms=F("latency_sum_ms") + bucket.latency_sum_ms, latency_histogram=merged,
-                            codes=merge_codes(row.codes, bucket.codes))
+                            codes=merge_codes(row.codes, bucket.codes), **_merged_streams(row, bucket.streams))
                 break
             except IntegrityError:
                 continue  # another gateway process created the row meanwhile: merge into it
+
+
+def _stream_fields(counts: StreamCounts) -> dict[str, Any]:
+    return {"streams": counts.streams, "stream_pieces": counts.pieces, "stream_seconds": counts.seconds,
+            "first_piece_histogram": counts.first, "piece_gap_histogram": counts.gaps, "stream_ends": counts.ends}
+
+
+def _merged_streams(row: RequestStats, counts: StreamCounts) -> dict[str, Any]:
+    from django.db.models import F
+
+    if not (counts.streams or counts.pieces or counts.seconds):
+        return {}
+    return {"streams": F("streams") + counts.streams, "stream_pieces": F("stream_pieces") + counts.pieces,
+            "stream_seconds": F("stream_seconds") + counts.seconds,
+            "first_piece_histogram": _add_lists(row.first_piece_histogram, counts.first),
+            "piece_gap_histogram": _add_lists(row.piece_gap_histogram, counts.gaps),
+            "stream_ends": merge_codes(row.stream_ends, counts.ends)}
+
+
+def _add_lists(a: list[int] | None, b: list[int]) -> list[int]:
+    if not a:
+        return list(b)
+    return [x + y for x, y in zip(a, b, strict=False)]
 
 
 def percentile_ms(histogram: list[int], q: float) -> float | None:
@@ -179,7 +224,7 @@ def summarize(rows: list[RequestStats], window: timedelta) -> dict[str, Any]:
     total = [0] * len(LATENCY_BUCKETS_MS)
     requests = errors = 0
     codes: dict[str, int] = {}
-    by_bucket: dict[Any, tuple[int, int, list[int]]] = {}
+    by_bucket: dict[Any, tuple[int, int, list[int], dict[str, int]]] = {}
     for row in sorted(rows, key=lambda r: r.bucket_start):
         codes = merge_codes(codes, row.codes)
         histogram = row.latency_histogram or [0] * len(LATENCY_BUCKETS_MS)
@@ -190,15 +235,17 @@ def summarize(rows: list[RequestStats], window: timedelta) -> dict[str, Any]:
         if seen is not None:
             histogram = [a + b for a, b in zip(seen[2], histogram, strict=False)]
         by_bucket[row.bucket_start] = ((seen[0] if seen else 0) + row.requests, (seen[1] if seen else 0) + row.errors,
-                                       histogram)
+                                       histogram, merge_codes(seen[3] if seen else None, row.codes))
     series = [{
         "time": start.isoformat(),
         "requests": count,
         "errors": failed,
+        "error_rate": round(failed / count, 4) if count else None,
+        "codes": dict(sorted(bucket_codes.items())),
         "requests_per_second": round(count / BUCKET_SECONDS, 3),
         "p50_ms": _round(percentile_ms(histogram, 0.50)),
         "p99_ms": _round(percentile_ms(histogram, 0.99)),
-    } for start, (count, failed, histogram) in by_bucket.items()]
+    } for start, (count, failed, histogram, bucket_codes) in by_bucket.items()]
     return {
         "window_seconds": int(window.total_seconds()),
         "requests": requests,
@@ -214,8 +261,43 @@ def summarize(rows: list[RequestStats], window: timedelta) -> dict[str, Any]:
     }
 
 
+def stream_summary(rows: list[RequestStats], window: timedelta) -> dict[str, Any]:
+    """A streaming deployment's figures over the rows: TTFT and ITL percentiles, pieces per second, the mean number
+    of streams open, and how many ended cancelled or by a bound (by reason)."""
+    first = [0] * len(LATENCY_BUCKETS_MS)
+    gaps = [0] * len(LATENCY_BUCKETS_MS)
+    streams = pieces = 0
+    seconds = 0.0
+    ends: dict[str, int] = {}
+    for row in rows:
+        if row.first_piece_histogram:
+            first = _add_lists(first, row.first_piece_histogram)
+        if row.piece_gap_histogram:
+            gaps = _add_lists(gaps, row.piece_gap_histogram)
+        streams += row.streams
+        pieces += row.stream_pieces
+        seconds += row.stream_seconds
+        ends = merge_codes(ends, row.stream_ends)
+    span = window.total_seconds()
+    return {
+        "streams": streams,
+        "pieces": pieces,
+        "pieces_per_second": round(pieces / span, 3),
+        "in_flight": round(seconds / span, 3),
+        "ttft_p50_ms": _round(percentile_ms(first, 0.50)),
+        "ttft_p95_ms": _round(percentile_ms(first, 0.95)),
+        "ttft_p99_ms": _round(percentile_ms(first, 0.99)),
+        "itl_p50_ms": _round(percentile_ms(gaps, 0.50)),
+        "itl_p95_ms": _round(percentile_ms(gaps, 0.95)),
+        "itl_p99_ms": _round(percentile_ms(gaps, 0.99)),
+        "cancelled": ends.get(CANCELLED, 0),
+        "ended_by": {reason: ends.get(reason, 0) for reason in BOUNDS},
+    }
+
+
 def by_revision(rows: list[RequestStats], window: timedelta) -> dict[str, dict[str, Any]]:
-    """{revision number: its requests, errors, error rate, rate and p50/p99} for the revisions that answered."""
+    """{revision number: its requests, errors, error rate, rate, p50/p99 and stream figures} for the revisions that
+    answered."""
     grouped: dict[int, list[RequestStats]] = {}
     for row in rows:
         if row.revision:
@@ -224,7 +306,7 @@ def by_revision(rows: list[RequestStats], window: timedelta) -> dict[str, dict[s
     out = {}
     for number, group in sorted(grouped.items()):
         summary = summarize(group, window)
-        out[str(number)] = {key: summary[key] for key in keys}
+        out[str(number)] = {**{key: summary[key] for key in keys}, "streams": stream_summary(group, window)}
     return out
 
 

@@ -25,7 +25,11 @@ other caller 503. What this adds, per connection, with one timer at a time:
   `BrokenPipeError` or `ConnectionResetError`. Now the rest of the body is read and dropped, on a kept-alive
   connection when at most WEB_DRAIN_BYTES of it are left, else in a lingering close (as nginx and Apache do):
   the answer is sent, the writing side shut, and what the client still sends is dropped for up to
-  WEB_LINGER_SECONDS and WEB_DRAIN_BYTES, then the connection is closed.
+  WEB_LINGER_SECONDS and WEB_DRAIN_BYTES, then the connection is closed;
+- an answer the application ended before its end (the gateway ending a stream whose caller does not read,
+  GATEWAY_STREAM_SEND_SECONDS) is reset (SO_LINGER 0, then aborted), not closed, while what was written is still
+  unread: uvicorn's close waits for the buffer to drain, so the buffer and the descriptor stayed as long as the
+  client did (and the kernel's send buffer after them).
 
 And one thing for the cost of a response: uvicorn writes a response's head and its body in two system calls, two
 TCP segments for the client to wake up for. A response's start is held until its first body message (the ASGI
@@ -35,7 +39,10 @@ specification allows a server to do so), and the two leave in one write (bench/g
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
+import socket
+import struct
 import weakref
 from collections import Counter, OrderedDict
 from collections.abc import MutableMapping
@@ -322,6 +329,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._flush_head()
         if cycle.response_complete and cycle.more_body and not self.transport.is_closing():
             self._linger()
+        elif not cycle.response_complete and self.transport.get_write_buffer_size():
+            # An answer cut short (a stream the gateway ended for a slow reader) whose client is not reading what
+            # was written: closed, the transport would hold that buffer and the descriptor until it did. Reset, not
+            # only aborted: the kernel would otherwise keep trying to deliver its own send buffer to the client.
+            _reset(self.transport)
         else:
             self.transport.close()
 
@@ -367,6 +379,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         cycle.disconnected = True
         cycle.message_event.set()
         self.transport.close()
+
+
+def _reset(transport: asyncio.Transport) -> None:
+    """Drop a connection at once, with what is buffered for it here and in the kernel (a TCP reset)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:

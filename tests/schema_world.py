@@ -39,6 +39,7 @@ class World:
         make_ready_version(self.alice)
         for name, runtime in (("digits", "local"), ("digits-k8s", "kubernetes")):
             self._deploy(self.alice, name, runtime, "digits")
+        self._traffic(self.alice, "digits")
         make_ready_version(self.charlie, name=CHARLIE_MODEL)
         self._deploy(self.charlie, CHARLIE_DEPLOYMENT, "local", CHARLIE_MODEL)
         upload = Upload.objects.create(team=self.charlie.team, created_by=self.charlie.user, length=10,
@@ -52,6 +53,24 @@ class World:
         response = person.client().post("/api/v1/deployments/", {
             "name": name, "runtime": runtime, "models": [{"model": model}]}, format="json")
         assert response.status_code == 201, response.json()
+
+    @staticmethod
+    def _traffic(person: Person, name: str) -> None:
+        """A bucket of gateway statistics with streams, so that the metrics answer's every section (percentiles,
+        revisions, stream figures) is held to its schema with figures in it, not only with nulls."""
+        from django.utils import timezone
+
+        from deployments.models import Deployment
+        from gateway.models import LATENCY_BUCKETS_MS, RequestStats
+
+        histogram = [0] * len(LATENCY_BUCKETS_MS)
+        histogram[5] = 4
+        RequestStats.objects.create(
+            deployment=Deployment.objects.get(team=person.team, name=name), revision=1, bucket_start=timezone.now(),
+            requests=4, errors=1, latency_sum_ms=20.0, latency_histogram=histogram, codes={"200": 3, "504": 1},
+            streams=4, stream_pieces=40, stream_seconds=12.5, first_piece_histogram=histogram,
+            piece_gap_histogram=[count * 9 for count in histogram], stream_ends={"complete": 2, "cancelled": 1,
+                                                                                 "idle": 1})
 
     def leaks(self, text: str) -> list[str]:
         return [secret for secret in self.secrets if secret in text]

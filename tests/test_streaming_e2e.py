@@ -152,6 +152,16 @@ def test_a_streaming_model_streams_through_the_gateway_piece_by_piece_and_ends_i
                          what="the model to see the cancellation")
     assert int(cancelled.group(1)) < 5
 
+    # Each stream's figures reach the stats API (the web process flushes them every few seconds): time to first
+    # piece and between pieces (0.2 s apart), the caller that left and the streams ended by a bound, by reason.
+    def figures() -> Any:
+        streams = alice.client().get("/api/v1/deployments/chat/metrics/").json()["streams"]
+        return streams if streams["cancelled"] >= 1 else None
+
+    streams = wait_for(figures, 30, what="the stream figures to reach the stats API")
+    assert streams["ttft_p50_ms"] is not None and 100 <= streams["itl_p50_ms"] <= 500, streams
+    assert streams["ended_by"]["too_large"] == 1 and streams["ended_by"]["idle"] == 1, streams
+
 
 @pytest.mark.parametrize("broken", ["misnamed", "mistyped"])
 def test_a_streaming_model_whose_pieces_break_its_signature_is_refused_at_its_trial_call(

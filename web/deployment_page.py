@@ -127,7 +127,36 @@ def live_context(deployment: Deployment) -> dict[str, Any]:
     isolation = runtime_for(deployment).isolation(deployment)
     return {"deployment": deployment, "events": deployment.events.all()[:30], "isolation": isolation,
             "canary": canary_context(deployment), "placement": placement.placement_view(deployment),
-            **tune_context(deployment)}
+            "stream_figures": stream_figures_context(deployment), **tune_context(deployment)}
+
+
+def stream_figures_context(deployment: Deployment) -> dict[str, Any] | None:
+    """A streaming deployment's figures over the traffic panel's window (gateway/stream_figures.py), per revision
+    that streamed; None for a deployment with no decoupled model (nothing of it streams)."""
+    if not any(entry.decoupled for entry in spec_models(deployment)):
+        return None
+    window = timedelta(minutes=TRAFFIC_WINDOW_MINUTES)
+    try:  # the gateway app is optional here, as for the dashboard's traffic (web/traffic.py)
+        from gateway.models import RequestStats
+    except ImportError:
+        return None
+    rows = list(RequestStats.objects.filter(deployment=deployment, bucket_start__gte=timezone.now() - window))
+    grouped: dict[int, list[Any]] = {}
+    for row in rows:
+        if row.revision:
+            grouped.setdefault(row.revision, []).append(row)
+    streamed = [(f"r{number}", _stream_row(group, window)) for number, group in sorted(grouped.items())
+                if any(r.streams or r.stream_pieces or r.stream_seconds for r in group)]
+    return {"minutes": TRAFFIC_WINDOW_MINUTES, "rows": [("All", _stream_row(rows, window)), *streamed]}
+
+
+def _stream_row(rows: list[Any], window: timedelta) -> dict[str, Any]:
+    from gateway.stats import stream_summary
+
+    figures = stream_summary(rows, window)
+    figures["ended_words"] = ", ".join(f"{reason.replace('_', ' ')}: {count}"
+                                       for reason, count in figures["ended_by"].items() if count) or "–"
+    return figures
 
 
 def canary_context(deployment: Deployment) -> dict[str, Any] | None:

@@ -3,7 +3,8 @@ Triton never gives (bad framing, a stall, an extra response) or needs to count c
 in tests/test_gateway_e2e.py.
 
 Each request is parsed (Content-Length or chunked body) and handed to `answer(request)`, which returns the raw
-bytes to write (or None to close the connection without answering); requests and connections are recorded.
+bytes to write (or None to close the connection without answering), or an async iterator of bytes written as they
+come (a stream that may never end); requests and connections are recorded.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 
@@ -24,7 +25,7 @@ class Request:
     connection: int  # which connection (0, 1, ...) it came on
 
 
-Answer = Callable[[Request], Awaitable[bytes | None] | bytes | None]
+Answer = Callable[[Request], Awaitable[bytes | None] | bytes | AsyncIterator[bytes] | None]
 
 
 def response(status: int = 200, body: bytes = b"", headers: dict[str, str] | None = None,
@@ -90,6 +91,11 @@ class FakeUpstream:
                     answer = await answer
                 if answer is None:
                     return
+                if hasattr(answer, "__aiter__"):
+                    async for written in answer:
+                        writer.write(written)
+                        await writer.drain()
+                    continue
                 writer.write(answer)  # type: ignore[arg-type]
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):

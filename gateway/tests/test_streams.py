@@ -6,28 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
-from deployments.models import Deployment, Revision
+from deployments.models import Deployment
 from gateway.tests.fake_upstream import FakeUpstream, Request, chunked
+from gateway.tests.stream_support import SSE_HEAD, event, streaming_deployment
 from tests.processes import wait_for
 from tests.support.gateway_calls import call, run
 from tests.support.people import Person
 
 STREAM = "/serve/chat/v2/models/chat/generate_stream"
-SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n"
-
-
-def event(text: str) -> bytes:
-    return b"data: " + json.dumps({"model_name": "chat", "model_version": "1", "text_output": text}).encode() + b"\n\n"
-
-
-def streaming_deployment(person: Person, upstream_url: str, decoupled: bool = True) -> None:
-    deployment = Deployment.objects.create(team=person.team, name="chat", upstream_url=upstream_url,
-                                           status=Deployment.Status.READY)
-    entry: dict[str, Any] = {"name": "chat", "version": 1, "format": "python", "decoupled": decoupled}
-    revision = Revision.objects.create(deployment=deployment, number=1, spec={"models": [entry]})
-    Deployment.objects.filter(pk=deployment.pk).update(serving_revision=revision, revision=revision)
 
 
 def sse(pieces: list[bytes], end: bool = True) -> bytes:
@@ -218,3 +207,205 @@ def test_a_pooled_models_stream_reaches_it_by_its_pool_name_and_comes_back_with_
             assert error.startswith(b"event: error\n") and pooled.encode() not in reply.body
 
     run(scenario)
+
+
+# --- The stream's bounds and figures (docs/security.md, "Stream bounds"; gateway/stream_figures.py) -------------
+
+
+def endless(request: Request, gap: float = 0.002) -> AsyncIterator[bytes]:
+    """A model that never stops: the head, then an event every `gap` seconds for as long as the connection lasts."""
+
+    async def pieces() -> AsyncIterator[bytes]:
+        yield SSE_HEAD
+        number = 0
+        while True:
+            piece = event(str(number))
+            yield b"%x\r\n%s\r\n" % (len(piece), piece)
+            number += 1
+            await asyncio.sleep(gap)
+
+    return pieces()
+
+
+def ended(collector: Any) -> dict[str, int]:
+    """How the streams counted in the collector's buckets ended, {reason: streams}."""
+    ends: dict[str, int] = {}
+    for bucket in collector.take().values():
+        for reason, count in bucket.streams.ends.items():
+            ends[reason] = ends.get(reason, 0) + count
+    return ends
+
+
+def error_of(body: bytes) -> str:
+    last = sse_events(body)[-1]
+    assert last.startswith(b"event: error\ndata: "), last
+    return str(json.loads(last.split(b"data: ", 1)[1])["error"])
+
+
+class Stalling:
+    """The gateway behind a caller that takes `taken` body messages, then no more (a send that never returns, as
+    uvicorn's does while its transport's buffer stays past the high-water mark)."""
+
+    def __init__(self, gateway: Any, taken: int) -> None:
+        self.gateway = gateway
+        self.taken = taken
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        left = [self.taken]
+
+        async def stalling(message: Any) -> None:
+            if message["type"] == "http.response.body":
+                if left[0] == 0:
+                    await asyncio.Event().wait()
+                left[0] -= 1
+            await send(message)
+
+        await self.gateway(scope, receive, stalling)
+
+
+def test_a_stream_open_past_its_length_in_seconds_is_ended_with_an_error_event_and_triton_cancels(
+    people: dict[str, Person], gateway_app: Any, settings: Any
+) -> None:
+    settings.GATEWAY_MAX_STREAM_SECONDS = 0.5
+
+    async def scenario() -> None:
+        async with FakeUpstream(endless) as upstream:
+            await asyncio.to_thread(streaming_deployment, people["alice"], upstream.url)
+            app = gateway_app()
+            started = asyncio.get_running_loop().time()
+            reply = await call(app, "POST", STREAM, token=people["alice"].token, body=b'{"text_input": "a"}')
+            assert 0.5 <= asyncio.get_running_loop().time() - started < 5
+            assert reply.status == 200 and reply.complete
+            assert len(sse_events(reply.body)) > 10  # it streamed until then
+            assert "GATEWAY_MAX_STREAM_SECONDS" in error_of(reply.body)
+            await asyncio.to_thread(wait_for, lambda: upstream.open_connections == 0, 5,
+                                    what="the gateway to close its upstream connection")
+            assert app.streams.open == {}
+            assert ended(app.collector) == {"length_seconds": 1}
+
+    run(scenario)
+
+
+def test_a_stream_past_its_length_in_bytes_is_ended_with_an_error_event_and_sends_no_more_than_the_bound(
+    people: dict[str, Person], gateway_app: Any, settings: Any
+) -> None:
+    settings.GATEWAY_MAX_STREAM_BYTES = 4096
+
+    async def scenario() -> None:
+        async with FakeUpstream(lambda r: endless(r, 0)) as upstream:
+            await asyncio.to_thread(streaming_deployment, people["alice"], upstream.url)
+            app = gateway_app()
+            reply = await call(app, "POST", STREAM, token=people["alice"].token, body=b'{"text_input": "a"}')
+            assert reply.status == 200 and reply.complete
+            message = error_of(reply.body)
+            assert "GATEWAY_MAX_STREAM_BYTES" in message and "4096 bytes" in message
+            pieces = b"".join(e + b"\n\n" for e in sse_events(reply.body)[:-1])
+            assert 4096 - len(event("1000")) < len(pieces) <= 4096
+            await asyncio.to_thread(wait_for, lambda: upstream.open_connections == 0, 5,
+                                    what="the gateway to close its upstream connection")
+            assert ended(app.collector) == {"length_bytes": 1}
+
+    run(scenario)
+
+
+def test_a_caller_that_stops_taking_pieces_has_its_stream_ended_counted_and_its_slot_freed(
+    people: dict[str, Person], gateway_app: Any, settings: Any
+) -> None:
+    settings.GATEWAY_STREAM_SEND_SECONDS = 0.3
+    settings.GATEWAY_MAX_STREAMS_PER_TEAM = 1
+
+    async def scenario() -> None:
+        async with FakeUpstream(endless) as upstream:
+            await asyncio.to_thread(streaming_deployment, people["alice"], upstream.url)
+            app = gateway_app()
+            reply = await call(Stalling(app, 3), "POST", STREAM, token=people["alice"].token,
+                               body=b'{"text_input": "a"}')
+            # Three pieces taken, then nothing: no error event (it would not be read), the answer left unfinished
+            # for the web server to close, Triton's connection closed and the team's one slot free again.
+            assert reply.status == 200 and not reply.complete
+            assert len(sse_events(reply.body)) == 3 and b"event: error" not in reply.body
+            await asyncio.to_thread(wait_for, lambda: upstream.open_connections == 0, 5,
+                                    what="the gateway to close its upstream connection")
+            assert app.streams.open == {}
+            assert ended(app.collector) == {"slow_reader": 1}
+            again = await call(app, "POST", STREAM, token=people["alice"].token, body=b'{"text_input": "a"}',
+                               disconnect="after_start")
+            assert again.status == 200
+            assert ended(app.collector) == {"cancelled": 1}
+
+    run(scenario)
+
+
+def test_streams_ended_by_a_silent_model_or_a_piece_too_large_are_counted_by_their_reason(
+    people: dict[str, Person], gateway_app: Any, settings: Any
+) -> None:
+    settings.GATEWAY_STREAM_IDLE_SECONDS = 0.3
+    settings.GATEWAY_MAX_RESPONSE_BYTES = 1024
+    answers = iter([sse([event("a")], end=False), sse([event("a"), b"data: " + b"x" * 4096 + b"\n\n"])])
+
+    async def scenario() -> None:
+        async with FakeUpstream(lambda r: next(answers)) as upstream:
+            await asyncio.to_thread(streaming_deployment, people["alice"], upstream.url)
+            app = gateway_app()
+            silent = await call(app, "POST", STREAM, token=people["alice"].token, body=b'{"text_input": "a"}')
+            assert "GATEWAY_STREAM_IDLE_SECONDS" in error_of(silent.body)
+            large = await call(app, "POST", STREAM, token=people["alice"].token, body=b'{"text_input": "a"}')
+            assert "GATEWAY_MAX_RESPONSE_BYTES" in error_of(large.body)
+            assert ended(app.collector) == {"idle": 1, "too_large": 1}
+
+    run(scenario)
+
+
+def test_a_streams_figures_are_counted_per_deployment_and_revision_and_reach_the_stats_api(
+    people: dict[str, Person], gateway_app: Any
+) -> None:
+    from django.test import Client
+    from prometheus_client import REGISTRY
+
+    from gateway import stats
+
+    go = asyncio.Event()
+
+    def paced(request: Request) -> AsyncIterator[bytes]:
+        async def pieces() -> AsyncIterator[bytes]:
+            yield SSE_HEAD
+            await go.wait()  # the model thinks until the test has seen the stream in flight
+            await asyncio.sleep(0.05)  # the model's time to first piece
+            for text in ("a", "b", "c", "d"):
+                piece = event(text)
+                yield b"%x\r\n%s\r\n" % (len(piece), piece)
+                await asyncio.sleep(0.02)
+            yield b"0\r\n\r\n"
+
+        return pieces()
+
+    async def scenario() -> None:
+        async with FakeUpstream(paced) as upstream:
+            await asyncio.to_thread(streaming_deployment, people["alice"], upstream.url)
+            app = gateway_app()
+            labels = {"team": "acme", "deployment": "chat", "revision": "1"}
+            before = REGISTRY.get_sample_value("modelport_gateway_stream_first_piece_seconds_count", labels) or 0
+            streaming = asyncio.ensure_future(call(app, "POST", STREAM, token=people["alice"].token,
+                                                   body=b'{"text_input": "a"}'))
+            await asyncio.to_thread(wait_for, lambda: REGISTRY.get_sample_value(
+                "modelport_gateway_streams_in_flight", labels) == 1, 5, what="the stream to count in flight")
+            go.set()
+            reply = await streaming
+            assert reply.status == 200 and len(sse_events(reply.body)) == 4
+            assert REGISTRY.get_sample_value("modelport_gateway_streams_in_flight", labels) == 0
+            assert REGISTRY.get_sample_value("modelport_gateway_stream_first_piece_seconds_count", labels) == before + 1
+            buckets = app.collector.take()
+            (counts,) = [b.streams for b in buckets.values() if b.streams.streams]
+            assert counts.pieces == 4 and counts.ends == {"complete": 1} and sum(counts.gaps) == 3
+            first, gap = stats.percentile_ms(counts.first, 0.5), stats.percentile_ms(counts.gaps, 0.5)
+            assert first is not None and first >= 50  # from the arrival, the model's 50 ms included
+            assert gap is not None and 15 <= gap < 200
+            await asyncio.to_thread(stats.flush, buckets)
+
+    run(scenario)
+    figures = Client(headers={"Authorization": f"Bearer {people['alice'].token}"}).get(
+        "/api/v1/deployments/chat/metrics/").json()
+    for streams in (figures["streams"], figures["revisions"]["1"]["streams"]):
+        assert streams["streams"] == 1 and streams["pieces"] == 4
+        assert streams["ttft_p50_ms"] >= 50 and streams["itl_p50_ms"] >= 15
+        assert streams["cancelled"] == 0 and set(streams["ended_by"].values()) == {0}
