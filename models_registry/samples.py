@@ -631,6 +631,8 @@ class SampleArtifact:
     format: str
     description: str
     signature: Signature | None = None  # declared (python models carry none); None: read from the file
+    decoupled: bool = False  # it streams (uploaded with decoupled=true)
+    example_request: dict[str, Any] | None = None  # the version's example request (the trial call sends it)
 
 
 @lru_cache(maxsize=1)
@@ -641,9 +643,14 @@ def _digits_onnx_bytes() -> bytes:
 
 
 def sample_artifacts(which: str) -> list[SampleArtifact]:
-    """The models behind "Deploy the sample digits classifier" ("digits") and "... image pipeline" ("pipeline"),
-    in the order they must be created (a pipeline's steps first). Built in memory; the classifier is trained once
-    per process (about a second)."""
+    """The models behind "Deploy the sample digits classifier" ("digits"), "... image pipeline" ("pipeline") and
+    "... text generator" ("textgen"), in the order they must be created (a pipeline's steps first). Built in memory;
+    the classifier and the text generator are trained once per process (about a second, half a second)."""
+    if which == "textgen":
+        return [SampleArtifact("textgen", "textgen.zip", build_textgen_zip(), "python",
+                               "Streaming text generator (a character model of Shakespeare's Coriolanus, python "
+                               "backend, decoupled), a Modelport sample", TEXTGEN_SIGNATURE, decoupled=True,
+                               example_request=TEXTGEN_EXAMPLE_REQUEST)]
     digits = SampleArtifact("digits", "digits.onnx", _digits_onnx_bytes(), "onnx",
                             "Handwritten digit classifier (scikit-learn), a Modelport sample")
     if which == "digits":
@@ -656,7 +663,7 @@ def sample_artifacts(which: str) -> list[SampleArtifact]:
             SampleArtifact("postprocess", "postprocess.zip", build_postprocess_zip(), "python",
                            f"Top-{TOP_K} labels (python backend), a Modelport sample", POSTPROCESS_SIGNATURE),
         ]
-    raise ValueError(f"unknown sample {which!r}: use 'digits' or 'pipeline'")
+    raise ValueError(f"unknown sample {which!r}: use 'digits', 'pipeline' or 'textgen'")
 
 
 def sample_digit_png() -> bytes:
