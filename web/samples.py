@@ -28,10 +28,10 @@ from deployments import planning
 from deployments.model_entry import ModelEntry
 from deployments.models import Deployment
 from infra.api_errors import Conflict
+from modelport.core.example_request import example_to_store
 from models_registry import actions as registry_actions
 from models_registry import inspection, pipelines
 from models_registry.models import Format, Model, ModelVersion
-from modelport.core.example_request import example_to_store
 from models_registry.samples import SampleArtifact, digits_pipeline_definition, sample_artifacts
 
 SAMPLES = ("digits", "pipeline", "textgen")

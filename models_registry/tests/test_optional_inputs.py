@@ -22,7 +22,7 @@ from models_registry.python_trial import trial_request
 from tests.artifacts import streaming_python_model_zip, tiny_onnx
 from tests.support.people import Person
 
-SIGNATURE = {"inputs": [{"name": "text_input", "datatype": "BYTES", "dims": [-1, 1]},
+SIGNATURE: dict[str, Any] = {"inputs": [{"name": "text_input", "datatype": "BYTES", "dims": [-1, 1]},
                         {"name": "max_tokens", "datatype": "INT32", "dims": [-1, 1], "optional": True}],
              "outputs": [{"name": "text_output", "datatype": "BYTES", "dims": [-1, 1]}]}
 

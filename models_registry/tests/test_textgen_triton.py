@@ -25,6 +25,7 @@ from deployments.render import build_model_config
 from deployments.revision_spec import RevisionSpec
 from deployments.runtimes.local import backends, confined, readiness, serverlog
 from deployments.runtimes.local import triton as lt
+from deployments.spec import ServedModel
 from deployments.tests.local_triton import runtime_env
 from infra import sandbox_settings
 from models_registry.sample_models import textgen
@@ -38,7 +39,7 @@ def textgen_config(name: str, step_interval_ms: int = 0) -> str:
     inputs `optional: true`), with the operator's pacing parameter."""
     entry = ModelEntry(name=name, version=1, format="python", signature=TEXTGEN_SIGNATURE, max_batch_size=32,
                        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=5_000), decoupled=True)
-    config = build_model_config(entry, "local")
+    config = build_model_config(ServedModel.of(entry, None), "local")
     assert [t.name for t in config.input if t.optional] == list(TEXTGEN_OPTIONAL_INPUTS)
     assert config.model_transaction_policy.decoupled
     if step_interval_ms:

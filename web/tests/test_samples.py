@@ -383,3 +383,23 @@ def test_the_sample_text_generator_asked_into_the_shared_pool_is_refused(alice: 
         planning.plan(alice.team, request)
     assert "placement" in caught.value.errors, caught.value.errors
     assert "python" in " ".join(caught.value.errors["placement"]).lower()
+
+
+def test_the_text_generators_page_streams_in_try_it_with_snippets_that_stream(
+        alice: Person, bob: Person, charlie: Person, sample_worker: None, settings: Any) -> None:
+    settings.GATEWAY_GRPC_PORT = 8081
+    signed_in(alice).post("/samples/deploy/", {"sample": "textgen"})
+    page = signed_in(bob).get("/deployments/textgen/").content.decode()  # bob: the same team
+    assert 'id="try-stream-generate"' in page and 'id="try-stream-stop"' in page
+    assert 'data-path="/serve/textgen/v2/models/textgen/generate_stream"' in page
+    assert "js/try_stream.js" in page
+    # No /infer Try it for a model that has no single answer, and the endpoint is the stream's.
+    assert 'id="try-it-send"' not in page
+    assert "POST http://testserver/serve/textgen/v2/models/textgen/generate_stream" in page
+    import re
+    assert "First Citizen:\n</textarea>" in page, re.findall(r"try-stream-prompt.{0,300}", page)
+    assert "curl -sS -N -X POST http://testserver/serve/textgen/v2/models/textgen/generate_stream" in page
+    assert "OpenAI(base_url=&quot;http://testserver/serve/textgen/v1&quot;" in page
+    assert "client.chat.completions.create(" in page and "stream=True" in page
+    assert "client.start_stream(" in page and "async_stream_infer(&quot;textgen&quot;" in page
+    assert signed_in(charlie).get("/deployments/textgen/").status_code == 404
