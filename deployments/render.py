@@ -99,6 +99,8 @@ def build_model_config(m: ServedModel, target: Target, *, tnn_backend_name: str 
     for tensor in m.signature.inputs:
         entry = config.input.add(name=tensor.name, data_type=_data_type(tensor))
         _set_dims(entry, tensor, batched)
+        if tensor.optional:
+            entry.optional = True  # a request may leave it out (the python model reads None for it)
     for tensor in m.signature.outputs:
         entry = config.output.add(name=tensor.name, data_type=_data_type(tensor))
         _set_dims(entry, tensor, batched)

@@ -65,9 +65,17 @@ _TENSOR = {
     "allOf": [{"oneOf": [{"required": ["datatype"]}, {"required": ["data_type"]}]},
               {"oneOf": [{"required": ["dims"]}, {"required": ["shape"]}]}],
 }
+# A signature's input may be optional (modelport/core/signature.py: python models only); an output, a pipeline's
+# input, never.
+_INPUT_TENSOR = {**_TENSOR, "properties": {
+    **_TENSOR["properties"],  # type: ignore[dict-item]
+    "optional": {"type": "boolean", "default": False,
+                 "description": "A request may leave this input out (Triton's optional: true; python models only). "
+                                "Written only when true."},
+}}
 SIGNATURE_SCHEMA = {
     "type": "object", "additionalProperties": False, "required": ["inputs", "outputs"],
-    "properties": {"inputs": {"type": "array", "minItems": 1, "items": _TENSOR},
+    "properties": {"inputs": {"type": "array", "minItems": 1, "items": _INPUT_TENSOR},
                    "outputs": {"type": "array", "minItems": 1, "items": _TENSOR}},
     "description": "Tensor names are unique across inputs and outputs.",
 }

@@ -47,6 +47,12 @@ def _trial_findings(path_format: str, path: Path, signature: Signature,
 
 def _findings(version: ModelVersion, path_format: str, path: Path) -> Findings:
     declared = signature_from_json(version.declared_signature) if version.declared_signature else None
+    if declared is not None and declared.optional_inputs and path_format != formats.PYTHON:
+        # A python model reads None for an input left out; the generated models that serve the other formats (and
+        # their native backends) need every input the file declares.
+        raise ArtifactRejected(f"Only a python model's inputs can be optional; this {formats.get(path_format).label} "
+                               f"model's {', '.join(declared.optional_inputs)} must be sent on every request: leave "
+                               "'optional' out.")
     inspect = formats.get(path_format).inspect
     assert inspect is not None  # quick_check detects uploadable formats only
     try:

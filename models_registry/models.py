@@ -215,7 +215,8 @@ def record_memory(version_id: int, measured_bytes: int, by: str) -> bool:
 
 
 def _text(element: Any) -> str | None:
-    """A BYTES element of a stored example request ({"b64": ...}) as printable text, or None."""
+    """A BYTES element of a stored example request ({"b64": ...}) as printable text (line breaks and tabs allowed: a
+    prompt such as the text generator's "First Citizen:\n" ends in one), or None."""
     import base64
     import binascii
 
@@ -225,7 +226,7 @@ def _text(element: Any) -> str | None:
         text = base64.b64decode(element["b64"], validate=True).decode()
     except (TypeError, KeyError, binascii.Error, UnicodeDecodeError):
         return None
-    return text if text.isprintable() else None
+    return text if text.replace("\n", "").replace("\t", "").isprintable() else None
 
 
 def with_identical_to(versions: QuerySet[ModelVersion]) -> QuerySet[ModelVersion]:

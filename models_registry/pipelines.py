@@ -105,6 +105,10 @@ def _parse_structure(raw: object) -> tuple[Signature, list[dict[str, Any]]]:
     except SignatureError as exc:
         # parse_signature names its fields "signature.inputs[0]"; here they are the definition's.
         raise PipelineError({"definition": [str(exc).replace("signature.", "definition.")]}) from None
+    if signature.optional_inputs:
+        # An ensemble hands every one of its inputs to a step: one a request may leave out has nothing to hand.
+        raise PipelineError({"definition.inputs": [
+            f"a pipeline's inputs cannot be optional ({', '.join(signature.optional_inputs)}): leave 'optional' out"]})
     steps = raw.get("steps")
     if not isinstance(steps, list) or not steps:
         raise PipelineError({"definition.steps": ["a pipeline needs a non-empty list of steps"]})

@@ -55,10 +55,13 @@ class TrialFindings:
 
 
 def trial_request(signature: Signature) -> tuple[dict[str, Any], int | None]:
-    """The request (zeros, empty strings for BYTES, false for BOOL) and the batch size it carries (None: none)."""
+    """The request (zeros, empty strings for BYTES, false for BOOL; optional inputs left out) and the batch size it
+    carries (None: none)."""
     batch = trial_batch(signature)
     inputs = []
     for tensor in signature.inputs:
+        if tensor.optional:
+            continue  # left out, as a caller may leave it out: a zero is seldom a value the model takes (max_tokens)
         shape = trial_shape(tensor.dims, batch)
         fill: Any = "" if tensor.datatype == "BYTES" else False if tensor.datatype == "BOOL" else 0
         inputs.append({"name": tensor.name, "datatype": tensor.datatype, "shape": shape,

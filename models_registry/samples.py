@@ -28,7 +28,8 @@ digits-pipeline.json is its definition, for POST /api/v1/models/digits-pipeline/
 textgen.zip is the streaming text generator: a decoupled python-backend model (sample_models/textgen_model.py) around
 a character 5-gram (sample_models/textgen.py) trained here, in about half a second, on a public-domain text the
 repository ships (sample_models/text/coriolanus.txt); its contract is that of Triton's OpenAI frontend (text_input ->
-text_output pieces). Written by make_sample_models; a one-click sample once a version can be declared decoupled.
+text_output pieces), every input but text_input declared optional. Written by make_sample_models, and deployed by
+the dashboard's "Deploy the sample text generator" (web/samples.py).
 
 scikit-learn and skl2onnx are imported inside functions: they take a second to import.
 """
@@ -516,19 +517,19 @@ def make_digits_pipeline_json(path: Path | str) -> SampleModel:
 
 # A decoupled (streaming) python model: its signature is the contract of Triton's OpenAI frontend for models other
 # than vLLM's. Every input but text_input is optional (the model's defaults: textgen.Params).
+TEXTGEN_OPTIONAL_INPUTS = ("max_tokens", "temperature", "top_p", "stream", "stop", "seed")
 TEXTGEN_SIGNATURE = Signature(
     inputs=(
         Tensor("text_input", "BYTES", (-1, 1)),
-        Tensor("max_tokens", "INT32", (-1, 1)),
-        Tensor("temperature", "FP32", (-1, 1)),
-        Tensor("top_p", "FP32", (-1, 1)),
-        Tensor("stream", "BOOL", (-1, 1)),
-        Tensor("stop", "BYTES", (-1, -1)),
-        Tensor("seed", "INT64", (-1, 1)),
+        Tensor("max_tokens", "INT32", (-1, 1), optional=True),
+        Tensor("temperature", "FP32", (-1, 1), optional=True),
+        Tensor("top_p", "FP32", (-1, 1), optional=True),
+        Tensor("stream", "BOOL", (-1, 1), optional=True),
+        Tensor("stop", "BYTES", (-1, -1), optional=True),
+        Tensor("seed", "INT64", (-1, 1), optional=True),
     ),
     outputs=(Tensor("text_output", "BYTES", (-1, 1)),),
 )
-TEXTGEN_OPTIONAL_INPUTS = ("max_tokens", "temperature", "top_p", "stream", "stop", "seed")
 TEXTGEN_TEXT = SAMPLE_CODE_DIR / "text" / "coriolanus.txt"
 # The version's example request (modelport/core/example_request.py gives every input): the trial call at
 # inspection sends it instead of zeros, which the model refuses (max_tokens 0, top_p 0).
@@ -586,8 +587,8 @@ def build_textgen_zip() -> bytes:
 
 
 def make_textgen_zip(path: Path | str) -> SampleModel:
-    """textgen.zip and textgen.signature.json beside it. Not a one-click sample yet: serving it needs the version's
-    decoupled setting (`model_transaction_policy { decoupled: true }`)."""
+    """textgen.zip and textgen.signature.json beside it; upload it with decoupled=true (`model_transaction_policy
+    { decoupled: true }`)."""
     from models_registry.sample_models import textgen
 
     path = Path(path)
@@ -630,6 +631,8 @@ class SampleArtifact:
     format: str
     description: str
     signature: Signature | None = None  # declared (python models carry none); None: read from the file
+    decoupled: bool = False  # it streams (uploaded with decoupled=true)
+    example_request: dict[str, Any] | None = None  # the version's example request (the trial call sends it)
 
 
 @lru_cache(maxsize=1)
@@ -640,9 +643,14 @@ def _digits_onnx_bytes() -> bytes:
 
 
 def sample_artifacts(which: str) -> list[SampleArtifact]:
-    """The models behind "Deploy the sample digits classifier" ("digits") and "... image pipeline" ("pipeline"),
-    in the order they must be created (a pipeline's steps first). Built in memory; the classifier is trained once
-    per process (about a second)."""
+    """The models behind "Deploy the sample digits classifier" ("digits"), "... image pipeline" ("pipeline") and
+    "... text generator" ("textgen"), in the order they must be created (a pipeline's steps first). Built in memory;
+    the classifier and the text generator are trained once per process (about a second, half a second)."""
+    if which == "textgen":
+        return [SampleArtifact("textgen", "textgen.zip", build_textgen_zip(), "python",
+                               "Streaming text generator (a character model of Shakespeare's Coriolanus, python "
+                               "backend, decoupled), a Modelport sample", TEXTGEN_SIGNATURE, decoupled=True,
+                               example_request=TEXTGEN_EXAMPLE_REQUEST)]
     digits = SampleArtifact("digits", "digits.onnx", _digits_onnx_bytes(), "onnx",
                             "Handwritten digit classifier (scikit-learn), a Modelport sample")
     if which == "digits":
@@ -655,7 +663,7 @@ def sample_artifacts(which: str) -> list[SampleArtifact]:
             SampleArtifact("postprocess", "postprocess.zip", build_postprocess_zip(), "python",
                            f"Top-{TOP_K} labels (python backend), a Modelport sample", POSTPROCESS_SIGNATURE),
         ]
-    raise ValueError(f"unknown sample {which!r}: use 'digits' or 'pipeline'")
+    raise ValueError(f"unknown sample {which!r}: use 'digits', 'pipeline' or 'textgen'")
 
 
 def sample_digit_png() -> bytes:

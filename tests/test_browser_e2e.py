@@ -868,3 +868,76 @@ def test_tune_apply_lists_its_changes_and_asks_before_narrowing(browser: Any, al
     assert page.inner_text("#tune-applied") == "Applied as revision 2."
     settings = page.inner_text("#settings-digits")
     assert "max batch size 16" in settings and "2 CPU instances" in settings, settings
+
+
+# Installed before Generate: every change of the streamed text is recorded with the panel's state, so that pieces
+# arriving one read at a time (not one buffered answer) show as several lengths seen while it still streamed.
+# `stopAfter`: Stop is clicked once that many pieces have arrived.
+_WATCH_STREAM = """(stopAfter) => {
+  const output = document.getElementById('try-stream-output');
+  window.seen = [];
+  new MutationObserver(() => {
+    window.seen.push([output.textContent.length, output.dataset.state, Number(output.dataset.pieces)]);
+    if (stopAfter && Number(output.dataset.pieces) >= stopAfter && output.dataset.state === 'streaming') {
+      document.getElementById('try-stream-stop').click();
+    }
+  }).observe(output, {childList: true, characterData: true, subtree: true, attributes: true});
+}"""
+
+
+def test_the_sample_text_generator_streams_in_try_it_and_stops(browser: Any, alice_user: Person,
+                                                                portal_url: str) -> None:
+    """One click deploys the sample text generator; its Try it shows the pieces as they arrive through the real
+    gateway from the real Triton, Stop ends a stream mid-way, and the curl snippet streams as copied."""
+    page = sign_in(browser, portal_url, "alice")
+    page.click("#sample-textgen")
+    page.wait_for_url(f"{portal_url}/samples/textgen/", timeout=15_000)
+    page.wait_for_url(f"{portal_url}/deployments/textgen/", timeout=180_000)
+    page.wait_for_selector("body[data-js=ready]", state="attached")
+    wait_ready(page)
+    page.wait_for_selector("#try-stream:not([hidden])")
+    assert page.query_selector("#try-it-send") is None  # no /infer Try it for a model that streams
+
+    page.fill("#try-stream-prompt-textgen", "MENENIUS:\n")
+    page.fill("#try-stream-max-tokens-textgen", "600")
+    page.evaluate(_WATCH_STREAM, 0)
+    page.click("#try-stream-generate")
+    page.wait_for_function("document.getElementById('try-stream-output').dataset.state === 'done'", timeout=60_000)
+    text = page.inner_text("#try-stream-output")
+    assert page.get_attribute("#try-stream-output", "data-pieces") == "600"
+    assert len(text.split()) > 100  # words of generated text, not an error
+    seen = page.evaluate("window.seen")
+    growing = sorted({length for length, state, _ in seen if state == "streaming" and 0 < length < len(text)})
+    assert len(growing) >= 2, seen  # the text grew over at least two observations before it was whole
+    assert "600 pieces in" in page.inner_text("#try-stream-status")
+    shot(page, "try-it-stream")
+
+    # Stop aborts the fetch after a few pieces: the stream ends there, far short of what was asked.
+    page.fill("#try-stream-max-tokens-textgen", "1024")
+    page.evaluate(_WATCH_STREAM, 3)
+    page.click("#try-stream-generate")
+    page.wait_for_function("document.getElementById('try-stream-output').dataset.state === 'stopped'",
+                           timeout=60_000)
+    assert int(page.get_attribute("#try-stream-output", "data-pieces") or 0) < 1024
+    assert page.inner_text("#try-stream-status").startswith("Stopped after")
+    assert page.is_enabled("#try-stream-generate") and not page.is_enabled("#try-stream-stop")
+
+    # A bad setting: the model's own words arrive as the error.
+    page.fill("#try-stream-max-tokens-textgen", "5000")
+    page.click("#try-stream-generate")
+    page.wait_for_function("document.getElementById('try-stream-output').dataset.state === 'failed'",
+                           timeout=60_000)
+    assert "max_tokens must be between 1 and 1024" in page.inner_text("#try-stream-output")
+
+    # The curl snippet, run as copied after `export MODELPORT_TOKEN=...`, streams Server-Sent Events.
+    curl = page.inner_text("#snippet-curl-stream-textgen")
+    assert "curl -sS -N" in curl
+    page.goto(f"{portal_url}/tokens/")
+    page.fill("#id_name", "shell")
+    page.click("#token-create")
+    token = page.inner_text("#new-token-value")
+    ran = subprocess.run(["bash", "-c", f"export MODELPORT_TOKEN={token}\n{curl}"], capture_output=True, text=True,
+                         timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    events = [json.loads(line[len("data:"):]) for line in ran.stdout.splitlines() if line.startswith("data:")]
+    assert len(events) > 1 and all(e["text_output"] for e in events), ran.stdout

@@ -16,7 +16,7 @@ from deployments.revision_spec import ModelEntry
 from deployments.runtimes.registry import runtime_for
 from models_registry.models import ModelVersion
 from models_registry.samples import sample_digit_png
-from web import grpc_snippet, inference, placement, revisions
+from web import grpc_snippet, inference, placement, revisions, stream_panel
 from web.sample_data import sample_inputs, takes_images
 from web.traffic import WINDOW_MINUTES as TRAFFIC_WINDOW_MINUTES
 from web.tune_panel import tune_context
@@ -29,12 +29,16 @@ def spec_models(deployment: Deployment) -> list[ModelEntry]:
 def detail_context(deployment: Deployment, base_url: str) -> dict[str, Any]:
     """The whole page's context; `base_url`: the portal's address as the browser reached it (the snippets')."""
     served = served_models(deployment, base_url)
+    # Try it sends /infer for the models that answer once, and streams the decoupled ones (templates/web/
+    # _try_stream.html).
+    infer_served = [s for s in served if not s["entry"].decoupled]
     return {
-        **live_context(deployment), "served": served,
-        "examples": {s["entry"].name: {"path": s["path"], "request": s["example"]} for s in served},
-        "has_bytes_inputs": any(s["bytes_inputs"] for s in served),
+        **live_context(deployment), "served": served, "infer_served": infer_served,
+        "stream_served": [s for s in served if s["entry"].decoupled and s["stream"] is not None],
+        "examples": {s["entry"].name: {"path": s["path"], "request": s["example"]} for s in infer_served},
+        "has_bytes_inputs": any(s["bytes_inputs"] for s in infer_served),
         "has_steps": any(s["step"] for s in served),
-        "example_rows": example_rows(served[0]["example"]) if served else 10,
+        "example_rows": example_rows(infer_served[0]["example"]) if infer_served else 10,
         "metrics_url": f"/api/v1/deployments/{deployment.name}/metrics/?minutes={TRAFFIC_WINDOW_MINUTES}",
         "traffic_minutes": TRAFFIC_WINDOW_MINUTES,
         **settings_context(deployment),
@@ -89,8 +93,11 @@ def served_models(deployment: Deployment, base_url: str) -> list[dict[str, Any]]
                 ("modelport CLI", inference.cli_snippet(deployment.name, entry.name, base_url, files), "cli"),
             ],
         })
-        # gRPC (tritonclient.grpc): the Python snippet's twin, when the gRPC gateway runs.
         grpc_address = grpc_snippet.public_address(base_url)
+        if entry.decoupled:
+            _streaming(served[-1], base_url, deployment.name, signature, sample, grpc_address)
+            continue
+        # gRPC (tritonclient.grpc): the Python snippet's twin, when the gRPC gateway runs.
         snippets = served[-1]["snippets"]
         keys = [key for _, _, key in snippets]
         if grpc_address is not None and "python" in keys:
@@ -98,6 +105,29 @@ def served_models(deployment: Deployment, base_url: str) -> list[dict[str, Any]]
             snippets.insert(keys.index("python") + 1, ("Python (tritonclient.grpc)", grpc_snippet.python_grpc_snippet(
                 python, *grpc_address, deployment.name), "grpc"))
     return served
+
+
+def _streaming(s: dict[str, Any], base_url: str, deployment: str, signature: dict[str, Any],
+               example: dict[str, list[Any]], grpc_address: tuple[str, bool] | None) -> None:
+    """A decoupled model has no /infer (a 400 naming generate_stream): its endpoint, the streaming Try it and every
+    snippet use /generate_stream, the OpenAI-compatible API and gRPC's stream instead (web/stream_panel.py)."""
+    model = s["entry"].name
+    request = stream_panel.stream_request(signature, example)
+    s["url"] = stream_panel.stream_url(base_url, deployment, model)
+    s["stream"] = None
+    s["snippets"] = []
+    if request is None:
+        return
+    s["stream"] = {"path": stream_panel.stream_url("", deployment, model), "input": request.prompt_input,
+                   "prompt": request.prompt, "max_tokens": request.max_tokens if request.max_tokens_input else None}
+    s["snippets"].append(("curl (streamed)", stream_panel.curl_snippet(base_url, deployment, model, request),
+                          "curl-stream"))
+    if request.openai:
+        s["snippets"].append(("Python (openai)", stream_panel.openai_snippet(base_url, deployment, model, request),
+                              "openai"))
+    if grpc_address is not None:
+        s["snippets"].append(("Python (tritonclient.grpc, streamed)", stream_panel.grpc_snippet(
+            *grpc_address, deployment, model, signature, request), "grpc"))
 
 
 @functools.lru_cache(maxsize=1)

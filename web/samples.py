@@ -28,18 +28,20 @@ from deployments import planning
 from deployments.model_entry import ModelEntry
 from deployments.models import Deployment
 from infra.api_errors import Conflict
+from modelport.core.example_request import example_to_store
 from models_registry import actions as registry_actions
 from models_registry import inspection, pipelines
 from models_registry.models import Format, Model, ModelVersion
 from models_registry.samples import SampleArtifact, digits_pipeline_definition, sample_artifacts
 
-SAMPLES = ("digits", "pipeline")
+SAMPLES = ("digits", "pipeline", "textgen")
 # The deployment each button makes, and the model it serves.
-DEPLOYMENT_NAMES = {"digits": "digits", "pipeline": "digits-pipeline"}
+DEPLOYMENT_NAMES = {"digits": "digits", "pipeline": "digits-pipeline", "textgen": "textgen"}
 PIPELINE_MODEL = "digits-pipeline"
 # The models each sample makes, in the order the worker makes them (sample_artifacts' order, then the pipeline): the
 # progress page lists them without building the artifacts (which trains the classifier).
-MODELS = {"digits": ("digits",), "pipeline": ("preprocess", "digits", "postprocess", PIPELINE_MODEL)}
+MODELS = {"digits": ("digits",), "pipeline": ("preprocess", "digits", "postprocess", PIPELINE_MODEL),
+          "textgen": ("textgen",)}
 # The audit actions of a click (written by the view) and of a run's end (by the task): the progress page shows a
 # failure newer than the latest click, and a click while a run has not ended joins it.
 STARTED = "sample.deploy"
@@ -89,11 +91,14 @@ def _deployment(team: Team, name: str) -> Deployment | None:
 
 def _deploy(team: Team, user: Any, which: str, name: str) -> SampleDeployment:
     versions = {artifact.name: _sample_version(team, user, artifact) for artifact in sample_artifacts(which)}
-    served = "digits"
+    served = MODELS[which][-1]
     if which == "pipeline":
         _pipeline_version(team, user, versions)
-        served = PIPELINE_MODEL
-    request = planning.DeployRequest(runtime=Deployment.Runtime.LOCAL, models=(ModelEntry.asked(served),))
+    # The text generator streams, which a shared pool never serves (it takes ONNX models only: pools.sharing_refusal):
+    # it asks for a server of its own whatever the operator's default placement is.
+    placement = planning.PlacementRequest(mode="dedicated") if which == "textgen" else None
+    request = planning.DeployRequest(runtime=Deployment.Runtime.LOCAL, models=(ModelEntry.asked(served),),
+                                     placement=placement)
     try:
         plan = planning.plan(team, request)
     except planning.PlanError as exc:
@@ -175,7 +180,8 @@ def _sample_version(team: Team, user: Any, artifact: SampleArtifact) -> ModelVer
     model = Model.objects.filter(team=team, name=artifact.name).first()
     if model is not None:
         declared = artifact.signature.to_json() if artifact.signature else None
-        same = next((v for v in model.versions.filter(sha256=sha256, status=ModelVersion.Status.READY)
+        same = next((v for v in model.versions.filter(sha256=sha256, status=ModelVersion.Status.READY,
+                                                      decoupled=artifact.decoupled)
                      .order_by("-number") if declared is None or v.signature == declared), None)
         if same is not None:
             return same
@@ -183,7 +189,10 @@ def _sample_version(team: Team, user: Any, artifact: SampleArtifact) -> ModelVer
         model = registry_actions.create_model(team, user, artifact.name, artifact.description)
     version = registry_actions.create_version_from_file(
         model, user, io.BytesIO(artifact.data), artifact.filename, declared_format=artifact.format,
-        signature=artifact.signature)
+        signature=artifact.signature, decoupled=artifact.decoupled,
+        # As an upload's is stored: checked against the signature, BYTES elements as {"b64": ...}.
+        example_request=example_to_store(artifact.example_request, artifact.signature,
+                                         settings.EXAMPLE_REQUEST_MAX_BYTES))
     # Inspected here rather than by the worker, so that the deployment below can use it; the worker's task, queued
     # at the commit, finds it claimed (or, if the worker was first, this waits for it).
     version = inspection.inspect_here(version.pk)

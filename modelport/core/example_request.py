@@ -105,10 +105,12 @@ def parse_example_request(value: Any, signature: Signature, max_bytes: int) -> E
     inputs: list[ExampleInput] = []
     for index, raw in enumerate(raw_inputs):
         inputs.append(_input(raw, f"inputs[{index}]", declared, {i.tensor.name for i in inputs}))
-    missing = [name for name in declared if name not in {i.tensor.name for i in inputs}]
+    # An optional input may be left out, as a request may leave it out (Triton's `optional: true`).
+    missing = [name for name, tensor in declared.items()
+               if not tensor.optional and name not in {i.tensor.name for i in inputs}]
     if missing:
         raise ExampleRequestError(f"The example request lacks input(s) {', '.join(repr(n) for n in missing)} of the "
-                                  "signature: give every input.")
+                                  "signature: give every input that is not optional.")
     batch = None
     if signature.has_batch_dim:
         batches = {i.tensor.name: i.shape[0] for i in inputs}

@@ -3,6 +3,10 @@
 `dims` is the shape the model itself sees, batch dimension included (-1 for a dynamic dimension). A model is
 batchable when every input and output has a dynamic first dimension; Triton's config then omits that dimension and
 sets max_batch_size instead (the renderer does that).
+
+An input may be declared `"optional": true` (a python model's only, checked at inspection): Triton's config then says
+`optional: true` and a request may leave it out, as Triton's OpenAI frontend sends `max_tokens`, `temperature`, ...
+only when the caller gave them. The key is written only when true, so every signature without one reads as before.
 """
 
 from __future__ import annotations
@@ -40,13 +44,17 @@ class Tensor:
     name: str
     datatype: str  # KServe v2 name
     dims: tuple[int, ...]
+    optional: bool = False  # an input a request may leave out (Triton's `optional: true`)
 
     @property
     def triton_type(self) -> str:
         return KSERVE_TO_TRITON[self.datatype]
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "datatype": self.datatype, "dims": list(self.dims)}
+        data: dict[str, Any] = {"name": self.name, "datatype": self.datatype, "dims": list(self.dims)}
+        if self.optional:
+            data["optional"] = True
+        return data
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,10 @@ class Signature:
     def is_empty(self) -> bool:
         return not self.inputs and not self.outputs
 
+    @property
+    def optional_inputs(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.inputs if t.optional)
+
 
 def dims_compatible(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     """Whether two shapes can describe the same tensor: the same rank, and each dimension equal or dynamic (-1) on
@@ -74,18 +86,27 @@ def dims_compatible(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
 
 
 TENSOR_KEYS = ("name", "datatype", "dims")
+OPTIONAL_KEY = "optional"  # inputs only
 # Older spellings still read (deprecated in the API's schema): "data_type" for datatype, "shape" for dims, one
 # spelling of each.
 TENSOR_ALIASES = ("data_type", "shape")
 
 
-def _parse_tensor(raw: object, where: str) -> Tensor:
+def _parse_tensor(raw: object, where: str, *, is_input: bool = False) -> Tensor:
     if not isinstance(raw, dict):
         raise SignatureError(f"{where} must be an object with name, datatype and dims")
     # A misspelt key ("dimz") is refused rather than ignored, as every field of an API body is.
-    unknown = sorted(str(key) for key in raw if key not in TENSOR_KEYS and key not in TENSOR_ALIASES)
+    known = (*TENSOR_KEYS, *TENSOR_ALIASES, *((OPTIONAL_KEY,) if is_input else ()))
+    unknown = sorted(str(key) for key in raw if key not in known)
     if unknown:
-        raise SignatureError(f"{where} has unknown keys {unknown[:5]}: a tensor has {', '.join(TENSOR_KEYS)}")
+        has = ", ".join(TENSOR_KEYS) + (" and, for an input, optional" if is_input else "")
+        if OPTIONAL_KEY in unknown:
+            raise SignatureError(f"{where}: only an input can be optional (a model always gives its outputs): "
+                                 "leave 'optional' out")
+        raise SignatureError(f"{where} has unknown keys {unknown[:5]}: a tensor has {has}")
+    optional = raw.get(OPTIONAL_KEY, False)
+    if not isinstance(optional, bool):
+        raise SignatureError(f"{where}.optional must be true or false, got {str(optional)[:40]!r}")
     for key, alias in zip(TENSOR_KEYS[1:], TENSOR_ALIASES, strict=True):
         if key in raw and alias in raw:
             raise SignatureError(f"{where} gives both {key!r} and {alias!r}: give {key!r} alone")
@@ -110,7 +131,7 @@ def _parse_tensor(raw: object, where: str) -> Tensor:
         raise SignatureError(f"{where} ({name}): dims must be a list of integers, -1 for a dynamic dimension")
     if any(d == 0 or d < -1 for d in dims):
         raise SignatureError(f"{where} ({name}): dims must be positive integers or -1, got {dims}")
-    return Tensor(name=name, datatype=datatype, dims=tuple(dims))
+    return Tensor(name=name, datatype=datatype, dims=tuple(dims), optional=optional)
 
 
 def parse_signature(raw: object) -> Signature:
@@ -133,12 +154,15 @@ def parse_signature(raw: object) -> Signature:
         raise SignatureError("signature.inputs must be a non-empty list")
     if not isinstance(outputs, list) or not outputs:
         raise SignatureError("signature.outputs must be a non-empty list")
-    parsed_in = tuple(_parse_tensor(t, f"signature.inputs[{i}]") for i, t in enumerate(inputs))
+    parsed_in = tuple(_parse_tensor(t, f"signature.inputs[{i}]", is_input=True) for i, t in enumerate(inputs))
     parsed_out = tuple(_parse_tensor(t, f"signature.outputs[{i}]") for i, t in enumerate(outputs))
     names = [t.name for t in parsed_in + parsed_out]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise SignatureError(f"tensor names must be unique across inputs and outputs: {duplicates} repeated")
+    if parsed_in and all(t.optional for t in parsed_in):
+        raise SignatureError("every input is optional: a request must send at least one, so declare one of them "
+                             "required (leave its 'optional' out)")
     return Signature(inputs=parsed_in, outputs=parsed_out)
 
 

@@ -2,7 +2,8 @@
 Events, one per piece, that join to the text the generator makes in-process; several streams are generated in one
 step (continuous batching); a client that goes away ends its stream in the model; and it runs in the sandbox.
 
-The model's config.pbtxt is written here (the portal renders it once a version can be declared decoupled)."""
+The model's config.pbtxt is the one the portal renders (deployments/render.py), so requests that leave the optional
+inputs out (only `text_input`) show that `optional: true` works for a decoupled python model in this tritonserver."""
 
 from __future__ import annotations
 
@@ -18,12 +19,13 @@ from typing import Any
 
 import pytest
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2 as mc
 
-from deployments.model_entry import ModelEntry
+from deployments.model_entry import DynamicBatching, ModelEntry
+from deployments.render import build_model_config
 from deployments.revision_spec import RevisionSpec
 from deployments.runtimes.local import backends, confined, readiness, serverlog
 from deployments.runtimes.local import triton as lt
+from deployments.spec import ServedModel
 from deployments.tests.local_triton import runtime_env
 from infra import sandbox_settings
 from models_registry.sample_models import textgen
@@ -33,16 +35,13 @@ STEP_INTERVAL_MS = 5
 
 
 def textgen_config(name: str, step_interval_ms: int = 0) -> str:
-    config = mc.ModelConfig(name=name, backend="python", max_batch_size=32)
-    for tensor in TEXTGEN_SIGNATURE.inputs:
-        config.input.append(mc.ModelInput(name=tensor.name, data_type=getattr(mc, tensor.triton_type),
-                                          dims=list(tensor.dims[1:]), optional=tensor.name in TEXTGEN_OPTIONAL_INPUTS))
-    for tensor in TEXTGEN_SIGNATURE.outputs:
-        config.output.append(mc.ModelOutput(name=tensor.name, data_type=getattr(mc, tensor.triton_type),
-                                            dims=list(tensor.dims[1:])))
-    config.model_transaction_policy.decoupled = True
-    config.dynamic_batching.max_queue_delay_microseconds = 5_000
-    config.instance_group.append(mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=1))
+    """The config the portal renders for the sample's version (deployments/render.py: decoupled, its optional
+    inputs `optional: true`), with the operator's pacing parameter."""
+    entry = ModelEntry(name=name, version=1, format="python", signature=TEXTGEN_SIGNATURE, max_batch_size=32,
+                       dynamic_batching=DynamicBatching(max_queue_delay_microseconds=5_000), decoupled=True)
+    config = build_model_config(ServedModel.of(entry, None), "local")
+    assert [t.name for t in config.input if t.optional] == list(TEXTGEN_OPTIONAL_INPUTS)
+    assert config.model_transaction_policy.decoupled
     if step_interval_ms:
         config.parameters["step_interval_ms"].string_value = str(step_interval_ms)
     return text_format.MessageToString(config)
@@ -111,6 +110,18 @@ def test_generate_stream_sends_one_event_per_piece_and_they_join_to_the_generato
     assert pieces == expected
     text = "".join(pieces)
     assert len(text.split()) >= 10  # words, not characters one by one
+
+
+@pytest.mark.triton
+def test_a_request_with_only_text_input_streams_with_the_models_defaults(
+        server: lt.ServerProcess, textgen_model: textgen.CharModel) -> None:
+    """Every other input is rendered `optional: true`: Triton passes the request on without them, over HTTP and
+    gRPC's stream alike, and the model reads None for each (its defaults)."""
+    pieces = stream_pieces(server, {"text_input": "SICINIUS:\n"})
+    assert len(pieces) == textgen.Params().max_tokens and all(pieces)
+    got = grpc_stream(server, {"text_input": ("BYTES", b"SICINIUS:\n")})
+    assert [error for _, _, error in got] == [None] * len(got)
+    assert len([text for text, _, _ in got if text is not None]) == textgen.Params().max_tokens
 
 
 @pytest.mark.triton

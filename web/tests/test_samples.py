@@ -326,3 +326,80 @@ def test_clicks_while_a_sample_is_being_made_join_that_run_and_queue_nothing_mor
     with django_capture_on_commit_callbacks() as again:
         client.post("/samples/deploy/", {"sample": "pipeline"})
     assert len(again) == 1
+
+
+def test_the_dashboard_offers_the_sample_text_generator_beside_the_two_others(alice: Person,
+                                                                              bare_runtime_env: Any) -> None:
+    content = signed_in(alice).get("/").content.decode()
+    assert "Deploy the sample text generator" in content and 'name="sample" value="textgen"' in content
+
+
+def test_the_sample_text_generator_is_a_streaming_version_on_a_server_of_its_own(
+        alice: Person, bob: Person, charlie: Person, sample_worker: None, settings: Any) -> None:
+    from models_registry.samples import TEXTGEN_SIGNATURE, build_textgen_zip
+
+    settings.DEPLOYMENT_DEFAULT_PLACEMENT = "shared"  # whatever the operator's default: never a shared pool
+    client = signed_in(alice)
+    response = client.post("/samples/deploy/", {"sample": "textgen"})
+    assert response.status_code == 302 and response["Location"] == "/samples/textgen/"
+    assert client.get("/samples/textgen/")["Location"] == "/deployments/textgen/"
+    version = ModelVersion.objects.get(model__team=alice.team, model__name="textgen")
+    assert version.status == ModelVersion.Status.READY, version.error
+    assert version.format == "python" and version.decoupled is True
+    assert version.sha256 == hashlib.sha256(build_textgen_zip()).hexdigest()
+    assert version.signature == TEXTGEN_SIGNATURE.to_json()
+    assert [i["name"] for i in version.signature["inputs"] if i.get("optional")] == [
+        "max_tokens", "temperature", "top_p", "stream", "stop", "seed"]
+    assert version.example_request is not None  # the trial call sends it, not zeros
+    deployment = Deployment.objects.get(team=alice.team, name="textgen")
+    assert deployment.revision is not None
+    spec = deployment.revision.spec
+    assert spec.placement.mode == "dedicated"
+    [entry] = spec.models
+    assert entry.name == "textgen" and entry.decoupled is True
+    # The version's JSON in the API shows the optional inputs; bob (same team) sees it, charlie does not.
+    shown = bob.client().get(f"/api/v1/models/textgen/versions/{version.number}/").json()
+    assert shown["decoupled"] is True and shown["signature"] == TEXTGEN_SIGNATURE.to_json()
+    assert charlie.client().get(f"/api/v1/models/textgen/versions/{version.number}/").status_code == 404
+    assert signed_in(charlie).get("/deployments/textgen/").status_code == 404
+    assert not Model.objects.filter(team=charlie.team).exists()
+    # A second click (bob's) lands on the same deployment and makes nothing.
+    counts = (ModelVersion.objects.count(), Deployment.objects.count())
+    again = signed_in(bob).post("/samples/deploy/", {"sample": "textgen"})
+    assert again["Location"] == "/deployments/textgen/"
+    assert (ModelVersion.objects.count(), Deployment.objects.count()) == counts
+
+
+def test_the_sample_text_generator_asked_into_the_shared_pool_is_refused(alice: Person, sample_worker: None) -> None:
+    """The rule the button keeps by asking for a server of its own: a shared pool serves no streaming python
+    model."""
+    from deployments import planning
+    from deployments.model_entry import ModelEntry
+
+    signed_in(alice).post("/samples/deploy/", {"sample": "textgen"})
+    request = planning.DeployRequest(runtime=Deployment.Runtime.LOCAL, models=(ModelEntry.asked("textgen"),),
+                                     placement=planning.PlacementRequest(mode="shared"))
+    with pytest.raises(planning.PlanError) as caught:
+        planning.plan(alice.team, request)
+    assert "placement" in caught.value.errors, caught.value.errors
+    assert "python" in " ".join(caught.value.errors["placement"]).lower()
+
+
+def test_the_text_generators_page_streams_in_try_it_with_snippets_that_stream(
+        alice: Person, bob: Person, charlie: Person, sample_worker: None, settings: Any) -> None:
+    settings.GATEWAY_GRPC_PORT = 8081
+    signed_in(alice).post("/samples/deploy/", {"sample": "textgen"})
+    page = signed_in(bob).get("/deployments/textgen/").content.decode()  # bob: the same team
+    assert 'id="try-stream-generate"' in page and 'id="try-stream-stop"' in page
+    assert 'data-path="/serve/textgen/v2/models/textgen/generate_stream"' in page
+    assert "js/try_stream.js" in page
+    # No /infer Try it for a model that has no single answer, and the endpoint is the stream's.
+    assert 'id="try-it-send"' not in page
+    assert "POST http://testserver/serve/textgen/v2/models/textgen/generate_stream" in page
+    import re
+    assert "First Citizen:\n</textarea>" in page, re.findall(r"try-stream-prompt.{0,300}", page)
+    assert "curl -sS -N -X POST http://testserver/serve/textgen/v2/models/textgen/generate_stream" in page
+    assert "OpenAI(base_url=&quot;http://testserver/serve/textgen/v1&quot;" in page
+    assert "client.chat.completions.create(" in page and "stream=True" in page
+    assert "client.start_stream(" in page and "async_stream_infer(&quot;textgen&quot;" in page
+    assert signed_in(charlie).get("/deployments/textgen/").status_code == 404
