@@ -27,7 +27,9 @@ UNAVAILABLE with a `retry-after` trailing metadata in seconds, 504 DEADLINE_EXCE
 through with its code, in the HTTP gateway's words (gateway/contract.py). In ModelStreamInfer a refused request is
 answered in the stream with an error message naming its model and id, as Triton answers its own per-request errors
 (which get the same words, the request's id in front), and the stream goes on; a revoked token or a deleted
-deployment ends the stream.
+deployment ends the stream. A decoupled (streaming) model's request in a stream gets an upstream call of its own,
+its responses relayed as Triton sends them, bounded per request by the stream settings (issue 33, docs/api.md
+"Streaming models over gRPC").
 """
 
 from __future__ import annotations
