@@ -27,7 +27,9 @@ UNAVAILABLE with a `retry-after` trailing metadata in seconds, 504 DEADLINE_EXCE
 through with its code, in the HTTP gateway's words (gateway/contract.py). In ModelStreamInfer a refused request is
 answered in the stream with an error message naming its model and id, as Triton answers its own per-request errors
 (which get the same words, the request's id in front), and the stream goes on; a revoked token or a deleted
-deployment ends the stream.
+deployment ends the stream. A decoupled (streaming) model's request in a stream gets an upstream call of its own,
+its responses relayed as Triton sends them, bounded per request by the stream settings (issue 33, docs/api.md
+"Streaming models over gRPC").
 """
 
 from __future__ import annotations
@@ -149,6 +151,12 @@ class GrpcGateway:
         self.max_response = settings.GATEWAY_MAX_RESPONSE_BYTES
         self.max_tensor = settings.GATEWAY_MAX_TENSOR_BYTES
         self.timeout = settings.GATEWAY_UPSTREAM_TIMEOUT_SECONDS
+        # A decoupled model's request in a ModelStreamInfer stream holds a stream slot of its team while it
+        # streams, and is bounded as a /generate_stream is (docs/security.md, "Streams").
+        self.streams = admission.StreamSlots(settings.GATEWAY_MAX_STREAMS_PER_TEAM)
+        self.stream_idle = settings.GATEWAY_STREAM_IDLE_SECONDS
+        self.stream_seconds = settings.GATEWAY_MAX_STREAM_SECONDS
+        self.stream_bytes = settings.GATEWAY_MAX_STREAM_BYTES
         self.channels = Channels([
             ("grpc.max_receive_message_length", _int32(self.max_response)),
             ("grpc.max_send_message_length", _int32(self.max_body)),
@@ -411,7 +419,9 @@ class _Pending:
 @dataclass
 class _Upstream:
     """One ModelStreamInfer call to one Triton: the requests sent on it that await their answer, in order (Triton
-    answers a stream's requests in order for the non-decoupled models Modelport deploys)."""
+    answers a stream's requests to non-decoupled models in order, one answer each). A decoupled model's request
+    never goes on it (it answers 0..N times, interleaved with the others): it gets an upstream call of its own
+    (_StreamRelay._decoupled)."""
 
     target: str
     route: Route
@@ -439,6 +449,7 @@ class _StreamRelay:
         self.name = name
         self.upstreams: dict[str, _Upstream] = {}  # the one taking new requests, per target
         self.opened: list[_Upstream] = []  # every upstream stream not finished yet, finishing ones included
+        self.decoupled: set[asyncio.Task[None]] = set()  # decoupled models' requests still streaming
         self.write_lock = asyncio.Lock()
 
     async def run(self) -> None:
@@ -457,11 +468,14 @@ class _StreamRelay:
                     return
             for upstream in list(self.opened):
                 await self._stop_writing(upstream)
-            pumps = [u.pump for u in self.opened if u.pump is not None]
+            pumps = [u.pump for u in self.opened if u.pump is not None] + list(self.decoupled)
             if pumps:
                 await asyncio.gather(*pumps, return_exceptions=True)
         finally:
-            # The client is gone, or the stream was ended: nothing more is relayed.
+            # The client is gone, or the stream was ended: nothing more is relayed, and each decoupled request's
+            # upstream call is cancelled, which Triton passes on to the model (request.is_cancelled()).
+            for task in list(self.decoupled):
+                task.cancel()
             for upstream in self.opened:
                 upstream.call.cancel()
                 if upstream.pump is not None:
@@ -495,6 +509,10 @@ class _StreamRelay:
             await self._write(grpc_protocol.stream_error_response(exc.message, summary.model, summary.id))
             return
         gateway.channels.touch(target)  # a long stream keeps its channel from being swept as idle
+        found = route.contract(choice.revision, summary.model)
+        if found is not None and found.decoupled:
+            await self._start_decoupled(caller, route, choice.revision, target, summary, message, started)
+            return
         upstream = self.upstreams.get(target)
         if upstream is None or not upstream.writing:
             upstream = self._open(target, route, choice.revision)
@@ -516,6 +534,95 @@ class _StreamRelay:
                 upstream.pending.remove(entry)
                 await self._fail(upstream, [entry])
             upstream.writing = False
+
+    async def _start_decoupled(self, caller: Caller, route: Route, revision: int, target: str,
+                               summary: grpc_protocol.InferSummary, message: bytes, started: float) -> None:
+        """A decoupled model's request: a stream slot of the team is taken (refused in the stream past
+        GATEWAY_MAX_STREAMS_PER_TEAM), then it is streamed on an upstream call of its own."""
+        entry = _Pending(started, summary.model, summary.id)
+        slot = contextlib.ExitStack()
+        try:
+            slot.enter_context(self.gateway.streams.hold(caller.team_id, caller.team_name))
+        except Refusal as exc:
+            self.gateway.collector.observe(route.deployment_id, route.team, route.name,
+                                           _model_label(route, entry.model), exc.status, time.perf_counter() - started,
+                                           revision)
+            await self._write(grpc_protocol.stream_error_response(_with_id(exc.message, entry), entry.model,
+                                                                  entry.request_id, final=True))
+            return
+        stats.IN_FLIGHT.labels(route.team, route.name).inc()
+        task = asyncio.get_running_loop().create_task(self._decoupled(route, revision, target, entry, message, slot))
+        self.decoupled.add(task)
+        task.add_done_callback(self.decoupled.discard)
+
+    async def _decoupled(self, route: Route, revision: int, target: str, entry: _Pending, message: bytes,
+                         slot: contextlib.ExitStack) -> None:
+        """One decoupled request on its own upstream ModelStreamInfer call: each response relayed as Triton sends
+        it (its pieces, Triton's `triton_final_response` flags, the empty final response when the caller asked for
+        it with `triton_enable_empty_final_response`), until Triton ends the call. Its own call, because a request
+        in a gRPC stream cannot be cancelled alone: ending this one call cancels just this request in Triton, when a
+        bound below is passed or the caller goes away."""
+        gateway = self.gateway
+        remaining = self.context.time_remaining()
+        call = gateway.channels.channel(target).stream_stream(grpc_protocol.STREAM_METHOD)(timeout=remaining)
+        contract = route.contract(revision, entry.model)
+        status = 200
+        received = 0
+        deadline = time.monotonic() + gateway.stream_seconds
+        try:
+            await call.write(message)
+            await call.done_writing()
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    response = await asyncio.wait_for(call.read(), min(gateway.stream_idle, max(left, 0.0)))
+                except TimeoutError:
+                    status = 504
+                    if left <= gateway.stream_idle:
+                        words = (f"The stream ran for its most of {gateway.stream_seconds:g} s "
+                                 "(GATEWAY_MAX_STREAM_SECONDS); it was ended and the request cancelled in Triton.")
+                    else:
+                        words = (f"The model sent nothing for {gateway.stream_idle:g} s (GATEWAY_STREAM_IDLE_SECONDS); "
+                                 "the stream was ended and the request cancelled in Triton.")
+                    await self._write(grpc_protocol.stream_error_response(
+                        _with_id(words, entry), entry.model, entry.request_id, final=True))
+                    return
+                if response is grpc.aio.EOF:
+                    return
+                received += len(response)
+                if received > gateway.stream_bytes:
+                    status = 502
+                    await self._write(grpc_protocol.stream_error_response(_with_id(
+                        f"The model's answers to this request passed {gateway.stream_bytes} bytes "
+                        "(GATEWAY_MAX_STREAM_BYTES); the stream was ended and the request cancelled in Triton.",
+                        entry), entry.model, entry.request_id, final=True))
+                    return
+                if route.pooled:
+                    response = pool_names.grpc_stream_response(response, route.deployment_id)
+                error = grpc_protocol.stream_error(response)
+                if error:
+                    final = grpc_protocol.stream_final(response) is not False
+                    status, response = _reworded_stream_error(grpc_protocol.stream_error_status(error), error,
+                                                              contract, entry, final)
+                await self._write(response)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.CANCELLED:
+                status = 499
+                return
+            pooled = route.pooled_for(revision)
+            failure = gateway._upstream_failure(exc, target, contract, pooled.prefix if pooled is not None else "")
+            status = failure.status
+            await self._write(grpc_protocol.stream_error_response(_with_id(failure.message, entry), entry.model,
+                                                                  entry.request_id, final=True))
+        except asyncio.CancelledError:
+            status = 499  # the caller went away (or ended the stream)
+            raise
+        finally:
+            call.cancel()  # nothing when Triton has ended it; otherwise Triton cancels the request
+            slot.close()
+            stats.IN_FLIGHT.labels(route.team, route.name).dec()
+            gateway.collector.observe(route.deployment_id, route.team, route.name, _model_label(route, entry.model),
+                                      status, time.perf_counter() - entry.started, revision)
 
     def _open(self, target: str, route: Route, revision: int = 0) -> _Upstream:
         remaining = self.context.time_remaining()
@@ -708,17 +815,19 @@ def _check_answer(response: bytes, contract: Contract, requested: list[str]) -> 
         raise GrpcFailure(grpc.StatusCode.INTERNAL, missing_message(contract.model, missing, bool(requested)), 500)
 
 
+def _with_id(message: str, entry: _Pending) -> str:
+    return f"[request id: {entry.request_id}] {message}" if entry.request_id else message
+
+
 def _reworded_stream_error(status: int, error: str, contract: Contract | None,
-                           entry: _Pending) -> tuple[int, bytes]:
+                           entry: _Pending, final: bool = False) -> tuple[int, bytes]:
     """Triton's error for one request of a stream in the words a unary call gets (gateway/contract.py: no operator
     advice, the shape the model takes, a model's fault without its internals), written as the gateway's own
     refusals in a stream are (naming the model and the request id). The request's id also stays in front of the
     message, as Triton writes it: tritonclient hands a stream's error to the callback as the message alone, and a
     client tells its answers apart by it."""
     status, message = reword(status, error, contract)
-    if entry.request_id:
-        message = f"[request id: {entry.request_id}] {message}"
-    return status, grpc_protocol.stream_error_response(message, entry.model, entry.request_id)
+    return status, grpc_protocol.stream_error_response(_with_id(message, entry), entry.model, entry.request_id, final)
 
 
 async def _abort(context: grpc.aio.ServicerContext, failure: GrpcFailure) -> NoReturn:

@@ -410,14 +410,44 @@ def _len_field(number: int, payload: bytes) -> bytes:
     return _encode_varint(number << 3 | LEN) + _encode_varint(len(payload)) + payload
 
 
-def stream_error_response(message: str, model: str = "", request_id: str = "") -> bytes:
+FINAL_PARAMETER = "triton_final_response"
+# InferParameter{bool_param: true}, the value of Triton's final flag on a decoupled model's last response.
+_BOOL_TRUE = b"\x08\x01"
+
+
+def stream_final(data: bytes) -> bool | None:
+    """The `triton_final_response` parameter of a ModelStreamInferResponse's answer: Triton 2.51 sets it on every
+    response to a decoupled model's request (false on each piece, true on the last), and on no other. None when
+    absent (or when the bytes are not Triton's message shape)."""
+    try:
+        for number, wire, start, stop in _fields(data, 0, len(data), 16):
+            if number != 2 or wire != LEN:
+                continue
+            for n, w, b, e in _fields(data, start, stop, 1 << 20):
+                if n != 4 or w != LEN:
+                    continue
+                entry = _fields(data, b, e, 8)
+                key = next((data[kb:ke] for kn, kw, kb, ke in entry if kn == 1 and kw == LEN), b"")
+                if key == FINAL_PARAMETER.encode():
+                    value = next((data[vb:ve] for vn, vw, vb, ve in entry if vn == 2 and vw == LEN), b"")
+                    return value == _BOOL_TRUE
+    except (Malformed, Refusal):
+        return None
+    return None
+
+
+def stream_error_response(message: str, model: str = "", request_id: str = "", final: bool = False) -> bytes:
     """A ModelStreamInferResponse carrying an error for one request of a stream, as Triton writes its own:
-    error_message, and infer_response naming the model and the request id so that the client can match it."""
+    error_message, and infer_response naming the model and the request id so that the client can match it.
+    `final`: the answer also carries `triton_final_response: true`, as Triton's error that ends a decoupled model's
+    request does (a client that waits for the final flag then knows the request is over)."""
     inner = b""
     if model:
         inner += _len_field(1, model.encode())
     if request_id:
         inner += _len_field(3, request_id.encode())
+    if final:
+        inner += _len_field(4, _len_field(1, FINAL_PARAMETER.encode()) + _len_field(2, _BOOL_TRUE))
     out = _len_field(1, message.encode())
     if inner:
         out += _len_field(2, inner)

@@ -5,12 +5,17 @@ tests/test_grpc_gateway_e2e.py.
 
 Every call is recorded as (method, request bytes, metadata). Unary methods answer with `answers[method]`: bytes,
 a grpc.StatusCode with a message, or a coroutine function of the request. ModelStreamInfer answers each request
-with a ModelStreamInferResponse naming the request's model and id, unless `stream_answer` says otherwise.
+with a ModelStreamInferResponse naming the request's model and id, unless `stream_answer` says otherwise, or
+`pieces` answers it as a decoupled model does: any number of responses, each written as it is made, each with
+Triton 2.51's `triton_final_response` flag, and the empty final response only when the request asked for it
+(`triton_enable_empty_final_response`), as measured against the real Triton (tests/test_grpc_stream_e2e.py). The ids
+of the requests whose call the gateway cancelled while they were being answered are in `cancelled`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,10 +58,36 @@ def stream_reply(request: bytes) -> bytes:
         infer_response=pb.ModelInferResponse(model_name=parsed.model_name, id=parsed.id)).SerializeToString()
 
 
+def piece_reply(request: bytes, text: str, final: bool = False) -> bytes:
+    """One response of a decoupled model, as Triton 2.51 sends it: the piece and `triton_final_response`."""
+    parsed = pb.ModelInferRequest.FromString(request)
+    answer = pb.ModelInferResponse(model_name=parsed.model_name, id=parsed.id)
+    answer.parameters["triton_final_response"].bool_param = final
+    answer.outputs.add(name="text_output", datatype="BYTES", shape=[1])
+    answer.raw_output_contents.append(len(text.encode()).to_bytes(4, "little") + text.encode())
+    return pb.ModelStreamInferResponse(infer_response=answer).SerializeToString()
+
+
+def final_reply(request: bytes) -> bytes | None:
+    """The empty final response Triton sends at a decoupled request's end, only when the request asked for it."""
+    parsed = pb.ModelInferRequest.FromString(request)
+    asked = parsed.parameters.get("triton_enable_empty_final_response")
+    if asked is None or not asked.bool_param:
+        return None
+    answer = pb.ModelInferResponse(model_name=parsed.model_name, id=parsed.id)
+    answer.parameters["triton_final_response"].bool_param = True
+    return pb.ModelStreamInferResponse(infer_response=answer).SerializeToString()
+
+
+Pieces = Callable[[bytes], AsyncIterator[bytes] | None]
+
+
 @dataclass
 class FakeTriton:
     answers: dict[str, Answer] = field(default_factory=default_answers)
     stream_answer: Callable[[bytes], Awaitable[bytes | None]] | None = None
+    pieces: Pieces | None = None  # a decoupled model's responses to a request (None: answered as above)
+    cancelled: list[str] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list)
     server: Any = None
     port: int = 0
@@ -87,6 +118,15 @@ class FakeTriton:
             metadata = dict(context.invocation_metadata() or ())
             async for request in request_iterator:
                 fake.calls.append(Call("ModelStreamInfer", request, metadata))
+                pieces = fake.pieces(request) if fake.pieces is not None else None
+                if pieces is not None:
+                    try:
+                        async for piece in pieces:
+                            await context.write(piece)
+                    except asyncio.CancelledError:
+                        fake.cancelled.append(pb.ModelInferRequest.FromString(request).id)
+                        raise
+                    continue
                 reply = await fake.stream_answer(request) if fake.stream_answer else stream_reply(request)
                 if reply is None:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "Socket closed")
