@@ -55,7 +55,8 @@ def chunks(reply_body: bytes) -> list[Any]:
 def test_a_chat_request_renders_the_template_calls_generate_stream_and_joins_the_pieces(
     people: dict[str, Person], gateway_app: Any
 ) -> None:
-    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}"
+    template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+                "{% if add_generation_prompt %}<a>{% endif %}")
 
     async def scenario() -> None:
         async with FakeUpstream(lambda r: sse([event("Hello "), event("world")])) as upstream:

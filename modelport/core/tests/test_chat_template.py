@@ -7,8 +7,14 @@ import time
 
 import pytest
 
-from modelport.core.chat_template import (DEFAULT_TEMPLATE, MAX_TEMPLATE_BYTES, RenderFailed, TemplateRejected,
-                                          compile_template, render)
+from modelport.core.chat_template import (
+    DEFAULT_TEMPLATE,
+    MAX_TEMPLATE_BYTES,
+    RenderFailed,
+    TemplateRejected,
+    compile_template,
+    render,
+)
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
 
