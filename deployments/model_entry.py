@@ -104,6 +104,10 @@ class ModelEntry:
     # The version streams (a decoupled python model, models_registry.models.ModelVersion.decoupled): rendered with
     # Triton's decoupled transaction policy, and answered by the gateway on /generate_stream, not /infer.
     decoupled: bool = False
+    # The version's chat template (models_registry.models.ModelVersion.chat_template): copied, so that the gateway's
+    # route cache has it with the rest of the revision and the OpenAI-compatible chat endpoint renders it without a
+    # query. "" for the default one.
+    chat_template: str = ""
 
     @classmethod
     def asked(cls, name: str, *, version: int | None = None, max_batch_size: int | None = None,
@@ -185,6 +189,7 @@ class ModelEntry:
             "definition": definition_to_json(self.definition),
             # Written only when set: the specs of every model that does not stream keep the JSON they always had.
             **({"decoupled": True} if self.decoupled else {}),
+            **({"chat_template": self.chat_template} if self.chat_template else {}),
         }
 
     @classmethod
@@ -216,6 +221,7 @@ class ModelEntry:
                 warmup=Warmup.from_json(data["warmup"]) if data.get("warmup") is not None else None,
                 definition=formats.definition_from_json(str(data["format"]), data.get("definition")),
                 decoupled=data.get("decoupled") is True,
+                chat_template=str(data.get("chat_template") or ""),
             )
         except (TypeError, ValueError, KeyError) as exc:
             raise SpecError(f"{where} ({name}): {exc}") from None

@@ -224,6 +224,7 @@ def _entry(version: ModelVersion, options: ModelEntry) -> ModelEntry:
         dynamic_batching=batching, instance_group=options.instance_group,
         response_cache=options.response_cache, warmup=options.warmup,
         definition=version.parsed_definition, decoupled=version.decoupled,
+        chat_template=version.chat_template,
     )
 
 

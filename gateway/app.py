@@ -35,6 +35,7 @@ from gateway import contract as contracts
 from gateway.access import Access, Caller, Choice, Route
 from gateway.cold_start import ColdStarts
 from gateway.fastpath import json_body, reference
+from gateway.openai import handler as openai_api
 from gateway.protocol import Endpoint, Refusal
 from gateway.ratelimit import RateLimiter
 from gateway.stream_figures import StreamFigures
@@ -156,6 +157,7 @@ class Gateway:
         choice: Choice | None = None
         code = 500
         out = send
+        openai = openai_api.Outcome()
         try:
             headers = _headers(scope)
             declared = _content_length(headers)
@@ -177,8 +179,13 @@ class Gateway:
             route = await self.access.routes.get((caller.team_id, name)) if name else None
             if route is None:
                 raise not_found.no_deployment(name, caller.team_name)
+            if raw_rest.startswith(b"v1/"):  # the OpenAI-compatible API (gateway/openai/)
+                code = await openai_api.serve(self, scope, receive, send, headers, declared, caller, route, raw_rest,
+                                              openai)
+                return
             if not raw_rest.startswith(b"v2"):
-                raise GatewayError(404, f"Use /serve/{name}/v2/... (the KServe v2 protocol).")
+                raise GatewayError(404, f"Use /serve/{name}/v2/... (the KServe v2 protocol), or /serve/{name}/v1/... "
+                                        "(the OpenAI-compatible API).")
             endpoint = protocol.classify(scope["method"], rest)
             pinned = headers.get(b"modelport-revision")
             admitted = admission.admit(self.limiter, caller, route, endpoint.model,
@@ -188,15 +195,10 @@ class Gateway:
                 out = _with_revision(send, choice.revision)  # a refusal after the choice names it too
             choice, pooled = admitted.taken()
             if pooled is not None:
-                if pooled.load_id is None:
-                    # Shared by its spec, with no load: never the unmapped way (other teams' models are there).
-                    raise GatewayError(503, f"Deployment {route.name!r} has no models loaded in its pool (it is "
-                                            "restarting); retry in a few seconds.", {"Retry-After": "5"})
-                if endpoint.kind == "health" and rest.endswith("/ready"):
+                if endpoint.kind == "health" and rest.endswith("/ready") and pooled.load_id is not None:
                     code = await self._pooled_ready(out, choice.upstream, pooled)
                     return
-                await admission.cold_start(self.cold_starts, self.access.routes, route, pooled, caller)
-                raw_rest = pool_names.upstream_target(raw_rest, endpoint, pooled.prefix)
+                raw_rest = await self.into_pool(route, pooled, caller, raw_rest, endpoint)
             target = raw_rest if not query else raw_rest + b"?" + query
             in_flight = self.collector.in_flight(route.team, route.name)
             in_flight.inc()
@@ -216,16 +218,40 @@ class Gateway:
                 in_flight.dec()
         except Refusal as exc:
             code = exc.status
-            await _send_error(out, exc.status, exc.message, exc.headers)
+            if openai_api.is_openai_path(scope["path"]):
+                await openai_api.send_error(out, openai_api.from_refusal(exc))
+            else:
+                await _send_error(out, exc.status, exc.message, exc.headers)
         except (DatabaseError, InterfaceError):
             # Only when nothing is cached for this caller or route (cached answers stand in, gateway/access.py).
             log.warning("gateway: the database is unreachable", exc_info=True)
             code = 503
             await _send_error(send, 503, "The portal's database is unreachable; retry shortly.", {"Retry-After": "5"})
         finally:
+            if openai.endpoint is not None:
+                endpoint, choice = openai.endpoint, openai.choice
             if route is not None:
                 self.collector.observe(route.deployment_id, route.team, route.name, _model_label(route, endpoint), code,
                                        time.perf_counter() - started, choice.revision if choice else 0)
+
+    async def into_pool(self, route: Route, pooled: pool_names.Pooled, caller: Caller, raw_rest: bytes,
+                        endpoint: Endpoint) -> bytes:
+        """The upstream target of a request to a shared deployment's pool: its models' pool names, once its revision
+        is loaded (an idle-unloaded one is woken while the request is held)."""
+        if pooled.load_id is None:
+            # Shared by its spec, with no load: never the unmapped way (other teams' models are there).
+            raise GatewayError(503, f"Deployment {route.name!r} has no models loaded in its pool (it is "
+                                    "restarting); retry in a few seconds.", {"Retry-After": "5"})
+        await admission.cold_start(self.cold_starts, self.access.routes, route, pooled, caller)
+        return pool_names.upstream_target(raw_rest, endpoint, pooled.prefix)
+
+    async def read_json(self, receive: Receive, headers: dict[bytes, bytes], declared: int | None) -> bytes:
+        """A JSON request body bounded and checked as a generate request's (size, depth); a shared pool's bound is
+        the caller's to check once the pool is known (check_pool_json)."""
+        return await self._generate_body(receive, headers, declared, "")
+
+    def check_pool_json(self, pool_prefix: str, json_bytes: int) -> None:
+        self._check_pool_json(pool_prefix, json_bytes)
 
     async def _pooled_ready(self, send: Send, upstream_url: str, pooled: pool_names.Pooled) -> int:
         """/v2/health/ready of a shared deployment: its own models' readiness in the pool (Triton's per-model ready),

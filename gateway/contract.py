@@ -41,6 +41,7 @@ class Contract:
     inputs: tuple[TensorContract, ...]
     outputs: tuple[TensorContract, ...]
     decoupled: bool = False  # it streams: /infer is refused before it reaches Triton (gateway/admission.py)
+    chat_template: str = ""  # the OpenAI-compatible chat endpoint's template for it ("": the default one)
 
     def input(self, name: str) -> TensorContract | None:
         return next((t for t in self.inputs if t.name == name), None)
@@ -65,7 +66,8 @@ def contract_for(entry: ModelEntry) -> Contract:
         return tuple(TensorContract(t.name, t.datatype, tuple(served_dims(t.dims, batched))) for t in items)
 
     return Contract(model=entry.name, max_batch_size=entry.max_batch_size, inputs=tensors(entry.signature.inputs),
-                    outputs=tensors(entry.signature.outputs), decoupled=entry.decoupled)
+                    outputs=tensors(entry.signature.outputs), decoupled=entry.decoupled,
+                    chat_template=entry.chat_template)
 
 
 def contracts_for(spec: RevisionSpec | None) -> Mapping[str, Contract]:

@@ -306,3 +306,62 @@ def _error_words(event: bytes, contract: contracts.Contract | None, prefix: str)
 async def _wait_for_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+# --- Events one by one, for an answer the gateway makes of them (the OpenAI-compatible API) -----------------------
+
+
+class EventsFailed(Exception):
+    """Triton's event stream could not be read to its end: `message` for the caller, `code` to count it by (502:
+    too large, cut or broken; 504: silent past the idle bound)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+async def complete_events(response: Events, limits: Limits) -> AsyncGenerator[bytes, None]:
+    """Each complete event of Triton's 200 event stream, without its blank line, as it arrives: the relay's bounds
+    (one event held, at most `limits.max_event_bytes`; at most `limits.idle_seconds` between reads). EventsFailed in
+    the relay's words when they are passed or Triton breaks the stream. The caller closes the response."""
+    pieces = response.iter_body(_UNBOUNDED, idle_timeout=limits.idle_seconds)
+    held = bytearray()
+    try:
+        async for piece in pieces:
+            searched = max(0, len(held) - len(_END) + 1)
+            held += piece
+            while (end := held.find(_END, searched)) >= 0:
+                if end > limits.max_event_bytes:
+                    raise EventsFailed(_too_large(limits).message, 502)
+                complete = bytes(held[:end])
+                del held[:end + len(_END)]
+                searched = 0
+                yield complete
+            if len(held) > limits.max_event_bytes:
+                raise EventsFailed(_too_large(limits).message, 502)
+        if held.strip():
+            raise EventsFailed("The stream ended in the middle of a piece (Triton closed it).", 502)
+    except TimeoutError:
+        raise EventsFailed(f"The model sent nothing for {limits.idle_seconds:g} s (GATEWAY_STREAM_IDLE_SECONDS); the "
+                           "stream was ended.", 504) from None
+    except UpstreamError as exc:
+        log.info("a stream from upstream failed: %s", exc)
+        raise EventsFailed("Triton broke the connection in the middle of the stream; the deployment may be "
+                           "restarting. Retry shortly.", 502) from None
+    finally:
+        await pieces.aclose()
+
+
+def event_data(event: bytes, prefix: str = "") -> Any:
+    """The JSON of an event's `data:` line (a pool's model name taken off), or None for an event without one."""
+    for line in event.split(b"\n"):
+        if line.startswith(_DATA):
+            data = line[len(_DATA):]
+            if prefix:
+                data, _ = pool_names.rename_head(data, prefix)
+            try:
+                return json.loads(data)
+            except ValueError:
+                return None
+    return None

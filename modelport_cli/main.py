@@ -84,6 +84,26 @@ def read_json_file(name: str, option: str) -> Any:
         raise CliError(f"{option} {name} is not valid JSON: {exc}", ExitCode.USAGE) from None
 
 
+# The portal's limit (modelport/core/chat_template.py MAX_TEMPLATE_BYTES): refused here before the upload starts.
+MAX_CHAT_TEMPLATE_BYTES = 64 * 1024
+
+
+def read_chat_template(name: str) -> str:
+    """A chat template file named on the command line, read before anything is uploaded: a missing, non-UTF-8 or
+    too large one is a usage error (its syntax is the portal's to check, which names the line)."""
+    try:
+        data = Path(name).read_bytes()
+    except OSError as exc:
+        raise CliError(f"--chat-template {name}: {exc.strerror or exc}", ExitCode.USAGE) from None
+    if len(data) > MAX_CHAT_TEMPLATE_BYTES:
+        raise CliError(f"--chat-template {name} is {len(data)} bytes; the limit is {MAX_CHAT_TEMPLATE_BYTES}.",
+                       ExitCode.USAGE)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CliError(f"--chat-template {name} is not UTF-8 text.", ExitCode.USAGE) from None
+
+
 def poll(fetch: Callable[[], dict[str, Any]], finished: Callable[[dict[str, Any]], bool], timeout: float,
          on_timeout: Callable[[dict[str, Any]], CliError]) -> dict[str, Any]:
     """fetch() until finished(body) (which may raise to fail), or raise on_timeout(last body) after `timeout` s."""
@@ -186,6 +206,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     check_name(args.model, "model")
     signature = read_json_file(args.signature, "--signature") if args.signature else None
     example = read_json_file(args.example_request, "--example-request") if args.example_request else None
+    template = read_chat_template(args.chat_template) if args.chat_template is not None else None
     client = make_client(args)
 
     progress = None if args.json or not args.verbose_stderr else Progress(path.stat().st_size, f"uploading {path.name}")
@@ -207,6 +228,8 @@ def cmd_push(args: argparse.Namespace) -> int:
         body["example_request"] = example
     if args.decoupled:
         body["decoupled"] = True
+    if template is not None:
+        body["chat_template"] = template
     version = create_version(client, args.model, body)
     state.forget(result.state_key)  # the portal consumed the upload; a re-run must upload again
     return wait_for_version(client, args.model, version, args)
@@ -1034,6 +1057,9 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--decoupled", action="store_true", help=(
         "a python model that streams its answer in pieces (Triton's decoupled mode): served by /generate_stream "
         "and gRPC's stream, not /infer"))
+    push.add_argument("--chat-template", metavar="FILE", help=(
+        "a Jinja chat template (at most 64 KiB of UTF-8) for the OpenAI-compatible chat endpoint: how messages become "
+        "the model's text_input"))
     push.add_argument("--no-wait", action="store_true", help="return once uploaded, without waiting for validation")
     push.add_argument("--timeout", type=_seconds, default=DEFAULT_PUSH_TIMEOUT, metavar="S",
                       help=f"how long to wait for validation (default {DEFAULT_PUSH_TIMEOUT:g})")

@@ -74,7 +74,8 @@ def check_streamable(fmt: str, decoupled: bool) -> None:
 
 def _new_version(model: Model, user: Any, *, staged_key: str, filename: str, size: int, fmt: str,
                  declared_format: str, signature: Signature | None, max_batch_size: int | None,
-                 example_request: dict[str, Any] | None = None, decoupled: bool = False) -> ModelVersion:
+                 example_request: dict[str, Any] | None = None, decoupled: bool = False,
+                 chat_template: str = "") -> ModelVersion:
     version = ModelVersion.objects.create(
         model=model,
         number=model.next_version_number(),
@@ -87,6 +88,7 @@ def _new_version(model: Model, user: Any, *, staged_key: str, filename: str, siz
         declared_max_batch_size=max_batch_size,
         example_request=example_request,
         decoupled=decoupled,
+        chat_template=chat_template,
         status=ModelVersion.Status.VALIDATING,
         created_by=user,
     )
@@ -97,7 +99,8 @@ def _new_version(model: Model, user: Any, *, staged_key: str, filename: str, siz
 
 def create_version_from_file(model: Model, user: Any, stream: IO[bytes], filename: str, *, declared_format: str = "",
                              signature: Signature | None = None, max_batch_size: int | None = None,
-                             example_request: dict[str, Any] | None = None, decoupled: bool = False) -> ModelVersion:
+                             example_request: dict[str, Any] | None = None, decoupled: bool = False,
+                             chat_template: str = "") -> ModelVersion:
     """A small artifact sent in the request body: checked locally first, stored only if it passes."""
     check_streamable(declared_format, decoupled)
     with tempfile.TemporaryDirectory(prefix="modelport-upload-") as tmp:
@@ -120,7 +123,7 @@ def create_version_from_file(model: Model, user: Any, stream: IO[bytes], filenam
             return _new_version(_save_new_model(model, user), user, staged_key=staged_key, filename=filename, size=size,
                                 fmt=check.format, declared_format=declared_format, signature=signature,
                                 max_batch_size=max_batch_size, example_request=example_request,
-                                decoupled=decoupled)
+                                decoupled=decoupled, chat_template=chat_template)
     except BaseException:
         store.delete(staged_key)
         raise
@@ -128,7 +131,8 @@ def create_version_from_file(model: Model, user: Any, stream: IO[bytes], filenam
 
 def create_version_from_upload(model: Model, user: Any, upload: Upload, *, declared_format: str = "",
                                signature: Signature | None = None, max_batch_size: int | None = None,
-                               example_request: dict[str, Any] | None = None, decoupled: bool = False) -> ModelVersion:
+                               example_request: dict[str, Any] | None = None, decoupled: bool = False,
+                               chat_template: str = "") -> ModelVersion:
     """A finished resumable upload becomes a version; the upload can be used once."""
     check_streamable(declared_format, decoupled)
     if not upload.is_complete:
@@ -150,7 +154,7 @@ def create_version_from_upload(model: Model, user: Any, upload: Upload, *, decla
         return _new_version(_save_new_model(model, user), user, staged_key=upload.key, filename=filename,
                             size=upload.length, fmt=fmt,
                             declared_format=declared_format, signature=signature, max_batch_size=max_batch_size,
-                            example_request=example_request, decoupled=decoupled)
+                            example_request=example_request, decoupled=decoupled, chat_template=chat_template)
 
 
 def _discard_upload(upload: Upload) -> None:

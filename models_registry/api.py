@@ -28,6 +28,7 @@ from infra.api_errors import PayloadTooLarge, not_found, request_object
 from infra.api_json import BoundedJSONField, BoundedJSONParser
 from infra.api_schema import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, JSON_PARSERS, ExactJSONTypes, NameField, error
 from infra.names import name_error
+from modelport.core import chat_template
 from modelport.core.example_request import ExampleRequestError, example_to_store
 from modelport.core.formats import describe
 from modelport.core.signature import KSERVE_TO_TRITON, TRITON_TO_KSERVE, SignatureError, parse_signature
@@ -144,6 +145,31 @@ DECOUPLED_OUT = ("Whether the version streams (uploaded with decoupled=true): de
                  "/v2/models/<model>/generate_stream and gRPC's ModelStreamInfer; /infer refuses it.")
 
 
+CHAT_TEMPLATE_IN = ("A Jinja chat template (at most 64 KiB) for the OpenAI-compatible chat endpoint: how its messages "
+                    "become the model's text_input, rendered as Hugging Face renders one (messages, "
+                    "add_generation_prompt, raise_exception). Checked by compiling it: a syntax error names the line. "
+                    "Left out: the documented default template.")
+CHAT_TEMPLATE_OUT = "The version's chat template (uploaded as chat_template); \"\" for the default one."
+
+
+class ChatTemplateField(serializers.CharField):
+    """A chat template, compiled at upload in the sandbox the gateway renders it in: a 400 names a syntax error's
+    line."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(required=False, allow_blank=True, trim_whitespace=False, help_text=CHAT_TEMPLATE_IN,
+                         **kwargs)
+
+    def to_internal_value(self, data: Any) -> str:
+        value: str = super().to_internal_value(data)
+        if value:
+            try:
+                chat_template.compile_template(value)
+            except chat_template.TemplateRejected as exc:
+                raise serializers.ValidationError(str(exc)) from None
+        return value
+
+
 class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
     model = serializers.CharField(source="model.name", read_only=True)
     created_by = serializers.CharField(source="created_by.username", default=None, read_only=True, allow_null=True)
@@ -170,13 +196,14 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
     measured_memory_by = serializers.CharField(read_only=True, help_text=(
         'Where measured_memory_bytes was measured, e.g. "its trial call at inspection"; "" until measured.'))
     decoupled = serializers.BooleanField(read_only=True, help_text=DECOUPLED_OUT)
+    chat_template = serializers.CharField(read_only=True, help_text=CHAT_TEMPLATE_OUT)
 
     class Meta:
         model = ModelVersion
         fields = ["model", "number", "format", "status", "error", "size", "sha256", "identical_to", "signature",
                   "max_batch_size", "original_filename", "definition", "has_example_request", "notes",
-                  "measured_memory_bytes", "measured_memory_by", "decoupled", "created_by", "created_at",
-                  "validated_at"]
+                  "measured_memory_bytes", "measured_memory_by", "decoupled", "chat_template", "created_by",
+                  "created_at", "validated_at"]
         read_only_fields = fields
 
 
@@ -215,6 +242,8 @@ class VersionCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
         help_text="Create the model if it does not exist, with this version: a refused first version leaves no model.")
     example_request = ExampleRequestField(required=False, allow_null=True)
     decoupled = serializers.BooleanField(required=False, default=False, help_text=DECOUPLED_IN)
+    chat_template = ChatTemplateField()
+    free_text_fields: ClassVar[frozenset[str]] = frozenset({"chat_template"})  # a template spans lines
 
     def validate_signature(self, value: Any) -> Any:
         if value in (None, "", {}):
@@ -259,6 +288,7 @@ class VersionFromFileSerializer(serializers.Serializer[Any]):
         "A KServe v2 JSON inference request as JSON text, checked against the signature: the trial call of a python "
         'model sends it instead of zeros; a BYTES element is a string or {"b64": "<base64>"}.'))
     decoupled = serializers.BooleanField(required=False, default=False, help_text=DECOUPLED_IN)
+    chat_template = ChatTemplateField()
 
 
 class VersionFromUploadSerializer(serializers.Serializer[Any]):
@@ -271,6 +301,7 @@ class VersionFromUploadSerializer(serializers.Serializer[Any]):
     create_model = VersionCreateSerializer().fields["create_model"]
     example_request = ExampleRequestField(required=False, allow_null=True)
     decoupled = serializers.BooleanField(required=False, default=False, help_text=DECOUPLED_IN)
+    chat_template = ChatTemplateField()
 
 
 class PipelineCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
@@ -457,7 +488,7 @@ def versions_list(request: Request, name: str) -> Response:
     data = serializer.validated_data
     options = {"declared_format": data.get("format") or "", "signature": data.get("signature"),
                "max_batch_size": data.get("max_batch_size"), "example_request": data.get("example_request"),
-               "decoupled": data.get("decoupled", False)}
+               "decoupled": data.get("decoupled", False), "chat_template": data.get("chat_template", "")}
     try:
         if data.get("file"):
             version = actions.create_version_from_file(model, request.user, data["file"], data["file"].name, **options)

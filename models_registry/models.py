@@ -113,6 +113,9 @@ class ModelVersion(models.Model):
     # `model_transaction_policy { decoupled: true }`, served by /generate_stream and gRPC's stream, refused on /infer.
     # Declared at upload (only python models can be), never detected: Triton cannot tell from model.py.
     decoupled = models.BooleanField(default=False)
+    # A text model's chat template (issue 33): how the OpenAI-compatible chat endpoint turns messages into its
+    # text_input, rendered in the gateway's sandbox (modelport/core/chat_template.py). Empty: the default template.
+    chat_template = models.TextField(blank=True, default="")
     # Pipelines: the versions their steps call, so that none of them is deleted while a pipeline uses it.
     step_versions = models.ManyToManyField("self", symmetrical=False, related_name="pipelines", blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.VALIDATING)

@@ -1,0 +1,185 @@
+"""The OpenAI-compatible API (gateway/openai/) against a scripted Triton: the generate_stream call it makes, the
+chunks and whole answers it makes of Triton's events, its refusals in OpenAI's error shape. The official SDK against
+a real Triton is left to an end-to-end test."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from deployments.models import Deployment, Revision
+from gateway.tests.fake_upstream import FakeUpstream, json_response
+from tests.support.gateway_calls import call, run
+from tests.support.people import Person
+
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n"
+TEXT_SIGNATURE = {"inputs": [{"name": "text_input", "datatype": "BYTES", "dims": [1]},
+                             {"name": "max_tokens", "datatype": "INT32", "dims": [1]},
+                             {"name": "stream", "datatype": "BOOL", "dims": [1]}],
+                  "outputs": [{"name": "text_output", "datatype": "BYTES", "dims": [-1]}]}
+CHAT = "/serve/chat/v1/chat/completions"
+
+
+def event(text: str) -> bytes:
+    return b"data: " + json.dumps({"model_name": "chat", "model_version": "1", "text_output": text}).encode() + b"\n\n"
+
+
+def sse(pieces: list[bytes]) -> bytes:
+    return SSE_HEAD + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+
+
+def text_deployment(person: Person, upstream_url: str, signature: dict[str, Any] = TEXT_SIGNATURE,
+                    chat_template: str = "") -> None:
+    deployment = Deployment.objects.create(team=person.team, name="chat", upstream_url=upstream_url,
+                                           status=Deployment.Status.READY)
+    entry: dict[str, Any] = {"name": "chat", "version": 1, "format": "python", "decoupled": True,
+                             "signature": signature, "chat_template": chat_template}
+    revision = Revision.objects.create(deployment=deployment, number=1, spec={"models": [entry]})
+    Deployment.objects.filter(pk=deployment.pk).update(serving_revision=revision, revision=revision)
+
+
+def body(data: dict[str, Any]) -> bytes:
+    return json.dumps(data).encode()
+
+
+def chunks(reply_body: bytes) -> list[Any]:
+    out = []
+    for e in reply_body.split(b"\n\n"):
+        if e.startswith(b"data: "):
+            data = e.removeprefix(b"data: ")
+            out.append("[DONE]" if data == b"[DONE]" else json.loads(data))
+    return out
+
+
+def test_a_chat_request_renders_the_template_calls_generate_stream_and_joins_the_pieces(
+    people: dict[str, Person], gateway_app: Any
+) -> None:
+    template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+                "{% if add_generation_prompt %}<a>{% endif %}")
+
+    async def scenario() -> None:
+        async with FakeUpstream(lambda r: sse([event("Hello "), event("world")])) as upstream:
+            await asyncio.to_thread(text_deployment, people["alice"], upstream.url, TEXT_SIGNATURE, template)
+            reply = await call(gateway_app(), "POST", CHAT, token=people["alice"].token,
+                               body=body({"model": "chat", "messages": [{"role": "user", "content": "hi there"}],
+                                          "max_tokens": 5}))
+            assert reply.status == 200, reply.body
+            answer = reply.json()
+            assert answer["object"] == "chat.completion" and answer["model"] == "chat"
+            assert answer["choices"][0]["message"] == {"role": "assistant", "content": "Hello world", "refusal": None}
+            assert answer["choices"][0]["finish_reason"] == "stop"
+            assert answer["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+            (sent,) = upstream.requests
+            assert sent.target == b"/v2/models/chat/generate_stream"
+            assert json.loads(sent.body) == {"text_input": "<user>hi there<a>", "stream": False, "max_tokens": 5}
+            assert reply.headers[b"modelport-revision"] == b"1"
+
+    run(scenario)
+
+
+def test_a_streamed_completion_is_chunks_then_usage_then_done(people: dict[str, Person], gateway_app: Any) -> None:
+    async def scenario() -> None:
+        async with FakeUpstream(lambda r: sse([event("a "), event("b ")])) as upstream:
+            await asyncio.to_thread(text_deployment, people["alice"], upstream.url)
+            reply = await call(gateway_app(), "POST", "/serve/chat/v1/completions", token=people["alice"].token,
+                               body=body({"model": "chat", "prompt": "once upon", "stream": True, "max_tokens": 2,
+                                          "stream_options": {"include_usage": True}}))
+            assert reply.status == 200 and reply.complete
+            assert reply.headers[b"content-type"].startswith(b"text/event-stream")
+            got = chunks(reply.body)
+            assert [c["choices"][0]["text"] for c in got[:2]] == ["a ", "b "]
+            assert got[2]["choices"][0]["finish_reason"] == "length"
+            assert got[3]["choices"] == [] and got[3]["usage"]["completion_tokens"] == 2
+            assert got[-1] == "[DONE]"
+            assert json.loads(upstream.requests[0].body)["stream"] is True
+
+    run(scenario)
+
+
+def test_a_streamed_chat_opens_with_the_role_and_an_error_event_ends_it_in_openai_shape(
+    people: dict[str, Person], gateway_app: Any
+) -> None:
+    failing = b'data: {"error": "Traceback (most recent call last): /srv/model.py"}\n\n'
+
+    async def scenario() -> None:
+        async with FakeUpstream(lambda r: sse([event("one"), failing])) as upstream:
+            await asyncio.to_thread(text_deployment, people["alice"], upstream.url)
+            reply = await call(gateway_app(), "POST", CHAT, token=people["alice"].token,
+                               body=body({"model": "chat", "stream": True,
+                                          "messages": [{"role": "user", "content": "x"}]}))
+            got = chunks(reply.body)
+            assert got[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+            assert got[1]["choices"][0]["delta"] == {"content": "one"}
+            assert got[2]["error"]["type"] == "server_error" and "model.py" not in got[2]["error"]["message"]
+            assert reply.complete
+
+    run(scenario)
+
+
+def test_what_the_deployment_cannot_honour_is_a_400_naming_it(people: dict[str, Person], gateway_app: Any) -> None:
+    messages = [{"role": "user", "content": "x"}]
+    cases = [({"n": 2}, "n"), ({"logprobs": True}, "logprobs"), ({"tools": [{"type": "function"}]}, "tools"),
+             ({"response_format": {"type": "json_object"}}, "response_format"), ({"temperature": 0.5}, "temperature"),
+             ({"logit_bias": {"1": 2}}, "logit_bias"), ({"frobnicate": 1}, "frobnicate"),
+             ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+              "messages[0].content[0].type"),
+             ({"messages": [{"role": "user", "content": "x"}] * 2000}, "messages")]
+
+    async def scenario() -> None:
+        async with FakeUpstream() as upstream:
+            await asyncio.to_thread(text_deployment, people["alice"], upstream.url)
+            app = gateway_app()
+            for extra, param in cases:
+                reply = await call(app, "POST", CHAT, token=people["alice"].token,
+                                   body=body({"model": "chat", "messages": messages, **extra}))
+                assert reply.status == 400, (extra, reply.body)
+                error = reply.json()["error"]
+                assert error["type"] == "invalid_request_error" and error["param"] == param, error
+            assert upstream.requests == []
+
+    run(scenario)
+
+
+def test_a_hostile_template_is_a_400_and_the_gateway_keeps_answering(people: dict[str, Person],
+                                                                     gateway_app: Any) -> None:
+    forever = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
+
+    async def scenario() -> None:
+        async with FakeUpstream() as upstream:
+            await asyncio.to_thread(text_deployment, people["alice"], upstream.url, TEXT_SIGNATURE, forever)
+            reply = await call(gateway_app(), "POST", CHAT, token=people["alice"].token,
+                               body=body({"model": "chat", "messages": [{"role": "user", "content": "x"}]}))
+            assert reply.status == 400 and "took more than" in reply.json()["error"]["message"]
+            assert upstream.requests == []
+
+    run(scenario)
+
+
+def test_unknown_model_wrong_token_and_a_model_without_the_contract_answer_in_openai_shape(
+    people: dict[str, Person], gateway_app: Any
+) -> None:
+    image = {"inputs": [{"name": "image", "datatype": "FP32", "dims": [3]}],
+             "outputs": [{"name": "scores", "datatype": "FP32", "dims": [10]}]}
+
+    async def scenario() -> None:
+        async with FakeUpstream(lambda r: json_response({"error": "no"})) as upstream:
+            await asyncio.to_thread(text_deployment, people["alice"], upstream.url, image)
+            app = gateway_app()
+            chat = body({"model": "chat", "messages": [{"role": "user", "content": "x"}]})
+            refused = await call(app, "POST", CHAT, token=people["alice"].token, body=chat)
+            assert refused.status == 400 and "'text_input' (BYTES)" in refused.json()["error"]["message"]
+            unknown = await call(app, "POST", CHAT, token=people["alice"].token,
+                                 body=body({"model": "other", "messages": [{"role": "user", "content": "x"}]}))
+            assert unknown.status == 404 and unknown.json()["error"]["code"] == "model_not_found"
+            other_team = await call(app, "POST", CHAT, token=people["charlie"].token, body=chat)
+            assert other_team.status == 404 and "error" in other_team.json()
+            bad = await call(app, "POST", CHAT, token="mp_nope_nope", body=chat)
+            assert bad.status == 401 and bad.json()["error"]["code"] == "invalid_api_key"
+            listed = await call(app, "GET", "/serve/chat/v1/models", token=people["alice"].token)
+            assert listed.json()["object"] == "list" and [m["id"] for m in listed.json()["data"]] == ["chat"]
+            assert upstream.requests == []
+
+    run(scenario)
+
+
