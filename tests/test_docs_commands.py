@@ -28,6 +28,9 @@ SUPPLIED = {"MODELPORT_URL", "MODELPORT_TOKEN"}
 
 # (file, the block's first line) -> why it does not run here.
 NOT_RUN: dict[tuple[str, str], str] = {
+    ("docs/benchmarks.md", ".venv/bin/python bench/streaming.py --duration 8 --warmup 2    # about 3 minutes; "
+                           "bench/results/streaming.json"):
+        "a benchmark of minutes that writes bench/results/",
     ("README.md", "make run     # the portal on http://127.0.0.1:8000 with embedded defaults; prints how to sign in"):
         "starts the portal in the foreground (the test starts the same bin/run-portal), and runs the whole suite",
     ("README.md", "modelport tune digits-prod --p99-ms 20 --budget 10m --apply              # or --apply --canary "
