@@ -50,6 +50,7 @@ from django.db import DatabaseError, InterfaceError
 
 from accounts.tokens import parse_bearer
 from gateway import admission, grpc_protocol, not_found, pool_names, stats
+from gateway import stream_figures as figures_of
 from gateway.access import Access, Caller, Choice, Route
 from gateway.cold_start import ColdStarts
 from gateway.contract import Contract, missing_message, reword
@@ -569,6 +570,10 @@ class _StreamRelay:
         status = 200
         received = 0
         deadline = time.monotonic() + gateway.stream_seconds
+        # The stream's figures, as HTTP's relay counts them (gateway/stream_figures.py): each response relayed is a
+        # piece (the empty final response a caller asked for too: it is what the caller reads last).
+        figures = gateway.collector.stream(route.deployment_id, route.team, route.name, revision, entry.started)
+        ended = figures_of.COMPLETE
         try:
             await call.write(message)
             await call.done_writing()
@@ -578,6 +583,7 @@ class _StreamRelay:
                     response = await asyncio.wait_for(call.read(), min(gateway.stream_idle, max(left, 0.0)))
                 except TimeoutError:
                     status = 504
+                    ended = figures_of.LENGTH_SECONDS if left <= gateway.stream_idle else figures_of.IDLE
                     if left <= gateway.stream_idle:
                         words = (f"The stream ran for its most of {gateway.stream_seconds:g} s "
                                  "(GATEWAY_MAX_STREAM_SECONDS); it was ended and the request cancelled in Triton.")
@@ -592,6 +598,7 @@ class _StreamRelay:
                 received += len(response)
                 if received > gateway.stream_bytes:
                     status = 502
+                    ended = figures_of.LENGTH_BYTES
                     await self._write(grpc_protocol.stream_error_response(_with_id(
                         f"The model's answers to this request passed {gateway.stream_bytes} bytes "
                         "(GATEWAY_MAX_STREAM_BYTES); the stream was ended and the request cancelled in Triton.",
@@ -604,11 +611,17 @@ class _StreamRelay:
                     final = grpc_protocol.stream_final(response) is not False
                     status, response = _reworded_stream_error(grpc_protocol.stream_error_status(error), error,
                                                               contract, entry, final)
+                    ended = figures_of.MODEL_ERROR
+                    await self._write(response)
+                    continue
                 await self._write(response)
+                figures.piece(len(response))
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.CANCELLED:
                 status = 499
+                ended = figures_of.CANCELLED
                 return
+            ended = figures_of.UPSTREAM
             pooled = route.pooled_for(revision)
             failure = gateway._upstream_failure(exc, target, contract, pooled.prefix if pooled is not None else "")
             status = failure.status
@@ -616,8 +629,10 @@ class _StreamRelay:
                                                                   entry.request_id, final=True))
         except asyncio.CancelledError:
             status = 499  # the caller went away (or ended the stream)
+            ended = figures_of.CANCELLED
             raise
         finally:
+            figures.ended(ended)  # first: what follows must not keep a cancelled stream counted in flight
             call.cancel()  # nothing when Triton has ended it; otherwise Triton cancels the request
             slot.close()
             stats.IN_FLIGHT.labels(route.team, route.name).dec()

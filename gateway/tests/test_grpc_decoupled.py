@@ -272,3 +272,52 @@ def test_a_request_past_a_stream_bound_gets_an_error_naming_it_and_is_cancelled_
             assert await stream.code() == grpc.StatusCode.OK
 
     run(scenario)
+
+
+def stream_counts(deployment: str) -> dict[str, float]:
+    """The stream figures' Prometheus counts of a deployment: pieces, and streams ended by reason."""
+    from prometheus_client import REGISTRY
+
+    counts: dict[str, float] = {}
+    for metric in REGISTRY.collect():
+        for sample in metric.samples:
+            if sample.labels.get("deployment") != deployment:
+                continue
+            if sample.name == "modelport_gateway_stream_pieces_total":
+                counts["pieces"] = counts.get("pieces", 0) + sample.value
+            elif sample.name == "modelport_gateway_streams_ended_total":
+                reason = sample.labels["reason"]
+                counts[reason] = counts.get(reason, 0) + sample.value
+    return counts
+
+
+def test_a_decoupled_request_is_counted_in_the_stream_figures_as_http_streams_are(people: dict[str, Person]) -> None:
+    async def scenario() -> None:
+        async with stack() as (_, fake, channel):
+            await asyncio.to_thread(deploy_streaming, people["alice"], "figures", fake.target)
+            before = stream_counts("figures")
+            silent = asyncio.Event()
+
+            async def pieces(request: bytes) -> AsyncIterator[bytes]:
+                yield piece_reply(request, "one ")
+                if pb.ModelInferRequest.FromString(request).id == "left":
+                    await silent.wait()  # never set: the caller goes away meanwhile
+                yield piece_reply(request, "two ")
+                yield piece_reply(request, "three")
+
+            fake.pieces = lambda request: pieces(request) if is_chat(request) else None
+            stream = await open_stream(channel, meta(people["alice"], "figures"))
+            await stream.write(chat_request("whole"))
+            assert [text_of(await next_answer(stream)) for _ in range(3)] == ["one ", "two ", "three"]
+            await stream.write(chat_request("left"))
+            assert text_of(await next_answer(stream)) == "one "
+            stream.cancel()
+
+            def counted() -> dict[str, float]:
+                now = stream_counts("figures")
+                return {key: now.get(key, 0) - before.get(key, 0) for key in ("pieces", "complete", "cancelled")}
+
+            assert await settles(counted, {"pieces": 4, "complete": 1, "cancelled": 1}) == {
+                "pieces": 4, "complete": 1, "cancelled": 1}
+
+    run(scenario)
