@@ -334,8 +334,9 @@ def test_a_caller_that_stops_taking_pieces_has_its_stream_ended_counted_and_its_
     run(scenario)
 
 
+@pytest.mark.parametrize("way", WAYS)
 def test_streams_ended_by_a_silent_model_or_a_piece_too_large_are_counted_by_their_reason(
-    people: dict[str, Person], gateway_app: Any, settings: Any
+    people: dict[str, Person], gateway_app: Any, settings: Any, way: Way
 ) -> None:
     settings.GATEWAY_STREAM_IDLE_SECONDS = 0.3
     settings.GATEWAY_MAX_RESPONSE_BYTES = 1024
@@ -343,12 +344,12 @@ def test_streams_ended_by_a_silent_model_or_a_piece_too_large_are_counted_by_the
 
     async def scenario() -> None:
         async with FakeUpstream(lambda r: next(answers)) as upstream:
-            await asyncio.to_thread(streaming_deployment, people["alice"], upstream.url)
+            await asyncio.to_thread(way.deploy, people["alice"], upstream.url)
             app = gateway_app()
-            silent = await call(app, "POST", STREAM, token=people["alice"].token, body=b'{"text_input": "a"}')
-            assert "GATEWAY_STREAM_IDLE_SECONDS" in error_of(silent.body)
-            large = await call(app, "POST", STREAM, token=people["alice"].token, body=b'{"text_input": "a"}')
-            assert "GATEWAY_MAX_RESPONSE_BYTES" in error_of(large.body)
+            silent = await call(app, "POST", way.path, token=people["alice"].token, body=way.body)
+            assert "GATEWAY_STREAM_IDLE_SECONDS" in way.error(silent.body)
+            large = await call(app, "POST", way.path, token=people["alice"].token, body=way.body)
+            assert "GATEWAY_MAX_RESPONSE_BYTES" in way.error(large.body)
             assert ended(app.collector) == {"idle": 1, "too_large": 1}
 
     run(scenario)
