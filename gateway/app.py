@@ -157,7 +157,7 @@ class Gateway:
         choice: Choice | None = None
         code = 500
         out = send
-        openai = openai_api.Outcome()
+        openai = openai_api.Outcome(arrived=started)
         try:
             headers = _headers(scope)
             declared = _content_length(headers)

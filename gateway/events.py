@@ -32,7 +32,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -88,7 +88,7 @@ class _StreamFailed(Exception):
         self.reason = reason
 
 
-class _Sending:
+class Sending:
     """When the piece being sent was handed to the web server (0.0: none is waiting), for the relay's watch."""
 
     __slots__ = ("since",)
@@ -109,13 +109,34 @@ async def relay(response: Events, receive: Receive, send: Send, limits: Limits,
     given, are counted piece by piece and ended with how the stream ended."""
     pieces = response.iter_body(_UNBOUNDED, idle_timeout=limits.idle_seconds)
     headers = [(k, v) for k, v in response.headers if k not in _REPLACED] + STREAM_HEADERS
-    sending = _Sending()
+    sending = Sending()
     ended: list[str] = [figures_of.COMPLETE]
-    gone = asyncio.ensure_future(_wait_for_disconnect(receive))
-    passing = asyncio.ensure_future(_pass(pieces, send, headers, limits, contract, pool_prefix, figures, sending,
-                                          ended))
-    started = time.perf_counter()
-    deadline = started + limits.max_seconds
+    try:
+        return await watch(_pass(pieces, send, headers, limits, contract, pool_prefix, figures, sending, ended),
+                           receive, send, limits, sending, ended, lambda message, _: error_event(message))
+    finally:
+        if figures is not None:
+            figures.ended(ended[0])  # first: what follows awaits, and a cancelled request may not get past it
+        try:
+            await pieces.aclose()
+        except RuntimeError:
+            pass  # still being read by the cancelled `passing`, which has not finished yet
+        finally:
+            response.close()  # a no-op after a complete read; otherwise the connection is dropped, not pooled
+
+
+async def watch(sending_all: Coroutine[Any, Any, int], receive: Receive | None, send: Send, limits: Limits,
+                sending: Sending, ended: list[str], error: Callable[[str, int], bytes]) -> int:
+    """Run a stream's sending (`sending_all`, which marks in `sending` when a piece waits for the caller) within the
+    stream bounds, the relay's and the OpenAI-compatible API's alike: the status to count it by. The caller going
+    away (watched here when `receive` is given; else the task is cancelled) is 499 and CANCELLED; a piece not taken
+    for `limits.send_seconds` ends the stream without an error event (408, SLOW_READER: the response is left
+    incomplete, so that the web server resets the connection); a stream open `limits.max_seconds` ends with the
+    event `error(message, status)` (504, LENGTH_SECONDS). `ended[0]` is set to how it ended, where that is here."""
+    gone: asyncio.Future[Any] = (asyncio.ensure_future(_wait_for_disconnect(receive)) if receive is not None
+                                 else asyncio.get_running_loop().create_future())
+    passing = asyncio.ensure_future(sending_all)
+    deadline = time.perf_counter() + limits.max_seconds
     try:
         while True:
             # One wake-up per send_seconds at most while pieces flow, none per piece: the watch looks at when the
@@ -128,7 +149,7 @@ async def relay(response: Events, receive: Receive, send: Send, limits: Limits,
                 return passing.result()
             if gone.done():
                 # The caller went away: stop reading now, even while the model is silent between pieces; closing
-                # the connection (below) is what makes Triton cancel the request.
+                # the connection (the caller's `finally`) is what makes Triton cancel the request.
                 ended[0] = figures_of.CANCELLED
                 await _stop(passing)
                 return 499
@@ -144,9 +165,9 @@ async def relay(response: Events, receive: Receive, send: Send, limits: Limits,
             if now >= deadline:
                 ended[0] = figures_of.LENGTH_SECONDS
                 await _stop(passing)
-                return await _fail_within(send, limits, (
+                return await _fail_within(send, limits, error(
                     f"The stream was open for {limits.max_seconds:g} s, the gateway's limit "
-                    "(GATEWAY_MAX_STREAM_SECONDS): it was ended. Ask for a shorter answer."), 504)
+                    "(GATEWAY_MAX_STREAM_SECONDS): it was ended. Ask for a shorter answer.", 504), 504)
     except OSError:
         ended[0] = figures_of.CANCELLED
         return 499  # a server that does raise on sending to a closed connection
@@ -154,16 +175,8 @@ async def relay(response: Events, receive: Receive, send: Send, limits: Limits,
         ended[0] = figures_of.CANCELLED  # the server cancelled the request (its caller went away)
         raise
     finally:
-        if figures is not None:
-            figures.ended(ended[0])  # first: what follows awaits, and a cancelled request may not get past it
         gone.cancel()
         passing.cancel()
-        try:
-            await pieces.aclose()
-        except RuntimeError:
-            pass  # still being read by the cancelled `passing`, which has not finished yet
-        finally:
-            response.close()  # a no-op after a complete read; otherwise the connection is dropped, not pooled
 
 
 async def _stop(task: asyncio.Future[Any]) -> None:
@@ -172,19 +185,19 @@ async def _stop(task: asyncio.Future[Any]) -> None:
         await task
 
 
-async def _fail_within(send: Send, limits: Limits, message: str, code: int) -> int:
+async def _fail_within(send: Send, limits: Limits, event: bytes, code: int) -> int:
     """The error event, if the caller takes it within send_seconds (a stream ended while a piece was waiting to be
     taken has the rest of that piece's time)."""
     try:
         async with asyncio.timeout(None if limits.send_seconds == math.inf else limits.send_seconds):
-            await _fail(send, message)
+            await _fail(send, event)
     except TimeoutError:
         pass
     return code
 
 
 async def _pass(pieces: AsyncGenerator[bytes, None], send: Send, headers: list[tuple[bytes, bytes]], limits: Limits,
-                contract: contracts.Contract | None, prefix: str, figures: StreamFigures | None, sending: _Sending,
+                contract: contracts.Contract | None, prefix: str, figures: StreamFigures | None, sending: Sending,
                 ended: list[str]) -> int:
     clock = time.perf_counter
     sending.since = clock()
@@ -212,9 +225,7 @@ async def _pass(pieces: AsyncGenerator[bytes, None], send: Send, headers: list[t
             out, failed = _outgoing(complete, contract, prefix)
             sent += len(out)
             if sent > limits.max_bytes:
-                raise _StreamFailed(f"The stream would send more than {limits.max_bytes} bytes, the gateway's limit "
-                                    "(GATEWAY_MAX_STREAM_BYTES): it was ended. Ask for a shorter answer.", 502,
-                                    figures_of.LENGTH_BYTES)
+                raise _StreamFailed(too_many_bytes(limits), 502, figures_of.LENGTH_BYTES)
             # One clock read: when the piece is handed to the web server (its TTFT or gap), and the watch's start.
             sending.since = now = clock()
             await send({"type": "http.response.body", "body": out, "more_body": True})
@@ -249,11 +260,16 @@ async def _pass(pieces: AsyncGenerator[bytes, None], send: Send, headers: list[t
     return code
 
 
-async def _sent_fail(send: Send, sending: _Sending, message: str) -> None:
+async def _sent_fail(send: Send, sending: Sending, message: str) -> None:
     """The error event, watched as a piece is (a caller that does not take it is a slow reader)."""
     sending.since = time.perf_counter()
-    await _fail(send, message)
+    await _fail(send, error_event(message))
     sending.since = 0.0
+
+
+def too_many_bytes(limits: Limits) -> str:
+    return (f"The stream would send more than {limits.max_bytes} bytes, the gateway's limit "
+            "(GATEWAY_MAX_STREAM_BYTES): it was ended. Ask for a shorter answer.")
 
 
 def _too_large(limits: Limits) -> _StreamFailed:
@@ -262,8 +278,8 @@ def _too_large(limits: Limits) -> _StreamFailed:
                          figures_of.TOO_LARGE)
 
 
-async def _fail(send: Send, message: str) -> None:
-    await send({"type": "http.response.body", "body": error_event(message), "more_body": True})
+async def _fail(send: Send, event: bytes) -> None:
+    await send({"type": "http.response.body", "body": event, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
 
 
@@ -313,12 +329,13 @@ async def _wait_for_disconnect(receive: Receive) -> None:
 
 class EventsFailed(Exception):
     """Triton's event stream could not be read to its end: `message` for the caller, `code` to count it by (502:
-    too large, cut or broken; 504: silent past the idle bound)."""
+    too large, cut or broken; 504: silent past the idle bound), `reason` to end its figures by."""
 
-    def __init__(self, message: str, code: int) -> None:
+    def __init__(self, message: str, code: int, reason: str = figures_of.UPSTREAM) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        self.reason = reason
 
 
 async def complete_events(response: Events, limits: Limits) -> AsyncGenerator[bytes, None]:
@@ -333,18 +350,18 @@ async def complete_events(response: Events, limits: Limits) -> AsyncGenerator[by
             held += piece
             while (end := held.find(_END, searched)) >= 0:
                 if end > limits.max_event_bytes:
-                    raise EventsFailed(_too_large(limits).message, 502)
+                    raise EventsFailed(_too_large(limits).message, 502, figures_of.TOO_LARGE)
                 complete = bytes(held[:end])
                 del held[:end + len(_END)]
                 searched = 0
                 yield complete
             if len(held) > limits.max_event_bytes:
-                raise EventsFailed(_too_large(limits).message, 502)
+                raise EventsFailed(_too_large(limits).message, 502, figures_of.TOO_LARGE)
         if held.strip():
             raise EventsFailed("The stream ended in the middle of a piece (Triton closed it).", 502)
     except TimeoutError:
         raise EventsFailed(f"The model sent nothing for {limits.idle_seconds:g} s (GATEWAY_STREAM_IDLE_SECONDS); the "
-                           "stream was ended.", 504) from None
+                           "stream was ended.", 504, figures_of.IDLE) from None
     except UpstreamError as exc:
         log.info("a stream from upstream failed: %s", exc)
         raise EventsFailed("Triton broke the connection in the middle of the stream; the deployment may be "

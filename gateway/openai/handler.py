@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,13 +27,14 @@ from typing import Any, Protocol
 import jinja2
 
 from deployments import pool_names as pool_model_names
-from gateway import admission, events, pool_names, stats, upstream
+from gateway import admission, events, pool_names, stats, stream_figures, upstream
 from gateway import contract as contracts
 from gateway.access import Caller, Choice, Route
 from gateway.openai import answers, inputs, requests
 from gateway.openai.requests import Generation, OpenAIError
 from gateway.protocol import Endpoint, Refusal, classify
 from gateway.ratelimit import RateLimiter
+from gateway.stream_figures import StreamFigures
 from gateway.upstream import UpstreamError
 from modelport.core import chat_template
 
@@ -76,6 +78,7 @@ class Outcome:
 
     endpoint: Endpoint | None = None
     choice: Choice | None = None
+    arrived: float = 0.0  # when the request reached the gateway (time.perf_counter()), a stream's TTFT's start
 
 
 def is_openai_path(path: str) -> bool:
@@ -143,6 +146,8 @@ async def serve(host: Host, scope: Scope, receive: Receive, send: Send, headers:
         in_flight.inc()
         try:
             if request.stream:
+                call.figures = functools.partial(host.collector.stream, route.deployment_id, route.team, route.name,
+                                                 choice.revision, outcome.arrived)
                 with host.streams.hold(caller.team_id, caller.team_name):
                     return await call.run(choice.upstream, raw_target, body)
             return await call.run(choice.upstream, raw_target, body)
@@ -217,6 +222,11 @@ class _Call:
         self.request, self.contract, self.prefix, self.extra = request, contract, prefix, extra
         self.answer = answers.Answer.start(request)
         self.started = False  # whether the answer's head went out
+        # A streamed answer's figures (made once Triton's stream begins), how it ended, its bytes and its watch.
+        self.figures: Callable[[], StreamFigures] | None = None
+        self.ended = [stream_figures.COMPLETE]
+        self.sent = 0
+        self.sending = events.Sending()
 
     async def run(self, upstream_url: str, target: bytes, body: bytes) -> int:
         response: upstream.Response | None = None
@@ -293,35 +303,66 @@ class _Call:
         return 200
 
     async def _stream(self, pieces: AsyncIterator[str]) -> int:
-        await self.send({"type": "http.response.start", "status": 200, "headers": [*events.STREAM_HEADERS,
-                                                                                     *self.extra]})
+        """The chunks within the stream bounds of /generate_stream (gateway/events.py `watch`), counted in the
+        deployment's stream figures as the relay's pieces are."""
+        figures = self.figures() if self.figures is not None else None
+        self.ended = [stream_figures.COMPLETE]
+        try:
+            return await events.watch(self._chunks(pieces, figures), None, self.send, self.host.stream_limits,
+                                      self.sending, self.ended, _stream_error)
+        finally:
+            if figures is not None:
+                figures.ended(self.ended[0])
+
+    async def _chunks(self, pieces: AsyncIterator[str], figures: StreamFigures | None) -> int:
+        await self._out(None, [*events.STREAM_HEADERS, *self.extra])
         self.started = True
         count = 0
-        code = 200
-        if self.request.chat:
-            await self._out(self.answer.chunk("", first=True))
         try:
+            if self.request.chat:
+                await self._out(self.answer.chunk("", first=True))
             async for text in pieces:
                 count += 1
-                await self._out(self.answer.chunk(text))
+                await self._out(self.answer.chunk(text), figures=figures)
+            await self._out(self.answer.chunk(None, self.answer.finish_reason(count)))
+            if self.request.include_usage:
+                await self._out(self.answer.usage_chunk(answers.Usage(answers.prompt_tokens(self._prompt_text()),
+                                                                      count)))
+            await self._out(answers.DONE)
         except (OpenAIError, events.EventsFailed) as exc:
             failed = exc if isinstance(exc, OpenAIError) else OpenAIError(exc.code, exc.message)
-            await self._out(answers.error_event(failed))
-            await self.send({"type": "http.response.body", "body": b""})
+            self.ended[0] = exc.reason if isinstance(exc, events.EventsFailed) else stream_figures.MODEL_ERROR
+            await self._out(_stream_error(failed.message, failed.status), bounded=False)
+            await self._out(b"")
             return failed.status
-        await self._out(self.answer.chunk(None, self.answer.finish_reason(count)))
-        if self.request.include_usage:
-            await self._out(self.answer.usage_chunk(answers.Usage(answers.prompt_tokens(self._prompt_text()),
-                                                                  count)))
-        await self._out(answers.DONE)
-        await self.send({"type": "http.response.body", "body": b""})
-        return code
+        await self._out(b"")
+        return 200
 
-    async def _out(self, data: bytes) -> None:
-        await self.send({"type": "http.response.body", "body": data, "more_body": True})
+    async def _out(self, data: bytes | None, head: list[tuple[bytes, bytes]] | None = None, bounded: bool = True,
+                   figures: StreamFigures | None = None) -> None:
+        """One send of the stream (its head when `data` is None, its end when empty), watched for a slow reader;
+        a chunk within GATEWAY_MAX_STREAM_BYTES, which raises EventsFailed past it."""
+        limits = self.host.stream_limits
+        if data and bounded:
+            self.sent += len(data)
+            if self.sent > limits.max_bytes:
+                raise events.EventsFailed(events.too_many_bytes(limits), 502, stream_figures.LENGTH_BYTES)
+        self.sending.since = now = time.perf_counter()
+        if data is None:
+            await self.send({"type": "http.response.start", "status": 200, "headers": head})
+        else:
+            await self.send({"type": "http.response.body", "body": data, "more_body": bool(data)})
+        self.sending.since = 0.0
+        if figures is not None and data:
+            figures.piece(len(data), now)
 
     def _prompt_text(self) -> str:
         return self.prompt
+
+
+def _stream_error(message: str, status: int) -> bytes:
+    """An error after the stream began, in OpenAI's shape (the SDK raises an APIError for it)."""
+    return answers.error_event(OpenAIError(status, message))
 
 
 def _text(value: Any) -> str:

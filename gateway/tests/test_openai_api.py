@@ -8,16 +8,12 @@ import asyncio
 import json
 from typing import Any
 
-from deployments.models import Deployment, Revision
 from gateway.tests.fake_upstream import FakeUpstream, json_response
+from gateway.tests.stream_support import STREAMED, TEXT_SIGNATURE, chunks, counted_stream, paced, text_deployment
 from tests.support.gateway_calls import call, run
 from tests.support.people import Person
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n"
-TEXT_SIGNATURE = {"inputs": [{"name": "text_input", "datatype": "BYTES", "dims": [1]},
-                             {"name": "max_tokens", "datatype": "INT32", "dims": [1]},
-                             {"name": "stream", "datatype": "BOOL", "dims": [1]}],
-                  "outputs": [{"name": "text_output", "datatype": "BYTES", "dims": [-1]}]}
 CHAT = "/serve/chat/v1/chat/completions"
 
 
@@ -29,27 +25,8 @@ def sse(pieces: list[bytes]) -> bytes:
     return SSE_HEAD + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
 
 
-def text_deployment(person: Person, upstream_url: str, signature: dict[str, Any] = TEXT_SIGNATURE,
-                    chat_template: str = "") -> None:
-    deployment = Deployment.objects.create(team=person.team, name="chat", upstream_url=upstream_url,
-                                           status=Deployment.Status.READY)
-    entry: dict[str, Any] = {"name": "chat", "version": 1, "format": "python", "decoupled": True,
-                             "signature": signature, "chat_template": chat_template}
-    revision = Revision.objects.create(deployment=deployment, number=1, spec={"models": [entry]})
-    Deployment.objects.filter(pk=deployment.pk).update(serving_revision=revision, revision=revision)
-
-
 def body(data: dict[str, Any]) -> bytes:
     return json.dumps(data).encode()
-
-
-def chunks(reply_body: bytes) -> list[Any]:
-    out = []
-    for e in reply_body.split(b"\n\n"):
-        if e.startswith(b"data: "):
-            data = e.removeprefix(b"data: ")
-            out.append("[DONE]" if data == b"[DONE]" else json.loads(data))
-    return out
 
 
 def test_a_chat_request_renders_the_template_calls_generate_stream_and_joins_the_pieces(
@@ -183,3 +160,24 @@ def test_unknown_model_wrong_token_and_a_model_without_the_contract_answer_in_op
     run(scenario)
 
 
+# --- A streamed answer's figures (its bounds: gateway/tests/test_streams.py, run on both ways to stream) ---------
+
+def test_a_v1_streams_figures_count_its_pieces_ttft_and_gaps_per_deployment_and_revision(
+    people: dict[str, Person], gateway_app: Any
+) -> None:
+    from gateway import stats
+
+    go = asyncio.Event()
+
+    async def scenario() -> None:
+        async with FakeUpstream(paced(go)) as upstream:
+            await asyncio.to_thread(text_deployment, people["alice"], upstream.url)
+            reply, buckets = await counted_stream(gateway_app(), CHAT, people["alice"].token, STREAMED, go)
+            assert reply.status == 200 and chunks(reply.body)[-1] == "[DONE]"
+            (counts,) = [b.streams for b in buckets.values() if b.streams.streams]
+            # The model's four pieces, not the role's chunk, the finish chunk or [DONE]; TTFT from the arrival.
+            assert counts.pieces == 4 and counts.ends == {"complete": 1} and sum(counts.gaps) == 3
+            first = stats.percentile_ms(counts.first, 0.5)
+            assert first is not None and first >= 50
+
+    run(scenario)

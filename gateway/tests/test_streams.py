@@ -1,17 +1,33 @@
 """The gateway's relay of a streaming model's Server-Sent Events (gateway/events.py) against a scripted upstream, for
 what a real Triton does not do on demand: a piece without end, a connection cut in the middle, a model silent while
-its caller leaves. The real Triton's streams are tests/test_streaming_e2e.py."""
+its caller leaves; its bounds on the OpenAI-compatible API's streamed chunks too. The real Triton's streams are
+tests/test_streaming_e2e.py."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+
+import pytest
 
 from deployments.models import Deployment
 from gateway.tests.fake_upstream import FakeUpstream, Request, chunked
-from gateway.tests.stream_support import SSE_HEAD, event, streaming_deployment
+from gateway.tests.stream_support import (
+    SSE_HEAD,
+    STREAMED,
+    Stalling,
+    chunks,
+    counted_stream,
+    ended,
+    endless,
+    event,
+    paced,
+    streaming_deployment,
+    text_deployment,
+)
 from tests.processes import wait_for
 from tests.support.gateway_calls import call, run
 from tests.support.people import Person
@@ -212,72 +228,52 @@ def test_a_pooled_models_stream_reaches_it_by_its_pool_name_and_comes_back_with_
 # --- The stream's bounds and figures (docs/security.md, "Stream bounds"; gateway/stream_figures.py) -------------
 
 
-def endless(request: Request, gap: float = 0.002) -> AsyncIterator[bytes]:
-    """A model that never stops: the head, then an event every `gap` seconds for as long as the connection lasts."""
-
-    async def pieces() -> AsyncIterator[bytes]:
-        yield SSE_HEAD
-        number = 0
-        while True:
-            piece = event(str(number))
-            yield b"%x\r\n%s\r\n" % (len(piece), piece)
-            number += 1
-            await asyncio.sleep(gap)
-
-    return pieces()
-
-
-def ended(collector: Any) -> dict[str, int]:
-    """How the streams counted in the collector's buckets ended, {reason: streams}."""
-    ends: dict[str, int] = {}
-    for bucket in collector.take().values():
-        for reason, count in bucket.streams.ends.items():
-            ends[reason] = ends.get(reason, 0) + count
-    return ends
-
-
 def error_of(body: bytes) -> str:
     last = sse_events(body)[-1]
     assert last.startswith(b"event: error\ndata: "), last
     return str(json.loads(last.split(b"data: ", 1)[1])["error"])
 
 
-class Stalling:
-    """The gateway behind a caller that takes `taken` body messages, then no more (a send that never returns, as
-    uvicorn's does while its transport's buffer stays past the high-water mark)."""
-
-    def __init__(self, gateway: Any, taken: int) -> None:
-        self.gateway = gateway
-        self.taken = taken
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        left = [self.taken]
-
-        async def stalling(message: Any) -> None:
-            if message["type"] == "http.response.body":
-                if left[0] == 0:
-                    await asyncio.Event().wait()
-                left[0] -= 1
-            await send(message)
-
-        await self.gateway(scope, receive, stalling)
+def openai_error_of(body: bytes) -> str:
+    """The OpenAI-compatible API's error event ending a stream: OpenAI's error object (the SDK raises an APIError
+    for it), no [DONE] after it."""
+    last = chunks(body)[-1]
+    assert last != "[DONE]" and last["error"]["type"] == "server_error", last
+    return str(last["error"]["message"])
 
 
+@dataclass(frozen=True)
+class Way:
+    """A way to ask for a stream, each under the same bounds: Triton's /generate_stream relayed, or the
+    OpenAI-compatible API's chat completion chunks."""
+
+    path: str
+    body: bytes
+    deploy: Callable[[Person, str], None]
+    error: Callable[[bytes], str]  # the message of the error event that ends the stream
+
+
+WAYS = [pytest.param(Way(STREAM, b'{"text_input": "a"}', streaming_deployment, error_of), id="generate_stream"),
+        pytest.param(Way("/serve/chat/v1/chat/completions", STREAMED, text_deployment, openai_error_of),
+                     id="v1_chat_completions")]
+
+
+@pytest.mark.parametrize("way", WAYS)
 def test_a_stream_open_past_its_length_in_seconds_is_ended_with_an_error_event_and_triton_cancels(
-    people: dict[str, Person], gateway_app: Any, settings: Any
+    people: dict[str, Person], gateway_app: Any, settings: Any, way: Way
 ) -> None:
     settings.GATEWAY_MAX_STREAM_SECONDS = 0.5
 
     async def scenario() -> None:
         async with FakeUpstream(endless) as upstream:
-            await asyncio.to_thread(streaming_deployment, people["alice"], upstream.url)
+            await asyncio.to_thread(way.deploy, people["alice"], upstream.url)
             app = gateway_app()
             started = asyncio.get_running_loop().time()
-            reply = await call(app, "POST", STREAM, token=people["alice"].token, body=b'{"text_input": "a"}')
+            reply = await call(app, "POST", way.path, token=people["alice"].token, body=way.body)
             assert 0.5 <= asyncio.get_running_loop().time() - started < 5
             assert reply.status == 200 and reply.complete
             assert len(sse_events(reply.body)) > 10  # it streamed until then
-            assert "GATEWAY_MAX_STREAM_SECONDS" in error_of(reply.body)
+            assert "GATEWAY_MAX_STREAM_SECONDS" in way.error(reply.body)
             await asyncio.to_thread(wait_for, lambda: upstream.open_connections == 0, 5,
                                     what="the gateway to close its upstream connection")
             assert app.streams.open == {}
@@ -286,21 +282,22 @@ def test_a_stream_open_past_its_length_in_seconds_is_ended_with_an_error_event_a
     run(scenario)
 
 
+@pytest.mark.parametrize("way", WAYS)
 def test_a_stream_past_its_length_in_bytes_is_ended_with_an_error_event_and_sends_no_more_than_the_bound(
-    people: dict[str, Person], gateway_app: Any, settings: Any
+    people: dict[str, Person], gateway_app: Any, settings: Any, way: Way
 ) -> None:
     settings.GATEWAY_MAX_STREAM_BYTES = 4096
 
     async def scenario() -> None:
         async with FakeUpstream(lambda r: endless(r, 0)) as upstream:
-            await asyncio.to_thread(streaming_deployment, people["alice"], upstream.url)
+            await asyncio.to_thread(way.deploy, people["alice"], upstream.url)
             app = gateway_app()
-            reply = await call(app, "POST", STREAM, token=people["alice"].token, body=b'{"text_input": "a"}')
+            reply = await call(app, "POST", way.path, token=people["alice"].token, body=way.body)
             assert reply.status == 200 and reply.complete
-            message = error_of(reply.body)
+            message = way.error(reply.body)
             assert "GATEWAY_MAX_STREAM_BYTES" in message and "4096 bytes" in message
-            pieces = b"".join(e + b"\n\n" for e in sse_events(reply.body)[:-1])
-            assert 4096 - len(event("1000")) < len(pieces) <= 4096
+            sent = [e + b"\n\n" for e in sse_events(reply.body)[:-1]]
+            assert 4096 - max(map(len, sent)) < sum(map(len, sent)) <= 4096
             await asyncio.to_thread(wait_for, lambda: upstream.open_connections == 0, 5,
                                     what="the gateway to close its upstream connection")
             assert ended(app.collector) == {"length_bytes": 1}
@@ -308,27 +305,28 @@ def test_a_stream_past_its_length_in_bytes_is_ended_with_an_error_event_and_send
     run(scenario)
 
 
+@pytest.mark.parametrize("way", WAYS)
 def test_a_caller_that_stops_taking_pieces_has_its_stream_ended_counted_and_its_slot_freed(
-    people: dict[str, Person], gateway_app: Any, settings: Any
+    people: dict[str, Person], gateway_app: Any, settings: Any, way: Way
 ) -> None:
     settings.GATEWAY_STREAM_SEND_SECONDS = 0.3
     settings.GATEWAY_MAX_STREAMS_PER_TEAM = 1
 
     async def scenario() -> None:
         async with FakeUpstream(endless) as upstream:
-            await asyncio.to_thread(streaming_deployment, people["alice"], upstream.url)
+            await asyncio.to_thread(way.deploy, people["alice"], upstream.url)
             app = gateway_app()
-            reply = await call(Stalling(app, 3), "POST", STREAM, token=people["alice"].token,
-                               body=b'{"text_input": "a"}')
-            # Three pieces taken, then nothing: no error event (it would not be read), the answer left unfinished
-            # for the web server to close, Triton's connection closed and the team's one slot free again.
+            reply = await call(Stalling(app, 3), "POST", way.path, token=people["alice"].token, body=way.body)
+            # Three pieces taken (the OpenAI API's first is the role's chunk), then nothing: no error event (it
+            # would not be read), the answer left unfinished for the web server to reset, Triton's connection
+            # closed and the team's one slot free again.
             assert reply.status == 200 and not reply.complete
-            assert len(sse_events(reply.body)) == 3 and b"event: error" not in reply.body
+            assert len(sse_events(reply.body)) == 3 and b'"error"' not in reply.body
             await asyncio.to_thread(wait_for, lambda: upstream.open_connections == 0, 5,
                                     what="the gateway to close its upstream connection")
             assert app.streams.open == {}
             assert ended(app.collector) == {"slow_reader": 1}
-            again = await call(app, "POST", STREAM, token=people["alice"].token, body=b'{"text_input": "a"}',
+            again = await call(app, "POST", way.path, token=people["alice"].token, body=way.body,
                                disconnect="after_start")
             assert again.status == 200
             assert ended(app.collector) == {"cancelled": 1}
@@ -336,8 +334,9 @@ def test_a_caller_that_stops_taking_pieces_has_its_stream_ended_counted_and_its_
     run(scenario)
 
 
+@pytest.mark.parametrize("way", WAYS)
 def test_streams_ended_by_a_silent_model_or_a_piece_too_large_are_counted_by_their_reason(
-    people: dict[str, Person], gateway_app: Any, settings: Any
+    people: dict[str, Person], gateway_app: Any, settings: Any, way: Way
 ) -> None:
     settings.GATEWAY_STREAM_IDLE_SECONDS = 0.3
     settings.GATEWAY_MAX_RESPONSE_BYTES = 1024
@@ -345,12 +344,12 @@ def test_streams_ended_by_a_silent_model_or_a_piece_too_large_are_counted_by_the
 
     async def scenario() -> None:
         async with FakeUpstream(lambda r: next(answers)) as upstream:
-            await asyncio.to_thread(streaming_deployment, people["alice"], upstream.url)
+            await asyncio.to_thread(way.deploy, people["alice"], upstream.url)
             app = gateway_app()
-            silent = await call(app, "POST", STREAM, token=people["alice"].token, body=b'{"text_input": "a"}')
-            assert "GATEWAY_STREAM_IDLE_SECONDS" in error_of(silent.body)
-            large = await call(app, "POST", STREAM, token=people["alice"].token, body=b'{"text_input": "a"}')
-            assert "GATEWAY_MAX_RESPONSE_BYTES" in error_of(large.body)
+            silent = await call(app, "POST", way.path, token=people["alice"].token, body=way.body)
+            assert "GATEWAY_STREAM_IDLE_SECONDS" in way.error(silent.body)
+            large = await call(app, "POST", way.path, token=people["alice"].token, body=way.body)
+            assert "GATEWAY_MAX_RESPONSE_BYTES" in way.error(large.body)
             assert ended(app.collector) == {"idle": 1, "too_large": 1}
 
     run(scenario)
@@ -360,41 +359,17 @@ def test_a_streams_figures_are_counted_per_deployment_and_revision_and_reach_the
     people: dict[str, Person], gateway_app: Any
 ) -> None:
     from django.test import Client
-    from prometheus_client import REGISTRY
 
     from gateway import stats
 
     go = asyncio.Event()
 
-    def paced(request: Request) -> AsyncIterator[bytes]:
-        async def pieces() -> AsyncIterator[bytes]:
-            yield SSE_HEAD
-            await go.wait()  # the model thinks until the test has seen the stream in flight
-            await asyncio.sleep(0.05)  # the model's time to first piece
-            for text in ("a", "b", "c", "d"):
-                piece = event(text)
-                yield b"%x\r\n%s\r\n" % (len(piece), piece)
-                await asyncio.sleep(0.02)
-            yield b"0\r\n\r\n"
-
-        return pieces()
-
     async def scenario() -> None:
-        async with FakeUpstream(paced) as upstream:
+        async with FakeUpstream(paced(go)) as upstream:
             await asyncio.to_thread(streaming_deployment, people["alice"], upstream.url)
-            app = gateway_app()
-            labels = {"team": "acme", "deployment": "chat", "revision": "1"}
-            before = REGISTRY.get_sample_value("modelport_gateway_stream_first_piece_seconds_count", labels) or 0
-            streaming = asyncio.ensure_future(call(app, "POST", STREAM, token=people["alice"].token,
-                                                   body=b'{"text_input": "a"}'))
-            await asyncio.to_thread(wait_for, lambda: REGISTRY.get_sample_value(
-                "modelport_gateway_streams_in_flight", labels) == 1, 5, what="the stream to count in flight")
-            go.set()
-            reply = await streaming
+            reply, buckets = await counted_stream(gateway_app(), STREAM, people["alice"].token,
+                                                  b'{"text_input": "a"}', go)
             assert reply.status == 200 and len(sse_events(reply.body)) == 4
-            assert REGISTRY.get_sample_value("modelport_gateway_streams_in_flight", labels) == 0
-            assert REGISTRY.get_sample_value("modelport_gateway_stream_first_piece_seconds_count", labels) == before + 1
-            buckets = app.collector.take()
             (counts,) = [b.streams for b in buckets.values() if b.streams.streams]
             assert counts.pieces == 4 and counts.ends == {"complete": 1} and sum(counts.gaps) == 3
             first, gap = stats.percentile_ms(counts.first, 0.5), stats.percentile_ms(counts.gaps, 0.5)
