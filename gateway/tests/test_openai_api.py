@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from deployments.models import Deployment, Revision
-from gateway.tests.fake_upstream import FakeUpstream, json_response
+from gateway.tests.fake_upstream import FakeUpstream, json_response, response
 from tests.support.gateway_calls import call, run
 from tests.support.people import Person
 
@@ -72,7 +72,7 @@ def test_a_chat_request_renders_the_template_calls_generate_stream_and_joins_the
             assert answer["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
             (sent,) = upstream.requests
             assert sent.target == b"/v2/models/chat/generate_stream"
-            assert json.loads(sent.body) == {"text_input": "<user>hi there<a>", "stream": False, "max_tokens": 5}
+            assert json.loads(sent.body) == {"text_input": "<user>hi there<a>", "stream": True, "max_tokens": 5}
             assert reply.headers[b"modelport-revision"] == b"1"
 
     run(scenario)
@@ -183,3 +183,30 @@ def test_unknown_model_wrong_token_and_a_model_without_the_contract_answer_in_op
     run(scenario)
 
 
+
+
+def test_the_models_refusal_of_the_request_is_a_400_with_its_words_streamed_or_not(
+    people: dict[str, Person], gateway_app: Any
+) -> None:
+    # As Triton answers a decoupled model's INVALID_ARG to the first response: a 400 whose body is one event.
+    refusal = b'data: {"error":"max_tokens must be between 1 and 1024, got 5000"}\n\n'
+
+    async def scenario() -> None:
+        async with FakeUpstream(lambda r: response(400, refusal, {"Content-Type": "text/event-stream"})) as upstream:
+            await asyncio.to_thread(text_deployment, people["alice"], upstream.url)
+            for stream in (False, True):
+                reply = await call(gateway_app(), "POST", CHAT, token=people["alice"].token,
+                                   body=body({"model": "chat", "messages": [{"role": "user", "content": "hi"}],
+                                              "max_tokens": 5000, "stream": stream}))
+                assert reply.status == 400, reply.body
+                error = reply.json()["error"]
+                assert error["type"] == "invalid_request_error"
+                assert error["message"] == "max_tokens must be between 1 and 1024, got 5000"
+        # Not an event: Triton's plain words are kept from the caller as before.
+        async with FakeUpstream(lambda r: response(400, b"data: not json\n\n", {})) as upstream:
+            await asyncio.to_thread(Deployment.objects.filter(name="chat").update, upstream_url=upstream.url)
+            reply = await call(gateway_app(), "POST", CHAT, token=people["alice"].token,
+                               body=body({"model": "chat", "messages": [{"role": "user", "content": "hi"}]}))
+            assert reply.status == 400 and reply.json()["error"]["message"] == "Triton answered with an error."
+
+    run(scenario)
