@@ -29,6 +29,7 @@ class TensorContract:
     name: str
     datatype: str
     shape: tuple[int, ...]  # as clients send it: the batch dimension first when the model batches (-1: any size)
+    optional: bool = False  # an input a request may leave out (the signature's `optional`)
 
     def text(self) -> str:
         return f"'{self.name}' ({self.datatype} {_shape(self.shape)})"
@@ -63,7 +64,8 @@ def contract_for(entry: ModelEntry) -> Contract:
     batched = entry.max_batch_size > 0
 
     def tensors(items: Iterable[Tensor]) -> tuple[TensorContract, ...]:
-        return tuple(TensorContract(t.name, t.datatype, tuple(served_dims(t.dims, batched))) for t in items)
+        return tuple(TensorContract(t.name, t.datatype, tuple(served_dims(t.dims, batched)), t.optional)
+                     for t in items)
 
     return Contract(model=entry.name, max_batch_size=entry.max_batch_size, inputs=tensors(entry.signature.inputs),
                     outputs=tensors(entry.signature.outputs), decoupled=entry.decoupled,

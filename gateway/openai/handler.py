@@ -250,8 +250,11 @@ class _Call:
                 response.close()  # a no-op after a complete read; otherwise Triton sees the request cancelled
 
     def _upstream_error(self, status: int, payload: bytes) -> OpenAIError:
+        # A model's refusal of the first request (INVALID_ARG, e.g. the sample's max_tokens over its limit) comes as
+        # a 400 whose body is one Server-Sent Event, `data: {"error": ...}`; Triton's own refusals as plain JSON.
+        data = events.event_data(payload) if payload.startswith(b"data:") else None
         try:
-            message = str(json.loads(payload)["error"])
+            message = str((data if isinstance(data, dict) else json.loads(payload))["error"])
         except (ValueError, TypeError, KeyError):
             message = "Triton answered with an error."
         return self._error(status if status >= 400 else 502, message)

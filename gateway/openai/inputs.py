@@ -1,11 +1,11 @@
 """What a model must declare to be served by the OpenAI-compatible API, and the generate request sent to it.
 
 The contract is Triton's OpenAI frontend's for models other than vLLM's: `text_input` (BYTES) in, `text_output`
-(BYTES) out, and any of the optional inputs below, each sent only when the model declares it. A model's inputs are
-all required by the configuration the portal renders (a signature has no optional inputs), so a declared setting the
-request leaves out is sent with OpenAI's default for it (DEFAULTS); an input this API cannot fill is refused before
-anything reaches Triton. A setting the request gives for an input the model does not declare is a 400 naming it: the
-model could not honour it.
+(BYTES) out, and any of the setting inputs below, each sent only when the model declares it. A declared setting the
+request leaves out is left out of the call when the signature marks the input optional (the model's own default
+applies), and otherwise sent with OpenAI's default for it (_DEFAULT_VALUE); an input this API cannot fill is refused
+before anything reaches Triton. A setting the request gives for an input the model does not declare is a 400 naming
+it: the model could not honour it.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ def check_model(contract: Contract | None, model: str) -> Contract:
 def generate_body(request: Generation, prompt: str, contract: Contract) -> dict[str, Any]:
     """The JSON body of Triton's /generate_stream for this request: input names to values."""
     declared = {t.name for t in contract.inputs}
+    optional = {t.name for t in contract.inputs if t.optional}
     given: dict[str, Any] = {"max_tokens": request.max_tokens, "temperature": request.temperature,
                              "top_p": request.top_p, "stop": list(request.stop) or None, "seed": request.seed}
     for name, value in given.items():
@@ -62,11 +63,15 @@ def generate_body(request: Generation, prompt: str, contract: Contract) -> dict[
                           f"'{name}' out.", name)
     body: dict[str, Any] = {TEXT_INPUT: prompt}
     if "stream" in declared:
-        body["stream"] = request.stream
+        # Always pieces, streamed to the caller or not: the gateway joins them for a whole answer, and usage counts
+        # them (a model asked not to stream sends its text as one piece: completion_tokens 1).
+        body["stream"] = True
     for name, value in given.items():
         if name not in declared:
             continue
         if value is None:
+            if name in optional:
+                continue  # the model's own default applies
             value = (secrets.randbelow(2**31) if name == "seed" else [] if name == "stop"
                      else _DEFAULT_VALUE[name])
         body[name] = value

@@ -8,7 +8,8 @@ import asyncio
 import json
 from typing import Any
 
-from gateway.tests.fake_upstream import FakeUpstream, json_response
+from deployments.models import Deployment
+from gateway.tests.fake_upstream import FakeUpstream, json_response, response
 from gateway.tests.stream_support import STREAMED, TEXT_SIGNATURE, chunks, counted_stream, paced, text_deployment
 from tests.support.gateway_calls import call, run
 from tests.support.people import Person
@@ -49,7 +50,7 @@ def test_a_chat_request_renders_the_template_calls_generate_stream_and_joins_the
             assert answer["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
             (sent,) = upstream.requests
             assert sent.target == b"/v2/models/chat/generate_stream"
-            assert json.loads(sent.body) == {"text_input": "<user>hi there<a>", "stream": False, "max_tokens": 5}
+            assert json.loads(sent.body) == {"text_input": "<user>hi there<a>", "stream": True, "max_tokens": 5}
             assert reply.headers[b"modelport-revision"] == b"1"
 
     run(scenario)
@@ -179,5 +180,32 @@ def test_a_v1_streams_figures_count_its_pieces_ttft_and_gaps_per_deployment_and_
             assert counts.pieces == 4 and counts.ends == {"complete": 1} and sum(counts.gaps) == 3
             first = stats.percentile_ms(counts.first, 0.5)
             assert first is not None and first >= 50
+
+    run(scenario)
+
+
+def test_the_models_refusal_of_the_request_is_a_400_with_its_words_streamed_or_not(
+    people: dict[str, Person], gateway_app: Any
+) -> None:
+    # As Triton answers a decoupled model's INVALID_ARG to the first response: a 400 whose body is one event.
+    refusal = b'data: {"error":"max_tokens must be between 1 and 1024, got 5000"}\n\n'
+
+    async def scenario() -> None:
+        async with FakeUpstream(lambda r: response(400, refusal, {"Content-Type": "text/event-stream"})) as upstream:
+            await asyncio.to_thread(text_deployment, people["alice"], upstream.url)
+            for stream in (False, True):
+                reply = await call(gateway_app(), "POST", CHAT, token=people["alice"].token,
+                                   body=body({"model": "chat", "messages": [{"role": "user", "content": "hi"}],
+                                              "max_tokens": 5000, "stream": stream}))
+                assert reply.status == 400, reply.body
+                error = reply.json()["error"]
+                assert error["type"] == "invalid_request_error"
+                assert error["message"] == "max_tokens must be between 1 and 1024, got 5000"
+        # Not an event: Triton's plain words are kept from the caller as before.
+        async with FakeUpstream(lambda r: response(400, b"data: not json\n\n", {})) as upstream:
+            await asyncio.to_thread(Deployment.objects.filter(name="chat").update, upstream_url=upstream.url)
+            reply = await call(gateway_app(), "POST", CHAT, token=people["alice"].token,
+                               body=body({"model": "chat", "messages": [{"role": "user", "content": "hi"}]}))
+            assert reply.status == 400 and reply.json()["error"]["message"] == "Triton answered with an error."
 
     run(scenario)

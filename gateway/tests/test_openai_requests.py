@@ -41,7 +41,7 @@ def test_declared_settings_are_sent_with_openais_defaults_and_undeclared_ones_re
     parsed = requests.parse({"model": "m", "prompt": "hi", "stop": ["."]}, chat=False)
     body = inputs.generate_body(parsed, "hi", TEXTGEN)
     assert body["text_input"] == "hi" and body["max_tokens"] == inputs.DEFAULT_MAX_TOKENS
-    assert body["stop"] == ["."] and body["stream"] is False and 0 <= body["seed"] < 2**31
+    assert body["stop"] == ["."] and body["stream"] is True and 0 <= body["seed"] < 2**31
     with pytest.raises(OpenAIError, match="cannot honour 'stop'"):
         inputs.generate_body(parsed, "hi", PLAIN)
     neutral = requests.parse({"model": "m", "prompt": "hi", "temperature": 1}, chat=False)
@@ -56,3 +56,19 @@ def test_a_model_without_the_text_contract_or_with_inputs_the_api_cannot_fill_is
     with pytest.raises(OpenAIError, match="'mask'"):
         inputs.check_model(extra, "x")
     assert inputs.check_model(TEXTGEN, "textgen") is TEXTGEN
+
+
+def test_a_setting_left_out_for_an_optional_input_is_not_sent_and_one_given_is() -> None:
+    optional = Contract("textgen", 32, tuple(TensorContract(t.name, t.datatype, t.shape, t.name != "text_input")
+                                             for t in TEXTGEN.inputs), TEXTGEN.outputs)
+    parsed = requests.parse({"model": "m", "prompt": "hi"}, chat=False)
+    assert inputs.generate_body(parsed, "hi", optional) == {"text_input": "hi", "stream": True}
+    given = requests.parse({"model": "m", "prompt": "hi", "stop": ["."], "seed": 3, "max_tokens": 5,
+                            "temperature": 0.5, "top_p": 0.9}, chat=False)
+    assert inputs.generate_body(given, "hi", optional) == {
+        "text_input": "hi", "stream": True, "max_tokens": 5, "temperature": 0.5, "top_p": 0.9, "stop": ["."],
+        "seed": 3}
+    # A setting still names itself against a model that lacks the input: nothing is dropped silently.
+    seeded = requests.parse({"model": "m", "prompt": "hi", "seed": 3}, chat=False)
+    with pytest.raises(OpenAIError, match="cannot honour 'seed'"):
+        inputs.generate_body(seeded, "hi", PLAIN)
