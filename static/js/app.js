@@ -12,6 +12,8 @@
     const field = document.querySelector("[name=csrfmiddlewaretoken]");
     return field ? field.value : "";
   }
+  // Shared with the page's other scripts (try_stream.js), which load after this one.
+  window.modelport = Object.assign(window.modelport || {}, { csrfToken });
 
   // --- Copy buttons: <button data-copy="id-of-element"> ----------------------------------------------------------
 

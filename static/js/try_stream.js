@@ -7,13 +7,8 @@
 
   const $ = (id) => document.getElementById(id);
 
-  function csrfToken() {
-    // The gateway accepts the session only with X-CSRFToken equal to the csrftoken cookie.
-    const match = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
-    if (match) return decodeURIComponent(match[1]);
-    const field = document.querySelector("[name=csrfmiddlewaretoken]");
-    return field ? field.value : "";
-  }
+  // app.js's (base.html loads it first, both deferred): the gateway takes the session only with X-CSRFToken.
+  const csrfToken = () => window.modelport.csrfToken();
 
   // The text of one piece: the output's value (text_output for the OpenAI contract), whatever else Triton adds.
   function pieceText(data) {
