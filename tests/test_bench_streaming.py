@@ -12,6 +12,21 @@ from aiohttp import web
 from bench import streaming
 
 
+async def measured(path: str, handler: Any, **loop: Any) -> dict[str, Any]:
+    """The benchmark's closed loop against a small aiohttp server answering POST `path` with `handler`."""
+    app = web.Application()
+    app.router.add_post(path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        return await streaming.closed_loop(f"http://127.0.0.1:{port}{path}", {}, **loop)
+    finally:
+        await runner.cleanup()
+
+
 def figures(pieces_per_s: float, ttft_p50: float, ttft_p99: float, itl_p50: float) -> dict[str, Any]:
     return {"pieces": 100, "pieces_per_s": pieces_per_s, "ttft_p50_ms": ttft_p50, "ttft_p99_ms": ttft_p99,
             "itl_p50_ms": itl_p50}
@@ -28,18 +43,8 @@ def test_the_client_counts_every_piece_of_every_stream_and_times_the_first() -> 
             await response.write_eof()
             return response
 
-        app = web.Application()
-        app.router.add_post("/v2/models/textgen/generate_stream", stream)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        try:
-            return await streaming.closed_loop(f"http://127.0.0.1:{port}/v2/models/textgen/generate_stream", {},
-                                               streams=2, duration=0.3, warmup=0.05, max_tokens=5)
-        finally:
-            await runner.cleanup()
+        return await measured("/v2/models/textgen/generate_stream", stream, streams=2, duration=0.3, warmup=0.05,
+                              max_tokens=5)
 
     result = asyncio.run(serve_and_measure())
     assert result["errors"] == 0
@@ -58,18 +63,7 @@ def test_an_error_event_counts_as_an_error_not_as_a_piece() -> None:
             await response.write_eof()
             return response
 
-        app = web.Application()
-        app.router.add_post("/s", stream)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        try:
-            return await streaming.closed_loop(f"http://127.0.0.1:{port}/s", {}, streams=1, duration=0.1,
-                                               warmup=0.0, max_tokens=5)
-        finally:
-            await runner.cleanup()
+        return await measured("/s", stream, streams=1, duration=0.1, warmup=0.0, max_tokens=5)
 
     result = asyncio.run(serve_and_measure())
     assert result["errors"] >= 1 and result["pieces"] == 0
