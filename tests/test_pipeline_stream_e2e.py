@@ -1,25 +1,30 @@
 """A pipeline that ends in a streaming step, end to end (issue 33): a python step that turns a name into a speaker's
 prompt, then the sample text generator (decoupled), uploaded through the API, made a pipeline, deployed on a real
 Triton, and read through the gateway's /generate_stream: each piece of the generator is an event of its own, the same
-pieces the generator streams when called alone with the prompt the first step makes. Kept to a few pieces."""
+pieces the generator streams when called alone with the prompt the first step makes; gRPC's ModelStreamInfer through
+the gRPC gateway and the OpenAI-compatible API stream the same pieces. Kept to a few pieces."""
 
 from __future__ import annotations
 
 import io
 import json
+import queue
 import time
 import zipfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import openai
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
 from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from models_registry.samples import TEXTGEN_EXAMPLE_REQUEST, TEXTGEN_SIGNATURE, build_textgen_zip
 from tests.deploying import deploy, serving, wait_status
-from tests.processes import wait_for
+from tests.processes import GrpcGatewayProcess, wait_for
 from tests.support.people import Person
 
 pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
@@ -80,6 +85,17 @@ def upload(person: Person, name: str, archive: bytes, signature: dict[str, Any],
     assert version["status"] == "ready", version["error"]
 
 
+def grpc_inputs(name: str, max_tokens: int, seed: int) -> list[grpcclient.InferInput]:
+    inputs = []
+    for input_name, datatype, array in (("text_input", "BYTES", np.array([[name.encode()]], dtype=np.object_)),
+                                        ("max_tokens", "INT32", np.array([[max_tokens]], dtype=np.int32)),
+                                        ("seed", "INT64", np.array([[seed]], dtype=np.int64))):
+        tensor = grpcclient.InferInput(input_name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
 def pieces(url: str, headers: dict[str, str], body: dict[str, Any]) -> list[tuple[float, str]]:
     """Each event's text_output, with the time it arrived; one event is one piece."""
     started = time.monotonic()
@@ -100,7 +116,7 @@ def pieces(url: str, headers: dict[str, str], body: dict[str, Any]) -> list[tupl
 
 
 def test_a_pipeline_ending_in_the_text_generator_streams_its_pieces_through_the_gateway(
-    pipeline_stream_settings: None, people: dict[str, Person], portal_url: str
+    pipeline_stream_settings: None, people: dict[str, Person], portal_url: str, grpc_gateway: GrpcGatewayProcess
 ) -> None:
     alice = people["alice"]
     upload(alice, "speaker", zipped(SPEAKER_MODEL), SPEAKER_SIGNATURE)
@@ -130,6 +146,33 @@ def test_a_pipeline_ending_in_the_text_generator_streams_its_pieces_through_the_
     assert [text for _, text in through] == [text for _, text in alone]
     assert all(text for _, text in through)
     assert [at for at, _ in through] == sorted(at for at, _ in through)
+
+    # gRPC's ModelStreamInfer through the gRPC gateway: the same pieces, then Triton's final flag.
+    via = grpcclient.InferenceServerClient(grpc_gateway.address)
+    answers: queue.Queue[tuple[str | None, bool]] = queue.Queue()
+
+    def collect(result: Any, error: Any) -> None:
+        assert error is None, error
+        response = result.get_response()
+        text = result.as_numpy("text_output").reshape(-1)[0].decode() if response.outputs else None
+        answers.put((text, response.parameters["triton_final_response"].bool_param))
+
+    via.start_stream(callback=collect, headers={"authorization": f"Bearer {alice.token}",
+                                                "modelport-deployment": "story"})
+    try:
+        via.async_stream_infer("story", grpc_inputs("menenius", PIECES, 3), enable_empty_final_response=True)
+        streamed: list[tuple[str | None, bool]] = []
+        while not (streamed and streamed[-1][1]):
+            streamed.append(answers.get(timeout=30))
+    finally:
+        via.stop_stream()
+    assert [text for text, _ in streamed if text is not None] == [text for _, text in through]
+
+    # The OpenAI-compatible API: a completion streamed in chunks, the same text.
+    sdk = openai.OpenAI(base_url=f"{portal_url}/serve/story/v1", api_key=alice.token, max_retries=0, timeout=60)
+    chunks = [c.choices[0].text for c in sdk.completions.create(model="story", prompt="menenius", max_tokens=PIECES,
+                                                                 seed=3, stream=True) if c.choices and c.choices[0].text]
+    assert chunks == [text for _, text in through]
 
     # Like any streaming model, it has no single answer for /infer.
     infer = requests.post(f"{base}/story/infer", headers=auth, timeout=10, json={"inputs": [
