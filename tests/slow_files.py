@@ -33,6 +33,7 @@ SLOW_FILES = (
     "gateway/tests/test_pool_gateway.py",
     "infra/tests/test_var_dir.py",
     "modelport_cli/tests/test_cli_portal.py",
+    "models_registry/tests/test_pipeline_streaming_api.py",
     "models_registry/tests/test_pipelines.py",
     "models_registry/tests/test_samples.py",
     "models_registry/tests/test_tus_asgi.py",

@@ -170,8 +170,8 @@ def test_a_pipeline_ending_in_the_text_generator_streams_its_pieces_through_the_
 
     # The OpenAI-compatible API: a completion streamed in chunks, the same text.
     sdk = openai.OpenAI(base_url=f"{portal_url}/serve/story/v1", api_key=alice.token, max_retries=0, timeout=60)
-    chunks = [c.choices[0].text for c in sdk.completions.create(model="story", prompt="menenius", max_tokens=PIECES,
-                                                                 seed=3, stream=True) if c.choices and c.choices[0].text]
+    completion = sdk.completions.create(model="story", prompt="menenius", max_tokens=PIECES, seed=3, stream=True)
+    chunks = [c.choices[0].text for c in completion if c.choices and c.choices[0].text]
     assert chunks == [text for _, text in through]
 
     # Like any streaming model, it has no single answer for /infer.

@@ -1,6 +1,7 @@
 """Pipelines with a streaming (decoupled) step (issue 33): which ones validate_pipeline accepts, the 400 that names the
 step when Triton would refuse the ensemble at load (the rules verified on Triton 2.51, ../shared/notes/triton-local.md,
-"Streaming"), and the ensemble's config. Plain values, no database: the API's refusal is one test."""
+"Streaming"), and the ensemble's config. Plain values, no database
+(the API's side: test_pipeline_streaming_api.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,12 @@ import dataclasses
 from typing import Any
 
 import pytest
+
 from deployments.render import build_model_config
 from deployments.spec import EnsembleStep
 from deployments.tests.values import model, steps
 from modelport.core.signature import Signature, Tensor
-from models_registry.models import Model, ModelVersion
 from models_registry.pipelines import Pipeline, PipelineError, StepVersion, validate_pipeline
-from models_registry.tests.pipeline_versions import create_pipeline
-from tests.support.people import Person
 
 TEXT = Tensor("text_input", "BYTES", (-1, 1))
 OUT = Tensor("text_output", "BYTES", (-1, 1))
@@ -139,25 +138,3 @@ def test_a_streaming_pipeline_renders_an_ensemble_with_triton_s_decoupled_policy
 
     one_answer = build_model_config(dataclasses.replace(ensemble, decoupled=False), "local")
     assert not one_answer.HasField("model_transaction_policy")
-
-
-@pytest.mark.django_db
-def test_the_api_shows_a_streaming_pipeline_as_decoupled_and_its_400_names_the_step(alice: Person) -> None:
-    for name in ("clean", "textgen", "join"):
-        found = VERSIONS[name]
-        registry_model = Model.objects.create(team=alice.team, name=name)
-        ModelVersion.objects.create(model=registry_model, number=1, format="python", status="ready",
-                                    signature=found.signature.to_json(), max_batch_size=8,
-                                    decoupled=found.decoupled)
-    created = create_pipeline(alice, definition(CLEAN, TEXTGEN), name="story")
-    assert created.status_code == 201, created.json()
-    assert created.json()["decoupled"] is True
-    assert ModelVersion.objects.get(model__name="story").decoupled is True
-
-    join = step("join", {"piece": "text_output", "prompt": "prompt"}, {"joined": "joined"})
-    refused = create_pipeline(alice, definition(CLEAN, TEXTGEN, join, outputs=(Tensor("joined", "BYTES", (-1, 1)),)),
-                              name="story")
-    assert refused.status_code == 400
-    (message,) = refused.json()["error"]["fields"]["definition.steps[2].input_map"]
-    assert message.startswith("step 3 (join): input(s) 'piece' come from step 2 (textgen), which streams")
-    assert ModelVersion.objects.filter(model__name="story").count() == 1
