@@ -183,6 +183,7 @@ def create_pipeline_version(model: Model, user: Any, pipeline: Pipeline) -> Mode
             signature=pipeline.signature.to_json(),
             max_batch_size=pipeline.max_batch_size,
             definition=pipeline.to_definition(),
+            decoupled=pipeline.decoupled,  # it streams when a step does: served as a streaming model
             status=ModelVersion.Status.READY,
             created_by=user,
             validated_at=timezone.now(),
@@ -288,8 +289,14 @@ def pipeline_step_lookup(team: Team) -> Lookup:
             if version is None:
                 return (f"model {name!r} has no ready version yet" if versions.exists()
                         else f"no model named {name!r} in your team")
-        return StepVersion(model=name, version=version.number, format=version.format, status=version.status,
-                           signature=version.parsed_signature, max_batch_size=version.max_batch_size,
-                           error=version.error, id=version.id)
+        return step_version(version)
 
     return lookup
+
+
+def step_version(version: ModelVersion) -> StepVersion:
+    """What pipeline validation knows of `version` as a step (its model must be loaded: select_related)."""
+    return StepVersion(model=version.model.name, version=version.number, format=version.format,
+                       status=version.status, signature=version.parsed_signature,
+                       max_batch_size=version.max_batch_size, error=version.error, id=version.id,
+                       decoupled=version.decoupled)

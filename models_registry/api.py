@@ -141,8 +141,9 @@ class ExampleRequestField(BoundedJSONField):
 
 DECOUPLED_IN = ("A streaming python model (Triton's decoupled mode): it may send any number of responses per request, "
                 "served by /generate_stream and gRPC's ModelStreamInfer, not /infer. Python models only.")
-DECOUPLED_OUT = ("Whether the version streams (uploaded with decoupled=true): deployed, it answers "
-                 "/v2/models/<model>/generate_stream and gRPC's ModelStreamInfer; /infer refuses it.")
+DECOUPLED_OUT = ("Whether the version streams (uploaded with decoupled=true, or a pipeline with such a step): "
+                 "deployed, it answers /v2/models/<model>/generate_stream and gRPC's ModelStreamInfer; /infer "
+                 "refuses it.")
 
 
 CHAT_TEMPLATE_IN = ("A Jinja chat template (at most 64 KiB) for the OpenAI-compatible chat endpoint: how its messages "

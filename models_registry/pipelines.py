@@ -46,6 +46,7 @@ class StepVersion:
     max_batch_size: int
     error: str = ""
     id: int | None = None
+    decoupled: bool = False  # it streams: any number of responses per request (uploaded with decoupled=true)
 
 
 # (model name, version number or None for the latest ready one) -> the version, or a message why there is none.
@@ -70,6 +71,12 @@ class Pipeline:
     steps: tuple[PipelineStep, ...]
     max_batch_size: int
     step_versions: tuple[StepVersion, ...] = field(default_factory=tuple)
+
+    @property
+    def decoupled(self) -> bool:
+        """Whether the pipeline streams: one of its steps does, and Triton streams the ensemble (every response of
+        that step goes on through the steps after it, docs/pipelines.md, "Streaming pipelines")."""
+        return any(v.decoupled for v in self.step_versions)
 
     def to_definition(self) -> dict[str, Any]:
         return {**self.signature.to_json(), "steps": [s.to_json() for s in self.steps]}
@@ -194,7 +201,9 @@ def validate_pipeline(raw: object, lookup: Lookup, *, pipeline_model: str = "",
             if step_input not in inputs:
                 add(f"{where}.input_map", f"{name}: {step.model!r} version {step.version} has no input "
                                           f"{step_input!r} (its inputs: {', '.join(map(repr, inputs))})")
-        for missing in [n for n in inputs if n not in step.input_map]:
+        # An optional input left unmapped is left out of the step's request (Triton 2.51 loads such an ensemble and
+        # the step reads None for it), so a streaming step keeps its defaults for max_tokens, temperature, ...
+        for missing in [n for n, t in inputs.items() if n not in step.input_map and not t.optional]:
             add(f"{where}.input_map", f"{name}: input {missing!r} of {step.model!r} is not fed: map it to a "
                                       "pipeline input or an earlier step's output")
         for step_output in step.output_map:
@@ -296,8 +305,52 @@ def validate_pipeline(raw: object, lookup: Lookup, *, pipeline_model: str = "",
         add("max_batch_size", "the steps do not batch (max_batch_size 0), so neither can the pipeline: send 0")
     if errors:
         raise PipelineError(errors)
+
+    # 8. A streaming step: its every response is the rest of the pipeline's input, so what joins it must stream too.
+    _check_streaming(signature, steps, resolved, producer, add)
+    if errors:
+        raise PipelineError(errors)
     chosen = (smallest if max_batch_size is None else max_batch_size) if all(batching) else 0
     return Pipeline(signature=signature, steps=steps, max_batch_size=chosen, step_versions=tuple(resolved))
+
+
+def _check_streaming(signature: Signature, steps: tuple[PipelineStep, ...], resolved: list[StepVersion],
+                     producer: dict[str, tuple[int, Tensor]], add: Callable[[str, str], None]) -> None:
+    """The rules Triton 2.51 loads an ensemble with a decoupled (streaming) step by (verified, ../shared/notes/
+    triton-local.md, "Streaming"): each response the step sends runs the steps it feeds once, so a step, or the
+    pipeline's outputs, may take tensors of that stream only, never a stream's tensor beside a pipeline input or a
+    one-answer step's output ("receives inputs originated from different decoupled models", at load). One streaming
+    step per pipeline: two in a row are not verified, two side by side meet at the outputs."""
+    streaming = [i for i, v in enumerate(resolved) if v.decoupled]
+    if not streaming:
+        return
+    if len(streaming) > 1:
+        names = ", ".join(_step_name(i, steps[i].model) for i in streaming)
+        add("definition.steps", f"{names} all stream (decoupled): a pipeline may have one streaming step")
+        return
+    (source,) = streaming
+    source_name = _step_name(source, steps[source].model)
+    streamed = set(steps[source].output_map.values())  # the tensors each of the step's responses carries anew
+    for index in range(source + 1, len(steps)):
+        step = steps[index]
+        taken = [k for k, t in step.input_map.items() if t in streamed]
+        if not taken:
+            continue
+        once = [k for k, t in step.input_map.items() if t not in streamed]
+        if once:
+            add(f"definition.steps[{index}].input_map",
+                f"{_step_name(index, step.model)}: input(s) {', '.join(map(repr, taken))} come from {source_name}, "
+                f"which streams, and {', '.join(map(repr, once))} from outside its stream; a step after a streaming "
+                f"one runs once per piece and may take only tensors of that stream (Triton refuses to join them)")
+        # Its outputs are of the stream either way: one mistake is reported once, not again at each later step.
+        streamed.update(step.output_map.values())
+    for position, output in enumerate(signature.outputs):
+        if output.name not in streamed:
+            other = producer[output.name][0]
+            add(f"definition.outputs[{position}]",
+                f"pipeline output {output.name!r} comes from {_step_name(other, steps[other].model)}, outside the "
+                f"stream of {source_name}: a pipeline with a streaming step sends each piece as one response, so "
+                "every output must come from that step or a step after it that it feeds")
 
 
 def _find_cycle(depends_on: dict[int, list[int]]) -> list[int]:

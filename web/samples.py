@@ -219,9 +219,7 @@ def _pipeline_version(team: Team, user: Any, steps: dict[str, ModelVersion]) -> 
         version = lookup.get(name)
         if version is None or (number is not None and number != version.number):
             return f"no sample version {name}:{number}"
-        return pipelines.StepVersion(model=name, version=version.number, format=version.format,
-                                     status=version.status, signature=version.parsed_signature,
-                                     max_batch_size=version.max_batch_size, error=version.error, id=version.id)
+        return registry_actions.step_version(version)
 
     try:
         pipeline = pipelines.validate_pipeline(definition, find, pipeline_model=PIPELINE_MODEL)

@@ -1,0 +1,140 @@
+"""Pipelines with a streaming (decoupled) step (issue 33): which ones validate_pipeline accepts, the 400 that names the
+step when Triton would refuse the ensemble at load (the rules verified on Triton 2.51, ../shared/notes/triton-local.md,
+"Streaming"), and the ensemble's config. Plain values, no database
+(the API's side: test_pipeline_streaming_api.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from deployments.render import build_model_config
+from deployments.spec import EnsembleStep
+from deployments.tests.values import model, steps
+from modelport.core.signature import Signature, Tensor
+from models_registry.pipelines import Pipeline, PipelineError, StepVersion, validate_pipeline
+
+TEXT = Tensor("text_input", "BYTES", (-1, 1))
+OUT = Tensor("text_output", "BYTES", (-1, 1))
+
+VERSIONS = {
+    # A one-answer python step: text in, a prompt out.
+    "clean": StepVersion("clean", 1, "python", "ready", Signature(
+        inputs=(TEXT,), outputs=(Tensor("prompt", "BYTES", (-1, 1)),)), max_batch_size=8),
+    # The sample text generator's contract: one required input, optional settings, pieces out.
+    "textgen": StepVersion("textgen", 1, "python", "ready", Signature(
+        inputs=(TEXT, Tensor("max_tokens", "INT32", (-1, 1), optional=True)), outputs=(OUT,)),
+        max_batch_size=8, decoupled=True),
+    # A one-answer step that takes a piece, and one that takes a piece and something else.
+    "shout": StepVersion("shout", 1, "python", "ready", Signature(
+        inputs=(Tensor("piece", "BYTES", (-1, 1)),), outputs=(Tensor("loud", "BYTES", (-1, 1)),)), max_batch_size=8),
+    "join": StepVersion("join", 1, "python", "ready", Signature(
+        inputs=(Tensor("piece", "BYTES", (-1, 1)), Tensor("prompt", "BYTES", (-1, 1))),
+        outputs=(Tensor("joined", "BYTES", (-1, 1)),)), max_batch_size=8),
+    "chatter": StepVersion("chatter", 1, "python", "ready", Signature(
+        inputs=(Tensor("prompt", "BYTES", (-1, 1)),), outputs=(Tensor("more", "BYTES", (-1, 1)),)),
+        max_batch_size=8, decoupled=True),
+}
+
+
+def lookup(name: str, number: int | None) -> StepVersion | str:
+    return VERSIONS.get(name) or f"no model named {name!r} in your team"
+
+
+def tensor(t: Tensor) -> dict[str, Any]:
+    return {"name": t.name, "datatype": t.datatype, "dims": list(t.dims)}
+
+
+def definition(*step_list: dict[str, Any], outputs: tuple[Tensor, ...] = (OUT,)) -> dict[str, Any]:
+    return {"inputs": [tensor(TEXT)], "outputs": [tensor(t) for t in outputs], "steps": list(step_list)}
+
+
+def step(name: str, input_map: dict[str, str], output_map: dict[str, str]) -> dict[str, Any]:
+    return {"model": name, "version": 1, "input_map": input_map, "output_map": output_map}
+
+
+CLEAN = step("clean", {"text_input": "text_input"}, {"prompt": "prompt"})
+TEXTGEN = step("textgen", {"text_input": "prompt"}, {"text_output": "text_output"})
+
+
+def refusal(raw: dict[str, Any], field: str) -> str:
+    with pytest.raises(PipelineError) as caught:
+        validate_pipeline(raw, lookup, pipeline_model="story")
+    assert field in caught.value.errors, caught.value.errors
+    return " ".join(caught.value.errors[field])
+
+
+def test_a_pipeline_that_ends_in_a_streaming_step_streams() -> None:
+    pipeline = validate_pipeline(definition(CLEAN, TEXTGEN), lookup, pipeline_model="story")
+    assert pipeline.decoupled is True
+    assert pipeline.max_batch_size == 8
+
+
+def test_a_pipeline_without_a_streaming_step_does_not_stream() -> None:
+    raw = definition(CLEAN, outputs=(Tensor("prompt", "BYTES", (-1, 1)),))
+    assert validate_pipeline(raw, lookup).decoupled is False
+
+
+def test_a_streaming_step_may_leave_its_optional_inputs_unmapped_but_not_its_required_ones() -> None:
+    # max_tokens is optional: textgen keeps its default. text_input is not.
+    assert validate_pipeline(definition(CLEAN, TEXTGEN), lookup).steps[1].input_map == {"text_input": "prompt"}
+    unfed = step("textgen", {"max_tokens": "prompt"}, {"text_output": "text_output"})
+    message = refusal(definition(CLEAN, unfed), "definition.steps[1].input_map")
+    assert "input 'text_input' of 'textgen' is not fed" in message
+
+
+def test_steps_after_the_streaming_one_run_on_each_piece() -> None:
+    # Verified on Triton: every response of the streaming step goes through the step after it, and streams on.
+    shout = step("shout", {"piece": "text_output"}, {"loud": "loud"})
+    pipeline = validate_pipeline(definition(CLEAN, TEXTGEN, shout, outputs=(Tensor("loud", "BYTES", (-1, 1)),)),
+                                 lookup)
+    assert pipeline.decoupled is True
+
+
+def test_a_step_that_joins_the_stream_with_a_tensor_from_outside_it_is_refused_naming_it() -> None:
+    join = step("join", {"piece": "text_output", "prompt": "prompt"}, {"joined": "joined"})
+    message = refusal(definition(CLEAN, TEXTGEN, join, outputs=(Tensor("joined", "BYTES", (-1, 1)),)),
+                      "definition.steps[2].input_map")
+    assert message.startswith("step 3 (join): input(s) 'piece' come from step 2 (textgen), which streams, and "
+                              "'prompt' from outside its stream")
+    assert "runs once per piece" in message
+
+
+def test_a_pipeline_output_from_outside_the_stream_is_refused_naming_its_step() -> None:
+    raw = definition(CLEAN, TEXTGEN, outputs=(OUT, Tensor("prompt", "BYTES", (-1, 1))))
+    message = refusal(raw, "definition.outputs[1]")
+    assert message.startswith("pipeline output 'prompt' comes from step 1 (clean), outside the stream of step 2 "
+                              "(textgen)")
+    assert "every output must come from that step" in message
+
+
+def test_a_streaming_step_whose_pieces_reach_no_output_is_refused() -> None:
+    # Its stream would be dropped: the pipeline's outputs all come from the one-answer step before it.
+    raw = definition(CLEAN, TEXTGEN, outputs=(Tensor("prompt", "BYTES", (-1, 1)),))
+    assert "outside the stream of step 2 (textgen)" in refusal(raw, "definition.outputs[0]")
+
+
+def test_two_streaming_steps_are_refused_naming_both() -> None:
+    chatter = step("chatter", {"prompt": "prompt"}, {"more": "more"})
+    raw = definition(CLEAN, TEXTGEN, chatter, outputs=(OUT, Tensor("more", "BYTES", (-1, 1))))
+    message = refusal(raw, "definition.steps")
+    assert message == ("step 2 (textgen), step 3 (chatter) all stream (decoupled): a pipeline may have one "
+                       "streaming step")
+
+
+def test_a_streaming_pipeline_renders_an_ensemble_with_triton_s_decoupled_policy() -> None:
+    pipeline: Pipeline = validate_pipeline(definition(CLEAN, TEXTGEN), lookup)
+    ensemble = model(name="story", format="ensemble", artifact_path=None, dynamic_batching=None,
+                     max_batch_size=pipeline.max_batch_size, signature=pipeline.signature,
+                     decoupled=pipeline.decoupled, definition=steps(
+                         EnsembleStep(s.model, s.version, s.input_map, s.output_map) for s in pipeline.steps))
+    config = build_model_config(ensemble, "local")
+    assert config.platform == "ensemble" and config.model_transaction_policy.decoupled is True
+    assert [s.model_name for s in config.ensemble_scheduling.step] == ["clean", "textgen"]
+    assert dict(config.ensemble_scheduling.step[1].input_map) == {"text_input": "prompt"}  # max_tokens left out
+    assert not config.instance_group
+
+    one_answer = build_model_config(dataclasses.replace(ensemble, decoupled=False), "local")
+    assert not one_answer.HasField("model_transaction_policy")
