@@ -9,7 +9,15 @@ one response), `stop` (BYTES [-1, -1], up to 4 strings) and `seed` (INT64); outp
 Continuous batching: execute() only checks its requests and hands them to one generating thread, which steps every
 live stream together (one character each per step, their pieces interleaved) and takes in new streams between steps.
 Generating inside execute() would make a stream that arrives during a long one wait for all of that batch to end.
-Cancellation (the client went away) is checked before each piece is sent.
+
+Sending: each `send()` of a response is a round trip from this stub process to Triton's (about 130 us a response on
+this project's 2-core machine with a model that does nothing else), and so is `is_cancelled()`. Done by the
+generating thread they took about 70% of its time at 32 streams, so one sending thread does them instead, from a
+bounded queue (the generator waits when it is full: backpressure, never unbounded memory), while the generator
+computes the next step. Every call on a response sender is made by that one thread, in the order the generator
+queued them, so a stream's pieces keep their order and its final response comes last. Cancellation (the client went
+away) is checked on a stream's first piece and every CANCEL_CHECK_EVERY-th after; the generator drops a cancelled
+stream at its next step. Measured direct to Triton at 32 streams: 2,200 to about 3,400 pieces per second.
 The config parameter `step_interval_ms` (the operator's, not a request's) pauses after every step, for demos and
 tests that need a stream to last.
 """
@@ -29,6 +37,8 @@ from textgen import BadRequest, CharModel, Params, Stream, load_counts, make_par
 
 WEIGHTS_FILE = "textgen.npz"
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+CANCEL_CHECK_EVERY = 4  # pieces: a cancelled stream sends at most this many more (a few ms of a step each)
+SEND_QUEUE_RESPONSES = 256  # queued for the sending thread before the generator waits
 
 
 def _first(request: Any, name: str) -> Any:
@@ -72,22 +82,69 @@ def _piece_response(text: str) -> Any:
 
 
 class _Live:
+    """One stream. The generator thread steps it; the sending thread (Sending) alone calls its sender."""
+
     def __init__(self, sender: Any, stream: Stream, streaming: bool) -> None:
         self.sender, self.stream, self.streaming = sender, stream, streaming
-        self.pieces = 0
-        self.ended = False  # the final response is sent: the sender takes nothing more
+        self.pieces = 0  # sent by the sending thread
+        self.generated = 0  # pieces generated, counted by the generator
+        self.ended = False  # the final response is queued: nothing more is queued for it
+        self.cancelled = False  # set by the sending thread: the generator drops the stream
 
-    def end(self, response: Any = None) -> None:
-        self.ended = True
-        if response is None:
-            self.sender.send(flags=FINAL)
-        else:
-            self.sender.send(response, flags=FINAL)
 
-    def fail(self, message: str) -> None:
-        if not self.ended:
-            self.end(pb_utils.InferenceResponse(
-                output_tensors=[], error=pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL)))
+class Sending:
+    """The one thread that sends every response, in the order they were queued."""
+
+    def __init__(self, logger: Any) -> None:
+        self.logger = logger
+        self.queue: queue.Queue[tuple[_Live, Any, bool] | None] = queue.Queue(maxsize=SEND_QUEUE_RESPONSES)
+        self.thread = threading.Thread(target=self._run, name="textgen-send", daemon=True)
+        self.thread.start()
+
+    def piece(self, entry: _Live, text: str) -> None:
+        self.queue.put((entry, _piece_response(text), False))
+
+    def check(self, entry: _Live) -> None:
+        """Only whether the caller went away: an answer not streamed sends nothing until its end."""
+        self.queue.put((entry, None, False))
+
+    def end(self, entry: _Live, response: Any = None) -> None:
+        if not entry.ended:
+            entry.ended = True
+            self.queue.put((entry, response, True))
+
+    def fail(self, entry: _Live, message: str) -> None:
+        self.end(entry, pb_utils.InferenceResponse(
+            output_tensors=[], error=pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL)))
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while (item := self.queue.get()) is not None:
+            entry, response, final = item
+            try:
+                self._send(entry, response, final)
+            except Exception as exc:  # one stream's failed send must not stop the others'
+                self.logger.log_error(f"textgen: a send failed: {exc!r}")
+
+    def _send(self, entry: _Live, response: Any, final: bool) -> None:
+        if entry.cancelled:
+            return  # its final response was sent when the cancel was seen
+        if final:
+            if response is None:
+                entry.sender.send(flags=FINAL)
+            else:
+                entry.sender.send(response, flags=FINAL)
+            return
+        if (response is None or entry.pieces % CANCEL_CHECK_EVERY == 0) and entry.sender.is_cancelled():
+            entry.cancelled = True
+            self.logger.log_info(f"textgen: stream cancelled after {entry.pieces} pieces")
+            entry.sender.send(flags=FINAL)
+        elif response is not None:
+            entry.sender.send(response)
+            entry.pieces += 1
 
 
 class TritonPythonModel:
@@ -97,6 +154,7 @@ class TritonPythonModel:
         self.step_interval = float(parameters.get("step_interval_ms", {}).get("string_value", "0")) / 1000.0
         self.logger = pb_utils.Logger
         self.arrivals: queue.SimpleQueue[_Live] = queue.SimpleQueue()
+        self.sending = Sending(self.logger)
         self.stopping = threading.Event()
         self.generator = threading.Thread(target=self._run, name="textgen", daemon=True)
         self.generator.start()
@@ -117,6 +175,7 @@ class TritonPythonModel:
     def finalize(self) -> None:
         self.stopping.set()
         self.generator.join(timeout=10)
+        self.sending.stop()
 
     def _run(self) -> None:
         live: list[_Live] = []
@@ -134,28 +193,27 @@ class TritonPythonModel:
                 # Every sender must end, or its client waits for ever; what went wrong stays in the server's log.
                 self.logger.log_error(f"textgen failed: {exc!r}")
                 for entry in live:
-                    entry.fail("the text generator failed")
+                    self.sending.fail(entry, "the text generator failed")
                 live = []
             if self.step_interval:
                 time.sleep(self.step_interval)
         for entry in live:
-            entry.fail("the model is being unloaded")
+            self.sending.fail(entry, "the model is being unloaded")
 
     def _step(self, live: list[_Live]) -> list[_Live]:
         """One character for every live stream; the streams still live afterwards."""
+        live = [entry for entry in live if not entry.cancelled]
         pieces = step(self.model, [entry.stream for entry in live])
         still: list[_Live] = []
         for entry, piece in zip(live, pieces, strict=True):
             if piece is not None:
-                if entry.sender.is_cancelled():
-                    self.logger.log_info(f"textgen: stream cancelled after {entry.pieces} pieces")
-                    entry.end()
-                    continue
                 if entry.streaming:
-                    entry.sender.send(_piece_response(piece))
-                entry.pieces += 1
+                    self.sending.piece(entry, piece)
+                elif entry.generated % CANCEL_CHECK_EVERY == 0:
+                    self.sending.check(entry)
+                entry.generated += 1
             if not entry.stream.done:
                 still.append(entry)
             else:
-                entry.end(None if entry.streaming else _piece_response(entry.stream.text))
+                self.sending.end(entry, None if entry.streaming else _piece_response(entry.stream.text))
         return still

@@ -212,6 +212,38 @@ def test_a_client_that_goes_away_ends_its_stream_in_the_model(server: lt.ServerP
 
 
 @pytest.mark.triton
+def test_a_grpc_cancel_before_an_answer_not_streamed_ends_it_in_the_model(server: lt.ServerProcess) -> None:
+    # stream=false sends nothing until the end, so the model learns of the cancel from the checks it queues while
+    # generating (textgen_model.Sending.check); 1,024 pieces of 5 ms steps would take about 25 s. Over HTTP Triton
+    # notices a closed connection only when it writes, so gRPC's explicit cancel is the way to reach such an answer.
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    def cancels() -> int:
+        return serverlog.tail_log(server.log_path, 400).count("textgen: stream cancelled after 0 pieces")
+
+    before = cancels()
+    client = grpcclient.InferenceServerClient(f"{server.host}:{server.grpc_port}")
+    inputs = [grpcclient.InferInput("text_input", [1, 1], "BYTES"),
+              grpcclient.InferInput("max_tokens", [1, 1], "INT32"), grpcclient.InferInput("stream", [1, 1], "BOOL")]
+    inputs[0].set_data_from_numpy(np.array([[b"First Citizen:\n"]], dtype=np.object_))
+    inputs[1].set_data_from_numpy(np.array([[1024]], dtype=np.int32))
+    inputs[2].set_data_from_numpy(np.array([[False]]))
+    answers: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    client.async_stream_infer("textgen_paced", inputs)
+    time.sleep(0.3)  # the request reaches the model; nothing is answered yet
+    assert answers.empty()
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and cancels() == before:
+        time.sleep(0.1)
+    assert cancels() == before + 1, serverlog.tail_log(server.log_path, 40)
+    assert len(stream_pieces(server, {"text_input": "x", "max_tokens": 3}, "textgen_paced")) == 3
+
+
+@pytest.mark.triton
 def test_it_streams_inside_the_sandbox_every_local_deployment_runs_in(
         tmp_path: Path, textgen_model: textgen.CharModel) -> None:
     runtime_env()
