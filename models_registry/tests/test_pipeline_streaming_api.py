@@ -12,7 +12,7 @@ from deployments.models import Pool
 from modelport.core.signature import Tensor
 from models_registry.models import Model, ModelVersion
 from models_registry.tests.pipeline_versions import create_pipeline
-from models_registry.tests.test_pipeline_streaming import CLEAN, TEXTGEN, VERSIONS, definition, step
+from models_registry.tests.streaming_pipelines import CLEAN, TEXTGEN, VERSIONS, definition, step
 from tests.support.people import Person
 
 pytestmark = pytest.mark.django_db
