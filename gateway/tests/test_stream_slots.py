@@ -14,6 +14,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -95,6 +96,18 @@ def test_with_redis_unreachable_the_others_last_totals_count_until_they_would_ha
     with caplog.at_level(logging.WARNING, logger="gateway.stream_slots"):
         run(scenario)
     assert sum("per process while Redis is unreachable" in r.message for r in caplog.records) == 1  # once
+
+
+def test_the_web_and_grpc_gateways_count_streams_through_the_rate_limits_redis(settings: Any, gateway_app: Any) -> None:
+    from gateway.grpc_app import GrpcGateway
+
+    settings.REDIS_URL = "redis://redis.example:6379/3"
+    settings.GATEWAY_MAX_STREAMS_PER_TEAM = 5
+    for gateway in (gateway_app(), GrpcGateway()):
+        assert (gateway.streams.limit, gateway.streams.redis_url) == (5, settings.REDIS_URL)
+        assert gateway.limiter.redis_url == settings.REDIS_URL
+    settings.GATEWAY_MAX_STREAMS_PER_TEAM = 0
+    assert GrpcGateway().streams.redis_url == ""  # no limit: nothing to share
 
 
 def redis_or_skip() -> None:
@@ -204,3 +217,4 @@ def test_a_process_that_stops_publishing_stops_counting_after_the_expiry() -> No
                     assert refusal(survivor).status == 429
 
     run(scenario)
+
