@@ -10,8 +10,6 @@ shape (an HTTP error body, a gRPC status, an error message in a ModelStreamInfer
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gateway import contract as contracts
@@ -70,33 +68,6 @@ async def cold_start(cold_starts: ColdStarts, routes: TtlCache[tuple[int, str], 
     """A request to an idle-unloaded revision of a shared pool (issue 24) is held while the revision loads."""
     if not pooled.loaded:
         await cold_starts.hold(route, pooled, caller.team_id, routes)
-
-
-class StreamSlots:
-    """The streams each team has open in this process, at most `limit` (0: no limit): a stream holds a connection,
-    a Triton slot and gateway memory for as long as its model and caller let it, so one team's streams must not take
-    all of them. Counted per web process, as the in-flight gauge is (several processes allow as many each)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.open: dict[int, int] = {}
-
-    @contextlib.contextmanager
-    def hold(self, team_id: int, team: str) -> Iterator[None]:
-        held = self.open.get(team_id, 0)
-        if self.limit and held >= self.limit:
-            raise Refusal(429, f"Team '{team}' has {held} streams open, the most it may have "
-                               f"(GATEWAY_MAX_STREAMS_PER_TEAM={self.limit}): close one, or retry when one ends.",
-                          {"Retry-After": "1"})
-        self.open[team_id] = held + 1
-        try:
-            yield
-        finally:
-            left = self.open[team_id] - 1
-            if left:
-                self.open[team_id] = left
-            else:
-                del self.open[team_id]  # no entry kept per team that ever streamed
 
 
 def contract(route: Route, choice: Choice, model: str, kind: str) -> contracts.Contract | None:

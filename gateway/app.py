@@ -39,6 +39,7 @@ from gateway.openai import handler as openai_api
 from gateway.protocol import Endpoint, Refusal
 from gateway.ratelimit import RateLimiter
 from gateway.stream_figures import StreamFigures
+from gateway.stream_slots import StreamSlots
 from gateway.upstream import ResponseTooLarge, UpstreamError
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,8 @@ class Gateway:
         self.parsers = bodies.Parsers(settings.GATEWAY_JSON_PARSE_PROCESSES, self.body_threads)
         self.header_checks = json_body.HeaderChecks(self.max_depth, self.max_tensor)
         self.timeout = settings.GATEWAY_UPSTREAM_TIMEOUT_SECONDS
-        self.streams = admission.StreamSlots(settings.GATEWAY_MAX_STREAMS_PER_TEAM)
+        # Shared with the other processes through the rate limiter's Redis (gateway/stream_slots.py).
+        self.streams = StreamSlots(settings.GATEWAY_MAX_STREAMS_PER_TEAM, redis_url=settings.REDIS_URL)
         self.stream_limits = events.Limits(max_event_bytes=self.max_response,
                                            idle_seconds=settings.GATEWAY_STREAM_IDLE_SECONDS,
                                            max_seconds=settings.GATEWAY_MAX_STREAM_SECONDS,
@@ -130,6 +132,7 @@ class Gateway:
             self.flusher.cancel()
         await self._flush()
         await self.limiter.close()
+        await self.streams.close()
         self.pool.close()
         self.cold_starts.close()
         self.parsers.close()

@@ -58,6 +58,7 @@ from gateway.grpc_connections import Calls, Shedder
 from gateway.grpc_protocol import Method
 from gateway.protocol import Refusal
 from gateway.ratelimit import RateLimiter
+from gateway.stream_slots import StreamSlots
 from infra.open_files import connection_cap, raise_open_files_limit
 
 log = logging.getLogger(__name__)
@@ -153,8 +154,9 @@ class GrpcGateway:
         self.max_tensor = settings.GATEWAY_MAX_TENSOR_BYTES
         self.timeout = settings.GATEWAY_UPSTREAM_TIMEOUT_SECONDS
         # A decoupled model's request in a ModelStreamInfer stream holds a stream slot of its team while it
-        # streams, and is bounded as a /generate_stream is (docs/security.md, "Streams").
-        self.streams = admission.StreamSlots(settings.GATEWAY_MAX_STREAMS_PER_TEAM)
+        # streams, and is bounded as a /generate_stream is (docs/security.md, "Streams"); the slots are shared with
+        # the web processes through the rate limiter's Redis (gateway/stream_slots.py).
+        self.streams = StreamSlots(settings.GATEWAY_MAX_STREAMS_PER_TEAM, redis_url=settings.REDIS_URL)
         self.stream_idle = settings.GATEWAY_STREAM_IDLE_SECONDS
         self.stream_seconds = settings.GATEWAY_MAX_STREAM_SECONDS
         self.stream_bytes = settings.GATEWAY_MAX_STREAM_BYTES
@@ -213,6 +215,7 @@ class GrpcGateway:
                 await self.background
         await self._flush()
         await self.limiter.close()
+        await self.streams.close()
         self.cold_starts.close()
         await self.channels.close()
 

@@ -503,8 +503,8 @@ KUBERNETES_READY_TIMEOUT_SECONDS = env_int("KUBERNETES_READY_TIMEOUT_SECONDS", 1
 KUBERNETES_UNSCHEDULABLE_GRACE_SECONDS = env_int("KUBERNETES_UNSCHEDULABLE_GRACE_SECONDS", 120, minimum=0)
 
 # --- Inference gateway (/serve/) ------------------------------------------------------------------------
-# Counters shared by every web process (gateway rate limits, sign-in throttling). Empty: the broker's Redis when it
-# is one, else each process counts on its own.
+# Counters shared by every web process and the gRPC gateway (gateway rate limits and stream slots, sign-in
+# throttling). Empty: the broker's Redis when it is one, else each process counts on its own.
 REDIS_URL = env_secret("REDIS_URL",
                        CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else "")
 if REDIS_URL and not REDIS_URL.startswith(("redis://", "rediss://")):
@@ -521,8 +521,8 @@ GATEWAY_MAX_RESPONSE_BYTES = env_int("GATEWAY_MAX_RESPONSE_BYTES", 256 * 1024**2
 # A stream (/generate_stream, issue 33) whose model sends nothing for this long is ended with an error event: a silent
 # model holds the connection, a Triton slot and the caller's wait for nothing.
 GATEWAY_STREAM_IDLE_SECONDS = env_float("GATEWAY_STREAM_IDLE_SECONDS", 60.0, minimum=0.1)
-# Streams a team may have open at once in each web process (429 past it; other teams' streams are not touched); 0: no
-# limit.
+# Streams a team may have open at once, the web processes and the gRPC gateway together through REDIS_URL (per process
+# without it, or while Redis is down); 429 past it, other teams' streams are not touched; 0: no limit.
 GATEWAY_MAX_STREAMS_PER_TEAM = env_int("GATEWAY_MAX_STREAMS_PER_TEAM", 64, minimum=0)
 # A stream's total length (HTTP's /generate_stream and the OpenAI API's streamed answers, gRPC's decoupled
 # ModelStreamInfer): past either bound it is ended with an error, so that a model that never stops, or a caller that

@@ -31,6 +31,7 @@ SLOW_FILES = (
     "gateway/tests/test_json_fast_path_switch.py",
     "gateway/tests/test_not_found.py",
     "gateway/tests/test_pool_gateway.py",
+    "gateway/tests/test_stream_slots_totals.py",
     "infra/tests/test_var_dir.py",
     "modelport_cli/tests/test_cli_portal.py",
     "models_registry/tests/test_pipeline_streaming_api.py",

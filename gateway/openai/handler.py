@@ -35,6 +35,7 @@ from gateway.openai.requests import Generation, OpenAIError
 from gateway.protocol import Endpoint, Refusal, classify
 from gateway.ratelimit import RateLimiter
 from gateway.stream_figures import StreamFigures
+from gateway.stream_slots import StreamSlots
 from gateway.upstream import UpstreamError
 from modelport.core import chat_template
 
@@ -58,7 +59,7 @@ class Host(Protocol):
     limiter: RateLimiter
     collector: stats.StatsCollector
     pool: upstream.Pool
-    streams: admission.StreamSlots
+    streams: StreamSlots
     stream_limits: events.Limits
     timeout: float
     max_response: int

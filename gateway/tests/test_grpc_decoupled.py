@@ -179,7 +179,7 @@ def _endless(pause: float = 0.05, size: int = 8) -> Any:
 
 
 def test_a_caller_that_cancels_cancels_the_request_in_triton_and_frees_its_slot(people: dict[str, Person]) -> None:
-    from gateway.admission import StreamSlots
+    from gateway.stream_slots import StreamSlots
 
     async def scenario() -> None:
         async with stack() as (gateway, fake, channel):

@@ -200,6 +200,48 @@ def test_a_team_past_its_open_streams_gets_a_429_naming_the_limit_and_other_team
     run(scenario)
 
 
+def test_a_teams_streams_in_another_web_process_count_against_it_through_redis(
+    people: dict[str, Person], gateway_app: Any, settings: Any
+) -> None:
+    """Two gateways stand for two web processes sharing the rate limiter's Redis (gateway/tests/test_stream_slots.py
+    has the Redis details, and this one's Redis and key prefix)."""
+    from gateway.tests.test_stream_slots import REDIS_URL, processes, redis_or_skip, synced
+
+    redis_or_skip()
+    settings.REDIS_URL = REDIS_URL
+    settings.GATEWAY_RATE_LIMIT_PER_SECOND = 0  # the rate limiter's Redis is not this test's
+    settings.GATEWAY_MAX_STREAMS_PER_TEAM = 2
+    open_stream = sse([event("a")], end=False)
+
+    async def scenario() -> None:
+        async with FakeUpstream(lambda r: open_stream) as upstream, processes(2, limit=2) as slots:
+            await asyncio.to_thread(streaming_deployment, people["alice"], upstream.url)
+            await asyncio.to_thread(streaming_deployment, people["charlie"], upstream.url)
+            first, second = gateway_app(), gateway_app()
+            assert (first.streams.redis_url, first.streams.limit) == (REDIS_URL, 2)  # what the gateway builds
+            first.streams, second.streams = slots  # the same, under the test's own keys
+            body = b'{"text_input": "a"}'
+            alice, charlie = people["alice"].token, people["charlie"].token
+            held = [asyncio.ensure_future(call(first, "POST", STREAM, token=alice, body=body)) for _ in range(2)]
+            await asyncio.to_thread(wait_for, lambda: len(upstream.requests) == 2, 5, what="two streams to open")
+            await synced(*slots)
+            refused = await call(second, "POST", STREAM, token=alice, body=body)
+            assert refused.status == 429 and refused.json()["error"] == (
+                "Team 'acme' has 2 streams open, the most it may have (GATEWAY_MAX_STREAMS_PER_TEAM=2): close one, or "
+                "retry when one ends.")
+            other = await call(second, "POST", "/serve/chat/v2/models/chat/generate_stream", token=charlie, body=body,
+                               disconnect="after_start")
+            assert other.status == 200
+            for each in held:
+                each.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+            await synced(*slots)
+            again = await call(second, "POST", STREAM, token=alice, body=body, disconnect="after_start")
+            assert again.status == 200
+
+    run(scenario)
+
+
 def test_a_pooled_models_stream_reaches_it_by_its_pool_name_and_comes_back_with_the_callers_names(
     people: dict[str, Person], gateway_app: Any
 ) -> None:
