@@ -6,12 +6,14 @@ same model in-process (bench/streaming_handrolled.py, the seed's kind of baselin
 
 A throwaway Modelport (bench/stack.py: its own SQLite, worker and web server, as `make run` starts them) takes the
 sample as a user does: the archive `make samples` builds, uploaded with decoupled=true, deployed on a dedicated
-Triton. Each target gets the same closed loop: N clients, each opening a stream, reading it to its end and opening
-the next, for --duration seconds after a warm-up. Per target and N: time to first piece (TTFT: request sent to the
-first event read), inter-piece time (ITL: between two events of one stream), their p50 and p99, and the aggregate
-pieces per second. Every request asks for --max-tokens pieces at temperature 0.8 with no stop string, so every stream
-is as long on every target. The client is this process (aiohttp), the same for all three, on the same cores as the
-servers: compare the targets as ratios within one run.
+Triton. Beside it, the floor (bench/streaming_floor_model.py, deployed the same way): a decoupled model that sends
+fixed pieces and computes nothing, through the gateway and direct, so the run says what one response per piece costs
+here whatever the model. Each target gets the same closed loop: N clients, each opening a stream, reading it to its
+end and opening the next, for --duration seconds after a warm-up. Per target and N: time to first piece (TTFT:
+request sent to the first event read), inter-piece time (ITL: between two events of one stream), their p50 and p99,
+and the aggregate pieces per second. Every request asks for --max-tokens pieces at temperature 0.8 with no stop
+string, so every stream is as long on every target. The client is this process (aiohttp), the same for all three, on
+the same cores as the servers: compare the targets as ratios within one run.
 
 The targets (docs/benchmarks.md, "Streaming"): the gateway adds at most 2 ms to TTFT p50 and 0.5 ms to ITL p50 over
 direct at 8 streams; at 32 streams Modelport's pieces per second are at least 2x the hand-rolled server's (the
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 DEPLOYMENT = "textgen"
 MODEL = "textgen"
+FLOOR = "floor"  # bench/streaming_floor_model.py: one response per piece and nothing else
 # Every input the sample declares (a model's inputs are all required unless declared optional); the empty stop string
 # is ignored by the model, so every stream runs to max_tokens pieces.
 REQUEST: dict[str, Any] = {"text_input": "MENENIUS:\n", "temperature": 0.8, "top_p": 1.0, "stream": True, "stop": ""}
@@ -138,6 +142,12 @@ def deploy_sample(stack: Any, work: Path) -> None:
     stack.push(MODEL, archive, TEXTGEN_SIGNATURE.to_json(), decoupled="true",
                example_request=json.dumps(TEXTGEN_EXAMPLE_REQUEST))
     stack.deploy(DEPLOYMENT, [{"model": MODEL, "max_batch_size": 32}])
+    floor = work / "floor.zip"
+    with zipfile.ZipFile(floor, "w") as floor_zip:
+        floor_zip.write(ROOT / "bench" / "streaming_floor_model.py", "model.py")
+    stack.push(FLOOR, floor, TEXTGEN_SIGNATURE.to_json(), decoupled="true",
+               example_request=json.dumps(TEXTGEN_EXAMPLE_REQUEST))
+    stack.deploy(FLOOR, [{"model": FLOOR, "max_batch_size": 32}])
 
 
 @contextlib.contextmanager
@@ -183,15 +193,18 @@ def main() -> int:
         gateway = (f"{stack.url}/serve/{DEPLOYMENT}{path}", stack.headers)
         no_headers: dict[str, str] = {}
         direct = (f"http://127.0.0.1:{stack.triton_port(DEPLOYMENT)}{path}", no_headers)
+        floor_path = f"/v2/models/{FLOOR}/generate_stream"
         with handrolled_server(weights) as (handrolled_url, _):
-            targets = {"gateway": gateway, "direct": direct, "handrolled": (handrolled_url + path, no_headers)}
+            targets = {"gateway": gateway, "direct": direct, "handrolled": (handrolled_url + path, no_headers),
+                       "floor_gateway": (f"{stack.url}/serve/{FLOOR}{floor_path}", stack.headers),
+                       "floor_direct": (f"http://127.0.0.1:{stack.triton_port(FLOOR)}{floor_path}", no_headers)}
             for level in levels:
                 figures: dict[str, Any] = {}
                 for name, (url, headers) in targets.items():
                     web_cpu = cpu_seconds(stack.pid("web"))
                     figures[name] = asyncio.run(closed_loop(url, headers, level, args.duration, args.warmup,
                                                             args.max_tokens))
-                    if name == "gateway" and figures[name]["pieces"]:
+                    if name in ("gateway", "floor_gateway") and figures[name]["pieces"]:
                         spent = cpu_seconds(stack.pid("web")) - web_cpu
                         figures[name]["gateway_cpu_us_per_piece"] = round(spent / figures[name]["pieces"] * 1e6, 1)
                     print(f"{level:>3} streams {name:>10}: {json.dumps(figures[name])}", flush=True)
@@ -219,6 +232,10 @@ def targets_met(levels: dict[str, dict[str, Any]]) -> dict[str, Any]:
         met["pieces_per_s_ratio_at_32"] = round(g["pieces_per_s"] / h["pieces_per_s"], 3)
         met["twice_the_handrolled_pieces_per_s"] = met["pieces_per_s_ratio_at_32"] >= 2.0
         met["ttft_p99_no_worse"] = g["ttft_p99_ms"] <= h["ttft_p99_ms"]
+        if top.get("floor_gateway", {}).get("pieces"):
+            # The most any python-backend model could stream here through the gateway, against the same bar.
+            met["floor_gateway_pieces_per_s_ratio_at_32"] = round(
+                top["floor_gateway"]["pieces_per_s"] / h["pieces_per_s"], 3)
     return met
 
 

@@ -83,6 +83,9 @@ def test_the_verdict_compares_the_gateway_with_direct_at_8_and_with_the_handroll
     levels["32"]["gateway"] = figures(2000, 9, 50, 1)
     met = streaming.targets_met(levels)
     assert not met["twice_the_handrolled_pieces_per_s"] and not met["ttft_p99_no_worse"]
+    assert "floor_gateway_pieces_per_s_ratio_at_32" not in met  # no floor measured, no floor figure
+    levels["32"]["floor_gateway"] = figures(2700, 9, 50, 1)
+    assert streaming.targets_met(levels)["floor_gateway_pieces_per_s_ratio_at_32"] == 1.8
 
 
 def test_a_level_whose_streams_all_failed_gives_no_verdict_rather_than_a_crash() -> None:
