@@ -10,10 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,9 +19,9 @@ import pytest
 from gateway import stream_slots
 from gateway.protocol import Refusal
 from gateway.stream_slots import StreamSlots
+from gateway.tests.stream_slots_support import processes, redis_or_skip, synced
 from tests.support.gateway_calls import run
 
-REDIS_URL = os.environ.get("TEST_STREAM_SLOTS_REDIS_URL", "redis://127.0.0.1:6379/7")
 ACME, GLOBEX = 1, 2
 
 
@@ -108,47 +106,6 @@ def test_the_web_and_grpc_gateways_count_streams_through_the_rate_limits_redis(s
         assert gateway.limiter.redis_url == settings.REDIS_URL
     settings.GATEWAY_MAX_STREAMS_PER_TEAM = 0
     assert GrpcGateway().streams.redis_url == ""  # no limit: nothing to share
-
-
-def redis_or_skip() -> None:
-    import redis
-
-    try:
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=0.5).ping()
-    except redis.RedisError as exc:
-        pytest.skip(f"no Redis at {REDIS_URL} ({exc}); set TEST_STREAM_SLOTS_REDIS_URL")
-
-
-@contextlib.asynccontextmanager
-async def processes(count: int, limit: int) -> AsyncIterator[list[StreamSlots]]:
-    """`count` gateway processes sharing the test's own keys in Redis, deleted after."""
-    import redis.asyncio as aioredis
-
-    prefix = f"test:stream-slots:{uuid.uuid4().hex}:"
-    slots = [StreamSlots(limit, redis_url=REDIS_URL, key_prefix=prefix) for _ in range(count)]
-    try:
-        yield slots
-    finally:
-        for each in slots:
-            await each.close()
-        client = aioredis.Redis.from_url(REDIS_URL)
-        keys = [key async for key in client.scan_iter(match=prefix + "*")]
-        if keys:
-            await client.delete(*keys)
-        await client.aclose()
-
-
-async def synced(*slots: StreamSlots, seconds: float = 10) -> None:
-    """One sync of each that reached Redis: a sync gives up after REDIS_TIMEOUT_SECONDS (as it should in production),
-    which a loaded machine can exceed; the next one is the retry."""
-    deadline = time.monotonic() + seconds
-    for each in slots:
-        while True:
-            await each.sync()
-            if not each.redis_failing:
-                break
-            assert time.monotonic() < deadline, "no sync reached Redis"
-            await asyncio.sleep(0.05)
 
 
 async def until(condition: Callable[[], bool], seconds: float = 10) -> None:

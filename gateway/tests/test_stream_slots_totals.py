@@ -8,7 +8,7 @@ import random
 import redis
 
 from gateway.stream_slots import StreamSlots
-from gateway.tests.test_stream_slots import REDIS_URL, processes, redis_or_skip, synced
+from gateway.tests.stream_slots_support import REDIS_URL, processes, redis_or_skip, synced
 from tests.support.gateway_calls import run
 
 

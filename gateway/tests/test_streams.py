@@ -205,7 +205,7 @@ def test_a_teams_streams_in_another_web_process_count_against_it_through_redis(
 ) -> None:
     """Two gateways stand for two web processes sharing the rate limiter's Redis (gateway/tests/test_stream_slots.py
     has the Redis details, and this one's Redis and key prefix)."""
-    from gateway.tests.test_stream_slots import REDIS_URL, processes, redis_or_skip, synced
+    from gateway.tests.stream_slots_support import REDIS_URL, processes, redis_or_skip, synced
 
     redis_or_skip()
     settings.REDIS_URL = REDIS_URL
