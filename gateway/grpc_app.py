@@ -158,6 +158,7 @@ class GrpcGateway:
         self.stream_idle = settings.GATEWAY_STREAM_IDLE_SECONDS
         self.stream_seconds = settings.GATEWAY_MAX_STREAM_SECONDS
         self.stream_bytes = settings.GATEWAY_MAX_STREAM_BYTES
+        self.send_seconds = settings.GATEWAY_STREAM_SEND_SECONDS
         self.channels = Channels([
             ("grpc.max_receive_message_length", _int32(self.max_response)),
             ("grpc.max_send_message_length", _int32(self.max_body)),
@@ -452,8 +453,29 @@ class _StreamRelay:
         self.opened: list[_Upstream] = []  # every upstream stream not finished yet, finishing ones included
         self.decoupled: set[asyncio.Task[None]] = set()  # decoupled models' requests still streaming
         self.write_lock = asyncio.Lock()
+        # The slow reader's watch (GATEWAY_STREAM_SEND_SECONDS): when the response being written was handed to
+        # gRPC (0.0: none is waiting), and one timer per stream, armed by a write when none is, that looks at it.
+        self.loop = asyncio.get_running_loop()
+        self.sending = 0.0
+        self.watch: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task[Any] | None = None
+        self.slow_reader = False
 
     async def run(self) -> None:
+        self.task = asyncio.current_task()
+        try:
+            await self._relay()
+        except asyncio.CancelledError:
+            if not self.slow_reader:
+                raise
+            # Ended by the watch below (the work of the stream is cancelled by _relay's `finally`): the caller gets
+            # the status after the responses it has not read, if it ever reads them.
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            await self._end_slow_reader()
+
+    async def _relay(self) -> None:
         try:
             while True:
                 message = await self.context.read()
@@ -475,14 +497,21 @@ class _StreamRelay:
         finally:
             # The client is gone, or the stream was ended: nothing more is relayed, and each decoupled request's
             # upstream call is cancelled, which Triton passes on to the model (request.is_cancelled()).
+            if self.watch is not None:
+                self.watch.cancel()
             for task in list(self.decoupled):
                 task.cancel()
             for upstream in self.opened:
                 upstream.call.cancel()
                 if upstream.pump is not None:
                     upstream.pump.cancel()
-                for _ in upstream.pending:
-                    stats.IN_FLIGHT.labels(upstream.route.team, upstream.route.name).dec()
+                route = upstream.route
+                for entry in upstream.pending:
+                    stats.IN_FLIGHT.labels(route.team, route.name).dec()
+                    if self.slow_reader:  # its answer would not have been read: counted as the caller's doing
+                        self.gateway.collector.observe(route.deployment_id, route.team, route.name,
+                                                       _model_label(route, entry.model), 408,
+                                                       time.perf_counter() - entry.started, upstream.revision)
                 upstream.pending.clear()
 
     async def _handle(self, message: bytes) -> None:
@@ -628,8 +657,12 @@ class _StreamRelay:
             await self._write(grpc_protocol.stream_error_response(_with_id(failure.message, entry), entry.model,
                                                                   entry.request_id, final=True))
         except asyncio.CancelledError:
-            status = 499  # the caller went away (or ended the stream)
-            ended = figures_of.CANCELLED
+            if self.slow_reader:  # the caller did not take a response for GATEWAY_STREAM_SEND_SECONDS
+                status = 408
+                ended = figures_of.SLOW_READER
+            else:
+                status = 499  # the caller went away (or ended the stream)
+                ended = figures_of.CANCELLED
             raise
         finally:
             figures.ended(ended)  # first: what follows must not keep a cancelled stream counted in flight
@@ -702,7 +735,50 @@ class _StreamRelay:
 
     async def _write(self, message: bytes) -> None:
         async with self.write_lock:
-            await self.context.write(message)
+            # grpc.aio's write returns once gRPC core has put the message on the connection, which waits for the
+            # caller's HTTP/2 window and the socket (measured: a caller that reads nothing holds the write, and what
+            # the gateway holds is this message; docs/security.md, "A slow reader"). One clock read per response,
+            # and no timer of its own: the stream's watch (_check_sending) looks at `sending`.
+            self.sending = now = self.loop.time()
+            if self.watch is None:
+                self.watch = self.loop.call_at(now + self.gateway.send_seconds, self._check_sending)
+            try:
+                await self.context.write(message)
+            finally:
+                self.sending = 0.0
+
+    def _check_sending(self) -> None:
+        """The watch: a response handed to gRPC GATEWAY_STREAM_SEND_SECONDS ago and not yet taken ends the stream
+        (the task running it is cancelled, and `run` ends it as a slow reader's); one still within its time is
+        looked at again when its time is up; none waiting, the watch rests until the next write arms it. So it
+        wakes at most once per GATEWAY_STREAM_SEND_SECONDS while responses flow."""
+        self.watch = None
+        since = self.sending
+        if not since or self.slow_reader or self.task is None:
+            return
+        due = since + self.gateway.send_seconds
+        if self.loop.time() < due:
+            self.watch = self.loop.call_at(due, self._check_sending)
+            return
+        self.slow_reader = True
+        self.task.cancel()
+
+    async def _end_slow_reader(self) -> None:
+        """End the call with a status. gRPC core queues it behind the responses the caller has not read (HTTP/2
+        sends a stream's trailers after its data), so it reaches a caller that reads again and none that does not;
+        grpcio has no way for a server to reset one call. Its completion is not awaited: the handler returns, and
+        what stays is gRPC core's part of the call (the one response it was writing) until the caller reads, resets
+        the call, its deadline passes or its connection closes."""
+        send_seconds = self.gateway.send_seconds
+        log.info("a gRPC stream's caller read nothing for %g s: ended", send_seconds)
+        try:
+            async with asyncio.timeout(0.05):  # time for core to take the batch, not for the caller to read it
+                await self.context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, (
+                    f"The stream's responses were not read for {send_seconds:g} s (GATEWAY_STREAM_SEND_SECONDS): "
+                    "the stream was ended and its requests cancelled in Triton. Read a stream's responses as "
+                    "they come."))
+        except TimeoutError:
+            pass  # the status waits in gRPC core; the call is over for the gateway (see grpcio's AbortError)
 
 
 class _Handlers(grpc.GenericRpcHandler):

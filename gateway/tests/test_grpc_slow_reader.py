@@ -1,0 +1,123 @@
+"""A ModelStreamInfer caller that stops reading (issue 33, containment; docs/security.md, "Streams" over gRPC): the
+gateway holds what gRPC's flow control lets it hold, then ends the stream after GATEWAY_STREAM_SEND_SECONDS, cancels
+its requests in Triton and counts it as a slow reader. A scripted gRPC server stands in for Triton
+(grpc_fake_upstream.py), since no real model can be made to stream this fast on demand; it writes each piece as soon
+as the gateway takes the last one, so what it has written is what the gateway read from it.
+
+Measured on grpcio 1.85 before the bound existed: the server's `context.write()` waits while the caller's HTTP/2
+window is used up (a tritonclient-like caller that reads nothing lets one 1 KB piece through past its window) or,
+for a caller announcing 2 GiB windows that does not read its socket, while the kernel's socket buffers are full
+(2.8 MB went, the server's resident memory grew by 76 KiB); nothing piles up in grpc.aio. What a slow reader held
+was time: the write, the stream slot and the model's instance, for as long as the caller stayed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+
+from gateway.tests.grpc_fake_upstream import piece_reply
+from gateway.tests.grpc_support import PREFIX, infer_request, meta, next_answer, stack
+from gateway.tests.test_grpc_decoupled import chat_request, deploy_streaming, is_chat, settles, stream_counts
+from tests.support.gateway_calls import run
+from tests.support.people import Person
+
+SEND_SECONDS = 1.0
+PIECE_TEXT = "x" * (64 * 1024)
+# What the gateway may take from the upstream while its caller reads nothing: the upstream channel's HTTP/2 window
+# (grown by BDP probing on a fast loopback) and the sockets' buffers. Measured: 5.8 to 5.9 MB written by the fake,
+# the test process (gateway, fake and caller) grown by 3.3 to 3.8 MiB.
+UPSTREAM_BOUND = 24 * 1024**2
+RSS_BOUND = 48 * 1024**2
+
+
+@pytest.fixture(autouse=True)
+def _grpc_slow_reader_settings(settings: Any) -> None:
+    settings.GATEWAY_CACHE_TTL_SECONDS = 5
+    settings.GATEWAY_RATE_LIMIT_PER_SECOND = 1000
+    settings.GATEWAY_RATE_LIMIT_BURST = 1000
+    settings.GATEWAY_UPSTREAM_TIMEOUT_SECONDS = 10
+    settings.GATEWAY_MAX_STREAMS_PER_TEAM = 4
+    settings.GATEWAY_STREAM_IDLE_SECONDS = 10.0
+    settings.GATEWAY_MAX_STREAM_SECONDS = 60.0
+    settings.GATEWAY_MAX_STREAM_BYTES = 2**40  # never the bound that ends these streams
+    settings.GATEWAY_STREAM_SEND_SECONDS = SEND_SECONDS
+
+
+class Flood:
+    """A decoupled model that never stops: 64 KiB pieces, each written as soon as the gateway took the last."""
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    def __call__(self, request: bytes) -> AsyncIterator[bytes] | None:
+        if not is_chat(request):
+            return None
+
+        async def pieces() -> AsyncIterator[bytes]:
+            while True:
+                piece = piece_reply(request, PIECE_TEXT)
+                yield piece
+                self.written += len(piece)
+
+        return pieces()
+
+
+def resident() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def slow_readers(deployment: str, before: dict[str, float]) -> float:
+    return stream_counts(deployment).get("slow_reader", 0) - before.get("slow_reader", 0)
+
+
+def test_a_caller_that_stops_reading_has_its_stream_ended_its_request_cancelled_and_counted(
+    people: dict[str, Person]
+) -> None:
+    from gateway.stats import REQUESTS
+
+    async def scenario() -> None:
+        async with stack() as (gateway, fake, _):
+            await asyncio.to_thread(deploy_streaming, people["alice"], "hogs", fake.target)
+            fake.pieces = flood = Flood()
+            before = stream_counts("hogs")
+            rss_before = resident()
+            # tritonclient's stream as a hostile caller makes it: a small window, grown by nothing, and no reads
+            # after the first response.
+            channel = grpc.aio.insecure_channel(fake.target.replace(str(fake.port), str(gateway.port)), options=[
+                ("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)])
+            try:
+                stream = channel.stream_stream(PREFIX + "ModelStreamInfer")(
+                    metadata=meta(people["alice"], "hogs"), timeout=30)
+                await stream.write(chat_request("hog"))
+                assert (await next_answer(stream)).infer_response.id == "hog"
+                stopped = time.monotonic()
+                assert await settles(lambda: slow_readers("hogs", before), 1) == 1
+                took = time.monotonic() - stopped
+                assert SEND_SECONDS * 0.9 <= took <= SEND_SECONDS + 2.0, took
+                # Its request is cancelled in Triton, its slot freed, and it counts as a 408 (the caller's doing).
+                assert await settles(lambda: fake.cancelled, ["hog"]) == ["hog"]
+                assert await settles(lambda: gateway.streams.open, {}) == {}
+                assert REQUESTS.labels("acme", "hogs", "chat", "408")._value.get() == 1
+                # The gateway took no more than flow control let it, however fast the model went.
+                assert flood.written <= UPSTREAM_BOUND, flood.written
+                assert resident() - rss_before <= RSS_BOUND, resident() - rss_before
+                # A caller that reads again gets what was on its way, then the status naming the setting.
+                with pytest.raises(grpc.aio.AioRpcError) as ended:
+                    while await asyncio.wait_for(stream.read(), 10) is not grpc.aio.EOF:
+                        pass
+                assert ended.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "GATEWAY_STREAM_SEND_SECONDS" in (ended.value.details() or "")
+            finally:
+                await channel.close()
+
+    run(scenario, timeout=30)
