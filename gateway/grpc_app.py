@@ -29,7 +29,8 @@ answered in the stream with an error message naming its model and id, as Triton 
 (which get the same words, the request's id in front), and the stream goes on; a revoked token or a deleted
 deployment ends the stream. A decoupled (streaming) model's request in a stream gets an upstream call of its own,
 its responses relayed as Triton sends them, bounded per request by the stream settings (issue 33, docs/api.md
-"Streaming models over gRPC").
+"Streaming models over gRPC"); a stream whose caller leaves a response unread for GATEWAY_STREAM_SEND_SECONDS is
+ended whole (_StreamRelay._write).
 """
 
 from __future__ import annotations
@@ -463,6 +464,10 @@ class _StreamRelay:
 
     async def run(self) -> None:
         self.task = asyncio.current_task()
+        # The response headers go now, not with the first response: gRPC core sends them with whichever batch
+        # comes first, and a status sent while a first response still waits for the caller's window would send
+        # them twice, which core refuses (the slow reader's status below could then never be sent).
+        await self.context.send_initial_metadata(())
         try:
             await self._relay()
         except asyncio.CancelledError:

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
-import struct
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,6 +22,7 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
+from gateway.tests import raw_http2
 from gateway.tests.grpc_fake_upstream import piece_reply
 from gateway.tests.grpc_support import PREFIX, infer_request, meta, next_answer, stack
 from gateway.tests.test_grpc_decoupled import chat_request, deploy_streaming, is_chat, settles, stream_counts
@@ -93,7 +92,7 @@ def test_a_caller_that_stops_reading_has_its_stream_ended_its_request_cancelled_
             rss_before = resident()
             # tritonclient's stream as a hostile caller makes it: a small window, grown by nothing, and no reads
             # after the first response.
-            channel = grpc.aio.insecure_channel(fake.target.replace(str(fake.port), str(gateway.port)), options=[
+            channel = grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}", options=[
                 ("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)])
             try:
                 stream = channel.stream_stream(PREFIX + "ModelStreamInfer")(
@@ -117,6 +116,71 @@ def test_a_caller_that_stops_reading_has_its_stream_ended_its_request_cancelled_
                         pass
                 assert ended.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                 assert "GATEWAY_STREAM_SEND_SECONDS" in (ended.value.details() or "")
+            finally:
+                await channel.close()
+
+    run(scenario, timeout=30)
+
+
+def test_a_caller_that_reads_nothing_with_windows_wide_open_is_bounded_by_its_socket_and_ended(
+    people: dict[str, Person]
+) -> None:
+    async def scenario() -> None:
+        async with stack() as (gateway, fake, _):
+            await asyncio.to_thread(deploy_streaming, people["alice"], "wide", fake.target)
+            fake.pieces = flood = Flood()
+            before = stream_counts("wide")
+            rss_before = resident()
+            sock = await asyncio.to_thread(raw_http2.open_unread_call, gateway.port, PREFIX + "ModelStreamInfer",
+                                           meta(people["alice"], "wide"), chat_request("wide"))
+            try:
+                opened = time.monotonic()
+                assert await settles(lambda: slow_readers("wide", before), 1) == 1
+                assert time.monotonic() - opened <= SEND_SECONDS + 3.0
+                assert await settles(lambda: fake.cancelled, ["wide"]) == ["wide"]
+                assert await settles(lambda: gateway.streams.open, {}) == {}
+                # HTTP/2 held nothing back: the sockets' buffers did, the gateway's part of it its one response.
+                assert flood.written <= UPSTREAM_BOUND, flood.written
+                assert resident() - rss_before <= RSS_BOUND, resident() - rss_before
+            finally:
+                sock.close()
+
+    run(scenario, timeout=30)
+
+
+def test_answers_of_one_answer_models_left_unread_end_the_stream_too(people: dict[str, Person]) -> None:
+    from gateway.stats import REQUESTS
+
+    big = b"\0" * (1024 * 1024)
+
+    def answers(request: bytes) -> AsyncIterator[bytes] | None:
+        async def one() -> AsyncIterator[bytes]:
+            parsed = pb.ModelInferRequest.FromString(request)
+            answer = pb.ModelInferResponse(model_name=parsed.model_name, id=parsed.id, raw_output_contents=[big])
+            yield pb.ModelStreamInferResponse(infer_response=answer).SerializeToString()
+
+        return one()
+
+    async def scenario() -> None:
+        async with stack() as (gateway, fake, _):
+            await asyncio.to_thread(deploy_streaming, people["alice"], "answers", fake.target)
+            fake.pieces = answers  # one response a request, as Triton answers a one-answer model
+            channel = grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}", options=[
+                ("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)])
+            try:
+                stream = channel.stream_stream(PREFIX + "ModelStreamInfer")(
+                    metadata=meta(people["alice"], "answers"), timeout=30)
+                for index in range(32):
+                    await stream.write(infer_request([1], b"\0" * 4, request_id=f"d{index}"))
+                # Answers Triton made that the caller never read: the one being written, and those behind it.
+                assert await settles(lambda: REQUESTS.labels("acme", "answers", "digits", "408")._value.get() > 0,
+                                     True)
+                assert await settles(lambda: len(fake.cancelled), 1) == 1  # the upstream stream was cancelled
+                assert len(fake.calls) < 32  # the rest never reached Triton
+                with pytest.raises(grpc.aio.AioRpcError) as ended:
+                    while await asyncio.wait_for(stream.read(), 10) is not grpc.aio.EOF:
+                        pass
+                assert ended.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             finally:
                 await channel.close()
 
