@@ -776,6 +776,8 @@ class _StreamRelay:
         the call, its deadline passes or its connection closes."""
         send_seconds = self.gateway.send_seconds
         log.info("a gRPC stream's caller read nothing for %g s: ended", send_seconds)
+        if self.context.done():
+            return  # a status is on its way already (the stream was being ended, its status behind the responses)
         try:
             async with asyncio.timeout(0.05):  # time for core to take the batch, not for the caller to read it
                 await self.context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, (
