@@ -412,6 +412,10 @@ _DATABASE_DOWN = GrpcFailure(grpc.StatusCode.UNAVAILABLE, "The portal's database
                              503, "5")
 
 
+class _CallerGone(Exception):
+    """A response could not be written: the caller's call is over."""
+
+
 @dataclass
 class _Pending:
     started: float
@@ -470,6 +474,8 @@ class _StreamRelay:
         await self.context.send_initial_metadata(())
         try:
             await self._relay()
+        except _CallerGone:
+            return  # nothing more can reach the caller; _relay's `finally` has cancelled the stream's work
         except asyncio.CancelledError:
             if not self.slow_reader:
                 raise
@@ -661,6 +667,9 @@ class _StreamRelay:
             status = failure.status
             await self._write(grpc_protocol.stream_error_response(_with_id(failure.message, entry), entry.model,
                                                                   entry.request_id, final=True))
+        except _CallerGone:
+            status = 499
+            ended = figures_of.CANCELLED
         except asyncio.CancelledError:
             if self.slow_reader:  # the caller did not take a response for GATEWAY_STREAM_SEND_SECONDS
                 status = 408
@@ -716,6 +725,8 @@ class _StreamRelay:
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED:
                 log.info("gRPC upstream stream to %s failed: %s %s", upstream.target, exc.code(), exc.details())
+        except _CallerGone:
+            return  # what it still owes is let go by the relay's end (_relay's `finally`)
         finally:
             upstream.writing = False
             if self.upstreams.get(upstream.target) is upstream:
@@ -749,6 +760,10 @@ class _StreamRelay:
                 self.watch = self.loop.call_at(now + self.gateway.send_seconds, self._check_sending)
             try:
                 await self.context.write(message)
+            except Exception as exc:
+                # The call is over: the caller cancelled it or went away while this waited (gRPC core fails the
+                # write's batch), or a status was sent. Not a failure of the model's, nor a stream that completed.
+                raise _CallerGone from exc
             finally:
                 self.sending = 0.0
 

@@ -185,3 +185,35 @@ def test_answers_of_one_answer_models_left_unread_end_the_stream_too(people: dic
                 await channel.close()
 
     run(scenario, timeout=30)
+
+
+def test_a_caller_slower_than_the_model_but_within_the_bound_is_never_ended(people: dict[str, Person]) -> None:
+    async def scenario() -> None:
+        async with stack() as (gateway, fake, _):
+            await asyncio.to_thread(deploy_streaming, people["alice"], "steady", fake.target)
+            fake.pieces = Flood()
+            before = stream_counts("steady")
+            channel = grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}", options=[
+                ("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)])
+            try:
+                stream = channel.stream_stream(PREFIX + "ModelStreamInfer")(
+                    metadata=meta(people["alice"], "steady"), timeout=30)
+                await stream.write(chat_request("steady"))
+                started = time.monotonic()
+                # A response taken every SEND_SECONDS / 4, for three times the bound: each write waits for the
+                # caller, none for as long as the bound.
+                while time.monotonic() - started < 3 * SEND_SECONDS:
+                    assert (await next_answer(stream)).infer_response.id == "steady"
+                    await asyncio.sleep(SEND_SECONDS / 4)
+                assert slow_readers("steady", before) == 0 and fake.cancelled == []
+                # Its cancel while a write waits for it counts as a cancel (the failed write once counted as a
+                # complete stream).
+                stream.cancel()
+                assert await settles(lambda: fake.cancelled, ["steady"]) == ["steady"]
+                assert await settles(lambda: stream_counts("steady").get("cancelled", 0) - before.get("cancelled", 0),
+                                     1) == 1
+                assert stream_counts("steady").get("complete", 0) == before.get("complete", 0)
+            finally:
+                await channel.close()
+
+    run(scenario, timeout=30)
