@@ -29,7 +29,8 @@ answered in the stream with an error message naming its model and id, as Triton 
 (which get the same words, the request's id in front), and the stream goes on; a revoked token or a deleted
 deployment ends the stream. A decoupled (streaming) model's request in a stream gets an upstream call of its own,
 its responses relayed as Triton sends them, bounded per request by the stream settings (issue 33, docs/api.md
-"Streaming models over gRPC").
+"Streaming models over gRPC"); a stream whose caller leaves a response unread for GATEWAY_STREAM_SEND_SECONDS is
+ended whole (_StreamRelay._write).
 """
 
 from __future__ import annotations
@@ -96,12 +97,24 @@ class GrpcFailure(Exception):
 
 
 class Channels:
-    """One channel (one HTTP/2 connection, every call multiplexed on it) per upstream Triton, opened on first use
-    and closed once unused for CHANNEL_IDLE_SECONDS; and the callables per method, which cost a little to make."""
+    """One channel (one HTTP/2 connection, every call multiplexed on it) per upstream Triton for unary calls, and
+    one for ModelStreamInfer calls, each opened on first use and closed once its target is unused for
+    CHANNEL_IDLE_SECONDS; and the callables per method, which cost a little to make.
+
+    The streams' channel does not probe the bandwidth-delay product (`grpc.http2.bdp_probe` 0), which gRPC core
+    otherwise uses to grow each call's receive window to megabytes on a fast link: a stream whose caller does not
+    read stops being read by the gateway, and what Triton may then push into the gateway is that window, per
+    stream. Measured with 40 streams whose callers read nothing (a scripted upstream sending 64 KiB pieces as fast
+    as it was let, GATEWAY_STREAM_SEND_SECONDS=1): 4.2 MiB taken per stream and the process grown by 182 MiB with
+    probing, 0.13 MiB and 20 MiB without. A message larger than the window still comes whole (core opens the window
+    to the size of the message being read). Unary calls keep probing: their answers are read as they come."""
+
+    STREAM_OPTIONS = [("grpc.http2.bdp_probe", 0)]
 
     def __init__(self, options: list[tuple[str, Any]]) -> None:
         self.options = options
         self.channels: dict[str, grpc.aio.Channel] = {}
+        self.streaming: dict[str, grpc.aio.Channel] = {}
         self.used: dict[str, float] = {}
         self.unary: dict[tuple[str, str], grpc.aio.UnaryUnaryMultiCallable] = {}
 
@@ -112,8 +125,16 @@ class Channels:
             channel = self.channels[target] = grpc.aio.insecure_channel(target, options=self.options)
         return channel
 
+    def stream_channel(self, target: str) -> grpc.aio.Channel:
+        self.used[target] = time.monotonic()
+        channel = self.streaming.get(target)
+        if channel is None:
+            channel = self.streaming[target] = grpc.aio.insecure_channel(
+                target, options=self.options + self.STREAM_OPTIONS)
+        return channel
+
     def touch(self, target: str) -> None:
-        if target in self.channels:
+        if target in self.channels or target in self.streaming:
             self.used[target] = time.monotonic()
 
     def unary_call(self, target: str, path: str) -> grpc.aio.UnaryUnaryMultiCallable:
@@ -130,17 +151,18 @@ class Channels:
             await self._close(target)
 
     async def close(self) -> None:
-        for target in list(self.channels):
+        for target in {*self.channels, *self.streaming}:
             await self._close(target)
 
     async def _close(self, target: str) -> None:
         self.used.pop(target, None)
-        channel = self.channels.pop(target, None)
+        channels = [self.channels.pop(target, None), self.streaming.pop(target, None)]
         for key in [k for k in self.unary if k[0] == target]:
             del self.unary[key]
-        if channel is not None:
-            # Calls still running on it (a long stream) get the grace period, then are cancelled.
-            await channel.close(grace=5.0)
+        for channel in channels:
+            if channel is not None:
+                # Calls still running on it (a long stream) get the grace period, then are cancelled.
+                await channel.close(grace=5.0)
 
 
 class GrpcGateway:
@@ -160,6 +182,7 @@ class GrpcGateway:
         self.stream_idle = settings.GATEWAY_STREAM_IDLE_SECONDS
         self.stream_seconds = settings.GATEWAY_MAX_STREAM_SECONDS
         self.stream_bytes = settings.GATEWAY_MAX_STREAM_BYTES
+        self.send_seconds = settings.GATEWAY_STREAM_SEND_SECONDS
         self.channels = Channels([
             ("grpc.max_receive_message_length", _int32(self.max_response)),
             ("grpc.max_send_message_length", _int32(self.max_body)),
@@ -413,6 +436,10 @@ _DATABASE_DOWN = GrpcFailure(grpc.StatusCode.UNAVAILABLE, "The portal's database
                              503, "5")
 
 
+class _CallerGone(Exception):
+    """A response could not be written: the caller's call is over."""
+
+
 @dataclass
 class _Pending:
     started: float
@@ -455,8 +482,35 @@ class _StreamRelay:
         self.opened: list[_Upstream] = []  # every upstream stream not finished yet, finishing ones included
         self.decoupled: set[asyncio.Task[None]] = set()  # decoupled models' requests still streaming
         self.write_lock = asyncio.Lock()
+        # The slow reader's watch (GATEWAY_STREAM_SEND_SECONDS): when the response being written was handed to
+        # gRPC (0.0: none is waiting), and one timer per stream, armed by a write when none is, that looks at it.
+        self.loop = asyncio.get_running_loop()
+        self.sending = 0.0
+        self.watch: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task[Any] | None = None
+        self.slow_reader = False
 
     async def run(self) -> None:
+        self.task = asyncio.current_task()
+        # The response headers go now, not with the first response: gRPC core sends them with whichever batch
+        # comes first, and a status sent while a first response still waits for the caller's window would send
+        # them twice, which core refuses (the slow reader's status below could then never be sent).
+        await self.context.send_initial_metadata(())
+        try:
+            await self._relay()
+        except _CallerGone:
+            return  # nothing more can reach the caller; _relay's `finally` has cancelled the stream's work
+        except asyncio.CancelledError:
+            if not self.slow_reader:
+                raise
+            # Ended by the watch below (the work of the stream is cancelled by _relay's `finally`): the caller gets
+            # the status after the responses it has not read, if it ever reads them.
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            await self._end_slow_reader()
+
+    async def _relay(self) -> None:
         try:
             while True:
                 message = await self.context.read()
@@ -478,14 +532,21 @@ class _StreamRelay:
         finally:
             # The client is gone, or the stream was ended: nothing more is relayed, and each decoupled request's
             # upstream call is cancelled, which Triton passes on to the model (request.is_cancelled()).
+            if self.watch is not None:
+                self.watch.cancel()
             for task in list(self.decoupled):
                 task.cancel()
             for upstream in self.opened:
                 upstream.call.cancel()
                 if upstream.pump is not None:
                     upstream.pump.cancel()
-                for _ in upstream.pending:
-                    stats.IN_FLIGHT.labels(upstream.route.team, upstream.route.name).dec()
+                route = upstream.route
+                for entry in upstream.pending:
+                    stats.IN_FLIGHT.labels(route.team, route.name).dec()
+                    if self.slow_reader:  # its answer would not have been read: counted as the caller's doing
+                        self.gateway.collector.observe(route.deployment_id, route.team, route.name,
+                                                       _model_label(route, entry.model), 408,
+                                                       time.perf_counter() - entry.started, upstream.revision)
                 upstream.pending.clear()
 
     async def _handle(self, message: bytes) -> None:
@@ -568,7 +629,7 @@ class _StreamRelay:
         bound below is passed or the caller goes away."""
         gateway = self.gateway
         remaining = self.context.time_remaining()
-        call = gateway.channels.channel(target).stream_stream(grpc_protocol.STREAM_METHOD)(timeout=remaining)
+        call = gateway.channels.stream_channel(target).stream_stream(grpc_protocol.STREAM_METHOD)(timeout=remaining)
         contract = route.contract(revision, entry.model)
         status = 200
         received = 0
@@ -630,9 +691,16 @@ class _StreamRelay:
             status = failure.status
             await self._write(grpc_protocol.stream_error_response(_with_id(failure.message, entry), entry.model,
                                                                   entry.request_id, final=True))
-        except asyncio.CancelledError:
-            status = 499  # the caller went away (or ended the stream)
+        except _CallerGone:
+            status = 499
             ended = figures_of.CANCELLED
+        except asyncio.CancelledError:
+            if self.slow_reader:  # the caller did not take a response for GATEWAY_STREAM_SEND_SECONDS
+                status = 408
+                ended = figures_of.SLOW_READER
+            else:
+                status = 499  # the caller went away (or ended the stream)
+                ended = figures_of.CANCELLED
             raise
         finally:
             figures.ended(ended)  # first: what follows must not keep a cancelled stream counted in flight
@@ -644,7 +712,8 @@ class _StreamRelay:
 
     def _open(self, target: str, route: Route, revision: int = 0) -> _Upstream:
         remaining = self.context.time_remaining()
-        call = self.gateway.channels.channel(target).stream_stream(grpc_protocol.STREAM_METHOD)(timeout=remaining)
+        call = self.gateway.channels.stream_channel(target).stream_stream(grpc_protocol.STREAM_METHOD)(
+            timeout=remaining)
         upstream = _Upstream(target=target, route=route, call=call, revision=revision)
         self.opened = [u for u in self.opened if not (u.pump is not None and u.pump.done() and not u.pending)]
         self.opened.append(upstream)
@@ -681,6 +750,8 @@ class _StreamRelay:
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED:
                 log.info("gRPC upstream stream to %s failed: %s %s", upstream.target, exc.code(), exc.details())
+        except _CallerGone:
+            return  # what it still owes is let go by the relay's end (_relay's `finally`)
         finally:
             upstream.writing = False
             if self.upstreams.get(upstream.target) is upstream:
@@ -705,7 +776,56 @@ class _StreamRelay:
 
     async def _write(self, message: bytes) -> None:
         async with self.write_lock:
-            await self.context.write(message)
+            # grpc.aio's write returns once gRPC core has put the message on the connection, which waits for the
+            # caller's HTTP/2 window and the socket (measured: a caller that reads nothing holds the write, and what
+            # the gateway holds is this message; docs/security.md, "A slow reader"). One clock read per response,
+            # and no timer of its own: the stream's watch (_check_sending) looks at `sending`.
+            self.sending = now = self.loop.time()
+            if self.watch is None:
+                self.watch = self.loop.call_at(now + self.gateway.send_seconds, self._check_sending)
+            try:
+                await self.context.write(message)
+            except Exception as exc:
+                # The call is over: the caller cancelled it or went away while this waited (gRPC core fails the
+                # write's batch), or a status was sent. Not a failure of the model's, nor a stream that completed.
+                raise _CallerGone from exc
+            finally:
+                self.sending = 0.0
+
+    def _check_sending(self) -> None:
+        """The watch: a response handed to gRPC GATEWAY_STREAM_SEND_SECONDS ago and not yet taken ends the stream
+        (the task running it is cancelled, and `run` ends it as a slow reader's); one still within its time is
+        looked at again when its time is up; none waiting, the watch rests until the next write arms it. So it
+        wakes at most once per GATEWAY_STREAM_SEND_SECONDS while responses flow."""
+        self.watch = None
+        since = self.sending
+        if not since or self.slow_reader or self.task is None:
+            return
+        due = since + self.gateway.send_seconds
+        if self.loop.time() < due:
+            self.watch = self.loop.call_at(due, self._check_sending)
+            return
+        self.slow_reader = True
+        self.task.cancel()
+
+    async def _end_slow_reader(self) -> None:
+        """End the call with a status. gRPC core queues it behind the responses the caller has not read (HTTP/2
+        sends a stream's trailers after its data), so it reaches a caller that reads again and none that does not;
+        grpcio has no way for a server to reset one call. Its completion is not awaited: the handler returns, and
+        what stays is gRPC core's part of the call (the one response it was writing) until the caller reads, resets
+        the call, its deadline passes or its connection closes."""
+        send_seconds = self.gateway.send_seconds
+        log.info("a gRPC stream's caller read nothing for %g s: ended", send_seconds)
+        if self.context.done():
+            return  # a status is on its way already (the stream was being ended, its status behind the responses)
+        try:
+            async with asyncio.timeout(0.05):  # time for core to take the batch, not for the caller to read it
+                await self.context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, (
+                    f"The stream's responses were not read for {send_seconds:g} s (GATEWAY_STREAM_SEND_SECONDS): "
+                    "the stream was ended and its requests cancelled in Triton. Read a stream's responses as "
+                    "they come."))
+        except TimeoutError:
+            pass  # the status waits in gRPC core; the call is over for the gateway (see grpcio's AbortError)
 
 
 class _Handlers(grpc.GenericRpcHandler):
