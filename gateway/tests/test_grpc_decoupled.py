@@ -15,8 +15,19 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 
 from gateway.tests.grpc_fake_upstream import final_reply, piece_reply
-from gateway.tests.grpc_support import infer_request, meta, next_answer, open_stream, stack
-from tests.support.gateway_calls import make_deployment, run
+from gateway.tests.grpc_support import (
+    chat_request,
+    deploy_streaming,
+    infer_request,
+    is_chat,
+    meta,
+    next_answer,
+    open_stream,
+    settles,
+    stack,
+    stream_counts,
+)
+from tests.support.gateway_calls import run
 from tests.support.people import Person
 
 
@@ -32,26 +43,6 @@ def _decoupled_settings(settings: Any) -> None:
     settings.GATEWAY_MAX_STREAM_BYTES = 1024 * 1024
 
 
-def deploy_streaming(person: Person, name: str, target: str) -> None:
-    """A deployment serving "digits" (one answer per request) and "chat" (decoupled), on the fake's port."""
-    from deployments.models import Deployment, Revision
-
-    deployment = make_deployment(person, name, "http://127.0.0.1:9", ("digits", "chat"))
-    Revision.objects.filter(deployment=deployment).update(spec={"models": [
-        {"name": "digits", "version": 1, "format": "onnx"},
-        {"name": "chat", "version": 1, "format": "python", "decoupled": True}]})
-    Deployment.objects.filter(pk=deployment.pk).update(grpc_upstream=target, status=Deployment.Status.READY)
-
-
-def chat_request(request_id: str, text: str = "hello", empty_final: bool | None = None) -> bytes:
-    message = pb.ModelInferRequest(model_name="chat", id=request_id)
-    message.inputs.add(name="text_input", datatype="BYTES", shape=[1])
-    message.raw_input_contents.append(len(text).to_bytes(4, "little") + text.encode())
-    if empty_final is not None:
-        message.parameters["triton_enable_empty_final_response"].bool_param = empty_final
-    return message.SerializeToString()
-
-
 def text_of(answer: pb.ModelStreamInferResponse) -> str:
     return answer.infer_response.raw_output_contents[0][4:].decode()
 
@@ -59,17 +50,6 @@ def text_of(answer: pb.ModelStreamInferResponse) -> str:
 def final_of(answer: pb.ModelStreamInferResponse) -> bool | None:
     flag = answer.infer_response.parameters.get("triton_final_response")
     return None if flag is None else flag.bool_param
-
-
-def is_chat(request: bytes) -> bool:
-    return pb.ModelInferRequest.FromString(request).model_name == "chat"
-
-
-async def settles(value: Any, expected: Any, seconds: float = 10) -> Any:
-    deadline = asyncio.get_running_loop().time() + seconds
-    while (current := value()) != expected and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.02)
-    return current
 
 
 def in_flight() -> float:
@@ -272,23 +252,6 @@ def test_a_request_past_a_stream_bound_gets_an_error_naming_it_and_is_cancelled_
             assert await stream.code() == grpc.StatusCode.OK
 
     run(scenario)
-
-
-def stream_counts(deployment: str) -> dict[str, float]:
-    """The stream figures' Prometheus counts of a deployment: pieces, and streams ended by reason."""
-    from prometheus_client import REGISTRY
-
-    counts: dict[str, float] = {}
-    for metric in REGISTRY.collect():
-        for sample in metric.samples:
-            if sample.labels.get("deployment") != deployment:
-                continue
-            if sample.name == "modelport_gateway_stream_pieces_total":
-                counts["pieces"] = counts.get("pieces", 0) + sample.value
-            elif sample.name == "modelport_gateway_streams_ended_total":
-                reason = sample.labels["reason"]
-                counts[reason] = counts.get(reason, 0) + sample.value
-    return counts
 
 
 def test_a_decoupled_request_is_counted_in_the_stream_figures_as_http_streams_are(people: dict[str, Person]) -> None:

@@ -24,8 +24,18 @@ from tritonclient.grpc import service_pb2 as pb
 
 from gateway.tests import raw_http2
 from gateway.tests.grpc_fake_upstream import piece_reply
-from gateway.tests.grpc_support import PREFIX, infer_request, meta, next_answer, stack
-from gateway.tests.test_grpc_decoupled import chat_request, deploy_streaming, is_chat, settles, stream_counts
+from gateway.tests.grpc_support import (
+    PREFIX,
+    chat_request,
+    deploy_streaming,
+    infer_request,
+    is_chat,
+    meta,
+    next_answer,
+    settles,
+    stack,
+    stream_counts,
+)
 from tests.support.gateway_calls import run
 from tests.support.people import Person
 
