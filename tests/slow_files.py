@@ -41,6 +41,7 @@ SLOW_FILES = (
     "tests/test_nasty_inputs.py",
     "tests/test_openai_e2e.py",
     "tests/test_run_portal_ports.py",
+    "tests/test_tracing_e2e.py",
     "tuning/tests/test_measure.py",
     "web/tests/test_admin.py",
     "web/tests/test_canary_page.py",
