@@ -81,6 +81,18 @@ def test_the_callers_trace_holds_the_gateways_span_and_tritons_and_another_team_
     [request] = [s for s in triton if s.name == "InferRequest"]
     assert request.parent_span_id == gateway.span_id  # Triton's request span hangs under the gateway's
 
+    # A caller that did not sample its trace: the gateway records nothing of it, while Triton, which traces every
+    # request (rate 1) whatever the traceparent's sampled flag, still exports its spans under the gateway's unrecorded
+    # one (docs/observability.md, "Sampling").
+    unsampled = secrets.token_hex(16)
+    assert requests.post(url, data=_infer_body(), timeout=30, headers={
+        "Authorization": f"Bearer {alice.token}", "Content-Type": "application/json",
+        "traceparent": f"00-{unsampled}-{caller_span}-00"}).status_code == 200
+    tritons = wait_for(lambda: [s for s in trace_collector.of_trace(unsampled) if s.name == "InferRequest"], 30,
+                       what="Triton's spans of the unsampled trace")
+    assert {s.service for s in trace_collector.of_trace(unsampled)} == {"triton-inference-server"}
+    assert tritons[0].parent_span_id not in (caller_span, "")
+
     # charlie (another team) sends alice's trace id: a 404 that names none of it, and a span of his own request
     # only, with no deployment on it; nothing of her trace reaches him.
     seen = len(trace_collector.of_trace(trace_id))
