@@ -11,7 +11,7 @@ nothing of the trace is sent back to the caller.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from infra import tracing
@@ -26,6 +26,7 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 Serve = Callable[[Scope, Receive, Send, "Span"], Awaitable[None]]
+Unary = Callable[[str, bytes, Any, "Span"], Awaitable[bytes]]
 
 
 async def serve(tracer: Tracer, handler: Serve, scope: Scope, receive: Receive, send: Send) -> None:
@@ -77,4 +78,44 @@ def describe(span: Span, method: str, caller: Caller | None, route: Route | None
             span.set_attribute("modelport.model", model)
     span.set_attribute("http.response.status_code", code)
     if code >= 500:
+        span.set_status(StatusCode.ERROR)
+
+
+async def unary(tracer: Tracer, handler: Unary, path: str, request: bytes, metadata: Mapping[str, str],
+                context: Any) -> bytes:
+    """A unary call of the gRPC gateway (gateway/grpc_app.py) in a span of its own, continuing the caller's
+    `traceparent` metadata as the HTTP gateway continues the header."""
+    from opentelemetry.trace import SpanKind
+
+    parent = tracing.continued({k.encode(): metadata[k].encode("latin-1") for k in ("traceparent", "tracestate")
+                                if k in metadata})
+    with tracer.start_as_current_span("grpc", context=parent, kind=SpanKind.SERVER,
+                                      record_exception=False, set_status_on_exception=False) as span:
+        return await handler(path, request, context, span)
+
+
+def describe_grpc(span: Span, method: str, caller: Caller | None, route: Route | None, choice: Choice | None,
+                  model: str, status: int, received: int, sent: int) -> None:
+    """A gRPC call's attributes, the HTTP request's in gRPC's words: `method` is Triton's method's name once the
+    gateway knows it for one (never a name the caller made up), `modelport.status` the HTTP status the gateway counts
+    the call as (its metrics' `code`)."""
+    from opentelemetry.trace import StatusCode
+
+    if not span.is_recording():
+        return
+    span.set_attribute("rpc.system", "grpc")
+    if method:
+        span.update_name(method)
+        span.set_attribute("rpc.method", method)
+    if caller is not None and route is not None:
+        span.set_attribute("modelport.team.id", caller.team_id)
+        span.set_attribute("modelport.deployment", route.name)
+        if choice is not None:
+            span.set_attribute("modelport.revision", choice.revision)
+        if model:
+            span.set_attribute("modelport.model", model)
+    span.set_attribute("modelport.status", status)
+    span.set_attribute("rpc.request.body.size", received)
+    span.set_attribute("rpc.response.body.size", sent)
+    if status >= 500:
         span.set_status(StatusCode.ERROR)

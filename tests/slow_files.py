@@ -27,6 +27,7 @@ SLOW_FILES = (
     "gateway/tests/test_canary_split.py",
     "gateway/tests/test_grpc_decoupled.py",
     "gateway/tests/test_grpc_gateway.py",
+    "gateway/tests/test_grpc_tracing.py",
     "gateway/tests/test_infer_body.py",
     "gateway/tests/test_json_fast_path_switch.py",
     "gateway/tests/test_not_found.py",

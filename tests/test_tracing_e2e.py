@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
 
 from tests.deploying import deploy, push, wait_status
-from tests.processes import wait_for
+from tests.processes import GrpcGatewayProcess, wait_for
 from tests.support import otlp_collector
 from tests.support.people import Person
 
@@ -46,7 +47,8 @@ def _infer_body() -> bytes:
 
 
 def test_the_callers_trace_holds_the_gateways_span_and_tritons_and_another_team_learns_nothing(
-    trace_collector: otlp_collector.Collector, people: dict[str, Person], portal_url: str, digits_onnx: Path
+    trace_collector: otlp_collector.Collector, people: dict[str, Person], portal_url: str,
+    grpc_gateway: GrpcGatewayProcess, digits_onnx: Path
 ) -> None:
     alice, charlie = people["alice"], people["charlie"]
     push(alice, digits_onnx)
@@ -80,6 +82,27 @@ def test_the_callers_trace_holds_the_gateways_span_and_tritons_and_another_team_
     assert "InferRequest" in names and "compute" in names, names
     [request] = [s for s in triton if s.name == "InferRequest"]
     assert request.parent_span_id == gateway.span_id  # Triton's request span hangs under the gateway's
+
+    # The same over gRPC: the caller's traceparent metadata, the gRPC gateway's span, Triton's under it.
+    from models_registry.samples import digits_holdout
+
+    grpc_trace = secrets.token_hex(16)
+    tensor = grpcclient.InferInput("input", [2, 64], "FP32")
+    tensor.set_data_from_numpy(digits_holdout()[0][:2].astype(np.float32))
+    grpcclient.InferenceServerClient(grpc_gateway.address).infer("digits", [tensor], headers={
+        "authorization": f"Bearer {alice.token}", "modelport-deployment": "digits-prod",
+        "traceparent": f"00-{grpc_trace}-{caller_span}-01"})
+
+    def joined_over_grpc() -> list[otlp_collector.Span] | None:
+        spans = trace_collector.of_trace(grpc_trace)
+        return spans if {"ModelInfer", "InferRequest"} <= {s.name for s in spans} else None
+
+    over_grpc = wait_for(joined_over_grpc, 30, what="the gRPC gateway's and Triton's spans of the caller's trace")
+    [grpc_span] = [s for s in over_grpc if s.name == "ModelInfer"]
+    assert grpc_span.parent_span_id == caller_span and grpc_span.attributes["modelport.deployment"] == "digits-prod"
+    assert grpc_span.attributes["modelport.status"] == 200
+    [grpc_request] = [s for s in over_grpc if s.name == "InferRequest"]
+    assert grpc_request.parent_span_id == grpc_span.span_id and grpc_request.service == "triton-inference-server"
 
     # A caller that did not sample its trace: the gateway records nothing of it, while Triton, which traces every
     # request (rate 1) whatever the traceparent's sampled flag, still exports its spans under the gateway's unrecorded
