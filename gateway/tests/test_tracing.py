@@ -17,6 +17,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gateway.tests.fake_upstream import FakeUpstream, Request, json_response
+from gateway.tests.stream_support import SSE_HEAD, event, streaming_deployment
 from infra import tracing
 from tests.support.gateway_calls import call, make_deployment, run
 from tests.support.people import Person
@@ -74,6 +75,34 @@ def test_a_request_gets_a_span_continuing_the_callers_trace_and_triton_gets_its_
             # Nothing of the trace comes back to the caller.
             assert CALLER_TRACE.encode() not in b"".join(k + v for k, v in reply.headers.items()) + reply.body
             assert b"traceparent" not in reply.headers and b"traceresponse" not in reply.headers
+
+    run(scenario)
+
+
+def test_a_streamed_answer_is_one_span_from_the_request_to_its_last_event(
+    people: dict[str, Person], gateway_app: Any
+) -> None:
+    pieces = [event("a"), event("b"), event("c")]
+    stream = SSE_HEAD + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+
+    async def scenario() -> None:
+        async with FakeUpstream(lambda r: stream) as upstream:
+            await asyncio.to_thread(streaming_deployment, people["alice"], upstream.url)
+            with _traced() as exporter:
+                reply = await call(gateway_app(), "POST", "/serve/chat/v2/models/chat/generate_stream",
+                                   token=people["alice"].token, body=b'{"text_input": "a"}',
+                                   headers={"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"})
+                [span] = exporter.get_finished_spans()
+            assert reply.status == 200 and reply.body.count(b"data: ") == 3
+            assert span.name == "POST generate_stream"
+            attributes = dict(span.attributes or {})
+            assert attributes["modelport.deployment"] == "chat" and attributes["modelport.model"] == "chat"
+            assert attributes["http.response.body.size"] == len(reply.body)  # every event, counted as it went
+            assert attributes["http.request.body.size"] == len(b'{"text_input": "a"}')
+            context = span.get_span_context()
+            assert context is not None
+            forwarded = upstream.requests[0].headers[b"traceparent"]
+            assert forwarded == f"00-{CALLER_TRACE}-{context.span_id:016x}-01".encode()
 
     run(scenario)
 
