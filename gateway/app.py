@@ -30,7 +30,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
 from accounts.tokens import parse_bearer
-from gateway import admission, answer_params, bodies, events, not_found, pool_names, protocol, stats, upstream
+from gateway import admission, answer_params, bodies, events, not_found, pool_names, protocol, stats, traced, upstream
 from gateway import contract as contracts
 from gateway.access import Access, Caller, Choice, Route
 from gateway.cold_start import ColdStarts
@@ -41,6 +41,7 @@ from gateway.ratelimit import RateLimiter
 from gateway.stream_figures import StreamFigures
 from gateway.stream_slots import StreamSlots
 from gateway.upstream import ResponseTooLarge, UpstreamError
+from infra import tracing
 
 log = logging.getLogger(__name__)
 
@@ -152,9 +153,16 @@ class Gateway:
                 log.exception("could not write gateway statistics")
 
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if tracing.tracer is not None:  # the whole cost of tracing while it is off (infra/tracing.py)
+            await traced.serve(tracing.tracer, self._serve, scope, receive, send)
+        else:
+            await self._serve(scope, receive, send, None)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, span: traced.Span | None) -> None:
         started = time.perf_counter()
         if self.flusher is None:
             self.flusher = asyncio.get_running_loop().create_task(self._flush_forever())
+        caller: Caller | None = None
         route: Route | None = None
         endpoint: Endpoint | None = None
         choice: Choice | None = None
@@ -236,6 +244,9 @@ class Gateway:
             if route is not None:
                 self.collector.observe(route.deployment_id, route.team, route.name, _model_label(route, endpoint), code,
                                        time.perf_counter() - started, choice.revision if choice else 0)
+            if span is not None:
+                traced.describe(span, scope["method"], caller, route, endpoint, choice,
+                                _model_label(route, endpoint) if route is not None else "", code)
 
     async def into_pool(self, route: Route, pooled: pool_names.Pooled, caller: Caller, raw_rest: bytes,
                         endpoint: Endpoint) -> bytes:

@@ -50,7 +50,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
 from accounts.tokens import parse_bearer
-from gateway import admission, grpc_protocol, not_found, pool_names, stats
+from gateway import admission, grpc_protocol, not_found, pool_names, stats, traced
 from gateway import stream_figures as figures_of
 from gateway.access import Access, Caller, Choice, Route
 from gateway.cold_start import ColdStarts
@@ -60,6 +60,7 @@ from gateway.grpc_protocol import Method
 from gateway.protocol import Refusal
 from gateway.ratelimit import RateLimiter
 from gateway.stream_slots import StreamSlots
+from infra import tracing
 from infra.open_files import connection_cap, raise_open_files_limit
 
 log = logging.getLogger(__name__)
@@ -263,7 +264,16 @@ class GrpcGateway:
         return grpc_protocol.HEALTH_SERVING
 
     async def unary(self, path: str, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        if tracing.tracer is not None:  # the whole cost of tracing while it is off (infra/tracing.py)
+            return await traced.unary(tracing.tracer, self._unary, path, request, _metadata(context), context)
+        return await self._unary(path, request, context, None)
+
+    async def _unary(self, path: str, request: bytes, context: grpc.aio.ServicerContext,
+                     span: traced.Span | None) -> bytes:
         started = time.perf_counter()
+        caller: Caller | None = None
+        response = b""
+        method_name = ""  # Triton's method, once classified
         route: Route | None = None
         choice: Choice | None = None
         model = ""
@@ -275,6 +285,7 @@ class GrpcGateway:
             route = await self._route(caller, metadata)
             try:
                 method = grpc_protocol.classify(path)
+                method_name = method.name
                 if method.kind == "infer":
                     summary = grpc_protocol.read_infer_request(request)
                     model = summary.model
@@ -322,6 +333,10 @@ class GrpcGateway:
             if route is not None:
                 self.collector.observe(route.deployment_id, route.team, route.name, _model_label(route, model), status,
                                        time.perf_counter() - started, choice.revision if choice else 0)
+            if span is not None:
+                traced.describe_grpc(span, method_name, caller, route, choice,
+                                     _model_label(route, model) if route is not None else "", status, len(request),
+                                     len(response))
 
     async def stream(self, context: grpc.aio.ServicerContext) -> None:
         try:
@@ -406,7 +421,13 @@ class GrpcGateway:
         if remaining is not None:
             timeout = min(timeout, max(remaining, 0.001))
         try:
-            response: bytes = await self.channels.unary_call(target, path)(request, timeout=timeout)
+            call = self.channels.unary_call(target, path)
+            if tracing.tracer is not None:
+                parent = tracing.traceparent()  # the gateway's span, the parent of Triton's
+                if parent is not None:
+                    response: bytes = await call(request, timeout=timeout, metadata=(("traceparent", parent.decode()),))
+                    return response
+            response = await call(request, timeout=timeout)
             return response
         except grpc.aio.AioRpcError as exc:
             raise self._upstream_failure(exc, target, contract, pool_prefix) from None

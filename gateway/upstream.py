@@ -20,6 +20,8 @@ import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from urllib.parse import urlsplit
 
+from infra import tracing
+
 MAX_HEADER_BYTES = 64 * 1024
 MAX_HEADER_LINES = 100
 READ_SIZE = 64 * 1024
@@ -257,6 +259,12 @@ class Pool:
         host, port, netloc = upstream
         head = [method.encode("ascii") + b" " + target + b" HTTP/1.1\r\nhost: " + netloc + b"\r\n"]
         head += [name + b": " + value + b"\r\n" for name, value in headers]
+        if tracing.tracer is not None:
+            # The gateway's span (the current one) as the parent of Triton's: the caller's own traceparent is never
+            # forwarded (it is not in the gateway's list of forwarded headers).
+            parent = tracing.traceparent()
+            if parent is not None:
+                head.append(b"traceparent: " + parent + b"\r\n")
         if isinstance(body, bytes):
             head.append(b"content-length: %d\r\n" % len(body))
         elif body is not None:

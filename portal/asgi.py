@@ -4,6 +4,7 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from infra import tracing
 from infra.open_files import raise_open_files_limit
 from infra.var_dir import prepare_process
 
@@ -13,6 +14,8 @@ raise_open_files_limit()
 # var/ before whitenoise looks for STATIC_ROOT; no start without a secret key (infra/var_dir.py).
 prepare_process()
 django_application = get_asgi_application()
+# OpenTelemetry from the OTEL_* variables; off, and free, without an endpoint (docs/observability.md).
+tracing.configure()
 
 from gateway.app import Gateway  # noqa: E402 - needs Django set up first
 from gateway.bodylimit import BodyLimit  # noqa: E402

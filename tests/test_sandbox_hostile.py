@@ -320,3 +320,23 @@ def test_an_operator_can_allow_egress_to_the_listed_ports_only(
     assert entry.username == "operator" and entry.detail == {"allow_egress": True}
     assert deployment.events.filter(message__contains="Outgoing connections allowed by operator operator").exists()
     assert alice.client().get("/api/v1/deployments/egress/").json()["allow_egress"] is True
+
+
+def test_with_tracing_on_triton_may_reach_the_collectors_port_and_its_models_may_not(
+    alice: Person, eager_tasks: Any, canaries: Canaries, sandbox_required: None, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The collector's port is Triton's alone (docs/security.md, "Tracing"): a python model runs in a network
+    namespace of its own, so the port Landlock opens for Triton's exporter is nothing to it. (Triton itself reaching
+    the collector, through the same sandbox: tests/test_tracing_e2e.py.)"""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://127.0.0.1:{canaries.tcp_port}/v1/traces")
+    token = secrets.token_hex(6)
+    probe = {"token": token, "ports": {"portal": canaries.tcp_port, "redis": 6379, "udp": canaries.udp_port}}
+    files = {"model.py": model_source("egress_model"), "targets.json": json.dumps(probe).encode()}
+    python_version(alice, "traced", files, REPORT)
+    server = ready(deploy(alice, "traced", [{"model": "traced"}]))
+    assert server.sandboxed
+    command = Path(f"/proc/{server.pid}/cmdline").read_bytes().split(b"\0")
+    assert f"opentelemetry,url=http://127.0.0.1:{canaries.tcp_port}/v1/traces".encode() in command
+    ask = [{"name": "probe", "datatype": "BYTES", "shape": [1], "data": ["go"]}]
+    report = json.loads(output(infer(server, "traced", ask), "report")[0])
+    assert report == {"portal": False, "redis": False, "udp": False}, report

@@ -72,7 +72,8 @@ def test_limits_the_kernel_cannot_use_are_refused_with_what_to_give() -> None:
 # --- The launcher's plan --------------------------------------------------------------------------------------------
 
 
-def plan(tmp_path: Path, *, egress: bool = False, scratch_tmpfs: bool = False, **changes: Any) -> dict[str, Any]:
+def plan(tmp_path: Path, *, egress: bool = False, scratch_tmpfs: bool = False, connect_ports: tuple[int, ...] = (),
+         hosts: tuple[tuple[str, str], ...] = (), **changes: Any) -> dict[str, Any]:
     repository, runtime = tmp_path / "var" / "deployments" / "7" / "r1" / "repository", tmp_path / "runtime-env"
     scratch = tmp_path / "var" / "deployments" / "7" / "scratch" / "abc"
     for directory in (repository, runtime, scratch / "home", scratch / "tmp"):
@@ -80,7 +81,7 @@ def plan(tmp_path: Path, *, egress: bool = False, scratch_tmpfs: bool = False, *
     spec = sandbox.Spec(read_only=(repository, runtime, tmp_path / "missing"), scratch=scratch,
                         tcp_ports=(8000, 8001, 8002),
                         egress=egress, name="mp-test-abc", limits=cgroups.Limits(2**30, 500, 256),
-                        scratch_tmpfs=scratch_tmpfs)
+                        scratch_tmpfs=scratch_tmpfs, connect_ports=connect_ports, hosts=hosts)
     caps = sandbox.Capabilities(True, landlock_abi=7)
     options = sandbox.Options(**changes)
     return sandbox.build_plan(spec, caps, options, argv=["/rt/tritonserver", "--x"], env={"PATH": "/rt/bin"},
@@ -154,6 +155,15 @@ def test_egress_allows_the_operators_ports_udp_and_dns_files(tmp_path: Path) -> 
     assert result["tcp_connect"] == [443, 8443] and result["udp"] is True
     if os.path.exists("/etc/resolv.conf"):
         assert any(m["target"] == "/etc/resolv.conf" and not m["writable"] for m in result["mounts"])
+
+
+def test_a_trace_collector_is_one_port_more_and_a_hosts_line_not_egress(tmp_path: Path) -> None:
+    result = plan(tmp_path, connect_ports=(4318,), hosts=(("collector.internal", "10.0.0.7"),))
+    assert result["tcp_connect"] == [4318] and result["udp"] is False
+    assert not any(m["target"] == "/etc/resolv.conf" for m in result["mounts"])  # no DNS: the hosts line instead
+    assert result["files"]["/etc/hosts"].splitlines()[-1] == "10.0.0.7\tcollector.internal"
+    with_egress = plan(tmp_path, egress=True, egress_ports=(443, 4318), connect_ports=(4318,))
+    assert with_egress["tcp_connect"] == [443, 4318]
 
 
 def test_the_sandbox_uid_is_the_operators_when_root_and_the_portals_own_otherwise(

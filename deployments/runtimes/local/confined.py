@@ -6,11 +6,16 @@ what this kernel offers are portal.sandbox_settings'."""
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
+import logging
+import re
 import secrets
 import shutil
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.conf import settings
 
@@ -21,10 +26,12 @@ from deployments.runtimes.base import RuntimeUnavailable
 from deployments.runtimes.local import backends, pyenv, serverlog
 from deployments.runtimes.local import triton as local_triton
 from deployments.runtimes.local.files import deployment_dir
-from infra import sandbox_settings
+from infra import sandbox_settings, tracing
 from modelport.core import formats, sandbox
 from modelport.core import requirements as requirement_lines
 from modelport.core.sandbox import cgroups
+
+log = logging.getLogger(__name__)
 
 # How long a stop waits for a killed server's processes to leave its cgroups before removing them: the kernel takes
 # them out as each one finishes exiting, which on a loaded machine (CI) took longer than the instant after the kill.
@@ -88,11 +95,12 @@ class Confined:
 def start_confined(spec: RevisionSpec, repository: Path, scratch_root: Path, log_path: Path, *,
                    egress: bool = False, label: str = "this server", model_control: str = "none",
                    ports: Sequence[int] | None = None, pids_max: int | None = None,
-                   extra_env: Mapping[str, str] | None = None) -> Confined:
+                   extra_env: Mapping[str, str] | None = None, traced: bool = False) -> Confined:
     """Start a Triton for `spec`'s rendered `repository` as every local deployment's Triton starts: refused where
     the sandbox is required and missing, else sandboxed where this kernel can, with the spec's resource limits, on
     free ports. Deployments (a TritonServer row records it) and tuning (tuning/runner.py: temporary servers)
-    both start theirs here. RuntimeUnavailable: it cannot start on this machine."""
+    both start theirs here. `traced`: a server that answers the gateway, whose spans go to the portal's collector
+    when tracing is on (infra/tracing.py). RuntimeUnavailable: it cannot start on this machine."""
     refusal = sandbox_refusal(spec)
     if refusal:
         raise RuntimeUnavailable(refusal)
@@ -124,6 +132,7 @@ def start_confined(spec: RevisionSpec, repository: Path, scratch_root: Path, log
         "MODELPORT_SANDBOX_EGRESS_PORTS": ",".join(str(p) for p in options.egress_ports) if egress else "",
         **(extra_env or {}),  # a pool's (deployments/runtimes/local/pool_memory.py)
     })
+    collector = _collector(label) if traced else None
     confinement = None
     if caps.available:
         box = sandbox.Spec(
@@ -132,6 +141,8 @@ def start_confined(spec: RevisionSpec, repository: Path, scratch_root: Path, log
             tcp_ports=(), egress=egress, name=sandbox_settings.sandbox_name(sandbox_id),
             limits=_with_pids(limits_for(spec), pids_max),
             scratch_tmpfs=True,
+            connect_ports=(collector.port,) if collector is not None else (),
+            hosts=collector.hosts if collector is not None else (),
         )
         confinement = sandbox.Sandbox(box, caps, options)
     try:
@@ -139,7 +150,7 @@ def start_confined(spec: RevisionSpec, repository: Path, scratch_root: Path, log
             repository, log_path, env, backend_dir,
             response_cache_bytes=settings.TRITON_RESPONSE_CACHE_BYTES if wants_cache else 0,
             env=environment, sandbox=confinement, log_max_bytes=settings.TRITON_LOG_MAX_BYTES,
-            model_control=model_control, ports=ports,
+            model_control=model_control, ports=ports, traces_url=collector.url if collector is not None else None,
         )
     except sandbox.SandboxError as exc:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -147,6 +158,51 @@ def start_confined(spec: RevisionSpec, repository: Path, scratch_root: Path, log
     note = "; ".join(caps.notes) if caps.available else caps.reason
     return Confined(process=process, sandbox_id=sandbox_id, scratch=scratch, note=note,
                     pyenv_key=penv.key if penv is not None else None)
+
+
+@dataclass(frozen=True)
+class Collector:
+    """Where a Triton sends its spans, and what its sandbox must let it reach for that: the port, and the host's
+    address for its /etc/hosts (it has no DNS without egress)."""
+
+    url: str
+    port: int
+    hosts: tuple[tuple[str, str], ...]
+
+
+_HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})")
+
+
+def _collector(label: str) -> Collector | None:
+    """The portal's collector (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or _ENDPOINT), resolved now; None when tracing
+    is off, or (logged) when the URL is unusable or its host does not resolve: the server then starts untraced,
+    since a collector that is down must not stop a deployment."""
+    url = tracing.traces_url()
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        port = 0
+    host = parts.hostname or ""
+    if parts.scheme not in ("http", "https") or not port or not host:
+        log.warning("%s starts untraced: the trace endpoint %r is not an http(s) URL with a host", label, url)
+        return None
+    try:
+        ipaddress.ip_address(host)
+        return Collector(url, port, ())
+    except ValueError:
+        pass
+    if _HOST_NAME.fullmatch(host) is None:
+        log.warning("%s starts untraced: the trace endpoint's host %r is not a host name", label, host)
+        return None
+    try:
+        address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0]
+    except OSError as exc:
+        log.warning("%s starts untraced: the trace endpoint's host %r does not resolve: %s", label, host, exc)
+        return None
+    return Collector(url, port, ((host, str(address)),))
 
 
 def remove_cgroups(directories: Sequence[str | Path]) -> bool:

@@ -307,7 +307,7 @@ def _ensure_server(pool: Pool) -> PoolServer:
     try:
         started_server = confined.start_confined(
             spec, repository(pool), pool_dir(pool) / "scratch", log_path, label=f"pool {pool.name!r}",
-            model_control="explicit", ports=ports, pids_max=settings.POOL_PIDS_MAX,
+            model_control="explicit", ports=ports, pids_max=settings.POOL_PIDS_MAX, traced=True,
             extra_env=pool_memory.server_environment(
                 caps.available and pool_memory.per_model_available(caps.cgroups.version)))
     except RuntimeEnvError as exc:

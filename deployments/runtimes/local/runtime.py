@@ -71,7 +71,8 @@ def _launch(revision: Revision) -> TritonServer:
     confined.prune_logs(repository_dir(revision).parent)
     log_path = repository_dir(revision).parent / f"triton-{started:%Y%m%dT%H%M%S%f}.log"
     launched = confined.start_confined(revision.spec, repository_dir(revision), deployment_dir(deployment) / "scratch",
-                                       log_path, egress=deployment.allow_egress, label=f"revision {revision.number}")
+                                       log_path, egress=deployment.allow_egress, label=f"revision {revision.number}",
+                                       traced=True)
     if launched.pyenv_key is not None:
         # What this revision's servers run with, for the clean-up: the key a revision computes changes when the
         # runtime env does, while its running Triton keeps using the environment it started with.

@@ -69,6 +69,15 @@ RESTRICTED_APIS = ("model-repository", "logging", "trace", "shared-memory")
 ADMIN_HEADER = "modelport-admin-key"
 
 
+def trace_args(url: str) -> list[str]:
+    """Triton's OpenTelemetry tracing, to the portal's collector (OTLP/HTTP, `.../v1/traces`): every request is
+    traced (rate 1; the gateway's sampler decides which traces the collector keeps, by the traceparent it sends, and
+    Triton's spans join the gateway's trace), with the timestamps that split a request into queue and compute
+    (../shared notes: triton-local.md, "tracing"). Triton's trace API stays an admin API (RESTRICTED_APIS)."""
+    return ["--trace-config", "mode=opentelemetry", "--trace-config", "rate=1", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", f"opentelemetry,url={url}"]
+
+
 def start_server(
     repo_dir: Path | str,
     log_path: Path,
@@ -85,6 +94,7 @@ def start_server(
     admin_key: str | None = None,
     log_max_bytes: int = serverlog.DEFAULT_LOG_MAX_BYTES,
     model_control: str = "none",
+    traces_url: str | None = None,
 ) -> ServerProcess:
     """Spawn tritonserver for `repo_dir`; it logs to `log_path` (truncated; at most `log_max_bytes` on disk with its
     rotated file, see serverlog.log_writer()) and loads every model at start.
@@ -95,7 +105,7 @@ def start_server(
     modelport.core.runtime_env.server_environment()). `sandbox`: run it confined (raises SandboxError if the
     sandbox cannot be built). `admin_key`: the key of the admin APIs (default: a new random one). `model_control`:
     "explicit" for a pool's server (deployments/runtimes/local/pool.py), which starts empty and loads models through
-    the repository API.
+    the repository API. `traces_url`: export OpenTelemetry spans there (trace_args()).
     """
     reap_children()
     http_port, grpc_port, metrics_port = ports if ports is not None else pick_free_ports(3, host)
@@ -132,6 +142,8 @@ def start_server(
             f"--cache-directory={runtime_env.pytriton_server_dir / 'caches'}",
             f"--cache-config=local,size={response_cache_bytes}",
         ]
+    if traces_url:
+        args += trace_args(traces_url)
     args += list(extra_args)
 
     log_path = Path(log_path)

@@ -32,7 +32,9 @@ class Command(BaseCommand):
     async def serve(self, host: str, port: int, metrics_port: int, grace: float) -> None:
         from gateway import metrics_server
         from gateway.grpc_app import GrpcGateway
+        from infra import tracing
 
+        tracing.configure()  # from the OTEL_* variables; off, and free, without an endpoint (docs/observability.md)
         gateway = GrpcGateway()
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:

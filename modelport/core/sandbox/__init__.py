@@ -179,6 +179,11 @@ class Spec:
     # sandbox can rewrite them, within RLIMIT_FSIZE, but not create a file beside them, nor unlink or replace them
     # (a mount point), so what it leaves on the host's disk is bounded.
     writable_files: tuple[Path, ...] = ()
+    # TCP ports the program may connect to whatever its egress (a trace collector's, docs/observability.md), and
+    # (name, address) lines added to its /etc/hosts so that it reaches a named one without DNS, which it lacks
+    # without egress. Landlock's rules are ports, not addresses: see docs/security.md, "Tracing".
+    connect_ports: tuple[int, ...] = ()
+    hosts: tuple[tuple[str, str], ...] = ()
 
 
 # System directories every program needs, read-only; the merged-/usr links are recreated as links.
@@ -256,13 +261,13 @@ def build_plan(spec: Spec, caps: Capabilities, options: Options, *, argv: list[s
         "inner_gid": INSIDE_GID,
         "mounts": mounts,
         "symlinks": links,
-        "files": _etc_files(home, spec.name),
+        "files": _etc_files(home, spec.name, spec.hosts),
         "shm_bytes": options.shm_bytes,
         "landlock_abi": caps.landlock_abi,
         "landlock": landlock,
         "landlock_scopes": kernel.SCOPE_ABSTRACT_UNIX_SOCKET | kernel.SCOPE_SIGNAL,
         "tcp_bind": list(spec.tcp_ports),
-        "tcp_connect": list(options.egress_ports) if spec.egress else [],
+        "tcp_connect": sorted({*(options.egress_ports if spec.egress else ()), *spec.connect_ports}),
         "udp": spec.egress,  # DNS; Landlock has no UDP rules, so without egress seccomp refuses UDP sockets
         "socket_families": [kernel.AF_UNIX, kernel.AF_INET, kernel.AF_INET6, kernel.AF_NETLINK],
         "cgroup_procs": cgroup_procs or [],
@@ -270,13 +275,14 @@ def build_plan(spec: Spec, caps: Capabilities, options: Options, *, argv: list[s
     }
 
 
-def _etc_files(home: Path, name: str) -> dict[str, str]:
+def _etc_files(home: Path, name: str, hosts: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
     """/etc files written for the sandbox instead of the host's: its own user, no host names or accounts."""
     return {
         "/etc/passwd": f"triton:x:{INSIDE_UID}:{INSIDE_GID}:Modelport sandbox:{home}:/usr/sbin/nologin\n"
                        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
         "/etc/group": f"triton:x:{INSIDE_GID}:\nnogroup:x:65534:\n",
-        "/etc/hosts": f"127.0.0.1\tlocalhost {name[:63]}\n::1\tlocalhost ip6-localhost\n",
+        "/etc/hosts": f"127.0.0.1\tlocalhost {name[:63]}\n::1\tlocalhost ip6-localhost\n"
+                      + "".join(f"{address}\t{host}\n" for host, address in hosts),
         "/etc/hostname": f"{name[:63]}\n",
         "/etc/nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
     }

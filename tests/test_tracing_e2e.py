@@ -1,0 +1,133 @@
+"""One trace from the caller through the gateway into Triton (issue 34), on the real thing: uvicorn serving
+portal.asgi with tracing on, a real Celery worker starting the deployment's Triton (sandboxed where this kernel can)
+with OpenTelemetry tracing to the same collector, and a test collector (tests/support/otlp_collector.py, OTLP/HTTP)
+receiving the gateway's spans (protobuf, from the Python SDK) and Triton's (JSON, from Triton's own exporter).
+Another team's caller naming that trace learns nothing of it."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+
+from tests.deploying import deploy, push, wait_status
+from tests.processes import GrpcGatewayProcess, wait_for
+from tests.support import otlp_collector
+from tests.support.people import Person
+
+pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def trace_collector(monkeypatch: pytest.MonkeyPatch) -> Iterator[otlp_collector.Collector]:
+    """A collector, and the portal's processes (started after this fixture) pointed at it."""
+    collector = otlp_collector.start()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")  # the gateway's spans exported within 0.2 s
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "modelport-test")
+    try:
+        yield collector
+    finally:
+        otlp_collector.stop(collector)
+
+
+def _infer_body() -> bytes:
+    from models_registry.samples import digits_holdout
+
+    X, _ = digits_holdout()
+    import json
+
+    return json.dumps({"inputs": [{"name": "input", "shape": [2, 64], "datatype": "FP32",
+                                   "data": X[:2].astype(np.float32).ravel().tolist()}]}).encode()
+
+
+def test_the_callers_trace_holds_the_gateways_span_and_tritons_and_another_team_learns_nothing(
+    trace_collector: otlp_collector.Collector, people: dict[str, Person], portal_url: str,
+    grpc_gateway: GrpcGatewayProcess, digits_onnx: Path
+) -> None:
+    alice, charlie = people["alice"], people["charlie"]
+    push(alice, digits_onnx)
+    deploy(alice, "digits-prod", [{"model": "digits"}])
+    wait_status(alice, "digits-prod", "ready")
+    url = f"{portal_url}/serve/digits-prod/v2/models/digits/infer"
+    trace_id, caller_span = secrets.token_hex(16), secrets.token_hex(8)
+    answer = requests.post(url, data=_infer_body(), timeout=30, headers={
+        "Authorization": f"Bearer {alice.token}", "Content-Type": "application/json",
+        "Accept-Encoding": "identity",  # the span counts the bytes sent, compressed or not: these, as read
+        "traceparent": f"00-{trace_id}-{caller_span}-01"})
+    assert answer.status_code == 200, answer.text
+    assert not any(trace_id in f"{k}: {v}" for k, v in answer.headers.items())
+    assert "traceparent" not in answer.headers and trace_id not in answer.text
+
+    def joined() -> list[otlp_collector.Span] | None:
+        spans = trace_collector.of_trace(trace_id)
+        return spans if {"modelport-test", "triton-inference-server"} <= {s.service for s in spans} else None
+
+    spans = wait_for(joined, 30, what="the gateway's and Triton's spans of the caller's trace")
+    [gateway] = [s for s in spans if s.service == "modelport-test"]
+    assert gateway.parent_span_id == caller_span and gateway.name == "POST infer"
+    assert gateway.attributes["modelport.deployment"] == "digits-prod"
+    assert gateway.attributes["modelport.team.id"] == alice.team.id
+    assert gateway.attributes["modelport.model"] == "digits" and gateway.attributes["modelport.revision"] == 1
+    assert gateway.attributes["http.response.status_code"] == 200
+    assert gateway.attributes["http.response.body.size"] == len(answer.content)
+    assert not any(alice.token in str(v) for v in gateway.attributes.values())
+    triton = [s for s in spans if s.service == "triton-inference-server"]
+    names = {s.name for s in triton}
+    assert "InferRequest" in names and "compute" in names, names
+    [request] = [s for s in triton if s.name == "InferRequest"]
+    assert request.parent_span_id == gateway.span_id  # Triton's request span hangs under the gateway's
+
+    # The same over gRPC: the caller's traceparent metadata, the gRPC gateway's span, Triton's under it.
+    from models_registry.samples import digits_holdout
+
+    grpc_trace = secrets.token_hex(16)
+    tensor = grpcclient.InferInput("input", [2, 64], "FP32")
+    tensor.set_data_from_numpy(digits_holdout()[0][:2].astype(np.float32))
+    grpcclient.InferenceServerClient(grpc_gateway.address).infer("digits", [tensor], headers={
+        "authorization": f"Bearer {alice.token}", "modelport-deployment": "digits-prod",
+        "traceparent": f"00-{grpc_trace}-{caller_span}-01"})
+
+    def joined_over_grpc() -> list[otlp_collector.Span] | None:
+        spans = trace_collector.of_trace(grpc_trace)
+        return spans if {"ModelInfer", "InferRequest"} <= {s.name for s in spans} else None
+
+    over_grpc = wait_for(joined_over_grpc, 30, what="the gRPC gateway's and Triton's spans of the caller's trace")
+    [grpc_span] = [s for s in over_grpc if s.name == "ModelInfer"]
+    assert grpc_span.parent_span_id == caller_span and grpc_span.attributes["modelport.deployment"] == "digits-prod"
+    assert grpc_span.attributes["modelport.status"] == 200
+    [grpc_request] = [s for s in over_grpc if s.name == "InferRequest"]
+    assert grpc_request.parent_span_id == grpc_span.span_id and grpc_request.service == "triton-inference-server"
+
+    # A caller that did not sample its trace: the gateway records nothing of it, while Triton, which traces every
+    # request (rate 1) whatever the traceparent's sampled flag, still exports its spans under the gateway's unrecorded
+    # one (docs/observability.md, "Sampling").
+    unsampled = secrets.token_hex(16)
+    assert requests.post(url, data=_infer_body(), timeout=30, headers={
+        "Authorization": f"Bearer {alice.token}", "Content-Type": "application/json",
+        "traceparent": f"00-{unsampled}-{caller_span}-00"}).status_code == 200
+    tritons = wait_for(lambda: [s for s in trace_collector.of_trace(unsampled) if s.name == "InferRequest"], 30,
+                       what="Triton's spans of the unsampled trace")
+    assert {s.service for s in trace_collector.of_trace(unsampled)} == {"triton-inference-server"}
+    assert tritons[0].parent_span_id not in (caller_span, "")
+
+    # charlie (another team) sends alice's trace id: a 404 that names none of it, and a span of his own request
+    # only, with no deployment on it; nothing of her trace reaches him.
+    seen = len(trace_collector.of_trace(trace_id))
+    refused = requests.post(url, data=_infer_body(), timeout=30, headers={
+        "Authorization": f"Bearer {charlie.token}", "Content-Type": "application/json",
+        "traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"})
+    assert refused.status_code == 404
+    assert trace_id not in refused.text and not any(trace_id in f"{k}: {v}" for k, v in refused.headers.items())
+    his = wait_for(lambda: (s := trace_collector.of_trace(trace_id))[seen:] and s[seen:], 10, what="charlie's span")
+    assert [s.service for s in his] == ["modelport-test"]
+    assert "modelport.deployment" not in his[0].attributes and his[0].attributes["http.response.status_code"] == 404
+    # Triton's trace API is an admin API: the gateway does not pass it on, to the deployment's own team either.
+    setting = requests.get(f"{portal_url}/serve/digits-prod/v2/trace/setting", timeout=10,
+                           headers={"Authorization": f"Bearer {alice.token}"})
+    assert setting.status_code in (403, 404) and trace_collector.url not in setting.text
