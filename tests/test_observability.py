@@ -1,25 +1,17 @@
-"""platform/observability: the Prometheus rules pass Prometheus' own checker and their unit tests (promtool, from
-Debian's `prometheus` package: `make observability-deps`), the dashboards' queries parse, and every metric the rules
-and dashboards read is one that the portal or Triton exposes, so that renaming a metric breaks this test instead of
-an operator's alerts."""
+"""platform/observability: every metric its Prometheus rules and Grafana dashboards read is one that the portal or
+Triton exposes, so that renaming a metric breaks this test instead of an operator's alerts. Prometheus' own tools
+check them in tests/test_observability_promtool.py."""
 
 from __future__ import annotations
-
-from pathlib import Path
-
-import yaml
 
 import gateway.stats
 from tests.support.observability import (
     OPERATORS_OWN,
     PROMETHEUS_OWN,
-    RULES,
-    RULES_TESTS,
     dashboard_queries,
     metric_names,
     portal_metric_names,
     rules,
-    run_promtool,
     triton_metric_names,
 )
 
@@ -43,31 +35,3 @@ def test_every_metric_the_rules_and_dashboards_read_is_exposed() -> None:
     assert {where: names for where, names in unknown.items() if names} == {}
     # Labels the rules group by are the ones the series carry: the gateway's team and deployment.
     assert {"team", "deployment"} <= set(gateway.stats.REQUESTS._labelnames)
-
-
-def test_the_rules_pass_promtool_check() -> None:
-    result = run_promtool("check", "rules", RULES.name, cwd=RULES.parent)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_the_rules_unit_tests_pass() -> None:
-    """modelport.rules.test.yml: example series for which each alert fires, and others for which it stays quiet."""
-    result = run_promtool("test", "rules", RULES_TESTS.name, cwd=RULES_TESTS.parent)
-    assert result.returncode == 0, result.stdout + result.stderr
-    tested = {test["alertname"] for case in yaml.safe_load(RULES_TESTS.read_text())["tests"]
-              for test in case.get("alert_rule_test", [])}
-    assert tested == {rule["alert"] for rule in rules() if "alert" in rule}
-
-
-def test_the_dashboards_queries_parse(tmp_path: Path) -> None:
-    """promtool parses each dashboard query as a recording rule's, with Grafana's variables given values."""
-    values = {"$__rate_interval": "5m", "$team": "acme", "$deployment": "digits-prod", "$revision": "1"}
-    queries = []
-    for index, (where, expr) in enumerate(dashboard_queries()):
-        for variable, value in values.items():
-            expr = expr.replace(variable, value)
-        assert "$" not in expr, f"{where}: a variable without a test value: {expr}"
-        queries.append({"record": f"dashboard:query_{index}", "expr": expr})
-    (tmp_path / "dashboards.rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "q", "rules": queries}]}))
-    result = run_promtool("check", "rules", "dashboards.rules.yml", cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr

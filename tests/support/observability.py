@@ -31,11 +31,12 @@ PROMETHEUS_OWN = frozenset({"up"})
 OPERATORS_OWN = frozenset({"modelport:latency_target_seconds"})
 
 
-def promtool() -> str:
-    """The promtool binary; missing, the test is skipped here and fails in CI, where `make test` installs it."""
-    found = shutil.which("promtool")
+def require_binary(name: str) -> str:
+    """The path of Prometheus' binary `name` (promtool, prometheus); missing, the test is skipped here and fails in
+    CI, where `make test` installs it."""
+    found = shutil.which(name)
     if found is None:
-        message = "promtool is missing: `make observability-deps` installs Debian's prometheus package"
+        message = f"{name} is missing: `make observability-deps` installs Debian's prometheus package"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
@@ -43,8 +44,8 @@ def promtool() -> str:
 
 
 def run_promtool(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([promtool(), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=60,
-                          check=False)
+    return subprocess.run([require_binary("promtool"), *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          timeout=60, check=False)
 
 
 # --- The metric names a query reads ---------------------------------------------------------------------------
