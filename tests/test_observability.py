@@ -33,5 +33,6 @@ def test_every_metric_the_rules_and_dashboards_read_is_exposed() -> None:
     assert len(queries) > 30
     unknown = {where: sorted(metric_names(expr) - exposed - recorded) for where, expr in queries}
     assert {where: names for where, names in unknown.items() if names} == {}
-    # Labels the rules group by are the ones the series carry: the gateway's team and deployment.
-    assert {"team", "deployment"} <= set(gateway.stats.REQUESTS._labelnames)
+    # Labels the rules and dashboards group by are the ones the gateway's series carry.
+    for metric in (gateway.stats.REQUESTS, gateway.stats.LATENCY):
+        assert {"team", "deployment", "revision"} <= set(metric._labelnames)
