@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from deployments.runtimes.local import readiness
 from deployments.runtimes.local import triton as lt
@@ -29,7 +30,7 @@ from deployments.spec import RepositorySpec
 from deployments.tests.local_triton import infer, matmul_onnx, onnx_model, runtime_env, start
 from gateway.stats import StatsCollector
 from gateway.stream_figures import COMPLETE
-from tests.support.observability import RULES, dashboard_queries, require_binary
+from tests.support.observability import RULES, dashboard_queries, require_binary, triton_metric_names
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
 
@@ -46,13 +47,14 @@ def free_port() -> int:
         return port
 
 
-@pytest.fixture
-def answered_triton(tmp_path: Path) -> Iterator[lt.ServerProcess]:
+@pytest.fixture(scope="module")
+def answered_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lt.ServerProcess]:
     """A real Triton serving "matmul", which has answered a few requests (so its counters have series)."""
     env = runtime_env()
-    (tmp_path / "artifacts").mkdir()
-    spec = RepositorySpec(models=(onnx_model("matmul", matmul_onnx(tmp_path / "artifacts" / "matmul.onnx")),))
-    process = start(env, spec, tmp_path / "triton")
+    work = tmp_path_factory.mktemp("observed-triton")
+    (work / "artifacts").mkdir()
+    spec = RepositorySpec(models=(onnx_model("matmul", matmul_onnx(work / "artifacts" / "matmul.onnx")),))
+    process = start(env, spec, work / "triton")
     try:
         assert readiness.wait_ready(process, ["matmul"], timeout=120).ready
         for _ in range(5):
@@ -60,6 +62,15 @@ def answered_triton(tmp_path: Path) -> Iterator[lt.ServerProcess]:
         yield process
     finally:
         lt.stop_server(process.pid, grace_seconds=10)
+
+
+def test_triton_serves_every_metric_of_the_inventory(answered_triton: lt.ServerProcess) -> None:
+    """platform/observability/triton-metrics.txt, which the metric-name test trusts, is what this Triton serves."""
+    url = f"http://127.0.0.1:{answered_triton.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        served = {family.name for family in text_string_to_metric_families(response.read().decode())}
+    # The parser names a counter's family without its _total; Triton's counters have none.
+    assert triton_metric_names() <= served, sorted(triton_metric_names() - served)
 
 
 def get_json(url: str) -> Any:
