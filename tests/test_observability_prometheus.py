@@ -3,9 +3,10 @@ running portal's /metrics (pytest-django's live server, with METRICS_TOKEN as it
 that has answered requests, evaluates the rules, and answers every dashboard query without an error, the main ones
 with series.
 
-Triton's series get team, deployment and revision from static labels here: on a cluster the scrape config's
-relabelling gives them from the pod's labels (prometheus/prometheus-scrape.yml), and Debian's Prometheus is built
-without Kubernetes discovery, so that part is not run here."""
+Triton's series reach Prometheus through the portal, as the local runtime's do, labelled team, deployment and
+revision by it; on a cluster the scrape config's relabelling gives the same labels from the pod's
+(prometheus/prometheus-scrape.yml), and Debian's Prometheus is built without Kubernetes discovery, so that part is
+not run here."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from deployments.models import Deployment, TritonServer
 from deployments.runtimes.local import readiness
 from deployments.runtimes.local import triton as lt
 from deployments.spec import RepositorySpec
@@ -79,11 +81,17 @@ def get_json(url: str) -> Any:
 
 
 @pytest.fixture
-def scraping_prometheus(tmp_path: Path, live_server: Any, settings: Any,
+def scraping_prometheus(tmp_path: Path, live_server: Any, settings: Any, deployment: Deployment,
                         answered_triton: lt.ServerProcess) -> Iterator[str]:
-    """A real Prometheus scraping the live portal (with its token) and the Triton, with the rules loaded: its URL."""
+    """A real Prometheus scraping the live portal (with its token), which relays the Triton as the local runtime's
+    server of alice's digits-prod (deployments/triton_metrics.py), with the rules loaded: its URL."""
     binary = require_binary("prometheus")
     settings.METRICS_TOKEN, settings.METRICS_OPEN = TOKEN, False
+    assert deployment.revision is not None
+    TritonServer.objects.create(deployment=deployment, revision=deployment.revision, pid=answered_triton.pid,
+                                http_port=answered_triton.http_port, grpc_port=answered_triton.grpc_port,
+                                metrics_port=answered_triton.metrics_port, log_path=str(answered_triton.log_path),
+                                state=TritonServer.State.READY)
     (tmp_path / "token").write_text(TOKEN)
     portal = urllib.parse.urlsplit(live_server.url).netloc
     config = {
@@ -92,9 +100,6 @@ def scraping_prometheus(tmp_path: Path, live_server: Any, settings: Any,
         "scrape_configs": [
             {"job_name": "modelport-portal", "authorization": {"credentials_file": str(tmp_path / "token")},
              "static_configs": [{"targets": [portal]}]},
-            {"job_name": "modelport-triton", "static_configs": [{
-                "targets": [f"127.0.0.1:{answered_triton.metrics_port}"],
-                "labels": {"team": "acme", "deployment": "digits-prod", "revision": "1"}}]},
         ],
     }
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -141,8 +146,7 @@ def test_the_dashboards_queries_run_against_prometheus_scraping_the_portal_and_t
         time.sleep(SCRAPE_SECONDS)
 
     targets = get_json(f"{scraping_prometheus}/api/v1/targets")["data"]["activeTargets"]
-    assert {(t["labels"]["job"], t["health"]) for t in targets} == {("modelport-portal", "up"),
-                                                                   ("modelport-triton", "up")}, targets
+    assert {(t["labels"]["job"], t["health"]) for t in targets} == {("modelport-portal", "up")}, targets
 
     values = {"$__rate_interval": RATE_INTERVAL, "$team": "acme", "$deployment": "digits-prod", "$revision": "1"}
     answered = {}
