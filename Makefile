@@ -6,7 +6,7 @@ RUNTIME_ENV := var/runtime-env
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test test-fast lint typecheck venv runtime-env browser-deps bench samples clean
+.PHONY: run test test-fast lint typecheck venv runtime-env browser-deps observability-deps bench samples clean
 
 venv: $(VENV)/.installed $(VENV)/bin/modelport
 # The portal's requirements and what tests, linters and benchmarks add (requirements-dev.txt includes
@@ -57,7 +57,7 @@ stop-triton:
 
 # The whole suite includes the tests marked `frameworks`, so the runtime env gets both extras (once: about 100 s
 # here, from this machine's disk and the package index; see docs/local-runtime.md).
-test: venv runtime-env $(RUNTIME_ENV)/.extra-torch $(RUNTIME_ENV)/.extra-tensorflow browser-deps lint
+test: venv runtime-env $(RUNTIME_ENV)/.extra-torch $(RUNTIME_ENV)/.extra-tensorflow browser-deps observability-deps lint
 	$(PY) -m pytest
 
 # tests/test_schema_fuzz.py holds fuzz tests only; left out, not collected: schemathesis builds its cases at collection.
@@ -88,6 +88,11 @@ lint: venv
 # Debian's Chromium and ChromeDriver for the browser tests (no browser download from elsewhere).
 browser-deps:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
+# Debian's Prometheus (promtool and the server) for the tests of platform/observability's rules and dashboards
+# (tests/test_observability.py). --no-install-recommends: not the exporters and the console libraries.
+observability-deps:
+	@command -v promtool >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
 # The serving benchmark (docs/benchmarks.md, bench/serving/): its own env, var/bench-env (torch first: the CPU build
 # on this machine's disk), and `tokenizers` added to the runtime env for workload 3's tokenization step in Triton.

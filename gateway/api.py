@@ -16,6 +16,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from deployments import triton_metrics
 from deployments.queries import get_deployment_for_user
 from gateway.models import RequestStats
 from gateway.stats import by_revision, scrape_refusal, stream_summary, summarize
@@ -109,4 +110,6 @@ def prometheus_metrics(request: HttpRequest) -> HttpResponse:
     refusal = scrape_refusal(request.headers.get("Authorization"), settings.METRICS_TOKEN, settings.METRICS_OPEN)
     if refusal is not None:
         return HttpResponse(refusal[1], status=refusal[0], content_type="text/plain")
-    return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
+    # And the local runtime's Tritons' own, which no Prometheus reaches on 127.0.0.1 (deployments/triton_metrics.py).
+    return HttpResponse(generate_latest() + triton_metrics.exposition(triton_metrics.targets()),
+                        content_type=CONTENT_TYPE_LATEST)

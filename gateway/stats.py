@@ -28,11 +28,12 @@ log = logging.getLogger(__name__)
 BUCKET_SECONDS = 10
 
 # A deployment's name is unique within its team only: every series is labelled by both, so two teams' "prod"
-# deployments never add up into one.
+# deployments never add up into one. `revision`: the number of the revision that answered ("0": none was chosen),
+# so that a canary's series and its stable revision's stay apart (platform/observability's dashboards).
 REQUESTS = Counter("modelport_gateway_requests_total", "Requests proxied by the gateway",
-                   ["team", "deployment", "model", "code"])
+                   ["team", "deployment", "revision", "model", "code"])
 LATENCY = Histogram("modelport_gateway_request_duration_seconds", "Gateway request latency, upstream included",
-                    ["team", "deployment", "model"],
+                    ["team", "deployment", "revision", "model"],
                     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30))
 IN_FLIGHT = Gauge("modelport_gateway_in_flight_requests", "Requests in flight through the gateway",
                   ["team", "deployment"])
@@ -82,8 +83,8 @@ class StatsCollector:
         # (deployment id, revision number, bucket start) -> counts
         self.pending: dict[tuple[int, int, datetime], _Bucket] = defaultdict(_Bucket)
         # Prometheus' labels() takes a lock and builds a key each time: keep the children per label set.
-        self.counters: dict[tuple[str, str, str, int], Any] = {}
-        self.histograms: dict[tuple[str, str, str], Any] = {}
+        self.counters: dict[tuple[str, str, int, str, int], Any] = {}
+        self.histograms: dict[tuple[str, str, int, str], Any] = {}
         self.gauges: dict[tuple[str, str], Any] = {}
         self.live: set[StreamFigures] = set()  # streams open, whose counts each take() folds in
 
@@ -114,12 +115,14 @@ class StatsCollector:
                 revision: int = 0) -> None:
         """One answer of deployment `name` of `team`; `revision`: the number of the revision that answered (0: none
         was chosen)."""
-        counter = self.counters.get((team, name, model, code))
+        counter = self.counters.get((team, name, revision, model, code))
         if counter is None:
-            counter = self.counters[(team, name, model, code)] = REQUESTS.labels(team, name, model, str(code))
-        histogram = self.histograms.get((team, name, model))
+            counter = self.counters[(team, name, revision, model, code)] = REQUESTS.labels(
+                team, name, str(revision), model, str(code))
+        histogram = self.histograms.get((team, name, revision, model))
         if histogram is None:
-            histogram = self.histograms[(team, name, model)] = LATENCY.labels(team, name, model)
+            histogram = self.histograms[(team, name, revision, model)] = LATENCY.labels(
+                team, name, str(revision), model)
         counter.inc()
         histogram.observe(seconds)
         now = time.time()

@@ -43,6 +43,8 @@ SLOW_FILES = (
     "models_registry/tests/test_upload_reservations.py",
     "tests/test_layers.py",
     "tests/test_nasty_inputs.py",
+    "tests/test_observability_prometheus.py",
+    "tests/test_observability_promtool.py",
     "tests/test_openai_e2e.py",
     "tests/test_pipeline_stream_e2e.py",
     "tests/test_run_portal_ports.py",

@@ -142,9 +142,9 @@ def test_a_stream_mixing_streaming_and_one_answer_models_pairs_every_answer_with
             await stream.done_writing()
             assert await stream.read() is grpc.aio.EOF
             assert await settles(in_flight, 0) == 0
-            assert REQUESTS.labels("acme", "streams", "chat", "200")._value.get() >= 1
-            assert REQUESTS.labels("acme", "streams", "chat", "500")._value.get() >= 1
-            assert REQUESTS.labels("acme", "streams", "digits", "200")._value.get() >= 3
+            assert REQUESTS.labels("acme", "streams", "1", "chat", "200")._value.get() >= 1
+            assert REQUESTS.labels("acme", "streams", "1", "chat", "500")._value.get() >= 1
+            assert REQUESTS.labels("acme", "streams", "1", "digits", "200")._value.get() >= 3
 
     run(scenario)
 

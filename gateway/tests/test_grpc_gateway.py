@@ -370,7 +370,7 @@ def test_statistics_count_each_call_with_its_status_per_deployment_and_model(peo
     from gateway.models import RequestStats
     from gateway.stats import REQUESTS
 
-    before = REQUESTS.labels("acme", "digits-prod", "digits", "400")._value.get()
+    before = REQUESTS.labels("acme", "digits-prod", "0", "digits", "400")._value.get()
 
     async def scenario() -> None:
         async with stack() as (gateway, fake, channel):
@@ -386,8 +386,8 @@ def test_statistics_count_each_call_with_its_status_per_deployment_and_model(peo
     assert sum(r.requests for r in rows) == 3  # charlie's call never reached a deployment
     assert sum(r.errors for r in rows) == 0  # a 400 is the client's mistake, not an error
 
-    assert REQUESTS.labels("acme", "digits-prod", "digits", "400")._value.get() == before + 1
-    assert REQUESTS.labels("acme", "digits-prod", "(other)", "404")._value.get() >= 1  # a model it does not serve
+    assert REQUESTS.labels("acme", "digits-prod", "0", "digits", "400")._value.get() == before + 1
+    assert REQUESTS.labels("acme", "digits-prod", "0", "(other)", "404")._value.get() >= 1  # a model it does not serve
 
 
 # --- ModelStreamInfer ---------------------------------------------------------------------------------------------

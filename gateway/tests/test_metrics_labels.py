@@ -94,9 +94,10 @@ def test_two_teams_deployments_of_one_name_have_series_of_their_own(
     assert series("modelport_gateway_requests_total", "same-name") == {"acme": 3.0, "globex": 1.0}
     assert series("modelport_gateway_in_flight_requests", "same-name") == {"acme": 0.0, "globex": 0.0}
     text = generate_latest().decode()
-    assert 'modelport_gateway_requests_total{code="200",deployment="same-name",model="digits",team="acme"} 3.0' in text
-    assert ('modelport_gateway_request_duration_seconds_count{deployment="same-name",model="digits",team="globex"} '
-            '1.0') in text
+    assert ('modelport_gateway_requests_total{code="200",deployment="same-name",model="digits",revision="1",'
+            'team="acme"} 3.0') in text
+    assert ('modelport_gateway_request_duration_seconds_count{deployment="same-name",model="digits",revision="1",'
+            'team="globex"} 1.0') in text
 
 
 def test_the_in_flight_gauge_counts_each_teams_requests_while_they_wait_and_after_a_deployment_comes_back(

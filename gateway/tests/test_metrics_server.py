@@ -20,7 +20,7 @@ async def fetch(port: int, request: bytes) -> bytes:
 def test_it_serves_the_processs_counters_to_the_token_holder_only() -> None:
     from gateway.stats import REQUESTS
 
-    REQUESTS.labels("acme", "metrics-test", "digits", "200").inc()
+    REQUESTS.labels("acme", "metrics-test", "1", "digits", "200").inc()
 
     async def scenario() -> None:
         server = await metrics_server.start("127.0.0.1", 0, "s3cret-token")
@@ -28,8 +28,8 @@ def test_it_serves_the_processs_counters_to_the_token_holder_only() -> None:
         try:
             ok = await fetch(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret-token\r\n\r\n")
             assert ok.startswith(b"HTTP/1.1 200 OK\r\n")
-            assert (b'modelport_gateway_requests_total{code="200",deployment="metrics-test",model="digits",team="acme"}'
-                    b' 1.0' in ok)
+            assert (b'modelport_gateway_requests_total{code="200",deployment="metrics-test",model="digits",'
+                    b'revision="1",team="acme"} 1.0' in ok)
             for request in (b"GET /metrics HTTP/1.1\r\n\r\n",
                             b"GET /metrics HTTP/1.1\r\nAuthorization: Bearer wrong\r\n\r\n"):
                 assert (await fetch(port, request)).startswith(b"HTTP/1.1 401 ")
