@@ -16,12 +16,13 @@ from django.utils import timezone
 from deployments.models import Deployment, Revision
 from deployments.revision_spec import RevisionSpec
 from gateway.models import LATENCY_BUCKETS_MS, RequestStats
-from gateway.stats import percentile_ms
+from gateway.stats import BUCKET_SECONDS, percentile_ms
 from performance.advice import Settings, advice
 from performance.figures import ModelCounters, ModelFigures, Snapshot, gateway_own_ms, window_figures
 from performance.models import TritonSnapshot
 
 ROLES = ("serving", "canary", "earlier")
+BUCKET = timedelta(seconds=BUCKET_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,9 @@ def performance(deployment: Deployment, window: timedelta, now: datetime | None 
         entry_ns = sum(f.requests * (f.request_ms or 0.0) * 1e6 for f in figures if f.model not in steps)
         rows = gateway_rows.get(each.revision.number, [])
         if len(taken) >= 2:  # the gateway's requests over the span the snapshots cover, to compare like with like
-            rows = [r for r in rows if taken[0].taken_at <= r.bucket_start < taken[-1].taken_at]
+            # (a bucket that overlaps the span counts: buckets are BUCKET_SECONDS, snapshots a minute apart)
+            first, last = taken[0].taken_at, taken[-1].taken_at
+            rows = [r for r in rows if first < r.bucket_start + BUCKET and r.bucket_start <= last]
         revisions.append({
             "revision": each.revision.number,
             "role": each.role,

@@ -40,6 +40,7 @@ SLOW_FILES = (
     "tests/test_layers.py",
     "tests/test_nasty_inputs.py",
     "tests/test_openai_e2e.py",
+    "tests/test_performance_e2e.py",
     "tests/test_run_portal_ports.py",
     "tuning/tests/test_measure.py",
     "web/tests/test_admin.py",
