@@ -1,8 +1,17 @@
-"""Triton's /v2/models/stats rows as Triton 2.51 writes them, for the performance tests."""
+"""Triton's /v2/models/stats rows as Triton 2.51 writes them, and a deployment's stored snapshots and gateway rows,
+for the performance tests (the API's and the page's)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
+
+from django.utils import timezone
+
+from deployments.models import Deployment
+from gateway.models import LATENCY_BUCKETS_MS, RequestStats
+from performance.figures import parse_statistics
+from performance.models import TritonSnapshot
 
 
 def triton_row(name: str, n: int, *, queue_ns: int = 0, infer_ns: int = 0, fail: int = 0,
@@ -23,3 +32,27 @@ def triton_row(name: str, n: int, *, queue_ns: int = 0, infer_ns: int = 0, fail:
                          "compute_infer": {"count": c, "ns": 0}, "compute_output": {"count": c, "ns": 0}}
                         for size, c in batches.items()],
     }
+
+
+def serve(deployment: Deployment) -> Deployment:
+    Deployment.objects.filter(pk=deployment.pk).update(serving_revision=deployment.revision,
+                                                        upstream_url="http://127.0.0.1:9")
+    deployment.refresh_from_db()
+    return deployment
+
+
+def snapshot(deployment: Deployment, minutes_ago: float, *rows: dict[str, Any]) -> None:
+    counters = parse_statistics({"model_stats": list(rows)})
+    assert deployment.serving_revision is not None
+    TritonSnapshot.objects.create(deployment=deployment, revision=deployment.serving_revision.number,
+                                  taken_at=timezone.now() - timedelta(minutes=minutes_ago),
+                                  counters={name: c.to_json() for name, c in counters.items()})
+
+
+def gateway_rows(deployment: Deployment, minutes_ago: float, requests: int, latency_ms: float) -> None:
+    histogram = [0] * len(LATENCY_BUCKETS_MS)
+    histogram[LATENCY_BUCKETS_MS.index(10)] = requests
+    assert deployment.serving_revision is not None
+    RequestStats.objects.create(deployment=deployment, revision=deployment.serving_revision.number,
+                                bucket_start=timezone.now() - timedelta(minutes=minutes_ago), requests=requests,
+                                errors=1, latency_sum_ms=requests * latency_ms, latency_histogram=histogram)

@@ -4,43 +4,12 @@ there)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import Any
-
 import pytest
-from django.utils import timezone
 from rest_framework.test import APIClient
 
 from deployments.models import Deployment
-from gateway.models import LATENCY_BUCKETS_MS, RequestStats
-from performance.figures import parse_statistics
-from performance.models import TritonSnapshot
-from performance.tests.statistics import triton_row
+from performance.tests.statistics import gateway_rows, serve, snapshot, triton_row
 from tests.support.people import Person
-
-
-def serve(deployment: Deployment) -> Deployment:
-    Deployment.objects.filter(pk=deployment.pk).update(serving_revision=deployment.revision,
-                                                        upstream_url="http://127.0.0.1:9")
-    deployment.refresh_from_db()
-    return deployment
-
-
-def snapshot(deployment: Deployment, minutes_ago: float, *rows: dict[str, Any]) -> None:
-    counters = parse_statistics({"model_stats": list(rows)})
-    assert deployment.serving_revision is not None
-    TritonSnapshot.objects.create(deployment=deployment, revision=deployment.serving_revision.number,
-                                  taken_at=timezone.now() - timedelta(minutes=minutes_ago),
-                                  counters={name: c.to_json() for name, c in counters.items()})
-
-
-def gateway_rows(deployment: Deployment, minutes_ago: float, requests: int, latency_ms: float) -> None:
-    histogram = [0] * len(LATENCY_BUCKETS_MS)
-    histogram[LATENCY_BUCKETS_MS.index(10)] = requests
-    assert deployment.serving_revision is not None
-    RequestStats.objects.create(deployment=deployment, revision=deployment.serving_revision.number,
-                                bucket_start=timezone.now() - timedelta(minutes=minutes_ago), requests=requests,
-                                errors=1, latency_sum_ms=requests * latency_ms, latency_histogram=histogram)
 
 
 def test_alice_reads_where_the_time_went_in_the_window(alice: Person, deployment: Deployment) -> None:
