@@ -2,10 +2,9 @@
 from the statistics extension the gateway also forwards (`GET /v2/models/stats`: open on every Triton the portal
 starts; only the repository, logging, trace and shared-memory APIs take the admin key, docs/security.md).
 
-One GET per Triton (a pool's serves many deployments: one answer, split by the names' prefixes), all at once with a
-short timeout, so that a pass takes about SNAPSHOT_TIMEOUT_SECONDS however many Tritons there are, and a team's
-stuck server costs the pass nothing more. One row per revision per pass, never per request; rows older than the
-longest window are removed by the same pass.
+One GET per Triton (a pool's serves many deployments: one answer, split by the names' prefixes), MAX_PARALLEL at
+once with a short timeout, the whole pass bounded in time (PASS_SECONDS) however many Tritons are stuck. One row per
+revision per pass, never per request; rows older than the longest window are removed by the same pass.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import json
 import logging
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -33,6 +32,9 @@ log = logging.getLogger(__name__)
 SNAPSHOT_TIMEOUT_SECONDS = 2.0
 MAX_ANSWER_BYTES = 8 * 1024 * 1024  # a pool's answer names many models; anything beyond this is not statistics
 MAX_PARALLEL = 8
+# A pass reads Tritons for at most this long (each read at most SNAPSHOT_TIMEOUT_SECONDS): it runs on a reconcile
+# thread, and a Triton left unread is read at the next pass (its figures span two intervals, not less exact).
+PASS_SECONDS = 3 * SNAPSHOT_TIMEOUT_SECONDS
 
 
 @dataclass(frozen=True)
@@ -81,16 +83,25 @@ def fetch(url: str, timeout: float = SNAPSHOT_TIMEOUT_SECONDS) -> Any:
         return None
 
 
+def fetch_all(urls: list[str], pass_seconds: float = PASS_SECONDS) -> dict[str, Any]:
+    """Each URL's statistics (None: no answer), read MAX_PARALLEL at a time; what has not started within
+    `pass_seconds` is left for the next pass, so that many stuck Tritons cannot hold a reconcile thread longer."""
+    if not urls:
+        return {}
+    executor = ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(urls)))
+    futures = {executor.submit(fetch, url): url for url in urls}
+    done, _ = wait(futures, timeout=pass_seconds)
+    executor.shutdown(wait=False, cancel_futures=True)
+    return {futures[future]: future.result() for future in done}
+
+
 def take_snapshots(now: datetime | None = None) -> int:
     """One pass: a snapshot of every serving revision that answered, and the rows past the longest window removed.
     Returns how many snapshots were written."""
     now = now or timezone.now()
     found = targets()
     urls = sorted({target.url for target in found})
-    answers: dict[str, Any] = {}
-    if urls:
-        with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(urls))) as executor:
-            answers = dict(zip(urls, executor.map(fetch, urls), strict=True))
+    answers = fetch_all(urls)
     rows = []
     alive = set(Deployment.objects.filter(pk__in={t.deployment_id for t in found}).values_list("pk", flat=True))
     for target in found:

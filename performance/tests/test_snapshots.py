@@ -110,3 +110,27 @@ def test_an_answer_past_the_size_bound_is_not_read(stats_server: str, monkeypatc
     monkeypatch.setattr(snapshots, "MAX_ANSWER_BYTES", 1000)
 
     assert snapshots.fetch(stats_server) is None
+
+
+def test_a_pass_reads_for_a_bounded_time_and_leaves_the_rest_for_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    def slow(url: str, timeout: float = 0.0) -> Any:
+        time.sleep(0.3)
+        return {"model_stats": []}
+
+    monkeypatch.setattr(snapshots, "fetch", slow)
+    monkeypatch.setattr(snapshots, "MAX_PARALLEL", 2)
+    started = time.monotonic()
+
+    answers = snapshots.fetch_all([f"http://t{i}" for i in range(10)], pass_seconds=0.1)
+
+    assert time.monotonic() - started < 0.5 and len(answers) < 10
+
+
+def test_beat_takes_snapshots_on_the_reconcile_lane(settings: Any) -> None:
+    from infra.queues import ROUTES, Queue
+
+    [entry] = [e for e in settings.CELERY_BEAT_SCHEDULE.values() if e["task"] == "performance.tasks.take_snapshots"]
+    assert entry["schedule"] == settings.PERFORMANCE_SNAPSHOT_SECONDS and entry["options"]["expires"]
+    assert ROUTES["performance.tasks.take_snapshots"]["queue"] == Queue.RECONCILE
