@@ -37,6 +37,7 @@ SLOW_FILES = (
     "models_registry/tests/test_samples.py",
     "models_registry/tests/test_tus_asgi.py",
     "models_registry/tests/test_upload_reservations.py",
+    "performance/tests/test_api_pipeline.py",
     "tests/test_layers.py",
     "tests/test_nasty_inputs.py",
     "tests/test_openai_e2e.py",
