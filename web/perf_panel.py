@@ -13,7 +13,8 @@ from deployments.models import Deployment
 from performance.report import performance
 from performance.windows import DEFAULT_WINDOW, WINDOWS
 
-WIDTH, BAR, GAP, LABEL = 560, 18, 10, 0
+# The model's name left of its bar, the bar's total (ms) right of it.
+WIDTH, BAR, GAP, LABEL, TOTAL = 560, 18, 10, 150, 70
 # The parts of a request's time, in the bar's order, with their labels.
 PARTS = (("gateway", "gateway (own)"), ("queue", "queue"), ("compute_input", "compute input"),
          ("compute_infer", "compute infer"), ("compute_output", "compute output"))
@@ -29,7 +30,8 @@ def _parts(model: dict[str, Any], gateway_ms: float | None) -> list[tuple[str, s
 
 def time_bars(revision: dict[str, Any]) -> SafeString:
     """One stacked bar per model of the revision that had requests (mean ms per request; the gateway's own time on
-    the models callers call, not on a pipeline's steps), all on one scale; empty without figures."""
+    the models callers call, not on a pipeline's steps), all on one scale, named on the left, their total on the
+    right; empty without figures."""
     own = revision["gateway"].get("own_mean_ms")
     rows = [(m["model"], _parts(m, None if m.get("step_of") else own)) for m in revision["models"]
             if m.get("queue_ms") is not None]
@@ -37,23 +39,30 @@ def time_bars(revision: dict[str, Any]) -> SafeString:
         return mark_safe("")  # noqa: S308 - a constant
     longest = max(sum(v for _, _, v in parts) for _, parts in rows) or 1.0
     height = len(rows) * (BAR + GAP) + GAP
+    scale = (WIDTH - LABEL - TOTAL) / longest
     bars = []
     for index, (name, parts) in enumerate(rows):
         y = GAP + index * (BAR + GAP)
-        x = 0.0
+        x = float(LABEL)
         segments = []
         for key, label, value in parts:
-            width = value / longest * WIDTH
+            width = value * scale
             if width > 0:
                 segments.append((round(x, 1), y, round(width, 1), BAR, key, name, label, f"{value:.3f}"))
             x += width
-        bars.append(format_html_join("", '<rect x="{}" y="{}" width="{}" height="{}" class="perf-{}">'
-                                         '<title>{}: {} {} ms</title></rect>', segments))
+        total = sum(value for _, _, value in parts)
+        bars.append(format_html(
+            '<text x="{}" y="{}" text-anchor="end" class="perf-label">{}</text>{}'
+            '<text x="{}" y="{}" class="perf-label">{} ms</text>',
+            LABEL - 8, y + BAR - 4, name[:24],
+            format_html_join("", '<rect x="{}" y="{}" width="{}" height="{}" class="perf-{}">'
+                                 '<title>{}: {} {} ms</title></rect>', segments),
+            round(x + 6, 1), y + BAR - 4, f"{total:.2f}"))
     return format_html(
         '<svg class="perf-chart" viewBox="0 0 {w} {h}" role="img" preserveAspectRatio="none" '
         'aria-label="Mean time per request of each model, by part">'
         '<style>.perf-gateway{{fill:#888}}.perf-queue{{fill:#d63}}.perf-compute_input{{fill:#69c}}'
-        '.perf-compute_infer{{fill:#27a}}.perf-compute_output{{fill:#9bd}}</style>{bars}</svg>',
+        '.perf-compute_infer{{fill:#27a}}.perf-compute_output{{fill:#9bd}}.perf-label{{font-size:13px;fill:#444}}</style>{bars}</svg>',
         w=WIDTH, h=height, bars=mark_safe("".join(bars)))  # noqa: S308 - each bar built by format_html
 
 
