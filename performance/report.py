@@ -75,7 +75,8 @@ def _model(figures: ModelFigures, spec: RevisionSpec, steps: dict[str, list[str]
         "mean_batch_size": _round(figures.mean_batch_size, 2),
         "batch_sizes": [{"batch_size": size, "executions": count} for size, count in figures.batch_sizes.items()],
         "restarted": figures.restarted,
-        "advice": advice(figures, _settings(spec, figures.model), name),
+        # A pipeline has no instances or batching of its own to change (its steps do): its steps get the advice.
+        "advice": [] if entry is None or entry.is_pipeline else advice(figures, _settings(spec, figures.model), name),
     }
 
 

@@ -28,7 +28,8 @@ def pipeline_deployment(alice: Person) -> Deployment:
 def test_a_pipeline_and_its_steps_each_show_their_figures(alice: Person, pipeline_deployment: Deployment) -> None:
     # 100 requests: the pipeline takes 5 ms each, each step 1 ms of it.
     before = [triton_row("digits-pipeline", 0, batches={})] + [triton_row(step, 0, batches={}) for step in STEPS]
-    after = [triton_row("digits-pipeline", 100, queue_ns=0, infer_ns=100 * 5_000_000 - 300_000, batches={})]
+    after = [triton_row("digits-pipeline", 100, queue_ns=100 * 4_000_000, infer_ns=100 * 1_000_000 - 300_000,
+                        batches={})]
     after += [triton_row(step, 100, queue_ns=100 * 500_000, infer_ns=100 * 500_000 - 3_000 * 100,
                          batches={4: 25}) for step in STEPS]
     snapshot(pipeline_deployment, 5, *before)
@@ -47,5 +48,6 @@ def test_a_pipeline_and_its_steps_each_show_their_figures(alice: Person, pipelin
                                                                                     "executions": 25}]
         assert models[step]["queue_ms"] == pytest.approx(0.5)
     assert models["digits-pipeline"]["request_ms"] == pytest.approx(5.0)
+    assert models["digits-pipeline"]["advice"] == []  # no instances of its own: its steps are what to change
     # 6 ms a request at the gateway, of which 5 in the pipeline: 1 ms of its own (the steps are not counted again).
     assert revision["gateway"]["own_mean_ms"] == pytest.approx(1.0, abs=0.01)
