@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 # Triton's inference_stats durations, each {count, ns}. success: whole requests inside Triton (queue and compute);
@@ -46,6 +47,13 @@ class ModelCounters:
 
     def duration(self, name: str) -> Duration:
         return self.durations.get(name, Duration())
+
+    @cached_property
+    def vector(self) -> tuple[int, ...]:
+        """Every counter but the batches', in one order: what restarted() compares (a third of a 24 h window's
+        time went to looking them up one by one)."""
+        found = [self.duration(name) for name in DURATIONS]
+        return (*(d.count for d in found), *(d.ns for d in found), self.execution_count, self.inference_count)
 
     def to_json(self) -> dict[str, Any]:
         return {"d": {name: [d.count, d.ns] for name, d in self.durations.items()},
@@ -154,11 +162,9 @@ def _add(a: ModelCounters, b: ModelCounters) -> ModelCounters:
 
 def restarted(before: ModelCounters, after: ModelCounters) -> bool:
     """Whether a counter went down from `before` to `after`: the server counted from zero again in between."""
-    pairs = [(before.duration(n).count, after.duration(n).count) for n in DURATIONS]
-    pairs += [(before.duration(n).ns, after.duration(n).ns) for n in DURATIONS]
-    pairs += [(before.execution_count, after.execution_count), (before.inference_count, after.inference_count)]
-    pairs += [(count, after.batches.get(size, 0)) for size, count in before.batches.items()]
-    return any(later < earlier for earlier, later in pairs)
+    if any(later < earlier for earlier, later in zip(before.vector, after.vector, strict=True)):
+        return True
+    return any(after.batches.get(size, 0) < count for size, count in before.batches.items())
 
 
 def difference(before: ModelCounters | None, after: ModelCounters) -> tuple[ModelCounters, bool]:
@@ -229,8 +235,43 @@ def model_figures(model: str, counted: ModelCounters, restarts: bool = False) ->
 
 
 def window_counters(snapshots: Sequence[Snapshot]) -> dict[str, tuple[ModelCounters, bool]]:
-    """Each model's counts over the snapshots (oldest first), added up step by step so that a restart between any
-    two of them is seen; with whether one was. Fewer than two snapshots: nothing is known yet."""
+    """Each model's counts over the snapshots (oldest first), with whether its server restarted in between. Fewer
+    than two snapshots: nothing is known yet.
+
+    Between restarts the counts are the last snapshot's less the first's of that stretch; a restart between any two
+    snapshots starts a new stretch from zero (what the later one counts). Only the stretches' ends are subtracted:
+    the whole API answer for a 24 h window (1,440 snapshots of four models) took 340 ms here summed step by step
+    (window_counters_stepwise, the specification a property test compares this with), 150 ms so."""
+    ordered = sorted(snapshots, key=lambda s: s.taken_at)
+    if len(ordered) < 2:
+        return {}
+    totals: dict[str, tuple[ModelCounters, bool]] = {}
+    for name in {name for snapshot in ordered[1:] for name in snapshot.models}:
+        parts: list[ModelCounters] = []
+        reset = False
+        base = last = ordered[0].models.get(name)  # base None: the stretch counts from zero
+        for snapshot in ordered[1:]:
+            current = snapshot.models.get(name)
+            if current is None:  # unloaded (a pool's idle model): loaded again, it counts from zero
+                if last is not None:
+                    parts.append(difference(base, last)[0])
+                base = last = None
+                continue
+            if last is not None and restarted(last, current):
+                parts.append(difference(base, last)[0])
+                base, reset = None, True
+            last = current
+        if last is not None:
+            parts.append(difference(base, last)[0])
+        total = parts[0]
+        for part in parts[1:]:
+            total = _add(total, part)
+        totals[name] = (total, reset)
+    return totals
+
+
+def window_counters_stepwise(snapshots: Sequence[Snapshot]) -> dict[str, tuple[ModelCounters, bool]]:
+    """The plain specification of window_counters: every step's difference, added up."""
     ordered = sorted(snapshots, key=lambda s: s.taken_at)
     totals: dict[str, tuple[ModelCounters, bool]] = {}
     for before, after in zip(ordered, ordered[1:], strict=False):

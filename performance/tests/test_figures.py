@@ -7,13 +7,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from performance.figures import (
+    DURATIONS,
     MAX_MODELS,
     ModelCounters,
     Snapshot,
     gateway_own_ms,
     parse_statistics,
+    window_counters,
+    window_counters_stepwise,
     window_figures,
 )
 from performance.tests.statistics import triton_row
@@ -148,3 +153,40 @@ def test_the_gateways_own_time_is_its_latency_less_tritons_and_never_negative() 
     assert gateway_own_ms(latency_sum_ms=500.0, requests=100, triton_request_ns=300_000_000) == pytest.approx(2.0)
     assert gateway_own_ms(latency_sum_ms=100.0, requests=100, triton_request_ns=900_000_000) == 0.0
     assert gateway_own_ms(latency_sum_ms=100.0, requests=0, triton_request_ns=0) is None
+
+
+def _normal(counted: dict[str, tuple[ModelCounters, bool]]) -> dict[str, Any]:
+    return {name: ({n: (c.duration(n).count, c.duration(n).ns) for n in DURATIONS},
+                   {size: count for size, count in c.batches.items() if count}, c.execution_count, c.inference_count,
+                   reset) for name, (c, reset) in counted.items()}
+
+
+# A model's life over a window: each step serves some requests, restarts its server (counting from zero), or is
+# absent from the snapshot (unloaded, as a pool's idle model is).
+_STEP = st.one_of(st.tuples(st.just("serve"), st.integers(0, 50), st.integers(1, 4)),
+                  st.tuples(st.just("restart"), st.integers(0, 50), st.integers(1, 4)),
+                  st.tuples(st.just("absent"), st.just(0), st.just(1)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(lives=st.lists(st.lists(_STEP, min_size=1, max_size=12), min_size=1, max_size=3))
+def test_the_counts_by_stretches_are_the_counts_step_by_step(lives: list[list[tuple[str, int, int]]]) -> None:
+    steps = max(len(life) for life in lives)
+    totals: list[dict[str, int]] = [{"n": 0, "batched": 0} for _ in lives]
+    taken = []
+    for index in range(steps):
+        rows = []
+        for model, life in enumerate(lives):
+            kind, served, size = life[index] if index < len(life) else ("serve", 0, 1)
+            if kind == "absent":
+                totals[model] = {"n": 0, "batched": 0}  # unloaded: loaded again, it counts from zero
+                continue
+            if kind == "restart":
+                totals[model] = {"n": 0, "batched": 0}
+            totals[model]["n"] += served * size
+            totals[model]["batched"] += served
+            n, batched = totals[model]["n"], totals[model]["batched"]
+            rows.append(triton_row(f"m{model}", n, queue_ns=7 * n, infer_ns=11 * n, batches={size: batched}))
+        taken.append(snap(index, *rows))
+
+    assert _normal(window_counters(taken)) == _normal(window_counters_stepwise(taken))
