@@ -34,6 +34,9 @@ ROUTES: dict[str, dict[str, str]] = {
     "deployments.tasks.*": {"queue": Queue.RECONCILE},
     # A canary's guardrails act within seconds of a window going bad: beside the ticks, never behind an inspection.
     "gateway.tasks.check_canaries": {"queue": Queue.RECONCILE},
+    # A pass reads every serving Triton at once with a 2 s timeout: seconds, on a thread of that lane, never behind
+    # an inspection a team can make spin.
+    "performance.tasks.take_snapshots": {"queue": Queue.RECONCILE},
     "models_registry.tasks.*": {"queue": Queue.INSPECTION},
     "accounts.tasks.*": {"queue": Queue.INSPECTION},
     "tuning.tasks.*": {"queue": Queue.TUNE},

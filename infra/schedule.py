@@ -6,8 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 
-def beat_schedule(reconcile_interval: float, canary_check_interval: float = 5.0) -> dict[str, dict[str, Any]]:
+def beat_schedule(reconcile_interval: float, canary_check_interval: float = 5.0,
+                  snapshot_interval: float = 60.0) -> dict[str, dict[str, Any]]:
     return {
+        # The serving Tritons' statistics, for the performance panel (performance/snapshots.py).
+        "take-performance-snapshots": {
+            "task": "performance.tasks.take_snapshots",
+            "schedule": snapshot_interval,
+            "options": {"expires": snapshot_interval},
+        },
         # A canary's guardrails (gateway/canary.py): a rollback within seconds of a window going bad.
         "check-canaries": {
             "task": "gateway.tasks.check_canaries",

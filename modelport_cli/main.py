@@ -759,6 +759,62 @@ def _canary_action(args: argparse.Namespace, action: str) -> int:
     return ExitCode.OK
 
 
+# The windows the portal offers (performance/windows.py; a test keeps the two equal).
+PERF_WINDOWS = ("5m", "15m", "1h", "6h", "24h")
+
+
+def cmd_perf(args: argparse.Namespace) -> int:
+    """Where a deployment's time goes over a window: the gateway's percentiles, and per model Triton's queue and
+    compute means and the batch sizes it formed, with advice when the queue dominates."""
+    check_name(args.name, "deployment")
+    body = dict(make_client(args).get(f"/api/v1/deployments/{_segment(args.name)}/performance/",
+                                      params={"window": args.window}))
+    if args.json:
+        print_json(body)
+        return ExitCode.OK
+    revisions = body.get("revisions") or []
+    if not revisions:
+        print(f"{args.name}: no revision served in the last {body.get('window') or args.window}")
+        return ExitCode.OK
+    for revision in revisions:
+        _print_revision_performance(revision, str(body.get("window") or args.window))
+    return ExitCode.OK
+
+
+def _ms(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, (int, float)) else "-"
+
+
+def _print_revision_performance(revision: dict[str, Any], window: str) -> None:
+    snapshots = int(revision.get("snapshots") or 0)
+    span = (f"{revision.get('from')} .. {revision.get('to')}" if revision.get("from")
+            else f"last {window}, Triton's statistics not read twice yet")
+    print(f"revision {revision.get('revision')} ({revision.get('role')}): {span}, {snapshots} snapshot(s)")
+    gateway = revision.get("gateway") or {}
+    print(f"  gateway: {gateway.get('requests', 0)} requests, {gateway.get('errors', 0)} errors; "
+          f"p50 {_ms(gateway.get('p50_ms'))} ms, p95 {_ms(gateway.get('p95_ms'))} ms, "
+          f"p99 {_ms(gateway.get('p99_ms'))} ms; its own time {_ms(gateway.get('own_mean_ms'))} ms (mean)")
+    models = revision.get("models") or []
+    if not models:
+        return
+    print(f"  {'model':<24} {'requests':>8} {'errors':>6} {'queue':>8} {'input':>8} {'infer':>8} {'output':>8} "
+          f"{'queue%':>6}  batch sizes (size x executions)   [Triton: ms, means]")
+    for model in models:
+        share = model.get("queue_share")
+        batches = " ".join(f"{b.get('batch_size')}x{b.get('executions')}" for b in model.get("batch_sizes") or [])
+        name = str(model.get("model"))
+        if model.get("step_of"):
+            name += " (step)"
+        print(f"  {name:<24} {model.get('requests', 0):>8} {model.get('errors', 0):>6} "
+              f"{_ms(model.get('queue_ms')):>8} {_ms(model.get('compute_input_ms')):>8} "
+              f"{_ms(model.get('compute_infer_ms')):>8} {_ms(model.get('compute_output_ms')):>8} "
+              f"{(f'{share:.0%}' if isinstance(share, (int, float)) else '-'):>6}  {batches or '-'}"
+              + ("  (its Triton restarted in the window)" if model.get("restarted") else ""))
+    for model in models:
+        for words in model.get("advice") or []:
+            print(f"  advice: {one_line(str(words))}")
+
+
 def cmd_promote(args: argparse.Namespace) -> int:
     return _canary_action(args, "promote")
 
@@ -1131,6 +1187,10 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--all", action="store_true", help=(
         "also the CUDA, NVML and DCGM lines every Triton prints on a machine without a GPU (left out by default, "
         "as on the deployment's page)"))
+    perf = add("perf", cmd_perf, "show where a deployment's time goes: gateway, Triton's queue and compute per "
+                                 "model, the batch sizes Triton formed, and what to change when the queue dominates")
+    perf.add_argument("name", metavar="NAME")
+    perf.add_argument("--window", choices=PERF_WINDOWS, default="15m", help="the window (default 15m)")
     add("stop", cmd_stop, "stop a deployment").add_argument("name", metavar="NAME")
     add("start", cmd_start, "start a stopped (or retry a failed) deployment").add_argument("name", metavar="NAME")
     add("delete", cmd_delete, "delete a deployment").add_argument("name", metavar="NAME")

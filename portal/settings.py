@@ -73,6 +73,7 @@ INSTALLED_APPS = [
     "gateway",
     "audit",
     "tuning",
+    "performance",
     "web",
     "portal",  # the settings' system checks (portal/checks.py) and `manage.py ensure_dirs`
 ]
@@ -232,7 +233,10 @@ RECONCILE_INTERVAL_SECONDS = env_float("RECONCILE_INTERVAL_SECONDS", 5.0, minimu
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 # How often a serving canary's guardrails are looked at (deployments/canary.py).
 CANARY_CHECK_SECONDS = env_float("CANARY_CHECK_SECONDS", 5.0, minimum=1.0)
-CELERY_BEAT_SCHEDULE = beat_schedule(RECONCILE_INTERVAL_SECONDS, CANARY_CHECK_SECONDS)
+# How often the serving Tritons' statistics are read for the performance panel (performance/snapshots.py): the
+# finest grain of its windows, and (with the longest window, 24 h) how many rows a revision keeps.
+PERFORMANCE_SNAPSHOT_SECONDS = env_float("PERFORMANCE_SNAPSHOT_SECONDS", 60.0, minimum=5.0)
+CELERY_BEAT_SCHEDULE = beat_schedule(RECONCILE_INTERVAL_SECONDS, CANARY_CHECK_SECONDS, PERFORMANCE_SNAPSHOT_SECONDS)
 
 # --- Deployments and the local Triton runtime ------------------------------------------------------------
 MODELPORT_RUNTIME_ENV = Path(env_str("MODELPORT_RUNTIME_ENV", str(BASE_DIR / "var" / "runtime-env"))).resolve()
@@ -598,7 +602,10 @@ SPECTACULAR_SETTINGS = {
                             "PipelineFormatEnum": "models_registry.api.PIPELINE_FORMATS",
                             # A tune's fields appear in two components (a tune, and a tune with its applied changes).
                             "TuneStatusEnum": "tuning.models.TuneRun.Status",
-                            "TuneSampleEnum": "tuning.models.TuneRun.Sample"},
+                            "TuneSampleEnum": "tuning.models.TuneRun.Sample",
+                            # A revision's role in the performance answer, beside a team member's role.
+                            "PerformanceRoleEnum": "performance.report.ROLES",
+                            "RoleEnum": "accounts.models.Membership.Role"},
 }
 
 LOGGING = {

@@ -14,6 +14,7 @@ from deployments import manifests_api, pools_api
 from gateway import api as gateway_api
 from models_registry import api as registry_api
 from models_registry import tus
+from performance import api as performance_api
 from portal.errors import DATABASE_DOWN
 from tuning import api as tuning_api
 
@@ -51,6 +52,7 @@ api_v1 = [
     path("api/v1/deployments/<str:name>/logs/", deployments_api.deployment_logs),
     path("api/v1/deployments/<str:name>/manifests", manifests_api.deployment_manifests),
     path("api/v1/deployments/<str:name>/metrics/", gateway_api.deployment_metrics),
+    path("api/v1/deployments/<str:name>/performance/", performance_api.deployment_performance),
     path("api/v1/deployments/<str:name>/tune", tuning_api.tune_create),
     path("api/v1/deployments/<str:name>/tunes/", tuning_api.tune_list),
     path("api/v1/deployments/<str:name>/tunes/<int:tune_id>/", tuning_api.tune_detail),

@@ -71,6 +71,20 @@ class World:
             streams=4, stream_pieces=40, stream_seconds=12.5, first_piece_histogram=histogram,
             piece_gap_histogram=[count * 9 for count in histogram], stream_ends={"complete": 2, "cancelled": 1,
                                                                                  "idle": 1})
+        # Two snapshots of Triton's statistics, so that the performance answer has its figures too (and its advice).
+        from datetime import timedelta
+
+        from performance.models import TritonSnapshot
+
+        deployment = Deployment.objects.get(team=person.team, name=name)
+        for minutes, requests in ((3, 100), (1, 400)):
+            TritonSnapshot.objects.create(deployment=deployment, revision=1,
+                                          taken_at=timezone.now() - timedelta(minutes=minutes), counters={"digits": {
+                                              "d": {"success": [requests, requests * 9_000_000],
+                                                    "queue": [requests, requests * 8_000_000],
+                                                    "compute_infer": [requests, requests * 1_000_000]},
+                                              "b": {"1": requests // 2, "2": requests // 4},
+                                              "e": requests * 3 // 4, "i": requests}})
 
     def leaks(self, text: str) -> list[str]:
         return [secret for secret in self.secrets if secret in text]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from tests.processes import ROOT
 
-APPS = ("accounts", "audit", "models_registry", "deployments", "gateway", "tuning", "web", "portal", "modelport_cli",
-        "modelport", "bench", "tests")
+APPS = ("accounts", "audit", "models_registry", "deployments", "gateway", "tuning", "performance", "web", "portal",
+        "modelport_cli", "modelport", "bench", "tests")
 
 _MAYBE = re.compile(r"^\s*(from|import)\s[^\n]*\btest_", re.M)
 

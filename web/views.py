@@ -37,7 +37,7 @@ from models_registry import actions as registry_actions
 from models_registry.models import FORMATS_NEEDING_SIGNATURE, Format, Model, ModelVersion, with_identical_to
 from models_registry.pipelines import pipeline_graph
 from models_registry.validation import ArtifactRejected
-from web import deployment_page, new_token, pipeline_form, placement, samples
+from web import deployment_page, new_token, perf_panel, pipeline_form, placement, samples
 from web.forms import (
     DeploymentForm,
     ServedModelForm,
@@ -429,7 +429,9 @@ def deployment_edit(request: HttpRequest, team: Team, name: str) -> HttpResponse
 def deployment_detail(request: HttpRequest, team: Team, name: str) -> HttpResponse:
     deployment = _get_deployment(team, name)
     base_url = request.build_absolute_uri("/").rstrip("/")
-    return render(request, "web/deployment_detail.html", deployment_page.detail_context(deployment, base_url))
+    return render(request, "web/deployment_detail.html", {
+        **deployment_page.detail_context(deployment, base_url),
+        **perf_panel.panel_context(deployment, request.GET.get("window"))})
 
 
 @require_GET
