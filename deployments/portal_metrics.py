@@ -49,7 +49,7 @@ def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, CounterMetricFami
         GaugeMetricFamily(POOL_RESERVED, "What a pool's loaded models take (as charged when each loaded) plus what "
                                          "its loads under way reserved.", labels=["pool"]),
         CounterMetricFamily(ROLLBACKS, "Canary revisions rolled back (by a user or by their guardrails), per "
-                                       "existing deployment, from the audit log.", labels=["team", "deployment"]),
+                                       "deployment, from the audit log.", labels=["team", "deployment"]),
         GaugeMetricFamily(QUEUE_MESSAGES, "Messages waiting in a Celery queue of the broker (not yet taken by a "
                                           "worker).", labels=["queue"]),
     )
@@ -92,13 +92,16 @@ def pool_memory() -> list[tuple[str, int, int]]:
 
 
 def canary_rollbacks() -> list[tuple[str, str, int]]:
-    """(team, deployment, rollbacks) of each existing deployment with one or more recorded: the audit rows that
-    rollback_canary writes in its transaction. A deleted deployment's drop out (its series ends), so the labels
-    stay those of today's deployments."""
+    """(team, deployment, rollbacks) of every existing deployment, from the audit rows that rollback_canary writes in
+    its transaction. 0 for one never rolled back: Prometheus' increase() counts nothing of a series' first sample, so
+    the series must exist before the first rollback for the alert to see it. A deleted deployment's series ends, so
+    the labels stay those of today's deployments."""
     exists = Deployment.objects.filter(team_id=OuterRef("team_id"), name=OuterRef("target"))
-    rows = (AuditEntry.objects.filter(action=ROLLBACK_ACTION, team__isnull=False).filter(Exists(exists))
-            .values_list("team__name", "target").annotate(n=Count("id")).order_by("team__name", "target"))
-    return [(team, target, n) for team, target, n in rows]
+    counted = (AuditEntry.objects.filter(action=ROLLBACK_ACTION, team__isnull=False).filter(Exists(exists))
+               .values_list("team_id", "target").annotate(n=Count("id")).order_by())
+    counts = {(team_id, target): n for team_id, target, n in counted}
+    rows = Deployment.objects.order_by("team__name", "name").values_list("team_id", "team__name", "name")
+    return [(team, name, counts.get((team_id, name), 0)) for team_id, team, name in rows]
 
 
 def queue_lengths(url: str, options: Mapping[str, Any], timeout: float) -> dict[str, int]:

@@ -89,8 +89,10 @@ def test_rollbacks_count_per_deployment_and_never_mix_two_teams_deployments_of_o
     found = {labels: value for (name, labels), value in samples(PortalState(broker_url="memory://")).items()
              if name == "modelport_canary_rollbacks_total"}
 
+    # Every deployment has its series, 0 before its first rollback, so that Prometheus' increase() sees the first.
     assert found == {(("deployment", "digits-prod"), ("team", alice.team.name)): 2,
-                     (("deployment", "digits-eu"), ("team", alice.team.name)): 1}
+                     (("deployment", "digits-eu"), ("team", alice.team.name)): 1,
+                     (("deployment", "digits-prod"), ("team", charlie.team.name)): 0}
 
 
 @pytest.fixture
