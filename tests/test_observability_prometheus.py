@@ -159,6 +159,8 @@ def test_the_dashboards_queries_run_against_prometheus_scraping_the_portal_and_t
     with_series = {where for where, result in answered.items() if result}
     assert {
         "modelport-overview.json: Requests per second, by deployment",
+        "modelport-overview.json: Pools: memory reserved of the budget",
+        "modelport-overview.json: Celery queues: messages waiting",
         "modelport-deployment.json: Requests per second, by revision and status code",
         "modelport-deployment.json: Gateway latency p50 / p95 / p99",
         "modelport-deployment.json: Where the time goes in Triton, per request (revision, model)",
