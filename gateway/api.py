@@ -9,18 +9,23 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from rest_framework import serializers
 from rest_framework.decorators import api_view
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from deployments import triton_metrics
+from deployments import portal_metrics, triton_metrics
 from deployments.queries import get_deployment_for_user
 from gateway.models import RequestStats
 from gateway.stats import by_revision, scrape_refusal, stream_summary, summarize
 from gateway.stream_figures import BOUNDS
+
+# The portal's own state (pools, rollbacks, queues), read at each scrape of this endpoint only: not in the global
+# registry, which the gRPC gateway's /metrics serves too (deployments/portal_metrics.py).
+PORTAL_STATE = CollectorRegistry(auto_describe=False)
+PORTAL_STATE.register(portal_metrics.PortalState())
 
 # The answer's schema. Inline: a Serializer class cannot declare a field named "errors".
 _NULL_WITHOUT_REQUESTS = "Null without requests."
@@ -111,5 +116,5 @@ def prometheus_metrics(request: HttpRequest) -> HttpResponse:
     if refusal is not None:
         return HttpResponse(refusal[1], status=refusal[0], content_type="text/plain")
     # And the local runtime's Tritons' own, which no Prometheus reaches on 127.0.0.1 (deployments/triton_metrics.py).
-    return HttpResponse(generate_latest() + triton_metrics.exposition(triton_metrics.targets()),
-                        content_type=CONTENT_TYPE_LATEST)
+    body = generate_latest() + generate_latest(PORTAL_STATE) + triton_metrics.exposition(triton_metrics.targets())
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

@@ -26,6 +26,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from deployments.models import Deployment, TritonServer
+from deployments.pool_models import Pool
 from deployments.runtimes.local import readiness
 from deployments.runtimes.local import triton as lt
 from deployments.spec import RepositorySpec
@@ -132,6 +133,7 @@ def query(prometheus: str, expr: str) -> list[Any]:
 def test_the_dashboards_queries_run_against_prometheus_scraping_the_portal_and_triton(
     scraping_prometheus: str, answered_triton: lt.ServerProcess
 ) -> None:
+    Pool.objects.create(name="acme-own", memory_budget_bytes=2**30)
     collector = StatsCollector()
     stream = collector.stream(1, "acme", "digits-prod", 1, time.perf_counter())
     for second in range(8):
@@ -157,6 +159,8 @@ def test_the_dashboards_queries_run_against_prometheus_scraping_the_portal_and_t
     with_series = {where for where, result in answered.items() if result}
     assert {
         "modelport-overview.json: Requests per second, by deployment",
+        "modelport-overview.json: Pools: memory reserved of the budget",
+        "modelport-overview.json: Celery queues: messages waiting",
         "modelport-deployment.json: Requests per second, by revision and status code",
         "modelport-deployment.json: Gateway latency p50 / p95 / p99",
         "modelport-deployment.json: Where the time goes in Triton, per request (revision, model)",
@@ -171,4 +175,11 @@ def test_the_dashboards_queries_run_against_prometheus_scraping_the_portal_and_t
     ratio = query(scraping_prometheus, 'modelport:gateway_error_ratio:rate5m{team="acme",deployment="digits-prod"}')
     assert len(ratio) == 1 and float(ratio[0]["value"][1]) == pytest.approx(0.25, abs=0.02)
     assert query(scraping_prometheus, 'modelport:triton_queue_compute:ratio1m{deployment="digits-prod"}')
+    # The portal's state (deployments/portal_metrics.py), read from its database and broker at each scrape.
+    pool = query(scraping_prometheus, 'modelport:pool_memory_reserved:ratio{pool="acme-own"}')
+    assert [float(sample["value"][1]) for sample in pool] == [0.0]
+    rollbacks = query(scraping_prometheus, 'modelport:canary_rollbacks:increase10m{deployment="digits-prod"}')
+    assert [(r["metric"]["team"], float(r["value"][1])) for r in rollbacks] == [("acme", 0.0)]
+    queues = query(scraping_prometheus, "modelport:worker_queue_messages:max")
+    assert {sample["metric"]["queue"] for sample in queues} == {"reconcile", "inspection", "build", "tune"}
 

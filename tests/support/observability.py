@@ -18,6 +18,7 @@ from prometheus_client import REGISTRY
 
 import gateway.stats  # noqa: F401  (registers the gateway's metrics)
 import gateway.stream_figures  # noqa: F401  (registers the stream metrics)
+from deployments.portal_metrics import PortalState
 
 ROOT = Path(__file__).resolve().parents[2]
 OBSERVABILITY = ROOT / "platform" / "observability"
@@ -91,11 +92,12 @@ def dashboard_queries() -> Iterator[tuple[str, str]]:
 
 
 def portal_metric_names() -> set[str]:
-    """Every sample name the portal's and the gRPC gateway's /metrics can hold, from the process' own registry."""
+    """Every sample name the portal's and the gRPC gateway's /metrics can hold, from the process' own registry and
+    the portal's state collector (its families described, no database read)."""
     suffixes = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count",
                                                                                   "_created")}
     names = set()
-    for family in REGISTRY.collect():
+    for family in (*REGISTRY.collect(), *PortalState().describe()):
         if family.name.startswith("modelport_"):
             names |= {family.name + suffix for suffix in suffixes[family.type]}
     return names
