@@ -339,17 +339,39 @@ class GrpcGateway:
                                      len(response))
 
     async def stream(self, context: grpc.aio.ServicerContext) -> None:
+        if tracing.tracer is not None:  # as unary(): the whole cost of tracing while it is off
+            await traced.stream(tracing.tracer, self._stream, _metadata(context), context)
+            return
+        await self._stream(context, None)
+
+    async def _stream(self, context: grpc.aio.ServicerContext, span: traced.Span | None) -> None:
+        caller: Caller | None = None
+        route: Route | None = None
+        relay: _StreamRelay | None = None
+        status = 200
         try:
-            metadata = _metadata(context)
-            caller, token = await self._caller(metadata)
-            route = await self._route(caller, metadata)
-        except GrpcFailure as exc:
-            await _abort(context, exc)
-            return
-        except (DatabaseError, InterfaceError):  # InterfaceError: a connection PostgreSQL dropped
-            await _abort(context, _DATABASE_DOWN)
-            return
-        await _StreamRelay(self, context, token, route.name, metadata.get(REVISION_KEY)).run()
+            try:
+                metadata = _metadata(context)
+                caller, token = await self._caller(metadata)
+                route = await self._route(caller, metadata)
+            except GrpcFailure as exc:
+                status = exc.status
+                await _abort(context, exc)
+                return
+            except (DatabaseError, InterfaceError):  # InterfaceError: a connection PostgreSQL dropped
+                status = _DATABASE_DOWN.status
+                await _abort(context, _DATABASE_DOWN)
+                return
+            relay = _StreamRelay(self, context, token, route.name, metadata.get(REVISION_KEY))
+            await relay.run()
+            if relay.slow_reader:
+                status = 408
+        except asyncio.CancelledError:
+            status = 499
+            raise
+        finally:
+            if span is not None:
+                traced.describe_stream(span, caller, route, status, relay.requests if relay is not None else 0)
 
     # --- Steps -------------------------------------------------------------------------------------------------
 
@@ -510,6 +532,7 @@ class _StreamRelay:
         self.watch: asyncio.TimerHandle | None = None
         self.task: asyncio.Task[Any] | None = None
         self.slow_reader = False
+        self.requests = 0  # the caller's requests read (its span's attribute, with tracing on)
 
     async def run(self) -> None:
         self.task = asyncio.current_task()
@@ -573,6 +596,7 @@ class _StreamRelay:
     async def _handle(self, message: bytes) -> None:
         gateway = self.gateway
         started = time.perf_counter()
+        self.requests += 1
         caller = await gateway.access.token(self.token)
         if caller is None:
             raise GrpcFailure(grpc.StatusCode.UNAUTHENTICATED, "The API token is invalid, expired or revoked.", 401)
@@ -650,7 +674,8 @@ class _StreamRelay:
         bound below is passed or the caller goes away."""
         gateway = self.gateway
         remaining = self.context.time_remaining()
-        call = gateway.channels.stream_channel(target).stream_stream(grpc_protocol.STREAM_METHOD)(timeout=remaining)
+        call = gateway.channels.stream_channel(target).stream_stream(grpc_protocol.STREAM_METHOD)(
+            timeout=remaining, metadata=_trace_metadata())
         contract = route.contract(revision, entry.model)
         status = 200
         received = 0
@@ -734,7 +759,7 @@ class _StreamRelay:
     def _open(self, target: str, route: Route, revision: int = 0) -> _Upstream:
         remaining = self.context.time_remaining()
         call = self.gateway.channels.stream_channel(target).stream_stream(grpc_protocol.STREAM_METHOD)(
-            timeout=remaining)
+            timeout=remaining, metadata=_trace_metadata())
         upstream = _Upstream(target=target, route=route, call=call, revision=revision)
         self.opened = [u for u in self.opened if not (u.pump is not None and u.pump.done() and not u.pending)]
         self.opened.append(upstream)
@@ -945,6 +970,16 @@ def _ms(seconds: float) -> int:
 
 def _int32(value: int) -> int:
     return min(value, 2**31 - 1)  # gRPC's message size options are C ints; over 2 GiB it cannot go anyway
+
+
+def _trace_metadata() -> tuple[tuple[str, str], ...] | None:
+    """The `traceparent` metadata of an upstream stream call: the caller's stream's span (the current one, in the
+    stream's task and the decoupled requests' tasks it starts), so that Triton's spans of its requests are its
+    children; None with tracing off."""
+    if tracing.tracer is None:
+        return None
+    parent = tracing.traceparent()
+    return (("traceparent", parent.decode()),) if parent is not None else None
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:

@@ -27,6 +27,7 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 Serve = Callable[[Scope, Receive, Send, "Span"], Awaitable[None]]
 Unary = Callable[[str, bytes, Any, "Span"], Awaitable[bytes]]
+Stream = Callable[[Any, "Span"], Awaitable[None]]
 
 
 async def serve(tracer: Tracer, handler: Serve, scope: Scope, receive: Receive, send: Send) -> None:
@@ -117,5 +118,40 @@ def describe_grpc(span: Span, method: str, caller: Caller | None, route: Route |
     span.set_attribute("modelport.status", status)
     span.set_attribute("rpc.request.body.size", received)
     span.set_attribute("rpc.response.body.size", sent)
+    if status >= 500:
+        span.set_status(StatusCode.ERROR)
+
+
+async def stream(tracer: Tracer, handler: Stream, metadata: Mapping[str, str], context: Any) -> None:
+    """A ModelStreamInfer call of the gRPC gateway in one span, for the whole stream (not one per request): Triton
+    reads the trace context from a call's metadata, once per call, and the gateway sends a stream's one-answer
+    requests to Triton on one upstream call per server, so a span per request could not be the parent of Triton's
+    spans of them; the caller too sends its `traceparent` once, for the stream. Triton's spans of each request
+    (every upstream call, a decoupled request's own included, carries this span's `traceparent`) are its
+    children."""
+    from opentelemetry.trace import SpanKind
+
+    parent = tracing.continued({k.encode(): metadata[k].encode("latin-1") for k in ("traceparent", "tracestate")
+                                if k in metadata})
+    with tracer.start_as_current_span("ModelStreamInfer", context=parent, kind=SpanKind.SERVER,
+                                      record_exception=False, set_status_on_exception=False) as span:
+        await handler(context, span)
+
+
+def describe_stream(span: Span, caller: Caller | None, route: Route | None, status: int, requests: int) -> None:
+    """A stream's attributes, once it ends: the deployment's only when the caller may see it; `modelport.status` the
+    stream's own outcome (200, or the refusal that ended it up front, 408 a slow reader, 499 the caller gone; each
+    request's own answer is in the metrics, not here), `modelport.stream.requests` the requests it carried."""
+    from opentelemetry.trace import StatusCode
+
+    if not span.is_recording():
+        return
+    span.set_attribute("rpc.system", "grpc")
+    span.set_attribute("rpc.method", "ModelStreamInfer")
+    if caller is not None and route is not None:
+        span.set_attribute("modelport.team.id", caller.team_id)
+        span.set_attribute("modelport.deployment", route.name)
+    span.set_attribute("modelport.status", status)
+    span.set_attribute("modelport.stream.requests", requests)
     if status >= 500:
         span.set_status(StatusCode.ERROR)

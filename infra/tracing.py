@@ -70,9 +70,69 @@ def configure(exporter: SpanExporter | None = None) -> Tracer | None:
 def shutdown() -> None:
     """Export what is buffered and turn tracing off (tests; a process exits with the SDK's own atexit flush)."""
     global tracer, provider
+    if _instrumented:
+        from opentelemetry.instrumentation.celery import CeleryInstrumentor
+        from opentelemetry.instrumentation.django import DjangoInstrumentor
+
+        DjangoInstrumentor().uninstrument()
+        CeleryInstrumentor().uninstrument()
+        _instrumented.clear()
     if provider is not None:
         provider.shutdown()
     tracer = provider = None
+
+
+_instrumented: list[str] = []
+
+# What an operator could ask the instrumentation to record and that must never be (docs/security.md, "Tracing"):
+# request attributes by name (COOKIES, META, ...) and headers (Authorization, Cookie). They are turned off here,
+# whatever the environment says.
+_NEVER_RECORDED = ("OTEL_PYTHON_DJANGO_TRACED_REQUEST_ATTRS",
+                   "OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST",
+                   "OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_RESPONSE")
+# The instrumentation's URL attributes, as it writes them (old and stable semantic conventions): the path and the
+# query string, where a portal URL may hold a secret (a password reset's token is in its path).
+_URL_ATTRIBUTES = ("http.target", "http.url", "url.path", "url.query", "url.full")
+
+
+def instrument_portal() -> None:
+    """The portal's own work traced by the SDK's Django and Celery instrumentation (docs/observability.md, "The
+    portal's own work"), once tracing is on: a span per page or API request, a span per Celery task, the task's a
+    child of the request (or task) that queued it (the instrumentation carries the context in the task's headers).
+    Call it before Django loads its middleware (portal/asgi.py, portal/wsgi.py) and in the worker and beat. Nothing
+    is imported while tracing is off. What is recorded is restricted: no header, no request attribute by name, and
+    the URL as its route (`/api/v1/deployments/<str:name>/stop`), never the path as sent nor its query string."""
+    if provider is None or _instrumented:
+        return
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+    from opentelemetry.instrumentation.django import DjangoInstrumentor
+    from opentelemetry.instrumentation.django.middleware import otel_middleware
+
+    for name in _NEVER_RECORDED:
+        os.environ.pop(name, None)
+    DjangoInstrumentor().instrument(tracer_provider=provider, request_hook=_without_url, response_hook=_routed_url)
+    otel_middleware._DjangoMiddleware._traced_request_attrs = []
+    CeleryInstrumentor().instrument(tracer_provider=provider)
+    _instrumented.append("django, celery")
+
+
+def _without_url(span: Span, request: Any) -> None:
+    """The request's URL attributes, until it is routed (_routed_url): none of the path, none of the query."""
+    if span.is_recording():
+        for key in _URL_ATTRIBUTES:
+            span.set_attribute(key, "")
+
+
+def _routed_url(span: Span, request: Any, response: Any) -> None:
+    """The URL as the route the request matched, with `{...}` for what the caller put there; `(unrouted)` else."""
+    if not span.is_recording():
+        return
+    match = getattr(request, "resolver_match", None)
+    route = "/" + match.route if match is not None and match.route else "(unrouted)"
+    for key in ("http.target", "url.path"):
+        span.set_attribute(key, route)
+    for key in ("http.url", "url.full", "url.query"):
+        span.set_attribute(key, "")
 
 
 def continued(raw: Mapping[bytes, bytes]) -> Any:

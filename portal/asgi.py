@@ -13,9 +13,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 raise_open_files_limit()
 # var/ before whitenoise looks for STATIC_ROOT; no start without a secret key (infra/var_dir.py).
 prepare_process()
-django_application = get_asgi_application()
-# OpenTelemetry from the OTEL_* variables; off, and free, without an endpoint (docs/observability.md).
+# OpenTelemetry from the OTEL_* variables; off, and free, without an endpoint (docs/observability.md). Before Django
+# loads its middleware: the Django instrumentation adds its own.
 tracing.configure()
+tracing.instrument_portal()
+django_application = get_asgi_application()
 
 from gateway.app import Gateway  # noqa: E402 - needs Django set up first
 from gateway.bodylimit import BodyLimit  # noqa: E402

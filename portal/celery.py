@@ -35,10 +35,15 @@ app.autodiscover_tasks()
 @signals.worker_init.connect
 @signals.beat_init.connect
 def _prepare_process(**kwargs: object) -> None:
-    """var/ and the secret key are checked when a worker or beat starts, not when the settings are imported."""
+    """var/ and the secret key are checked when a worker or beat starts, not when the settings are imported; tracing
+    starts there too (off, and nothing imported, without an endpoint: docs/observability.md), so that each task is a
+    span in the trace of the request or task that queued it."""
+    from infra import tracing
     from infra.var_dir import prepare_process
 
     prepare_process()
+    tracing.configure()
+    tracing.instrument_portal()
 
 
 # SIGTERM handling for the worker and its pool (why: infra/worker_shutdown.py).

@@ -485,6 +485,10 @@ KUBERNETES_POOL_NAMESPACE = env_str("KUBERNETES_POOL_NAMESPACE", "modelport-pool
 # "10.0.5.0/24:9000,namespace=storage:9000": list the S3 endpoint, which the init container downloads from.
 KUBERNETES_TRITON_EGRESS = env_list("KUBERNETES_TRITON_EGRESS")
 KUBERNETES_DNS_NAMESPACE = env_str("KUBERNETES_DNS_NAMESPACE", "kube-system")
+# With tracing on (OTEL_EXPORTER_OTLP_ENDPOINT), where Triton's pods reach the collector, one egress rule with the
+# endpoint's port ("namespace=observability:4318", "10.0.7.3/32:4318"): their NetworkPolicy lets them reach it and
+# their Triton exports spans there. Unset: the pods are not traced (docs/observability.md).
+KUBERNETES_TRACE_EGRESS = env_str("KUBERNETES_TRACE_EGRESS")
 KUBERNETES_DEFAULT_CPU = env_str("KUBERNETES_DEFAULT_CPU", "1")
 KUBERNETES_DEFAULT_MEMORY = env_str("KUBERNETES_DEFAULT_MEMORY", "4Gi")
 KUBERNETES_SHM_SIZE = env_str("KUBERNETES_SHM_SIZE", "1Gi")

@@ -42,6 +42,7 @@ SLOW_FILES = (
     "models_registry/tests/test_tus_asgi.py",
     "models_registry/tests/test_upload_reservations.py",
     "performance/tests/test_api_pipeline.py",
+    "portal/tests/test_portal_tracing.py",
     "tests/test_layers.py",
     "tests/test_nasty_inputs.py",
     "tests/test_observability_prometheus.py",

@@ -6,9 +6,11 @@ Another team's caller naming that trace learns nothing of it."""
 
 from __future__ import annotations
 
+import queue
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -36,6 +38,20 @@ def trace_collector(monkeypatch: pytest.MonkeyPatch) -> Iterator[otlp_collector.
         otlp_collector.stop(collector)
 
 
+@pytest.fixture
+def this_process_traced(trace_collector: otlp_collector.Collector) -> Iterator[None]:
+    """The test's own process traced as the web server is (its Django test client is the portal's API here): the
+    requests it makes queue the worker's tasks with their trace context."""
+    from infra import tracing
+
+    tracing.configure()
+    tracing.instrument_portal()
+    try:
+        yield
+    finally:
+        tracing.shutdown()
+
+
 def _infer_body() -> bytes:
     from models_registry.samples import digits_holdout
 
@@ -48,7 +64,7 @@ def _infer_body() -> bytes:
 
 def test_the_callers_trace_holds_the_gateways_span_and_tritons_and_another_team_learns_nothing(
     trace_collector: otlp_collector.Collector, people: dict[str, Person], portal_url: str,
-    grpc_gateway: GrpcGatewayProcess, digits_onnx: Path
+    grpc_gateway: GrpcGatewayProcess, digits_onnx: Path, this_process_traced: None
 ) -> None:
     alice, charlie = people["alice"], people["charlie"]
     push(alice, digits_onnx)
@@ -103,6 +119,51 @@ def test_the_callers_trace_holds_the_gateways_span_and_tritons_and_another_team_
     assert grpc_span.attributes["modelport.status"] == 200
     [grpc_request] = [s for s in over_grpc if s.name == "InferRequest"]
     assert grpc_request.parent_span_id == grpc_span.span_id and grpc_request.service == "triton-inference-server"
+
+    # A stream (ModelStreamInfer): the gRPC gateway's one span of the whole stream, in the caller's trace, and
+    # Triton's span of each request sent on it under that one (the upstream stream call carries its traceparent).
+    stream_trace = secrets.token_hex(16)
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(grpc_gateway.address)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)), headers={
+        "authorization": f"Bearer {alice.token}", "modelport-deployment": "digits-prod",
+        "traceparent": f"00-{stream_trace}-{caller_span}-01"})
+    for index in range(2):
+        client.async_stream_infer("digits", [tensor], request_id=f"s{index}")
+    for _ in range(2):
+        assert answers.get(timeout=30)[1] is None
+    client.stop_stream()
+
+    def joined_stream() -> list[otlp_collector.Span] | None:
+        spans = trace_collector.of_trace(stream_trace)
+        names = [s.name for s in spans]
+        return spans if "ModelStreamInfer" in names and names.count("InferRequest") >= 2 else None
+
+    streamed = wait_for(joined_stream, 30, what="the gRPC stream's span and Triton's spans of its requests")
+    [stream_span] = [s for s in streamed if s.name == "ModelStreamInfer"]
+    assert stream_span.parent_span_id == caller_span and stream_span.attributes["modelport.stream.requests"] == 2
+    assert {s.parent_span_id for s in streamed if s.name == "InferRequest"} == {stream_span.span_id}
+
+    # The portal's own work: the upload's request (the Django instrumentation) and the inspection the worker ran for
+    # it (the Celery instrumentation, the context carried in the task's headers) are one trace; so are the deploy's
+    # request and the worker's reconcile passes.
+    def task_of(request_name: str, task_name: str) -> tuple[otlp_collector.Span, otlp_collector.Span] | None:
+        with trace_collector.lock:
+            spans = list(trace_collector.spans)
+        for request in [s for s in spans if s.name == request_name and s.service == "modelport-test"]:
+            ids = {s.span_id for s in spans if s.trace_id == request.trace_id}
+            for task in spans:
+                if task.name == task_name and task.trace_id == request.trace_id and task.parent_span_id in ids:
+                    return request, task
+        return None
+
+    upload, inspection = wait_for(lambda: task_of("POST api/v1/models/<str:name>/versions/",
+                                                  "run/models_registry.tasks.inspect_version"),
+                                  30, what="the upload's request and its inspection in one trace")
+    assert upload.attributes["http.target"] == "/api/v1/models/<str:name>/versions/"
+    assert not any(alice.token in str(v) for v in {**upload.attributes, **inspection.attributes}.values())
+    wait_for(lambda: task_of("POST api/v1/deployments/", "run/deployments.tasks.reconcile_deployment"), 30,
+             what="the deploy's request and a reconcile pass in one trace")
 
     # A caller that did not sample its trace: the gateway records nothing of it, while Triton, which traces every
     # request (rate 1) whatever the traceparent's sampled flag, still exports its spans under the gateway's unrecorded

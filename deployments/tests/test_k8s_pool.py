@@ -95,10 +95,10 @@ def test_the_pools_triton_holds_no_s3_key_and_only_the_agent_sees_the_urls() -> 
 
 
 def test_the_model_load_gpu_limit_is_set_per_gpu_where_the_pool_has_a_budget() -> None:
-    args = pool_manifests.triton_args(_target(gpu_count=2, gpu_load_fraction=Decimal("0.80")))
+    args = pool_manifests.triton_args(_target(gpu_count=2, gpu_load_fraction=Decimal("0.80")), CONFIG)
     assert [a for a in args if a.startswith("--model-load-gpu-limit")] == [
         "--model-load-gpu-limit=0:0.80", "--model-load-gpu-limit=1:0.80"]
-    assert not [a for a in pool_manifests.triton_args(_target()) if a.startswith("--model-load-gpu-limit")]
+    assert not [a for a in pool_manifests.triton_args(_target(), CONFIG) if a.startswith("--model-load-gpu-limit")]
 
 
 @pytest.mark.parametrize(("share", "fields", "resources", "words"), [

@@ -1,6 +1,7 @@
-"""The gRPC gateway's span of a unary call (gateway/traced.py), read from the SDK's in-memory exporter: the
-caller's `traceparent` metadata continued, Triton sent the gateway's span in the same metadata, the call's attributes;
-with tracing off, no metadata. A real Triton's spans joining it: tests/test_tracing_e2e.py."""
+"""The gRPC gateway's span of a unary call and of a ModelStreamInfer stream (gateway/traced.py), read from the SDK's
+in-memory exporter: the caller's `traceparent` metadata continued, Triton sent the gateway's span in the same
+metadata (every upstream call of a stream, a decoupled request's own included), the call's attributes; with tracing
+off, no metadata. A real Triton's spans joining a unary call's: tests/test_tracing_e2e.py."""
 
 from __future__ import annotations
 
@@ -9,10 +10,23 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from gateway.tests.grpc_support import PREFIX, infer_request, meta, stack
+from gateway.tests.grpc_fake_upstream import piece_reply
+from gateway.tests.grpc_support import (
+    PREFIX,
+    chat_request,
+    deploy_streaming,
+    infer_request,
+    is_chat,
+    meta,
+    next_answer,
+    open_stream,
+    settles,
+    stack,
+)
 from infra import tracing
 from tests.support.gateway_calls import make_deployment, run
 from tests.support.people import Person
@@ -26,6 +40,7 @@ def _grpc_tracing_settings(settings: Any) -> None:
     settings.GATEWAY_CACHE_TTL_SECONDS = 0.5
     settings.GATEWAY_RATE_LIMIT_PER_SECOND = 1000
     settings.GATEWAY_RATE_LIMIT_BURST = 1000
+    settings.GATEWAY_MAX_STREAMS_PER_TEAM = 4
 
 
 @contextlib.contextmanager
@@ -65,7 +80,8 @@ def test_a_unary_call_gets_a_span_in_the_callers_trace_and_triton_gets_its_conte
             assert attributes["modelport.team.id"] == people["alice"].team.id
             assert attributes["modelport.deployment"] == "digits-prod" and attributes["modelport.model"] == "digits"
             assert attributes["modelport.revision"] == 1 and attributes["modelport.status"] == 200
-            assert attributes["rpc.request.body.size"] == len(sent) and attributes["rpc.response.body.size"] > 0
+            size = attributes["rpc.response.body.size"]
+            assert attributes["rpc.request.body.size"] == len(sent) and isinstance(size, int) and size > 0
             assert not any(people["alice"].token in str(v) for v in attributes.values())
             forwarded = fake.calls[0].metadata
             assert forwarded["traceparent"] == f"00-{CALLER_TRACE}-{context.span_id:016x}-01"
@@ -82,5 +98,85 @@ def test_with_tracing_off_triton_gets_no_traceparent(people: dict[str, Person]) 
             await channel.unary_unary(PREFIX + "ModelInfer")(infer_request([1, 4], b"\0" * 16), timeout=10,
                                                              metadata=caller)
             assert "traceparent" not in fake.calls[0].metadata
+
+    run(scenario)
+
+
+async def _chat_pieces(request: bytes) -> Any:
+    yield piece_reply(request, "a")
+    yield piece_reply(request, "b", final=True)
+
+
+async def _one_stream(channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...]) -> None:
+    """Two one-answer requests and a decoupled one on one stream, every answer read, the stream closed."""
+    stream = await open_stream(channel, metadata)
+    await stream.write(infer_request([1], b"\0" * 4, request_id="d-1"))
+    await stream.write(chat_request("chat-1"))
+    await stream.write(infer_request([1], b"\0" * 4, request_id="d-2"))
+    answers = [await next_answer(stream) for _ in range(4)]
+    assert sorted(a.infer_response.id for a in answers) == ["chat-1", "chat-1", "d-1", "d-2"]
+    await stream.done_writing()
+    assert await stream.read() is grpc.aio.EOF
+
+
+def test_a_stream_gets_one_span_in_the_callers_trace_and_each_upstream_call_its_context(
+    people: dict[str, Person],
+) -> None:
+    async def scenario() -> None:
+        async with stack() as (_, fake, channel):
+            await asyncio.to_thread(deploy_streaming, people["alice"], "streams", fake.target)
+            fake.pieces = lambda request: _chat_pieces(request) if is_chat(request) else None
+            with _traced() as exporter:
+                await _one_stream(channel, meta(people["alice"], "streams",
+                                                traceparent=f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
+                assert await settles(lambda: len(exporter.get_finished_spans()), 1) == 1
+                [span] = exporter.get_finished_spans()
+            context = span.get_span_context()
+            assert context is not None and f"{context.trace_id:032x}" == CALLER_TRACE
+            assert span.parent is not None and f"{span.parent.span_id:016x}" == CALLER_SPAN
+            assert span.name == "ModelStreamInfer"
+            attributes = dict(span.attributes or {})
+            assert attributes["modelport.team.id"] == people["alice"].team.id
+            assert attributes["modelport.deployment"] == "streams" and attributes["modelport.status"] == 200
+            assert attributes["modelport.stream.requests"] == 3 and attributes["rpc.method"] == "ModelStreamInfer"
+            assert not any(people["alice"].token in str(v) for v in attributes.values())
+            # The one-answer requests share an upstream call, the decoupled one has its own: each names the span.
+            upstream = {c.metadata["traceparent"] for c in fake.calls}
+            assert upstream == {f"00-{CALLER_TRACE}-{context.span_id:016x}-01"}
+            assert len(fake.calls) == 3
+
+    run(scenario)
+
+
+def test_a_stream_refused_up_front_has_a_span_with_its_status_and_nothing_of_the_deployment(
+    people: dict[str, Person],
+) -> None:
+    async def scenario() -> None:
+        async with stack() as (_, fake, channel):
+            await asyncio.to_thread(deploy_streaming, people["alice"], "streams", fake.target)
+            with _traced() as exporter:
+                stream = await open_stream(channel, meta(people["charlie"], "streams",
+                                                         traceparent=f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
+                with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                    await stream.write(infer_request([1], b"\0" * 4))
+                assert await stream.code() == grpc.StatusCode.NOT_FOUND
+                assert await settles(lambda: len(exporter.get_finished_spans()), 1) == 1
+                [span] = exporter.get_finished_spans()
+            attributes = dict(span.attributes or {})
+            assert attributes["modelport.status"] == 404
+            assert not {"modelport.team.id", "modelport.deployment"} & set(attributes)
+            assert fake.calls == []
+
+    run(scenario)
+
+
+def test_with_tracing_off_a_streams_upstream_calls_get_no_traceparent(people: dict[str, Person]) -> None:
+    async def scenario() -> None:
+        async with stack() as (_, fake, channel):
+            await asyncio.to_thread(deploy_streaming, people["alice"], "streams", fake.target)
+            fake.pieces = lambda request: _chat_pieces(request) if is_chat(request) else None
+            await _one_stream(channel, meta(people["alice"], "streams",
+                                            traceparent=f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
+            assert len(fake.calls) == 3 and not [c for c in fake.calls if "traceparent" in c.metadata]
 
     run(scenario)

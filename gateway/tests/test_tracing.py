@@ -186,6 +186,7 @@ def test_with_tracing_off_there_is_no_tracer_no_span_and_no_header(
 
 def test_without_an_endpoint_nothing_of_the_sdk_is_even_imported() -> None:
     code = ("import sys; from infra import tracing; assert tracing.configure() is None; "
+            "tracing.instrument_portal(); "  # the Django and Celery instrumentation: nothing either
             "assert tracing.tracer is None; print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
     env = {"PATH": "/usr/bin:/bin"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,

@@ -32,6 +32,13 @@ def kubernetes_settings() -> list[CheckMessage]:
             bad_egress = True
             messages.append(Error(f"KUBERNETES_TRITON_EGRESS: {exc}", hint="See docs/kubernetes.md, Egress.",
                                   id="modelport.E111"))
+    if settings.KUBERNETES_TRACE_EGRESS:
+        try:
+            parse_egress(settings.KUBERNETES_TRACE_EGRESS)
+        except ValueError as exc:
+            bad_egress = True
+            messages.append(Error(f"KUBERNETES_TRACE_EGRESS: {exc}", hint="See docs/observability.md, Kubernetes.",
+                                  id="modelport.E114"))
     if settings.KUBERNETES_REPOSITORY_URL_SECONDS > MAX_PRESIGNED_URL_SECONDS:
         messages.append(Error(f"KUBERNETES_REPOSITORY_URL_SECONDS is {settings.KUBERNETES_REPOSITORY_URL_SECONDS}, "
                               "above S3's limit for presigned URLs (604800, 7 days).",
@@ -44,4 +51,7 @@ def kubernetes_settings() -> list[CheckMessage]:
             if problem:
                 messages.append(Warning(f"A Kubernetes cluster is configured but its rollouts would fail: {problem}",
                                         id="modelport.W113"))
+        problem = config.trace_problem()
+        if problem:
+            messages.append(Warning(f"Triton's pods will not be traced: {problem}", id="modelport.W115"))
     return messages

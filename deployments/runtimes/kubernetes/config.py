@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from infra import tracing
+
 FIELD_MANAGER = "modelport"
 # The Triton image runs as this user (triton-server in NVIDIA's images).
 TRITON_UID = 1000
@@ -99,6 +101,11 @@ class KubernetesConfig:
     # Where Triton's pods may connect (besides DNS): the S3 endpoint must be listed, for the init container.
     egress: tuple[EgressRule, ...] = ()
     dns_namespace: str = "kube-system"
+    # Tracing (docs/observability.md): where Triton's pods send their spans (the portal's OTLP/HTTP traces URL, ""
+    # when tracing is off), and the one egress rule that lets them reach it (KUBERNETES_TRACE_EGRESS: a NetworkPolicy
+    # cannot name a host, so the operator says where the collector is, with its port). Pods are traced only with both.
+    traces_url: str = ""
+    trace_egress: EgressRule | None = None
     default_cpu: str = "1"
     default_memory: str = "4Gi"
     shm_size: str = "1Gi"
@@ -145,6 +152,8 @@ class KubernetesConfig:
             fetch_image=settings.KUBERNETES_FETCH_IMAGE,
             egress=tuple(parse_egress(entry) for entry in settings.KUBERNETES_TRITON_EGRESS),
             dns_namespace=settings.KUBERNETES_DNS_NAMESPACE,
+            traces_url=tracing.traces_url() or "",
+            trace_egress=parse_egress(settings.KUBERNETES_TRACE_EGRESS) if settings.KUBERNETES_TRACE_EGRESS else None,
             default_cpu=settings.KUBERNETES_DEFAULT_CPU,
             default_memory=settings.KUBERNETES_DEFAULT_MEMORY,
             shm_size=settings.KUBERNETES_SHM_SIZE,
@@ -223,6 +232,34 @@ class KubernetesConfig:
             return ("KUBERNETES_TRITON_EGRESS is empty: Triton's pods may connect to nothing but DNS, so their init "
                     "container cannot download the model repository from S3. List the S3 endpoint as the pods reach "
                     "it, e.g. namespace=storage:9000 for an in-cluster MinIO or 10.0.5.0/24:443 (docs/kubernetes.md).")
+        return None
+
+    @property
+    def pod_traces_url(self) -> str | None:
+        """The URL Triton's pods export their spans to, or None (untraced): tracing is off, or no trace egress is
+        set, or it does not match the URL (trace_problem())."""
+        if self.traces_url and self.trace_egress is not None and self.trace_problem() is None:
+            return self.traces_url
+        return None
+
+    def trace_problem(self) -> str | None:
+        """Why Triton's pods are not traced although the portal is (None: they are, or tracing is off)."""
+        if not self.traces_url:
+            return None
+        if self.trace_egress is None:
+            return ("tracing is on (OTEL_EXPORTER_OTLP_ENDPOINT) but KUBERNETES_TRACE_EGRESS is not set: Triton's "
+                    "pods start untraced, since their NetworkPolicy could not let them reach the collector. Set it to "
+                    "the collector as the pods reach it, e.g. namespace=observability:4318 (docs/observability.md).")
+        parts = urlsplit(self.traces_url)
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            port = 0
+        if parts.scheme not in ("http", "https") or not parts.hostname or not port:
+            return f"the trace endpoint {self.traces_url!r} is not an http(s) URL with a host: pods start untraced."
+        if self.trace_egress.port != port or self.trace_egress.protocol != "TCP":
+            return (f"KUBERNETES_TRACE_EGRESS must name the collector's TCP port, {port} (from {self.traces_url}), "
+                    "and only that one: Triton's pods start untraced until it does.")
         return None
 
     def problems(self) -> list[str]:

@@ -285,7 +285,37 @@ def triton_args(target: Target, config: KubernetesConfig) -> list[str]:
     ]
     if any(m.response_cache for m in target.spec.models):
         args.append(f"--cache-config=local,size={config.response_cache_bytes}")
+    if config.pod_traces_url:
+        args += trace_args(config.pod_traces_url, {"modelport.deployment": target.deployment_name,
+                                                   "modelport.revision": str(target.revision)})
     return args
+
+
+# The pod's own name, for its spans' resource (the kubelet expands $(VAR) in args from the container's env).
+POD_NAME_ENV = "MODELPORT_POD_NAME"
+POD_NAMESPACE_ENV = "MODELPORT_POD_NAMESPACE"
+
+
+def trace_args(url: str, resource: Mapping[str, str]) -> list[str]:
+    """Triton's OpenTelemetry tracing in a pod, as the local runtime's (deployments/runtimes/local/triton.py): every
+    request traced (the gateway's sampler decides, by the traceparent it sends), with the timestamps that split queue
+    from compute, to the portal's collector; the spans' resource says which pod of which deployment sent them.
+    Triton's trace API stays an admin API no caller reaches."""
+    attributes = {"k8s.namespace.name": f"$({POD_NAMESPACE_ENV})", "k8s.pod.name": f"$({POD_NAME_ENV})",
+                  **resource}
+    args = ["--trace-config", "mode=opentelemetry", "--trace-config", "rate=1", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", f"opentelemetry,url={url}"]
+    for key, value in attributes.items():
+        args += ["--trace-config", f"opentelemetry,resource={key}={value}"]
+    return args
+
+
+def trace_env(config: KubernetesConfig) -> list[dict[str, Any]]:
+    """The container's env that trace_args() reads (none when the pods are untraced)."""
+    if not config.pod_traces_url:
+        return []
+    return [{"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": POD_NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
 
 
 # What every container of a Triton pod runs with: the "restricted" Pod Security Standard, and a root filesystem
@@ -341,7 +371,7 @@ def deployment(target: Target, namespace: str, config: KubernetesConfig) -> dict
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
         # The root filesystem is read-only: libraries that keep caches under $HOME write to the /tmp emptyDir.
-        "env": [{"name": "HOME", "value": "/tmp"}],
+        "env": [{"name": "HOME", "value": "/tmp"}, *trace_env(config)],
         "resources": _resources(target, config),
         # Big models take minutes to download from S3 and load: the startup probe allows the whole ready
         # timeout before liveness starts counting.
@@ -501,6 +531,9 @@ def triton_network_policy(metadata: dict[str, Any], pod_labels: dict[str, str],
             "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
         })
     egress += [rule.to_policy() for rule in config.egress]
+    if config.pod_traces_url and config.trace_egress is not None:
+        # The collector, on its port only (config.trace_problem() refuses a rule without it): Triton's spans.
+        egress.append(config.trace_egress.to_policy())
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",

@@ -116,7 +116,7 @@ def _metadata(target: PoolTarget, namespace: str, name: str | None = None, **ext
     return {"name": name or target.object_name, "namespace": namespace, "labels": labels(target), **extra}
 
 
-def triton_args(target: PoolTarget) -> list[str]:
+def triton_args(target: PoolTarget, config: KubernetesConfig) -> list[str]:
     args = [
         f"--model-repository={manifests.REPOSITORY_DIR}",
         # Nothing is loaded at start: the agent loads each revision when its files are in place.
@@ -136,6 +136,9 @@ def triton_args(target: PoolTarget) -> list[str]:
     if target.gpu_load_fraction is not None and target.gpu_count:
         # Triton refuses a load that would take more than this fraction of a GPU's memory (per GPU the pod sees).
         args += [f"--model-load-gpu-limit={device}:{target.gpu_load_fraction:f}" for device in range(target.gpu_count)]
+    if config.pod_traces_url:
+        # Its spans name each model by its pool name (docs/pools.md), as a local pool's do.
+        args += manifests.trace_args(config.pod_traces_url, {"modelport.pool": target.name})
     return args
 
 
@@ -157,13 +160,13 @@ def pool_deployment(target: PoolTarget, namespace: str, config: KubernetesConfig
         "imagePullPolicy": "IfNotPresent",
         # The start script runs tritonserver with these arguments, every model's stub confined (pool_stub.py).
         "command": ["sh", f"{AGENT_DIR}/pool_triton.sh"],
-        "args": triton_args(target),
+        "args": triton_args(target, config),
         "ports": [
             {"name": "http", "containerPort": manifests.HTTP_PORT, "protocol": "TCP"},
             {"name": "grpc", "containerPort": manifests.GRPC_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": manifests.METRICS_PORT, "protocol": "TCP"},
         ],
-        "env": [{"name": "HOME", "value": "/tmp"}, key_env, *confinement_env(config)],
+        "env": [{"name": "HOME", "value": "/tmp"}, key_env, *confinement_env(config), *manifests.trace_env(config)],
         "resources": {"requests": requests, "limits": limits},
         "startupProbe": _probe("/v2/health/live", manifests.STARTUP_PERIOD_SECONDS, 30),
         "readinessProbe": _probe("/v2/health/ready", 5, 3),
