@@ -71,6 +71,30 @@ def test_a_request_and_the_task_it_queued_are_one_trace(alice: Person, deploymen
         assert "http.request.header" not in text and "COOKIES" not in text
 
 
+@pytest.mark.django_db(transaction=True)  # the view runs on another thread, which sees only committed rows
+def test_a_request_served_over_asgi_as_uvicorn_serves_the_portal_is_traced_and_records_no_secret(
+        alice: Person) -> None:
+    # Under ASGI (portal/asgi.py, what `make run` and production serve) the Django instrumentation needs
+    # opentelemetry-instrumentation-asgi (requirements.txt); without it such a request gets no span at all.
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncClient
+
+    with _portal_traced() as exporter:
+        client = AsyncClient()
+        response = async_to_sync(client.get)("/api/v1/deployments/?signature=query-secret-value", headers={
+            "Authorization": f"Bearer {alice.token}", "Cookie": "sessionid=cookie-secret"})
+        assert response.status_code == 200, response.json()
+        spans = exporter.get_finished_spans()
+    [served] = [s for s in spans if s.kind == SpanKind.SERVER]
+    assert served.name == "GET api/v1/deployments/"
+    attributes = dict(served.attributes or {})
+    assert attributes["http.target"] == "/api/v1/deployments/"
+    for span in spans:
+        text = _values(span)
+        for secret in (alice.token, "cookie-secret", "query-secret-value", "Bearer"):
+            assert secret not in text, (span.name, secret)
+
+
 def test_with_tracing_off_nothing_is_instrumented(alice: Person) -> None:
     tracing.instrument_portal()
     assert tracing.tracer is None
