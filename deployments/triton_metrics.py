@@ -19,8 +19,9 @@ On a cluster there is nothing to relay (no TritonServer or PoolServer rows): Pro
 from __future__ import annotations
 
 import re
+import socket
 import time
-import urllib.request
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ FETCH_TIMEOUT_SECONDS = 1.0
 TOTAL_SECONDS = 3.0  # all servers together: a scrape's answer never waits longer for Tritons
 MAX_BYTES = 4 * 1024 * 1024  # one Triton's exposition (a few KiB per model)
 READ_CHUNK_BYTES = 64 * 1024
+MAX_HEAD_BYTES = 16 * 1024  # the answer's status line and headers
 MAX_LABELS = 16  # Triton's own samples have at most 3 (model, version, gpu_uuid)
 MAX_LABEL_VALUE = 256
 OWN_LABELS = frozenset({"team", "deployment", "revision", "pool"})  # set by this relay, never taken from a server
@@ -87,22 +89,36 @@ def targets() -> list[Target | PoolTarget]:
 
 
 def fetch(url: str, timeout: float) -> str:
-    """The server's text, read for at most about `timeout` (each read waits at most that, and none starts after it)
-    and MAX_BYTES: an answer cut short loses its last, partial line."""
+    """The server's text, read within `timeout` in all (the connection, the head and the body; urllib's timeout is
+    each read's, which a trickling answer stretches without end) and MAX_BYTES: an answer cut short loses its last,
+    partial line. HTTP/1.0 over a plain socket, so that nothing but this loop waits on the server."""
     until = time.monotonic() + timeout
-    chunks: list[bytes] = []
-    size = 0
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (127.0.0.1 and a port from our row)
-        while size < MAX_BYTES and time.monotonic() < until:
-            chunk = response.read1(min(READ_CHUNK_BYTES, MAX_BYTES - size))
-            if not chunk:
+    parts = urllib.parse.urlsplit(url)
+    data = bytearray()
+    cut = True
+    with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 80), timeout=timeout) as sock:
+        sock.sendall(f"GET {parts.path or '/'} HTTP/1.0\r\nHost: {parts.netloc}\r\n\r\n".encode("ascii"))
+        while len(data) < MAX_BYTES + MAX_HEAD_BYTES:
+            left = until - time.monotonic()
+            if left <= 0:
                 break
-            chunks.append(chunk)
-            size += len(chunk)
-        else:
-            data = b"".join(chunks)
-            return data[:data.rfind(b"\n") + 1].decode("utf-8", "replace")
-    return b"".join(chunks).decode("utf-8", "replace")
+            sock.settimeout(left)
+            try:
+                chunk = sock.recv(min(READ_CHUNK_BYTES, MAX_BYTES + MAX_HEAD_BYTES - len(data)))
+            except TimeoutError:
+                break
+            if not chunk:
+                cut = False
+                break
+            data += chunk
+    head, found, body = bytes(data).partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0].split(None, 2)
+    if not found or len(status) < 2 or status[1] != b"200" or b"transfer-encoding" in head.lower():
+        raise ValueError(f"{url}: no whole answer with 200 within {timeout:g} s")
+    body = body[:MAX_BYTES]
+    if cut or len(body) == MAX_BYTES:
+        body = body[:body.rfind(b"\n") + 1]
+    return body.decode("utf-8", "replace")
 
 
 def exposition(found: Iterable[Target | PoolTarget], read: Callable[[str, float], str] | None = None) -> bytes:
