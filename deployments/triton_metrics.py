@@ -12,7 +12,9 @@ label (the server's memory, its pinned memory pool) are the pool's, with a `pool
 
 The text is untrusted (a python model can add custom metrics to its Triton's): each sample is parsed here and passed
 on only whole, never with a label this relay sets, so that one server's text can neither break the scrape of every
-team (Prometheus refuses a whole scrape over a broken line or a label given twice) nor speak for another team.
+team (Prometheus refuses a whole scrape over a broken line or a label given twice) nor speak for another team. (A
+custom metric could still name another revision's pool name as its model; but code a team uploaded runs only in its
+own pool, whose loads are all that team's: deployments/pools.py.)
 
 On a cluster there is nothing to relay (no TritonServer or PoolServer rows): Prometheus scrapes each Triton pod."""
 
@@ -156,20 +158,17 @@ def _pooled(target: PoolTarget) -> Relabel:
         model = next((value for name, value in labels if name == "model"), None)
         if model is None:
             return [("pool", target.pool), *labels]  # the server's own: the pool's, no team's
-        found = _PREFIX.match(model)
-        revision = target.revisions.get(found.group(0)) if found else None
-        if found is None or revision is None:
+        prefix = pool_names.prefix_of(model)
+        revision = target.revisions.get(prefix) if prefix is not None else None
+        if prefix is None or revision is None:
             return None  # no revision the portal knows in this pool
-        name = pool_names.own_name(model, found.group(0))
+        name = pool_names.own_name(model, prefix)
         if name not in revision.models:
             return None
         return [("team", revision.team), ("deployment", revision.deployment), ("revision", str(revision.revision)),
                 ("pool", target.pool), *((key, name if key == "model" else value) for key, value in labels)]
 
     return relabel
-
-
-_PREFIX = re.compile(r"d[0-9]{1,12}-r[0-9]{1,9}-")
 
 
 @dataclass
