@@ -77,6 +77,8 @@ def targets() -> list[Target | PoolTarget]:
         Target(server.deployment.team.name, server.deployment.name, server.revision.number,
                f"http://127.0.0.1:{server.metrics_port}/metrics") for server in servers]
     pools = list(PoolServer.objects.filter(state=PoolServer.State.RUNNING).select_related("pool").order_by("pk"))
+    if not pools:
+        return found
     revisions: dict[int, dict[str, PooledRevision]] = {}
     # Every load of the pool, whatever its state: an unloaded or failed revision's models may still have samples.
     for load in (PoolLoad.objects.filter(pool_id__in={server.pool_id for server in pools})
