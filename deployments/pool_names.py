@@ -49,6 +49,16 @@ def load_order(spec: RevisionSpec, prefix: str) -> list[str]:
     return plain + sorted(prefix + m.name for m in spec.models if m.is_pipeline)
 
 
+_PREFIX_RE = re.compile(r"d[0-9]{1,12}-r[0-9]{1,9}-")
+
+
+def prefix_of(name: str) -> str | None:
+    """The revision prefix a pool name starts with (`d1-r2-` of `d1-r2-digits`), None for a name without one. Says
+    nothing of whether that revision exists: the caller looks it up."""
+    found = _PREFIX_RE.match(name)
+    return found.group(0) if found else None
+
+
 def own_name(name: str, prefix: str) -> str:
     """A pool name back to the model's own name (a name without the prefix as it was)."""
     return name.removeprefix(prefix)

@@ -4,7 +4,8 @@ that has answered requests, evaluates the rules, and answers every dashboard que
 with series.
 
 Triton's series reach Prometheus through the portal, as the local runtime's do, labelled team, deployment and
-revision by it; on a cluster the scrape config's relabelling gives the same labels from the pod's
+revision by it (and relayed as a pool's server too, whose series of no known revision are dropped and whose own
+are labelled pool); on a cluster the scrape config's relabelling gives the same labels from the pod's
 (prometheus/prometheus-scrape.yml), and Debian's Prometheus is built without Kubernetes discovery, so that part is
 not run here."""
 
@@ -25,7 +26,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from deployments.models import Deployment, TritonServer
+from deployments.models import Deployment, PoolServer, TritonServer
 from deployments.pool_models import Pool
 from deployments.runtimes.local import readiness
 from deployments.runtimes.local import triton as lt
@@ -133,7 +134,12 @@ def query(prometheus: str, expr: str) -> list[Any]:
 def test_the_dashboards_queries_run_against_prometheus_scraping_the_portal_and_triton(
     scraping_prometheus: str, answered_triton: lt.ServerProcess
 ) -> None:
-    Pool.objects.create(name="acme-own", memory_budget_bytes=2**30)
+    pool = Pool.objects.create(name="acme-own", memory_budget_bytes=2**30)
+    # The same Triton relayed as the pool's server too (deployments/triton_metrics.py): its "matmul" is no pool name
+    # of a revision loaded there, so only the server's own series come, labelled with the pool.
+    PoolServer.objects.create(pool=pool, pid=answered_triton.pid, http_port=answered_triton.http_port,
+                              grpc_port=answered_triton.grpc_port, metrics_port=answered_triton.metrics_port,
+                              log_path=str(answered_triton.log_path), admin_key="unused")
     collector = StatsCollector()
     stream = collector.stream(1, "acme", "digits-prod", 1, time.perf_counter())
     for second in range(8):
@@ -160,6 +166,7 @@ def test_the_dashboards_queries_run_against_prometheus_scraping_the_portal_and_t
     assert {
         "modelport-overview.json: Requests per second, by deployment",
         "modelport-overview.json: Pools: memory reserved of the budget",
+        "modelport-overview.json: Tritons: CPU memory used",
         "modelport-overview.json: Celery queues: messages waiting",
         "modelport-deployment.json: Requests per second, by revision and status code",
         "modelport-deployment.json: Gateway latency p50 / p95 / p99",
@@ -180,6 +187,9 @@ def test_the_dashboards_queries_run_against_prometheus_scraping_the_portal_and_t
     assert [float(sample["value"][1]) for sample in pool] == [0.0]
     rollbacks = query(scraping_prometheus, 'modelport:canary_rollbacks:increase10m{deployment="digits-prod"}')
     assert [(r["metric"]["team"], float(r["value"][1])) for r in rollbacks] == [("acme", 0.0)]
+    memory = query(scraping_prometheus, 'nv_cpu_memory_used_bytes{pool="acme-own"}')
+    assert [sorted(set(sample["metric"]) - {"instance", "job"}) for sample in memory] == [["__name__", "pool"]]
+    assert query(scraping_prometheus, 'nv_inference_request_success{pool="acme-own"}') == []
     queues = query(scraping_prometheus, "modelport:worker_queue_messages:max")
     assert {sample["metric"]["queue"] for sample in queues} == {"reconcile", "inspection", "build", "tune"}
 

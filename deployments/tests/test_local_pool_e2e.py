@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from deployments import reconcile
+from deployments import reconcile, triton_metrics
 from deployments.models import Deployment, ModelMemory, Pool, PoolLoad, PoolServer
 from deployments.pools import shared_pool
 from deployments.runtimes.local import pool as local_pool
@@ -46,6 +47,15 @@ def test_two_teams_models_of_one_name_share_one_triton_and_each_answers_its_own(
     assert answer["model_name"] == "digits" and answer["outputs"][0]["shape"] == [2, 3]
     status, answer = infer(gateway, charlie, "digits-c")
     assert status == 200 and answer["model_name"] == "digits" and answer["outputs"][0]["shape"] == [2, 5]
+
+    # The pool's Triton as the portal's /metrics relays it (deployments/triton_metrics.py): each team's requests under
+    # its own labels and model name, the server's memory the pool's, no team's.
+    relayed = {family.name: [sample.labels for sample in family.samples] for family in
+               text_string_to_metric_families(triton_metrics.exposition(triton_metrics.targets()).decode())}
+    assert sorted((labels["team"], labels["deployment"], labels["revision"], labels["pool"], labels["model"])
+                  for labels in relayed["nv_inference_request_success"]) == [
+        ("acme", "digits-a", "1", "shared", "digits"), ("globex", "digits-c", "1", "shared", "digits")]
+    assert relayed["nv_cpu_memory_used_bytes"] == [{"pool": "shared"}]
 
     # Metadata, config and statistics name the user's model; the pool's other models are invisible.
     status, _, meta = gateway.call(alice, "GET", "/serve/digits-a/v2/models/digits")

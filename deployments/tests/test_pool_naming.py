@@ -29,3 +29,11 @@ def test_a_log_line_names_the_deployments_whose_names_it_holds_never_a_longer_na
     assert pool_names.deployments_named("xd4-r1-digits d4-r1234567890") == set()
     mine = pool_names.names_in("d4-r1-")
     assert mine.search("loading 'd4-r1-digits'") and not mine.search("loading 'xd4-r1-digits'")
+
+
+def test_a_pool_names_revision_prefix_is_found_only_at_its_start() -> None:
+    assert pool_names.prefix_of(pool_names.loaded_name(12, 3, "digits")) == "d12-r3-"
+    assert pool_names.prefix_of("d12-r3-d9-r1-digits") == "d12-r3-"  # a model's own name that looks like one
+    assert pool_names.prefix_of("digits") is None
+    assert pool_names.prefix_of("xd12-r3-digits") is None
+    assert pool_names.prefix_of("d12-r3digits") is None
