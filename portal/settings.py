@@ -503,6 +503,11 @@ KUBERNETES_GATEWAY_NAMESPACE = env_str("KUBERNETES_GATEWAY_NAMESPACE", "modelpor
 KUBERNETES_GATEWAY_POD_LABELS = _env_pairs(
     "KUBERNETES_GATEWAY_POD_LABELS", "app.kubernetes.io/name=modelport,app.kubernetes.io/component=web"
 )
+# The reconcile worker's pods (same namespace) may reach Triton's HTTP port: the performance panel's snapshot pass
+# reads its statistics API. Never the inspection worker's labels (it runs uploaded code); empty: not admitted.
+KUBERNETES_WORKER_POD_LABELS = _env_pairs(
+    "KUBERNETES_WORKER_POD_LABELS", "app.kubernetes.io/name=modelport,app.kubernetes.io/component=worker"
+)
 KUBERNETES_METRICS_NAMESPACE = env_str("KUBERNETES_METRICS_NAMESPACE")
 KUBERNETES_QUEUE_TIME_METRIC = env_str("KUBERNETES_QUEUE_TIME_METRIC", "triton_queue_time_us")
 KUBERNETES_CLUSTER_DOMAIN = env_str("KUBERNETES_CLUSTER_DOMAIN", "cluster.local")

@@ -249,12 +249,26 @@ def test_autoscaling_on_tritons_queue_time_uses_a_custom_pod_metric() -> None:
 def test_the_network_policy_lets_only_the_gateway_reach_triton() -> None:
     policy = by_kind(manifests.build(target(), "modelport-acme", CONFIG))["NetworkPolicy"]["spec"]
     assert policy["policyTypes"] == ["Ingress", "Egress"]
-    [rule] = policy["ingress"]
+    rule, worker = policy["ingress"]
     assert rule["from"] == [{
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "modelport"}},
         "podSelector": {"matchLabels": {"app.kubernetes.io/component": "web", "app.kubernetes.io/name": "modelport"}},
     }]
     assert [p["port"] for p in rule["ports"]] == [8000, 8001, 8002]
+    # The reconcile worker reads the statistics API for the performance panel: HTTP only, and not the inspection lane.
+    assert worker["from"] == [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "modelport"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/component": "worker",
+                                        "app.kubernetes.io/name": "modelport"}},
+    }]
+    assert worker["ports"] == [{"protocol": "TCP", "port": 8000}]
+
+
+def test_no_worker_labels_admit_no_worker() -> None:
+    config = KubernetesConfig(**{**CONFIG.__dict__, "worker_pod_labels": ()})
+    policy = by_kind(manifests.build(target(), "modelport-acme", config))["NetworkPolicy"]["spec"]
+    assert [rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+            for rule in policy["ingress"]] == ["web"]
 
 
 def test_the_network_policy_lets_triton_reach_dns_and_what_the_operator_lists_only() -> None:

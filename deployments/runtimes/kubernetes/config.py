@@ -116,6 +116,11 @@ class KubernetesConfig:
     gateway_namespace: str = "modelport"
     gateway_pod_labels: tuple[tuple[str, str], ...] = (
         ("app.kubernetes.io/name", "modelport"), ("app.kubernetes.io/component", "web"))
+    # The reconcile worker's pods (platform/kubernetes/base/worker.yaml), in the gateway's namespace: the performance
+    # panel's snapshot pass reads Triton's statistics from there, on the HTTP port only. Never the inspection lane's
+    # (component worker-inspection), which runs uploaded code's inspection; empty: not admitted.
+    worker_pod_labels: tuple[tuple[str, str], ...] = (
+        ("app.kubernetes.io/name", "modelport"), ("app.kubernetes.io/component", "worker"))
     metrics_namespace: str = ""
     queue_time_metric: str = "triton_queue_time_us"
     cluster_domain: str = "cluster.local"
@@ -163,6 +168,7 @@ class KubernetesConfig:
             gpu_tolerations=tuple(settings.KUBERNETES_GPU_TOLERATIONS),
             gateway_namespace=settings.KUBERNETES_GATEWAY_NAMESPACE,
             gateway_pod_labels=tuple(sorted(settings.KUBERNETES_GATEWAY_POD_LABELS.items())),
+            worker_pod_labels=tuple(sorted(settings.KUBERNETES_WORKER_POD_LABELS.items())),
             metrics_namespace=settings.KUBERNETES_METRICS_NAMESPACE,
             queue_time_metric=settings.KUBERNETES_QUEUE_TIME_METRIC,
             cluster_domain=settings.KUBERNETES_CLUSTER_DOMAIN,

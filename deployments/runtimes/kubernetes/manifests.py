@@ -8,7 +8,8 @@ Triton runs code that team members upload, so its pod holds nothing it does not 
 key and no service account token; an init container fetches the revision's files through presigned GET URLs
 from the revision's access Secret into an emptyDir, verifying each sha256, and Triton reads that directory
 read-only; the pod runs as non-root with a read-only root filesystem, no capabilities and RuntimeDefault seccomp;
-its NetworkPolicy admits only the gateway and lets it reach DNS and the destinations the operator lists.
+its NetworkPolicy admits only the gateway (and the reconcile worker on the HTTP port) and lets it reach DNS and the
+destinations the operator lists.
 """
 
 from __future__ import annotations
@@ -506,8 +507,8 @@ def network_policy(target: Target, namespace: str, config: KubernetesConfig) -> 
 
 def triton_network_policy(metadata: dict[str, Any], pod_labels: dict[str, str],
                           config: KubernetesConfig) -> dict[str, Any]:
-    """The NetworkPolicy of a Triton pod, a deployment's or a pool's: its ports open only to the gateway (and the
-    metrics port to the metrics namespace)."""
+    """The NetworkPolicy of a Triton pod, a deployment's or a pool's: its ports open only to the gateway (its HTTP
+    port also to the reconcile worker, and the metrics port to the metrics namespace)."""
     ports = [{"protocol": "TCP", "port": port} for port in (HTTP_PORT, GRPC_PORT, METRICS_PORT)]
     ingress: list[dict[str, Any]] = [{
         "from": [{
@@ -516,6 +517,16 @@ def triton_network_policy(metadata: dict[str, Any], pod_labels: dict[str, str],
         }],
         "ports": ports,
     }]
+    if config.worker_pod_labels:
+        # The reconcile worker's snapshot pass (performance/snapshots.py) reads GET /v2/models/stats: HTTP only, and
+        # from the lane that runs no uploaded code (docs/security.md, "Network").
+        ingress.append({
+            "from": [{
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": config.gateway_namespace}},
+                "podSelector": {"matchLabels": dict(config.worker_pod_labels)},
+            }],
+            "ports": [{"protocol": "TCP", "port": HTTP_PORT}],
+        })
     if config.metrics_namespace:
         ingress.append({
             "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": config.metrics_namespace}}}],
