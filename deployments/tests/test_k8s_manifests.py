@@ -376,7 +376,7 @@ def test_the_service_url_is_the_cluster_dns_name() -> None:
     assert manifests.service_url("digits", "ns", other) == "http://digits.ns.svc.corp.internal:8000"
 
 
-AUTOSCALED = {"autoscaling": {"min_replicas": 2, "max_replicas": 6, "metric": "cpu", "target": 70}}
+AUTOSCALED: dict[str, Any] = {"autoscaling": {"min_replicas": 2, "max_replicas": 6, "metric": "cpu", "target": 70}}
 QUEUE_RATIO = KubernetesConfig(**{**CONFIG.__dict__, "autoscaling": "queue-ratio-hpa",
                                   "autoscaling_target_ratio": 0.5})
 KEDA = KubernetesConfig(**{**CONFIG.__dict__, "autoscaling": "keda", "autoscaling_target_ratio": 1.5,
