@@ -107,3 +107,18 @@ def test_on_a_cluster_without_keda_the_other_settings_never_need_it(
     assert kube.get(HPA_PATH) is None
     runtime.teardown(deployment)
     assert [p for p in kube.objects if f"/namespaces/{NS}/" in p and "/pods/" not in p] == []
+
+
+def test_stop_removes_the_scaled_object_so_that_keda_does_not_scale_the_deployment_back_up(
+        alice: Person, digits: ModelVersion, kube: FakeKube, cfg: KubernetesConfig) -> None:
+    kube.custom_resources.add("scaledobjects.keda.sh")
+    kube.on_apply = fake_kube.rollout_succeeds
+    deployment = create(alice, autoscaling=AUTOSCALING)
+    runtime = keda(cfg)
+    runtime.launch(deployment.revision)  # type: ignore[arg-type]
+    runtime.stop(deployment)
+    assert kube.get(SCALED_PATH) is None
+    assert kube.get(f"/apis/apps/v1/namespaces/{NS}/deployments/digits")["spec"]["replicas"] == 0  # type: ignore[index]
+    runtime.launch(deployment.revision)  # type: ignore[arg-type]  # start: back, at the minimum
+    assert kube.get(SCALED_PATH) is not None
+    assert kube.get(f"/apis/apps/v1/namespaces/{NS}/deployments/digits")["spec"]["replicas"] == 2  # type: ignore[index]

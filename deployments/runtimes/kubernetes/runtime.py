@@ -400,6 +400,15 @@ class KubernetesRuntime:
             raise RuntimeUnavailable(explain(exc, what)) from None
         return applied
 
+    def _scale_to_zero(self, kube: Kube, namespace: str, deployment: Deployment, instance: str) -> None:
+        """Stop one instance: its ScaledObject goes first, since KEDA scales a Deployment below minReplicaCount back
+        up (an HPA leaves one at zero alone); the next launch applies it again."""
+        selector = manifests.instance_selector(deployment.team.name, deployment.name, instance)
+        for item in managed_items(kube, manifests.KEDA_API_VERSION, manifests.KEDA_KIND, namespace, selector,
+                                  self.cfg):
+            kube.delete(manifests.KEDA_API_VERSION, manifests.KEDA_KIND, namespace, item["metadata"]["name"])
+        kube.scale(namespace, instance, 0)
+
     def _require_keda(self, kube: Kube, namespace: str) -> None:
         """RuntimeUnavailable, before anything is applied, when the cluster has no ScaledObject API (no KEDA)."""
         try:
@@ -506,7 +515,7 @@ class KubernetesRuntime:
                 # A rollout updated the serving Deployment in place: back to the serving revision.
                 self._apply(kube, serving, namespace, target_for(serving, self.cfg, name))
             else:  # a first revision, or a canary beside the serving one
-                kube.scale(namespace, name, 0)
+                self._scale_to_zero(kube, namespace, deployment, name)
         except (KubeError, Unreachable, RuntimeUnavailable) as exc:
             log.warning("could not abandon %s: %s", launch.description, exc)
 
@@ -603,7 +612,7 @@ class KubernetesRuntime:
         for instance in instances(deployment):  # its own Deployment and its canary's
             try:
                 # Unchecked: a refused namespace still gets the team's own objects (found by label) stopped.
-                self.kube().scale(self.cfg.team_namespace(deployment.team.name), instance, 0)
+                self._scale_to_zero(self.kube(), self.cfg.team_namespace(deployment.team.name), deployment, instance)
             except KubeError as exc:
                 if exc.status != 404:
                     raise RuntimeUnavailable(explain(exc, f"scale {instance} to zero")) from None
