@@ -503,8 +503,24 @@ KUBERNETES_GATEWAY_NAMESPACE = env_str("KUBERNETES_GATEWAY_NAMESPACE", "modelpor
 KUBERNETES_GATEWAY_POD_LABELS = _env_pairs(
     "KUBERNETES_GATEWAY_POD_LABELS", "app.kubernetes.io/name=modelport,app.kubernetes.io/component=web"
 )
+# The reconcile worker's pods (same namespace) may reach Triton's HTTP port: the performance panel's snapshot pass
+# reads its statistics API. Never the inspection worker's labels (it runs uploaded code); empty: not admitted.
+KUBERNETES_WORKER_POD_LABELS = _env_pairs(
+    "KUBERNETES_WORKER_POD_LABELS", "app.kubernetes.io/name=modelport,app.kubernetes.io/component=worker"
+)
 KUBERNETES_METRICS_NAMESPACE = env_str("KUBERNETES_METRICS_NAMESPACE")
 KUBERNETES_QUEUE_TIME_METRIC = env_str("KUBERNETES_QUEUE_TIME_METRIC", "triton_queue_time_us")
+# What a dedicated cluster deployment's "autoscaling" renders (docs/kubernetes.md, "Autoscaling"): "hpa", an HPA on
+# the deployment's own metric (cpu or queue_time); "queue-ratio-hpa", an HPA on the Prometheus Adapter's external
+# metric modelport_triton_queue_compute_ratio; "keda", a KEDA ScaledObject reading that ratio from
+# KUBERNETES_KEDA_PROMETHEUS_URL. The last two scale on KUBERNETES_AUTOSCALING_TARGET_RATIO, not the deployment's
+# target.
+KUBERNETES_AUTOSCALING = env_str("KUBERNETES_AUTOSCALING", "hpa")
+if KUBERNETES_AUTOSCALING not in ("hpa", "queue-ratio-hpa", "keda"):
+    raise ImproperlyConfigured(
+        f"KUBERNETES_AUTOSCALING must be hpa, queue-ratio-hpa or keda, got {KUBERNETES_AUTOSCALING!r}")
+KUBERNETES_AUTOSCALING_TARGET_RATIO = env_float("KUBERNETES_AUTOSCALING_TARGET_RATIO", 1.0, minimum=0.01)
+KUBERNETES_KEDA_PROMETHEUS_URL = env_str("KUBERNETES_KEDA_PROMETHEUS_URL")
 KUBERNETES_CLUSTER_DOMAIN = env_str("KUBERNETES_CLUSTER_DOMAIN", "cluster.local")
 # How long a rollout may take (big models download and load slowly), and how long a pod may wait for a node.
 KUBERNETES_READY_TIMEOUT_SECONDS = env_int("KUBERNETES_READY_TIMEOUT_SECONDS", 1800, minimum=10)

@@ -16,6 +16,7 @@ SLOW_FILES = (
     "deployments/tests/test_ceilings.py",
     "deployments/tests/test_idle_time_in_place.py",
     "deployments/tests/test_k8s_api.py",
+    "deployments/tests/test_k8s_autoscaling.py",
     "deployments/tests/test_k8s_fetch.py",
     "deployments/tests/test_k8s_runtime.py",
     "deployments/tests/test_local_pyenvs.py",

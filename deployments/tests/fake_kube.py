@@ -97,6 +97,9 @@ class FakeKube:
     on_apply: Callable[[FakeKube, dict[str, Any]], None] | None = None
     # Runs when a watch starts (after the LIST it follows): lets a test change pods while Modelport waits.
     on_watch: Callable[[FakeKube], None] | None = None
+    # The custom resources whose CRD is installed ("scaledobjects.keda.sh"): a request for another one of a group that
+    # is not built in is answered 404, as an API server without that CRD does.
+    custom_resources: set[str] = field(default_factory=set)
     # RBAC: a request for which this returns a message is answered 403 Forbidden with it.
     forbid: Callable[[Request], str | None] | None = None
     # (group, resource, verb) of every authorization `rbac()` made, and of those it refused.
@@ -186,6 +189,17 @@ class FakeKube:
         """The last object of `kind` Modelport applied."""
         return self.sent("apply", kind)[-1].body  # type: ignore[no-any-return]
 
+    def serves(self, path: str) -> bool:
+        """Whether the API server knows `path`'s resource: every built-in group (core and *.k8s.io, and the groups
+        without a dot), a custom resource only with its CRD installed (`custom_resources`)."""
+        parts = [p for p in path.split("/") if p]
+        if parts[:1] != ["apis"] or len(parts) < 2 or "." not in parts[1] or parts[1].endswith(".k8s.io"):
+            return True
+        rest = parts[3:]
+        if rest[:1] == ["namespaces"] and len(rest) > 2:
+            rest = rest[2:]
+        return not rest or f"{rest[0]}.{parts[1]}" in self.custom_resources
+
     def _rv_now(self) -> int:
         return self._rv
 
@@ -232,6 +246,10 @@ class _Handler(BaseHTTPRequestHandler):
         refusal = self.kube.forbid(request) if self.kube.forbid else None
         if refusal:
             self._status(403, "Forbidden", refusal)
+            return
+        if not self.kube.serves(url.path):
+            # What kube-apiserver sends for a group no CRD registered: a plain-text 404, no Status object.
+            self._send(404, b"404 page not found\n", content_type="text/plain; charset=utf-8")
             return
         collection, name, sub = _split(url.path)
         path = f"{collection}/{name}" if name else collection

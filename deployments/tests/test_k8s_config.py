@@ -83,3 +83,33 @@ def test_the_system_check_refuses_a_team_mapped_to_the_pools_namespace(settings:
     assert [m.id for m in pool_namespace_check()] == ["modelport.E040"]
     settings.KUBERNETES_NAMESPACES = {"acme": "acme-models"}
     assert pool_namespace_check() == []
+
+
+def test_the_autoscaling_settings_reach_the_config_and_a_bad_one_stops_the_portal(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded = load_settings(monkeypatch, {"KUBERNETES_AUTOSCALING": "keda", "KUBERNETES_AUTOSCALING_TARGET_RATIO": "0.5",
+                                         "KUBERNETES_KEDA_PROMETHEUS_URL": "http://prometheus:9090",
+                                         "KUBERNETES_WORKER_POD_LABELS": "app=reconciler"})
+    config = KubernetesConfig.from_settings(loaded)
+    assert (config.autoscaling, config.autoscaling_target_ratio) == ("keda", 0.5)
+    assert config.keda_prometheus_url == "http://prometheus:9090"
+    assert config.worker_pod_labels == (("app", "reconciler"),)
+    assert KubernetesConfig.from_settings(load_settings(monkeypatch, {"KUBERNETES_WORKER_POD_LABELS": ""})
+                                          ).worker_pod_labels == ()
+    with pytest.raises(ImproperlyConfigured, match="^KUBERNETES_AUTOSCALING must be hpa, queue-ratio-hpa or keda"):
+        load_settings(monkeypatch, {"KUBERNETES_AUTOSCALING": "cpu"})
+    with pytest.raises(ImproperlyConfigured, match="^KUBERNETES_AUTOSCALING_TARGET_RATIO must be at least 0.01"):
+        load_settings(monkeypatch, {"KUBERNETES_AUTOSCALING": "hpa", "KUBERNETES_AUTOSCALING_TARGET_RATIO": "0"})
+
+
+def test_the_system_check_warns_of_keda_without_prometheus(settings: Any) -> None:
+    from deployments.runtimes.kubernetes import checks
+
+    settings.KUBERNETES_KUBECONFIG = "/dev/null"
+    settings.KUBERNETES_S3_BUCKET = "models"
+    settings.KUBERNETES_TRITON_EGRESS = ["10.0.5.0/24:9000"]
+    settings.KUBERNETES_AUTOSCALING = "keda"
+    settings.KUBERNETES_KEDA_PROMETHEUS_URL = ""
+    assert [m.id for m in checks.kubernetes_settings()] == ["modelport.W116"]
+    settings.KUBERNETES_KEDA_PROMETHEUS_URL = "http://prometheus:9090"
+    assert checks.kubernetes_settings() == []

@@ -11,6 +11,7 @@ test_k8s_s3.py downloads through the presigned URLs from moto's S3 server with t
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -310,6 +311,19 @@ def whole_life(alice: Person, kube: FakeKube, runtime: KubernetesRuntime, url_cl
     runtime.stop(deployment)
     serve(runtime, deployment, Revision.objects.get(pk=first.revision_id))
     runtime.teardown(deployment)
+    # With KUBERNETES_AUTOSCALING=keda (KEDA installed): a ScaledObject applied, then removed with autoscaling.
+    kube.custom_resources.add("scaledobjects.keda.sh")
+    keda = KubernetesRuntime(replace(runtime.cfg, autoscaling="keda", keda_prometheus_url="http://prometheus:9090"),
+                             now=runtime.now)
+    scaled = create(alice, name="digits-keda",
+                    autoscaling={"min_replicas": 1, "max_replicas": 3, "metric": "cpu", "target": 70})
+    serve(keda, scaled)
+    assert kube.get(f"/apis/keda.sh/v1alpha1/namespaces/{NS}/scaledobjects/digits-keda") is not None
+    assert alice.client().patch("/api/v1/deployments/digits-keda/", {"autoscaling": None},
+                                format="json").status_code == 200
+    serve(keda, scaled, Revision.objects.get(deployment=scaled, number=2))
+    assert kube.get(f"/apis/keda.sh/v1alpha1/namespaces/{NS}/scaledobjects/digits-keda") is None
+    keda.teardown(scaled)
     # A shared deployment in the team's own pool on the cluster: the pool's objects, its loads Secret edited.
     Pool.objects.create(name="own", runtime=Pool.Runtime.KUBERNETES, memory_budget_bytes=2**30, team=alice.team,
                         min_replicas=2, max_replicas=3)

@@ -249,12 +249,26 @@ def test_autoscaling_on_tritons_queue_time_uses_a_custom_pod_metric() -> None:
 def test_the_network_policy_lets_only_the_gateway_reach_triton() -> None:
     policy = by_kind(manifests.build(target(), "modelport-acme", CONFIG))["NetworkPolicy"]["spec"]
     assert policy["policyTypes"] == ["Ingress", "Egress"]
-    [rule] = policy["ingress"]
+    rule, worker = policy["ingress"]
     assert rule["from"] == [{
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "modelport"}},
         "podSelector": {"matchLabels": {"app.kubernetes.io/component": "web", "app.kubernetes.io/name": "modelport"}},
     }]
     assert [p["port"] for p in rule["ports"]] == [8000, 8001, 8002]
+    # The reconcile worker reads the statistics API for the performance panel: HTTP only, and not the inspection lane.
+    assert worker["from"] == [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "modelport"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/component": "worker",
+                                        "app.kubernetes.io/name": "modelport"}},
+    }]
+    assert worker["ports"] == [{"protocol": "TCP", "port": 8000}]
+
+
+def test_no_worker_labels_admit_no_worker() -> None:
+    config = KubernetesConfig(**{**CONFIG.__dict__, "worker_pod_labels": ()})
+    policy = by_kind(manifests.build(target(), "modelport-acme", config))["NetworkPolicy"]["spec"]
+    assert [rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+            for rule in policy["ingress"]] == ["web"]
 
 
 def test_the_network_policy_lets_triton_reach_dns_and_what_the_operator_lists_only() -> None:
@@ -360,3 +374,70 @@ def test_the_service_url_is_the_cluster_dns_name() -> None:
         "http://digits.modelport-acme.svc.cluster.local:8000"
     other = KubernetesConfig(cluster_domain="corp.internal")
     assert manifests.service_url("digits", "ns", other) == "http://digits.ns.svc.corp.internal:8000"
+
+
+AUTOSCALED: dict[str, Any] = {"autoscaling": {"min_replicas": 2, "max_replicas": 6, "metric": "cpu", "target": 70}}
+QUEUE_RATIO = KubernetesConfig(**{**CONFIG.__dict__, "autoscaling": "queue-ratio-hpa",
+                                  "autoscaling_target_ratio": 0.5})
+KEDA = KubernetesConfig(**{**CONFIG.__dict__, "autoscaling": "keda", "autoscaling_target_ratio": 1.5,
+                           "keda_prometheus_url": "http://prometheus.observability.svc:9090"})
+
+
+def test_the_queue_ratio_hpa_scales_on_the_adapters_external_metric_whatever_the_deployments_metric() -> None:
+    objects = by_kind(manifests.build(target(**AUTOSCALED), "modelport-acme", QUEUE_RATIO))
+    hpa = objects["HorizontalPodAutoscaler"]
+    validate_everywhere(hpa)
+    assert hpa["metadata"]["name"] == "digits"  # the same object as the "hpa" setting's: a switch replaces it
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "digits"}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
+    assert hpa["spec"]["metrics"] == [{"type": "External", "external": {
+        "metric": {"name": "modelport_triton_queue_compute_ratio",
+                   "selector": {"matchLabels": {"team": "acme", "deployment": "digits"}}},
+        "target": {"type": "Value", "value": "0.5"}}}]
+    assert hpa["spec"]["behavior"] == {"scaleDown": {"stabilizationWindowSeconds": 300}}
+    assert "replicas" not in objects["Deployment"]["spec"] and "ScaledObject" not in objects
+
+
+def test_a_canarys_queue_ratio_hpa_selects_the_deployments_ratio() -> None:
+    canary = manifests.Target(team="acme", name="digits-canary", revision=4, deployment="digits",
+                              spec=target(**AUTOSCALED).spec, repository_key="k/")
+    hpa = by_kind(manifests.build(canary, "ns", QUEUE_RATIO))["HorizontalPodAutoscaler"]["spec"]
+    assert hpa["scaleTargetRef"]["name"] == "digits-canary"
+    assert hpa["metrics"][0]["external"]["metric"]["selector"]["matchLabels"]["deployment"] == "digits"
+
+
+def test_keda_gets_a_scaled_object_on_the_same_ratio_and_no_hpa() -> None:
+    objects = by_kind(manifests.build(target(**AUTOSCALED), "modelport-acme", KEDA))
+    assert "HorizontalPodAutoscaler" not in objects and "replicas" not in objects["Deployment"]["spec"]
+    scaled = objects["ScaledObject"]
+    assert (scaled["apiVersion"], scaled["metadata"]["name"]) == ("keda.sh/v1alpha1", "digits")
+    assert scaled["metadata"]["labels"] == objects["Deployment"]["metadata"]["labels"]
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "digits"}
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 6)
+    [trigger] = spec["triggers"]
+    assert trigger == {"type": "prometheus", "metricType": "Value", "metadata": {
+        "serverAddress": "http://prometheus.observability.svc:9090",
+        "query": 'max(modelport:triton_queue_compute:ratio1m{namespace="modelport-acme",team="acme",'
+                 'deployment="digits"})',
+        "threshold": "1.5", "activationThreshold": "0"}}
+    assert "PodDisruptionBudget" in objects  # at least two pods, as with an HPA
+
+
+def test_without_autoscaling_no_setting_renders_an_autoscaler() -> None:
+    for config in (CONFIG, QUEUE_RATIO, KEDA):
+        kinds = set(by_kind(manifests.build(target(replicas=2), "ns", config)))
+        assert not kinds & {"HorizontalPodAutoscaler", "ScaledObject"}
+
+
+def test_keda_without_a_prometheus_url_is_refused_when_the_deployment_autoscales() -> None:
+    config = KubernetesConfig(**{**CONFIG.__dict__, "autoscaling": "keda"})
+    with pytest.raises(ManifestError) as raised:
+        manifests.build(target(**AUTOSCALED), "ns", config)
+    assert "KUBERNETES_KEDA_PROMETHEUS_URL" in " ".join(raised.value.errors["autoscaling"])
+    assert manifests.build(target(), "ns", config)  # without autoscaling nothing needs it
+
+
+def test_promql_strings_are_quoted() -> None:
+    assert manifests.queue_ratio_query("ns", 'a"b', "c\\d") == (
+        'max(modelport:triton_queue_compute:ratio1m{namespace="ns",team="a\\"b",deployment="c\\\\d"})')

@@ -144,6 +144,32 @@ def test_the_gateway_pods_are_the_ones_triton_lets_in() -> None:
     assert dict(defaults.gateway_pod_labels) == labels and defaults.gateway_namespace == "modelport"
 
 
+def test_the_reconcile_workers_pods_reach_tritons_http_port_and_the_inspection_lanes_do_not() -> None:
+    """The performance panel's snapshot pass runs in the reconcile lane (infra/queues.py): the default
+    KUBERNETES_WORKER_POD_LABELS select those pods of worker.yaml, and no pod of a lane that runs uploaded code."""
+    from deployments.runtimes.kubernetes import manifests
+    from infra.queues import ROUTES, Queue
+
+    assert ROUTES["performance.tasks.take_snapshots"] == {"queue": Queue.RECONCILE}
+    labels = dict(KubernetesConfig().worker_pod_labels)
+    workers = {o["metadata"]["name"]: o for o in build(KUSTOMIZE / "base")
+               if o["kind"] == "Deployment" and "worker" in o["metadata"]["name"]}
+    admitted = {name for name, obj in workers.items()
+                if labels.items() <= obj["spec"]["template"]["metadata"]["labels"].items()}
+    assert admitted == {"modelport-worker"}
+    command = workers["modelport-worker"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("-Q") + 1] == "reconcile"
+    assert "modelport-worker-inspection" in workers
+    spec = RevisionSpec.from_json({"runtime": "kubernetes", "replicas": 1, "resources": {}, "models": [{
+        "name": "digits", "model": "digits", "version": 1, "format": "onnx", "max_batch_size": 8,
+        "instance_group": {"count": 1, "kind": "cpu", "gpus": []}, "response_cache": False}]})
+    target = manifests.Target(team="acme", name="digits", revision=1, repository_key="p/r1/", spec=spec)
+    policy = {o["kind"]: o for o in manifests.build(target, "modelport-acme", KubernetesConfig())}["NetworkPolicy"]
+    [worker_rule] = [rule for rule in policy["spec"]["ingress"]
+                     if rule["from"][0].get("podSelector", {}).get("matchLabels") == labels]
+    assert worker_rule["ports"] == [{"protocol": "TCP", "port": manifests.HTTP_PORT}]
+
+
 def rules_of(directory: str, kind: str) -> set[tuple[str, str, str]]:
     [role] = [o for o in build(KUSTOMIZE / directory) if o["kind"] == kind]
     return {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]

@@ -54,4 +54,10 @@ def kubernetes_settings() -> list[CheckMessage]:
         problem = config.trace_problem()
         if problem:
             messages.append(Warning(f"Triton's pods will not be traced: {problem}", id="modelport.W115"))
+        if config.autoscaling == "keda" and not config.keda_prometheus_url:
+            messages.append(Warning(
+                "KUBERNETES_AUTOSCALING is keda but KUBERNETES_KEDA_PROMETHEUS_URL is empty: every deployment with "
+                "autoscaling is refused when it is planned.",
+                hint="Set it to the Prometheus that records the queue-to-compute ratio (docs/kubernetes.md, "
+                     "Autoscaling).", id="modelport.W116"))
     return messages

@@ -116,8 +116,18 @@ class KubernetesConfig:
     gateway_namespace: str = "modelport"
     gateway_pod_labels: tuple[tuple[str, str], ...] = (
         ("app.kubernetes.io/name", "modelport"), ("app.kubernetes.io/component", "web"))
+    # The reconcile worker's pods (platform/kubernetes/base/worker.yaml), in the gateway's namespace: the performance
+    # panel's snapshot pass reads Triton's statistics from there, on the HTTP port only. Never the inspection lane's
+    # (component worker-inspection), which runs uploaded code's inspection; empty: not admitted.
+    worker_pod_labels: tuple[tuple[str, str], ...] = (
+        ("app.kubernetes.io/name", "modelport"), ("app.kubernetes.io/component", "worker"))
     metrics_namespace: str = ""
     queue_time_metric: str = "triton_queue_time_us"
+    # What a deployment's "autoscaling" renders: "hpa" (its own metric), "queue-ratio-hpa" (an HPA on the adapter's
+    # external queue-to-compute ratio) or "keda" (a ScaledObject on the same ratio, read from keda_prometheus_url).
+    autoscaling: str = "hpa"
+    autoscaling_target_ratio: float = 1.0
+    keda_prometheus_url: str = ""
     cluster_domain: str = "cluster.local"
     ready_timeout_seconds: int = 1800
     unschedulable_grace_seconds: int = 120
@@ -163,8 +173,12 @@ class KubernetesConfig:
             gpu_tolerations=tuple(settings.KUBERNETES_GPU_TOLERATIONS),
             gateway_namespace=settings.KUBERNETES_GATEWAY_NAMESPACE,
             gateway_pod_labels=tuple(sorted(settings.KUBERNETES_GATEWAY_POD_LABELS.items())),
+            worker_pod_labels=tuple(sorted(settings.KUBERNETES_WORKER_POD_LABELS.items())),
             metrics_namespace=settings.KUBERNETES_METRICS_NAMESPACE,
             queue_time_metric=settings.KUBERNETES_QUEUE_TIME_METRIC,
+            autoscaling=settings.KUBERNETES_AUTOSCALING,
+            autoscaling_target_ratio=settings.KUBERNETES_AUTOSCALING_TARGET_RATIO,
+            keda_prometheus_url=settings.KUBERNETES_KEDA_PROMETHEUS_URL,
             cluster_domain=settings.KUBERNETES_CLUSTER_DOMAIN,
             ready_timeout_seconds=settings.KUBERNETES_READY_TIMEOUT_SECONDS,
             unschedulable_grace_seconds=settings.KUBERNETES_UNSCHEDULABLE_GRACE_SECONDS,

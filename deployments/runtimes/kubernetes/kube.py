@@ -34,7 +34,11 @@ KINDS: dict[tuple[str, str], tuple[str, str, bool]] = {
     ("policy/v1", "PodDisruptionBudget"): ("/apis/policy/v1", "poddisruptionbudgets", True),
     ("autoscaling/v2", "HorizontalPodAutoscaler"): ("/apis/autoscaling/v2", "horizontalpodautoscalers", True),
     ("networking.k8s.io/v1", "NetworkPolicy"): ("/apis/networking.k8s.io/v1", "networkpolicies", True),
+    # A custom resource (KEDA's CRD): the API server answers 404 for it where KEDA is not installed.
+    ("keda.sh/v1alpha1", "ScaledObject"): ("/apis/keda.sh/v1alpha1", "scaledobjects", True),
 }
+# Kinds that exist only where a CRD is installed.
+CUSTOM_KINDS = frozenset({("keda.sh/v1alpha1", "ScaledObject")})
 
 
 class KubeError(Exception):

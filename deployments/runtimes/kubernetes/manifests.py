@@ -8,7 +8,8 @@ Triton runs code that team members upload, so its pod holds nothing it does not 
 key and no service account token; an init container fetches the revision's files through presigned GET URLs
 from the revision's access Secret into an emptyDir, verifying each sha256, and Triton reads that directory
 read-only; the pod runs as non-root with a read-only root filesystem, no capabilities and RuntimeDefault seccomp;
-its NetworkPolicy admits only the gateway and lets it reach DNS and the destinations the operator lists.
+its NetworkPolicy admits only the gateway (and the reconcile worker on the HTTP port) and lets it reach DNS and the
+destinations the operator lists.
 """
 
 from __future__ import annotations
@@ -203,6 +204,10 @@ def check(target: Target, config: KubernetesConfig) -> dict[str, list[str]]:
     autoscaling = target.autoscaling
     if autoscaling and autoscaling.min_replicas > autoscaling.max_replicas:
         add("autoscaling.max_replicas", "max_replicas must be at least min_replicas")
+    if autoscaling and config.autoscaling == "keda" and not config.keda_prometheus_url:
+        add("autoscaling", "this cluster autoscales with KEDA (KUBERNETES_AUTOSCALING=keda) but "
+                           "KUBERNETES_KEDA_PROMETHEUS_URL is empty: an operator must set it to the Prometheus that "
+                           "records the queue-to-compute ratio, or the deployment must do without autoscaling")
     if len(target.name) > 63:  # a Service's name is a DNS label
         add("name", f"the objects of this revision would be named {target.name!r}, over Kubernetes' 63 characters: "
                     f"a canary on Kubernetes needs a deployment name of at most {63 - len(CANARY_SUFFIX)} characters")
@@ -214,7 +219,8 @@ def check(target: Target, config: KubernetesConfig) -> dict[str, list[str]]:
 
 def build(target: Target, namespace: str, config: KubernetesConfig, *,
           owner_uid: str | None = None) -> list[dict[str, Any]]:
-    """The namespaced objects serving `target`: Deployment, Service, [PodDisruptionBudget], [HPA], NetworkPolicy.
+    """The namespaced objects serving `target`: Deployment, Service, [PodDisruptionBudget], [HPA or KEDA
+    ScaledObject], NetworkPolicy.
 
     `owner_uid` (the applied Deployment's uid) adds owner references to the others, so Kubernetes' garbage
     collector removes them with the Deployment. Raises ManifestError.
@@ -228,7 +234,8 @@ def build(target: Target, namespace: str, config: KubernetesConfig, *,
     if lowest > 1:
         objects.append(pod_disruption_budget(target, namespace))
     if autoscaling:
-        objects.append(horizontal_pod_autoscaler(target, namespace, config))
+        objects.append(scaled_object(target, namespace, config) if config.autoscaling == "keda"
+                       else horizontal_pod_autoscaler(target, namespace, config))
     objects.append(network_policy(target, namespace, config))
     if owner_uid:
         for obj in objects[1:]:
@@ -472,14 +479,50 @@ def pod_disruption_budget(target: Target, namespace: str) -> dict[str, Any]:
     }
 
 
+# NVIDIA's reference autoscaling signal, time queued over time computing (platform/observability: the recording rule,
+# and the Prometheus Adapter's external metric served from it), for KUBERNETES_AUTOSCALING queue-ratio-hpa and keda.
+QUEUE_RATIO_SERIES = "modelport:triton_queue_compute:ratio1m"
+QUEUE_RATIO_METRIC = "modelport_triton_queue_compute_ratio"
+# A ratio swings with each batch: scale up at once, down only after five quiet minutes.
+SCALE_DOWN_WINDOW_SECONDS = 300
+KEDA_API_VERSION = "keda.sh/v1alpha1"
+KEDA_KIND = "ScaledObject"
+
+
+def _promql_string(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def queue_ratio_query(namespace: str, team: str, deployment: str) -> str:
+    """The deployment's queue-to-compute ratio in PromQL: the largest of its models' and revisions' (the busiest model
+    of a pipeline decides; a canary's pods count with the serving ones), as the adapter's rule serves it."""
+    matchers = ",".join(f"{key}={_promql_string(value)}" for key, value in (
+        ("namespace", namespace), ("team", team), ("deployment", deployment)))
+    return f"max({QUEUE_RATIO_SERIES}{{{matchers}}})"
+
+
+def _target_ratio(config: KubernetesConfig) -> str:
+    return f"{config.autoscaling_target_ratio:g}"
+
+
 def horizontal_pod_autoscaler(target: Target, namespace: str, config: KubernetesConfig) -> dict[str, Any]:
     autoscaling = target.autoscaling
     assert autoscaling is not None
     target_value = autoscaling.target
-    if autoscaling.metric == "queue_time":
+    behavior: dict[str, Any] | None = None
+    if config.autoscaling == "queue-ratio-hpa":
+        # The operator's choice over the deployment's metric and target: the deployment's ratio (Value, not
+        # AverageValue: it is the deployment's, not a sum over its pods), selected by the labels the scrape gives it.
+        metric: dict[str, Any] = {"type": "External", "external": {
+            "metric": {"name": QUEUE_RATIO_METRIC, "selector": {"matchLabels": {
+                "team": target.team, "deployment": target.deployment_name}}},
+            "target": {"type": "Value", "value": _target_ratio(config)},
+        }}
+        behavior = {"scaleDown": {"stabilizationWindowSeconds": SCALE_DOWN_WINDOW_SECONDS}}
+    elif autoscaling.metric == "queue_time":
         # Triton's queue time per request, in microseconds, per pod: a Prometheus adapter rule exposes it as a
         # custom metric (docs/kubernetes.md).
-        metric: dict[str, Any] = {"type": "Pods", "pods": {
+        metric = {"type": "Pods", "pods": {
             "metric": {"name": config.queue_time_metric},
             "target": {"type": "AverageValue", "averageValue": str(target_value)},
         }}
@@ -487,15 +530,50 @@ def horizontal_pod_autoscaler(target: Target, namespace: str, config: Kubernetes
         metric = {"type": "Resource", "resource": {
             "name": "cpu", "target": {"type": "Utilization", "averageUtilization": target_value},
         }}
+    spec: dict[str, Any] = {
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": target.name},
+        "minReplicas": autoscaling.min_replicas,
+        "maxReplicas": autoscaling.max_replicas,
+        "metrics": [metric],
+    }
+    if behavior:
+        spec["behavior"] = behavior
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
         "metadata": _metadata(target, namespace),
+        "spec": spec,
+    }
+
+
+def scaled_object(target: Target, namespace: str, config: KubernetesConfig) -> dict[str, Any]:
+    """KUBERNETES_AUTOSCALING=keda: a KEDA ScaledObject with a Prometheus trigger on the deployment's queue-to-compute
+    ratio, read from Prometheus directly (no adapter). KEDA makes the HPA itself (keda-hpa-<name>, with these
+    labels: the runtime leaves it to KEDA). The deployment's minimum is at least 1, so activation (0 to 1) never
+    applies yet: scale to zero needs the gateway to hold a dedicated deployment's first request (docs/kubernetes.md)."""
+    autoscaling = target.autoscaling
+    assert autoscaling is not None
+    return {
+        "apiVersion": KEDA_API_VERSION,
+        "kind": KEDA_KIND,
+        "metadata": _metadata(target, namespace),
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": target.name},
-            "minReplicas": autoscaling.min_replicas,
-            "maxReplicas": autoscaling.max_replicas,
-            "metrics": [metric],
+            "minReplicaCount": autoscaling.min_replicas,
+            "maxReplicaCount": autoscaling.max_replicas,
+            "cooldownPeriod": SCALE_DOWN_WINDOW_SECONDS,
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
+                "scaleDown": {"stabilizationWindowSeconds": SCALE_DOWN_WINDOW_SECONDS}}}},
+            "triggers": [{
+                "type": "prometheus",
+                "metricType": "Value",
+                "metadata": {
+                    "serverAddress": config.keda_prometheus_url,
+                    "query": queue_ratio_query(namespace, target.team, target.deployment_name),
+                    "threshold": _target_ratio(config),
+                    "activationThreshold": "0",
+                },
+            }],
         },
     }
 
@@ -506,8 +584,8 @@ def network_policy(target: Target, namespace: str, config: KubernetesConfig) -> 
 
 def triton_network_policy(metadata: dict[str, Any], pod_labels: dict[str, str],
                           config: KubernetesConfig) -> dict[str, Any]:
-    """The NetworkPolicy of a Triton pod, a deployment's or a pool's: its ports open only to the gateway (and the
-    metrics port to the metrics namespace)."""
+    """The NetworkPolicy of a Triton pod, a deployment's or a pool's: its ports open only to the gateway (its HTTP
+    port also to the reconcile worker, and the metrics port to the metrics namespace)."""
     ports = [{"protocol": "TCP", "port": port} for port in (HTTP_PORT, GRPC_PORT, METRICS_PORT)]
     ingress: list[dict[str, Any]] = [{
         "from": [{
@@ -516,6 +594,16 @@ def triton_network_policy(metadata: dict[str, Any], pod_labels: dict[str, str],
         }],
         "ports": ports,
     }]
+    if config.worker_pod_labels:
+        # The reconcile worker's snapshot pass (performance/snapshots.py) reads GET /v2/models/stats: HTTP only, and
+        # from the lane that runs no uploaded code (docs/security.md, "Network").
+        ingress.append({
+            "from": [{
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": config.gateway_namespace}},
+                "podSelector": {"matchLabels": dict(config.worker_pod_labels)},
+            }],
+            "ports": [{"protocol": "TCP", "port": HTTP_PORT}],
+        })
     if config.metrics_namespace:
         ingress.append({
             "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": config.metrics_namespace}}}],

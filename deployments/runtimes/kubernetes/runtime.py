@@ -43,7 +43,7 @@ from deployments.runtimes.base import (
 from deployments.runtimes.kubernetes import manifests, s3repo
 from deployments.runtimes.kubernetes import status as k8s_status
 from deployments.runtimes.kubernetes.config import KubernetesConfig, NamespaceRefused
-from deployments.runtimes.kubernetes.kube import ConfigError, Kube, KubeError, Unreachable, explain
+from deployments.runtimes.kubernetes.kube import CUSTOM_KINDS, ConfigError, Kube, KubeError, Unreachable, explain
 from deployments.spec import validate_repository
 from models_registry.validation import archive_limits
 
@@ -57,6 +57,8 @@ MAX_LOG_PODS = 5
 SECONDARY_KINDS = (
     ("v1", "Service"),
     ("policy/v1", "PodDisruptionBudget"),
+    # Before the HPA: KEDA makes an HPA of its own for a ScaledObject, which goes with it.
+    (manifests.KEDA_API_VERSION, manifests.KEDA_KIND),
     ("autoscaling/v2", "HorizontalPodAutoscaler"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
 )
@@ -68,6 +70,32 @@ MANAGED_KINDS = (("apps/v1", "Deployment"), ("v1", "Secret"), *SECONDARY_KINDS)
 
 def config() -> KubernetesConfig:
     return KubernetesConfig.from_settings(settings)
+
+
+def _keda_made(obj: dict[str, Any]) -> bool:
+    """KEDA's own HPA for a ScaledObject (keda-hpa-<name>): it copies the ScaledObject's labels, so Modelport's
+    selectors find it, but it is KEDA's to change, and it goes with its ScaledObject."""
+    return any(ref.get("kind") == manifests.KEDA_KIND for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+def managed_items(kube: Kube, api_version: str, kind: str, namespace: str, selector: str,
+                  cfg: KubernetesConfig) -> list[dict[str, Any]]:
+    """The objects of `kind` a selector finds that Modelport may delete. A custom kind whose CRD is absent (404) has
+    none; one the Role does not grant (403, a Role from before KEDA support) is skipped unless the cluster
+    autoscales with it, where the refusal stands (it must be granted)."""
+    try:
+        items = kube.list(api_version, kind, namespace, selector).get("items", [])
+    except KubeError as exc:
+        if (api_version, kind) not in CUSTOM_KINDS:
+            raise
+        if exc.status == 404:
+            return []
+        if exc.status == 403 and not (kind == manifests.KEDA_KIND and cfg.autoscaling == "keda"):
+            log.warning("cannot list %s in %s (%s): grant it to remove those a previous KUBERNETES_AUTOSCALING left",
+                        kind, namespace, exc.message)
+            return []
+        raise
+    return [item for item in items if not _keda_made(item)]
 
 
 def target_for(revision: Revision, cfg: KubernetesConfig, instance: str | None = None) -> manifests.Target:
@@ -323,6 +351,9 @@ class KubernetesRuntime:
             raise RuntimeUnavailable(str(exc)) from None
         access_name = manifests.access_secret_name(target.name, target.revision)
         try:
+            if target.autoscaling and self.cfg.autoscaling == "keda":
+                what = f"list the KEDA ScaledObjects of {namespace}"
+                self._require_keda(kube, namespace)
             what = f"read the objects of {namespace}/{target.name}"
             existing = self._check_ownership(
                 kube, [("apps/v1", "Deployment", target.name), ("v1", "Secret", access_name),
@@ -352,20 +383,44 @@ class KubernetesRuntime:
                 access["metadata"]["ownerReferences"] = [manifests.owner_reference(target.name, uid)]
                 kube.apply(access)
             owned = manifests.build(target, namespace, self.cfg, owner_uid=uid)
-            for obj in owned[1:]:
-                what = f"apply {obj['kind']} {namespace}/{target.name}"
-                kube.apply(obj)
+            # Removed before the others are applied: KEDA refuses a ScaledObject for a Deployment that an HPA
+            # already scales (KUBERNETES_AUTOSCALING switched from an HPA to keda).
             what = f"remove objects of {namespace}/{target.name} the revision no longer has"
             wanted = {(obj["apiVersion"], obj["kind"]) for obj in owned}
             selector = manifests.instance_selector(target.team, target.deployment_name, target.name)
             for api_version, kind in SECONDARY_KINDS:
                 if (api_version, kind) in wanted:
                     continue
-                for item in kube.list(api_version, kind, namespace, selector).get("items", []):
+                for item in managed_items(kube, api_version, kind, namespace, selector, self.cfg):
                     kube.delete(api_version, kind, namespace, item["metadata"]["name"])
+            for obj in owned[1:]:
+                what = f"apply {obj['kind']} {namespace}/{target.name}"
+                kube.apply(obj)
         except KubeError as exc:
             raise RuntimeUnavailable(explain(exc, what)) from None
         return applied
+
+    def _scale_to_zero(self, kube: Kube, namespace: str, deployment: Deployment, instance: str) -> None:
+        """Stop one instance: its ScaledObject goes first, since KEDA scales a Deployment below minReplicaCount back
+        up (an HPA leaves one at zero alone); the next launch applies it again."""
+        selector = manifests.instance_selector(deployment.team.name, deployment.name, instance)
+        for item in managed_items(kube, manifests.KEDA_API_VERSION, manifests.KEDA_KIND, namespace, selector,
+                                  self.cfg):
+            kube.delete(manifests.KEDA_API_VERSION, manifests.KEDA_KIND, namespace, item["metadata"]["name"])
+        kube.scale(namespace, instance, 0)
+
+    def _require_keda(self, kube: Kube, namespace: str) -> None:
+        """RuntimeUnavailable, before anything is applied, when the cluster has no ScaledObject API (no KEDA)."""
+        try:
+            kube.list(manifests.KEDA_API_VERSION, manifests.KEDA_KIND, namespace, "")
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+            raise RuntimeUnavailable(
+                "KUBERNETES_AUTOSCALING is keda but the cluster has no KEDA: the API server does not know "
+                f"{manifests.KEDA_KIND} ({manifests.KEDA_API_VERSION}), so nothing was applied. Install KEDA "
+                "(its CRDs and operator), or set KUBERNETES_AUTOSCALING to hpa or queue-ratio-hpa, or deploy "
+                "without autoscaling.") from None
 
     def _check_ownership(self, kube: Kube, objects: list[tuple[str, str, str]], target: manifests.Target,
                          namespace: str) -> dict[str, dict[str, Any]]:
@@ -460,7 +515,7 @@ class KubernetesRuntime:
                 # A rollout updated the serving Deployment in place: back to the serving revision.
                 self._apply(kube, serving, namespace, target_for(serving, self.cfg, name))
             else:  # a first revision, or a canary beside the serving one
-                kube.scale(namespace, name, 0)
+                self._scale_to_zero(kube, namespace, deployment, name)
         except (KubeError, Unreachable, RuntimeUnavailable) as exc:
             log.warning("could not abandon %s: %s", launch.description, exc)
 
@@ -524,7 +579,7 @@ class KubernetesRuntime:
                     if instance not in kept and kube.get("apps/v1", "Deployment", namespace, instance) is not None:
                         selector = manifests.instance_selector(team, deployment.name, instance)
                         for api_version, kind in (("apps/v1", "Deployment"), *SECONDARY_KINDS):
-                            for item in kube.list(api_version, kind, namespace, selector).get("items", []):
+                            for item in managed_items(kube, api_version, kind, namespace, selector, self.cfg):
                                 kube.delete(api_version, kind, namespace, item["metadata"]["name"])
                         messages.append(f"Removed the Kubernetes Deployment {namespace}/{instance}, which no longer "
                                         "serves.")
@@ -557,7 +612,7 @@ class KubernetesRuntime:
         for instance in instances(deployment):  # its own Deployment and its canary's
             try:
                 # Unchecked: a refused namespace still gets the team's own objects (found by label) stopped.
-                self.kube().scale(self.cfg.team_namespace(deployment.team.name), instance, 0)
+                self._scale_to_zero(self.kube(), self.cfg.team_namespace(deployment.team.name), deployment, instance)
             except KubeError as exc:
                 if exc.status != 404:
                     raise RuntimeUnavailable(explain(exc, f"scale {instance} to zero")) from None
@@ -572,7 +627,7 @@ class KubernetesRuntime:
             try:
                 kube = self.kube()
                 for api_version, kind in MANAGED_KINDS:
-                    for item in kube.list(api_version, kind, namespace, selector).get("items", []):
+                    for item in managed_items(kube, api_version, kind, namespace, selector, self.cfg):
                         kube.delete(api_version, kind, namespace, item["metadata"]["name"])
             except KubeError as exc:
                 if exc.status != 404:  # 404: the namespace is gone, and everything with it
