@@ -120,7 +120,7 @@ def test_a_caller_that_stops_reading_has_its_stream_ended_its_request_cancelled_
                 # Its request is cancelled in Triton, its slot freed, and it counts as a 408 (the caller's doing).
                 assert await settles(lambda: fake.cancelled, ["hog"]) == ["hog"]
                 assert await settles(lambda: gateway.streams.open, {}) == {}
-                assert REQUESTS.labels("acme", "hogs", "chat", "408")._value.get() == 1
+                assert REQUESTS.labels("acme", "hogs", "1", "chat", "408")._value.get() == 1
                 # The gateway took no more than flow control let it, however fast the model went.
                 assert flood.written <= UPSTREAM_BOUND, flood.written
                 assert resident() - rss_before <= RSS_BOUND, resident() - rss_before
@@ -187,7 +187,7 @@ def test_answers_of_one_answer_models_left_unread_end_the_stream_too(people: dic
                 for index in range(32):
                     await stream.write(infer_request([1], b"\0" * 4, request_id=f"d{index}"))
                 # Answers Triton made that the caller never read: the one being written, and those behind it.
-                assert await settles(lambda: REQUESTS.labels("acme", "answers", "digits", "408")._value.get() > 0,
+                assert await settles(lambda: REQUESTS.labels("acme", "answers", "1", "digits", "408")._value.get() > 0,
                                      True)
                 assert await settles(lambda: len(fake.cancelled), 1) == 1  # the upstream stream was cancelled
                 assert len(fake.calls) < 32  # the rest never reached Triton
