@@ -1,15 +1,17 @@
 """What tracing costs the gateway (issue 34): its CPU per request for the same closed-loop /infer workload with
 tracing off and with tracing on at 100 % sampling, exporting to an OTLP receiver, in one run.
 
-    .venv/bin/python bench/tracing.py [--concurrency 8] [--duration 5] [--repeats 3] [--output PATH]
+    .venv/bin/python bench/tracing.py [--concurrency 8] [--duration 5] [--repeats 3] [--ratio 0.01] [--output PATH]
 
 A throwaway Modelport (bench/stack.py) deploys the digits model (ONNX, as bench/gateway_overhead.py does). Beside
 its web process, tracing off as `make run` starts it (no OTEL_* variable), a second web process serves the same
 database with OTEL_EXPORTER_OTLP_ENDPOINT pointing at a receiver in this process (an OTLP/HTTP sink that answers
 200 and counts the spans it is sent) and OTEL_TRACES_SAMPLER=always_on. The Triton is started by the worker without
-tracing, so only the gateway's side differs. Runs alternate off and on, --repeats times each; per run the web
-process's CPU time (/proc) over the requests tuning/loadgen.py completed. Reported: each side's median CPU per
-request, the ratio, and the spans received against the requests sent while tracing was on (every one sampled).
+tracing, so only the gateway's side differs. A third web process (--ratio, default 0.01) samples that share of its
+requests (parentbased_traceidratio), what docs/observability.md advises where full sampling costs too much. The
+sides alternate, --repeats times each; per run the web process's CPU time (/proc) over the requests
+tuning/loadgen.py completed. Reported: each side's median CPU per request, its ratio to off, and the spans received
+against the requests sent to the traced sides.
 
 "Off costs nothing measurable" is judged by what the off path is: `tracing.tracer is not None`, checked once per
 request (gateway/app.py) and once per upstream call (gateway/upstream.py). The two checks are timed here with
@@ -52,10 +54,11 @@ RESULTS = ROOT / "bench" / "results"
 
 
 class Sink:
-    """An OTLP/HTTP receiver that keeps nothing but counts: exports, spans, bytes."""
+    """An OTLP/HTTP receiver that keeps nothing but counts: exports, spans (in all and per service name), bytes."""
 
     def __init__(self) -> None:
         self.exports = self.spans = self.bytes = 0
+        self.by_service: dict[str, int] = {}
         self.lock = threading.Lock()
         sink = self
 
@@ -66,11 +69,15 @@ class Sink:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 request = ExportTraceServiceRequest()
                 request.ParseFromString(body)
-                count = sum(len(scope.spans) for resource in request.resource_spans for scope in resource.scope_spans)
                 with sink.lock:
                     sink.exports += 1
-                    sink.spans += count
                     sink.bytes += len(body)
+                    for resource in request.resource_spans:
+                        service = next((a.value.string_value for a in resource.resource.attributes
+                                        if a.key == "service.name"), "")
+                        count = sum(len(scope.spans) for scope in resource.scope_spans)
+                        sink.spans += count
+                        sink.by_service[service] = sink.by_service.get(service, 0) + count
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", "0")
@@ -87,13 +94,15 @@ class Sink:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
 
-def start_traced_web(stack: Stack, sink: Sink) -> str:
-    """A second web process on the stack's database, tracing every request to the sink; its URL."""
+def start_traced_web(stack: Stack, sink: Sink, name: str, ratio: float) -> str:
+    """Another web process on the stack's database, tracing `ratio` of its requests (by trace id) to the sink; its
+    URL."""
     port = free_port()
-    env = {**stack.env(), "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_TRACES_SAMPLER": "always_on",
-           "OTEL_SERVICE_NAME": "modelport-bench"}
-    log = open(stack.var_dir / "log" / "web-traced.log", "ab")  # noqa: SIM115 - lives as long as the process
-    stack.processes["web_traced"] = subprocess.Popen(
+    env = {**stack.env(), "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_SERVICE_NAME": name,
+           **({"OTEL_TRACES_SAMPLER": "always_on"} if ratio >= 1 else
+              {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(ratio)})}
+    log = open(stack.var_dir / "log" / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
+    stack.processes[name] = subprocess.Popen(
         [PY, "-m", "uvicorn", "portal.asgi:application", "--http", UVICORN_HTTP, "--host", "127.0.0.1", "--port",
          str(port), "--no-access-log", "--log-level", "warning"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -178,12 +187,14 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per run")
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3, help="runs per side, alternating off and on")
+    parser.add_argument("--ratio", type=float, default=0.01,
+                        help="a third side sampling this ratio (parentbased_traceidratio); 0 for none")
     parser.add_argument("--output", type=Path, default=RESULTS / "tracing.json")
     args = parser.parse_args()
     from models_registry.samples import make_digits_onnx
 
-    result: dict[str, Any] = {"concurrency": args.concurrency, "duration_s": args.duration, "repeats": args.repeats,
-                              "load_average_before": [round(x, 2) for x in os.getloadavg()],
+    result: dict[str, Any] = {"concurrency": args.concurrency, "ratio": args.ratio, "duration_s": args.duration,
+                              "repeats": args.repeats, "load_average_before": [round(x, 2) for x in os.getloadavg()],
                               "runs": []}
     sink = Sink()
     with tempfile.TemporaryDirectory(prefix="tracing-bench-") as tmp, running_stack() as stack:
@@ -197,15 +208,15 @@ def main() -> int:
         body_path = work / "digits.body"
         body_path.write_bytes(body)
         headers = {**stack.headers, **body_headers}
-        traced_url = start_traced_web(stack, sink)
-        sides = {"off": (stack.url, "web"), "on": (traced_url, "web_traced")}
+        sides = {"off": (stack.url, "web"), "on": (start_traced_web(stack, sink, "web_traced", 1.0), "web_traced")}
+        if args.ratio:
+            sides["ratio"] = (start_traced_web(stack, sink, "web_ratio", args.ratio), "web_ratio")
         warmed = {}
         for side, (base, _) in sides.items():  # not measured: the measured runs' CPU covers their requests only
             warmed[side] = load(f"{base}/serve/digits/v2/models/digits/infer", body_path, headers, args.concurrency,
                                 args.warmup, 0)["requests"]
         for repeat in range(args.repeats):
             for side, (base, process) in sides.items():
-                spans_before = sink.spans
                 cpu_before = cpu_seconds(stack.pid(process))
                 figures = load(f"{base}/serve/digits/v2/models/digits/infer", body_path, headers, args.concurrency,
                                args.duration, 0)
@@ -213,17 +224,16 @@ def main() -> int:
                 sent = figures["requests"] + figures["errors"]
                 run = {"side": side, "repeat": repeat, **figures, "cpu_s": round(spent, 3),
                        "cpu_us_per_request": round(spent / sent * 1e6, 1) if sent else None}
-                if side == "on":
-                    # The batch processor exports every 5 s: some of a run's spans land in the next run's count.
-                    run["spans_received"] = sink.spans - spans_before
                 result["runs"].append(run)
                 print(json.dumps(run), flush=True)
     result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     result["summary"] = summarize(result["runs"])
-    # Every request sent to the traced side, warm-up included, against the spans it exported (the last batch on exit).
-    sent_on = warmed["on"] + sum(r["requests"] + r["errors"] for r in result["runs"] if r["side"] == "on")
-    result["summary"]["sink"] = {"exports": sink.exports, "spans": sink.spans, "bytes": sink.bytes,
-                                 "requests_traced_side": sent_on}
+    # Every request sent to each side, warm-up included, against the spans it exported (its last batch on exit).
+    sent = {side: warmed[side] + sum(r["requests"] + r["errors"] for r in result["runs"] if r["side"] == side)
+            for side in sides}
+    result["summary"]["sink"] = {"exports": sink.exports, "spans": sink.spans, "bytes": sink.bytes, "sides": {
+        side: {"requests_sent": sent[side], "spans_received": sink.by_service.get(process, 0)}
+        for side, (_, process) in sides.items()}}
     result["summary"]["in_process_us_per_span"] = span_costs()
     result["summary"]["off_path_two_checks_ns"] = round(none_checks_ns(), 1)
     off = result["summary"]["off"]["cpu_us_per_request_median"]
@@ -238,8 +248,10 @@ def main() -> int:
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
-    for side in ("off", "on"):
+    for side in ("off", "on", "ratio"):
         mine = [r for r in runs if r["side"] == side and r["cpu_us_per_request"]]
+        if not mine:
+            continue
         cpu = [r["cpu_us_per_request"] for r in mine]
         summary[side] = {"cpu_us_per_request_median": statistics.median(cpu) if cpu else None,
                          "cpu_us_per_request_min_max": [min(cpu), max(cpu)] if cpu else None,
@@ -250,6 +262,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if off and on:
         summary["on_over_off"] = round(on / off, 3)
         summary["on_minus_off_us"] = round(on - off, 1)
+    ratio = summary.get("ratio", {}).get("cpu_us_per_request_median")
+    if off and ratio:
+        summary["ratio_over_off"] = round(ratio / off, 3)
     traced = [r for r in runs if r["side"] == "on"]
     summary["on_requests_measured"] = sum(r["requests"] for r in traced)
     return summary
