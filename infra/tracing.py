@@ -152,10 +152,12 @@ def continued(raw: Mapping[bytes, bytes]) -> Any:
 
 def traceparent(span: Span | None = None) -> bytes | None:
     """The W3C `traceparent` of `span` (default: the current one) for an upstream request, or None when there is no
-    valid span."""
+    valid span or it is not sampled. Triton traces every request that carries a valid `traceparent` whatever its
+    sampled flag, and (rate 0, deployments/runtimes/local/triton.py) none that carries none: sending it only for a
+    sampled span makes Triton follow the gateway's sampler (../shared notes: triton-local.md, "tracing")."""
     from opentelemetry import trace
 
     context = (span if span is not None else trace.get_current_span()).get_span_context()
-    if not context.is_valid:
+    if not context.is_valid or not context.trace_flags.sampled:
         return None
     return b"00-%032x-%016x-%02x" % (context.trace_id, context.span_id, context.trace_flags)

@@ -28,6 +28,9 @@ SUPPLIED = {"MODELPORT_URL", "MODELPORT_TOKEN"}
 
 # (file, the block's first line) -> why it does not run here.
 NOT_RUN: dict[tuple[str, str], str] = {
+    ("docs/benchmarks.md", ".venv/bin/python bench/tracing.py --duration 4 --repeats 4    # about 2 minutes; "
+                           "bench/results/tracing.json"):
+        "a benchmark of minutes that writes bench/results/",
     ("docs/benchmarks.md", ".venv/bin/python bench/streaming.py --duration 8 --warmup 2    # about 3 minutes; "
                            "bench/results/streaming.json"):
         "a benchmark of minutes that writes bench/results/",

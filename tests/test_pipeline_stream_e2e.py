@@ -6,11 +6,9 @@ the gRPC gateway and the OpenAI-compatible API stream the same pieces. Kept to a
 
 from __future__ import annotations
 
-import io
 import json
 import queue
 import time
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -20,43 +18,14 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 from django.conf import settings
-from django.core.files.uploadedfile import SimpleUploadedFile
 
-from models_registry.samples import TEXTGEN_EXAMPLE_REQUEST, TEXTGEN_SIGNATURE, build_textgen_zip
 from tests.deploying import deploy, serving, wait_status
-from tests.processes import GrpcGatewayProcess, wait_for
+from tests.processes import GrpcGatewayProcess
 from tests.support.people import Person
+from tests.support.story import STORY, upload_story_models
 
 pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
-SPEAKER_MODEL = '''
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            names = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy()
-            prompts = np.array([[bytes(n).decode().upper().encode() + b":\\n" for n in row] for row in names],
-                               dtype=np.object_)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("prompt", prompts)]))
-        return responses
-'''
-BYTES = {"datatype": "BYTES", "dims": [-1, 1]}
-SPEAKER_SIGNATURE = {"inputs": [{"name": "text_input", **BYTES}], "outputs": [{"name": "prompt", **BYTES}]}
-STORY = {
-    "inputs": [{"name": "text_input", **BYTES}, {"name": "max_tokens", "datatype": "INT32", "dims": [-1, 1]},
-               {"name": "seed", "datatype": "INT64", "dims": [-1, 1]}],
-    "outputs": [{"name": "text_output", **BYTES}],
-    "steps": [
-        {"model": "speaker", "input_map": {"text_input": "text_input"}, "output_map": {"prompt": "prompt"}},
-        # temperature, top_p, stop and stream are left out: the generator's defaults.
-        {"model": "textgen", "input_map": {"text_input": "prompt", "max_tokens": "max_tokens", "seed": "seed"},
-         "output_map": {"text_output": "text_output"}},
-    ],
-}
 PIECES = 4
 
 
@@ -64,25 +33,6 @@ PIECES = 4
 def pipeline_stream_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GATEWAY_RATE_LIMIT_PER_SECOND", "100")
     monkeypatch.setenv("GATEWAY_RATE_LIMIT_BURST", "100")
-
-
-def zipped(source: str) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        archive.writestr("model.py", source)
-    return buffer.getvalue()
-
-
-def upload(person: Person, name: str, archive: bytes, signature: dict[str, Any], **fields: Any) -> None:
-    client = person.client()
-    created = client.post(f"/api/v1/models/{name}/versions/", {
-        "file": SimpleUploadedFile(f"{name}.zip", archive), "signature": json.dumps(signature), "format": "python",
-        "create_model": "true", **fields}, format="multipart")
-    assert created.status_code == 201, created.json()
-    path = f"/api/v1/models/{name}/versions/{created.json()['number']}/"
-    version = wait_for(lambda: (v := client.get(path).json())["status"] != "validating" and v, 120,
-                       what=f"the worker to inspect {name}")
-    assert version["status"] == "ready", version["error"]
 
 
 def grpc_inputs(name: str, max_tokens: int, seed: int) -> list[grpcclient.InferInput]:
@@ -119,9 +69,7 @@ def test_a_pipeline_ending_in_the_text_generator_streams_its_pieces_through_the_
     pipeline_stream_settings: None, people: dict[str, Person], portal_url: str, grpc_gateway: GrpcGatewayProcess
 ) -> None:
     alice = people["alice"]
-    upload(alice, "speaker", zipped(SPEAKER_MODEL), SPEAKER_SIGNATURE)
-    upload(alice, "textgen", build_textgen_zip(), TEXTGEN_SIGNATURE.to_json(), decoupled="true",
-           example_request=json.dumps(TEXTGEN_EXAMPLE_REQUEST))
+    upload_story_models(alice)
     client = alice.client()
     created = client.post("/api/v1/models/story/versions/", {
         "format": "ensemble", "definition": STORY, "create_model": True}, format="json")

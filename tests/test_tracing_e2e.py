@@ -21,6 +21,7 @@ from tests.deploying import deploy, push, wait_status
 from tests.processes import GrpcGatewayProcess, wait_for
 from tests.support import otlp_collector
 from tests.support.people import Person
+from tests.support.story import STORY, upload_story_models
 
 pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -165,17 +166,17 @@ def test_the_callers_trace_holds_the_gateways_span_and_tritons_and_another_team_
     wait_for(lambda: task_of("POST api/v1/deployments/", "run/deployments.tasks.reconcile_deployment"), 30,
              what="the deploy's request and a reconcile pass in one trace")
 
-    # A caller that did not sample its trace: the gateway records nothing of it, while Triton, which traces every
-    # request (rate 1) whatever the traceparent's sampled flag, still exports its spans under the gateway's unrecorded
-    # one (docs/observability.md, "Sampling").
-    unsampled = secrets.token_hex(16)
-    assert requests.post(url, data=_infer_body(), timeout=30, headers={
-        "Authorization": f"Bearer {alice.token}", "Content-Type": "application/json",
-        "traceparent": f"00-{unsampled}-{caller_span}-00"}).status_code == 200
-    tritons = wait_for(lambda: [s for s in trace_collector.of_trace(unsampled) if s.name == "InferRequest"], 30,
-                       what="Triton's spans of the unsampled trace")
-    assert {s.service for s in trace_collector.of_trace(unsampled)} == {"triton-inference-server"}
-    assert tritons[0].parent_span_id not in (caller_span, "")
+    # A caller that did not sample its trace: the gateway records nothing of it and sends Triton no traceparent, so
+    # Triton (rate 0: it traces what comes with one, whatever its sampled flag) records nothing of it either
+    # (docs/observability.md, "Sampling"). The sampled request after it shows Triton's exports got this far.
+    unsampled, after = secrets.token_hex(16), secrets.token_hex(16)
+    for trace, flag in ((unsampled, "00"), (after, "01")):
+        assert requests.post(url, data=_infer_body(), timeout=30, headers={
+            "Authorization": f"Bearer {alice.token}", "Content-Type": "application/json",
+            "traceparent": f"00-{trace}-{caller_span}-{flag}"}).status_code == 200
+    wait_for(lambda: [s for s in trace_collector.of_trace(after) if s.name == "InferRequest"], 30,
+             what="Triton's spans of the sampled request after the unsampled one")
+    assert trace_collector.of_trace(unsampled) == []
 
     # charlie (another team) sends alice's trace id: a 404 that names none of it, and a span of his own request
     # only, with no deployment on it; nothing of her trace reaches him.
@@ -192,3 +193,79 @@ def test_the_callers_trace_holds_the_gateways_span_and_tritons_and_another_team_
     setting = requests.get(f"{portal_url}/serve/digits-prod/v2/trace/setting", timeout=10,
                            headers={"Authorization": f"Bearer {alice.token}"})
     assert setting.status_code in (403, 404) and trace_collector.url not in setting.text
+
+
+def _events(url: str, headers: dict[str, str], body: dict[str, Any]) -> list[dict[str, Any]]:
+    """A /generate_stream answer read to its end: each event's data."""
+    import json
+
+    answer = requests.post(url, json=body, headers=headers, stream=True, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert "traceparent" not in answer.headers
+    events = [json.loads(line.removeprefix("data: ")) for line in answer.text.split("\n") if line.startswith("data: ")]
+    assert events and not any("error" in e for e in events), events
+    return events
+
+
+def test_a_pipelines_steps_and_a_streamed_answer_join_the_callers_trace(
+    trace_collector: otlp_collector.Collector, people: dict[str, Person], portal_url: str
+) -> None:
+    """The Proof's other two cases, on one Triton: a pipeline (an ensemble: Triton's spans of it and of each step in
+    the caller's trace) and an HTTP streamed answer (/generate_stream of the sample text generator: the gateway's
+    span and Triton's of the decoupled request in the caller's trace). The pipeline is the streaming one
+    (tests/support/story.py), so its call is both."""
+    alice = people["alice"]
+    upload_story_models(alice)
+    created = alice.client().post("/api/v1/models/story/versions/", {
+        "format": "ensemble", "definition": STORY, "create_model": True}, format="json")
+    assert created.status_code == 201, created.json()
+    deploy(alice, "story", [{"model": "story"}])
+    wait_status(alice, "story", "ready", timeout=180)
+    base = f"{portal_url}/serve/story/v2/models"
+    caller_span = secrets.token_hex(8)
+
+    def traced(trace_id: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {alice.token}", "traceparent": f"00-{trace_id}-{caller_span}-01"}
+
+    pipeline_trace = secrets.token_hex(16)
+    events = _events(f"{base}/story/generate_stream", traced(pipeline_trace),
+                     {"text_input": "menenius", "max_tokens": 3, "seed": 3})
+    alone_trace = secrets.token_hex(16)
+    alone = _events(f"{base}/textgen/generate_stream", traced(alone_trace),
+                    {"text_input": "MENENIUS:\n", "max_tokens": 3, "seed": 3})
+    assert [e["text_output"] for e in events] == [e["text_output"] for e in alone]
+
+    def joined(trace_id: str, models: set[str]) -> Any:
+        def all_there() -> dict[str, otlp_collector.Span] | None:
+            spans = trace_collector.of_trace(trace_id)
+            named = {s.name: s for s in spans if s.name != "compute"}
+            computes = [s for s in spans if s.name == "compute"]
+            wanted = {"InferRequest", *models}
+            if not (wanted <= set(named) and len(computes) >= len(models - {"story"})
+                    and any(s.service == "modelport-test" for s in spans)):
+                return None
+            return {**named, "gateway": next(s for s in spans if s.service == "modelport-test")}
+        return all_there
+
+    # The pipeline: the gateway's span under the caller's, Triton's request span under it, the ensemble's span
+    # under that, and each step's span (with its compute span) under the ensemble's.
+    spans = wait_for(joined(pipeline_trace, {"story", "speaker", "textgen"}), 30,
+                     what="the gateway's, the ensemble's and its steps' spans of the caller's trace")
+    gateway = spans["gateway"]
+    assert gateway.parent_span_id == caller_span and gateway.name == "POST generate_stream"
+    assert gateway.attributes["modelport.model"] == "story" and gateway.attributes["http.response.status_code"] == 200
+    assert spans["InferRequest"].parent_span_id == gateway.span_id
+    assert spans["story"].parent_span_id == spans["InferRequest"].span_id
+    assert spans["speaker"].parent_span_id == spans["textgen"].parent_span_id == spans["story"].span_id
+    services = {s.service for s in trace_collector.of_trace(pipeline_trace)}
+    assert services == {"modelport-test", "triton-inference-server"}
+
+    # The generator alone, streamed: the gateway's span of the whole stream, Triton's of its decoupled request.
+    spans = wait_for(joined(alone_trace, {"textgen"}), 30, what="the streamed answer's spans of the caller's trace")
+    gateway = spans["gateway"]
+    assert gateway.parent_span_id == caller_span and gateway.attributes["modelport.model"] == "textgen"
+    assert gateway.attributes["http.response.body.size"] > 0
+    assert spans["InferRequest"].parent_span_id == gateway.span_id
+    assert spans["textgen"].parent_span_id == spans["InferRequest"].span_id
+    [compute] = [s for s in trace_collector.of_trace(alone_trace) if s.name == "compute"]
+    assert compute.parent_span_id == spans["textgen"].span_id

@@ -33,7 +33,7 @@ def test_a_traced_deployments_triton_exports_to_the_collector_naming_its_pod() -
     objects = by_kind(manifests.build(target(), "modelport-acme", TRACED))
     [triton] = objects["Deployment"]["spec"]["template"]["spec"]["containers"]
     assert trace_configs(triton["args"]) == [
-        "mode=opentelemetry", "rate=1", "level=TIMESTAMPS", f"opentelemetry,url={URL}",
+        "mode=opentelemetry", "rate=0", "level=TIMESTAMPS", f"opentelemetry,url={URL}",
         "opentelemetry,resource=k8s.namespace.name=$(MODELPORT_POD_NAMESPACE)",
         "opentelemetry,resource=k8s.pod.name=$(MODELPORT_POD_NAME)",
         "opentelemetry,resource=modelport.deployment=digits", "opentelemetry,resource=modelport.revision=3",

@@ -15,7 +15,7 @@ from deployments.runtimes.local import triton as local_triton
 
 def test_triton_is_traced_to_the_collector_by_opentelemetry() -> None:
     assert local_triton.trace_args("http://10.0.0.7:4318/v1/traces") == [
-        "--trace-config", "mode=opentelemetry", "--trace-config", "rate=1", "--trace-config", "level=TIMESTAMPS",
+        "--trace-config", "mode=opentelemetry", "--trace-config", "rate=0", "--trace-config", "level=TIMESTAMPS",
         "--trace-config", "opentelemetry,url=http://10.0.0.7:4318/v1/traces"]
 
 

@@ -90,6 +90,24 @@ def test_a_unary_call_gets_a_span_in_the_callers_trace_and_triton_gets_its_conte
     run(scenario)
 
 
+def test_a_call_the_caller_did_not_sample_is_not_recorded_and_triton_gets_no_traceparent(
+    people: dict[str, Person],
+) -> None:
+    """Triton traces any call with a valid traceparent whatever its sampled flag: it is sent none for an unsampled
+    span (infra/tracing.traceparent()), so that it records what the gateway's sampler records and nothing more."""
+    async def scenario() -> None:
+        async with stack() as (_, fake, channel):
+            await asyncio.to_thread(_deploy, people["alice"], fake.target)
+            with _traced() as exporter:
+                await channel.unary_unary(PREFIX + "ModelInfer")(infer_request([1, 4], b"\0" * 16), timeout=10,
+                                                                 metadata=meta(people["alice"], traceparent=(
+                                                                     f"00-{CALLER_TRACE}-{CALLER_SPAN}-00")))
+                assert exporter.get_finished_spans() == ()
+            assert "traceparent" not in fake.calls[0].metadata
+
+    run(scenario)
+
+
 def test_with_tracing_off_triton_gets_no_traceparent(people: dict[str, Person]) -> None:
     async def scenario() -> None:
         async with stack() as (_, fake, channel):

@@ -304,13 +304,14 @@ POD_NAMESPACE_ENV = "MODELPORT_POD_NAMESPACE"
 
 
 def trace_args(url: str, resource: Mapping[str, str]) -> list[str]:
-    """Triton's OpenTelemetry tracing in a pod, as the local runtime's (deployments/runtimes/local/triton.py): every
-    request traced (the gateway's sampler decides, by the traceparent it sends), with the timestamps that split queue
-    from compute, to the portal's collector; the spans' resource says which pod of which deployment sent them.
+    """Triton's OpenTelemetry tracing in a pod, as the local runtime's (deployments/runtimes/local/triton.py): the
+    requests that carry a traceparent traced (rate 0; the gateway sends one for its sampled spans only), with the
+    timestamps that split queue from compute, to the portal's collector; the spans' resource says which pod of which
+    deployment sent them.
     Triton's trace API stays an admin API no caller reaches."""
     attributes = {"k8s.namespace.name": f"$({POD_NAMESPACE_ENV})", "k8s.pod.name": f"$({POD_NAME_ENV})",
                   **resource}
-    args = ["--trace-config", "mode=opentelemetry", "--trace-config", "rate=1", "--trace-config", "level=TIMESTAMPS",
+    args = ["--trace-config", "mode=opentelemetry", "--trace-config", "rate=0", "--trace-config", "level=TIMESTAMPS",
             "--trace-config", f"opentelemetry,url={url}"]
     for key, value in attributes.items():
         args += ["--trace-config", f"opentelemetry,resource={key}={value}"]

@@ -70,11 +70,12 @@ ADMIN_HEADER = "modelport-admin-key"
 
 
 def trace_args(url: str) -> list[str]:
-    """Triton's OpenTelemetry tracing, to the portal's collector (OTLP/HTTP, `.../v1/traces`): every request is
-    traced (rate 1; the gateway's sampler decides which traces the collector keeps, by the traceparent it sends, and
-    Triton's spans join the gateway's trace), with the timestamps that split a request into queue and compute
-    (../shared notes: triton-local.md, "tracing"). Triton's trace API stays an admin API (RESTRICTED_APIS)."""
-    return ["--trace-config", "mode=opentelemetry", "--trace-config", "rate=1", "--trace-config", "level=TIMESTAMPS",
+    """Triton's OpenTelemetry tracing, to the portal's collector (OTLP/HTTP, `.../v1/traces`): a request is traced
+    when it carries a `traceparent`, and only then (rate 0: Triton samples nothing of its own, and it ignores the
+    sampled flag, so the gateway sends one for its sampled spans only, infra/tracing.traceparent()); Triton's spans
+    join the gateway's trace, with the timestamps that split a request into queue and compute (../shared notes:
+    triton-local.md, "tracing"). Triton's trace API stays an admin API (RESTRICTED_APIS)."""
+    return ["--trace-config", "mode=opentelemetry", "--trace-config", "rate=0", "--trace-config", "level=TIMESTAMPS",
             "--trace-config", f"opentelemetry,url={url}"]
 
 
