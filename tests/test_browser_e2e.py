@@ -525,7 +525,9 @@ def test_the_newcomer_path(browser: Any, alice_user: Person, portal_url: str, gr
     # The pipeline's curl comes first, its other snippets and its steps' folded away: Try it no longer sits below
     # sixteen snippets, 8,600 px down the page. The whole page was still 3,385 px once its charts and log had
     # loaded: the Try it box ten rows tall for one line, the Tune panel's three fields stacked, the events up to
-    # 22 rem and the log, open while it serves, 24 rem. Now under 3,000 px (2,654 here).
+    # 22 rem and the log, open while it serves, 24 rem. Now under 3,000 px (2,654 here;
+    # 2,860 with the performance panel, whose table waits for two readings of Triton's statistics: 3,097 with it
+    # full of dashes).
     page.reload()
     page.wait_for_selector("body[data-js=ready]", state="attached")
     page.wait_for_function("!document.getElementById('triton-log').textContent.includes('Loading')")
