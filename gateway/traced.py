@@ -70,16 +70,23 @@ def describe(span: Span, method: str, caller: Caller | None, route: Route | None
         return
     if endpoint is not None:
         span.update_name(f"{method} {endpoint.kind}")
-    if caller is not None and route is not None:  # the route is the caller's team's
-        span.set_attribute("modelport.team.id", caller.team_id)
-        span.set_attribute("modelport.deployment", route.name)
-        if choice is not None:
-            span.set_attribute("modelport.revision", choice.revision)
-        if model:
-            span.set_attribute("modelport.model", model)
+    _deployment(span, caller, route, choice, model)
     span.set_attribute("http.response.status_code", code)
     if code >= 500:
         span.set_status(StatusCode.ERROR)
+
+
+def _deployment(span: Span, caller: Caller | None, route: Route | None, choice: Choice | None, model: str) -> None:
+    """Who and what the request was for, HTTP's and gRPC's alike: set only when the caller may see the deployment
+    (`route` is the caller's team's), so another team's name never reaches a span."""
+    if caller is None or route is None:
+        return
+    span.set_attribute("modelport.team.id", caller.team_id)
+    span.set_attribute("modelport.deployment", route.name)
+    if choice is not None:
+        span.set_attribute("modelport.revision", choice.revision)
+    if model:
+        span.set_attribute("modelport.model", model)
 
 
 async def unary(tracer: Tracer, handler: Unary, path: str, request: bytes, metadata: Mapping[str, str],
@@ -108,13 +115,7 @@ def describe_grpc(span: Span, method: str, caller: Caller | None, route: Route |
     if method:
         span.update_name(method)
         span.set_attribute("rpc.method", method)
-    if caller is not None and route is not None:
-        span.set_attribute("modelport.team.id", caller.team_id)
-        span.set_attribute("modelport.deployment", route.name)
-        if choice is not None:
-            span.set_attribute("modelport.revision", choice.revision)
-        if model:
-            span.set_attribute("modelport.model", model)
+    _deployment(span, caller, route, choice, model)
     span.set_attribute("modelport.status", status)
     span.set_attribute("rpc.request.body.size", received)
     span.set_attribute("rpc.response.body.size", sent)

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import pytest
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gateway.tests.grpc_fake_upstream import piece_reply
 from gateway.tests.grpc_support import (
@@ -27,9 +25,9 @@ from gateway.tests.grpc_support import (
     settles,
     stack,
 )
-from infra import tracing
 from tests.support.gateway_calls import make_deployment, run
 from tests.support.people import Person
+from tests.support.tracing_capture import traced
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
@@ -41,16 +39,6 @@ def _grpc_tracing_settings(settings: Any) -> None:
     settings.GATEWAY_RATE_LIMIT_PER_SECOND = 1000
     settings.GATEWAY_RATE_LIMIT_BURST = 1000
     settings.GATEWAY_MAX_STREAMS_PER_TEAM = 4
-
-
-@contextlib.contextmanager
-def _traced() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    tracing.configure(exporter=exporter)
-    try:
-        yield exporter
-    finally:
-        tracing.shutdown()
 
 
 def _deploy(person: Person, target: str) -> None:
@@ -68,7 +56,7 @@ def test_a_unary_call_gets_a_span_in_the_callers_trace_and_triton_gets_its_conte
     async def scenario() -> None:
         async with stack() as (_, fake, channel):
             await asyncio.to_thread(_deploy, people["alice"], fake.target)
-            with _traced() as exporter:
+            with traced() as exporter:
                 await channel.unary_unary(PREFIX + "ModelInfer")(sent, timeout=10, metadata=meta(
                     people["alice"], traceparent=f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
                 [span] = exporter.get_finished_spans()
@@ -98,7 +86,7 @@ def test_a_call_the_caller_did_not_sample_is_not_recorded_and_triton_gets_no_tra
     async def scenario() -> None:
         async with stack() as (_, fake, channel):
             await asyncio.to_thread(_deploy, people["alice"], fake.target)
-            with _traced() as exporter:
+            with traced() as exporter:
                 await channel.unary_unary(PREFIX + "ModelInfer")(infer_request([1, 4], b"\0" * 16), timeout=10,
                                                                  metadata=meta(people["alice"], traceparent=(
                                                                      f"00-{CALLER_TRACE}-{CALLER_SPAN}-00")))
@@ -144,7 +132,7 @@ def test_a_stream_gets_one_span_in_the_callers_trace_and_each_upstream_call_its_
         async with stack() as (_, fake, channel):
             await asyncio.to_thread(deploy_streaming, people["alice"], "streams", fake.target)
             fake.pieces = lambda request: _chat_pieces(request) if is_chat(request) else None
-            with _traced() as exporter:
+            with traced() as exporter:
                 await _one_stream(channel, meta(people["alice"], "streams",
                                                 traceparent=f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
                 assert await settles(lambda: len(exporter.get_finished_spans()), 1) == 1
@@ -172,7 +160,7 @@ def test_a_stream_refused_up_front_has_a_span_with_its_status_and_nothing_of_the
     async def scenario() -> None:
         async with stack() as (_, fake, channel):
             await asyncio.to_thread(deploy_streaming, people["alice"], "streams", fake.target)
-            with _traced() as exporter:
+            with traced() as exporter:
                 stream = await open_stream(channel, meta(people["charlie"], "streams",
                                                          traceparent=f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
                 with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):

@@ -6,35 +6,23 @@ span, no header. The real collector, gateway and Triton in one trace: tests/test
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gateway.tests.fake_upstream import FakeUpstream, Request, json_response
 from gateway.tests.stream_support import SSE_HEAD, event, streaming_deployment
 from infra import tracing
 from tests.support.gateway_calls import call, make_deployment, run
 from tests.support.people import Person
+from tests.support.tracing_capture import traced
 
 CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CALLER_SPAN = "b7ad6b7169203331"
 INFER = json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}).encode()
-
-
-@contextlib.contextmanager
-def _traced() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    tracing.configure(exporter=exporter)
-    try:
-        yield exporter
-    finally:
-        tracing.shutdown()
 
 
 def _answer(request: Request) -> bytes:
@@ -48,7 +36,7 @@ def test_a_request_gets_a_span_continuing_the_callers_trace_and_triton_gets_its_
         async with FakeUpstream(_answer) as upstream:
             deployment = await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url)
             token = people["alice"].token
-            with _traced() as exporter:
+            with traced() as exporter:
                 reply = await call(gateway_app(), "POST", "/serve/digits-prod/v2/models/digits/infer", token=token,
                                    body=INFER, headers={"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01",
                                                         "tracestate": "vendor=1"})
@@ -88,7 +76,7 @@ def test_a_streamed_answer_is_one_span_from_the_request_to_its_last_event(
     async def scenario() -> None:
         async with FakeUpstream(lambda r: stream) as upstream:
             await asyncio.to_thread(streaming_deployment, people["alice"], upstream.url)
-            with _traced() as exporter:
+            with traced() as exporter:
                 reply = await call(gateway_app(), "POST", "/serve/chat/v2/models/chat/generate_stream",
                                    token=people["alice"].token, body=b'{"text_input": "a"}',
                                    headers={"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"})
@@ -111,7 +99,7 @@ def test_a_request_without_a_traceparent_starts_a_trace(people: dict[str, Person
     async def scenario() -> None:
         async with FakeUpstream(_answer) as upstream:
             await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url)
-            with _traced() as exporter:
+            with traced() as exporter:
                 await call(gateway_app(), "POST", "/serve/digits-prod/v2/models/digits/infer",
                            token=people["alice"].token, body=INFER)
                 [span] = exporter.get_finished_spans()
@@ -132,7 +120,7 @@ def test_a_caller_that_did_not_sample_its_trace_is_not_recorded(people: dict[str
         async with FakeUpstream(_answer) as upstream:
             await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url)
             app = gateway_app()
-            with _traced() as exporter:
+            with traced() as exporter:
                 await call(app, "POST", "/serve/digits-prod/v2/models/digits/infer", token=people["alice"].token,
                            body=INFER, headers={"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-00"})
                 assert exporter.get_finished_spans() == ()
@@ -151,7 +139,7 @@ def test_a_refused_request_names_no_deployment_and_a_malformed_traceparent_start
     async def scenario() -> None:
         async with FakeUpstream(_answer) as upstream:
             await asyncio.to_thread(make_deployment, people["alice"], "digits-prod", upstream.url)
-            with _traced() as exporter:
+            with traced() as exporter:
                 # charlie (another team) names alice's deployment and her trace: a 404, and his own span only.
                 reply = await call(gateway_app(), "POST", "/serve/digits-prod/v2/models/digits/infer",
                                    token=people["charlie"].token, body=INFER,
@@ -211,12 +199,12 @@ def test_the_service_name_and_sampler_come_from_the_standard_variables(monkeypat
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
     monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.25")
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=staging")
-    with _traced():
+    with traced():
         assert tracing.provider is not None
         assert tracing.provider.resource.attributes["service.name"] == "modelport"
         assert tracing.provider.resource.attributes["deployment.environment"] == "staging"
         assert "0.25" in tracing.provider.sampler.get_description()
     monkeypatch.setenv("OTEL_SERVICE_NAME", "portal-eu")
-    with _traced():
+    with traced():
         assert tracing.provider is not None
         assert tracing.provider.resource.attributes["service.name"] == "portal-eu"

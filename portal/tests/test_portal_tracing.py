@@ -19,19 +19,16 @@ from opentelemetry.trace import SpanKind
 
 from infra import tracing
 from tests.support.people import Person
+from tests.support.tracing_capture import traced
 
 MIDDLEWARE = "opentelemetry.instrumentation.django.middleware.otel_middleware._DjangoMiddleware"
 
 
 @contextlib.contextmanager
 def _portal_traced() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    tracing.configure(exporter=exporter)
-    tracing.instrument_portal()
-    try:
+    with traced() as exporter:
+        tracing.instrument_portal()
         yield exporter
-    finally:
-        tracing.shutdown()
 
 
 def _values(span: ReadableSpan) -> str:
