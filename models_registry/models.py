@@ -283,3 +283,33 @@ class TeamStorageQuota(models.Model):
 
     def __str__(self) -> str:
         return f"{self.team}: {self.bytes} bytes"
+
+
+class TeamSources(models.Model):
+    """What an operator allows one team to import versions from (issue 35), set in the admin console. A team without
+    a row gets the settings' defaults (IMPORT_MLFLOW_MODELS, IMPORT_HUGGINGFACE_REPOS; no bucket, no host); a row
+    replaces them for its team. Read through models_registry.sources.allowed, never here."""
+
+    team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="sources")
+    mlflow_models = models.TextField(
+        blank=True, help_text="Registered model names of the operator's MLflow registry the team may import, one glob "
+                              "pattern a line ('fraud-*', '*' for all); empty: none.")
+    huggingface_repos = models.TextField(
+        blank=True, help_text="Hugging Face repositories the team may import, one glob pattern a line ('acme/*', "
+                              "'*' for all); empty: none.")
+    huggingface_token = models.BooleanField(
+        default=False, help_text="Send the operator's HF_TOKEN with this team's Hugging Face imports (private and "
+                                 "gated repositories the token can read). Off: anonymous.")
+    s3_buckets = models.TextField(
+        blank=True, help_text="S3 buckets the team may import from with the operator's credentials, one a line, "
+                              "optionally with a key prefix ('models', 'shared/fraud/'); empty: none.")
+    https_hosts = models.TextField(
+        blank=True, help_text="Host names the team may import https:// URLs from, one a line (needs "
+                              "IMPORT_HTTPS_ENABLED); empty: none.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "team sources"
+
+    def __str__(self) -> str:
+        return f"{self.team}: import sources"

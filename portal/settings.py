@@ -185,6 +185,30 @@ UPLOAD_EXPIRY_HOURS = env_int("UPLOAD_EXPIRY_HOURS", 24, minimum=1)
 # filesystem that uploads never take, left for the database, logs and rendered repositories.
 TEAM_STORAGE_QUOTA_BYTES = env_int("TEAM_STORAGE_QUOTA_BYTES", 100 * 1024**3, minimum=0)
 STORAGE_FREE_SPACE_RESERVE_BYTES = env_int("STORAGE_FREE_SPACE_RESERVE_BYTES", 2 * 1024**3, minimum=0)
+# --- Imports (issue 35; docs/importing.md) ---------------------------------------------------------------
+# A version may be imported from the operator's MLflow registry, a Hugging Face repository or an s3:// / https://
+# object instead of uploaded: fetched on a worker of the import lane, then inspected as an upload. What each team may
+# import from is the operator's (admin console: Team sources); these are the defaults for a team without a row.
+MLFLOW_TRACKING_URI = env_str("MLFLOW_TRACKING_URI").rstrip("/")  # empty: MLflow imports are off
+MLFLOW_TRACKING_TOKEN = env_secret("MLFLOW_TRACKING_TOKEN")  # the operator's, never a team's
+MLFLOW_TRACKING_USERNAME = env_str("MLFLOW_TRACKING_USERNAME")
+MLFLOW_TRACKING_PASSWORD = env_secret("MLFLOW_TRACKING_PASSWORD")
+IMPORT_MLFLOW_MODELS = "\n".join(env_list("IMPORT_MLFLOW_MODELS", ["*"]))  # glob patterns of registered models
+HF_ENDPOINT = env_str("HF_ENDPOINT", "https://huggingface.co").rstrip("/")  # a mirror's address, where there is one
+HF_TOKEN = env_secret("HF_TOKEN")  # sent only for the teams the operator allows (Team sources)
+IMPORT_HUGGINGFACE_REPOS = "\n".join(env_list("IMPORT_HUGGINGFACE_REPOS", ["*"]))
+# s3:// sources: the operator's endpoint and credentials (boto3's own chain: AWS_ACCESS_KEY_ID, a role), buckets
+# allowed per team only. Empty endpoint: the artifact store's (S3_ENDPOINT_URL), else AWS itself.
+IMPORT_S3_ENDPOINT_URL = env_str("IMPORT_S3_ENDPOINT_URL")
+IMPORT_S3_REGION = env_str("IMPORT_S3_REGION", "us-east-1")
+# https:// sources are a server-side fetch (an SSRF risk): off unless the operator turns them on, and then only
+# hosts a team is allowed, public addresses only, no redirect to another host.
+IMPORT_HTTPS_ENABLED = env_bool("IMPORT_HTTPS_ENABLED", False)
+IMPORT_TIME_LIMIT_SECONDS = env_int("IMPORT_TIME_LIMIT_SECONDS", 3600, minimum=1)
+IMPORT_CONNECT_TIMEOUT_SECONDS = env_float("IMPORT_CONNECT_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+IMPORT_READ_TIMEOUT_SECONDS = env_float("IMPORT_READ_TIMEOUT_SECONDS", 60.0, minimum=0.1)
+IMPORT_MAX_RETRIES = env_int("IMPORT_MAX_RETRIES", 4, minimum=0)
+IMPORT_RETRY_BACKOFF_SECONDS = env_float("IMPORT_RETRY_BACKOFF_SECONDS", 5.0, minimum=0.0)
 # A tus PATCH whose body stops arriving for this long keeps what arrived and is answered 408
 # (models_registry/tus_asgi.py).
 UPLOAD_IDLE_TIMEOUT_SECONDS = env_int("UPLOAD_IDLE_TIMEOUT_SECONDS", 60, minimum=1)

@@ -19,7 +19,7 @@ from deployments import actions
 from deployments.models import Deployment, Event, Revision, TritonServer
 from deployments.runtimes.registry import runtime_named
 from models_registry import quota
-from models_registry.models import Blob, Model, ModelVersion, TeamStorageQuota, Upload
+from models_registry.models import Blob, Model, ModelVersion, TeamSources, TeamStorageQuota, Upload
 from web import overview
 
 # The console's name in its title bar and page titles (templates/admin/base_site.html draws the header itself);
@@ -92,6 +92,17 @@ class TeamStorageQuotaAdmin(admin.ModelAdmin):
     @admin.display(description="used (bytes)")
     def used(self, obj: TeamStorageQuota) -> int:
         return quota.usage_of(obj.team)
+
+
+@admin.register(TeamSources)
+class TeamSourcesAdmin(admin.ModelAdmin):
+    """What one team may import versions from (issue 35): MLflow registered models, Hugging Face repositories, S3
+    buckets, https hosts; a team without a row gets the settings' defaults (IMPORT_MLFLOW_MODELS,
+    IMPORT_HUGGINGFACE_REPOS, nothing else)."""
+
+    list_display = ["team", "huggingface_token", "updated_at"]
+    search_fields = ["team__name"]
+    list_select_related = ["team"]
 
 
 # --- Deployments ---------------------------------------------------------------------------------------------
