@@ -62,7 +62,7 @@ AddressPolicy = Callable[[IPAddress], bool]
 def public_only(address: IPAddress) -> bool:
     """The product's rule: a public unicast address. `is_global` is False for private, loopback, link-local (the
     metadata address 169.254.169.254), CGNAT 100.64/10, multicast, reserved and unspecified; the IPv6 forms that
-    carry an IPv4 address (::ffff:a.b.c.d, 64:ff9b::/96) are judged by the address they carry.
+    carry an IPv4 address (::ffff:a.b.c.d, 2002::/16 6to4, 64:ff9b::/96 NAT64) are judged by the address they carry.
     IMPORT_HTTPS_ALLOW_PRIVATE (an operator's switch for an air-gapped mirror, dangerous) lets private addresses
     through, never loopback, link-local, multicast or unspecified."""
     address = _embedded_ipv4(address)
@@ -77,6 +77,9 @@ def _embedded_ipv4(address: IPAddress) -> IPAddress:
     if isinstance(address, ipaddress.IPv6Address):
         if address.ipv4_mapped is not None:
             return address.ipv4_mapped
+        # 6to4 (2002::/16) is_global even when it carries 127.0.0.1: a relay would unwrap it to that address.
+        if address.sixtofour is not None:
+            return address.sixtofour
         if address in ipaddress.IPv6Network("64:ff9b::/96"):
             return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     return address
@@ -329,13 +332,31 @@ class _Bounded:
     """A stream that refuses to yield more than `limit` bytes in all: a Content-Length that lies (or is missing)
     does not let a body grow past the quota, whatever ctx.progress does with a total of None."""
 
-    def __init__(self, src: IO[bytes] | Any, limit: int, done: int = 0) -> None:
+    def __init__(self, src: Any, limit: int, done: int = 0, ctx: FetchContext | None = None) -> None:
         self.src = src
         self.limit = limit
         self.seen = done
+        self.ctx = ctx
 
     def read(self, size: int = -1) -> bytes:
-        chunk: bytes = self.src.read(size)
+        if self.ctx is None:
+            return self._count(self.src.read(size))
+        # read1 is at most one socket read (each bounded by the read timeout), with the import's deadline checked
+        # between them: read(1 MiB) loops over recv() itself, so a server trickling a byte a minute would hold the
+        # worker far past the deadline. The pieces are gathered back into one chunk so that progress (a write on
+        # the version) still comes once a chunk, not once a TLS record.
+        pieces: list[bytes] = []
+        wanted = size if size > 0 else 1024 * 1024
+        while wanted > 0:
+            self.ctx.check_time()
+            piece: bytes = self.src.read1(wanted)
+            if not piece:
+                break
+            pieces.append(self._count(piece))
+            wanted -= len(piece)
+        return b"".join(pieces)
+
+    def _count(self, chunk: bytes) -> bytes:
         self.seen += len(chunk)
         if self.seen > self.limit:
             raise SourceRefused(f"The source sent more than {self.limit} bytes, more than your team's quota or "
@@ -343,8 +364,8 @@ class _Bounded:
         return chunk
 
 
-def _bounded(src: Any, limit: int, done: int = 0) -> IO[bytes]:
-    return cast(IO[bytes], _Bounded(src, limit, done))
+def _bounded(src: Any, limit: int, done: int = 0, ctx: FetchContext | None = None) -> IO[bytes]:
+    return cast(IO[bytes], _Bounded(src, limit, done, ctx))
 
 
 def _receive(response: Any, final: str, uri: str, ctx: FetchContext) -> Fetched:
@@ -370,7 +391,7 @@ def _receive(response: Any, final: str, uri: str, ctx: FetchContext) -> Fetched:
     try:
         # enforce_content_length is off on the response object for a chunked body; urllib3 raises on a short
         # body (IncompleteRead, a ProtocolError) and _Bounded on a long one.
-        size, digest = copy_counted(_bounded(response, ctx.max_bytes), dest, ctx, 0, total)
+        size, digest = copy_counted(_bounded(response, ctx.max_bytes, ctx=ctx), dest, ctx, 0, total)
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise TransientFetchError(f"{final[:200]}: the transfer broke ({_short(exc)}).") from None
     finally:
