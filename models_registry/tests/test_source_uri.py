@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import tarfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -116,7 +117,7 @@ def test_identity_is_the_canonical_uri(allowed_team: Person) -> None:
 @pytest.mark.parametrize("address", [
     "127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1", "0.0.0.0",
     "224.0.0.1", "240.0.0.1", "::1", "::", "fe80::1", "fc00::1", "ff02::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1",
-    "64:ff9b::a9fe:a9fe", "192.0.2.1",
+    "64:ff9b::a9fe:a9fe", "192.0.2.1", "2002:7f00:1::1", "2002:a9fe:a9fe::1", "2002:a00:1::1",
 ])
 def test_the_default_policy_refuses_every_non_public_address(address: str) -> None:
     assert not public_only(ipaddress.ip_address(address))
@@ -301,6 +302,16 @@ def test_a_slow_server_hits_the_read_timeout(tls_server: TlsServer, fake_dns: Fa
     settings.IMPORT_READ_TIMEOUT_SECONDS = 0.3
     with pytest.raises(TransientFetchError, match="transfer broke|timed out"):
         friendly(tls_server).fetch(https(tls_server, "/slow"), context(tmp_path)[0])
+
+
+def test_a_trickling_server_meets_the_imports_deadline_not_only_the_read_timeout(
+        tls_server: TlsServer, fake_dns: FakeDns, tmp_path: Path, settings: Any) -> None:
+    settings.IMPORT_READ_TIMEOUT_SECONDS = 5.0  # every byte arrives inside it: only the deadline can end this
+    ctx, _progress = context(tmp_path, seconds=0.5)
+    started = time.monotonic()
+    with pytest.raises(SourceRefused, match="took longer"):
+        friendly(tls_server).fetch(https(tls_server, "/trickle"), ctx)
+    assert time.monotonic() - started < 3
 
 
 def test_a_5xx_is_retried_and_a_4xx_is_the_teams_to_fix(tls_server: TlsServer, fake_dns: FakeDns,

@@ -73,6 +73,7 @@ class Handler(BaseHTTPRequestHandler):
             "/lying-length": self._lying_length,
             "/huge-length": lambda: self._headers(200, {"Content-Length": str(10**12)}),
             "/slow": self._slow,
+            "/trickle": self._trickle,
             "/unavailable": lambda: self._send(503, b"busy"),
             "/missing": lambda: self._send(404, b"no"),
         }
@@ -99,6 +100,16 @@ class Handler(BaseHTTPRequestHandler):
     def _lying_length(self) -> None:
         self._headers(200, {"Content-Length": "10"})
         self.wfile.write(b"y" * 300_000)
+
+    def _trickle(self) -> None:
+        """A byte every 50 ms: each read arrives well inside the read timeout, the whole never ends."""
+        self._headers(200, {"Content-Length": str(10**6)})
+        while not self.release.wait(0.05):
+            try:
+                self.wfile.write(b"t")
+                self.wfile.flush()
+            except OSError:  # the fetcher gave up and closed the connection
+                return
 
     def _slow(self) -> None:
         self._headers(200, {"Content-Length": "5"})
