@@ -486,8 +486,10 @@ def _fetch_s3_folder(client: Any, bucket: str, prefix: str, ctx: FetchContext) -
         raise SourceRefused(f"s3://{bucket}/{prefix} holds {total} bytes, more than your team's quota or the "
                             f"largest upload allows ({ctx.max_bytes}).")
     ctx.progress(0, total)
-    name = posixpath.basename(prefix.rstrip("/")) or bucket
-    tree = Path(tempfile.mkdtemp(prefix="tree-", dir=ctx.workdir)) / name
+    # The folder's last segment names the tar ("v1/" -> "v1.tar"); a key is any text S3 accepts ("../", a
+    # backslash), so the name goes through target_path like every other remote name.
+    name = _filename(prefix, "model")
+    tree = target_path(Path(tempfile.mkdtemp(prefix="tree-", dir=ctx.workdir)), name)
     tree.mkdir()
     hashes: dict[str, str] = {}
     done = 0
@@ -500,7 +502,7 @@ def _fetch_s3_folder(client: Any, bucket: str, prefix: str, ctx: FetchContext) -
             body.close()
         done += written
         hashes[relative] = digest
-    tar = ctx.workdir / f"{name}.tar"
+    tar = target_path(ctx.workdir, f"{name}.tar")
     pack_tree(tree, tar, max_entries=max_entries, max_total_size=int(settings.ARCHIVE_MAX_TOTAL_SIZE))
     return Fetched(path=tar, filename=f"{name}.tar",
                    record={"uri": f"s3://{bucket}/{prefix}", "size": done, "files": hashes})

@@ -60,7 +60,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - the base class's name
         self.seen_hosts.append(self.headers.get("Host", ""))
-        port = self.server.server_address[1]
+        port = int(self.server.server_address[1])  # type: ignore[index]
         routes: dict[str, Callable[[], None]] = {
             "/model.onnx": lambda: self._send(200, BODY),
             "/same-host": lambda: self._redirect(f"https://models.example:{port}/model.onnx"),
