@@ -212,7 +212,9 @@ class UriFetcher:
             response = pool.urlopen(
                 "GET", target, headers={"Host": _netloc(host, port), "Accept-Encoding": "identity",
                                         "User-Agent": "modelport-import"},
-                redirect=False, retries=False, preload_content=False, assert_same_host=False,
+                # decode_content off: the bytes stored are the bytes sent (a gzip the server sends anyway is not
+                # inflated here, so no decompression bomb grows past the count).
+                redirect=False, retries=False, preload_content=False, assert_same_host=False, decode_content=False,
                 timeout=urllib3.Timeout(connect=connect, read=read))
         except urllib3.exceptions.SSLError as exc:
             raise SourceRefused(f"{host}'s TLS certificate could not be verified ({_short(exc)}).") from None
@@ -330,33 +332,33 @@ def _filename(path: str, default: str) -> str:
 
 class _Bounded:
     """A stream that refuses to yield more than `limit` bytes in all: a Content-Length that lies (or is missing)
-    does not let a body grow past the quota, whatever ctx.progress does with a total of None."""
+    does not let a body grow past the quota, whatever ctx.progress does with a total of None. Where the source can
+    return what has arrived (urllib3's read1), a read gathers it piece by piece and checks the import's deadline
+    between pieces, so a server that drips a byte just inside every read timeout still stops at the deadline."""
 
-    def __init__(self, src: Any, limit: int, done: int = 0, ctx: FetchContext | None = None) -> None:
+    def __init__(self, src: Any, limit: int, done: int, ctx: FetchContext) -> None:
         self.src = src
         self.limit = limit
         self.seen = done
         self.ctx = ctx
 
     def read(self, size: int = -1) -> bytes:
-        if self.ctx is None:
-            return self._count(self.src.read(size))
-        # read1 is at most one socket read (each bounded by the read timeout), with the import's deadline checked
-        # between them: read(1 MiB) loops over recv() itself, so a server trickling a byte a minute would hold the
-        # worker far past the deadline. The pieces are gathered back into one chunk so that progress (a write on
-        # the version) still comes once a chunk, not once a TLS record.
-        pieces: list[bytes] = []
-        wanted = size if size > 0 else 1024 * 1024
-        while wanted > 0:
-            self.ctx.check_time()
-            piece: bytes = self.src.read1(wanted)
-            if not piece:
-                break
-            pieces.append(self._count(piece))
-            wanted -= len(piece)
-        return b"".join(pieces)
-
-    def _count(self, chunk: bytes) -> bytes:
+        read1 = getattr(self.src, "read1", None)
+        if read1 is None or size < 0:
+            chunk: bytes = self.src.read(size)
+        else:
+            parts: list[bytes] = []
+            gathered = 0
+            while gathered < size:
+                piece: bytes = read1(size - gathered)
+                if not piece:
+                    break
+                parts.append(piece)
+                gathered += len(piece)
+                if self.seen + gathered > self.limit:
+                    break
+                self.ctx.check_time()
+            chunk = b"".join(parts)
         self.seen += len(chunk)
         if self.seen > self.limit:
             raise SourceRefused(f"The source sent more than {self.limit} bytes, more than your team's quota or "
@@ -364,7 +366,7 @@ class _Bounded:
         return chunk
 
 
-def _bounded(src: Any, limit: int, done: int = 0, ctx: FetchContext | None = None) -> IO[bytes]:
+def _bounded(src: Any, limit: int, ctx: FetchContext, done: int = 0) -> IO[bytes]:
     return cast(IO[bytes], _Bounded(src, limit, done, ctx))
 
 
@@ -391,7 +393,7 @@ def _receive(response: Any, final: str, uri: str, ctx: FetchContext) -> Fetched:
     try:
         # enforce_content_length is off on the response object for a chunked body; urllib3 raises on a short
         # body (IncompleteRead, a ProtocolError) and _Bounded on a long one.
-        size, digest = copy_counted(_bounded(response, ctx.max_bytes, ctx=ctx), dest, ctx, 0, total)
+        size, digest = copy_counted(_bounded(response, ctx.max_bytes, ctx), dest, ctx, 0, total)
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise TransientFetchError(f"{final[:200]}: the transfer broke ({_short(exc)}).") from None
     finally:
@@ -455,7 +457,7 @@ def _fetch_s3(bucket: str, key: str, ctx: FetchContext) -> Fetched:
         # IfMatch: the bytes are those of the object the HEAD sized, not a newer one put in between.
         body = client.get_object(Bucket=bucket, Key=key, IfMatch=head["ETag"])["Body"]
         try:
-            size, digest = copy_counted(_bounded(body, min(total, ctx.max_bytes)), dest, ctx, 0, total)
+            size, digest = copy_counted(_bounded(body, min(total, ctx.max_bytes), ctx), dest, ctx, 0, total)
         finally:
             body.close()
     except (ClientError, BotoCoreError) as exc:
@@ -497,7 +499,7 @@ def _fetch_s3_folder(client: Any, bucket: str, prefix: str, ctx: FetchContext) -
         dest = target_path(tree, relative)
         body = client.get_object(Bucket=bucket, Key=prefix + relative)["Body"]
         try:
-            written, digest = copy_counted(_bounded(body, ctx.max_bytes, done), dest, ctx, done, total)
+            written, digest = copy_counted(_bounded(body, ctx.max_bytes, ctx, done), dest, ctx, done, total)
         finally:
             body.close()
         done += written
