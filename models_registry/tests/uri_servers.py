@@ -73,7 +73,6 @@ class Handler(BaseHTTPRequestHandler):
             "/lying-length": self._lying_length,
             "/huge-length": lambda: self._headers(200, {"Content-Length": str(10**12)}),
             "/slow": self._slow,
-            "/drip": self._drip,
             "/trickle": self._trickle,
             "/unavailable": lambda: self._send(503, b"busy"),
             "/missing": lambda: self._send(404, b"no"),
@@ -111,15 +110,6 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
             except OSError:  # the fetcher gave up and closed the connection
                 return
-
-    def _drip(self) -> None:
-        """A byte every 50 ms, each well inside the read timeout: only the import's deadline stops it."""
-        self._headers(200, {"Content-Length": "1000"})
-        for _ in range(1000):
-            if self.release.wait(0.05):
-                return
-            self.wfile.write(b"d")
-            self.wfile.flush()
 
     def _slow(self) -> None:
         self._headers(200, {"Content-Length": "5"})
