@@ -473,3 +473,39 @@ def test_an_s3_folder_named_dot_dot_is_packed_inside_the_working_directory(impor
     fetched = UriFetcher().fetch(s3(import_bucket, "a/../"), context(tmp_path)[0])
     assert fetched.path.parent == tmp_path
     assert fetched.filename == "model.tar"
+
+
+# -- through the API and the import task ---------------------------------------------------------------------------
+
+@pytest.mark.s3
+def test_an_s3_import_goes_from_the_api_through_the_import_task_to_validation(
+        import_bucket: ImportBucket, alice: Person, digits_model: Any) -> None:
+    from models_registry.imports import run_import
+    from models_registry.models import ModelVersion
+    from tests.artifacts import tiny_onnx
+
+    onnx = tiny_onnx()
+    import_bucket.client.put_object(Bucket=import_bucket.name, Key="fraud/v3/model.onnx", Body=onnx)
+    TeamSources.objects.create(team=alice.team, s3_buckets=f"{import_bucket.name}/fraud/")
+    uri = f"s3://{import_bucket.name}/fraud/v3/model.onnx"
+    response = alice.client().post("/api/v1/models/digits/versions/", {"source": {"kind": "uri", "uri": uri}},
+                                   format="json")
+    assert response.status_code in (201, 202), response.content
+    version = ModelVersion.objects.get(model=digits_model)
+    run_import(version.pk)
+    version.refresh_from_db()
+    assert version.status == ModelVersion.Status.VALIDATING, version.error
+    assert version.format == "onnx"
+    assert version.size == len(onnx)
+    assert version.source["uri"] == uri
+    assert version.source["fetched"]["size"] == len(onnx)
+
+
+@pytest.mark.s3
+def test_an_s3_import_from_a_bucket_not_allowed_is_a_403_naming_team_sources(import_bucket: ImportBucket,
+                                                                             alice: Person, digits_model: Any) -> None:
+    response = alice.client().post(
+        "/api/v1/models/digits/versions/",
+        {"source": {"kind": "uri", "uri": f"s3://{import_bucket.name}/fraud/model.onnx"}}, format="json")
+    assert response.status_code == 403
+    assert "Team sources" in response.content.decode()
