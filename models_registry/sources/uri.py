@@ -149,12 +149,14 @@ class UriFetcher:
     def fetch(self, source: dict[str, Any], ctx: FetchContext) -> Fetched:
         uri = source["uri"]
         _refuse_text(uri)
+        # The allowance is checked again on the worker: an operator who removes a bucket or a host (or turns
+        # https off) stops the imports already queued for it, not only the next ones.
         if uri.startswith("s3://"):
+            self._validate_s3(uri, ctx.team_id)
             bucket, key = _split_s3(uri)
             return _fetch_s3(bucket, key, ctx)
         if uri.startswith("https://"):
-            if not settings.IMPORT_HTTPS_ENABLED:  # turned off after the import was queued
-                raise SourceForbidden("The operator turned https imports off (IMPORT_HTTPS_ENABLED).")
+            self._validate_https(uri, ctx.team_id)
             return self._fetch_https(uri, ctx)
         raise SourceRefused("source.uri must start with s3:// or https://.")
 

@@ -166,8 +166,26 @@ class FakeDns:
         return REAL_GETADDRINFO(host, port, *args, **kwargs)
 
 
+class Everything(tuple[str, ...]):
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
 @pytest.fixture
-def fake_dns(monkeypatch: pytest.MonkeyPatch, settings: Any) -> FakeDns:
+def allow_any_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fetch tests' team may import from any bucket and host (the fetcher checks its allowance again on the
+    worker; the allowance itself is tested above, through the database, and in the revocation tests)."""
+    from models_registry.sources import uri
+    from models_registry.sources.allowed import Allowed
+
+    allowed = Allowed(mlflow_models=(), huggingface_repos=(), huggingface_token=False, s3_buckets=(),
+                      https_hosts=Everything())
+    monkeypatch.setattr(uri, "allowed_for", lambda team_id: allowed)
+    monkeypatch.setattr(uri, "bucket_allowed", lambda buckets, bucket, key: True)
+
+
+@pytest.fixture
+def fake_dns(monkeypatch: pytest.MonkeyPatch, settings: Any, allow_any_source: None) -> FakeDns:
     settings.IMPORT_HTTPS_ENABLED = True
     dns = FakeDns(answers={"models.example": [["127.0.0.1"]], "other.example": [["127.0.0.1"]]}, asked=[])
     monkeypatch.setattr(socket, "getaddrinfo", dns)
@@ -343,10 +361,31 @@ def test_a_refused_connection_is_retried(fake_dns: FakeDns, tmp_path: Path) -> N
                                                       context(tmp_path)[0])
 
 
-def test_https_turned_off_after_queueing_is_refused_at_fetch(settings: Any, tmp_path: Path) -> None:
+def test_https_turned_off_after_queueing_is_refused_at_fetch(settings: Any, tmp_path: Path,
+                                                             allow_any_source: None) -> None:
     settings.IMPORT_HTTPS_ENABLED = False
-    with pytest.raises(SourceForbidden):
+    with pytest.raises(SourceForbidden, match="turned https imports off"):
         UriFetcher().fetch({"kind": "uri", "uri": "https://models.example/m.onnx"}, context(tmp_path)[0])
+
+
+def test_a_host_or_bucket_removed_after_queueing_is_refused_at_fetch_before_any_lookup(
+        allowed_team: Person, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = validate(allowed_team, "https://models.example/m.onnx")
+    queued_s3 = validate(allowed_team, "s3://shared/m.onnx")
+    TeamSources.objects.filter(team=allowed_team.team).update(https_hosts="", s3_buckets="")
+    looked_up: list[Any] = []
+
+    def lookup(*args: Any, **kwargs: Any) -> list[Any]:
+        looked_up.append(args)
+        return []
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    ctx = context(tmp_path)[0]
+    ctx.team_id = allowed_team.team.id
+    for queued in (source, queued_s3):
+        with pytest.raises(SourceForbidden, match="Team sources"):
+            UriFetcher().fetch(queued, ctx)
+    assert looked_up == []
 
 
 # -- s3 ------------------------------------------------------------------------------------------------------------
@@ -358,7 +397,7 @@ class ImportBucket:
 
 
 @pytest.fixture
-def import_bucket(s3_endpoint: str, settings: Any, monkeypatch: pytest.MonkeyPatch) -> ImportBucket:
+def moto_bucket(s3_endpoint: str, settings: Any, monkeypatch: pytest.MonkeyPatch) -> ImportBucket:
     """A fresh bucket, and the import settings pointing at moto with credentials from boto3's chain (the
     environment), as an operator's would."""
     import boto3
@@ -371,6 +410,12 @@ def import_bucket(s3_endpoint: str, settings: Any, monkeypatch: pytest.MonkeyPat
     client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
     client.create_bucket(Bucket=name)
     return ImportBucket(client, name)
+
+
+@pytest.fixture
+def import_bucket(moto_bucket: ImportBucket, allow_any_source: None) -> ImportBucket:
+    """moto_bucket, which the fetch tests' team may import from."""
+    return moto_bucket
 
 
 def s3(bucket: ImportBucket, key: str) -> dict[str, Any]:
@@ -423,7 +468,8 @@ def test_a_missing_key_and_a_missing_bucket_read_the_same(import_bucket: ImportB
 
 
 @pytest.mark.s3
-def test_an_unreachable_object_store_is_retried(settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unreachable_object_store_is_retried(settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                allow_any_source: None) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
     with socket.socket() as closed:
@@ -479,15 +525,15 @@ def test_an_s3_folder_named_dot_dot_is_packed_inside_the_working_directory(impor
 
 @pytest.mark.s3
 def test_an_s3_import_goes_from_the_api_through_the_import_task_to_validation(
-        import_bucket: ImportBucket, alice: Person, digits_model: Any) -> None:
+        moto_bucket: ImportBucket, alice: Person, digits_model: Any) -> None:
     from models_registry.imports import run_import
     from models_registry.models import ModelVersion
     from tests.artifacts import tiny_onnx
 
     onnx = tiny_onnx()
-    import_bucket.client.put_object(Bucket=import_bucket.name, Key="fraud/v3/model.onnx", Body=onnx)
-    TeamSources.objects.create(team=alice.team, s3_buckets=f"{import_bucket.name}/fraud/")
-    uri = f"s3://{import_bucket.name}/fraud/v3/model.onnx"
+    moto_bucket.client.put_object(Bucket=moto_bucket.name, Key="fraud/v3/model.onnx", Body=onnx)
+    TeamSources.objects.create(team=alice.team, s3_buckets=f"{moto_bucket.name}/fraud/")
+    uri = f"s3://{moto_bucket.name}/fraud/v3/model.onnx"
     response = alice.client().post("/api/v1/models/digits/versions/", {"source": {"kind": "uri", "uri": uri}},
                                    format="json")
     assert response.status_code in (201, 202), response.content
@@ -497,15 +543,16 @@ def test_an_s3_import_goes_from_the_api_through_the_import_task_to_validation(
     assert version.status == ModelVersion.Status.VALIDATING, version.error
     assert version.format == "onnx"
     assert version.size == len(onnx)
+    assert version.source is not None
     assert version.source["uri"] == uri
     assert version.source["fetched"]["size"] == len(onnx)
 
 
 @pytest.mark.s3
-def test_an_s3_import_from_a_bucket_not_allowed_is_a_403_naming_team_sources(import_bucket: ImportBucket,
+def test_an_s3_import_from_a_bucket_not_allowed_is_a_403_naming_team_sources(moto_bucket: ImportBucket,
                                                                              alice: Person, digits_model: Any) -> None:
     response = alice.client().post(
         "/api/v1/models/digits/versions/",
-        {"source": {"kind": "uri", "uri": f"s3://{import_bucket.name}/fraud/model.onnx"}}, format="json")
+        {"source": {"kind": "uri", "uri": f"s3://{moto_bucket.name}/fraud/model.onnx"}}, format="json")
     assert response.status_code == 403
     assert "Team sources" in response.content.decode()
