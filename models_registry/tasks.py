@@ -5,7 +5,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
 
-from models_registry import dispatch, imports, inspection, uploads
+from models_registry import dispatch, import_worker, inspection, uploads
 
 
 # The limits hold in the inspection lane's prefork pool (infra/lanes.py): the soft one raises here, the hard one
@@ -37,7 +37,7 @@ def send_inspection(version_id: int) -> None:
 def dispatch_inspections() -> int:
     """Periodic (on the reconcile queue, never behind a spinning inspection): dispatch.sweep(), and imports whose
     worker died."""
-    imports.sweep_stuck_imports()
+    import_worker.sweep_stuck_imports()
     return dispatch.sweep(send_inspection)
 
 
@@ -46,8 +46,8 @@ def dispatch_inspections() -> int:
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
 def import_version(self: Task, version_id: int) -> None:
     try:
-        imports.run_import(version_id, attempt=self.request.retries)
-    except imports.RetryLater as exc:
+        import_worker.run_import(version_id, attempt=self.request.retries, queue_inspection=queue_inspections)
+    except import_worker.RetryLater as exc:
         raise self.retry(countdown=exc.countdown) from None
 
 

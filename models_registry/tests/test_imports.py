@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from models_registry import imports, quota
+from models_registry import import_worker, quota
 from models_registry.inspection import inspect_here
 from models_registry.models import ModelVersion, TeamSources
 from models_registry.sources import KINDS
@@ -38,9 +38,9 @@ def _run(version_id: int, attempts: int = 5) -> None:
     """The import task as a worker runs it, retries included (their countdown skipped)."""
     for attempt in range(attempts):
         try:
-            imports.run_import(version_id, attempt)
+            import_worker.run_import(version_id, attempt)
             return
-        except imports.RetryLater:
+        except import_worker.RetryLater:
             continue
 
 
@@ -137,8 +137,8 @@ def test_a_transient_fault_is_retried_and_then_succeeds(alice: Person, fake_sour
     fake_source.transient_failures = 2
     with django_capture_on_commit_callbacks(execute=False):
         version_id = ModelVersion.objects.get(number=_import(alice, {"kind": "fake", "name": "x"}).json()["number"]).pk
-    with pytest.raises(imports.RetryLater):
-        imports.run_import(version_id, 0)
+    with pytest.raises(import_worker.RetryLater):
+        import_worker.run_import(version_id, 0)
     assert "Retrying" in ModelVersion.objects.get(pk=version_id).error
     _run(version_id)
     assert ModelVersion.objects.get(pk=version_id).status == ModelVersion.Status.VALIDATING
@@ -215,7 +215,7 @@ def test_cancelling_an_import_stops_its_fetch_and_gives_back_its_reservation(ali
                                                                             fake_source: Any,
                                                                             django_capture_on_commit_callbacks: Any,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(imports, "_PROGRESS_EVERY_SECONDS", 0)  # each chunk writes (and so sees the cancel)
+    monkeypatch.setattr(import_worker, "_PROGRESS_EVERY_SECONDS", 0)  # each chunk writes (and so sees the cancel)
     fake_source.declared_total = 4096
     fake_source.chunk = 16
     fake_source.pause = threading.Event()
@@ -268,7 +268,7 @@ def test_an_import_whose_worker_died_is_marked_invalid_by_the_sweep(alice: Perso
     _import(alice, {"kind": "fake", "name": "x"})
     long_ago = timezone.now() - timedelta(seconds=settings.IMPORT_TIME_LIMIT_SECONDS + 600)
     ModelVersion.objects.update(import_started_at=long_ago, size=100)
-    assert imports.sweep_stuck_imports() == 1
+    assert import_worker.sweep_stuck_imports() == 1
     version = ModelVersion.objects.get()
     assert version.status == ModelVersion.Status.INVALID and "IMPORT_TIME_LIMIT_SECONDS" in version.error
     assert quota.usage_of(alice.team) == 0

@@ -526,7 +526,7 @@ def test_an_s3_folder_named_dot_dot_is_packed_inside_the_working_directory(impor
 @pytest.mark.s3
 def test_an_s3_import_goes_from_the_api_through_the_import_task_to_validation(
         moto_bucket: ImportBucket, alice: Person, digits_model: Any) -> None:
-    from models_registry.imports import run_import
+    from models_registry.import_worker import run_import
     from models_registry.models import ModelVersion
     from tests.artifacts import tiny_onnx
 
