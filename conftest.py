@@ -339,3 +339,12 @@ def live() -> Iterator[Any]:
 
     with live_portal() as portal:
         yield portal
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One real MLflow tracking server for the session's import tests (tests/support/mlflow_server.py)."""
+    from tests.support.mlflow_server import running_mlflow_server
+
+    with running_mlflow_server(tmp_path_factory.mktemp("mlflow")) as server:
+        yield server

@@ -1,0 +1,204 @@
+"""A real MLflow tracking server for the import tests (issue 35): `mlflow server` (mlflow 3, from requirements-dev)
+with a SQLite backend store and artifacts served through it (--serve-artifacts, `mlflow-artifacts:` locations),
+started as a subprocess on a free port, polled until /health answers, and killed at teardown. Models are logged and
+registered with MLflow's own API, so the layouts the fetcher reads are MLflow's, not ours.
+
+An experiment created with `local_experiment` keeps its artifacts in a plain folder (`file:`), as a server run
+with --default-artifact-root file:... does: the worker reads that folder itself, which is where a link planted in
+an artifact tree would bite."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import mlflow.pyfunc
+import numpy as np
+
+START_TIMEOUT_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class MlflowServer:
+    url: str
+    root: Path  # holds the store, the served artifacts and the local experiments' folders
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def running_mlflow_server(root: Path) -> Iterator[MlflowServer]:
+    root.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+               "--backend-store-uri", f"sqlite:///{root / 'store.sqlite'}", "--serve-artifacts",
+               "--artifacts-destination", (root / "served").as_uri(), "--workers", "1"]
+    log = open(root / "server.log", "ab")  # noqa: SIM115 - kept open for the process' lifetime
+    env = {**os.environ, "MLFLOW_TRACKING_URI": ""}
+    process = subprocess.Popen(command, cwd=root, stdout=log, stderr=subprocess.STDOUT, env=env,
+                               start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while True:
+            if process.poll() is not None:
+                raise AssertionError(f"mlflow server exited {process.returncode}: "
+                                     f"{(root / 'server.log').read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"mlflow server did not answer /health in {START_TIMEOUT_SECONDS} s")
+            time.sleep(0.2)
+        yield MlflowServer(url=url, root=root)
+    finally:
+        # Its own session: the gunicorn/uvicorn workers it spawned go with it.
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+
+
+def _mlflow(server: MlflowServer) -> Any:
+    mlflow.set_tracking_uri(server.url)
+    return mlflow
+
+
+def local_experiment(server: MlflowServer, name: str) -> str:
+    """An experiment whose artifacts lie in a plain folder under server.root; its id."""
+    mlflow = _mlflow(server)
+    existing = mlflow.get_experiment_by_name(name)
+    if existing is not None:
+        return str(existing.experiment_id)
+    return str(mlflow.create_experiment(name, artifact_location=(server.root / "local" / name).as_uri()))
+
+
+def doubling_onnx() -> Any:
+    """A tiny ONNX model: y = 2 * x, x FP32 [-1, 3]."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])
+    two = helper.make_tensor("two", TensorProto.FLOAT, [1], [2.0])
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["y"])], "double", [x], [y], [two])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+EXAMPLE = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=np.float32)
+
+
+def log_onnx(server: MlflowServer, name: str, experiment_id: str | None = None) -> str:
+    """Registers the doubling ONNX model as a new version of `name`; the version."""
+    mlflow = _mlflow(server)
+    from mlflow.models import infer_signature
+
+    with mlflow.start_run(experiment_id=experiment_id):
+        info = mlflow.onnx.log_model(doubling_onnx(), name="model", registered_model_name=name,
+                                     signature=infer_signature(EXAMPLE, EXAMPLE * 2))
+    return str(info.registered_model_version)
+
+
+class Tripler(mlflow.pyfunc.PythonModel):
+    """A pyfunc model: its answer is three times its input (pickled by value, see log_pyfunc)."""
+
+    def predict(self, context: Any, model_input: Any, params: Any = None) -> Any:
+        return np.asarray(model_input, dtype=np.float32) * 3
+
+
+class Snoop(mlflow.pyfunc.PythonModel):
+    """Answers with how many places held the portal's secret when it was unpickled (0 in the sandbox)."""
+
+    def __init__(self, found: int) -> None:
+        self.found = found
+
+    def predict(self, context: Any, model_input: Any, params: Any = None) -> Any:
+        return np.asarray(model_input, dtype=np.float32) * 0 + self.found
+
+
+def _snoop(marker: str) -> Snoop:
+    """What the hostile pickle runs when it is unpickled: leave a mark, then look for the portal's secret in the
+    places a process could read it from (its environment, the settings' environment through /proc)."""
+    import os as _os
+
+    with open(marker, "a") as stream:
+        stream.write(f"unpickled in pid {_os.getpid()}\n")
+    found = 0
+    if _os.environ.get("SECRET_KEY"):
+        found += 1
+    for path in ("/proc/1/environ", f"/proc/{_os.getppid()}/environ"):
+        try:
+            with open(path, "rb") as stream:
+                found += b"SECRET_KEY" in stream.read()
+        except OSError:
+            pass
+    return Snoop(found)
+
+
+class HostilePickle(mlflow.pyfunc.PythonModel):
+    """Unpickled, it calls _snoop(marker): the stand-in for a python_model.pkl that reads SECRET_KEY."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def predict(self, context: Any, model_input: Any, params: Any = None) -> Any:
+        return model_input
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return _snoop, (self.marker,)
+
+
+def log_pyfunc(server: MlflowServer, name: str, python_model: Any, experiment_id: str | None = None) -> str:
+    """Registers a pyfunc model; the version. This module is pickled by value: the sandbox cannot import tests."""
+    import cloudpickle
+
+    mlflow = _mlflow(server)
+    from mlflow.models import infer_signature
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        with mlflow.start_run(experiment_id=experiment_id):
+            info = mlflow.pyfunc.log_model(name="model", python_model=python_model, registered_model_name=name,
+                                           signature=infer_signature(EXAMPLE, EXAMPLE * 3))
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    return str(info.registered_model_version)
+
+
+def set_alias(server: MlflowServer, name: str, alias: str, version: str) -> None:
+    from mlflow import MlflowClient
+
+    MlflowClient(tracking_uri=server.url).set_registered_model_alias(name, alias, version)
+
+
+def artifact_folder(server: MlflowServer, name: str, version: str) -> Path:
+    """The local folder of a version logged into a local_experiment."""
+    from urllib.parse import urlparse
+
+    from mlflow import MlflowClient
+
+    uri = MlflowClient(tracking_uri=server.url).get_model_version_download_uri(name, version)
+    return Path(urlparse(uri).path)
