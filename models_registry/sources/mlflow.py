@@ -39,6 +39,7 @@ import urllib3
 import yaml
 from django.conf import settings
 
+from modelport.core.signature import Signature, SignatureError, Tensor, parse_signature
 from models_registry.sources import allowed
 from models_registry.sources.base import (
     FetchContext,
@@ -50,12 +51,12 @@ from models_registry.sources.base import (
     pack_tree,
     target_path,
 )
-from modelport.core.signature import Signature, SignatureError, Tensor, parse_signature
 
 KIND = "mlflow"
 # A registered model's name: MLflow accepts almost anything, but a name that goes into a URL path and into the
 # version's record is kept to printable characters without '/', '@' or '%'.
-_URI = re.compile(r"^models:/(?P<name>[^/@%\x00-\x1f\x7f]{1,256})(?:/(?P<version>[0-9]{1,12})|@(?P<alias>[A-Za-z0-9_\-]{1,255}))$")
+_URI = re.compile(r"^models:/(?P<name>[^/@%\x00-\x1f\x7f]{1,256})"
+                  r"(?:/(?P<version>[0-9]{1,12})|@(?P<alias>[A-Za-z0-9_\-]{1,255}))$")
 _JSON_MAX_BYTES = 4 * 1024 * 1024
 _MLMODEL_MAX_BYTES = 1024 * 1024
 _REQUIREMENTS_MAX_BYTES = 256 * 1024
@@ -97,9 +98,9 @@ class MlflowFetcher:
         client = _Client(settings.MLFLOW_TRACKING_URI)
         if alias is not None:
             found = client.get_json("/api/2.0/mlflow/registered-models/alias", {"name": name, "alias": alias},
-                                    f"the alias {alias!r} of {name!r}")
+                                    f"alias {alias!r} of {name!r}")
         else:
-            found = client.get_json("/api/2.0/mlflow/model-versions/get", {"name": name, "version": version},
+            found = client.get_json("/api/2.0/mlflow/model-versions/get", {"name": name, "version": str(version)},
                                     f"version {version} of {name!r}")
         model_version = found.get("model_version")
         if not isinstance(model_version, dict) or not str(model_version.get("version", "")).isdigit():
@@ -134,8 +135,8 @@ class MlflowFetcher:
                                 "not an MLflow model (log it with mlflow.<flavor>.log_model).")
         mlmodel = _read_mlmodel(model_dir / "MLmodel")
         record = {"uri": source["uri"], "registered_model": name, "registry_version": version,
-                  "run_id": str(model_version.get("run_id") or ""), "source": str(model_version.get("source", ""))[:500],
-                  "files": hashes}
+                  "run_id": str(model_version.get("run_id") or ""),
+                  "source": str(model_version.get("source", ""))[:500], "files": hashes}
         return _convert(mlmodel, staging, model_dir, ctx, record)
 
 
@@ -508,10 +509,14 @@ def _read_small(path: Path) -> str:
 
 
 def _requirements(model_dir: Path, pyfunc: dict[str, Any]) -> list[str]:
-    """The MLflow model's pip requirements (requirements.txt, else conda.yaml's pip list). `mlflow` itself becomes
-    `mlflow-skinny` of the same version: the part of mlflow that loads and runs a pyfunc, without the tracking
-    server's dependencies (Flask, SQLAlchemy, ...), so an environment builds in a fraction of the time. pandas, which
-    pyfunc needs and skinny does not pull, is added. Lines are checked again at inspection (plain PEP 508 only)."""
+    """The MLflow model's pip requirements (requirements.txt, else conda.yaml's pip list), for the environment the
+    deployment builds (deployments/pyenvs.py). `mlflow==X` becomes `mlflow-skinny>=X`: skinny is the part of mlflow
+    that loads and runs a pyfunc, without the tracking server's dependencies (Flask, SQLAlchemy, pyarrow, ...), so
+    the environment builds in seconds (8 s here, against minutes); and "X or newer" because every package of the
+    runtime env is a constraint of that build, and an exact old mlflow can pin below one of them (mlflow-skinny
+    3.17.2 wants importlib-metadata<10, the runtime env has 10.2.0; 3.18.0 fits). pandas, which pyfunc needs and
+    skinny does not pull, is added. The other lines are the model's own; inspection checks every line again (plain
+    PEP 508 requirements only)."""
     lines: list[str] = []
     if (model_dir / "requirements.txt").is_file():
         lines = [line.strip() for line in _read_small(model_dir / "requirements.txt").splitlines()]
@@ -530,8 +535,12 @@ def _requirements(model_dir: Path, pyfunc: dict[str, Any]) -> list[str]:
     for line in lines:
         if not line or line.startswith("#"):
             continue
-        full = re.match(r"^mlflow(?:\[[^\]]*\])?(?P<rest>\s*(?:[=<>!~;].*)?)$", line)
-        kept.append(f"mlflow-skinny{full['rest']}" if full else line)
+        full = re.match(r"^mlflow(?:\[[^\]]*\])?\s*(?:==\s*(?P<version>[0-9][0-9A-Za-z.]*))?\s*$", line)
+        if full:
+            line = f"mlflow-skinny>={full['version']}" if full["version"] else "mlflow-skinny"
+        elif re.match(r"^mlflow\b(?![-_.])", line):
+            line = "mlflow-skinny" + line[len("mlflow"):].split("]", 1)[-1].lstrip()  # other specifiers, kept
+        kept.append(line)
     if not any(re.match(r"^mlflow-skinny\b", line) for line in kept):
         kept.insert(0, "mlflow-skinny")
     if not any(re.match(r"^pandas\b", line) for line in kept):
@@ -539,8 +548,8 @@ def _requirements(model_dir: Path, pyfunc: dict[str, Any]) -> list[str]:
     return kept
 
 
-_MODEL_PY = '''"""Generated by Modelport from an MLflow pyfunc model: loads ./mlflow_model with mlflow.pyfunc.load_model (which
-unpickles it: this runs only in the deployment's sandbox) and calls predict per request."""
+_MODEL_PY = '''"""Generated by Modelport from an MLflow pyfunc model: loads ./mlflow_model with
+mlflow.pyfunc.load_model (which unpickles it: this runs only in the deployment's sandbox) and calls predict."""
 
 import json
 import os
@@ -570,14 +579,16 @@ def _as_input(request):
 def _as_outputs(result):
     outputs = []
     if hasattr(result, "to_dict") and hasattr(result, "columns"):  # a DataFrame
-        result = {{str(c): result[c].to_numpy() for c in result.columns}} if SPEC["named_outputs"] else result.to_numpy()
+        named = SPEC["named_outputs"]
+        result = {{str(c): result[c].to_numpy() for c in result.columns}} if named else result.to_numpy()
     elif hasattr(result, "to_numpy"):  # a Series
         result = result.to_numpy()
     for tensor in SPEC["outputs"]:
         value = result[tensor["name"]] if SPEC["named_outputs"] else result
         value = np.asarray(value)
         if tensor["datatype"] == "BYTES":
-            value = np.vectorize(lambda v: v if isinstance(v, bytes) else str(v).encode("utf-8"), otypes=[object])(value)
+            encode = np.vectorize(lambda v: v if isinstance(v, bytes) else str(v).encode("utf-8"), otypes=[object])
+            value = encode(value)
         else:
             value = value.astype(pb_utils.triton_string_to_numpy("TYPE_" + tensor["datatype"]))
         if SPEC["output_kind"] == "columns":

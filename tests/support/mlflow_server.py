@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-import mlflow.pyfunc
 import numpy as np
+from mlflow.pyfunc import PythonModel
 
 START_TIMEOUT_SECONDS = 60.0
 
@@ -122,20 +122,20 @@ def log_onnx(server: MlflowServer, name: str, experiment_id: str | None = None) 
     return str(info.registered_model_version)
 
 
-class Tripler(mlflow.pyfunc.PythonModel):
+class Tripler(PythonModel):
     """A pyfunc model: its answer is three times its input (pickled by value, see log_pyfunc)."""
 
-    def predict(self, context: Any, model_input: Any, params: Any = None) -> Any:
+    def predict(self, context, model_input, params=None):  # untyped: MLflow reads hints as a schema
         return np.asarray(model_input, dtype=np.float32) * 3
 
 
-class Snoop(mlflow.pyfunc.PythonModel):
+class Snoop(PythonModel):
     """Answers with how many places held the portal's secret when it was unpickled (0 in the sandbox)."""
 
     def __init__(self, found: int) -> None:
         self.found = found
 
-    def predict(self, context: Any, model_input: Any, params: Any = None) -> Any:
+    def predict(self, context, model_input, params=None):  # untyped: MLflow reads hints as a schema
         return np.asarray(model_input, dtype=np.float32) * 0 + self.found
 
 
@@ -158,13 +158,13 @@ def _snoop(marker: str) -> Snoop:
     return Snoop(found)
 
 
-class HostilePickle(mlflow.pyfunc.PythonModel):
+class HostilePickle(PythonModel):
     """Unpickled, it calls _snoop(marker): the stand-in for a python_model.pkl that reads SECRET_KEY."""
 
     def __init__(self, marker: Path) -> None:
         self.marker = str(marker)
 
-    def predict(self, context: Any, model_input: Any, params: Any = None) -> Any:
+    def predict(self, context, model_input, params=None):  # untyped: MLflow reads hints as a schema
         return model_input
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
