@@ -144,8 +144,11 @@ def _snoop(marker: str) -> Snoop:
     places a process could read it from (its environment, the settings' environment through /proc)."""
     import os as _os
 
-    with open(marker, "a") as stream:
-        stream.write(f"unpickled in pid {_os.getpid()}\n")
+    try:  # inside a sandbox the test's folder is out of reach: the mark is only left where it can be
+        with open(marker, "a") as stream:
+            stream.write(f"unpickled in pid {_os.getpid()}\n")
+    except OSError:
+        pass
     found = 0
     if _os.environ.get("SECRET_KEY"):
         found += 1
@@ -181,8 +184,12 @@ def log_pyfunc(server: MlflowServer, name: str, python_model: Any, experiment_id
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     try:
         with mlflow.start_run(experiment_id=experiment_id):
+            # numpy unpinned: MLflow would pin this process's (2.x), and the runtime env serves with its own (1.26),
+            # a conflict pip reports at deploy time. A model meant for Triton states what it needs of the serving env.
             info = mlflow.pyfunc.log_model(name="model", python_model=python_model, registered_model_name=name,
-                                           signature=infer_signature(EXAMPLE, EXAMPLE * 3))
+                                           signature=infer_signature(EXAMPLE, EXAMPLE * 3),
+                                           pip_requirements=[f"mlflow=={mlflow.__version__}",
+                                                             f"cloudpickle=={cloudpickle.__version__}", "numpy"])
     finally:
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
     return str(info.registered_model_version)

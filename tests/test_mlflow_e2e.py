@@ -1,0 +1,102 @@
+"""MLflow pyfunc models served (issue 35): a version fetched from a real tracking server (tests/support/
+mlflow_server.py) goes through the portal as an upload would, its environment (mlflow-skinny, cloudpickle, pandas)
+is built at deploy time over the runtime env, and the sandboxed Triton's answer equals the MLflow model's own
+prediction. A pickle that reads the portal's secret when unpickled is unpickled only there, and finds nothing.
+Real mlflow server, uvicorn, Celery worker and beat, pip and Triton."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+from pathlib import Path
+
+import mlflow.pyfunc
+import numpy as np
+import pytest
+from django.conf import settings
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from models_registry.models import ModelVersion
+from models_registry.sources.base import FetchContext, Fetched
+from models_registry.sources.mlflow import fetcher
+from tests.deploying import deploy, serving, wait_status
+from tests.processes import wait_for
+from tests.sandbox_helpers import infer, output
+from tests.support import mlflow_server as support
+from tests.support.mlflow_server import MlflowServer
+from tests.support.people import Person
+
+pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+
+SECRET = "mlflow-e2e-planted-secret"
+
+
+@pytest.fixture
+def secret_in_the_portals_environment(monkeypatch: pytest.MonkeyPatch) -> str:
+    """SECRET_KEY in the environment of the worker (which starts Triton) and the web server: requested before
+    portal_url, so that they start with it."""
+    monkeypatch.setenv("SECRET_KEY", SECRET)
+    return SECRET
+
+
+def fetch_and_push(person: Person, server: MlflowServer, uri: str, name: str, workdir: Path) -> ModelVersion:
+    """The fetch as the import worker runs it, then its file through the upload API with what the fetch learnt."""
+    settings.MLFLOW_TRACKING_URI = server.url
+    workdir.mkdir()
+    ctx = FetchContext(team_id=person.team.id, team_name=person.team.name, workdir=workdir, max_bytes=10**9,
+                       progress=lambda done, total: None, deadline=time.monotonic() + 120)
+    fetched: Fetched = fetcher.fetch({"kind": "mlflow", "uri": uri}, ctx)
+    assert fetched.signature is not None
+    client = person.client()
+    client.post("/api/v1/models/", {"name": name}, format="json")
+    response = client.post(f"/api/v1/models/{name}/versions/", {
+        "file": SimpleUploadedFile(fetched.filename, fetched.path.read_bytes()), "format": fetched.declared_format,
+        "signature": json.dumps(fetched.signature.to_json())}, format="multipart")
+    assert response.status_code == 201, response.json()
+    wait_for(lambda: client.get(f"/api/v1/models/{name}/versions/1/").json()["status"] != "validating", 60,
+             what=f"the worker to inspect {name}")
+    version = ModelVersion.objects.get(model__name=name, number=1)
+    assert version.status == "ready", version.error
+    return version
+
+
+def _call(deployment: str, model: str, x: np.ndarray) -> np.ndarray:
+    try:
+        answer = infer(serving(deployment), model, [{"name": "input", "datatype": "FP32", "shape": list(x.shape),
+                                                     "data": x.flatten().tolist()}])
+    except urllib.error.HTTPError as exc:
+        raise AssertionError(f"Triton answered {exc.code}: {exc.read()[:2000]!r}") from None
+    return np.array(output(answer, "output"), dtype=np.float32).reshape(x.shape)
+
+
+def test_a_pyfunc_model_answers_in_triton_as_mlflow_predicts(alice_tx: Person, portal_url: str,
+                                                              mlflow_server: MlflowServer, tmp_path: Path) -> None:
+    version = support.log_pyfunc(mlflow_server, "e2e-triple", support.Tripler())
+    fetch_and_push(alice_tx, mlflow_server, f"models:/e2e-triple/{version}", "triple", tmp_path / "work")
+    deploy(alice_tx, "triple", [{"model": "triple"}])
+    wait_status(alice_tx, "triple", "ready", timeout=300)
+    x = np.array([[1.5, -2.0, 3.25], [0.0, 10.0, -7.5]], dtype=np.float32)
+    expected = mlflow.pyfunc.load_model(f"models:/e2e-triple/{version}").predict(x)
+    np.testing.assert_allclose(_call("triple", "triple", x), np.asarray(expected, dtype=np.float32))
+
+
+def test_a_pickle_reading_the_secret_is_unpickled_only_in_the_sandbox_and_finds_nothing(
+    secret_in_the_portals_environment: str, alice_tx: Person, portal_url: str, mlflow_server: MlflowServer,
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "unpickled"
+    # The attempt is real: unpickled here, in a process holding the secret, it finds it.
+    assert support._snoop(str(tmp_path / "control")).found >= 1 and os.environ["SECRET_KEY"] == SECRET
+    version = support.log_pyfunc(mlflow_server, "e2e-snoop", support.HostilePickle(marker))
+    marker.unlink(missing_ok=True)  # logging may have loaded it in this process; from here on, nothing may
+    fetch_and_push(alice_tx, mlflow_server, f"models:/e2e-snoop/{version}", "snoop", tmp_path / "work")
+    assert not marker.exists()  # neither the fetch nor the worker's inspection unpickled it
+    deploy(alice_tx, "snoop", [{"model": "snoop"}])
+    wait_status(alice_tx, "snoop", "ready", timeout=300)
+    server = serving("snoop")
+    assert server.sandboxed, server.sandbox_note
+    found = _call("snoop", "snoop", np.ones((1, 3), dtype=np.float32))
+    assert found.tolist() == [[0.0, 0.0, 0.0]]  # unpickled in Triton's sandbox: no SECRET_KEY anywhere it looked
+    assert not marker.exists()  # and the test's folder, where the worker's files are, was out of its reach
