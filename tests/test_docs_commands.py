@@ -36,6 +36,9 @@ NOT_RUN: dict[tuple[str, str], str] = {
         "a benchmark of minutes that writes bench/results/",
     ("README.md", "make run     # the portal on http://127.0.0.1:8000 with embedded defaults; prints how to sign in"):
         "starts the portal in the foreground (the test starts the same bin/run-portal), and runs the whole suite",
+    ("README.md", 'curl -sS --fail-with-body -H "Authorization: Bearer $MODELPORT_TOKEN" -H "Content-Type: '
+                  'application/json" \\'):
+        "needs an MLflow tracking server with a registered model; tests/test_mlflow_e2e.py fetches and serves one",
     ("README.md", "modelport tune digits-prod --p99-ms 20 --budget 10m --apply              # or --apply --canary "
                   "10: try it on 10% first"):
         "measures temporary Tritons for up to 10 minutes; tests/test_tune_e2e.py runs a tune end to end",
