@@ -112,7 +112,7 @@ def test_a_pyfunc_becomes_a_python_model_that_loads_it_in_triton(tracking: Mlflo
 
 def test_a_pickle_is_never_unpickled_by_the_fetch_or_the_inspection(tracking: MlflowServer, tmp_path: Path) -> None:
     marker = tmp_path / "unpickled"
-    version = support.log_pyfunc(tracking, "pyfunc-snoop", support.HostilePickle(marker))
+    version = support.log_pyfunc(tracking, "pyfunc-snoop", support.HostilePickle(marker, tmp_path / "secret_key"))
     marker.unlink(missing_ok=True)  # logging may load the model in this process: what follows must not
     fetched, _ = fetch(f"models:/pyfunc-snoop/{version}", tmp_path / "work")
     inspect_python_archive(fetched.path)
@@ -245,7 +245,8 @@ def hostile_registry(settings: Any) -> Iterator[type[_HostileRegistry]]:
     """A stand-in for a compromised tracking server: a real MLflow server refuses to list '..' itself, so the
     hostile listing can only come from a server that is not MLflow's."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _HostileRegistry)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # A short poll: shutdown() waits for one, 0.5 s by default, in every test.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     settings.MLFLOW_TRACKING_URI = f"http://127.0.0.1:{server.server_address[1]}"
     _HostileRegistry.requested = []
