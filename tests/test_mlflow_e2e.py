@@ -87,9 +87,12 @@ def test_a_pickle_reading_the_secret_is_unpickled_only_in_the_sandbox_and_finds_
     tmp_path: Path,
 ) -> None:
     marker = tmp_path / "unpickled"
-    # The attempt is real: unpickled here, in a process holding the secret, it finds it.
-    assert support._snoop(str(tmp_path / "control")).found >= 1 and os.environ["SECRET_KEY"] == SECRET
-    version = support.log_pyfunc(mlflow_server, "e2e-snoop", support.HostilePickle(marker))
+    secret_file = tmp_path / "secret_key"  # as var/secret_key holds a development portal's key
+    secret_file.write_text(SECRET)
+    # The attempt is real: unpickled here, in a process holding the secret, it finds it (environment and file).
+    assert support._snoop(str(tmp_path / "control"), str(secret_file)).found >= 2
+    assert os.environ["SECRET_KEY"] == SECRET
+    version = support.log_pyfunc(mlflow_server, "e2e-snoop", support.HostilePickle(marker, secret_file))
     marker.unlink(missing_ok=True)  # logging may have loaded it in this process; from here on, nothing may
     fetch_and_push(alice_tx, mlflow_server, f"models:/e2e-snoop/{version}", "snoop", tmp_path / "work")
     assert not marker.exists()  # neither the fetch nor the worker's inspection unpickled it
