@@ -82,6 +82,26 @@ def test_a_pyfunc_model_answers_in_triton_as_mlflow_predicts(alice_tx: Person, p
     np.testing.assert_allclose(_call("triple", "triple", x), np.asarray(expected, dtype=np.float32))
 
 
+def test_a_pyfunc_model_on_columns_takes_one_tensor_a_column(alice_tx: Person, portal_url: str,
+                                                             mlflow_server: MlflowServer, tmp_path: Path) -> None:
+    import pandas as pd
+
+    version = support.log_columns_pyfunc(mlflow_server, "e2e-rowsum")
+    pushed = fetch_and_push(alice_tx, mlflow_server, f"models:/e2e-rowsum/{version}", "rowsum", tmp_path / "work")
+    assert [(t["name"], t["datatype"], t["dims"]) for t in pushed.signature["inputs"]] == [
+        ("a", "FP64", [-1, 1]), ("b", "FP64", [-1, 1])]
+    deploy(alice_tx, "rowsum", [{"model": "rowsum"}])
+    wait_status(alice_tx, "rowsum", "ready", timeout=300)
+    a, b = [1.0, 2.5, -3.0], [10.0, 0.25, 3.0]
+    try:
+        answer = infer(serving("rowsum"), "rowsum", [{"name": "a", "datatype": "FP64", "shape": [3, 1], "data": a},
+                                                     {"name": "b", "datatype": "FP64", "shape": [3, 1], "data": b}])
+    except urllib.error.HTTPError as exc:
+        raise AssertionError(f"Triton answered {exc.code}: {exc.read()[:2000]!r}") from None
+    expected = mlflow.pyfunc.load_model(f"models:/e2e-rowsum/{version}").predict(pd.DataFrame({"a": a, "b": b}))
+    assert output(answer, "output") == list(np.asarray(expected, dtype=np.float64))
+
+
 def test_a_pickle_reading_the_secret_is_unpickled_only_in_the_sandbox_and_finds_nothing(
     secret_in_the_portals_environment: str, alice_tx: Person, portal_url: str, mlflow_server: MlflowServer,
     tmp_path: Path,

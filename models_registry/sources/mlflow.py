@@ -361,7 +361,7 @@ _COLUMN_TYPES = {"boolean": "BOOL", "integer": "INT32", "long": "INT64", "float"
 @dataclass(frozen=True)
 class Converted:
     """A signature and how the generated model.py hands tensors to the model: "tensor" (numpy arrays, a dict when
-    named) or "columns" (a pandas DataFrame, one tensor a column)."""
+    named) or "columns" (a pandas DataFrame, one tensor [-1, 1] a column)."""
 
     signature: Signature
     input_kind: str
@@ -405,8 +405,9 @@ def _side(side: str, raw: object, default_name: str) -> tuple[tuple[Tensor, ...]
         return tuple(tensors), "tensor", named
     if kinds <= {"boolean", "integer", "long", "float", "double", "string", "binary"}:
         for spec in specs:
+            # [-1, 1]: a row a batch element, so that Triton batches rows of several requests together.
             tensors.append(Tensor(name=spec["name"] if named else default_name, datatype=_COLUMN_TYPES[spec["type"]],
-                                  dims=(-1,)))
+                                  dims=(-1, 1)))
         return tuple(tensors), "columns", named
     raise SourceRefused(f"The MLmodel signature's {side} use {sorted(str(k) for k in kinds)[:5]}, which cannot be "
                         "mapped to Triton tensors: log the model with a tensor signature, or with columns of "
@@ -592,7 +593,7 @@ def _as_outputs(result):
         else:
             value = value.astype(pb_utils.triton_string_to_numpy("TYPE_" + tensor["datatype"]))
         if SPEC["output_kind"] == "columns":
-            value = value.reshape(-1)
+            value = value.reshape(-1, 1)
         outputs.append(pb_utils.Tensor(tensor["name"], value))
     return outputs
 

@@ -68,8 +68,8 @@ def test_signatures_of_tensors_and_columns_map_to_triton_tensors() -> None:
     columns = convert_signature(_mlmodel('[{"type": "double", "name": "age"}, {"type": "string", "name": "city"}]',
                                          '[{"type": "long"}]'))
     assert columns.input_kind == "columns" and columns.named_inputs
-    assert [(t.name, t.datatype, t.dims) for t in columns.signature.inputs] == [("age", "FP64", (-1,)),
-                                                                               ("city", "BYTES", (-1,))]
+    assert [(t.name, t.datatype, t.dims) for t in columns.signature.inputs] == [("age", "FP64", (-1, 1)),
+                                                                               ("city", "BYTES", (-1, 1))]
 
 
 @pytest.mark.parametrize(("inputs", "message"), [

@@ -133,6 +133,32 @@ class Tripler(PythonModel):
         return np.asarray(model_input, dtype=np.float32) * 3
 
 
+class RowSum(PythonModel):
+    """A pyfunc model on columns: a DataFrame of `a` and `b` in, their sum per row out (a column signature)."""
+
+    def predict(self, context, model_input, params=None):  # untyped: MLflow reads hints as a schema
+        return model_input["a"] + model_input["b"]
+
+
+def log_columns_pyfunc(server: MlflowServer, name: str) -> str:
+    import cloudpickle
+    import pandas as pd
+    from mlflow.models import infer_signature
+
+    mlflow = _mlflow(server)
+    frame = pd.DataFrame({"a": [1.0, 2.0], "b": [0.5, -4.0]})
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        with mlflow.start_run():
+            info = mlflow.pyfunc.log_model(name="model", python_model=RowSum(), registered_model_name=name,
+                                           signature=infer_signature(frame, frame["a"] + frame["b"]),
+                                           pip_requirements=[f"mlflow=={mlflow.__version__}",
+                                                             f"cloudpickle=={cloudpickle.__version__}"])
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    return str(info.registered_model_version)
+
+
 class Snoop(PythonModel):
     """Answers with how many places held the portal's secret when it was unpickled (0 in the sandbox)."""
 
