@@ -46,6 +46,8 @@ SLOW_FILES = (
     "performance/tests/test_api_pipeline.py",
     "portal/tests/test_portal_tracing.py",
     "tests/test_layers.py",
+    "tests/test_mlflow_e2e.py",
+    "tests/test_mlflow_import_e2e.py",
     "tests/test_nasty_inputs.py",
     "tests/test_observability_prometheus.py",
     "tests/test_observability_promtool.py",
