@@ -348,3 +348,14 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     with running_mlflow_server(tmp_path_factory.mktemp("mlflow")) as server:
         yield server
+
+
+@pytest.fixture
+def mlflow_for_the_workers(monkeypatch: pytest.MonkeyPatch, settings: Any, mlflow_server: Any) -> str:
+    """MLFLOW_TRACKING_URI for this process and, in the environment, for the worker celery_processes starts after
+    it (requested before celery_processes, so the worker starts with it)."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
+    monkeypatch.setenv("IMPORT_MLFLOW_MODELS", "digits-*")
+    settings.MLFLOW_TRACKING_URI = mlflow_server.url
+    settings.IMPORT_MLFLOW_MODELS = "digits-*"
+    return mlflow_server.url

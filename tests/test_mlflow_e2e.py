@@ -1,31 +1,24 @@
 """MLflow pyfunc models served (issue 35): a version fetched from a real tracking server (tests/support/
-mlflow_server.py) goes through the portal as an upload would, its environment (mlflow-skinny, cloudpickle, pandas)
+mlflow_server.py) is imported through the API by the worker, its environment (mlflow-skinny, cloudpickle, pandas)
 is built at deploy time over the runtime env, and the sandboxed Triton's answer equals the MLflow model's own
 prediction. A pickle that reads the portal's secret when unpickled is unpickled only there, and finds nothing.
 Real mlflow server, uvicorn, Celery worker and beat, pip and Triton."""
 
 from __future__ import annotations
 
-import json
 import os
-import time
 import urllib.error
 from pathlib import Path
 
 import mlflow.pyfunc
 import numpy as np
 import pytest
-from django.conf import settings
-from django.core.files.uploadedfile import SimpleUploadedFile
 
 from models_registry.models import ModelVersion
-from models_registry.sources.base import FetchContext, Fetched
-from models_registry.sources.mlflow import fetcher
 from tests.deploying import deploy, serving, wait_status
-from tests.processes import wait_for
 from tests.sandbox_helpers import infer, output
 from tests.support import mlflow_server as support
-from tests.support.mlflow_server import MlflowServer
+from tests.support.mlflow_server import MlflowServer, import_from_mlflow
 from tests.support.people import Person
 
 pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
@@ -41,24 +34,11 @@ def secret_in_the_portals_environment(monkeypatch: pytest.MonkeyPatch) -> str:
     return SECRET
 
 
-def fetch_and_push(person: Person, server: MlflowServer, uri: str, name: str, workdir: Path) -> ModelVersion:
-    """The fetch as the import worker runs it, then its file through the upload API with what the fetch learnt."""
-    settings.MLFLOW_TRACKING_URI = server.url
-    workdir.mkdir()
-    ctx = FetchContext(team_id=person.team.id, team_name=person.team.name, workdir=workdir, max_bytes=10**9,
-                       progress=lambda done, total: None, deadline=time.monotonic() + 120)
-    fetched: Fetched = fetcher.fetch({"kind": "mlflow", "uri": uri}, ctx)
-    assert fetched.signature is not None
-    client = person.client()
-    client.post("/api/v1/models/", {"name": name}, format="json")
-    response = client.post(f"/api/v1/models/{name}/versions/", {
-        "file": SimpleUploadedFile(fetched.filename, fetched.path.read_bytes()), "format": fetched.declared_format,
-        "signature": json.dumps(fetched.signature.to_json())}, format="multipart")
-    assert response.status_code == 201, response.json()
-    wait_for(lambda: client.get(f"/api/v1/models/{name}/versions/1/").json()["status"] != "validating", 60,
-             what=f"the worker to inspect {name}")
-    version = ModelVersion.objects.get(model__name=name, number=1)
+def imported(person: Person, name: str, uri: str) -> ModelVersion:
+    """Imported through the API by the worker (tests/support/mlflow_server.py), as a team asks for it."""
+    version = import_from_mlflow(person, name, uri)
     assert version.status == "ready", version.error
+    assert version.format == "python"
     return version
 
 
@@ -71,23 +51,23 @@ def _call(deployment: str, model: str, x: np.ndarray) -> np.ndarray:
     return np.array(output(answer, "output"), dtype=np.float32).reshape(x.shape)
 
 
-def test_a_pyfunc_model_answers_in_triton_as_mlflow_predicts(alice_tx: Person, portal_url: str,
-                                                              mlflow_server: MlflowServer, tmp_path: Path) -> None:
-    version = support.log_pyfunc(mlflow_server, "e2e-triple", support.Tripler())
-    fetch_and_push(alice_tx, mlflow_server, f"models:/e2e-triple/{version}", "triple", tmp_path / "work")
+def test_a_pyfunc_model_answers_in_triton_as_mlflow_predicts(mlflow_for_the_workers: str, alice_tx: Person,
+                                                              portal_url: str, mlflow_server: MlflowServer) -> None:
+    version = support.log_pyfunc(mlflow_server, "digits-e2e-triple", support.Tripler())
+    imported(alice_tx, "triple", f"models:/digits-e2e-triple/{version}")
     deploy(alice_tx, "triple", [{"model": "triple"}])
     wait_status(alice_tx, "triple", "ready", timeout=300)
     x = np.array([[1.5, -2.0, 3.25], [0.0, 10.0, -7.5]], dtype=np.float32)
-    expected = mlflow.pyfunc.load_model(f"models:/e2e-triple/{version}").predict(x)
+    expected = mlflow.pyfunc.load_model(f"models:/digits-e2e-triple/{version}").predict(x)
     np.testing.assert_allclose(_call("triple", "triple", x), np.asarray(expected, dtype=np.float32))
 
 
-def test_a_pyfunc_model_on_columns_takes_one_tensor_a_column(alice_tx: Person, portal_url: str,
-                                                             mlflow_server: MlflowServer, tmp_path: Path) -> None:
+def test_a_pyfunc_model_on_columns_takes_one_tensor_a_column(mlflow_for_the_workers: str, alice_tx: Person,
+                                                             portal_url: str, mlflow_server: MlflowServer) -> None:
     import pandas as pd
 
-    version = support.log_columns_pyfunc(mlflow_server, "e2e-rowsum")
-    pushed = fetch_and_push(alice_tx, mlflow_server, f"models:/e2e-rowsum/{version}", "rowsum", tmp_path / "work")
+    version = support.log_columns_pyfunc(mlflow_server, "digits-e2e-rowsum")
+    pushed = imported(alice_tx, "rowsum", f"models:/digits-e2e-rowsum/{version}")
     assert [(t["name"], t["datatype"], t["dims"]) for t in pushed.signature["inputs"]] == [
         ("a", "FP64", [-1, 1]), ("b", "FP64", [-1, 1])]
     deploy(alice_tx, "rowsum", [{"model": "rowsum"}])
@@ -98,13 +78,13 @@ def test_a_pyfunc_model_on_columns_takes_one_tensor_a_column(alice_tx: Person, p
                                                      {"name": "b", "datatype": "FP64", "shape": [3, 1], "data": b}])
     except urllib.error.HTTPError as exc:
         raise AssertionError(f"Triton answered {exc.code}: {exc.read()[:2000]!r}") from None
-    expected = mlflow.pyfunc.load_model(f"models:/e2e-rowsum/{version}").predict(pd.DataFrame({"a": a, "b": b}))
+    expected = mlflow.pyfunc.load_model(f"models:/digits-e2e-rowsum/{version}").predict(pd.DataFrame({"a": a, "b": b}))
     assert output(answer, "output") == list(np.asarray(expected, dtype=np.float64))
 
 
 def test_a_pickle_reading_the_secret_is_unpickled_only_in_the_sandbox_and_finds_nothing(
-    secret_in_the_portals_environment: str, alice_tx: Person, portal_url: str, mlflow_server: MlflowServer,
-    tmp_path: Path,
+    secret_in_the_portals_environment: str, mlflow_for_the_workers: str, alice_tx: Person, portal_url: str,
+    mlflow_server: MlflowServer, tmp_path: Path,
 ) -> None:
     marker = tmp_path / "unpickled"
     secret_file = tmp_path / "secret_key"  # as var/secret_key holds a development portal's key
@@ -112,9 +92,9 @@ def test_a_pickle_reading_the_secret_is_unpickled_only_in_the_sandbox_and_finds_
     # The attempt is real: unpickled here, in a process holding the secret, it finds it (environment and file).
     assert support._snoop(str(tmp_path / "control"), str(secret_file)).found >= 2
     assert os.environ["SECRET_KEY"] == SECRET
-    version = support.log_pyfunc(mlflow_server, "e2e-snoop", support.HostilePickle(marker, secret_file))
+    version = support.log_pyfunc(mlflow_server, "digits-e2e-snoop", support.HostilePickle(marker, secret_file))
     marker.unlink(missing_ok=True)  # logging may have loaded it in this process; from here on, nothing may
-    fetch_and_push(alice_tx, mlflow_server, f"models:/e2e-snoop/{version}", "snoop", tmp_path / "work")
+    imported(alice_tx, "snoop", f"models:/digits-e2e-snoop/{version}")
     assert not marker.exists()  # neither the fetch nor the worker's inspection unpickled it
     deploy(alice_tx, "snoop", [{"model": "snoop"}])
     wait_status(alice_tx, "snoop", "ready", timeout=300)

@@ -16,26 +16,13 @@ import onnxruntime as ort
 import pytest
 import tritonclient.http as httpclient
 
-from models_registry.models import ModelVersion
 from models_registry.samples import digits_holdout
 from tests.deploying import deploy, serving, wait_status
-from tests.processes import wait_for
 from tests.support import mlflow_server as support
-from tests.support.mlflow_server import MlflowServer
+from tests.support.mlflow_server import MlflowServer, import_from_mlflow
 from tests.support.people import Person
 
 pytestmark = [pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def mlflow_for_the_workers(monkeypatch: pytest.MonkeyPatch, settings: Any, mlflow_server: MlflowServer) -> str:
-    """MLFLOW_TRACKING_URI for this process and, in the environment, for the worker celery_processes starts after
-    it (requested before celery_processes, so the worker starts with it)."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
-    monkeypatch.setenv("IMPORT_MLFLOW_MODELS", "digits-*")
-    settings.MLFLOW_TRACKING_URI = mlflow_server.url
-    settings.IMPORT_MLFLOW_MODELS = "digits-*"
-    return mlflow_server.url
 
 
 def register_onnx(server: MlflowServer, name: str, path: Path) -> str:
@@ -50,19 +37,6 @@ def register_onnx(server: MlflowServer, name: str, path: Path) -> str:
                                      signature=infer_signature(X[:2], session.run(["label"], {"input": X[:2]})[0]),
                                      pip_requirements=["onnx", "onnxruntime"])
     return str(info.registered_model_version)
-
-
-def import_from_mlflow(person: Person, name: str, uri: str) -> ModelVersion:
-    """The import as a team asks for it: a source instead of a file, the model created with it; then the version
-    polled (importing, validating) until the worker is done with it."""
-    client = person.client()
-    response = client.post(f"/api/v1/models/{name}/versions/",
-                           {"source": {"kind": "mlflow", "uri": uri}, "create_model": True}, format="json")
-    assert response.status_code in (201, 202), response.json()
-    number = response.json()["number"]
-    wait_for(lambda: client.get(f"/api/v1/models/{name}/versions/{number}/").json()["status"]
-             not in ("importing", "validating"), 120, what=f"the worker to import {uri}")
-    return ModelVersion.objects.get(model__name=name, number=number)
 
 
 def test_an_onnx_model_registered_in_mlflow_is_imported_deployed_and_answers_as_onnxruntime(

@@ -241,3 +241,19 @@ def artifact_folder(server: MlflowServer, name: str, version: str) -> Path:
 
     uri = MlflowClient(tracking_uri=server.url).get_model_version_download_uri(name, version)
     return Path(urlparse(uri).path)
+
+
+def import_from_mlflow(person: Any, name: str, uri: str) -> Any:
+    """The import as a team asks for it: a source instead of a file, the model created with it; then the version
+    polled (importing, validating) until the worker is done with it."""
+    from models_registry.models import ModelVersion
+    from tests.processes import wait_for
+
+    client = person.client()
+    response = client.post(f"/api/v1/models/{name}/versions/",
+                           {"source": {"kind": "mlflow", "uri": uri}, "create_model": True}, format="json")
+    assert response.status_code in (201, 202), response.json()
+    number = response.json()["number"]
+    wait_for(lambda: client.get(f"/api/v1/models/{name}/versions/{number}/").json()["status"]
+             not in ("importing", "validating"), 120, what=f"the worker to import {uri}")
+    return ModelVersion.objects.get(model__name=name, number=number)
