@@ -339,3 +339,23 @@ def live() -> Iterator[Any]:
 
     with live_portal() as portal:
         yield portal
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One real MLflow tracking server for the session's import tests (tests/support/mlflow_server.py)."""
+    from tests.support.mlflow_server import running_mlflow_server
+
+    with running_mlflow_server(tmp_path_factory.mktemp("mlflow")) as server:
+        yield server
+
+
+@pytest.fixture
+def mlflow_for_the_workers(monkeypatch: pytest.MonkeyPatch, settings: Any, mlflow_server: Any) -> str:
+    """MLFLOW_TRACKING_URI for this process and, in the environment, for the worker celery_processes starts after
+    it (requested before celery_processes, so the worker starts with it)."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
+    monkeypatch.setenv("IMPORT_MLFLOW_MODELS", "digits-*")
+    settings.MLFLOW_TRACKING_URI = mlflow_server.url
+    settings.IMPORT_MLFLOW_MODELS = "digits-*"
+    return mlflow_server.url

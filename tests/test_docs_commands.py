@@ -36,6 +36,9 @@ NOT_RUN: dict[tuple[str, str], str] = {
         "a benchmark of minutes that writes bench/results/",
     ("README.md", "make run     # the portal on http://127.0.0.1:8000 with embedded defaults; prints how to sign in"):
         "starts the portal in the foreground (the test starts the same bin/run-portal), and runs the whole suite",
+    ("README.md", 'curl -sS --fail-with-body -H "Authorization: Bearer $MODELPORT_TOKEN" -H "Content-Type: '
+                  'application/json" \\'):
+        "needs an MLflow tracking server with a registered model; tests/test_mlflow_e2e.py fetches and serves one",
     ("README.md", "modelport tune digits-prod --p99-ms 20 --budget 10m --apply              # or --apply --canary "
                   "10: try it on 10% first"):
         "measures temporary Tritons for up to 10 minutes; tests/test_tune_e2e.py runs a tune end to end",
@@ -97,6 +100,14 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/benchmarks.md", ".venv/bin/python bench/gateway_options.py --fronts uvicorn --baseline main --repeats 3 "
                            "--duration 4 --warmup 1   # ~4 min"):
         "a benchmark of minutes with a real Triton: its figures are CPU times of this machine, not a result to check",
+    ("docs/importing-mlflow.md", ".venv/bin/mlflow server --host 127.0.0.1 --port 5000 --backend-store-uri "
+                                 "sqlite:///var/mlflow/store.sqlite \\"):
+        "starts an MLflow tracking server and a second portal in the foreground; tests/test_mlflow_import_e2e.py runs "
+        "the same import against a real mlflow server",
+    ("docs/importing-mlflow.md", 'curl -sS --fail-with-body -H "Authorization: Bearer $MODELPORT_TOKEN" -H '
+                                 '"Content-Type: application/json" \\'):
+        "needs a portal started with MLFLOW_TRACKING_URI and a registered model; tests/test_mlflow_import_e2e.py "
+        "imports, deploys and asks one through the API",
     ("docs/kubernetes.md", "docker build -f platform/docker/Dockerfile -t registry.example.com/modelport:0.1.0 . && "
                            "docker push ..."):
         "needs Docker, a registry and a Kubernetes cluster (kubectl); none runs here",
