@@ -323,6 +323,11 @@ class _Hub:
         try:
             with get_session().stream("GET", url, headers=headers, timeout=self.timeout,
                                       follow_redirects=True) as response:
+                # The hub's own answer (before its redirect to the CDN) is checked before the CDN's.
+                first = response.history[0] if response.history else response
+                if first.status_code >= 400:
+                    raise self._refusal(first.status_code, f"{item.name!r} at {commit[:12]}")
+                self._check_resolved(first, commit, item)
                 if response.status_code >= 400:
                     raise self._refusal(response.status_code, f"{item.name!r} at {commit[:12]}")
                 with open(destination, "xb") as out:
@@ -347,6 +352,25 @@ class _Hub:
         if not item.sha256 and item.blob_id and blob.hexdigest() != item.blob_id:
             raise SourceRefused(f"{item.name} in {self.repo} does not have the git blob id the hub listed: refused.")
         return digest
+
+    def _check_resolved(self, first: httpx2.Response, commit: str, item: RepoFile) -> None:
+        """The hub's own answer for the file (the first response, before its redirect to the CDN) agrees with the
+        listing: the same commit, and for an LFS file the same sha256 (X-Linked-Etag) and size (X-Linked-Size).
+        A mirror that serves another commit's file under this one's name is refused before its bytes are read."""
+        served = first.headers.get("x-repo-commit", "")
+        if served and served.lower() != commit:
+            raise SourceRefused(f"The Hugging Face endpoint served {item.name} of {self.repo} from commit "
+                                f"{served[:40]!r}, not the {commit} it listed: refused.")
+        if not item.sha256:
+            return
+        linked = first.headers.get("x-linked-etag", "").removeprefix("W/").strip('"').lower()
+        if linked and linked != item.sha256:
+            raise SourceRefused(f"The Hugging Face endpoint's etag of {item.name} in {self.repo} is not the sha256 "
+                                "it listed: refused.")
+        linked_size = first.headers.get("x-linked-size", "")
+        if linked_size and linked_size != str(item.size):
+            raise SourceRefused(f"The Hugging Face endpoint's size of {item.name} in {self.repo} ({linked_size[:20]}) "
+                                f"is not the {item.size} bytes it listed: refused.")
 
     def _refusal(self, status: int, what: str) -> Exception:
         if status in (401, 403):
