@@ -22,6 +22,7 @@ urlpatterns = [
     path("models/<str:name>/", views.model_detail, name="model-detail"),
     path("models/<str:name>/versions/", views.model_versions, name="model-versions"),
     path("models/<str:name>/delete/", views.model_delete, name="model-delete"),
+    path("models/<str:name>/versions/<int:number>/cancel/", views.version_cancel, name="version-cancel"),
     path("deployments/new/", views.deployment_new, name="deployment-new"),
     path("deployments/<str:name>/", views.deployment_detail, name="deployment-detail"),
     path("deployments/<str:name>/edit/", views.deployment_edit, name="deployment-edit"),

@@ -14,7 +14,7 @@ from django.contrib.auth.decorators import login_required
 from django.db import transaction
 from django.db.models import Count, OuterRef, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
-from django.shortcuts import redirect, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -34,6 +34,7 @@ from infra.api_errors import Invalid
 from infra.names import NAME_RE, NAME_RULE
 from modelport.core import datatypes, formats
 from models_registry import actions as registry_actions
+from models_registry import imports
 from models_registry.models import FORMATS_NEEDING_SIGNATURE, Format, Model, ModelVersion, with_identical_to
 from models_registry.pipelines import pipeline_graph
 from models_registry.validation import ArtifactRejected
@@ -166,7 +167,8 @@ def models_list(request: HttpRequest, team: Team) -> HttpResponse:
 def _versions_context(model: Model) -> dict[str, Any]:
     versions = list(with_identical_to(model.versions.select_related("created_by")).order_by("-number"))
     return {"model": model, "versions": versions,
-            "validating": any(v.status == ModelVersion.Status.VALIDATING for v in versions)}
+            "validating": any(v.status in (ModelVersion.Status.VALIDATING, ModelVersion.Status.IMPORTING)
+                              for v in versions)}
 
 
 @require_GET
@@ -186,6 +188,20 @@ def model_detail(request: HttpRequest, team: Team, name: str) -> HttpResponse:
 @team_required
 def model_versions(request: HttpRequest, team: Team, name: str) -> HttpResponse:
     return render(request, "web/_versions.html", _versions_context(_get_model(team, name)))
+
+
+@require_POST
+@team_required
+def version_cancel(request: HttpRequest, team: Team, name: str, number: int) -> HttpResponse:
+    """Cancel a version's import (issue 35): any member may, as through the API."""
+    version = get_object_or_404(ModelVersion.objects.select_related("model"), model__team=team, model__name=name,
+                                number=number)
+    try:
+        imports.cancel_import(version, request.user)
+        messages.success(request, f"Cancelled the import of {name} version {number}.")
+    except registry_actions.Conflict as exc:
+        messages.error(request, str(exc))
+    return redirect("model-detail", name=name)
 
 
 @require_http_methods(["GET", "POST"])
