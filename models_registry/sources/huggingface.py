@@ -138,7 +138,8 @@ class HuggingFaceFetcher:
             raise SourceForbidden(f"Your team may not import from the Hugging Face repository {repo!r}: an operator "
                                   "allows repositories by pattern in the team's Team sources (or "
                                   "IMPORT_HUGGINGFACE_REPOS).")
-        canonical: dict[str, Any] = {"kind": KIND, "repo": repo, "revision": revision}
+        # Without "kind": the import backbone (models_registry/imports.py) passes the other fields and adds it back.
+        canonical: dict[str, Any] = {"repo": repo, "revision": revision}
         if files is not None:
             canonical["files"] = files
         return canonical

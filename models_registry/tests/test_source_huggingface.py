@@ -66,7 +66,8 @@ def context(person: Person, workdir: Path, *, limit: int = 10 * 1024 * 1024) -> 
 
 
 def validated(person: Person, **source: Any) -> dict[str, Any]:
-    return fetcher.validate({"kind": "huggingface", **source}, person.team.id)
+    """The source's fields as the import backbone passes them (without "kind"), validated."""
+    return fetcher.validate(source, person.team.id)
 
 
 def test_the_kind_is_registered() -> None:
@@ -77,10 +78,9 @@ def test_the_kind_is_registered() -> None:
 
 @override_settings(IMPORT_HUGGINGFACE_REPOS="acme/*")
 def test_validate_gives_the_canonical_source_with_main_by_default(alice: Person) -> None:
-    assert validated(alice, repo="acme/tiny-onnx") == {"kind": "huggingface", "repo": "acme/tiny-onnx",
-                                                       "revision": "main"}
+    assert validated(alice, repo="acme/tiny-onnx") == {"repo": "acme/tiny-onnx", "revision": "main"}
     assert validated(alice, repo="acme/tiny-onnx", revision="v1", files=["./onnx/model.onnx", "onnx/model.onnx"]) \
-        == {"kind": "huggingface", "repo": "acme/tiny-onnx", "revision": "v1", "files": ["onnx/model.onnx"]}
+        == {"repo": "acme/tiny-onnx", "revision": "v1", "files": ["onnx/model.onnx"]}
 
 
 @override_settings(IMPORT_HUGGINGFACE_REPOS="acme/*")
@@ -117,7 +117,7 @@ def test_validate_forbids_a_repo_outside_the_teams_patterns(alice: Person) -> No
 
 
 def test_identity_names_repo_revision_and_files() -> None:
-    assert fetcher.identity({"kind": "huggingface", "repo": "acme/x", "revision": "main", "files": ["b", "a"]}) \
+    assert fetcher.identity({"repo": "acme/x", "revision": "main", "files": ["b", "a"]}) \
         == "huggingface:acme/x@main:a,b"
 
 

@@ -19,6 +19,7 @@ file for (`../../etc/passwd`), `status` makes every request to it answer that co
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import struct
@@ -248,6 +249,7 @@ PYTHON_COMMIT = "2" * 40
 GATED_COMMIT = "3" * 40
 
 
+@functools.cache
 def tiny_onnx() -> bytes:
     """A real ONNX model, y = x * 2 + 1, x and y FP32 [batch, 4] (opset 13, IR 8: what the installed onnxruntime
     and Triton's read)."""
