@@ -55,6 +55,7 @@ def test_an_onnx_export_imports_as_a_ready_onnx_version(alice: Person, hf_hub_fo
     version = _run(ModelVersion.objects.get().pk)
     assert version.status == ModelVersion.Status.READY, version.error
     assert version.format == "onnx" and version.size == len(tiny_onnx())
+    assert version.source is not None
     assert version.source["fetched"] == {"repo": "acme/tiny-onnx", "revision": "v1", "commit": ONNX_COMMIT,
                                          "files": {"model.onnx": hashlib.sha256(tiny_onnx()).hexdigest()}}
     shown = alice.client().get(f"{URL}{version.number}/").json()
@@ -71,6 +72,7 @@ def test_model_py_with_safetensors_imports_as_a_ready_python_version(alice: Pers
     version = _run(ModelVersion.objects.get().pk)
     assert version.status == ModelVersion.Status.READY, version.error
     assert version.format == "python"
+    assert version.source is not None
     assert version.source["fetched"]["commit"] == PYTHON_COMMIT
     assert sorted(version.source["fetched"]["files"]) == ["config.json", "model.py", "model.safetensors",
                                                           "signature.json"]
