@@ -102,3 +102,4 @@ def test_the_api_refuses_a_bad_or_forbidden_repo_before_any_request(alice: Perso
     assert "Team sources" in str(forbidden.json())
     assert hf_hub_for_api.received == []
     assert not ModelVersion.objects.exists()
+
