@@ -139,6 +139,9 @@ def test_it_imports_an_onnx_export_at_the_commit_its_tag_names(alice: Person, hf
     assert "GET /api/models/acme/tiny-onnx/revision/v1?blobs=true" in hf_hub.paths()
     assert f"GET /acme/tiny-onnx/resolve/{ONNX_COMMIT}/model.onnx" in hf_hub.paths()
     assert not any("README" in path for path in hf_hub.paths())
+    # Asked uncompressed: a gzip body would be inflated in memory before the size check sees it.
+    assert {item.headers.get("accept-encoding") for item in hf_hub.received if "/api/" not in item.path} \
+        == {"identity"}
 
 
 def test_it_imports_model_py_with_safetensors_as_a_python_model_tar(alice: Person, hf_hub: HubServer,
