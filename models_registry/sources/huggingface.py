@@ -5,7 +5,9 @@ What the hub is asked, through huggingface_hub with `endpoint=settings.HF_ENDPOI
 HF_ENDPOINT the library read from the environment when it was imported):
 - `HfApi.model_info(repo, revision, files_metadata=True)` (GET /api/models/{repo}/revision/{rev}?blobs=True): the
   commit the revision names now (recorded, and every file is then fetched at that commit, since a tag or a branch
-  can move between two requests), and every file with its size, git blob id and, for LFS files, its sha256;
+  can move between two requests), and every file with its size, git blob id and, for LFS files, its sha256; from a
+  mirror whose model_info leaves those out, the tree listing of that commit (HfApi.list_repo_tree, GET
+  /api/models/{repo}/tree/{commit}?recursive=True) instead;
 - each chosen file at /{repo}/resolve/{commit}/{file} (hf_hub_url), following the hub's redirect to its CDN.
 
 Why the bytes are not fetched with hf_hub_download: it writes into a cache of symlinks and lock files, checks the
@@ -32,14 +34,16 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx2
 from django.conf import settings
 from huggingface_hub import HfApi, hf_hub_url
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError
+from huggingface_hub.hf_api import RepoFile as HubRepoFile
 from huggingface_hub.utils import build_hf_headers, get_session, validate_repo_id
 
 from modelport.core.signature import Signature, SignatureError, parse_signature
@@ -56,6 +60,7 @@ from models_registry.sources.base import (
 )
 
 KIND = "huggingface"
+_T = TypeVar("_T")
 MAX_FILES = 200  # in `files`, and in what a python model takes from a repo
 _MAX_LISTED = 20_000  # files in one repo's listing; more is not a model repository
 _NAME_MAX = 500
@@ -279,38 +284,57 @@ class _Hub:
     def resolve(self, revision: str) -> tuple[str, dict[str, RepoFile]]:
         """The commit `revision` names now, and the repository's files at that commit."""
         api = HfApi(endpoint=self.endpoint, token=self.token)
-        try:
-            info = api.model_info(self.repo, revision=revision, files_metadata=True,
-                                  timeout=settings.IMPORT_READ_TIMEOUT_SECONDS)
-        except HfHubHTTPError as exc:
-            status = exc.response.status_code if exc.response is not None else 0
-            raise self._refusal(status, f"revision {revision!r}") from None
-        except httpx2.TransportError as exc:
-            raise TransientFetchError(f"The Hugging Face endpoint could not be reached: {str(exc)[:200]}") from None
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SourceRefused(f"The Hugging Face endpoint's answer about {self.repo} is malformed "
-                                f"({type(exc).__name__}).") from None
+        info = self._call(lambda: api.model_info(self.repo, revision=revision, files_metadata=True,
+                                                 timeout=settings.IMPORT_READ_TIMEOUT_SECONDS),
+                          f"revision {revision!r}")
         commit = info.sha
         if not isinstance(commit, str) or not _COMMIT.match(commit):
             raise SourceRefused(f"The Hugging Face endpoint gave no commit for revision {revision!r} of {self.repo}.")
         siblings = info.siblings or []
         if len(siblings) > _MAX_LISTED:
             raise SourceRefused(f"{self.repo} lists more than {_MAX_LISTED} files: not a model repository.")
+        entries = [(s.rfilename, s.size, s.blob_id, s.lfs) for s in siblings]
+        if any(size is None and lfs is None for _, size, _, lfs in entries):
+            # A mirror that answers model_info without the files' metadata (no ?blobs=True): the tree listing of the
+            # same commit has them. Read one page at a time, and stopped past the bound.
+            entries = self._call(lambda: self._tree(api, commit), f"the file listing at {commit[:12]}")
         listing: dict[str, RepoFile] = {}
         probe = Path("/nonexistent-root")
-        for sibling in siblings:
-            name = sibling.rfilename
+        for name, listed_size, blob_id, lfs in entries:
             if not isinstance(name, str) or len(name) > _NAME_MAX:
                 raise SourceRefused(f"{self.repo} lists a file name Modelport refuses: {str(name)[:80]!r}.")
             # A listing is as hostile as an archive: '../../etc/passwd' is refused here, before any request.
             canonical = target_path(probe, name).relative_to(probe).as_posix()
-            size = sibling.lfs.size if sibling.lfs is not None else sibling.size
+            size = lfs.size if lfs is not None else listed_size
             if not isinstance(size, int) or size < 0:
                 raise SourceRefused(f"The Hugging Face endpoint gave no size for {name[:80]!r} in {self.repo}.")
-            sha256 = str(sibling.lfs.sha256) if sibling.lfs is not None else ""
+            sha256 = str(lfs.sha256) if lfs is not None else ""
             listing[canonical] = RepoFile(name=canonical, size=size, sha256=sha256.lower(),
-                                          blob_id=str(sibling.blob_id or "").lower())
+                                          blob_id=str(blob_id or "").lower())
         return commit, listing
+
+    def _tree(self, api: HfApi, commit: str) -> list[tuple[str, int | None, str | None, Any]]:
+        entries: list[tuple[str, int | None, str | None, Any]] = []
+        for entry in api.list_repo_tree(self.repo, revision=commit, recursive=True):
+            if not isinstance(entry, HubRepoFile):
+                continue  # a folder
+            entries.append((entry.path, entry.size, entry.blob_id, entry.lfs))
+            if len(entries) > _MAX_LISTED:
+                raise SourceRefused(f"{self.repo} lists more than {_MAX_LISTED} files: not a model repository.")
+        return entries
+
+    def _call(self, call: Callable[[], _T], what: str) -> _T:
+        """One call to the hub's API, its failures as the fetch protocol's."""
+        try:
+            return call()
+        except HfHubHTTPError as exc:
+            status = exc.response.status_code if exc.response is not None else 0
+            raise self._refusal(status, what) from None
+        except httpx2.TransportError as exc:
+            raise TransientFetchError(f"The Hugging Face endpoint could not be reached: {str(exc)[:200]}") from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SourceRefused(f"The Hugging Face endpoint's answer about {self.repo} is malformed "
+                                f"({type(exc).__name__}).") from None
 
     def download(self, commit: str, item: RepoFile, destination: Path, ctx: FetchContext, done: int,
                  total: int) -> str:

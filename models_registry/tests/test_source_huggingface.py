@@ -161,6 +161,17 @@ def test_it_imports_model_py_with_safetensors_as_a_python_model_tar(alice: Perso
     assert quota.calls[0] == (0, sum(len(repo.files[name]) for name in names))
 
 
+def test_it_reads_the_tree_listing_from_a_mirror_whose_model_info_has_no_sizes(alice: Person, hf_hub: HubServer,
+                                                                               tmp_path: Path) -> None:
+    hf_hub.repos["acme/mirrored"] = HubRepo(commit="d" * 40, files={"model.onnx": tiny_onnx(), "README.md": b"#"},
+                                            lfs=frozenset({"model.onnx"}), metadata_in_info=False)
+    ctx, quota = context(alice, tmp_path)
+    fetched = fetcher.fetch(validated(alice, repo="acme/mirrored"), ctx)
+    assert fetched.path.read_bytes() == tiny_onnx()
+    assert quota.calls[0] == (0, len(tiny_onnx()))
+    assert any(path.startswith(f"GET /api/models/acme/mirrored/tree/{'d' * 40}") for path in hf_hub.paths())
+
+
 def test_it_imports_the_files_named(alice: Person, hf_hub: HubServer, tmp_path: Path) -> None:
     hf_hub.repos["acme/two-exports"] = HubRepo(commit="5" * 40, files={
         "onnx/model_fp16.onnx": tiny_onnx(), "onnx/model_quantized.onnx": tiny_onnx()})

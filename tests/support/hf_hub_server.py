@@ -46,6 +46,7 @@ class HubRepo:
     lies: dict[str, int] = field(default_factory=dict)  # name -> the size listed, whatever is served
     names_listed: tuple[str, ...] = ()  # extra names in the listing, with no file behind them
     status: int = 0  # non-zero: every request answers this
+    metadata_in_info: bool = True  # False: model_info lists names only, as some mirrors do; the tree has the rest
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,7 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 entries = [_tree_entry(repo, file) for file in _listed(repo)
                            if not prefix or file.startswith(prefix + "/")]
                 return self._json(entries, body, repo)
-            blobs = query.get("blobs", [""])[0].lower() == "true"
+            blobs = query.get("blobs", [""])[0].lower() == "true" and repo.metadata_in_info
             siblings = [_sibling(repo, file, blobs) for file in _listed(repo)]
             return self._json({"id": name, "modelId": name, "sha": repo.commit, "private": bool(repo.token),
                                "gated": "auto" if repo.token else False, "siblings": siblings}, body, repo)
