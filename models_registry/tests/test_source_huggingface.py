@@ -184,6 +184,16 @@ def test_it_imports_the_files_named(alice: Person, hf_hub: HubServer, tmp_path: 
     assert fetched.record["files"] == {"onnx/model_quantized.onnx": hashlib.sha256(tiny_onnx()).hexdigest()}
 
 
+def test_a_python_model_takes_only_the_files_named_at_a_pinned_commit(alice: Person, hf_hub: HubServer,
+                                                                        tmp_path: Path) -> None:
+    fetched = fetcher.fetch(validated(alice, repo="acme/tiny-python", revision=PYTHON_COMMIT,
+                                      files=["model.py", "model.safetensors", "signature.json"]),
+                            context(alice, tmp_path)[0])
+    with tarfile.open(fetched.path) as tar:
+        assert sorted(tar.getnames()) == ["model.py", "model.safetensors", "signature.json"]
+    assert fetched.record["revision"] == fetched.record["commit"] == PYTHON_COMMIT
+
+
 def test_it_refuses_safetensors_without_a_model_py_naming_what_is_needed(alice: Person, hf_hub: HubServer,
                                                                          tmp_path: Path) -> None:
     ctx, quota = context(alice, tmp_path)
