@@ -28,6 +28,9 @@ SUPPLIED = {"MODELPORT_URL", "MODELPORT_TOKEN"}
 
 # (file, the block's first line) -> why it does not run here.
 NOT_RUN: dict[tuple[str, str], str] = {
+    ("README.md", 'curl -sf -H "Authorization: Bearer $MODELPORT_TOKEN" -H "Content-Type: application/json" \\'):
+        "imports from a Hugging Face repository on huggingface.co; tests/test_import_hf_e2e.py runs the same import "
+        "against a local hub-compatible endpoint and deploys it",
     ("docs/benchmarks.md", ".venv/bin/python bench/tracing.py --duration 4 --repeats 4    # about 2 minutes; "
                            "bench/results/tracing.json"):
         "a benchmark of minutes that writes bench/results/",
@@ -114,6 +117,9 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/kubernetes.md", "MODELPORT_URL=https://modelport.example.com MODELPORT_TOKEN=mp_... "
                            "KUBECONFIG=~/.kube/config make e2e-k8s"):
         "needs a real Kubernetes cluster with Modelport installed",
+    ("docs/importing-hf.md", "export MODELPORT_URL=http://127.0.0.1:8000 MODELPORT_TOKEN=mp_..."):
+        "imports from huggingface.co, which the tests do not reach: tests/test_import_hf_e2e.py runs the same import, "
+        "deploy and request against a local hub-compatible endpoint",
 }
 # Run after every other block, since it ends the portal: `make stop` must stop what bin/run-portal started.
 RUN_LAST = {("README.md", "make stop          # the web server, the gRPC gateway, the worker and beat; it says what "
