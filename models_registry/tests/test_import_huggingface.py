@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from models_registry import imports
+from models_registry import import_worker
 from models_registry.inspection import inspect_here
 from models_registry.models import ModelVersion
 from tests.support.hf_hub_server import ONNX_COMMIT, PYTHON_COMMIT, HubServer, running_hub, standard_repos, tiny_onnx
@@ -37,9 +37,9 @@ def _run(version_id: int) -> ModelVersion:
     """The import task as a worker runs it (its retries included), then inspection in this process."""
     for attempt in range(5):
         try:
-            imports.run_import(version_id, attempt)
+            import_worker.run_import(version_id, attempt)
             break
-        except imports.RetryLater:
+        except import_worker.RetryLater:
             continue
     version = ModelVersion.objects.get(pk=version_id)
     return inspect_here(version_id) if version.status == ModelVersion.Status.VALIDATING else version
