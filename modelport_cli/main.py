@@ -1240,7 +1240,7 @@ def build_parser() -> argparse.ArgumentParser:
         "import instead of uploading: models:/NAME/VERSION or models:/NAME@ALIAS (MLflow's registry), "
         "hf://ORG/REPO[@REVISION] (Hugging Face, revision main by default), s3://BUCKET/KEY or https://..."))
     push.add_argument("--file", dest="files", action="append", metavar="NAME",
-                      help="with --from hf://: a file of the repository to import (repeat it; default: the portal picks)")
+                      help="with --from hf://: a file of the repository to import (repeat it)")
     push.add_argument("--new-version", action="store_true",
                       help="with --from: import again even if a version of this model came from the same source")
     push.add_argument("--format", help="declare the format (onnx, torchscript, ...) instead of detecting it")
