@@ -70,7 +70,8 @@ def existing_import(model: Model, identity: str) -> ModelVersion | None:
     if model.pk is None:
         return None
     return (ModelVersion.objects.select_related("model", "created_by")
-            .filter(model=model, source_identity=identity_key(identity)).exclude(status=V.INVALID).order_by("-number").first())
+            .filter(model=model, source_identity=identity_key(identity)).exclude(status=V.INVALID)
+            .order_by("-number").first())
 
 
 def create_version_from_source(model: Model, user: Any, source: dict[str, Any], identity: str, *,

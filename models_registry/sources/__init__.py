@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 
 from django.conf import settings
 
@@ -28,7 +29,9 @@ KINDS: dict[str, str] = {
 def kinds() -> dict[str, str]:
     """KINDS, and under the test settings only (portal/settings_test.py IMPORT_TEST_KINDS) the tests' fake kinds, as
     real modules, so that a worker process started by a test finds them too."""
-    extra = getattr(settings, "IMPORT_TEST_KINDS", None) if settings.SETTINGS_MODULE == "portal.settings_test" else None
+    # Production settings never define IMPORT_TEST_KINDS; the module check keeps a stray one out of them anyway.
+    module = settings.SETTINGS_MODULE or os.environ.get("DJANGO_SETTINGS_MODULE", "")
+    extra = getattr(settings, "IMPORT_TEST_KINDS", None) if module == "portal.settings_test" else None
     return {**KINDS, **(extra or {})}
 
 

@@ -9,6 +9,7 @@ Source fields: {"kind": "fake", "path": "<a local file>", "filename": "model.onn
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,8 @@ class Hooks:
         self.attempts = 0
         self.faults_left = 0
         self.writes: list[int] = []
+        # Called after each chunk's progress call (a test cancels there, in the fetch's own thread).
+        self.between: Callable[[], None] | None = None
 
 
 hooks = Hooks()
@@ -82,6 +85,8 @@ class FakeFetcher:
                 stream.write(chunk)
                 hooks.writes.append(len(chunk))
                 ctx.progress(start + len(chunk), total)
+                if hooks.between is not None:
+                    hooks.between()
         return Fetched(path=out, filename=source["filename"], record={"fetched_bytes": len(data)})
 
 
