@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HttpResponseClientRedirect
 
 from accounts import actions as token_actions
-from accounts.context import SESSION_TEAM_KEY, current_team, is_team_admin
+from accounts.context import SESSION_TEAM_KEY, acting_user, current_team, is_team_admin
 from accounts.models import ApiToken, Membership, Team, max_token_lifetime_days
 from audit.log import record as audit
 from deployments import actions as deployment_actions
@@ -34,12 +34,16 @@ from infra.api_errors import Invalid
 from infra.names import NAME_RE, NAME_RULE
 from modelport.core import datatypes, formats
 from models_registry import actions as registry_actions
+from models_registry import imports
 from models_registry.models import FORMATS_NEEDING_SIGNATURE, Format, Model, ModelVersion, with_identical_to
 from models_registry.pipelines import pipeline_graph
+from models_registry.sources import fetcher_for
+from models_registry.sources.base import SourceForbidden, SourceRefused
 from models_registry.validation import ArtifactRejected
 from web import deployment_page, new_token, perf_panel, pipeline_form, placement, samples
 from web.forms import (
     DeploymentForm,
+    ImportForm,
     ServedModelForm,
     TokenForm,
     UploadForm,
@@ -166,7 +170,8 @@ def models_list(request: HttpRequest, team: Team) -> HttpResponse:
 def _versions_context(model: Model) -> dict[str, Any]:
     versions = list(with_identical_to(model.versions.select_related("created_by")).order_by("-number"))
     return {"model": model, "versions": versions,
-            "validating": any(v.status == ModelVersion.Status.VALIDATING for v in versions)}
+            "validating": any(v.status in (ModelVersion.Status.VALIDATING, ModelVersion.Status.IMPORTING)
+                              for v in versions)}
 
 
 @require_GET
@@ -234,6 +239,54 @@ def upload(request: HttpRequest, team: Team) -> HttpResponse:
         "example_max_bytes": settings.EXAMPLE_REQUEST_MAX_BYTES,
         **_serving_context(),
     })
+
+
+# Where a refusal of the source's fetcher is shown: the field of the kind's main input.
+_SOURCE_FIELD = {"mlflow": "mlflow_uri", "huggingface": "hf_repo", "uri": "uri"}
+
+
+@require_http_methods(["GET", "POST"])
+@team_required
+def upload_import(request: HttpRequest, team: Team) -> HttpResponse:
+    """The upload page's "From a registry" tab: the API's import (the source checked by its kind's fetcher, what the
+    operator allowed the team, the same source twice the same version), then the model's page, where the version
+    shows its import's progress and can be cancelled."""
+    form = ImportForm(request.POST or None, initial={"name": request.GET.get("model", "")})
+    if request.method == "POST" and form.is_valid() and "source" in form.cleaned_data:
+        raw = form.cleaned_data["source"]
+        field = _SOURCE_FIELD[raw["kind"]]
+        try:
+            fetcher = fetcher_for(raw["kind"])
+            source = {**fetcher.validate(raw, team.pk), "kind": raw["kind"]}
+            model = (Model.objects.filter(team=team, name=form.cleaned_data["name"]).first()
+                     or Model(team=team, name=form.cleaned_data["name"], created_by=acting_user(request)))
+            version, created = imports.create_version_from_source(model, request.user, source,
+                                                                  fetcher.identity(source))
+        except (SourceForbidden, SourceRefused) as exc:
+            form.add_error(field, str(exc))
+        else:
+            messages.success(request, f"Importing {version.model.name} version {version.number}." if created else
+                             f"{version.model.name} version {version.number} was imported from this source already.")
+            return redirect("model-detail", name=version.model.name)
+    return render(request, "web/upload.html", {
+        "import_form": form, "mode": "import",
+        "model_names": Model.objects.filter(team=team).values_list("name", flat=True),
+        **_serving_context(),
+    })
+
+
+@require_POST
+@team_required
+def version_cancel(request: HttpRequest, team: Team, name: str, number: int) -> HttpResponse:
+    """The Cancel button of an importing version (the API's cancel)."""
+    version = ModelVersion.objects.filter(model=_get_model(team, name), number=number).first()
+    if version is None:
+        raise Http404("No such version.")
+    if imports.cancel(version, request.user):
+        messages.success(request, f"The import of {name} version {number} was cancelled.")
+    else:
+        messages.error(request, f"Version {number} of {name} is {version.status}, not importing: nothing to cancel.")
+    return redirect("model-detail", name=name)
 
 
 def _serving_context() -> dict[str, Any]:
