@@ -9,8 +9,6 @@ Why each lane is as it is:
   limit kills the child process that ignored it (with threads neither can stop a spinning inspection).
 - build: pip runs in a subprocess bounded by MODELPORT_PIP_TIMEOUT_SECONDS; one at a time, since pip fills a core
   and the network.
-- import: threads, since a fetch mostly waits on the network and its deadline is its own (FetchContext); two at
-  once, in a lane of their own, so that imports never queue behind inspections or ticks, nor they behind imports.
 - tune: one at a time per host anyway (tuning/runner.py); its own process so that an hour of it holds nothing else.
 
 Plain Python (no Django), so that bin/run-portal reads it in milliseconds.
@@ -42,7 +40,6 @@ LANES: tuple[Lane, ...] = (
     Lane("inspection", (Queue.INSPECTION,), "prefork", 2),
     Lane("build", (Queue.BUILD,), "threads", 1),
     Lane("tune", (Queue.TUNE,), "threads", 1),
-    Lane("import", (Queue.IMPORT,), "threads", 2),
 )
 
 

@@ -22,9 +22,6 @@ class Queue(StrEnum):
     BUILD = "build"
     # Tunes (tuning/tasks.py): each measures temporary Tritons for up to its budget, an hour at most.
     TUNE = "tune"
-    # Imports of versions from MLflow, Hugging Face, s3/https (issue 35): fetches that wait on the network for
-    # minutes, never ahead of nor behind an inspection or a tick.
-    IMPORT = "import"
 
 
 # Where each task goes; anything not named goes to INSPECTION (the default queue), never ahead of a rollout.
@@ -40,7 +37,6 @@ ROUTES: dict[str, dict[str, str]] = {
     # A pass reads every serving Triton at once with a 2 s timeout: seconds, on a thread of that lane, never behind
     # an inspection a team can make spin.
     "performance.tasks.take_snapshots": {"queue": Queue.RECONCILE},
-    "models_registry.tasks.import_version": {"queue": Queue.IMPORT},
     "models_registry.tasks.*": {"queue": Queue.INSPECTION},
     "accounts.tasks.*": {"queue": Queue.INSPECTION},
     "tuning.tasks.*": {"queue": Queue.TUNE},

@@ -24,7 +24,7 @@ from rest_framework.response import Response
 from accounts.context import acting_user, current_team, is_team_admin
 from accounts.idempotency import idempotent
 from audit.log import record as audit
-from infra.api_errors import Conflict, PayloadTooLarge, not_found, request_object
+from infra.api_errors import PayloadTooLarge, not_found, request_object
 from infra.api_json import BoundedJSONField, BoundedJSONParser
 from infra.api_schema import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, JSON_PARSERS, ExactJSONTypes, NameField, error
 from infra.names import name_error
@@ -32,11 +32,9 @@ from modelport.core import chat_template
 from modelport.core.example_request import ExampleRequestError, example_to_store
 from modelport.core.formats import describe
 from modelport.core.signature import KSERVE_TO_TRITON, TRITON_TO_KSERVE, SignatureError, parse_signature
-from models_registry import actions, imports, pipelines
+from models_registry import actions, pipelines
 from models_registry.models import Format, Model, ModelVersion, Upload, with_identical_to
 from models_registry.quota import NoRoom
-from models_registry.sources import fetcher_for
-from models_registry.sources.base import SourceForbidden, SourceRefused
 from models_registry.validation import ArtifactRejected
 
 # The formats a version can be declared as: artifacts (any but a pipeline), pipelines. Named in the schema
@@ -173,26 +171,6 @@ class ChatTemplateField(serializers.CharField):
         return value
 
 
-SOURCE_OUT_SCHEMA = {
-    "type": "object", "nullable": True, "required": ["kind"], "additionalProperties": True,
-    "properties": {"kind": {"type": "string"}},
-    "description": "Where an imported version's bytes come from (docs/importing.md): the kind, the source's fields "
-                   "as validated, and once fetched what the fetch recorded (e.g. the registry version, file "
-                   "hashes); never a credential. Null for uploaded versions.",
-}
-
-
-@extend_schema_field(SOURCE_OUT_SCHEMA)
-class SourceOutField(serializers.JSONField):
-    pass
-
-
-class ImportProgressSerializer(serializers.Serializer[Any]):
-    done_bytes = serializers.IntegerField(source="import_done_bytes", read_only=True)
-    total_bytes = serializers.IntegerField(source="import_total_bytes", read_only=True, allow_null=True,
-                                           help_text="Null while the source has not said how large it is.")
-
-
 class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
     model = serializers.CharField(source="model.name", read_only=True)
     created_by = serializers.CharField(source="created_by.username", default=None, read_only=True, allow_null=True)
@@ -220,25 +198,14 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
         'Where measured_memory_bytes was measured, e.g. "its trial call at inspection"; "" until measured.'))
     decoupled = serializers.BooleanField(read_only=True, help_text=DECOUPLED_OUT)
     chat_template = serializers.CharField(read_only=True, help_text=CHAT_TEMPLATE_OUT)
-    source = SourceOutField(read_only=True)
 
     class Meta:
         model = ModelVersion
         fields = ["model", "number", "format", "status", "error", "size", "sha256", "identical_to", "signature",
                   "max_batch_size", "original_filename", "definition", "has_example_request", "notes",
-                  "measured_memory_bytes", "measured_memory_by", "decoupled", "chat_template", "source", "import",
-                  "created_by", "created_at", "validated_at"]
+                  "measured_memory_bytes", "measured_memory_by", "decoupled", "chat_template", "created_by",
+                  "created_at", "validated_at"]
         read_only_fields = fields
-
-    # "import" is a keyword in Python: declared through the class body's namespace.
-    locals()["import"] = serializers.SerializerMethodField(method_name="get_import", help_text=(
-        "While the version is importing: the bytes fetched so far and the source's total; null otherwise."))
-
-    @extend_schema_field(ImportProgressSerializer(allow_null=True))
-    def get_import(self, obj: ModelVersion) -> dict[str, Any] | None:
-        if obj.status != ModelVersion.Status.IMPORTING:
-            return None
-        return ImportProgressSerializer(obj).data  # type: ignore[return-value]
 
 
 class ModelSerializer(ExactJSONTypes, serializers.ModelSerializer[Model]):
@@ -262,29 +229,10 @@ class ModelUpdateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
     description = serializers.CharField(allow_blank=True, required=False)
 
 
-SOURCE_IN_SCHEMA = {
-    "type": "object", "required": ["kind"], "additionalProperties": True,
-    "properties": {"kind": {"type": "string", "description": "mlflow, huggingface or uri (docs/importing.md)."}},
-    "description": "Import the version from a source instead of sending its bytes: the kind and its fields "
-                   "(docs/importing.md); a worker fetches it, then it is inspected as an upload.",
-}
-
-
-@extend_schema_field(SOURCE_IN_SCHEMA)
-class SourceField(BoundedJSONField):
-    pass
-
-
-NEW_VERSION_IN = ("With a source: make a new version even when this model has one imported from the same source "
-                  "(by default that one is answered, with 200).")
-
-
 class VersionCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
     file = serializers.FileField(required=False,
                                  help_text="The artifact, for small files (see MAX_MULTIPART_UPLOAD_SIZE).")
     upload_id = serializers.UUIDField(required=False, help_text="The id ending the URL of a finished tus upload.")
-    source = SourceField(required=False)
-    new_version = serializers.BooleanField(required=False, default=False, help_text=NEW_VERSION_IN)
     format = serializers.ChoiceField(choices=ARTIFACT_FORMATS, required=False, allow_blank=True,
                                      error_messages={"invalid_choice": UNKNOWN_FORMAT})
     signature = SignatureField(required=False, allow_null=True,
@@ -307,13 +255,9 @@ class VersionCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
             raise serializers.ValidationError(str(exc)) from None
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if sum(1 for key in ("file", "upload_id", "source") if attrs.get(key) is not None) != 1:
-            raise serializers.ValidationError("Send exactly one of 'file' (multipart), 'upload_id' (a finished tus "
-                                              "upload) or 'source' (an import, JSON).")
-        source = attrs.get("source")
-        if source is not None and (not isinstance(source, dict) or not isinstance(source.get("kind"), str)):
-            raise serializers.ValidationError({"source": ['A JSON object with "kind" (mlflow, huggingface or uri) '
-                                                          "and that kind's fields: see docs/importing.md."]})
+        if bool(attrs.get("file")) == bool(attrs.get("upload_id")):
+            raise serializers.ValidationError("Send exactly one of 'file' (multipart) "
+                                              "or 'upload_id' (a finished tus upload).")
         attrs["example_request"] = _example_request(attrs.get("example_request"), attrs.get("signature"))
         try:
             actions.check_streamable(attrs.get("format") or "", attrs.get("decoupled", False))
@@ -361,25 +305,11 @@ class VersionFromUploadSerializer(serializers.Serializer[Any]):
     chat_template = ChatTemplateField()
 
 
-class VersionFromSourceSerializer(serializers.Serializer[Any]):
-    """A version imported from a source (application/json); for the schema."""
-
-    source = SourceField()
-    new_version = serializers.BooleanField(required=False, default=False, help_text=NEW_VERSION_IN)
-    format = VersionCreateSerializer().fields["format"]
-    signature = SignatureField(required=False, allow_null=True)
-    max_batch_size = VersionCreateSerializer().fields["max_batch_size"]
-    create_model = VersionCreateSerializer().fields["create_model"]
-    example_request = ExampleRequestField(required=False, allow_null=True)
-    decoupled = serializers.BooleanField(required=False, default=False, help_text=DECOUPLED_IN)
-    chat_template = ChatTemplateField()
-
-
 class PipelineCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
     # A pipeline has no artifact: a field of a file's version is refused saying so, rather than as unknown.
     refused_fields: ClassVar[dict[str, str]] = {
         name: f"A pipeline is defined by 'definition' alone (no artifact, no signature): leave '{name}' out."
-        for name in ("file", "upload_id", "source", "signature")}
+        for name in ("file", "upload_id", "signature")}
     format = serializers.ChoiceField(choices=PIPELINE_FORMATS)
     definition = DefinitionField(
         help_text='{"inputs": [tensor], "outputs": [tensor], "steps": [{"model", "version", "input_map": '
@@ -522,19 +452,13 @@ def model_detail(request: Request, name: str) -> Response:
         "multipart/form-data": VersionFromFileSerializer,
         "application/json": PolymorphicProxySerializer(
             component_name="VersionCreate", resource_type_field_name=None,
-            serializers=[VersionFromUploadSerializer, VersionFromSourceSerializer, PipelineCreateSerializer]),
+            serializers=[VersionFromUploadSerializer, PipelineCreateSerializer]),
     },
     parameters=[IDEMPOTENCY_KEY],
     responses={
-        201: VersionSerializer,
-        200: OpenApiResponse(VersionSerializer, description="An import of a source this model has a version of "
-                                                            "already (not invalid): that version (send new_version: "
-                                                            "true for another)."),
-        **IDEMPOTENCY_ERRORS,
-        403: error("The operator has not allowed this source to your team (the message names the setting); and: no "
-                   "team, no CSRF token."),
-        400: error("Not a valid version: the file, the upload, the source, the format, the signature or the "
-                   "pipeline ('fields' says which and why)."),
+        201: VersionSerializer, **IDEMPOTENCY_ERRORS,
+        400: error("Not a valid version: the file, the upload, the format, the signature or the pipeline ('fields' "
+                   "says which and why)."),
         404: error("No model of that name in your team (send create_model: true to create it with this version)."),
         409: error("The upload was used already, a step version was deleted meanwhile, or a request with this "
                    "Idempotency-Key is still running."),
@@ -566,8 +490,6 @@ def versions_list(request: Request, name: str) -> Response:
     options = {"declared_format": data.get("format") or "", "signature": data.get("signature"),
                "max_batch_size": data.get("max_batch_size"), "example_request": data.get("example_request"),
                "decoupled": data.get("decoupled", False), "chat_template": data.get("chat_template", "")}
-    if data.get("source") is not None:
-        return _create_import(request, model, data, options)
     try:
         if data.get("file"):
             version = actions.create_version_from_file(model, request.user, data["file"], data["file"].name, **options)
@@ -586,25 +508,6 @@ def versions_list(request: Request, name: str) -> Response:
     return Response(VersionSerializer(version).data, status=status.HTTP_201_CREATED)
 
 
-def _create_import(request: Request, model: Model, data: dict[str, Any], options: dict[str, Any]) -> Response:
-    """An import: the source validated here (shape, and what the operator allowed the team), fetched on a worker."""
-    raw = data["source"]
-    try:
-        fetcher = fetcher_for(raw["kind"])
-        source = {**fetcher.validate(raw, model.team.pk), "kind": raw["kind"]}
-        identity = fetcher.identity(source)
-        version, created = imports.create_version_from_source(
-            model, request.user, source, identity, new_version=data.get("new_version", False), **options)
-    except SourceForbidden as exc:
-        raise PermissionDenied(str(exc)) from None
-    except SourceRefused as exc:
-        raise ValidationError({"source": [str(exc)]}) from None
-    except actions.NotStreamable as exc:
-        raise ValidationError({"decoupled": [str(exc)]}) from None
-    return Response(VersionSerializer(version).data,
-                    status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
-
-
 @extend_schema(methods=["GET"], summary="A version", responses={200: VersionSerializer})
 @extend_schema(methods=["DELETE"], summary="Delete a version", responses={
     204: OpenApiResponse(description="Deleted."),
@@ -617,21 +520,4 @@ def version_detail(request: Request, name: str, number: int) -> Response:
         with transaction.atomic():
             actions.delete_version(version, request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
-    return Response(VersionSerializer(version).data)
-
-
-@extend_schema(methods=["POST"], summary="Cancel an import", request=None, responses={
-    200: VersionSerializer,
-    409: error("The version is not importing (its bytes are fetched already, or it failed)."),
-})
-@api_view(["POST"])
-def version_cancel(request: Request, name: str, number: int) -> Response:
-    """Stop an importing version's fetch (at its next progress report): the version becomes invalid, its error
-    "cancelled by <user>", and the same source can be imported again."""
-    version = _get_version(request, name, number)
-    if not imports.cancel(version, request.user):
-        version.refresh_from_db()
-        raise Conflict(f"Version {number} of {name!r} is {version.status}, not importing: only an import can be "
-                       "cancelled (DELETE removes a version).")
-    version.refresh_from_db()
     return Response(VersionSerializer(version).data)

@@ -79,8 +79,6 @@ class Blob(models.Model):
 class ModelVersion(models.Model):
     class Status(models.TextChoices):
         UPLOADING = "uploading"
-        # Imported (issue 35): a worker fetches the bytes from the version's `source`, then it is validating.
-        IMPORTING = "importing"
         VALIDATING = "validating"
         READY = "ready"
         INVALID = "invalid"
@@ -129,15 +127,6 @@ class ModelVersion(models.Model):
     # unset, it waits for one. `inspection_started_at`: when a worker began it (for the time-limit sweep).
     inspection_queued_at = models.DateTimeField(null=True, blank=True)
     inspection_started_at = models.DateTimeField(null=True, blank=True)
-    # Imported versions (issue 35, models_registry/imports.py): where the bytes come from (the kind, the validated
-    # fields, and once fetched what the fetcher recorded; never a credential), its canonical text for idempotency,
-    # and the fetch's progress. The reserved total is `size` while importing (counted in the team's quota).
-    source = models.JSONField(null=True, blank=True)
-    source_identity = models.CharField(max_length=1000, blank=True, db_index=True)
-    import_done_bytes = models.BigIntegerField(default=0)
-    import_total_bytes = models.BigIntegerField(null=True, blank=True)
-    # When a worker last began (or retried) the fetch: the sweep marks imports stuck past IMPORT_TIME_LIMIT_SECONDS.
-    import_started_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["model", "-number"]

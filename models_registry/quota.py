@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
-from django.db.models import Q, QuerySet, Sum
+from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
 from accounts.models import Team
@@ -55,9 +55,7 @@ def usage_of(team: Team) -> int:
     """The bytes the team holds or has reserved (see the module's docstring)."""
     blobs = Blob.objects.filter(pk__in=ModelVersion.objects.filter(model__team=team, blob__isnull=False)
                                 .values("blob_id")).aggregate(total=Sum("size"))["total"]
-    # An importing version has no bytes staged yet: its `size` is what it reserved (models_registry/imports.py).
-    staged = (ModelVersion.objects.filter(model__team=team, blob__isnull=True)
-              .filter(~Q(staged_key="") | Q(status=ModelVersion.Status.IMPORTING))
+    staged = (ModelVersion.objects.filter(model__team=team, blob__isnull=True).exclude(staged_key="")
               .aggregate(total=Sum("size"))["total"])
     uploads = live_uploads(team).aggregate(total=Sum("length"))["total"]
     return _sum(blobs) + _sum(staged) + _sum(uploads)

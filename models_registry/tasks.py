@@ -1,13 +1,11 @@
 from __future__ import annotations
 
-from typing import Any
-
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
 
-from models_registry import dispatch, imports, inspection, uploads
+from models_registry import dispatch, inspection, uploads
 
 
 # The limits hold in the inspection lane's prefork pool (infra/lanes.py): the soft one raises here, the hard one
@@ -37,21 +35,8 @@ def send_inspection(version_id: int) -> None:
 
 @shared_task(expires=60)
 def dispatch_inspections() -> int:
-    """Periodic (on the reconcile queue, never behind a spinning inspection): dispatch.sweep(), and the imports'
-    (imports.sweep: a worker that died mid-fetch, a message the broker lost)."""
-    imports.sweep()
+    """Periodic (on the reconcile queue, never behind a spinning inspection): dispatch.sweep()."""
     return dispatch.sweep(send_inspection)
-
-
-# On the import lane (threads: a fetch mostly waits on the network; its time limit is the fetch's own deadline,
-# FetchContext.check_time). Retries of transient faults are new deliveries, with exponential backoff.
-@shared_task(bind=True, acks_late=True, max_retries=None)
-def import_version(self: Any, version_id: int) -> None:
-    attempt = int(self.request.retries or 0)
-    while imports.run_import(version_id, attempt) is imports.Outcome.RETRY:
-        if not self.request.is_eager:
-            raise self.retry(countdown=settings.IMPORT_RETRY_BACKOFF_SECONDS * 2**attempt, max_retries=None)
-        attempt += 1  # run in the caller (CELERY_TASK_ALWAYS_EAGER: tests, a shell): no later delivery to wait for
 
 
 def queue_inspections(team_id: int) -> None:

@@ -33,7 +33,3 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         # Django recreates the test database file but not SQLite's WAL side files; stale ones corrupt the new file.
         for _suffix in ("", "-wal", "-shm"):
             Path(f"{_test_db}{_suffix}").unlink(missing_ok=True)
-
-# Imports (issue 35): the tests' fake source kind, a real module so that a worker process a test starts loads it too.
-# Honoured only under these settings (models_registry/sources/__init__.py kinds).
-IMPORT_TEST_KINDS = {"fake": "models_registry.tests.import_support"}
