@@ -9,6 +9,7 @@ Why each lane is as it is:
   limit kills the child process that ignored it (with threads neither can stop a spinning inspection).
 - build: pip runs in a subprocess bounded by MODELPORT_PIP_TIMEOUT_SECONDS; one at a time, since pip fills a core
   and the network.
+- import: threads, since a fetch mostly waits on the network; two at once, bounded by IMPORT_TIME_LIMIT_SECONDS.
 - tune: one at a time per host anyway (tuning/runner.py); its own process so that an hour of it holds nothing else.
 
 Plain Python (no Django), so that bin/run-portal reads it in milliseconds.
@@ -40,6 +41,7 @@ LANES: tuple[Lane, ...] = (
     Lane("inspection", (Queue.INSPECTION,), "prefork", 2),
     Lane("build", (Queue.BUILD,), "threads", 1),
     Lane("tune", (Queue.TUNE,), "threads", 1),
+    Lane("import", (Queue.IMPORT,), "threads", 2),
 )
 
 

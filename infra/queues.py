@@ -20,6 +20,9 @@ class Queue(StrEnum):
     # Building python models' environments (pip, up to MODELPORT_PIP_TIMEOUT_SECONDS): a lane of its own, so that a
     # team's builds never take the inspection slots of the others, nor the other way round.
     BUILD = "build"
+    # Imports of versions from MLflow, Hugging Face, s3/https (issue 35): network-bound fetches of up to
+    # IMPORT_TIME_LIMIT_SECONDS, never ahead of an inspection or a tick.
+    IMPORT = "import"
     # Tunes (tuning/tasks.py): each measures temporary Tritons for up to its budget, an hour at most.
     TUNE = "tune"
 
@@ -37,6 +40,7 @@ ROUTES: dict[str, dict[str, str]] = {
     # A pass reads every serving Triton at once with a 2 s timeout: seconds, on a thread of that lane, never behind
     # an inspection a team can make spin.
     "performance.tasks.take_snapshots": {"queue": Queue.RECONCILE},
+    "models_registry.tasks.import_version": {"queue": Queue.IMPORT},
     "models_registry.tasks.*": {"queue": Queue.INSPECTION},
     "accounts.tasks.*": {"queue": Queue.INSPECTION},
     "tuning.tasks.*": {"queue": Queue.TUNE},

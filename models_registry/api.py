@@ -26,15 +26,24 @@ from accounts.idempotency import idempotent
 from audit.log import record as audit
 from infra.api_errors import PayloadTooLarge, not_found, request_object
 from infra.api_json import BoundedJSONField, BoundedJSONParser
-from infra.api_schema import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, JSON_PARSERS, ExactJSONTypes, NameField, error
+from infra.api_schema import (
+    IDEMPOTENCY_ERRORS,
+    IDEMPOTENCY_KEY,
+    JSON_PARSERS,
+    ExactJSONTypes,
+    NameField,
+    error,
+    takes_no_body,
+)
 from infra.names import name_error
 from modelport.core import chat_template
 from modelport.core.example_request import ExampleRequestError, example_to_store
 from modelport.core.formats import describe
 from modelport.core.signature import KSERVE_TO_TRITON, TRITON_TO_KSERVE, SignatureError, parse_signature
-from models_registry import actions, pipelines
+from models_registry import actions, imports, pipelines
 from models_registry.models import Format, Model, ModelVersion, Upload, with_identical_to
 from models_registry.quota import NoRoom
+from models_registry.sources.base import SourceForbidden, SourceRefused
 from models_registry.validation import ArtifactRejected
 
 # The formats a version can be declared as: artifacts (any but a pipeline), pipelines. Named in the schema
@@ -171,6 +180,11 @@ class ChatTemplateField(serializers.CharField):
         return value
 
 
+class ImportProgressSerializer(serializers.Serializer[Any]):
+    done_bytes = serializers.IntegerField(help_text="Bytes fetched so far.")
+    total_bytes = serializers.IntegerField(allow_null=True, help_text="Of how many; null until the source says.")
+
+
 class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
     model = serializers.CharField(source="model.name", read_only=True)
     created_by = serializers.CharField(source="created_by.username", default=None, read_only=True, allow_null=True)
@@ -198,14 +212,30 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
         'Where measured_memory_bytes was measured, e.g. "its trial call at inspection"; "" until measured.'))
     decoupled = serializers.BooleanField(read_only=True, help_text=DECOUPLED_OUT)
     chat_template = serializers.CharField(read_only=True, help_text=CHAT_TEMPLATE_OUT)
+    source = serializers.DictField(read_only=True, allow_null=True, help_text=(  # type: ignore[assignment]
+        'Where an imported version came from: {"kind", the source\'s fields, and once fetched "fetched": the '
+        "registry version, run id or commit and each file's sha256}; null for an uploaded version."))
 
     class Meta:
         model = ModelVersion
         fields = ["model", "number", "format", "status", "error", "size", "sha256", "identical_to", "signature",
                   "max_batch_size", "original_filename", "definition", "has_example_request", "notes",
-                  "measured_memory_bytes", "measured_memory_by", "decoupled", "chat_template", "created_by",
-                  "created_at", "validated_at"]
+                  "measured_memory_bytes", "measured_memory_by", "decoupled", "chat_template", "source",
+                  "created_by", "created_at", "validated_at"]
         read_only_fields = fields
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        fields = super().get_fields()
+        # "import" is a Python keyword, so the field is named here rather than declared above.
+        fields["import"] = serializers.SerializerMethodField(method_name="get_import_progress")
+        return fields
+
+    @extend_schema_field(ImportProgressSerializer(allow_null=True, help_text=(
+        "While the version is importing: bytes fetched, of how many; null otherwise.")))
+    def get_import_progress(self, obj: ModelVersion) -> dict[str, Any] | None:
+        if obj.status != ModelVersion.Status.IMPORTING:
+            return None
+        return {"done_bytes": obj.import_done_bytes, "total_bytes": obj.import_total_bytes}
 
 
 class ModelSerializer(ExactJSONTypes, serializers.ModelSerializer[Model]):
@@ -303,6 +333,51 @@ class VersionFromUploadSerializer(serializers.Serializer[Any]):
     example_request = ExampleRequestField(required=False, allow_null=True)
     decoupled = serializers.BooleanField(required=False, default=False, help_text=DECOUPLED_IN)
     chat_template = ChatTemplateField()
+
+
+_KIND_HELP = "Where the version comes from (issue 35; docs/importing.md)."
+
+
+class MlflowSourceSerializer(serializers.Serializer[Any]):
+    """A registered model version of the operator's MLflow registry (MLFLOW_TRACKING_URI)."""
+
+    kind = serializers.ChoiceField(choices=["mlflow"], help_text=_KIND_HELP)
+    uri = serializers.CharField(help_text='"models:/<registered name>/<version>" or "models:/<name>@<alias>".')
+
+
+class HuggingFaceSourceSerializer(serializers.Serializer[Any]):
+    """A Hugging Face repository (HF_ENDPOINT: the hub, or the operator's mirror)."""
+
+    kind = serializers.ChoiceField(choices=["huggingface"], help_text=_KIND_HELP)
+    repo = serializers.CharField(help_text='"<org>/<name>".')
+    revision = serializers.CharField(required=False, help_text='A commit, tag or branch; "main" when left out.')
+    files = serializers.ListField(child=serializers.CharField(), required=False,
+                                  help_text="The repository's files to import; its model's files when left out.")
+
+
+class UriSourceSerializer(serializers.Serializer[Any]):
+    """An object of a bucket the operator allowed the team, or an https:// URL of an allowed host."""
+
+    kind = serializers.ChoiceField(choices=["uri"], help_text=_KIND_HELP)
+    uri = serializers.CharField(help_text='"s3://<bucket>/<key>" or "https://<host>/<path>".')
+
+
+SOURCE_SCHEMA = PolymorphicProxySerializer(
+    component_name="VersionSource", resource_type_field_name="kind",
+    serializers={"mlflow": MlflowSourceSerializer, "huggingface": HuggingFaceSourceSerializer,
+                 "uri": UriSourceSerializer})
+
+
+class VersionFromSourceSerializer(ExactJSONTypes, serializers.Serializer[Any]):
+    """A version imported from where the team keeps it (application/json): fetched and inspected on a worker."""
+
+    source = serializers.DictField(help_text="The source: its `kind` says which fields it has.")  # type: ignore[assignment]
+    create_model = VersionCreateSerializer().fields["create_model"]
+    new_version = serializers.BooleanField(
+        required=False, default=False,
+        help_text="Import the source again as a new version: by default the same source into the same model gives "
+                  "the version that imported it (HTTP 200), unless that one failed.")
+    example_request = ExampleRequestField(required=False, allow_null=True)
 
 
 class PipelineCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
@@ -452,13 +527,18 @@ def model_detail(request: Request, name: str) -> Response:
         "multipart/form-data": VersionFromFileSerializer,
         "application/json": PolymorphicProxySerializer(
             component_name="VersionCreate", resource_type_field_name=None,
-            serializers=[VersionFromUploadSerializer, PipelineCreateSerializer]),
+            serializers=[VersionFromUploadSerializer, PipelineCreateSerializer, VersionFromSourceSerializer]),
     },
     parameters=[IDEMPOTENCY_KEY],
     responses={
+        200: OpenApiResponse(VersionSerializer, description="The version that imported this source already (a "
+                                                             "source imported again; send new_version: true for "
+                                                             "another)."),
         201: VersionSerializer, **IDEMPOTENCY_ERRORS,
-        400: error("Not a valid version: the file, the upload, the format, the signature or the pipeline ('fields' "
-                   "says which and why)."),
+        400: error("Not a valid version: the file, the upload, the format, the signature, the pipeline or the source "
+                   "('fields' says which and why)."),
+        403: error("A source the operator has not allowed the team (admin console: Team sources), or a kind of "
+                   "import the operator turned off."),
         404: error("No model of that name in your team (send create_model: true to create it with this version)."),
         409: error("The upload was used already, a step version was deleted meanwhile, or a request with this "
                    "Idempotency-Key is still running."),
@@ -478,6 +558,8 @@ def versions_list(request: Request, name: str) -> Response:
     model = _get_or_new_model(request, name, body)
     if body.get("format") == Format.ENSEMBLE:
         return _create_pipeline(request, model)
+    if "source" in body and request.content_type.startswith("application/json"):
+        return _import_version(request, model)
     upload = body.get("file")
     if upload is not None and getattr(upload, "size", 0) > settings.MAX_MULTIPART_UPLOAD_SIZE:
         raise PayloadTooLarge(
@@ -506,6 +588,33 @@ def versions_list(request: Request, name: str) -> Response:
     except ArtifactRejected as exc:
         raise ValidationError({"file" if data.get("file") else "upload_id": [str(exc)]}) from None
     return Response(VersionSerializer(version).data, status=status.HTTP_201_CREATED)
+
+
+def _import_version(request: Request, model: Model) -> Response:
+    serializer = VersionFromSourceSerializer(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    data = serializer.validated_data
+    try:
+        source = imports.validate_source(data["source"], model.team.pk)
+    except SourceForbidden as exc:
+        raise PermissionDenied(str(exc)) from None
+    except SourceRefused as exc:
+        raise ValidationError({"source": [str(exc)]}) from None
+    example = _example_request(data.get("example_request"), None)
+    version, created = imports.start_import(model, request.user, source, new_version=data["new_version"],
+                                            example_request=example)
+    return Response(VersionSerializer(version).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+@extend_schema(methods=["POST"], summary="Cancel a version's import", request=None, responses={
+    200: VersionSerializer,
+    409: error("The version is not importing (its import ended, or it was uploaded)."),
+})
+@api_view(["POST"])
+@takes_no_body
+def version_cancel(request: Request, name: str, number: int) -> Response:
+    version = _get_version(request, name, number)
+    return Response(VersionSerializer(imports.cancel_import(version, request.user)).data)
 
 
 @extend_schema(methods=["GET"], summary="A version", responses={200: VersionSerializer})

@@ -79,6 +79,8 @@ class Blob(models.Model):
 class ModelVersion(models.Model):
     class Status(models.TextChoices):
         UPLOADING = "uploading"
+        # Fetched by a worker from a source (issue 35: MLflow, Hugging Face, s3/https), then VALIDATING as an upload.
+        IMPORTING = "importing"
         VALIDATING = "validating"
         READY = "ready"
         INVALID = "invalid"
@@ -116,6 +118,17 @@ class ModelVersion(models.Model):
     # A text model's chat template (issue 33): how the OpenAI-compatible chat endpoint turns messages into its
     # text_input, rendered in the gateway's sandbox (modelport/core/chat_template.py). Empty: the default template.
     chat_template = models.TextField(blank=True, default="")
+    # An imported version's source (issue 35; models_registry/sources/): {"kind", the validated fields, and once
+    # fetched "fetched": what the fetcher recorded (registry version, run id, commit, each file's sha256)}; null for an
+    # upload. Never a credential: those are the operator's settings. `source_identity`: the canonical source, so that
+    # importing one source twice into one model gives one version.
+    source = models.JSONField(null=True, blank=True)
+    source_identity = models.CharField(max_length=64, blank=True, db_index=True)
+    # While importing: bytes fetched, and of how many (null until the source says). `size` meanwhile holds what the
+    # import reserved of the team's quota (the total as soon as it is known), so that it counts before the bytes do.
+    import_done_bytes = models.BigIntegerField(default=0)
+    import_total_bytes = models.BigIntegerField(null=True, blank=True)
+    import_started_at = models.DateTimeField(null=True, blank=True)
     # Pipelines: the versions their steps call, so that none of them is deleted while a pipeline uses it.
     step_versions = models.ManyToManyField("self", symmetrical=False, related_name="pipelines", blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.VALIDATING)

@@ -58,7 +58,10 @@ def usage_of(team: Team) -> int:
     staged = (ModelVersion.objects.filter(model__team=team, blob__isnull=True).exclude(staged_key="")
               .aggregate(total=Sum("size"))["total"])
     uploads = live_uploads(team).aggregate(total=Sum("length"))["total"]
-    return _sum(blobs) + _sum(staged) + _sum(uploads)
+    # An import reserves its source's total (its `size`) before the bytes arrive (models_registry/imports.py).
+    importing = (ModelVersion.objects.filter(model__team=team, status=ModelVersion.Status.IMPORTING)
+                 .aggregate(total=Sum("size"))["total"])
+    return _sum(blobs) + _sum(staged) + _sum(uploads) + _sum(importing)
 
 
 def _existing(path: Path) -> Path:

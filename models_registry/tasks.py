@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-from celery import shared_task
+from celery import Task, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
 
-from models_registry import dispatch, inspection, uploads
+from models_registry import dispatch, imports, inspection, uploads
 
 
 # The limits hold in the inspection lane's prefork pool (infra/lanes.py): the soft one raises here, the hard one
@@ -35,8 +35,20 @@ def send_inspection(version_id: int) -> None:
 
 @shared_task(expires=60)
 def dispatch_inspections() -> int:
-    """Periodic (on the reconcile queue, never behind a spinning inspection): dispatch.sweep()."""
+    """Periodic (on the reconcile queue, never behind a spinning inspection): dispatch.sweep(), and imports whose
+    worker died."""
+    imports.sweep_stuck_imports()
     return dispatch.sweep(send_inspection)
+
+
+# On the import lane (infra/queues.py): a fetch waits on the network for up to IMPORT_TIME_LIMIT_SECONDS, never in
+# front of an inspection or a reconcile tick. acks_late: a worker that dies mid-fetch leaves the message to another.
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
+def import_version(self: Task, version_id: int) -> None:
+    try:
+        imports.run_import(version_id, attempt=self.request.retries)
+    except imports.RetryLater as exc:
+        raise self.retry(countdown=exc.countdown) from None
 
 
 def queue_inspections(team_id: int) -> None:

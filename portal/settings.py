@@ -204,6 +204,12 @@ IMPORT_S3_REGION = env_str("IMPORT_S3_REGION", "us-east-1")
 # https:// sources are a server-side fetch (an SSRF risk): off unless the operator turns them on, and then only
 # hosts a team is allowed, public addresses only, no redirect to another host.
 IMPORT_HTTPS_ENABLED = env_bool("IMPORT_HTTPS_ENABLED", False)
+# DANGEROUS, for an air-gapped mirror on a private network only: lets https imports reach private addresses
+# (10/8, 172.16/12, 192.168/16, fc00::/7), so any team allowed a host that resolves there reaches that network.
+# Loopback, link-local (the cloud metadata address), multicast and unspecified stay refused.
+IMPORT_HTTPS_ALLOW_PRIVATE = env_bool("IMPORT_HTTPS_ALLOW_PRIVATE", False)
+# A PEM bundle of the authorities https imports trust (an internal mirror's); empty: certifi's public ones.
+IMPORT_HTTPS_CA_BUNDLE = env_str("IMPORT_HTTPS_CA_BUNDLE")
 IMPORT_TIME_LIMIT_SECONDS = env_int("IMPORT_TIME_LIMIT_SECONDS", 3600, minimum=1)
 IMPORT_CONNECT_TIMEOUT_SECONDS = env_float("IMPORT_CONNECT_TIMEOUT_SECONDS", 10.0, minimum=0.1)
 IMPORT_READ_TIMEOUT_SECONDS = env_float("IMPORT_READ_TIMEOUT_SECONDS", 60.0, minimum=0.1)

@@ -38,6 +38,7 @@ api_v1 = [
     path("api/v1/models/<str:name>/", registry_api.model_detail),
     path("api/v1/models/<str:name>/versions/", registry_api.versions_list),
     path("api/v1/models/<str:name>/versions/<int:number>/", registry_api.version_detail),
+    path("api/v1/models/<str:name>/versions/<int:number>/cancel/", registry_api.version_cancel),
     path("api/v1/uploads/", tus.UploadCreateView.as_view()),
     path("api/v1/uploads/<str:upload_id>", tus.UploadDetailView.as_view()),
     path("api/v1/uploads/<str:upload_id>/", tus.UploadDetailView.as_view()),

@@ -191,5 +191,5 @@ def test_the_dashboards_queries_run_against_prometheus_scraping_the_portal_and_t
     assert [sorted(set(sample["metric"]) - {"instance", "job"}) for sample in memory] == [["__name__", "pool"]]
     assert query(scraping_prometheus, 'nv_inference_request_success{pool="acme-own"}') == []
     queues = query(scraping_prometheus, "modelport:worker_queue_messages:max")
-    assert {sample["metric"]["queue"] for sample in queues} == {"reconcile", "inspection", "build", "tune"}
+    assert {sample["metric"]["queue"] for sample in queues} == {"reconcile", "inspection", "build", "import", "tune"}
 

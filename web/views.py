@@ -14,7 +14,7 @@ from django.contrib.auth.decorators import login_required
 from django.db import transaction
 from django.db.models import Count, OuterRef, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
-from django.shortcuts import redirect, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -37,7 +37,6 @@ from models_registry import actions as registry_actions
 from models_registry import imports
 from models_registry.models import FORMATS_NEEDING_SIGNATURE, Format, Model, ModelVersion, with_identical_to
 from models_registry.pipelines import pipeline_graph
-from models_registry.sources import fetcher_for
 from models_registry.sources.base import SourceForbidden, SourceRefused
 from models_registry.validation import ArtifactRejected
 from web import deployment_page, new_token, perf_panel, pipeline_form, placement, samples
@@ -193,6 +192,20 @@ def model_versions(request: HttpRequest, team: Team, name: str) -> HttpResponse:
     return render(request, "web/_versions.html", _versions_context(_get_model(team, name)))
 
 
+@require_POST
+@team_required
+def version_cancel(request: HttpRequest, team: Team, name: str, number: int) -> HttpResponse:
+    """Cancel a version's import (issue 35): any member may, as through the API."""
+    version = get_object_or_404(ModelVersion.objects.select_related("model"), model__team=team, model__name=name,
+                                number=number)
+    try:
+        imports.cancel_import(version, request.user)
+        messages.success(request, f"Cancelled the import of {name} version {number}.")
+    except registry_actions.Conflict as exc:
+        messages.error(request, str(exc))
+    return redirect("model-detail", name=name)
+
+
 @require_http_methods(["GET", "POST"])
 @team_required
 def model_delete(request: HttpRequest, team: Team, name: str) -> HttpResponse:
@@ -256,12 +269,10 @@ def upload_import(request: HttpRequest, team: Team) -> HttpResponse:
         raw = form.cleaned_data["source"]
         field = _SOURCE_FIELD[raw["kind"]]
         try:
-            fetcher = fetcher_for(raw["kind"])
-            source = {**fetcher.validate(raw, team.pk), "kind": raw["kind"]}
+            source = imports.validate_source(raw, team.pk)
             model = (Model.objects.filter(team=team, name=form.cleaned_data["name"]).first()
                      or Model(team=team, name=form.cleaned_data["name"], created_by=acting_user(request)))
-            version, created = imports.create_version_from_source(model, request.user, source,
-                                                                  fetcher.identity(source))
+            version, created = imports.start_import(model, request.user, source)
         except (SourceForbidden, SourceRefused) as exc:
             form.add_error(field, str(exc))
         else:
@@ -273,20 +284,6 @@ def upload_import(request: HttpRequest, team: Team) -> HttpResponse:
         "model_names": Model.objects.filter(team=team).values_list("name", flat=True),
         **_serving_context(),
     })
-
-
-@require_POST
-@team_required
-def version_cancel(request: HttpRequest, team: Team, name: str, number: int) -> HttpResponse:
-    """The Cancel button of an importing version (the API's cancel)."""
-    version = ModelVersion.objects.filter(model=_get_model(team, name), number=number).first()
-    if version is None:
-        raise Http404("No such version.")
-    if imports.cancel(version, request.user):
-        messages.success(request, f"The import of {name} version {number} was cancelled.")
-    else:
-        messages.error(request, f"Version {number} of {name} is {version.status}, not importing: nothing to cancel.")
-    return redirect("model-detail", name=name)
 
 
 def _serving_context() -> dict[str, Any]:

@@ -116,7 +116,8 @@ def test_with_redis_each_queue_counts_its_messages_of_every_priority(private_red
         publish(connection, "reconcile", 2, priority=9)
         publish(connection, "tune", 1)
 
-    assert queue_lengths(private_redis, {}, 0.5) == {"reconcile": 5, "inspection": 0, "build": 0, "tune": 1}
+    assert queue_lengths(private_redis, {}, 0.5) == {"reconcile": 5, "inspection": 0, "build": 0, "import": 0,
+                                                     "tune": 1}
 
 
 def test_with_the_filesystem_transport_each_queue_counts_its_message_files(tmp_path: Path) -> None:
@@ -129,7 +130,8 @@ def test_with_the_filesystem_transport_each_queue_counts_its_message_files(tmp_p
         publish(connection, "build", 1)
     (tmp_path / "q" / "1_x.reconcile.msg.part").write_text("{}")  # still being written: not a message yet
 
-    assert queue_lengths("filesystem://", folders, 0.5) == {"reconcile": 0, "inspection": 2, "build": 1, "tune": 0}
+    assert queue_lengths("filesystem://", folders, 0.5) == {"reconcile": 0, "inspection": 2, "build": 1, "import": 0,
+                                                             "tune": 0}
     assert queue_lengths("filesystem://", {"data_folder_in": str(tmp_path / "none")}, 0.5)["inspection"] == 0
 
 

@@ -86,4 +86,4 @@ def test_run_portal_reads_its_lanes_from_the_table(capsys: pytest.CaptureFixture
     assert main(["inspection"]) == 0
     assert capsys.readouterr().out.split() == lane("inspection").worker_args()
     assert main(["nope"]) == 2
-    assert "no lane 'nope': one of reconcile, inspection, build, tune" in capsys.readouterr().err
+    assert "no lane 'nope': one of reconcile, inspection, build, tune, import" in capsys.readouterr().err

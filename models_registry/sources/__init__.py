@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-from models_registry.sources.base import Fetcher, SourceRefused
+from models_registry.sources.base import Fetcher, SourceForbidden, SourceRefused
 
 # The kinds the API accepts, and the module holding each one's fetcher.
 KINDS: dict[str, str] = {
@@ -20,9 +20,13 @@ KINDS: dict[str, str] = {
 }
 
 
-def fetcher_for(kind: str) -> Fetcher:
+def fetcher_for(kind: object) -> Fetcher:
     """The fetcher of a source kind; SourceRefused naming the kinds for any other."""
     module = KINDS.get(kind) if isinstance(kind, str) else None
     if module is None:
-        raise SourceRefused(f"source.kind must be one of {', '.join(sorted(KINDS))}, got {kind!r}.")
-    return importlib.import_module(module).fetcher  # type: ignore[no-any-return]
+        shown = repr(kind)[:80]
+        raise SourceRefused(f"source.kind must be one of {', '.join(sorted(KINDS))}, got {shown}.")
+    try:
+        return importlib.import_module(module).fetcher  # type: ignore[no-any-return]
+    except ImportError:  # a kind whose fetcher this installation lacks (huggingface_hub not installed)
+        raise SourceForbidden(f"Imports of kind {kind!r} are not available on this server.") from None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from models_registry.models import Model
@@ -21,3 +23,17 @@ def textgen_model() -> textgen.CharModel:
     from models_registry.samples import train_textgen
 
     return textgen.CharModel(textgen.load_counts(train_textgen().weights))
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3-compatible server over HTTP on 127.0.0.1, once per test module (the storage and import tests)."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
