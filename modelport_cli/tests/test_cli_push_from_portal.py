@@ -41,7 +41,7 @@ def cli(alice: Person, live_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.setenv("MODELPORT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(client_module, "RETRY_DELAYS", ())
     sent: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(tasks.import_version, "apply_async", lambda args, **options: sent.append(tuple(args)))
+    monkeypatch.setattr(tasks.import_version, "delay", lambda *args: sent.append(tuple(args)))
     return sent
 
 
@@ -70,7 +70,8 @@ def test_a_source_the_portal_cannot_import_is_one_line_with_its_reason(
 ) -> None:
     # The real fetcher_for, with a kind whose fetcher this server cannot load: refused by the API, nothing created.
     monkeypatch.setitem(sources.KINDS, "huggingface", "models_registry.sources.not_installed_here")
-    assert main(["push", "fraud", "--from", "hf://org/name"]) == ExitCode.INVALID_MODEL
+    # A 403 (what this server does not offer is a refusal, exit 1), not a model the portal found invalid (3).
+    assert main(["push", "fraud", "--from", "hf://org/name"]) == ExitCode.ERROR
     err = capsys.readouterr().err
-    assert "error: fraud: the portal rejected the model: source: Imports from 'huggingface' are not available" in err
+    assert "error: Imports of kind 'huggingface' are not available on this server. (HTTP 403 from POST" in err
     assert not ModelVersion.objects.exists() and cli == []

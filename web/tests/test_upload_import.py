@@ -1,9 +1,9 @@
 """The upload page's "From a registry" tab (issue 35): the import form makes the API's source, creates the version
 through the same action as the API, and the model's page shows the import's progress and its Cancel button.
 
-The source kinds' fetchers are another part of issue 35: where a test needs an import to be accepted, a stub
-fetcher stands in for the kind's (it accepts the source as given); the refusal of a kind this server cannot fetch
-from is the real fetcher_for's."""
+The source kinds' fetchers are other parts of issue 35 (each needs its operator's allowances and a server): where a
+test needs an import to be accepted, a stub fetcher stands in for the kind's (it accepts the source as given); the
+refusal of a kind this server cannot fetch from is the real fetcher_for's."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from models_registry import imports
 from models_registry.models import Model, ModelVersion
 from tests.support.people import Person, signed_in
-from web import views
 
 
 class StubFetcher:
@@ -25,12 +25,12 @@ class StubFetcher:
         return {k: v for k, v in source.items() if k != "kind"}
 
     def identity(self, source: dict[str, Any]) -> str:
-        return f"{source['kind']}:{source.get('uri') or source.get('repo')}@{source.get('revision', '')}"
+        return f"{source.get('uri') or source.get('repo')}@{source.get('revision', '')}"
 
 
 @pytest.fixture
 def stub_fetchers(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(views, "fetcher_for", lambda kind: StubFetcher())
+    monkeypatch.setattr(imports, "fetcher_for", lambda kind: StubFetcher())
 
 
 def post(person: Person | Client, **fields: Any) -> Any:
@@ -89,18 +89,17 @@ def test_the_progress_shows_the_bytes_of_the_total_and_cancel_stops_the_import(a
     ModelVersion.objects.filter(model__name="fraud").update(import_done_bytes=512 * 1024,
                                                            import_total_bytes=2 * 1024 * 1024)
     page = browser.get("/models/fraud/versions/").content.decode()
-    assert "Importing from models:/fraud/3: 512.0\xa0KB of 2.0\xa0MB" in page
-    assert '<progress max="2097152" value="524288"' in page
+    assert "Fetching: 512.0\xa0KB of 2.0\xa0MB" in page
 
     response = browser.post("/models/fraud/versions/1/cancel/")
 
     assert response.status_code == 302
     version = ModelVersion.objects.get(model__name="fraud")
-    assert (version.status, version.error) == ("invalid", "cancelled by alice")
+    assert (version.status, version.error) == ("invalid", "Import cancelled by alice.")
     page = browser.get("/models/fraud/").content.decode()
-    assert "The import of fraud version 1 was cancelled." in page and 'id="version-1-cancel"' not in page
+    assert "Cancelled the import of fraud version 1." in page and 'id="version-1-cancel"' not in page
     browser.post("/models/fraud/versions/1/cancel/")
-    assert "is invalid, not importing: nothing to cancel" in browser.get("/models/fraud/").content.decode()
+    assert "Version 1 is invalid, not importing" in browser.get("/models/fraud/").content.decode()
 
 
 def test_another_team_cannot_cancel_the_import(alice: Person, charlie: Person, stub_fetchers: None) -> None:
@@ -128,10 +127,11 @@ def test_a_bad_or_forbidden_source_is_shown_on_its_field_and_nothing_is_created(
     assert not Model.objects.exists()
 
 
-def test_a_kind_this_server_cannot_fetch_from_says_so_without_a_500(alice: Person) -> None:
-    # The real fetcher_for: without the kind's fetcher module loaded, a refusal naming the way out.
+def test_the_real_uri_fetcher_refuses_a_bucket_the_operator_did_not_allow_on_the_uri_field(alice: Person) -> None:
+    # No stub: main's uri fetcher and the team's allowances (none here), shown on the form, nothing created.
     response = post(alice, kind="uri", uri="s3://models/fraud.onnx")
 
     assert response.status_code == 200
-    assert "Imports from &#x27;uri&#x27; are not available on this server" in response.content.decode()
+    content = response.content.decode()
+    assert 'class="field has-error" id="field-uri"' in content and "Team sources" in content
     assert not Model.objects.exists()
