@@ -133,8 +133,15 @@ def create_version(client: Client, model: str, body: dict[str, Any]) -> dict[str
     """POST a version. A 400 here means the portal rejected the model itself (not an ONNX file, a signature that
     does not parse, ...): that is exit code 3, the same as a version that ends up invalid after inspection; a 400
     naming only the example request is the input file's fault, exit 2."""
+    return post_version(client, model, body)[0]
+
+
+def post_version(client: Client, model: str, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """create_version, and the HTTP status: an import of a source the model already has answers 200 with that
+    version instead of 201 with a new one."""
     try:
-        return dict(client.call("POST", f"/api/v1/models/{_segment(model)}/versions/", json=body).json())
+        response = client.call("POST", f"/api/v1/models/{_segment(model)}/versions/", json=body)
+        return dict(response.json()), response.status_code
     except ApiError as exc:
         if exc.status != 400:
             raise
@@ -152,7 +159,13 @@ def wait_for_version(client: Client, model: str, version: dict[str, Any], args: 
     number = int(version["number"])
     path = f"/api/v1/models/{_segment(model)}/versions/{number}/"
 
+    import_progress = _ImportProgress(model, number) if not args.json else None
+
     def finished(body: dict[str, Any]) -> bool:
+        if body.get("status") == "importing" and import_progress is not None:
+            import_progress.update(body.get("import") or {})
+        if body.get("status") == "cancelled":
+            raise CliError(f"{model} version {number}: its import was cancelled", ExitCode.ERROR)
         if body.get("status") == "invalid":
             if args.json:
                 print_json(body)
@@ -168,14 +181,18 @@ def wait_for_version(client: Client, model: str, version: dict[str, Any], args: 
     def on_timeout(body: dict[str, Any]) -> CliError:
         if args.json:
             print_json(body)
-        return CliError(f"timed out after {args.timeout:g} s waiting for {model} version {number} to be validated "
+        doing = "imported and validated" if body.get("status") == "importing" else "validated"
+        return CliError(f"timed out after {args.timeout:g} s waiting for {model} version {number} to be {doing} "
                         f"(status {body.get('status')})", ExitCode.TIMEOUT)
 
     if args.no_wait:
         body = version
     else:
         if not args.json:
-            info(f"{model} version {number} uploaded; waiting for the portal to validate it")
+            if version.get("status") == "importing":
+                info(f"{model} version {number} created; the portal is importing it from {_describe_source(version)}")
+            else:
+                info(f"{model} version {number} uploaded; waiting for the portal to validate it")
         body = poll(lambda: dict(client.get(path)), finished, args.timeout, on_timeout)
     if args.json:
         print_json(body)
@@ -194,10 +211,125 @@ def wait_for_version(client: Client, model: str, version: dict[str, Any], args: 
     return ExitCode.OK
 
 
+class _ImportProgress:
+    """The portal's import counter, `{"done_bytes", "total_bytes"}`, as notes: at every tenth when the total is
+    known, and every 10 s otherwise (a source that gives no size), so a CI log shows movement without a flood."""
+
+    QUIET_SECONDS = 10.0
+
+    def __init__(self, model: str, number: int) -> None:
+        self.label = f"{model} version {number}: importing"
+        self.last_tenth = -1
+        self.last_at = 0.0
+
+    def update(self, counter: dict[str, Any]) -> None:
+        done = int(counter.get("done_bytes") or 0)
+        total = counter.get("total_bytes")
+        if total:
+            tenth = min(10, 10 * done // int(total))
+            if tenth != self.last_tenth:
+                self.last_tenth = tenth
+                info(f"{self.label}: {human_size(done)} of {human_size(int(total))} ({100 * done // int(total)}%)")
+            return
+        now = time.monotonic()
+        if now - self.last_at >= self.QUIET_SECONDS:
+            self.last_at = now
+            info(f"{self.label}: {human_size(done)} so far")
+
+
+def _describe_source(version: dict[str, Any]) -> str:
+    source = version.get("source") or {}
+    if source.get("kind") == "huggingface":
+        return f"hf://{source.get('repo')}@{source.get('revision') or 'main'}"
+    return str(source.get("uri") or source.get("kind") or "its source")
+
+
+# What --from takes. MLflow's registry URIs: a version number or an alias (a stage, models:/fraud/Production, is
+# deprecated by MLflow and left to it: the portal's fetcher resolves what MLflow resolves).
+_MLFLOW_RE = re.compile(r"models:/([^/@\s]+)(/[^/@\s]+|@[^/@\s]+)")
+_HF_RE = re.compile(r"hf://([A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)(?:@([^@\s]+))?")
+FROM_FORMS = ("models:/NAME/VERSION, models:/NAME@ALIAS, hf://ORG/REPO[@REVISION], s3://BUCKET/KEY or "
+              "https://HOST/PATH")
+
+
+def parse_source(spec: str, files: list[str]) -> dict[str, Any]:
+    """--from (and --file) as the API's `source`; anything malformed is a usage error before any request."""
+    if files and not spec.startswith("hf://"):
+        raise CliError("--file picks files of a Hugging Face repository: use it with --from hf://ORG/REPO",
+                       ExitCode.USAGE)
+    if spec.startswith("models:"):
+        if not _MLFLOW_RE.fullmatch(spec):
+            raise CliError(f"--from {spec!r}: an MLflow model is models:/NAME/VERSION or models:/NAME@ALIAS",
+                           ExitCode.USAGE)
+        return {"kind": "mlflow", "uri": spec}
+    if spec.startswith("hf://"):
+        match = _HF_RE.fullmatch(spec)
+        if not match:
+            raise CliError(f"--from {spec!r}: a Hugging Face model is hf://ORG/REPO or hf://ORG/REPO@REVISION",
+                           ExitCode.USAGE)
+        for name in files:
+            if not name or name.startswith("/") or ".." in name.split("/"):
+                raise CliError(f"--file {name!r}: name a file inside the repository, as a relative path",
+                               ExitCode.USAGE)
+        source: dict[str, Any] = {"kind": "huggingface", "repo": match.group(1),
+                                  "revision": match.group(2) or "main"}
+        if files:
+            source["files"] = list(files)
+        return source
+    if spec.startswith("s3://"):
+        bucket, _, key = spec.removeprefix("s3://").partition("/")
+        if not bucket or not key:
+            raise CliError(f"--from {spec!r}: an S3 object is s3://BUCKET/KEY", ExitCode.USAGE)
+        return {"kind": "uri", "uri": spec}
+    if spec.startswith(("https://", "http://")):
+        if not spec.split("://", 1)[1].split("/", 1)[0]:
+            raise CliError(f"--from {spec!r}: the URL has no host", ExitCode.USAGE)
+        return {"kind": "uri", "uri": spec}
+    raise CliError(f"--from {spec!r}: use {FROM_FORMS}", ExitCode.USAGE)
+
+
 # --------------------------------------------------------------------------------------------------- commands
 
 
+def cmd_push_from(args: argparse.Namespace) -> int:
+    """push --from: the portal fetches the model itself; the CLI sends no bytes, only waits (through "importing")."""
+    check_name(args.model, "model")
+    source = parse_source(args.source, args.files or [])
+    signature = read_json_file(args.signature, "--signature") if args.signature else None
+    example = read_json_file(args.example_request, "--example-request") if args.example_request else None
+    template = read_chat_template(args.chat_template) if args.chat_template is not None else None
+    client = make_client(args)
+    body: dict[str, Any] = {"source": source, "create_model": True}
+    if args.new_version:
+        body["new_version"] = True
+    if args.format:
+        body["format"] = args.format
+    if signature is not None:
+        body["signature"] = signature
+    if args.max_batch_size is not None:
+        body["max_batch_size"] = args.max_batch_size
+    if example is not None:
+        body["example_request"] = example
+    if args.decoupled:
+        body["decoupled"] = True
+    if template is not None:
+        body["chat_template"] = template
+    version, status = post_version(client, args.model, body)
+    if status == 200 and not args.json:
+        info(f"note: {args.model} version {version.get('number')} was imported from this source already "
+             "(--new-version imports it again)")
+    return wait_for_version(client, args.model, version, args)
+
+
 def cmd_push(args: argparse.Namespace) -> int:
+    if args.source is not None:
+        if args.path is not None:
+            raise CliError("give either a file to upload or --from, not both", ExitCode.USAGE)
+        return cmd_push_from(args)
+    if args.path is None:
+        raise CliError(f"push needs a file to upload, or --from {FROM_FORMS}", ExitCode.USAGE)
+    if args.files or args.new_version:
+        raise CliError("--file and --new-version go with --from", ExitCode.USAGE)
     path = Path(args.path)
     if path.is_dir():
         raise CliError(f"{path} is a directory: pack it as .zip or .tar.gz and push the archive", ExitCode.USAGE)
@@ -1100,9 +1232,17 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    push = add("push", cmd_push, "upload a model file as a new version and wait until it is validated")
+    push = add("push", cmd_push, "upload a model file (or import one --from a registry or URL) as a new version and "
+                                 "wait until it is validated")
     push.add_argument("model", metavar="MODEL")
-    push.add_argument("path", metavar="PATH")
+    push.add_argument("path", metavar="PATH", nargs="?", help="the file to upload (or --from)")
+    push.add_argument("--from", dest="source", metavar="SOURCE", help=(
+        "import instead of uploading: models:/NAME/VERSION or models:/NAME@ALIAS (MLflow's registry), "
+        "hf://ORG/REPO[@REVISION] (Hugging Face, revision main by default), s3://BUCKET/KEY or https://..."))
+    push.add_argument("--file", dest="files", action="append", metavar="NAME",
+                      help="with --from hf://: a file of the repository to import (repeat it)")
+    push.add_argument("--new-version", action="store_true",
+                      help="with --from: import again even if a version of this model came from the same source")
     push.add_argument("--format", help="declare the format (onnx, torchscript, ...) instead of detecting it")
     push.add_argument("--signature", metavar="FILE.json",
                       help='inputs and outputs: {"inputs": [{"name", "datatype", "dims"}], "outputs": [...]}')

@@ -37,6 +37,8 @@ SLOW_FILES = (
     "gateway/tests/test_stream_slots_totals.py",
     "infra/tests/test_var_dir.py",
     "modelport_cli/tests/test_cli_portal.py",
+    "modelport_cli/tests/test_cli_push_from_portal.py",
+    "modelport_cli/tests/test_mlflow_plugin_cli.py",
     "models_registry/tests/test_import_huggingface.py",
     "models_registry/tests/test_mlflow_fetch.py",
     "models_registry/tests/test_pipeline_streaming_api.py",

@@ -472,3 +472,56 @@ def rollout_from(data: dict[str, Any]) -> canary.Rollout | None:
         window_seconds=given("canary_window_seconds", canary.DEFAULT_WINDOW_SECONDS),
         min_requests=given("canary_min_requests", canary.DEFAULT_MIN_REQUESTS),
         auto_promote=bool(data.get("canary_auto_promote")))
+
+
+class ImportForm(forms.Form):
+    """The upload page's "From a registry" tab: a source the portal fetches itself (the API's `source`), one kind at
+    a time; clean() makes it the API's JSON, which the fetcher of its kind then checks as for the API."""
+
+    KINDS = [("mlflow", "MLflow registry"), ("huggingface", "Hugging Face"), ("uri", "S3 or HTTPS URI")]
+
+    name = forms.CharField(label="Model name", strip=False, help_text=f"A new name creates the model; {NAME_RULE}.",
+                           widget=forms.TextInput(attrs={"autocomplete": "off", "list": "model-names",
+                                                         "spellcheck": "false"}))
+    kind = forms.ChoiceField(label="Source", choices=KINDS, initial="mlflow", widget=forms.RadioSelect)
+    mlflow_uri = forms.CharField(label="Registered model URI", required=False,
+                                 help_text="models:/NAME/VERSION or models:/NAME@ALIAS",
+                                 widget=forms.TextInput(attrs={"placeholder": "models:/fraud/3",
+                                                               "spellcheck": "false"}))
+    hf_repo = forms.CharField(label="Repository", required=False, help_text="ORG/NAME",
+                              widget=forms.TextInput(attrs={"placeholder": "org/name", "spellcheck": "false"}))
+    hf_revision = forms.CharField(label="Revision", required=False, initial="main",
+                                  help_text="A branch, tag or commit (main if empty).")
+    hf_files = forms.CharField(label="Files", required=False,
+                               help_text="The repository's files to import, one a line or comma-separated "
+                                         "(empty: the portal picks).",
+                               widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}))
+    uri = forms.CharField(label="URI", required=False, help_text="s3://BUCKET/KEY or https://HOST/PATH",
+                          widget=forms.TextInput(attrs={"placeholder": "s3://bucket/key", "spellcheck": "false"}))
+
+    def clean_name(self) -> str:
+        name: str = self.cleaned_data["name"]
+        error = name_error(name)
+        if error:
+            raise forms.ValidationError(error)
+        return name
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        kind = data.get("kind")
+        required = {"mlflow": "mlflow_uri", "huggingface": "hf_repo", "uri": "uri"}.get(str(kind))
+        if required and not str(data.get(required) or "").strip():
+            self.add_error(required, "Required for this source.")
+            return data
+        if kind == "mlflow":
+            data["source"] = {"kind": "mlflow", "uri": data["mlflow_uri"].strip()}
+        elif kind == "huggingface":
+            source: dict[str, Any] = {"kind": "huggingface", "repo": data["hf_repo"].strip(),
+                                      "revision": data.get("hf_revision", "").strip() or "main"}
+            files = [f.strip() for f in re.split(r"[,\n]", data.get("hf_files") or "") if f.strip()]
+            if files:
+                source["files"] = files
+            data["source"] = source
+        elif kind == "uri":
+            data["source"] = {"kind": "uri", "uri": data["uri"].strip()}
+        return data

@@ -19,6 +19,7 @@ urlpatterns = [
     # Where a newcomer types it; temporary, so that the page may move without browsers remembering this.
     path("upload/", RedirectView.as_view(pattern_name="upload", query_string=True)),
     path("models/upload/pipeline/", views.pipeline_new, name="pipeline-new"),
+    path("models/upload/import/", views.upload_import, name="upload-import"),
     path("models/<str:name>/", views.model_detail, name="model-detail"),
     path("models/<str:name>/versions/", views.model_versions, name="model-versions"),
     path("models/<str:name>/delete/", views.model_delete, name="model-delete"),

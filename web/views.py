@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HttpResponseClientRedirect
 
 from accounts import actions as token_actions
-from accounts.context import SESSION_TEAM_KEY, current_team, is_team_admin
+from accounts.context import SESSION_TEAM_KEY, acting_user, current_team, is_team_admin
 from accounts.models import ApiToken, Membership, Team, max_token_lifetime_days
 from audit.log import record as audit
 from deployments import actions as deployment_actions
@@ -37,10 +37,12 @@ from models_registry import actions as registry_actions
 from models_registry import imports
 from models_registry.models import FORMATS_NEEDING_SIGNATURE, Format, Model, ModelVersion, with_identical_to
 from models_registry.pipelines import pipeline_graph
+from models_registry.sources.base import SourceForbidden, SourceRefused
 from models_registry.validation import ArtifactRejected
 from web import deployment_page, new_token, perf_panel, pipeline_form, placement, samples
 from web.forms import (
     DeploymentForm,
+    ImportForm,
     ServedModelForm,
     TokenForm,
     UploadForm,
@@ -248,6 +250,38 @@ def upload(request: HttpRequest, team: Team) -> HttpResponse:
         "name_pattern": NAME_RE.pattern.removeprefix("^").removesuffix("$").removesuffix(r"\Z"),
         "name_rule": NAME_RULE,
         "example_max_bytes": settings.EXAMPLE_REQUEST_MAX_BYTES,
+        **_serving_context(),
+    })
+
+
+# Where a refusal of the source's fetcher is shown: the field of the kind's main input.
+_SOURCE_FIELD = {"mlflow": "mlflow_uri", "huggingface": "hf_repo", "uri": "uri"}
+
+
+@require_http_methods(["GET", "POST"])
+@team_required
+def upload_import(request: HttpRequest, team: Team) -> HttpResponse:
+    """The upload page's "From a registry" tab: the API's import (the source checked by its kind's fetcher, what the
+    operator allowed the team, the same source twice the same version), then the model's page, where the version
+    shows its import's progress and can be cancelled."""
+    form = ImportForm(request.POST or None, initial={"name": request.GET.get("model", "")})
+    if request.method == "POST" and form.is_valid() and "source" in form.cleaned_data:
+        raw = form.cleaned_data["source"]
+        field = _SOURCE_FIELD[raw["kind"]]
+        try:
+            source = imports.validate_source(raw, team.pk)
+            model = (Model.objects.filter(team=team, name=form.cleaned_data["name"]).first()
+                     or Model(team=team, name=form.cleaned_data["name"], created_by=acting_user(request)))
+            version, created = imports.start_import(model, request.user, source)
+        except (SourceForbidden, SourceRefused) as exc:
+            form.add_error(field, str(exc))
+        else:
+            messages.success(request, f"Importing {version.model.name} version {version.number}." if created else
+                             f"{version.model.name} version {version.number} was imported from this source already.")
+            return redirect("model-detail", name=version.model.name)
+    return render(request, "web/upload.html", {
+        "import_form": form, "mode": "import",
+        "model_names": Model.objects.filter(team=team).values_list("name", flat=True),
         **_serving_context(),
     })
 
