@@ -35,7 +35,7 @@ fetcher = StubMlflowFetcher()
 
 
 @pytest.fixture
-def cli(alice: Person, live_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[tuple[Any, ...]]:
+def push_cli(alice: Person, live_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[tuple[Any, ...]]:
     monkeypatch.setenv("MODELPORT_URL", live_server.url)
     monkeypatch.setenv("MODELPORT_TOKEN", alice.token)
     monkeypatch.setenv("MODELPORT_CACHE_DIR", str(tmp_path / "cache"))
@@ -46,7 +46,7 @@ def cli(alice: Person, live_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_push_from_creates_an_importing_version_and_the_same_source_again_is_that_version(
-    cli: list[Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    push_cli: list[Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setitem(sources.KINDS, "mlflow", __name__)
 
@@ -54,7 +54,7 @@ def test_push_from_creates_an_importing_version_and_the_same_source_again_is_tha
     assert capsys.readouterr().out == "1\n"
     version = ModelVersion.objects.get(model__name="fraud")
     assert (version.status, version.source) == ("importing", {"kind": "mlflow", "uri": "models:/fraud/3"})
-    assert cli == [(version.pk,)]
+    assert push_cli == [(version.pk,)]
 
     assert main(["push", "fraud", "--from", "models:/fraud/3", "--no-wait", "--verbose"]) == 0
     out, err = capsys.readouterr()
@@ -66,7 +66,7 @@ def test_push_from_creates_an_importing_version_and_the_same_source_again_is_tha
 
 
 def test_a_source_the_portal_cannot_import_is_one_line_with_its_reason(
-    cli: list[Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    push_cli: list[Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # The real fetcher_for, with a kind whose fetcher this server cannot load: refused by the API, nothing created.
     monkeypatch.setitem(sources.KINDS, "huggingface", "models_registry.sources.not_installed_here")
@@ -74,4 +74,4 @@ def test_a_source_the_portal_cannot_import_is_one_line_with_its_reason(
     assert main(["push", "fraud", "--from", "hf://org/name"]) == ExitCode.ERROR
     err = capsys.readouterr().err
     assert "error: Imports of kind 'huggingface' are not available on this server. (HTTP 403 from POST" in err
-    assert not ModelVersion.objects.exists() and cli == []
+    assert not ModelVersion.objects.exists() and push_cli == []
