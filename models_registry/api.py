@@ -335,7 +335,7 @@ class VersionFromUploadSerializer(serializers.Serializer[Any]):
     chat_template = ChatTemplateField()
 
 
-_KIND_HELP = "Where the version comes from (issue 35; docs/importing.md)."
+_KIND_HELP = "Where the version comes from (docs/importing.md)."
 
 
 class MlflowSourceSerializer(serializers.Serializer[Any]):
@@ -368,10 +368,16 @@ SOURCE_SCHEMA = PolymorphicProxySerializer(
                  "uri": UriSourceSerializer})
 
 
+@extend_schema_field(SOURCE_SCHEMA)
+class SourceField(serializers.DictField):
+    """The `source` object; its fields are its kind's fetcher's to check (models_registry/sources/), the schema says
+    each kind's."""
+
+
 class VersionFromSourceSerializer(ExactJSONTypes, serializers.Serializer[Any]):
     """A version imported from where the team keeps it (application/json): fetched and inspected on a worker."""
 
-    source = serializers.DictField(help_text="The source: its `kind` says which fields it has.")  # type: ignore[assignment]
+    source = SourceField(help_text="The source: its `kind` says which fields it has.")  # type: ignore[assignment]
     create_model = VersionCreateSerializer().fields["create_model"]
     new_version = serializers.BooleanField(
         required=False, default=False,
