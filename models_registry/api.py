@@ -384,6 +384,22 @@ class VersionFromSourceSerializer(ExactJSONTypes, serializers.Serializer[Any]):
         help_text="Import the source again as a new version: by default the same source into the same model gives "
                   "the version that imported it (HTTP 200), unless that one failed.")
     example_request = ExampleRequestField(required=False, allow_null=True)
+    # What an upload may declare, for what the source does not say (a hub repository's python model) or says
+    # otherwise: sent, it wins over the source's own (an MLflow signature).
+    format = VersionCreateSerializer().fields["format"]
+    signature = SignatureField(required=False, allow_null=True)
+    max_batch_size = VersionCreateSerializer().fields["max_batch_size"]
+    decoupled = serializers.BooleanField(required=False, default=False, help_text=DECOUPLED_IN)
+    chat_template = ChatTemplateField()
+    free_text_fields: ClassVar[frozenset[str]] = frozenset({"chat_template"})
+    validate_signature = VersionCreateSerializer.validate_signature
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        try:
+            actions.check_streamable(attrs.get("format") or "", attrs.get("decoupled", False))
+        except actions.NotStreamable as exc:
+            raise serializers.ValidationError({"decoupled": [str(exc)]}) from None
+        return attrs
 
 
 class PipelineCreateSerializer(ExactJSONTypes, serializers.Serializer[Any]):
@@ -606,9 +622,12 @@ def _import_version(request: Request, model: Model) -> Response:
         raise PermissionDenied(str(exc)) from None
     except SourceRefused as exc:
         raise ValidationError({"source": [str(exc)]}) from None
-    example = _example_request(data.get("example_request"), None)
+    example = _example_request(data.get("example_request"), data.get("signature"))
+    declared = imports.Declared(format=data.get("format") or "", signature=data.get("signature"),
+                                max_batch_size=data.get("max_batch_size"), decoupled=data.get("decoupled", False),
+                                chat_template=data.get("chat_template", ""))
     version, created = imports.start_import(model, request.user, source, new_version=data["new_version"],
-                                            example_request=example)
+                                            example_request=example, declared=declared)
     return Response(VersionSerializer(version).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 

@@ -24,6 +24,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from modelport.core import formats
+from modelport.core.signature import signature_from_json
 from models_registry import quota
 from models_registry.models import ModelVersion
 from models_registry.sources import fetcher_for
@@ -131,8 +133,16 @@ def run_import(version_id: int, attempt: int = 0, queue_inspection: Callable[[in
 
 def _stage(version: ModelVersion, fetched: Fetched, queue_inspection: Callable[[int], None] | None) -> None:
     """The fetched file staged as an upload's bytes are, and the version on to inspection."""
-    declared = fetched.signature
-    check = quick_check(fetched.path, fetched.filename, fetched.declared_format, declared)
+    # What the team declared with the source wins over what the source says (Declared in imports.py).
+    declared = (signature_from_json(version.declared_signature) if version.declared_signature
+                else fetched.signature)
+    declared_format = version.declared_format or fetched.declared_format
+    max_batch_size = (version.declared_max_batch_size if version.declared_max_batch_size is not None
+                      else fetched.max_batch_size)
+    check = quick_check(fetched.path, fetched.filename, declared_format, declared)
+    if version.decoupled and check.format != formats.PYTHON:  # actions.check_streamable's rule, for a detected format
+        raise ArtifactRejected(f"decoupled=true is for python models only; the source is a "
+                               f"{formats.get(check.format).label} model: leave decoupled out.")
     staged_key = f"staging/{uuid.uuid4()}"
     store = get_store()
     with open(fetched.path, "rb") as stream:
@@ -141,9 +151,9 @@ def _stage(version: ModelVersion, fetched: Fetched, queue_inspection: Callable[[
     with transaction.atomic():
         updated = ModelVersion.objects.filter(pk=version.pk, status=ModelVersion.Status.IMPORTING).update(
             status=ModelVersion.Status.VALIDATING, staged_key=staged_key, size=size, error="",
-            original_filename=fetched.filename[:255], format=check.format, declared_format=fetched.declared_format,
+            original_filename=fetched.filename[:255], format=check.format, declared_format=declared_format,
             declared_signature=declared.to_json() if declared else None,
-            declared_max_batch_size=fetched.max_batch_size, source=source,
+            declared_max_batch_size=max_batch_size, source=source,
             import_done_bytes=size, import_total_bytes=size)
         if updated != 1:  # cancelled while staging
             transaction.on_commit(lambda: store.delete(staged_key))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
@@ -17,6 +18,7 @@ from django.utils import timezone
 
 from audit.log import record as audit
 from infra.api_errors import Conflict
+from modelport.core.signature import Signature
 from models_registry import quota
 from models_registry.models import Model, ModelVersion
 from models_registry.sources import fetcher_for
@@ -48,8 +50,20 @@ def existing_import(model: Model, identity: str) -> ModelVersion | None:
             .exclude(status=ModelVersion.Status.INVALID).order_by("-number").first())
 
 
+@dataclass(frozen=True)
+class Declared:
+    """What the team declared beside the source, as for an upload; each wins over what the source says."""
+
+    format: str = ""
+    signature: Signature | None = None
+    max_batch_size: int | None = None
+    decoupled: bool = False
+    chat_template: str = ""
+
+
 def start_import(model: Model, user: Any, source: dict[str, Any], *, new_version: bool = False,
-                 example_request: dict[str, Any] | None = None) -> tuple[ModelVersion, bool]:
+                 example_request: dict[str, Any] | None = None,
+                 declared: Declared | None = None) -> tuple[ModelVersion, bool]:
     """The version importing `source` (validated), and whether it is new: the same source into the same model again
     gives the version that imported it (unless `new_version`), so that a retried CI job makes one version."""
     from models_registry.actions import _save_new_model  # the registry's one way to save a model with its first version
@@ -57,6 +71,7 @@ def start_import(model: Model, user: Any, source: dict[str, Any], *, new_version
     kind = source["kind"]
     canonical = {key: value for key, value in source.items() if key != "kind"}
     identity = identity_of(kind, canonical)
+    declared = declared or Declared()
     with transaction.atomic():
         if model.pk is not None:
             quota.lock_team(model.team)  # two identical requests at once: the second sees the first's version
@@ -68,7 +83,10 @@ def start_import(model: Model, user: Any, source: dict[str, Any], *, new_version
         version = ModelVersion.objects.create(
             model=model, number=model.next_version_number(), status=ModelVersion.Status.IMPORTING,
             source=source, source_identity=identity, original_filename=_shown_name(source),
-            example_request=example_request, created_by=user)
+            example_request=example_request, created_by=user, declared_format=declared.format,
+            declared_signature=declared.signature.to_json() if declared.signature else None,
+            declared_max_batch_size=declared.max_batch_size, decoupled=declared.decoupled,
+            chat_template=declared.chat_template)
         audit(user, model.team, "model_version.import", f"{model.name}:{version.number}", kind=kind)
         transaction.on_commit(lambda: _queue(version.pk))
     return version, True

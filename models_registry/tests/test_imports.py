@@ -272,3 +272,23 @@ def test_an_import_whose_worker_died_is_marked_invalid_by_the_sweep(alice: Perso
     version = ModelVersion.objects.get()
     assert version.status == ModelVersion.Status.INVALID and "IMPORT_TIME_LIMIT_SECONDS" in version.error
     assert quota.usage_of(alice.team) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_what_the_team_declares_with_a_source_wins_over_the_sources_own(alice: Person, fake_source: Any,
+                                                                       django_capture_on_commit_callbacks: Any) -> None:
+    with django_capture_on_commit_callbacks(execute=False):
+        created = _import(alice, {"kind": "fake", "name": "x"}, format="onnx", max_batch_size=4)
+    assert created.status_code == 201, created.json()
+    version = ModelVersion.objects.get()
+    _run(version.pk)
+    version.refresh_from_db()
+    assert (version.status, version.declared_format, version.declared_max_batch_size) == (
+        ModelVersion.Status.VALIDATING, "onnx", 4)
+    assert inspect_here(version.pk).max_batch_size == 4
+
+
+@pytest.mark.django_db
+def test_decoupled_with_a_source_of_another_format_is_refused(alice: Person, fake_source: Any) -> None:
+    refused = _import(alice, {"kind": "fake", "name": "x"}, format="onnx", decoupled=True)
+    assert refused.status_code == 400 and "decoupled" in refused.json()["error"]["fields"]
