@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 # Progress is written at most this often (a fetch reports every MiB): the page and the CLI poll about once a second.
 _PROGRESS_EVERY_SECONDS = 0.5
+# How far ahead of the bytes a source without a declared total reserves the team's quota.
+_RESERVE_AHEAD_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -58,24 +60,39 @@ class _Progress:
             raise SourceRefused(f"The source {what}, more than a version may hold here "
                                 f"({quota.size_text(self.max_bytes)}: MAX_UPLOAD_SIZE).")
         if need > self.reserved:
-            self._reserve(need)
+            # Without a declared total the reservation grows with the bytes: a step ahead at a time, so that a
+            # source of gigabytes takes the team's lock (which its uploads wait on) every 64 MiB, not every MiB.
+            ahead = need if total else min(self.max_bytes, need + _RESERVE_AHEAD_BYTES)
+            self._reserve(need, ahead)
         now = time.monotonic()
         if total != self.written_total or now - self.written_at >= _PROGRESS_EVERY_SECONDS:
             self._write(done, total)
             self.written_at, self.written_total = now, total
 
-    def _reserve(self, need: int) -> None:
+    def _reserve(self, need: int, ahead: int) -> None:
         with transaction.atomic():
             quota.lock_team(self.team)
             if not ModelVersion.objects.filter(pk=self.version_id, status=ModelVersion.Status.IMPORTING).exists():
                 raise FetchCancelled()
-            try:
-                # The version's own reservation is in the team's usage already: only the increase must fit.
-                quota.check_room(self.team, need - self.reserved)
-            except quota.NoRoom as exc:
-                raise SourceRefused(str(exc).replace("The upload is", "The source is", 1)) from None
-            ModelVersion.objects.filter(pk=self.version_id).update(size=need)
-        self.reserved = need
+            # The version's own reservation is in the team's usage already: only the increase must fit. The step
+            # ahead where it fits, else exactly what arrived (a quota nearly full still takes a source that fits).
+            if ahead > need and self._fits(ahead):
+                reserve = ahead
+            else:
+                reserve = need
+                try:
+                    quota.check_room(self.team, need - self.reserved)
+                except quota.NoRoom as exc:  # its message names the quota or the disk
+                    raise SourceRefused(str(exc).replace("The upload is", "The source is", 1)) from None
+            ModelVersion.objects.filter(pk=self.version_id).update(size=reserve)
+        self.reserved = reserve
+
+    def _fits(self, reserve: int) -> bool:
+        try:
+            quota.check_room(self.team, reserve - self.reserved)
+        except quota.NoRoom:
+            return False
+        return True
 
     def _write(self, done: int, total: int | None) -> None:
         updated = ModelVersion.objects.filter(pk=self.version_id, status=ModelVersion.Status.IMPORTING).update(

@@ -292,3 +292,21 @@ def test_what_the_team_declares_with_a_source_wins_over_the_sources_own(alice: P
 def test_decoupled_with_a_source_of_another_format_is_refused(alice: Person, fake_source: Any) -> None:
     refused = _import(alice, {"kind": "fake", "name": "x"}, format="onnx", decoupled=True)
     assert refused.status_code == 400 and "decoupled" in refused.json()["error"]["fields"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_source_without_a_declared_total_reserves_ahead_of_its_bytes_but_never_past_the_quota(
+        alice: Person, fake_source: Any, settings: Any, django_capture_on_commit_callbacks: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    locks: list[int] = []
+    real_lock = quota.lock_team
+    monkeypatch.setattr(quota, "lock_team", lambda team: (locks.append(1), real_lock(team))[1])
+    monkeypatch.setattr(import_worker, "_RESERVE_AHEAD_BYTES", 1000)
+    fake_source.declared_total = 0  # "not declared": the fake passes no total
+    fake_source.chunk = 16
+    with django_capture_on_commit_callbacks(execute=False):
+        version_id = ModelVersion.objects.get(number=_import(alice, {"kind": "fake", "name": "x"}).json()["number"]).pk
+    locks.clear()
+    _run(version_id)
+    assert ModelVersion.objects.get(pk=version_id).status == ModelVersion.Status.VALIDATING
+    assert len(locks) == 1  # one reservation ahead covered every chunk of the 149-byte model
