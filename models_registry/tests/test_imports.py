@@ -34,6 +34,13 @@ def _import(person: Person, source: dict[str, Any], **extra: Any) -> Any:
     return person.client().post(URL, {"source": source, "create_model": True, **extra}, format="json")
 
 
+def _queued(person: Person, capture: Any) -> int:
+    """The id of a new import of the fake source "x", its task not run (the test runs it)."""
+    with capture(execute=False):
+        number = _import(person, {"kind": "fake", "name": "x"}).json()["number"]
+    return ModelVersion.objects.get(number=number).pk  # type: ignore[no-any-return]
+
+
 def _run(version_id: int, attempts: int = 5) -> None:
     """The import task as a worker runs it, retries included (their countdown skipped)."""
     for attempt in range(attempts):
@@ -135,8 +142,7 @@ def test_another_team_sees_neither_the_import_nor_its_source(alice: Person, char
 def test_a_transient_fault_is_retried_and_then_succeeds(alice: Person, fake_source: Any,
                                                        django_capture_on_commit_callbacks: Any) -> None:
     fake_source.transient_failures = 2
-    with django_capture_on_commit_callbacks(execute=False):
-        version_id = ModelVersion.objects.get(number=_import(alice, {"kind": "fake", "name": "x"}).json()["number"]).pk
+    version_id = _queued(alice, django_capture_on_commit_callbacks)
     with pytest.raises(import_worker.RetryLater):
         import_worker.run_import(version_id, 0)
     assert "Retrying" in ModelVersion.objects.get(pk=version_id).error
@@ -150,8 +156,7 @@ def test_a_fault_that_persists_ends_invalid_after_the_retries(alice: Person, fak
                                                              django_capture_on_commit_callbacks: Any) -> None:
     settings.IMPORT_MAX_RETRIES = 2
     fake_source.transient_failures = 10
-    with django_capture_on_commit_callbacks(execute=False):
-        version_id = ModelVersion.objects.get(number=_import(alice, {"kind": "fake", "name": "x"}).json()["number"]).pk
+    version_id = _queued(alice, django_capture_on_commit_callbacks)
     _run(version_id)
     version = ModelVersion.objects.get(pk=version_id)
     assert version.status == ModelVersion.Status.INVALID
@@ -166,8 +171,7 @@ def test_a_source_declaring_more_than_the_quota_is_refused_before_its_bytes(alic
                                                                           ) -> None:
     settings.TEAM_STORAGE_QUOTA_BYTES = 10_000
     fake_source.declared_total = 50_000
-    with django_capture_on_commit_callbacks(execute=False):
-        version_id = ModelVersion.objects.get(number=_import(alice, {"kind": "fake", "name": "x"}).json()["number"]).pk
+    version_id = _queued(alice, django_capture_on_commit_callbacks)
     _run(version_id)
     version = ModelVersion.objects.get(pk=version_id)
     assert version.status == ModelVersion.Status.INVALID
@@ -183,8 +187,7 @@ def test_a_source_sending_more_than_it_declared_is_counted_as_it_comes(alice: Pe
     settings.TEAM_STORAGE_QUOTA_BYTES = size + 1000
     fake_source.declared_total = 100
     fake_source.extra_bytes = 5000  # far past the quota once it arrives
-    with django_capture_on_commit_callbacks(execute=False):
-        version_id = ModelVersion.objects.get(number=_import(alice, {"kind": "fake", "name": "x"}).json()["number"]).pk
+    version_id = _queued(alice, django_capture_on_commit_callbacks)
     _run(version_id)
     version = ModelVersion.objects.get(pk=version_id)
     assert version.status == ModelVersion.Status.INVALID and "storage quota" in version.error
@@ -196,8 +199,7 @@ def test_an_import_reserves_the_quota_while_it_runs(alice: Person, fake_source: 
                                                    django_capture_on_commit_callbacks: Any) -> None:
     fake_source.declared_total = 4096
     fake_source.pause = threading.Event()
-    with django_capture_on_commit_callbacks(execute=False):
-        version_id = ModelVersion.objects.get(number=_import(alice, {"kind": "fake", "name": "x"}).json()["number"]).pk
+    version_id = _queued(alice, django_capture_on_commit_callbacks)
     worker = threading.Thread(target=_run, args=(version_id,))
     worker.start()
     try:
@@ -219,8 +221,7 @@ def test_cancelling_an_import_stops_its_fetch_and_gives_back_its_reservation(ali
     fake_source.declared_total = 4096
     fake_source.chunk = 16
     fake_source.pause = threading.Event()
-    with django_capture_on_commit_callbacks(execute=False):
-        version_id = ModelVersion.objects.get(number=_import(alice, {"kind": "fake", "name": "x"}).json()["number"]).pk
+    version_id = _queued(alice, django_capture_on_commit_callbacks)
     worker = threading.Thread(target=_run, args=(version_id,))
     worker.start()
     try:
@@ -245,8 +246,7 @@ def test_cancelling_an_import_stops_its_fetch_and_gives_back_its_reservation(ali
 def test_deleting_an_importing_version_stops_its_fetch(alice: Person, fake_source: Any,
                                                       django_capture_on_commit_callbacks: Any) -> None:
     fake_source.pause = threading.Event()
-    with django_capture_on_commit_callbacks(execute=False):
-        version_id = ModelVersion.objects.get(number=_import(alice, {"kind": "fake", "name": "x"}).json()["number"]).pk
+    version_id = _queued(alice, django_capture_on_commit_callbacks)
     worker = threading.Thread(target=_run, args=(version_id,))
     worker.start()
     try:
@@ -304,8 +304,7 @@ def test_a_source_without_a_declared_total_reserves_ahead_of_its_bytes_but_never
     monkeypatch.setattr(import_worker, "_RESERVE_AHEAD_BYTES", 1000)
     fake_source.declared_total = 0  # "not declared": the fake passes no total
     fake_source.chunk = 16
-    with django_capture_on_commit_callbacks(execute=False):
-        version_id = ModelVersion.objects.get(number=_import(alice, {"kind": "fake", "name": "x"}).json()["number"]).pk
+    version_id = _queued(alice, django_capture_on_commit_callbacks)
     locks.clear()
     _run(version_id)
     assert ModelVersion.objects.get(pk=version_id).status == ModelVersion.Status.VALIDATING
