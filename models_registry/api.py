@@ -14,7 +14,7 @@ from drf_spectacular.utils import (
     extend_schema,
     extend_schema_field,
 )
-from rest_framework import serializers, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.decorators import api_view, parser_classes
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.parsers import MultiPartParser
@@ -567,6 +567,7 @@ def model_detail(request: Request, name: str) -> Response:
         413: error("The file or the body is too large (use a resumable upload, /api/v1/uploads/), or more than the "
                    "team's storage quota or the server's disk has left (the message says which)."),
         415: error("Neither JSON nor multipart/form-data."),
+        429: error("The team has IMPORT_MAX_ACTIVE_PER_TEAM imports under way already."),
     },
 )
 @api_view(["GET", "POST"])
@@ -612,6 +613,11 @@ def versions_list(request: Request, name: str) -> Response:
     return Response(VersionSerializer(version).data, status=status.HTTP_201_CREATED)
 
 
+class TooManyImportsError(exceptions.APIException):
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+    default_code = "too_many_imports"
+
+
 def _import_version(request: Request, model: Model) -> Response:
     serializer = VersionFromSourceSerializer(data=request.data)
     serializer.is_valid(raise_exception=True)
@@ -626,8 +632,11 @@ def _import_version(request: Request, model: Model) -> Response:
     declared = imports.Declared(format=data.get("format") or "", signature=data.get("signature"),
                                 max_batch_size=data.get("max_batch_size"), decoupled=data.get("decoupled", False),
                                 chat_template=data.get("chat_template", ""))
-    version, created = imports.start_import(model, request.user, source, new_version=data["new_version"],
-                                            example_request=example, declared=declared)
+    try:
+        version, created = imports.start_import(model, request.user, source, new_version=data["new_version"],
+                                                example_request=example, declared=declared)
+    except imports.TooManyImports as exc:
+        raise TooManyImportsError(str(exc)) from None
     return Response(VersionSerializer(version).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 

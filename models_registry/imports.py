@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -73,12 +74,13 @@ def start_import(model: Model, user: Any, source: dict[str, Any], *, new_version
     identity = identity_of(kind, canonical)
     declared = declared or Declared()
     with transaction.atomic():
-        if model.pk is not None:
-            quota.lock_team(model.team)  # two identical requests at once: the second sees the first's version
+        # Two requests at once: the second sees the first's version, and the count of the team's imports.
+        quota.lock_team(model.team)
         if not new_version:
             found = existing_import(model, identity)
             if found is not None:
                 return found, False
+        check_active_imports(model.team)
         model = _save_new_model(model, user)
         version = ModelVersion.objects.create(
             model=model, number=model.next_version_number(), status=ModelVersion.Status.IMPORTING,
@@ -90,6 +92,21 @@ def start_import(model: Model, user: Any, source: dict[str, Any], *, new_version
         audit(user, model.team, "model_version.import", f"{model.name}:{version.number}", kind=kind)
         transaction.on_commit(lambda: _queue(version.pk))
     return version, True
+
+
+class TooManyImports(SourceRefused):
+    """The team has IMPORT_MAX_ACTIVE_PER_TEAM imports under way (HTTP 429)."""
+
+
+def check_active_imports(team: Any) -> None:
+    """TooManyImports when the team may start no import now: the import lane's threads are every team's, so one team's
+    queue of imports (each up to IMPORT_TIME_LIMIT_SECONDS) must not hold them for the others."""
+    active = ModelVersion.objects.filter(model__team=team, status=ModelVersion.Status.IMPORTING).count()
+    cap = settings.IMPORT_MAX_ACTIVE_PER_TEAM
+    if active >= cap:
+        raise TooManyImports(f"Team {team.name!r} has {active} imports under way, the most it may have at once "
+                             f"(IMPORT_MAX_ACTIVE_PER_TEAM = {cap}). Wait for one to end, or cancel one "
+                             "(POST .../versions/<n>/cancel/).")
 
 
 def _shown_name(source: dict[str, Any]) -> str:

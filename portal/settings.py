@@ -214,6 +214,8 @@ IMPORT_TIME_LIMIT_SECONDS = env_int("IMPORT_TIME_LIMIT_SECONDS", 3600, minimum=1
 IMPORT_CONNECT_TIMEOUT_SECONDS = env_float("IMPORT_CONNECT_TIMEOUT_SECONDS", 10.0, minimum=0.1)
 IMPORT_READ_TIMEOUT_SECONDS = env_float("IMPORT_READ_TIMEOUT_SECONDS", 60.0, minimum=0.1)
 IMPORT_MAX_RETRIES = env_int("IMPORT_MAX_RETRIES", 4, minimum=0)
+# Imports one team may have under way at once (the import lane's threads are shared by every team): one more is a 429.
+IMPORT_MAX_ACTIVE_PER_TEAM = env_int("IMPORT_MAX_ACTIVE_PER_TEAM", 2, minimum=1)
 IMPORT_RETRY_BACKOFF_SECONDS = env_float("IMPORT_RETRY_BACKOFF_SECONDS", 5.0, minimum=0.0)
 # A tus PATCH whose body stops arriving for this long keeps what arrived and is answered 408
 # (models_registry/tus_asgi.py).

@@ -27,6 +27,7 @@ def fake_source(monkeypatch: pytest.MonkeyPatch, settings: Any) -> import_suppor
     script = import_support.Script()
     monkeypatch.setattr(import_support, "SCRIPT", script)
     settings.IMPORT_RETRY_BACKOFF_SECONDS = 0
+    settings.IMPORT_MAX_ACTIVE_PER_TEAM = 10  # the cap has a test of its own
     return script
 
 
@@ -309,3 +310,17 @@ def test_a_source_without_a_declared_total_reserves_ahead_of_its_bytes_but_never
     _run(version_id)
     assert ModelVersion.objects.get(pk=version_id).status == ModelVersion.Status.VALIDATING
     assert len(locks) == 1  # one reservation ahead covered every chunk of the 149-byte model
+
+
+@pytest.mark.django_db
+def test_a_team_with_its_most_imports_under_way_gets_a_429_and_another_team_is_not_held(
+        alice: Person, charlie: Person, fake_source: Any, settings: Any) -> None:
+    settings.IMPORT_MAX_ACTIVE_PER_TEAM = 2
+    assert _import(alice, {"kind": "fake", "name": "a"}).status_code == 201
+    assert _import(alice, {"kind": "fake", "name": "b"}).status_code == 201
+    refused = _import(alice, {"kind": "fake", "name": "c"})
+    assert refused.status_code == 429 and "IMPORT_MAX_ACTIVE_PER_TEAM" in refused.json()["error"]["message"]
+    assert _import(alice, {"kind": "fake", "name": "a"}).status_code == 200  # the same source is still its version
+    assert _import(charlie, {"kind": "fake", "name": "c"}).status_code == 201
+    assert alice.client().post(f"{URL}1/cancel/").status_code == 200  # an ended import frees its place
+    assert _import(alice, {"kind": "fake", "name": "c"}).status_code == 201
