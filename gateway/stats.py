@@ -315,3 +315,17 @@ def by_revision(rows: list[RequestStats], window: timedelta) -> dict[str, dict[s
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
+
+
+def prune(now: datetime) -> int:
+    """Delete the request buckets older than REQUEST_STATS_KEEP_HOURS: every reader (the metrics API, the traffic
+    panel, a canary's guardrails, the performance panel) looks at most 24 hours back, and the gateway writes a row per
+    deployment, revision and 10-second bucket with traffic, so kept forever they grow without bound (8,640 rows a day
+    for one busy deployment). Returns how many were deleted."""
+    from django.conf import settings
+
+    from gateway.models import RequestStats
+
+    cutoff = now - timedelta(hours=settings.REQUEST_STATS_KEEP_HOURS)
+    deleted, _ = RequestStats.objects.filter(bucket_start__lt=cutoff).delete()
+    return deleted

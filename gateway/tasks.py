@@ -1,4 +1,5 @@
-"""The gateway's periodic task: a canary's guardrails, judged from the gateway's statistics."""
+"""The gateway's periodic tasks: a canary's guardrails, judged from the gateway's statistics, and the statistics'
+retention."""
 
 from __future__ import annotations
 
@@ -22,3 +23,13 @@ def check_canaries() -> int:
         except Exception:  # one deployment's trouble (a promote that raced a rollback) must not stop the others
             log.exception("could not judge the canary of deployment %s", deployment_id)
     return acted
+
+
+@shared_task
+def prune_request_stats() -> int:
+    """Periodic: delete the gateway's request buckets that no window reads any more (gateway/stats.py prune)."""
+    from django.utils import timezone
+
+    from gateway import stats
+
+    return stats.prune(timezone.now())

@@ -56,6 +56,12 @@ def beat_schedule(reconcile_interval: float, canary_check_interval: float = 5.0,
             "schedule": 30.0,
             "options": {"expires": 30},
         },
+        # The gateway's request buckets past REQUEST_STATS_KEEP_HOURS (gateway/stats.py prune).
+        "prune-request-stats": {
+            "task": "gateway.tasks.prune_request_stats",
+            "schedule": 600.0,
+            "options": {"expires": 600},
+        },
         "delete-expired-idempotency-records": {
             "task": "accounts.tasks.delete_expired_idempotency_records",
             "schedule": 3600.0,

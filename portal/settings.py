@@ -268,6 +268,10 @@ CANARY_CHECK_SECONDS = env_float("CANARY_CHECK_SECONDS", 5.0, minimum=1.0)
 # How often the serving Tritons' statistics are read for the performance panel (performance/snapshots.py): the
 # finest grain of its windows, and (with the longest window, 24 h) how many rows a revision keeps.
 PERFORMANCE_SNAPSHOT_SECONDS = env_float("PERFORMANCE_SNAPSHOT_SECONDS", 60.0, minimum=5.0)
+# The gateway's request buckets (gateway/models.py RequestStats) are kept this long, then deleted
+# (gateway/stats.py prune): at least the longest window anything reads (24 h: the metrics API's 1440 minutes, a
+# canary's longest window, the performance panel's 24h), and one hour more so that the oldest window is whole.
+REQUEST_STATS_KEEP_HOURS = env_int("REQUEST_STATS_KEEP_HOURS", 25, minimum=25)
 CELERY_BEAT_SCHEDULE = beat_schedule(RECONCILE_INTERVAL_SECONDS, CANARY_CHECK_SECONDS, PERFORMANCE_SNAPSHOT_SECONDS)
 
 # --- Deployments and the local Triton runtime ------------------------------------------------------------
