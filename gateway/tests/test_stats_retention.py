@@ -5,6 +5,7 @@ seconds of traffic."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -18,7 +19,7 @@ from tests.support.people import Person
 pytestmark = pytest.mark.django_db
 
 
-def _bucket(deployment: object, age: timedelta) -> RequestStats:
+def _bucket(deployment: Any, age: timedelta) -> RequestStats:
     start = timezone.now() - age
     return RequestStats.objects.create(deployment=deployment, revision=1, bucket_start=start, requests=3)
 
