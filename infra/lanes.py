@@ -9,7 +9,9 @@ Why each lane is as it is:
   limit kills the child process that ignored it (with threads neither can stop a spinning inspection).
 - build: pip runs in a subprocess bounded by MODELPORT_PIP_TIMEOUT_SECONDS; one at a time, since pip fills a core
   and the network.
-- import: threads, since a fetch mostly waits on the network; two at once, bounded by IMPORT_TIME_LIMIT_SECONDS.
+- import: threads, since a fetch mostly waits on the network (a thread costs a 1 MiB chunk buffer, little CPU); eight
+  at once, four times a team's IMPORT_MAX_ACTIVE_PER_TEAM (2), so that one team's imports, each bounded by
+  IMPORT_TIME_LIMIT_SECONDS, hold at most a quarter of the lane and another team's import starts at once.
 - tune: one at a time per host anyway (tuning/runner.py); its own process so that an hour of it holds nothing else.
 
 Plain Python (no Django), so that bin/run-portal reads it in milliseconds.
@@ -41,7 +43,7 @@ LANES: tuple[Lane, ...] = (
     Lane("inspection", (Queue.INSPECTION,), "prefork", 2),
     Lane("build", (Queue.BUILD,), "threads", 1),
     Lane("tune", (Queue.TUNE,), "threads", 1),
-    Lane("import", (Queue.IMPORT,), "threads", 2),
+    Lane("import", (Queue.IMPORT,), "threads", 8),
 )
 
 

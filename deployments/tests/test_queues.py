@@ -87,3 +87,11 @@ def test_run_portal_reads_its_lanes_from_the_table(capsys: pytest.CaptureFixture
     assert capsys.readouterr().out.split() == lane("inspection").worker_args()
     assert main(["nope"]) == 2
     assert "no lane 'nope': one of reconcile, inspection, build, tune, import" in capsys.readouterr().err
+
+
+def test_one_team_at_its_import_cap_holds_at_most_a_quarter_of_the_import_lane() -> None:
+    from django.conf import settings
+
+    # Imports run for up to an hour each: with as many threads as one team may have imports, that team would fill the
+    # lane and every other team's import would wait behind its fetches (docs/security.md, "Imported versions").
+    assert lane("import").concurrency >= 4 * settings.IMPORT_MAX_ACTIVE_PER_TEAM
