@@ -1,6 +1,8 @@
 """What the portal's /metrics adds from its own state (issue 34): the pools' memory budgets and what their models
 reserve, the canary rollbacks recorded, and the Celery queues' lengths in the broker, so that the alerts on a pool
-near its budget, a canary rolled back and worker queues backing up have a metric to read.
+near its budget, a canary rolled back and worker queues backing up have a metric to read; and whose each model loaded
+in a pool is (modelport_pool_model_info), so that the rules can give a cluster pool's Triton series, which only know
+a model by its pool name, their team, deployment and revision (platform/observability/prometheus/modelport.rules.yml).
 
 A prometheus_client Collector evaluated at each scrape, in whichever process answers it: the figures come from the
 database and the broker, never from one process' memory, so every portal replica exports the same ones. Never a
@@ -23,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from audit.models import AuditEntry
+from deployments import pool_names
 from deployments.models import Deployment
 from deployments.pool_models import Pool, PoolLoad
 from infra.queues import Queue
@@ -40,9 +43,11 @@ POOL_BUDGET = "modelport_pool_memory_budget_bytes"
 POOL_RESERVED = "modelport_pool_memory_reserved_bytes"
 ROLLBACKS = "modelport_canary_rollbacks"  # exposed as ..._total
 QUEUE_MESSAGES = "modelport_worker_queue_messages"
+POOL_MODEL = "modelport_pool_model_info"
 
 
-def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, CounterMetricFamily, GaugeMetricFamily]:
+def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, CounterMetricFamily, GaugeMetricFamily,
+                         GaugeMetricFamily]:
     return (
         GaugeMetricFamily(POOL_BUDGET, "What the models loaded in a shared pool may take together.",
                           labels=["pool"]),
@@ -52,6 +57,9 @@ def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, CounterMetricFami
                                        "deployment, from the audit log.", labels=["team", "deployment"]),
         GaugeMetricFamily(QUEUE_MESSAGES, "Messages waiting in a Celery queue of the broker (not yet taken by a "
                                           "worker).", labels=["queue"]),
+        GaugeMetricFamily(POOL_MODEL, "1 for each model a pool holds a load of: its name in the pool's Triton "
+                                      "(pool_model) and whose it is.",
+                          labels=["pool", "pool_model", "team", "deployment", "revision", "model"]),
     )
 
 
@@ -66,10 +74,12 @@ class PortalState(Collector):
         return _families()
 
     def collect(self) -> Iterator[Metric]:
-        budget, reserved, rollbacks, queues = _families()
+        budget, reserved, rollbacks, queues, models = _families()
         for name, budget_bytes, used in pool_memory():
             budget.add_metric([name], budget_bytes)
             reserved.add_metric([name], used)
+        for labels in pool_models():
+            models.add_metric(list(labels), 1)
         for team, deployment, count in canary_rollbacks():
             rollbacks.add_metric([team, deployment], count)
         url = self.broker_url if self.broker_url is not None else settings.CELERY_BROKER_URL
@@ -77,7 +87,7 @@ class PortalState(Collector):
                    else getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}))
         for queue, messages in queue_lengths(url, options, self.timeout).items():
             queues.add_metric([queue], messages)
-        yield from (budget, reserved, rollbacks, queues)
+        yield from (budget, reserved, rollbacks, queues, models)
 
 
 def pool_memory() -> list[tuple[str, int, int]]:
@@ -89,6 +99,17 @@ def pool_memory() -> list[tuple[str, int, int]]:
                                                       loads__reserved_bytes__gt=0)),
     ).values_list("name", "memory_budget_bytes", "loaded", "loading")
     return [(name, int(budget), int(loaded or 0) + int(loading or 0)) for name, budget, loaded, loading in rows]
+
+
+def pool_models() -> list[tuple[str, str, str, str, str, str]]:
+    """(pool, pool name, team, deployment, revision, model) of each model of every load of every pool, whatever the
+    load's state: an unloaded or failed revision's models may still have series in Prometheus' window, as the local
+    relay keeps them (deployments/triton_metrics.py). One query; a revision's model names come from its spec."""
+    loads = (PoolLoad.objects.select_related("pool", "deployment__team", "revision")
+             .order_by("pool__name", "deployment_id", "revision__number"))
+    return [(load.pool.name, pool_names.loaded_name(load.deployment_id, load.revision.number, model),
+             load.deployment.team.name, load.deployment.name, str(load.revision.number), model)
+            for load in loads for model in sorted(load.revision.spec.model_names)]
 
 
 def canary_rollbacks() -> list[tuple[str, str, int]]:

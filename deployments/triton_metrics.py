@@ -12,9 +12,12 @@ label (the server's memory, its pinned memory pool) are the pool's, with a `pool
 
 The text is untrusted (a python model can add custom metrics to its Triton's): each sample is parsed here and passed
 on only whole, never with a label this relay sets, so that one server's text can neither break the scrape of every
-team (Prometheus refuses a whole scrape over a broken line or a label given twice) nor speak for another team. (A
-custom metric could still name another revision's pool name as its model; but code a team uploaded runs only in its
-own pool, whose loads are all that team's: deployments/pools.py.)
+team (Prometheus refuses a whole scrape over a broken line or a label given twice) nor speak for another team, nor
+pass for the portal's own figures: a sample or family under the portal's own names (modelport_..., OWN_PREFIX) is
+dropped, so that a model's custom metric cannot say, for example, that another team's model is loaded in its pool
+(modelport_pool_model_info, which the rules join a cluster pool's series on). (A custom metric could still name
+another revision's pool name as its model; but code a team uploaded runs only in its own pool, whose loads are all
+that team's: deployments/pools.py.)
 
 On a cluster there is nothing to relay (no TritonServer or PoolServer rows): Prometheus scrapes each Triton pod."""
 
@@ -38,6 +41,7 @@ MAX_HEAD_BYTES = 16 * 1024  # the answer's status line and headers
 MAX_LABELS = 16  # Triton's own samples have at most 3 (model, version, gpu_uuid)
 MAX_LABEL_VALUE = 256
 OWN_LABELS = frozenset({"team", "deployment", "revision", "pool"})  # set by this relay, never taken from a server
+OWN_PREFIX = "modelport_"  # the portal's own metric names (deployments/portal_metrics.py, gateway/metrics.py)
 
 
 @dataclass(frozen=True)
@@ -186,6 +190,9 @@ def _add(families: dict[str, _Family], text: str, relabel: Relabel) -> None:
             continue
         if line.startswith("#"):
             parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") and parts[2].startswith(OWN_PREFIX):
+                current = None  # its samples are dropped; what follows is not passed on as theirs
+                continue
             if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") and _NAME.fullmatch(parts[2]):
                 current = families.get(parts[2])
                 if current is None:
@@ -221,7 +228,7 @@ def _parse(line: str) -> tuple[str, Labels, str] | None:
     """A sample line as (name, labels, value and timestamp), or None for anything but a whole valid sample, or one
     that names a label this relay sets, or one with too many or too long labels."""
     head = _NAME.match(line)
-    if head is None:
+    if head is None or head.group(0).startswith(OWN_PREFIX):
         return None
     labels: Labels = []
     at = head.end()

@@ -43,7 +43,9 @@ def test_the_hpa_scales_on_the_adapters_external_metric_over_a_recorded_series()
     series = adapter[0]["seriesQuery"].split("{")[0]
     assert series == manifests.QUEUE_RATIO_SERIES and series in recorded()
     [ratio] = [rule for rule in rules() if rule.get("record") == series]
-    assert "by (namespace, team, deployment" in ratio["expr"]
+    # The ratio divides two recorded rates, each summed by the namespace (and the team and deployment).
+    inputs = [rule for rule in rules() if rule.get("record") in metric_names(ratio["expr"])]
+    assert len(inputs) == 2 and all("by (namespace, team, deployment" in rule["expr"] for rule in inputs), inputs
     assert set(metric["external"]["metric"]["selector"]["matchLabels"]) <= {"team", "deployment"}
 
 

@@ -72,6 +72,29 @@ def test_each_pool_shows_its_budget_and_what_its_loaded_and_loading_models_reser
 
 
 @pytest.mark.django_db
+def test_each_model_in_a_pool_is_named_with_its_pool_name_and_whose_it_is(alice: Person, charlie: Person) -> None:
+    pool = Pool.objects.create(name="shared", memory_budget_bytes=4 * 2**30)
+    mine, theirs = deployment_of(alice), deployment_of(charlie)
+    Revision.objects.filter(deployment=mine, number=2).update(spec={"models": [
+        {"name": "digits", "version": 1, "format": "onnx"}, {"name": "prep", "version": 1, "format": "python"}]})
+    PoolLoad.objects.create(pool=pool, deployment=mine, revision=mine.revisions.get(number=2),
+                            state=PoolLoad.State.LOADED)
+    # An unloaded revision's models are named too: their series stay in Prometheus' window after the unload.
+    PoolLoad.objects.create(pool=pool, deployment=theirs, revision=theirs.revisions.get(number=1),
+                            state=PoolLoad.State.UNLOADED)
+
+    found = {labels for (name, labels), value in samples(PortalState(broker_url="memory://")).items()
+             if name == "modelport_pool_model_info" and value == 1}
+
+    def info(load_of: Deployment, revision: int, model: str, team: str) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted({"pool": "shared", "pool_model": f"d{load_of.pk}-r{revision}-{model}", "team": team,
+                             "deployment": "digits-prod", "revision": str(revision), "model": model}.items()))
+
+    assert found == {info(mine, 2, "digits", alice.team.name), info(mine, 2, "prep", alice.team.name),
+                     info(theirs, 1, "digits", charlie.team.name)}
+
+
+@pytest.mark.django_db
 def test_rollbacks_count_per_deployment_and_never_mix_two_teams_deployments_of_one_name(
         alice: Person, charlie: Person) -> None:
     mine, theirs = deployment_of(alice), deployment_of(charlie)

@@ -127,6 +127,22 @@ def test_a_dedicated_servers_samples_that_would_break_the_scrape_are_dropped() -
     assert set(relayed_samples(text)) == {3.0, 1200.0}
 
 
+def test_a_servers_sample_under_the_portals_own_names_is_dropped() -> None:
+    # A python model's custom metric claiming that another team's revision is loaded in its pool (the series the rules
+    # join a cluster pool's series on) or passing for the gateway's figures.
+    spoof = (TRITON % 3) + (
+        "# HELP modelport_pool_model_info spoofed\n# TYPE modelport_pool_model_info gauge\n"
+        'modelport_pool_model_info{pool_model="d1-r1-digits",model="digits"} 1\n'
+        'modelport_gateway_requests_total{code="200"} 7\n'
+        "nv_custom_after 5\n")
+    text = triton_metrics.exposition([Target("acme", "a", 1, "http://a/metrics")],
+                                     lambda url, timeout: spoof).decode()
+    assert "modelport_" not in text
+    assert set(relayed_samples(text)) == {3.0, 1200.0, 5.0}
+    # What follows a dropped family is passed on as its own, not under the family before it.
+    assert "# TYPE nv_inference_queue_duration_us counter\nnv_inference_queue_duration_us" in text
+
+
 HUGE_LINE = b'nv_inference_request_success{model="d1-r1-digits",version="1"} 1\n'
 
 
