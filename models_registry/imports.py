@@ -2,8 +2,9 @@
 import lane's (models_registry/import_worker.py).
 
 The API validates the source (its kind's fetcher, models_registry/sources/) and `start_import` records a version in
-IMPORTING with the source, then queues `tasks.import_version` after commit. The same source into the same model again
-is the version that imported it. `cancel_import` ends one under way: its fetch stops at its next chunk.
+IMPORTING with the source, then queues `tasks.import_version` after commit. The same pinned source into the same model
+again is the version that imported it; a moving reference (an alias, a branch, an object under a key) is a new version
+each time, since what it names may have moved since. `cancel_import` ends one under way: its fetch stops at its next chunk.
 """
 
 from __future__ import annotations
@@ -27,9 +28,14 @@ from models_registry.sources.base import SourceRefused
 
 log = logging.getLogger(__name__)
 
-def identity_of(kind: str, canonical: dict[str, Any]) -> str:
-    """The sha256 of a validated source's canonical text: the key of "the same source twice"."""
-    return hashlib.sha256(f"{kind}\n{fetcher_for(kind).identity(canonical)}".encode()).hexdigest()
+def identity_of(kind: str, canonical: dict[str, Any]) -> str | None:
+    """The sha256 of a validated source's canonical text: the key of "the same source twice". None for a moving
+    reference (an MLflow alias, a Hugging Face branch or tag, an s3 or https object): the target it names is known
+    only on the worker, once resolved, so an earlier import of the same text may be of another target."""
+    text = fetcher_for(kind).identity(canonical)
+    if text is None:
+        return None
+    return hashlib.sha256(f"{kind}\n{text}".encode()).hexdigest()
 
 
 def validate_source(source: Any, team_id: int) -> dict[str, Any]:
@@ -43,9 +49,10 @@ def validate_source(source: Any, team_id: int) -> dict[str, Any]:
     return {"kind": kind, **fetcher.validate(fields, team_id)}
 
 
-def existing_import(model: Model, identity: str) -> ModelVersion | None:
-    """The version of `model` that imported this source already and did not fail (importing, validating, ready)."""
-    if model.pk is None:
+def existing_import(model: Model, identity: str | None) -> ModelVersion | None:
+    """The version of `model` that imported this source already and did not fail (importing, validating, ready);
+    never one for a moving reference (identity None)."""
+    if model.pk is None or not identity:
         return None
     return (ModelVersion.objects.filter(model=model, source_identity=identity)
             .exclude(status=ModelVersion.Status.INVALID).order_by("-number").first())
@@ -65,8 +72,9 @@ class Declared:
 def start_import(model: Model, user: Any, source: dict[str, Any], *, new_version: bool = False,
                  example_request: dict[str, Any] | None = None,
                  declared: Declared | None = None) -> tuple[ModelVersion, bool]:
-    """The version importing `source` (validated), and whether it is new: the same source into the same model again
-    gives the version that imported it (unless `new_version`), so that a retried CI job makes one version."""
+    """The version importing `source` (validated), and whether it is new: the same pinned source (a registry version,
+    a commit) into the same model again gives the version that imported it (unless `new_version`), so that a retried
+    CI job makes one version. A moving reference is a new version each time (identity_of)."""
     from models_registry.actions import _save_new_model  # the registry's one way to save a model with its first version
 
     kind = source["kind"]
@@ -84,7 +92,7 @@ def start_import(model: Model, user: Any, source: dict[str, Any], *, new_version
         model = _save_new_model(model, user)
         version = ModelVersion.objects.create(
             model=model, number=model.next_version_number(), status=ModelVersion.Status.IMPORTING,
-            source=source, source_identity=identity, original_filename=_shown_name(source),
+            source=source, source_identity=identity or "", original_filename=_shown_name(source),
             example_request=example_request, created_by=user, declared_format=declared.format,
             declared_signature=declared.signature.to_json() if declared.signature else None,
             declared_max_batch_size=declared.max_batch_size, decoupled=declared.decoupled,

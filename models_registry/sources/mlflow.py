@@ -88,8 +88,10 @@ class MlflowFetcher:
                                   "models by name in the team's Team sources (or IMPORT_MLFLOW_MODELS).")
         return {"kind": KIND, "uri": source["uri"]}
 
-    def identity(self, source: dict[str, Any]) -> str:
-        return f"mlflow:{source['uri']}"
+    def identity(self, source: dict[str, Any]) -> str | None:
+        # A registry version's artifacts never change; an alias is moved from version to version.
+        _, _, alias = parse_uri(source["uri"])
+        return None if alias is not None else f"mlflow:{source['uri']}"
 
     def fetch(self, source: dict[str, Any], ctx: FetchContext) -> Fetched:
         name, version, alias = parse_uri(source.get("uri"))

@@ -141,8 +141,10 @@ class UriFetcher:
                                   f"({TEAM_SOURCES}); ask an operator to add it.")
         return f"https://{name}{target}"
 
-    def identity(self, source: dict[str, Any]) -> str:
-        return f"uri:{source['uri']}"
+    def identity(self, source: dict[str, Any]) -> str | None:
+        # An object under an s3 key, or what a URL serves, can be replaced at any time and the address gives no way
+        # to pin it (a versionId query is refused): every uri source is a moving reference.
+        return None
 
     # -- fetch ------------------------------------------------------------------------------------------------
 

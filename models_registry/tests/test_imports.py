@@ -90,6 +90,33 @@ def test_the_same_source_twice_gives_the_one_version_unless_asked_for_another(al
 
 
 @pytest.mark.django_db
+def test_a_moving_reference_is_a_new_version_each_time_and_a_pinned_one_is_not(alice: Person, settings: Any) -> None:
+    """An alias, a branch or tag, an object under a key may name another target by the second import: returning the
+    first import's version would serve the old target as if it were the new one. The API makes no call here."""
+    settings.MLFLOW_TRACKING_URI = "http://127.0.0.1:9"  # never reached
+    settings.IMPORT_MLFLOW_MODELS = "*"
+    settings.IMPORT_HUGGINGFACE_REPOS = "acme/*"
+    settings.IMPORT_MAX_ACTIVE_PER_TEAM = 20
+    TeamSources.objects.create(team=alice.team, mlflow_models="*", huggingface_repos="acme/*",
+                               s3_buckets="models")
+    moving = [{"kind": "mlflow", "uri": "models:/fraud@prod"},
+              {"kind": "huggingface", "repo": "acme/digits", "revision": "main"},
+              {"kind": "huggingface", "repo": "acme/digits"},  # main, by default
+              {"kind": "huggingface", "repo": "acme/digits", "revision": "v1"},
+              {"kind": "uri", "uri": "s3://models/fraud/model.onnx"}]
+    for source in moving:
+        first, again = _import(alice, source), _import(alice, source)
+        assert (first.status_code, again.status_code) == (201, 201), (source, again.json())
+        assert again.json()["number"] == first.json()["number"] + 1
+    pinned = [{"kind": "mlflow", "uri": "models:/fraud/3"},
+              {"kind": "huggingface", "repo": "acme/digits", "revision": "a" * 40}]
+    for source in pinned:
+        first, again = _import(alice, source), _import(alice, source)
+        assert (first.status_code, again.status_code) == (201, 200), (source, again.json())
+        assert again.json()["number"] == first.json()["number"]
+
+
+@pytest.mark.django_db
 def test_a_failed_import_is_not_the_one_the_same_source_returns(alice: Person, fake_source: Any) -> None:
     first = _import(alice, {"kind": "fake", "name": "same"}).json()
     ModelVersion.objects.filter(number=first["number"]).update(status=ModelVersion.Status.INVALID)

@@ -109,9 +109,10 @@ def test_it_refuses_other_fields(allowed_team: Person) -> None:
         fetcher_for("uri").validate({"kind": "uri", "uri": "s3://shared/m.onnx", "token": "x"}, allowed_team.team.id)
 
 
-def test_identity_is_the_canonical_uri(allowed_team: Person) -> None:
+def test_a_uri_is_a_moving_reference_without_an_identity(allowed_team: Person) -> None:
+    # What a key or a URL holds can be replaced, and nothing in the address pins it: each import is its own version.
     fetcher = fetcher_for("uri")
-    assert fetcher.identity(validate(allowed_team, "HTTPS://MODELS.example/m.onnx")) == "uri:https://models.example/m.onnx"
+    assert fetcher.identity(validate(allowed_team, "HTTPS://MODELS.example/m.onnx")) is None
 
 
 @pytest.mark.parametrize("address", [
