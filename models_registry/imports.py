@@ -4,7 +4,8 @@ import lane's (models_registry/import_worker.py).
 The API validates the source (its kind's fetcher, models_registry/sources/) and `start_import` records a version in
 IMPORTING with the source, then queues `tasks.import_version` after commit. The same pinned source into the same model
 again is the version that imported it; a moving reference (an alias, a branch, an object under a key) is a new version
-each time, since what it names may have moved since. `cancel_import` ends one under way: its fetch stops at its next chunk.
+each time, since what it names may have moved since. `cancel_import` ends one under way: its fetch stops at its next
+chunk.
 """
 
 from __future__ import annotations
