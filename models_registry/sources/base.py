@@ -90,8 +90,11 @@ class Fetcher(Protocol):
         no network call that the team can make slow."""
         ...
 
-    def identity(self, source: dict[str, Any]) -> str:
-        """A canonical text of a validated source: two imports of one identity into one model are the same import."""
+    def identity(self, source: dict[str, Any]) -> str | None:
+        """A canonical text of a validated source that names fixed bytes (an MLflow registry version, a commit): two
+        imports of one identity into one model are the same import. None for a moving reference (an alias, a branch
+        or a tag, an object under a key or a URL that can be replaced): what it names is known only once a worker
+        resolves it, so no earlier version can stand for it and each import of it is a version of its own."""
         ...
 
     def fetch(self, source: dict[str, Any], ctx: FetchContext) -> Fetched:

@@ -149,7 +149,10 @@ class HuggingFaceFetcher:
             canonical["files"] = files
         return canonical
 
-    def identity(self, source: dict[str, Any]) -> str:
+    def identity(self, source: dict[str, Any]) -> str | None:
+        # Only a full commit sha names fixed files: a branch moves with each push, and a tag can be moved too.
+        if not _COMMIT.match(str(source["revision"])):
+            return None
         files = ",".join(sorted(source.get("files") or []))
         return f"huggingface:{source['repo']}@{source['revision']}:{files}"
 

@@ -24,6 +24,7 @@ mlflow.pyfunc.load_model inside Triton, that is, only in the sandbox (docs/secur
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -51,6 +52,8 @@ from models_registry.sources.base import (
     pack_tree,
     target_path,
 )
+
+log = logging.getLogger(__name__)
 
 KIND = "mlflow"
 # A registered model's name: MLflow accepts almost anything, but a name that goes into a URL path and into the
@@ -88,8 +91,10 @@ class MlflowFetcher:
                                   "models by name in the team's Team sources (or IMPORT_MLFLOW_MODELS).")
         return {"kind": KIND, "uri": source["uri"]}
 
-    def identity(self, source: dict[str, Any]) -> str:
-        return f"mlflow:{source['uri']}"
+    def identity(self, source: dict[str, Any]) -> str | None:
+        # A registry version's artifacts never change; an alias is moved from version to version.
+        _, _, alias = parse_uri(source["uri"])
+        return None if alias is not None else f"mlflow:{source['uri']}"
 
     def fetch(self, source: dict[str, Any], ctx: FetchContext) -> Fetched:
         name, version, alias = parse_uri(source.get("uri"))
@@ -131,16 +136,35 @@ class MlflowFetcher:
             done += written
             hashes[relative] = digest
         if "MLmodel" not in hashes:
-            raise SourceRefused(f"Version {version} of {name!r} has no MLmodel file at {artifact_uri[:200]}: it is "
-                                "not an MLflow model (log it with mlflow.<flavor>.log_model).")
+            raise SourceRefused(f"Version {version} of {name!r} has no MLmodel file among its artifacts: it is not "
+                                "an MLflow model (log it with mlflow.<flavor>.log_model).")
         mlmodel = _read_mlmodel(model_dir / "MLmodel")
-        record = {"uri": source["uri"], "registered_model": name, "registry_version": version,
-                  "run_id": str(model_version.get("run_id") or ""),
-                  "source": str(model_version.get("source", ""))[:500], "files": hashes}
+        run_id = str(model_version.get("run_id") or "")
+        record: dict[str, Any] = {"uri": source["uri"], "registered_model": name, "registry_version": version,
+                                  "run_id": run_id, "files": hashes}
+        logged_from = shown_source(model_version.get("source"), run_id)
+        if logged_from:
+            record["source"] = logged_from
         return _convert(mlmodel, staging, model_dir, ctx, record)
 
 
 fetcher = MlflowFetcher()
+
+
+def shown_source(source: object, run_id: str) -> str:
+    """What a version was registered from, as its team may see it: a `models:/` (an MLflow 3 logged model) or
+    `runs:/` URI. A storage location (file:///srv/mlflow/..., s3://operator-bucket/..., mlflow-artifacts://host/...)
+    is the operator's: one under the run's folder (MLflow lays a run's artifacts out as .../<run id>/artifacts/<path>)
+    is shown as runs:/<run id>/<path>, any other is left out (""), never shown."""
+    text = str(source or "")
+    if re.fullmatch(r"(models|runs):/[^\x00-\x1f\x7f]{1,500}", text) and "://" not in text:
+        return text
+    marker = f"/{run_id}/artifacts/"
+    if run_id and re.fullmatch(r"[0-9A-Za-z_-]{1,64}", run_id) and marker in text:
+        path = text.split(marker, 1)[1].strip("/")
+        if path and not re.search(r"[\x00-\x1f\x7f?#]", path) and ".." not in path.split("/"):
+            return f"runs:/{run_id}/{path}"[:500]
+    return ""
 
 
 # --- The tracking server ----------------------------------------------------------------------------------------
@@ -278,11 +302,13 @@ class _LocalStore:
         try:
             mode = os.lstat(self.root).st_mode
         except OSError:
-            raise SourceRefused(f"The artifact folder {str(self.root)[:200]} cannot be read by the import worker: "
-                                "an operator serves artifacts through the tracking server (--serve-artifacts) or "
-                                "mounts the artifact root on the worker.") from None
+            log.warning("MLflow import: the artifact folder %s cannot be read", self.root)
+            raise SourceRefused("The version's artifact folder cannot be read by the import worker: an operator "
+                                "serves artifacts through the tracking server (--serve-artifacts) or mounts the "
+                                "artifact root on the worker (the operator's log names the folder).") from None
         if not stat.S_ISDIR(mode):
-            raise SourceRefused(f"The artifact location {str(self.root)[:200]} is not a folder (a link is refused).")
+            log.warning("MLflow import: the artifact location %s is not a folder", self.root)
+            raise SourceRefused("The version's artifact location is not a folder (a link is refused).")
         files: list[tuple[str, int]] = []
         for dirpath, dirnames, filenames in os.walk(self.root, followlinks=False):
             here = Path(dirpath)
@@ -326,11 +352,15 @@ def _store_for(artifact_uri: str, client: _Client) -> _ProxyStore | _LocalStore:
         return _ProxyStore(client, parsed.path.strip("/"))
     if parsed.scheme == "file" or (parsed.scheme == "" and artifact_uri.startswith("/")):
         if parsed.netloc not in ("", "localhost"):
-            raise SourceRefused(f"The artifact location {artifact_uri[:200]} is on another host.")
+            log.warning("MLflow import: the artifact location %s is on another host", artifact_uri[:500])
+            raise SourceRefused("The version's artifact location is a file: URI on another host, which the import "
+                                "worker cannot read.")
         return _LocalStore(Path(url2pathname(parsed.path)))
-    raise SourceRefused(f"The model's artifacts are at {artifact_uri[:200]}, a store the portal does not read "
-                        f"({parsed.scheme}:): an operator runs the tracking server with --serve-artifacts, so that "
-                        "artifacts come through it (mlflow-artifacts:), or mounts a file: artifact root on the worker.")
+    log.warning("MLflow import: the artifact location %s is in a store the portal does not read", artifact_uri[:500])
+    scheme = re.sub(r"[^a-z0-9+.-]", "", parsed.scheme.lower())[:20]
+    raise SourceRefused(f"The model's artifacts are in a store the portal does not read ({scheme}:): an operator "
+                        "runs the tracking server with --serve-artifacts, so that artifacts come through it "
+                        "(mlflow-artifacts:), or mounts a file: artifact root on the worker.")
 
 
 # --- MLmodel, flavors and signatures -----------------------------------------------------------------------------
@@ -553,6 +583,7 @@ _MODEL_PY = '''"""Generated by Modelport from an MLflow pyfunc model: loads ./ml
 mlflow.pyfunc.load_model (which unpickles it: this runs only in the deployment's sandbox) and calls predict."""
 
 import json
+import logging
 import os
 
 import numpy as np

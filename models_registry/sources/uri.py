@@ -22,6 +22,7 @@ over https"):
 from __future__ import annotations
 
 import ipaddress
+import logging
 import posixpath
 import re
 import socket
@@ -45,6 +46,8 @@ from models_registry.sources.base import (
     pack_tree,
     target_path,
 )
+
+log = logging.getLogger(__name__)
 
 MAX_URI_LENGTH = 2048
 MAX_REDIRECTS = 3
@@ -141,8 +144,10 @@ class UriFetcher:
                                   f"({TEAM_SOURCES}); ask an operator to add it.")
         return f"https://{name}{target}"
 
-    def identity(self, source: dict[str, Any]) -> str:
-        return f"uri:{source['uri']}"
+    def identity(self, source: dict[str, Any]) -> str | None:
+        # An object under an s3 key, or what a URL serves, can be replaced at any time and the address gives no way
+        # to pin it (a versionId query is refused): every uri source is a moving reference.
+        return None
 
     # -- fetch ------------------------------------------------------------------------------------------------
 
@@ -224,10 +229,10 @@ class UriFetcher:
             raise TransientFetchError(f"https://{_netloc(host, port)}: {_short(exc)}") from None
         if response.status >= 500 or response.status == 429:
             response.release_conn()
-            raise TransientFetchError(f"https://{_netloc(host, port)}{target[:200]} answered {response.status}.")
+            raise TransientFetchError(f"https://{_netloc(host, port)}{_shown(target)} answered {response.status}.")
         if response.status >= 400:
             response.release_conn()
-            raise SourceRefused(f"https://{_netloc(host, port)}{target[:200]} answered {response.status}; check "
+            raise SourceRefused(f"https://{_netloc(host, port)}{_shown(target)} answered {response.status}; check "
                                 "the address.")
         return response
 
@@ -280,16 +285,16 @@ def _split_https(uri: str) -> tuple[str, int, str]:
 
 def _same_host_redirect(current: str, location: str, host: str, port: int) -> str:
     if not location:
-        raise SourceRefused(f"{current[:200]} redirects without a Location.")
+        raise SourceRefused(f"{_shown(current)} redirects without a Location.")
     _refuse_text(location)
     absolute = urljoin(current, location)
     scheme = absolute.partition(":")[0].lower()
     if scheme != "https":
-        raise SourceRefused(f"{current[:200]} redirects to {absolute[:200]}: a redirect to anything but https on "
+        raise SourceRefused(f"{_shown(current)} redirects to {_shown(absolute)}: a redirect to anything but https on "
                             "the same host is refused.")
     new_host, new_port, target = _split_https(absolute)
     if (new_host, new_port) != (host, port):
-        raise SourceRefused(f"{current[:200]} redirects to another host, {_netloc(new_host, new_port)}: redirects "
+        raise SourceRefused(f"{_shown(current)} redirects to another host, {_netloc(new_host, new_port)}: redirects "
                             "are followed on the same host only; give the final address (and ask an operator to "
                             "allow its host).")
     return target
@@ -300,7 +305,19 @@ def _netloc(host: str, port: int) -> str:
 
 
 def _short(exc: BaseException) -> str:
-    return str(exc)[:200]
+    """An exception's text for a message the team reads, its URLs' query strings cut (urllib3 names the URL)."""
+    return _QUERY.sub("?...", str(exc))[:200]
+
+
+# A URL's query string, up to what ends a URL in an exception's text.
+_QUERY = re.compile(r"\?[^\s'\")>]*")
+
+
+def _shown(url: str) -> str:
+    """A URL as a message shows it: without its query string, which after a redirect is the server's (a signed URL
+    carries its credentials there), and at most 200 characters."""
+    base, sep, _ = url.partition("?")
+    return f"{base[:200]}{'?...' if sep else ''}"
 
 
 def _default_ca_bundle() -> str | None:
@@ -377,17 +394,17 @@ def _receive(response: Any, final: str, uri: str, ctx: FetchContext) -> Fetched:
 
     if response.status != 200:
         response.release_conn()
-        raise SourceRefused(f"{final[:200]} answered {response.status}, not 200 with the file.")
+        raise SourceRefused(f"{_shown(final)} answered {response.status}, not 200 with the file.")
     declared = response.headers.get("Content-Length")
     total: int | None = None
     if declared is not None:
         if not declared.isdigit():
             response.release_conn()
-            raise SourceRefused(f"{final[:200]} sent a Content-Length that is not a number.")
+            raise SourceRefused(f"{_shown(final)} sent a Content-Length that is not a number.")
         total = int(declared)
         if total > ctx.max_bytes:
             response.release_conn()
-            raise SourceRefused(f"{final[:200]} is {total} bytes, more than your team's quota or the largest "
+            raise SourceRefused(f"{_shown(final)} is {total} bytes, more than your team's quota or the largest "
                                 f"upload allows ({ctx.max_bytes}).")
     ctx.progress(0, total)  # reserves the quota for a declared size, refused before the body
     filename = _filename(urlsplit(final).path, "model")
@@ -397,12 +414,14 @@ def _receive(response: Any, final: str, uri: str, ctx: FetchContext) -> Fetched:
         # body (IncompleteRead, a ProtocolError) and _Bounded on a long one.
         size, digest = copy_counted(_bounded(response, ctx.max_bytes, ctx), dest, ctx, 0, total)
     except (urllib3.exceptions.HTTPError, OSError) as exc:
-        raise TransientFetchError(f"{final[:200]}: the transfer broke ({_short(exc)}).") from None
+        raise TransientFetchError(f"{_shown(final)}: the transfer broke ({_short(exc)}).") from None
     finally:
         response.release_conn()
     record: dict[str, Any] = {"uri": uri, "sha256": digest, "size": size}
     if final != uri:
-        record["final_uri"] = final
+        # Without its query: a redirect's query string is the server's (often a signed URL's credentials), not
+        # the team's, and the version's JSON is shown to the whole team.
+        record["final_uri"] = final.split("?", 1)[0]
     return Fetched(path=dest, filename=filename, record=record)
 
 
@@ -435,9 +454,13 @@ def _s3_error(exc: BaseException, bucket: str, key: str) -> Exception:
         # 403 and 404 read the same, so that an import cannot probe which buckets or keys exist.
         return SourceRefused(f"{where} was not found, or the operator's credentials may not read it; check the "
                              "key (a folder ends with /).")
+    # botocore's texts name the operator's endpoint URL ('Could not connect to the endpoint URL: "http://..."'):
+    # the team reads the version's error, so it gets the kind of fault and the operator's log the whole text.
+    log.warning("import from %s: %s", where, exc)
     if isinstance(exc, BotoCoreError):
-        return TransientFetchError(f"{where}: the object store could not be reached ({_short(exc)}).")
-    return TransientFetchError(f"{where}: {_short(exc)}")
+        return TransientFetchError(f"{where}: the object store could not be reached ({type(exc).__name__}); it will "
+                                   "be retried.")
+    return TransientFetchError(f"{where}: the object store failed ({type(exc).__name__}); it will be retried.")
 
 
 def _fetch_s3(bucket: str, key: str, ctx: FetchContext) -> Fetched:

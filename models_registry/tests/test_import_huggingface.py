@@ -13,7 +13,15 @@ from django.test import override_settings
 from models_registry import import_worker
 from models_registry.inspection import inspect_here
 from models_registry.models import ModelVersion
-from tests.support.hf_hub_server import ONNX_COMMIT, PYTHON_COMMIT, HubServer, running_hub, standard_repos, tiny_onnx
+from tests.support.hf_hub_server import (
+    ONNX_COMMIT,
+    PYTHON_COMMIT,
+    HubRepo,
+    HubServer,
+    running_hub,
+    standard_repos,
+    tiny_onnx,
+)
 from tests.support.people import Person
 
 URL = "/api/v1/models/tiny/versions/"
@@ -61,6 +69,32 @@ def test_an_onnx_export_imports_as_a_ready_onnx_version(alice: Person, hf_hub_fo
     shown = alice.client().get(f"{URL}{version.number}/").json()
     assert shown["status"] == "ready" and shown["source"]["fetched"]["commit"] == ONNX_COMMIT
     assert [t["name"] for t in shown["signature"]["inputs"]] == ["x"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_branch_imported_again_after_it_moved_is_a_version_of_its_new_commit(
+        alice: Person, hf_hub_for_api: HubServer, django_capture_on_commit_callbacks: Any) -> None:
+    source = {"kind": "huggingface", "repo": "acme/tiny-onnx", "revision": "main"}
+    with django_capture_on_commit_callbacks(execute=False):
+        first = _import(alice, source)
+    assert first.status_code == 201, first.json()
+    assert _run(ModelVersion.objects.get(number=first.json()["number"]).pk).status == ModelVersion.Status.READY
+    # A push moves main to another commit.
+    moved = "e" * 40
+    old = hf_hub_for_api.repos["acme/tiny-onnx"]
+    hf_hub_for_api.repos["acme/tiny-onnx"] = HubRepo(commit=moved, files=old.files, lfs=old.lfs,
+                                                     revisions=old.revisions)
+    with django_capture_on_commit_callbacks(execute=False):
+        again = _import(alice, source)
+    assert again.status_code == 201, again.json()  # not the version of the commit main named before
+    version = _run(ModelVersion.objects.get(number=again.json()["number"]).pk)
+    assert version.status == ModelVersion.Status.READY, version.error
+    assert version.source is not None and version.source["fetched"]["commit"] == moved
+    # A pinned commit is the same import twice.
+    pinned = {"kind": "huggingface", "repo": "acme/tiny-onnx", "revision": moved}
+    with django_capture_on_commit_callbacks(execute=False):
+        assert _import(alice, pinned).status_code == 201
+        assert _import(alice, pinned).status_code == 200
 
 
 @pytest.mark.django_db(transaction=True)

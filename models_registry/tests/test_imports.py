@@ -89,6 +89,70 @@ def test_the_same_source_twice_gives_the_one_version_unless_asked_for_another(al
     assert other.status_code == 201
 
 
+SIGNATURE = {"inputs": [{"name": "x", "datatype": "FP32", "dims": [-1, 3]}],
+             "outputs": [{"name": "y", "datatype": "FP32", "dims": [-1, 3]}]}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("options", [
+    {"signature": SIGNATURE}, {"decoupled": True}, {"max_batch_size": 4}, {"format": "onnx"},
+    {"chat_template": "{{ messages[0].content }}"},
+])
+def test_the_same_source_with_other_declared_options_is_another_version(alice: Person, fake_source: Any,
+                                                                         options: dict[str, Any]) -> None:
+    """The options make another version of the same bytes: the earlier version, made without them, is not it."""
+    plain = _import(alice, {"kind": "fake", "name": "same"})
+    declared = _import(alice, {"kind": "fake", "name": "same"}, **options)
+    assert (plain.status_code, declared.status_code) == (201, 201), declared.json()
+    assert declared.json()["number"] == plain.json()["number"] + 1
+    version = ModelVersion.objects.get(number=declared.json()["number"])
+    assert (version.declared_signature, version.decoupled, version.declared_max_batch_size) == (
+        options.get("signature"), options.get("decoupled", False), options.get("max_batch_size"))
+    # The same options again are the same import; and without them, the first one.
+    again = _import(alice, {"kind": "fake", "name": "same"}, **options)
+    assert (again.status_code, again.json()["number"]) == (200, declared.json()["number"])
+    assert _import(alice, {"kind": "fake", "name": "same"}).json()["number"] == plain.json()["number"]
+
+
+def test_a_source_without_declared_options_keeps_the_identity_it_had_before_they_counted(fake_source: Any) -> None:
+    import hashlib
+
+    from models_registry import imports
+
+    # Versions imported before the options were part of the identity still answer "the same source twice".
+    assert imports.identity_of("fake", {"name": "x"}) == hashlib.sha256(b"fake\nx").hexdigest()
+    assert imports.identity_of("fake", {"name": "x"}, imports.Declared()) == imports.identity_of("fake", {"name": "x"})
+    assert imports.identity_of("fake", {"name": "x"}, imports.Declared(decoupled=True)) != \
+        imports.identity_of("fake", {"name": "x"})
+
+
+@pytest.mark.django_db
+def test_a_moving_reference_is_a_new_version_each_time_and_a_pinned_one_is_not(alice: Person, settings: Any) -> None:
+    """An alias, a branch or tag, an object under a key may name another target by the second import: returning the
+    first import's version would serve the old target as if it were the new one. The API makes no call here."""
+    settings.MLFLOW_TRACKING_URI = "http://127.0.0.1:9"  # never reached
+    settings.IMPORT_MLFLOW_MODELS = "*"
+    settings.IMPORT_HUGGINGFACE_REPOS = "acme/*"
+    settings.IMPORT_MAX_ACTIVE_PER_TEAM = 20
+    TeamSources.objects.create(team=alice.team, mlflow_models="*", huggingface_repos="acme/*",
+                               s3_buckets="models")
+    moving = [{"kind": "mlflow", "uri": "models:/fraud@prod"},
+              {"kind": "huggingface", "repo": "acme/digits", "revision": "main"},
+              {"kind": "huggingface", "repo": "acme/digits"},  # main, by default
+              {"kind": "huggingface", "repo": "acme/digits", "revision": "v1"},
+              {"kind": "uri", "uri": "s3://models/fraud/model.onnx"}]
+    for source in moving:
+        first, again = _import(alice, source), _import(alice, source)
+        assert (first.status_code, again.status_code) == (201, 201), (source, again.json())
+        assert again.json()["number"] == first.json()["number"] + 1
+    pinned = [{"kind": "mlflow", "uri": "models:/fraud/3"},
+              {"kind": "huggingface", "repo": "acme/digits", "revision": "a" * 40}]
+    for source in pinned:
+        first, again = _import(alice, source), _import(alice, source)
+        assert (first.status_code, again.status_code) == (201, 200), (source, again.json())
+        assert again.json()["number"] == first.json()["number"]
+
+
 @pytest.mark.django_db
 def test_a_failed_import_is_not_the_one_the_same_source_returns(alice: Person, fake_source: Any) -> None:
     first = _import(alice, {"kind": "fake", "name": "same"}).json()

@@ -141,7 +141,8 @@ def test_a_local_artifact_root_is_fetched_without_the_proxy(tracking: MlflowServ
     assert fetched.declared_format == "python" and progress.calls[0][0] == 0
 
 
-def _run_artifacts(tracking: MlflowServer, name: str, files: dict[str, bytes], tmp_path: Path) -> str:
+def _run_artifacts(tracking: MlflowServer, name: str, files: dict[str, bytes], tmp_path: Path,
+                   experiment_id: str | None = None) -> str:
     """A version registered from a run's artifact path (the pre-MLflow-3 way), with files laid out by hand."""
     folder = tmp_path / "logged"
     for relative, data in files.items():
@@ -149,7 +150,7 @@ def _run_artifacts(tracking: MlflowServer, name: str, files: dict[str, bytes], t
         (folder / relative).write_bytes(data)
     mlflow.set_tracking_uri(tracking.url)
     client = mlflow.MlflowClient(tracking_uri=tracking.url)
-    with mlflow.start_run() as run:
+    with mlflow.start_run(experiment_id=experiment_id) as run:
         mlflow.log_artifacts(str(folder), "model")
     client.create_registered_model(name)
     return str(client.create_model_version(name, f"{run.info.artifact_uri}/model", run.info.run_id).version)
@@ -179,7 +180,8 @@ def test_a_torchscript_pytorch_model_comes_as_its_pt_file(tracking: MlflowServer
     fetched, _ = fetch(f"models:/torch-scripted/{version}", tmp_path / "work")
     assert (fetched.filename, fetched.declared_format) == ("model.pt", "torchscript")
     assert fetched.signature is not None and fetched.signature.inputs[0].dims == (-1, 3)
-    assert fetched.record["source"].startswith("mlflow-artifacts:") or "/model" in fetched.record["source"]
+    # Registered from the run's artifact path: shown as the run's, never as where the operator stores it.
+    assert fetched.record["source"] == f"runs:/{fetched.record['run_id']}/model"
 
 
 def test_a_pickled_pytorch_model_is_refused_saying_to_log_torchscript(tracking: MlflowServer,
@@ -218,11 +220,12 @@ class _HostileRegistry(BaseHTTPRequestHandler):
 
     listing: list[dict[str, Any]] = []
     requested: list[str] = []
+    download_uri = "mlflow-artifacts:/0/models/m-1/artifacts"
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         self.requested.append(self.path)
         if self.path.startswith("/api/2.0/mlflow/model-versions/get-download-uri"):
-            body: dict[str, Any] = {"artifact_uri": "mlflow-artifacts:/0/models/m-1/artifacts"}
+            body: dict[str, Any] = {"artifact_uri": self.download_uri}
         elif self.path.startswith("/api/2.0/mlflow/model-versions/get"):
             body = {"model_version": {"name": "evil", "version": "1", "status": "READY", "run_id": "r",
                                       "source": "models:/m-1"}}
@@ -250,6 +253,7 @@ def hostile_registry(settings: Any) -> Iterator[type[_HostileRegistry]]:
     thread.start()
     settings.MLFLOW_TRACKING_URI = f"http://127.0.0.1:{server.server_address[1]}"
     _HostileRegistry.requested = []
+    _HostileRegistry.download_uri = "mlflow-artifacts:/0/models/m-1/artifacts"
     try:
         yield _HostileRegistry
     finally:
@@ -276,3 +280,49 @@ def test_the_portal_never_imports_mlflow() -> None:
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert not [name for name in imported if name.split(".")[0] in ("mlflow", "pickle", "cloudpickle")]
+
+
+def test_the_record_never_shows_the_operators_artifact_root(tracking: MlflowServer, tmp_path: Path) -> None:
+    """A version registered from a run in a local artifact root: its MLflow source is a file: path of the operator's
+    (file:///srv/mlflow/...); the version's JSON, which the team reads, shows the run's runs:/ URI instead."""
+    experiment = support.local_experiment(tracking, "local-root-hidden")
+    version = _run_artifacts(tracking, "onnx-root-hidden", {
+        "MLmodel": yaml.safe_dump({"flavors": {"onnx": {"data": "model.onnx"}}}).encode(),
+        "model.onnx": b"onnx bytes"}, tmp_path, experiment_id=experiment)
+    fetched, _ = fetch(f"models:/onnx-root-hidden/{version}", tmp_path / "work")
+    shown = json.dumps(fetched.record)
+    assert str(tracking.root) not in shown and "file:" not in shown
+    assert fetched.record["source"] == f"runs:/{fetched.record['run_id']}/model"
+
+
+@pytest.mark.parametrize(("source", "shown"), [
+    ("models:/m-0123abc", "models:/m-0123abc"),
+    ("runs:/abc123/model", "runs:/abc123/model"),
+    ("file:///srv/operator-root/1/abc123/artifacts/model", "runs:/abc123/model"),
+    ("s3://operator-bucket/mlartifacts/1/abc123/artifacts/sub/model", "runs:/abc123/sub/model"),
+    ("mlflow-artifacts://mlflow.internal:5000/1/abc123/artifacts/model", "runs:/abc123/model"),
+    ("s3://operator-bucket/elsewhere/model", ""),
+    ("/srv/operator-root/model", ""),
+    ("dbfs:/operator/abc123/artifacts/../../x", ""),
+])
+def test_an_mlflow_source_is_shown_as_a_models_or_runs_uri_or_not_at_all(source: str, shown: str) -> None:
+    from models_registry.sources.mlflow import shown_source
+
+    assert shown_source(source, "abc123") == shown
+
+
+@pytest.mark.parametrize("location", [
+    "s3://operator-secret-bucket/mlartifacts/1/model",
+    "file:///srv/operator-secret-root/1/model",
+    "file://operator-secret-host/srv/1/model",
+    "mlflow-artifacts://operator-secret-host:5000/0/models/m-1/artifacts",
+])
+def test_errors_never_name_the_operators_artifact_location(hostile_registry: type[_HostileRegistry],
+                                                           tmp_path: Path, location: str) -> None:
+    """The version's error is the team's to read: where the operator keeps artifacts is not in it (the worker's
+    log has it)."""
+    hostile_registry.download_uri = location
+    hostile_registry.listing = []  # through the proxy: a folder without MLmodel
+    with pytest.raises(SourceRefused) as refused:
+        fetch("models:/evil/1", tmp_path / "work")
+    assert "operator-secret" not in str(refused.value), refused.value

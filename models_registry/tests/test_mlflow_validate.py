@@ -33,7 +33,9 @@ def test_it_accepts_a_version_and_an_alias(alice: Person, tracking_on: None) -> 
     fetcher = fetcher_for("mlflow")
     for uri in ("models:/fraud/3", "models:/fraud detector@champion"):
         assert fetcher.validate({"kind": "mlflow", "uri": uri}, alice.team.id) == {"kind": "mlflow", "uri": uri}
-        assert fetcher.identity({"kind": "mlflow", "uri": uri}) == f"mlflow:{uri}"
+    # A version is pinned; an alias moves, so it has no identity (each import of it is a version of its own).
+    assert fetcher.identity({"kind": "mlflow", "uri": "models:/fraud/3"}) == "mlflow:models:/fraud/3"
+    assert fetcher.identity({"kind": "mlflow", "uri": "models:/fraud detector@champion"}) is None
 
 
 def test_it_refuses_unknown_fields(alice: Person, tracking_on: None) -> None:

@@ -116,9 +116,13 @@ def test_validate_forbids_a_repo_outside_the_teams_patterns(alice: Person) -> No
         validated(alice, repo="acme/tiny-onnx")  # the row replaces the default
 
 
-def test_identity_names_repo_revision_and_files() -> None:
-    assert fetcher.identity({"repo": "acme/x", "revision": "main", "files": ["b", "a"]}) \
-        == "huggingface:acme/x@main:a,b"
+def test_identity_names_repo_commit_and_files_and_a_branch_or_tag_has_none() -> None:
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    assert fetcher.identity({"repo": "acme/x", "revision": commit, "files": ["b", "a"]}) \
+        == f"huggingface:acme/x@{commit}:a,b"
+    # A branch or a tag names another commit after a push: a moving reference, never the same import twice.
+    for revision in ("main", "v1", "refs/pr/1", commit[:12]):
+        assert fetcher.identity({"repo": "acme/x", "revision": revision}) is None
 
 
 # --- fetch: what becomes a version ------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ default policy."""
 from __future__ import annotations
 
 import ipaddress
+import json
 import socket
 import tarfile
 import time
@@ -25,7 +26,7 @@ from models_registry.models import TeamSources
 from models_registry.sources import fetcher_for
 from models_registry.sources.base import SourceForbidden, SourceRefused, TransientFetchError
 from models_registry.sources.uri import UriFetcher, public_only
-from models_registry.tests.uri_servers import BODY, TlsServer, context, loopback_too, start_tls_server
+from models_registry.tests.uri_servers import BODY, SIGNATURE, TlsServer, context, loopback_too, start_tls_server
 from tests.support.people import Person
 
 REAL_GETADDRINFO = socket.getaddrinfo
@@ -109,9 +110,10 @@ def test_it_refuses_other_fields(allowed_team: Person) -> None:
         fetcher_for("uri").validate({"kind": "uri", "uri": "s3://shared/m.onnx", "token": "x"}, allowed_team.team.id)
 
 
-def test_identity_is_the_canonical_uri(allowed_team: Person) -> None:
+def test_a_uri_is_a_moving_reference_without_an_identity(allowed_team: Person) -> None:
+    # What a key or a URL holds can be replaced, and nothing in the address pins it: each import is its own version.
     fetcher = fetcher_for("uri")
-    assert fetcher.identity(validate(allowed_team, "HTTPS://MODELS.example/m.onnx")) == "uri:https://models.example/m.onnx"
+    assert fetcher.identity(validate(allowed_team, "HTTPS://MODELS.example/m.onnx")) is None
 
 
 @pytest.mark.parametrize("address", [
@@ -277,6 +279,19 @@ def test_a_same_host_redirect_keeps_the_pinned_address(tls_server: TlsServer, fa
         assert fetched.path.read_bytes() == BODY
         assert fetched.record["final_uri"].endswith("/model.onnx")
         assert fake_dns.asked == ["models.example"]
+
+
+def test_a_redirect_to_a_signed_url_leaves_its_query_out_of_the_record_and_the_errors(
+        tls_server: TlsServer, fake_dns: FakeDns, tmp_path: Path) -> None:
+    """The version's JSON and error are the team's to read; the query of the URL the server redirected to is the
+    server's, and a presigned URL carries a credential there."""
+    fetched = friendly(tls_server).fetch(https(tls_server, "/signed"), context(tmp_path / "ok")[0])
+    assert fetched.path.read_bytes() == BODY
+    assert fetched.record["final_uri"] == f"https://models.example:{tls_server.port}/model.onnx"
+    assert SIGNATURE not in json.dumps(fetched.record) and "AKIAOPERATOR" not in json.dumps(fetched.record)
+    with pytest.raises(SourceRefused, match="answered 404") as refused:
+        friendly(tls_server).fetch(https(tls_server, "/signed-missing"), context(tmp_path / "missing")[0])
+    assert SIGNATURE not in str(refused.value) and "AKIAOPERATOR" not in str(refused.value)
 
 
 @pytest.mark.parametrize(("path", "says"), [
@@ -477,8 +492,10 @@ def test_an_unreachable_object_store_is_retried(settings: Any, tmp_path: Path, m
         port = closed.getsockname()[1]
     settings.IMPORT_S3_ENDPOINT_URL = f"http://127.0.0.1:{port}"
     settings.IMPORT_CONNECT_TIMEOUT_SECONDS = 0.5
-    with pytest.raises(TransientFetchError, match="could not be reached"):
+    with pytest.raises(TransientFetchError, match="could not be reached") as caught:
         UriFetcher().fetch({"kind": "uri", "uri": "s3://models/m.onnx"}, context(tmp_path)[0])
+    # The endpoint is the operator's: the version's error (the team's to read) never names it.
+    assert f"127.0.0.1:{port}" not in str(caught.value) and "endpoint URL" not in str(caught.value)
 
 
 @pytest.mark.s3

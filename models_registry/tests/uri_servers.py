@@ -18,6 +18,8 @@ from models_registry.sources.base import FetchContext, SourceRefused
 
 BODY = b"\x08\x07onnx-ish bytes" * 100
 NAMES = ("models.example", "other.example")
+SIGNATURE = "operator-signed-credential-0123456789"
+SIGNED_QUERY = f"X-Amz-Credential=AKIAOPERATOR&X-Amz-Signature={SIGNATURE}"
 
 
 def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
@@ -64,6 +66,9 @@ class Handler(BaseHTTPRequestHandler):
         routes: dict[str, Callable[[], None]] = {
             "/model.onnx": lambda: self._send(200, BODY),
             "/same-host": lambda: self._redirect(f"https://models.example:{port}/model.onnx"),
+            # A redirect to a signed URL, as an object store's presigned one: its query carries a credential.
+            "/signed": lambda: self._redirect(f"/model.onnx?{SIGNED_QUERY}"),
+            "/signed-missing": lambda: self._redirect(f"/missing?{SIGNED_QUERY}"),
             "/relative": lambda: self._redirect("/model.onnx"),
             "/to-http": lambda: self._redirect(f"http://models.example:{port}/model.onnx"),
             "/to-loopback": lambda: self._redirect("http://127.0.0.1/latest/meta-data/"),
@@ -77,7 +82,7 @@ class Handler(BaseHTTPRequestHandler):
             "/unavailable": lambda: self._send(503, b"busy"),
             "/missing": lambda: self._send(404, b"no"),
         }
-        routes.get(self.path, lambda: self._send(404, b"no"))()
+        routes.get(self.path.partition("?")[0], lambda: self._send(404, b"no"))()
 
     def _headers(self, status: int, headers: dict[str, str]) -> None:
         self.send_response(status)
