@@ -108,6 +108,7 @@ def test_an_import_from_the_hub_shows_its_progress_then_turns_ready_on_the_model
     assert "Imported from huggingface: acme/tiny-onnx" in source_line and ONNX_COMMIT[:12] in source_line
 
     version = ModelVersion.objects.get(model__name="tiny")
+    assert isinstance(version.source, dict)
     assert (version.status, version.format, version.source["fetched"]["commit"]) == ("ready", "onnx", ONNX_COMMIT)
     assert any(item.path.startswith("/cdn/") for item in held_hub.received), "the bytes came from the hub's CDN"
     page.context.close()
