@@ -1,5 +1,6 @@
-"""The end-to-end tests' fixtures: the gRPC gateway over a real socket, the schema tests' world (the portal over
-real HTTP with its worker and beat is in the root conftest.py: the CLI's end-to-end tests use it too)."""
+"""The end-to-end tests' fixtures: the gRPC gateway over a real socket, the browser tests' Chromium, the schema tests'
+world (the portal over real HTTP with its worker and beat is in the root conftest.py: the CLI's end-to-end tests use
+it too)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,16 @@ def grpc_gateway(portal_url: str, tmp_path: Path) -> Iterator[GrpcGatewayProcess
         log = tmp_path / "logs" / "grpc.log"
         if log.exists():
             print("--- grpc.log (last lines) ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """A headless Chromium for the browser tests (tests/support/browser.py), one per module: a module's pages are
+    new contexts of it, so that no test sees another's cookies."""
+    from tests.support.browser import launched_chromium
+
+    with launched_chromium() as instance:
+        yield instance
 
 
 @pytest.fixture

@@ -48,6 +48,7 @@ SLOW_FILES = (
     "models_registry/tests/test_upload_reservations.py",
     "performance/tests/test_api_pipeline.py",
     "portal/tests/test_portal_tracing.py",
+    "tests/test_browser_import.py",
     "tests/test_layers.py",
     "tests/test_mlflow_e2e.py",
     "tests/test_mlflow_import_e2e.py",

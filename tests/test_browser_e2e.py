@@ -13,11 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,52 +24,17 @@ import pytest
 
 from deployments.models import Deployment
 from models_registry.models import ModelVersion
-from tests.markers import require
+from tests.support.browser import sign_in
 from tests.support.people import Person, make_person
 
 pytestmark = [pytest.mark.browser, pytest.mark.triton, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 SCREENSHOTS = Path(os.environ.get("MODELPORT_SCREENSHOTS_DIR") or Path(tempfile.gettempdir()) / "modelport-screenshots")
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--disable-dev-shm-usage", "--no-first-run"]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    require("browser", "drives a real browser")
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Chromium is missing: `make browser-deps` installs Debian's chromium package")
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API keeps an event loop running in this thread; the tests' own database calls are still
-    # synchronous and safe, so Django's async guard is told so (Django's documented escape hatch), for these
-    # tests only.
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    try:
-        with sync_playwright() as playwright:
-            instance = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-            yield instance
-            instance.close()
-    finally:
-        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
 
 
 @pytest.fixture
 def alice_user(transactional_db: Any) -> Person:
     return make_person("alice", "acme", role="admin")
-
-
-def sign_in(browser: Any, portal_url: str, username: str, width: int = 1280, height: int = 900) -> Any:
-    context = browser.new_context(viewport={"width": width, "height": height})
-    page = context.new_page()
-    page.set_default_timeout(30_000)
-    page.goto(f"{portal_url}/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", "password")
-    page.click("#login-submit")
-    page.wait_for_url(f"{portal_url}/")
-    return page
 
 
 def shot(page: Any, name: str) -> None:

@@ -13,8 +13,8 @@ EntryNotFound, JSON {"error": ...}.
 
 Every request is logged (method, path, headers) so a test can assert what was sent, the Authorization header above
 all. A repo can lie: `lies` declares a size smaller than the bytes it serves, `names_listed` lists names it has no
-file for (`../../etc/passwd`), `status` makes every request to it answer that code (a 503), and the server's
-`cdn_override` serves other bytes for a sha256.
+file for (`../../etc/passwd`), `status` makes every request to it answer that code (a 503), the server's
+`cdn_override` serves other bytes for a sha256, and its `cdn_hold` keeps the CDN's answers back until it is set.
 """
 
 from __future__ import annotations
@@ -67,6 +67,9 @@ class HubServer:
         self.repos = repos
         self.received: list[Received] = []
         self.cdn_override: dict[str, bytes] = {}  # sha256 -> the bytes the CDN serves instead (a tampered object)
+        # Set to an Event: the CDN answers only once it is set (60 s at most), so that a test sees an import under
+        # way, its total known and no byte fetched, for as long as it needs.
+        self.cdn_hold: threading.Event | None = None
         self._lock = threading.Lock()
         self._server = _QuietServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -184,6 +187,8 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             self._send(200, data, headers | {"Content-Type": "application/octet-stream"}, body)
 
         def _cdn(self, sha256: str, body: bool) -> None:
+            if hub.cdn_hold is not None:
+                hub.cdn_hold.wait(60)
             if sha256 in hub.cdn_override:
                 return self._send(200, hub.cdn_override[sha256], {"Content-Type": "application/octet-stream"}, body)
             for repo in hub.repos.values():
