@@ -443,6 +443,11 @@ def _flavor_file(model_dir: Path, relative: object, what: str) -> Path:
     return path
 
 
+_NOT_TORCHSCRIPT = ("The MLflow pytorch model is not TorchScript (it is a pickled torch.save() or a pt2 export, which "
+                    "the portal does not unpickle): log a scripted model, "
+                    "mlflow.pytorch.log_model(torch.jit.script(model), ...).")
+
+
 def _convert(mlmodel: dict[str, Any], staging: Path, model_dir: Path, ctx: FetchContext,
              record: dict[str, Any]) -> Fetched:
     flavors: dict[str, Any] = mlmodel["flavors"]
@@ -457,11 +462,15 @@ def _convert(mlmodel: dict[str, Any], staging: Path, model_dir: Path, ctx: Fetch
     if isinstance(flavors.get("pytorch"), dict):
         conf = flavors["pytorch"]
         data = conf.get("model_data", "data")
+        # MLflow writes data/model.pth (TorchScript, or a pickled torch.save) or, for serialization_format="pt2",
+        # data/model.pt2 (torch.export.save, whose weights and sample inputs are pickles too). Which one is told
+        # from the file's name and its zip's central directory alone: nothing in either is ever unpickled here.
+        if isinstance(data, str) and not target_path(model_dir, f"{data}/model.pth").is_file() and \
+                target_path(model_dir, f"{data}/model.pt2").is_file():
+            raise SourceRefused(_NOT_TORCHSCRIPT)
         source = _flavor_file(model_dir, f"{data}/model.pth" if isinstance(data, str) else None, "PyTorch model")
         if not _is_torchscript(source):
-            raise SourceRefused("The MLflow pytorch model is not TorchScript (it is a pickled torch.save() or a pt2 "
-                                "export, which the portal does not unpickle): log a scripted model, "
-                                "mlflow.pytorch.log_model(torch.jit.script(model), ...).")
+            raise SourceRefused(_NOT_TORCHSCRIPT)
         converted = convert_signature(mlmodel)
         out = ctx.workdir / "model.pt"
         shutil.move(source, out)
