@@ -96,9 +96,9 @@ def test_a_pickled_pytorch_model_is_refused_by_the_worker_without_being_unpickle
     """mlflow.pytorch.log_model(nn.Module)'s layout, its torch.save data.pkl a pickle that leaves a mark in tmp_path
     when unpickled (the worker can write there): the import is invalid, saying to log TorchScript, and no mark."""
     marker = tmp_path / "unpickled"
-    registered = support.register_artifacts(mlflow_server, "torch-pickled-e2e", support.pickled_pytorch_files(marker),
-                                            tmp_path / "logged")
-    version = import_from_mlflow(alice_tx, "pickled", f"models:/torch-pickled-e2e/{registered}")
+    files = support.pickled_pytorch_files(marker)
+    registered = support.register_artifacts(mlflow_server, "digits-torch-pickled", files, tmp_path / "logged")
+    version = import_from_mlflow(alice_tx, "pickled", f"models:/digits-torch-pickled/{registered}")
     assert version.status == "invalid"
     assert "not TorchScript" in version.error and "mlflow.pytorch.log_model(torch.jit.script(model), ...)" in \
         version.error
