@@ -216,8 +216,8 @@ def log_pyfunc(server: MlflowServer, name: str, python_model: Any, experiment_id
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     try:
         with mlflow.start_run(experiment_id=experiment_id):
-            # numpy unpinned: MLflow would pin this process's (2.x), and the runtime env serves with its own (1.26),
-            # a conflict pip reports at deploy time. A model meant for Triton states what it needs of the serving env.
+            # Requirements stated, as a model meant for Triton states what it needs of the serving env; MLflow's
+            # default pins (this process' numpy 2.x among them) are log_pyfunc_with_defaults'.
             info = mlflow.pyfunc.log_model(name="model", python_model=python_model, registered_model_name=name,
                                            signature=infer_signature(EXAMPLE, EXAMPLE * 3),
                                            pip_requirements=[f"mlflow=={mlflow.__version__}",
