@@ -131,6 +131,26 @@ def satisfied_by(requirement: Requirement, identity: RuntimeIdentity) -> bool:
     return False
 
 
+def runtime_conflicts(requirements: Sequence[Requirement], identity: RuntimeIdentity) -> list[str]:
+    """Why each requirement the runtime env contradicts cannot be installed, one sentence each: it names a package
+    the runtime env has at a version its specifier excludes (`numpy==2.4.6` over numpy 1.26.4, which an MLflow model
+    pins by default). Every package of the runtime env is a constraint of the build, so pip could only fail on it,
+    and its message says ResolutionImpossible; this says which line, and what would do. A requirement with a marker
+    is left to pip (whether it applies is the runtime env's python's to judge)."""
+    versions = {canonicalize_name(name): version
+                for name, _, version in (line.partition("==") for line in identity.distributions)}
+    found: list[str] = []
+    for requirement in requirements:
+        version = versions.get(canonicalize_name(requirement.name))
+        if requirement.marker or version is None or requirement.specifier.contains(version, prereleases=True):
+            continue
+        found.append(f"{requirement} asks for another {requirement.name} than the runtime env's {version}, and a "
+                     f"python model's environment keeps every package the runtime env serves with at its version: "
+                     f"ask for a range that holds {version} (or no version), e.g. when logging an MLflow model with "
+                     "pip_requirements=[...]")
+    return found
+
+
 def env_key(requirements: Sequence[str], identity: RuntimeIdentity) -> str:
     """The environment's name: the same requirement set on the same runtime env, the same key."""
     text = json.dumps({"v": KEY_VERSION, "requirements": list(requirements), "python": identity.python_version,

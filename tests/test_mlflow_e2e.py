@@ -62,6 +62,25 @@ def test_a_pyfunc_model_answers_in_triton_as_mlflow_predicts(mlflow_for_the_work
     np.testing.assert_allclose(_call("triple", "triple", x), np.asarray(expected, dtype=np.float32))
 
 
+def test_a_pyfunc_logged_with_mlflows_default_pins_deploys_on_the_runtimes_numpy(
+    mlflow_for_the_workers: str, alice_tx: Person, portal_url: str, mlflow_server: MlflowServer,
+) -> None:
+    """MLflow pins what the logging machine had, numpy 2.x among it; the runtime env serves numpy 1.26, which no
+    environment replaces. The import leaves numpy to it (the environment is the one the pyfunc above built), and
+    the weights numpy 2 pickled load in Triton on numpy 1."""
+    version = support.log_pyfunc_with_defaults(mlflow_server, "digits-e2e-weighted", support.Weighted())
+    uri = f"models:/digits-e2e-weighted/{version}"
+    logged = Path(mlflow.pyfunc.get_model_dependencies(uri)).read_text().split()
+    assert f"numpy=={np.__version__}" in logged and np.__version__.startswith("2.")
+    pushed = imported(alice_tx, "weighted", uri)
+    assert "numpy" in pushed.requirements and not any(line.startswith("numpy=") for line in pushed.requirements)
+    deploy(alice_tx, "weighted", [{"model": "weighted"}])
+    wait_status(alice_tx, "weighted", "ready", timeout=300)
+    x = np.array([[1.5, -2.0, 3.25], [0.0, 10.0, -7.5]], dtype=np.float32)
+    expected = mlflow.pyfunc.load_model(uri).predict(x)
+    np.testing.assert_allclose(_call("weighted", "weighted", x), np.asarray(expected, dtype=np.float32))
+
+
 def test_a_pyfunc_model_on_columns_takes_one_tensor_a_column(mlflow_for_the_workers: str, alice_tx: Person,
                                                              portal_url: str, mlflow_server: MlflowServer) -> None:
     import pandas as pd

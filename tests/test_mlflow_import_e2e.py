@@ -89,6 +89,22 @@ def test_a_pickle_imported_through_the_api_is_never_unpickled_by_the_worker(
     assert not marker.exists()
 
 
+def test_a_pickled_pytorch_model_is_refused_by_the_worker_without_being_unpickled(
+    mlflow_for_the_workers: str, alice_tx: Person, celery_processes: Any, mlflow_server: MlflowServer,
+    tmp_path: Path,
+) -> None:
+    """mlflow.pytorch.log_model(nn.Module)'s layout, its torch.save data.pkl a pickle that leaves a mark in tmp_path
+    when unpickled (the worker can write there): the import is invalid, saying to log TorchScript, and no mark."""
+    marker = tmp_path / "unpickled"
+    files = support.pickled_pytorch_files(marker)
+    registered = support.register_artifacts(mlflow_server, "digits-torch-pickled", files, tmp_path / "logged")
+    version = import_from_mlflow(alice_tx, "pickled", f"models:/digits-torch-pickled/{registered}")
+    assert version.status == "invalid"
+    assert "not TorchScript" in version.error and "mlflow.pytorch.log_model(torch.jit.script(model), ...)" in \
+        version.error
+    assert not marker.exists()
+
+
 def test_a_link_to_etc_in_the_artifact_tree_makes_the_import_invalid_naming_it(
     mlflow_for_the_workers: str, alice_tx: Person, celery_processes: Any, mlflow_server: MlflowServer,
     tmp_path: Path,

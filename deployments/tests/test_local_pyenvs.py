@@ -15,6 +15,7 @@ import pytest
 
 from deployments import pyenvs, reconcile, tasks
 from deployments.models import Deployment, Revision, TritonServer
+from deployments.render import RenderError
 from deployments.runtimes.base import PREPARED, Preparation, PreparationFailed
 from deployments.runtimes.local import files as local_files
 from deployments.runtimes.local import pyenv as local_pyenv
@@ -81,9 +82,40 @@ def test_requirements_the_runtime_env_satisfies_need_no_environment(alice: Perso
     assert local_pyenv.python_env_for(revision.spec) is None
     assert local_pyenv.prepare_python_env(revision) == PREPARED
     assert queued == []
-    for number, needs_one in enumerate((b"numpy<1\n", b"pyyaml[extra]\n", b'numpy; python_version >= "3"\n')):
+    for number, needs_one in enumerate((b"pyyaml[extra]\n", b'numpy; python_version >= "3"\n')):
         other = revision_needing(alice, needs_one, name=f"other{number}")
         assert local_pyenv.python_env_for(other.spec) is not None, needs_one
+
+
+def test_a_requirement_the_runtime_env_contradicts_is_refused_naming_it_never_given_to_pip(
+        alice: Person, queued: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """numpy==2.4.6 (an MLflow model's default pin) over a runtime env serving numpy 1.26.4: every package of the
+    runtime env is a constraint of the build, so pip could only say ResolutionImpossible. The deployment is a 400
+    naming the line; a revision planned before the runtime env changed fails its preparation saying the same."""
+    numpy = next(line for line in pyenvs.runtime_identity(local_pyenv.runtime_env().bin_dir / "python",
+                                                          local_pyenv.runtime_env().site_packages).distributions
+                 if line.startswith("numpy=="))
+    ready_version(alice, "pinned", python_model_zip({"requirements.txt": b"numpy==1.0.0\ntabulate\n"}), "pinned.zip",
+                  PYTHON_SIGNATURE)
+    response = alice.client().post("/api/v1/deployments/", {"name": "pinned", "models": [{"model": "pinned"}]},
+                                   format="json")
+    assert response.status_code == 400, response.json()
+    version = numpy.partition("==")[2]
+    assert response.json()["error"]["fields"]["models[0].requirements"] == [
+        f"model 'pinned' version 1: numpy==1.0.0 asks for another numpy than the runtime env's {version}, and a "
+        "python model's environment keeps every package the runtime env serves with at its version: ask for a "
+        f"range that holds {version} (or no version), e.g. when logging an MLflow model with pip_requirements=[...]"]
+
+    revision = revision_needing(alice, b"numpy==2.4.6\ntabulate\n", name="planned")
+    pyenvs.clear_cache()
+    monkeypatch.setattr(pyenvs, "runtime_identity",
+                        lambda *args, **kwargs: pyenvs.RuntimeIdentity("3.11.7", ("numpy==1.26.4",)))
+    with pytest.raises(RenderError, match=r"numpy==2\.4\.6 asks for another numpy than the runtime env's 1\.26\.4"):
+        local_pyenv.prepare_python_env(revision)
+    pip = FakePip()
+    use_pip(monkeypatch, pip)
+    assert local_pyenv.build_python_env(revision.pk) == revision.deployment_id
+    assert pip.commands == [] and queued == []
 
 
 def test_the_build_is_queued_once_waited_for_and_then_the_revision_is_prepared(

@@ -122,6 +122,20 @@ def test_what_the_runtime_env_has_needs_no_environment(line: str, satisfied: boo
     assert pyenvs.satisfied_by(requirement_lines.parse_line(line), IDENTITY) is satisfied
 
 
+@pytest.mark.parametrize(("line", "conflicts"), [
+    ("numpy==2.4.6", True), ("NumPy>=2", True), ("onnxruntime<1", True), ("numpy[extra]==2.4.6", True),
+    ("numpy", False), ("numpy==1.26.*", False), ("numpy>=1.26,<3", False), ("tabulate==0.9", False),
+    ('numpy==2.4.6; python_version >= "3"', False),  # whether a marker applies is pip's to judge
+])
+def test_a_requirement_the_runtime_env_contradicts_is_named_with_its_version(line: str, conflicts: bool) -> None:
+    found = pyenvs.runtime_conflicts([requirement_lines.parse_line(line)], IDENTITY)
+    assert bool(found) is conflicts
+    if conflicts:
+        name = "onnxruntime" if "onnxruntime" in line else "numpy"
+        assert found[0].startswith(f"{requirement_lines.parse_line(line)} asks for another")
+        assert f"the runtime env's {dict(d.split('==') for d in IDENTITY.distributions)[name]}" in found[0]
+
+
 def test_the_runtime_envs_identity_is_asked_once_until_its_site_packages_change(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pyenvs.clear_cache()

@@ -473,6 +473,11 @@ def _flavor_file(model_dir: Path, relative: object, what: str) -> Path:
     return path
 
 
+_NOT_TORCHSCRIPT = ("The MLflow pytorch model is not TorchScript (it is a pickled torch.save() or a pt2 export, which "
+                    "the portal does not unpickle): log a scripted model, "
+                    "mlflow.pytorch.log_model(torch.jit.script(model), ...).")
+
+
 def _convert(mlmodel: dict[str, Any], staging: Path, model_dir: Path, ctx: FetchContext,
              record: dict[str, Any]) -> Fetched:
     flavors: dict[str, Any] = mlmodel["flavors"]
@@ -487,11 +492,15 @@ def _convert(mlmodel: dict[str, Any], staging: Path, model_dir: Path, ctx: Fetch
     if isinstance(flavors.get("pytorch"), dict):
         conf = flavors["pytorch"]
         data = conf.get("model_data", "data")
+        # MLflow writes data/model.pth (TorchScript, or a pickled torch.save) or, for serialization_format="pt2",
+        # data/model.pt2 (torch.export.save, whose weights and sample inputs are pickles too). Which one is told
+        # from the file's name and its zip's central directory alone: nothing in either is ever unpickled here.
+        if isinstance(data, str) and not target_path(model_dir, f"{data}/model.pth").is_file() and \
+                target_path(model_dir, f"{data}/model.pt2").is_file():
+            raise SourceRefused(_NOT_TORCHSCRIPT)
         source = _flavor_file(model_dir, f"{data}/model.pth" if isinstance(data, str) else None, "PyTorch model")
         if not _is_torchscript(source):
-            raise SourceRefused("The MLflow pytorch model is not TorchScript (it is a pickled torch.save() or a pt2 "
-                                "export, which the portal does not unpickle): log a scripted model, "
-                                "mlflow.pytorch.log_model(torch.jit.script(model), ...).")
+            raise SourceRefused(_NOT_TORCHSCRIPT)
         converted = convert_signature(mlmodel)
         out = ctx.workdir / "model.pt"
         shutil.move(source, out)
@@ -546,8 +555,17 @@ def _requirements(model_dir: Path, pyfunc: dict[str, Any]) -> list[str]:
     the environment builds in seconds (8 s here, against minutes); and "X or newer" because every package of the
     runtime env is a constraint of that build, and an exact old mlflow can pin below one of them (mlflow-skinny
     3.17.2 wants importlib-metadata<10, the runtime env has 10.2.0; 3.18.0 fits). pandas, which pyfunc needs and
-    skinny does not pull, is added. The other lines are the model's own; inspection checks every line again (plain
-    PEP 508 requirements only)."""
+    skinny does not pull, is added.
+
+    An exact numpy pin (`numpy==2.4.6`, which MLflow writes by default: the logging machine's version) becomes
+    `numpy`. Triton's python backend serves every python model with its own numpy, the runtime env's (numpy<2 on
+    every runtime: the stub is built against it, docs/local-runtime.md), and an environment never replaces it (the
+    runtime env's packages are constraints of its build); kept, the pin fails that build at deploy time with pip's
+    ResolutionImpossible. model.py lets what numpy 2 pickled load on numpy 1 (_NUMPY_ALIAS). A numpy range the
+    model states (`numpy>=2.1`) is kept: the deployment's plan check refuses it naming the runtime's numpy. The pins
+    as logged stay in the model's own folder (mlflow_model/requirements.txt), whose sha256 the version records.
+
+    The other lines are the model's own; inspection checks every line again (plain PEP 508 requirements only)."""
     lines: list[str] = []
     if (model_dir / "requirements.txt").is_file():
         lines = [line.strip() for line in _read_small(model_dir / "requirements.txt").splitlines()]
@@ -571,12 +589,60 @@ def _requirements(model_dir: Path, pyfunc: dict[str, Any]) -> list[str]:
             line = f"mlflow-skinny>={full['version']}" if full["version"] else "mlflow-skinny"
         elif re.match(r"^mlflow\b(?![-_.])", line):
             line = "mlflow-skinny" + line[len("mlflow"):].split("]", 1)[-1].lstrip()  # other specifiers, kept
+        elif re.match(r"^numpy\s*==\s*[0-9][0-9A-Za-z.*+!]*\s*(?:;.*)?$", line, re.IGNORECASE):
+            line = "numpy"
         kept.append(line)
     if not any(re.match(r"^mlflow-skinny\b", line) for line in kept):
         kept.insert(0, "mlflow-skinny")
     if not any(re.match(r"^pandas\b", line) for line in kept):
         kept.append("pandas")
     return kept
+
+
+# Part of model.py, run before the model is unpickled. A model logged under numpy 2 names numpy 2's modules in its
+# pickle (an array cloudpickled is numpy._core.numeric._frombuffer), and numpy 1.26, the serving numpy, has only a
+# few of those names (numpy._core.multiarray, ...): unpickled as it is, it fails with "No module named
+# 'numpy._core.numeric'". numpy 2 answers numpy 1's names (numpy.core.X) with its numpy._core.X; this is the other
+# way round, the numpy._core.X numpy 1 lacks answered with its numpy.core.X (the same functions and the same array
+# layout under numpy 1's name). Inserted into _MODEL_PY by format(), which leaves what it inserts as it is.
+_NUMPY_ALIAS = '''
+def _numpy_2_names_on_numpy_1():
+    import importlib
+    import importlib.abc
+    import importlib.util
+    import sys
+
+    import numpy
+
+    if int(numpy.__version__.split(".")[0]) >= 2:
+        return
+    prefix = "numpy._core."
+
+    class NumpyCoreAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        # Last on sys.meta_path: a numpy._core module numpy 1 has is its own, found before this.
+        def find_spec(self, name, path=None, target=None):
+            if not name.startswith(prefix):
+                return None
+            try:
+                found = importlib.util.find_spec("numpy.core." + name[len(prefix):])
+            except ImportError:
+                return None
+            return importlib.util.spec_from_loader(name, self) if found is not None else None
+
+        own_specs = {}
+
+        def create_module(self, spec):
+            module = importlib.import_module("numpy.core." + spec.name[len(prefix):])
+            self.own_specs[module.__name__] = module.__spec__
+            return module
+
+        def exec_module(self, module):
+            # The import system set the alias' spec on numpy 1's module: it gets its own back.
+            module.__spec__ = self.own_specs.get(module.__name__, module.__spec__)
+
+    if not any(type(finder).__name__ == "NumpyCoreAlias" for finder in sys.meta_path):
+        sys.meta_path.append(NumpyCoreAlias())
+'''
 
 
 _MODEL_PY = '''"""Generated by Modelport from an MLflow pyfunc model: loads ./mlflow_model with
@@ -629,8 +695,11 @@ def _as_outputs(result):
     return outputs
 
 
+{numpy_alias}
+
 class TritonPythonModel:
     def initialize(self, args):
+        _numpy_2_names_on_numpy_1()
         import mlflow.pyfunc
 
         self.model = mlflow.pyfunc.load_model(os.path.join(os.path.dirname(os.path.abspath(__file__)), "mlflow_model"))
@@ -653,4 +722,4 @@ def _model_py(converted: Converted) -> str:
             "input_kind": converted.input_kind, "output_kind": converted.output_kind,
             "named_inputs": converted.named_inputs, "named_outputs": converted.named_outputs}
     # JSON escapes every quote, so the text can never close the raw string it is written into.
-    return _MODEL_PY.format(spec=json.dumps(spec))
+    return _MODEL_PY.format(spec=json.dumps(spec), numpy_alias=_NUMPY_ALIAS.strip())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import pickle
 import tarfile
 import threading
 import time
@@ -144,16 +145,7 @@ def test_a_local_artifact_root_is_fetched_without_the_proxy(tracking: MlflowServ
 def _run_artifacts(tracking: MlflowServer, name: str, files: dict[str, bytes], tmp_path: Path,
                    experiment_id: str | None = None) -> str:
     """A version registered from a run's artifact path (the pre-MLflow-3 way), with files laid out by hand."""
-    folder = tmp_path / "logged"
-    for relative, data in files.items():
-        (folder / relative).parent.mkdir(parents=True, exist_ok=True)
-        (folder / relative).write_bytes(data)
-    mlflow.set_tracking_uri(tracking.url)
-    client = mlflow.MlflowClient(tracking_uri=tracking.url)
-    with mlflow.start_run(experiment_id=experiment_id) as run:
-        mlflow.log_artifacts(str(folder), "model")
-    client.create_registered_model(name)
-    return str(client.create_model_version(name, f"{run.info.artifact_uri}/model", run.info.run_id).version)
+    return support.register_artifacts(tracking, name, files, tmp_path / "logged", experiment_id)
 
 
 PYTORCH_MLMODEL = yaml.safe_dump({
@@ -184,12 +176,25 @@ def test_a_torchscript_pytorch_model_comes_as_its_pt_file(tracking: MlflowServer
     assert fetched.record["source"] == f"runs:/{fetched.record['run_id']}/model"
 
 
-def test_a_pickled_pytorch_model_is_refused_saying_to_log_torchscript(tracking: MlflowServer,
-                                                                      tmp_path: Path) -> None:
-    version = _run_artifacts(tracking, "torch-pickled", {
-        "MLmodel": PYTORCH_MLMODEL, "data/model.pth": _zip({"archive/data.pkl": b"\x80\x02}q\x00."})}, tmp_path)
-    with pytest.raises(SourceRefused, match=r"torch\.jit\.script"):
-        fetch(f"models:/torch-pickled/{version}", tmp_path / "work")
+@pytest.mark.parametrize("layout", ["pickle", "pt2"])
+def test_a_pytorch_model_that_is_not_torchscript_is_refused_and_never_unpickled(
+    tracking: MlflowServer, tmp_path: Path, layout: str,
+) -> None:
+    """mlflow.pytorch.log_model(nn.Module) pickles the module (torch.save), and its pt2 export pickles weights and
+    sample inputs: either is refused from its file names and zip directory, with the message saying what to log, and
+    its pickle (one that leaves a mark when unpickled) is never opened; nor is the python_function flavor beside it
+    taken instead, which would load the same pickle."""
+    marker = tmp_path / "unpickled"
+    pickle.loads(support.marker_pickle(tmp_path / "control"))  # the attempt is real: unpickled, it leaves its mark
+    assert (tmp_path / "control").exists()
+    files = support.pickled_pytorch_files(marker) if layout == "pickle" else support.pt2_pytorch_files(marker)
+    version = _run_artifacts(tracking, f"torch-{layout}", files, tmp_path)
+    with pytest.raises(SourceRefused) as refused:
+        fetch(f"models:/torch-{layout}/{version}", tmp_path / "work")
+    assert str(refused.value) == (
+        "The MLflow pytorch model is not TorchScript (it is a pickled torch.save() or a pt2 export, which the portal "
+        "does not unpickle): log a scripted model, mlflow.pytorch.log_model(torch.jit.script(model), ...).")
+    assert not marker.exists()
 
 
 def test_a_keras_tensorflow_model_is_refused_and_a_saved_model_is_packed(tracking: MlflowServer,

@@ -216,12 +216,127 @@ def log_pyfunc(server: MlflowServer, name: str, python_model: Any, experiment_id
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     try:
         with mlflow.start_run(experiment_id=experiment_id):
-            # numpy unpinned: MLflow would pin this process's (2.x), and the runtime env serves with its own (1.26),
-            # a conflict pip reports at deploy time. A model meant for Triton states what it needs of the serving env.
+            # Requirements stated, as a model meant for Triton states what it needs of the serving env; MLflow's
+            # default pins (this process' numpy 2.x among them) are log_pyfunc_with_defaults'.
             info = mlflow.pyfunc.log_model(name="model", python_model=python_model, registered_model_name=name,
                                            signature=infer_signature(EXAMPLE, EXAMPLE * 3),
                                            pip_requirements=[f"mlflow=={mlflow.__version__}",
                                                              f"cloudpickle=={cloudpickle.__version__}", "numpy"])
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    return str(info.registered_model_version)
+
+
+def register_artifacts(server: MlflowServer, name: str, files: dict[str, bytes], folder: Path,
+                       experiment_id: str | None = None) -> str:
+    """A version registered from a run's artifact path (the pre-MLflow-3 way), its files laid out by hand in
+    `folder` and logged with mlflow.log_artifacts; the version. For layouts logging needs a framework for (torch,
+    TensorFlow), which the test environment lacks."""
+    for relative, data in files.items():
+        (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+        (folder / relative).write_bytes(data)
+    mlflow = _mlflow(server)
+    client = mlflow.MlflowClient(tracking_uri=server.url)
+    with mlflow.start_run(experiment_id=experiment_id) as run:
+        mlflow.log_artifacts(str(folder), "model")
+    client.create_registered_model(name)
+    return str(client.create_model_version(name, f"{run.info.artifact_uri}/model", run.info.run_id).version)
+
+
+class _WritesMarker:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return exec, (f"open({self.marker!r}, 'a').write('unpickled\\n')",)
+
+
+def marker_pickle(marker: Path) -> bytes:
+    """A pickle that, unpickled, appends a line to `marker`: the stand-in for the data.pkl of a torch.save(), whose
+    unpickling runs whatever it names."""
+    import pickle
+
+    return pickle.dumps(_WritesMarker(str(marker)), protocol=2)
+
+
+def _zip(entries: dict[str, bytes]) -> bytes:
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in entries.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def _pytorch_mlmodel(pyfunc: bool) -> bytes:
+    """MLmodel as mlflow.pytorch.log_model writes it (mlflow 3.17): the pytorch flavor, and python_function through
+    mlflow.pytorch beside it (a pt2 export of several inputs has none)."""
+    import yaml
+
+    flavors: dict[str, Any] = {"pytorch": {"model_data": "data", "pytorch_version": "2.13.0+cpu", "code": None}}
+    if pyfunc:
+        flavors["python_function"] = {"loader_module": "mlflow.pytorch", "data": "data",
+                                      "pickle_module_name": "mlflow.pytorch.pickle_module",
+                                      "model_config": {"device": None}, "python_version": "3.11.7",
+                                      "env": {"conda": "conda.yaml", "virtualenv": "python_env.yaml"}}
+    spec = '[{"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": [-1, 3]}}]'
+    return yaml.safe_dump({"flavors": flavors, "mlflow_version": mlflow.__version__,
+                           "signature": {"inputs": spec, "outputs": spec}}).encode()
+
+
+def pickled_pytorch_files(marker: Path) -> dict[str, bytes]:
+    """The files of mlflow.pytorch.log_model(nn.Module) (serialization_format "pickle", MLflow's default outside
+    Databricks): data/model.pth is torch.save's zip, whose data.pkl is the pickled module; here one that leaves
+    `marker` when unpickled."""
+    return {
+        "MLmodel": _pytorch_mlmodel(pyfunc=True),
+        "data/model.pth": _zip({"model/data.pkl": marker_pickle(marker), "model/byteorder": b"little",
+                                "model/data/0": b"\0" * 12, "model/version": b"3\n",
+                                "model/.data/serialization_id": b"1234567890"}),
+        "data/pickle_module_info.txt": b"mlflow.pytorch.pickle_module",
+        "requirements.txt": b"mlflow==3.17.2\ntorch==2.13.0\ncloudpickle==3.1.3\n",
+    }
+
+
+def pt2_pytorch_files(marker: Path) -> dict[str, bytes]:
+    """The files of mlflow.pytorch.log_model(nn.Module, serialization_format="pt2"): data/model.pt2 is
+    torch.export.save's zip, whose weights and sample inputs are pickles (torch.save of tensors); here one that
+    leaves `marker` when unpickled."""
+    return {
+        "MLmodel": _pytorch_mlmodel(pyfunc=True),
+        "data/model.pt2": _zip({"model/archive_format": b"pt2", "model/archive_version": b"0",
+                                "model/models/model.json": b"{}",
+                                "model/data/weights/model_weights_config.json": b"{}",
+                                "model/data/sample_inputs/model.pt": marker_pickle(marker)}),
+        "requirements.txt": b"mlflow==3.17.2\ntorch==2.13.0\n",
+    }
+
+
+class Weighted(PythonModel):
+    """A pyfunc holding an array, as most models do: pickled under this process' numpy 2, loaded by Triton's numpy 1."""
+
+    def __init__(self) -> None:
+        self.weights = np.array([0.5, -2.0, 4.0], dtype=np.float32)
+
+    def predict(self, context, model_input, params=None):  # untyped: MLflow reads hints as a schema
+        return np.asarray(model_input, dtype=np.float32) * self.weights
+
+
+def log_pyfunc_with_defaults(server: MlflowServer, name: str, python_model: Any) -> str:
+    """Registers a pyfunc as a notebook would, requirements left to MLflow (it pins this machine's mlflow,
+    cloudpickle and numpy 2.x); the version."""
+    import cloudpickle
+
+    mlflow = _mlflow(server)
+    from mlflow.models import infer_signature
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        with mlflow.start_run():
+            info = mlflow.pyfunc.log_model(name="model", python_model=python_model, registered_model_name=name,
+                                           signature=infer_signature(EXAMPLE, EXAMPLE))
     finally:
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
     return str(info.registered_model_version)

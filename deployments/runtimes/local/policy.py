@@ -67,14 +67,29 @@ def plan_errors(spec: RevisionSpec) -> dict[str, list[str]]:
     return errors
 
 
+def _runtime_identity() -> pyenvs.RuntimeIdentity:
+    env = pyenv.runtime_env()
+    return pyenvs.runtime_identity(env.bin_dir / "python", env.site_packages, env=server_environment(env))
+
+
 def _check_requirements(entry: ModelEntry, add: Callable[[str, str], None]) -> None:
     """The local runtime installs a python model's requirements (deployments/pyenvs.py) when each line is a plain
-    requirement; whether pip finds them shows when the environment is built (the deployment fails with pip's
-    message)."""
+    requirement the runtime env does not contradict (`numpy==2.4.6` over its numpy 1.26.4 can never be installed:
+    refused here, naming the line, rather than failing the build with pip's ResolutionImpossible); whether pip
+    finds the rest shows when the environment is built (the deployment fails with pip's message)."""
     try:
-        requirement_lines.parse_requirements(list(entry.requirements))
+        parsed = requirement_lines.parse_requirements(list(entry.requirements))
     except requirement_lines.RequirementError as exc:
         add(f"{entry.name}.requirements", f"model {entry.name!r} version {entry.version}: {exc}")
+        return
+    if not parsed:
+        return
+    try:
+        identity = _runtime_identity()
+    except (RuntimeEnvError, pyenvs.BuildError):
+        return  # said when the environment is prepared: the runtime cannot install python packages
+    for conflict in pyenvs.runtime_conflicts(parsed, identity):
+        add(f"{entry.name}.requirements", f"model {entry.name!r} version {entry.version}: {conflict}")
 
 
 def pool_requirements_refusal(spec: RevisionSpec) -> str | None:
@@ -91,9 +106,7 @@ def pool_requirements_refusal(spec: RevisionSpec) -> str | None:
         except requirement_lines.RequirementError:
             return None  # said beside the model's requirements (_check_requirements)
         try:
-            env = pyenv.runtime_env()
-            identity = pyenvs.runtime_identity(env.bin_dir / "python", env.site_packages,
-                                               env=server_environment(env))
+            identity = _runtime_identity()
         except (RuntimeEnvError, pyenvs.BuildError) as exc:
             return (f"model {entry.name!r} lists python requirements, and whether the runtime env a pool's Triton "
                     f"runs with meets them cannot be told here ({exc}): use placement mode 'dedicated'")

@@ -54,7 +54,8 @@ def python_env_for(spec: RevisionSpec) -> PythonEnv | None:
     """The environment the revision needs: the union of its python models' requirements (pipeline steps
     included; one Triton runs them all), normalized. None when they need nothing the runtime env lacks.
 
-    Raises RequirementError, RuntimeEnvError (no runtime env) or pyenvs.BuildError (its python cannot run)."""
+    Raises RequirementError (a line that is not a plain requirement, or one the runtime env contradicts),
+    RuntimeEnvError (no runtime env) or pyenvs.BuildError (its python cannot run)."""
     lines = [line for entry in spec.models for line in entry.requirements]
     if not lines:
         return None
@@ -62,6 +63,9 @@ def python_env_for(spec: RevisionSpec) -> PythonEnv | None:
     env = runtime_env()
     identity = pyenvs.runtime_identity(env.bin_dir / "python", env.site_packages,
                                        env=server_environment(env))
+    conflicts = pyenvs.runtime_conflicts(parsed, identity)
+    if conflicts:  # pip could only fail on them, saying ResolutionImpossible: said here, naming the line
+        raise requirement_lines.RequirementError("; ".join(conflicts))
     if all(pyenvs.satisfied_by(r, identity) for r in parsed):
         return None
     requirements = requirement_lines.normalized(parsed)
