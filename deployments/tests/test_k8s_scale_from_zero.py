@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 from prometheus_client import REGISTRY
+from tritonclient.grpc import service_pb2 as pb
 
 from deployments.models import Deployment, Revision
 from deployments.runtimes.kubernetes import manifests
@@ -31,6 +32,7 @@ from deployments.runtimes.kubernetes.runtime import KubernetesRuntime, target_fo
 from deployments.tests import fake_kube
 from deployments.tests.fake_kube import FakeKube
 from gateway.tests.fake_upstream import FakeUpstream, Request, echo, response
+from gateway.tests.grpc_support import PREFIX, infer_request, meta, stack
 from tests.support.gateway_calls import call, run
 from tests.support.people import Person
 
@@ -162,3 +164,37 @@ def test_a_request_at_zero_is_held_until_its_pod_is_ready_and_another_teams_held
             await app.close()
 
     run(scenario, timeout=60)
+
+
+def test_over_grpc_a_request_at_zero_is_held_and_forwarded_once_triton_answers_ready(
+        people: dict[str, Person], settings: Any) -> None:
+    """The gRPC gateway holds the same way: it asks the revision's Triton over HTTP whether it is ready (its pod's
+    HTTP port, which the NetworkPolicy opens to the gateway's pods as the gRPC one), then forwards over gRPC."""
+    settings.GATEWAY_SCALE_FROM_ZERO_WAIT_SECONDS = 10.0
+    alice = people["alice"]
+    port = free_port()
+
+    async def scenario() -> None:
+        async with stack() as (_, fake, channel):
+            def rows() -> None:
+                deployment = scale_to_zero_deployment(alice, "digits-prod", f"http://127.0.0.1:{port}")
+                Deployment.objects.filter(pk=deployment.pk).update(grpc_upstream=fake.target)
+
+            await sync_to_async(rows)()
+            sent = infer_request([2, 2], bytes(range(16)))
+            asked = asyncio.ensure_future(channel.unary_unary(PREFIX + "ModelInfer")(
+                sent, metadata=meta(alice), timeout=20))
+            deadline = time.monotonic() + 8
+            while held(alice.team.name, "digits-prod") < 1:
+                assert time.monotonic() < deadline, "the request is held"
+                await asyncio.sleep(0.02)
+            assert fake.calls == []  # nothing reached Triton while no pod was ready
+            async with FakeUpstream(triton) as pod:
+                pod.server.close()  # type: ignore[union-attr]  # the fake's own port is not the Service's
+                pod.server = await asyncio.start_server(pod._serve, "127.0.0.1", port)
+                answer = pb.ModelInferResponse.FromString(await asyncio.wait_for(asked, 15))
+            assert answer.raw_output_contents == [bytes(range(16))]
+            assert [c.method for c in fake.calls] == ["ModelInfer"]
+            assert held(alice.team.name, "digits-prod") == 0
+
+    run(scenario, timeout=40)
