@@ -103,7 +103,9 @@ class ResourcesSerializer(serializers.Serializer[Any]):
 
 
 class AutoscalingSerializer(serializers.Serializer[Any]):
-    min_replicas = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS)
+    min_replicas = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, help_text=(
+        "0: scaled to zero while unused, the first request held while a pod starts (a dedicated cluster "
+        "deployment where the operator autoscales with KEDA, KUBERNETES_AUTOSCALING=keda)."))
     max_replicas = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS)
     metric = serializers.ChoiceField(choices=["cpu", "queue_time"], default="cpu")
     target = serializers.IntegerField(min_value=1, max_value=1_000_000_000, help_text=(

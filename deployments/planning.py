@@ -178,6 +178,12 @@ def _check_sharing(team: Team, spec: RevisionSpec, errors: _Errors) -> None:
     if any(m.response_cache for m in spec.models):
         errors.add("placement", "a pool's Triton has no response cache: turn response_cache off, or use "
                                 "placement mode 'dedicated'")
+    if spec.autoscaling is not None and spec.autoscaling.scales_to_zero:
+        # A pool's pods serve every team's models; what goes when idle is a revision's models, unloaded.
+        errors.add("autoscaling.min_replicas", f"a shared deployment runs in pool {pool.name!r}, which stays up for "
+                                               "every team: its models go when idle with "
+                                               "placement.idle_unload_seconds, so use min_replicas 1 or more, or "
+                                               "placement mode 'dedicated' to scale to zero")
 
 
 def _check_deployment_settings(request: DeployRequest, errors: _Errors) -> None:
@@ -201,6 +207,8 @@ def _check_deployment_settings(request: DeployRequest, errors: _Errors) -> None:
         errors.add("placement.idle_unload_seconds", f"use between 0 (never unload) and {MAX_IDLE_UNLOAD_SECONDS} "
                                                     "seconds")
     scaling = request.autoscaling
+    if scaling is not None and scaling.min_replicas < 0:
+        errors.add("autoscaling.min_replicas", "use 0 (scale to zero) or more")
     if scaling is not None and scaling.max_replicas < scaling.min_replicas:
         errors.add("autoscaling.max_replicas", "max_replicas must be at least min_replicas")
 

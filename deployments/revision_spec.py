@@ -118,12 +118,17 @@ class MemoryBasis:
 
 @dataclass(frozen=True)
 class Autoscaling:
-    """Kubernetes only: a HorizontalPodAutoscaler between min_replicas and max_replicas."""
+    """Kubernetes only: a HorizontalPodAutoscaler between min_replicas and max_replicas (or KEDA's ScaledObject,
+    which alone may go down to 0: the gateway then holds the first request while a pod starts)."""
 
     min_replicas: int
     max_replicas: int
     target: int  # cpu: percent of the request; queue_time: microseconds per request
     metric: str = "cpu"  # "cpu" | "queue_time"
+
+    @property
+    def scales_to_zero(self) -> bool:
+        return self.min_replicas == 0
 
     def to_json(self) -> dict[str, Any]:
         return {"min_replicas": self.min_replicas, "max_replicas": self.max_replicas, "metric": self.metric,

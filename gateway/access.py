@@ -76,6 +76,9 @@ class Route:
 
     # The revisions served from a pool (shared placement, gateway/pool_names.py): their names there and loads.
     pooled: tuple[Pooled, ...] = ()
+    # The revisions (numbers) of a dedicated cluster deployment that scale to zero: a request is held while no pod
+    # of theirs is ready (gateway/scale_from_zero.py).
+    scales_to_zero: frozenset[int] = frozenset()
 
     def contract(self, revision: int, model: str) -> Contract | None:
         return self.contracts.get(revision, {}).get(model)
@@ -277,6 +280,10 @@ def _load_route(key: tuple[int, str]) -> Route | None:
                  canary_url=row["canary_upstream_url"] if running else "",
                  canary_grpc_target=row["canary_grpc_upstream"] if running else "",
                  canary_percent=row["canary_percent"] if running else 0, pooled=pooled,
+                 scales_to_zero=frozenset(
+                     number for number, spec in ((row["serving_revision__number"], row["serving_revision__spec"]),
+                                                 (row["canary_revision__number"], row["canary_revision__spec"]))
+                     if number and _scales_to_zero(spec)),
                  contracts={row["serving_revision__number"] or 0: contracts_for(row["serving_revision__spec"]),
                             row["canary_revision__number"] or -1: contracts_for(row["canary_revision__spec"])})
 
@@ -346,6 +353,11 @@ def choose(route: Route, pinned: str | None, grpc: bool = False) -> Choice:
         raise Refusal(503, f"Deployment {route.name!r} is not ready (status: {route.status}){retry}",
                       {"Retry-After": "2"})
     return Choice(stable, route.revision)
+
+
+def _scales_to_zero(spec: RevisionSpec | None) -> bool:
+    return bool(spec is not None and not spec.placement.shared and spec.autoscaling is not None
+                and spec.autoscaling.scales_to_zero)
 
 
 def _model_names(spec: RevisionSpec | None) -> frozenset[str]:

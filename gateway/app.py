@@ -30,7 +30,19 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
 from accounts.tokens import parse_bearer
-from gateway import admission, answer_params, bodies, events, not_found, pool_names, protocol, stats, traced, upstream
+from gateway import (
+    admission,
+    answer_params,
+    bodies,
+    events,
+    not_found,
+    pool_names,
+    protocol,
+    scale_from_zero,
+    stats,
+    traced,
+    upstream,
+)
 from gateway import contract as contracts
 from gateway.access import Access, Caller, Choice, Route
 from gateway.cold_start import ColdStarts
@@ -109,6 +121,7 @@ class Gateway:
                                            send_seconds=settings.GATEWAY_STREAM_SEND_SECONDS)
         self.flusher: asyncio.Task[None] | None = None
         self.cold_starts = ColdStarts()  # held first requests to idle-unloaded pool revisions
+        self.wakes = scale_from_zero.Wakes()  # held requests to dedicated deployments scaled to zero
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(PREFIX):
@@ -136,6 +149,7 @@ class Gateway:
         await self.streams.close()
         self.pool.close()
         self.cold_starts.close()
+        self.wakes.close()
         self.parsers.close()
         self.body_threads.shutdown(wait=False, cancel_futures=True)
 
@@ -166,6 +180,7 @@ class Gateway:
         route: Route | None = None
         endpoint: Endpoint | None = None
         choice: Choice | None = None
+        woken = ""  # the upstream a request was held for (a revision that scales to zero)
         code = 500
         out = send
         openai = openai_api.Outcome(arrived=started)
@@ -210,6 +225,9 @@ class Gateway:
                     code = await self._pooled_ready(out, choice.upstream, pooled)
                     return
                 raw_rest = await self.into_pool(route, pooled, caller, raw_rest, endpoint)
+            else:
+                # Scaled to zero: held (its body unread) until a pod of the revision is ready.
+                woken = await scale_from_zero.wake(self.wakes, route, choice, caller.team_id)
             target = raw_rest if not query else raw_rest + b"?" + query
             in_flight = self.collector.in_flight(route.team, route.name)
             in_flight.inc()
@@ -227,8 +245,12 @@ class Gateway:
                                                  b"/" + target, endpoint, contract, prefix, figures)
             finally:
                 in_flight.dec()
+            if woken and code < 500:
+                self.wakes.answered(woken)  # its Triton answered: the next request need not ask whether it is up
         except Refusal as exc:
             code = exc.status
+            if woken and exc.status == 502:
+                self.wakes.lost(woken)  # unreachable (scaled to zero again): the next request is held
             if openai_api.is_openai_path(scope["path"]):
                 await openai_api.send_error(out, openai_api.from_refusal(exc))
             else:

@@ -50,7 +50,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
 from accounts.tokens import parse_bearer
-from gateway import admission, grpc_protocol, not_found, pool_names, stats, traced
+from gateway import admission, grpc_protocol, not_found, pool_names, scale_from_zero, stats, traced
 from gateway import stream_figures as figures_of
 from gateway.access import Access, Caller, Choice, Route
 from gateway.cold_start import ColdStarts
@@ -189,6 +189,7 @@ class GrpcGateway:
             ("grpc.max_send_message_length", _int32(self.max_body)),
         ])
         self.cold_starts = ColdStarts()  # held first requests to idle-unloaded pool revisions
+        self.wakes = scale_from_zero.Wakes()  # held requests to dedicated deployments scaled to zero
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self.background: asyncio.Task[None] | None = None
@@ -241,6 +242,7 @@ class GrpcGateway:
         await self.limiter.close()
         await self.streams.close()
         self.cold_starts.close()
+        self.wakes.close()
         await self.channels.close()
 
     async def _housekeeping(self) -> None:
@@ -297,6 +299,8 @@ class GrpcGateway:
                                                  grpc=True).taken()
                 if pooled is not None and method.kind not in ("health", "server"):
                     request = await self._to_pool(route, pooled, caller, model, request)
+                elif pooled is None:  # scaled to zero: held until a pod of the revision is ready
+                    await scale_from_zero.wake(self.wakes, route, choice, caller.team_id)
                 # A streaming model's ModelInfer is refused here, in words naming ModelStreamInfer (issue 33).
                 contract = admission.contract(route, choice, model, method.kind)
             except Refusal as exc:
@@ -612,6 +616,8 @@ class _StreamRelay:
             if pooled is not None:
                 # Held here while an idle revision loads: the stream's later requests wait behind it, in order.
                 message = await gateway._to_pool(route, pooled, caller, summary.model, message)
+            else:  # scaled to zero: held here likewise, the stream's later requests behind it
+                await scale_from_zero.wake(gateway.wakes, route, choice, caller.team_id)
             target = choice.upstream
         except Refusal as exc:
             gateway.collector.observe(route.deployment_id, route.team, route.name, _model_label(route, summary.model),

@@ -385,6 +385,12 @@ POOL_SHARED_IDLE_UNLOAD_SECONDS = env_int("POOL_SHARED_IDLE_UNLOAD_SECONDS", 600
 POOL_PROCESS_OVERHEAD = env_str("POOL_PROCESS_OVERHEAD", "512Mi")
 # How long the gateway holds the first request to an unloaded model while it loads, before a 503 with Retry-After.
 POOL_COLD_START_WAIT_SECONDS = env_float("POOL_COLD_START_WAIT_SECONDS", 10.0, minimum=0)
+# A request to a dedicated cluster deployment scaled to zero (min_replicas 0, KEDA) is held while a pod starts: at most
+# this long (KEDA's poll, Prometheus' scrape of the gateway and the pod's start add up), then a 503 with Retry-After;
+# at most GATEWAY_MAX_HELD_PER_TEAM of a team's requests at once per gateway process, a 503 past it
+# (gateway/scale_from_zero.py).
+GATEWAY_SCALE_FROM_ZERO_WAIT_SECONDS = env_float("GATEWAY_SCALE_FROM_ZERO_WAIT_SECONDS", 60.0, minimum=0)
+GATEWAY_MAX_HELD_PER_TEAM = env_int("GATEWAY_MAX_HELD_PER_TEAM", 32, minimum=1)
 # The gateway's cold starts run in an executor of their own this big (never the one for its route and token
 # lookups), and each team has at most this many of them in flight per gateway process (more wait their turn within
 # POOL_COLD_START_WAIT_SECONDS, then 503 with Retry-After).

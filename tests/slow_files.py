@@ -19,6 +19,7 @@ SLOW_FILES = (
     "deployments/tests/test_k8s_autoscaling.py",
     "deployments/tests/test_k8s_fetch.py",
     "deployments/tests/test_k8s_runtime.py",
+    "deployments/tests/test_k8s_scale_from_zero.py",
     "deployments/tests/test_local_pyenvs.py",
     "deployments/tests/test_machine_memory.py",
     "deployments/tests/test_pool_events.py",

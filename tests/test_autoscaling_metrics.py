@@ -56,3 +56,18 @@ def test_the_keda_scaled_object_reads_recorded_metrics_only() -> None:
     for query in queries:
         assert 'team="acme"' in query and 'deployment="digits-prod"' in query and 'namespace="team-acme"' in query
         assert metric_names(query) and metric_names(query) <= recorded(), query
+
+
+def test_a_scale_to_zero_scaled_object_wakes_on_the_gateways_own_series() -> None:
+    """The demand trigger reads what the gateway exports (no recording rule: a rule's evaluation would add its interval
+    to every held request's wait), by the labels the gateway gives its series."""
+    from gateway import scale_from_zero, stats
+
+    zero = replace(TARGET, spec=RevisionSpec.from_json({**SPEC.to_json(), "autoscaling": {
+        "min_replicas": 0, "max_replicas": 8, "metric": "cpu", "target": 70}}))
+    config = replace(KubernetesConfig(), autoscaling="keda", keda_prometheus_url="http://prometheus:9090")
+    [scaled] = [o for o in manifests.build(zero, "team-acme", config) if o["kind"] == "ScaledObject"]
+    _, demand = scaled["spec"]["triggers"]
+    exported = {stats.REQUESTS._name + "_total", scale_from_zero.HELD._name}
+    assert metric_names(demand["metadata"]["query"]) == exported
+    assert list(stats.REQUESTS._labelnames[:2]) == list(scale_from_zero.HELD._labelnames) == ["team", "deployment"]

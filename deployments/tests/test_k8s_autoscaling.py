@@ -122,3 +122,59 @@ def test_stop_removes_the_scaled_object_so_that_keda_does_not_scale_the_deployme
     runtime.launch(deployment.revision)  # type: ignore[arg-type]  # start: back, at the minimum
     assert kube.get(SCALED_PATH) is not None
     assert kube.get(f"/apis/apps/v1/namespaces/{NS}/deployments/digits")["spec"]["replicas"] == 2  # type: ignore[index]
+
+
+ZERO = {"min_replicas": 0, "max_replicas": 3, "metric": "cpu", "target": 70}
+DEPLOYMENT_PATH = f"/apis/apps/v1/namespaces/{NS}/deployments/digits"
+
+
+def test_min_replicas_zero_is_a_400_unless_the_cluster_autoscales_with_keda(
+        alice: Person, digits: ModelVersion, kube: FakeKube, settings: Any) -> None:
+    payload = {"name": "digits", "runtime": "kubernetes", "models": [{"model": "digits"}], "autoscaling": ZERO}
+    response = alice.client().post("/api/v1/deployments/", payload, format="json")
+    assert response.status_code == 400, response.json()
+    [message] = response.json()["error"]["fields"]["autoscaling.min_replicas"]
+    assert "needs KEDA" in message and "KUBERNETES_AUTOSCALING=keda" in message
+    assert not Deployment.objects.filter(name="digits").exists()
+    settings.KUBERNETES_AUTOSCALING, settings.KUBERNETES_KEDA_PROMETHEUS_URL = "keda", PROMETHEUS
+    assert alice.client().post("/api/v1/deployments/", payload, format="json").status_code == 201
+
+
+def test_a_scale_to_zero_rollout_is_verified_on_a_pod_and_then_left_to_keda(
+        alice: Person, digits: ModelVersion, kube: FakeKube, cfg: KubernetesConfig, settings: Any) -> None:
+    """KEDA would take a fresh pod of an idle deployment back to zero before its revision could be verified: the
+    rollout starts one and pauses KEDA there, and the revision once ready lifts the pause. The fake plays KEDA's
+    scale to zero; the deployment stays healthy at zero (the gateway holds the next request)."""
+    settings.KUBERNETES_AUTOSCALING, settings.KUBERNETES_KEDA_PROMETHEUS_URL = "keda", PROMETHEUS
+    kube.custom_resources.add("scaledobjects.keda.sh")
+    kube.on_apply = fake_kube.rollout_succeeds
+    deployment = create(alice, autoscaling=ZERO)
+    runtime = keda(cfg)
+    launch = runtime.launch(deployment.revision)  # type: ignore[arg-type]
+    assert kube.get(DEPLOYMENT_PATH)["spec"]["replicas"] == 1  # type: ignore[index]
+    scaled = kube.get(SCALED_PATH)
+    assert scaled is not None and scaled["spec"]["minReplicaCount"] == 0
+    assert scaled["metadata"]["annotations"] == {manifests.KEDA_PAUSED_REPLICAS: "1"}
+
+    assert runtime.observe(launch).state == "ready"
+    scaled = kube.get(SCALED_PATH)
+    assert scaled is not None and not scaled["metadata"].get("annotations")
+    assert scaled["metadata"]["ownerReferences"][0]["kind"] == "Deployment"  # still goes with it
+
+    # KEDA, no request coming: the Deployment goes to zero, and that is no failure of a deployment that scales to it.
+    gone = dict(kube.get(DEPLOYMENT_PATH) or {})
+    gone["spec"] = {**gone["spec"], "replicas": 0}
+    kube.put(DEPLOYMENT_PATH, gone)
+    fake_kube.set_deployment_status(kube, gone, updated=0, available=0)
+    deployment.refresh_from_db()
+    assert runtime.check(deployment, launch).ok
+
+    # The next rollout, to a Deployment at zero, starts a pod again to verify the new revision.
+    assert alice.client().patch("/api/v1/deployments/digits/", {"autoscaling": {**ZERO, "max_replicas": 2}},
+                                format="json").status_code == 200
+    second = runtime.launch(Revision.objects.get(deployment=deployment, number=2))
+    assert kube.get(DEPLOYMENT_PATH)["spec"]["replicas"] == 1  # type: ignore[index]
+    assert kube.get(SCALED_PATH)["metadata"]["annotations"] == {  # type: ignore[index]
+        manifests.KEDA_PAUSED_REPLICAS: "1"}
+    assert runtime.observe(second).state == "ready"
+    assert not kube.get(SCALED_PATH)["metadata"].get("annotations")  # type: ignore[index]

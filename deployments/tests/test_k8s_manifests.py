@@ -441,3 +441,42 @@ def test_keda_without_a_prometheus_url_is_refused_when_the_deployment_autoscales
 def test_promql_strings_are_quoted() -> None:
     assert manifests.queue_ratio_query("ns", 'a"b', "c\\d") == (
         'max(modelport:triton_queue_compute:ratio1m{namespace="ns",team="a\\"b",deployment="c\\\\d"})')
+
+
+SCALES_TO_ZERO: dict[str, Any] = {"autoscaling": {"min_replicas": 0, "max_replicas": 4, "metric": "cpu", "target": 70}}
+
+
+def test_scale_to_zero_renders_a_scaled_object_that_the_gateways_demand_activates() -> None:
+    objects = by_kind(manifests.build(target(**SCALES_TO_ZERO), "modelport-acme", KEDA))
+    spec = objects["ScaledObject"]["spec"]
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (0, 4)
+    assert spec["pollingInterval"] == manifests.ACTIVATION_POLL_SECONDS
+    ratio, demand = spec["triggers"]
+    assert ratio["metadata"]["activationThreshold"] == "0"
+    assert demand == {"type": "prometheus", "metricType": "Value", "metadata": {
+        "serverAddress": "http://prometheus.observability.svc:9090",
+        "query": 'clamp_max((sum(rate(modelport_gateway_requests_total{team="acme",deployment="digits"}[2m])) '
+                 'or vector(0)) + (sum(modelport_gateway_held_requests{team="acme",deployment="digits"}) '
+                 'or vector(0)), 1)',
+        # Clamped at 1 against 1: it activates (above 0) and never asks for more replicas than there are.
+        "threshold": "1", "activationThreshold": "0"}}
+    assert "annotations" not in objects["ScaledObject"]["metadata"]
+    assert "PodDisruptionBudget" not in objects and "replicas" not in objects["Deployment"]["spec"]
+
+
+def test_a_scale_to_zero_rollout_pauses_keda_at_its_replicas() -> None:
+    paused = by_kind(manifests.build(target(**SCALES_TO_ZERO), "ns", KEDA, paused_replicas=2))["ScaledObject"]
+    assert paused["metadata"]["annotations"] == {"autoscaling.keda.sh/paused-replicas": "2"}
+    # A deployment that never goes to zero is never paused: KEDA keeps it at its minimum by itself.
+    kept = by_kind(manifests.build(target(**AUTOSCALED), "ns", KEDA, paused_replicas=2))["ScaledObject"]
+    assert "annotations" not in kept["metadata"] and len(kept["spec"]["triggers"]) == 1
+
+
+def test_scale_to_zero_is_refused_unless_the_cluster_autoscales_with_keda() -> None:
+    for config in (CONFIG, QUEUE_RATIO):
+        with pytest.raises(ManifestError) as raised:
+            manifests.build(target(**SCALES_TO_ZERO), "ns", config)
+        [message] = raised.value.errors["autoscaling.min_replicas"]
+        assert "KUBERNETES_AUTOSCALING=keda" in message and "never scales up from zero" in message
+    assert manifests.scale_to_zero_refusal(target(**AUTOSCALED).spec, CONFIG) == ""
+    assert manifests.scale_to_zero_refusal(target(**SCALES_TO_ZERO).spec, KEDA) == ""

@@ -107,3 +107,18 @@ def test_the_local_runtimes_policy_gives_one_message_per_field(alice: Person, di
     assert len(raised.value.errors["resources.memory"]) == 1
     assert raised.value.errors["resources.gpu"] == [
         "the local runtime has no GPU: use gpu 0, or runtime 'kubernetes'"]
+
+
+def test_only_a_dedicated_deployment_scales_to_zero(alice: Person, digits: ModelVersion) -> None:
+    """A pool stays up for every team; a shared deployment's models go when idle by the pool's unload instead."""
+    request = planning.DeployRequest(
+        runtime="local", placement=planning.PlacementRequest(mode="shared"),
+        autoscaling=Autoscaling(min_replicas=0, max_replicas=2, target=50), models=(ModelEntry.asked("digits"),))
+    with pytest.raises(planning.PlanError) as raised:
+        planning.plan(alice.team, request)
+    [message] = raised.value.errors["autoscaling.min_replicas"]
+    assert "placement.idle_unload_seconds" in message and "'dedicated'" in message
+    below = replace(request, placement=None, autoscaling=Autoscaling(min_replicas=-1, max_replicas=2, target=50))
+    with pytest.raises(planning.PlanError) as negative:
+        planning.plan(alice.team, below)
+    assert negative.value.errors["autoscaling.min_replicas"] == ["use 0 (scale to zero) or more"]

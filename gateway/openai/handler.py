@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import jinja2
 
 from deployments import pool_names as pool_model_names
-from gateway import admission, events, pool_names, stats, stream_figures, upstream
+from gateway import admission, events, pool_names, scale_from_zero, stats, stream_figures, upstream
 from gateway import contract as contracts
 from gateway.access import Caller, Choice, Route
 from gateway.openai import answers, inputs, requests
@@ -59,6 +59,7 @@ class Host(Protocol):
     limiter: RateLimiter
     collector: stats.StatsCollector
     pool: upstream.Pool
+    wakes: scale_from_zero.Wakes
     streams: StreamSlots
     stream_limits: events.Limits
     timeout: float
@@ -142,6 +143,8 @@ async def serve(host: Host, scope: Scope, receive: Receive, send: Send, headers:
             host.check_pool_json(pooled.prefix, len(body))
             raw_target = await host.into_pool(route, pooled, caller, raw_target, endpoint)
             prefix = pooled.prefix
+        else:
+            await scale_from_zero.wake(host.wakes, route, choice, caller.team_id)  # scaled to zero: held meanwhile
         call = _Call(host, receive, send, request, prompt, contract, prefix, extra)
         in_flight = host.collector.in_flight(route.team, route.name)
         in_flight.inc()

@@ -204,6 +204,9 @@ def check(target: Target, config: KubernetesConfig) -> dict[str, list[str]]:
     autoscaling = target.autoscaling
     if autoscaling and autoscaling.min_replicas > autoscaling.max_replicas:
         add("autoscaling.max_replicas", "max_replicas must be at least min_replicas")
+    refusal = scale_to_zero_refusal(target.spec, config)
+    if refusal:
+        add("autoscaling.min_replicas", refusal)
     if autoscaling and config.autoscaling == "keda" and not config.keda_prometheus_url:
         add("autoscaling", "this cluster autoscales with KEDA (KUBERNETES_AUTOSCALING=keda) but "
                            "KUBERNETES_KEDA_PROMETHEUS_URL is empty: an operator must set it to the Prometheus that "
@@ -214,16 +217,29 @@ def check(target: Target, config: KubernetesConfig) -> dict[str, list[str]]:
     return errors
 
 
+def scale_to_zero_refusal(spec: RevisionSpec, config: KubernetesConfig) -> str:
+    """Why this cluster cannot scale `spec` to zero ("" when it does not ask to, or can). Only KEDA activates a
+    Deployment from zero replicas: an HPA never scales one at zero up (and refuses minReplicas 0 unless the cluster
+    enables the HPAScaleToZero feature gate), so min_replicas 0 with an HPA would stay down for good."""
+    autoscaling = spec.autoscaling
+    if autoscaling is None or not autoscaling.scales_to_zero or config.autoscaling == "keda":
+        return ""
+    return (f"min_replicas 0 (scale to zero) needs KEDA, which starts a pod when a request comes, but this cluster "
+            f"autoscales with {config.autoscaling!r} (KUBERNETES_AUTOSCALING), whose HorizontalPodAutoscaler never "
+            "scales up from zero: use min_replicas 1 or more, or ask the operator for KUBERNETES_AUTOSCALING=keda")
+
+
 # --- The objects --------------------------------------------------------------------------------------------
 
 
 def build(target: Target, namespace: str, config: KubernetesConfig, *,
-          owner_uid: str | None = None) -> list[dict[str, Any]]:
+          owner_uid: str | None = None, paused_replicas: int | None = None) -> list[dict[str, Any]]:
     """The namespaced objects serving `target`: Deployment, Service, [PodDisruptionBudget], [HPA or KEDA
     ScaledObject], NetworkPolicy.
 
     `owner_uid` (the applied Deployment's uid) adds owner references to the others, so Kubernetes' garbage
-    collector removes them with the Deployment. Raises ManifestError.
+    collector removes them with the Deployment. `paused_replicas`: a scale-to-zero ScaledObject's pause during a
+    rollout (scaled_object). Raises ManifestError.
     """
     errors = check(target, config)
     if errors:
@@ -234,7 +250,7 @@ def build(target: Target, namespace: str, config: KubernetesConfig, *,
     if lowest > 1:
         objects.append(pod_disruption_budget(target, namespace))
     if autoscaling:
-        objects.append(scaled_object(target, namespace, config) if config.autoscaling == "keda"
+        objects.append(scaled_object(target, namespace, config, paused_replicas) if config.autoscaling == "keda"
                        else horizontal_pod_autoscaler(target, namespace, config))
     objects.append(network_policy(target, namespace, config))
     if owner_uid:
@@ -547,36 +563,76 @@ def horizontal_pod_autoscaler(target: Target, namespace: str, config: Kubernetes
     }
 
 
-def scaled_object(target: Target, namespace: str, config: KubernetesConfig) -> dict[str, Any]:
+# Scale to zero: how often KEDA asks Prometheus whether a deployment at zero has a request waiting (KEDA's default is
+# 30 s; a held request waits this, plus a scrape of the gateway, plus its pod's start).
+ACTIVATION_POLL_SECONDS = 5
+# The gateway's own series (gateway/stats.py): requests answered, and requests held for a deployment scaled to zero.
+GATEWAY_REQUESTS_SERIES = "modelport_gateway_requests_total"
+GATEWAY_HELD_SERIES = "modelport_gateway_held_requests"
+# KEDA's annotation that holds a ScaledObject's target at this many replicas and stops autoscaling it (KEDA 2.8+).
+KEDA_PAUSED_REPLICAS = "autoscaling.keda.sh/paused-replicas"
+
+
+def demand_query(team: str, deployment: str) -> str:
+    """Whether the deployment is wanted, in PromQL, between 0 and 1: its requests over the last two minutes and the
+    requests the gateway holds for it while it is at zero, clamped at 1. KEDA activates it (0 to 1) above 0 and keeps
+    it while it stays above 0, for the cooldown after; at 1 against a threshold of 1 it never asks for more replicas
+    than there are (the queue-to-compute ratio does that). The gateway's series carry no Kubernetes namespace (the
+    portal's pods export them): team and deployment are the gateway's own labels, never a caller's words."""
+    matchers = ",".join(f"{key}={_promql_string(value)}" for key, value in (("team", team),
+                                                                             ("deployment", deployment)))
+    return (f"clamp_max((sum(rate({GATEWAY_REQUESTS_SERIES}{{{matchers}}}[2m])) or vector(0)) + "
+            f"(sum({GATEWAY_HELD_SERIES}{{{matchers}}}) or vector(0)), 1)")
+
+
+def scaled_object(target: Target, namespace: str, config: KubernetesConfig,
+                  paused_replicas: int | None = None) -> dict[str, Any]:
     """KUBERNETES_AUTOSCALING=keda: a KEDA ScaledObject with a Prometheus trigger on the deployment's queue-to-compute
     ratio, read from Prometheus directly (no adapter). KEDA makes the HPA itself (keda-hpa-<name>, with these
-    labels: the runtime leaves it to KEDA). The deployment's minimum is at least 1, so activation (0 to 1) never
-    applies yet: scale to zero needs the gateway to hold a dedicated deployment's first request (docs/kubernetes.md)."""
+    labels: the runtime leaves it to KEDA).
+
+    min_replicas 0 (scale to zero) adds a second trigger on the gateway's demand (demand_query), polled every
+    ACTIVATION_POLL_SECONDS: the queue ratio has no series while no pod runs, so it could never activate the
+    deployment; a request the gateway holds does. `paused_replicas` (a rollout of such a deployment) holds it at that
+    many replicas until the new revision is ready: KEDA would otherwise scale the rollout's pod back to zero before
+    it could be verified (KubernetesRuntime.observe lifts the pause)."""
     autoscaling = target.autoscaling
     assert autoscaling is not None
-    return {
-        "apiVersion": KEDA_API_VERSION,
-        "kind": KEDA_KIND,
-        "metadata": _metadata(target, namespace),
-        "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": target.name},
-            "minReplicaCount": autoscaling.min_replicas,
-            "maxReplicaCount": autoscaling.max_replicas,
-            "cooldownPeriod": SCALE_DOWN_WINDOW_SECONDS,
-            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
-                "scaleDown": {"stabilizationWindowSeconds": SCALE_DOWN_WINDOW_SECONDS}}}},
-            "triggers": [{
-                "type": "prometheus",
-                "metricType": "Value",
-                "metadata": {
-                    "serverAddress": config.keda_prometheus_url,
-                    "query": queue_ratio_query(namespace, target.team, target.deployment_name),
-                    "threshold": _target_ratio(config),
-                    "activationThreshold": "0",
-                },
-            }],
+    triggers: list[dict[str, Any]] = [{
+        "type": "prometheus",
+        "metricType": "Value",
+        "metadata": {
+            "serverAddress": config.keda_prometheus_url,
+            "query": queue_ratio_query(namespace, target.team, target.deployment_name),
+            "threshold": _target_ratio(config),
+            "activationThreshold": "0",
         },
+    }]
+    spec: dict[str, Any] = {
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": target.name},
+        "minReplicaCount": autoscaling.min_replicas,
+        "maxReplicaCount": autoscaling.max_replicas,
+        "cooldownPeriod": SCALE_DOWN_WINDOW_SECONDS,
+        "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
+            "scaleDown": {"stabilizationWindowSeconds": SCALE_DOWN_WINDOW_SECONDS}}}},
+        "triggers": triggers,
     }
+    metadata = _metadata(target, namespace)
+    if autoscaling.scales_to_zero:
+        spec["pollingInterval"] = ACTIVATION_POLL_SECONDS
+        triggers.append({
+            "type": "prometheus",
+            "metricType": "Value",
+            "metadata": {
+                "serverAddress": config.keda_prometheus_url,
+                "query": demand_query(target.team, target.deployment_name),
+                "threshold": "1",
+                "activationThreshold": "0",
+            },
+        })
+        if paused_replicas is not None:
+            metadata["annotations"] = {KEDA_PAUSED_REPLICAS: str(paused_replicas)}
+    return {"apiVersion": KEDA_API_VERSION, "kind": KEDA_KIND, "metadata": metadata, "spec": spec}
 
 
 def network_policy(target: Target, namespace: str, config: KubernetesConfig) -> dict[str, Any]:

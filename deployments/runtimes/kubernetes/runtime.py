@@ -228,8 +228,13 @@ class KubernetesRuntime:
     # --- Runtime protocol -------------------------------------------------------------------------------------
 
     def check_plan(self, spec: RevisionSpec) -> dict[str, list[str]]:
-        """Triton's rules for the official image; what the cluster's configuration refuses is said at rollout."""
-        return validate_repository(spec.repository(lambda entry: Path("artifact")), "kubernetes")
+        """Triton's rules for the official image; what the cluster's configuration refuses is said at rollout, but
+        for scale to zero, which only KEDA gives: said when planned, a 400 rather than a rollout that fails."""
+        errors = validate_repository(spec.repository(lambda entry: Path("artifact")), "kubernetes")
+        refusal = manifests.scale_to_zero_refusal(spec, self.cfg)
+        if refusal:
+            errors.setdefault("autoscaling.min_replicas", []).append(refusal)
+        return errors
 
     def prepare(self, revision: Revision) -> Preparation:
         problems = self.cfg.problems()
@@ -340,9 +345,13 @@ class KubernetesRuntime:
         )
 
     def _apply(self, kube: Kube, revision: Revision, namespace: str,
-               target: manifests.Target | None = None) -> dict[str, Any]:
+               target: manifests.Target | None = None, rollout: bool = True) -> dict[str, Any]:
         """Apply every object of the revision; returns the applied Deployment. Nothing is applied when any object
-        of the same name exists that Modelport did not make for this deployment."""
+        of the same name exists that Modelport did not make for this deployment.
+
+        A `rollout` of a deployment that scales to zero starts at least one pod and pauses KEDA at the Deployment's
+        replicas, so that the new revision is verified on a running pod; observe() lifts the pause once it is
+        ready. Going back to the serving revision (abandon) is no rollout: KEDA keeps scaling."""
         target = target or target_for(revision, self.cfg)
         what = f"apply Deployment {namespace}/{target.name}"
         try:
@@ -372,17 +381,23 @@ class KubernetesRuntime:
             what = f"apply Deployment {namespace}/{target.name}"
             applied = kube.apply(objects[0])
             autoscaling = target.autoscaling
-            if autoscaling and int(applied["spec"].get("replicas") or 0) < autoscaling.min_replicas:
+            paused: int | None = None
+            lowest = autoscaling.min_replicas if autoscaling else 0
+            if autoscaling and autoscaling.scales_to_zero and rollout:
+                lowest = 1  # a revision is verified on a running pod, then KEDA may take it to zero again
+            if autoscaling and int(applied["spec"].get("replicas") or 0) < lowest:
                 # Stopped (scaled to zero: the HPA does not scale up from zero by itself), or autoscaling was just
                 # switched on and the replica count Modelport no longer applies fell back to its default.
-                kube.scale(namespace, target.name, autoscaling.min_replicas)
-                applied["spec"]["replicas"] = autoscaling.min_replicas
+                kube.scale(namespace, target.name, lowest)
+                applied["spec"]["replicas"] = lowest
+            if autoscaling and autoscaling.scales_to_zero and rollout:
+                paused = int(applied["spec"].get("replicas") or 1)
             uid = applied["metadata"]["uid"]
             if not access["metadata"].get("ownerReferences"):
                 what = f"apply Secret {namespace}/{access['metadata']['name']}"
                 access["metadata"]["ownerReferences"] = [manifests.owner_reference(target.name, uid)]
                 kube.apply(access)
-            owned = manifests.build(target, namespace, self.cfg, owner_uid=uid)
+            owned = manifests.build(target, namespace, self.cfg, owner_uid=uid, paused_replicas=paused)
             # Removed before the others are applied: KEDA refuses a ScaledObject for a Deployment that an HPA
             # already scales (KUBERNETES_AUTOSCALING switched from an HPA to keda).
             what = f"remove objects of {namespace}/{target.name} the revision no longer has"
@@ -475,6 +490,7 @@ class KubernetesRuntime:
             verdict = k8s_status.rollout(deployment, pods.get("items", []), revision=revision.number,
                                          now=timezone.now(), unschedulable_grace=self.cfg.unschedulable_grace_seconds)
             if verdict.state == "ready":
+                self._resume_scaling(kube, revision, namespace, name, deployment)
                 return Observation("ready", verdict.message)
             if verdict.state == "failed":
                 detail = self._log_tail(kube, namespace, verdict.logs_pod, verdict.previous,
@@ -486,6 +502,18 @@ class KubernetesRuntime:
             return Observation("starting", f"the Kubernetes API server is not reachable ({exc})")
         except KubeError as exc:
             return Observation("starting", explain(exc, f"read Deployment {namespace}/{name}"))
+
+    def _resume_scaling(self, kube: Kube, revision: Revision, namespace: str, name: str,
+                        deployment: dict[str, Any]) -> None:
+        """A scale-to-zero revision is ready: its ScaledObject is applied without the rollout's pause, so that KEDA
+        scales it again (to zero when no request comes). Applied again at each look while ready: idempotent."""
+        autoscaling = revision.spec.autoscaling
+        if not (autoscaling and autoscaling.scales_to_zero and self.cfg.autoscaling == "keda"):
+            return
+        target = target_for(revision, self.cfg, name)
+        for obj in manifests.build(target, namespace, self.cfg, owner_uid=deployment["metadata"]["uid"]):
+            if obj["kind"] == manifests.KEDA_KIND:
+                kube.apply(obj)
 
     def _log_tail(self, kube: Kube, namespace: str, pod: str | None, previous: bool, lines: int = LOG_LINES,
                   container: str = manifests.CONTAINER) -> str:
@@ -513,7 +541,7 @@ class KubernetesRuntime:
             if (serving is not None and serving.pk != revision.pk and deployment.upstream_url
                     and name == serving_instance(deployment)):
                 # A rollout updated the serving Deployment in place: back to the serving revision.
-                self._apply(kube, serving, namespace, target_for(serving, self.cfg, name))
+                self._apply(kube, serving, namespace, target_for(serving, self.cfg, name), rollout=False)
             else:  # a first revision, or a canary beside the serving one
                 self._scale_to_zero(kube, namespace, deployment, name)
         except (KubeError, Unreachable, RuntimeUnavailable) as exc:
@@ -528,10 +556,11 @@ class KubernetesRuntime:
         try:
             kube = self.kube()
             obj = kube.get("apps/v1", "Deployment", namespace, name)
-            ok, message = k8s_status.health(obj)
+            serving = Revision.objects.filter(pk=launch.revision_id).first() or deployment.serving_revision
+            scaling = serving.spec.autoscaling if serving is not None else None
+            ok, message = k8s_status.health(obj, may_be_zero=bool(scaling and scaling.scales_to_zero))
             if ok:
                 return Health(True)
-            serving = Revision.objects.filter(pk=launch.revision_id).first() or deployment.serving_revision
             detail = ""
             if obj is not None and serving is not None:
                 selector = manifests.revision_selector(deployment.team.name, name, serving.number)

@@ -278,12 +278,15 @@ def rollout(deployment: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *,
     return Verdict("ready", f"{available} of {desired} pods ready")
 
 
-def health(deployment: Mapping[str, Any] | None) -> tuple[bool, str]:
-    """Whether a serving Deployment still serves: at least one available pod."""
+def health(deployment: Mapping[str, Any] | None, may_be_zero: bool = False) -> tuple[bool, str]:
+    """Whether a serving Deployment still serves: at least one available pod, or, `may_be_zero` (it scales to zero),
+    none asked for (KEDA took it to zero; the gateway holds the next request while a pod starts)."""
     if deployment is None:
         return False, "its Kubernetes Deployment is gone"
     desired = int(_get(deployment, "spec", "replicas", default=1))
     available = int(_get(deployment, "status", "availableReplicas", default=0) or 0)
+    if desired == 0 and may_be_zero:
+        return True, ""
     if desired == 0:
         return False, "its Kubernetes Deployment was scaled to zero"
     if available == 0:
