@@ -51,6 +51,7 @@ SLOW_FILES = (
     "portal/tests/test_portal_tracing.py",
     "tests/test_browser_import.py",
     "tests/test_layers.py",
+    "tests/test_mlflow_deployments_e2e.py",
     "tests/test_mlflow_e2e.py",
     "tests/test_mlflow_import_e2e.py",
     "tests/test_nasty_inputs.py",

@@ -4,10 +4,19 @@
 The blocks are the fenced ```sh, ```bash and ```console blocks of README.md and docs/*.md. Each block runs in bash
 (-e, -u, pipefail) from the checkout against a portal that bin/run-portal (what `make run` starts) serves from a
 temporary MODELPORT_VAR_DIR on free ports, in document order, file by file. The docs name the portal and the
-token the way a reader sets them, `export MODELPORT_URL=... MODELPORT_TOKEN=...`: the test supplies both (a token
-of a team of its own) and leaves such lines out. A block that cannot run here is listed in NOT_RUN with the reason;
-a block neither runnable nor listed fails the test, and so does a listed one that is gone. Every fenced block must
-name its language, so that a shell block cannot hide as plain text."""
+token the way a reader sets them, `export MODELPORT_URL=... MODELPORT_TOKEN=...`: the test supplies both and leaves
+such lines out. Each file's token is of a team of that file's own, as each page is read on its own: the README's
+`digits-hf` import and docs/importing-hf.md's, or docs/importing-mlflow.md's `digits` and docs/pipelines.md's, would
+otherwise be one model's versions 1 and 2 where each page says 1.
+
+The portal is started as the import pages' operator starts it: MLFLOW_TRACKING_URI names a real `mlflow server`
+(SQLite store, artifacts served through it) that the test starts, with the README's `fraud@champion` registered,
+and HF_ENDPOINT a local hub-compatible endpoint (tests/support/hf_hub_server.py) serving `acme/digits-onnx`, since
+the tests do not reach huggingface.co. A doc's `export MLFLOW_TRACKING_URI=...` is supplied the same way.
+
+A block that cannot run here is listed in NOT_RUN with the reason; a block neither runnable nor listed fails the
+test, and so does a listed one that is gone. Every fenced block must name its language, so that a shell block cannot
+hide as plain text."""
 
 from __future__ import annotations
 
@@ -24,13 +33,10 @@ from tests.processes import ROOT
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL = {"sh", "bash", "console"}
 # What the docs' `export` lines may set: the test gives each its own value.
-SUPPLIED = {"MODELPORT_URL", "MODELPORT_TOKEN"}
+SUPPLIED = {"MODELPORT_URL", "MODELPORT_TOKEN", "MLFLOW_TRACKING_URI"}
 
 # (file, the block's first line) -> why it does not run here.
 NOT_RUN: dict[tuple[str, str], str] = {
-    ("README.md", 'curl -sf -H "Authorization: Bearer $MODELPORT_TOKEN" -H "Content-Type: application/json" \\'):
-        "imports from a Hugging Face repository on huggingface.co; tests/test_import_hf_e2e.py runs the same import "
-        "against a local hub-compatible endpoint and deploys it",
     ("docs/benchmarks.md", ".venv/bin/python bench/tracing.py --duration 4 --repeats 4    # about 2 minutes; "
                            "bench/results/tracing.json"):
         "a benchmark of minutes that writes bench/results/",
@@ -39,9 +45,6 @@ NOT_RUN: dict[tuple[str, str], str] = {
         "a benchmark of minutes that writes bench/results/",
     ("README.md", "make run     # the portal on http://127.0.0.1:8000 with embedded defaults; prints how to sign in"):
         "starts the portal in the foreground (the test starts the same bin/run-portal), and runs the whole suite",
-    ("README.md", 'curl -sS --fail-with-body -H "Authorization: Bearer $MODELPORT_TOKEN" -H "Content-Type: '
-                  'application/json" \\'):
-        "needs an MLflow tracking server with a registered model; tests/test_mlflow_e2e.py fetches and serves one",
     ("README.md", "modelport tune digits-prod --p99-ms 20 --budget 10m --apply              # or --apply --canary "
                   "10: try it on 10% first"):
         "measures temporary Tritons for up to 10 minutes; tests/test_tune_e2e.py runs a tune end to end",
@@ -105,21 +108,15 @@ NOT_RUN: dict[tuple[str, str], str] = {
         "a benchmark of minutes with a real Triton: its figures are CPU times of this machine, not a result to check",
     ("docs/importing-mlflow.md", ".venv/bin/mlflow server --host 127.0.0.1 --port 5000 --backend-store-uri "
                                  "sqlite:///var/mlflow/store.sqlite \\"):
-        "starts an MLflow tracking server and a second portal in the foreground; tests/test_mlflow_import_e2e.py runs "
-        "the same import against a real mlflow server",
-    ("docs/importing-mlflow.md", 'curl -sS --fail-with-body -H "Authorization: Bearer $MODELPORT_TOKEN" -H '
-                                 '"Content-Type: application/json" \\'):
-        "needs a portal started with MLFLOW_TRACKING_URI and a registered model; tests/test_mlflow_import_e2e.py "
-        "imports, deploys and asks one through the API",
+        "starts an MLflow tracking server and the portal in the foreground, on fixed ports: the test starts both as "
+        "it says (a real mlflow server with a SQLite store and served artifacts; the portal with MLFLOW_TRACKING_URI "
+        "and IMPORT_MLFLOW_MODELS) on free ports, and runs the walkthrough's other blocks against them",
     ("docs/kubernetes.md", "docker build -f platform/docker/Dockerfile -t registry.example.com/modelport:0.1.0 . && "
                            "docker push ..."):
         "needs Docker, a registry and a Kubernetes cluster (kubectl); none runs here",
     ("docs/kubernetes.md", "MODELPORT_URL=https://modelport.example.com MODELPORT_TOKEN=mp_... "
                            "KUBECONFIG=~/.kube/config make e2e-k8s"):
         "needs a real Kubernetes cluster with Modelport installed",
-    ("docs/importing-hf.md", "export MODELPORT_URL=http://127.0.0.1:8000 MODELPORT_TOKEN=mp_..."):
-        "imports from huggingface.co, which the tests do not reach: tests/test_import_hf_e2e.py runs the same import, "
-        "deploy and request against a local hub-compatible endpoint",
 }
 # Run after every other block, since it ends the portal: `make stop` must stop what bin/run-portal started.
 RUN_LAST = {("README.md", "make stop          # the web server, the gRPC gateway, the worker and beat; it says what "
@@ -200,34 +197,61 @@ def test_every_shell_block_runs_or_says_why_not() -> None:
 # --- against a live portal ------------------------------------------------------------------------------------
 
 
+def team_of(file: str) -> str:
+    """The team a file's blocks run in: README.md -> docs-readme, docs/importing-hf.md -> docs-importing-hf."""
+    return "docs-" + re.sub(r"[^a-z0-9]+", "-", Path(file).stem.lower()).strip("-")
+
+
 @pytest.mark.worker
 def test_every_shell_command_of_the_docs_runs_against_a_live_portal(tmp_path: Path) -> None:
     from tests.running_portal import RunningPortal, run
+    from tests.support import mlflow_server
+    from tests.support.hf_hub_server import digits_repo, running_hub
 
     portal = RunningPortal(tmp_path / "var")
-    try:
-        portal.start()
-        made = run(portal.env, sys.executable, "manage.py", "create_api_token", "--user", "docs", "--team", "docs",
-                   "--create", "--name", "docs-test")
-        assert made.returncode == 0, made.stderr
-        env = {**portal.env, "MODELPORT_URL": portal.url, "MODELPORT_TOKEN": made.stdout.strip()}
-        todo = [b for b in shell_blocks() if b.key not in NOT_RUN]
-        ran = []
-        for block in [b for b in todo if b.key not in RUN_LAST] + [b for b in todo if b.key in RUN_LAST]:
-            done = subprocess.run(["bash", "-euo", "pipefail", "-c", runnable(block)], cwd=ROOT, env=env,
-                                  capture_output=True, text=True, timeout=300)
-            assert done.returncode == 0, (f"{block.file}:{block.line} failed ({done.returncode}):\n{block.text}\n"
-                                          f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}")
-            ran.append((block, done.stdout))
-        assert len(ran) >= 6, [b.key for b, _ in ran]
-        outputs = {b.key: out for b, out in ran}
-        # What they did, seen from the portal: the pipeline exists in the token's team, and `make stop` stopped it.
-        pipeline = next(out for key, out in outputs.items() if "/api/v1/models/digits-pipeline/versions/" in
-                        next(b.text for b, _ in ran if b.key == key))
-        assert '"format":"ensemble"' in pipeline.replace(" ", "") and '"status":"ready"' in pipeline.replace(" ", "")
-        [stop] = [out for key, out in outputs.items() if key in RUN_LAST]
-        assert "Modelport has stopped" in stop
-        assert portal.process is not None
-        portal.process.wait(timeout=60)
-    finally:
-        portal.kill()
+    with mlflow_server.running_mlflow_server(tmp_path / "mlflow") as tracking, \
+            running_hub({"acme/digits-onnx": digits_repo()}) as hub:
+        # What the README's "Deploy from MLflow" imports: a registered model `fraud` with an alias `champion`.
+        mlflow_server.set_alias(tracking, "fraud", "champion", mlflow_server.log_onnx(tracking, "fraud"))
+        # The operator's settings of docs/importing-mlflow.md's first block (and the README's `fraud`), and the
+        # mirror docs/importing-hf.md names for an operator without huggingface.co.
+        portal.env.update(MLFLOW_TRACKING_URI=tracking.url, IMPORT_MLFLOW_MODELS="digits-*,fraud",
+                          HF_ENDPOINT=hub.url)
+        try:
+            portal.start()
+            todo = [b for b in shell_blocks() if b.key not in NOT_RUN]
+            tokens = {}
+            for file in dict.fromkeys(b.file for b in todo):
+                made = run(portal.env, sys.executable, "manage.py", "create_api_token", "--user", "docs", "--team",
+                           team_of(file), "--create", "--name", "docs-test")
+                assert made.returncode == 0, made.stderr
+                tokens[file] = made.stdout.strip()
+            ran = []
+            for block in [b for b in todo if b.key not in RUN_LAST] + [b for b in todo if b.key in RUN_LAST]:
+                env = {**portal.env, "MODELPORT_URL": portal.url, "MODELPORT_TOKEN": tokens[block.file]}
+                done = subprocess.run(["bash", "-euo", "pipefail", "-c", runnable(block)], cwd=ROOT, env=env,
+                                      capture_output=True, text=True, timeout=300)
+                assert done.returncode == 0, (f"{block.file}:{block.line} failed ({done.returncode}):\n{block.text}\n"
+                                              f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}")
+                ran.append((block, done.stdout))
+            assert len(ran) >= 6, [b.key for b, _ in ran]
+            outputs = {b.key: out for b, out in ran}
+
+            def output_of(file: str, text: str) -> str:
+                [out] = [out for b, out in ran if b.file == file and text in b.text]
+                return out.replace(" ", "")
+
+            # What they did, seen from the portal: the pipeline exists in the token's team, the models imported from
+            # MLflow and the hub answered through the gateway, and `make stop` stopped it.
+            pipeline = output_of("docs/pipelines.md", "/api/v1/models/digits-pipeline/versions/")
+            assert '"format":"ensemble"' in pipeline and '"status":"ready"' in pipeline
+            assert '"name":"label"' in output_of("docs/importing-mlflow.md", "/serve/digits-from-mlflow/")
+            assert '"name":"label"' in output_of("docs/importing-hf.md", "/serve/digits-hf-prod/")
+            assert '"kind":"mlflow"' in output_of("README.md", "models:/fraud@champion")
+            assert any(item.path.startswith("/cdn/") for item in hub.received), "the hub served no model file"
+            [stop] = [out for key, out in outputs.items() if key in RUN_LAST]
+            assert "Modelport has stopped" in stop
+            assert portal.process is not None
+            portal.process.wait(timeout=60)
+        finally:
+            portal.kill()

@@ -2,56 +2,37 @@
 processes as a user runs it, against the fake portal (fake_portal.py): the command line, the entry point and the
 plugin module meet here, where test_mlflow_plugin.py calls the client class directly.
 
-The entry point comes from a dist-info of this checkout's pyproject.toml written into a temporary directory on
-PYTHONPATH (what `pip install "modelport[mlflow]"` writes), because the test venv's own install of the CLI cannot be
-changed from a test; test_the_entry_point_is_the_one_pyproject_declares keeps the two the same. Against the real
-portal, the deployment's import needs the mlflow source kind's fetcher and a tracking server (issue 35's other
-parts): not here."""
+The entry point comes from a dist-info of this checkout's pyproject.toml (tests/support/mlflow_deployments.py);
+test_the_entry_point_is_the_one_pyproject_declares keeps the two the same. Against a live portal, a real tracking
+server and Triton: tests/test_mlflow_deployments_e2e.py."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
 from modelport_cli.tests.fake_portal import TOKEN, FakePortal, Reply, deployment
-
-ROOT = Path(__file__).resolve().parents[2]
-MLFLOW = [sys.executable, "-m", "mlflow"]
-
-
-def entry_points() -> dict[str, str]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return dict(project["entry-points"]["mlflow.deployments"])
+from tests.support.mlflow_deployments import ROOT, declared_entry_points, mlflow_deployments, plugin_env
 
 
 def test_the_entry_point_is_the_one_pyproject_declares() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["name"] == "modelport", 'pip install "modelport[mlflow]" names the distribution'
     assert project["optional-dependencies"]["mlflow"] == ["mlflow-skinny>=2.10"]
-    assert entry_points() == {"modelport": "modelport_cli.mlflow_plugin"}
+    assert declared_entry_points() == {"modelport": "modelport_cli.mlflow_plugin"}
 
 
 @pytest.fixture
 def mlflow_env(tmp_path: Path, portal: FakePortal) -> dict[str, str]:
-    site = tmp_path / "site"
-    info = site / "modelport-0.1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: modelport\nVersion: 0.1.0\n")
-    (info / "entry_points.txt").write_text(
-        "[mlflow.deployments]\n" + "".join(f"{k} = {v}\n" for k, v in entry_points().items()))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "MODELPORT_", "MLFLOW_"))}
-    env.update(PYTHONPATH=f"{site}{os.pathsep}{ROOT}", MODELPORT_URL=portal.url, MODELPORT_TOKEN=TOKEN)
-    return env
+    return plugin_env(tmp_path / "site", portal.url, TOKEN)
 
 
 def mlflow(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*MLFLOW, "deployments", *args], env=env, capture_output=True, text=True, timeout=120)
+    return mlflow_deployments(env, *args)
 
 
 FRAUD = {"model": "fraud", "version": 3, "format": "onnx"}

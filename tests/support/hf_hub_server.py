@@ -336,6 +336,19 @@ def python_weights() -> bytes:
                            "bias": np.array([0.5, 0.5, 0.5, 0.5], dtype=np.float32)})
 
 
+DIGITS_COMMIT = "5" * 40
+
+
+def digits_repo() -> HubRepo:
+    """What docs/importing-hf.md's walkthrough imports as acme/digits-onnx: the digits sample's ONNX export
+    (models_registry/samples.py; input `input`, FP32 [batch, 64]) as `model.onnx` in LFS, at `main` and `v1`."""
+    from models_registry.samples import build_digits_onnx
+
+    return HubRepo(commit=DIGITS_COMMIT, files={"model.onnx": build_digits_onnx().SerializeToString(),
+                                                "README.md": b"# digits\n"},
+                   lfs=frozenset({"model.onnx"}), revisions=frozenset({"main", "v1"}))
+
+
 def standard_repos(*, gated_token: str = "hf_operator_token") -> dict[str, HubRepo]:
     """The repos most tests serve: an ONNX export, a python model with safetensors, the same export gated, and
     safetensors alone."""

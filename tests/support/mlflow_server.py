@@ -97,31 +97,37 @@ def local_experiment(server: MlflowServer, name: str) -> str:
     return str(mlflow.create_experiment(name, artifact_location=(server.root / "local" / name).as_uri()))
 
 
-def doubling_onnx() -> Any:
-    """A tiny ONNX model: y = 2 * x, x FP32 [-1, 3]."""
+def scaling_onnx(factor: float = 2.0) -> Any:
+    """A tiny ONNX model: y = factor * x, x FP32 [-1, 3]."""
     from onnx import TensorProto, helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])
-    two = helper.make_tensor("two", TensorProto.FLOAT, [1], [2.0])
-    graph = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["y"])], "double", [x], [y], [two])
+    scale = helper.make_tensor("scale", TensorProto.FLOAT, [1], [factor])
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "scale"], ["y"])], "scale", [x], [y], [scale])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     return model
 
 
+def doubling_onnx() -> Any:
+    """y = 2 * x, x FP32 [-1, 3]."""
+    return scaling_onnx(2.0)
+
+
 EXAMPLE = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=np.float32)
 
 
-def log_onnx(server: MlflowServer, name: str, experiment_id: str | None = None) -> str:
-    """Registers the doubling ONNX model as a new version of `name`; the version."""
+def log_onnx(server: MlflowServer, name: str, experiment_id: str | None = None, factor: float = 2.0) -> str:
+    """Registers the scaling ONNX model (y = factor * x; doubling by default) as a new version of `name`; the
+    version."""
     mlflow = _mlflow(server)
     from mlflow.models import infer_signature
 
     with mlflow.start_run(experiment_id=experiment_id):
         # Requirements given: inferring them loads the model in a child process, 2 s a model.
-        info = mlflow.onnx.log_model(doubling_onnx(), name="model", registered_model_name=name,
-                                     signature=infer_signature(EXAMPLE, EXAMPLE * 2),
+        info = mlflow.onnx.log_model(scaling_onnx(factor), name="model", registered_model_name=name,
+                                     signature=infer_signature(EXAMPLE, EXAMPLE * factor),
                                      pip_requirements=["onnx", "onnxruntime"])
     return str(info.registered_model_version)
 
