@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from datetime import timedelta
+import threading
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -129,3 +130,42 @@ def test_the_stored_key_is_the_label_never_an_unknown_name() -> None:
     assert stats.model_key(stats.OTHER_MODEL) == ""
     assert stats.model_key("") == ""
     assert stats.model_key("m" * 64) == ""
+
+
+def test_gateway_processes_flushing_the_same_keys_at_once_count_every_request_once(
+        people: dict[str, Person]) -> None:
+    # Each thread is a gateway process of its own (its own connection): they insert the same new keys, in either
+    # order, and merge into each other's rows.
+    deployment = make_deployment(people["alice"], "at-once", "http://127.0.0.1:9", ("a", "b", "c"))
+    start = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
+    failures: list[str] = []
+    threads_n, flushes = 6, 10
+
+    def gateway_process(index: int) -> None:
+        try:
+            for n in range(flushes):
+                models = ["a", "b", "c", ""] if (index + n) % 2 else ["", "c", "b", "a"]
+                buckets: dict[stats.Key, stats._Bucket] = {}
+                for model in models:
+                    for revision in (1, 2):
+                        bucket = buckets[(deployment.pk, revision, model, start)] = stats._Bucket(requests=1)
+                        bucket.codes["200"] = 1
+                        bucket.histogram[3] += 1
+                stats.flush(buckets)
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            failures.append(repr(exc))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=gateway_process, args=(index,)) for index in range(threads_n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert failures == []
+    rows = list(RequestStats.objects.filter(deployment=deployment))
+    assert len(rows) == 8  # 4 model keys x 2 revisions, one bucket
+    expected = threads_n * flushes
+    assert {r.requests for r in rows} == {expected} and {r.codes["200"] for r in rows} == {expected}
+    assert {sum(r.latency_histogram) for r in rows} == {expected}
