@@ -190,7 +190,7 @@ def _write(buckets: dict[Key, _Bucket]) -> None:
     from gateway.models import RequestStats
 
     with transaction.atomic():
-        # Locked in the primary key's order, as every gateway process locks them, so that two never wait on each other.
+        # Locked in the primary key's order, as every gateway process locks them: two may wait, never on each other.
         found = {(row.deployment_id, row.revision, row.model, row.bucket_start): row
                  for row in RequestStats.objects.select_for_update().filter(
                      deployment_id__in={key[0] for key in buckets},
