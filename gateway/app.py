@@ -240,7 +240,8 @@ class Gateway:
                 else:
                     with self.streams.hold(caller.team_id, caller.team_name):
                         figures = functools.partial(self.collector.stream, route.deployment_id, route.team,
-                                                    route.name, choice.revision, started)
+                                                    route.name, choice.revision, started,
+                                                    model=_model_label(route, endpoint))
                         code = await self._proxy(scope, receive, out, headers, declared, choice.upstream,
                                                  b"/" + target, endpoint, contract, prefix, figures)
             finally:
@@ -929,7 +930,7 @@ def _model_label(route: Route, endpoint: Endpoint | None) -> str:
     # that requests for random names cannot grow the metrics without bound.
     if endpoint is None or not endpoint.model:
         return ""
-    return endpoint.model if endpoint.model in route.models else "(other)"
+    return endpoint.model if endpoint.model in route.models else stats.OTHER_MODEL
 
 
 async def _send_error(send: Send, status: int, message: str, headers: dict[str, str]) -> None:

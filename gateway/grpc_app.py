@@ -688,7 +688,8 @@ class _StreamRelay:
         deadline = time.monotonic() + gateway.stream_seconds
         # The stream's figures, as HTTP's relay counts them (gateway/stream_figures.py): each response relayed is a
         # piece (the empty final response a caller asked for too: it is what the caller reads last).
-        figures = gateway.collector.stream(route.deployment_id, route.team, route.name, revision, entry.started)
+        figures = gateway.collector.stream(route.deployment_id, route.team, route.name, revision, entry.started,
+                                           model=_model_label(route, entry.model))
         ended = figures_of.COMPLETE
         try:
             await call.write(message)
@@ -1000,7 +1001,7 @@ def _model_label(route: Route, model: str) -> str:
     # As over HTTP: only the deployment's own models get a time series of their own.
     if not model:
         return ""
-    return model if model in route.models else "(other)"
+    return model if model in route.models else stats.OTHER_MODEL
 
 
 def _check_answer(response: bytes, contract: Contract, requested: list[str]) -> None:

@@ -9,6 +9,9 @@ LATENCY_BUCKETS_MS: tuple[float, ...] = (
     0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 2000, 5000, 10000, float("inf"),
 )
 
+# A model's name in a deployment is a registry name (models_registry: at most 63 characters).
+MODEL_KEY_MAX = 63
+
 
 class RequestStats(models.Model):
     """Requests the gateway proxied for one deployment in one time bucket (written by the gateway every few
@@ -18,6 +21,10 @@ class RequestStats(models.Model):
     # The number of the revision that answered (a canary and its stable revision are counted apart); 0: none did
     # (refused before a revision was chosen).
     revision = models.PositiveIntegerField(default=0)
+    # The model called, by its name in the deployment (the performance panel's gateway share per model); empty: none
+    # named (/v2/health, the OpenAI API's model list), or a name the deployment lacks. Never the caller's text: a key
+    # per name in a URL would grow the rows without bound (gateway/stats.py: model_key).
+    model = models.CharField(max_length=MODEL_KEY_MAX, default="", blank=True)
     bucket_start = models.DateTimeField(db_index=True)
     requests = models.PositiveIntegerField(default=0)
     errors = models.PositiveIntegerField(default=0)
@@ -37,8 +44,8 @@ class RequestStats(models.Model):
 
     class Meta:
         ordering = ["deployment", "bucket_start"]
-        constraints = [models.UniqueConstraint(fields=["deployment", "revision", "bucket_start"],
-                                               name="one_stats_row_per_revision_and_bucket")]
+        constraints = [models.UniqueConstraint(fields=["deployment", "revision", "model", "bucket_start"],
+                                               name="one_stats_row_per_revision_model_and_bucket")]
 
     def __str__(self) -> str:
         return f"{self.deployment} {self.bucket_start:%H:%M:%S}: {self.requests} requests"

@@ -1,7 +1,7 @@
 """Request counting: Prometheus metrics for scraping, and per-deployment (and per-revision: a canary and its stable
-revision apart) time buckets written to the database every few seconds for the UI's request rate and latency
-percentiles, and for a canary's guardrails (deployments/canary.py), which read them from there, whichever gateway
-process counted them."""
+revision apart; and per model called, for the performance panel) time buckets written to the database every few
+seconds for the UI's request rate and latency percentiles, and for a canary's guardrails (deployments/canary.py),
+which read them from there, whichever gateway process counted them."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import Counter, Gauge, Histogram
 
 from accounts.tokens import parse_bearer
-from gateway.models import LATENCY_BUCKETS_MS
+from gateway.models import LATENCY_BUCKETS_MS, MODEL_KEY_MAX
 from gateway.stream_figures import BOUNDS, CANCELLED, StreamCounts, StreamFigures
 
 if TYPE_CHECKING:
@@ -26,6 +26,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BUCKET_SECONDS = 10
+
+# The Prometheus label of a request for a model the deployment lacks: one series for every such name.
+OTHER_MODEL = "(other)"
+
+# A time bucket's key: deployment id, revision number, model key (model_key), bucket start.
+Key = tuple[int, int, str, datetime]
 
 # A deployment's name is unique within its team only: every series is labelled by both, so two teams' "prod"
 # deployments never add up into one. `revision`: the number of the revision that answered ("0": none was chosen),
@@ -68,6 +74,15 @@ def merge_codes(a: dict[str, int] | None, b: dict[str, int] | None) -> dict[str,
     return merged
 
 
+def model_key(model: str) -> str:
+    """The model a request is stored under: the label the gateway gave it (the model's name when the deployment has
+    that model, OTHER_MODEL or "" otherwise: gateway/app.py's and grpc_app.py's _model_label), OTHER_MODEL as ""
+    (a name the deployment lacks adds no key of its own), and never a name longer than a model's can be."""
+    if model == OTHER_MODEL or len(model) > MODEL_KEY_MAX:
+        return ""
+    return model
+
+
 @dataclass
 class _Bucket:
     requests: int = 0
@@ -80,18 +95,20 @@ class _Bucket:
 
 class StatsCollector:
     def __init__(self) -> None:
-        # (deployment id, revision number, bucket start) -> counts
-        self.pending: dict[tuple[int, int, datetime], _Bucket] = defaultdict(_Bucket)
+        # (deployment id, revision number, model key, bucket start) -> counts
+        self.pending: dict[Key, _Bucket] = defaultdict(_Bucket)
         # Prometheus' labels() takes a lock and builds a key each time: keep the children per label set.
         self.counters: dict[tuple[str, str, int, str, int], Any] = {}
         self.histograms: dict[tuple[str, str, int, str], Any] = {}
         self.gauges: dict[tuple[str, str], Any] = {}
         self.live: set[StreamFigures] = set()  # streams open, whose counts each take() folds in
 
-    def stream(self, deployment_id: int, team: str, name: str, revision: int, arrived: float) -> StreamFigures:
+    def stream(self, deployment_id: int, team: str, name: str, revision: int, arrived: float,
+               model: str = "") -> StreamFigures:
         """The figures of a stream of deployment `name` of `team` answered by `revision`, which arrived at
-        `arrived` (time.perf_counter()); it is counted in flight until its `ended()`."""
-        figures = StreamFigures(self, deployment_id, team, name, revision, arrived)
+        `arrived` (time.perf_counter()); it is counted in flight until its `ended()`. `model`: its label, as
+        `observe` takes it (its figures are stored beside its requests')."""
+        figures = StreamFigures(self, deployment_id, team, name, revision, arrived, model=model_key(model))
         self.live.add(figures)
         return figures
 
@@ -102,7 +119,7 @@ class StatsCollector:
     def _add_stream(self, figures: StreamFigures) -> None:
         now = time.time()
         start = datetime.fromtimestamp(now - now % BUCKET_SECONDS, UTC)
-        self.pending[(figures.deployment_id, figures.revision, start)].streams.add(figures.fold())
+        self.pending[(figures.deployment_id, figures.revision, figures.model, start)].streams.add(figures.fold())
 
     def in_flight(self, team: str, name: str) -> Any:
         """The in-flight gauge of deployment `name` of `team` (its child, kept like the counters')."""
@@ -113,8 +130,9 @@ class StatsCollector:
 
     def observe(self, deployment_id: int, team: str, name: str, model: str, code: int, seconds: float,
                 revision: int = 0) -> None:
-        """One answer of deployment `name` of `team`; `revision`: the number of the revision that answered (0: none
-        was chosen)."""
+        """One answer of deployment `name` of `team`; `model`: its label (the deployment's model called, OTHER_MODEL
+        for a name it lacks, "" for none); `revision`: the number of the revision that answered (0: none was
+        chosen)."""
         counter = self.counters.get((team, name, revision, model, code))
         if counter is None:
             counter = self.counters[(team, name, revision, model, code)] = REQUESTS.labels(
@@ -127,7 +145,7 @@ class StatsCollector:
         histogram.observe(seconds)
         now = time.time()
         start = datetime.fromtimestamp(now - now % BUCKET_SECONDS, UTC)
-        bucket = self.pending[(deployment_id, revision, start)]
+        bucket = self.pending[(deployment_id, revision, model_key(model), start)]
         bucket.requests += 1
         bucket.codes[str(code)] = bucket.codes.get(str(code), 0) + 1
         if is_error(code):
@@ -136,63 +154,90 @@ class StatsCollector:
         bucket.latency_sum_ms += ms
         bucket.histogram[bisect.bisect_left(LATENCY_BUCKETS_MS, ms)] += 1
 
-    def take(self) -> dict[tuple[int, int, datetime], _Bucket]:
+    def take(self) -> dict[Key, _Bucket]:
         for figures in self.live:
             self._add_stream(figures)  # a long stream's pieces so far, and its seconds open
         taken, self.pending = self.pending, defaultdict(_Bucket)
         return taken
 
 
-def flush(buckets: dict[tuple[int, int, datetime], _Bucket]) -> None:
-    """Add the buckets to the database (runs in a thread; rows of deleted deployments are skipped)."""
-    from django.db import IntegrityError, transaction
-    from django.db.models import F
+def flush(buckets: dict[Key, _Bucket]) -> None:
+    """Add the buckets to the database (runs in a thread; rows of deleted deployments are skipped). A flush takes a
+    fixed number of queries however many keys it holds (a row per deployment, revision, model and bucket): the rows
+    already there read and locked at once, the new ones inserted at once, the others updated at once. Another gateway
+    process that inserted one of the keys meanwhile makes the insert fail: the whole flush is tried again, and merges
+    into its row."""
+    from django.db import IntegrityError
 
     from deployments.models import Deployment
+
+    alive = set(Deployment.objects.filter(pk__in={key[0] for key in buckets}).values_list("pk", flat=True))
+    kept = {key: bucket for key, bucket in buckets.items() if key[0] in alive}
+    if not kept:
+        return
+    for attempt in range(3):
+        try:
+            _write(kept)
+            return
+        except IntegrityError:
+            if attempt == 2:
+                raise
+
+
+def _write(buckets: dict[Key, _Bucket]) -> None:
+    from django.db import transaction
+
     from gateway.models import RequestStats
 
-    alive = set(Deployment.objects.filter(pk__in={d for d, _, _ in buckets}).values_list("pk", flat=True))
-    for (deployment_id, revision, start), bucket in buckets.items():
-        if deployment_id not in alive:
-            continue
-        for _attempt in range(2):
-            try:
-                with transaction.atomic():
-                    row = RequestStats.objects.select_for_update().filter(
-                        deployment_id=deployment_id, revision=revision, bucket_start=start).first()
-                    if row is None:
-                        RequestStats.objects.create(deployment_id=deployment_id, revision=revision, bucket_start=start,
-                                                    requests=bucket.requests,
-                                                    errors=bucket.errors, latency_sum_ms=bucket.latency_sum_ms,
-                                                    latency_histogram=bucket.histogram, codes=bucket.codes,
-                                                    **_stream_fields(bucket.streams))
-                    else:
-                        merged = [a + b for a, b in zip(row.latency_histogram or [0] * len(bucket.histogram),
-                                                        bucket.histogram, strict=False)]
-                        RequestStats.objects.filter(pk=row.pk).update(
-                            requests=F("requests") + bucket.requests, errors=F("errors") + bucket.errors,
-                            latency_sum_ms=F("latency_sum_ms") + bucket.latency_sum_ms, latency_histogram=merged,
-                            codes=merge_codes(row.codes, bucket.codes), **_merged_streams(row, bucket.streams))
-                break
-            except IntegrityError:
-                continue  # another gateway process created the row meanwhile: merge into it
+    with transaction.atomic():
+        # Locked in the primary key's order, as every gateway process locks them: two may wait, never on each other.
+        found = {(row.deployment_id, row.revision, row.model, row.bucket_start): row
+                 for row in RequestStats.objects.select_for_update().filter(
+                     deployment_id__in={key[0] for key in buckets},
+                     bucket_start__in={key[3] for key in buckets}).order_by("pk")}
+        new, changed = [], []
+        # In the keys' order too: two processes inserting the same new keys wait on the first they share.
+        for key in sorted(buckets, key=lambda k: (k[0], k[1], k[2], k[3])):
+            bucket = buckets[key]
+            row = found.get(key)
+            if row is None:
+                new.append(RequestStats(deployment_id=key[0], revision=key[1], model=key[2], bucket_start=key[3],
+                                        requests=bucket.requests, errors=bucket.errors,
+                                        latency_sum_ms=bucket.latency_sum_ms, latency_histogram=bucket.histogram,
+                                        codes=bucket.codes, **_stream_fields(bucket.streams)))
+            else:
+                _merge_into(row, bucket)
+                changed.append(row)
+        if new:
+            RequestStats.objects.bulk_create(new)
+        if changed:
+            RequestStats.objects.bulk_update(changed, _MERGED_FIELDS)
+
+
+_MERGED_FIELDS = ["requests", "errors", "latency_sum_ms", "latency_histogram", "codes", "streams", "stream_pieces",
+                  "stream_seconds", "first_piece_histogram", "piece_gap_histogram", "stream_ends"]
+
+
+def _merge_into(row: RequestStats, bucket: _Bucket) -> None:
+    """Add the bucket's counts to its row, read under the row's lock (so no other process adds to it meanwhile)."""
+    row.requests += bucket.requests
+    row.errors += bucket.errors
+    row.latency_sum_ms += bucket.latency_sum_ms
+    row.latency_histogram = _add_lists(row.latency_histogram, bucket.histogram)
+    row.codes = merge_codes(row.codes, bucket.codes)
+    counts = bucket.streams
+    if counts.streams or counts.pieces or counts.seconds:
+        row.streams += counts.streams
+        row.stream_pieces += counts.pieces
+        row.stream_seconds += counts.seconds
+        row.first_piece_histogram = _add_lists(row.first_piece_histogram, counts.first)
+        row.piece_gap_histogram = _add_lists(row.piece_gap_histogram, counts.gaps)
+        row.stream_ends = merge_codes(row.stream_ends, counts.ends)
 
 
 def _stream_fields(counts: StreamCounts) -> dict[str, Any]:
     return {"streams": counts.streams, "stream_pieces": counts.pieces, "stream_seconds": counts.seconds,
             "first_piece_histogram": counts.first, "piece_gap_histogram": counts.gaps, "stream_ends": counts.ends}
-
-
-def _merged_streams(row: RequestStats, counts: StreamCounts) -> dict[str, Any]:
-    from django.db.models import F
-
-    if not (counts.streams or counts.pieces or counts.seconds):
-        return {}
-    return {"streams": F("streams") + counts.streams, "stream_pieces": F("stream_pieces") + counts.pieces,
-            "stream_seconds": F("stream_seconds") + counts.seconds,
-            "first_piece_histogram": _add_lists(row.first_piece_histogram, counts.first),
-            "piece_gap_histogram": _add_lists(row.piece_gap_histogram, counts.gaps),
-            "stream_ends": merge_codes(row.stream_ends, counts.ends)}
 
 
 def _add_lists(a: list[int] | None, b: list[int]) -> list[int]:

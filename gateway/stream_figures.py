@@ -12,9 +12,10 @@ where a Prometheus observation alone took 1.3 us (prometheus_client 0.26 takes a
 counts reach Prometheus (a collector that reads them at scrape time) and the per-deployment time buckets (the stats
 API, the page) when the stats collector takes them (`fold`, every flush, 5 s) and at the stream's end.
 
-For the other streaming paths: make one with `StatsCollector.stream(deployment id, team, name, revision, arrival)`
-(arrival: time.perf_counter() when the request reached the gateway), call `piece()` as each piece leaves, and
-`ended(reason)` in a `finally` (CANCELLED when the caller went away or the task was cancelled).
+For the other streaming paths: make one with `StatsCollector.stream(deployment id, team, name, revision, arrival,
+model)` (arrival: time.perf_counter() when the request reached the gateway; model: its label, as for `observe`),
+call `piece()` as each piece leaves, and `ended(reason)` in a `finally` (CANCELLED when the caller went away or the
+task was cancelled).
 """
 
 from __future__ import annotations
@@ -170,14 +171,15 @@ class StreamFigures:
     """One stream's measurement; `clock` is time.perf_counter (the gateway's request clock) unless a test fakes
     it. `arrived`: when the request reached the gateway, on that clock."""
 
-    __slots__ = ("sink", "deployment_id", "revision", "clock", "arrived", "last", "folded_at", "counts", "reason",
-                 "_children")
+    __slots__ = ("sink", "deployment_id", "revision", "model", "clock", "arrived", "last", "folded_at", "counts",
+                 "reason", "_children")
 
     def __init__(self, sink: StreamSink | None, deployment_id: int, team: str, deployment: str, revision: int,
-                 arrived: float, clock: Callable[[], float] = time.perf_counter) -> None:
+                 arrived: float, clock: Callable[[], float] = time.perf_counter, model: str = "") -> None:
         self.sink = sink
         self.deployment_id = deployment_id
         self.revision = revision
+        self.model = model  # the stored rows' model key (gateway/stats.py model_key): not a Prometheus label
         self.clock = clock
         self.arrived = arrived
         self.last: float | None = None  # when the last piece went

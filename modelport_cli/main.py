@@ -896,8 +896,9 @@ PERF_WINDOWS = ("5m", "15m", "1h", "6h", "24h")
 
 
 def cmd_perf(args: argparse.Namespace) -> int:
-    """Where a deployment's time goes over a window: the gateway's percentiles, and per model Triton's queue and
-    compute means and the batch sizes it formed, with advice when the queue dominates."""
+    """Where a deployment's time goes over a window: the gateway's percentiles, and per model the gateway's share
+    (requests, errors, p99, its own time) beside Triton's queue and compute means and the batch sizes it formed,
+    with advice when the queue dominates."""
     check_name(args.name, "deployment")
     body = dict(make_client(args).get(f"/api/v1/deployments/{_segment(args.name)}/performance/",
                                       params={"window": args.window}))
@@ -929,15 +930,20 @@ def _print_revision_performance(revision: dict[str, Any], window: str) -> None:
     models = revision.get("models") or []
     if not models:
         return
-    print(f"  {'model':<24} {'requests':>8} {'errors':>6} {'queue':>8} {'input':>8} {'infer':>8} {'output':>8} "
-          f"{'queue%':>6}  batch sizes (size x executions)   [Triton: ms, means]")
+    # Per model, the gateway's share (what it answered for that model: requests, errors, p99, its own mean time)
+    # beside Triton's (requests, errors, queue and compute means, batch sizes).
+    print(f"  {'':<24} {'[gateway: requests, errors, ms]':^33}  [Triton: requests, errors, ms (means)]")
+    print(f"  {'model':<24} {'requests':>8} {'errors':>6} {'p99':>8} {'own':>8}  {'requests':>8} {'errors':>6} "
+          f"{'queue':>8} {'input':>8} {'infer':>8} {'output':>8} {'queue%':>6}  batch sizes (size x executions)")
     for model in models:
         share = model.get("queue_share")
         batches = " ".join(f"{b.get('batch_size')}x{b.get('executions')}" for b in model.get("batch_sizes") or [])
         name = str(model.get("model"))
         if model.get("step_of"):
             name += " (step)"
-        print(f"  {name:<24} {model.get('requests', 0):>8} {model.get('errors', 0):>6} "
+        own = model.get("gateway") or {}
+        print(f"  {name:<24} {own.get('requests', 0):>8} {own.get('errors', 0):>6} {_ms(own.get('p99_ms')):>8} "
+              f"{_ms(own.get('own_mean_ms')):>8}  {model.get('requests', 0):>8} {model.get('errors', 0):>6} "
               f"{_ms(model.get('queue_ms')):>8} {_ms(model.get('compute_input_ms')):>8} "
               f"{_ms(model.get('compute_infer_ms')):>8} {_ms(model.get('compute_output_ms')):>8} "
               f"{(f'{share:.0%}' if isinstance(share, (int, float)) else '-'):>6}  {batches or '-'}"

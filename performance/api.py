@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from deployments.queries import get_deployment_for_user
-from performance.report import ROLES, performance
+from performance.report import GATEWAY_STATISTICS, MODEL_STATISTICS, ROLES, performance
 from performance.windows import DEFAULT_WINDOW, WINDOWS, allowed, parse_window
 
 _NULL = "Null without requests in the window (or fewer than two snapshots)."
@@ -20,12 +20,34 @@ BATCH = inline_serializer("PerformanceBatchSize", {
     "batch_size": serializers.IntegerField(),
     "executions": serializers.IntegerField(help_text="Model executions Triton ran at that batch size."),
 })
+
+
+def _gateway(name: str, requests_help: str) -> serializers.Serializer:
+    """The gateway's figures, of a revision or of one model of it (fresh fields each: a field has one parent)."""
+    return inline_serializer(name, {
+        "statistic": serializers.ChoiceField(choices=list(GATEWAY_STATISTICS), help_text=(
+            "The gateway's figures are percentiles of whole requests (Triton's time included) from its histograms.")),
+        "requests": serializers.IntegerField(help_text=requests_help),
+        "errors": serializers.IntegerField(help_text="Answers with a status of 500 or more, or 429."),
+        "error_rate": serializers.FloatField(allow_null=True, help_text="Null without requests."),
+        "p50_ms": serializers.FloatField(allow_null=True, help_text="Null without requests."),
+        "p95_ms": serializers.FloatField(allow_null=True, help_text="Null without requests."),
+        "p99_ms": serializers.FloatField(allow_null=True, help_text="Null without requests."),
+        "mean_ms": serializers.FloatField(allow_null=True, help_text="Null without requests."),
+        "own_mean_ms": serializers.FloatField(allow_null=True, help_text=(
+            "The gateway's own mean time per request: its mean less Triton's (a revision's: Triton's mean time for "
+            "the models called, pipeline steps excluded; a model's: its own mean time in Triton). " + _NULL)),
+    })
+
+
+GATEWAY = _gateway("PerformanceGateway", "Requests the gateway answered for the revision (every model's, and those "
+                                         "that named no model of the deployment).")
 MODEL = inline_serializer("PerformanceModel", {
     "model": serializers.CharField(),
     "pipeline": serializers.BooleanField(help_text="A pipeline (Triton ensemble): its times include its steps'."),
     "step_of": serializers.ListField(child=serializers.CharField(), help_text=(
         "The revision's pipelines this model is a step of (its counts include the pipelines' calls).")),
-    "statistic": serializers.ChoiceField(choices=["mean"], help_text="What the times are: means."),
+    "statistic": serializers.ChoiceField(choices=list(MODEL_STATISTICS), help_text="What the times are: means."),
     "requests": serializers.IntegerField(help_text="Requests that succeeded in Triton."),
     "errors": serializers.IntegerField(help_text="Requests that failed in Triton."),
     "executions": serializers.IntegerField(help_text="Model executions (a batch is one)."),
@@ -41,22 +63,12 @@ MODEL = inline_serializer("PerformanceModel", {
     "batch_sizes": serializers.ListField(child=BATCH, help_text="The batch sizes Triton formed, smallest first."),
     "restarted": serializers.BooleanField(help_text=(
         "Its Triton restarted in the window: what it counted before the restart is not in the figures.")),
+    "gateway": _gateway("PerformanceModelGateway", (
+        "Requests the gateway answered for this model, by its name in the deployment (a pipeline's steps count only "
+        "the calls made to them directly): the revision's gateway figures are these summed over its models, with "
+        "the requests that named none of them.")),
     "advice": serializers.ListField(child=serializers.CharField(), help_text=(
         "What to change, in words, when the queue dominates (empty otherwise, or with too few requests).")),
-})
-GATEWAY = inline_serializer("PerformanceGateway", {
-    "statistic": serializers.ChoiceField(choices=["percentiles"], help_text=(
-        "The gateway's figures are percentiles of whole requests (Triton's time included) from its histograms.")),
-    "requests": serializers.IntegerField(),
-    "errors": serializers.IntegerField(help_text="Answers with a status of 500 or more, or 429."),
-    "error_rate": serializers.FloatField(allow_null=True, help_text="Null without requests."),
-    "p50_ms": serializers.FloatField(allow_null=True, help_text="Null without requests."),
-    "p95_ms": serializers.FloatField(allow_null=True, help_text="Null without requests."),
-    "p99_ms": serializers.FloatField(allow_null=True, help_text="Null without requests."),
-    "mean_ms": serializers.FloatField(allow_null=True, help_text="Null without requests."),
-    "own_mean_ms": serializers.FloatField(allow_null=True, help_text=(
-        "The gateway's own mean time per request: its mean less Triton's mean time for the models called "
-        "(pipeline steps excluded). " + _NULL)),
 })
 REVISION = inline_serializer("PerformanceRevision", {
     "revision": serializers.IntegerField(),

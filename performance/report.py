@@ -1,8 +1,9 @@
 """A deployment's performance over a window, per revision and model: what the API answers and the page shows.
 
 The gateway's figures come from its request rows (gateway/stats.py: percentiles of the whole request, Triton's time
-included); Triton's from the snapshots (performance/snapshots.py) through performance/figures.py: means, since
-Triton keeps sums. Each figure says which it is (`statistic`)."""
+included), per revision and per model called (the rows' model: its name in the deployment; requests naming no model
+of the deployment count in the revision's totals only); Triton's from the snapshots (performance/snapshots.py)
+through performance/figures.py: means, since Triton keeps sums. Each figure says which it is (`statistic`)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ from performance.figures import ModelCounters, ModelFigures, Snapshot, gateway_o
 from performance.models import TritonSnapshot
 
 ROLES = ("serving", "canary", "earlier")
+# What each answer's figures are (its `statistic`): the gateway's (a revision's and a model's alike), Triton's.
+GATEWAY_STATISTICS = ("percentiles",)
+MODEL_STATISTICS = ("mean",)
 BUCKET = timedelta(seconds=BUCKET_SECONDS)
 
 
@@ -55,7 +59,8 @@ def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def _model(figures: ModelFigures, spec: RevisionSpec, steps: dict[str, list[str]], name: str) -> dict[str, Any]:
+def _model(figures: ModelFigures, spec: RevisionSpec, steps: dict[str, list[str]], name: str,
+           gateway: dict[str, Any]) -> dict[str, Any]:
     entry = spec.entry(figures.model)
     return {
         "model": figures.model,
@@ -75,12 +80,18 @@ def _model(figures: ModelFigures, spec: RevisionSpec, steps: dict[str, list[str]
         "mean_batch_size": _round(figures.mean_batch_size, 2),
         "batch_sizes": [{"batch_size": size, "executions": count} for size, count in figures.batch_sizes.items()],
         "restarted": figures.restarted,
+        "gateway": gateway,
         # A pipeline has no instances or batching of its own to change (its steps do): its steps get the advice.
         "advice": [] if entry is None or entry.is_pipeline else advice(figures, _settings(spec, figures.model), name),
     }
 
 
-def _gateway(rows: list[RequestStats], triton_ns: int | None) -> dict[str, Any]:
+def _gateway(rows: list[RequestStats], triton_ns: int | None = None,
+             triton_mean_ms: float | None = None) -> dict[str, Any]:
+    """The gateway's figures over the rows. Its own time: its latency less Triton's, given as Triton's time for the
+    requests it sent (`triton_ns`: a revision's models called) or as Triton's mean time per request of one model
+    (`triton_mean_ms`: a model's own share, a pipeline's step called directly too, whose Triton count includes the
+    pipeline's calls of it)."""
     histogram = [0] * len(LATENCY_BUCKETS_MS)
     requests = errors = 0
     latency = 0.0
@@ -98,8 +109,16 @@ def _gateway(rows: list[RequestStats], triton_ns: int | None) -> dict[str, Any]:
         "p95_ms": _round(percentile_ms(histogram, 0.95)),
         "p99_ms": _round(percentile_ms(histogram, 0.99)),
         "mean_ms": _round(latency / requests) if requests else None,
-        "own_mean_ms": None if triton_ns is None else _round(gateway_own_ms(latency, requests, triton_ns)),
+        "own_mean_ms": _round(_own(latency, requests, triton_ns, triton_mean_ms)),
     }
+
+
+def _own(latency_ms: float, requests: int, triton_ns: int | None, triton_mean_ms: float | None) -> float | None:
+    if triton_ns is not None:
+        return gateway_own_ms(latency_ms, requests, triton_ns)
+    if triton_mean_ms is not None:
+        return gateway_own_ms(latency_ms, requests, int(triton_mean_ms * 1e6 * requests))
+    return None
 
 
 def _roles(deployment: Deployment, numbers: set[int]) -> list[_Role]:
@@ -139,6 +158,14 @@ def performance(deployment: Deployment, window: timedelta, now: datetime | None 
             # (a bucket that overlaps the span counts: buckets are BUCKET_SECONDS, snapshots a minute apart)
             first, last = taken[0].taken_at, taken[-1].taken_at
             rows = [r for r in rows if first < r.bucket_start + BUCKET and r.bucket_start <= last]
+        by_model: dict[str, list[RequestStats]] = {}
+        for stored in rows:
+            if stored.model:
+                by_model.setdefault(stored.model, []).append(stored)
+        covered = len(taken) >= 2
+        each_model = [_model(f, spec, steps, deployment.name,
+                         _gateway(by_model.get(f.model, []), None, f.request_ms if covered else None))
+                  for f in figures]
         revisions.append({
             "revision": each.revision.number,
             "role": each.role,
@@ -146,7 +173,7 @@ def performance(deployment: Deployment, window: timedelta, now: datetime | None 
             "to": taken[-1].taken_at.isoformat() if len(taken) >= 2 else None,
             "snapshots": len(taken),
             "gateway": _gateway(rows, int(entry_ns) if len(taken) >= 2 else None),
-            "models": [_model(f, spec, steps, deployment.name) for f in figures],
+            "models": each_model,
         })
     return {
         "deployment": deployment.name,

@@ -667,6 +667,9 @@ SPECTACULAR_SETTINGS = {
                             "TuneSampleEnum": "tuning.models.TuneRun.Sample",
                             # A revision's role in the performance answer, beside a team member's role.
                             "PerformanceRoleEnum": "performance.report.ROLES",
+                            # The gateway's statistic in a revision's and in each model's figures: one enum.
+                            "PerformanceGatewayStatisticEnum": "performance.report.GATEWAY_STATISTICS",
+                            "PerformanceModelStatisticEnum": "performance.report.MODEL_STATISTICS",
                             "RoleEnum": "accounts.models.Membership.Role"},
 }
 

@@ -71,8 +71,14 @@ class World:
             streams=4, stream_pieces=40, stream_seconds=12.5, first_piece_histogram=histogram,
             piece_gap_histogram=[count * 9 for count in histogram], stream_ends={"complete": 2, "cancelled": 1,
                                                                                  "idle": 1})
-        # Two snapshots of Triton's statistics, so that the performance answer has its figures too (and its advice).
+        # Two snapshots of Triton's statistics, so that the performance answer has its figures too (and its advice),
+        # and a bucket between them of the model called, for its gateway figures.
         from datetime import timedelta
+
+        RequestStats.objects.create(
+            deployment=Deployment.objects.get(team=person.team, name=name), revision=1, model="digits",
+            bucket_start=timezone.now() - timedelta(minutes=2), requests=4, errors=1, latency_sum_ms=40.0,
+            latency_histogram=histogram, codes={"200": 3, "503": 1})
 
         from performance.models import TritonSnapshot
 

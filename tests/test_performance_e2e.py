@@ -78,5 +78,9 @@ def test_inferences_through_the_gateway_show_where_their_time_went(
     assert sum(size * count for size, count in sizes.items()) == REQUESTS
     assert max(sizes) > 1, sizes  # Triton batched concurrent requests
     assert model["executions"] == sum(sizes.values()) < REQUESTS
+    # The gateway's share of the model, as the gateway recorded it under the model's name: every request was its.
+    own: dict[str, Any] = model["gateway"]
+    assert own["requests"] == gateway["requests"] and own["errors"] == 0
+    assert own["own_mean_ms"] is not None and own["own_mean_ms"] >= 0 and own["p99_ms"] == gateway["p99_ms"]
     print("figures:", {k: model[k] for k in ("queue_ms", "compute_input_ms", "compute_infer_ms", "compute_output_ms",
                                               "queue_share", "mean_batch_size")}, "gateway:", gateway)

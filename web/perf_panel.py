@@ -28,12 +28,20 @@ def _parts(model: dict[str, Any], gateway_ms: float | None) -> list[tuple[str, s
     return [(key, label, float(values[key])) for key, label in PARTS]
 
 
+def _gateway_ms(revision: dict[str, Any], model: dict[str, Any]) -> float | None:
+    """The gateway's own time on `model`: what it measured for that model. Rows written before the gateway kept
+    its figures per model count under none: with no model's figures in the window, the revision's own time stands
+    for the models callers call (not a pipeline's steps), as it did."""
+    if any((m.get("gateway") or {}).get("requests") for m in revision["models"]):
+        return (model.get("gateway") or {}).get("own_mean_ms")
+    return None if model.get("step_of") else revision["gateway"].get("own_mean_ms")
+
+
 def time_bars(revision: dict[str, Any]) -> SafeString:
     """One stacked bar per model of the revision that had requests (mean ms per request; the gateway's own time on
-    the models callers call, not on a pipeline's steps), all on one scale, named on the left, their total on the
-    right; empty without figures."""
-    own = revision["gateway"].get("own_mean_ms")
-    rows = [(m["model"], _parts(m, None if m.get("step_of") else own)) for m in revision["models"]
+    each model, as it measured it for that model), all on one scale, named on the left, their total on the right;
+    empty without figures."""
+    rows = [(m["model"], _parts(m, _gateway_ms(revision, m))) for m in revision["models"]
             if m.get("queue_ms") is not None]
     if not rows:
         return mark_safe("")  # noqa: S308 - a constant

@@ -150,8 +150,9 @@ async def serve(host: Host, scope: Scope, receive: Receive, send: Send, headers:
         in_flight.inc()
         try:
             if request.stream:
-                call.figures = functools.partial(host.collector.stream, route.deployment_id, route.team, route.name,
-                                                 choice.revision, outcome.arrived)
+                call.figures = functools.partial(
+                    host.collector.stream, route.deployment_id, route.team, route.name, choice.revision,
+                    outcome.arrived, model=request.model if request.model in route.models else stats.OTHER_MODEL)
                 with host.streams.hold(caller.team_id, caller.team_name):
                     return await call.run(choice.upstream, raw_target, body)
             return await call.run(choice.upstream, raw_target, body)

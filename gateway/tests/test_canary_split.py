@@ -63,7 +63,7 @@ def test_the_split_follows_the_percent_and_every_answer_names_its_revision(
 
             buckets = app.collector.take()
             counted = {revision: 0 for revision in (0, 1, 2)}
-            for (_, revision, _), bucket in buckets.items():
+            for (_, revision, _, _), bucket in buckets.items():
                 counted[revision] += bucket.requests
             assert counted == {0: 0, 1: seen[1] + 20, 2: seen[2] + 20}
 
@@ -174,7 +174,7 @@ def test_grpc_calls_are_split_named_and_pinned_like_http(people: dict[str, Perso
                 streamed = [c for c in canary.calls if c.method == "ModelStreamInfer"]
                 assert len(streamed) > 0 and len([c for c in stable.calls if c.method == "ModelStreamInfer"]) > 0
                 counted: dict[int, int] = {}
-                for (_, revision, _), bucket in gateway.collector.take().items():
+                for (_, revision, _, _), bucket in gateway.collector.take().items():
                     counted[revision] = counted.get(revision, 0) + bucket.requests
                 assert counted.get(1, 0) + counted.get(2, 0) == 370
             finally:

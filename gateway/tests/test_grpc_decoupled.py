@@ -254,9 +254,15 @@ def test_a_request_past_a_stream_bound_gets_an_error_naming_it_and_is_cancelled_
     run(scenario)
 
 
+def streamed_models(deployment: str) -> set[str]:
+    from gateway.models import RequestStats
+
+    return set(RequestStats.objects.filter(deployment__name=deployment, streams__gt=0).values_list("model", flat=True))
+
+
 def test_a_decoupled_request_is_counted_in_the_stream_figures_as_http_streams_are(people: dict[str, Person]) -> None:
     async def scenario() -> None:
-        async with stack() as (_, fake, channel):
+        async with stack() as (gateway, fake, channel):
             await asyncio.to_thread(deploy_streaming, people["alice"], "figures", fake.target)
             before = stream_counts("figures")
             silent = asyncio.Event()
@@ -282,5 +288,8 @@ def test_a_decoupled_request_is_counted_in_the_stream_figures_as_http_streams_ar
 
             assert await settles(counted, {"pieces": 4, "complete": 1, "cancelled": 1}) == {
                 "pieces": 4, "complete": 1, "cancelled": 1}
+            # Stored under the model called, beside its requests: its figures count in the model's gateway share.
+            await gateway._flush()  # what its own flushes have not written yet
+            assert await asyncio.to_thread(streamed_models, "figures") == {"chat"}
 
     run(scenario)

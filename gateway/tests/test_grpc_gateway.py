@@ -385,6 +385,11 @@ def test_statistics_count_each_call_with_its_status_per_deployment_and_model(peo
     rows = RequestStats.objects.filter(deployment__name="digits-prod")
     assert sum(r.requests for r in rows) == 3  # charlie's call never reached a deployment
     assert sum(r.errors for r in rows) == 0  # a 400 is the client's mistake, not an error
+    # Per model called: the made-up name is stored under no model, never under a key of its own.
+    per_model: dict[str, int] = {}
+    for row in rows:
+        per_model[row.model] = per_model.get(row.model, 0) + row.requests
+    assert per_model == {"digits": 2, "": 1}
 
     assert REQUESTS.labels("acme", "digits-prod", "0", "digits", "400")._value.get() == before + 1
     assert REQUESTS.labels("acme", "digits-prod", "0", "(other)", "404")._value.get() >= 1  # a model it does not serve

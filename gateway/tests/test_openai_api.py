@@ -176,6 +176,8 @@ def test_a_v1_streams_figures_count_its_pieces_ttft_and_gaps_per_deployment_and_
             reply, buckets = await counted_stream(gateway_app(), CHAT, people["alice"].token, STREAMED, go)
             assert reply.status == 200 and chunks(reply.body)[-1] == "[DONE]"
             (counts,) = [b.streams for b in buckets.values() if b.streams.streams]
+            # Stored under the model called, the stream's figures with its request's in one row.
+            assert {key[2] for key in buckets} == {"chat"}
             # The model's four pieces, not the role's chunk, the finish chunk or [DONE]; TTFT from the arrival.
             assert counts.pieces == 4 and counts.ends == {"complete": 1} and sum(counts.gaps) == 3
             first = stats.percentile_ms(counts.first, 0.5)

@@ -413,6 +413,8 @@ def test_a_streams_figures_are_counted_per_deployment_and_revision_and_reach_the
                                                   b'{"text_input": "a"}', go)
             assert reply.status == 200 and len(sse_events(reply.body)) == 4
             (counts,) = [b.streams for b in buckets.values() if b.streams.streams]
+            # Stored beside the stream's request, under its model: one row, not one for the request, one for the stream
+            assert {key[2] for key in buckets} == {"chat"}
             assert counts.pieces == 4 and counts.ends == {"complete": 1} and sum(counts.gaps) == 3
             first, gap = stats.percentile_ms(counts.first, 0.5), stats.percentile_ms(counts.gaps, 0.5)
             assert first is not None and first >= 50  # from the arrival, the model's 50 ms included

@@ -27,7 +27,9 @@ BODY: dict[str, Any] = {
                     "compute_input_ms": 0.01, "compute_infer_ms": 1.0, "compute_output_ms": 0.02,
                     "queue_share": 0.8559, "mean_batch_size": 3.0,
                     "batch_sizes": [{"batch_size": 1, "executions": 200}, {"batch_size": 5, "executions": 200}],
-                    "restarted": True, "advice": [ADVICE]}],
+                    "restarted": True, "advice": [ADVICE],
+                    "gateway": {"statistic": "percentiles", "requests": 1190, "errors": 2, "error_rate": 0.0017,
+                                "p50_ms": 4.0, "p95_ms": 8.5, "p99_ms": 11.5, "mean_ms": 7.4, "own_mean_ms": 0.3}}],
     }],
 }
 
@@ -43,7 +45,9 @@ def test_perf_asks_for_the_window_and_prints_where_the_time_went(portal: FakePor
     assert "revision 3 (serving): 2026-12-03T12:00:00+00:00 .. 2026-12-03T12:59:00+00:00, 60 snapshot(s)" in out
     assert "1200 requests, 3 errors; p50 4.100 ms, p95 9.000 ms, p99 12.000 ms; its own time 0.400 ms" in out
     [row] = [line for line in out.splitlines() if line.strip().startswith("digits ")]
-    assert row.split()[:8] == ["digits", "1200", "0", "6.000", "0.010", "1.000", "0.020", "86%"]
+    # The gateway's share of digits (requests, errors, p99, its own time), then Triton's.
+    assert row.split()[:12] == ["digits", "1190", "2", "11.500", "0.300", "1200", "0", "6.000", "0.010", "1.000",
+                                "0.020", "86%"]
     assert "1x200 5x200" in row and "restarted" in row
     assert f"advice: {ADVICE}" in out
 

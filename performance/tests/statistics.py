@@ -49,10 +49,12 @@ def snapshot(deployment: Deployment, minutes_ago: float, *rows: dict[str, Any]) 
                                   counters={name: c.to_json() for name, c in counters.items()})
 
 
-def gateway_rows(deployment: Deployment, minutes_ago: float, requests: int, latency_ms: float) -> None:
+def gateway_rows(deployment: Deployment, minutes_ago: float, requests: int, latency_ms: float, model: str = "",
+                 errors: int = 1) -> None:
+    """A gateway bucket of `requests` of `latency_ms` each, `errors` of them failed, for `model` ("": none named)."""
     histogram = [0] * len(LATENCY_BUCKETS_MS)
     histogram[LATENCY_BUCKETS_MS.index(10)] = requests
     assert deployment.serving_revision is not None
-    RequestStats.objects.create(deployment=deployment, revision=deployment.serving_revision.number,
+    RequestStats.objects.create(deployment=deployment, revision=deployment.serving_revision.number, model=model,
                                 bucket_start=timezone.now() - timedelta(minutes=minutes_ago), requests=requests,
-                                errors=1, latency_sum_ms=requests * latency_ms, latency_histogram=histogram)
+                                errors=errors, latency_sum_ms=requests * latency_ms, latency_histogram=histogram)

@@ -51,3 +51,29 @@ def test_a_pipeline_and_its_steps_each_show_their_figures(alice: Person, pipelin
     assert models["digits-pipeline"]["advice"] == []  # no instances of its own: its steps are what to change
     # 6 ms a request at the gateway, of which 5 in the pipeline: 1 ms of its own (the steps are not counted again).
     assert revision["gateway"]["own_mean_ms"] == pytest.approx(1.0, abs=0.01)
+
+
+def test_the_gateways_share_is_the_pipelines_and_a_step_shows_only_the_calls_made_to_it(
+        alice: Person, pipeline_deployment: Deployment) -> None:
+    before = [triton_row("digits-pipeline", 0, batches={})] + [triton_row(step, 0, batches={}) for step in STEPS]
+    after = [triton_row("digits-pipeline", 100, queue_ns=100 * 4_000_000, infer_ns=100 * 1_000_000 - 300_000,
+                        batches={})]
+    # digits: the pipeline's 100 calls and 20 made to it directly, 1 ms each.
+    after += [triton_row(step, 120 if step == "digits" else 100, queue_ns=0,
+                         infer_ns=(120 if step == "digits" else 100) * (1_000_000 - 3_000), batches={4: 25})
+              for step in STEPS]
+    snapshot(pipeline_deployment, 5, *before)
+    gateway_rows(pipeline_deployment, 3, requests=100, latency_ms=6.0, model="digits-pipeline")
+    gateway_rows(pipeline_deployment, 3, requests=20, latency_ms=1.5, model="digits", errors=0)
+    snapshot(pipeline_deployment, 1, *after)
+
+    [revision] = alice.client().get("/api/v1/deployments/digits-pipeline/performance/").json()["revisions"]
+
+    models = {m["model"]: m for m in revision["models"]}
+    pipeline = models["digits-pipeline"]["gateway"]
+    assert pipeline["requests"] == 100 and pipeline["own_mean_ms"] == pytest.approx(1.0, abs=0.01)
+    step = models["digits"]["gateway"]
+    assert step["requests"] == 20 and step["own_mean_ms"] == pytest.approx(0.5, abs=0.01)  # 1.5 less its 1 ms
+    for other in ("preprocess", "postprocess"):  # only ever called by the pipeline
+        assert models[other]["gateway"]["requests"] == 0 and models[other]["gateway"]["own_mean_ms"] is None
+    assert revision["gateway"]["requests"] == 120

@@ -58,3 +58,27 @@ def test_charlie_gets_no_panel_of_alices_deployment(charlie: Person, deployment:
     response = signed_in(charlie).get(PAGE)
 
     assert response.status_code == 404 and b"perf-r1" not in response.content
+
+
+def test_each_models_row_has_the_gateways_share_and_its_bar_the_gateways_own_time(alice: Person) -> None:
+    from tests.support.gateway_calls import make_deployment
+
+    made = make_deployment(alice, "two-models", "http://127.0.0.1:9", ("digits", "resnet"))
+    deployment = serve(Deployment.objects.get(pk=made.pk))
+    snapshot(deployment, 10, triton_row("digits", 0, batches={}), triton_row("resnet", 0, batches={}))
+    gateway_rows(deployment, 5, requests=200, latency_ms=9.0, model="digits", errors=2)
+    gateway_rows(deployment, 5, requests=50, latency_ms=4.0, model="resnet", errors=0)
+    snapshot(deployment, 1, triton_row("digits", 200, queue_ns=200 * 6_000_000, infer_ns=200 * 1_000_000),
+             triton_row("resnet", 50, infer_ns=50 * 1_000_000))
+
+    content = signed_in(alice).get("/deployments/two-models/").content.decode()
+
+    digits = content.split('id="perf-r1-digits"')[1].split("</tr>")[0]
+    resnet = content.split('id="perf-r1-resnet"')[1].split("</tr>")[0]
+    assert 'id="perf-r1-digits-gateway">200<' in digits and ">2<" in digits and ">2.00<" in digits
+    assert 'id="perf-r1-resnet-gateway">50<' in resnet and ">3.00<" in resnet
+    # Each bar's gateway part is the gateway's own time on that model: 9 ms less 7.003 in Triton on digits, 4 ms
+    # less 1.003 on resnet.
+    assert "<title>digits: gateway (own) 1.997 ms</title>" in content
+    assert "<title>resnet: gateway (own) 2.997 ms</title>" in content
+    assert "250 requests, 2 errors" in content  # the revision's: the sum over its models
