@@ -43,6 +43,7 @@ def deployed_answer(person: Person, deployment: str, model: str, input_name: str
     deploy(person, deployment, [{"model": model}])
     wait_status(person, deployment, "ready", timeout=300)
     server = serving(deployment)
+    assert server.sandboxed, server.sandbox_note
     client = httpclient.InferenceServerClient(url=f"127.0.0.1:{server.http_port}")
     tensor = httpclient.InferInput(input_name, list(value.shape), "FP32")
     tensor.set_data_from_numpy(value, binary_data=True)

@@ -8,7 +8,8 @@ mlflow.pytorch.save_model writes a ScriptModule (torch.jit.ScriptModule.save of 
 writes OUT_DIR/tf2model as mlflow.tensorflow.save_model writes a tf.Module (tf.saved_model.save(module, path), no
 `signatures`: the serving signature is the input-signed __call__). Each also writes OUT_DIR/input.npy (a fixed
 input), OUT_DIR/expected.npy, what the model in memory answers to it (the original the deployment is compared
-with), and OUT_DIR/version.txt, the framework's version (MLmodel records it). The framework imports stay inside the functions, so the test environment can import this module."""
+with), and OUT_DIR/version.txt, the framework's version (MLmodel records it). The framework imports stay inside
+the functions, so the test environment can import this module."""
 
 from __future__ import annotations
 
