@@ -53,6 +53,7 @@ SLOW_FILES = (
     "tests/test_layers.py",
     "tests/test_mlflow_deployments_e2e.py",
     "tests/test_mlflow_e2e.py",
+    "tests/test_mlflow_frameworks_e2e.py",
     "tests/test_mlflow_import_e2e.py",
     "tests/test_nasty_inputs.py",
     "tests/test_observability_prometheus.py",

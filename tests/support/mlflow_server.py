@@ -378,3 +378,70 @@ def import_from_mlflow(person: Any, name: str, uri: str) -> Any:
     wait_for(lambda: client.get(f"/api/v1/models/{name}/versions/{number}/").json()["status"]
              not in ("importing", "validating"), 120, what=f"the worker to import {uri}")
     return ModelVersion.objects.get(model__name=name, number=number)
+
+
+FRAMEWORK_MODELS_SCRIPT = Path(__file__).with_name("mlflow_framework_models.py")
+
+
+@dataclass(frozen=True)
+class FrameworkModel:
+    """A framework model's files laid out as its flavor's log_model lays them out, a fixed input, and what the model
+    answered to it in the process that made it."""
+
+    files: dict[str, bytes]
+    input: np.ndarray
+    expected: np.ndarray
+
+
+def framework_model_as_logged(flavor: str, runtime_python: Path, folder: Path) -> FrameworkModel:
+    """y = x @ W + b (mlflow_framework_models.py) as mlflow.pytorch.log_model(torch.jit.script(module)) (`flavor`
+    "pytorch") or mlflow.tensorflow.log_model(tf_module) ("tensorflow") lay it out: the model made, and its answer
+    computed, by `runtime_python` (the runtime env's: logging itself needs the framework in mlflow's environment,
+    which the test environment lacks); the MLmodel file written here by MLflow's own Model, add_flavor and
+    pyfunc.add_to_model, as save_model calls them, with the signature MLflow infers from the input and the answer;
+    the requirements, conda.yaml and python_env.yaml beside it as save_model writes them."""
+    import subprocess
+
+    import yaml
+    from mlflow.models import Model, infer_signature
+
+    framework = {"pytorch": "torch", "tensorflow": "tensorflow"}[flavor]
+    # The runtime env's python with its own bin/ first, none of this process's Python settings.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON") and k != "VIRTUAL_ENV"}
+    env["PATH"] = os.pathsep.join([str(runtime_python.parent), env.get("PATH", "/usr/bin:/bin")])
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    done = subprocess.run([str(runtime_python), str(FRAMEWORK_MODELS_SCRIPT), framework, str(folder)],
+                          capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    example, expected = np.load(folder / "input.npy"), np.load(folder / "expected.npy")
+    framework_version = (folder / "version.txt").read_text().strip()
+    for made in ("input.npy", "expected.npy", "version.txt"):
+        (folder / made).unlink()
+
+    model = Model()
+    model.signature = infer_signature(example, expected)
+    requirements = [f"mlflow=={mlflow.__version__}", f"{framework}=={framework_version.split('+')[0]}"]
+    if flavor == "pytorch":
+        model.add_flavor("pytorch", model_data="data", pytorch_version=framework_version, code=None)
+        mlflow.pyfunc.add_to_model(model, loader_module="mlflow.pytorch", data="data",
+                                   pickle_module_name="mlflow.pytorch.pickle_module", code=None,
+                                   conda_env="conda.yaml", python_env="python_env.yaml", model_config={"device": None})
+        (folder / "data" / "pickle_module_info.txt").write_text("mlflow.pytorch.pickle_module")
+        requirements.append("cloudpickle")
+    else:
+        model.add_flavor("tensorflow", code=None, saved_model_dir="tf2model", model_type="tf2-module")
+        mlflow.pyfunc.add_to_model(model, loader_module="mlflow.tensorflow", code=None, conda_env="conda.yaml",
+                                   python_env="python_env.yaml")
+    model.model_size_bytes = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+    model.save(str(folder / "MLmodel"))
+    (folder / "requirements.txt").write_text("\n".join(requirements))
+    python = "3.11"
+    (folder / "conda.yaml").write_text(yaml.safe_dump({
+        "name": "mlflow-env", "channels": ["conda-forge"],
+        "dependencies": [f"python={python}", "pip<=25.0", {"pip": requirements}]}))
+    (folder / "python_env.yaml").write_text(yaml.safe_dump({
+        "python": python, "build_dependencies": ["pip", "setuptools", "wheel"], "dependencies":
+        ["-r requirements.txt"]}))
+    files = {path.relative_to(folder).as_posix(): path.read_bytes()
+             for path in sorted(folder.rglob("*")) if path.is_file()}
+    return FrameworkModel(files=files, input=example, expected=expected)
