@@ -152,6 +152,24 @@ def cpu_seconds(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_seconds(pid: int) -> tuple[float, float]:
+    """User + system CPU time of a process's main thread (an ASGI server's event loop) and of all its other threads
+    together (executors, an exporter's thread), from /proc/<pid>/task; a thread that ended meanwhile is not counted."""
+    main = others = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        seconds = (int(fields[11]) + int(fields[12])) / tick
+        if task.name == str(pid):
+            main += seconds
+        else:
+            others += seconds
+    return main, others
+
+
 @contextlib.contextmanager
 def running_stack(keep: bool = False) -> Iterator[Stack]:
     var_dir = Path(tempfile.mkdtemp(prefix="modelport-bench-"))

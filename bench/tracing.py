@@ -3,14 +3,16 @@ tracing off and with tracing on at 100 % sampling, exporting to an OTLP receiver
 
     .venv/bin/python bench/tracing.py [--concurrency 8] [--duration 5] [--repeats 3] [--ratio 0.01] [--output PATH]
 
-A throwaway Modelport (bench/stack.py) deploys the digits model (ONNX, as bench/gateway_overhead.py does). Beside
-its web process, tracing off as `make run` starts it (no OTEL_* variable), a second web process serves the same
-database with OTEL_EXPORTER_OTLP_ENDPOINT pointing at a receiver in this process (an OTLP/HTTP sink that answers
-200 and counts the spans it is sent) and OTEL_TRACES_SAMPLER=always_on. The Triton is started by the worker without
-tracing, so only the gateway's side differs. A third web process (--ratio, default 0.01) samples that share of its
-requests (parentbased_traceidratio), what docs/observability.md advises where full sampling costs too much. The
-sides alternate, --repeats times each; per run the web process's CPU time (/proc) over the requests
-tuning/loadgen.py completed. Reported: each side's median CPU per request, its ratio to off, and the spans received
+A throwaway Modelport (bench/stack.py) deploys the digits model (ONNX, as bench/gateway_overhead.py does). Three web
+processes serve the same database, each started alike as `make run` starts one: tracing off (no OTEL_* variable);
+tracing on with OTEL_EXPORTER_OTLP_ENDPOINT pointing at a receiver in this process (an OTLP/HTTP sink that answers
+200 and counts the spans it is sent) and OTEL_TRACES_SAMPLER=always_on; and (--ratio, default 0.01) sampling that
+share of its requests (parentbased_traceidratio), what docs/observability.md advises where full sampling costs too
+much. The Triton is started by the worker without tracing, so only the gateway's side differs. The sides alternate,
+--repeats times each; per run the web process's CPU time (/proc) over the requests tuning/loadgen.py completed, split
+into its main thread's (the event loop: the gateway and the spans it makes) and its other threads' (the span
+exporter's), and its garbage collector's time per generation and longest full collection (bench/gc_probe, on each
+web process's PYTHONPATH). Reported: each side's median CPU per request, its ratio to off, and the spans received
 against the requests sent to the traced sides.
 
 "Off costs nothing measurable" is judged by what the off path is: `tracing.tracer is not None`, checked once per
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -46,11 +49,14 @@ from bench.stack import (  # noqa: E402
     free_port,
     kserve_binary_body,
     running_stack,
+    thread_cpu_seconds,
     wait_for_port,
 )
 from portal.web_server import UVICORN_HTTP  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
+GC_PROBE = ROOT / "bench" / "gc_probe"
+GC_PROBE_OUT = Path(tempfile.mkdtemp(prefix="gc-probe-"))
 
 
 class Sink:
@@ -94,13 +100,16 @@ class Sink:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
 
-def start_traced_web(stack: Stack, sink: Sink, name: str, ratio: float) -> str:
-    """Another web process on the stack's database, tracing `ratio` of its requests (by trace id) to the sink; its
-    URL."""
+def start_web(stack: Stack, sink: Sink, name: str, ratio: float | None) -> str:
+    """A web process on the stack's database, as `make run` starts one, with the garbage collector's probe
+    (bench/gc_probe); tracing `ratio` of its requests (by trace id) to the sink, or off for None: its URL."""
     port = free_port()
-    env = {**stack.env(), "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_SERVICE_NAME": name,
-           **({"OTEL_TRACES_SAMPLER": "always_on"} if ratio >= 1 else
-              {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(ratio)})}
+    tracing = {} if ratio is None else {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_SERVICE_NAME": name,
+        **({"OTEL_TRACES_SAMPLER": "always_on"} if ratio >= 1 else
+           {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(ratio)})}
+    env = {**stack.env(), **tracing, "MODELPORT_GC_PROBE_DIR": str(GC_PROBE_OUT),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(GC_PROBE), os.environ.get("PYTHONPATH", "")]))}
     log = open(stack.var_dir / "log" / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
     stack.processes[name] = subprocess.Popen(
         [PY, "-m", "uvicorn", "portal.asgi:application", "--http", UVICORN_HTTP, "--host", "127.0.0.1", "--port",
@@ -108,6 +117,20 @@ def start_traced_web(stack: Stack, sink: Sink, name: str, ratio: float) -> str:
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     wait_for_port(port)
     return f"http://127.0.0.1:{port}"
+
+
+def gc_totals(pid: int, timeout: float = 10.0) -> dict[str, list[float]]:
+    """The probe's sums of a web process's collections so far (bench/gc_probe): asked by SIGUSR2, read once the
+    process has written them (its handler runs at its next bytecode)."""
+    path = GC_PROBE_OUT / f"{pid}.json"
+    path.unlink(missing_ok=True)
+    os.kill(pid, signal.SIGUSR2)
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"web process {pid} wrote no gc figures in {timeout:g} s")
+        time.sleep(0.02)
+    return json.loads(path.read_text())  # type: ignore[no-any-return]
 
 
 def load(url: str, body: Path, headers: dict[str, str], concurrency: int, duration: float,
@@ -208,22 +231,38 @@ def main() -> int:
         body_path = work / "digits.body"
         body_path.write_bytes(body)
         headers = {**stack.headers, **body_headers}
-        sides = {"off": (stack.url, "web"), "on": (start_traced_web(stack, sink, "web_traced", 1.0), "web_traced")}
+        # Each side a web process of its own, started alike (the stack's own web process serves none of them).
+        sides = {"off": (start_web(stack, sink, "web_off", None), "web_off"),
+                 "on": (start_web(stack, sink, "web_traced", 1.0), "web_traced")}
         if args.ratio:
-            sides["ratio"] = (start_traced_web(stack, sink, "web_ratio", args.ratio), "web_ratio")
+            sides["ratio"] = (start_web(stack, sink, "web_ratio", args.ratio), "web_ratio")
         warmed = {}
         for side, (base, _) in sides.items():  # not measured: the measured runs' CPU covers their requests only
             warmed[side] = load(f"{base}/serve/digits/v2/models/digits/infer", body_path, headers, args.concurrency,
                                 args.warmup, 0)["requests"]
         for repeat in range(args.repeats):
             for side, (base, process) in sides.items():
-                cpu_before = cpu_seconds(stack.pid(process))
+                pid = stack.pid(process)
+                gc_before = gc_totals(pid)
+                cpu_before, threads_before = cpu_seconds(pid), thread_cpu_seconds(pid)
                 figures = load(f"{base}/serve/digits/v2/models/digits/infer", body_path, headers, args.concurrency,
                                args.duration, 0)
-                spent = cpu_seconds(stack.pid(process)) - cpu_before
+                spent = cpu_seconds(pid) - cpu_before
+                main, others = (after - before for after, before in zip(thread_cpu_seconds(pid), threads_before,
+                                                                        strict=True))
+                gc_after = gc_totals(pid)
                 sent = figures["requests"] + figures["errors"]
                 run = {"side": side, "repeat": repeat, **figures, "cpu_s": round(spent, 3),
-                       "cpu_us_per_request": round(spent / sent * 1e6, 1) if sent else None}
+                       "cpu_us_per_request": round(spent / sent * 1e6, 1) if sent else None,
+                       # Where it was spent: the event loop's thread, and the others (the span exporter's thread)
+                       "main_thread_us_per_request": round(main / sent * 1e6, 1) if sent else None,
+                       "other_threads_us_per_request": round(others / sent * 1e6, 1) if sent else None,
+                       # The garbage collector's share, per generation (0, 1, 2), and its longest full collection
+                       "gc_collections": [int(a - b) for a, b in zip(gc_after["count"], gc_before["count"],
+                                                                     strict=True)],
+                       "gc_us_per_request": [round((a - b) / sent * 1e6, 2) if sent else None for a, b in
+                                             zip(gc_after["seconds"], gc_before["seconds"], strict=True)],
+                       "gc_longest_full_ms": round(gc_after["longest"][2] * 1e3, 2)}
                 result["runs"].append(run)
                 print(json.dumps(run), flush=True)
     result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
@@ -255,6 +294,14 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         cpu = [r["cpu_us_per_request"] for r in mine]
         summary[side] = {"cpu_us_per_request_median": statistics.median(cpu) if cpu else None,
                          "cpu_us_per_request_min_max": [min(cpu), max(cpu)] if cpu else None,
+                         "main_thread_us_per_request_median": statistics.median(
+                             r["main_thread_us_per_request"] for r in mine),
+                         "other_threads_us_per_request_median": statistics.median(
+                             r["other_threads_us_per_request"] for r in mine),
+                         "gc_us_per_request_median": [statistics.median(r["gc_us_per_request"][g] for r in mine)
+                                                      for g in range(3)],
+                         "gc_full_collections": sum(r["gc_collections"][2] for r in mine),
+                         "gc_longest_full_ms": max(r["gc_longest_full_ms"] for r in mine),
                          "throughput_median": statistics.median(r["throughput"] for r in mine) if mine else None,
                          "p50_ms_median": statistics.median(r["p50_ms"] for r in mine) if mine else None,
                          "errors": sum(r["errors"] for r in runs if r["side"] == side)}

@@ -54,6 +54,7 @@ from gateway.stream_figures import StreamFigures
 from gateway.stream_slots import StreamSlots
 from gateway.upstream import ResponseTooLarge, UpstreamError
 from infra import tracing
+from infra.heap import freeze_startup_objects
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,9 @@ class Gateway:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                # The server is about to serve: what it was built with stays out of the garbage collector's full
+                # collections, which paused every request in flight to scan it (infra/heap.py).
+                freeze_startup_objects()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.close()

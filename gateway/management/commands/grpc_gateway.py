@@ -33,9 +33,11 @@ class Command(BaseCommand):
         from gateway import metrics_server
         from gateway.grpc_app import GrpcGateway
         from infra import tracing
+        from infra.heap import freeze_startup_objects
 
         tracing.configure()  # from the OTEL_* variables; off, and free, without an endpoint (docs/observability.md)
         gateway = GrpcGateway()
+        freeze_startup_objects()  # out of every full collection: what the gateway serves with (infra/heap.py)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
             bound = await gateway.start(address)
