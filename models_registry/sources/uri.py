@@ -149,6 +149,12 @@ class UriFetcher:
         # to pin it (a versionId query is refused): every uri source is a moving reference.
         return None
 
+    def pinned(self, source: dict[str, Any], team_id: int) -> dict[str, Any] | None:
+        return None  # nothing names the bytes under a key or a URL but the bytes themselves
+
+    def pinned_from(self, source: dict[str, Any], record: dict[str, Any]) -> dict[str, Any] | None:
+        return None
+
     # -- fetch ------------------------------------------------------------------------------------------------
 
     def fetch(self, source: dict[str, Any], ctx: FetchContext) -> Fetched:
