@@ -381,10 +381,11 @@ class VersionFromSourceSerializer(ExactJSONTypes, serializers.Serializer[Any]):
     create_model = VersionCreateSerializer().fields["create_model"]
     new_version = serializers.BooleanField(
         required=False, default=False,
-        help_text="Import the source again as a new version: by default the same pinned source (an MLflow registry "
-                  "version, a Hugging Face commit) with the same declared options into the same model gives the "
-                  "version that imported it (HTTP 200), unless that one failed. A moving reference (an alias, a "
-                  "branch or tag, an s3 or https object) is a new version at every import.")
+        help_text="Import the source again as a new version: by default the same source with the same declared "
+                  "options into the same model gives the version that imported it (HTTP 200), unless that one "
+                  "failed. An MLflow alias, a Hugging Face branch or tag and an s3 object are the same source while "
+                  "they name the same registry version, commit or object (asked of the source when imported); an s3 "
+                  "folder and an https object are a new version at every import.")
     example_request = ExampleRequestField(required=False, allow_null=True)
     # What an upload may declare, for what the source does not say (a hub repository's python model) or says
     # otherwise: sent, it wins over the source's own (an MLflow signature).
@@ -555,9 +556,10 @@ def model_detail(request: Request, name: str) -> Response:
     },
     parameters=[IDEMPOTENCY_KEY],
     responses={
-        200: OpenApiResponse(VersionSerializer, description="The version that imported this pinned source with "
-                                                             "these options already (imported again; send "
-                                                             "new_version: true for another)."),
+        200: OpenApiResponse(VersionSerializer, description="The version that imported this source (or the "
+                                                             "target it names now) with these options already "
+                                                             "(imported again; send new_version: true for "
+                                                             "another)."),
         201: VersionSerializer, **IDEMPOTENCY_ERRORS,
         400: error("Not a valid version: the file, the upload, the format, the signature, the pipeline or the source "
                    "('fields' says which and why)."),

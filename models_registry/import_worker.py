@@ -27,6 +27,7 @@ from django.utils import timezone
 from modelport.core import formats
 from modelport.core.signature import signature_from_json
 from models_registry import quota
+from models_registry.import_identity import Declared, fetched_identity
 from models_registry.models import ModelVersion
 from models_registry.sources import fetcher_for
 from models_registry.sources.base import FetchCancelled, FetchContext, Fetched, SourceRefused, TransientFetchError
@@ -165,12 +166,13 @@ def _stage(version: ModelVersion, fetched: Fetched, queue_inspection: Callable[[
     with open(fetched.path, "rb") as stream:
         size = store.save(staged_key, stream)
     source = {**(version.source or {}), "fetched": fetched.record}
+    identity = _identity_fetched(version, fetched)
     with transaction.atomic():
         updated = ModelVersion.objects.filter(pk=version.pk, status=ModelVersion.Status.IMPORTING).update(
             status=ModelVersion.Status.VALIDATING, staged_key=staged_key, size=size, error="",
             original_filename=fetched.filename[:255], format=check.format, declared_format=declared_format,
             declared_signature=declared.to_json() if declared else None,
-            declared_max_batch_size=max_batch_size, source=source,
+            declared_max_batch_size=max_batch_size, source=source, source_identity=identity,
             import_done_bytes=size, import_total_bytes=size)
         if updated != 1:  # cancelled while staging
             transaction.on_commit(lambda: store.delete(staged_key))
@@ -178,6 +180,20 @@ def _stage(version: ModelVersion, fetched: Fetched, queue_inspection: Callable[[
         if queue_inspection is not None:
             queue_inspection(version.model.team_id)
     log.info("version %s imported (%s bytes), inspection queued", version, size)
+
+
+def _identity_fetched(version: ModelVersion, fetched: Fetched) -> str:
+    """The version's key once fetched: a moving reference keyed by what it named when fetched (an alias moved since
+    the API pinned it makes the version one of its new target's), any other source's key as the API set it."""
+    canonical = {key: value for key, value in (version.source or {}).items() if key not in ("kind", "fetched")}
+    kind = str((version.source or {}).get("kind", ""))
+    if fetcher_for(kind).identity(canonical) is not None:
+        return version.source_identity
+    # What the team declared, as the API keyed it (the version's fields before this fetch fills them in).
+    declared = Declared(format=version.declared_format, max_batch_size=version.declared_max_batch_size,
+                        signature=signature_from_json(version.declared_signature) if version.declared_signature
+                        else None, decoupled=version.decoupled, chat_template=version.chat_template)
+    return fetched_identity(kind, canonical, fetched.record, declared) or ""
 
 
 def _fail(version_id: int, message: str) -> None:

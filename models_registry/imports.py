@@ -2,18 +2,16 @@
 import lane's (models_registry/import_worker.py).
 
 The API validates the source (its kind's fetcher, models_registry/sources/) and `start_import` records a version in
-IMPORTING with the source, then queues `tasks.import_version` after commit. The same pinned source into the same model
-again is the version that imported it; a moving reference (an alias, a branch, an object under a key) is a new version
-each time, since what it names may have moved since. `cancel_import` ends one under way: its fetch stops at its next
+IMPORTING with the source, then queues `tasks.import_version` after commit. The same source into the same model again
+is the version that imported it (models_registry/import_identity.py): a pinned one (a registry version, a commit) by
+its text, an MLflow alias or a Hugging Face branch or tag by what it names when asked; an object under an s3 key or
+a URL is a new version each time. `cancel_import` ends one under way: its fetch stops at its next
 chunk.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -22,30 +20,13 @@ from django.utils import timezone
 
 from audit.log import record as audit
 from infra.api_errors import Conflict
-from modelport.core.signature import Signature
 from models_registry import quota
+from models_registry.import_identity import Declared, identity_of, pinned_identity
 from models_registry.models import Model, ModelVersion
 from models_registry.sources import fetcher_for
 from models_registry.sources.base import SourceRefused
 
 log = logging.getLogger(__name__)
-
-def identity_of(kind: str, canonical: dict[str, Any], declared: Declared | None = None) -> str | None:
-    """The sha256 of a validated source's canonical text and of what the team declared with it: the key of "the
-    same source twice". The declared options are part of it because they make another version of the same bytes (a
-    signature, decoupled, a template): the same source with other options is not the import made with the first.
-    None for a moving reference (an MLflow alias, a Hugging Face branch or tag, an s3 or https object): the target
-    it names is known only on the worker, once resolved, so an earlier import of the same text may be of another
-    target."""
-    text = fetcher_for(kind).identity(canonical)
-    if text is None:
-        return None
-    options = (declared or Declared()).as_identity()
-    # Without options the text is what it was before they counted, so versions imported then still match.
-    if options:
-        text = f"{text}\ndeclared:{json.dumps(options, sort_keys=True, separators=(',', ':'))}"
-    return hashlib.sha256(f"{kind}\n{text}".encode()).hexdigest()
-
 
 def validate_source(source: Any, team_id: int) -> dict[str, Any]:
     """The API's check of a `source` object: its kind's fetcher validates the rest (SourceRefused, SourceForbidden).
@@ -67,38 +48,24 @@ def existing_import(model: Model, identity: str | None) -> ModelVersion | None:
             .exclude(status=ModelVersion.Status.INVALID).order_by("-number").first())
 
 
-@dataclass(frozen=True)
-class Declared:
-    """What the team declared beside the source, as for an upload; each wins over what the source says."""
-
-    format: str = ""
-    signature: Signature | None = None
-    max_batch_size: int | None = None
-    decoupled: bool = False
-    chat_template: str = ""
-
-    def as_identity(self) -> dict[str, Any]:
-        """The options given, each one left at its default left out."""
-        options = {"format": self.format, "signature": self.signature.to_json() if self.signature else None,
-                   "max_batch_size": self.max_batch_size, "decoupled": self.decoupled,
-                   "chat_template": self.chat_template}
-        defaults = {"format": "", "signature": None, "max_batch_size": None, "decoupled": False, "chat_template": ""}
-        return {key: value for key, value in options.items() if value != defaults[key]}
-
-
 def start_import(model: Model, user: Any, source: dict[str, Any], *, new_version: bool = False,
                  example_request: dict[str, Any] | None = None,
                  declared: Declared | None = None) -> tuple[ModelVersion, bool]:
-    """The version importing `source` (validated), and whether it is new: the same pinned source (a registry version,
-    a commit) with the same declared options into the same model again gives the version that imported it (unless
-    `new_version`), so that a retried CI job makes one version. A moving reference is a new version each time, and so
-    is a source with other declared options (identity_of)."""
+    """The version importing `source` (validated), and whether it is new: the same source with the same declared
+    options into the same model again gives the version that imported it (unless `new_version`), so that a retried
+    CI job makes one version; an alias or a branch is the same source while it names the same target
+    (pinned_identity). A source with other declared options is another version (identity_of)."""
     from models_registry.actions import _save_new_model  # the registry's one way to save a model with its first version
 
     kind = source["kind"]
     canonical = {key: value for key, value in source.items() if key != "kind"}
     declared = declared or Declared()
     identity = identity_of(kind, canonical, declared)
+    if identity is None:
+        # A moving reference's lookup (a call of a few seconds at most) before the transaction, so it holds no lock;
+        # and not for a team at its cap of imports, which would be refused anyway.
+        check_active_imports(model.team)
+        identity = pinned_identity(kind, canonical, declared, model.team_id)
     with transaction.atomic():
         # Two requests at once: the second sees the first's version, and the count of the team's imports.
         quota.lock_team(model.team)

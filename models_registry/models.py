@@ -120,9 +120,10 @@ class ModelVersion(models.Model):
     chat_template = models.TextField(blank=True, default="")
     # An imported version's source (issue 35; models_registry/sources/): {"kind", the validated fields, and once
     # fetched "fetched": what the fetcher recorded (registry version, run id, commit, each file's sha256)}; null for an
-    # upload. Never a credential: those are the operator's settings. `source_identity`: the canonical pinned source and
-    # the declared options (imports.identity_of), so that importing one twice into one model gives one version; empty
-    # for a moving reference (an alias, a branch, an s3 or https object), which is a new version at every import.
+    # upload. Never a credential: those are the operator's settings. `source_identity`: the canonical pinned source
+    # (a moving reference's pinned target: an alias's registry version, a branch's commit, an s3 object's ETag) and the
+    # declared options (models_registry/import_identity.py), so that importing one twice into one model gives one
+    # version; empty where nothing pins it (an s3 folder, an https object), which is a new version at every import.
     source = models.JSONField(null=True, blank=True)
     source_identity = models.CharField(max_length=64, blank=True, db_index=True)
     # While importing: bytes fetched, and of how many (null until the source says). `size` meanwhile holds what the

@@ -81,6 +81,11 @@ class Fetched:
     record: dict[str, Any] = field(default_factory=dict)
 
 
+# A moving reference's lookup at the API is on the request's path: a source slower than this makes the import a
+# version of its own rather than a slow answer.
+PIN_TIMEOUT_SECONDS = 3.0
+
+
 class Fetcher(Protocol):
     kind: str
 
@@ -93,8 +98,18 @@ class Fetcher(Protocol):
     def identity(self, source: dict[str, Any]) -> str | None:
         """A canonical text of a validated source that names fixed bytes (an MLflow registry version, a commit): two
         imports of one identity into one model are the same import. None for a moving reference (an alias, a branch
-        or a tag, an object under a key or a URL that can be replaced): what it names is known only once a worker
-        resolves it, so no earlier version can stand for it and each import of it is a version of its own."""
+        or a tag, an object under a key or a URL that can be replaced), which `pinned` keys by what it names now
+        (models_registry/import_identity.py)."""
+        ...
+
+    def pinned(self, source: dict[str, Any], team_id: int) -> dict[str, Any] | None:
+        """At the API, for a moving reference: the pinned source it names now (an alias's registry version, a
+        branch's commit), asked of the source in one short call (PIN_TIMEOUT_SECONDS; TransientFetchError or
+        SourceRefused when it does not say). None when there is nothing to ask (an object under a key)."""
+        ...
+
+    def pinned_from(self, source: dict[str, Any], record: dict[str, Any]) -> dict[str, Any] | None:
+        """On the worker, for a moving reference: the pinned source of what was fetched, from the fetch's record."""
         ...
 
     def fetch(self, source: dict[str, Any], ctx: FetchContext) -> Fetched:

@@ -50,6 +50,7 @@ from modelport.core.signature import Signature, SignatureError, parse_signature
 from models_registry.sources import allowed
 from models_registry.sources.base import (
     CHUNK,
+    PIN_TIMEOUT_SECONDS,
     FetchContext,
     Fetched,
     SourceForbidden,
@@ -155,6 +156,18 @@ class HuggingFaceFetcher:
             return None
         files = ",".join(sorted(source.get("files") or []))
         return f"huggingface:{source['repo']}@{source['revision']}:{files}"
+
+    def pinned(self, source: dict[str, Any], team_id: int) -> dict[str, Any] | None:
+        if _COMMIT.match(str(source["revision"])):
+            return None
+        hub = _Hub(source["repo"], token_allowed=allowed.allowed_for(team_id).huggingface_token, team="")
+        return {**source, "revision": hub.commit_of(source["revision"], PIN_TIMEOUT_SECONDS)}
+
+    def pinned_from(self, source: dict[str, Any], record: dict[str, Any]) -> dict[str, Any] | None:
+        commit = str(record.get("commit", ""))
+        if _COMMIT.match(str(source["revision"])) or not _COMMIT.match(commit):
+            return None
+        return {**source, "revision": commit}
 
     def fetch(self, source: dict[str, Any], ctx: FetchContext) -> Fetched:
         repo = parse_repo(source.get("repo"))
@@ -283,6 +296,15 @@ class _Hub:
         self.token: str | bool = settings.HF_TOKEN if self.token_sent else False
         self.timeout = httpx2.Timeout(settings.IMPORT_READ_TIMEOUT_SECONDS,
                                       connect=settings.IMPORT_CONNECT_TIMEOUT_SECONDS)
+
+    def commit_of(self, revision: str, timeout: float) -> str:
+        """The commit `revision` names now, in one call of at most `timeout` seconds a read."""
+        api = HfApi(endpoint=self.endpoint, token=self.token)
+        info = self._call(lambda: api.model_info(self.repo, revision=revision, timeout=timeout),
+                          f"revision {revision!r}")
+        if not isinstance(info.sha, str) or not _COMMIT.match(info.sha):
+            raise SourceRefused(f"The Hugging Face endpoint gave no commit for revision {revision!r} of {self.repo}.")
+        return info.sha
 
     def resolve(self, revision: str) -> tuple[str, dict[str, RepoFile]]:
         """The commit `revision` names now, and the repository's files at that commit."""

@@ -43,6 +43,7 @@ from django.conf import settings
 from modelport.core.signature import Signature, SignatureError, Tensor, parse_signature
 from models_registry.sources import allowed
 from models_registry.sources.base import (
+    PIN_TIMEOUT_SECONDS,
     FetchContext,
     Fetched,
     SourceForbidden,
@@ -95,6 +96,25 @@ class MlflowFetcher:
         # A registry version's artifacts never change; an alias is moved from version to version.
         _, _, alias = parse_uri(source["uri"])
         return None if alias is not None else f"mlflow:{source['uri']}"
+
+    def pinned(self, source: dict[str, Any], team_id: int) -> dict[str, Any] | None:
+        name, _, alias = parse_uri(source["uri"])
+        if alias is None or not settings.MLFLOW_TRACKING_URI:
+            return None
+        client = _Client(settings.MLFLOW_TRACKING_URI, timeout=PIN_TIMEOUT_SECONDS)
+        found = client.get_json("/api/2.0/mlflow/registered-models/alias", {"name": name, "alias": alias},
+                                f"alias {alias!r} of {name!r}")
+        model_version = found.get("model_version")
+        if not isinstance(model_version, dict) or not str(model_version.get("version", "")).isdigit():
+            return None
+        return {**source, "uri": f"models:/{name}/{int(model_version['version'])}"}
+
+    def pinned_from(self, source: dict[str, Any], record: dict[str, Any]) -> dict[str, Any] | None:
+        name, _, alias = parse_uri(source["uri"])
+        version = str(record.get("registry_version", ""))
+        if alias is None or not version.isdigit():
+            return None
+        return {**source, "uri": f"models:/{name}/{int(version)}"}
 
     def fetch(self, source: dict[str, Any], ctx: FetchContext) -> Fetched:
         name, version, alias = parse_uri(source.get("uri"))
@@ -171,7 +191,7 @@ def shown_source(source: object, run_id: str) -> str:
 
 
 class _Client:
-    def __init__(self, base: str) -> None:
+    def __init__(self, base: str, timeout: float | None = None) -> None:
         self.base = base.rstrip("/")
         headers = {"User-Agent": "modelport-import"}
         if settings.MLFLOW_TRACKING_TOKEN:
@@ -181,8 +201,8 @@ class _Client:
                 basic_auth=f"{settings.MLFLOW_TRACKING_USERNAME}:{settings.MLFLOW_TRACKING_PASSWORD}"))
         self.headers = headers
         self.pool = urllib3.PoolManager(
-            timeout=urllib3.Timeout(connect=settings.IMPORT_CONNECT_TIMEOUT_SECONDS,
-                                    read=settings.IMPORT_READ_TIMEOUT_SECONDS),
+            timeout=urllib3.Timeout(connect=min(settings.IMPORT_CONNECT_TIMEOUT_SECONDS, timeout or float("inf")),
+                                    read=min(settings.IMPORT_READ_TIMEOUT_SECONDS, timeout or float("inf"))),
             retries=False)
 
     def request(self, path: str, query: dict[str, str] | None = None) -> urllib3.BaseHTTPResponse:

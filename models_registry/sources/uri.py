@@ -37,6 +37,7 @@ from django.conf import settings
 
 from models_registry.sources.allowed import allowed_for, bucket_allowed
 from models_registry.sources.base import (
+    PIN_TIMEOUT_SECONDS,
     FetchContext,
     Fetched,
     SourceForbidden,
@@ -146,8 +147,33 @@ class UriFetcher:
 
     def identity(self, source: dict[str, Any]) -> str | None:
         # An object under an s3 key, or what a URL serves, can be replaced at any time and the address gives no way
-        # to pin it (a versionId query is refused): every uri source is a moving reference.
-        return None
+        # to pin it (a versionId query is refused): every uri source is a moving reference. Pinned, an s3 object is
+        # its key and the ETag the store gave its bytes (a new object under the key gets a new one).
+        etag = source.get("etag")
+        return f"uri:{source['uri']}@{etag}" if isinstance(etag, str) and etag else None
+
+    def pinned(self, source: dict[str, Any], team_id: int) -> dict[str, Any] | None:
+        """An s3 object pinned by its ETag (one HEAD); None for a folder (a prefix names no one object) and for
+        https, whose servers give no tag one could trust for every host."""
+        uri = source["uri"]
+        if not uri.startswith("s3://"):
+            return None
+        bucket, key = _split_s3(uri)
+        if key.endswith("/"):
+            return None
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            head = _s3_client(timeout=PIN_TIMEOUT_SECONDS).head_object(Bucket=bucket, Key=key)
+        except (ClientError, BotoCoreError) as exc:
+            raise _s3_error(exc, bucket, key) from None
+        return {**source, "etag": str(head["ETag"]).strip('"')}
+
+    def pinned_from(self, source: dict[str, Any], record: dict[str, Any]) -> dict[str, Any] | None:
+        etag = record.get("etag")
+        if not source["uri"].startswith("s3://") or not isinstance(etag, str) or not etag:
+            return None
+        return {**source, "etag": etag}
 
     # -- fetch ------------------------------------------------------------------------------------------------
 
@@ -206,9 +232,11 @@ class UriFetcher:
             raise TransientFetchError(f"{host} resolves to no address.")
         for address in addresses:
             if not self.address_policy(address):
-                # The address is named for the operator's benefit: the team already knows the host name.
-                raise SourceRefused(f"{host} resolves to {address}, which is not a public address: imports over "
-                                    "https reach public hosts only.")
+                # The address goes to the operator's log only: named in the version's error, a team could map the
+                # operator's internal names to their private addresses one import at a time.
+                log.warning("https import from %s refused: it resolves to %s, not a public address", host, address)
+                raise SourceRefused(f"{host} resolves to an address that is not public (a private, loopback or "
+                                    "link-local one): imports over https reach public hosts only.")
         return str(addresses[0])
 
     def _request(self, pool: Any, host: str, port: int, target: str, ctx: FetchContext) -> Any:
@@ -427,13 +455,13 @@ def _receive(response: Any, final: str, uri: str, ctx: FetchContext) -> Fetched:
 
 # -- s3 -----------------------------------------------------------------------------------------------------------
 
-def _s3_client() -> Any:
+def _s3_client(timeout: float | None = None) -> Any:
     import boto3
     from botocore.config import Config
 
     endpoint = settings.IMPORT_S3_ENDPOINT_URL or settings.S3_ENDPOINT_URL or None
-    config = Config(connect_timeout=float(settings.IMPORT_CONNECT_TIMEOUT_SECONDS),
-                    read_timeout=float(settings.IMPORT_READ_TIMEOUT_SECONDS),
+    config = Config(connect_timeout=min(float(settings.IMPORT_CONNECT_TIMEOUT_SECONDS), timeout or float("inf")),
+                    read_timeout=min(float(settings.IMPORT_READ_TIMEOUT_SECONDS), timeout or float("inf")),
                     # The import task retries with its own backoff (IMPORT_MAX_RETRIES): one attempt here.
                     retries={"total_max_attempts": 1, "mode": "standard"})
     return boto3.client("s3", endpoint_url=endpoint, region_name=settings.IMPORT_S3_REGION or None, config=config)

@@ -127,10 +127,15 @@ def test_a_source_without_declared_options_keeps_the_identity_it_had_before_they
 
 
 @pytest.mark.django_db
-def test_a_moving_reference_is_a_new_version_each_time_and_a_pinned_one_is_not(alice: Person, settings: Any) -> None:
+def test_a_moving_reference_the_source_cannot_pin_is_a_new_version_each_time_and_a_pinned_one_is_not(
+        alice: Person, settings: Any) -> None:
     """An alias, a branch or tag, an object under a key may name another target by the second import: returning the
-    first import's version would serve the old target as if it were the new one. The API makes no call here."""
+    first import's version would serve the old target as if it were the new one. The API asks MLflow and the hub what
+    an alias or a branch names now (test_mlflow_fetch.py, test_import_huggingface.py); here neither answers (closed
+    ports, the object store's too), so each import is a version of its own."""
     settings.MLFLOW_TRACKING_URI = "http://127.0.0.1:9"  # never reached
+    settings.HF_ENDPOINT = "http://127.0.0.1:9"
+    settings.IMPORT_S3_ENDPOINT_URL = "http://127.0.0.1:9"
     settings.IMPORT_MLFLOW_MODELS = "*"
     settings.IMPORT_HUGGINGFACE_REPOS = "acme/*"
     settings.IMPORT_MAX_ACTIVE_PER_TEAM = 20

@@ -79,6 +79,107 @@ def test_an_alias_is_resolved_to_its_version(tracking: MlflowServer, tmp_path: P
     assert fetched.record["registry_version"] == second
 
 
+def test_an_alias_is_pinned_to_the_version_it_names_now_and_a_version_needs_no_pin(tracking: MlflowServer) -> None:
+    first = support.log_onnx(tracking, "onnx-pinned")
+    second = support.log_onnx(tracking, "onnx-pinned")
+    support.set_alias(tracking, "onnx-pinned", "champion", first)
+    alias = {"uri": "models:/onnx-pinned@champion"}
+    assert fetcher.pinned(alias, 1) == {"uri": f"models:/onnx-pinned/{first}"}
+    support.set_alias(tracking, "onnx-pinned", "champion", second)
+    assert fetcher.pinned(alias, 1) == {"uri": f"models:/onnx-pinned/{second}"}
+    assert fetcher.pinned({"uri": f"models:/onnx-pinned/{first}"}, 1) is None
+    # On the worker: what the fetch found.
+    assert fetcher.pinned_from(alias, {"registry_version": second}) == {"uri": f"models:/onnx-pinned/{second}"}
+    assert fetcher.pinned_from({"uri": f"models:/onnx-pinned/{first}"}, {"registry_version": first}) is None
+    with pytest.raises(SourceRefused, match="MLflow has no alias 'nope'"):
+        fetcher.pinned({"uri": "models:/onnx-pinned@nope"}, 1)
+
+
+@pytest.mark.django_db
+def test_an_alias_imported_again_is_one_version_until_it_moves(tracking: MlflowServer, alice: Any,
+                                                               settings: Any,
+                                                               django_capture_on_commit_callbacks: Any) -> None:
+    """A CI job that imports models:/fraud@champion at every run makes one version while the alias stays, and a new one
+    once it moved; the registry version the alias named is the same import as the alias."""
+    settings.IMPORT_MLFLOW_MODELS = "*"
+    first = support.log_onnx(tracking, "onnx-ci")
+    second = support.log_onnx(tracking, "onnx-ci")
+    support.set_alias(tracking, "onnx-ci", "champion", first)
+
+    def imported(uri: str) -> tuple[int, int]:
+        with django_capture_on_commit_callbacks(execute=False):  # the worker's part is not run: keys from the API
+            answer = alice.client().post("/api/v1/models/ci/versions/", {
+                "source": {"kind": "mlflow", "uri": uri}, "create_model": True}, format="json")
+        return answer.status_code, answer.json().get("number", answer.json())
+
+    created = imported("models:/onnx-ci@champion")
+    assert created[0] == 201
+    assert imported("models:/onnx-ci@champion") == (200, created[1])
+    assert imported(f"models:/onnx-ci/{first}") == (200, created[1])
+    support.set_alias(tracking, "onnx-ci", "champion", second)
+    moved = imported("models:/onnx-ci@champion")
+    assert moved == (201, created[1] + 1)
+    assert imported(f"models:/onnx-ci/{second}") == (200, moved[1])
+
+
+@pytest.mark.django_db
+def test_an_alias_moved_before_the_worker_fetched_keys_the_version_by_what_it_fetched(
+        tracking: MlflowServer, alice: Any, settings: Any, django_capture_on_commit_callbacks: Any) -> None:
+    from models_registry import import_worker
+    from models_registry.import_identity import identity_of
+    from models_registry.models import ModelVersion
+
+    settings.IMPORT_MLFLOW_MODELS = "*"
+    first = support.log_onnx(tracking, "onnx-raced")
+    second = support.log_onnx(tracking, "onnx-raced")
+    support.set_alias(tracking, "onnx-raced", "champion", first)
+    with django_capture_on_commit_callbacks(execute=False):
+        answer = alice.client().post("/api/v1/models/raced/versions/", {
+            "source": {"kind": "mlflow", "uri": "models:/onnx-raced@champion"}, "create_model": True}, format="json")
+    version = ModelVersion.objects.get(model__name="raced", number=answer.json()["number"])
+    assert version.source_identity == identity_of("mlflow", {"uri": f"models:/onnx-raced/{first}"})
+    support.set_alias(tracking, "onnx-raced", "champion", second)  # moved before a worker took the import
+    import_worker.run_import(version.pk)
+    version.refresh_from_db()
+    assert version.source is not None and version.source["fetched"]["registry_version"] == second
+    assert version.source_identity == identity_of("mlflow", {"uri": f"models:/onnx-raced/{second}"})
+    # So the version the alias first named is not this one.
+    with django_capture_on_commit_callbacks(execute=False):
+        again = alice.client().post("/api/v1/models/raced/versions/", {
+            "source": {"kind": "mlflow", "uri": f"models:/onnx-raced/{first}"}}, format="json")
+    assert again.status_code == 201 and again.json()["number"] == version.number + 1
+
+
+@pytest.mark.django_db
+def test_a_tracking_server_that_never_answers_makes_the_alias_a_version_of_its_own(
+        alice: Any, settings: Any, monkeypatch: pytest.MonkeyPatch,
+        django_capture_on_commit_callbacks: Any) -> None:
+    """The API's lookup is bounded (PIN_TIMEOUT_SECONDS): a server that accepts and says nothing leaves the import
+    unpinned, a new version whose worker will say what went wrong, never an answer that hangs."""
+    import socket
+
+    from models_registry.sources import mlflow as mlflow_source
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    monkeypatch.setattr(mlflow_source, "PIN_TIMEOUT_SECONDS", 0.3)
+    settings.MLFLOW_TRACKING_URI = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    settings.IMPORT_MLFLOW_MODELS = "*"
+    try:
+        numbers = []
+        for _ in range(2):
+            with django_capture_on_commit_callbacks(execute=False):
+                answer = alice.client().post("/api/v1/models/silent/versions/", {
+                    "source": {"kind": "mlflow", "uri": "models:/fraud@champion"}, "create_model": True},
+                    format="json")
+            assert answer.status_code == 201, answer.json()
+            numbers.append(answer.json()["number"])
+        assert numbers == [numbers[0], numbers[0] + 1]
+    finally:
+        silent.close()
+
+
 def test_a_missing_version_or_alias_is_refused_naming_it(tracking: MlflowServer, tmp_path: Path) -> None:
     support.log_onnx(tracking, "onnx-few")
     with pytest.raises(SourceRefused, match="MLflow has no version 99 of 'onnx-few'"):

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from models_registry.import_identity import identity_of
 from models_registry.models import TeamSources
 from models_registry.sources import fetcher_for
 from models_registry.sources.base import SourceForbidden, SourceRefused, TransientFetchError
@@ -231,16 +232,17 @@ def test_it_refuses_a_host_resolving_to_a_non_public_address(tls_server: TlsServ
                                                              tmp_path: Path, address: str) -> None:
     fake_dns.answers["models.example"] = [[address]]
     requests_before = len(tls_server.seen_hosts)
-    with pytest.raises(SourceRefused, match="not a public address"):
+    with pytest.raises(SourceRefused, match="an address that is not public") as refused:
         UriFetcher(ca_certs=str(tls_server.ca)).fetch(https(tls_server, "/model.onnx"), context(tmp_path)[0])
     assert len(tls_server.seen_hosts) == requests_before  # refused before any connection
+    assert address not in str(refused.value)  # the operator's log has it; the team's error does not map the network
 
 
 def test_it_refuses_when_any_resolved_address_is_not_public(fake_dns: FakeDns, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     fake_dns.answers["models.example"] = [["8.8.8.8", "127.0.0.1"]]
     connections = _record_connections(monkeypatch)
-    with pytest.raises(SourceRefused, match="127.0.0.1, which is not a public address"):
+    with pytest.raises(SourceRefused, match="models.example resolves to an address that is not public"):
         UriFetcher().fetch({"kind": "uri", "uri": "https://models.example/m.onnx"}, context(tmp_path)[0])
     assert connections == []
 
@@ -563,6 +565,48 @@ def test_an_s3_import_goes_from_the_api_through_the_import_task_to_validation(
     assert version.source is not None
     assert version.source["uri"] == uri
     assert version.source["fetched"]["size"] == len(onnx)
+
+
+@pytest.mark.s3
+def test_an_s3_object_imported_again_is_one_version_until_it_is_replaced(
+        moto_bucket: ImportBucket, alice: Person, digits_model: Any,
+        django_capture_on_commit_callbacks: Any) -> None:
+    """A training job's bucket: importing its key at every CI run makes one version while the object stays, and a new
+    one once a new object was put under the key (its ETag, asked with one HEAD at the API, tells them apart)."""
+    from models_registry.import_worker import run_import
+    from models_registry.models import ModelVersion
+    from tests.artifacts import tiny_onnx
+
+    TeamSources.objects.create(team=alice.team, s3_buckets=f"{moto_bucket.name}/fraud/")
+    moto_bucket.client.put_object(Bucket=moto_bucket.name, Key="fraud/model.onnx", Body=BODY)
+    source = {"kind": "uri", "uri": f"s3://{moto_bucket.name}/fraud/model.onnx"}
+
+    def imported() -> tuple[int, int]:
+        with django_capture_on_commit_callbacks(execute=False):
+            answer = alice.client().post("/api/v1/models/digits/versions/", {"source": source}, format="json")
+        return answer.status_code, answer.json()["number"]
+
+    first = imported()
+    assert first[0] == 201 and imported() == (200, first[1])
+    moto_bucket.client.put_object(Bucket=moto_bucket.name, Key="fraud/model.onnx", Body=BODY + b"\x00")
+    replaced = imported()
+    assert replaced == (201, first[1] + 1)
+    # The worker keys the version by the object it fetched: replaced again before the fetch, it is the newest one's.
+    moto_bucket.client.put_object(Bucket=moto_bucket.name, Key="fraud/model.onnx", Body=tiny_onnx())
+    version = ModelVersion.objects.get(model=digits_model, number=replaced[1])
+    run_import(version.pk)
+    version.refresh_from_db()
+    assert version.status == ModelVersion.Status.VALIDATING, version.error
+    assert version.source is not None
+    assert version.source_identity == identity_of("uri", {**source, "etag": version.source["fetched"]["etag"]})
+    assert imported() == (200, replaced[1])
+
+
+def test_a_folder_and_an_https_object_are_never_pinned(allowed_team: Person) -> None:
+    fetcher = fetcher_for("uri")
+    assert fetcher.pinned({"uri": "s3://models/fraud/v3/"}, allowed_team.team.id) is None
+    assert fetcher.pinned({"uri": "https://models.example/m.onnx"}, allowed_team.team.id) is None
+    assert fetcher.pinned_from({"uri": "s3://models/fraud/v3/"}, {"files": {}}) is None
 
 
 @pytest.mark.s3
