@@ -11,7 +11,6 @@ import pickle
 import tarfile
 import threading
 import time
-import zipfile
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -257,19 +256,9 @@ PYTORCH_MLMODEL = yaml.safe_dump({
 }).encode()
 
 
-def _zip(entries: dict[str, bytes]) -> bytes:
-    import io
-
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        for name, data in entries.items():
-            archive.writestr(name, data)
-    return buffer.getvalue()
-
-
 def test_a_torchscript_pytorch_model_comes_as_its_pt_file(tracking: MlflowServer, tmp_path: Path) -> None:
     version = _run_artifacts(tracking, "torch-scripted", {
-        "MLmodel": PYTORCH_MLMODEL, "data/model.pth": _zip(torchscript_entries())}, tmp_path)
+        "MLmodel": PYTORCH_MLMODEL, "data/model.pth": support.zip_of(torchscript_entries())}, tmp_path)
     fetched, _ = fetch(f"models:/torch-scripted/{version}", tmp_path / "work")
     assert (fetched.filename, fetched.declared_format) == ("model.pt", "torchscript")
     assert fetched.signature is not None and fetched.signature.inputs[0].dims == (-1, 3)

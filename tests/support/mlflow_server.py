@@ -265,7 +265,8 @@ def marker_pickle(marker: Path) -> bytes:
     return pickle.dumps(_WritesMarker(str(marker)), protocol=2)
 
 
-def _zip(entries: dict[str, bytes]) -> bytes:
+def zip_of(entries: dict[str, bytes]) -> bytes:
+    """A zip archive of `entries` (name: bytes), as torch.save and torch.jit.save write theirs."""
     import io
     import zipfile
 
@@ -298,7 +299,7 @@ def pickled_pytorch_files(marker: Path) -> dict[str, bytes]:
     `marker` when unpickled."""
     return {
         "MLmodel": _pytorch_mlmodel(pyfunc=True),
-        "data/model.pth": _zip({"model/data.pkl": marker_pickle(marker), "model/byteorder": b"little",
+        "data/model.pth": zip_of({"model/data.pkl": marker_pickle(marker), "model/byteorder": b"little",
                                 "model/data/0": b"\0" * 12, "model/version": b"3\n",
                                 "model/.data/serialization_id": b"1234567890"}),
         "data/pickle_module_info.txt": b"mlflow.pytorch.pickle_module",
@@ -312,7 +313,7 @@ def pt2_pytorch_files(marker: Path) -> dict[str, bytes]:
     leaves `marker` when unpickled."""
     return {
         "MLmodel": _pytorch_mlmodel(pyfunc=True),
-        "data/model.pt2": _zip({"model/archive_format": b"pt2", "model/archive_version": b"0",
+        "data/model.pt2": zip_of({"model/archive_format": b"pt2", "model/archive_version": b"0",
                                 "model/models/model.json": b"{}",
                                 "model/data/weights/model_weights_config.json": b"{}",
                                 "model/data/sample_inputs/model.pt": marker_pickle(marker)}),
