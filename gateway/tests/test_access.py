@@ -277,7 +277,7 @@ async def _refreshed(cache: TtlCache[str, str]) -> None:
     await asyncio.gather(*cache.refreshes)
 
 
-def test_an_answer_past_half_its_age_is_served_at_once_while_it_is_looked_up_again(
+def test_an_answer_near_its_expiry_is_served_at_once_while_it_is_looked_up_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
     clock = _Clock()
     monkeypatch.setattr(access, "time", clock)
@@ -286,10 +286,10 @@ def test_an_answer_past_half_its_age_is_served_at_once_while_it_is_looked_up_aga
         loader = _GatedLoader()
         cache: TtlCache[str, str] = TtlCache(1.0, loader)
         assert await cache.get("k") == "v1"
-        clock.now += 0.4
+        clock.now += 0.7
         assert await cache.get("k") == "v1" and loader.calls == 1  # young: no lookup
-        clock.now += 0.2
-        # Older than half its ttl: the caller does not wait for the lookup (the loader is held), and one lookup is
+        clock.now += 0.1
+        # In the last quarter of its ttl: the caller does not wait for the lookup (the loader is held), and one lookup is
         # in flight however many callers come.
         assert await asyncio.wait_for(cache.get("k"), 1) == "v1"
         assert await asyncio.wait_for(cache.get("k"), 1) == "v1"
@@ -310,9 +310,9 @@ def test_a_refreshed_answer_is_never_served_past_its_ttl(monkeypatch: pytest.Mon
         loader = _GatedLoader()
         cache: TtlCache[str, str] = TtlCache(1.0, loader)
         assert await cache.get("k") == "v1"
-        clock.now += 0.6
+        clock.now += 0.8
         assert await cache.get("k") == "v1"  # the refresh starts and is held
-        clock.now += 0.5  # expired while the lookup is still in flight: a revocation's bound holds
+        clock.now += 0.3  # expired while the lookup is still in flight: a revocation's bound holds
         waiting = asyncio.ensure_future(cache.get("k"))
         for _ in range(5):
             await asyncio.sleep(0)
@@ -333,11 +333,11 @@ def test_a_refresh_that_fails_keeps_the_answer_until_it_expires(monkeypatch: pyt
         assert await cache.get("k") == "v1"
         loader.fail_with = ValueError("boom")
         loader.release.set()
-        clock.now += 0.6
+        clock.now += 0.8
         assert await cache.get("k") == "v1"
         await _refreshed(cache)
         assert cache.entries["k"][1] == "v1"  # nothing stored
-        clock.now += 0.3
+        clock.now += 0.1
         assert await cache.get("k") == "v1"  # within its ttl still, and looked up again in the background
         await _refreshed(cache)
         clock.now += 0.2  # expired: the caller's own lookup, and its error
