@@ -244,3 +244,107 @@ def test_with_the_database_down_cached_routes_keep_serving_and_the_rest_is_503(
             assert unknown.headers[b"retry-after"] == b"5"
 
     run(scenario)
+
+
+class _Clock:
+    """time.monotonic for the cache under test, moved by hand (asyncio keeps the real one)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class _GatedLoader:
+    """Answers v1, v2, ...: the first at once, each later one only when `release` is set."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.release = asyncio.Event()
+        self.fail_with: Exception | None = None
+
+    async def __call__(self, key: str) -> str:
+        self.calls += 1
+        if self.calls > 1:
+            await self.release.wait()
+        if self.fail_with is not None:
+            raise self.fail_with
+        return f"v{self.calls}"
+
+
+async def _refreshed(cache: TtlCache[str, str]) -> None:
+    await asyncio.gather(*cache.refreshes)
+
+
+def test_an_answer_near_its_expiry_is_served_at_once_while_it_is_looked_up_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(access, "time", clock)
+
+    async def scenario() -> None:
+        loader = _GatedLoader()
+        cache: TtlCache[str, str] = TtlCache(1.0, loader)
+        assert await cache.get("k") == "v1"
+        clock.now += 0.7
+        assert await cache.get("k") == "v1" and loader.calls == 1  # young: no lookup
+        clock.now += 0.1
+        # In the last quarter of its ttl: the caller does not wait for the lookup (the loader is held), and one lookup is
+        # in flight however many callers come.
+        assert await asyncio.wait_for(cache.get("k"), 1) == "v1"
+        assert await asyncio.wait_for(cache.get("k"), 1) == "v1"
+        await asyncio.sleep(0)
+        assert loader.calls == 2
+        loader.release.set()
+        await _refreshed(cache)
+        assert await cache.get("k") == "v2" and loader.calls == 2
+
+    run(scenario)
+
+
+def test_a_refreshed_answer_is_never_served_past_its_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(access, "time", clock)
+
+    async def scenario() -> None:
+        loader = _GatedLoader()
+        cache: TtlCache[str, str] = TtlCache(1.0, loader)
+        assert await cache.get("k") == "v1"
+        clock.now += 0.8
+        assert await cache.get("k") == "v1"  # the refresh starts and is held
+        clock.now += 0.3  # expired while the lookup is still in flight: a revocation's bound holds
+        waiting = asyncio.ensure_future(cache.get("k"))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not waiting.done()
+        loader.release.set()
+        assert await waiting == "v2" and loader.calls == 2
+
+    run(scenario)
+
+
+def test_a_refresh_that_fails_keeps_the_answer_until_it_expires(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(access, "time", clock)
+
+    async def scenario() -> None:
+        loader = _GatedLoader()
+        cache: TtlCache[str, str] = TtlCache(1.0, loader)
+        assert await cache.get("k") == "v1"
+        loader.fail_with = ValueError("boom")
+        loader.release.set()
+        clock.now += 0.8
+        assert await cache.get("k") == "v1"
+        await _refreshed(cache)
+        assert cache.entries["k"][1] == "v1"  # nothing stored
+        clock.now += 0.1
+        assert await cache.get("k") == "v1"  # within its ttl still, and looked up again in the background
+        await _refreshed(cache)
+        clock.now += 0.2  # expired: the caller's own lookup, and its error
+        with pytest.raises(ValueError, match="boom"):
+            await cache.get("k")
+        # The database down: the refresh's waiters and later callers get the answer that stands in.
+        loader.fail_with = OperationalError("connection refused")
+        assert await cache.get("k") == "v1"
+
+    run(scenario)
