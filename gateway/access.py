@@ -20,7 +20,7 @@ from typing import Generic, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import DatabaseError, InterfaceError, close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections
 from django.utils.crypto import constant_time_compare
 
 from accounts.models import TOKEN_PREFIX, ApiToken, Membership
@@ -40,6 +40,10 @@ KNOWN_PREFIX_INTERVAL = 0.1  # seconds between two top-ups of the known token pr
 NEW_KEY_LOOKUPS_PER_SECOND = 50.0  # lookups of never-seen tokens or sessions, per gateway process
 NEW_KEY_LOOKUP_BURST = 200
 STALE_IF_ERROR_SECONDS = 3600.0  # how long a cached answer may stand in while the database is unreachable
+# The database is unreachable (PostgreSQL down or restarting, a connection it dropped): only then may an expired
+# answer stand in. Not every DatabaseError: a query that fails on a database that is up (a migration half applied
+# during a rolling deploy: ProgrammingError) must not keep a revoked token working for an hour.
+_UNREACHABLE = (OperationalError, InterfaceError)
 MAX_CREDENTIAL_LENGTH = 256
 
 
@@ -93,14 +97,14 @@ class Route:
 
 
 class TtlCache(Generic[K, V]):
-    """A small async cache: one lookup in flight per key, answers kept `ttl` seconds. An answer in use is looked
-    up again in the background in the last quarter of its life (REFRESH_AT), so that callers get the cached one meanwhile
-    instead of all waiting for the lookup when it expires: under load a lookup in the gateway's thread waits for the
-    GIL behind the event loop (59 ms, and 500 ms beside a model busy on the same cores, were measured), and each
-    expiry held every new request of that caller or deployment for that long. An answer is never served past its
-    `ttl`: the bound on a revocation stands. When the loader fails (the database is down), an expired answer stands
-    in for up to STALE_IF_ERROR_SECONDS. When full, expired entries go first, then the oldest: never the whole
-    cache at once."""
+    """A small async cache: one lookup in flight per key, answers kept `ttl` seconds from the end of the lookup that
+    read them. An answer in use is looked up again in the background in the last quarter of its life (REFRESH_AT),
+    so that callers get the cached one meanwhile instead of all waiting for the lookup when it expires: under load a
+    lookup in the gateway's thread waits for the GIL behind the event loop (59 ms, and 500 ms beside a model busy on
+    the same cores, were measured), and each expiry held every new request of that caller or deployment for that
+    long. An answer is never served past its ttl (a revocation's bound stands) except while the database is
+    unreachable: then an expired answer stands in for up to STALE_IF_ERROR_SECONDS. When full, expired entries go
+    first, then the oldest: never the whole cache at once."""
 
     # Of the ttl: an answer older than this is refreshed in the background when it is used. Later means fewer lookups
     # (a key in steady use is looked up about every 0.75 ttl rather than every ttl); earlier leaves a slow lookup
@@ -115,15 +119,26 @@ class TtlCache(Generic[K, V]):
         self.entries: dict[K, tuple[float, V]] = {}
         self.pending: dict[K, asyncio.Future[V]] = {}
         self.refreshes: set[asyncio.Task[None]] = set()  # held: the loop keeps only weak references to tasks
+        # key -> the expiry of the answer whose refresh failed: not refreshed again before it expires, so that a
+        # failing database is not asked once per request for the rest of that answer's life.
+        self.refresh_failed: dict[K, float] = {}
 
     def seen(self, key: K) -> bool:
         return key in self.entries
+
+    def invalidate(self, key: K) -> None:
+        """Forget `key`: the next caller looks it up, and a lookup already in flight (which may have read the
+        database before the change that made the caller invalidate) answers its own waiters but is not stored."""
+        self.entries.pop(key, None)
+        self.pending.pop(key, None)
+        self.refresh_failed.pop(key, None)
 
     async def get(self, key: K) -> V:
         now = time.monotonic()
         entry = self.entries.get(key)
         if entry is not None and entry[0] > now:
-            if entry[0] - now < self.ttl * (1 - self.REFRESH_AT) and key not in self.pending:
+            if (entry[0] - now < self.ttl * (1 - self.REFRESH_AT) and key not in self.pending
+                    and self.refresh_failed.get(key) != entry[0]):
                 self._refresh(key, entry)
             return entry[1]
         future = self.pending.get(key)
@@ -133,7 +148,7 @@ class TtlCache(Generic[K, V]):
         self.pending[key] = future
         try:
             value = await self.loader(key)
-        except (DatabaseError, InterfaceError) as exc:  # InterfaceError: a connection PostgreSQL dropped
+        except _UNREACHABLE as exc:
             if entry is not None and now - entry[0] < STALE_IF_ERROR_SECONDS:
                 log.warning("database unavailable, using a cached access answer: %s", exc)
                 future.set_result(entry[1])
@@ -149,10 +164,18 @@ class TtlCache(Generic[K, V]):
             future.exception()
             raise
         finally:
-            self.pending.pop(key, None)
-        self._store(key, entry, value)
+            current = self._settle(key, future)
+        if current:
+            self._store(key, entry, value)
         future.set_result(value)
         return value
+
+    def _settle(self, key: K, future: asyncio.Future[V]) -> bool:
+        """The lookup of `future` ended: whether it is still the key's own (not invalidated meanwhile)."""
+        if self.pending.get(key) is not future:
+            return False
+        del self.pending[key]
+        return True
 
     def _store(self, key: K, entry: tuple[float, V] | None, value: V) -> None:
         if entry is None and len(self.entries) >= self.max_size:
@@ -160,6 +183,7 @@ class TtlCache(Generic[K, V]):
         # Re-inserted at the end, so that eviction (oldest first) reaches the keys in use last.
         self.entries.pop(key, None)
         self.entries[key] = (time.monotonic() + self.ttl, value)
+        self.refresh_failed.pop(key, None)
 
     def _refresh(self, key: K, entry: tuple[float, V]) -> None:
         """Look `key` up again in a task of its own; a caller that comes once the answer expired waits for it (it
@@ -170,22 +194,26 @@ class TtlCache(Generic[K, V]):
         async def refresh() -> None:
             try:
                 value = await self.loader(key)
-            except (DatabaseError, InterfaceError) as exc:
-                # The answer still stands in if the database stays down (get()'s stale-if-error), as before.
-                log.warning("database unavailable, using a cached access answer: %s", exc)
-                future.set_result(entry[1])
-                return
             except asyncio.CancelledError:  # the gateway is stopping
+                self._settle(key, future)
                 future.cancel()
                 raise
-            except Exception as exc:
-                future.set_exception(exc)
-                future.exception()
-                log.exception("gateway: refreshing a cached access answer failed")
+            except BaseException as exc:
+                if self._settle(key, future):
+                    self.refresh_failed[key] = entry[0]
+                if isinstance(exc, _UNREACHABLE) and time.monotonic() - entry[0] < STALE_IF_ERROR_SECONDS:
+                    # As get() does: the answer stands in for whoever waited past its expiry.
+                    log.warning("database unavailable, using a cached access answer: %s", exc)
+                    future.set_result(entry[1])
+                else:
+                    future.set_exception(exc)
+                    future.exception()
+                    log.error("gateway: refreshing a cached access answer failed", exc_info=exc)
+                if not isinstance(exc, Exception):
+                    raise
                 return
-            finally:
-                self.pending.pop(key, None)
-            self._store(key, entry, value)
+            if self._settle(key, future):
+                self._store(key, entry, value)
             future.set_result(value)
 
         task = asyncio.get_running_loop().create_task(refresh())
@@ -196,10 +224,12 @@ class TtlCache(Generic[K, V]):
         expired = [key for key, (expires, _) in self.entries.items() if expires <= now - STALE_IF_ERROR_SECONDS]
         for key in expired:
             del self.entries[key]
+            self.refresh_failed.pop(key, None)
         excess = len(self.entries) - self.max_size + max(1, self.max_size // 10)
         if excess > 0:
             for key in list(self.entries)[:excess]:  # insertion order: the oldest first
                 del self.entries[key]
+                self.refresh_failed.pop(key, None)
 
 
 class Budget:

@@ -65,7 +65,7 @@ class ColdStarts:
         if busy:
             raise Refusal(503, f"Deployment {route.name!r} is idle and its pool is busy loading another model; "
                                "retry in a few seconds.", {"Retry-After": "2"})
-        routes.entries.pop((team_id, route.name), None)  # the next request sees it loaded
+        routes.invalidate((team_id, route.name))  # the next request sees it loaded
         if failure:
             raise Refusal(503, f"Deployment {route.name!r} could not load its models: {failure}",
                           {"Retry-After": "5"})

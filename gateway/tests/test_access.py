@@ -289,8 +289,8 @@ def test_an_answer_near_its_expiry_is_served_at_once_while_it_is_looked_up_again
         clock.now += 0.7
         assert await cache.get("k") == "v1" and loader.calls == 1  # young: no lookup
         clock.now += 0.1
-        # In the last quarter of its ttl: the caller does not wait for the lookup (the loader is held), and one lookup is
-        # in flight however many callers come.
+        # In the last quarter of its ttl: the caller does not wait for the lookup (the loader is held), and one
+        # lookup is in flight however many callers come.
         assert await asyncio.wait_for(cache.get("k"), 1) == "v1"
         assert await asyncio.wait_for(cache.get("k"), 1) == "v1"
         await asyncio.sleep(0)
@@ -323,7 +323,8 @@ def test_a_refreshed_answer_is_never_served_past_its_ttl(monkeypatch: pytest.Mon
     run(scenario)
 
 
-def test_a_refresh_that_fails_keeps_the_answer_until_it_expires(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_refresh_that_fails_keeps_the_answer_until_it_expires_and_is_not_retried_before(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     clock = _Clock()
     monkeypatch.setattr(access, "time", clock)
 
@@ -331,20 +332,95 @@ def test_a_refresh_that_fails_keeps_the_answer_until_it_expires(monkeypatch: pyt
         loader = _GatedLoader()
         cache: TtlCache[str, str] = TtlCache(1.0, loader)
         assert await cache.get("k") == "v1"
+        stored = cache.entries["k"]
         loader.fail_with = ValueError("boom")
         loader.release.set()
         clock.now += 0.8
         assert await cache.get("k") == "v1"
         await _refreshed(cache)
-        assert cache.entries["k"][1] == "v1"  # nothing stored
+        assert loader.calls == 2 and cache.entries["k"] == stored  # nothing stored, the expiry unchanged
         clock.now += 0.1
-        assert await cache.get("k") == "v1"  # within its ttl still, and looked up again in the background
-        await _refreshed(cache)
+        # Within its ttl still: served, and not looked up again (a failing database is not asked once a request).
+        assert await cache.get("k") == "v1"
+        assert not cache.refreshes and loader.calls == 2
         clock.now += 0.2  # expired: the caller's own lookup, and its error
         with pytest.raises(ValueError, match="boom"):
             await cache.get("k")
-        # The database down: the refresh's waiters and later callers get the answer that stands in.
-        loader.fail_with = OperationalError("connection refused")
+        assert loader.calls == 3
+
+    run(scenario)
+
+
+def test_a_caller_past_the_expiry_waits_for_the_refresh_and_gets_the_stale_answer_if_the_database_is_down(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(access, "time", clock)
+
+    async def scenario() -> None:
+        loader = _GatedLoader()
+        cache: TtlCache[str, str] = TtlCache(1.0, loader)
         assert await cache.get("k") == "v1"
+        clock.now += 0.8
+        assert await cache.get("k") == "v1"  # the refresh starts and is held
+        clock.now += 0.3
+        waiting = asyncio.ensure_future(cache.get("k"))  # expired: it waits for the refresh in flight
+        await asyncio.sleep(0)
+        loader.fail_with = OperationalError("connection refused")
+        loader.release.set()
+        assert await waiting == "v1" and loader.calls == 2
+
+    run(scenario)
+
+
+def test_a_failing_query_on_a_database_that_is_up_never_serves_an_expired_answer() -> None:
+    async def scenario() -> None:
+        from django.db import ProgrammingError
+
+        failing = False
+
+        async def loader(key: str) -> str:
+            if failing:  # a migration half applied: the database answers, the query fails
+                raise ProgrammingError('column "revoked_at" does not exist')
+            return "caller"
+
+        cache: TtlCache[str, str] = TtlCache(0.01, loader)
+        assert await cache.get("token") == "caller"
+        failing = True
+        await asyncio.sleep(0.02)
+        with pytest.raises(ProgrammingError):
+            await cache.get("token")  # not the stale answer: it may be a revoked token's
+
+    run(scenario)
+
+
+def test_an_invalidated_key_is_looked_up_afresh_and_a_lookup_in_flight_is_not_stored(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(access, "time", clock)
+
+    async def scenario() -> None:
+        state = "unloaded"
+        release = asyncio.Event()
+        calls = 0
+
+        async def loader(key: str) -> str:
+            nonlocal calls
+            calls += 1
+            seen = state  # what the database said when the lookup read it
+            if calls == 2:
+                await release.wait()
+            return seen
+
+        cache: TtlCache[str, str] = TtlCache(1.0, loader)
+        assert await cache.get("route") == "unloaded"
+        clock.now += 0.8
+        assert await cache.get("route") == "unloaded"  # a refresh reads "unloaded" and is held
+        await asyncio.sleep(0)
+        state = "loaded"  # the cold start loaded the models, and says so (gateway/cold_start.py)
+        cache.invalidate("route")
+        assert await cache.get("route") == "loaded" and calls == 3  # its own lookup, not the refresh's answer
+        release.set()
+        await _refreshed(cache)
+        assert await cache.get("route") == "loaded" and cache.entries["route"][1] == "loaded"
 
     run(scenario)
