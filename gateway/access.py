@@ -146,29 +146,46 @@ class TtlCache(Generic[K, V]):
             return await asyncio.shield(future)
         future = asyncio.get_running_loop().create_future()
         self.pending[key] = future
+        await self._lookup(key, entry, future, background=False)
+        return future.result()  # the answer, the one standing in, or the lookup's error
+
+    def _refresh(self, key: K, entry: tuple[float, V]) -> None:
+        """Look `key` up again in a task of its own; a caller that comes once the answer expired waits for it (it
+        is the key's lookup in flight). A failed refresh stores nothing: the answer expires as it would have."""
+        future: asyncio.Future[V] = asyncio.get_running_loop().create_future()
+        self.pending[key] = future
+        task = asyncio.get_running_loop().create_task(self._lookup(key, entry, future, background=True))
+        self.refreshes.add(task)
+        task.add_done_callback(self.refreshes.discard)
+
+    async def _lookup(self, key: K, entry: tuple[float, V] | None, future: asyncio.Future[V],
+                      background: bool) -> None:
+        """The key's lookup in flight (`future`, in `pending`): stores its answer and settles `future` with it; with
+        the database unreachable, with the expired answer that stands in; otherwise with the error."""
         try:
             value = await self.loader(key)
-        except _UNREACHABLE as exc:
-            if entry is not None and now - entry[0] < STALE_IF_ERROR_SECONDS:
-                log.warning("database unavailable, using a cached access answer: %s", exc)
-                future.set_result(entry[1])
-                return entry[1]
-            future.set_exception(exc)
-            future.exception()  # retrieved: no "never retrieved" warning when nobody else waited
-            raise
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # the caller went away, or the gateway is stopping
+            self._settle(key, future)
             future.cancel()
             raise
         except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()
-            raise
-        finally:
-            current = self._settle(key, future)
-        if current:
+            if self._settle(key, future) and background:
+                self.refresh_failed[key] = entry[0] if entry is not None else 0.0
+            if (isinstance(exc, _UNREACHABLE) and entry is not None
+                    and time.monotonic() - entry[0] < STALE_IF_ERROR_SECONDS):
+                log.warning("database unavailable, using a cached access answer: %s", exc)
+                future.set_result(entry[1])
+            else:
+                future.set_exception(exc)
+                future.exception()  # retrieved: no "never retrieved" warning when nobody else waited
+                if background:
+                    log.error("gateway: refreshing a cached access answer failed", exc_info=exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        if self._settle(key, future):
             self._store(key, entry, value)
         future.set_result(value)
-        return value
 
     def _settle(self, key: K, future: asyncio.Future[V]) -> bool:
         """The lookup of `future` ended: whether it is still the key's own (not invalidated meanwhile)."""
@@ -184,41 +201,6 @@ class TtlCache(Generic[K, V]):
         self.entries.pop(key, None)
         self.entries[key] = (time.monotonic() + self.ttl, value)
         self.refresh_failed.pop(key, None)
-
-    def _refresh(self, key: K, entry: tuple[float, V]) -> None:
-        """Look `key` up again in a task of its own; a caller that comes once the answer expired waits for it (it
-        is the key's lookup in flight). A failed refresh stores nothing: the answer expires as it would have."""
-        future: asyncio.Future[V] = asyncio.get_running_loop().create_future()
-        self.pending[key] = future
-
-        async def refresh() -> None:
-            try:
-                value = await self.loader(key)
-            except asyncio.CancelledError:  # the gateway is stopping
-                self._settle(key, future)
-                future.cancel()
-                raise
-            except BaseException as exc:
-                if self._settle(key, future):
-                    self.refresh_failed[key] = entry[0]
-                if isinstance(exc, _UNREACHABLE) and time.monotonic() - entry[0] < STALE_IF_ERROR_SECONDS:
-                    # As get() does: the answer stands in for whoever waited past its expiry.
-                    log.warning("database unavailable, using a cached access answer: %s", exc)
-                    future.set_result(entry[1])
-                else:
-                    future.set_exception(exc)
-                    future.exception()
-                    log.error("gateway: refreshing a cached access answer failed", exc_info=exc)
-                if not isinstance(exc, Exception):
-                    raise
-                return
-            if self._settle(key, future):
-                self._store(key, entry, value)
-            future.set_result(value)
-
-        task = asyncio.get_running_loop().create_task(refresh())
-        self.refreshes.add(task)
-        task.add_done_callback(self.refreshes.discard)
 
     def _evict(self, now: float) -> None:
         expired = [key for key, (expires, _) in self.entries.items() if expires <= now - STALE_IF_ERROR_SECONDS]

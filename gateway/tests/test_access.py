@@ -277,15 +277,32 @@ async def _refreshed(cache: TtlCache[str, str]) -> None:
     await asyncio.gather(*cache.refreshes)
 
 
-def test_an_answer_near_its_expiry_is_served_at_once_while_it_is_looked_up_again(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def cache_clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
     clock = _Clock()
     monkeypatch.setattr(access, "time", clock)
+    return clock
+
+
+async def _cached(loader: _GatedLoader) -> TtlCache[str, str]:
+    """A cache of ttl 1 s holding the loader's first answer for "k"."""
+    cache: TtlCache[str, str] = TtlCache(1.0, loader)
+    assert await cache.get("k") == "v1"
+    return cache
+
+
+async def _refresh_held(cache: TtlCache[str, str], clock: _Clock) -> None:
+    """Into the answer's last quarter: a use starts its refresh, which the loader holds."""
+    clock.now += 0.8
+    assert await cache.get("k") == "v1"
+
+
+def test_an_answer_near_its_expiry_is_served_at_once_while_it_is_looked_up_again(cache_clock: _Clock) -> None:
+    clock = cache_clock
 
     async def scenario() -> None:
         loader = _GatedLoader()
-        cache: TtlCache[str, str] = TtlCache(1.0, loader)
-        assert await cache.get("k") == "v1"
+        cache = await _cached(loader)
         clock.now += 0.7
         assert await cache.get("k") == "v1" and loader.calls == 1  # young: no lookup
         clock.now += 0.1
@@ -302,16 +319,13 @@ def test_an_answer_near_its_expiry_is_served_at_once_while_it_is_looked_up_again
     run(scenario)
 
 
-def test_a_refreshed_answer_is_never_served_past_its_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = _Clock()
-    monkeypatch.setattr(access, "time", clock)
+def test_a_refreshed_answer_is_never_served_past_its_ttl(cache_clock: _Clock) -> None:
+    clock = cache_clock
 
     async def scenario() -> None:
         loader = _GatedLoader()
-        cache: TtlCache[str, str] = TtlCache(1.0, loader)
-        assert await cache.get("k") == "v1"
-        clock.now += 0.8
-        assert await cache.get("k") == "v1"  # the refresh starts and is held
+        cache = await _cached(loader)
+        await _refresh_held(cache, clock)
         clock.now += 0.3  # expired while the lookup is still in flight: a revocation's bound holds
         waiting = asyncio.ensure_future(cache.get("k"))
         for _ in range(5):
@@ -323,15 +337,12 @@ def test_a_refreshed_answer_is_never_served_past_its_ttl(monkeypatch: pytest.Mon
     run(scenario)
 
 
-def test_a_refresh_that_fails_keeps_the_answer_until_it_expires_and_is_not_retried_before(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = _Clock()
-    monkeypatch.setattr(access, "time", clock)
+def test_a_refresh_that_fails_keeps_the_answer_until_it_expires_and_is_not_retried_before(cache_clock: _Clock) -> None:
+    clock = cache_clock
 
     async def scenario() -> None:
         loader = _GatedLoader()
-        cache: TtlCache[str, str] = TtlCache(1.0, loader)
-        assert await cache.get("k") == "v1"
+        cache = await _cached(loader)
         stored = cache.entries["k"]
         loader.fail_with = ValueError("boom")
         loader.release.set()
@@ -352,16 +363,13 @@ def test_a_refresh_that_fails_keeps_the_answer_until_it_expires_and_is_not_retri
 
 
 def test_a_caller_past_the_expiry_waits_for_the_refresh_and_gets_the_stale_answer_if_the_database_is_down(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = _Clock()
-    monkeypatch.setattr(access, "time", clock)
+        cache_clock: _Clock) -> None:
+    clock = cache_clock
 
     async def scenario() -> None:
         loader = _GatedLoader()
-        cache: TtlCache[str, str] = TtlCache(1.0, loader)
-        assert await cache.get("k") == "v1"
-        clock.now += 0.8
-        assert await cache.get("k") == "v1"  # the refresh starts and is held
+        cache = await _cached(loader)
+        await _refresh_held(cache, clock)
         clock.now += 0.3
         waiting = asyncio.ensure_future(cache.get("k"))  # expired: it waits for the refresh in flight
         await asyncio.sleep(0)
@@ -393,10 +401,8 @@ def test_a_failing_query_on_a_database_that_is_up_never_serves_an_expired_answer
     run(scenario)
 
 
-def test_an_invalidated_key_is_looked_up_afresh_and_a_lookup_in_flight_is_not_stored(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = _Clock()
-    monkeypatch.setattr(access, "time", clock)
+def test_an_invalidated_key_is_looked_up_afresh_and_a_lookup_in_flight_is_not_stored(cache_clock: _Clock) -> None:
+    clock = cache_clock
 
     async def scenario() -> None:
         state = "unloaded"

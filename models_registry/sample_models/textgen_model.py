@@ -28,6 +28,7 @@ tests that need a stream to last.
 
 from __future__ import annotations
 
+import itertools
 import json
 import queue
 import threading
@@ -165,7 +166,7 @@ class TritonPythonModel:
         self.logger = pb_utils.Logger
         self.arrivals: queue.SimpleQueue[_Live] = queue.SimpleQueue()
         self.sendings = [Sending(self.logger) for _ in range(SENDING_THREADS)]
-        self.next_sending = 0
+        self.sending_in_turn = itertools.cycle(self.sendings)
         self.stopping = threading.Event()
         self.generator = threading.Thread(target=self._run, name="textgen", daemon=True)
         self.generator.start()
@@ -180,8 +181,7 @@ class TritonPythonModel:
                 error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
                 sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=FINAL)
                 continue
-            self.next_sending = (self.next_sending + 1) % len(self.sendings)
-            self.arrivals.put(_Live(sender, new_stream(prompt, params), streaming, self.sendings[self.next_sending]))
+            self.arrivals.put(_Live(sender, new_stream(prompt, params), streaming, next(self.sending_in_turn)))
         return None
 
     def finalize(self) -> None:
