@@ -98,7 +98,7 @@ class Route:
 
 class TtlCache(Generic[K, V]):
     """A small async cache: one lookup in flight per key, answers kept `ttl` seconds from the end of the lookup that
-    read them. An answer in use is looked up again in the background in the last quarter of its life (REFRESH_AT),
+    read them. An answer in use is looked up again in the background in the second half of its life (REFRESH_AT),
     so that callers get the cached one meanwhile instead of all waiting for the lookup when it expires: under load a
     lookup in the gateway's thread waits for the GIL behind the event loop (59 ms, and 500 ms beside a model busy on
     the same cores, were measured), and each expiry held every new request of that caller or deployment for that
@@ -107,10 +107,12 @@ class TtlCache(Generic[K, V]):
     first, then the oldest: never the whole cache at once."""
 
     # Of the ttl: an answer older than this is refreshed in the background when it is used. Later means fewer lookups
-    # (a key in steady use is looked up about every 0.75 ttl rather than every ttl); earlier leaves a slow lookup
-    # more time to land before the answer expires (at the default 0.5 s, 125 ms: twice the slowest measured at 32
-    # streams).
-    REFRESH_AT = 0.75
+    # (a key in steady use is looked up about every REFRESH_AT ttl rather than every ttl); earlier leaves a slow
+    # lookup more time to land before the answer expires. At 0.75 (125 ms at the default 0.5 s) lookups of 20 to
+    # 52 ms were usual at 32 streams with the CPUs full, but one now and then took longer than 125 ms, and every new
+    # stream of the deployment waited for it: 31 requests 112 ms at once, the first pieces' p99 (docs/benchmarks.md,
+    # "Streaming"). At 0.5 a lookup has 250 ms.
+    REFRESH_AT = 0.5
 
     def __init__(self, ttl: float, loader: Callable[[K], Awaitable[V]], max_size: int = 10_000) -> None:
         self.ttl = ttl

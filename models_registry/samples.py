@@ -528,7 +528,8 @@ TEXTGEN_SIGNATURE = Signature(
         Tensor("stop", "BYTES", (-1, -1), optional=True),
         Tensor("seed", "INT64", (-1, 1), optional=True),
     ),
-    outputs=(Tensor("text_output", "BYTES", (-1, 1)),),
+    # [1, pieces]: a response carries every piece its stream has ready (textgen_model.py, "Sending").
+    outputs=(Tensor("text_output", "BYTES", (-1, -1)),),
 )
 TEXTGEN_TEXT = SAMPLE_CODE_DIR / "text" / "coriolanus.txt"
 # The version's example request (modelport/core/example_request.py gives every input): the trial call at
@@ -604,7 +605,8 @@ def make_textgen_zip(path: Path | str) -> SampleModel:
         "held_out_bits_per_char": round(trained.held_out_bits_per_char, 3),
         "unigram_bits_per_char": round(trained.unigram_bits_per_char, 3),
         "optional_inputs": ", ".join(TEXTGEN_OPTIONAL_INPUTS),
-        "output": f"text_output: one piece (a word, or up to {textgen.PIECE_MAX_CHARS} characters) per response",
+        "output": f"text_output: whole pieces (a word, or up to {textgen.PIECE_MAX_CHARS} characters), one per "
+                  "response unless the model's sending fell behind",
     }
     return _written(path, "textgen", TEXTGEN_SIGNATURE, "Streaming text generator (python backend, decoupled)",
                     details, fmt="python")

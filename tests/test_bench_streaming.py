@@ -29,17 +29,20 @@ async def measured(path: str, handler: Any, **loop: Any) -> dict[str, Any]:
 
 def figures(pieces_per_s: float, ttft_p50: float, ttft_p99: float, itl_p50: float) -> dict[str, Any]:
     return {"pieces": 100, "pieces_per_s": pieces_per_s, "ttft_p50_ms": ttft_p50, "ttft_p99_ms": ttft_p99,
-            "itl_p50_ms": itl_p50}
+            "itl_p50_ms": itl_p50, "event_gap_p50_ms": itl_p50}
 
 
 def test_the_client_counts_every_piece_of_every_stream_and_times_the_first() -> None:
+    """An event carrying several pieces counts each of them."""
     async def serve_and_measure() -> dict[str, Any]:
         async def stream(request: web.Request) -> web.StreamResponse:
             body = await request.json()
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
-            for index in range(body["max_tokens"]):
-                await response.write(b"data: " + json.dumps({"text_output": f"w{index} "}).encode() + b"\n\n")
+            # The first two pieces in one event (a list, as Triton writes a model's [1, 2] text_output), then one each.
+            outputs: list[Any] = [["w0 ", "w1 "], *(f"w{index} " for index in range(2, body["max_tokens"]))]
+            for output in outputs:
+                await response.write(b"data: " + json.dumps({"text_output": output}).encode() + b"\n\n")
             await response.write_eof()
             return response
 
@@ -49,9 +52,9 @@ def test_the_client_counts_every_piece_of_every_stream_and_times_the_first() -> 
     result = asyncio.run(serve_and_measure())
     assert result["errors"] == 0
     assert result["completed"] >= 2
-    assert result["pieces"] == 5 * result["completed"]
+    assert result["pieces"] == 5 * result["completed"] and result["events"] == 4 * result["completed"]
     assert result["ttft_p50_ms"] is not None and result["itl_p50_ms"] is not None
-    assert result["pieces_per_s"] > 0
+    assert result["pieces_per_s"] > result["events_per_s"] > 0
 
 
 def test_an_error_event_counts_as_an_error_not_as_a_piece() -> None:

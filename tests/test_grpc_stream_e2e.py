@@ -74,7 +74,8 @@ Answer = tuple[str, str | None, bool | None, str | None]  # request id, text, tr
 
 
 class Stream:
-    """One tritonclient.grpc stream; its answers in the order they came, read as (id, text, final flag, error)."""
+    """One tritonclient.grpc stream; its answers in the order they came, read as (id, text, final flag, error), one
+    per piece of a response that carries several."""
 
     def __init__(self, client: grpcclient.InferenceServerClient, headers: dict[str, str] | None) -> None:
         self.client = client
@@ -87,9 +88,14 @@ class Stream:
             return
         response = result.get_response()
         flag = response.parameters.get("triton_final_response")
+        final = None if flag is None else flag.bool_param
         output = result.as_numpy("text_output") if response.outputs else None
-        text = None if output is None else output.reshape(-1)[0].decode()
-        self.answers.put((response.id, text, None if flag is None else flag.bool_param, None))
+        if output is None:  # the empty final response, or a model without text_output
+            self.answers.put((response.id, None, final, None))
+            return
+        # One answer per piece: a response carries several when the model's sending fell behind.
+        for value in output.reshape(-1):
+            self.answers.put((response.id, value.decode(), final, None))
 
     def until(self, done: Any, seconds: float = 60) -> list[Answer]:
         got: list[Answer] = []

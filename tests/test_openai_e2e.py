@@ -76,7 +76,10 @@ def test_the_openai_sdk_calls_the_sample_text_generator_through_the_deployments_
     assert first < last / 2, (first, last)
     finishes = [c.choices[0].finish_reason for _, c in got if c.choices and c.choices[0].finish_reason]
     assert finishes in (["stop"], ["length"])
-    assert got[-1][1].usage is not None and got[-1][1].usage.completion_tokens == len(pieces)
+    usage = got[-1][1].usage
+    # A chunk carries one piece, or several the model sent in one response when its sending fell behind.
+    assert usage is not None and len(pieces) <= usage.completion_tokens <= 1000
+    assert (finishes == ["length"]) == (usage.completion_tokens == 1000)
 
     # Completions, whole and streamed: the same seed, the same text.
     whole = client.completions.create(model="textgen", prompt="First Citizen:\n", max_tokens=16, seed=3)

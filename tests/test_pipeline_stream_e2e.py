@@ -47,7 +47,7 @@ def grpc_inputs(name: str, max_tokens: int, seed: int) -> list[grpcclient.InferI
 
 
 def pieces(url: str, headers: dict[str, str], body: dict[str, Any]) -> list[tuple[float, str]]:
-    """Each event's text_output, with the time it arrived; one event is one piece."""
+    """Each piece, with the time its event arrived (an event carries one, or several in a list)."""
     started = time.monotonic()
     response = requests.post(url, json=body, headers=headers, stream=True, timeout=30)
     assert response.status_code == 200, response.text
@@ -61,7 +61,8 @@ def pieces(url: str, headers: dict[str, str], body: dict[str, Any]) -> list[tupl
             (line,) = [x for x in event.decode().split("\n") if x.startswith("data: ")]
             data = json.loads(line.removeprefix("data: "))
             assert "error" not in data, data
-            found.append((time.monotonic() - started, data["text_output"]))
+            output = data["text_output"]  # a list: several pieces in one response, the model's sending behind
+            found += [(time.monotonic() - started, text) for text in (output if isinstance(output, list) else [output])]
     return found
 
 
@@ -87,7 +88,7 @@ def test_a_pipeline_ending_in_the_text_generator_streams_its_pieces_through_the_
     through = pieces(f"{base}/story/generate_stream", auth, {"text_input": "menenius", "max_tokens": PIECES,
                                                              "seed": 3})
     print("pipeline pieces:", [(round(at, 4), text) for at, text in through])
-    # The generator alone, with the prompt the first step makes: the same pieces, one event each.
+    # The generator alone, with the prompt the first step makes: the same pieces.
     alone = pieces(f"{base}/textgen/generate_stream", auth, {"text_input": "MENENIUS:\n", "max_tokens": PIECES,
                                                             "seed": 3})
     assert 1 < len(through) <= PIECES
@@ -102,8 +103,11 @@ def test_a_pipeline_ending_in_the_text_generator_streams_its_pieces_through_the_
     def collect(result: Any, error: Any) -> None:
         assert error is None, error
         response = result.get_response()
-        text = result.as_numpy("text_output").reshape(-1)[0].decode() if response.outputs else None
-        answers.put((text, response.parameters["triton_final_response"].bool_param))
+        final = response.parameters["triton_final_response"].bool_param
+        if not response.outputs:
+            answers.put((None, final))
+        for value in result.as_numpy("text_output").reshape(-1) if response.outputs else ():
+            answers.put((value.decode(), final))
 
     via.start_stream(callback=collect, headers={"authorization": f"Bearer {alice.token}",
                                                 "modelport-deployment": "story"})
@@ -120,7 +124,8 @@ def test_a_pipeline_ending_in_the_text_generator_streams_its_pieces_through_the_
     sdk = openai.OpenAI(base_url=f"{portal_url}/serve/story/v1", api_key=alice.token, max_retries=0, timeout=60)
     completion = sdk.completions.create(model="story", prompt="menenius", max_tokens=PIECES, seed=3, stream=True)
     chunks = [c.choices[0].text for c in completion if c.choices and c.choices[0].text]
-    assert chunks == [text for _, text in through]
+    # A chunk per event: one piece, or those the generator sent in one response when its sending fell behind.
+    assert "".join(chunks) == "".join(text for _, text in through) and 1 <= len(chunks) <= len(through)
 
     # Like any streaming model, it has no single answer for /infer.
     infer = requests.post(f"{base}/story/infer", headers=auth, timeout=10, json={"inputs": [

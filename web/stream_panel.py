@@ -145,7 +145,8 @@ def grpc_snippet(address: str, ssl: bool, deployment: str, model: str, signature
         "        raise SystemExit(error)",
         "    response = result.get_response()",
         "    if response.outputs:",
-        f'        print(result.as_numpy("{output}").reshape(-1)[0].decode(), end="", flush=True)',
+        # Every element: a response may carry several pieces (a model whose sending fell behind sends them at once).
+        f'        print("".join(v.decode() for v in result.as_numpy("{output}").reshape(-1)), end="", flush=True)',
         '    if response.parameters["triton_final_response"].bool_param:',
         "        break",
         "print()",

@@ -2,8 +2,9 @@
 list and errors. Plain functions of values to JSON bytes.
 
 `usage` (the gateway knows no model's tokenizer, so it counts what it can see, the same way every time):
-completion_tokens is the number of pieces the model sent (the sample text generator's max_tokens counts pieces, so
-the two agree); prompt_tokens is the number of whitespace-separated words of the prompt as the model got it (after
+completion_tokens is the number of pieces the model sent, the elements of its text_output (one per response, or
+several in one when the model's sending fell behind; the sample text generator's max_tokens counts pieces, so the two
+agree); prompt_tokens is the number of whitespace-separated words of the prompt as the model got it (after
 the chat template), an approximation of a tokenizer's count; total_tokens is their sum.
 """
 

@@ -279,23 +279,27 @@ class _Call:
         finally:
             await pieces.aclose()
 
-    async def _pieces(self, response: upstream.Response) -> AsyncGenerator[str, None]:
+    async def _pieces(self, response: upstream.Response) -> AsyncGenerator[tuple[str, int], None]:
+        """Each event's text and how many pieces it carries (a model whose sending fell behind sends several in one
+        response, text_output [1, pieces]: a list in the event)."""
         async for raw in events.complete_events(response, self.host.stream_limits):
             data = events.event_data(raw, self.prefix)
             if not isinstance(data, dict):
                 continue  # a comment or keep-alive line
             if "error" in data:
                 raise self._error(500, str(data["error"]))
-            text = _text(data.get(inputs.TEXT_OUTPUT))
+            output = data.get(inputs.TEXT_OUTPUT)
+            text = _text(output)
             if text:
-                yield text
+                yield text, len(output) if isinstance(output, list) else 1
 
-    async def _whole(self, pieces: AsyncIterator[str]) -> int:
+    async def _whole(self, pieces: AsyncIterator[tuple[str, int]]) -> int:
         texts: list[str] = []
-        size = 0
+        size = count = 0
         try:
-            async for text in pieces:
+            async for text, carried in pieces:
                 texts.append(text)
+                count += carried
                 size += len(text)
                 if size > self.host.max_response:
                     raise OpenAIError(502, f"The model's answer is over the gateway's limit of "
@@ -303,14 +307,14 @@ class _Call:
                                            "fewer max_tokens, or stream it.")
         except events.EventsFailed as exc:
             raise OpenAIError(exc.code, exc.message) from None
-        usage = answers.Usage(answers.prompt_tokens(self._prompt_text()), len(texts))
+        usage = answers.Usage(answers.prompt_tokens(self._prompt_text()), count)
         body = self.answer.whole("".join(texts), usage)
         await self.send({"type": "http.response.start", "status": 200,
                          "headers": [_JSON, (b"content-length", b"%d" % len(body)), *self.extra]})
         await self.send({"type": "http.response.body", "body": body})
         return 200
 
-    async def _stream(self, pieces: AsyncIterator[str]) -> int:
+    async def _stream(self, pieces: AsyncIterator[tuple[str, int]]) -> int:
         """The chunks within the stream bounds of /generate_stream (gateway/events.py `watch`), counted in the
         deployment's stream figures as the relay's pieces are."""
         figures = self.figures() if self.figures is not None else None
@@ -322,15 +326,15 @@ class _Call:
             if figures is not None:
                 figures.ended(self.ended[0])
 
-    async def _chunks(self, pieces: AsyncIterator[str], figures: StreamFigures | None) -> int:
+    async def _chunks(self, pieces: AsyncIterator[tuple[str, int]], figures: StreamFigures | None) -> int:
         await self._out(None, [*events.STREAM_HEADERS, *self.extra])
         self.started = True
         count = 0
         try:
             if self.request.chat:
                 await self._out(self.answer.chunk("", first=True))
-            async for text in pieces:
-                count += 1
+            async for text, carried in pieces:
+                count += carried
                 await self._out(self.answer.chunk(text), figures=figures)
             await self._out(self.answer.chunk(None, self.answer.finish_reason(count)))
             if self.request.include_usage:

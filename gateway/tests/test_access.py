@@ -292,7 +292,7 @@ async def _cached(loader: _GatedLoader) -> TtlCache[str, str]:
 
 
 async def _refresh_held(cache: TtlCache[str, str], clock: _Clock) -> None:
-    """Into the answer's last quarter: a use starts its refresh, which the loader holds."""
+    """Into the answer's second half: a use starts its refresh, which the loader holds."""
     clock.now += 0.8
     assert await cache.get("k") == "v1"
 
@@ -303,10 +303,10 @@ def test_an_answer_near_its_expiry_is_served_at_once_while_it_is_looked_up_again
     async def scenario() -> None:
         loader = _GatedLoader()
         cache = await _cached(loader)
-        clock.now += 0.7
+        clock.now += 0.4
         assert await cache.get("k") == "v1" and loader.calls == 1  # young: no lookup
-        clock.now += 0.1
-        # In the last quarter of its ttl: the caller does not wait for the lookup (the loader is held), and one
+        clock.now += 0.2
+        # In the second half of its ttl: the caller does not wait for the lookup (the loader is held), and one
         # lookup is in flight however many callers come.
         assert await asyncio.wait_for(cache.get("k"), 1) == "v1"
         assert await asyncio.wait_for(cache.get("k"), 1) == "v1"

@@ -18,7 +18,7 @@ SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r
 CHAT = "/serve/chat/v1/chat/completions"
 
 
-def event(text: str) -> bytes:
+def event(text: str | list[str]) -> bytes:
     return b"data: " + json.dumps({"model_name": "chat", "model_version": "1", "text_output": text}).encode() + b"\n\n"
 
 
@@ -71,6 +71,31 @@ def test_a_streamed_completion_is_chunks_then_usage_then_done(people: dict[str, 
             assert got[3]["choices"] == [] and got[3]["usage"]["completion_tokens"] == 2
             assert got[-1] == "[DONE]"
             assert json.loads(upstream.requests[0].body)["stream"] is True
+
+    run(scenario)
+
+
+def test_an_event_carrying_several_pieces_is_one_chunk_and_counts_each_piece(
+    people: dict[str, Person], gateway_app: Any
+) -> None:
+    """A model whose sending fell behind sends the pieces it has in one response (text_output [1, pieces], a list in
+    the event): one chunk of their text, each piece counted, so usage and the finish reason stay right."""
+    async def scenario() -> None:
+        async with FakeUpstream(lambda r: sse([event("a "), event(["b ", "c ", "d "])])) as upstream:
+            await asyncio.to_thread(text_deployment, people["alice"], upstream.url)
+            app = gateway_app()
+            streamed = await call(app, "POST", "/serve/chat/v1/completions", token=people["alice"].token,
+                                  body=body({"model": "chat", "prompt": "once", "stream": True, "max_tokens": 4,
+                                             "stream_options": {"include_usage": True}}))
+            got = chunks(streamed.body)
+            assert [c["choices"][0]["text"] for c in got[:2]] == ["a ", "b c d "]
+            assert got[2]["choices"][0]["finish_reason"] == "length"  # 4 pieces of max_tokens 4, in 2 events
+            assert got[3]["usage"]["completion_tokens"] == 4
+            whole = await call(app, "POST", "/serve/chat/v1/completions", token=people["alice"].token,
+                               body=body({"model": "chat", "prompt": "once", "max_tokens": 5}))
+            answer = whole.json()
+            assert answer["choices"][0]["text"] == "a b c d " and answer["choices"][0]["finish_reason"] == "stop"
+            assert answer["usage"]["completion_tokens"] == 4
 
     run(scenario)
 

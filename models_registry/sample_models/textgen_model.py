@@ -1,26 +1,33 @@
 """Triton python-backend model `textgen`, the sample text generator: a decoupled model (`model_transaction_policy
-{ decoupled: true }`) that streams the pieces textgen.py generates, one response per piece. Zipped as model.py with
-textgen.py and the weights textgen.npz.
+{ decoupled: true }`) that streams the pieces textgen.py generates: a response carries every piece its stream has
+ready when it is sent, one element of text_output each (one, unless the stream's sending fell behind). Zipped as
+model.py with textgen.py and the weights textgen.npz.
 
 The contract is the one Triton's OpenAI frontend uses for models other than vLLM's: `text_input` (BYTES [-1, 1]),
 optional `max_tokens` (INT32), `temperature` (FP32), `top_p` (FP32), `stream` (BOOL: false sends the whole text as
-one response), `stop` (BYTES [-1, -1], up to 4 strings) and `seed` (INT64); output `text_output` (BYTES [-1, 1]).
+one response), `stop` (BYTES [-1, -1], up to 4 strings) and `seed` (INT64); output `text_output` (BYTES [-1, -1]:
+[1, pieces] in a streamed response, so `/generate_stream` writes one piece as a string and several as a list).
 
 Continuous batching: execute() only checks its requests and hands them to one generating thread, which steps every
 live stream together (one character each per step, their pieces interleaved) and takes in new streams between steps.
 Generating inside execute() would make a stream that arrives during a long one wait for all of that batch to end.
 
-Sending: each `send()` of a response is a round trip from this stub process to Triton's (about 130 us a response on
-this project's 2-core machine with a model that does nothing else), and so is `is_cancelled()`. Done by the
-generating thread they took about 70% of its time at 32 streams, so SENDING_THREADS threads do them instead while the
-generator computes the next step. A send waits for Triton's process without holding the GIL, so two senders overlap
-their round trips: direct at 32 streams, 5,100 pieces per second with one and 6,000 with two (4 gave 6,100, within
-the noise, and a worse first-piece p99). The generator queues a step's responses only once the previous step's are
-sent: a deeper queue let it run ahead of the sends, and a new stream's first piece waited behind all of them (time to
-first piece at 8 streams went from 6 to 150 ms with a queue of 256). A stream keeps to one sending thread (given in
-turn as streams arrive), which makes every call on its response sender in the order the generator queued them, so its
-pieces keep their order and its final response comes last. Cancellation (the client went away) is checked on a
-stream's first piece and every CANCEL_CHECK_EVERY-th after; the generator drops a cancelled stream at its next step.
+Sending: each `send()` of a response is a round trip from this stub process to Triton's (about 70 us a response on
+this project's 2-core machine with a model that does nothing else), and so is `is_cancelled()`; through Triton and
+the gateway a response costs about as much CPU again. At 32 streams one response per piece made the sends the
+bottleneck: the generator waited for them half of its time, and straight from Triton the sample streamed 8,900
+pieces per second where the hand-rolled server of bench/streaming.py streams 6,500. So the generator hands each piece
+to its stream's sending thread (SENDING_THREADS of them, streams given in turn; a send waits for Triton without
+holding the GIL, so two overlap their round trips) and goes on; a sending thread takes a stream with every piece it
+has pending and sends them in one response, in order, then its final response once that is due. A stream whose
+sending keeps up gets one piece per response; one whose sending fell behind gets the pieces it missed at once rather
+than each late (the trade of the "stream interval" of servers such as SGLang, here made only when sends lag):
+18,000 to 21,000 pieces per second at 32 streams, in about 4,000 responses (docs/benchmarks.md, "Streaming").
+Bounds: a stream is at most MAX_PENDING pieces ahead of its sending (past it the generator skips the stream until
+they are taken), and a stream's first piece is sent before those of streams that have had one (a new stream waits
+for one send, not for a round of all of them: at 32 streams, straight from Triton, the first piece came after 10.6 ms
+at p50 without that, 4.3 with). Cancellation (the client went away) is checked on a stream's first response and every
+CANCEL_CHECK_EVERY-th after; the generator drops a cancelled stream at its next step.
 
 The config parameter `step_interval_ms` (the operator's, not a request's) pauses after every step, for demos and
 tests that need a stream to last.
@@ -28,6 +35,7 @@ tests that need a stream to last.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import queue
@@ -43,7 +51,8 @@ from textgen import BadRequest, CharModel, Params, Stream, load_counts, make_par
 WEIGHTS_FILE = "textgen.npz"
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 SENDING_THREADS = 2  # each stream keeps to one, so its pieces keep their order
-CANCEL_CHECK_EVERY = 4  # pieces: a cancelled stream sends at most this many more (a few ms of a step each)
+CANCEL_CHECK_EVERY = 4  # responses: a cancelled stream sends at most this many more (a few ms of a step each)
+MAX_PENDING = 8  # pieces a stream may be ahead of its sending: past it, the generator skips the stream
 
 
 def _first(request: Any, name: str) -> Any:
@@ -82,80 +91,112 @@ def read_request(request: Any) -> tuple[str, Params, bool]:
     return _text(prompt, "text_input"), params, True if stream is None else bool(stream)
 
 
-def _piece_response(text: str) -> Any:
-    return pb_utils.InferenceResponse([pb_utils.Tensor("text_output", np.array([[text.encode()]], dtype=np.object_))])
+def _piece_response(*texts: str) -> Any:
+    """One response with `texts` as text_output [1, len(texts)]: one element per piece."""
+    values = np.array([[text.encode() for text in texts]], dtype=np.object_)
+    return pb_utils.InferenceResponse([pb_utils.Tensor("text_output", values)])
 
 
 class _Live:
-    """One stream. The generator thread steps it; its sending thread (`sending`) alone calls its sender."""
+    """One stream. The generator thread steps it and hands its pieces to its sending thread (`sending`), which alone
+    calls its sender. `pending`, `queued`, `final` and `check` are shared by the two: read and written under
+    `sending.lock`."""
 
     def __init__(self, sender: Any, stream: Stream, streaming: bool, sending: Sending) -> None:
         self.sender, self.stream, self.streaming, self.sending = sender, stream, streaming, sending
-        self.pieces = 0  # sent by the sending thread
+        self.pending: list[str] = []  # pieces generated and not yet taken for sending
+        self.queued = False  # in its sending thread's queue
+        self.final: tuple[Any] | None = None  # (the final response, or None for an empty one), once it is due
+        self.check = False  # an answer not streamed: only whether the caller went away
+        self.responses = 0  # sent by the sending thread
+        self.pieces = 0  # in the responses sent
         self.generated = 0  # pieces generated, counted by the generator
-        self.ended = False  # the final response is queued: nothing more is queued for it
+        self.ended = False  # the final response is due: nothing more is handed over for it
         self.cancelled = False  # set by the sending thread: the generator drops the stream
 
 
 class Sending:
-    """A thread that sends its streams' responses, in the order they were queued."""
+    """A thread that sends its streams' pieces: each time it takes a stream, every piece it has pending goes in one
+    response, in the order they were generated, then its final response once that is due."""
 
-    def __init__(self, logger: Any) -> None:
+    def __init__(self, logger: Any, drained: threading.Event) -> None:
         self.logger = logger
-        self.queue: queue.Queue[tuple[_Live, Any, bool] | None] = queue.Queue()
+        self.lock = threading.Lock()
+        # Streams with something to send (each at most once), a stream's first piece ahead of the rest: one token
+        # in `wake` per stream queued in either.
+        self.first: collections.deque[_Live] = collections.deque()
+        self.rest: collections.deque[_Live] = collections.deque()
+        self.wake: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self.drained = drained  # set whenever a stream's pieces are taken: the generator may step it again
         self.thread = threading.Thread(target=self._run, name="textgen-send", daemon=True)
         self.thread.start()
 
-    def piece(self, entry: _Live, text: str) -> None:
-        self.queue.put((entry, _piece_response(text), False))
+    def _due(self, entry: _Live) -> None:
+        """Under self.lock: the stream has something to send; queued unless it already is."""
+        if not entry.queued:
+            entry.queued = True
+            (self.rest if entry.responses or entry.final is not None else self.first).append(entry)
+            self.wake.put(True)
 
-    def check(self, entry: _Live) -> None:
-        """Only whether the caller went away: an answer not streamed sends nothing until its end."""
-        self.queue.put((entry, None, False))
+    def piece(self, entry: _Live, text: str) -> None:
+        with self.lock:
+            entry.pending.append(text)
+            self._due(entry)
+
+    def check_cancelled(self, entry: _Live) -> None:
+        with self.lock:
+            entry.check = True
+            self._due(entry)
 
     def end(self, entry: _Live, response: Any = None) -> None:
-        if not entry.ended:
-            entry.ended = True
-            self.queue.put((entry, response, True))
+        if entry.ended:
+            return
+        entry.ended = True
+        with self.lock:
+            entry.final = (response,)
+            self._due(entry)
 
     def fail(self, entry: _Live, message: str) -> None:
         self.end(entry, pb_utils.InferenceResponse(
             output_tensors=[], error=pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL)))
 
-    def wait_sent(self) -> None:
-        """Until every response queued so far is sent (the generator's bound: one step ahead at most)."""
-        self.queue.join()
-
     def stop(self) -> None:
-        self.queue.put(None)
+        self.wake.put(False)
         self.thread.join(timeout=10)
 
     def _run(self) -> None:
-        while (item := self.queue.get()) is not None:
-            entry, response, final = item
+        while self.wake.get():
+            with self.lock:
+                entry = self.first.popleft() if self.first else self.rest.popleft()
+                texts, entry.pending = entry.pending, []
+                final, entry.final = entry.final, None
+                check, entry.check = entry.check, False
+                entry.queued = False
+            self.drained.set()
             try:
-                self._send(entry, response, final)
+                self._send(entry, texts, final, check)
             except Exception as exc:  # one stream's failed send must not stop the others'
                 self.logger.log_error(f"textgen: a send failed: {exc!r}")
-            finally:
-                self.queue.task_done()
 
-    def _send(self, entry: _Live, response: Any, final: bool) -> None:
+    def _send(self, entry: _Live, texts: list[str], final: tuple[Any] | None, check: bool) -> None:
         if entry.cancelled:
             return  # its final response was sent when the cancel was seen
-        if final:
+        if texts or check:
+            if (check or entry.responses % CANCEL_CHECK_EVERY == 0) and entry.sender.is_cancelled():
+                entry.cancelled = True
+                self.logger.log_info(f"textgen: stream cancelled after {entry.pieces} pieces")
+                entry.sender.send(flags=FINAL)
+                return
+            if texts:
+                entry.sender.send(_piece_response(*texts))
+                entry.responses += 1
+                entry.pieces += len(texts)
+        if final is not None:
+            (response,) = final
             if response is None:
                 entry.sender.send(flags=FINAL)
             else:
                 entry.sender.send(response, flags=FINAL)
-            return
-        if (response is None or entry.pieces % CANCEL_CHECK_EVERY == 0) and entry.sender.is_cancelled():
-            entry.cancelled = True
-            self.logger.log_info(f"textgen: stream cancelled after {entry.pieces} pieces")
-            entry.sender.send(flags=FINAL)
-        elif response is not None:
-            entry.sender.send(response)
-            entry.pieces += 1
 
 
 class TritonPythonModel:
@@ -165,7 +206,8 @@ class TritonPythonModel:
         self.step_interval = float(parameters.get("step_interval_ms", {}).get("string_value", "0")) / 1000.0
         self.logger = pb_utils.Logger
         self.arrivals: queue.SimpleQueue[_Live] = queue.SimpleQueue()
-        self.sendings = [Sending(self.logger) for _ in range(SENDING_THREADS)]
+        self.drained = threading.Event()
+        self.sendings = [Sending(self.logger, self.drained) for _ in range(SENDING_THREADS)]
         self.sending_in_turn = itertools.cycle(self.sendings)
         self.stopping = threading.Event()
         self.generator = threading.Thread(target=self._run, name="textgen", daemon=True)
@@ -200,8 +242,16 @@ class TritonPythonModel:
                     continue
             while not self.arrivals.empty():
                 live.append(self.arrivals.get_nowait())
+            live = [entry for entry in live if not entry.cancelled]
+            ready = [entry for entry in live if len(entry.pending) < MAX_PENDING]
+            if not ready:
+                # Every stream is MAX_PENDING pieces ahead of its sending: wait until one's are taken.
+                self.drained.clear()
+                if live and all(len(entry.pending) >= MAX_PENDING for entry in live):
+                    self.drained.wait(0.05)
+                continue
             try:
-                live = self._step(live)
+                live = self._step(live, ready)
             except Exception as exc:
                 # Every sender must end, or its client waits for ever; what went wrong stays in the server's log.
                 self.logger.log_error(f"textgen failed: {exc!r}")
@@ -213,22 +263,16 @@ class TritonPythonModel:
         for entry in live:
             entry.sending.fail(entry, "the model is being unloaded")
 
-    def _step(self, live: list[_Live]) -> list[_Live]:
-        """One character for every live stream; the streams still live afterwards."""
-        live = [entry for entry in live if not entry.cancelled]
-        pieces = step(self.model, [entry.stream for entry in live])  # while the previous step's pieces are sent
-        for sending in self.sendings:
-            sending.wait_sent()
-        still: list[_Live] = []
-        for entry, piece in zip(live, pieces, strict=True):
+    def _step(self, live: list[_Live], ready: list[_Live]) -> list[_Live]:
+        """One character for every stream in `ready`; the streams of `live` still live afterwards."""
+        pieces = step(self.model, [entry.stream for entry in ready])
+        for entry, piece in zip(ready, pieces, strict=True):
             if piece is not None:
                 if entry.streaming:
                     entry.sending.piece(entry, piece)
                 elif entry.generated % CANCEL_CHECK_EVERY == 0:
-                    entry.sending.check(entry)
+                    entry.sending.check_cancelled(entry)
                 entry.generated += 1
-            if not entry.stream.done:
-                still.append(entry)
-            else:
+            if entry.stream.done:
                 entry.sending.end(entry, None if entry.streaming else _piece_response(entry.stream.text))
-        return still
+        return [entry for entry in live if not entry.stream.done]

@@ -95,12 +95,18 @@ def stream_pieces(server: lt.ServerProcess, body: dict[str, Any], model_name: st
     pieces = []
     for event in events(response):
         assert "error" not in event, event
-        pieces.append(event["text_output"])
+        pieces += as_pieces(event["text_output"])
     return pieces
 
 
+def as_pieces(text_output: str | list[str]) -> list[str]:
+    """An event's pieces: one (a string), or several (a list: the model's sending fell behind, and it sent every
+    piece it had in one response, text_output [1, pieces])."""
+    return text_output if isinstance(text_output, list) else [text_output]
+
+
 @pytest.mark.triton
-def test_generate_stream_sends_one_event_per_piece_and_they_join_to_the_generators_text(
+def test_generate_stream_sends_the_pieces_in_order_and_they_join_to_the_generators_text(
         server: lt.ServerProcess, textgen_model: textgen.CharModel) -> None:
     body = {"text_input": "First Citizen:\n", "max_tokens": 20, "seed": 11, "temperature": 0.8, "top_p": 0.95}
     pieces = stream_pieces(server, body)
@@ -110,6 +116,20 @@ def test_generate_stream_sends_one_event_per_piece_and_they_join_to_the_generato
     assert pieces == expected
     text = "".join(pieces)
     assert len(text.split()) >= 10  # words, not characters one by one
+
+
+@pytest.mark.triton
+def test_when_its_sending_falls_behind_a_response_carries_the_pieces_it_missed_in_order(
+        server: lt.ServerProcess, textgen_model: textgen.CharModel) -> None:
+    """Unpaced, the generator makes a piece faster than a send's round trip to Triton: the pieces it made meanwhile go
+    in the next response, text_output [1, pieces] (a list in the event), at most MAX_PENDING of them."""
+    response = post(server, "/v2/models/textgen/generate_stream", {"text_input": "First Citizen:\n", "max_tokens": 200,
+                                                                   "seed": 2})
+    outputs = [event["text_output"] for event in events(response)]
+    several = [output for output in outputs if isinstance(output, list)]
+    assert several and all(2 <= len(output) <= 8 for output in several), outputs
+    expected = textgen.generate(textgen_model, "First Citizen:\n", textgen.make_params(max_tokens=200, seed=2))
+    assert [piece for output in outputs for piece in as_pieces(output)] == list(expected)
 
 
 @pytest.mark.triton
@@ -128,8 +148,8 @@ def test_a_request_with_only_text_input_streams_with_the_models_defaults(
 def test_the_pieces_arrive_as_they_are_generated(server: lt.ServerProcess) -> None:
     response = post(server, "/v2/models/textgen_paced/generate_stream", {"text_input": "MENENIUS:\n", "max_tokens": 10})
     arrivals = []
-    for _ in events(response):
-        arrivals.append(time.monotonic())
+    for event in events(response):
+        arrivals += [time.monotonic()] * len(as_pieces(event["text_output"]))
     assert len(arrivals) == 10
     # At least one 5 ms step apart: streamed as generated, not collected and sent at the end.
     assert arrivals[-1] - arrivals[0] > 9 * STEP_INTERVAL_MS / 1000 * 0.8
@@ -266,7 +286,8 @@ def test_it_streams_inside_the_sandbox_every_local_deployment_runs_in(
 
 
 def grpc_stream(server: lt.ServerProcess, inputs: dict[str, tuple[str, Any]]) -> list[Any]:
-    """What ModelStreamInfer answers one request, final response included: (text or None, is final, error)."""
+    """What ModelStreamInfer answers one request, final response included: (text or None, is final, error), one per
+    piece of a response that carries several."""
     import numpy as np
     import tritonclient.grpc as triton_grpc
 
@@ -278,8 +299,11 @@ def grpc_stream(server: lt.ServerProcess, inputs: dict[str, tuple[str, Any]]) ->
             return
         response = result.get_response()
         final = response.parameters["triton_final_response"].bool_param
-        output = result.as_numpy("text_output") if response.outputs else None
-        answers.put((None if output is None else output.reshape(-1)[0].decode(), final, None))
+        if not response.outputs:
+            answers.put((None, final, None))
+            return
+        for value in result.as_numpy("text_output").reshape(-1):  # one piece each (several: the sending fell behind)
+            answers.put((value.decode(), final, None))
 
     tensors = []
     for name, (datatype, value) in inputs.items():

@@ -11,12 +11,16 @@
   const csrfToken = () => window.modelport.csrfToken();
 
   // The text of one piece: the output's value (text_output for the OpenAI contract), whatever else Triton adds.
-  function pieceText(data) {
-    if (typeof data.text_output === "string") return data.text_output;
+  // An event's pieces: its text_output, a list when the model sent several pieces in one response (its sending fell
+  // behind); otherwise the first output there is, as text.
+  function eventPieces(data) {
+    const output = data.text_output;
+    if (typeof output === "string") return [output];
+    if (Array.isArray(output) && output.every((p) => typeof p === "string")) return output;
     const key = Object.keys(data).find((k) => k !== "model_name" && k !== "model_version" && k !== "id");
-    if (key === undefined) return "";
+    if (key === undefined) return [""];
     const value = data[key];
-    return typeof value === "string" ? value : JSON.stringify(value);
+    return [typeof value === "string" ? value : JSON.stringify(value)];
   }
 
   // One event's lines ("event: ...", "data: ..."): its name and its data joined, as the SSE format says.
@@ -120,7 +124,7 @@
               continue;
             }
             if (first === null) first = performance.now() - started;
-            append(pieceText(data));
+            eventPieces(data).forEach(append);
             status.textContent = output.dataset.pieces + " pieces, the first after " + first.toFixed(0) + " ms";
           }
         }

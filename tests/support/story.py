@@ -34,7 +34,7 @@ SPEAKER_SIGNATURE = {"inputs": [{"name": "text_input", **BYTES}], "outputs": [{"
 STORY = {
     "inputs": [{"name": "text_input", **BYTES}, {"name": "max_tokens", "datatype": "INT32", "dims": [-1, 1]},
                {"name": "seed", "datatype": "INT64", "dims": [-1, 1]}],
-    "outputs": [{"name": "text_output", **BYTES}],
+    "outputs": [{"name": "text_output", "datatype": "BYTES", "dims": [-1, -1]}],  # [1, pieces], as textgen's
     "steps": [
         {"model": "speaker", "input_map": {"text_input": "text_input"}, "output_map": {"prompt": "prompt"}},
         # temperature, top_p, stop and stream are left out: the generator's defaults.
