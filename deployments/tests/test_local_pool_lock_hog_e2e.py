@@ -1,7 +1,8 @@
-"""A team whose model loads slowly, in a pool open to every team, on the real local runtime (issue 30's attacker):
-2.4 MB of standard ONNX, 100k Relu nodes in a chain, that onnxruntime builds for seconds (30 s on the attacker's
-machine, about 12 s here), deployed with `idle_unload_seconds: 1` and called again and again. Measured from the
-other team's side: its idle model's cold start, and its deployment's readiness, while the slow load runs.
+"""A team whose model loads slowly, in a pool open to every team, on the real local runtime (issue 30's attacker): 2.4
+MB of standard ONNX, 100k Relu nodes in a chain, that onnxruntime builds for seconds (30 s on the attacker's
+machine, 12 s on this project's machine of 2026-11, 2.7 s on that of 2026-12-06), deployed with
+`idle_unload_seconds: 1` and called again and again. Measured from the other team's side: its idle model's cold
+start, and its deployment's readiness, while the slow load runs.
 
 The reconciler is ticked here as a worker would; the beat task that unloads idle models is called by hand."""
 
@@ -27,6 +28,9 @@ pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
 __all__ = ["_stop_pool_servers", "gateway", "grpc_gateway", "people"]  # fixtures (pool_e2e.py, pool_grpc.py)
 
 HOG_NODES = 100_000
+# What makes the hog's load slow for these tests: longer than its idle_unload_seconds (1) with room to spare, and than
+# the victim's cold start of a tiny model. Not more: a faster machine builds the chain in under 3 s.
+SLOW_LOAD_SECONDS = 1.5
 
 
 @pytest.fixture(autouse=True)
@@ -91,7 +95,7 @@ def test_another_teams_slow_load_neither_holds_a_cold_start_nor_makes_readiness_
     deploy(charlie, "relus-c", idle_unload_seconds=1)
     settle("relus-c", seconds=300)
     hog = PoolLoad.objects.select_related("revision").get(deployment__name="relus-c")
-    assert hog.cold_start_seconds is not None and hog.cold_start_seconds > 3, hog.cold_start_seconds
+    assert hog.cold_start_seconds is not None and hog.cold_start_seconds > SLOW_LOAD_SECONDS, hog.cold_start_seconds
     idle_unloaded("digits-a", "relus-c")
     assert ready(gateway, alice, "digits-a") == 200  # idle: ready, for a request wakes it
 
@@ -141,7 +145,7 @@ def test_a_model_that_loads_slowly_is_not_unloaded_a_second_after_its_load(
     deploy(charlie, "relus-c", idle_unload_seconds=1)
     settle("relus-c", seconds=300)
     load = PoolLoad.objects.get(deployment__name="relus-c")
-    assert load.cold_start_seconds is not None and load.cold_start_seconds > 3, load.cold_start_seconds
+    assert load.cold_start_seconds is not None and load.cold_start_seconds > SLOW_LOAD_SECONDS, load.cold_start_seconds
     time.sleep(2)  # past its own idle_unload_seconds
     assert local_pool.unload_idle() == []
     load.refresh_from_db()

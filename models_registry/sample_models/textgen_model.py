@@ -108,6 +108,7 @@ class _Live:
         self.queued = False  # in its sending thread's queue
         self.final: tuple[Any] | None = None  # (the final response, or None for an empty one), once it is due
         self.check = False  # an answer not streamed: only whether the caller went away
+        self.started = False  # some of its pieces were taken: the next ones wait behind new streams' first
         self.responses = 0  # sent by the sending thread
         self.pieces = 0  # in the responses sent
         self.generated = 0  # pieces generated, counted by the generator
@@ -135,7 +136,8 @@ class Sending:
         """Under self.lock: the stream has something to send; queued unless it already is."""
         if not entry.queued:
             entry.queued = True
-            (self.rest if entry.responses or entry.final is not None else self.first).append(entry)
+            first = entry.streaming and not entry.started and entry.final is None
+            (self.first if first else self.rest).append(entry)
             self.wake.put(True)
 
     def piece(self, entry: _Live, text: str) -> None:
@@ -169,6 +171,7 @@ class Sending:
             with self.lock:
                 entry = self.first.popleft() if self.first else self.rest.popleft()
                 texts, entry.pending = entry.pending, []
+                entry.started = entry.started or bool(texts)
                 final, entry.final = entry.final, None
                 check, entry.check = entry.check, False
                 entry.queued = False
@@ -181,22 +184,25 @@ class Sending:
     def _send(self, entry: _Live, texts: list[str], final: tuple[Any] | None, check: bool) -> None:
         if entry.cancelled:
             return  # its final response was sent when the cancel was seen
-        if texts or check:
-            if (check or entry.responses % CANCEL_CHECK_EVERY == 0) and entry.sender.is_cancelled():
-                entry.cancelled = True
-                self.logger.log_info(f"textgen: stream cancelled after {entry.pieces} pieces")
-                entry.sender.send(flags=FINAL)
-                return
-            if texts:
-                entry.sender.send(_piece_response(*texts))
-                entry.responses += 1
-                entry.pieces += len(texts)
-        if final is not None:
-            (response,) = final
-            if response is None:
-                entry.sender.send(flags=FINAL)
-            else:
-                entry.sender.send(response, flags=FINAL)
+        try:
+            if texts or check:
+                if (check or entry.responses % CANCEL_CHECK_EVERY == 0) and entry.sender.is_cancelled():
+                    entry.cancelled = True
+                    self.logger.log_info(f"textgen: stream cancelled after {entry.pieces} pieces")
+                    entry.sender.send(flags=FINAL)
+                    return
+                if texts:
+                    entry.sender.send(_piece_response(*texts))
+                    entry.responses += 1
+                    entry.pieces += len(texts)
+        finally:
+            # Even when a piece's send failed: without its final response the request would stay open for ever.
+            if final is not None and not entry.cancelled:
+                (response,) = final
+                if response is None:
+                    entry.sender.send(flags=FINAL)
+                else:
+                    entry.sender.send(response, flags=FINAL)
 
 
 class TritonPythonModel:
