@@ -2,7 +2,8 @@
 Events through Modelport's gateway, directly from its Triton, and from a hand-rolled Starlette SSE server running the
 same model in-process (bench/streaming_handrolled.py, the seed's kind of baseline).
 
-    .venv/bin/python bench/streaming.py [--streams 1,8,32] [--duration 10] [--max-tokens 64] [--output PATH]
+    .venv/bin/python bench/streaming.py [--streams 1,8,32] [--targets gateway,direct,...] [--duration 10]
+                                        [--max-tokens 64] [--output PATH]
 
 A throwaway Modelport (bench/stack.py: its own SQLite, worker and web server, as `make run` starts them) takes the
 sample as a user does: the archive `make samples` builds, uploaded with decoupled=true, deployed on a dedicated
@@ -45,6 +46,8 @@ sys.path.insert(0, str(ROOT))
 DEPLOYMENT = "textgen"
 MODEL = "textgen"
 FLOOR = "floor"  # bench/streaming_floor_model.py: one response per piece and nothing else
+# What each level measures, in this order; --targets picks some (one clause of the targets at a time, say).
+TARGETS = ("gateway", "direct", "handrolled", "floor_gateway", "floor_direct")
 # Every input the sample declares (a model's inputs are all required unless declared optional); the empty stop string
 # is ignored by the model, so every stream runs to max_tokens pieces.
 REQUEST: dict[str, Any] = {"text_input": "MENENIUS:\n", "temperature": 0.8, "top_p": 1.0, "stream": True, "stop": ""}
@@ -185,15 +188,21 @@ def handrolled_server(weights: Path) -> Any:
             process.kill()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", default="1,8,32", help="concurrent streams, comma-separated")
+    parser.add_argument("--targets", default=",".join(TARGETS),
+                        help=f"what to measure at each level, comma-separated, among {', '.join(TARGETS)}")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds measured per target and level")
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "streaming.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     levels = [int(n) for n in args.streams.split(",")]
+    chosen = [name.strip() for name in args.targets.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - set(TARGETS))
+    if unknown or not chosen:
+        parser.error(f"unknown targets {', '.join(unknown) or '(none given)'}: choose among {', '.join(TARGETS)}")
     from bench.stack import cpu_seconds, running_stack
     from models_registry.samples import train_textgen
 
@@ -215,7 +224,8 @@ def main() -> int:
                        "floor_direct": (f"http://127.0.0.1:{stack.triton_port(FLOOR)}{floor_path}", no_headers)}
             for level in levels:
                 figures: dict[str, Any] = {}
-                for name, (url, headers) in targets.items():
+                for name in chosen:
+                    url, headers = targets[name]
                     web_cpu = cpu_seconds(stack.pid("web"))
                     figures[name] = asyncio.run(closed_loop(url, headers, level, args.duration, args.warmup,
                                                             args.max_tokens))
@@ -235,7 +245,7 @@ def main() -> int:
 def targets_met(levels: dict[str, dict[str, Any]]) -> dict[str, Any]:
     met: dict[str, Any] = {}
     eight = levels.get("8")
-    if eight and all(eight[t]["pieces"] for t in ("gateway", "direct")):
+    if eight and all(eight.get(t, {}).get("pieces") for t in ("gateway", "direct")):
         g, d = eight["gateway"], eight["direct"]
         met["ttft_p50_added_ms_at_8"] = round(g["ttft_p50_ms"] - d["ttft_p50_ms"], 3)
         met["itl_p50_added_ms_at_8"] = round(g["itl_p50_ms"] - d["itl_p50_ms"], 3)
@@ -245,7 +255,7 @@ def targets_met(levels: dict[str, dict[str, Any]]) -> dict[str, Any]:
         # is then mostly nothing), the stricter reading of the same target.
         met["event_gap_p50_added_ms_at_8"] = round(g["event_gap_p50_ms"] - d["event_gap_p50_ms"], 3)
     top = levels.get("32")
-    if top and all(top[t]["pieces"] for t in ("gateway", "handrolled")):
+    if top and all(top.get(t, {}).get("pieces") for t in ("gateway", "handrolled")):
         g, h = top["gateway"], top["handrolled"]
         met["pieces_per_s_ratio_at_32"] = round(g["pieces_per_s"] / h["pieces_per_s"], 3)
         met["twice_the_handrolled_pieces_per_s"] = met["pieces_per_s_ratio_at_32"] >= 2.0

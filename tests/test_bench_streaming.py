@@ -7,6 +7,7 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
 from aiohttp import web
 
 from bench import streaming
@@ -94,3 +95,19 @@ def test_the_verdict_compares_the_gateway_with_direct_at_8_and_with_the_handroll
 def test_a_level_whose_streams_all_failed_gives_no_verdict_rather_than_a_crash() -> None:
     failed = {"pieces": 0, "pieces_per_s": 0.0, "ttft_p50_ms": None, "ttft_p99_ms": None, "itl_p50_ms": None}
     assert streaming.targets_met({"8": {"gateway": failed, "direct": failed}}) == {}
+
+
+def test_a_run_of_some_targets_judges_only_the_clauses_it_measured() -> None:
+    """--targets gateway,handrolled at 32 (the TTFT p99 clause alone): no verdict at 8, none needing direct."""
+    met = streaming.targets_met({"32": {"gateway": figures(4000, 9, 30, 1), "handrolled": figures(1500, 12, 40, 3)}})
+    assert met["ttft_p99_no_worse"] and met["twice_the_handrolled_pieces_per_s"]
+    assert "ttft_p50_added_ms_at_8" not in met
+    assert streaming.targets_met({"8": {"gateway": figures(3000, 6.5, 20, 1.2)}}) == {}
+
+
+def test_an_unknown_target_is_refused_naming_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        streaming.main(["--targets", "gateway,nginx"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert "unknown targets nginx" in error and "handrolled" in error
