@@ -21,7 +21,7 @@ def sandbox_options() -> sandbox.Options:
         uid=settings.SANDBOX_UID, gid=settings.SANDBOX_GID, shm_bytes=sandbox.memory_bytes(settings.SANDBOX_SHM_SIZE),
         scratch_bytes=sandbox.scratch_bytes(settings.SANDBOX_SCRATCH_SIZE),
         pids_max=settings.SANDBOX_PIDS_MAX, egress_ports=tuple(int(p) for p in settings.SANDBOX_EGRESS_PORTS),
-        cgroup_parent=settings.SANDBOX_CGROUP_PARENT,
+        cgroup_parent=settings.SANDBOX_CGROUP_PARENT, nice=settings.SANDBOX_NICE,
     )
 
 

@@ -360,6 +360,12 @@ SANDBOX_SHM_SIZE = env_str("SANDBOX_SHM_SIZE", "1Gi")
 # disk; a write past it fails with ENOSPC, and what it holds counts toward the memory limit.
 SANDBOX_SCRATCH_SIZE = env_str("SANDBOX_SCRATCH_SIZE", "1Gi")
 SANDBOX_PIDS_MAX = env_int("SANDBOX_PIDS_MAX", 1024, minimum=64)  # processes and threads
+# The CPU priority (nice value) of everything sandboxed, Tritons and trial runs: below the portal's own processes, so
+# that models busy on every core leave the gateway a core when a request comes (docs/security.md, "CPU"). 0: the
+# same as the portal's.
+SANDBOX_NICE = env_int("SANDBOX_NICE", 10, minimum=0)
+if SANDBOX_NICE > 19:
+    raise ImproperlyConfigured(f"SANDBOX_NICE must be a nice value from 0 to 19, got {SANDBOX_NICE}")
 # A dedicated local deployment that sets no resources.memory is limited to what its models were measured to take
 # (deployments/server_memory.py: POOL_MODEL_MEMORY_HEADROOM over each instance's figure, at least
 # POOL_MODEL_MEMORY_MIN) plus SANDBOX_SERVER_MEMORY for Triton itself and its python backend's shared memory.

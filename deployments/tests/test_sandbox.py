@@ -602,13 +602,13 @@ if sys.argv[2] == "linger":
 """
 
 
-def one_shot(tmp_path: Path, *args: str, timeout: float) -> tuple[sandbox.Finished, Path]:
+def one_shot(tmp_path: Path, *args: str, timeout: float, program: str = ONE_SHOT) -> tuple[sandbox.Finished, Path]:
     from deployments.tests.local_triton import runtime_env
 
     env = runtime_env()
     script = tmp_path / "code" / "one_shot.py"
     script.parent.mkdir()
-    script.write_text(ONE_SHOT)
+    script.write_text(program)
     os.chmod(script.parent, 0o755)
     os.chmod(script, 0o644)
     options = sandbox.Options()
@@ -640,6 +640,38 @@ def test_a_one_shot_run_has_no_network_at_all_and_its_result_in_the_scratch_dire
     # Landlock refuses the connection first; the namespace has nothing but a loopback that is down anyway.
     assert answer == {"uid": 1000, "secret": None, "etc_shadow": False, "tcp": "Permission denied",
                       "interfaces": ["lo"]}
+
+
+PRIORITY = """
+import json, os
+result = {"nice": os.getpriority(os.PRIO_PROCESS, 0)}
+if os.path.exists("/proc/self/autogroup"):
+    with open("/proc/self/autogroup") as f:
+        result["autogroup_nice"] = int(f.read().split()[-1])  # "/autogroup-42 nice 10"
+try:
+    os.setpriority(os.PRIO_PROCESS, 0, 0)
+    result["lowered"] = "done"
+except OSError as exc:
+    result["lowered"] = exc.strerror
+with open(os.path.join(os.environ["HOME"], "result.json"), "w") as f:
+    json.dump(result, f)
+"""
+
+
+def test_uploaded_code_runs_below_the_portals_cpu_priority_and_cannot_raise_it(tmp_path: Path) -> None:
+    """Everything sandboxed runs at SANDBOX_NICE (10 by default), its session's autogroup too: with autogroups on,
+    the kernel shares the CPUs between sessions first, and a nice value alone would order nothing against the
+    gateway (docs/security.md, "CPU"). A hostile program's try to take its priority back is refused."""
+    assert plan(tmp_path / "p")["nice"] == 10 and plan(tmp_path / "q", nice=0)["nice"] == 0
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    finished, result = one_shot(tmp_path, timeout=60, program=PRIORITY)
+    assert finished == sandbox.Finished(0, False), (tmp_path / "output.log").read_text()
+    answer = json.loads(result.read_text())
+    assert answer["nice"] == max(10, own)
+    assert answer["lowered"] == "Permission denied"
+    if Path("/proc/self/autogroup").exists():  # a kernel with autogroups (this machine's, and CI's)
+        assert answer["autogroup_nice"] == max(10, own)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == own  # the portal's own priority is untouched
 
 
 def test_a_one_shot_run_past_its_time_is_killed_with_everything_it_started(tmp_path: Path) -> None:

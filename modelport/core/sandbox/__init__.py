@@ -92,6 +92,10 @@ class Options:
     egress_ports: tuple[int, ...] = (53, 80, 443)
     cgroup_parent: str = ""  # "": below the starting process's own cgroup
     cgroup_root: Path = Path("/sys/fs/cgroup")
+    # The CPU priority of everything in a sandbox (a nice value, 0 to 19; 0: the portal's own): uploaded code runs
+    # below the portal's processes, so that a model busy on every core never makes the gateway wait for one
+    # (SANDBOX_NICE; docs/security.md, "CPU").
+    nice: int = 10
 
 
 @dataclass(frozen=True)
@@ -272,6 +276,7 @@ def build_plan(spec: Spec, caps: Capabilities, options: Options, *, argv: list[s
         "socket_families": [kernel.AF_UNIX, kernel.AF_INET, kernel.AF_INET6, kernel.AF_NETLINK],
         "cgroup_procs": cgroup_procs or [],
         "network": spec.network,
+        "nice": options.nice,
     }
 
 
