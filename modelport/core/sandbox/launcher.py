@@ -109,9 +109,11 @@ def lower_priority(nice: int) -> None:
     """Run at CPU priority `nice` (0 to 19), and so does everything started from here: nice values are inherited.
     Raising one's own nice value needs no privilege; nothing in the sandbox can lower it again (that needs
     CAP_SYS_NICE outside its user namespaces)."""
-    if nice <= 0 or os.getpriority(os.PRIO_PROCESS, 0) >= nice:
+    if nice <= 0:
         return
-    os.setpriority(os.PRIO_PROCESS, 0, min(nice, 19))
+    # Never above what the portal already runs at (an operator may have niced it): only lowered from there.
+    nice = max(min(nice, 19), os.getpriority(os.PRIO_PROCESS, 0))
+    os.setpriority(os.PRIO_PROCESS, 0, nice)
     # With autogroups on (kernel.sched_autogroup_enabled, the default of many distributions), the kernel shares
     # the CPUs between sessions first, and a nice value orders tasks only within one: measured, Triton reniced alone
     # changed nothing for the gateway. This launcher leads a session of its own (start_new_session), so its group
@@ -123,7 +125,7 @@ def lower_priority(nice: int) -> None:
         except OSError:
             return
         try:
-            os.write(fd, str(min(nice, 19)).encode())
+            os.write(fd, str(nice).encode())
             return
         except BlockingIOError:
             time.sleep(0.025)
